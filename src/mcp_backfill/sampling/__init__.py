@@ -1,0 +1,1 @@
+"""Answering `sampling/createMessage`: validation, MCP<->Claude conversion, model choice."""
