@@ -1,0 +1,1 @@
+"""Backends that turn a Claude Messages API request into a Claude message."""
