@@ -1,0 +1,169 @@
+"""Command line: flags (with `MCP_BACKFILL_*` environment fallbacks) -> `Config` -> run."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import anyio
+
+from mcp_backfill import __version__
+from mcp_backfill.config import (
+    AUDIO_POLICIES,
+    DEFAULT_ALLOWED_MODELS,
+    DEFAULT_MODEL,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    MODES,
+    PROVIDERS,
+    Config,
+    ConfigError,
+    env_name,
+    secret_from_env,
+    split_list,
+)
+from mcp_backfill.logs import configure_logging, get_logger
+
+T = TypeVar("T")
+
+USAGE = "mcp-backfill [OPTIONS] -- COMMAND [ARGS...]"
+DESCRIPTION = (
+    "Run an MCP server behind a transparent proxy that answers its sampling/createMessage requests "
+    "(including sampling with tools) with Claude, for clients that cannot sample. Every option can "
+    "also be set with the environment variable shown in brackets."
+)
+EPILOG = (
+    "environment: ANTHROPIC_API_KEY (required by --provider anthropic), ANTHROPIC_BASE_URL (API gateway). "
+    "Both are kept out of the upstream server's environment and out of the logs."
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mcp-backfill", usage=USAGE, description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"mcp-backfill {__version__}")
+
+    def option(flag: str, help_text: str, **kwargs: Any) -> None:
+        parser.add_argument(flag, default=None, help=f"{help_text} [{env_name(flag)}]", **kwargs)
+
+    option(
+        "--mode",
+        "when to answer sampling: fallback (only what the client lacks, default), "
+        "always (every request), off (pure pass-through)",
+        choices=MODES,
+    )
+    option(
+        "--provider",
+        "who answers: anthropic (Claude API, default) or mock (offline, deterministic)",
+        choices=PROVIDERS,
+    )
+    option(
+        "--model", f"model used when the server's modelPreferences do not decide (default {DEFAULT_MODEL})"
+    )
+    option(
+        "--allowed-models",
+        "comma-separated models that modelPreferences may pick from "
+        f"(default {','.join(DEFAULT_ALLOWED_MODELS)}); give one model to pin it",
+    )
+    option("--max-tokens-cap", "upper bound for a request's maxTokens (default 16384)", metavar="N")
+    option(
+        "--audio",
+        "audio content, which Claude cannot read: reject (-32602, default) or placeholder text",
+        choices=AUDIO_POLICIES,
+    )
+    option(
+        "--max-message-bytes",
+        "largest JSON-RPC message accepted from either side (default 33554432)",
+        metavar="N",
+    )
+    option(
+        "--shutdown-grace",
+        "seconds to wait at each shutdown step (stdin close, SIGTERM, SIGKILL; default 2)",
+        metavar="SECONDS",
+    )
+    option("--log-level", "debug, info (default), warning or error", choices=LOG_LEVELS)
+    option("--log-format", "text (default) or json lines; logs always go to stderr", choices=LOG_FORMATS)
+    return parser
+
+
+def _pick(
+    value: str | None, environ: Mapping[str, str], flag: str, convert: Callable[[str], T], default: T
+) -> T:
+    raw = value if value is not None else environ.get(env_name(flag))
+    if raw is None or raw == "":
+        return default
+    try:
+        return convert(raw)
+    except ValueError:
+        raise ConfigError(f"{flag} / {env_name(flag)}: invalid value {raw!r}") from None
+
+
+def _choice(choices: Sequence[str], flag: str) -> Callable[[str], Any]:
+    def convert(raw: str) -> str:
+        if raw not in choices:
+            raise ConfigError(f"{flag} / {env_name(flag)} must be one of {', '.join(choices)}, not {raw!r}")
+        return raw
+
+    return convert
+
+
+def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
+    """Flags win over `MCP_BACKFILL_*` variables, which win over defaults."""
+    argv = list(argv)
+    command: list[str] = []
+    if "--" in argv:
+        split = argv.index("--")
+        argv, command = argv[:split], argv[split + 1 :]
+    args = build_parser().parse_args(argv)
+    allowed: tuple[str, ...] = _pick(
+        args.allowed_models, environ, "--allowed-models", split_list, tuple(DEFAULT_ALLOWED_MODELS)
+    )
+    explicit_model = _pick(args.model, environ, "--model", str.strip, "")
+    default_model = explicit_model or (
+        DEFAULT_MODEL if DEFAULT_MODEL in allowed else allowed[0] if allowed else ""
+    )
+    return Config(
+        upstream_command=tuple(command),
+        mode=_pick(args.mode, environ, "--mode", _choice(MODES, "--mode"), "fallback"),
+        provider=_pick(args.provider, environ, "--provider", _choice(PROVIDERS, "--provider"), "anthropic"),
+        model=default_model,
+        allowed_models=allowed,
+        max_tokens_cap=_pick(args.max_tokens_cap, environ, "--max-tokens-cap", int, 16384),
+        audio=_pick(args.audio, environ, "--audio", _choice(AUDIO_POLICIES, "--audio"), "reject"),
+        max_message_bytes=_pick(
+            args.max_message_bytes, environ, "--max-message-bytes", int, 32 * 1024 * 1024
+        ),
+        shutdown_grace=_pick(args.shutdown_grace, environ, "--shutdown-grace", float, 2.0),
+        log_level=_pick(args.log_level, environ, "--log-level", _choice(LOG_LEVELS, "--log-level"), "info"),
+        log_format=_pick(
+            args.log_format, environ, "--log-format", _choice(LOG_FORMATS, "--log-format"), "text"
+        ),
+        api_key=secret_from_env(environ, "ANTHROPIC_API_KEY"),
+        api_base_url=environ.get("ANTHROPIC_BASE_URL") or None,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point; returns the process exit status (the upstream's, when it ran)."""
+    try:
+        config = parse_config(sys.argv[1:] if argv is None else argv, os.environ)
+    except ConfigError as exc:
+        print(f"mcp-backfill: error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(config.log_level, config.log_format, config.secrets())
+    from mcp_backfill.proxy import run_stdio_proxy
+    from mcp_backfill.transports.stdio import UpstreamStartError
+
+    try:
+        return anyio.run(run_stdio_proxy, config)
+    except UpstreamStartError as exc:
+        get_logger().error(str(exc))
+        return 127
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""One validated `Config`, built from command-line flags and `MCP_BACKFILL_*` environment variables.
+
+Precedence: flag > environment variable > default. Secrets (the Claude API key) are read from
+the environment only and kept out of `repr()` so a logged config can never leak them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+Mode = Literal["fallback", "always", "off"]
+ProviderName = Literal["anthropic", "mock"]
+LogFormat = Literal["text", "json"]
+AudioPolicy = Literal["reject", "placeholder"]
+
+MODES: tuple[Mode, ...] = ("fallback", "always", "off")
+PROVIDERS: tuple[ProviderName, ...] = ("anthropic", "mock")
+LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+AUDIO_POLICIES: tuple[AudioPolicy, ...] = ("reject", "placeholder")
+
+DEFAULT_MODEL = "claude-sonnet-5-5"
+# The tiers model preferences may choose from when the operator does not restrict them.
+DEFAULT_ALLOWED_MODELS: tuple[str, ...] = ("claude-opus-5-5", "claude-sonnet-5-5", "claude-haiku-5-5")
+
+ENV_PREFIX = "MCP_BACKFILL_"
+# Environment variables that hold credentials: never logged, never passed to the upstream.
+SECRET_ENV_VARS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "MCP_BACKFILL_AUTH_TOKEN")
+
+
+class ConfigError(ValueError):
+    """A configuration the proxy refuses to start with; the message tells the user what to change."""
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A credential whose value never appears in `repr()` or `str()`."""
+
+    value: str = field(repr=False)
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything the proxy needs to run; immutable once built."""
+
+    upstream_command: tuple[str, ...]
+    mode: Mode = "fallback"
+    provider: ProviderName = "anthropic"
+    model: str = DEFAULT_MODEL
+    allowed_models: tuple[str, ...] = DEFAULT_ALLOWED_MODELS
+    max_tokens_cap: int = 16384
+    audio: AudioPolicy = "reject"
+    max_message_bytes: int = 32 * 1024 * 1024
+    shutdown_grace: float = 2.0
+    log_level: str = "info"
+    log_format: LogFormat = "text"
+    api_key: Secret | None = None
+    # Passed through to the anthropic SDK; read from ANTHROPIC_BASE_URL by default.
+    api_base_url: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.upstream_command:
+            raise ConfigError(
+                "no upstream server: give its command after `--`, e.g. `mcp-backfill -- python server.py`"
+            )
+        if self.mode not in MODES:
+            raise ConfigError(f"--mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.provider not in PROVIDERS:
+            raise ConfigError(f"--provider must be one of {', '.join(PROVIDERS)}, not {self.provider!r}")
+        if not self.allowed_models:
+            raise ConfigError("--allowed-models must name at least one model")
+        if self.model not in self.allowed_models:
+            raise ConfigError(
+                f"--model {self.model!r} is not in --allowed-models ({', '.join(self.allowed_models)})"
+            )
+        if self.max_tokens_cap < 1:
+            raise ConfigError("--max-tokens-cap must be at least 1")
+        if self.max_message_bytes < 1024:
+            raise ConfigError("--max-message-bytes must be at least 1024")
+        if self.shutdown_grace < 0:
+            raise ConfigError("--shutdown-grace must not be negative")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"--log-format must be one of {', '.join(LOG_FORMATS)}")
+        if self.audio not in AUDIO_POLICIES:
+            raise ConfigError(f"--audio must be one of {', '.join(AUDIO_POLICIES)}")
+        if self.provider == "anthropic" and self.mode != "off" and self.api_key is None:
+            raise ConfigError(
+                "ANTHROPIC_API_KEY is not set: the anthropic provider needs it to answer sampling requests. "
+                "Set ANTHROPIC_API_KEY, or run with `--provider mock` for the offline mock provider."
+            )
+
+    def secrets(self) -> tuple[str, ...]:
+        """Every secret value, for the log redaction filter."""
+        return tuple(s.value for s in (self.api_key,) if s is not None and s.value)
+
+
+def env_name(option: str) -> str:
+    """`--max-tokens-cap` -> `MCP_BACKFILL_MAX_TOKENS_CAP`."""
+    return ENV_PREFIX + option.lstrip("-").replace("-", "_").upper()
+
+
+def split_list(value: str | Sequence[str]) -> tuple[str, ...]:
+    """Comma-separated lists (flags or env) -> tuple of stripped, non-empty items."""
+    items = value.split(",") if isinstance(value, str) else value
+    return tuple(item.strip() for item in items if item.strip())
+
+
+def secret_from_env(environ: Mapping[str, str], name: str) -> Secret | None:
+    value = environ.get(name, "").strip()
+    return Secret(value) if value else None
+
+
+def upstream_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment the upstream child inherits: ours, minus credentials meant for the proxy."""
+    return {k: v for k, v in environ.items() if k not in SECRET_ENV_VARS}

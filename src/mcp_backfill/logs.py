@@ -1,0 +1,87 @@
+"""Logging to stderr only (stdout is the protocol), as text or JSON lines, with secrets redacted."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterable
+from typing import Any, TextIO
+
+LOGGER_NAME = "mcp_backfill"
+_RESERVED = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+
+def get_logger(name: str = "") -> logging.Logger:
+    return logging.getLogger(f"{LOGGER_NAME}.{name}" if name else LOGGER_NAME)
+
+
+def _extra_fields(record: logging.LogRecord) -> dict[str, Any]:
+    return {k: v for k, v in record.__dict__.items() if k not in _RESERVED and not k.startswith("_")}
+
+
+class TextFormatter(logging.Formatter):
+    """`2026-11-22T10:00:00Z mcp-backfill WARNING message key=value …`: readable in a terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        line = f"{stamp}Z mcp-backfill {record.levelname} {record.getMessage()}"
+        fields = _extra_fields(record)
+        if fields:
+            line += " " + " ".join(f"{k}={json.dumps(v, default=str)}" for k, v in fields.items())
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, extra fields merged in, for log shippers."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        entry.update(_extra_fields(record))
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+class RedactingFilter(logging.Filter):
+    """Replaces every secret value with `***` in the final formatted record, whatever its source."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        super().__init__()
+        self._secrets = tuple(s for s in secrets if len(s) >= 4)
+
+    def redact(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+
+class RedactingHandler(logging.StreamHandler[TextIO]):
+    def __init__(self, stream: TextIO, redactor: RedactingFilter) -> None:
+        super().__init__(stream)
+        self._redactor = redactor
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self._redactor.redact(super().format(record))
+
+
+def configure_logging(
+    level: str, fmt: str, secrets: Iterable[str] = (), stream: TextIO | None = None
+) -> None:
+    """Route all logging (ours and libraries') to stderr in the chosen format."""
+    handler = RedactingHandler(stream or sys.stderr, RedactingFilter(secrets))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    get_logger().setLevel(level.upper())

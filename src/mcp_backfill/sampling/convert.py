@@ -1,0 +1,671 @@
+"""Pure conversion between MCP `sampling/createMessage` (wire JSON) and the Claude Messages API.
+
+`to_claude_request` turns validated MCP params into `messages.create` keyword arguments plus the
+per-request context needed to translate the answer back; `to_mcp_result` turns Claude's final
+message into a `CreateMessageResult`. No I/O and no SDK types: both sides are plain JSON dicts, so
+every rule here is unit-testable and the provider stays backend-agnostic. The mapping follows
+research/anthropic.md §6.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import invalid_params
+from .validate import (
+    NESTED_BLOCK_TYPES,
+    AudioPolicy,
+    ToolChoice,
+    as_block_list,
+    block_path,
+    is_content_block,
+    read_tool_choice,
+    validate_params,
+)
+
+__all__ = [
+    "META_KEY",
+    "AudioPolicy",
+    "ClaudeRequest",
+    "ConversionOptions",
+    "map_stop_reason",
+    "sanitize_tool_id",
+    "sanitize_tool_name",
+    "sniff_image_type",
+    "to_claude_request",
+    "to_mcp_result",
+]
+
+META_KEY = "io.github.mcp-backfill/claude"
+"""The result `_meta` key under which Claude's own bookkeeping (id, usage, raw stop reason…) travels."""
+
+SUPPORTED_IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+_IMAGE_ALIASES: Mapping[str, str] = {
+    "image/jpg": "image/jpeg",
+    "image/pjpeg": "image/jpeg",
+    "image/x-png": "image/png",
+}
+_IMAGE_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+)
+_TEXT_LIKE_TYPES = frozenset(
+    {
+        "application/json",
+        "application/xml",
+        "application/yaml",
+        "application/x-yaml",
+        "application/javascript",
+    }
+)
+
+_STOP_REASONS: Mapping[str, str] = {
+    "end_turn": "endTurn",
+    "stop_sequence": "stopSequence",
+    "max_tokens": "maxTokens",
+    "tool_use": "toolUse",
+    "refusal": "refusal",
+    "model_context_window_exceeded": "maxTokens",
+    "pause_turn": "pauseTurn",
+}
+
+_TOOL_NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,128}")
+_TOOL_ID_RE = re.compile(r"[a-zA-Z0-9_-]+")
+_UNSAFE_CHARS_RE = re.compile(r"[^a-zA-Z0-9_-]")
+_MAX_TOOL_NAME = 128
+_HASH_SUFFIX = 9  # "_" + 8 hex digits
+
+_PLACEHOLDER_TOOL_DESCRIPTION = (
+    "A tool used earlier in this conversation; it is not available in this request."
+)
+
+
+@dataclass(frozen=True)
+class ConversionOptions:
+    """Operator policy that shapes conversion (from the CLI / config)."""
+
+    max_tokens_cap: int = 16384
+    audio: AudioPolicy = "reject"
+
+
+@dataclass(frozen=True)
+class ClaudeRequest:
+    """A Messages API request plus what is needed to translate its answer back to MCP."""
+
+    kwargs: dict[str, Any]
+    """`messages.create` keyword arguments without `model`."""
+    tool_names: dict[str, str]
+    """Claude-side tool name -> original MCP name, for the names that had to be rewritten."""
+    tool_ids: dict[str, str]
+    """Claude-side tool_use id -> original MCP id, for the ids that had to be rewritten."""
+    has_tools: bool
+    """The request carried `tools`/`toolChoice`, so the result may hold an array and tool_use blocks."""
+    warnings: tuple[str, ...]
+    """Parts of the request that could not be honoured; reported in the result `_meta`."""
+
+
+@dataclass
+class _Context:
+    """Per-call state threaded through block conversion (never shared between calls)."""
+
+    names: Mapping[str, str]
+    ids: Mapping[str, str]
+    warnings: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------
+# MCP -> Claude
+# ---------------------------------------------------------------------------------------------
+
+
+def to_claude_request(params: dict[str, Any], options: ConversionOptions) -> ClaudeRequest:
+    """Validate MCP params, then build the Messages API request (see anthropic.md §6.1)."""
+    validate_params(params, audio=options.audio)
+    tools_in: list[dict[str, Any]] = params.get("tools") or []
+    choice = read_tool_choice(params)
+    history_names, history_ids = _history_tool_refs(params["messages"])
+    name_map = _rewrite_map(
+        [tool["name"] for tool in tools_in] + history_names, sanitize_tool_name, _TOOL_NAME_RE
+    )
+    id_map = _rewrite_map(history_ids, sanitize_tool_id, _TOOL_ID_RE)
+    ctx = _Context(names=name_map, ids=id_map)
+
+    kwargs: dict[str, Any] = {
+        "max_tokens": _max_tokens(params["maxTokens"], options.max_tokens_cap, ctx.warnings),
+        "messages": _convert_messages(params["messages"], ctx),
+    }
+    system = params.get("systemPrompt")
+    if isinstance(system, str) and system.strip():
+        kwargs["system"] = system
+    kwargs.update(_tools_kwargs(tools_in, choice, history_names, name_map))
+    stops = [stop for stop in params.get("stopSequences") or [] if stop]
+    if stops:
+        kwargs["stop_sequences"] = stops
+    metadata = _metadata(params.get("metadata"), ctx.warnings)
+    if metadata:
+        kwargs["metadata"] = metadata
+    ctx.warnings.extend(_ignored_param_warnings(params))
+
+    return ClaudeRequest(
+        kwargs=kwargs,
+        tool_names={claude: mcp for mcp, claude in name_map.items() if claude != mcp},
+        tool_ids={claude: mcp for mcp, claude in id_map.items() if claude != mcp},
+        has_tools=params.get("tools") is not None or choice is not None,
+        warnings=tuple(ctx.warnings),
+    )
+
+
+def sanitize_tool_name(name: str, attempt: int = 0) -> str:
+    """A Claude-legal tool name (`^[a-zA-Z0-9_-]{1,128}$`) derived deterministically from `name`.
+
+    The hash of the original keeps distinct names distinct after replacing characters; `attempt`
+    only changes the hash, to step around a (vanishingly unlikely) collision.
+    """
+    if attempt == 0 and _TOOL_NAME_RE.fullmatch(name):
+        return name
+    base = _UNSAFE_CHARS_RE.sub("_", name)[: _MAX_TOOL_NAME - _HASH_SUFFIX]
+    return f"{base}_{_short_hash(name, attempt)}"
+
+
+def sanitize_tool_id(tool_use_id: str, attempt: int = 0) -> str:
+    """A Claude-legal tool_use id (`^[a-zA-Z0-9_-]+$`); the same function maps tool_result ids."""
+    if attempt == 0 and _TOOL_ID_RE.fullmatch(tool_use_id):
+        return tool_use_id
+    return f"{_UNSAFE_CHARS_RE.sub('_', tool_use_id)}_{_short_hash(tool_use_id, attempt)}"
+
+
+def _short_hash(value: str, attempt: int) -> str:
+    salted = value if attempt == 0 else f"{value}\x00{attempt}"
+    return hashlib.sha256(salted.encode("utf-8")).hexdigest()[:8]
+
+
+def _rewrite_map(
+    values: Iterable[str], sanitize: Callable[[str, int], str], legal: re.Pattern[str]
+) -> dict[str, str]:
+    """original -> Claude-side value. Legal values keep their spelling and are reserved first."""
+    ordered = list(dict.fromkeys(values))
+    mapping = {value: value for value in ordered if legal.fullmatch(value)}
+    taken = set(mapping.values())
+    for value in ordered:
+        if value in mapping:
+            continue
+        attempt = 0
+        candidate = sanitize(value, attempt)
+        while candidate in taken:
+            attempt += 1
+            candidate = sanitize(value, attempt)
+        mapping[value] = candidate
+        taken.add(candidate)
+    return mapping
+
+
+def _history_tool_refs(messages: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
+    """Tool names and tool_use ids used in the conversation so far, in order of appearance."""
+    names: list[str] = []
+    ids: list[str] = []
+    for message in messages:
+        for block in as_block_list(message["content"]):
+            if block["type"] == "tool_use":
+                names.append(block["name"])
+                ids.append(block["id"])
+    return names, ids
+
+
+def _max_tokens(requested: int, cap: int, warnings: list[str]) -> int:
+    if requested > cap:
+        warnings.append(f"maxTokens {requested} clamped to {cap}")
+        return cap
+    return requested
+
+
+def _tools_kwargs(
+    tools_in: Sequence[Mapping[str, Any]],
+    choice: ToolChoice | None,
+    history_names: Sequence[str],
+    name_map: Mapping[str, str],
+) -> dict[str, Any]:
+    """`tools` and `tool_choice`, including placeholder definitions for tools only the history names.
+
+    The API refuses tool_use/tool_result blocks whose tools are not defined, so a history that
+    mentions tools the request no longer offers gets inert definitions for them.
+    """
+    tools = [_convert_tool(tool, name_map) for tool in tools_in]
+    offered = {tool["name"] for tool in tools_in}
+    missing = [name for name in dict.fromkeys(history_names) if name not in offered]
+    tools.extend(_placeholder_tool(name_map[name]) for name in missing)
+    if not tools:
+        return {}
+    if not tools_in:
+        return {"tools": tools, "tool_choice": {"type": "none"}}
+    tool_choice = _convert_tool_choice(choice)
+    return {"tools": tools, "tool_choice": tool_choice} if tool_choice else {"tools": tools}
+
+
+def _convert_tool(tool: Mapping[str, Any], name_map: Mapping[str, str]) -> dict[str, Any]:
+    """MCP Tool -> Claude custom tool. outputSchema, annotations, icons and execution have no equivalent."""
+    converted: dict[str, Any] = {"name": name_map[tool["name"]]}
+    description = _tool_description(tool)
+    if description:
+        converted["description"] = description
+    schema = dict(tool.get("inputSchema") or {})
+    schema.setdefault("type", "object")
+    converted["input_schema"] = schema
+    return converted
+
+
+def _tool_description(tool: Mapping[str, Any]) -> str | None:
+    annotations = tool.get("annotations")
+    annotation_title = annotations.get("title") if isinstance(annotations, Mapping) else None
+    for candidate in (tool.get("description"), tool.get("title"), annotation_title):
+        if isinstance(candidate, str) and candidate.strip():
+            return candidate
+    return None
+
+
+def _placeholder_tool(claude_name: str) -> dict[str, Any]:
+    return {
+        "name": claude_name,
+        "description": _PLACEHOLDER_TOOL_DESCRIPTION,
+        "input_schema": {"type": "object"},
+    }
+
+
+def _convert_tool_choice(choice: ToolChoice | None) -> dict[str, Any] | None:
+    """auto -> omitted (the API default), required -> any, none -> none (tools are kept)."""
+    if choice is None:
+        return None
+    if choice.mode == "none":
+        return {"type": "none"}
+    if choice.mode == "auto" and not choice.disable_parallel_tool_use:
+        return None
+    converted: dict[str, Any] = {"type": "any" if choice.mode == "required" else "auto"}
+    if choice.disable_parallel_tool_use:
+        converted["disable_parallel_tool_use"] = True
+    return converted
+
+
+def _metadata(metadata: Any, warnings: list[str]) -> dict[str, str]:
+    """Only `user_id` is forwarded: a server must not be able to set any other API parameter."""
+    if not isinstance(metadata, Mapping):
+        return {}
+    user_id = metadata.get("user_id", metadata.get("userId"))
+    forwarded = {"user_id": user_id} if isinstance(user_id, str) and user_id else {}
+    dropped = sorted(str(key) for key in metadata if key not in ("user_id", "userId"))
+    if dropped:
+        warnings.append(f"metadata keys ignored: {', '.join(dropped)}")
+    return forwarded
+
+
+def _ignored_param_warnings(params: Mapping[str, Any]) -> list[str]:
+    warnings: list[str] = []
+    if params.get("temperature") is not None:
+        warnings.append(
+            f"temperature ignored: the Claude Messages API does not accept it (got {params['temperature']})"
+        )
+    include_context = params.get("includeContext")
+    if include_context is not None and include_context != "none":
+        warnings.append(f"includeContext ignored: {include_context!r} is not supported by mcp-backfill")
+    return warnings
+
+
+# --- messages ---------------------------------------------------------------------------------
+
+
+def _convert_messages(messages: Sequence[Mapping[str, Any]], ctx: _Context) -> list[dict[str, Any]]:
+    """Convert, drop what became empty, merge same-role neighbours, tidy a final prefill."""
+    converted: list[dict[str, Any]] = []
+    for index, message in enumerate(messages):
+        single = isinstance(message["content"], Mapping)
+        blocks = []
+        for block_index, block in enumerate(as_block_list(message["content"])):
+            claude_block = _convert_block(block, block_path(index, block_index, single), ctx)
+            if claude_block is not None:
+                blocks.append(claude_block)
+        if blocks:
+            _append_merged(converted, message["role"], blocks)
+    _strip_prefill(converted)
+    if not converted:
+        raise invalid_params(
+            "messages: nothing left to send once empty text blocks and empty messages are dropped",
+            path="messages",
+        )
+    return converted
+
+
+def _append_merged(messages: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
+    """Merge into the previous message when roles repeat; tool_results stay first in a user turn."""
+    if not messages or messages[-1]["role"] != role:
+        messages.append({"role": role, "content": blocks})
+        return
+    combined = [*messages[-1]["content"], *blocks]
+    if role == "user":
+        combined = [b for b in combined if b["type"] == "tool_result"] + [
+            b for b in combined if b["type"] != "tool_result"
+        ]
+    messages[-1] = {"role": role, "content": combined}
+
+
+def _strip_prefill(messages: list[dict[str, Any]]) -> None:
+    """The API rejects a final assistant turn that ends in whitespace.
+
+    Whitespace-only text blocks are already gone, so stripping never empties a block.
+    """
+    if not messages or messages[-1]["role"] != "assistant":
+        return
+    content = list(messages[-1]["content"])
+    for index in range(len(content) - 1, -1, -1):
+        if content[index]["type"] == "text":
+            content[index] = {**content[index], "text": content[index]["text"].rstrip()}
+            break
+    messages[-1] = {"role": "assistant", "content": content}
+
+
+def _convert_block(block: Mapping[str, Any], where: str, ctx: _Context) -> dict[str, Any] | None:
+    kind = block["type"]
+    if kind == "text":
+        return _text_block(block["text"])
+    if kind == "image":
+        return _image_block(block["data"], block["mimeType"], where, ctx, strict=True)
+    if kind == "audio":
+        # Validation already rejected audio unless the placeholder policy is on.
+        ctx.warnings.append(f"{where}: audio replaced by a text placeholder")
+        return _text_block(_audio_placeholder(block["data"], block["mimeType"]))
+    if kind == "tool_use":
+        tool_input = block.get("input")
+        return {
+            "type": "tool_use",
+            "id": ctx.ids[block["id"]],
+            "name": ctx.names[block["name"]],
+            "input": dict(tool_input) if isinstance(tool_input, Mapping) else {},
+        }
+    return _tool_result_block(block, where, ctx)
+
+
+def _text_block(text: str) -> dict[str, Any] | None:
+    """The API rejects empty and whitespace-only text blocks, so they are dropped."""
+    return {"type": "text", "text": text} if text.strip() else None
+
+
+def _json_text(value: Any) -> dict[str, Any]:
+    return {"type": "text", "text": json.dumps(value, ensure_ascii=False)}
+
+
+def _audio_placeholder(data: str, mime_type: str) -> str:
+    return f"[audio omitted: {mime_type}, ~{_approx_size(data)} bytes]"
+
+
+def _approx_size(data: str) -> int:
+    """Decoded size of base64 data, without decoding it."""
+    compact = "".join(data.split())
+    return max(0, len(compact) * 3 // 4 - compact[-2:].count("="))
+
+
+# --- images -----------------------------------------------------------------------------------
+
+
+def sniff_image_type(data: str) -> str | None:
+    """The real image type from the magic bytes: the API rejects a media_type that does not match."""
+    head = _decode_head(data)
+    if head is None:
+        return None
+    for magic, mime_type in _IMAGE_MAGIC:
+        if head.startswith(magic):
+            return mime_type
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "image/webp"
+    return None
+
+
+def _decode_head(data: str, chars: int = 24) -> bytes | None:
+    """The first bytes of base64 data (enough for magic numbers) without decoding all of it."""
+    compact = "".join(data[: chars * 4].split())[:chars]
+    compact = compact[: len(compact) - len(compact) % 4]
+    try:
+        return base64.b64decode(compact, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _normalise_mime(mime_type: str) -> str:
+    base = mime_type.split(";", 1)[0].strip().lower()
+    return _IMAGE_ALIASES.get(base, base)
+
+
+def _image_block(
+    data: str, mime_type: str, where: str, ctx: _Context, *, strict: bool
+) -> dict[str, Any] | None:
+    """An image, its media type corrected from the bytes; unsupported types fail (strict) or degrade.
+
+    Top-level images come from the server itself, so an unsupported type is its error (-32602);
+    inside a tool result the server merely relays a tool's output, so a placeholder is kinder.
+    """
+    data = _strip_data_url(data)
+    declared = _normalise_mime(mime_type)
+    sniffed = sniff_image_type(data)
+    media_type = sniffed or declared
+    if sniffed and sniffed != declared:
+        ctx.warnings.append(f"{where}: image declared as {mime_type!r} is {sniffed}; sent as {sniffed}")
+    if media_type in SUPPORTED_IMAGE_TYPES:
+        return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+    if strict:
+        raise invalid_params(
+            f"{where}: unsupported image type {mime_type!r}; Claude accepts "
+            + ", ".join(SUPPORTED_IMAGE_TYPES),
+            path=where,
+        )
+    ctx.warnings.append(f"{where}: unsupported image type {mime_type!r} replaced by a text placeholder")
+    return _text_block(f"[image omitted: {mime_type}, ~{_approx_size(data)} bytes, unsupported type]")
+
+
+def _strip_data_url(data: str) -> str:
+    """Some servers send `data:<mime>;base64,<data>`; the API wants the bare base64."""
+    if data.startswith("data:") and ";base64," in data[:100]:
+        return data.split(";base64,", 1)[1]
+    return data
+
+
+# --- tool results -----------------------------------------------------------------------------
+
+
+def _tool_result_block(block: Mapping[str, Any], where: str, ctx: _Context) -> dict[str, Any]:
+    content = _tool_result_content(block.get("content"), f"{where}.content", ctx)
+    structured = block.get("structuredContent")
+    if structured is not None and not _has_json_text(content, structured):
+        content.append(_json_text(structured))
+    converted: dict[str, Any] = {"type": "tool_result", "tool_use_id": ctx.ids[block["toolUseId"]]}
+    if content:
+        converted["content"] = content
+    if isinstance(block.get("isError"), bool):
+        converted["is_error"] = block["isError"]
+    return converted
+
+
+def _tool_result_content(raw: Any, where: str, ctx: _Context) -> list[dict[str, Any]]:
+    """Released shape: a list of blocks. Draft shapes: one block, or any JSON value."""
+    if raw is None:
+        return []
+    if isinstance(raw, list):
+        items = [_nested_block(item, f"{where}[{index}]", ctx) for index, item in enumerate(raw)]
+        return [item for item in items if item is not None]
+    if is_content_block(raw, NESTED_BLOCK_TYPES):
+        item = _nested_block(raw, where, ctx)
+        return [item] if item is not None else []
+    if isinstance(raw, str):
+        text = _text_block(raw)
+        return [text] if text is not None else []
+    return [_json_text(raw)]
+
+
+def _has_json_text(content: Sequence[Mapping[str, Any]], value: Any) -> bool:
+    """Tools SHOULD also serialise structuredContent as text; don't send it twice."""
+    for block in content:
+        if block["type"] != "text":
+            continue
+        try:
+            if json.loads(block["text"]) == value:
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def _nested_block(item: Mapping[str, Any], where: str, ctx: _Context) -> dict[str, Any] | None:
+    kind = item["type"]
+    if kind == "text":
+        return _text_block(item["text"])
+    if kind == "image":
+        return _image_block(item["data"], item["mimeType"], where, ctx, strict=False)
+    if kind == "audio":
+        return _text_block(_audio_placeholder(item["data"], item["mimeType"]))
+    if kind == "resource_link":
+        return _text_block(_resource_link_text(item))
+    if kind == "resource":
+        return _embedded_resource(item["resource"], where, ctx)
+    return _json_text(item)
+
+
+def _resource_link_text(link: Mapping[str, Any]) -> str:
+    name = link.get("name") if isinstance(link.get("name"), str) else ""
+    text = f"[resource link] {name} <{link['uri']}>" if name else f"[resource link] <{link['uri']}>"
+    mime_type = link.get("mimeType")
+    if isinstance(mime_type, str) and mime_type:
+        text += f" ({mime_type})"
+    description = link.get("description")
+    if isinstance(description, str) and description.strip():
+        text += f": {description}"
+    return text
+
+
+def _embedded_resource(resource: Mapping[str, Any], where: str, ctx: _Context) -> dict[str, Any] | None:
+    """Text -> plain-text document, PDF -> PDF document, image -> image, decodable text -> document."""
+    uri: str = resource["uri"]
+    raw_mime = resource.get("mimeType")
+    mime_type = _normalise_mime(raw_mime) if isinstance(raw_mime, str) else ""
+    text = resource.get("text")
+    if isinstance(text, str):
+        return _text_document(text, uri)
+    blob: str = resource["blob"]
+    head = _decode_head(blob) or b""
+    if mime_type == "application/pdf" or head.startswith(b"%PDF"):
+        return {
+            "type": "document",
+            "source": {"type": "base64", "media_type": "application/pdf", "data": blob},
+            "title": uri,
+        }
+    image_type = sniff_image_type(blob)
+    if mime_type.startswith("image/") or image_type:
+        declared = mime_type if mime_type.startswith("image/") else str(image_type)
+        return _image_block(blob, declared, where, ctx, strict=False)
+    if (
+        mime_type.startswith("text/")
+        or mime_type in _TEXT_LIKE_TYPES
+        or mime_type.endswith(("+json", "+xml"))
+    ):
+        decoded = _decode_text(blob)
+        if decoded is not None:
+            return _text_document(decoded, uri)
+    label = mime_type or "unknown type"
+    return _text_block(f"[embedded resource omitted: {uri} ({label}), ~{_approx_size(blob)} bytes]")
+
+
+def _text_document(text: str, uri: str) -> dict[str, Any] | None:
+    if not text.strip():
+        return None
+    return {
+        "type": "document",
+        "source": {"type": "text", "media_type": "text/plain", "data": text},
+        "title": uri,
+    }
+
+
+def _decode_text(blob: str) -> str | None:
+    try:
+        return base64.b64decode("".join(blob.split()), validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Claude -> MCP
+# ---------------------------------------------------------------------------------------------
+
+
+def map_stop_reason(stop_reason: str | None) -> str | None:
+    """Claude's snake_case stop reasons -> MCP's camelCase; unknown values pass through (open union)."""
+    if stop_reason is None:
+        return None
+    return _STOP_REASONS.get(stop_reason, stop_reason)
+
+
+def to_mcp_result(
+    message: dict[str, Any], request: ClaudeRequest, *, model: str | None = None
+) -> dict[str, Any]:
+    """Claude's final message -> `CreateMessageResult` (one block) or `…WithTools` (array)."""
+    dropped: list[str] = []
+    blocks: list[dict[str, Any]] = []
+    for block in message.get("content") or []:
+        kind = block.get("type") if isinstance(block, Mapping) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            blocks.append({"type": "text", "text": block["text"]})
+        elif kind == "tool_use" and request.has_tools:
+            blocks.append(_mcp_tool_use(block, request))
+        elif str(kind) not in dropped:
+            dropped.append(str(kind))
+
+    result: dict[str, Any] = {
+        "role": "assistant",
+        "content": (blocks or [{"type": "text", "text": ""}]) if request.has_tools else _single_text(blocks),
+        "model": model or message.get("model") or "unknown",
+    }
+    stop_reason = map_stop_reason(message.get("stop_reason"))
+    if stop_reason is not None:
+        result["stopReason"] = stop_reason
+    result["_meta"] = {META_KEY: _claude_meta(message, request, dropped)}
+    return result
+
+
+def _single_text(blocks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Servers that sent no tools only accept one content block: all text, joined."""
+    return {"type": "text", "text": "".join(block["text"] for block in blocks if block["type"] == "text")}
+
+
+def _mcp_tool_use(block: Mapping[str, Any], request: ClaudeRequest) -> dict[str, Any]:
+    name = str(block.get("name", ""))
+    tool_use_id = str(block.get("id", ""))
+    tool_input = block.get("input")
+    return {
+        "type": "tool_use",
+        "id": request.tool_ids.get(tool_use_id, tool_use_id),
+        "name": request.tool_names.get(name, name),
+        "input": dict(tool_input) if isinstance(tool_input, Mapping) else {},
+    }
+
+
+def _claude_meta(
+    message: Mapping[str, Any], request: ClaudeRequest, dropped: Sequence[str]
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "id": message.get("id"),
+        "model": message.get("model"),
+        "stop_reason": message.get("stop_reason"),
+    }
+    for key in ("stop_sequence", "stop_details"):
+        if message.get(key) is not None:
+            meta[key] = message[key]
+    meta["usage"] = message.get("usage")
+    if message.get("request_id") is not None:
+        meta["request_id"] = message["request_id"]
+    if request.warnings:
+        meta["warnings"] = list(request.warnings)
+    if dropped:
+        meta["dropped_block_types"] = list(dropped)
+    return meta

@@ -1,0 +1,31 @@
+"""The one currency every transport speaks: whole JSON-RPC messages as bytes, in and out.
+
+The relay never sees framing (lines, SSE events, HTTP bodies). Bytes rather than parsed objects so
+that a message the relay does not modify is forwarded exactly as it arrived.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class MessageTooLarge(Exception):
+    """A message exceeded the size limit; it was discarded and the stream is still usable."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"message of at least {size} bytes exceeds the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class MessageChannel(Protocol):
+    """One side of the relay.
+
+    `receive()` returns the next message (one JSON-RPC message or batch, undecoded), raises
+    `anyio.EndOfStream` when the peer is gone, and `MessageTooLarge` for an oversized message
+    it skipped. `send()` writes one message; concurrent sends must not interleave.
+    """
+
+    async def receive(self) -> bytes: ...
+
+    async def send(self, message: bytes) -> None: ...

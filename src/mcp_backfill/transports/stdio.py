@@ -1,0 +1,245 @@
+"""Newline-delimited JSON-RPC over byte streams: the proxy's own stdin/stdout and the upstream child.
+
+Lines are read and written directly (no SDK session, no per-message validation) because every
+relayed message passes through here and the relay only needs the bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+
+import anyio
+from anyio.abc import ByteReceiveStream, ByteSendStream, Process
+
+from mcp_backfill.logs import get_logger
+from mcp_backfill.transports.base import MessageTooLarge
+
+log = get_logger("stdio")
+
+READ_CHUNK = 256 * 1024
+
+
+class LineChannel:
+    """A `MessageChannel` over a pair of byte streams carrying newline-delimited messages."""
+
+    def __init__(self, reader: ByteReceiveStream, writer: ByteSendStream, max_message_bytes: int) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._limit = max_message_bytes
+        self._buffer = bytearray()
+        self._discarding = False  # inside an oversized line, dropping bytes until its newline
+        self._discarded = 0
+        self._eof = False
+        self._send_lock = anyio.Lock()
+
+    async def receive(self) -> bytes:
+        while True:
+            newline = self._buffer.find(b"\n")
+            if newline >= 0:
+                line = bytes(self._buffer[:newline])
+                del self._buffer[: newline + 1]
+                if self._discarding or len(line) > self._limit:
+                    size = self._discarded + len(line) if self._discarding else len(line)
+                    self._discarding = False
+                    raise MessageTooLarge(size, self._limit)
+                line = line.strip()
+                if line:
+                    return line
+                continue
+            if self._discarding:
+                self._discarded += len(self._buffer)
+                self._buffer.clear()
+            elif len(self._buffer) > self._limit:
+                self._discarding = True
+                self._discarded = len(self._buffer)
+                self._buffer.clear()
+            if self._eof:
+                rest = bytes(self._buffer).strip()
+                self._buffer.clear()
+                if self._discarding:
+                    self._discarding = False
+                    raise MessageTooLarge(self._discarded, self._limit)
+                if rest:
+                    return rest
+                raise anyio.EndOfStream
+            try:
+                self._buffer += await self._reader.receive(READ_CHUNK)
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                self._eof = True
+
+    async def send(self, message: bytes) -> None:
+        async with self._send_lock:
+            await self._writer.send(message + b"\n")
+
+    async def close_writer(self) -> None:
+        with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            await self._writer.aclose()
+
+
+class FdReceiveStream(ByteReceiveStream):
+    """Non-blocking reads from a file descriptor, without a thread per read.
+
+    Pipes and ttys are polled through the event loop; files and /dev/null cannot be polled, so
+    they are read in a worker thread instead.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._pollable = True
+        with suppress(OSError):
+            os.set_blocking(fd, False)
+
+    async def receive(self, max_bytes: int = READ_CHUNK) -> bytes:
+        while True:
+            if not self._pollable:
+                data = await anyio.to_thread.run_sync(os.read, self._fd, max_bytes, abandon_on_cancel=True)
+                break
+            try:
+                data = os.read(self._fd, max_bytes)
+                break
+            except BlockingIOError:
+                try:
+                    await anyio.wait_readable(self._fd)
+                except OSError:
+                    self._pollable = False
+                    with suppress(OSError):
+                        os.set_blocking(self._fd, True)
+        if not data:
+            raise anyio.EndOfStream
+        return data
+
+    async def aclose(self) -> None:
+        with suppress(OSError):
+            os.close(self._fd)
+
+
+class FdSendStream(ByteSendStream):
+    """Non-blocking writes to a file descriptor, waiting on the event loop when the pipe is full."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        with suppress(OSError):
+            os.set_blocking(fd, False)
+
+    async def send(self, item: bytes) -> None:
+        view = memoryview(item)
+        while view:
+            try:
+                written = os.write(self._fd, view)
+            except BlockingIOError:
+                await anyio.wait_writable(self._fd)
+                continue
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise anyio.BrokenResourceError from exc
+            view = view[written:]
+
+    async def aclose(self) -> None:
+        with suppress(OSError):
+            os.close(self._fd)
+
+
+@asynccontextmanager
+async def own_stdio(max_message_bytes: int) -> AsyncIterator[LineChannel]:
+    """The client side of a stdio proxy: this process's stdin and stdout.
+
+    The protocol gets private duplicates of fd 0 and 1, and fd 1 is pointed at stderr (fd 0 at
+    /dev/null), so a stray print from any library lands on stderr and can never corrupt the wire.
+    """
+    sys.stdout.flush()
+    protocol_in = os.dup(0)
+    protocol_out = os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(2, 1)
+    channel = LineChannel(FdReceiveStream(protocol_in), FdSendStream(protocol_out), max_message_bytes)
+    try:
+        yield channel
+    finally:
+        with suppress(OSError):
+            os.close(protocol_in)
+        with suppress(OSError):
+            os.close(protocol_out)
+
+
+@dataclass
+class UpstreamProcess:
+    """The upstream server as a child process, with its stdio as a `LineChannel`."""
+
+    process: Process
+    channel: LineChannel
+    command: tuple[str, ...]
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    async def close_stdin(self) -> None:
+        await self.channel.close_writer()
+
+    async def stop(self, grace: float) -> int:
+        """Close stdin, then SIGTERM, then SIGKILL, each after `grace` seconds; return the exit status."""
+        await self.close_stdin()
+        with anyio.move_on_after(grace):
+            return exit_status(await self.process.wait())
+        log.warning("upstream did not exit after stdin closed; sending SIGTERM", extra={"pid": self.pid})
+        self._signal_group(signal.SIGTERM)
+        with anyio.move_on_after(grace):
+            return exit_status(await self.process.wait())
+        log.warning("upstream ignored SIGTERM; sending SIGKILL", extra={"pid": self.pid})
+        self._signal_group(signal.SIGKILL)
+        return exit_status(await self.process.wait())
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        # The child leads its own process group, so this reaches its children too: no orphans.
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            with suppress(ProcessLookupError):
+                self.process.send_signal(sig)
+
+
+def exit_status(returncode: int) -> int:
+    """A shell-style exit status: killed by signal N -> 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@asynccontextmanager
+async def spawn_upstream(
+    command: Sequence[str], env: Mapping[str, str], max_message_bytes: int, grace: float
+) -> AsyncIterator[UpstreamProcess]:
+    """Start the upstream; its stderr is inherited so its logs pass straight through to ours."""
+    try:
+        process = await anyio.open_process(
+            list(command),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None,
+            env=dict(env),
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise UpstreamStartError(f"cannot start upstream {command[0]!r}: {exc.strerror or exc}") from exc
+    assert process.stdin is not None
+    assert process.stdout is not None
+    upstream = UpstreamProcess(
+        process, LineChannel(process.stdout, process.stdin, max_message_bytes), tuple(command)
+    )
+    try:
+        yield upstream
+    finally:
+        if process.returncode is None:
+            with anyio.CancelScope(shield=True):
+                await upstream.stop(grace)
+
+
+class UpstreamStartError(Exception):
+    """The upstream command could not be started (not found, not executable…)."""

@@ -1,0 +1,1053 @@
+"""A faithful fake of the Claude Messages API, served over real HTTP for tests.
+
+The proxy under test runs as a real subprocess and reaches this fake through `ANTHROPIC_BASE_URL`;
+unit tests can also point `anthropic.AsyncAnthropic(base_url=fake.url)` at it. The fake is a
+Starlette app served by uvicorn on 127.0.0.1 (random free port) in a background thread, so both
+sync and async tests can use it:
+
+    with FakeClaude() as fake:
+        fake.enqueue(text_reply("hello"), error_reply(529, "overloaded_error", "Overloaded"))
+        ...  # point the client at fake.url
+        assert fake.message_requests[0].body["model"] == "claude-sonnet-5"
+
+Wire behaviour (see /work/shared/research/anthropic.md §1.4-1.5, §3):
+
+* `POST /v1/messages` answers with a full `Message` JSON object, or with server-sent events in the
+  real order when the body has `"stream": true` (`message_start`, `ping`, per block
+  `content_block_start` / `content_block_delta`... / `content_block_stop`, `message_delta`,
+  `message_stop`). Every response carries a `request-id` header.
+* Replies come from a queue (`enqueue`); when it is empty a deterministic default reply is built
+  from the request (a tool call when tools are offered and the conversation does not end in tool
+  results, otherwise a "fake-claude says: ..." text).
+* `POST /v1/messages/count_tokens` answers `{"input_tokens": N}`; any other path is a 404 in the
+  Anthropic error shape.
+* A request without `authorization: Bearer <key>` is a 401 `authentication_error`. When `validate`
+  is on (the default), requests that the real API rejects (missing fields, `temperature`, empty
+  text blocks, unpaired tool_use/tool_result, invalid tool names...) get a 400
+  `invalid_request_error`; such requests do not consume a queued reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import anyio
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
+
+JSONObject = dict[str, Any]
+
+__all__ = [
+    "ErrorReply",
+    "FakeClaude",
+    "HangReply",
+    "MessageReply",
+    "RecordedRequest",
+    "Reply",
+    "ReplyFactory",
+    "StreamErrorReply",
+    "error_reply",
+    "hang_reply",
+    "message_reply",
+    "stream_error_reply",
+    "text_reply",
+    "tool_use_reply",
+]
+
+# --------------------------------------------------------------------------------------------------
+# Recorded requests and reply specs
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One HTTP request the fake received, whatever its path or outcome."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    """Request headers, keys lowercased."""
+    body: JSONObject
+    """The parsed JSON body; `{}` when the body is empty or not a JSON object."""
+    raw_body: bytes
+
+    @property
+    def stream(self) -> bool:
+        return self.body.get("stream") is True
+
+
+@dataclass(frozen=True)
+class MessageReply:
+    """A successful reply: a full message (JSON) or the equivalent event stream."""
+
+    content: list[JSONObject]
+    stop_reason: str | None = "end_turn"
+    stop_sequence: str | None = None
+    stop_details: JSONObject | None = None
+    usage: JSONObject | None = None
+    """Merged over the estimated usage (input_tokens, output_tokens, cache_* = 0)."""
+    model: str | None = None
+    """Reported model; defaults to the requested one."""
+    message_id: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+    """Seconds to wait before the response starts."""
+    event_delay: float = 0.0
+    """Seconds to wait between server-sent events (streaming only)."""
+    chunks: int = 3
+    """How many `text_delta` / `input_json_delta` pieces each block is split into (at most)."""
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    """An HTTP error with the Anthropic error body."""
+
+    status: int
+    error_type: str
+    message: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    details: JSONObject | None = None
+    """`error.details` (e.g. `{"error_code": "..."}`), omitted when None."""
+
+
+@dataclass(frozen=True)
+class StreamErrorReply:
+    """A stream that starts normally and then sends `event: error`.
+
+    A non-streaming request gets the same error as an HTTP status instead (529 for
+    `overloaded_error`, 500 for `api_error`...).
+    """
+
+    error_type: str = "overloaded_error"
+    message: str = "Overloaded"
+    partial_text: str = ""
+    """Text streamed (in an unterminated text block) before the error."""
+
+
+@dataclass(frozen=True)
+class HangReply:
+    """Start answering and then wait until the client disconnects (or the fake shuts down).
+
+    Streaming: sends `message_start`, `ping` and `partial_text` (if any) first. Non-streaming:
+    sends nothing. A disconnect is counted in `FakeClaude.disconnects`.
+    """
+
+    partial_text: str = ""
+
+
+Reply = MessageReply | ErrorReply | StreamErrorReply | HangReply
+ReplyFactory = Callable[[RecordedRequest], Reply]
+"""A queued callable is called with the request and returns the reply to send."""
+
+
+def message_reply(
+    content: list[JSONObject], stop_reason: str | None = "end_turn", **kwargs: Any
+) -> MessageReply:
+    return MessageReply(content=content, stop_reason=stop_reason, **kwargs)
+
+
+def text_reply(text: str, *, stop_reason: str = "end_turn", **kwargs: Any) -> MessageReply:
+    """A single text block (`**kwargs` go to `MessageReply`, e.g. `stop_sequence`, `usage`)."""
+    return MessageReply(content=[{"type": "text", "text": text}], stop_reason=stop_reason, **kwargs)
+
+
+def tool_use_reply(
+    name: str,
+    input: JSONObject,
+    *,
+    id: str | None = None,
+    text: str | None = None,
+    **kwargs: Any,
+) -> MessageReply:
+    """A tool call (optionally preceded by a text block); stop_reason "tool_use".
+
+    Without `id` the fake assigns `toolu_fake_<n>` when it serves the reply.
+    """
+    content: list[JSONObject] = []
+    if text is not None:
+        content.append({"type": "text", "text": text})
+    content.append({"type": "tool_use", "id": id, "name": name, "input": input})
+    kwargs.setdefault("stop_reason", "tool_use")
+    return MessageReply(content=content, **kwargs)
+
+
+def error_reply(
+    status: int,
+    error_type: str,
+    message: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    retry_after: float | None = None,
+    should_retry: bool | None = None,
+    details: JSONObject | None = None,
+) -> ErrorReply:
+    """An HTTP error, e.g. `error_reply(529, "overloaded_error", "Overloaded", retry_after=0)`."""
+    all_headers = dict(headers or {})
+    if retry_after is not None:
+        all_headers["retry-after"] = f"{retry_after:g}"
+    if should_retry is not None:
+        all_headers["x-should-retry"] = "true" if should_retry else "false"
+    return ErrorReply(status, error_type, message, all_headers, details)
+
+
+def stream_error_reply(
+    error_type: str = "overloaded_error", message: str = "Overloaded", *, partial_text: str = "Partial"
+) -> StreamErrorReply:
+    return StreamErrorReply(error_type, message, partial_text)
+
+
+def hang_reply(partial_text: str = "") -> HangReply:
+    return HangReply(partial_text)
+
+
+# --------------------------------------------------------------------------------------------------
+# Request validation (a subset of the real API's rules)
+# --------------------------------------------------------------------------------------------------
+
+_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
+_TOOL_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
+_ROLES = ("user", "assistant", "system")
+_TOOL_CHOICES = ("auto", "any", "tool", "none")
+_EMPTY_MESSAGE = "all messages must have non-empty content except for the optional final assistant message"
+
+
+def _validate_text(text: object, where: str) -> str | None:
+    if not isinstance(text, str):
+        return f"{where}.text: Input should be a valid string"
+    if not text.strip():
+        return f"{where}: text content blocks must contain non-whitespace text"
+    return None
+
+
+def _validate_blocks(blocks: list[Any], where: str) -> str | None:
+    for j, block in enumerate(blocks):
+        here = f"{where}.{j}"
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            return f"{here}: Input should be a valid content block"
+        kind = block["type"]
+        if kind == "text":
+            problem = _validate_text(block.get("text"), here)
+            if problem:
+                return problem
+        elif kind == "tool_use":
+            if not isinstance(block.get("id"), str) or not _TOOL_ID.match(block["id"]):
+                return f"{here}.id: String should match pattern '^[a-zA-Z0-9_-]+$'"
+            if not isinstance(block.get("input"), dict):
+                return f"{here}.input: Input should be a valid dictionary"
+        elif kind == "tool_result":
+            if not isinstance(block.get("tool_use_id"), str) or not _TOOL_ID.match(block["tool_use_id"]):
+                return f"{here}.tool_use_id: String should match pattern '^[a-zA-Z0-9_-]+$'"
+            inner = block.get("content")
+            if isinstance(inner, list):
+                problem = _validate_blocks(inner, f"{here}.content")
+                if problem:
+                    return problem
+    return None
+
+
+def _tool_ids(content: object, kind: str, key: str) -> list[str]:
+    if not isinstance(content, list):
+        return []
+    return [str(b.get(key)) for b in content if isinstance(b, dict) and b.get("type") == kind]
+
+
+def validate_request(body: object, headers: Mapping[str, str]) -> str | None:
+    """The message of the 400 the real API would send for this request, or None if it is valid."""
+    if "anthropic-version" not in headers:
+        return "anthropic-version: header is required"
+    if not isinstance(body, dict):
+        return "Invalid request body: expected a JSON object"
+    for key in ("temperature", "top_p", "top_k"):
+        if key in body:
+            return f"{key}: Extra inputs are not permitted"
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        return "model: Field required"
+    max_tokens = body.get("max_tokens")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+        return "max_tokens: Field required (a non-negative integer)"
+    if "stream" in body and not isinstance(body["stream"], bool):
+        return "stream: Input should be a valid boolean"
+    system = body.get("system")
+    if system is not None and not isinstance(system, str | list):
+        return "system: Input should be a valid string or list of text blocks"
+    if isinstance(system, list):
+        problem = _validate_blocks(system, "system")
+        if problem:
+            return problem
+    stop_sequences = body.get("stop_sequences")
+    if stop_sequences is not None and (
+        not isinstance(stop_sequences, list) or not all(isinstance(s, str) for s in stop_sequences)
+    ):
+        return "stop_sequences: Input should be a valid list of strings"
+
+    tools = body.get("tools")
+    tool_names: list[str] = []
+    if tools is not None:
+        if not isinstance(tools, list):
+            return "tools: Input should be a valid list"
+        for i, tool in enumerate(tools):
+            if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+                return f"tools.{i}.name: Field required"
+            if not _TOOL_NAME.match(tool["name"]):
+                return f"tools.{i}.custom.name: String should match pattern '^[a-zA-Z0-9_-]{{1,128}}$'"
+            tool_names.append(tool["name"])
+    tool_choice = body.get("tool_choice")
+    if tool_choice is not None:
+        if not isinstance(tool_choice, dict) or tool_choice.get("type") not in _TOOL_CHOICES:
+            return "tool_choice: Input should be a valid tool choice"
+        if tool_choice["type"] == "none" and "disable_parallel_tool_use" in tool_choice:
+            return "tool_choice.none.disable_parallel_tool_use: Extra inputs are not permitted"
+        if tool_choice["type"] in ("any", "tool") and not tool_names:
+            return "tool_choice: may only be specified while providing tools"
+        if tool_choice["type"] == "tool" and tool_choice.get("name") not in tool_names:
+            return f"Tool '{tool_choice.get('name')}' not found in provided tools"
+
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return "messages: Field required"
+    if not messages:
+        return "messages: at least one message is required"
+    uses_tools = False
+    for i, message in enumerate(messages):
+        where = f"messages.{i}"
+        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+            return f"{where}.role: Input should be 'user', 'assistant' or 'system'"
+        content = message.get("content")
+        is_final_assistant = i == len(messages) - 1 and message["role"] == "assistant"
+        if isinstance(content, str):
+            if not content.strip() and not is_final_assistant:
+                return f"{where}: {_EMPTY_MESSAGE}"
+        elif isinstance(content, list):
+            if not content and not is_final_assistant:
+                return f"{where}: {_EMPTY_MESSAGE}"
+            problem = _validate_blocks(content, f"{where}.content")
+            if problem:
+                return problem
+        else:
+            return f"{where}.content: Input should be a valid string or list of content blocks"
+        if is_final_assistant:
+            last_text = content if isinstance(content, str) else ""
+            if isinstance(content, list) and content and content[-1].get("type") == "text":
+                last_text = content[-1].get("text", "")
+            if last_text != last_text.rstrip():
+                return "final assistant content cannot end with trailing whitespace"
+
+        uses = _tool_ids(content, "tool_use", "id")
+        results = _tool_ids(content, "tool_result", "tool_use_id")
+        uses_tools = uses_tools or bool(uses or results)
+        if uses and message["role"] != "assistant":
+            return f"{where}: `tool_use` blocks can only be in `assistant` messages"
+        if results and message["role"] != "user":
+            return f"{where}: `tool_result` blocks can only be in `user` messages"
+        if uses:
+            following = messages[i + 1] if i + 1 < len(messages) else None
+            answered = (
+                set(_tool_ids(following.get("content"), "tool_result", "tool_use_id"))
+                if isinstance(following, dict) and following.get("role") == "user"
+                else set()
+            )
+            missing = [u for u in uses if u not in answered]
+            if missing:
+                return (
+                    f"{where}: `tool_use` ids were found without `tool_result` blocks immediately after: "
+                    f"{', '.join(missing)}. Each `tool_use` block must have a corresponding `tool_result` "
+                    "block in the next message."
+                )
+        if results:
+            previous = messages[i - 1] if i > 0 else None
+            offered = (
+                set(_tool_ids(previous.get("content"), "tool_use", "id"))
+                if isinstance(previous, dict) and previous.get("role") == "assistant"
+                else set()
+            )
+            unexpected = [r for r in results if r not in offered]
+            if unexpected:
+                return (
+                    f"{where}: unexpected `tool_use_id` found in `tool_result` blocks: "
+                    f"{', '.join(unexpected)}. Each `tool_result` block must have a corresponding "
+                    "`tool_use` block in the previous message."
+                )
+    if uses_tools and not tool_names:
+        return "Requests which include `tool_use` or `tool_result` blocks must define tools."
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Default replies
+# --------------------------------------------------------------------------------------------------
+
+
+def _example_value(name: str, schema: object, depth: int = 0) -> Any:
+    if not isinstance(schema, dict) or depth > 8:
+        return None
+    if "enum" in schema and isinstance(schema["enum"], list) and schema["enum"]:
+        return schema["enum"][0]
+    if "const" in schema:
+        return schema["const"]
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "string":
+        return f"example-{name}"
+    if kind == "integer":
+        return 1
+    if kind == "number":
+        return 1
+    if kind == "boolean":
+        return True
+    if kind == "array":
+        return []
+    if kind == "null":
+        return None
+    if kind == "object" or "properties" in schema:
+        return _example_object(schema, depth + 1)
+    return f"example-{name}"
+
+
+def _example_object(schema: JSONObject, depth: int = 0) -> JSONObject:
+    properties = schema.get("properties")
+    required = schema.get("required")
+    if not isinstance(properties, dict) or not isinstance(required, list):
+        return {}
+    return {
+        prop: _example_value(prop, properties.get(prop), depth) for prop in required if isinstance(prop, str)
+    }
+
+
+def _text_of(content: object) -> str:
+    """The readable text of message or tool_result content (texts joined with a space)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    parts: list[str] = []
+    for block in content:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+        elif block.get("type") == "tool_result":
+            parts.append(f"tool_result({block.get('tool_use_id')}): {_text_of(block.get('content'))}")
+        elif isinstance(block.get("type"), str):
+            parts.append(f"[{block['type']}]")
+    return " ".join(parts)
+
+
+def _ends_with_tool_result(messages: list[Any]) -> bool:
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            return (
+                isinstance(content, list)
+                and bool(content)
+                and isinstance(content[-1], dict)
+                and content[-1].get("type") == "tool_result"
+            )
+    return False
+
+
+def default_reply(body: JSONObject) -> MessageReply:
+    """The deterministic reply used when the queue is empty."""
+    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+    assert isinstance(messages, list)
+    tools = [t for t in body.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)]
+    tool_choice = body.get("tool_choice") if isinstance(body.get("tool_choice"), dict) else {}
+    assert isinstance(tool_choice, dict)
+    if tools and tool_choice.get("type") != "none" and not _ends_with_tool_result(messages):
+        tool = tools[0]
+        if tool_choice.get("type") == "tool":
+            tool = next((t for t in tools if t["name"] == tool_choice.get("name")), tool)
+        schema = tool.get("input_schema")
+        tool_input = _example_object(schema) if isinstance(schema, dict) else {}
+        return tool_use_reply(tool["name"], tool_input)
+    last_user = next(
+        (m for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), {"content": ""}
+    )
+    summary = _text_of(last_user.get("content"))
+    return text_reply(f"fake-claude says: {len(messages)} messages; last: {summary}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Wire rendering
+# --------------------------------------------------------------------------------------------------
+
+_STATUS_FOR_TYPE = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
+
+
+def _estimate_tokens(value: object) -> int:
+    return max(1, len(json.dumps(value, sort_keys=True)) // 4)
+
+
+def _split(text: str, pieces: int) -> list[str]:
+    """`text` cut into at most `pieces` non-empty consecutive parts (none for an empty text)."""
+    if not text:
+        return []
+    pieces = max(1, min(pieces, len(text)))
+    size = -(-len(text) // pieces)
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _sse(event: str, data: JSONObject) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _error_body(
+    error_type: str, message: str, request_id: str, details: JSONObject | None = None
+) -> JSONObject:
+    error: JSONObject = {"type": error_type, "message": message}
+    if details is not None:
+        error["details"] = details
+    return {"type": "error", "error": error, "request_id": request_id}
+
+
+def _block_start_events(index: int, block: JSONObject, chunks: int) -> list[bytes]:
+    """content_block_start and the deltas for one block, without content_block_stop."""
+    kind = block.get("type")
+    frames: list[bytes] = []
+
+    def delta(payload: JSONObject) -> None:
+        frames.append(
+            _sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": payload})
+        )
+
+    if kind == "text":
+        frames.append(
+            _sse(
+                "content_block_start",
+                {
+                    "type": "content_block_start",
+                    "index": index,
+                    "content_block": {"type": "text", "text": ""},
+                },
+            )
+        )
+        for piece in _split(str(block.get("text", "")), chunks):
+            delta({"type": "text_delta", "text": piece})
+    elif kind == "tool_use":
+        start = {**block, "input": {}}
+        frames.append(
+            _sse(
+                "content_block_start", {"type": "content_block_start", "index": index, "content_block": start}
+            )
+        )
+        delta({"type": "input_json_delta", "partial_json": ""})
+        for piece in _split(json.dumps(block.get("input", {})), chunks):
+            delta({"type": "input_json_delta", "partial_json": piece})
+    elif kind == "thinking":
+        start = {"type": "thinking", "thinking": "", "signature": ""}
+        frames.append(
+            _sse(
+                "content_block_start", {"type": "content_block_start", "index": index, "content_block": start}
+            )
+        )
+        for piece in _split(str(block.get("thinking", "")), chunks):
+            delta({"type": "thinking_delta", "thinking": piece})
+        delta({"type": "signature_delta", "signature": str(block.get("signature", ""))})
+    else:
+        frames.append(
+            _sse(
+                "content_block_start", {"type": "content_block_start", "index": index, "content_block": block}
+            )
+        )
+    return frames
+
+
+def _block_stop(index: int) -> bytes:
+    return _sse("content_block_stop", {"type": "content_block_stop", "index": index})
+
+
+def _stream_head(message: JSONObject) -> list[bytes]:
+    usage = {**message["usage"], "output_tokens": 1}
+    start = {
+        **message,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "stop_details": None,
+        "usage": usage,
+    }
+    return [
+        _sse("message_start", {"type": "message_start", "message": start}),
+        _sse("ping", {"type": "ping"}),
+    ]
+
+
+def stream_frames(message: JSONObject, chunks: int = 3) -> list[bytes]:
+    """The server-sent events of a whole message, in the real API's order."""
+    frames = _stream_head(message)
+    for index, block in enumerate(message["content"]):
+        frames += _block_start_events(index, block, chunks)
+        frames.append(_block_stop(index))
+    usage = message["usage"]
+    frames.append(
+        _sse(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {
+                    "stop_reason": message["stop_reason"],
+                    "stop_sequence": message["stop_sequence"],
+                    "stop_details": message.get("stop_details"),
+                },
+                "usage": {
+                    "input_tokens": usage["input_tokens"],
+                    "output_tokens": usage["output_tokens"],
+                    "cache_creation_input_tokens": usage["cache_creation_input_tokens"],
+                    "cache_read_input_tokens": usage["cache_read_input_tokens"],
+                },
+            },
+        )
+    )
+    frames.append(_sse("message_stop", {"type": "message_stop"}))
+    return frames
+
+
+class _ScriptedResponse(Response):
+    """A response sent part by part, which notices when the client goes away before the end."""
+
+    def __init__(
+        self,
+        fake: FakeClaude,
+        status: int,
+        headers: Mapping[str, str],
+        parts: list[bytes],
+        *,
+        delay: float = 0.0,
+        part_delay: float = 0.0,
+        hang: bool = False,
+        hang_before_start: bool = False,
+    ) -> None:
+        self.fake = fake
+        self.status_code = status
+        self.background = None
+        self.raw_headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        self.parts = parts
+        self.delay = delay
+        self.part_delay = part_delay
+        self.hang = hang
+        self.hang_before_start = hang_before_start
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        finished = False
+        disconnected = False
+
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                nonlocal disconnected
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        if not finished:
+                            disconnected = True
+                            tg.cancel_scope.cancel()
+                        return
+
+            async def emit() -> None:
+                nonlocal finished
+                if self.delay > 0:
+                    await self.fake._pause(self.delay)
+                if self.hang_before_start:
+                    await self.fake._pause(None)
+                    finished = True
+                    body = json.dumps(
+                        _error_body("api_error", "fake shut down", "req_fake_shutdown")
+                    ).encode()
+                    await send({"type": "http.response.start", "status": 500, "headers": self.raw_headers})
+                    await send({"type": "http.response.body", "body": body, "more_body": False})
+                    return
+                await send(
+                    {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+                )
+                for n, part in enumerate(self.parts):
+                    if n and self.part_delay > 0:
+                        await self.fake._pause(self.part_delay)
+                    last = n == len(self.parts) - 1 and not self.hang
+                    message: Message = {"type": "http.response.body", "body": part, "more_body": not last}
+                    if last:
+                        finished = True
+                    await send(message)
+                if self.hang or not self.parts:
+                    if self.hang:
+                        await self.fake._pause(None)
+                    finished = True
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+            tg.start_soon(watch)
+            with contextlib.suppress(OSError):
+                await emit()
+            tg.cancel_scope.cancel()
+        if disconnected:
+            self.fake._record_disconnect()
+
+
+# --------------------------------------------------------------------------------------------------
+# The fake server
+# --------------------------------------------------------------------------------------------------
+
+
+class FakeClaude:
+    """The fake Claude API server; use as a context manager (or `start()` / `close()`).
+
+    `api_key`: when given, only `Authorization: Bearer <api_key>` is accepted; otherwise any
+    non-empty Bearer token. `validate`: reject requests the real API would reject (400).
+    """
+
+    def __init__(self, *, api_key: str | None = None, validate: bool = True) -> None:
+        self.api_key = api_key
+        self.validate = validate
+        self._lock = threading.Condition()
+        self._requests: list[RecordedRequest] = []
+        self._queue: deque[Reply | ReplyFactory] = deque()
+        self._disconnects = 0
+        self._counter = 0
+        self._url: str | None = None
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._shutdown: anyio.Event | None = None
+        self.app = Starlette(
+            routes=[
+                Route("/v1/messages", self._messages, methods=["POST"]),
+                Route("/v1/messages/count_tokens", self._count_tokens, methods=["POST"]),
+                Route("/{path:path}", self._not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+            ],
+            lifespan=self._lifespan,
+        )
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """Base URL for ANTHROPIC_BASE_URL / `base_url=` (e.g. `http://127.0.0.1:53211`)."""
+        if self._url is None:
+            raise RuntimeError("FakeClaude is not running")
+        return self._url
+
+    def start(self, timeout: float = 10.0) -> FakeClaude:
+        if self._thread is not None:
+            raise RuntimeError("FakeClaude already started")
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app,
+            log_level="warning",
+            http="h11",
+            loop="asyncio",
+            lifespan="on",
+            timeout_graceful_shutdown=2,
+        )
+        server = uvicorn.Server(config)
+        thread = threading.Thread(
+            target=server.run, kwargs={"sockets": [sock]}, name="fake-claude", daemon=True
+        )
+        self._server, self._thread = server, thread
+        thread.start()
+        deadline = time.monotonic() + timeout
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                self.close()
+                sock.close()
+                raise RuntimeError("FakeClaude failed to start")
+            time.sleep(0.005)
+        self._url = f"http://127.0.0.1:{port}"
+        return self
+
+    def close(self, timeout: float = 10.0) -> None:
+        server, thread, loop, shutdown = self._server, self._thread, self._loop, self._shutdown
+        if server is None or thread is None:
+            return
+        if loop is not None and shutdown is not None:
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                loop.call_soon_threadsafe(shutdown.set)
+        server.should_exit = True
+        thread.join(timeout)
+        if thread.is_alive():
+            server.force_exit = True
+            thread.join(timeout)
+        self._server = self._thread = None
+        self._url = None
+
+    def __enter__(self) -> FakeClaude:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self._loop = asyncio.get_running_loop()
+        self._shutdown = anyio.Event()
+        yield
+
+    async def _pause(self, seconds: float | None) -> None:
+        """Sleep (forever when None), waking up early when the fake shuts down."""
+        assert self._shutdown is not None
+        with anyio.move_on_after(float("inf") if seconds is None else seconds):
+            await self._shutdown.wait()
+
+    # ---- scripting and inspection ----------------------------------------------------------------
+
+    def enqueue(self, *replies: Reply | ReplyFactory) -> None:
+        """Queue replies for the next `POST /v1/messages` requests (FIFO, one per request)."""
+        with self._lock:
+            self._queue.extend(replies)
+
+    @property
+    def pending(self) -> int:
+        """Queued replies not used yet."""
+        with self._lock:
+            return len(self._queue)
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """Every request received so far (all paths, including rejected ones), oldest first."""
+        with self._lock:
+            return list(self._requests)
+
+    @property
+    def message_requests(self) -> list[RecordedRequest]:
+        """Only the `POST /v1/messages` requests."""
+        return [r for r in self.requests if r.path == "/v1/messages"]
+
+    @property
+    def disconnects(self) -> int:
+        """How many responses the client abandoned before their end (e.g. a cancelled hang)."""
+        with self._lock:
+            return self._disconnects
+
+    def reset(self) -> None:
+        """Forget recorded requests and disconnects, and drop queued replies."""
+        with self._lock:
+            self._requests.clear()
+            self._queue.clear()
+            self._disconnects = 0
+
+    def wait_for_requests(self, count: int = 1, timeout: float = 5.0) -> bool:
+        """Block until at least `count` requests were received; False on timeout."""
+        with self._lock:
+            return self._lock.wait_for(lambda: len(self._requests) >= count, timeout)
+
+    def wait_for_disconnects(self, count: int = 1, timeout: float = 5.0) -> bool:
+        """Block until at least `count` disconnects were recorded; False on timeout."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self._disconnects >= count, timeout)
+
+    async def await_requests(self, count: int = 1, timeout: float = 5.0) -> bool:
+        """`wait_for_requests` for async tests (does not block the event loop)."""
+        return await anyio.to_thread.run_sync(self.wait_for_requests, count, timeout)
+
+    async def await_disconnects(self, count: int = 1, timeout: float = 5.0) -> bool:
+        """`wait_for_disconnects` for async tests (does not block the event loop)."""
+        return await anyio.to_thread.run_sync(self.wait_for_disconnects, count, timeout)
+
+    # ---- internals -------------------------------------------------------------------------------
+
+    def _record_disconnect(self) -> None:
+        with self._lock:
+            self._disconnects += 1
+            self._lock.notify_all()
+
+    def _next_number(self) -> int:
+        with self._lock:
+            self._counter += 1
+            return self._counter
+
+    async def _record(self, request: Request) -> tuple[RecordedRequest, object]:
+        raw = await request.body()
+        parsed: object = None
+        with contextlib.suppress(ValueError):
+            parsed = json.loads(raw) if raw else None
+        recorded = RecordedRequest(
+            method=request.method,
+            path=request.url.path,
+            headers={k.lower(): v for k, v in request.headers.items()},
+            body=parsed if isinstance(parsed, dict) else {},
+            raw_body=raw,
+        )
+        with self._lock:
+            self._requests.append(recorded)
+            self._lock.notify_all()
+        return recorded, parsed
+
+    def _error(
+        self,
+        status: int,
+        error_type: str,
+        message: str,
+        headers: Mapping[str, str] | None = None,
+        details: JSONObject | None = None,
+    ) -> Response:
+        request_id = f"req_fake_{self._next_number():06d}"
+        body = json.dumps(_error_body(error_type, message, request_id, details)).encode()
+        all_headers = {"content-type": "application/json", "request-id": request_id, **(headers or {})}
+        return Response(body, status_code=status, headers=all_headers)
+
+    def _auth_problem(self, recorded: RecordedRequest) -> Response | None:
+        scheme, _, token = recorded.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return self._error(401, "authentication_error", "invalid x-api-key")
+        if self.api_key is not None and token != self.api_key:
+            return self._error(401, "authentication_error", "invalid x-api-key")
+        return None
+
+    def _take_reply(self, recorded: RecordedRequest) -> Reply:
+        with self._lock:
+            item = self._queue.popleft() if self._queue else None
+        if item is None:
+            return default_reply(recorded.body)
+        if isinstance(item, MessageReply | ErrorReply | StreamErrorReply | HangReply):
+            return item
+        return item(recorded)
+
+    def _message_json(self, reply: MessageReply, body: JSONObject) -> JSONObject:
+        number = self._next_number()
+        content: list[JSONObject] = []
+        for block in reply.content:
+            block = dict(block)
+            if block.get("type") == "tool_use" and block.get("id") is None:
+                block["id"] = f"toolu_fake_{number:06d}_{len(content)}"
+            content.append(block)
+        usage: JSONObject = {
+            "input_tokens": _estimate_tokens([body.get("system"), body.get("tools"), body.get("messages")]),
+            "output_tokens": _estimate_tokens(content),
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            **(reply.usage or {}),
+        }
+        return {
+            "id": reply.message_id or f"msg_fake_{number:06d}",
+            "type": "message",
+            "role": "assistant",
+            "model": reply.model or body.get("model", "claude-fake"),
+            "content": content,
+            "stop_reason": reply.stop_reason,
+            "stop_sequence": reply.stop_sequence,
+            "stop_details": reply.stop_details,
+            "usage": usage,
+        }
+
+    def _sse_response(
+        self, parts: list[bytes], headers: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> _ScriptedResponse:
+        all_headers = {
+            "content-type": "text/event-stream; charset=utf-8",
+            "cache-control": "no-cache",
+            "request-id": f"req_fake_{self._next_number():06d}",
+            **(headers or {}),
+        }
+        return _ScriptedResponse(self, 200, all_headers, parts, **kwargs)
+
+    # ---- endpoints -------------------------------------------------------------------------------
+
+    async def _messages(self, request: Request) -> Response:
+        recorded, parsed = await self._record(request)
+        problem = self._auth_problem(recorded)
+        if problem is not None:
+            return problem
+        if parsed is None and request.headers.get("content-type", "").startswith("application/json"):
+            return self._error(400, "invalid_request_error", "Invalid JSON in request body")
+        if self.validate:
+            message = validate_request(parsed, recorded.headers)
+            if message is not None:
+                return self._error(400, "invalid_request_error", message)
+        body = recorded.body
+        reply = self._take_reply(recorded)
+        streaming = recorded.stream
+
+        if isinstance(reply, ErrorReply):
+            return self._error(reply.status, reply.error_type, reply.message, reply.headers, reply.details)
+        if isinstance(reply, StreamErrorReply):
+            if not streaming:
+                return self._error(
+                    _STATUS_FOR_TYPE.get(reply.error_type, 500), reply.error_type, reply.message
+                )
+            message_json = self._message_json(MessageReply(content=[], stop_reason=None), body)
+            parts = _stream_head(message_json)
+            if reply.partial_text:
+                parts += _block_start_events(0, {"type": "text", "text": reply.partial_text}, 3)
+            error = {"type": "error", "error": {"type": reply.error_type, "message": reply.message}}
+            parts.append(_sse("error", error))
+            return self._sse_response(parts)
+        if isinstance(reply, HangReply):
+            if not streaming:
+                headers = {
+                    "content-type": "application/json",
+                    "request-id": f"req_fake_{self._next_number():06d}",
+                }
+                return _ScriptedResponse(self, 200, headers, [], hang_before_start=True)
+            message_json = self._message_json(MessageReply(content=[], stop_reason=None), body)
+            parts = _stream_head(message_json)
+            if reply.partial_text:
+                parts += _block_start_events(0, {"type": "text", "text": reply.partial_text}, 3)
+            return self._sse_response(parts, hang=True)
+
+        message_json = self._message_json(reply, body)
+        if streaming:
+            return self._sse_response(
+                stream_frames(message_json, reply.chunks),
+                reply.headers,
+                delay=reply.delay,
+                part_delay=reply.event_delay,
+            )
+        headers = {
+            "content-type": "application/json",
+            "request-id": f"req_fake_{self._next_number():06d}",
+            **reply.headers,
+        }
+        return _ScriptedResponse(self, 200, headers, [json.dumps(message_json).encode()], delay=reply.delay)
+
+    async def _count_tokens(self, request: Request) -> Response:
+        recorded, parsed = await self._record(request)
+        problem = self._auth_problem(recorded)
+        if problem is not None:
+            return problem
+        body = recorded.body
+        if not isinstance(parsed, dict) or not isinstance(body.get("model"), str):
+            return self._error(400, "invalid_request_error", "model: Field required")
+        if not isinstance(body.get("messages"), list) or not body["messages"]:
+            return self._error(400, "invalid_request_error", "messages: Field required")
+        count = _estimate_tokens([body.get("system"), body.get("tools"), body.get("messages")])
+        return Response(
+            json.dumps({"input_tokens": count}).encode(),
+            headers={"content-type": "application/json", "request-id": f"req_fake_{self._next_number():06d}"},
+        )
+
+    async def _not_found(self, request: Request) -> Response:
+        recorded, _ = await self._record(request)
+        problem = self._auth_problem(recorded)
+        if problem is not None:
+            return problem
+        if recorded.path in ("/v1/messages", "/v1/messages/count_tokens"):
+            return self._error(405, "invalid_request_error", f"Method {request.method} not allowed")
+        return self._error(404, "not_found_error", f"Not found: {request.method} {recorded.path}")

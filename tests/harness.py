@@ -1,0 +1,140 @@
+"""Running the real `mcp-backfill` process in tests: command lines, environments, raw sessions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import Process
+from mcp.client.stdio import StdioServerParameters
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVERS = ROOT / "tests" / "servers"
+EXAMPLES = ROOT / "examples"
+TEST_API_KEY = "sk-ant-test-SECRET-0123456789"
+
+
+def proxy_argv(*options: str, upstream: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", "mcp_backfill", *options, "--", *upstream]
+
+
+def python_server(name: str, *args: str) -> list[str]:
+    return [sys.executable, str(SERVERS / name), *args]
+
+
+def proxy_env(fake_url: str | None = None, **extra: str) -> dict[str, str]:
+    """The proxy's environment: ours minus any real credentials, plus the fake API when given."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "MCP_BACKFILL_"))}
+    if fake_url is not None:
+        env["ANTHROPIC_BASE_URL"] = fake_url
+        env["ANTHROPIC_API_KEY"] = TEST_API_KEY
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def stdio_params(argv: Sequence[str], env: Mapping[str, str]) -> StdioServerParameters:
+    return StdioServerParameters(command=argv[0], args=list(argv[1:]), env=dict(env), cwd=str(ROOT))
+
+
+class RawSession:
+    """Line-level access to a running proxy: what a client writes and reads, byte for byte."""
+
+    def __init__(self, process: Process, stderr_path: Path) -> None:
+        self.process = process
+        self.stderr_path = stderr_path
+        self._buffer = b""
+
+    async def send(self, message: Any) -> None:
+        await self.send_raw(json.dumps(message).encode() + b"\n")
+
+    async def send_raw(self, data: bytes) -> None:
+        assert self.process.stdin is not None
+        await self.process.stdin.send(data)
+
+    async def read_line(self, timeout: float = 15.0) -> bytes:
+        assert self.process.stdout is not None
+        with anyio.fail_after(timeout):
+            while b"\n" not in self._buffer:
+                self._buffer += await self.process.stdout.receive()
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    async def recv(self, timeout: float = 15.0) -> Any:
+        return json.loads(await self.read_line(timeout))
+
+    async def recv_until(self, predicate: Any, timeout: float = 15.0) -> tuple[Any, list[Any]]:
+        """Read messages until `predicate(msg)`; returns it and everything read before it."""
+        seen: list[Any] = []
+        with anyio.fail_after(timeout):
+            while True:
+                message = await self.recv(timeout)
+                if predicate(message):
+                    return message, seen
+                seen.append(message)
+
+    async def request(self, request_id: Any, method: str, params: Any = None) -> Any:
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        await self.send(message)
+        response, _ = await self.recv_until(lambda m: m.get("id") == request_id and "method" not in m)
+        return response
+
+    async def close_stdin(self) -> None:
+        assert self.process.stdin is not None
+        await self.process.stdin.aclose()
+
+    async def wait(self, timeout: float = 15.0) -> int:
+        with anyio.fail_after(timeout):
+            return await self.process.wait()
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+
+@asynccontextmanager
+async def raw_proxy(argv: Sequence[str], env: Mapping[str, str]) -> AsyncIterator[RawSession]:
+    with tempfile.TemporaryDirectory() as tmp:
+        stderr_path = Path(tmp) / "stderr.log"
+        with stderr_path.open("wb") as stderr:
+            process = await anyio.open_process(
+                list(argv),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                env=dict(env),
+                cwd=ROOT,
+            )
+            session = RawSession(process, stderr_path)
+            try:
+                yield session
+            finally:
+                if process.returncode is None:
+                    process.terminate()
+                    with anyio.move_on_after(10):
+                        await process.wait()
+                    if process.returncode is None:
+                        process.kill()
+                        await process.wait()
+                for stream in (process.stdin, process.stdout):
+                    if stream is not None:
+                        await stream.aclose()
+
+
+def initialize_params(
+    capabilities: dict[str, Any] | None = None, version: str = "2025-11-25"
+) -> dict[str, Any]:
+    return {
+        "protocolVersion": version,
+        "capabilities": capabilities if capabilities is not None else {},
+        "clientInfo": {"name": "raw-test-client", "version": "0"},
+    }

@@ -1,0 +1,217 @@
+"""A raw stdio JSON-RPC upstream (no MCP SDK) for the proxy's pass-through fidelity tests.
+
+Run it as `python tests/servers/echo_server.py`. It reads newline-delimited JSON from stdin and
+writes one JSON message per line to stdout (flushed after every line). Ids are returned exactly as
+received (`1` stays an int, `"1"` stays a string, `0` and `null` work). It exits 0 on stdin EOF.
+
+Client → server messages:
+
+* `initialize` (request): result `{"protocolVersion": <requested, else "2025-11-25">,
+  "capabilities": {...}, "serverInfo": {"name": "echo-server", ...}, "echo": <params as received>}`.
+* any other request: result `{"echo": <the whole request object as received>}`.
+* any notification: recorded, then announced with the notification
+  `{"method": "notifications/echo", "params": {"received": <the notification>}}`.
+* a response nobody is waiting for: announced as `notifications/echo` with
+  `{"unsolicited_response": <the response>}`.
+* a batch (JSON array): every element handled as above; the replies go out as one array, followed
+  by the `notifications/echo` announcements for the batch's notifications.
+* a line that is not JSON: error `-32700` with id `null`; a JSON value that is not a message:
+  error `-32600`.
+
+Test-control requests (the result is always sent after the action):
+
+* `test/ask_client` `{"method": M, "params": P, "id": X}`: sends the request
+  `{"jsonrpc": "2.0", "id": X, "method": M, "params": P}` to the client (`params` omitted when P is
+  absent, `id` defaults to `"echo-ask-<n>"`), keeps serving other lines until the response with id X
+  arrives, then answers `{"client_response": <the full response object>}`.
+* `test/notify_client` `{"method": M, "params": P}`: sends that notification, answers
+  `{"sent": true}`.
+* `test/notifications`: answers `{"notifications": [<every notification received so far>]}`.
+* `test/exit` `{"code": N}`: answers `{"echo": …}`, then exits with status N (default 0).
+* `test/garbage`: writes a non-JSON line to stdout, then answers `{"echo": …}`.
+* `test/stderr` `{"text": T}`: writes T to stderr, then answers `{"echo": …}`.
+"""
+
+import json
+import sys
+from typing import Any, BinaryIO
+
+GARBAGE_LINE = "this line is not JSON-RPC {"
+
+
+class EchoServer:
+    def __init__(self, stdin: BinaryIO, stdout: BinaryIO, stderr: BinaryIO) -> None:
+        self._stdin = stdin
+        self._stdout = stdout
+        self._stderr = stderr
+        self.notifications: list[Any] = []
+        self._awaited: dict[str, Any] = {}  # key(id) -> response, None while still waiting
+        self._ask_counter = 0
+        self._deferred: list[Any] | None = None  # announcements held back while answering a batch
+
+    # -- I/O ----------------------------------------------------------------------------------
+
+    def write_line(self, text: str) -> None:
+        self._stdout.write(text.encode("utf-8") + b"\n")
+        self._stdout.flush()
+
+    def send(self, message: Any) -> None:
+        self.write_line(json.dumps(message, ensure_ascii=False, separators=(",", ":")))
+
+    def serve(self) -> int:
+        """Handle lines until stdin closes; returns the exit status."""
+        try:
+            while self.serve_one():
+                pass
+        except SystemExit as stop:
+            return stop.code if isinstance(stop.code, int) else 0
+        except BrokenPipeError:
+            pass  # the client closed our stdout: nothing left to do
+        return 0
+
+    def serve_one(self) -> bool:
+        """Read and handle one line; False on EOF."""
+        raw = self._stdin.readline()
+        if not raw:
+            return False
+        if not raw.strip():
+            return True
+        try:
+            message = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            self.send(error_response(None, -32700, "Parse error"))
+            return True
+        if isinstance(message, list):
+            # The batch's answer goes out first, then the notifications/echo its notifications caused.
+            outer, self._deferred = self._deferred, []
+            try:
+                replies = [reply for item in message if (reply := self.handle(item)) is not None]
+                if not message:
+                    self.send(error_response(None, -32600, "Invalid Request: empty batch"))
+                elif replies:
+                    self.send(replies)
+            finally:
+                deferred, self._deferred = self._deferred, outer
+            for announcement in deferred:
+                self.announce(announcement)
+        else:
+            reply = self.handle(message)
+            if reply is not None:
+                self.send(reply)
+        return True
+
+    # -- dispatch -------------------------------------------------------------------------------
+
+    def handle(self, message: Any) -> Any:
+        """Handle one message; returns the reply to send, if any."""
+        if not isinstance(message, dict):
+            return error_response(None, -32600, "Invalid Request: not an object")
+        method = message.get("method")
+        if method is None and "id" in message and ("result" in message or "error" in message):
+            self.on_response(message)
+            return None
+        if not isinstance(method, str):
+            return error_response(message.get("id"), -32600, "Invalid Request: no method")
+        if "id" not in message:
+            self.notifications.append(message)
+            self.announce({"received": message})
+            return None
+        return self.on_request(message["id"], method, message.get("params"), message)
+
+    def on_response(self, response: dict[str, Any]) -> None:
+        key = id_key(response["id"])
+        if key in self._awaited and self._awaited[key] is None:
+            self._awaited[key] = response
+        else:
+            self.announce({"unsolicited_response": response})
+
+    def announce(self, params: dict[str, Any]) -> None:
+        """Emit notifications/echo (after the reply when inside a batch)."""
+        if self._deferred is not None:
+            self._deferred.append(params)
+        else:
+            self.send(notification("notifications/echo", params))
+
+    def on_request(self, request_id: Any, method: str, params: Any, request: dict[str, Any]) -> Any:
+        args = params if isinstance(params, dict) else {}
+        if method == "initialize":
+            version = args.get("protocolVersion")
+            return result_response(
+                request_id,
+                {
+                    "protocolVersion": version if isinstance(version, str) else "2025-11-25",
+                    "capabilities": {"tools": {}, "prompts": {}, "resources": {}, "logging": {}},
+                    "serverInfo": {"name": "echo-server", "version": "1.0.0"},
+                    "echo": params,
+                },
+            )
+        if method == "test/ask_client":
+            return result_response(request_id, {"client_response": self.ask_client(args)})
+        if method == "test/notify_client":
+            if not isinstance(args.get("method"), str):
+                return error_response(request_id, -32602, "test/notify_client needs params.method")
+            self.send(build_message(None, args["method"], args))
+            return result_response(request_id, {"sent": True})
+        if method == "test/notifications":
+            return result_response(request_id, {"notifications": self.notifications})
+        if method == "test/exit":
+            code = args.get("code", 0)
+            self.send(result_response(request_id, {"echo": request}))
+            raise SystemExit(code if isinstance(code, int) else 0)
+        if method == "test/garbage":
+            self.write_line(GARBAGE_LINE)
+        elif method == "test/stderr":
+            text = str(args.get("text", ""))
+            self._stderr.write((text if text.endswith("\n") else text + "\n").encode("utf-8"))
+            self._stderr.flush()
+        return result_response(request_id, {"echo": request})
+
+    def ask_client(self, args: dict[str, Any]) -> Any:
+        """Send a request to the client and serve other lines until its response arrives."""
+        if "id" in args:
+            ask_id = args["id"]
+        else:
+            self._ask_counter += 1
+            ask_id = f"echo-ask-{self._ask_counter}"
+        key = id_key(ask_id)
+        self._awaited[key] = None
+        self.send(build_message(ask_id, str(args.get("method", "ping")), args))
+        while self._awaited[key] is None:
+            if not self.serve_one():
+                raise SystemExit(0)  # client went away while we were waiting
+        return self._awaited.pop(key)
+
+
+def id_key(request_id: Any) -> str:
+    """Distinguishes 1 from "1" (and from 1.0) when matching responses to requests."""
+    return f"{type(request_id).__name__}:{json.dumps(request_id)}"
+
+
+def build_message(message_id: Any, method: str, args: dict[str, Any]) -> dict[str, Any]:
+    message: dict[str, Any] = {"jsonrpc": "2.0"}
+    if message_id is not None:
+        message["id"] = message_id
+    message["method"] = method
+    if "params" in args:
+        message["params"] = args["params"]
+    return message
+
+
+def notification(method: str, params: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "method": method, "params": params}
+
+
+def result_response(request_id: Any, result: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+
+def error_response(request_id: Any, code: int, message: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+
+
+def main() -> int:
+    return EchoServer(sys.stdin.buffer, sys.stdout.buffer, sys.stderr.buffer).serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

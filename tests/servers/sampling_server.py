@@ -1,0 +1,217 @@
+"""SDK-based (MCPServer, stdio) upstream for the proxy's end-to-end tests.
+
+Run it as `python tests/servers/sampling_server.py`. Every tool returns JSON text (one TextContent)
+so tests can `json.loads(result.content[0].text)`. All sampling goes through the handshake-era
+back-channel (`sampling/createMessage` requests related to the running `tools/call`).
+
+Tools:
+
+* `loop(question, rounds=2, tool_choice="auto")`: a sampling-with-tools loop offering one tool,
+  `lookup(key)`, to the model. `rounds` caps the number of sampling requests. Every `tool_use` is
+  answered with a `tool_result` carrying text content, `structuredContent` `{"key", "value",
+  "found"}` and `isError` (true for the key `"fail"` or an input without a string `key`).
+  Returns `{"rounds": [{"round", "stopReason", "model", "blockTypes", "toolUseIds", "toolCalls",
+  "text", "meta"}...], "finalText": str | null, "completed": bool}`.
+* `plain(prompt, max_tokens=100)`: sampling without tools. Returns `{"text", "contentType",
+  "model", "stopReason", "meta"}`.
+* `sample_raw(params_json, timeout=30.0)`: sends `sampling/createMessage` with exactly the given
+  params object and returns `{"result": <raw result dict>}` or `{"error": {"code", "message",
+  "data"}}`; the result is not validated, so malformed answers can be inspected too.
+* `slow_sample(cancel_after=1.0, prompt=..., max_tokens=100)`: sends one sampling request (id
+  `"slow-sample-<n>"`) and gives up after `cancel_after` seconds; the SDK then sends
+  `notifications/cancelled` for it. Returns `{"outcome": "completed" | "timed_out" | "error",
+  "samplingRequestId", "cancelAfter", "elapsed", "result" | "error"}`. If the client cancels the
+  `tools/call` itself, the SDK cancels the sampling request too (nothing is returned then).
+"""
+
+import itertools
+import json
+import sys
+import time
+import warnings
+from typing import Any, Literal
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.shared.dispatcher import CallOptions
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
+from mcp.types import (
+    REQUEST_TIMEOUT,
+    CreateMessageResult,
+    CreateMessageResultWithTools,
+    SamplingMessage,
+    SamplingMessageContentBlock,
+    TextContent,
+    Tool,
+    ToolChoice,
+    ToolResultContent,
+    ToolUseContent,
+)
+
+warnings.filterwarnings(
+    "ignore", message="The sampling capability is deprecated", category=MCPDeprecationWarning
+)
+
+LOOKUP = Tool(
+    name="lookup",
+    description="Look up the value stored under a key.",
+    input_schema={
+        "type": "object",
+        "properties": {"key": {"type": "string", "description": "The key to look up"}},
+        "required": ["key"],
+    },
+)
+TABLE: dict[str, str] = {"alpha": "1", "beta": "2", "gamma": "3", "capital_of_france": "Paris"}
+
+server = MCPServer("sampling-test-server")
+_slow_ids = itertools.count(1)
+
+
+def lookup(call: ToolUseContent) -> ToolResultContent:
+    key = call.input.get("key")
+    if call.name != LOOKUP.name or not isinstance(key, str):
+        text = f"unsupported call {call.name}({json.dumps(call.input)})"
+        return ToolResultContent(tool_use_id=call.id, content=[TextContent(text=text)], is_error=True)
+    if key == "fail":
+        return ToolResultContent(
+            tool_use_id=call.id,
+            content=[TextContent(text="lookup failed for key 'fail'")],
+            structured_content={"key": key, "value": None, "found": False},
+            is_error=True,
+        )
+    value = TABLE.get(key, f"value-of-{key}")
+    return ToolResultContent(
+        tool_use_id=call.id,
+        content=[TextContent(text=f"{key} = {value}")],
+        structured_content={"key": key, "value": value, "found": key in TABLE},
+        is_error=False,
+    )
+
+
+def _text(blocks: list[SamplingMessageContentBlock]) -> str:
+    return "".join(block.text for block in blocks if isinstance(block, TextContent))
+
+
+def _error_json(error: MCPError) -> dict[str, Any]:
+    return {"code": error.code, "message": error.message, "data": error.data}
+
+
+async def _send_raw_sampling(ctx: Context, params: dict[str, Any], opts: CallOptions) -> dict[str, Any]:
+    """Send `sampling/createMessage` with verbatim params, related to the running tools/call.
+
+    `ServerSession.send_request` only takes typed requests and validates the result, so this uses
+    the request-scoped raw channel the typed path is built on (a private attribute in mcp 2.3).
+    """
+    session = ctx.request_context.session
+    return await session._request_outbound.send_raw_request("sampling/createMessage", params, opts)
+
+
+@server.tool()
+async def loop(
+    question: str,
+    ctx: Context,
+    rounds: int = 2,
+    tool_choice: Literal["auto", "required", "none"] = "auto",
+) -> str:
+    """Sampling-with-tools loop offering a `lookup(key)` tool; `rounds` caps the sampling requests."""
+    messages = [SamplingMessage(role="user", content=TextContent(text=question))]
+    report: list[dict[str, Any]] = []
+    final_text: str | None = None
+    for n in range(1, rounds + 1):
+        result: CreateMessageResultWithTools = await ctx.session.create_message(
+            messages,
+            max_tokens=500,
+            system_prompt="Answer using the lookup tool when a key is mentioned.",
+            tools=[LOOKUP],
+            tool_choice=ToolChoice(mode=tool_choice),
+            related_request_id=ctx.request_id,
+        )
+        blocks = result.content_as_list
+        calls = [block for block in blocks if isinstance(block, ToolUseContent)]
+        report.append(
+            {
+                "round": n,
+                "stopReason": result.stop_reason,
+                "model": result.model,
+                "blockTypes": [block.type for block in blocks],
+                "toolUseIds": [call.id for call in calls],
+                "toolCalls": [{"id": c.id, "name": c.name, "input": c.input} for c in calls],
+                "text": _text(blocks),
+                "meta": result.meta,
+            }
+        )
+        if not calls:
+            final_text = _text(blocks)
+            break
+        messages.append(SamplingMessage(role="assistant", content=blocks))
+        messages.append(SamplingMessage(role="user", content=[lookup(call) for call in calls]))
+    return json.dumps({"rounds": report, "finalText": final_text, "completed": final_text is not None})
+
+
+@server.tool()
+async def plain(prompt: str, ctx: Context, max_tokens: int = 100) -> str:
+    """Plain sampling (no tools): returns the single content block's text, model and stopReason."""
+    result: CreateMessageResult = await ctx.session.create_message(
+        [SamplingMessage(role="user", content=TextContent(text=prompt))],
+        max_tokens=max_tokens,
+        related_request_id=ctx.request_id,
+    )
+    content = result.content
+    return json.dumps(
+        {
+            "text": content.text if isinstance(content, TextContent) else None,
+            "contentType": content.type,
+            "model": result.model,
+            "stopReason": result.stop_reason,
+            "meta": result.meta,
+        }
+    )
+
+
+@server.tool()
+async def sample_raw(params_json: str, ctx: Context, timeout: float = 30.0) -> str:
+    """Send sampling/createMessage with exactly these params; return the raw result or the error."""
+    params = json.loads(params_json)
+    if not isinstance(params, dict):
+        raise ValueError("params_json must encode a JSON object")
+    try:
+        result = await _send_raw_sampling(ctx, params, {"timeout": timeout})
+    except MCPError as error:
+        return json.dumps({"error": _error_json(error)})
+    return json.dumps({"result": result})
+
+
+@server.tool()
+async def slow_sample(
+    ctx: Context,
+    cancel_after: float = 1.0,
+    prompt: str = "Take your time and write a long essay.",
+    max_tokens: int = 100,
+) -> str:
+    """Start a sampling request and abandon it after `cancel_after` seconds (then it is cancelled)."""
+    request_id = f"slow-sample-{next(_slow_ids)}"
+    params = {
+        "messages": [{"role": "user", "content": {"type": "text", "text": prompt}}],
+        "maxTokens": max_tokens,
+    }
+    outcome: dict[str, Any] = {"samplingRequestId": request_id, "cancelAfter": cancel_after}
+    started = time.monotonic()
+    try:
+        # On timeout the SDK's dispatcher writes notifications/cancelled {"requestId": request_id}
+        # before raising REQUEST_TIMEOUT; on cancellation of this tool call it does the same.
+        outcome["result"] = await _send_raw_sampling(
+            ctx, params, {"timeout": cancel_after, "request_id": request_id}
+        )
+        outcome["outcome"] = "completed"
+    except MCPError as error:
+        outcome["outcome"] = "timed_out" if error.code == REQUEST_TIMEOUT else "error"
+        outcome["error"] = _error_json(error)
+    except anyio.get_cancelled_exc_class():
+        print(f"slow_sample: tools/call cancelled, sampling request {request_id} abandoned", file=sys.stderr)
+        raise
+    outcome["elapsed"] = round(time.monotonic() - started, 3)
+    return json.dumps(outcome)
+
+
+if __name__ == "__main__":
+    server.run()
