@@ -48,7 +48,9 @@ async def test_two_round_tool_loop(fake_claude: FakeClaude) -> None:
         tools = {tool.name for tool in (await client.list_tools()).tools}
         assert "loop" in tools
         outcome = tool_json(
-            await client.call_tool("loop", {"question": "What is alpha?", "rounds": 3, "tool_choice": "required"})
+            await client.call_tool(
+                "loop", {"question": "What is alpha?", "rounds": 3, "tool_choice": "required"}
+            )
         )
 
     assert outcome["completed"] is True
@@ -125,14 +127,20 @@ async def test_model_preferences_choose_among_allowed_models(fake_claude: FakeCl
 
 INVALID_REQUESTS: list[tuple[str, dict[str, Any], str]] = [
     ("empty messages", {"messages": [], "maxTokens": 10}, "messages"),
-    ("maxTokens zero", {"messages": [{"role": "user", "content": {"type": "text", "text": "x"}}], "maxTokens": 0},
-     "maxTokens"),
+    (
+        "maxTokens zero",
+        {"messages": [{"role": "user", "content": {"type": "text", "text": "x"}}], "maxTokens": 0},
+        "maxTokens",
+    ),
     (
         "tool result mixed with text",
         {
             "messages": [
                 {"role": "user", "content": {"type": "text", "text": "q"}},
-                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}],
+                },
                 {
                     "role": "user",
                     "content": [
@@ -151,7 +159,10 @@ INVALID_REQUESTS: list[tuple[str, dict[str, Any], str]] = [
         {
             "messages": [
                 {"role": "user", "content": {"type": "text", "text": "q"}},
-                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}],
+                },
                 {"role": "user", "content": {"type": "text", "text": "no result"}},
             ],
             "maxTokens": 10,
@@ -182,7 +193,9 @@ INVALID_REQUESTS: list[tuple[str, dict[str, Any], str]] = [
     (
         "audio rejected by default",
         {
-            "messages": [{"role": "user", "content": {"type": "audio", "data": "AAAA", "mimeType": "audio/wav"}}],
+            "messages": [
+                {"role": "user", "content": {"type": "audio", "data": "AAAA", "mimeType": "audio/wav"}}
+            ],
             "maxTokens": 10,
         },
         "--audio placeholder",
@@ -205,8 +218,18 @@ async def test_invalid_requests_get_32602_without_an_api_call(
 @pytest.mark.parametrize(
     ("replies", "code", "status", "error_type"),
     [
-        ([error_reply(400, "invalid_request_error", "prompt is too long")], -32602, 400, "invalid_request_error"),
-        ([error_reply(401, "authentication_error", "invalid x-api-key")], -32603, 401, "authentication_error"),
+        (
+            [error_reply(400, "invalid_request_error", "prompt is too long")],
+            -32602,
+            400,
+            "invalid_request_error",
+        ),
+        (
+            [error_reply(401, "authentication_error", "invalid x-api-key")],
+            -32603,
+            401,
+            "authentication_error",
+        ),
         ([error_reply(529, "overloaded_error", "Overloaded")] * 3, -32603, 529, "overloaded_error"),
         ([stream_error_reply("overloaded_error", "Overloaded")], -32603, 200, "overloaded_error"),
     ],
@@ -266,7 +289,9 @@ async def test_fallback_client_with_sampling_tools_answers_itself(fake_claude: F
     assert fake_claude.message_requests == []
 
 
-async def test_fallback_client_without_tools_support_gets_only_plain_requests(fake_claude: FakeClaude) -> None:
+async def test_fallback_client_without_tools_support_gets_only_plain_requests(
+    fake_claude: FakeClaude,
+) -> None:
     asked: list[types.CreateMessageRequestParams] = []
 
     async def sampling_callback(context: Any, params: types.CreateMessageRequestParams) -> Any:
@@ -294,7 +319,11 @@ async def test_always_mode_never_asks_the_client(fake_claude: FakeClaude) -> Non
     capabilities = types.SamplingCapability(tools=types.SamplingToolsCapability())
     fake_claude.enqueue(text_reply("from claude"))
     async with client_for(
-        fake_claude, "--mode", "always", sampling_callback=sampling_callback, sampling_capabilities=capabilities
+        fake_claude,
+        "--mode",
+        "always",
+        sampling_callback=sampling_callback,
+        sampling_capabilities=capabilities,
     ) as client:
         outcome = tool_json(await client.call_tool("plain", {"prompt": "p"}))
     assert outcome["text"] == "from claude"

@@ -1,0 +1,213 @@
+"""Process hygiene of the stdio wrapper: stdout discipline, bad input, lifecycle, secrets."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import anyio
+import pytest
+
+from tests.harness import (
+    TEST_API_KEY,
+    initialize_params,
+    proxy_argv,
+    proxy_env,
+    python_server,
+    raw_proxy,
+)
+
+pytestmark = pytest.mark.anyio
+
+ECHO = python_server("echo_server.py")
+
+
+def mock_proxy(*options: str, upstream: list[str] = ECHO) -> list[str]:
+    return proxy_argv("--provider", "mock", *options, upstream=upstream)
+
+
+def upstream_pid(stderr: str) -> int:
+    match = re.search(r"relaying .*pid=(\d+)", stderr)
+    assert match, stderr
+    return int(match.group(1))
+
+
+async def wait_for_log(session_stderr: object, pattern: str, timeout: float = 10) -> str:
+    read = session_stderr  # a zero-argument callable returning the log so far
+    assert callable(read)
+    with anyio.fail_after(timeout):
+        while not re.search(pattern, text := read()):
+            await anyio.sleep(0.05)
+    return text
+
+
+async def test_garbage_from_the_client_gets_a_parse_error_and_the_session_continues() -> None:
+    async with raw_proxy(mock_proxy(), proxy_env()) as session:
+        await session.send_raw(b"this is not json\n")
+        error = await session.recv()
+        assert error["id"] is None
+        assert error["error"]["code"] == -32700
+        await session.send_raw(b'{"jsonrpc": "2.0", "id": 1, "method": \n')  # truncated JSON
+        assert (await session.recv())["error"]["code"] == -32700
+        response = await session.request(2, "initialize", initialize_params())
+        assert response["result"]["echo"]["capabilities"]["sampling"] == {"tools": {}}
+
+
+async def test_oversized_client_message_is_refused_and_the_session_continues() -> None:
+    async with raw_proxy(mock_proxy("--max-message-bytes", "4096"), proxy_env()) as session:
+        await session.send({"jsonrpc": "2.0", "id": 1, "method": "big", "params": {"x": "y" * 10_000}})
+        error = await session.recv()
+        assert error["error"]["code"] == -32600
+        assert "--max-message-bytes" in error["error"]["message"]
+        response = await session.request(2, "small", {})
+        assert response["result"]["echo"]["method"] == "small"
+
+
+async def test_garbage_from_the_upstream_is_logged_not_forwarded() -> None:
+    async with raw_proxy(mock_proxy(), proxy_env()) as session:
+        response = await session.request(1, "test/garbage", {})
+        assert response["result"]["echo"]["method"] == "test/garbage"
+        log = await wait_for_log(session.stderr, "malformed message from upstream")
+    assert "malformed message from upstream" in log
+
+
+async def test_upstream_stderr_passes_through() -> None:
+    async with raw_proxy(mock_proxy(), proxy_env()) as session:
+        await session.request(1, "test/stderr", {"text": "hello from the upstream's stderr"})
+        await wait_for_log(session.stderr, "hello from the upstream's stderr")
+
+
+async def test_client_eof_closes_the_upstream_and_exit_status_is_the_upstreams() -> None:
+    async with raw_proxy(mock_proxy(), proxy_env()) as session:
+        await session.request(1, "initialize", initialize_params())
+        pid = upstream_pid(await wait_for_log(session.stderr, r"relaying .*pid="))
+        await session.close_stdin()
+        assert await session.wait() == 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+async def test_upstream_exit_ends_the_proxy_with_its_status() -> None:
+    async with raw_proxy(mock_proxy(), proxy_env()) as session:
+        await session.request(1, "initialize", initialize_params())
+        await session.send({"jsonrpc": "2.0", "id": 2, "method": "test/exit", "params": {"code": 3}})
+        assert await session.wait() == 3
+        assert "upstream server exited" in session.stderr()
+
+
+async def test_upstream_crash_answers_pending_client_requests_with_errors() -> None:
+    async with raw_proxy(mock_proxy(), proxy_env()) as session:
+        await session.request(1, "initialize", initialize_params())
+        pid = upstream_pid(await wait_for_log(session.stderr, r"relaying .*pid="))
+        # The echo server now waits for our answer to its roots/list, so request 2 stays pending.
+        await session.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 2,
+                "method": "test/ask_client",
+                "params": {"method": "roots/list", "id": 9},
+            }
+        )
+        await session.recv_until(lambda m: m.get("method") == "roots/list")
+        os.kill(pid, signal.SIGKILL)
+        error, _ = await session.recv_until(lambda m: m.get("id") == 2)
+        assert error["error"]["code"] == -32603
+        assert "exited" in error["error"]["message"]
+        assert await session.wait() == 128 + signal.SIGKILL
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+async def test_signals_shut_down_cleanly(sig: signal.Signals) -> None:
+    async with raw_proxy(mock_proxy(), proxy_env()) as session:
+        await session.request(1, "initialize", initialize_params())
+        pid = upstream_pid(session.stderr())
+        session.process.send_signal(sig)
+        assert await session.wait() == 0  # the echo server exits cleanly when its stdin closes
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+STUBBORN = [
+    sys.executable,
+    "-c",
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "sys.stdin.close()\n"
+    "print('stubborn up', file=sys.stderr, flush=True)\n"
+    "time.sleep(120)\n",
+]
+
+
+async def test_stubborn_upstream_is_killed_after_the_grace_period() -> None:
+    argv = mock_proxy("--shutdown-grace", "0.3", upstream=STUBBORN)
+    async with raw_proxy(argv, proxy_env()) as session:
+        await wait_for_log(session.stderr, "stubborn up")
+        started = time.monotonic()
+        await session.close_stdin()
+        assert await session.wait(timeout=10) == 128 + signal.SIGKILL
+        assert time.monotonic() - started < 5
+        log = session.stderr()
+    assert "SIGTERM" in log
+    assert "SIGKILL" in log
+
+
+async def test_stdout_carries_only_json_rpc() -> None:
+    async with raw_proxy(mock_proxy("--log-level", "debug"), proxy_env()) as session:
+        await session.request(1, "initialize", initialize_params())
+        await session.request(2, "test/stderr", {"text": "noise"})
+        await session.request(3, "test/garbage", {})
+        await session.close_stdin()
+        await session.wait()
+        assert session.process.stdout is not None
+        rest = b""
+        with anyio.move_on_after(2):
+            async for chunk in session.process.stdout:
+                rest += chunk
+    for line in rest.splitlines():
+        assert line.startswith(b"{"), line
+
+
+def test_missing_api_key_fails_at_startup_with_a_clear_message() -> None:
+    result = subprocess.run(
+        proxy_argv(upstream=ECHO), env=proxy_env(), capture_output=True, text=True, timeout=30, check=False
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "ANTHROPIC_API_KEY" in result.stderr
+    assert "--provider mock" in result.stderr
+
+
+def test_unstartable_upstream_is_reported() -> None:
+    result = subprocess.run(
+        mock_proxy(upstream=["/nonexistent/server-binary"]),
+        env=proxy_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 127
+    assert "cannot start upstream" in result.stderr
+    assert result.stdout == ""
+
+
+ENV_REPORTER = [
+    sys.executable,
+    "-c",
+    "import os, sys\n"
+    "print('upstream sees key=' + repr(os.environ.get('ANTHROPIC_API_KEY')), file=sys.stderr, flush=True)\n",
+]
+
+
+async def test_api_key_is_not_passed_to_the_upstream_nor_logged() -> None:
+    env = proxy_env("http://127.0.0.1:9", ANTHROPIC_API_KEY=TEST_API_KEY)
+    argv = proxy_argv("--log-level", "debug", "--log-format", "json", upstream=ENV_REPORTER)
+    async with raw_proxy(argv, env) as session:
+        await session.wait()
+        log = session.stderr()
+    assert "upstream sees key=None" in log
+    assert TEST_API_KEY not in log
