@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import anyio
 import pytest
@@ -36,9 +37,8 @@ def upstream_pid(stderr: str) -> int:
     return int(match.group(1))
 
 
-async def wait_for_log(session_stderr: object, pattern: str, timeout: float = 10) -> str:
-    read = session_stderr  # a zero-argument callable returning the log so far
-    assert callable(read)
+async def wait_for_log(read: Callable[[], str], pattern: str, timeout: float = 10) -> str:
+    """Poll the proxy's stderr until `pattern` shows up."""
     with anyio.fail_after(timeout):
         while not re.search(pattern, text := read()):
             await anyio.sleep(0.05)
