@@ -60,7 +60,6 @@ class ClientProfile:
     """What the client told us about itself in `initialize`."""
 
     sampling: dict[str, Any] | None = None
-    initialized: bool = False
 
     def can_sample(self, params: dict[str, Any]) -> bool:
         if self.sampling is None:

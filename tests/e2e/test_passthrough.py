@@ -151,3 +151,54 @@ async def test_batches_pass_through() -> None:
     # The echo server answers a batch with a batch (or the single request's answer).
     answers = response if isinstance(response, list) else [response]
     assert any(a.get("id") == 10 and a["result"]["echo"] == batch[0] for a in answers)
+
+
+async def test_sampling_is_answered_by_the_proxy_even_when_ids_collide() -> None:
+    """The server's request id 2 is also the client's pending request id 2: two separate id spaces."""
+    sampling = {
+        "method": "sampling/createMessage",
+        "id": 2,
+        "params": {
+            "messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}],
+            "maxTokens": 20,
+        },
+    }
+    async with raw_proxy(mock_proxy(), proxy_env()) as session:
+        await session.request(1, "initialize", initialize_params())
+        await session.send({"jsonrpc": "2.0", "id": 2, "method": "test/ask_client", "params": sampling})
+        response, before = await session.recv_until(lambda m: m.get("id") == 2)
+    assert not any(m.get("method") == "sampling/createMessage" for m in before)
+    answer = response["result"]["client_response"]
+    assert answer["id"] == 2
+    assert answer["result"]["role"] == "assistant"
+    assert answer["result"]["content"]["type"] == "text"
+    assert answer["result"]["model"].startswith("mock/")
+
+
+async def test_cancellations_for_requests_the_proxy_does_not_own_pass_through() -> None:
+    cancelled = {"method": "notifications/cancelled", "params": {"requestId": 42, "reason": "user"}}
+    async with raw_proxy(mock_proxy(), proxy_env()) as session:
+        await session.request(1, "initialize", initialize_params())
+        await session.send({"jsonrpc": "2.0", "id": 2, "method": "test/notify_client", "params": cancelled})
+        _, before = await session.recv_until(lambda m: m.get("id") == 2)
+    assert {"jsonrpc": "2.0", **cancelled} in before
+
+
+async def test_client_that_samples_gets_sampling_requests_in_fallback_mode() -> None:
+    sampling = {
+        "method": "sampling/createMessage",
+        "id": "s1",
+        "params": {
+            "messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}],
+            "maxTokens": 20,
+        },
+    }
+    client_answer = {"role": "assistant", "content": {"type": "text", "text": "mine"}, "model": "client"}
+    async with raw_proxy(mock_proxy(), proxy_env()) as session:
+        await session.request(1, "initialize", initialize_params({"sampling": {}}))
+        await session.send({"jsonrpc": "2.0", "id": 2, "method": "test/ask_client", "params": sampling})
+        forwarded, _ = await session.recv_until(lambda m: m.get("method") == "sampling/createMessage")
+        assert forwarded == {"jsonrpc": "2.0", **sampling}
+        await session.send({"jsonrpc": "2.0", "id": "s1", "result": client_answer})
+        response, _ = await session.recv_until(lambda m: m.get("id") == 2)
+    assert response["result"]["client_response"]["result"] == client_answer

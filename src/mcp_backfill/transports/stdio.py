@@ -162,10 +162,12 @@ async def own_stdio(max_message_bytes: int) -> AsyncIterator[LineChannel]:
     try:
         yield channel
     finally:
-        with suppress(OSError):
-            os.close(protocol_in)
-        with suppress(OSError):
-            os.close(protocol_out)
+        for fd in (protocol_in, protocol_out):
+            # The descriptions are shared with our parent (a terminal, say): leave them blocking.
+            with suppress(OSError):
+                os.set_blocking(fd, True)
+            with suppress(OSError):
+                os.close(fd)
 
 
 @dataclass

@@ -1,0 +1,80 @@
+"""Flags, environment variables and defaults -> one validated Config."""
+
+from __future__ import annotations
+
+import pytest
+
+from mcp_backfill.cli import parse_config
+from mcp_backfill.config import (
+    DEFAULT_ALLOWED_MODELS,
+    DEFAULT_MODEL,
+    ConfigError,
+    Secret,
+    upstream_environment,
+)
+
+KEY = {"ANTHROPIC_API_KEY": "sk-ant-unit-secret"}
+
+
+def test_defaults() -> None:
+    config = parse_config(["--", "server", "--flag"], KEY)
+    assert config.upstream_command == ("server", "--flag")
+    assert config.mode == "fallback"
+    assert config.provider == "anthropic"
+    assert config.model == DEFAULT_MODEL
+    assert config.allowed_models == DEFAULT_ALLOWED_MODELS
+    assert config.max_tokens_cap == 16384
+    assert config.audio == "reject"
+
+
+def test_flags_beat_environment_which_beats_defaults() -> None:
+    env = KEY | {"MCP_BACKFILL_MODE": "always", "MCP_BACKFILL_MAX_TOKENS_CAP": "100"}
+    assert parse_config(["--", "s"], env).mode == "always"
+    assert parse_config(["--mode", "off", "--", "s"], env).mode == "off"
+    assert parse_config(["--", "s"], env).max_tokens_cap == 100
+    assert parse_config(["--max-tokens-cap", "7", "--", "s"], env).max_tokens_cap == 7
+
+
+def test_arguments_after_the_separator_belong_to_the_upstream() -> None:
+    config = parse_config(["--mode", "always", "--", "server", "--mode", "x"], KEY)
+    assert config.mode == "always"
+    assert config.upstream_command == ("server", "--mode", "x")
+
+
+def test_allowed_models_pin_and_default() -> None:
+    pinned = parse_config(["--allowed-models", "claude-haiku-5-5", "--", "s"], KEY)
+    assert pinned.allowed_models == ("claude-haiku-5-5",)
+    assert pinned.model == "claude-haiku-5-5"
+    with pytest.raises(ConfigError, match="not in --allowed-models"):
+        parse_config(["--model", "claude-opus-5-5", "--allowed-models", "claude-haiku-5-5", "--", "s"], KEY)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--", "s"], {}, "ANTHROPIC_API_KEY"),
+        ([], KEY, "no upstream server"),
+        (["--max-tokens-cap", "zero", "--", "s"], KEY, "--max-tokens-cap"),
+        (["--", "s"], KEY | {"MCP_BACKFILL_MODE": "sometimes"}, "MCP_BACKFILL_MODE"),
+        (["--max-tokens-cap", "0", "--", "s"], KEY, "at least 1"),
+        (["--shutdown-grace", "-1", "--", "s"], KEY, "negative"),
+    ],
+)
+def test_invalid_configurations_are_refused_with_a_useful_message(
+    argv: list[str], env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(argv, env)
+
+
+def test_mock_provider_needs_no_key() -> None:
+    assert parse_config(["--provider", "mock", "--", "s"], {}).api_key is None
+
+
+def test_secrets_stay_out_of_repr_and_the_upstream_environment() -> None:
+    config = parse_config(["--", "s"], KEY)
+    assert "sk-ant-unit-secret" not in repr(config)
+    assert config.api_key == Secret("sk-ant-unit-secret")
+    assert config.secrets() == ("sk-ant-unit-secret",)
+    env = upstream_environment({"PATH": "/bin", "ANTHROPIC_API_KEY": "k", "MCP_BACKFILL_AUTH_TOKEN": "t"})
+    assert env == {"PATH": "/bin"}
