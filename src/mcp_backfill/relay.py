@@ -192,9 +192,7 @@ class Relay:
         params = params if isinstance(params, dict) else {}
         capabilities = params.get("capabilities")
         sampling = capabilities.get("sampling") if isinstance(capabilities, dict) else None
-        self.state.client = ClientProfile(
-            sampling=sampling if isinstance(sampling, dict) else None, initialized=True
-        )
+        self.state.client = ClientProfile(sampling=sampling if isinstance(sampling, dict) else None)
         version = params.get("protocolVersion")
         if isinstance(version, str):
             self._check_version(version)
