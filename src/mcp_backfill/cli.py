@@ -36,8 +36,8 @@ DESCRIPTION = (
     "also be set with the environment variable shown in brackets."
 )
 EPILOG = (
-    "environment: ANTHROPIC_API_KEY (required by --provider anthropic), ANTHROPIC_BASE_URL (API gateway). "
-    "Both are kept out of the upstream server's environment and out of the logs."
+    "environment: ANTHROPIC_API_KEY (required by --provider anthropic; never logged, never passed to the "
+    "upstream server), ANTHROPIC_BASE_URL (an API gateway or proxy in front of the Claude API)."
 )
 
 
