@@ -20,7 +20,15 @@ from tests.fake_claude import (
     text_reply,
     tool_use_reply,
 )
-from tests.harness import TEST_API_KEY, proxy_argv, proxy_env, python_server, stdio_params
+from tests.harness import (
+    TEST_API_KEY,
+    initialize_params,
+    proxy_argv,
+    proxy_env,
+    python_server,
+    raw_proxy,
+    stdio_params,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -253,20 +261,21 @@ async def test_api_errors_are_mapped(
 
 
 async def test_server_cancellation_closes_the_claude_stream(fake_claude: FakeClaude) -> None:
-    seen: list[Any] = []
-
-    async def record(message: Any) -> None:
-        seen.append(message)
-
+    """The server gives up on a sampling request: the Claude stream closes, the client sees nothing."""
     fake_claude.enqueue(hang_reply())
-    async with client_for(fake_claude, message_handler=record) as client:
-        outcome = tool_json(await client.call_tool("slow_sample", {"cancel_after": 1.0}))
-        assert outcome["outcome"] == "timed_out"
+    argv = proxy_argv("--log-level", "debug", upstream=SAMPLING_SERVER)
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await session.request(1, "initialize", initialize_params())
+        await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        call = {"name": "slow_sample", "arguments": {"cancel_after": 1.0}}
+        await session.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+        response, seen = await session.recv_until(lambda m: m.get("id") == 2, timeout=30)
         assert await fake_claude.await_disconnects(1, timeout=10)
-        after = tool_json(await client.call_tool("plain", {"prompt": "next"}))
-    assert after["text"].startswith("fake-claude says")
-    cancelled = [m for m in seen if isinstance(m, types.ServerNotification) and "cancel" in str(m).lower()]
-    assert cancelled == []
+        after = await session.request(3, "tools/call", {"name": "plain", "arguments": {"prompt": "next"}})
+    outcome = json.loads(response["result"]["content"][0]["text"])
+    assert outcome["outcome"] == "timed_out"
+    assert [m.get("method") for m in seen if "method" in m] == []  # neither the request nor its cancel
+    assert json.loads(after["result"]["content"][0]["text"])["text"].startswith("fake-claude says")
 
 
 async def test_fallback_client_with_sampling_tools_answers_itself(fake_claude: FakeClaude) -> None:
