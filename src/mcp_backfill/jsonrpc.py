@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 PARSE_ERROR = -32700
@@ -57,3 +58,25 @@ def preview(raw: bytes, limit: int = 200) -> str:
     """A short, safe rendering of a (possibly binary) message for log lines."""
     text = raw[:limit].decode("utf-8", errors="replace")
     return text + ("…" if len(raw) > limit else "")
+
+
+_ID_VALUE = rb'(-?\d+(?:\.\d+)?|"(?:[^"\\]|\\.)*"|null)'
+# A top-level "id" is the first key (optionally after "jsonrpc") or the last one: both ends of the object.
+_HEAD_ID = re.compile(rb'\A\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*' + _ID_VALUE)
+_TAIL_ID = re.compile(rb',\s*"id"\s*:\s*' + _ID_VALUE + rb"\s*\}\s*\Z")
+_HEAD_METHOD = re.compile(rb'\A\s*\{(?:\s*"(?:jsonrpc|id)"\s*:\s*' + _ID_VALUE + rb"\s*,)*\s*\"method\"")
+
+
+def salvage_envelope(head: bytes, tail: bytes) -> tuple[bool, Id, bool]:
+    """From the two ends of a message too large to parse: (id found, the id, is it a request?).
+
+    Lets the relay answer for a message it had to drop, so that no request waits forever.
+    """
+    match = _HEAD_ID.search(head) or _TAIL_ID.search(tail)
+    if match is None:
+        return False, None, False
+    try:
+        request_id = json.loads(match.group(1))
+    except ValueError:
+        return False, None, False
+    return True, request_id, _HEAD_METHOD.search(head) is not None

@@ -101,7 +101,7 @@ class Relay:
     async def run(self, on_client_closed: Callable[[], Awaitable[None]]) -> None:
         """Relay until the upstream closes; `on_client_closed` runs when the client side ends first."""
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._pump_client, tg, on_client_closed)
+            tg.start_soon(self._pump_client, on_client_closed)
             await self._pump_upstream(tg)
             tg.cancel_scope.cancel()
 
@@ -114,7 +114,7 @@ class Relay:
                 jsonrpc.encode(jsonrpc.error_response(request.request_id, jsonrpc.INTERNAL_ERROR, reason))
             )
 
-    async def _pump_client(self, tg: TaskGroup, on_client_closed: Callable[[], Awaitable[None]]) -> None:
+    async def _pump_client(self, on_client_closed: Callable[[], Awaitable[None]]) -> None:
         while True:
             try:
                 raw = await self.client.receive()
@@ -123,16 +123,7 @@ class Relay:
                 await on_client_closed()
                 return
             except MessageTooLarge as exc:
-                log.warning("client message too large; answered with an error", extra={"size": exc.size})
-                await self._send_client(
-                    jsonrpc.encode(
-                        jsonrpc.error_response(
-                            None,
-                            jsonrpc.INVALID_REQUEST,
-                            f"Message too large: {exc}; raise --max-message-bytes to allow it",
-                        )
-                    )
-                )
+                await self._too_large(exc, from_client=True)
                 continue
             await self._from_client(raw)
 
@@ -143,9 +134,34 @@ class Relay:
             except anyio.EndOfStream:
                 return
             except MessageTooLarge as exc:
-                log.error("upstream message too large; dropped", extra={"size": exc.size})
+                await self._too_large(exc, from_client=False)
                 continue
             await self._from_upstream(tg, raw)
+
+    async def _too_large(self, exc: MessageTooLarge, *, from_client: bool) -> None:
+        """A message was too large to relay: answer for it so that no request waits forever.
+
+        A dropped request is refused to its sender; a dropped response becomes an error response
+        for the side that is waiting for it.
+        """
+        sender = "client" if from_client else "upstream"
+        found, request_id, is_request = jsonrpc.salvage_envelope(exc.head, exc.tail)
+        log.warning(
+            f"message from the {sender} too large; dropped",
+            extra={"size": exc.size, "limit": exc.limit, "request_id": request_id if found else None},
+        )
+        hint = f"Message too large: {exc}; raise --max-message-bytes to allow it"
+        if is_request or (from_client and not found):
+            reply = jsonrpc.encode(jsonrpc.error_response(request_id, jsonrpc.INVALID_REQUEST, hint))
+            await (self._send_client(reply) if from_client else self._send_upstream(reply))
+        elif found and from_client:
+            await self._send_upstream(
+                jsonrpc.encode(jsonrpc.error_response(request_id, jsonrpc.INTERNAL_ERROR, hint))
+            )
+        elif found and self.state.client_requests.pop(jsonrpc.id_key(request_id), None) is not None:
+            await self._send_client(
+                jsonrpc.encode(jsonrpc.error_response(request_id, jsonrpc.INTERNAL_ERROR, hint))
+            )
 
     # -- client -> upstream ----------------------------------------------------------------------
 

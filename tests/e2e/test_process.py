@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -57,14 +58,53 @@ async def test_garbage_from_the_client_gets_a_parse_error_and_the_session_contin
         assert response["result"]["echo"]["capabilities"]["sampling"] == {"tools": {}}
 
 
-async def test_oversized_client_message_is_refused_and_the_session_continues() -> None:
-    async with raw_proxy(mock_proxy("--max-message-bytes", "4096"), proxy_env()) as session:
-        await session.send({"jsonrpc": "2.0", "id": 1, "method": "big", "params": {"x": "y" * 10_000}})
+LIMIT = 4096
+
+
+def padded_request(request_id: object, size: int) -> dict[str, object]:
+    """A request whose compact JSON is exactly `size` bytes."""
+    request: dict[str, object] = {"jsonrpc": "2.0", "id": request_id, "method": "pad", "params": {"p": ""}}
+    overhead = len(json.dumps(request, separators=(",", ":")))
+    request["params"] = {"p": "y" * (size - overhead)}
+    return request
+
+
+async def test_oversized_client_request_is_refused_with_its_id() -> None:
+    async with raw_proxy(mock_proxy("--max-message-bytes", str(LIMIT)), proxy_env()) as session:
+        await session.send(padded_request("big-1", 10_000))
         error = await session.recv()
+        assert error["id"] == "big-1"
         assert error["error"]["code"] == -32600
         assert "--max-message-bytes" in error["error"]["message"]
         response = await session.request(2, "small", {})
         assert response["result"]["echo"]["method"] == "small"
+
+
+async def test_oversized_upstream_response_becomes_an_error_for_the_waiting_request() -> None:
+    async with raw_proxy(mock_proxy("--max-message-bytes", str(LIMIT)), proxy_env()) as session:
+        # The request fits; the echo server's answer (request + envelope) does not.
+        request = padded_request(5, LIMIT - 10)
+        await session.send(request)
+        error = await session.recv()
+        assert error["id"] == 5
+        assert error["error"]["code"] == -32603
+        assert "too large" in error["error"]["message"]
+        response = await session.request(6, "small", {})
+        assert response["result"]["echo"]["method"] == "small"
+
+
+async def test_oversized_client_response_becomes_an_error_for_the_server() -> None:
+    async with raw_proxy(mock_proxy("--max-message-bytes", str(LIMIT)), proxy_env()) as session:
+        await session.request(1, "initialize", initialize_params({"roots": {}}))
+        ask = {"method": "roots/list", "id": 9}
+        await session.send({"jsonrpc": "2.0", "id": 2, "method": "test/ask_client", "params": ask})
+        await session.recv_until(lambda m: m.get("method") == "roots/list")
+        huge = {"jsonrpc": "2.0", "id": 9, "result": {"roots": [{"uri": "file:///" + "r" * 10_000}]}}
+        await session.send(huge)
+        final, _ = await session.recv_until(lambda m: m.get("id") == 2)
+    client_response = final["result"]["client_response"]
+    assert client_response["id"] == 9
+    assert "too large" in client_response["error"]["message"]
 
 
 async def test_garbage_from_the_upstream_is_logged_not_forwarded() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import copy
 import json
 from typing import Any
 
@@ -22,6 +23,7 @@ from mcp_backfill.sampling.convert import (
     to_mcp_result,
 )
 from mcp_backfill.sampling.errors import INVALID_PARAMS, SamplingError
+from tests.unit.wire_samples import RELEASED_TOOL_LOOP, WEATHER_TOOL, assistant, params, text, tool_use, user
 
 OPTIONS = ConversionOptions()
 PLACEHOLDER_AUDIO = ConversionOptions(audio="placeholder")
@@ -40,10 +42,6 @@ PDF = b64(b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n1 0 obj\n<<>>\nendobj\n")
 WAV = b64(b"RIFF\x24\x00\x00\x00WAVEfmt " + b"\x00" * 84)  # 100 bytes
 
 
-def text(value: str = "hi") -> dict[str, Any]:
-    return {"type": "text", "text": value}
-
-
 def image(data: str, mime: str) -> dict[str, Any]:
     return {"type": "image", "data": data, "mimeType": mime}
 
@@ -52,24 +50,8 @@ def audio(data: str = WAV, mime: str = "audio/wav") -> dict[str, Any]:
     return {"type": "audio", "data": data, "mimeType": mime}
 
 
-def tool_use(tool_use_id: str, name: str = "get_weather", **tool_input: Any) -> dict[str, Any]:
-    return {"type": "tool_use", "id": tool_use_id, "name": name, "input": tool_input}
-
-
 def tool_result(tool_use_id: str, *content: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {"type": "tool_result", "toolUseId": tool_use_id, "content": list(content), **extra}
-
-
-def user(*blocks: dict[str, Any]) -> dict[str, Any]:
-    return {"role": "user", "content": list(blocks)}
-
-
-def assistant(*blocks: dict[str, Any]) -> dict[str, Any]:
-    return {"role": "assistant", "content": list(blocks)}
-
-
-def params(*messages: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"messages": list(messages), "maxTokens": 100, **extra}
 
 
 def convert(*messages: dict[str, Any], options: ConversionOptions = OPTIONS, **extra: Any) -> ClaudeRequest:
@@ -104,13 +86,6 @@ def claude_message(
         "usage": {"input_tokens": 12, "output_tokens": 7},
         **extra,
     }
-
-
-WEATHER_TOOL = {
-    "name": "get_weather",
-    "description": "Current weather",
-    "inputSchema": {"type": "object", "properties": {"city": {"type": "string"}}},
-}
 
 
 # --- request: top-level parameters ----------------------------------------------------------------
@@ -235,8 +210,12 @@ def test_tools_are_converted() -> None:
     assert request.kwargs["tools"] == [
         {
             "name": "get_weather",
-            "description": "Current weather",
-            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+            "description": "Current weather for a city",
+            "input_schema": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
         },
         {"name": "titled", "description": "A title", "input_schema": {"type": "object"}},
         {"name": "annotated", "description": "Annotation title", "input_schema": {"type": "object"}},
@@ -343,7 +322,11 @@ def test_history_tool_missing_from_given_tools_gets_a_placeholder() -> None:
 def test_history_with_matching_tools_gets_no_placeholder() -> None:
     request = convert(*HISTORY, tools=[WEATHER_TOOL])
     assert request.kwargs["tools"] == [
-        {"name": "get_weather", "description": "Current weather", "input_schema": WEATHER_TOOL["inputSchema"]}
+        {
+            "name": "get_weather",
+            "description": "Current weather for a city",
+            "input_schema": WEATHER_TOOL["inputSchema"],
+        }
     ]
 
 
@@ -833,38 +816,7 @@ def test_draft_object_content_equal_to_structured_content_is_sent_once() -> None
 
 
 def test_released_tool_loop_converts_end_to_end() -> None:
-    released = {
-        "messages": [
-            {
-                "role": "user",
-                "content": {"type": "text", "text": "What's the weather in Paris? Use the tool."},
-            },
-            {
-                "role": "assistant",
-                "content": [
-                    {"type": "text", "text": "Let me check."},
-                    {"type": "tool_use", "name": "get_weather", "id": "toolu_01", "input": {"city": "Paris"}},
-                ],
-            },
-            {
-                "role": "user",
-                "content": [
-                    {
-                        "type": "tool_result",
-                        "toolUseId": "toolu_01",
-                        "content": [{"type": "text", "text": "Sunny, 21C in Paris"}],
-                        "structuredContent": {"temp_c": 21, "sky": "sunny"},
-                        "isError": False,
-                    }
-                ],
-            },
-        ],
-        "systemPrompt": "You are a weather bot.",
-        "maxTokens": 200,
-        "tools": [WEATHER_TOOL],
-        "toolChoice": {"mode": "auto"},
-    }
-    request = to_claude_request(released, OPTIONS)
+    request = to_claude_request(copy.deepcopy(RELEASED_TOOL_LOOP), OPTIONS)
     assert request.kwargs == {
         "max_tokens": 200,
         "messages": [
@@ -892,7 +844,7 @@ def test_released_tool_loop_converts_end_to_end() -> None:
         "tools": [
             {
                 "name": "get_weather",
-                "description": "Current weather",
+                "description": "Current weather for a city",
                 "input_schema": WEATHER_TOOL["inputSchema"],
             }
         ],

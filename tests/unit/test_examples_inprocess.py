@@ -56,11 +56,6 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class CannedModel:
     """A sampling callback: tool_use for each of `calls` on the first round, then a text answer."""
 

@@ -52,11 +52,6 @@ WEATHER_TOOL: Any = {
 TIME_TOOL: Any = {"name": "get_time", "input_schema": {"type": "object", "properties": {}}}
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def shared_fake() -> Iterator[FakeClaude]:
     with FakeClaude() as server:

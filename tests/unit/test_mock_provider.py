@@ -30,11 +30,6 @@ WEATHER_TOOL: dict[str, Any] = {
 TIME_TOOL: dict[str, Any] = {"name": "get_time", "input_schema": {"type": "object", "properties": {}}}
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def request(**overrides: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "model": "claude-sonnet-5",

@@ -16,42 +16,7 @@ from mcp_backfill.sampling.validate import (
     read_tool_choice,
     validate_params,
 )
-
-WEATHER_TOOL = {
-    "name": "get_weather",
-    "description": "Current weather for a city",
-    "inputSchema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}
-
-# The 2025-11-25 wire shape, as captured from the SDK (research/mcp_sdk.md §1.2).
-RELEASED_TOOL_LOOP: dict[str, Any] = {
-    "messages": [
-        {"role": "user", "content": {"type": "text", "text": "What's the weather in Paris? Use the tool."}},
-        {
-            "role": "assistant",
-            "content": [
-                {"type": "text", "text": "Let me check."},
-                {"type": "tool_use", "name": "get_weather", "id": "toolu_01", "input": {"city": "Paris"}},
-            ],
-        },
-        {
-            "role": "user",
-            "content": [
-                {
-                    "type": "tool_result",
-                    "toolUseId": "toolu_01",
-                    "content": [{"type": "text", "text": "Sunny, 21C in Paris"}],
-                    "structuredContent": {"temp_c": 21, "sky": "sunny"},
-                    "isError": False,
-                }
-            ],
-        },
-    ],
-    "systemPrompt": "You are a weather bot.",
-    "maxTokens": 200,
-    "tools": [WEATHER_TOOL],
-    "toolChoice": {"mode": "auto"},
-}
+from tests.unit.wire_samples import RELEASED_TOOL_LOOP, WEATHER_TOOL, assistant, params, text, tool_use, user
 
 # The SEP-1577 draft shape (seeds 000/001): snake_case tool_choice, single-object content,
 # tool_result content as an arbitrary JSON object.
@@ -83,34 +48,14 @@ DRAFT_TOOL_LOOP: dict[str, Any] = {
 }
 
 
-def text(value: str = "hi") -> dict[str, Any]:
-    return {"type": "text", "text": value}
-
-
-def tool_use(tool_use_id: str, name: str = "get_weather") -> dict[str, Any]:
-    return {"type": "tool_use", "id": tool_use_id, "name": name, "input": {}}
-
-
 def tool_result(tool_use_id: str) -> dict[str, Any]:
     return {"type": "tool_result", "toolUseId": tool_use_id, "content": [text("ok")]}
 
 
-def user(*blocks: dict[str, Any]) -> dict[str, Any]:
-    return {"role": "user", "content": list(blocks)}
-
-
-def assistant(*blocks: dict[str, Any]) -> dict[str, Any]:
-    return {"role": "assistant", "content": list(blocks)}
-
-
-def request(*messages: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"messages": list(messages), "maxTokens": 100, **extra}
-
-
-def rejected(params: Any, *fragments: str, audio: Any = "reject") -> SamplingError:
+def rejected(value: Any, *fragments: str, audio: Any = "reject") -> SamplingError:
     """Assert validation fails with -32602 and a message containing every fragment."""
     with pytest.raises(SamplingError) as caught:
-        validate_params(params, audio=audio)
+        validate_params(value, audio=audio)
     error = caught.value
     assert error.code == INVALID_PARAMS
     for fragment in fragments:
@@ -135,28 +80,28 @@ def test_minimal_request_is_accepted() -> None:
 
 
 def test_validation_does_not_modify_params() -> None:
-    params = copy.deepcopy(RELEASED_TOOL_LOOP)
-    validate_params(params)
-    assert params == RELEASED_TOOL_LOOP
+    given = copy.deepcopy(RELEASED_TOOL_LOOP)
+    validate_params(given)
+    assert given == RELEASED_TOOL_LOOP
 
 
 def test_draft_tool_result_with_single_block_content_is_accepted() -> None:
     result = {"type": "tool_result", "toolUseId": "a", "content": text("42")}
-    validate_params(request(user(text()), assistant(tool_use("a")), user(result)))
+    validate_params(params(user(text()), assistant(tool_use("a")), user(result)))
 
 
 def test_tool_result_without_content_is_accepted() -> None:
-    validate_params(request(assistant(tool_use("a")), user({"type": "tool_result", "toolUseId": "a"})))
+    validate_params(params(assistant(tool_use("a")), user({"type": "tool_result", "toolUseId": "a"})))
 
 
 def test_unknown_nested_tool_result_block_is_accepted() -> None:
     result = {"type": "tool_result", "toolUseId": "a", "content": [{"type": "future_block", "x": 1}]}
-    validate_params(request(assistant(tool_use("a")), user(result)))
+    validate_params(params(assistant(tool_use("a")), user(result)))
 
 
 def test_parallel_tool_uses_answered_together_in_any_order() -> None:
     validate_params(
-        request(
+        params(
             user(text()),
             assistant(text("two calls"), tool_use("a"), tool_use("b")),
             user(tool_result("b"), tool_result("a")),
@@ -167,25 +112,25 @@ def test_parallel_tool_uses_answered_together_in_any_order() -> None:
 
 def test_audio_is_accepted_under_placeholder_policy() -> None:
     audio = {"type": "audio", "data": "AAAA", "mimeType": "audio/wav"}
-    validate_params(request(user(audio)), audio="placeholder")
+    validate_params(params(user(audio)), audio="placeholder")
 
 
 def test_audio_inside_tool_result_is_accepted_under_reject_policy() -> None:
     audio = {"type": "audio", "data": "AAAA", "mimeType": "audio/wav"}
     result = {"type": "tool_result", "toolUseId": "a", "content": [audio]}
-    validate_params(request(assistant(tool_use("a")), user(result)), audio="reject")
+    validate_params(params(assistant(tool_use("a")), user(result)), audio="reject")
 
 
 def test_null_optional_fields_count_as_absent() -> None:
-    validate_params(request(user(text()), tools=None, toolChoice=None, systemPrompt=None, stopSequences=None))
+    validate_params(params(user(text()), tools=None, toolChoice=None, systemPrompt=None, stopSequences=None))
 
 
 # --- params and messages ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("params", [None, [], "x", 3])
-def test_params_must_be_an_object(params: Any) -> None:
-    rejected(params, "params must be an object")
+@pytest.mark.parametrize("value", [None, [], "x", 3])
+def test_params_must_be_an_object(value: Any) -> None:
+    rejected(value, "params must be an object")
 
 
 def test_messages_missing() -> None:
@@ -202,41 +147,41 @@ def test_messages_empty() -> None:
 
 
 def test_message_not_an_object() -> None:
-    rejected(request(user(text()), "hi"), "messages[1] must be an object")  # type: ignore[arg-type]
+    rejected(params(user(text()), "hi"), "messages[1] must be an object")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("role", ["system", "tool", None, 1])
 def test_bad_role(role: Any) -> None:
     rejected(
-        request(user(text()), {"role": role, "content": text()}), "messages[1].role", "'user' or 'assistant'"
+        params(user(text()), {"role": role, "content": text()}), "messages[1].role", "'user' or 'assistant'"
     )
 
 
 @pytest.mark.parametrize("message", [{"role": "user"}, {"role": "user", "content": None}])
 def test_content_missing(message: dict[str, Any]) -> None:
-    rejected(request(message), "messages[0].content is required")
+    rejected(params(message), "messages[0].content is required")
 
 
 @pytest.mark.parametrize("content", ["plain string", 42, True])
 def test_content_of_wrong_shape(content: Any) -> None:
-    rejected(request({"role": "user", "content": content}), "messages[0].content must be a content block")
+    rejected(params({"role": "user", "content": content}), "messages[0].content must be a content block")
 
 
 def test_unknown_block_type_names_the_block() -> None:
     rejected(
-        request(user(text()), assistant(text(), {"type": "thinking", "thinking": "hmm"})),
+        params(user(text()), assistant(text(), {"type": "thinking", "thinking": "hmm"})),
         'messages[1].content[1]: unknown content type "thinking"',
     )
 
 
 def test_unknown_single_block_type_uses_single_object_path() -> None:
     rejected(
-        request({"role": "user", "content": {"type": "video"}}), "messages[0].content: unknown content type"
+        params({"role": "user", "content": {"type": "video"}}), "messages[0].content: unknown content type"
     )
 
 
 def test_block_not_an_object() -> None:
-    rejected(request({"role": "user", "content": ["hi"]}), "messages[0].content[0] must be a content block")
+    rejected(params({"role": "user", "content": ["hi"]}), "messages[0].content[0] must be a content block")
 
 
 @pytest.mark.parametrize(
@@ -250,11 +195,11 @@ def test_block_not_an_object() -> None:
     ],
 )
 def test_media_blocks_need_their_fields(block: dict[str, Any], fragment: str) -> None:
-    rejected(request(user(text(), block)), "messages[0].content[1]: " + fragment)
+    rejected(params(user(text(), block)), "messages[0].content[1]: " + fragment)
 
 
 def test_errors_carry_the_path_as_data() -> None:
-    error = rejected(request(user(text(), {"type": "nope"})), "unknown content type")
+    error = rejected(params(user(text(), {"type": "nope"})), "unknown content type")
     assert error.data == {"path": "messages[0].content[1]"}
 
 
@@ -276,9 +221,9 @@ def test_max_tokens_below_one(value: int) -> None:
 
 
 def test_other_scalars() -> None:
-    rejected(request(user(text()), systemPrompt=["x"]), "systemPrompt must be a string")
-    rejected(request(user(text()), stopSequences="END"), "stopSequences must be an array of strings")
-    rejected(request(user(text()), stopSequences=["END", 3]), "stopSequences must be an array of strings")
+    rejected(params(user(text()), systemPrompt=["x"]), "systemPrompt must be a string")
+    rejected(params(user(text()), stopSequences="END"), "stopSequences must be an array of strings")
+    rejected(params(user(text()), stopSequences=["END", 3]), "stopSequences must be an array of strings")
 
 
 # --- tool protocol --------------------------------------------------------------------------------
@@ -286,14 +231,14 @@ def test_other_scalars() -> None:
 
 def test_tool_results_mixed_with_other_content() -> None:
     rejected(
-        request(user(text()), assistant(tool_use("a")), user(tool_result("a"), text("and also"))),
+        params(user(text()), assistant(tool_use("a")), user(tool_result("a"), text("and also"))),
         "messages[2]: Tool results mixed with other content",
     )
 
 
 def test_tool_use_answered_by_plain_user_message() -> None:
     rejected(
-        request(user(text()), assistant(tool_use("a")), user(text("never mind"))),
+        params(user(text()), assistant(tool_use("a")), user(text("never mind"))),
         "messages[1]: Tool result missing in request",
         '"a"',
         "messages[2] does not answer them all",
@@ -302,7 +247,7 @@ def test_tool_use_answered_by_plain_user_message() -> None:
 
 def test_tool_use_followed_by_assistant_message() -> None:
     rejected(
-        request(user(text()), assistant(tool_use("a")), assistant(text("well"))),
+        params(user(text()), assistant(tool_use("a")), assistant(text("well"))),
         "Tool result missing in request",
         "must be a user message",
     )
@@ -310,7 +255,7 @@ def test_tool_use_followed_by_assistant_message() -> None:
 
 def test_tool_use_in_last_message() -> None:
     rejected(
-        request(user(text()), assistant(tool_use("a"))),
+        params(user(text()), assistant(tool_use("a"))),
         "messages[1]: Tool result missing in request",
         "it is the last message",
     )
@@ -318,7 +263,7 @@ def test_tool_use_in_last_message() -> None:
 
 def test_partially_answered_parallel_tool_uses() -> None:
     rejected(
-        request(user(text()), assistant(tool_use("a"), tool_use("b")), user(tool_result("a"))),
+        params(user(text()), assistant(tool_use("a"), tool_use("b")), user(tool_result("a"))),
         "Tool result missing in request",
         '"b"',
     )
@@ -326,25 +271,25 @@ def test_partially_answered_parallel_tool_uses() -> None:
 
 def test_tool_result_answered_two_messages_later() -> None:
     rejected(
-        request(user(text()), assistant(tool_use("a")), user(text("wait")), user(tool_result("a"))),
+        params(user(text()), assistant(tool_use("a")), user(text("wait")), user(tool_result("a"))),
         "Tool result missing in request",
     )
 
 
 def test_tool_result_for_unknown_id() -> None:
     rejected(
-        request(user(text()), assistant(tool_use("a")), user(tool_result("a"), tool_result("zzz"))),
+        params(user(text()), assistant(tool_use("a")), user(tool_result("a"), tool_result("zzz"))),
         'messages[2].content[1]: tool_result toolUseId "zzz" matches no preceding tool_use',
     )
 
 
 def test_tool_result_without_any_tool_use() -> None:
-    rejected(request(user(tool_result("a"))), 'toolUseId "a" matches no preceding tool_use')
+    rejected(params(user(tool_result("a"))), 'toolUseId "a" matches no preceding tool_use')
 
 
 def test_tool_result_for_an_already_answered_id() -> None:
     rejected(
-        request(
+        params(
             user(text()),
             assistant(tool_use("a")),
             user(tool_result("a")),
@@ -357,21 +302,21 @@ def test_tool_result_for_an_already_answered_id() -> None:
 
 def test_duplicate_tool_result_in_one_message() -> None:
     rejected(
-        request(user(text()), assistant(tool_use("a")), user(tool_result("a"), tool_result("a"))),
+        params(user(text()), assistant(tool_use("a")), user(tool_result("a"), tool_result("a"))),
         'messages[2].content[1]: duplicate tool_result for tool_use id "a"',
     )
 
 
 def test_duplicate_tool_use_ids_in_one_message() -> None:
     rejected(
-        request(user(text()), assistant(tool_use("a"), tool_use("a"))),
+        params(user(text()), assistant(tool_use("a"), tool_use("a"))),
         'messages[1].content[1]: duplicate tool_use id "a"',
     )
 
 
 def test_duplicate_tool_use_ids_across_turns() -> None:
     rejected(
-        request(
+        params(
             user(text()),
             assistant(tool_use("a")),
             user(tool_result("a")),
@@ -383,12 +328,12 @@ def test_duplicate_tool_use_ids_across_turns() -> None:
 
 
 def test_tool_use_in_user_message() -> None:
-    rejected(request(user(tool_use("a"))), "messages[0].content[0]: tool_use is only allowed in assistant")
+    rejected(params(user(tool_use("a"))), "messages[0].content[0]: tool_use is only allowed in assistant")
 
 
 def test_tool_result_in_assistant_message() -> None:
     rejected(
-        request(user(text()), assistant(tool_result("a"))),
+        params(user(text()), assistant(tool_result("a"))),
         "messages[1].content[0]: tool_result is only allowed in user messages",
     )
 
@@ -403,7 +348,7 @@ def test_tool_result_in_assistant_message() -> None:
     ],
 )
 def test_malformed_tool_use(block: dict[str, Any], fragment: str) -> None:
-    rejected(request(user(text()), assistant(block)), "messages[1].content[0]: " + fragment)
+    rejected(params(user(text()), assistant(block)), "messages[1].content[0]: " + fragment)
 
 
 @pytest.mark.parametrize(
@@ -441,62 +386,60 @@ def test_malformed_tool_use(block: dict[str, Any], fragment: str) -> None:
     ],
 )
 def test_malformed_tool_result(block: dict[str, Any], fragment: str) -> None:
-    rejected(request(assistant(tool_use("a")), user(block)), fragment)
+    rejected(params(assistant(tool_use("a")), user(block)), fragment)
 
 
 # --- tools and toolChoice ---------------------------------------------------------------------------
 
 
 def test_tool_choice_required_without_tools() -> None:
-    rejected(request(user(text()), toolChoice={"mode": "required"}), "toolChoice mode 'required' needs")
+    rejected(params(user(text()), toolChoice={"mode": "required"}), "toolChoice mode 'required' needs")
 
 
 def test_tool_choice_required_with_empty_tools() -> None:
-    rejected(
-        request(user(text()), tools=[], toolChoice={"mode": "required"}), "needs a non-empty tools array"
-    )
+    rejected(params(user(text()), tools=[], toolChoice={"mode": "required"}), "needs a non-empty tools array")
 
 
 def test_draft_tool_choice_required_without_tools() -> None:
-    rejected(request(user(text()), tool_choice={"mode": "required"}), "'required' needs")
+    rejected(params(user(text()), tool_choice={"mode": "required"}), "'required' needs")
 
 
 def test_draft_tool_choice_type_any_without_tools() -> None:
-    rejected(request(user(text()), tool_choice={"type": "any"}), "'required' needs")
+    rejected(params(user(text()), tool_choice={"type": "any"}), "'required' needs")
 
 
 def test_required_with_tools_is_fine() -> None:
-    validate_params(request(user(text()), tools=[WEATHER_TOOL], toolChoice={"mode": "required"}))
+    validate_params(params(user(text()), tools=[WEATHER_TOOL], toolChoice={"mode": "required"}))
 
 
 def test_auto_and_none_without_tools_are_fine() -> None:
-    validate_params(request(user(text()), toolChoice={"mode": "auto"}))
-    validate_params(request(user(text()), toolChoice={"mode": "none"}))
-    validate_params(request(user(text()), toolChoice={}))
+    validate_params(params(user(text()), toolChoice={"mode": "auto"}))
+    validate_params(params(user(text()), toolChoice={"mode": "none"}))
+    validate_params(params(user(text()), toolChoice={}))
 
 
 @pytest.mark.parametrize("mode", ["any", "always", "tool", 1, True])
 def test_unknown_tool_choice_mode(mode: Any) -> None:
     rejected(
-        request(user(text()), tools=[WEATHER_TOOL], toolChoice={"mode": mode}),
+        params(user(text()), tools=[WEATHER_TOOL], toolChoice={"mode": mode}),
         "toolChoice.mode must be one of 'auto', 'required', 'none'",
     )
 
 
 def test_tool_choice_not_an_object() -> None:
-    rejected(request(user(text()), toolChoice="auto"), "toolChoice must be an object")
+    rejected(params(user(text()), toolChoice="auto"), "toolChoice must be an object")
 
 
 def test_draft_tool_choice_unknown_type() -> None:
     rejected(
-        request(user(text()), tools=[WEATHER_TOOL], tool_choice={"type": "tool", "name": "x"}),
+        params(user(text()), tools=[WEATHER_TOOL], tool_choice={"type": "tool", "name": "x"}),
         "tool_choice.type must be one of 'auto', 'any', 'none'",
     )
 
 
 def test_disable_parallel_must_be_boolean() -> None:
     rejected(
-        request(
+        params(
             user(text()), tools=[WEATHER_TOOL], tool_choice={"mode": "auto", "disable_parallel_tool_use": 1}
         ),
         "tool_choice.disable_parallel_tool_use must be a boolean",
@@ -504,21 +447,21 @@ def test_disable_parallel_must_be_boolean() -> None:
 
 
 def test_tools_not_an_array() -> None:
-    rejected(request(user(text()), tools={"name": "x"}), "tools must be an array")
+    rejected(params(user(text()), tools={"name": "x"}), "tools must be an array")
 
 
 def test_tool_not_an_object() -> None:
-    rejected(request(user(text()), tools=[WEATHER_TOOL, "x"]), "tools[1] must be an object")
+    rejected(params(user(text()), tools=[WEATHER_TOOL, "x"]), "tools[1] must be an object")
 
 
 @pytest.mark.parametrize("tool", [{}, {"name": ""}, {"name": 7}, {"title": "no name"}])
 def test_tool_without_string_name(tool: dict[str, Any]) -> None:
-    rejected(request(user(text()), tools=[tool]), "tools[0].name must be a non-empty string")
+    rejected(params(user(text()), tools=[tool]), "tools[0].name must be a non-empty string")
 
 
 def test_duplicate_tool_names() -> None:
     rejected(
-        request(user(text()), tools=[WEATHER_TOOL, {"name": "x"}, {"name": "get_weather"}]),
+        params(user(text()), tools=[WEATHER_TOOL, {"name": "x"}, {"name": "get_weather"}]),
         'tools[2].name "get_weather" duplicates tools[0].name',
     )
 
@@ -526,7 +469,7 @@ def test_duplicate_tool_names() -> None:
 @pytest.mark.parametrize("schema", ["object", [], 1])
 def test_input_schema_not_an_object(schema: Any) -> None:
     rejected(
-        request(user(text()), tools=[{"name": "x", "inputSchema": schema}]),
+        params(user(text()), tools=[{"name": "x", "inputSchema": schema}]),
         "tools[0].inputSchema must be an object",
     )
 
@@ -536,13 +479,13 @@ def test_input_schema_not_an_object(schema: Any) -> None:
 
 def test_audio_rejected_names_the_option() -> None:
     audio = {"type": "audio", "data": "AAAA", "mimeType": "audio/wav"}
-    error = rejected(request(user(text(), audio)), "messages[0].content[1]", "audio", "--audio placeholder")
+    error = rejected(params(user(text(), audio)), "messages[0].content[1]", "audio", "--audio placeholder")
     assert error.data == {"path": "messages[0].content[1]"}
 
 
 def test_audio_in_single_object_content_is_rejected() -> None:
     rejected(
-        request({"role": "assistant", "content": {"type": "audio", "data": "AAAA", "mimeType": "audio/mp3"}}),
+        params({"role": "assistant", "content": {"type": "audio", "data": "AAAA", "mimeType": "audio/mp3"}}),
         "messages[0].content: audio",
     )
 

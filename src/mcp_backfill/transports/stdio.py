@@ -25,51 +25,82 @@ log = get_logger("stdio")
 READ_CHUNK = 256 * 1024
 
 
+class LineSplitter:
+    """Splits a byte stream into lines with bounded memory.
+
+    A line longer than the limit is skipped as it streams in; only its first and last bytes are
+    kept, so the relay can still tell which request it answered.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._buffer = bytearray()
+        self._scanned = 0  # bytes of the buffer already known to hold no newline
+        self._skipping: MessageTooLarge | None = None
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+
+    def next_line(self) -> bytes | MessageTooLarge | None:
+        """The next complete non-empty line, an oversized line's summary, or None (feed more)."""
+        while True:
+            newline = self._buffer.find(b"\n", self._scanned)
+            if newline < 0:
+                self._absorb_partial()
+                return None
+            with memoryview(self._buffer) as view:
+                line = bytes(view[:newline])
+            del self._buffer[: newline + 1]
+            self._scanned = 0
+            if self._skipping is not None:
+                skipped, self._skipping = self._skipping, None
+                skipped.extend(line)
+                return skipped
+            if len(line) > self._limit:
+                return MessageTooLarge.from_bytes(line, self._limit)
+            if line[:1].isspace() or line[-1:].isspace():
+                line = line.strip()
+            if line:
+                return line
+
+    def finish(self) -> bytes | MessageTooLarge | None:
+        """At end of stream: the unterminated last line, if any."""
+        self._buffer += b"\n"
+        return self.next_line()
+
+    def _absorb_partial(self) -> None:
+        if self._skipping is not None:
+            self._skipping.extend(self._buffer)
+            self._buffer.clear()
+        elif len(self._buffer) > self._limit:
+            self._skipping = MessageTooLarge.from_bytes(bytes(self._buffer), self._limit)
+            self._buffer.clear()
+        self._scanned = len(self._buffer)
+
+
 class LineChannel:
     """A `MessageChannel` over a pair of byte streams carrying newline-delimited messages."""
 
     def __init__(self, reader: ByteReceiveStream, writer: ByteSendStream, max_message_bytes: int) -> None:
         self._reader = reader
         self._writer = writer
-        self._limit = max_message_bytes
-        self._buffer = bytearray()
-        self._discarding = False  # inside an oversized line, dropping bytes until its newline
-        self._discarded = 0
+        self._lines = LineSplitter(max_message_bytes)
         self._eof = False
         self._send_lock = anyio.Lock()
 
     async def receive(self) -> bytes:
         while True:
-            newline = self._buffer.find(b"\n")
-            if newline >= 0:
-                line = bytes(self._buffer[:newline])
-                del self._buffer[: newline + 1]
-                if self._discarding or len(line) > self._limit:
-                    size = self._discarded + len(line) if self._discarding else len(line)
-                    self._discarding = False
-                    raise MessageTooLarge(size, self._limit)
-                line = line.strip()
-                if line:
-                    return line
-                continue
-            if self._discarding:
-                self._discarded += len(self._buffer)
-                self._buffer.clear()
-            elif len(self._buffer) > self._limit:
-                self._discarding = True
-                self._discarded = len(self._buffer)
-                self._buffer.clear()
-            if self._eof:
-                rest = bytes(self._buffer).strip()
-                self._buffer.clear()
-                if self._discarding:
-                    self._discarding = False
-                    raise MessageTooLarge(self._discarded, self._limit)
-                if rest:
-                    return rest
-                raise anyio.EndOfStream
+            line = self._lines.next_line()
+            if line is None and self._eof:
+                line = self._lines.finish()
+                if line is None:
+                    raise anyio.EndOfStream
+            if isinstance(line, MessageTooLarge):
+                raise line
+            if line is not None:
+                return line
             try:
-                self._buffer += await self._reader.receive(READ_CHUNK)
+                self._lines.feed(await self._reader.receive(READ_CHUNK))
             except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
                 self._eof = True
 
