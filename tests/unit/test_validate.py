@@ -128,9 +128,9 @@ def test_null_optional_fields_count_as_absent() -> None:
 # --- params and messages ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", [None, [], "x", 3])
-def test_params_must_be_an_object(value: Any) -> None:
-    rejected(value, "params must be an object")
+@pytest.mark.parametrize("params", [None, [], "x", 3])
+def test_params_must_be_an_object(params: Any) -> None:
+    rejected(params, "params must be an object")
 
 
 def test_messages_missing() -> None:
