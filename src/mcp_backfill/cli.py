@@ -145,6 +145,15 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
     )
 
 
+def event_loop_options() -> dict[str, Any]:
+    """uvloop where it is installed (every platform but Windows): it cuts the relay's per-message cost."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return {}
+    return {"use_uvloop": True}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the process exit status (the upstream's, when it ran)."""
     try:
@@ -157,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mcp_backfill.transports.stdio import UpstreamStartError
 
     try:
-        return anyio.run(run_stdio_proxy, config)
+        return anyio.run(run_stdio_proxy, config, backend_options=event_loop_options())
     except UpstreamStartError as exc:
         get_logger().error(str(exc))
         return 127

@@ -6,8 +6,10 @@ relayed message passes through here and the relay only needs the bytes.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -113,11 +115,44 @@ class LineChannel:
             await self._writer.aclose()
 
 
-class FdReceiveStream(ByteReceiveStream):
-    """Non-blocking reads from a file descriptor, without a thread per read.
+class PipeReceiveStream(ByteReceiveStream):
+    """Reads a pipe or socket through an asyncio read transport.
 
-    Pipes and ttys are polled through the event loop; files and /dev/null cannot be polled, so
-    they are read in a worker thread instead.
+    The descriptor stays registered with the event loop for the whole session and data arrives by
+    callback, which saves a registration round trip per read on the hot path (every relayed line).
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, transport: asyncio.ReadTransport) -> None:
+        self._reader = reader
+        self._transport = transport
+
+    async def receive(self, max_bytes: int = READ_CHUNK) -> bytes:
+        data = await self._reader.read(max_bytes)
+        if not data:
+            raise anyio.EndOfStream
+        return data
+
+    async def aclose(self) -> None:
+        self._transport.close()
+
+
+async def open_fd_receive_stream(fd: int) -> ByteReceiveStream:
+    """The fastest way to read `fd` that works for what it is (pipe, tty, file, /dev/null)."""
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=READ_CHUNK)
+        pipe = os.fdopen(fd, "rb", buffering=0, closefd=False)
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+        return PipeReceiveStream(reader, transport)
+    return FdReceiveStream(fd)
+
+
+class FdReceiveStream(ByteReceiveStream):
+    """Non-blocking reads from a descriptor that is not a pipe, without a thread per read.
+
+    Ttys are polled through the event loop; files and /dev/null cannot be polled, so they are
+    read in a worker thread instead.
     """
 
     def __init__(self, fd: int) -> None:
@@ -189,7 +224,9 @@ async def own_stdio(max_message_bytes: int) -> AsyncIterator[LineChannel]:
     os.dup2(devnull, 0)
     os.close(devnull)
     os.dup2(2, 1)
-    channel = LineChannel(FdReceiveStream(protocol_in), FdSendStream(protocol_out), max_message_bytes)
+    channel = LineChannel(
+        await open_fd_receive_stream(protocol_in), FdSendStream(protocol_out), max_message_bytes
+    )
     try:
         yield channel
     finally:
