@@ -274,6 +274,8 @@ class Relay:
                 result = message.get("result")
                 if isinstance(result, dict) and isinstance(result.get("protocolVersion"), str):
                     self.state.protocol_version = result["protocolVersion"]
+                    self._check_version(self.state.protocol_version)
+                    log.info("session initialized", extra={"protocol_version": self.state.protocol_version})
             return False
         if method == SAMPLING_METHOD and "id" in message:
             params = message.get("params")

@@ -251,3 +251,6 @@ async def test_api_key_is_not_passed_to_the_upstream_nor_logged() -> None:
         log = session.stderr()
     assert "upstream sees key=None" in log
     assert TEST_API_KEY not in log
+    entries = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    assert {"ts", "level", "logger", "msg"} <= entries[0].keys()
+    assert any(entry["msg"] == "relaying" and entry["provider"] == "anthropic" for entry in entries)

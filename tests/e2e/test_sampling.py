@@ -238,10 +238,16 @@ async def test_invalid_requests_get_32602_without_an_api_call(
             401,
             "authentication_error",
         ),
+        (
+            [error_reply(429, "rate_limit_error", "Rate limited", retry_after=0)] * 3,
+            -32603,
+            429,
+            "rate_limit_error",
+        ),
         ([error_reply(529, "overloaded_error", "Overloaded")] * 3, -32603, 529, "overloaded_error"),
         ([stream_error_reply("overloaded_error", "Overloaded")], -32603, 200, "overloaded_error"),
     ],
-    ids=["400", "401", "529-after-retries", "mid-stream"],
+    ids=["400", "401", "429-after-retries", "529-after-retries", "mid-stream"],
 )
 async def test_api_errors_are_mapped(
     fake_claude: FakeClaude, replies: list[Any], code: int, status: int, error_type: str
