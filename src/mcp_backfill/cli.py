@@ -118,7 +118,7 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         argv, command = argv[:split], argv[split + 1 :]
     args = build_parser().parse_args(argv)
     allowed: tuple[str, ...] = _pick(
-        args.allowed_models, environ, "--allowed-models", split_list, tuple(DEFAULT_ALLOWED_MODELS)
+        args.allowed_models, environ, "--allowed-models", split_list, DEFAULT_ALLOWED_MODELS
     )
     explicit_model = _pick(args.model, environ, "--model", str.strip, "")
     default_model = explicit_model or (

@@ -8,7 +8,6 @@ from typing import Any
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 
@@ -29,18 +28,6 @@ def encode(message: Any) -> bytes:
 def id_key(request_id: Any) -> IdKey:
     """A dict key that keeps `1` and `"1"` apart (they are different JSON-RPC ids)."""
     return (isinstance(request_id, str), request_id)
-
-
-def is_request(message: dict[str, Any]) -> bool:
-    return "method" in message and "id" in message
-
-
-def is_notification(message: dict[str, Any]) -> bool:
-    return "method" in message and "id" not in message
-
-
-def is_response(message: dict[str, Any]) -> bool:
-    return "method" not in message and "id" in message and ("result" in message or "error" in message)
 
 
 def error_response(request_id: Id, code: int, message: str, data: Any = None) -> dict[str, Any]:

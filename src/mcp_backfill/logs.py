@@ -51,11 +51,10 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
-class RedactingFilter(logging.Filter):
+class Redactor:
     """Replaces every secret value with `***` in the final formatted record, whatever its source."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
-        super().__init__()
         self._secrets = tuple(s for s in secrets if len(s) >= 4)
 
     def redact(self, text: str) -> str:
@@ -65,7 +64,7 @@ class RedactingFilter(logging.Filter):
 
 
 class RedactingHandler(logging.StreamHandler[TextIO]):
-    def __init__(self, stream: TextIO, redactor: RedactingFilter) -> None:
+    def __init__(self, stream: TextIO, redactor: Redactor) -> None:
         super().__init__(stream)
         self._redactor = redactor
 
@@ -77,7 +76,7 @@ def configure_logging(
     level: str, fmt: str, secrets: Iterable[str] = (), stream: TextIO | None = None
 ) -> None:
     """Route all logging (ours and libraries') to stderr in the chosen format."""
-    handler = RedactingHandler(stream or sys.stderr, RedactingFilter(secrets))
+    handler = RedactingHandler(stream or sys.stderr, Redactor(secrets))
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):

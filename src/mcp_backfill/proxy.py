@@ -18,7 +18,7 @@ from mcp_backfill.providers import make_provider
 from mcp_backfill.relay import Relay
 from mcp_backfill.sampling.convert import ConversionOptions
 from mcp_backfill.sampling.sampler import Sampler, SamplerSettings
-from mcp_backfill.transports.stdio import UpstreamProcess, exit_status, own_stdio, spawn_upstream
+from mcp_backfill.transports.stdio import UpstreamProcess, own_stdio, spawn_upstream
 
 log = get_logger("proxy")
 
@@ -66,7 +66,8 @@ async def run_stdio_proxy(config: Config) -> int:
                 tg.start_soon(_watch_signals, stopping)
                 tg.start_soon(_stop_when_asked, stopping, upstream, config.shutdown_grace)
                 await relay.run(on_client_closed=stop_upstream)
-                status = await _wait_exit(upstream, config.shutdown_grace)
+                # The upstream closed its stdout: let it exit, or stop it the usual way.
+                status = await upstream.stop(config.shutdown_grace)
                 if not stopping.is_set():
                     log.error("upstream server exited", extra={"status": status})
                     await relay.fail_pending(f"Upstream MCP server exited (status {status})")
@@ -86,12 +87,3 @@ async def _watch_signals(stopping: anyio.Event) -> None:
 async def _stop_when_asked(stopping: anyio.Event, upstream: UpstreamProcess, grace: float) -> None:
     await stopping.wait()
     await upstream.stop(grace)
-
-
-async def _wait_exit(upstream: UpstreamProcess, grace: float) -> int:
-    """The upstream closed its stdout; give it `grace` to exit before stopping it."""
-    with anyio.move_on_after(grace):
-        await upstream.process.wait()
-    if upstream.process.returncode is None:
-        return await upstream.stop(grace)
-    return exit_status(upstream.process.returncode)

@@ -320,7 +320,7 @@ class Relay:
                     result = await self.sampler.sample(params, request_id=request_id)
                     response = jsonrpc.result_response(request_id, result)
                 except SamplingError as exc:
-                    response = {"jsonrpc": "2.0", "id": request_id, "error": exc.to_jsonrpc_error()}
+                    response = jsonrpc.error_response(request_id, exc.code, exc.message, exc.data)
                 except Exception:
                     log.exception("sampling failed unexpectedly", extra={"request_id": request_id})
                     response = jsonrpc.error_response(

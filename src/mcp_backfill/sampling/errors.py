@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
+from mcp_backfill.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS
+
+__all__ = ["INTERNAL_ERROR", "INVALID_PARAMS", "SamplingError", "internal_error", "invalid_params"]
 
 
 class SamplingError(Exception):
@@ -20,12 +21,6 @@ class SamplingError(Exception):
         self.code = code
         self.message = message
         self.data = data
-
-    def to_jsonrpc_error(self) -> dict[str, Any]:
-        error: dict[str, Any] = {"code": self.code, "message": self.message}
-        if self.data is not None:
-            error["data"] = self.data
-        return error
 
 
 def invalid_params(message: str, **data: Any) -> SamplingError:
