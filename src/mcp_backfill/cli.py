@@ -15,6 +15,7 @@ from mcp_backfill.config import (
     AUDIO_POLICIES,
     DEFAULT_ALLOWED_MODELS,
     DEFAULT_MODEL,
+    ERAS,
     LOG_FORMATS,
     LOG_LEVELS,
     MODES,
@@ -53,6 +54,24 @@ def build_parser() -> argparse.ArgumentParser:
         "when to answer sampling: fallback (only what the client lacks, default), "
         "always (every request), off (pure pass-through)",
         choices=MODES,
+    )
+    option(
+        "--era",
+        "protocol revisions offered to the client: auto (2026-07-28 and the handshake era, default) "
+        "or handshake (answer server/discover with 'method not found' so clients fall back to "
+        "initialize; for servers whose tools only sample through the handshake-era back-channel)",
+        choices=ERAS,
+    )
+    option(
+        "--max-input-rounds",
+        "2026-07-28: input_required rounds the proxy drives for one request before failing it (default 10)",
+        metavar="N",
+    )
+    option(
+        "--input-stash-ttl",
+        "2026-07-28: seconds the proxy keeps its answers to a round while the client answers the rest "
+        "(default 300)",
+        metavar="SECONDS",
     )
     option(
         "--provider",
@@ -127,6 +146,9 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
     return Config(
         upstream_command=tuple(command),
         mode=_pick(args.mode, environ, "--mode", _choice(MODES, "--mode"), "fallback"),
+        era=_pick(args.era, environ, "--era", _choice(ERAS, "--era"), "auto"),
+        max_input_rounds=_pick(args.max_input_rounds, environ, "--max-input-rounds", int, 10),
+        input_stash_ttl=_pick(args.input_stash_ttl, environ, "--input-stash-ttl", float, 300.0),
         provider=_pick(args.provider, environ, "--provider", _choice(PROVIDERS, "--provider"), "anthropic"),
         model=default_model,
         allowed_models=allowed,

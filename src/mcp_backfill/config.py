@@ -14,12 +14,14 @@ Mode = Literal["fallback", "always", "off"]
 ProviderName = Literal["anthropic", "mock"]
 LogFormat = Literal["text", "json"]
 AudioPolicy = Literal["reject", "placeholder"]
+Era = Literal["auto", "handshake"]
 
 MODES: tuple[Mode, ...] = ("fallback", "always", "off")
 PROVIDERS: tuple[ProviderName, ...] = ("anthropic", "mock")
 LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 AUDIO_POLICIES: tuple[AudioPolicy, ...] = ("reject", "placeholder")
+ERAS: tuple[Era, ...] = ("auto", "handshake")
 
 DEFAULT_MODEL = "claude-sonnet-5-5"
 # The tiers model preferences may choose from when the operator does not restrict them.
@@ -52,6 +54,9 @@ class Config:
 
     upstream_command: tuple[str, ...]
     mode: Mode = "fallback"
+    era: Era = "auto"
+    max_input_rounds: int = 10
+    input_stash_ttl: float = 300.0
     provider: ProviderName = "anthropic"
     model: str = DEFAULT_MODEL
     allowed_models: tuple[str, ...] = DEFAULT_ALLOWED_MODELS
@@ -72,6 +77,12 @@ class Config:
             )
         if self.mode not in MODES:
             raise ConfigError(f"--mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.era not in ERAS:
+            raise ConfigError(f"--era must be one of {', '.join(ERAS)}, not {self.era!r}")
+        if self.max_input_rounds < 1:
+            raise ConfigError("--max-input-rounds must be at least 1")
+        if self.input_stash_ttl <= 0:
+            raise ConfigError("--input-stash-ttl must be positive")
         if self.provider not in PROVIDERS:
             raise ConfigError(f"--provider must be one of {', '.join(PROVIDERS)}, not {self.provider!r}")
         if not self.allowed_models:

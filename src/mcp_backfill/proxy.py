@@ -15,7 +15,7 @@ import anyio
 from mcp_backfill.config import Config, upstream_environment
 from mcp_backfill.logs import get_logger
 from mcp_backfill.providers import make_provider
-from mcp_backfill.relay import Relay
+from mcp_backfill.relay import Relay, RelayOptions
 from mcp_backfill.sampling.convert import ConversionOptions
 from mcp_backfill.sampling.sampler import Sampler, SamplerSettings
 from mcp_backfill.transports.stdio import UpstreamProcess, own_stdio, spawn_upstream
@@ -31,6 +31,15 @@ def make_sampler(config: Config) -> Sampler:
             default_model=config.model,
             allowed_models=config.allowed_models,
         ),
+    )
+
+
+def relay_options(config: Config) -> RelayOptions:
+    return RelayOptions(
+        mode=config.mode,
+        era=config.era,
+        max_input_rounds=config.max_input_rounds,
+        input_stash_ttl=config.input_stash_ttl,
     )
 
 
@@ -56,7 +65,7 @@ async def run_stdio_proxy(config: Config) -> int:
                     "provider": config.provider,
                 },
             )
-            relay = Relay(config.mode, sampler, client, upstream.channel)
+            relay = Relay(relay_options(config), sampler, client, upstream.channel)
             stopping = anyio.Event()
 
             async def stop_upstream() -> None:

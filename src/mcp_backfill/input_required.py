@@ -1,0 +1,159 @@
+"""The stateless 2026-07-28 revision, as pure functions: envelopes, `input_required` rounds, stash.
+
+In this revision a client re-declares its capabilities in `params._meta` on every request, and a
+server asks for sampling by answering `tools/call`, `prompts/get` or `resources/read` with
+`{"resultType": "input_required", "inputRequests": {key: request}, "requestState": "..."}`; the
+client answers by re-sending the same request with `inputResponses` (same keys) and the
+`requestState` echoed verbatim. The relay drives that loop; this module holds its decisions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeGuard
+
+MODERN_VERSION = "2026-07-28"
+META_PROTOCOL_VERSION = "io.modelcontextprotocol/protocolVersion"
+META_CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+INPUT_REQUIRED_METHODS = frozenset({"tools/call", "prompts/get", "resources/read"})
+DISCOVER_METHOD = "server/discover"
+INPUT_REQUIRED = "input_required"
+SAMPLING_METHOD = "sampling/createMessage"
+
+# A `requestState` the proxy hands to the client when it keeps some answers of a round itself.
+STATE_PREFIX = "mcp-backfill.v1."
+
+
+def envelope(params: Any) -> dict[str, Any] | None:
+    """The request's `_meta` when it carries a 2026-style envelope (a protocol version), else None."""
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if isinstance(meta, dict) and isinstance(meta.get(META_PROTOCOL_VERSION), str):
+        return meta
+    return None
+
+
+def declared_capabilities(meta: dict[str, Any]) -> dict[str, Any]:
+    capabilities = meta.get(META_CLIENT_CAPABILITIES)
+    return capabilities if isinstance(capabilities, dict) else {}
+
+
+def with_capabilities(message: dict[str, Any], capabilities: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a request whose envelope declares `capabilities`; everything else is shared."""
+    params = message["params"]
+    meta = {**params["_meta"], META_CLIENT_CAPABILITIES: capabilities}
+    return {**message, "params": {**params, "_meta": meta}}
+
+
+def is_input_required(result: Any) -> TypeGuard[dict[str, Any]]:
+    return isinstance(result, dict) and result.get("resultType") == INPUT_REQUIRED
+
+
+@dataclass(frozen=True)
+class Round:
+    """One `input_required` result, split between the proxy and the client."""
+
+    mine: dict[str, dict[str, Any]]  # key -> sampling params the proxy answers
+    theirs: dict[str, Any]  # key -> input request left to the client, as the server sent it
+    has_state: bool
+    state: Any  # the server's `requestState`, echoed verbatim (only meaningful when has_state)
+
+    @property
+    def state_only(self) -> bool:
+        """ "Retry later": no questions, only state."""
+        return not self.mine and not self.theirs
+
+
+def split_round(result: dict[str, Any], proxy_answers: Callable[[dict[str, Any]], bool]) -> Round:
+    """Which input requests of a round the proxy answers (sampling it should take) and which not."""
+    requests = result.get("inputRequests")
+    mine: dict[str, dict[str, Any]] = {}
+    theirs: dict[str, Any] = {}
+    if isinstance(requests, dict):
+        for key, request in requests.items():
+            params = request.get("params") if isinstance(request, dict) else None
+            if (
+                isinstance(request, dict)
+                and request.get("method") == SAMPLING_METHOD
+                and isinstance(params, dict)
+                and proxy_answers(params)
+            ):
+                mine[key] = params
+            else:
+                theirs[key] = request
+    return Round(mine, theirs, "requestState" in result, result.get("requestState"))
+
+
+def base_params(params: dict[str, Any]) -> dict[str, Any]:
+    """A request's params without the answers of a previous round."""
+    return {k: v for k, v in params.items() if k not in ("inputResponses", "requestState")}
+
+
+def retry_params(
+    base: dict[str, Any], responses: dict[str, Any], has_state: bool, state: Any
+) -> dict[str, Any]:
+    """The params of the next round: the same request plus the answers and the echoed state."""
+    params = dict(base)
+    if responses:
+        params["inputResponses"] = responses
+    if has_state:
+        params["requestState"] = state
+    return params
+
+
+def reduced_result(result: dict[str, Any], theirs: dict[str, Any], token: str) -> dict[str, Any]:
+    """The round as the client sees it: only its own questions, and the proxy's state token."""
+    return {**result, "inputRequests": theirs, "requestState": STATE_PREFIX + token}
+
+
+def stash_token(params: dict[str, Any]) -> str | None:
+    """The proxy's token when a client retry echoes a state the proxy handed out."""
+    state = params.get("requestState")
+    if isinstance(state, str) and state.startswith(STATE_PREFIX):
+        return state[len(STATE_PREFIX) :]
+    return None
+
+
+@dataclass
+class StashedRound:
+    """What the proxy keeps while the client answers its part of a mixed round."""
+
+    answers: dict[str, Any]
+    has_state: bool
+    state: Any
+    rounds: int
+    expires: float
+
+
+@dataclass
+class Stash:
+    """The proxy's own answers to mixed rounds, keyed by the token given to the client, with a TTL."""
+
+    ttl: float
+    clock: Callable[[], float] = time.monotonic
+    entries: dict[str, StashedRound] = field(default_factory=dict)
+    _serial: itertools.count[int] = field(default_factory=itertools.count)
+
+    def put(self, answers: dict[str, Any], has_state: bool, state: Any, rounds: int) -> str:
+        now = self.clock()
+        self.entries = {k: v for k, v in self.entries.items() if v.expires > now}
+        # Unguessable, so one client cannot redeem another's answers on a shared proxy.
+        token = f"{next(self._serial)}.{secrets.token_urlsafe(12)}"
+        self.entries[token] = StashedRound(answers, has_state, state, rounds, now + self.ttl)
+        return token
+
+    def take(self, token: str) -> StashedRound | None:
+        entry = self.entries.pop(token, None)
+        if entry is None or entry.expires <= self.clock():
+            return None
+        return entry
+
+
+def restore_params(params: dict[str, Any], stashed: StashedRound) -> dict[str, Any]:
+    """A client's retry of a mixed round, with the proxy's answers merged and the server's state back."""
+    client_answers = params.get("inputResponses")
+    answers = {**(client_answers if isinstance(client_answers, dict) else {}), **stashed.answers}
+    return retry_params(base_params(params), answers, stashed.has_state, stashed.state)
