@@ -327,32 +327,33 @@ class Relay:
         if version != ir.MODERN_VERSION:
             return message  # an unknown revision passes through untouched
         declared = ir.declared_capabilities(meta)
-        client = ClientProfile.from_capabilities(declared)
         merged = backfill_capabilities(declared, self.mode)
-        params: dict[str, Any] = message["params"]
-        if pending.method in ir.INPUT_REQUIRED_METHODS and merged is not None:
-            token = ir.stash_token(params)
-            if token is not None:
-                stashed = self.stash.take(token)
-                if stashed is None:
-                    replies.append(
-                        jsonrpc.error_response(
-                            message["id"],
-                            jsonrpc.INVALID_PARAMS,
-                            "requestState expired or unknown: mcp-backfill keeps its answers to a "
-                            f"round for {self.options.input_stash_ttl:g} s; retry the request from the start",
-                        )
+        if merged is None:
+            return message  # nothing to backfill: every round goes to the client untouched
+        rewritten = ir.with_capabilities(message, merged)
+        if pending.method not in ir.INPUT_REQUIRED_METHODS:
+            return rewritten
+        params: dict[str, Any] = rewritten["params"]
+        rounds = 0
+        token = ir.stash_token(params)
+        if token is not None:
+            stashed = self.stash.take(token)
+            if stashed is None:
+                replies.append(
+                    jsonrpc.error_response(
+                        message["id"],
+                        jsonrpc.INVALID_PARAMS,
+                        "requestState expired or unknown: mcp-backfill keeps its answers to a round "
+                        f"for {self.options.input_stash_ttl:g} s; retry the request from the start",
                     )
-                    return None
-                params = ir.restore_params(params, stashed)
-                pending.chain = InputChain(pending.method, ir.base_params(params), client, stashed.rounds)
-            else:
-                pending.chain = InputChain(pending.method, ir.base_params(params), client)
-            pending.chain.upstream_id = message["id"]
-        if merged is None and params is message["params"]:
-            return message
-        rewritten = {**message, "params": params}
-        return ir.with_capabilities(rewritten, merged) if merged is not None else rewritten
+                )
+                return None
+            params = ir.restore_params(params, stashed)
+            rewritten = {**rewritten, "params": params}
+            rounds = stashed.rounds
+        client = ClientProfile.from_capabilities(declared)
+        pending.chain = InputChain(pending.method, ir.base_params(params), client, rounds, message["id"])
+        return rewritten
 
     def _client_cancelled(self, message: dict[str, Any]) -> dict[str, Any] | None:
         """The client gave up on a request: stop driving it, and cancel it upstream under its upstream id."""
@@ -485,6 +486,16 @@ class Relay:
         self, pending: PendingRequest, chain: InputChain, result: dict[str, Any], current: ir.Round
     ) -> None:
         """Answer the proxy's questions of a round, then re-send the request or hand the rest over."""
+        if chain.rounds >= self.options.max_input_rounds:
+            self._end_chain(pending)
+            await self._reply_error(
+                pending.request_id,
+                jsonrpc.INTERNAL_ERROR,
+                f"The server asked for input more than {self.options.max_input_rounds} times for one "
+                "request; raise --max-input-rounds to allow more rounds",
+                {"rounds": chain.rounds},
+            )
+            return
         answers: dict[str, Any] = {}
         assert chain.scope is not None
         with chain.scope:
@@ -519,16 +530,6 @@ class Relay:
             )
             return
         chain.rounds += 1
-        if chain.rounds > self.options.max_input_rounds:
-            self._end_chain(pending)
-            await self._reply_error(
-                pending.request_id,
-                jsonrpc.INTERNAL_ERROR,
-                f"The server asked for input more than {self.options.max_input_rounds} times for one "
-                "request; raise --max-input-rounds to allow more rounds",
-                {"rounds": chain.rounds - 1},
-            )
-            return
         upstream_id = f"{OWN_ID_PREFIX}{next(self._own_ids)}"
         chain.upstream_id = upstream_id
         self.state.client_requests[jsonrpc.id_key(upstream_id)] = pending
