@@ -52,7 +52,6 @@ from mcp.types import (
     ReadResourceRequestParams,
     ReadResourceResult,
     Resource,
-    SamplingMessage,
     TextContent,
     TextResourceContents,
     Tool,
@@ -79,7 +78,9 @@ def _state(payload: Any) -> str:
     return state
 
 
-def _received_state(params: CallToolRequestParams | GetPromptRequestParams | ReadResourceRequestParams) -> Any:
+def _received_state(
+    params: CallToolRequestParams | GetPromptRequestParams | ReadResourceRequestParams,
+) -> Any:
     if params.request_state is None:
         return None
     if params.request_state not in issued_states:
@@ -87,7 +88,9 @@ def _received_state(params: CallToolRequestParams | GetPromptRequestParams | Rea
     return json.loads(params.request_state)
 
 
-def _answers(params: CallToolRequestParams | GetPromptRequestParams | ReadResourceRequestParams) -> dict[str, Any]:
+def _answers(
+    params: CallToolRequestParams | GetPromptRequestParams | ReadResourceRequestParams,
+) -> dict[str, Any]:
     return {
         key: value.model_dump(by_alias=True, mode="json", exclude_none=True)
         for key, value in (params.input_responses or {}).items()
@@ -117,7 +120,11 @@ def _user(text: str) -> dict[str, Any]:
 
 
 async def _loop(params: CallToolRequestParams, args: dict[str, Any]) -> CallToolResult | InputRequiredResult:
-    state = _received_state(params) or {"history": [_user(str(args.get("question", "")))], "rounds": [], "states": []}
+    state = _received_state(params) or {
+        "history": [_user(str(args.get("question", "")))],
+        "rounds": [],
+        "states": [],
+    }
     if params.request_state is not None:
         state["states"].append(params.request_state)
     answer = _answers(params).get("ask")
@@ -150,7 +157,9 @@ async def _loop(params: CallToolRequestParams, args: dict[str, Any]) -> CallTool
     )
 
 
-async def _hold(params: CallToolRequestParams, args: dict[str, Any], request_id: Any) -> CallToolResult | InputRequiredResult:
+async def _hold(
+    params: CallToolRequestParams, args: dict[str, Any], request_id: Any
+) -> CallToolResult | InputRequiredResult:
     if "ask" not in _answers(params):
         return InputRequiredResult(
             input_requests={"ask": _sampling([_user(str(args.get("prompt", "")))], tools=False)},
@@ -174,7 +183,13 @@ async def call_tool(ctx: Any, params: CallToolRequestParams) -> CallToolResult |
     if params.name == "plain":
         if "ask" in answers:
             content = answers["ask"]["content"]
-            return _reply({"text": _text(answers["ask"]), "model": answers["ask"]["model"], "contentType": content["type"]})
+            return _reply(
+                {
+                    "text": _text(answers["ask"]),
+                    "model": answers["ask"]["model"],
+                    "contentType": content["type"],
+                }
+            )
         return InputRequiredResult(
             input_requests={"ask": _sampling([_user(str(args.get("prompt", "")))], tools=False)},
             request_state=_state({"plain": True}),
@@ -243,7 +258,9 @@ async def list_resources(ctx: Any, params: PaginatedRequestParams | None) -> Lis
     return ListResourcesResult(resources=[Resource(name="note", uri="ir://note")])
 
 
-async def read_resource(ctx: Any, params: ReadResourceRequestParams) -> ReadResourceResult | InputRequiredResult:
+async def read_resource(
+    ctx: Any, params: ReadResourceRequestParams
+) -> ReadResourceResult | InputRequiredResult:
     answer = _answers(params).get("ask")
     if answer is None:
         return InputRequiredResult(

@@ -26,6 +26,7 @@ from mcp.types import (
     CreateMessageResult,
     CreateMessageResultWithTools,
     SamplingMessage,
+    SamplingMessageContentBlock,
     TextContent,
     Tool,
     ToolChoice,
@@ -75,7 +76,7 @@ async def second_turn(
     calls = [block for block in _blocks(first) if isinstance(block, ToolUseContent)]
     if not calls:
         return first
-    results = [
+    results: list[SamplingMessageContentBlock] = [
         ToolResultContent(
             tool_use_id=call.id,
             content=[TextContent(text=f"Sunny, 21C in {call.input.get('city', city)}")],
@@ -114,7 +115,9 @@ async def weather(
 
 
 async def ask_summary(text: str) -> Sample:
-    return Sample([SamplingMessage(role="user", content=TextContent(text=f"Summarize: {text}"))], max_tokens=100)
+    return Sample(
+        [SamplingMessage(role="user", content=TextContent(text=f"Summarize: {text}"))], max_tokens=100
+    )
 
 
 @server.tool()
