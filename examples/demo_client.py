@@ -10,7 +10,8 @@ weather server's tools fail; with mcp-backfill in between, the proxy answers the
         mcp-backfill -- python examples/weather_server.py
 
 Everything after `--` is the command to launch over stdio. Options before it:
-`--question TEXT`, `--text TEXT` (what `summarize` gets), `--timeout SECONDS`.
+`--question TEXT`, `--text TEXT` (what `summarize` gets), `--city NAME` (for `packing_advice`, called
+in a second session on protocol 2026-07-28), `--timeout SECONDS`.
 Exit status: 0 when every call succeeded, 1 when one failed, 2 on bad usage.
 """
 
@@ -36,11 +37,12 @@ DEFAULT_TEXT = (
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(
         prog="demo_client.py",
-        usage="%(prog)s [--question TEXT] [--text TEXT] [--timeout S] -- COMMAND [ARGS...]",
+        usage="%(prog)s [--question TEXT] [--text TEXT] [--city NAME] [--timeout S] -- COMMAND [ARGS...]",
         description="Call the weather example's tools through a stdio MCP server command.",
     )
     parser.add_argument("--question", default=DEFAULT_QUESTION, help="question for weather_assistant")
     parser.add_argument("--text", default=DEFAULT_TEXT, help="text for summarize")
+    parser.add_argument("--city", default="Oslo", help="city for packing_advice")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds allowed per tool call")
     if "--" in argv:
         split = argv.index("--")
@@ -86,6 +88,7 @@ async def run(args: argparse.Namespace, command: list[str]) -> int:
     # the proxy needs PATH, ANTHROPIC_API_KEY / ANTHROPIC_BASE_URL and MCP_BACKFILL_*, so pass it all.
     server = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
     # No sampling_callback: this client declares no sampling capability at all.
+    # First a handshake-era session (initialize; the server sends sampling/createMessage requests)...
     async with Client(server, mode="legacy") as client:
         info = client.server_info
         name = info.name if info is not None else "(unnamed server)"
@@ -94,6 +97,10 @@ async def run(args: argparse.Namespace, command: list[str]) -> int:
         print("Tools: " + ", ".join(tool.name for tool in tools.tools) + "\n")
         ok = await call(client, "weather_assistant", {"question": args.question}, args.timeout)
         ok = await call(client, "summarize", {"text": args.text}, args.timeout) and ok
+    # ...then the SDK's default, the stateless 2026-07-28 revision (sampling inside input_required).
+    async with Client(server) as client:
+        print(f"Connected again (protocol {client.protocol_version})\n")
+        ok = await call(client, "packing_advice", {"city": args.city}, args.timeout) and ok
     return 0 if ok else 1
 
 

@@ -3,7 +3,10 @@
 `weather_assistant` runs a small agent loop through `sampling/createMessage`: it offers the model
 a `get_weather` tool, runs every tool call the model makes against a local (fake, deterministic)
 forecast table, sends the results back, and repeats until the model writes a final answer.
-`summarize` is plain sampling without tools.
+`summarize` is plain sampling without tools. Both use the handshake-era back-channel
+(`ctx.session.create_message`). `packing_advice` does the same kind of tool loop (two rounds) with the
+era-agnostic `Resolve`/`Sample` API, so it also works for clients on the stateless 2026-07-28
+revision, where sampling travels inside `input_required` results.
 
 Most MCP clients do not implement sampling. Put mcp-backfill in front of this server and the
 proxy answers the sampling requests itself (with Claude, or offline with `--provider mock`):
@@ -17,9 +20,10 @@ The server speaks MCP over stdio and never writes anything but JSON-RPC to stdou
 import json
 import warnings
 import zlib
-from typing import Any
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.resolve import Resolve, Sample
 from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp.types import (
     CreateMessageResult,
@@ -150,6 +154,52 @@ async def summarize(text: str, ctx: Context) -> str:
     if isinstance(result.content, TextContent):
         return result.content.text
     return f"(the model answered with {result.content.type} content)"
+
+
+PACKING_PROMPT = "You help people pack. Check the forecast with get_weather, then advise in one sentence."
+
+
+def packing_question(city: str) -> SamplingMessage:
+    return SamplingMessage(role="user", content=TextContent(text=f"What should I pack for {city} tomorrow?"))
+
+
+async def check_forecast(city: str) -> Sample:
+    """Round 1: the model may call get_weather."""
+    return Sample(
+        [packing_question(city)],
+        max_tokens=500,
+        system_prompt=PACKING_PROMPT,
+        tools=[GET_WEATHER],
+        tool_choice=ToolChoice(mode="auto"),
+    )
+
+
+async def advise(
+    city: str, first: Annotated[CreateMessageResultWithTools, Resolve(check_forecast)]
+) -> Sample | CreateMessageResultWithTools:
+    """Round 2: the tool results go back and the model answers (no tools this time)."""
+    blocks = first.content_as_list
+    calls = [block for block in blocks if isinstance(block, ToolUseContent)]
+    if not calls:
+        return first
+    results: list[SamplingMessageContentBlock] = [run_tool_call(call) for call in calls]
+    return Sample(
+        [
+            packing_question(city),
+            SamplingMessage(role="assistant", content=blocks),
+            SamplingMessage(role="user", content=results),
+        ],
+        max_tokens=500,
+        system_prompt=PACKING_PROMPT,
+        tools=[GET_WEATHER],
+        tool_choice=ToolChoice(mode="none"),
+    )
+
+
+@server.tool()
+async def packing_advice(city: str, advice: Annotated[CreateMessageResultWithTools, Resolve(advise)]) -> str:
+    """What to pack for a city; a two-round sampling-with-tools loop that works in both protocol eras."""
+    return text_of(advice.content_as_list) or f"(the model answered with {advice.content_as_list[0].type})"
 
 
 if __name__ == "__main__":
