@@ -305,3 +305,18 @@ async def test_unknown_stash_token_is_refused() -> None:
         reply = await session.request(3, "tools/call", params)
         assert reply["error"]["code"] == -32602
         assert "requestState expired or unknown" in reply["error"]["message"]
+
+
+async def test_subscriptions_listen_keeps_the_clients_subscription_id() -> None:
+    argv = proxy_argv("--provider", "mock", upstream=RESOLVE_SERVER)
+    async with raw_proxy(argv, proxy_env()) as session:
+        listen = {"notifications": {"toolsListChanged": True}, "_meta": envelope({})}
+        await session.send({"jsonrpc": "2.0", "id": "L1", "method": "subscriptions/listen", "params": listen})
+        acknowledged = await session.recv()
+        assert acknowledged["method"] == "notifications/subscriptions/acknowledged"
+        assert acknowledged["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "L1"
+        await session.send(
+            {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "L1"}}
+        )
+        listed = await session.request(2, "tools/list", {"_meta": envelope({})})
+        assert {tool["name"] for tool in listed["result"]["tools"]} >= {"weather", "summarize"}

@@ -1,0 +1,33 @@
+"""The README demo end to end: example client -> real proxy (mock provider) -> weather example."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.harness import EXAMPLES, ROOT, proxy_env
+
+
+def test_demo_runs_both_eras_through_the_proxy() -> None:
+    command = [
+        sys.executable,
+        str(EXAMPLES / "demo_client.py"),
+        "--",
+        sys.executable,
+        "-m",
+        "mcp_backfill",
+        "--provider",
+        "mock",
+        "--",
+        sys.executable,
+        str(EXAMPLES / "weather_server.py"),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, env=proxy_env(), cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "(protocol 2025-11-25)" in out
+    assert "(protocol 2026-07-28)" in out
+    for tool in ("weather_assistant", "summarize", "packing_advice"):
+        assert f"{tool} -> client:" in out
+        assert f"{tool} FAILED" not in out
+    assert "tool results: get_weather" in out.split("packing_advice -> client:")[1]
