@@ -197,13 +197,13 @@ class Relay:
     async def _pump_upstream(self) -> None:
         while True:
             try:
-                raw = await self.upstream.receive()
+                raw, origin = await self.upstream.receive_with_origin()
             except anyio.EndOfStream:
                 return
             except MessageTooLarge as exc:
                 await self._too_large(exc, from_client=False)
                 continue
-            await self._from_upstream(raw)
+            await self._from_upstream(raw, origin)
 
     async def _too_large(self, exc: MessageTooLarge, *, from_client: bool) -> None:
         """A message was too large to relay: answer for it so that no request waits forever.
@@ -388,7 +388,9 @@ class Relay:
 
     # -- upstream -> client ----------------------------------------------------------------------
 
-    async def _from_upstream(self, raw: bytes) -> None:
+    async def _from_upstream(self, raw: bytes, origin: Any = None) -> None:
+        """`origin`: the upstream-side id of the request whose response stream carried `raw`."""
+        related = self._client_id_for(origin)
         try:
             message = jsonrpc.decode(raw)
         except ValueError as exc:
@@ -410,7 +412,14 @@ class Relay:
                 return
             if item is not message:
                 raw = jsonrpc.encode(item)
-        await self._send_client(raw)
+        await self._send_client(raw, related)
+
+    def _client_id_for(self, upstream_id: Any) -> Any:
+        """The client's id for a request known upstream as `upstream_id` (None stays None)."""
+        if upstream_id is None:
+            return None
+        pending = self.state.client_requests.get(jsonrpc.id_key(upstream_id))
+        return pending.request_id if pending is not None else upstream_id
 
     def _upstream_item(self, message: Any) -> Any:
         """Track one upstream message; return it, a rewritten copy, or None when the proxy consumed it."""
@@ -604,9 +613,9 @@ class Relay:
     async def _reply_error(self, request_id: Any, code: int, message: str, data: Any = None) -> None:
         await self._send_client(jsonrpc.encode(jsonrpc.error_response(request_id, code, message, data)))
 
-    async def _send_client(self, raw: bytes) -> None:
+    async def _send_client(self, raw: bytes, related: Any = None) -> None:
         try:
-            await self.client.send(raw)
+            await self.client.send(raw, related)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             log.debug("client is gone; message dropped", extra={"line": jsonrpc.preview(raw)})
 

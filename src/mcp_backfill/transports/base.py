@@ -6,7 +6,7 @@ that a message the relay does not modify is forwarded exactly as it arrived.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class MessageTooLarge(Exception):
@@ -41,9 +41,15 @@ class MessageChannel(Protocol):
 
     `receive()` returns the next message (one JSON-RPC message or batch, undecoded), raises
     `anyio.EndOfStream` when the peer is gone, and `MessageTooLarge` for an oversized message
-    it skipped. `send()` writes one message; concurrent sends must not interleave.
+    it skipped. `receive_with_origin()` also says which of our requests the message arrived in
+    answer to (an HTTP upstream delivers a POST's related messages on that POST's stream), or None.
+    `send()` writes one message; `related` is the id of the peer's request the message belongs to,
+    when known, so that an HTTP front can put it on that request's stream. Concurrent sends must
+    not interleave.
     """
 
     async def receive(self) -> bytes: ...
 
-    async def send(self, message: bytes) -> None: ...
+    async def receive_with_origin(self) -> tuple[bytes, Any]: ...
+
+    async def send(self, message: bytes, related: Any = None) -> None: ...

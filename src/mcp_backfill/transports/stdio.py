@@ -15,6 +15,7 @@ import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, Process
@@ -106,7 +107,10 @@ class LineChannel:
             except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
                 self._eof = True
 
-    async def send(self, message: bytes) -> None:
+    async def receive_with_origin(self) -> tuple[bytes, Any]:
+        return await self.receive(), None  # one pipe: no request streams to tell apart
+
+    async def send(self, message: bytes, related: Any = None) -> None:
         async with self._send_lock:
             await self._writer.send(message + b"\n")
 
