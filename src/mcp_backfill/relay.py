@@ -21,6 +21,7 @@ from mcp_backfill.config import Mode
 from mcp_backfill.logs import get_logger
 from mcp_backfill.sampling.errors import SamplingError
 from mcp_backfill.sampling.sampler import Sampler
+from mcp_backfill.sampling.spend import SamplingSession
 from mcp_backfill.transports.base import MessageChannel, MessageTooLarge
 
 log = get_logger("relay")
@@ -88,10 +89,17 @@ class Relay:
     """Moves messages between `client` and `upstream` until the upstream side ends."""
 
     def __init__(
-        self, mode: Mode, sampler: Sampler, client: MessageChannel, upstream: MessageChannel
+        self,
+        mode: Mode,
+        sampler: Sampler,
+        client: MessageChannel,
+        upstream: MessageChannel,
+        *,
+        session: SamplingSession | None = None,
     ) -> None:
         self.mode = mode
         self.sampler = sampler
+        self.session = session
         self.client = client
         self.upstream = upstream
         self.state = RelayState()
@@ -317,7 +325,7 @@ class Relay:
         try:
             with scope:
                 try:
-                    result = await self.sampler.sample(params, request_id=request_id)
+                    result = await self.sampler.sample(params, request_id=request_id, session=self.session)
                     response = jsonrpc.result_response(request_id, result)
                 except SamplingError as exc:
                     response = jsonrpc.error_response(request_id, exc.code, exc.message, exc.data)
