@@ -76,8 +76,12 @@ OVER_THE_LIMITS: list[tuple[str, dict[str, Any], str]] = [
     (
         "max_messages",
         {
-            "messages": [user_text("a"), {"role": "assistant", "content": {"type": "text", "text": "b"}}]
-            + [user_text("c"), {"role": "assistant", "content": {"type": "text", "text": "d"}}],
+            "messages": [
+                user_text("a"),
+                {"role": "assistant", "content": {"type": "text", "text": "b"}},
+                user_text("c"),
+                {"role": "assistant", "content": {"type": "text", "text": "d"}},
+            ],
             "maxTokens": 10,
         },
         "--max-messages",
@@ -238,7 +242,8 @@ async def test_concurrent_claude_calls_are_capped_and_the_rest_wait(fake_claude:
 def test_an_unwritable_audit_log_stops_the_proxy_before_the_upstream_starts(tmp_path: Path) -> None:
     marker = tmp_path / "upstream-started"
     upstream = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
-    argv = proxy_argv("--provider", "mock", "--audit-log", str(tmp_path / "no" / "a.jsonl"), upstream=upstream)
+    unwritable = str(tmp_path / "no-such-dir" / "a.jsonl")
+    argv = proxy_argv("--provider", "mock", "--audit-log", unwritable, upstream=upstream)
     done = subprocess.run(argv, env=proxy_env(), cwd=ROOT, capture_output=True, timeout=60, check=False)
     assert done.returncode == 2
     assert b"--audit-log" in done.stderr

@@ -162,4 +162,5 @@ def test_a_response_with_too_many_tool_calls_is_an_internal_error() -> None:
     assert caught.value.code == INTERNAL_ERROR
     assert "--max-tool-calls" in caught.value.message
     assert "MCP_BACKFILL_MAX_TOOL_CALLS" in caught.value.message
-    assert caught.value.data == {"limit": "max_tool_calls", "option": "--max-tool-calls", "max": 2, "actual": 3}
+    expected = {"limit": "max_tool_calls", "option": "--max-tool-calls", "max": 2, "actual": 3}
+    assert caught.value.data == expected

@@ -118,7 +118,8 @@ def test_without_the_previous_round_breakpoint_a_long_round_misses() -> None:
     cache.apply(first)
     second = body(loop_params(2, calls_per_round=12))
     for message in second["messages"][:-1]:
-        message["content"] = [{k: v for k, v in b.items() if k != "cache_control"} for b in message["content"]]
+        blocks = message["content"]
+        message["content"] = [{k: v for k, v in b.items() if k != "cache_control"} for b in blocks]
     assert len(prompt_elements(second)) - len(prompt_elements(first)) >= CACHE_LOOKBACK_BLOCKS
     used = cache.apply(second)
     # Only the tools+system prefix (marked in both rounds) is read.

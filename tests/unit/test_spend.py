@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 
@@ -25,7 +27,7 @@ def usage(input_tokens: int = 0, output: int = 0, write: int = 0, read: int = 0)
 
 
 def test_normalize_usage_keeps_the_four_counters_as_ints() -> None:
-    raw = {"input_tokens": 5, "output_tokens": 2, "cache_read_input_tokens": None, "server_tool_use": {}}
+    raw: dict[str, Any] = {"input_tokens": 5, "output_tokens": 2, "cache_read_input_tokens": None, "x": {}}
     assert normalize_usage(raw) == usage(5, 2, 0, 0)
     assert normalize_usage(None) == usage()
     assert normalize_usage({"input_tokens": True, "output_tokens": -3}) == usage()
