@@ -1,7 +1,9 @@
-"""One sampling request, end to end: validate -> convert -> provider -> convert back.
+"""One sampling request, end to end: limits -> validate and convert -> budgets, rate limit and a
+concurrency slot -> provider -> charge the budgets -> response limits -> convert back.
 
 The sampler knows Claude's request shape and the provider interface, not MCP transports, so the
-relay for either protocol era (and any transport) can call it the same way.
+relay for either protocol era (and any transport) can call it the same way. Every exchange is
+logged and, with `--audit-log`, audited, whatever its outcome.
 """
 
 from __future__ import annotations
