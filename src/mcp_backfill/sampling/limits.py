@@ -197,6 +197,10 @@ def _decoded_size(data: str) -> int:
     """Decoded size of base64 data (a `data:` URL prefix allowed) without decoding it."""
     if data.startswith("data:") and ";base64," in data[:100]:
         data = data.split(";base64,", 1)[1]
-    length = len(data) - sum(data.count(c) for c in _WHITESPACE)
+    length = len(data)
+    # Wrapped base64 (MIME, PEM) breaks its first line within 76 characters; unwrapped data is
+    # not scanned again, which keeps this cheap for tens of megabytes.
+    if any(c in data[:128] for c in _WHITESPACE):
+        length -= sum(data.count(c) for c in _WHITESPACE)
     padding = data.rstrip()[-2:].count("=")
     return max(0, length * 3 // 4 - padding)
