@@ -21,6 +21,18 @@ Wire behaviour (see /work/shared/research/anthropic.md §1.4-1.5, §3):
   results, otherwise a "fake-claude says: ..." text).
 * `POST /v1/messages/count_tokens` answers `{"input_tokens": N}`; any other path is a 404 in the
   Anthropic error shape.
+* Prompt caching is modelled: the prompt is the sequence tools, system blocks, message blocks; a
+  block marked `cache_control` (or the last block, for a top-level `cache_control`) is a breakpoint.
+  The fake remembers the prefix up to each breakpoint (a hash of the model and the canonical JSON of
+  every block up to it, markers left out) for `cache_ttl` seconds. A request reads the longest
+  remembered prefix that ends at one of its breakpoints or up to `CACHE_LOOKBACK_BLOCKS - 1` blocks
+  before one (as the real API looks back), and writes the rest up to its last breakpoint. Usage then
+  splits the input like the real API: `cache_read_input_tokens` (the prefix read),
+  `cache_creation_input_tokens` (from there to the last breakpoint) and `input_tokens` (the rest),
+  with a deterministic estimate of JSON characters / 4 per block. `cache_min_tokens` models the
+  minimum cacheable length (shorter prefixes are neither written nor read). What the cache did for
+  each request is kept in `FakeClaude.cache_usages`. More than 4 breakpoints is a 400.
+* `FakeClaude.max_in_flight` is the most `POST /v1/messages` requests ever being answered at once.
 * A request without `authorization: Bearer <key>` is a 401 `authentication_error`. When `validate`
   is on (the default), requests that the real API rejects (missing fields, `temperature`, empty
   text blocks, unpaired tool_use/tool_result, invalid tool names...) get a 400
@@ -31,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import re
 import socket
@@ -53,10 +66,12 @@ from starlette.types import Message, Receive, Scope, Send
 JSONObject = dict[str, Any]
 
 __all__ = [
+    "CacheUsage",
     "ErrorReply",
     "FakeClaude",
     "HangReply",
     "MessageReply",
+    "PromptCache",
     "RecordedRequest",
     "Reply",
     "ReplyFactory",
@@ -384,7 +399,147 @@ def validate_request(body: object, headers: Mapping[str, str]) -> str | None:
                 )
     if uses_tools and not tool_names:
         return "Requests which include `tool_use` or `tool_result` blocks must define tools."
+    breakpoints = sum(marked for _, marked in prompt_elements(body))
+    if breakpoints > MAX_CACHE_BREAKPOINTS:
+        return (
+            f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided. "
+            f"Found {breakpoints}."
+        )
     return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Prompt caching
+# --------------------------------------------------------------------------------------------------
+
+MAX_CACHE_BREAKPOINTS = 4
+CACHE_LOOKBACK_BLOCKS = 20
+"""A breakpoint also finds cache entries ending up to 19 blocks before it (the real API's window)."""
+
+
+def _without_cache_control(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_cache_control(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_without_cache_control(v) for v in value]
+    return value
+
+
+def prompt_elements(body: JSONObject) -> list[tuple[JSONObject, bool]]:
+    """The cacheable blocks of a request in prompt order (tools, system, messages), each with its mark.
+
+    Elements are canonical (cache_control removed, string content as a text block), so the same
+    prefix hashes the same whatever breakpoints a request places on it.
+    """
+    elements: list[tuple[JSONObject, bool]] = []
+
+    def add(element: JSONObject, source: object) -> None:
+        elements.append((element, isinstance(source, dict) and "cache_control" in source))
+
+    tools = body.get("tools")
+    for tool in tools if isinstance(tools, list) else []:
+        add({"tool": _without_cache_control(tool)}, tool)
+    system = body.get("system")
+    if isinstance(system, str) and system:
+        add({"system": {"type": "text", "text": system}}, None)
+    elif isinstance(system, list):
+        for block in system:
+            add({"system": _without_cache_control(block)}, block)
+    messages = body.get("messages")
+    for index, message in enumerate(messages if isinstance(messages, list) else []):
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        for block in blocks if isinstance(blocks, list) else []:
+            element = {"role": message.get("role"), "message": index, "block": _without_cache_control(block)}
+            add(element, block)
+    if body.get("cache_control") is not None and elements:
+        elements[-1] = (elements[-1][0], True)  # automatic caching marks the last cacheable block
+    return elements
+
+
+def prompt_tokens(body: JSONObject) -> int:
+    """The fake's deterministic input-token estimate for a request (the sum over its blocks)."""
+    return max(1, sum(_estimate_tokens(element) for element, _ in prompt_elements(body)))
+
+
+@dataclass(frozen=True)
+class CacheUsage:
+    """What the fake's prompt cache did for one answered request (positions index `prompt_elements`)."""
+
+    model: str
+    breakpoints: tuple[int, ...]
+    """Positions of the blocks marked cache_control that were long enough to cache."""
+    read_position: int | None
+    """Last block of the prefix read from the cache (None: nothing read)."""
+    cache_read_input_tokens: int
+    cache_creation_input_tokens: int
+    input_tokens: int
+    written: tuple[str, ...]
+    """Hashes of the prefixes newly written by this request."""
+    read: str | None
+    """Hash of the prefix read, if any."""
+
+
+class PromptCache:
+    """Prefixes remembered at breakpoints, keyed by a hash of model + canonical blocks."""
+
+    def __init__(
+        self, *, min_tokens: int = 0, ttl: float = 300.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.min_tokens = min_tokens
+        self.ttl = ttl
+        self._clock = clock
+        self._entries: dict[str, float] = {}
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def apply(self, body: JSONObject) -> CacheUsage:
+        """Read the longest cached prefix, write the prefixes at this request's breakpoints."""
+        model = str(body.get("model"))
+        elements = prompt_elements(body)
+        hashes: list[str] = []
+        cumulative: list[int] = []
+        running = hashlib.sha256(model.encode()).hexdigest()
+        total = 0
+        for element, _ in elements:
+            canonical = json.dumps(element, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+            running = hashlib.sha256((running + canonical).encode()).hexdigest()
+            total += _estimate_tokens(element)
+            hashes.append(running)
+            cumulative.append(total)
+        now = self._clock()
+        self._entries = {h: expiry for h, expiry in self._entries.items() if expiry > now}
+        marks = tuple(
+            i for i, (_, marked) in enumerate(elements) if marked and cumulative[i] >= self.min_tokens
+        )
+        read_position: int | None = None
+        for mark in marks:
+            for position in range(mark, max(-1, mark - CACHE_LOOKBACK_BLOCKS), -1):
+                if hashes[position] in self._entries:
+                    if read_position is None or position > read_position:
+                        read_position = position
+                    break
+        read_tokens = cumulative[read_position] if read_position is not None else 0
+        last = marks[-1] if marks else None
+        cached_to = cumulative[last] if last is not None else 0
+        written = tuple(hashes[m] for m in marks if hashes[m] not in self._entries)
+        for mark in marks:
+            self._entries[hashes[mark]] = now + self.ttl  # a read refreshes the entry too
+        if read_position is not None:
+            self._entries[hashes[read_position]] = now + self.ttl
+        return CacheUsage(
+            model=model,
+            breakpoints=marks,
+            read_position=read_position,
+            cache_read_input_tokens=read_tokens,
+            cache_creation_input_tokens=max(0, cached_to - read_tokens),
+            input_tokens=total - max(cached_to, read_tokens),
+            written=written,
+            read=hashes[read_position] if read_position is not None else None,
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -707,6 +862,21 @@ class _ScriptedResponse(Response):
             self.fake._record_disconnect()
 
 
+class _CountedResponse(Response):
+    """Sends `inner` and then calls `done` (however the sending ends)."""
+
+    def __init__(self, inner: Response, done: Callable[[], None]) -> None:
+        self.inner = inner
+        self.done = done
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.inner(scope, receive, send)
+        finally:
+            self.done()
+
+
 # --------------------------------------------------------------------------------------------------
 # The fake server
 # --------------------------------------------------------------------------------------------------
@@ -719,9 +889,20 @@ class FakeClaude:
     non-empty Bearer token. `validate`: reject requests the real API would reject (400).
     """
 
-    def __init__(self, *, api_key: str | None = None, validate: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        validate: bool = True,
+        cache_min_tokens: int = 0,
+        cache_ttl: float = 300.0,
+    ) -> None:
         self.api_key = api_key
         self.validate = validate
+        self.prompt_cache = PromptCache(min_tokens=cache_min_tokens, ttl=cache_ttl)
+        self._cache_usages: list[CacheUsage] = []
+        self._in_flight = 0
+        self._max_in_flight = 0
         self._lock = threading.Condition()
         self._requests: list[RecordedRequest] = []
         self._queue: deque[Reply | ReplyFactory] = deque()
@@ -846,12 +1027,27 @@ class FakeClaude:
         with self._lock:
             return self._disconnects
 
+    @property
+    def cache_usages(self) -> list[CacheUsage]:
+        """What the prompt cache did for each answered message request, oldest first."""
+        with self._lock:
+            return list(self._cache_usages)
+
+    @property
+    def max_in_flight(self) -> int:
+        """The most `POST /v1/messages` requests that were being answered at the same time."""
+        with self._lock:
+            return self._max_in_flight
+
     def reset(self) -> None:
-        """Forget recorded requests and disconnects, and drop queued replies."""
+        """Forget recorded requests, disconnects and the prompt cache, and drop queued replies."""
         with self._lock:
             self._requests.clear()
             self._queue.clear()
             self._disconnects = 0
+            self._cache_usages.clear()
+            self._max_in_flight = self._in_flight
+            self.prompt_cache.clear()
 
     def wait_for_requests(self, count: int = 1, timeout: float = 5.0) -> bool:
         """Block until at least `count` requests were received; False on timeout."""
@@ -930,7 +1126,8 @@ class FakeClaude:
             return item
         return item(recorded)
 
-    def _message_json(self, reply: MessageReply, body: JSONObject) -> JSONObject:
+    def _message_json(self, reply: MessageReply, body: JSONObject, *, cache: bool = True) -> JSONObject:
+        """The message for `reply`; with `cache`, usage comes from the prompt-cache model."""
         number = self._next_number()
         content: list[JSONObject] = []
         for block in reply.content:
@@ -939,12 +1136,21 @@ class FakeClaude:
                 block["id"] = f"toolu_fake_{number:06d}_{len(content)}"
             content.append(block)
         usage: JSONObject = {
-            "input_tokens": _estimate_tokens([body.get("system"), body.get("tools"), body.get("messages")]),
+            "input_tokens": prompt_tokens(body),
             "output_tokens": _estimate_tokens(content),
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": 0,
-            **(reply.usage or {}),
         }
+        if cache:
+            with self._lock:
+                cached = self.prompt_cache.apply(body)
+                self._cache_usages.append(cached)
+            usage.update(
+                input_tokens=cached.input_tokens,
+                cache_creation_input_tokens=cached.cache_creation_input_tokens,
+                cache_read_input_tokens=cached.cache_read_input_tokens,
+            )
+        usage.update(reply.usage or {})
         return {
             "id": reply.message_id or f"msg_fake_{number:06d}",
             "type": "message",
@@ -971,6 +1177,22 @@ class FakeClaude:
     # ---- endpoints -------------------------------------------------------------------------------
 
     async def _messages(self, request: Request) -> Response:
+        """`POST /v1/messages`, counted as in flight until its response has been sent in full."""
+        with self._lock:
+            self._in_flight += 1
+            self._max_in_flight = max(self._max_in_flight, self._in_flight)
+        try:
+            response = await self._answer_messages(request)
+        except BaseException:
+            self._leave()
+            raise
+        return _CountedResponse(response, self._leave)
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+    async def _answer_messages(self, request: Request) -> Response:
         recorded, parsed = await self._record(request)
         problem = self._auth_problem(recorded)
         if problem is not None:
@@ -992,7 +1214,7 @@ class FakeClaude:
                 return self._error(
                     _STATUS_FOR_TYPE.get(reply.error_type, 500), reply.error_type, reply.message
                 )
-            message_json = self._message_json(MessageReply(content=[], stop_reason=None), body)
+            message_json = self._message_json(MessageReply(content=[], stop_reason=None), body, cache=False)
             parts = _stream_head(message_json)
             if reply.partial_text:
                 parts += _block_start_events(0, {"type": "text", "text": reply.partial_text}, 3)
@@ -1006,7 +1228,7 @@ class FakeClaude:
                     "request-id": f"req_fake_{self._next_number():06d}",
                 }
                 return _ScriptedResponse(self, 200, headers, [], hang_before_start=True)
-            message_json = self._message_json(MessageReply(content=[], stop_reason=None), body)
+            message_json = self._message_json(MessageReply(content=[], stop_reason=None), body, cache=False)
             parts = _stream_head(message_json)
             if reply.partial_text:
                 parts += _block_start_events(0, {"type": "text", "text": reply.partial_text}, 3)
@@ -1037,7 +1259,7 @@ class FakeClaude:
             return self._error(400, "invalid_request_error", "model: Field required")
         if not isinstance(body.get("messages"), list) or not body["messages"]:
             return self._error(400, "invalid_request_error", "messages: Field required")
-        count = _estimate_tokens([body.get("system"), body.get("tools"), body.get("messages")])
+        count = prompt_tokens(body)
         return Response(
             json.dumps({"input_tokens": count}).encode(),
             headers={"content-type": "application/json", "request-id": f"req_fake_{self._next_number():06d}"},

@@ -14,7 +14,17 @@ from mcp_backfill import __version__
 from mcp_backfill.config import (
     AUDIO_POLICIES,
     DEFAULT_ALLOWED_MODELS,
+    DEFAULT_BUDGET_TOKENS,
+    DEFAULT_MAX_BINARY_BYTES,
+    DEFAULT_MAX_CONCURRENT_SAMPLING,
+    DEFAULT_MAX_MESSAGES,
+    DEFAULT_MAX_TEXT_BYTES,
+    DEFAULT_MAX_TOKENS_CAP,
+    DEFAULT_MAX_TOOL_CALLS,
+    DEFAULT_MAX_TOOLS,
     DEFAULT_MODEL,
+    DEFAULT_RATE_LIMIT,
+    DEFAULT_SESSION_BUDGET_TOKENS,
     ERAS,
     LOG_FORMATS,
     LOG_LEVELS,
@@ -86,7 +96,74 @@ def build_parser() -> argparse.ArgumentParser:
         "comma-separated models that modelPreferences may pick from "
         f"(default {','.join(DEFAULT_ALLOWED_MODELS)}); give one model to pin it",
     )
-    option("--max-tokens-cap", "upper bound for a request's maxTokens (default 16384)", metavar="N")
+    option(
+        "--max-tokens-cap",
+        f"a request's maxTokens above this is clamped to it (default {DEFAULT_MAX_TOKENS_CAP})",
+        metavar="N",
+    )
+    option(
+        "--max-messages",
+        f"most messages in one sampling request (default {DEFAULT_MAX_MESSAGES})",
+        metavar="N",
+    )
+    option(
+        "--max-text-bytes",
+        "most UTF-8 bytes of text (system prompt, messages, tool inputs and results, tool definitions) "
+        f"in one sampling request (default {DEFAULT_MAX_TEXT_BYTES})",
+        metavar="N",
+    )
+    option(
+        "--max-binary-bytes",
+        "most decoded bytes of image, audio and document data in one sampling request "
+        f"(default {DEFAULT_MAX_BINARY_BYTES})",
+        metavar="N",
+    )
+    option("--max-tools", f"most tools in one sampling request (default {DEFAULT_MAX_TOOLS})", metavar="N")
+    option(
+        "--max-tool-calls",
+        f"most tool calls in one Claude response (default {DEFAULT_MAX_TOOL_CALLS})",
+        metavar="N",
+    )
+    option(
+        "--rate-limit",
+        "sampling requests per minute for this process; more are refused with -32603 "
+        f"(default {DEFAULT_RATE_LIMIT}; 0 = no limit)",
+        metavar="N",
+    )
+    option(
+        "--max-concurrent-sampling",
+        f"Claude calls in flight at once; more wait their turn (default {DEFAULT_MAX_CONCURRENT_SAMPLING})",
+        metavar="N",
+    )
+    option(
+        "--budget-tokens",
+        "input+output tokens this process may spend; then sampling is refused "
+        f"(default {DEFAULT_BUDGET_TOKENS} = no limit)",
+        metavar="N",
+    )
+    option(
+        "--session-budget-tokens",
+        "input+output tokens one client session may spend; then sampling is refused "
+        f"(default {DEFAULT_SESSION_BUDGET_TOKENS}; 0 = no limit)",
+        metavar="N",
+    )
+    option(
+        "--audit-log",
+        "append one JSON line per sampling exchange to FILE (usage, latency, outcome; no content)",
+        metavar="FILE",
+    )
+    option(
+        "--audit-content",
+        "also write each exchange's MCP params and result to the audit log",
+        action="store_const",
+        const="true",
+    )
+    option(
+        "--no-prompt-cache",
+        "do not mark prompt-cache breakpoints (cache_control) in Claude requests",
+        action="store_const",
+        const="true",
+    )
     option(
         "--audio",
         "audio content, which Claude cannot read: reject (-32602, default) or placeholder text",
@@ -117,6 +194,15 @@ def _pick(
         return convert(raw)
     except ValueError:
         raise ConfigError(f"{flag} / {env_name(flag)}: invalid value {raw!r}") from None
+
+
+def _boolean(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
 
 
 def _choice(choices: Sequence[str], flag: str) -> Callable[[str], Any]:
@@ -152,8 +238,34 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         provider=_pick(args.provider, environ, "--provider", _choice(PROVIDERS, "--provider"), "anthropic"),
         model=default_model,
         allowed_models=allowed,
-        max_tokens_cap=_pick(args.max_tokens_cap, environ, "--max-tokens-cap", int, 16384),
+        max_tokens_cap=_pick(args.max_tokens_cap, environ, "--max-tokens-cap", int, DEFAULT_MAX_TOKENS_CAP),
         audio=_pick(args.audio, environ, "--audio", _choice(AUDIO_POLICIES, "--audio"), "reject"),
+        max_messages=_pick(args.max_messages, environ, "--max-messages", int, DEFAULT_MAX_MESSAGES),
+        max_text_bytes=_pick(args.max_text_bytes, environ, "--max-text-bytes", int, DEFAULT_MAX_TEXT_BYTES),
+        max_binary_bytes=_pick(
+            args.max_binary_bytes, environ, "--max-binary-bytes", int, DEFAULT_MAX_BINARY_BYTES
+        ),
+        max_tools=_pick(args.max_tools, environ, "--max-tools", int, DEFAULT_MAX_TOOLS),
+        max_tool_calls=_pick(args.max_tool_calls, environ, "--max-tool-calls", int, DEFAULT_MAX_TOOL_CALLS),
+        rate_limit=_pick(args.rate_limit, environ, "--rate-limit", int, DEFAULT_RATE_LIMIT),
+        max_concurrent_sampling=_pick(
+            args.max_concurrent_sampling,
+            environ,
+            "--max-concurrent-sampling",
+            int,
+            DEFAULT_MAX_CONCURRENT_SAMPLING,
+        ),
+        budget_tokens=_pick(args.budget_tokens, environ, "--budget-tokens", int, DEFAULT_BUDGET_TOKENS),
+        session_budget_tokens=_pick(
+            args.session_budget_tokens,
+            environ,
+            "--session-budget-tokens",
+            int,
+            DEFAULT_SESSION_BUDGET_TOKENS,
+        ),
+        audit_log=_pick(args.audit_log, environ, "--audit-log", str, None),
+        audit_content=_pick(args.audit_content, environ, "--audit-content", _boolean, False),
+        prompt_cache=not _pick(args.no_prompt_cache, environ, "--no-prompt-cache", _boolean, False),
         max_message_bytes=_pick(
             args.max_message_bytes, environ, "--max-message-bytes", int, 32 * 1024 * 1024
         ),
@@ -189,6 +301,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return anyio.run(run_stdio_proxy, config, backend_options=event_loop_options())
+    except ConfigError as exc:  # found once running, e.g. an --audit-log file that cannot be opened
+        print(f"mcp-backfill: error: {exc}", file=sys.stderr)
+        return 2
     except UpstreamStartError as exc:
         get_logger().error(str(exc))
         return 127

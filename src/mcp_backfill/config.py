@@ -27,6 +27,21 @@ DEFAULT_MODEL = "claude-sonnet-5-5"
 # The tiers model preferences may choose from when the operator does not restrict them.
 DEFAULT_ALLOWED_MODELS: tuple[str, ...] = ("claude-opus-5-5", "claude-sonnet-5-5", "claude-haiku-5-5")
 
+# Per-request limits (see sampling/limits.py) and spending controls (see sampling/spend.py).
+DEFAULT_MAX_TOKENS_CAP = 16384
+DEFAULT_MAX_MESSAGES = 1000
+DEFAULT_MAX_TEXT_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_BINARY_BYTES = 20 * 1024 * 1024
+DEFAULT_MAX_TOOLS = 128
+DEFAULT_MAX_TOOL_CALLS = 16
+DEFAULT_RATE_LIMIT = 600
+"""Sampling requests per minute, per process; 0 turns the rate limit off."""
+DEFAULT_MAX_CONCURRENT_SAMPLING = 4
+DEFAULT_BUDGET_TOKENS = 0
+"""Tokens per process; 0 means no process-wide budget."""
+DEFAULT_SESSION_BUDGET_TOKENS = 5_000_000
+"""Tokens per client session; 0 means no per-session budget."""
+
 ENV_PREFIX = "MCP_BACKFILL_"
 # Environment variables that hold credentials: never logged, never passed to the upstream.
 SECRET_ENV_VARS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "MCP_BACKFILL_AUTH_TOKEN")
@@ -60,8 +75,20 @@ class Config:
     provider: ProviderName = "anthropic"
     model: str = DEFAULT_MODEL
     allowed_models: tuple[str, ...] = DEFAULT_ALLOWED_MODELS
-    max_tokens_cap: int = 16384
+    max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP
     audio: AudioPolicy = "reject"
+    max_messages: int = DEFAULT_MAX_MESSAGES
+    max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES
+    max_binary_bytes: int = DEFAULT_MAX_BINARY_BYTES
+    max_tools: int = DEFAULT_MAX_TOOLS
+    max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS
+    rate_limit: int = DEFAULT_RATE_LIMIT
+    max_concurrent_sampling: int = DEFAULT_MAX_CONCURRENT_SAMPLING
+    budget_tokens: int = DEFAULT_BUDGET_TOKENS
+    session_budget_tokens: int = DEFAULT_SESSION_BUDGET_TOKENS
+    audit_log: str | None = None
+    audit_content: bool = False
+    prompt_cache: bool = True
     max_message_bytes: int = 32 * 1024 * 1024
     shutdown_grace: float = 2.0
     log_level: str = "info"
@@ -93,6 +120,21 @@ class Config:
             )
         if self.max_tokens_cap < 1:
             raise ConfigError("--max-tokens-cap must be at least 1")
+        for flag, value, minimum in (
+            ("--max-messages", self.max_messages, 1),
+            ("--max-text-bytes", self.max_text_bytes, 1),
+            ("--max-binary-bytes", self.max_binary_bytes, 0),
+            ("--max-tools", self.max_tools, 0),
+            ("--max-tool-calls", self.max_tool_calls, 1),
+            ("--rate-limit", self.rate_limit, 0),
+            ("--max-concurrent-sampling", self.max_concurrent_sampling, 1),
+            ("--budget-tokens", self.budget_tokens, 0),
+            ("--session-budget-tokens", self.session_budget_tokens, 0),
+        ):
+            if value < minimum:
+                raise ConfigError(f"{flag} must be at least {minimum}, not {value}")
+        if self.audit_content and not self.audit_log:
+            raise ConfigError("--audit-content needs --audit-log FILE")
         if self.max_message_bytes < 1024:
             raise ConfigError("--max-message-bytes must be at least 1024")
         if self.shutdown_grace < 0:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import anyio
 
@@ -16,21 +18,51 @@ from mcp_backfill.config import Config, upstream_environment
 from mcp_backfill.logs import get_logger
 from mcp_backfill.providers import make_provider
 from mcp_backfill.relay import Relay, RelayOptions
+from mcp_backfill.sampling.audit import AuditLog
 from mcp_backfill.sampling.convert import ConversionOptions
+from mcp_backfill.sampling.limits import RequestLimits
 from mcp_backfill.sampling.sampler import Sampler, SamplerSettings
+from mcp_backfill.sampling.spend import Spend, SpendSettings
 from mcp_backfill.transports.stdio import UpstreamProcess, own_stdio, spawn_upstream
 
 log = get_logger("proxy")
 
 
 def make_sampler(config: Config) -> Sampler:
+    """The sampler with the configured limits, spending controls and audit log.
+
+    Raises `ConfigError` when the audit log cannot be opened, before anything else is started.
+    """
+    audit = (
+        AuditLog(config.audit_log, include_content=config.audit_content, secrets=config.secrets())
+        if config.audit_log
+        else None
+    )
     return Sampler(
         make_provider(config),
         SamplerSettings(
-            conversion=ConversionOptions(max_tokens_cap=config.max_tokens_cap, audio=config.audio),
+            conversion=ConversionOptions(
+                max_tokens_cap=config.max_tokens_cap, audio=config.audio, prompt_cache=config.prompt_cache
+            ),
             default_model=config.model,
             allowed_models=config.allowed_models,
+            limits=RequestLimits(
+                max_messages=config.max_messages,
+                max_text_bytes=config.max_text_bytes,
+                max_binary_bytes=config.max_binary_bytes,
+                max_tools=config.max_tools,
+                max_tool_calls=config.max_tool_calls,
+            ),
         ),
+        spend=Spend(
+            SpendSettings(
+                rate_limit=config.rate_limit,
+                max_concurrent=config.max_concurrent_sampling,
+                budget_tokens=config.budget_tokens,
+                session_budget_tokens=config.session_budget_tokens,
+            )
+        ),
+        audit=audit,
     )
 
 
@@ -43,11 +75,21 @@ def relay_options(config: Config) -> RelayOptions:
     )
 
 
+@asynccontextmanager
+async def _auditing(audit: AuditLog | None) -> AsyncIterator[None]:
+    if audit is None:
+        yield
+        return
+    async with audit.running():
+        yield
+
+
 async def run_stdio_proxy(config: Config) -> int:
     """Run one stdio session to completion and return the exit status to use."""
     sampler = make_sampler(config)
     try:
         async with (
+            _auditing(sampler.audit),
             own_stdio(config.max_message_bytes) as client,
             spawn_upstream(
                 config.upstream_command,
@@ -65,7 +107,8 @@ async def run_stdio_proxy(config: Config) -> int:
                     "provider": config.provider,
                 },
             )
-            relay = Relay(relay_options(config), sampler, client, upstream.channel)
+            session = sampler.spend.new_session("stdio")
+            relay = Relay(relay_options(config), sampler, client, upstream.channel, session=session)
             stopping = anyio.Event()
 
             async def stop_upstream() -> None:
@@ -81,6 +124,7 @@ async def run_stdio_proxy(config: Config) -> int:
                     log.error("upstream server exited", extra={"status": status})
                     await relay.fail_pending(f"Upstream MCP server exited (status {status})")
                 tg.cancel_scope.cancel()
+            log.info("sampling spend", extra={"spend": sampler.spend.snapshot(), **session.snapshot()})
             return status
     finally:
         await sampler.provider.aclose()

@@ -32,6 +32,7 @@ from mcp_backfill.config import Era, Mode
 from mcp_backfill.logs import get_logger
 from mcp_backfill.sampling.errors import SamplingError
 from mcp_backfill.sampling.sampler import Sampler
+from mcp_backfill.sampling.spend import SamplingSession
 from mcp_backfill.transports.base import MessageChannel, MessageTooLarge
 
 log = get_logger("relay")
@@ -148,11 +149,18 @@ class Relay:
     """Moves messages between `client` and `upstream` until the upstream side ends."""
 
     def __init__(
-        self, options: RelayOptions, sampler: Sampler, client: MessageChannel, upstream: MessageChannel
+        self,
+        options: RelayOptions,
+        sampler: Sampler,
+        client: MessageChannel,
+        upstream: MessageChannel,
+        *,
+        session: SamplingSession | None = None,
     ) -> None:
         self.options = options
         self.mode = options.mode
         self.sampler = sampler
+        self.session = session
         self.client = client
         self.upstream = upstream
         self.state = RelayState()
@@ -599,7 +607,7 @@ class Relay:
     async def _sample(self, params: dict[str, Any], request_id: Any) -> dict[str, Any]:
         """The sampler's answer; an unexpected failure becomes an internal `SamplingError`."""
         try:
-            return await self.sampler.sample(params, request_id=request_id)
+            return await self.sampler.sample(params, request_id=request_id, session=self.session)
         except SamplingError:
             raise
         except Exception:

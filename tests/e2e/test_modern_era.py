@@ -68,7 +68,8 @@ async def test_resolve_tool_loop_for_a_2026_client_without_sampling(fake_claude:
     }
     first, second = (request.body for request in fake_claude.message_requests)
     for body in (first, second):
-        assert body["system"] == "You are a weather assistant. Use get_weather."
+        system = body["system"]
+        assert [block["text"] for block in system] == ["You are a weather assistant. Use get_weather."]
         assert [tool["name"] for tool in body["tools"]] == ["get_weather"]
         assert body.get("tool_choice", {"type": "auto"}) == {"type": "auto"}
     assert tool_use_ids(first, "tool_use") == []

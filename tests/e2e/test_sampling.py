@@ -75,11 +75,19 @@ async def test_two_round_tool_loop(fake_claude: FakeClaude) -> None:
     assert len(bodies) == 2
     for body in bodies:
         assert body["stream"] is True
-        assert body["system"] == "Answer using the lookup tool when a key is mentioned."
+        # Prompt caching (on by default) sends the system prompt as a block marked cache_control.
+        assert body["system"] == [
+            {
+                "type": "text",
+                "text": "Answer using the lookup tool when a key is mentioned.",
+                "cache_control": {"type": "ephemeral"},
+            }
+        ]
         assert body["max_tokens"] == 500
         assert body["tool_choice"] == {"type": "any"}
         [tool] = body["tools"]
         assert tool["name"] == "lookup"
+        assert tool["cache_control"] == {"type": "ephemeral"}
         assert tool["input_schema"]["properties"]["key"]["type"] == "string"
         assert "inputSchema" not in tool
     follow_up = bodies[1]["messages"]

@@ -51,6 +51,7 @@ async def test_sampling_tool_is_offered_only_through_the_proxy(
     assert "Sampled by the fake Claude." in block.text
     assert '"model": "claude-sonnet-5-5"' in block.text
     [request] = fake_claude.message_requests
-    assert request.body["system"] == "You are a helpful test server."
+    [system] = request.body["system"]  # a block, marked for prompt caching
+    assert system["text"] == "You are a helpful test server."
     assert request.body["max_tokens"] == 50
     assert "temperature" not in request.body  # anthropic 2.x cannot honour it; noted in _meta instead

@@ -78,3 +78,67 @@ def test_secrets_stay_out_of_repr_and_the_upstream_environment() -> None:
     assert config.secrets() == ("sk-ant-unit-secret",)
     env = upstream_environment({"PATH": "/bin", "ANTHROPIC_API_KEY": "k", "MCP_BACKFILL_AUTH_TOKEN": "t"})
     assert env == {"PATH": "/bin"}
+
+
+def test_limits_budgets_and_audit_defaults() -> None:
+    config = parse_config(["--", "s"], KEY)
+    assert (config.max_messages, config.max_text_bytes, config.max_binary_bytes) == (
+        1000,
+        4 * 1024 * 1024,
+        20 * 1024 * 1024,
+    )
+    assert (config.max_tools, config.max_tool_calls) == (128, 16)
+    assert (config.rate_limit, config.max_concurrent_sampling) == (600, 4)
+    assert (config.budget_tokens, config.session_budget_tokens) == (0, 5_000_000)
+    assert (config.audit_log, config.audit_content, config.prompt_cache) == (None, False, True)
+
+
+@pytest.mark.parametrize(
+    ("flag", "field", "value"),
+    [
+        ("--max-messages", "max_messages", 5),
+        ("--max-text-bytes", "max_text_bytes", 100),
+        ("--max-binary-bytes", "max_binary_bytes", 0),
+        ("--max-tools", "max_tools", 3),
+        ("--max-tool-calls", "max_tool_calls", 2),
+        ("--rate-limit", "rate_limit", 0),
+        ("--max-concurrent-sampling", "max_concurrent_sampling", 1),
+        ("--budget-tokens", "budget_tokens", 1000),
+        ("--session-budget-tokens", "session_budget_tokens", 0),
+    ],
+)
+def test_each_limit_has_a_flag_and_an_environment_variable(flag: str, field: str, value: int) -> None:
+    from_flag = parse_config([flag, str(value), "--", "s"], KEY)
+    assert getattr(from_flag, field) == value
+    env = KEY | {"MCP_BACKFILL_" + flag[2:].replace("-", "_").upper(): str(value)}
+    assert getattr(parse_config(["--", "s"], env), field) == value
+
+
+def test_boolean_switches_from_flags_and_environment() -> None:
+    flags = parse_config(["--audit-log", "a.jsonl", "--audit-content", "--no-prompt-cache", "--", "s"], KEY)
+    assert (flags.audit_log, flags.audit_content, flags.prompt_cache) == ("a.jsonl", True, False)
+    env = KEY | {
+        "MCP_BACKFILL_AUDIT_LOG": "b.jsonl",
+        "MCP_BACKFILL_AUDIT_CONTENT": "yes",
+        "MCP_BACKFILL_NO_PROMPT_CACHE": "1",
+    }
+    from_env = parse_config(["--", "s"], env)
+    assert (from_env.audit_log, from_env.audit_content, from_env.prompt_cache) == ("b.jsonl", True, False)
+    assert parse_config(["--", "s"], KEY | {"MCP_BACKFILL_NO_PROMPT_CACHE": "false"}).prompt_cache
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--max-messages", "0", "--", "s"], KEY, "--max-messages must be at least 1"),
+        (["--max-tool-calls", "0", "--", "s"], KEY, "--max-tool-calls must be at least 1"),
+        (["--max-concurrent-sampling", "0", "--", "s"], KEY, "--max-concurrent-sampling"),
+        (["--budget-tokens", "-5", "--", "s"], KEY, "--budget-tokens must be at least 0"),
+        (["--rate-limit", "fast", "--", "s"], KEY, "--rate-limit"),
+        (["--audit-content", "--", "s"], KEY, "--audit-content needs --audit-log"),
+        (["--", "s"], KEY | {"MCP_BACKFILL_AUDIT_CONTENT": "maybe"}, "MCP_BACKFILL_AUDIT_CONTENT"),
+    ],
+)
+def test_invalid_limits_are_refused(argv: list[str], env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(argv, env)

@@ -31,6 +31,8 @@ from .validate import (
 )
 
 __all__ = [
+    "CACHE_CONTROL",
+    "MAX_CACHE_BREAKPOINTS",
     "META_KEY",
     "AudioPolicy",
     "ClaudeRequest",
@@ -84,6 +86,10 @@ _UNSAFE_CHARS_RE = re.compile(r"[^a-zA-Z0-9_-]")
 _MAX_TOOL_NAME = 128
 _HASH_SUFFIX = 9  # "_" + 8 hex digits
 
+CACHE_CONTROL: Mapping[str, str] = {"type": "ephemeral"}
+MAX_CACHE_BREAKPOINTS = 4
+"""Claude refuses a request with more blocks marked `cache_control` than this."""
+
 _PLACEHOLDER_TOOL_DESCRIPTION = (
     "A tool used earlier in this conversation; it is not available in this request."
 )
@@ -95,6 +101,8 @@ class ConversionOptions:
 
     max_tokens_cap: int = 16384
     audio: AudioPolicy = "reject"
+    prompt_cache: bool = False
+    """Mark prompt-cache breakpoints (`cache_control`) so a tool loop's rounds reuse each other's prefix."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +162,8 @@ def to_claude_request(params: dict[str, Any], options: ConversionOptions) -> Cla
     if metadata:
         kwargs["metadata"] = metadata
     ctx.warnings.extend(_ignored_param_warnings(params))
+    if options.prompt_cache:
+        _mark_cache_breakpoints(kwargs)
 
     return ClaudeRequest(
         kwargs=kwargs,
@@ -162,6 +172,33 @@ def to_claude_request(params: dict[str, Any], options: ConversionOptions) -> Cla
         has_tools=params.get("tools") is not None or choice is not None,
         warnings=tuple(ctx.warnings),
     )
+
+
+def _mark_cache_breakpoints(kwargs: dict[str, Any]) -> None:
+    """Place prompt-cache breakpoints so that each round of a tool loop reads the previous one's prefix.
+
+    Claude caches the prompt (tools, then system, then messages) up to each marked block. Marks:
+    the last tool (tools rarely change), the system prompt, the last block of the final message
+    (this round's whole prompt, read back by the next round), and the last block of the message
+    before the latest assistant turn: that is where the previous round's prompt ended, so its
+    prefix is read back even when this round appended more blocks than Claude looks back over.
+    """
+    tools = kwargs.get("tools")
+    if tools:
+        tools[-1] = {**tools[-1], "cache_control": dict(CACHE_CONTROL)}
+    system = kwargs.get("system")
+    if isinstance(system, str):
+        kwargs["system"] = [{"type": "text", "text": system, "cache_control": dict(CACHE_CONTROL)}]
+    messages: list[dict[str, Any]] = kwargs["messages"]
+    final = len(messages) - 1
+    marked = [final]
+    assistant_turns = [i for i in range(final) if messages[i]["role"] == "assistant"]
+    if assistant_turns and assistant_turns[-1] > 0:
+        marked.insert(0, assistant_turns[-1] - 1)
+    for index in marked:
+        content = list(messages[index]["content"])
+        content[-1] = {**content[-1], "cache_control": dict(CACHE_CONTROL)}
+        messages[index] = {**messages[index], "content": content}
 
 
 def sanitize_tool_name(name: str, attempt: int = 0) -> str:

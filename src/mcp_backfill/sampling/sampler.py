@@ -1,21 +1,27 @@
-"""One sampling request, end to end: validate -> convert -> provider -> convert back.
+"""One sampling request, end to end: limits -> validate and convert -> budgets, rate limit and a
+concurrency slot -> provider -> charge the budgets -> response limits -> convert back.
 
 The sampler knows Claude's request shape and the provider interface, not MCP transports, so the
-relay for either protocol era (and any transport) can call it the same way.
+relay for either protocol era (and any transport) can call it the same way. Every exchange is
+logged and, with `--audit-log`, audited, whatever its outcome.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import anyio
 
 from mcp_backfill.logs import get_logger
 from mcp_backfill.providers.base import Provider
+from mcp_backfill.sampling.audit import AuditLog, Exchange
 from mcp_backfill.sampling.convert import ConversionOptions, to_claude_request, to_mcp_result
-from mcp_backfill.sampling.errors import SamplingError
+from mcp_backfill.sampling.errors import INTERNAL_ERROR, SamplingError
+from mcp_backfill.sampling.limits import RequestLimits, check_request, check_response
 from mcp_backfill.sampling.models import select_model
+from mcp_backfill.sampling.spend import SamplingSession, Spend, SpendSettings, normalize_usage
 
 log = get_logger("sampler")
 
@@ -28,53 +34,114 @@ class SamplerSettings:
     conversion: ConversionOptions
     default_model: str
     allowed_models: Sequence[str]
+    limits: RequestLimits = field(default_factory=RequestLimits)
 
 
 class Sampler:
-    """Answers `sampling/createMessage` params with a `CreateMessageResult` (wire JSON)."""
+    """Answers `sampling/createMessage` params with a `CreateMessageResult` (wire JSON).
 
-    def __init__(self, provider: Provider, settings: SamplerSettings) -> None:
+    Every exchange, answered or refused, is logged (with the remaining budgets) and written to the
+    audit log when there is one.
+    """
+
+    def __init__(
+        self,
+        provider: Provider,
+        settings: SamplerSettings,
+        *,
+        spend: Spend | None = None,
+        audit: AuditLog | None = None,
+    ) -> None:
         self.provider = provider
         self.settings = settings
+        self.spend = spend if spend is not None else Spend(SpendSettings())
+        self.audit = audit
 
-    async def sample(self, params: dict[str, Any], *, request_id: Any = None) -> dict[str, Any]:
-        started = time.monotonic()
-        model = "?"
+    async def sample(
+        self,
+        params: dict[str, Any],
+        *,
+        request_id: Any = None,
+        session: SamplingSession | None = None,
+    ) -> dict[str, Any]:
+        exchange = Exchange(request_id=request_id, session=session.label if session else None)
+        result: dict[str, Any] | None = None
         try:
-            claude_request = to_claude_request(params, self.settings.conversion)
-            model = select_model(
-                params.get("modelPreferences"),
-                allowed=self.settings.allowed_models,
-                default=self.settings.default_model,
-            )
-            message = await self._create(dict(claude_request.kwargs, model=model))
-            result = to_mcp_result(message, claude_request)
+            result = await self._answer(params, exchange, session)
+            return result
         except SamplingError as exc:
+            exchange.fail(exc.code, exc.message, exc.data)
+            self.spend.note_refusal(exc)
+            raise
+        except anyio.get_cancelled_exc_class():
+            exchange.cancelled = True
+            raise
+        except Exception:
+            exchange.fail(INTERNAL_ERROR, "Internal error in mcp-backfill while sampling")
+            raise
+        finally:
+            self._report(exchange, session, params, result)
+
+    async def _answer(
+        self, params: dict[str, Any], exchange: Exchange, session: SamplingSession | None
+    ) -> dict[str, Any]:
+        """Limits -> conversion -> budgets, rate and a slot -> Claude -> charge -> limits -> MCP."""
+        check_request(params, self.settings.limits)
+        claude_request = to_claude_request(params, self.settings.conversion)
+        model = select_model(
+            params.get("modelPreferences"),
+            allowed=self.settings.allowed_models,
+            default=self.settings.default_model,
+        )
+        exchange.model = model
+        exchange.tools = len(claude_request.kwargs.get("tools", ()))
+        async with self.spend.admit(session):
+            message = await self._create(dict(claude_request.kwargs, model=model))
+        self._charge(message, exchange, session)
+        check_response(message, self.settings.limits)
+        return to_mcp_result(message, claude_request)
+
+    def _charge(self, message: dict[str, Any], exchange: Exchange, session: SamplingSession | None) -> None:
+        """Charge the budgets with what Claude reports; the result `_meta` gets all four counters."""
+        usage = normalize_usage(message.get("usage"))
+        message["usage"] = {**(message.get("usage") or {}), **usage}
+        self.spend.charge(usage, session)
+        exchange.usage = usage
+        exchange.model = message.get("model") or exchange.model
+        exchange.stop_reason = message.get("stop_reason")
+        exchange.claude_request_id = message.get("request_id")
+
+    def _report(
+        self,
+        exchange: Exchange,
+        session: SamplingSession | None,
+        params: dict[str, Any],
+        result: dict[str, Any] | None,
+    ) -> None:
+        extra: dict[str, Any] = {
+            "request_id": exchange.request_id,
+            "session": exchange.session,
+            "model": exchange.model,
+            "tools": exchange.tools,
+            "stop_reason": exchange.stop_reason,
+            **(exchange.usage or {}),
+            "latency_ms": exchange.latency_ms,
+        }
+        if self.spend.budget.limit is not None:
+            extra["budget_remaining"] = self.spend.budget.remaining
+        if session is not None and session.budget.limit is not None:
+            extra["session_budget_remaining"] = session.budget.remaining
+        if exchange.error is not None:
             log.warning(
                 "sampling request refused",
-                extra={
-                    "request_id": request_id,
-                    "model": model,
-                    "code": exc.code,
-                    "error": exc.message,
-                    "latency_ms": _elapsed_ms(started),
-                },
+                extra={**extra, "code": exchange.error["code"], "error": exchange.error["message"]},
             )
-            raise
-        usage = message.get("usage") or {}
-        log.info(
-            "sampling request answered",
-            extra={
-                "request_id": request_id,
-                "model": message.get("model", model),
-                "tools": len(claude_request.kwargs.get("tools", ())),
-                "stop_reason": message.get("stop_reason"),
-                "input_tokens": usage.get("input_tokens"),
-                "output_tokens": usage.get("output_tokens"),
-                "latency_ms": _elapsed_ms(started),
-            },
-        )
-        return result
+        elif exchange.cancelled:
+            log.info("sampling request cancelled", extra=extra)
+        else:
+            log.info("sampling request answered", extra=extra)
+        if self.audit is not None:
+            self.audit.record(exchange, params, result)
 
     async def _create(self, request: dict[str, Any]) -> dict[str, Any]:
         message = await self.provider.create_message(request)
@@ -100,7 +167,3 @@ def _continue(first: dict[str, Any], follow_up: dict[str, Any]) -> dict[str, Any
         "content": [*first.get("content", []), *follow_up.get("content", [])],
         "usage": usage,
     }
-
-
-def _elapsed_ms(started: float) -> int:
-    return round((time.monotonic() - started) * 1000)

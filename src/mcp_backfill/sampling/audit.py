@@ -1,0 +1,146 @@
+"""The audit log: one JSON line per sampling exchange, so a user can see what a server spent.
+
+A line holds who asked (session, upstream request id), what it cost (model, usage, latency) and how
+it ended (ok, or the JSON-RPC error, refusals by limits and budgets included). Message contents
+are left out unless `--audit-content` is given; known secrets are redacted from every line.
+
+The file is opened when the proxy starts (an unusable path is a `ConfigError` then, not a failure
+mid-session). `record()` never blocks: lines go through an in-memory queue to a writer task that
+appends and flushes them one by one in a worker thread, so a slow disk never stalls the relay.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import IO, Any
+
+import anyio
+
+from mcp_backfill.config import ConfigError
+from mcp_backfill.logs import Redactor, get_logger
+
+__all__ = ["AuditLog", "Exchange"]
+
+log = get_logger("audit")
+
+
+@dataclass
+class Exchange:
+    """What is known about one sampling exchange, filled in as it progresses."""
+
+    request_id: Any
+    session: str | None
+    started: float = field(default_factory=time.monotonic)
+    model: str | None = None
+    tools: int = 0
+    usage: dict[str, int] | None = None
+    stop_reason: str | None = None
+    claude_request_id: str | None = None
+    error: dict[str, Any] | None = None
+    cancelled: bool = False
+
+    @property
+    def latency_ms(self) -> int:
+        return round((time.monotonic() - self.started) * 1000)
+
+    @property
+    def outcome(self) -> str:
+        if self.cancelled:
+            return "cancelled"
+        return "error" if self.error is not None else "ok"
+
+    def fail(self, code: int, message: str, data: Any = None) -> None:
+        self.error = {"code": code, "message": message}
+        limit = data.get("limit") if isinstance(data, Mapping) else None
+        if isinstance(limit, str):
+            self.error["limit"] = limit
+
+    def entry(self) -> dict[str, Any]:
+        """The audit line (contents excluded)."""
+        entry: dict[str, Any] = {
+            "ts": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "session": self.session,
+            "request_id": self.request_id,
+            "model": self.model,
+            "tools": self.tools,
+            "usage": self.usage,
+            "latency_ms": self.latency_ms,
+            "stop_reason": self.stop_reason,
+            "outcome": self.outcome,
+        }
+        if self.claude_request_id is not None:
+            entry["claude_request_id"] = self.claude_request_id
+        if self.error is not None:
+            entry["error"] = self.error
+        return entry
+
+
+class AuditLog:
+    """An append-only JSONL file fed from the event loop without blocking it."""
+
+    def __init__(self, path: str, *, include_content: bool = False, secrets: Iterable[str] = ()) -> None:
+        self.path = path
+        self.include_content = include_content
+        self._redactor = Redactor(secrets)
+        try:
+            self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by `running`
+        except OSError as exc:
+            raise ConfigError(
+                f"--audit-log {path}: cannot open the file for appending ({exc.strerror or exc})"
+            ) from None
+        self._send, self._receive = anyio.create_memory_object_stream[str](math.inf)
+
+    def record(self, exchange: Exchange, params: Any = None, result: Any = None) -> None:
+        """Queue one exchange's line; returns at once (safe even in a cancelled task)."""
+        entry = exchange.entry()
+        if self.include_content:
+            entry["params"] = params
+            entry["result"] = result
+        line = self._redactor.redact(json.dumps(entry, ensure_ascii=False, default=str))
+        try:
+            self._send.send_nowait(line)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._write([line])  # the writer has stopped (shutdown): write directly, lose nothing
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[AuditLog]:
+        """Run the writer for the body's duration; lines queued by then are written before closing."""
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._drain)
+                try:
+                    yield self
+                finally:
+                    self._send.close()
+        finally:
+            self._file.close()
+
+    async def _drain(self) -> None:
+        async with self._receive:
+            async for line in self._receive:
+                batch = [line]
+                while True:
+                    try:
+                        batch.append(self._receive.receive_nowait())
+                    except anyio.WouldBlock:
+                        break
+                    except anyio.EndOfStream:
+                        break
+                await anyio.to_thread.run_sync(self._write, batch)
+
+    def _write(self, lines: list[str]) -> None:
+        if self._file.closed:
+            log.error("audit log already closed; line dropped", extra={"path": self.path})
+            return
+        try:
+            for line in lines:
+                self._file.write(line + "\n")
+                self._file.flush()
+        except OSError as exc:
+            log.error("cannot write the audit log", extra={"path": self.path, "error": str(exc)})

@@ -1,0 +1,206 @@
+"""Per-request limits on what a server may ask the proxy to spend, checked before any API call.
+
+`check_request` runs on the raw params before validation and conversion, so a huge request is
+refused before the proxy does any real work on it (and before a single token is spent); it is
+written defensively because the params are not validated yet. `check_response` looks at Claude's
+answer before it goes back to the server. Both raise `SamplingError`s whose message names the
+limit and the option (and environment variable) that raises it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mcp_backfill.config import (
+    DEFAULT_MAX_BINARY_BYTES,
+    DEFAULT_MAX_MESSAGES,
+    DEFAULT_MAX_TEXT_BYTES,
+    DEFAULT_MAX_TOOL_CALLS,
+    DEFAULT_MAX_TOOLS,
+    env_name,
+)
+
+from .errors import SamplingError, internal_error, invalid_params
+
+__all__ = [
+    "RequestLimits",
+    "RequestSize",
+    "check_request",
+    "check_response",
+    "measure_request",
+]
+
+_BINARY_FIELDS = ("data", "blob")
+_WHITESPACE = ("\n", "\r", " ", "\t")
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """The operator's limits for one sampling request (from the CLI / config)."""
+
+    max_messages: int = DEFAULT_MAX_MESSAGES
+    max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES
+    """UTF-8 bytes of all but binary data: system prompt, texts, tool inputs and results, tool definitions."""
+    max_binary_bytes: int = DEFAULT_MAX_BINARY_BYTES
+    """Decoded bytes of image, audio and embedded-resource data."""
+    max_tools: int = DEFAULT_MAX_TOOLS
+    max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS
+    """tool_use blocks in one Claude response."""
+
+
+@dataclass(frozen=True)
+class RequestSize:
+    """What a request weighs, in the units of `RequestLimits`."""
+
+    messages: int
+    text_bytes: int
+    binary_bytes: int
+    tools: int
+
+
+def measure_request(params: Any) -> RequestSize:
+    """Count messages, text bytes, binary bytes and tools; parts of the wrong shape are skipped."""
+    if not isinstance(params, Mapping):
+        return RequestSize(0, 0, 0, 0)
+    messages = params.get("messages")
+    messages = messages if isinstance(messages, list) else []
+    tools = params.get("tools")
+    tools = tools if isinstance(tools, list) else []
+    tally = _Tally()
+    system = params.get("systemPrompt")
+    if isinstance(system, str):
+        tally.text(system)
+    for tool in tools:
+        tally.json(tool)
+    for message in messages:
+        if isinstance(message, Mapping):
+            tally.content(message.get("content"))
+    return RequestSize(len(messages), tally.text_bytes, tally.binary_bytes, len(tools))
+
+
+def check_request(params: Any, limits: RequestLimits) -> RequestSize:
+    """Refuse (-32602) a request above any limit; returns its size for logging."""
+    size = measure_request(params)
+    _at_most("messages", size.messages, limits.max_messages, "--max-messages", "messages")
+    _at_most("tools", size.tools, limits.max_tools, "--max-tools", "tools")
+    _at_most("text bytes", size.text_bytes, limits.max_text_bytes, "--max-text-bytes", "bytes of text")
+    _at_most(
+        "binary bytes",
+        size.binary_bytes,
+        limits.max_binary_bytes,
+        "--max-binary-bytes",
+        "bytes of decoded image/audio/document data",
+    )
+    return size
+
+
+def check_response(message: Mapping[str, Any], limits: RequestLimits) -> None:
+    """Refuse (-32603) an answer from Claude that asks the server to run too many tools at once."""
+    content = message.get("content")
+    blocks: Iterable[Any] = content if isinstance(content, list) else ()
+    calls = sum(1 for block in blocks if isinstance(block, Mapping) and block.get("type") == "tool_use")
+    if calls > limits.max_tool_calls:
+        raise _limit_error(
+            internal_error,
+            f"Claude's response has {calls} tool calls, more than the limit of {limits.max_tool_calls} "
+            "tool calls per response",
+            "max_tool_calls",
+            "--max-tool-calls",
+            limits.max_tool_calls,
+            calls,
+        )
+
+
+def _at_most(label: str, actual: int, limit: int, option: str, unit: str) -> None:
+    if actual > limit:
+        raise _limit_error(
+            invalid_params,
+            f"Sampling request exceeds the limit on {label}: it has {actual} {unit}, the limit is {limit}",
+            option.lstrip("-").replace("-", "_"),
+            option,
+            limit,
+            actual,
+        )
+
+
+def _limit_error(
+    make: Callable[..., SamplingError], message: str, name: str, option: str, limit: int, actual: int
+) -> SamplingError:
+    return make(
+        f"{message}; raise it with {option} (or {env_name(option)})",
+        limit=name,
+        option=option,
+        max=limit,
+        actual=actual,
+    )
+
+
+class _Tally:
+    """Accumulates text and binary sizes over arbitrarily nested content."""
+
+    def __init__(self) -> None:
+        self.text_bytes = 0
+        self.binary_bytes = 0
+
+    def text(self, value: str) -> None:
+        self.text_bytes += len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
+
+    def json(self, value: Any) -> None:
+        self.text(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str))
+
+    def binary(self, data: str) -> None:
+        self.binary_bytes += _decoded_size(data)
+
+    def content(self, content: Any) -> None:
+        """One content block, a list of blocks, or (draft tool results) any JSON value."""
+        if isinstance(content, list):
+            for item in content:
+                self.content(item)
+        elif isinstance(content, Mapping):
+            self.block(content)
+        elif isinstance(content, str):
+            self.text(content)
+        elif content is not None:
+            self.json(content)
+
+    def block(self, block: Mapping[str, Any]) -> None:
+        kind = block.get("type")
+        if kind == "text" and isinstance(block.get("text"), str):
+            self.text(block["text"])
+        elif kind in ("image", "audio") and isinstance(block.get("data"), str):
+            self.binary(block["data"])
+        elif kind == "tool_use":
+            self.json(block.get("input"))
+        elif kind == "tool_result":
+            self.content(block.get("content"))
+            if block.get("structuredContent") is not None:
+                self.json(block["structuredContent"])
+        elif kind == "resource" and isinstance(block.get("resource"), Mapping):
+            resource = block["resource"]
+            for field in _BINARY_FIELDS:
+                if isinstance(resource.get(field), str):
+                    self.binary(resource[field])
+            if isinstance(resource.get("text"), str):
+                self.text(resource["text"])
+        else:
+            binary = {k: v for k, v in block.items() if k in _BINARY_FIELDS and isinstance(v, str)}
+            for data in binary.values():
+                self.binary(data)
+            rest = {k: v for k, v in block.items() if k not in binary}
+            self.json(rest)
+
+
+def _decoded_size(data: str) -> int:
+    """Decoded size of base64 data (a `data:` URL prefix allowed) without decoding it."""
+    if data.startswith("data:") and ";base64," in data[:100]:
+        data = data.split(";base64,", 1)[1]
+    length = len(data)
+    # Wrapped base64 (MIME, PEM) breaks its first line within 76 characters; unwrapped data is
+    # not scanned again, which keeps this cheap for tens of megabytes.
+    if any(c in data[:128] for c in _WHITESPACE):
+        length -= sum(data.count(c) for c in _WHITESPACE)
+    padding = data.rstrip()[-2:].count("=")
+    return max(0, length * 3 // 4 - padding)

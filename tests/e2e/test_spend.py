@@ -1,0 +1,251 @@
+"""Limits, budgets, rate limit, concurrency cap and the audit log, through real processes.
+
+client (mcp SDK or raw lines) -> `python -m mcp_backfill` -> tests/servers/sampling_server.py
+                                        \\-> fake Claude (loopback HTTP, ANTHROPIC_BASE_URL)
+
+What the fake received is the proof that a refused request cost nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client, types
+
+from tests.fake_claude import FakeClaude, message_reply, text_reply
+from tests.harness import (
+    ROOT,
+    TEST_API_KEY,
+    RawSession,
+    initialize_params,
+    proxy_argv,
+    proxy_env,
+    python_server,
+    raw_proxy,
+    stdio_params,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+SAMPLING_SERVER = python_server("sampling_server.py")
+
+
+def client_for(fake: FakeClaude, *options: str) -> Client:
+    argv = proxy_argv(*options, upstream=SAMPLING_SERVER)
+    return Client(stdio_params(argv, proxy_env(fake.url)), mode="legacy")
+
+
+def tool_json(result: types.CallToolResult) -> Any:
+    assert not result.is_error, result
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return json.loads(block.text)
+
+
+async def sample_raw(client: Client, params: dict[str, Any]) -> dict[str, Any]:
+    outcome: dict[str, Any] = tool_json(
+        await client.call_tool("sample_raw", {"params_json": json.dumps(params)})
+    )
+    return outcome
+
+
+def user_text(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": {"type": "text", "text": text}}
+
+
+def plain_params(text: str = "hello") -> dict[str, Any]:
+    return {"messages": [user_text(text)], "maxTokens": 20}
+
+
+def audit_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def tool(name: str) -> dict[str, Any]:
+    return {"name": name, "inputSchema": {"type": "object"}}
+
+
+OVER_THE_LIMITS: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "max_messages",
+        {
+            "messages": [
+                user_text("a"),
+                {"role": "assistant", "content": {"type": "text", "text": "b"}},
+                user_text("c"),
+                {"role": "assistant", "content": {"type": "text", "text": "d"}},
+            ],
+            "maxTokens": 10,
+        },
+        "--max-messages",
+    ),
+    ("max_text_bytes", plain_params("x" * 3001), "--max-text-bytes"),
+    (
+        "max_binary_bytes",
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": {
+                        "type": "image",
+                        "data": base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(400)).decode(),
+                        "mimeType": "image/png",
+                    },
+                }
+            ],
+            "maxTokens": 10,
+        },
+        "--max-binary-bytes",
+    ),
+    (
+        "max_tools",
+        {"messages": [user_text("q")], "maxTokens": 10, "tools": [tool("a"), tool("b"), tool("c")]},
+        "--max-tools",
+    ),
+]
+
+
+async def test_requests_over_a_limit_get_32602_and_cost_nothing(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    audit = tmp_path / "audit.jsonl"
+    limits = (
+        *("--max-messages", "3", "--max-text-bytes", "3000", "--max-binary-bytes", "300"),
+        *("--max-tools", "2", "--max-tool-calls", "2", "--audit-log", str(audit)),
+    )
+    calls = [{"type": "tool_use", "id": f"toolu_{n}", "name": "a", "input": {}} for n in range(3)]
+    fake_claude.enqueue(message_reply(calls, stop_reason="tool_use"))
+    async with client_for(fake_claude, *limits) as client:
+        refused = [await sample_raw(client, params) for _, params, _ in OVER_THE_LIMITS]
+        assert fake_claude.message_requests == []  # no API call for any of them
+        too_many_calls = await sample_raw(
+            client, {"messages": [user_text("q")], "maxTokens": 10, "tools": [tool("a")]}
+        )
+        fine = await sample_raw(client, plain_params("within every limit"))
+
+    for (name, _, option), outcome in zip(OVER_THE_LIMITS, refused, strict=True):
+        error = outcome["error"]
+        assert error["code"] == -32602, (name, error)
+        assert option in error["message"]
+        assert "MCP_BACKFILL_" + option[2:].replace("-", "_").upper() in error["message"]
+        assert error["data"]["limit"] == name
+    # The response limit: Claude was asked (and paid), the server gets -32603 instead of 3 tool calls.
+    error = too_many_calls["error"]
+    assert error["code"] == -32603
+    assert "3 tool calls" in error["message"]
+    assert "--max-tool-calls" in error["message"]
+    assert fine["result"]["content"]["text"].startswith("fake-claude says")
+    assert len(fake_claude.message_requests) == 2
+
+    lines = audit_lines(audit)
+    assert [line["outcome"] for line in lines] == ["error"] * 5 + ["ok"]
+    assert [line["error"]["limit"] for line in lines[:5]] == [
+        *(name for name, _, _ in OVER_THE_LIMITS),
+        "max_tool_calls",
+    ]
+    assert [line["error"]["code"] for line in lines[:5]] == [-32602] * 4 + [-32603]
+    assert lines[4]["usage"]["output_tokens"] > 0  # the refused answer's tokens were still charged
+    assert all(line["usage"] is None for line in lines[:4])
+
+
+async def initialize(session: RawSession) -> None:
+    await session.request(0, "initialize", initialize_params())
+    await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+
+async def raw_sample(session: RawSession, request_id: int, params: dict[str, Any]) -> dict[str, Any]:
+    arguments = {"params_json": json.dumps(params)}
+    response = await session.request(request_id, "tools/call", {"name": "sample_raw", "arguments": arguments})
+    outcome: dict[str, Any] = json.loads(response["result"]["content"][0]["text"])
+    return outcome
+
+
+@pytest.mark.parametrize(
+    ("option", "other", "name", "log_field"),
+    [
+        ("--session-budget-tokens", "--budget-tokens", "session token budget", "session_budget_remaining"),
+        ("--budget-tokens", "--session-budget-tokens", "process token budget", "budget_remaining"),
+    ],
+    ids=["session", "process"],
+)
+async def test_an_exhausted_budget_refuses_further_sampling(
+    fake_claude: FakeClaude, option: str, other: str, name: str, log_field: str
+) -> None:
+    usage = {
+        "input_tokens": 20,
+        "cache_creation_input_tokens": 30,
+        "cache_read_input_tokens": 10,
+        "output_tokens": 30,
+    }  # 90 tokens an exchange: every counter is charged
+    fake_claude.enqueue(text_reply("first", usage=usage), text_reply("second", usage=usage))
+    argv = proxy_argv("--log-format", "json", option, "100", other, "0", upstream=SAMPLING_SERVER)
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await initialize(session)
+        first = await raw_sample(session, 1, plain_params("one"))
+        crossing = await raw_sample(session, 2, plain_params("two"))  # 90 used: still allowed
+        refused = await raw_sample(session, 3, plain_params("three"))  # 180 used: refused
+        await session.close_stdin()
+        await session.wait()
+        stderr = session.stderr()
+
+    assert first["result"]["content"]["text"] == "first"
+    assert crossing["result"]["content"]["text"] == "second"  # the request that crosses completes
+    error = refused["error"]
+    assert error["code"] == -32603
+    assert f"{name} is exhausted: 180 of 100 tokens used" in error["message"]
+    assert option in error["message"]
+    assert error["data"]["remaining"] == 0
+    assert len(fake_claude.message_requests) == 2
+    logged = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    remaining = [entry[log_field] for entry in logged if entry["msg"] == "sampling request answered"]
+    assert remaining == [10, 0]  # logged after each exchange
+    assert TEST_API_KEY not in stderr
+
+
+async def test_rate_limit_refuses_at_once_with_retry_after(fake_claude: FakeClaude) -> None:
+    async with client_for(fake_claude, "--rate-limit", "2") as client:
+        outcomes = [await sample_raw(client, plain_params(f"n{n}")) for n in range(3)]
+    assert [("result" in outcome) for outcome in outcomes] == [True, True, False]
+    error = outcomes[2]["error"]
+    assert error["code"] == -32603
+    assert "at most 2 sampling requests per minute" in error["message"]
+    assert "--rate-limit" in error["message"]
+    assert error["data"]["limit"] == "rate_limit"
+    assert 1 <= error["data"]["retryAfterSeconds"] <= 60
+    assert len(fake_claude.message_requests) == 2
+
+
+async def test_concurrent_claude_calls_are_capped_and_the_rest_wait(fake_claude: FakeClaude) -> None:
+    count = 5
+    fake_claude.enqueue(*(text_reply(f"slow {n}", delay=0.5) for n in range(count)))
+    results: list[Any] = []
+    async with client_for(fake_claude, "--max-concurrent-sampling", "2") as client:
+
+        async def one(n: int) -> None:
+            results.append(tool_json(await client.call_tool("plain", {"prompt": f"p{n}"})))
+
+        async with anyio.create_task_group() as tg:
+            for n in range(count):
+                tg.start_soon(one, n)
+    assert sorted(result["text"] for result in results) == [f"slow {n}" for n in range(count)]
+    assert len(fake_claude.message_requests) == count
+    assert fake_claude.max_in_flight == 2
+
+
+def test_an_unwritable_audit_log_stops_the_proxy_before_the_upstream_starts(tmp_path: Path) -> None:
+    marker = tmp_path / "upstream-started"
+    upstream = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    unwritable = str(tmp_path / "no-such-dir" / "a.jsonl")
+    argv = proxy_argv("--provider", "mock", "--audit-log", unwritable, upstream=upstream)
+    done = subprocess.run(argv, env=proxy_env(), cwd=ROOT, capture_output=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert b"--audit-log" in done.stderr
+    assert done.stdout == b""
+    assert not marker.exists()

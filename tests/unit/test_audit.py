@@ -1,0 +1,85 @@
+"""The audit log file: refused at startup when unusable, one flushed JSON line per exchange."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from mcp_backfill.config import ConfigError
+from mcp_backfill.sampling.audit import AuditLog, Exchange
+
+SECRET = "sk-ant-audit-SECRET-42"
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_an_unusable_path_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--audit-log"):
+        AuditLog(str(tmp_path / "missing-dir" / "audit.jsonl"))
+    with pytest.raises(ConfigError, match="--audit-log"):
+        AuditLog(str(tmp_path))  # a directory
+
+
+@pytest.mark.anyio
+async def test_lines_are_written_while_running_and_flushed_one_by_one(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    path.write_text('{"earlier": true}\n')  # appended to, never truncated
+    audit = AuditLog(str(path), secrets=[SECRET])
+    async with audit.running():
+        ok = Exchange(request_id=7, session="stdio", model="claude-x", tools=2)
+        ok.usage = {"input_tokens": 3, "output_tokens": 4}
+        ok.stop_reason = "end_turn"
+        audit.record(ok, params={"secret": SECRET}, result={"role": "assistant"})
+        for _ in range(50):  # the writer thread flushes without being asked to stop
+            await anyio.sleep(0.02)
+            if len(path.read_text().splitlines()) == 2:
+                break
+        assert len(lines(path)) == 2
+        refused = Exchange(request_id="r-2", session="stdio")
+        refused.fail(-32602, f"too many messages {SECRET}", {"limit": "max_messages"})
+        audit.record(refused)
+        cancelled = Exchange(request_id=9, session=None)
+        cancelled.cancelled = True
+        audit.record(cancelled)
+    earlier, first, second, third = lines(path)
+    assert earlier == {"earlier": True}
+    assert first["request_id"] == 7
+    assert first["session"] == "stdio"
+    assert (first["model"], first["tools"], first["stop_reason"], first["outcome"]) == (
+        "claude-x",
+        2,
+        "end_turn",
+        "ok",
+    )
+    assert first["usage"] == {"input_tokens": 3, "output_tokens": 4}
+    assert isinstance(first["latency_ms"], int)
+    assert first["ts"].endswith("Z")
+    datetime.fromisoformat(first["ts"].replace("Z", "+00:00"))
+    assert "params" not in first
+    assert "result" not in first
+    assert second["outcome"] == "error"
+    assert second["error"] == {"code": -32602, "message": "too many messages ***", "limit": "max_messages"}
+    assert third["outcome"] == "cancelled"
+    assert SECRET not in path.read_text()
+
+
+@pytest.mark.anyio
+async def test_content_only_with_audit_content_and_secrets_redacted(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    audit = AuditLog(str(path), include_content=True, secrets=[SECRET])
+    async with audit.running():
+        audit.record(
+            Exchange(request_id=1, session="s"),
+            params={"messages": [{"role": "user", "content": {"type": "text", "text": f"key {SECRET}"}}]},
+            result={"content": {"type": "text", "text": "answer"}},
+        )
+    [entry] = lines(path)
+    assert entry["params"]["messages"][0]["content"]["text"] == "key ***"
+    assert entry["result"] == {"content": {"type": "text", "text": "answer"}}

@@ -1,0 +1,166 @@
+"""Per-request limits: what is counted, where the boundary is, and what the errors say."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+
+from mcp_backfill.sampling.errors import INTERNAL_ERROR, INVALID_PARAMS, SamplingError
+from mcp_backfill.sampling.limits import RequestLimits, check_request, check_response, measure_request
+
+
+def text(value: str) -> dict[str, Any]:
+    return {"type": "text", "text": value}
+
+
+def b64(size: int) -> str:
+    return base64.b64encode(bytes(size)).decode()
+
+
+def request(*messages: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"messages": list(messages), "maxTokens": 10, **extra}
+
+
+def user(content: Any) -> dict[str, Any]:
+    return {"role": "user", "content": content}
+
+
+def test_text_bytes_count_utf8_of_every_text_part() -> None:
+    tool = {"name": "f", "inputSchema": {"type": "object"}}
+    params = request(
+        user(text("héllo")),  # 6 bytes
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {"a": 1}}]},
+        user(
+            [
+                {
+                    "type": "tool_result",
+                    "toolUseId": "t",
+                    "content": [text("ok"), {"type": "resource", "resource": {"uri": "u", "text": "€"}}],
+                    "structuredContent": {"v": 2},
+                }
+            ]
+        ),
+        systemPrompt="sys",  # 3 bytes
+        tools=[tool],
+    )
+    size = measure_request(params)
+    expected = (
+        6
+        + 3
+        + len(json.dumps(tool, separators=(",", ":")))
+        + len('{"a":1}')
+        + 2
+        + 3  # "€" is 3 bytes
+        + len('{"v":2}')
+    )
+    assert size.text_bytes == expected
+    assert (size.messages, size.tools, size.binary_bytes) == (3, 1, 0)
+
+
+def test_binary_bytes_are_decoded_sizes_wherever_the_data_is() -> None:
+    params = request(
+        user({"type": "image", "data": b64(1000), "mimeType": "image/png"}),
+        {"role": "assistant", "content": text("a")},
+        user({"type": "audio", "data": "data:audio/wav;base64," + b64(10), "mimeType": "audio/wav"}),
+    )
+    assert measure_request(params).binary_bytes == 1010
+    nested = request(
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+        user(
+            [
+                {
+                    "type": "tool_result",
+                    "toolUseId": "t",
+                    "content": [
+                        {"type": "image", "data": b64(7), "mimeType": "image/png"},
+                        {"type": "resource", "resource": {"uri": "u", "blob": b64(5)}},
+                    ],
+                }
+            ]
+        ),
+    )
+    assert measure_request(nested).binary_bytes == 12
+
+
+def test_whitespace_in_base64_is_not_counted() -> None:
+    data = b64(300)
+    wrapped = "\n".join(data[i : i + 76] for i in range(0, len(data), 76))
+    params = request(user({"type": "image", "data": wrapped, "mimeType": "image/png"}))
+    assert measure_request(params).binary_bytes == 300
+
+
+@pytest.mark.parametrize(
+    "params",
+    [None, [], "x", {"messages": "nope"}, {"messages": [1, None, {"content": 5}]}, {"tools": {"a": 1}}],
+)
+def test_malformed_params_are_measured_without_crashing(params: Any) -> None:
+    size = measure_request(params)
+    assert size.text_bytes >= 0
+    check_request(params, RequestLimits())  # validation, not the limits, reports malformed params
+
+
+LIMITS = RequestLimits(max_messages=2, max_text_bytes=10, max_binary_bytes=100, max_tools=1)
+
+
+@pytest.mark.parametrize(
+    ("params", "option", "env", "actual"),
+    [
+        (request(user(text("a")), user(text("b")), user(text("c"))), "--max-messages", "MAX_MESSAGES", 3),
+        (request(user(text("x" * 11))), "--max-text-bytes", "MAX_TEXT_BYTES", 11),
+        (
+            request(user({"type": "image", "data": b64(101), "mimeType": "image/png"})),
+            "--max-binary-bytes",
+            "MAX_BINARY_BYTES",
+            101,
+        ),
+        (
+            request(user(text("q")), tools=[{"name": "a"}, {"name": "b"}]),
+            "--max-tools",
+            "MAX_TOOLS",
+            2,
+        ),
+    ],
+    ids=["messages", "text", "binary", "tools"],
+)
+def test_a_request_over_a_limit_is_invalid_params_naming_the_option(
+    params: dict[str, Any], option: str, env: str, actual: int
+) -> None:
+    with pytest.raises(SamplingError) as caught:
+        check_request(params, LIMITS)
+    error = caught.value
+    assert error.code == INVALID_PARAMS
+    assert option in error.message
+    assert f"MCP_BACKFILL_{env}" in error.message
+    assert error.data is not None
+    assert error.data["option"] == option
+    assert error.data["actual"] == actual
+
+
+def test_exactly_at_the_limits_passes() -> None:
+    params = request(
+        user(text("x" * 10)),
+        {"role": "assistant", "content": {"type": "image", "data": b64(100), "mimeType": "image/png"}},
+        tools=[],
+    )
+    size = check_request(params, RequestLimits(max_messages=2, max_text_bytes=10, max_binary_bytes=100))
+    assert (size.messages, size.text_bytes, size.binary_bytes) == (2, 10, 100)
+
+
+def tool_calls(count: int) -> dict[str, Any]:
+    content = [{"type": "tool_use", "id": f"t{n}", "name": "f", "input": {}} for n in range(count)]
+    return {"content": [{"type": "text", "text": "calling"}, *content]}
+
+
+def test_a_response_with_too_many_tool_calls_is_an_internal_error() -> None:
+    limits = RequestLimits(max_tool_calls=2)
+    check_response(tool_calls(2), limits)
+    with pytest.raises(SamplingError) as caught:
+        check_response(tool_calls(3), limits)
+    assert caught.value.code == INTERNAL_ERROR
+    assert "--max-tool-calls" in caught.value.message
+    assert "MCP_BACKFILL_MAX_TOOL_CALLS" in caught.value.message
+    expected = {"limit": "max_tool_calls", "option": "--max-tool-calls", "max": 2, "actual": 3}
+    assert caught.value.data == expected
