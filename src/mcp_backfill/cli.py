@@ -15,13 +15,19 @@ from mcp_backfill.config import (
     AUDIO_POLICIES,
     DEFAULT_ALLOWED_MODELS,
     DEFAULT_MODEL,
+    DEFAULT_RETRY_BASE_DELAY,
+    DEFAULT_RETRY_MAX_ATTEMPTS,
+    DEFAULT_RETRY_MAX_DELAY,
+    DEFAULT_SAMPLING_TIMEOUT,
     LOG_FORMATS,
     LOG_LEVELS,
     MODES,
+    PLATFORM_SECRET_ENV_VARS,
     PROVIDERS,
     Config,
     ConfigError,
     env_name,
+    parse_headers,
     secret_from_env,
     split_list,
 )
@@ -37,7 +43,9 @@ DESCRIPTION = (
 )
 EPILOG = (
     "environment: ANTHROPIC_API_KEY (required by --provider anthropic; never logged, never passed to the "
-    "upstream server), ANTHROPIC_BASE_URL (an API gateway or proxy in front of the Claude API)."
+    "upstream server), ANTHROPIC_BASE_URL (an API gateway or proxy in front of the Claude API). "
+    "Bedrock: AWS_REGION, AWS_BEARER_TOKEN_BEDROCK or the usual AWS credentials. Vertex: CLOUD_ML_REGION, "
+    "ANTHROPIC_VERTEX_PROJECT_ID, MCP_BACKFILL_VERTEX_ACCESS_TOKEN or Application Default Credentials."
 )
 
 
@@ -56,11 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     option(
         "--provider",
-        "who answers: anthropic (Claude API, default) or mock (offline, deterministic)",
+        "who answers: anthropic (Claude API or a gateway, default), bedrock (Amazon Bedrock), "
+        "vertex (Google Vertex AI) or mock (offline, deterministic)",
         choices=PROVIDERS,
     )
     option(
-        "--model", f"model used when the server's modelPreferences do not decide (default {DEFAULT_MODEL})"
+        "--model",
+        f"model used when the server's modelPreferences do not decide (default {DEFAULT_MODEL}); "
+        "a model outside the default list, e.g. a Bedrock or Vertex id, pins it",
     )
     option(
         "--allowed-models",
@@ -82,6 +93,35 @@ def build_parser() -> argparse.ArgumentParser:
         "--shutdown-grace",
         "seconds to wait at each shutdown step (stdin close, SIGTERM, SIGKILL; default 2)",
         metavar="SECONDS",
+    )
+    option(
+        "--sampling-timeout",
+        f"seconds one sampling request may take, retries included (default {DEFAULT_SAMPLING_TIMEOUT:g}, "
+        "inside the 60 s MCP servers usually wait; 0 = no deadline)",
+        metavar="SECONDS",
+    )
+    option(
+        "--retry-max-attempts",
+        f"Claude API attempts per request on 429/529/5xx/connection errors (default "
+        f"{DEFAULT_RETRY_MAX_ATTEMPTS}; 1 = no retries)",
+        metavar="N",
+    )
+    option(
+        "--retry-base-delay",
+        f"first backoff in seconds, doubled per retry, jittered (default {DEFAULT_RETRY_BASE_DELAY:g})",
+        metavar="SECONDS",
+    )
+    option(
+        "--retry-max-delay",
+        f"longest wait between attempts, also the cap on retry-after (default {DEFAULT_RETRY_MAX_DELAY:g})",
+        metavar="SECONDS",
+    )
+    option(
+        "--api-header",
+        "extra HTTP header 'Name: value' on every Claude API call, e.g. for a gateway; repeatable "
+        "(environment: one header per line); values are redacted from logs",
+        action="append",
+        metavar="'NAME: VALUE'",
     )
     option("--log-level", "debug, info (default), warning or error", choices=LOG_LEVELS)
     option("--log-format", "text (default) or json lines; logs always go to stderr", choices=LOG_FORMATS)
@@ -121,6 +161,9 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         args.allowed_models, environ, "--allowed-models", split_list, DEFAULT_ALLOWED_MODELS
     )
     explicit_model = _pick(args.model, environ, "--model", str.strip, "")
+    allowed_given = bool(args.allowed_models or environ.get(env_name("--allowed-models")))
+    if explicit_model and not allowed_given and explicit_model not in allowed:
+        allowed = (explicit_model,)  # e.g. a provider-native id: pinned
     default_model = explicit_model or (
         DEFAULT_MODEL if DEFAULT_MODEL in allowed else allowed[0] if allowed else ""
     )
@@ -142,6 +185,23 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         ),
         api_key=secret_from_env(environ, "ANTHROPIC_API_KEY"),
         api_base_url=environ.get("ANTHROPIC_BASE_URL") or None,
+        api_headers=_pick(args.api_header, environ, "--api-header", parse_headers, ()),
+        sampling_timeout=_pick(
+            args.sampling_timeout, environ, "--sampling-timeout", float, DEFAULT_SAMPLING_TIMEOUT
+        ),
+        retry_max_attempts=_pick(
+            args.retry_max_attempts, environ, "--retry-max-attempts", int, DEFAULT_RETRY_MAX_ATTEMPTS
+        ),
+        retry_base_delay=_pick(
+            args.retry_base_delay, environ, "--retry-base-delay", float, DEFAULT_RETRY_BASE_DELAY
+        ),
+        retry_max_delay=_pick(
+            args.retry_max_delay, environ, "--retry-max-delay", float, DEFAULT_RETRY_MAX_DELAY
+        ),
+        vertex_access_token=secret_from_env(environ, "MCP_BACKFILL_VERTEX_ACCESS_TOKEN"),
+        platform_secrets=tuple(
+            secret for name in PLATFORM_SECRET_ENV_VARS if (secret := secret_from_env(environ, name))
+        ),
     )
 
 
@@ -167,6 +227,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return anyio.run(run_stdio_proxy, config, backend_options=event_loop_options())
+    except ConfigError as exc:  # found while setting up the provider, before the upstream starts
+        print(f"mcp-backfill: error: {exc}", file=sys.stderr)
+        return 2
     except UpstreamStartError as exc:
         get_logger().error(str(exc))
         return 127

@@ -19,6 +19,7 @@ from anyio.abc import TaskGroup
 from mcp_backfill import jsonrpc
 from mcp_backfill.config import Mode
 from mcp_backfill.logs import get_logger
+from mcp_backfill.progress import progress_notifier
 from mcp_backfill.sampling.errors import SamplingError
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.transports.base import MessageChannel, MessageTooLarge
@@ -317,7 +318,8 @@ class Relay:
         try:
             with scope:
                 try:
-                    result = await self.sampler.sample(params, request_id=request_id)
+                    progress = progress_notifier(params, self._send_upstream)
+                    result = await self.sampler.sample(params, request_id=request_id, progress=progress)
                     response = jsonrpc.result_response(request_id, result)
                 except SamplingError as exc:
                     response = jsonrpc.error_response(request_id, exc.code, exc.message, exc.data)

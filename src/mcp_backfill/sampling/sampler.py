@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mcp_backfill.logs import get_logger
-from mcp_backfill.providers.base import Provider
+from mcp_backfill.providers.base import ProgressCallback, Provider
 from mcp_backfill.sampling.convert import ConversionOptions, to_claude_request, to_mcp_result
 from mcp_backfill.sampling.errors import SamplingError
 from mcp_backfill.sampling.models import select_model
@@ -37,7 +37,10 @@ class Sampler:
         self.provider = provider
         self.settings = settings
 
-    async def sample(self, params: dict[str, Any], *, request_id: Any = None) -> dict[str, Any]:
+    async def sample(
+        self, params: dict[str, Any], *, request_id: Any = None, progress: ProgressCallback | None = None
+    ) -> dict[str, Any]:
+        """`progress`, when given, hears how far Claude's answer has got while it streams."""
         started = time.monotonic()
         model = "?"
         try:
@@ -47,7 +50,7 @@ class Sampler:
                 allowed=self.settings.allowed_models,
                 default=self.settings.default_model,
             )
-            message = await self._create(dict(claude_request.kwargs, model=model))
+            message = await self._create(dict(claude_request.kwargs, model=model), progress)
             result = to_mcp_result(message, claude_request)
         except SamplingError as exc:
             log.warning(
@@ -76,13 +79,15 @@ class Sampler:
         )
         return result
 
-    async def _create(self, request: dict[str, Any]) -> dict[str, Any]:
-        message = await self.provider.create_message(request)
+    async def _create(self, request: dict[str, Any], progress: ProgressCallback | None) -> dict[str, Any]:
+        message = await self.provider.create_message(request, on_progress=progress)
         for _ in range(MAX_PAUSE_CONTINUATIONS):
             if message.get("stop_reason") != "pause_turn":
                 break
             history = [*request["messages"], {"role": "assistant", "content": message.get("content", [])}]
-            follow_up = await self.provider.create_message({**request, "messages": history})
+            follow_up = await self.provider.create_message(
+                {**request, "messages": history}, on_progress=progress
+            )
             message = _continue(message, follow_up)
         return message
 
