@@ -35,6 +35,9 @@ from mcp_backfill.logs import configure_logging, get_logger
 
 T = TypeVar("T")
 
+# Plural: the variable holds every header, one per line (the flag is given once per header).
+API_HEADERS_ENV = "MCP_BACKFILL_API_HEADERS"
+
 USAGE = "mcp-backfill [OPTIONS] -- COMMAND [ARGS...]"
 DESCRIPTION = (
     "Run an MCP server behind a transparent proxy that answers its sampling/createMessage requests "
@@ -53,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mcp-backfill", usage=USAGE, description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"mcp-backfill {__version__}")
 
-    def option(flag: str, help_text: str, **kwargs: Any) -> None:
-        parser.add_argument(flag, default=None, help=f"{help_text} [{env_name(flag)}]", **kwargs)
+    def option(flag: str, help_text: str, env: str | None = None, **kwargs: Any) -> None:
+        parser.add_argument(flag, default=None, help=f"{help_text} [{env or env_name(flag)}]", **kwargs)
 
     option(
         "--mode",
@@ -120,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-header",
         "extra HTTP header 'Name: value' on every Claude API call, e.g. for a gateway; repeatable "
         "(environment: one header per line); values are redacted from logs",
+        env=API_HEADERS_ENV,
         action="append",
         metavar="'NAME: VALUE'",
     )
@@ -129,15 +133,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _pick(
-    value: str | None, environ: Mapping[str, str], flag: str, convert: Callable[[str], T], default: T
+    value: str | None,
+    environ: Mapping[str, str],
+    flag: str,
+    convert: Callable[[str], T],
+    default: T,
+    env: str | None = None,
 ) -> T:
-    raw = value if value is not None else environ.get(env_name(flag))
+    env = env or env_name(flag)
+    raw = value if value is not None else environ.get(env)
     if raw is None or raw == "":
         return default
     try:
         return convert(raw)
     except ValueError:
-        raise ConfigError(f"{flag} / {env_name(flag)}: invalid value {raw!r}") from None
+        raise ConfigError(f"{flag} / {env}: invalid value {raw!r}") from None
 
 
 def _choice(choices: Sequence[str], flag: str) -> Callable[[str], Any]:
@@ -185,7 +195,7 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         ),
         api_key=secret_from_env(environ, "ANTHROPIC_API_KEY"),
         api_base_url=environ.get("ANTHROPIC_BASE_URL") or None,
-        api_headers=_pick(args.api_header, environ, "--api-header", parse_headers, ()),
+        api_headers=_pick(args.api_header, environ, "--api-header", parse_headers, (), API_HEADERS_ENV),
         sampling_timeout=_pick(
             args.sampling_timeout, environ, "--sampling-timeout", float, DEFAULT_SAMPLING_TIMEOUT
         ),

@@ -83,7 +83,7 @@ class Config:
     # Passed through to the anthropic SDK; read from ANTHROPIC_BASE_URL by default.
     api_base_url: str | None = None
     # Extra HTTP headers on every Claude API call (gateways); the values are treated as secrets.
-    api_headers: tuple[tuple[str, str], ...] = ()
+    api_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     # Seconds one sampling request may take, retries included; 0 = no deadline.
     sampling_timeout: float = DEFAULT_SAMPLING_TIMEOUT
     retry_max_attempts: int = DEFAULT_RETRY_MAX_ATTEMPTS

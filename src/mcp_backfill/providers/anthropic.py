@@ -24,8 +24,21 @@ from mcp_backfill.sampling.errors import INTERNAL_ERROR, INVALID_PARAMS
 REQUEST_FAULT_STATUSES = frozenset({400, 413, 422})
 # Worth another try (the SDK's own list): timeouts, conflicts, rate limits, every 5xx incl. 529.
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
-# A mid-stream `event: error` arrives on a 200 response; these types are transient.
-RETRYABLE_STREAM_ERRORS = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error"})
+# A mid-stream `event: error` arrives on a 200 response; these types are transient (Claude API
+# error types, and the exception frames Bedrock sends inside its event stream).
+RETRYABLE_STREAM_ERRORS = frozenset(
+    {
+        "overloaded_error",
+        "api_error",
+        "rate_limit_error",
+        "timeout_error",
+        "modelStreamErrorException",
+        "throttlingException",
+        "internalServerException",
+        "serviceUnavailableException",
+        "modelTimeoutException",
+    }
+)
 
 AnyClient = anthropic.AsyncAnthropic | anthropic.AsyncAnthropicBedrock | anthropic.AsyncAnthropicVertex
 

@@ -72,7 +72,7 @@ def module_available(name: str) -> bool:
         return False
 
 
-def check_dependencies(provider: str, environ: Mapping[str, str]) -> None:
+def check_dependencies(provider: str, environ: Mapping[str, str], *, vertex_token: bool = False) -> None:
     """Refuse to start when the provider's optional dependencies are missing: say which extra."""
     missing: list[str] = []
     if provider == "bedrock":
@@ -80,7 +80,7 @@ def check_dependencies(provider: str, environ: Mapping[str, str]) -> None:
         missing = [m for m in ("botocore",) if not module_available(m)]
         if not environ.get("AWS_BEARER_TOKEN_BEDROCK") and not module_available("boto3"):
             missing.append("boto3")
-    elif provider == "vertex" and not environ.get("MCP_BACKFILL_VERTEX_ACCESS_TOKEN"):
+    elif provider == "vertex" and not (vertex_token or environ.get("MCP_BACKFILL_VERTEX_ACCESS_TOKEN")):
         missing = [] if module_available("google.auth") else ["google-auth"]
     if missing:
         raise ConfigError(
@@ -111,8 +111,8 @@ def make_client(config: Config, environ: Mapping[str, str] | None = None) -> ant
         except ValueError as exc:  # no region
             raise ConfigError(f"--provider bedrock: {exc}") from None
     if config.provider == "vertex":
-        check_dependencies("vertex", environ)
         token = config.vertex_access_token.value if config.vertex_access_token else None
+        check_dependencies("vertex", environ, vertex_token=token is not None)
         try:
             return anthropic.AsyncAnthropicVertex(
                 access_token=token, max_retries=0, timeout=timeout, default_headers=headers or None
