@@ -287,3 +287,21 @@ def test_vertex_without_google_auth_needs_a_token() -> None:
     with pytest.raises(ConfigError, match=r"mcp-backfill\[vertex\].*MCP_BACKFILL_VERTEX_ACCESS_TOKEN"):
         check_dependencies("vertex", {})
     check_dependencies("vertex", {"MCP_BACKFILL_VERTEX_ACCESS_TOKEN": "ya29.token"})
+
+
+async def test_a_client_that_cannot_call_is_a_clear_final_error(
+    fake_claude: FakeClaude, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No credentials at all: the SDK refuses before sending anything.
+    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_PROFILE", "ANTHROPIC_CONFIG_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    client = anthropic.AsyncAnthropic(api_key=None, base_url=fake_claude.url, max_retries=0)
+    provider = AnthropicProvider(client)
+    try:
+        error = await failure(provider)
+    finally:
+        await provider.aclose()
+    assert error.retryable is False
+    assert error.data == {"provider": "anthropic", "type": "client_error"}
+    assert "could not make the call" in error.message
+    assert fake_claude.requests == []

@@ -64,8 +64,10 @@ class AnthropicProvider:
     ) -> dict[str, Any]:
         request = {**request, "model": self._model_id(str(request.get("model", "")))}
         request_id: str | None = None
+        streaming = False  # a response has started: what goes wrong now is the stream's fault
         try:
             async with self._client.messages.stream(**request) as stream:
+                streaming = True
                 request_id = stream.request_id
                 characters, completed = 0, False
                 async for event in stream:
@@ -83,6 +85,8 @@ class AnthropicProvider:
                         retryable=True,
                     )
                 message = await stream.get_final_message()
+        except ProviderError:
+            raise
         except anthropic.APIStatusError as exc:
             raise self._status_error(exc) from None
         except anthropic.APITimeoutError:
@@ -101,13 +105,17 @@ class AnthropicProvider:
                 request_id,
                 retryable=True,
             ) from None
-        except ValueError as exc:  # an event that is not valid JSON or not a known event shape
-            raise self._error(
-                f"Claude API sent a malformed stream: {self._redact(str(exc))[:200]}",
-                "malformed_response",
-                request_id,
-                retryable=True,
-            ) from None
+        except ValueError as exc:
+            if streaming:  # an event that is not valid JSON or not a known event shape
+                raise self._error(
+                    f"Claude API sent a malformed stream: {self._redact(str(exc))[:200]}",
+                    "malformed_response",
+                    request_id,
+                    retryable=True,
+                ) from None
+            raise self._client_error(exc) from None
+        except Exception as exc:  # e.g. no credentials found by boto3 / google-auth
+            raise self._client_error(exc) from None
         result = message.model_dump(mode="json", exclude_none=True)
         if request_id:
             result["request_id"] = request_id
@@ -124,6 +132,14 @@ class AnthropicProvider:
         if request_id:
             data["request_id"] = request_id
         return ProviderError(message, data, retryable=retryable)
+
+    def _client_error(self, exc: Exception) -> ProviderError:
+        """The SDK client refused before anything was sent (credentials, an unusable request...)."""
+        detail = self._redact(f"{type(exc).__name__}: {exc}")[:300]
+        return ProviderError(
+            f"The {self.name} client could not make the call: {detail}",
+            {"provider": self.name, "type": "client_error"},
+        )
 
     def _status_error(self, exc: anthropic.APIStatusError) -> ProviderError:
         status = exc.status_code
