@@ -21,6 +21,14 @@ Wire behaviour (see /work/shared/research/anthropic.md §1.4-1.5, §3):
   results, otherwise a "fake-claude says: ..." text).
 * `POST /v1/messages/count_tokens` answers `{"input_tokens": N}`; any other path is a 404 in the
   Anthropic error shape.
+* Fault modes for the proxy's retry logic: `garbage_stream_reply` (an event that is not JSON),
+  `truncated_stream_reply` (the body ends, or the connection drops, before `message_stop`), and
+  `fallback` / `random_faults(seed, weights)` for a reply drawn per request when the queue is empty.
+* Cloud platforms, as the SDK's Bedrock and Vertex clients call them when their base-URL variables
+  point here: `POST /model/{id}/invoke(-with-response-stream)` (Bedrock: model in the URL,
+  `anthropic_version` in the body, the stream framed as AWS event-stream messages) and
+  `POST /projects/{p}/locations/{r}/publishers/anthropic/models/{id}:(stream)rawPredict` (Vertex).
+  They are recorded in `platform_requests`.
 * A request without `authorization: Bearer <key>` is a 401 `authentication_error`. When `validate`
   is on (the default), requests that the real API rejects (missing fields, `temperature`, empty
   text blocks, unpaired tool_use/tool_result, invalid tool names...) get a 400

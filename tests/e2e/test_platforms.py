@@ -112,6 +112,8 @@ def test_vertex_without_credentials_or_extra_refuses_to_start() -> None:
 def test_bedrock_without_a_region_refuses_to_start() -> None:
     argv = proxy_argv("--provider", "bedrock", upstream=[sys.executable, "-c", "pass"])
     env = proxy_env(AWS_BEARER_TOKEN_BEDROCK="tok", AWS_CONFIG_FILE="/nonexistent")
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        env.pop(name, None)  # whatever this machine has configured
     done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert "--provider bedrock" in done.stderr
