@@ -33,6 +33,14 @@ Wire behaviour (see /work/shared/research/anthropic.md §1.4-1.5, §3):
   minimum cacheable length (shorter prefixes are neither written nor read). What the cache did for
   each request is kept in `FakeClaude.cache_usages`. More than 4 breakpoints is a 400.
 * `FakeClaude.max_in_flight` is the most `POST /v1/messages` requests ever being answered at once.
+* Fault modes for the proxy's retry logic: `garbage_stream_reply` (an event that is not JSON),
+  `truncated_stream_reply` (the body ends, or the connection drops, before `message_stop`), and
+  `fallback` / `random_faults(seed, weights)` for a reply drawn per request when the queue is empty.
+* Cloud platforms, as the SDK's Bedrock and Vertex clients call them when their base-URL variables
+  point here: `POST /model/{id}/invoke(-with-response-stream)` (Bedrock: model in the URL,
+  `anthropic_version` in the body, the stream framed as AWS event-stream messages) and
+  `POST /projects/{p}/locations/{r}/publishers/anthropic/models/{id}:(stream)rawPredict` (Vertex).
+  They are recorded in `platform_requests`.
 * A request without `authorization: Bearer <key>` is a 401 `authentication_error`. When `validate`
   is on (the default), requests that the real API rejects (missing fields, `temperature`, empty
   text blocks, unpaired tool_use/tool_result, invalid tool names...) get a 400
@@ -42,13 +50,18 @@ Wire behaviour (see /work/shared/research/anthropic.md §1.4-1.5, §3):
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import json
+import logging
+import random
 import re
 import socket
+import struct
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -69,6 +82,7 @@ __all__ = [
     "CacheUsage",
     "ErrorReply",
     "FakeClaude",
+    "GarbageStreamReply",
     "HangReply",
     "MessageReply",
     "PromptCache",
@@ -76,12 +90,15 @@ __all__ = [
     "Reply",
     "ReplyFactory",
     "StreamErrorReply",
+    "TruncatedStreamReply",
     "error_reply",
+    "garbage_stream_reply",
     "hang_reply",
     "message_reply",
     "stream_error_reply",
     "text_reply",
     "tool_use_reply",
+    "truncated_stream_reply",
 ]
 
 # --------------------------------------------------------------------------------------------------
@@ -165,7 +182,30 @@ class HangReply:
     partial_text: str = ""
 
 
-Reply = MessageReply | ErrorReply | StreamErrorReply | HangReply
+@dataclass(frozen=True)
+class GarbageStreamReply:
+    """A stream that starts normally, then sends an event whose `data:` is not JSON, then ends.
+
+    A non-streaming request gets a 200 whose body is `garbage` (not JSON either).
+    """
+
+    partial_text: str = "Partial"
+    garbage: str = "{this is not json"
+
+
+@dataclass(frozen=True)
+class TruncatedStreamReply:
+    """A stream that stops after `partial_text`, before `message_stop`.
+
+    `abrupt=False`: the HTTP body ends cleanly; `abrupt=True`: the connection is dropped mid-body.
+    """
+
+    partial_text: str = "Partial"
+    abrupt: bool = False
+
+
+FaultReply = GarbageStreamReply | TruncatedStreamReply
+Reply = MessageReply | ErrorReply | StreamErrorReply | HangReply | FaultReply
 ReplyFactory = Callable[[RecordedRequest], Reply]
 """A queued callable is called with the request and returns the reply to send."""
 
@@ -228,6 +268,14 @@ def stream_error_reply(
 
 def hang_reply(partial_text: str = "") -> HangReply:
     return HangReply(partial_text)
+
+
+def garbage_stream_reply(partial_text: str = "Partial") -> GarbageStreamReply:
+    return GarbageStreamReply(partial_text)
+
+
+def truncated_stream_reply(partial_text: str = "Partial", *, abrupt: bool = False) -> TruncatedStreamReply:
+    return TruncatedStreamReply(partial_text, abrupt)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -797,6 +845,7 @@ class _ScriptedResponse(Response):
         part_delay: float = 0.0,
         hang: bool = False,
         hang_before_start: bool = False,
+        abort: bool = False,
     ) -> None:
         self.fake = fake
         self.status_code = status
@@ -807,6 +856,8 @@ class _ScriptedResponse(Response):
         self.part_delay = part_delay
         self.hang = hang
         self.hang_before_start = hang_before_start
+        self.abort = abort
+        """Drop the connection after the parts instead of ending the body (a truncated response)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         finished = False
@@ -843,11 +894,13 @@ class _ScriptedResponse(Response):
                 for n, part in enumerate(self.parts):
                     if n and self.part_delay > 0:
                         await self.fake._pause(self.part_delay)
-                    last = n == len(self.parts) - 1 and not self.hang
+                    last = n == len(self.parts) - 1 and not self.hang and not self.abort
                     message: Message = {"type": "http.response.body", "body": part, "more_body": not last}
                     if last:
                         finished = True
                     await send(message)
+                if self.abort:
+                    return
                 if self.hang or not self.parts:
                     if self.hang:
                         await self.fake._pause(None)
@@ -860,6 +913,101 @@ class _ScriptedResponse(Response):
             tg.cancel_scope.cancel()
         if disconnected:
             self.fake._record_disconnect()
+        elif self.abort:
+            # Raising after the response started makes uvicorn close the connection mid-body.
+            raise _DroppedConnection("fake-claude dropped the connection on purpose")
+
+
+# --------------------------------------------------------------------------------------------------
+# Fault modes and cloud platforms (Bedrock's event-stream framing)
+# --------------------------------------------------------------------------------------------------
+
+
+class _DroppedConnection(Exception):
+    """Raised by a response that must end with a dropped connection."""
+
+
+class _QuietDroppedConnections(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not any(isinstance(e, _DroppedConnection) for e in _exception_chain(exc))
+
+
+def _exception_chain(exc: BaseException | None) -> list[BaseException]:
+    found: list[BaseException] = []
+    pending = [exc] if exc is not None else []
+    while pending:
+        item = pending.pop()
+        found.append(item)
+        if isinstance(item, BaseExceptionGroup):
+            pending.extend(item.exceptions)
+        if item.__cause__ is not None:
+            pending.append(item.__cause__)
+        if item.__context__ is not None:
+            pending.append(item.__context__)
+    return found
+
+
+def _eventstream_header(name: str, value: str) -> bytes:
+    encoded_name, encoded_value = name.encode(), value.encode()
+    return (
+        struct.pack("!B", len(encoded_name))
+        + encoded_name
+        + struct.pack("!BH", 7, len(encoded_value))  # 7: a string value
+        + encoded_value
+    )
+
+
+def eventstream_message(headers: Mapping[str, str], payload: bytes) -> bytes:
+    """One AWS event-stream message: prelude (lengths + CRC), headers, payload, message CRC."""
+    encoded = b"".join(_eventstream_header(k, v) for k, v in headers.items())
+    total = 12 + len(encoded) + len(payload) + 4
+    prelude = struct.pack("!II", total, len(encoded))
+    head = prelude + struct.pack("!I", zlib.crc32(prelude)) + encoded + payload
+    return head + struct.pack("!I", zlib.crc32(head))
+
+
+def bedrock_chunk(sse_frame: bytes) -> bytes:
+    """An SSE frame (`event: X\ndata: JSON\n\n`) as Bedrock sends it: a `chunk` event whose payload
+    is `{"bytes": base64(JSON)}`."""
+    data = next(line[6:] for line in sse_frame.split(b"\n") if line.startswith(b"data: "))
+    payload = json.dumps({"bytes": base64.b64encode(data).decode()}).encode()
+    headers = {":event-type": "chunk", ":content-type": "application/json", ":message-type": "event"}
+    return eventstream_message(headers, payload)
+
+
+def bedrock_exception(exception_type: str, message: str) -> bytes:
+    """A mid-stream Bedrock exception frame (e.g. `modelStreamErrorException`)."""
+    headers = {
+        ":exception-type": exception_type,
+        ":content-type": "application/json",
+        ":message-type": "exception",
+    }
+    return eventstream_message(headers, json.dumps({"message": message}).encode())
+
+
+def random_faults(seed: int, weights: Mapping[str, float]) -> ReplyFactory:
+    """A seeded `ReplyFactory` drawing, per request, one of: "ok" (the default reply), "529",
+    "500", "429", "overloaded" (mid-stream error), "garbage", "truncated", "dropped", "400"."""
+    rng = random.Random(seed)
+    kinds = list(weights)
+    chances = [weights[k] for k in kinds]
+
+    def reply(request: RecordedRequest) -> Reply:
+        kind = rng.choices(kinds, chances)[0]
+        faults: dict[str, Reply] = {
+            "529": error_reply(529, "overloaded_error", "Overloaded", retry_after=0),
+            "500": error_reply(500, "api_error", "Internal server error"),
+            "429": error_reply(429, "rate_limit_error", "Rate limited", retry_after=0),
+            "overloaded": stream_error_reply("overloaded_error", "Overloaded"),
+            "garbage": garbage_stream_reply(),
+            "truncated": truncated_stream_reply(),
+            "dropped": truncated_stream_reply(abrupt=True),
+            "400": error_reply(400, "invalid_request_error", "scripted bad request"),
+        }
+        return faults[kind] if kind in faults else default_reply(request.body)
+
+    return reply
 
 
 class _CountedResponse(Response):
@@ -903,6 +1051,8 @@ class FakeClaude:
         self._cache_usages: list[CacheUsage] = []
         self._in_flight = 0
         self._max_in_flight = 0
+        self.fallback: ReplyFactory | None = None
+        """Called for the reply when the queue is empty (instead of the default reply); settable."""
         self._lock = threading.Condition()
         self._requests: list[RecordedRequest] = []
         self._queue: deque[Reply | ReplyFactory] = deque()
@@ -917,6 +1067,13 @@ class FakeClaude:
             routes=[
                 Route("/v1/messages", self._messages, methods=["POST"]),
                 Route("/v1/messages/count_tokens", self._count_tokens, methods=["POST"]),
+                Route("/model/{model}/invoke-with-response-stream", self._bedrock, methods=["POST"]),
+                Route("/model/{model}/invoke", self._bedrock, methods=["POST"]),
+                Route(
+                    "/projects/{project}/locations/{region}/publishers/anthropic/models/{call}",
+                    self._vertex,
+                    methods=["POST"],
+                ),
                 Route("/{path:path}", self._not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
             ],
             lifespan=self._lifespan,
@@ -934,6 +1091,9 @@ class FakeClaude:
     def start(self, timeout: float = 10.0) -> FakeClaude:
         if self._thread is not None:
             raise RuntimeError("FakeClaude already started")
+        quiet = logging.getLogger("uvicorn.error")
+        if not any(isinstance(f, _QuietDroppedConnections) for f in quiet.filters):
+            quiet.addFilter(_QuietDroppedConnections())
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
@@ -1121,8 +1281,9 @@ class FakeClaude:
         with self._lock:
             item = self._queue.popleft() if self._queue else None
         if item is None:
-            return default_reply(recorded.body)
-        if isinstance(item, MessageReply | ErrorReply | StreamErrorReply | HangReply):
+            fallback = self.fallback
+            return default_reply(recorded.body) if fallback is None else fallback(recorded)
+        if isinstance(item, MessageReply | ErrorReply | StreamErrorReply | HangReply | FaultReply):
             return item
         return item(recorded)
 
@@ -1221,6 +1382,8 @@ class FakeClaude:
             error = {"type": "error", "error": {"type": reply.error_type, "message": reply.message}}
             parts.append(_sse("error", error))
             return self._sse_response(parts)
+        if isinstance(reply, GarbageStreamReply | TruncatedStreamReply):
+            return self._fault_response(reply, body, streaming)
         if isinstance(reply, HangReply):
             if not streaming:
                 headers = {
@@ -1273,3 +1436,127 @@ class FakeClaude:
         if recorded.path in ("/v1/messages", "/v1/messages/count_tokens"):
             return self._error(405, "invalid_request_error", f"Method {request.method} not allowed")
         return self._error(404, "not_found_error", f"Not found: {request.method} {recorded.path}")
+
+    # ---- fault modes and cloud platforms -------------------------------------------------------
+
+    @property
+    def platform_requests(self) -> list[RecordedRequest]:
+        """Only the Bedrock (`/model/...`) and Vertex (`/projects/...`) message requests."""
+        return [r for r in self.requests if r.path.startswith(("/model/", "/projects/"))]
+
+    def _fault_response(
+        self, reply: GarbageStreamReply | TruncatedStreamReply, body: JSONObject, streaming: bool
+    ) -> Response:
+        """Server-sent events that go wrong half-way (see the reply types)."""
+        request_id = f"req_fake_{self._next_number():06d}"
+        if not streaming:
+            headers = {"content-type": "application/json", "request-id": request_id}
+            garbage = reply.garbage if isinstance(reply, GarbageStreamReply) else '{"id": "msg_'
+            return _ScriptedResponse(
+                self, 200, headers, [garbage.encode()], abort=isinstance(reply, TruncatedStreamReply)
+            )
+        return self._sse_response(
+            self._fault_frames(reply, body),
+            abort=isinstance(reply, TruncatedStreamReply) and reply.abrupt,
+        )
+
+    def _fault_frames(
+        self, reply: GarbageStreamReply | TruncatedStreamReply, body: JSONObject
+    ) -> list[bytes]:
+        message_json = self._message_json(MessageReply(content=[], stop_reason=None), body)
+        parts = _stream_head(message_json)
+        if reply.partial_text:
+            parts += _block_start_events(0, {"type": "text", "text": reply.partial_text}, 3)
+        if isinstance(reply, GarbageStreamReply):
+            parts.append(f"event: content_block_delta\ndata: {reply.garbage}\n\n".encode())
+        return parts
+
+    async def _bedrock(self, request: Request) -> Response:
+        streaming = request.url.path.endswith("/invoke-with-response-stream")
+        return await self._platform(request, request.path_params["model"], streaming, bedrock=True)
+
+    async def _vertex(self, request: Request) -> Response:
+        model, _, method = request.path_params["call"].partition(":")
+        if method not in ("rawPredict", "streamRawPredict"):
+            return await self._not_found(request)
+        return await self._platform(request, model, method == "streamRawPredict", bedrock=False)
+
+    async def _platform(self, request: Request, model: str, streaming: bool, *, bedrock: bool) -> Response:
+        """Bedrock / Vertex: the model is in the URL, `anthropic_version` in the body; the reply is
+        the first-party one, framed as AWS event-stream messages on Bedrock."""
+        recorded, parsed = await self._record(request)
+        problem = self._auth_problem(recorded)
+        if problem is not None:
+            return problem
+        if not isinstance(parsed, dict):
+            return self._error(400, "invalid_request_error", "Invalid JSON in request body")
+        if "model" in parsed:
+            return self._error(400, "invalid_request_error", "model: Extra inputs are not permitted")
+        version = parsed.get("anthropic_version")
+        if not isinstance(version, str):
+            return self._error(400, "invalid_request_error", "anthropic_version: Field required")
+        body = {**{k: v for k, v in parsed.items() if k != "anthropic_version"}, "model": model}
+        if self.validate:
+            message = validate_request(body, {**recorded.headers, "anthropic-version": version})
+            if message is not None:
+                return self._error(400, "invalid_request_error", message)
+        reply = self._take_reply(
+            RecordedRequest(recorded.method, recorded.path, recorded.headers, body, recorded.raw_body)
+        )
+        if isinstance(reply, ErrorReply):
+            return self._error(reply.status, reply.error_type, reply.message, reply.headers, reply.details)
+        if not bedrock or not streaming:
+            return self._platform_sse_or_json(reply, body, streaming)
+        request_id = f"req_fake_{self._next_number():06d}"
+        headers = {
+            "content-type": "application/vnd.amazon.eventstream",
+            "x-amzn-requestid": request_id,
+            "request-id": request_id,
+        }
+        if isinstance(reply, MessageReply):
+            frames = stream_frames(self._message_json(reply, body), reply.chunks)
+            chunks = [bedrock_chunk(frame) for frame in frames]
+            return _ScriptedResponse(
+                self, 200, headers, chunks, delay=reply.delay, part_delay=reply.event_delay
+            )
+        head = _stream_head(self._message_json(MessageReply(content=[], stop_reason=None), body))
+        partial = getattr(reply, "partial_text", "")
+        if partial:
+            head += _block_start_events(0, {"type": "text", "text": partial}, 3)
+        chunks = [bedrock_chunk(frame) for frame in head]
+        if isinstance(reply, StreamErrorReply):
+            chunks.append(bedrock_exception("modelStreamErrorException", reply.message))
+        elif isinstance(reply, GarbageStreamReply):
+            payload = json.dumps({"bytes": base64.b64encode(reply.garbage.encode()).decode()}).encode()
+            event = {":event-type": "chunk", ":content-type": "application/json", ":message-type": "event"}
+            chunks.append(eventstream_message(event, payload))
+        abort = isinstance(reply, TruncatedStreamReply) and reply.abrupt
+        return _ScriptedResponse(self, 200, headers, chunks, hang=isinstance(reply, HangReply), abort=abort)
+
+    def _platform_sse_or_json(self, reply: Reply, body: JSONObject, streaming: bool) -> Response:
+        """Vertex streams exactly like the Claude API; non-streaming calls get the message JSON."""
+        if isinstance(reply, GarbageStreamReply | TruncatedStreamReply):
+            return self._fault_response(reply, body, streaming)
+        if isinstance(reply, MessageReply):
+            message_json = self._message_json(reply, body)
+            if streaming:
+                return self._sse_response(
+                    stream_frames(message_json, reply.chunks),
+                    reply.headers,
+                    delay=reply.delay,
+                    part_delay=reply.event_delay,
+                )
+            headers = {
+                "content-type": "application/json",
+                "request-id": f"req_fake_{self._next_number():06d}",
+            }
+            return _ScriptedResponse(self, 200, headers, [json.dumps(message_json).encode()])
+        message_json = self._message_json(MessageReply(content=[], stop_reason=None), body)
+        parts = _stream_head(message_json)
+        partial = getattr(reply, "partial_text", "")
+        if partial:
+            parts += _block_start_events(0, {"type": "text", "text": partial}, 3)
+        if isinstance(reply, StreamErrorReply):
+            error = {"type": "error", "error": {"type": reply.error_type, "message": reply.message}}
+            parts.append(_sse("error", error))
+        return self._sse_response(parts, hang=isinstance(reply, HangReply))

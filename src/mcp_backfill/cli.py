@@ -24,21 +24,30 @@ from mcp_backfill.config import (
     DEFAULT_MAX_TOOLS,
     DEFAULT_MODEL,
     DEFAULT_RATE_LIMIT,
+    DEFAULT_RETRY_BASE_DELAY,
+    DEFAULT_RETRY_MAX_ATTEMPTS,
+    DEFAULT_RETRY_MAX_DELAY,
+    DEFAULT_SAMPLING_TIMEOUT,
     DEFAULT_SESSION_BUDGET_TOKENS,
     ERAS,
     LOG_FORMATS,
     LOG_LEVELS,
     MODES,
+    PLATFORM_SECRET_ENV_VARS,
     PROVIDERS,
     Config,
     ConfigError,
     env_name,
+    parse_headers,
     secret_from_env,
     split_list,
 )
 from mcp_backfill.logs import configure_logging, get_logger
 
 T = TypeVar("T")
+
+# Plural: the variable holds every header, one per line (the flag is given once per header).
+API_HEADERS_ENV = "MCP_BACKFILL_API_HEADERS"
 
 USAGE = "mcp-backfill [OPTIONS] -- COMMAND [ARGS...]"
 DESCRIPTION = (
@@ -48,7 +57,9 @@ DESCRIPTION = (
 )
 EPILOG = (
     "environment: ANTHROPIC_API_KEY (required by --provider anthropic; never logged, never passed to the "
-    "upstream server), ANTHROPIC_BASE_URL (an API gateway or proxy in front of the Claude API)."
+    "upstream server), ANTHROPIC_BASE_URL (an API gateway or proxy in front of the Claude API). "
+    "Bedrock: AWS_REGION, AWS_BEARER_TOKEN_BEDROCK or the usual AWS credentials. Vertex: CLOUD_ML_REGION, "
+    "ANTHROPIC_VERTEX_PROJECT_ID, MCP_BACKFILL_VERTEX_ACCESS_TOKEN or Application Default Credentials."
 )
 
 
@@ -56,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mcp-backfill", usage=USAGE, description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"mcp-backfill {__version__}")
 
-    def option(flag: str, help_text: str, **kwargs: Any) -> None:
-        parser.add_argument(flag, default=None, help=f"{help_text} [{env_name(flag)}]", **kwargs)
+    def option(flag: str, help_text: str, env: str | None = None, **kwargs: Any) -> None:
+        parser.add_argument(flag, default=None, help=f"{help_text} [{env or env_name(flag)}]", **kwargs)
 
     option(
         "--mode",
@@ -85,11 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     option(
         "--provider",
-        "who answers: anthropic (Claude API, default) or mock (offline, deterministic)",
+        "who answers: anthropic (Claude API or a gateway, default), bedrock (Amazon Bedrock), "
+        "vertex (Google Vertex AI) or mock (offline, deterministic)",
         choices=PROVIDERS,
     )
     option(
-        "--model", f"model used when the server's modelPreferences do not decide (default {DEFAULT_MODEL})"
+        "--model",
+        f"model used when the server's modelPreferences do not decide (default {DEFAULT_MODEL}); "
+        "a model outside the default list, e.g. a Bedrock or Vertex id, pins it",
     )
     option(
         "--allowed-models",
@@ -179,21 +193,57 @@ def build_parser() -> argparse.ArgumentParser:
         "seconds to wait at each shutdown step (stdin close, SIGTERM, SIGKILL; default 2)",
         metavar="SECONDS",
     )
+    option(
+        "--sampling-timeout",
+        f"seconds one sampling request may take, retries included (default {DEFAULT_SAMPLING_TIMEOUT:g}, "
+        "inside the 60 s MCP servers usually wait; 0 = no deadline)",
+        metavar="SECONDS",
+    )
+    option(
+        "--retry-max-attempts",
+        f"Claude API attempts per request on 429/529/5xx/connection errors (default "
+        f"{DEFAULT_RETRY_MAX_ATTEMPTS}; 1 = no retries)",
+        metavar="N",
+    )
+    option(
+        "--retry-base-delay",
+        f"first backoff in seconds, doubled per retry, jittered (default {DEFAULT_RETRY_BASE_DELAY:g})",
+        metavar="SECONDS",
+    )
+    option(
+        "--retry-max-delay",
+        f"longest wait between attempts, also the cap on retry-after (default {DEFAULT_RETRY_MAX_DELAY:g})",
+        metavar="SECONDS",
+    )
+    option(
+        "--api-header",
+        "extra HTTP header 'Name: value' on every Claude API call, e.g. for a gateway; repeatable "
+        "(environment: one header per line); values are redacted from logs",
+        env=API_HEADERS_ENV,
+        action="append",
+        metavar="'NAME: VALUE'",
+    )
     option("--log-level", "debug, info (default), warning or error", choices=LOG_LEVELS)
     option("--log-format", "text (default) or json lines; logs always go to stderr", choices=LOG_FORMATS)
     return parser
 
 
 def _pick(
-    value: str | None, environ: Mapping[str, str], flag: str, convert: Callable[[str], T], default: T
+    value: str | None,
+    environ: Mapping[str, str],
+    flag: str,
+    convert: Callable[[str], T],
+    default: T,
+    env: str | None = None,
 ) -> T:
-    raw = value if value is not None else environ.get(env_name(flag))
+    env = env or env_name(flag)
+    raw = value if value is not None else environ.get(env)
     if raw is None or raw == "":
         return default
     try:
         return convert(raw)
     except ValueError:
-        raise ConfigError(f"{flag} / {env_name(flag)}: invalid value {raw!r}") from None
+        raise ConfigError(f"{flag} / {env}: invalid value {raw!r}") from None
 
 
 def _boolean(raw: str) -> bool:
@@ -226,6 +276,9 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         args.allowed_models, environ, "--allowed-models", split_list, DEFAULT_ALLOWED_MODELS
     )
     explicit_model = _pick(args.model, environ, "--model", str.strip, "")
+    allowed_given = bool(args.allowed_models or environ.get(env_name("--allowed-models")))
+    if explicit_model and not allowed_given and explicit_model not in allowed:
+        allowed = (explicit_model,)  # e.g. a provider-native id: pinned
     default_model = explicit_model or (
         DEFAULT_MODEL if DEFAULT_MODEL in allowed else allowed[0] if allowed else ""
     )
@@ -276,6 +329,23 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         ),
         api_key=secret_from_env(environ, "ANTHROPIC_API_KEY"),
         api_base_url=environ.get("ANTHROPIC_BASE_URL") or None,
+        api_headers=_pick(args.api_header, environ, "--api-header", parse_headers, (), API_HEADERS_ENV),
+        sampling_timeout=_pick(
+            args.sampling_timeout, environ, "--sampling-timeout", float, DEFAULT_SAMPLING_TIMEOUT
+        ),
+        retry_max_attempts=_pick(
+            args.retry_max_attempts, environ, "--retry-max-attempts", int, DEFAULT_RETRY_MAX_ATTEMPTS
+        ),
+        retry_base_delay=_pick(
+            args.retry_base_delay, environ, "--retry-base-delay", float, DEFAULT_RETRY_BASE_DELAY
+        ),
+        retry_max_delay=_pick(
+            args.retry_max_delay, environ, "--retry-max-delay", float, DEFAULT_RETRY_MAX_DELAY
+        ),
+        vertex_access_token=secret_from_env(environ, "MCP_BACKFILL_VERTEX_ACCESS_TOKEN"),
+        platform_secrets=tuple(
+            secret for name in PLATFORM_SECRET_ENV_VARS if (secret := secret_from_env(environ, name))
+        ),
     )
 
 
@@ -301,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return anyio.run(run_stdio_proxy, config, backend_options=event_loop_options())
-    except ConfigError as exc:  # found once running, e.g. an --audit-log file that cannot be opened
+    except ConfigError as exc:  # found once running: an unusable --audit-log file, a provider setup
         print(f"mcp-backfill: error: {exc}", file=sys.stderr)
         return 2
     except UpstreamStartError as exc:

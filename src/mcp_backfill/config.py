@@ -6,18 +6,19 @@ the environment only and kept out of `repr()` so a logged config can never leak 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 Mode = Literal["fallback", "always", "off"]
-ProviderName = Literal["anthropic", "mock"]
+ProviderName = Literal["anthropic", "bedrock", "vertex", "mock"]
 LogFormat = Literal["text", "json"]
 AudioPolicy = Literal["reject", "placeholder"]
 Era = Literal["auto", "handshake"]
 
 MODES: tuple[Mode, ...] = ("fallback", "always", "off")
-PROVIDERS: tuple[ProviderName, ...] = ("anthropic", "mock")
+PROVIDERS: tuple[ProviderName, ...] = ("anthropic", "bedrock", "vertex", "mock")
 LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 AUDIO_POLICIES: tuple[AudioPolicy, ...] = ("reject", "placeholder")
@@ -41,10 +42,26 @@ DEFAULT_BUDGET_TOKENS = 0
 """Tokens per process; 0 means no process-wide budget."""
 DEFAULT_SESSION_BUDGET_TOKENS = 5_000_000
 """Tokens per client session; 0 means no per-session budget."""
+# Retries and deadlines (README "Retries and deadlines"). 50 s leaves room inside the 60 s that
+# MCP SDK servers (TypeScript's DEFAULT_REQUEST_TIMEOUT_MSEC, and most others) wait for an answer.
+DEFAULT_SAMPLING_TIMEOUT = 50.0
+DEFAULT_RETRY_MAX_ATTEMPTS = 6
+DEFAULT_RETRY_BASE_DELAY = 0.5
+DEFAULT_RETRY_MAX_DELAY = 10.0
 
 ENV_PREFIX = "MCP_BACKFILL_"
 # Environment variables that hold credentials: never logged, never passed to the upstream.
-SECRET_ENV_VARS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "MCP_BACKFILL_AUTH_TOKEN")
+SECRET_ENV_VARS = (
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_AUTH_TOKEN",
+    "MCP_BACKFILL_AUTH_TOKEN",
+    "MCP_BACKFILL_VERTEX_ACCESS_TOKEN",
+)
+# Cloud credentials the Bedrock/Vertex clients read themselves: kept out of logs (redacted), but
+# still passed to the upstream, which may be a cloud tool that needs them for its own work.
+PLATFORM_SECRET_ENV_VARS = ("AWS_BEARER_TOKEN_BEDROCK", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+# A header name is an HTTP token (RFC 9110 section 5.6.2).
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
 
 class ConfigError(ValueError):
@@ -96,6 +113,17 @@ class Config:
     api_key: Secret | None = None
     # Passed through to the anthropic SDK; read from ANTHROPIC_BASE_URL by default.
     api_base_url: str | None = None
+    # Extra HTTP headers on every Claude API call (gateways); the values are treated as secrets.
+    api_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    # Seconds one sampling request may take, retries included; 0 = no deadline.
+    sampling_timeout: float = DEFAULT_SAMPLING_TIMEOUT
+    retry_max_attempts: int = DEFAULT_RETRY_MAX_ATTEMPTS
+    retry_base_delay: float = DEFAULT_RETRY_BASE_DELAY
+    retry_max_delay: float = DEFAULT_RETRY_MAX_DELAY
+    # --provider vertex: a ready OAuth access token instead of Application Default Credentials.
+    vertex_access_token: Secret | None = None
+    # Cloud credentials found in the environment, only so that logs can redact them.
+    platform_secrets: tuple[Secret, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.upstream_command:
@@ -145,6 +173,15 @@ class Config:
             raise ConfigError(f"--log-format must be one of {', '.join(LOG_FORMATS)}")
         if self.audio not in AUDIO_POLICIES:
             raise ConfigError(f"--audio must be one of {', '.join(AUDIO_POLICIES)}")
+        if self.sampling_timeout < 0:
+            raise ConfigError("--sampling-timeout must not be negative (0 turns the deadline off)")
+        if self.retry_max_attempts < 1:
+            raise ConfigError("--retry-max-attempts must be at least 1 (1 = no retries)")
+        if self.retry_base_delay < 0 or self.retry_max_delay < 0:
+            raise ConfigError("--retry-base-delay and --retry-max-delay must not be negative")
+        for header, header_value in self.api_headers:
+            if not _HEADER_NAME.match(header) or "\r" in header_value or "\n" in header_value:
+                raise ConfigError(f"--api-header: invalid header {header!r} (expected 'Name: value')")
         if self.provider == "anthropic" and self.mode != "off" and self.api_key is None:
             raise ConfigError(
                 "ANTHROPIC_API_KEY is not set: the anthropic provider needs it to answer sampling requests. "
@@ -153,7 +190,9 @@ class Config:
 
     def secrets(self) -> tuple[str, ...]:
         """Every secret value, for the log redaction filter."""
-        return tuple(s.value for s in (self.api_key,) if s is not None and s.value)
+        held = (self.api_key, self.vertex_access_token, *self.platform_secrets)
+        headers = tuple(value for _, value in self.api_headers)
+        return tuple(s.value for s in held if s is not None and s.value) + tuple(v for v in headers if v)
 
 
 def env_name(option: str) -> str:
@@ -165,6 +204,20 @@ def split_list(value: str | Sequence[str]) -> tuple[str, ...]:
     """Comma-separated lists (flags or env) -> tuple of stripped, non-empty items."""
     items = value.split(",") if isinstance(value, str) else value
     return tuple(item.strip() for item in items if item.strip())
+
+
+def parse_header(line: str) -> tuple[str, str]:
+    """`"Name: value"` -> `("Name", "value")`; `ValueError` when there is no colon or no name."""
+    name, colon, value = line.partition(":")
+    if not colon or not name.strip():
+        raise ValueError(f"expected 'Name: value', got {line!r}")
+    return name.strip(), value.strip()
+
+
+def parse_headers(value: str | Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """Repeated flags, or the env form: one `Name: value` per line (values may contain commas)."""
+    lines = value.splitlines() if isinstance(value, str) else list(value)
+    return tuple(parse_header(line) for line in lines if line.strip())
 
 
 def secret_from_env(environ: Mapping[str, str], name: str) -> Secret | None:

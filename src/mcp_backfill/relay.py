@@ -30,6 +30,8 @@ from mcp_backfill import input_required as ir
 from mcp_backfill import jsonrpc
 from mcp_backfill.config import Era, Mode
 from mcp_backfill.logs import get_logger
+from mcp_backfill.progress import progress_notifier
+from mcp_backfill.providers.base import ProgressCallback
 from mcp_backfill.sampling.errors import SamplingError
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.sampling.spend import SamplingSession
@@ -596,7 +598,12 @@ class Relay:
         try:
             with scope:
                 try:
-                    response = jsonrpc.result_response(request_id, await self._sample(params, request_id))
+                    response = jsonrpc.result_response(
+                        request_id,
+                        await self._sample(
+                            params, request_id, progress_notifier(params, self._send_upstream)
+                        ),
+                    )
                 except SamplingError as exc:
                     response = jsonrpc.error_response(request_id, exc.code, exc.message, exc.data)
         finally:
@@ -604,10 +611,14 @@ class Relay:
         if response is not None:  # None: cancelled by the server, which expects no answer
             await self._send_upstream(jsonrpc.encode(response))
 
-    async def _sample(self, params: dict[str, Any], request_id: Any) -> dict[str, Any]:
+    async def _sample(
+        self, params: dict[str, Any], request_id: Any, progress: ProgressCallback | None = None
+    ) -> dict[str, Any]:
         """The sampler's answer; an unexpected failure becomes an internal `SamplingError`."""
         try:
-            return await self.sampler.sample(params, request_id=request_id, session=self.session)
+            return await self.sampler.sample(
+                params, request_id=request_id, session=self.session, progress=progress
+            )
         except SamplingError:
             raise
         except Exception:

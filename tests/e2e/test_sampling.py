@@ -253,7 +253,7 @@ async def test_invalid_requests_get_32602_without_an_api_call(
             "rate_limit_error",
         ),
         ([error_reply(529, "overloaded_error", "Overloaded")] * 3, -32603, 529, "overloaded_error"),
-        ([stream_error_reply("overloaded_error", "Overloaded")], -32603, 200, "overloaded_error"),
+        ([stream_error_reply("overloaded_error", "Overloaded")] * 3, -32603, 200, "overloaded_error"),
     ],
     ids=["400", "401", "429-after-retries", "529-after-retries", "mid-stream"],
 )
@@ -262,7 +262,7 @@ async def test_api_errors_are_mapped(
 ) -> None:
     fake_claude.enqueue(*replies)
     params = {"messages": [{"role": "user", "content": {"type": "text", "text": "x"}}], "maxTokens": 10}
-    async with client_for(fake_claude) as client:
+    async with client_for(fake_claude, "--retry-max-attempts", "3", "--retry-base-delay", "0") as client:
         outcome = tool_json(await client.call_tool("sample_raw", {"params_json": json.dumps(params)}))
         # The relay keeps working after an API failure.
         fine = tool_json(await client.call_tool("plain", {"prompt": "still there?"}))
@@ -270,6 +270,7 @@ async def test_api_errors_are_mapped(
     assert error["code"] == code
     assert error["data"]["status"] == status
     assert error["data"]["type"] == error_type
+    assert error["data"]["attempts"] == len(replies)  # retryable ones were retried up to the limit
     assert TEST_API_KEY not in json.dumps(error)
     assert fine["text"].startswith("fake-claude says")
 

@@ -30,10 +30,26 @@ Test-control requests (the result is always sent after the action):
 * `test/exit` `{"code": N}`: answers `{"echo": …}`, then exits with status N (default 0).
 * `test/garbage`: writes a non-JSON line to stdout, then answers `{"echo": …}`.
 * `test/stderr` `{"text": T}`: writes T to stderr, then answers `{"echo": …}`.
+
+Fault helpers:
+
+* `test/flood` `{"count": N, "method": M}`: writes N notifications `M` (default
+  `notifications/message`) with params `{"seq": i}` (i = 0..N-1) as fast as it can, then answers
+  `{"flooded": N}`.
+* `test/ignore`: never answered (a server that hangs on one request but serves the others).
+* `test/ask_and_exit` `{"method": M, "params": P, "code": C, "delay": S}`: sends the request `M`
+  to the client (id `"echo-crash-ask"`), sleeps S seconds (default 0) and exits with status C
+  (default 3) without reading the answer: a crash in the middle of a request, while its own
+  request to the client is in flight.
+* `test/sample_many` `{"count": N, "window": W, "params": P}`: sends N `sampling/createMessage`
+  requests (params P, ids `"bulk-<batch>-<i>"`), at most W (default 8) in flight, serving other
+  lines meanwhile, and answers `{"count": N, "results": R, "errors": {code: n}}` once each has its
+  response. A response to an id that is not awaited (a duplicate) is announced as usual.
 """
 
 import json
 import sys
+import time
 from typing import Any, BinaryIO
 
 GARBAGE_LINE = "this line is not JSON-RPC {"
@@ -47,6 +63,7 @@ class EchoServer:
         self.notifications: list[Any] = []
         self._awaited: dict[str, Any] = {}  # key(id) -> response, None while still waiting
         self._ask_counter = 0
+        self._bulk_batches = 0
         self._deferred: list[Any] | None = None  # announcements held back while answering a batch
 
     # -- I/O ----------------------------------------------------------------------------------
@@ -158,6 +175,22 @@ class EchoServer:
             code = args.get("code", 0)
             self.send(result_response(request_id, {"echo": request}))
             raise SystemExit(code if isinstance(code, int) else 0)
+        if method == "test/flood":
+            count = args.get("count", 1000)
+            name = str(args.get("method", "notifications/message"))
+            for seq in range(count if isinstance(count, int) else 0):
+                self.send(notification(name, {"seq": seq}))
+            return result_response(request_id, {"flooded": count})
+        if method == "test/ignore":
+            return None
+        if method == "test/ask_and_exit":
+            self.send(build_message("echo-crash-ask", str(args.get("method", "ping")), args))
+            delay = args.get("delay", 0)
+            time.sleep(delay if isinstance(delay, int | float) else 0)
+            code = args.get("code", 3)
+            raise SystemExit(code if isinstance(code, int) else 3)
+        if method == "test/sample_many":
+            return result_response(request_id, self.sample_many(args))
         if method == "test/garbage":
             self.write_line(GARBAGE_LINE)
         elif method == "test/stderr":
@@ -180,6 +213,37 @@ class EchoServer:
             if not self.serve_one():
                 raise SystemExit(0)  # client went away while we were waiting
         return self._awaited.pop(key)
+
+    def sample_many(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Many sampling requests with a bounded window in flight; every one must be answered."""
+        count = args.get("count", 100)
+        window = args.get("window", 8)
+        count = count if isinstance(count, int) else 100
+        window = window if isinstance(window, int) and window > 0 else 8
+        self._bulk_batches += 1
+        ids = [f"bulk-{self._bulk_batches}-{i}" for i in range(count)]
+        outstanding: list[str] = []
+        sent = answered = results = 0
+        errors: dict[str, int] = {}
+        while answered < count:
+            while sent < count and len(outstanding) < window:
+                self._awaited[id_key(ids[sent])] = None
+                message = build_message(ids[sent], "sampling/createMessage", {"params": args.get("params")})
+                self.send(message)
+                outstanding.append(ids[sent])
+                sent += 1
+            if not self.serve_one():
+                raise SystemExit(0)
+            for request_id in [i for i in outstanding if self._awaited[id_key(i)] is not None]:
+                response = self._awaited.pop(id_key(request_id))
+                outstanding.remove(request_id)
+                answered += 1
+                if "result" in response:
+                    results += 1
+                else:
+                    code = str(response.get("error", {}).get("code"))
+                    errors[code] = errors.get(code, 0) + 1
+        return {"count": count, "results": results, "errors": errors}
 
 
 def id_key(request_id: Any) -> str:

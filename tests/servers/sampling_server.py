@@ -17,6 +17,9 @@ Tools:
 * `sample_raw(params_json, timeout=30.0)`: sends `sampling/createMessage` with exactly the given
   params object and returns `{"result": <raw result dict>}` or `{"error": {"code", "message",
   "data"}}`; the result is not validated, so malformed answers can be inspected too.
+* `progress_sample(prompt, max_tokens=100)`: one sampling request sent with a progress callback
+  (the SDK puts a `progressToken` in its `_meta`). Returns `{"text", "progress": [[progress,
+  total, message]...]}`: every `notifications/progress` the SDK delivered for it, in order.
 * `slow_sample(cancel_after=1.0, prompt=..., max_tokens=100)`: sends one sampling request (id
   `"slow-sample-<n>"`) and gives up after `cancel_after` seconds; the SDK then sends
   `notifications/cancelled` for it. Returns `{"outcome": "completed" | "timed_out" | "error",
@@ -179,6 +182,22 @@ async def sample_raw(params_json: str, ctx: Context, timeout: float = 30.0) -> s
     except MCPError as error:
         return json.dumps({"error": _error_json(error)})
     return json.dumps({"result": result})
+
+
+@server.tool()
+async def progress_sample(prompt: str, ctx: Context, max_tokens: int = 100) -> str:
+    """Sample with a progress callback; report what progress arrived before the answer."""
+    seen: list[list[Any]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append([progress, total, message])
+
+    params = {
+        "messages": [{"role": "user", "content": {"type": "text", "text": prompt}}],
+        "maxTokens": max_tokens,
+    }
+    result = await _send_raw_sampling(ctx, params, {"timeout": 30.0, "on_progress": on_progress})
+    return json.dumps({"text": result.get("content", {}).get("text"), "progress": seen})
 
 
 @server.tool()

@@ -4,16 +4,35 @@ from __future__ import annotations
 
 from mcp_backfill.config import Config
 from mcp_backfill.providers.base import Provider
+from mcp_backfill.providers.retry import RetryingProvider, RetryPolicy
+
+
+def retry_policy(config: Config) -> RetryPolicy:
+    return RetryPolicy(
+        max_attempts=config.retry_max_attempts,
+        base_delay=config.retry_base_delay,
+        max_delay=config.retry_max_delay,
+        deadline=config.sampling_timeout or None,
+    )
 
 
 def make_provider(config: Config) -> Provider:
-    """The provider `--provider` names, configured from `config`."""
+    """The provider `--provider` names, configured from `config`, retrying by `config`'s policy.
+
+    Raises `ConfigError` when the provider cannot be set up (a missing extra, no region...).
+    """
     if config.provider == "mock":
         from mcp_backfill.providers.mock import MockProvider
 
         return MockProvider()
     from mcp_backfill.providers.anthropic import AnthropicProvider
+    from mcp_backfill.providers.platforms import bedrock_model_id, make_client, vertex_model_id
 
-    if config.api_key is None:  # Config refuses this already; kept for the type checker
-        raise ValueError("ANTHROPIC_API_KEY is required by the anthropic provider")
-    return AnthropicProvider(config.api_key.value, base_url=config.api_base_url)
+    model_ids = {"bedrock": bedrock_model_id, "vertex": vertex_model_id}
+    provider = AnthropicProvider(
+        make_client(config),
+        name=config.provider,
+        model_id=model_ids.get(config.provider, str),
+        secrets=config.secrets(),
+    )
+    return RetryingProvider(provider, retry_policy(config))

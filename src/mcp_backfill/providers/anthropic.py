@@ -1,67 +1,204 @@
 """The Claude Messages API through the official `anthropic` SDK, always streaming.
 
+One class serves every backend the SDK has a client for (the Claude API, Bedrock, Vertex): they
+share the Messages surface and differ only in URL, auth and model ids (see `platforms`).
 Streaming avoids the SDK's non-streaming guard for large `max_tokens`, keeps long generations
-from idling out, and lets cancellation close the HTTP stream (the relay cancels the task).
+from idling out, reports progress as it goes, and lets cancellation close the HTTP stream. The
+SDK's own retries are off: `RetryingProvider` owns retrying, against a deadline.
 """
 
 from __future__ import annotations
 
+import email.utils
+import time
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import anthropic
+import httpx2
 
-from mcp_backfill.sampling.errors import INTERNAL_ERROR, INVALID_PARAMS, SamplingError
+from mcp_backfill.providers.base import ProgressCallback, ProviderError, StreamProgress
+from mcp_backfill.sampling.errors import INTERNAL_ERROR, INVALID_PARAMS
 
 # Statuses that mean "this request is wrong", so the server, not the operator, must act.
 REQUEST_FAULT_STATUSES = frozenset({400, 413, 422})
+# Worth another try (the SDK's own list): timeouts, conflicts, rate limits, every 5xx incl. 529.
+RETRYABLE_STATUSES = frozenset({408, 409, 429})
+# A mid-stream `event: error` arrives on a 200 response; these types are transient (Claude API
+# error types, and the exception frames Bedrock sends inside its event stream).
+RETRYABLE_STREAM_ERRORS = frozenset(
+    {
+        "overloaded_error",
+        "api_error",
+        "rate_limit_error",
+        "timeout_error",
+        "modelStreamErrorException",
+        "throttlingException",
+        "internalServerException",
+        "serviceUnavailableException",
+        "modelTimeoutException",
+    }
+)
+
+AnyClient = anthropic.AsyncAnthropic | anthropic.AsyncAnthropicBedrock | anthropic.AsyncAnthropicVertex
 
 
 class AnthropicProvider:
-    name = "anthropic"
+    """A `Provider` over an anthropic SDK async client (Claude API, Bedrock or Vertex)."""
 
     def __init__(
-        self, api_key: str, *, base_url: str | None = None, max_retries: int = 2, timeout: float = 600.0
+        self,
+        client: AnyClient,
+        *,
+        name: str = "anthropic",
+        model_id: Callable[[str], str] = str,
+        secrets: Iterable[str] = (),
     ) -> None:
-        self._api_key = api_key
-        self._client = anthropic.AsyncAnthropic(
-            api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout
-        )
+        self.name = name
+        self._client = client
+        self._model_id = model_id
+        self._secrets = tuple(s for s in secrets if len(s) >= 4)
 
-    async def create_message(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def create_message(
+        self, request: dict[str, Any], *, on_progress: ProgressCallback | None = None
+    ) -> dict[str, Any]:
+        request = {**request, "model": self._model_id(str(request.get("model", "")))}
+        request_id: str | None = None
+        streaming = False  # a response has started: what goes wrong now is the stream's fault
         try:
             async with self._client.messages.stream(**request) as stream:
+                streaming = True
+                request_id = stream.request_id
+                characters, completed = 0, False
+                async for event in stream:
+                    if event.type == "content_block_delta":
+                        characters += _delta_length(event.delta)
+                        if on_progress is not None:
+                            await on_progress(StreamProgress(characters))
+                    elif event.type == "message_stop":
+                        completed = True
+                if not completed:
+                    raise self._error(
+                        "Claude API stream ended before the message was complete",
+                        "incomplete_stream",
+                        request_id,
+                        retryable=True,
+                    )
                 message = await stream.get_final_message()
+        except ProviderError:
+            raise
         except anthropic.APIStatusError as exc:
             raise self._status_error(exc) from None
         except anthropic.APITimeoutError:
-            raise SamplingError(
-                INTERNAL_ERROR, "Claude API request timed out", {"provider": self.name, "type": "timeout"}
-            ) from None
+            raise self._error("Claude API request timed out", "timeout", request_id, retryable=True) from None
         except anthropic.APIConnectionError as exc:
-            raise SamplingError(
-                INTERNAL_ERROR,
+            raise self._error(
                 f"Claude API unreachable: {self._redact(str(exc.__cause__ or exc))}",
-                {"provider": self.name, "type": "connection_error"},
+                "connection_error",
+                request_id,
+                retryable=True,
             ) from None
+        except httpx2.HTTPError as exc:  # the connection broke while the stream was being read
+            raise self._error(
+                f"Claude API stream broke off: {self._redact(str(exc) or type(exc).__name__)}",
+                "connection_error",
+                request_id,
+                retryable=True,
+            ) from None
+        except ValueError as exc:
+            if streaming:  # an event that is not valid JSON or not a known event shape
+                raise self._error(
+                    f"Claude API sent a malformed stream: {self._redact(str(exc))[:200]}",
+                    "malformed_response",
+                    request_id,
+                    retryable=True,
+                ) from None
+            raise self._client_error(exc) from None
+        except Exception as exc:  # e.g. no credentials found by boto3 / google-auth
+            raise self._client_error(exc) from None
         result = message.model_dump(mode="json", exclude_none=True)
-        if stream.request_id:
-            result["request_id"] = stream.request_id
+        if request_id:
+            result["request_id"] = request_id
+        if on_progress is not None:
+            await on_progress(
+                StreamProgress(characters, done=True, output_tokens=message.usage.output_tokens)
+            )
         return result
 
-    def _status_error(self, exc: anthropic.APIStatusError) -> SamplingError:
+    def _error(
+        self, message: str, error_type: str, request_id: str | None, *, retryable: bool
+    ) -> ProviderError:
+        data: dict[str, Any] = {"provider": self.name, "type": error_type}
+        if request_id:
+            data["request_id"] = request_id
+        return ProviderError(message, data, retryable=retryable)
+
+    def _client_error(self, exc: Exception) -> ProviderError:
+        """The SDK client refused before anything was sent (credentials, an unusable request...)."""
+        detail = self._redact(f"{type(exc).__name__}: {exc}")[:300]
+        return ProviderError(
+            f"The {self.name} client could not make the call: {detail}",
+            {"provider": self.name, "type": "client_error"},
+        )
+
+    def _status_error(self, exc: anthropic.APIStatusError) -> ProviderError:
         status = exc.status_code
-        # A mid-stream `event: error` arrives on a 200 response; its type says what happened.
-        code = INVALID_PARAMS if status in REQUEST_FAULT_STATUSES else INTERNAL_ERROR
+        headers = exc.response.headers
         data: dict[str, Any] = {"provider": self.name, "status": status, "type": exc.type}
         if exc.error_code:
             data["error_code"] = exc.error_code
         if exc.request_id:
             data["request_id"] = exc.request_id
         detail = self._redact(exc.api_message or exc.message)
-        return SamplingError(code, f"Claude API error ({status} {exc.type or 'error'}): {detail}", data)
+        return ProviderError(
+            f"Claude API error ({status} {exc.type or 'error'}): {detail}",
+            data,
+            code=INVALID_PARAMS if status in REQUEST_FAULT_STATUSES else INTERNAL_ERROR,
+            retryable=_is_retryable(status, exc.type, headers),
+            retry_after=retry_after_seconds(headers),
+        )
 
     def _redact(self, text: str) -> str:
-        return text.replace(self._api_key, "***") if self._api_key else text
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
 
     async def aclose(self) -> None:
         await self._client.close()
+
+
+def _delta_length(delta: Any) -> int:
+    for field in ("text", "partial_json", "thinking"):
+        value = getattr(delta, field, None)
+        if isinstance(value, str):
+            return len(value)
+    return 0
+
+
+def _is_retryable(status: int, error_type: str | None, headers: Mapping[str, str]) -> bool:
+    should_retry = headers.get("x-should-retry")
+    if should_retry in ("true", "false"):
+        return should_retry == "true"
+    if status == 200:
+        return error_type in RETRYABLE_STREAM_ERRORS
+    return status in RETRYABLE_STATUSES or status >= 500
+
+
+def retry_after_seconds(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """`retry-after-ms`, else `retry-after` (seconds or an HTTP date), as seconds; None if absent."""
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            return max(0.0, float(raw) * scale)
+        except ValueError:
+            pass
+    raw = headers.get("retry-after")
+    if raw:
+        try:
+            when = email.utils.parsedate_to_datetime(raw).timestamp()
+        except (TypeError, ValueError):
+            return None
+        return max(0.0, when - (time.time() if now is None else now))
+    return None

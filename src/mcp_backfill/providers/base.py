@@ -6,7 +6,51 @@ in exactly one place (`sampling.convert`), whatever the backend.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
+
+from mcp_backfill.sampling.errors import INTERNAL_ERROR, SamplingError
+
+
+@dataclass(frozen=True)
+class StreamProgress:
+    """How far the current attempt at a message has got, reported while Claude streams.
+
+    `characters` counts generated text, tool-input JSON and thinking characters of this attempt
+    (it starts again at 0 when a failed attempt is retried). `done` marks the complete message;
+    `output_tokens` is known only then.
+    """
+
+    characters: int
+    attempt: int = 1
+    done: bool = False
+    output_tokens: int | None = None
+
+
+ProgressCallback = Callable[[StreamProgress], Awaitable[None]]
+"""Called by a provider while a message streams; must be cheap (the stream waits for it)."""
+
+
+class ProviderError(SamplingError):
+    """A failed API call, with what the retry policy needs to know about it.
+
+    `retryable`: the same request may succeed later (429, 529, 5xx, a dropped connection, a
+    mid-stream `overloaded_error`...). `retry_after`: the server's `retry-after`, in seconds.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        data: dict[str, Any],
+        *,
+        code: int = INTERNAL_ERROR,
+        retryable: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(code, message, data)
+        self.retryable = retryable
+        self.retry_after = retry_after
 
 
 class Provider(Protocol):
@@ -16,11 +60,14 @@ class Provider(Protocol):
     and optionally `system`, `tools`, `tool_choice`, `stop_sequences`, `metadata`). The return
     value is the final message as JSON (`id`, `type`, `role`, `model`, `content`, `stop_reason`,
     `stop_sequence`, `usage`, optionally `stop_details` and `request_id`). Failures raise
-    `SamplingError`. Cancelling the calling task must abort the underlying call promptly.
+    `SamplingError` (`ProviderError` for API failures). `on_progress`, when given, is awaited as
+    the message streams. Cancelling the calling task must abort the underlying call promptly.
     """
 
     name: str
 
-    async def create_message(self, request: dict[str, Any]) -> dict[str, Any]: ...
+    async def create_message(
+        self, request: dict[str, Any], *, on_progress: ProgressCallback | None = None
+    ) -> dict[str, Any]: ...
 
     async def aclose(self) -> None: ...

@@ -28,6 +28,7 @@ from typing import Any
 
 import anyio.lowlevel
 
+from mcp_backfill.providers.base import ProgressCallback, StreamProgress
 from mcp_backfill.sampling.errors import invalid_params
 
 __all__ = ["MockProvider", "mock_message", "synthesize_arguments"]
@@ -62,9 +63,16 @@ class MockProvider:
 
     name = "mock"
 
-    async def create_message(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def create_message(
+        self, request: dict[str, Any], *, on_progress: ProgressCallback | None = None
+    ) -> dict[str, Any]:
         await anyio.lowlevel.checkpoint()  # a cancelled caller is honoured even here
-        return mock_message(request)
+        message = mock_message(request)
+        if on_progress is not None:  # the whole answer arrives at once: one final report
+            characters = len(_dumps(message["content"]))
+            output_tokens = message["usage"]["output_tokens"]
+            await on_progress(StreamProgress(characters, done=True, output_tokens=output_tokens))
+        return message
 
     async def aclose(self) -> None:
         return None

@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 
 from mcp_backfill.logs import get_logger
-from mcp_backfill.providers.base import Provider
+from mcp_backfill.providers.base import ProgressCallback, Provider
 from mcp_backfill.sampling.audit import AuditLog, Exchange
 from mcp_backfill.sampling.convert import ConversionOptions, to_claude_request, to_mcp_result
 from mcp_backfill.sampling.errors import INTERNAL_ERROR, SamplingError
@@ -63,11 +63,13 @@ class Sampler:
         *,
         request_id: Any = None,
         session: SamplingSession | None = None,
+        progress: ProgressCallback | None = None,
     ) -> dict[str, Any]:
+        """`progress`, when given, hears how far Claude's answer has got while it streams."""
         exchange = Exchange(request_id=request_id, session=session.label if session else None)
         result: dict[str, Any] | None = None
         try:
-            result = await self._answer(params, exchange, session)
+            result = await self._answer(params, exchange, session, progress)
             return result
         except SamplingError as exc:
             exchange.fail(exc.code, exc.message, exc.data)
@@ -83,7 +85,11 @@ class Sampler:
             self._report(exchange, session, params, result)
 
     async def _answer(
-        self, params: dict[str, Any], exchange: Exchange, session: SamplingSession | None
+        self,
+        params: dict[str, Any],
+        exchange: Exchange,
+        session: SamplingSession | None,
+        progress: ProgressCallback | None,
     ) -> dict[str, Any]:
         """Limits -> conversion -> budgets, rate and a slot -> Claude -> charge -> limits -> MCP."""
         check_request(params, self.settings.limits)
@@ -96,7 +102,7 @@ class Sampler:
         exchange.model = model
         exchange.tools = len(claude_request.kwargs.get("tools", ()))
         async with self.spend.admit(session):
-            message = await self._create(dict(claude_request.kwargs, model=model))
+            message = await self._create(dict(claude_request.kwargs, model=model), progress)
         self._charge(message, exchange, session)
         check_response(message, self.settings.limits)
         return to_mcp_result(message, claude_request)
@@ -143,13 +149,15 @@ class Sampler:
         if self.audit is not None:
             self.audit.record(exchange, params, result)
 
-    async def _create(self, request: dict[str, Any]) -> dict[str, Any]:
-        message = await self.provider.create_message(request)
+    async def _create(self, request: dict[str, Any], progress: ProgressCallback | None) -> dict[str, Any]:
+        message = await self.provider.create_message(request, on_progress=progress)
         for _ in range(MAX_PAUSE_CONTINUATIONS):
             if message.get("stop_reason") != "pause_turn":
                 break
             history = [*request["messages"], {"role": "assistant", "content": message.get("content", [])}]
-            follow_up = await self.provider.create_message({**request, "messages": history})
+            follow_up = await self.provider.create_message(
+                {**request, "messages": history}, on_progress=progress
+            )
             message = _continue(message, follow_up)
         return message
 

@@ -1,0 +1,87 @@
+"""`notifications/progress` for sampling requests that carry `_meta.progressToken`.
+
+While Claude streams, the server hears how far the answer has got. The unit is generated
+characters (text, tool-input JSON, thinking) summed over attempts, so the value only ever grows
+(the spec requires it) even when a failed attempt is retried from scratch. Notifications are
+throttled to one per `interval`; the final one, when the message is complete, counts one more
+unit so it is always the largest value, and carries `total` equal to `progress`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from mcp_backfill import jsonrpc
+from mcp_backfill.providers.base import StreamProgress
+
+PROGRESS_NOTIFICATION = "notifications/progress"
+DEFAULT_INTERVAL = 0.25  # at most four notifications a second per request
+
+
+def progress_token(params: dict[str, Any]) -> str | int | None:
+    """The request's `_meta.progressToken` (a string or an integer), if any."""
+    meta = params.get("_meta")
+    token = meta.get("progressToken") if isinstance(meta, dict) else None
+    if isinstance(token, bool) or not isinstance(token, str | int):
+        return None
+    return token
+
+
+class ProgressNotifier:
+    """A `ProgressCallback` that sends throttled progress notifications for one request."""
+
+    def __init__(
+        self,
+        token: str | int,
+        send: Callable[[bytes], Awaitable[None]],
+        *,
+        interval: float = DEFAULT_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.token = token
+        self._send = send
+        self._interval = interval
+        self._clock = clock
+        self._earlier = 0  # characters of finished or abandoned attempts
+        self._current = 0  # characters of the running attempt
+        self._attempt = 1
+        self._sent = 0
+        self._sent_at = -math.inf
+        self._done = False
+
+    async def __call__(self, progress: StreamProgress) -> None:
+        if self._done:
+            return
+        if progress.attempt != self._attempt or progress.characters < self._current:
+            self._earlier += self._current  # a new attempt starts again from zero
+            self._attempt = progress.attempt
+        self._current = progress.characters
+        value = self._earlier + self._current
+        if progress.done:
+            self._done = True
+            tokens = "" if progress.output_tokens is None else f" ({progress.output_tokens} output tokens)"
+            await self._notify(value + 1, f"Claude finished{tokens}", total=value + 1)
+        elif value > self._sent and self._clock() - self._sent_at >= self._interval:
+            retry = f", attempt {progress.attempt}" if progress.attempt > 1 else ""
+            await self._notify(value, f"Claude is writing ({value} characters{retry})")
+
+    async def _notify(self, value: int, message: str, total: int | None = None) -> None:
+        params: dict[str, Any] = {"progressToken": self.token, "progress": value}
+        if total is not None:
+            params["total"] = total
+        params["message"] = message
+        self._sent, self._sent_at = value, self._clock()
+        await self._send(
+            jsonrpc.encode({"jsonrpc": "2.0", "method": PROGRESS_NOTIFICATION, "params": params})
+        )
+
+
+def progress_notifier(
+    params: dict[str, Any], send: Callable[[bytes], Awaitable[None]]
+) -> ProgressNotifier | None:
+    """A notifier for this sampling request, or None when it asked for no progress."""
+    token = progress_token(params)
+    return None if token is None else ProgressNotifier(token, send)

@@ -1,0 +1,130 @@
+"""The SDK clients behind `--provider anthropic|bedrock|vertex`, and the model ids each one uses.
+
+Every client comes from the anthropic SDK itself, so the request body, streaming and errors are
+the same everywhere; only the URL, the auth and the model id differ:
+
+* anthropic: `https://api.anthropic.com/v1/messages` or `ANTHROPIC_BASE_URL` (a gateway), with
+  `ANTHROPIC_API_KEY` as a bearer token;
+* bedrock (`pip install 'mcp-backfill[bedrock]'`): `POST /model/{id}/invoke-with-response-stream`
+  on `bedrock-runtime.{region}.amazonaws.com` (or `ANTHROPIC_BEDROCK_BASE_URL`), authenticated
+  with `AWS_BEARER_TOKEN_BEDROCK`, else SigV4 from the standard AWS chain (`AWS_ACCESS_KEY_ID` /
+  `AWS_SECRET_ACCESS_KEY` / `AWS_SESSION_TOKEN`, `AWS_PROFILE`, instance roles); region from
+  `AWS_REGION` / `AWS_DEFAULT_REGION` or the profile. The stream is AWS event-stream framed, which
+  needs botocore, so the extra is required whatever the auth;
+* vertex (`pip install 'mcp-backfill[vertex]'`): `POST .../projects/{project}/locations/{region}/
+  publishers/anthropic/models/{id}:streamRawPredict` (or `ANTHROPIC_VERTEX_BASE_URL`), region from
+  `CLOUD_ML_REGION`, project from `ANTHROPIC_VERTEX_PROJECT_ID` or the credentials, a bearer token
+  from `MCP_BACKFILL_VERTEX_ACCESS_TOKEN` (e.g. `gcloud auth print-access-token`) or else Google
+  Application Default Credentials (google-auth, the extra).
+
+Model ids: the proxy chooses among Claude API ids (`--model`, `--allowed-models`); Bedrock and
+Vertex name the same models differently, so known ids are mapped (`BEDROCK_MODEL_IDS`,
+`VERTEX_MODEL_IDS`, other `claude-*` ids by the same rule). An id that already looks
+provider-native (it contains `.`, `:`, `@` or `/`, e.g. a Bedrock inference profile
+`us.anthropic.claude-sonnet-5-5` or a dated Vertex id `claude-sonnet-5-5@20260101`) is sent as is.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Mapping
+
+import anthropic
+
+from mcp_backfill.config import Config, ConfigError
+
+BEDROCK_MODEL_IDS: dict[str, str] = {
+    "claude-opus-5-5": "anthropic.claude-opus-5-5",
+    "claude-sonnet-5-5": "anthropic.claude-sonnet-5-5",
+    "claude-haiku-5-5": "anthropic.claude-haiku-5-5",
+}
+VERTEX_MODEL_IDS: dict[str, str] = {
+    "claude-opus-5-5": "claude-opus-5-5",
+    "claude-sonnet-5-5": "claude-sonnet-5-5",
+    "claude-haiku-5-5": "claude-haiku-5-5",
+}
+
+_NATIVE_MARKERS = (".", ":", "@", "/")
+
+
+def is_native_id(model: str) -> bool:
+    """Already a Bedrock/Vertex id (or an ARN): send it unchanged."""
+    return any(marker in model for marker in _NATIVE_MARKERS)
+
+
+def bedrock_model_id(model: str) -> str:
+    if is_native_id(model):
+        return model
+    return BEDROCK_MODEL_IDS.get(model, f"anthropic.{model}" if model.startswith("claude-") else model)
+
+
+def vertex_model_id(model: str) -> str:
+    if is_native_id(model):
+        return model
+    return VERTEX_MODEL_IDS.get(model, model)
+
+
+def module_available(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def check_dependencies(provider: str, environ: Mapping[str, str], *, vertex_token: bool = False) -> None:
+    """Refuse to start when the provider's optional dependencies are missing: say which extra."""
+    missing: list[str] = []
+    if provider == "bedrock":
+        # botocore decodes Bedrock's event-stream framing; boto3 resolves AWS credentials for SigV4.
+        missing = [m for m in ("botocore",) if not module_available(m)]
+        if not environ.get("AWS_BEARER_TOKEN_BEDROCK") and not module_available("boto3"):
+            missing.append("boto3")
+    elif provider == "vertex" and not (vertex_token or environ.get("MCP_BACKFILL_VERTEX_ACCESS_TOKEN")):
+        missing = [] if module_available("google.auth") else ["google-auth"]
+    if missing:
+        raise ConfigError(
+            f"--provider {provider} needs {' and '.join(missing)}: "
+            f"install it with `pip install 'mcp-backfill[{provider}]'`"
+            + (
+                " (or set MCP_BACKFILL_VERTEX_ACCESS_TOKEN to skip Application Default Credentials)"
+                if provider == "vertex"
+                else ""
+            )
+        )
+
+
+def make_client(config: Config, environ: Mapping[str, str] | None = None) -> anthropic.AsyncAnthropic | (
+    anthropic.AsyncAnthropicBedrock | anthropic.AsyncAnthropicVertex
+):
+    """The SDK client for `config.provider`, with the SDK's own retries off (the proxy retries)."""
+    environ = os.environ if environ is None else environ
+    headers = dict(config.api_headers)
+    # The SDK's read timeout is a second line of defence; the sampling deadline normally acts first.
+    timeout = config.sampling_timeout if config.sampling_timeout > 0 else 600.0
+    if config.provider == "bedrock":
+        check_dependencies("bedrock", environ)
+        try:
+            return anthropic.AsyncAnthropicBedrock(
+                max_retries=0, timeout=timeout, default_headers=headers or None
+            )
+        except ValueError as exc:  # no region
+            raise ConfigError(f"--provider bedrock: {exc}") from None
+    if config.provider == "vertex":
+        token = config.vertex_access_token.value if config.vertex_access_token else None
+        check_dependencies("vertex", environ, vertex_token=token is not None)
+        try:
+            return anthropic.AsyncAnthropicVertex(
+                access_token=token, max_retries=0, timeout=timeout, default_headers=headers or None
+            )
+        except ValueError as exc:  # no region
+            raise ConfigError(f"--provider vertex: {exc}") from None
+    if config.api_key is None:  # Config refuses this already; kept for the type checker
+        raise ConfigError("ANTHROPIC_API_KEY is required by the anthropic provider")
+    return anthropic.AsyncAnthropic(
+        api_key=config.api_key.value,
+        base_url=config.api_base_url,
+        max_retries=0,
+        timeout=timeout,
+        default_headers=headers or None,
+    )

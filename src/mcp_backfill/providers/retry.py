@@ -1,0 +1,157 @@
+"""Retries owned by the proxy: jittered exponential backoff inside a per-request deadline.
+
+The SDK's own retry loop honours any `retry-after` (up to ~49 days) and knows nothing of the MCP
+caller waiting on the other side, so it is switched off (`max_retries=0`) and every provider is
+wrapped in `RetryingProvider` instead:
+
+* retried: what the provider marks `retryable` (429, 529, other 5xx, 408/409, dropped or refused
+  connections, timeouts, a mid-stream `overloaded_error`, a malformed or truncated stream). A
+  message is only used once it is complete, so an attempt that failed half-way delivered nothing
+  and can be repeated as a whole;
+* attempt n+1 waits a random time between 50 % and 100 % of min(max_delay, base_delay * 2^(n-1)),
+  or the server's `retry-after`, capped at max_delay;
+* the whole call, attempts and waits included, stays within `deadline` seconds: a wait that would
+  end past it is not started, and an attempt still running at the deadline is cancelled.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import anyio
+
+from mcp_backfill.config import (
+    DEFAULT_RETRY_BASE_DELAY,
+    DEFAULT_RETRY_MAX_ATTEMPTS,
+    DEFAULT_RETRY_MAX_DELAY,
+    DEFAULT_SAMPLING_TIMEOUT,
+)
+from mcp_backfill.logs import get_logger
+from mcp_backfill.providers.base import ProgressCallback, Provider, ProviderError, StreamProgress
+
+log = get_logger("retry")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how long to retry; `deadline` None means no deadline (attempts still bound it)."""
+
+    max_attempts: int = DEFAULT_RETRY_MAX_ATTEMPTS
+    base_delay: float = DEFAULT_RETRY_BASE_DELAY
+    max_delay: float = DEFAULT_RETRY_MAX_DELAY
+    deadline: float | None = DEFAULT_SAMPLING_TIMEOUT
+
+    def delay(self, failed_attempts: int, retry_after: float | None, rand: float) -> float:
+        """Seconds to wait after `failed_attempts` failures; `rand` is uniform in [0, 1)."""
+        if retry_after is not None:
+            return min(retry_after, self.max_delay)
+        ceiling = min(self.max_delay, self.base_delay * 2.0 ** min(failed_attempts - 1, 60))
+        return ceiling * (0.5 + rand / 2)
+
+
+class RetryingProvider:
+    """Wraps any `Provider` with the retry policy; the clock, sleep and randomness are injectable."""
+
+    def __init__(
+        self,
+        inner: Provider,
+        policy: RetryPolicy,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.inner = inner
+        self.policy = policy
+        self.name = inner.name
+        self._sleep = sleep
+        self._clock = clock
+        self._rand = rand
+
+    async def create_message(
+        self, request: dict[str, Any], *, on_progress: ProgressCallback | None = None
+    ) -> dict[str, Any]:
+        policy = self.policy
+        deadline_at = self._clock() + policy.deadline if policy.deadline else math.inf
+        last: ProviderError | None = None
+        attempt = 0
+        while True:
+            attempt += 1
+            with anyio.move_on_after(deadline_at - self._clock()) as scope:
+                try:
+                    return await self.inner.create_message(
+                        request, on_progress=_numbered(on_progress, attempt)
+                    )
+                except ProviderError as exc:
+                    if not exc.retryable:
+                        raise _annotated(exc, attempts=attempt) from None
+                    last = exc
+            if scope.cancelled_caught:
+                raise self._deadline_error(attempt, None)
+            assert last is not None
+            if attempt >= policy.max_attempts:
+                raise _annotated(
+                    last,
+                    attempts=attempt,
+                    gave_up="retries_exhausted",
+                    message=f"{last.message} (gave up after {attempt} attempts)",
+                ) from None
+            delay = policy.delay(attempt, last.retry_after, self._rand())
+            if self._clock() + delay >= deadline_at:
+                raise self._deadline_error(attempt, last)
+            log.info(
+                "Claude API call failed; retrying",
+                extra={
+                    "provider": self.name,
+                    "status": (last.data or {}).get("status"),
+                    "type": (last.data or {}).get("type"),
+                    "attempt": attempt,
+                    "delay_s": round(delay, 3),
+                },
+            )
+            await self._sleep(delay)
+
+    def _deadline_error(self, attempts: int, last: ProviderError | None) -> ProviderError:
+        limit = f"{self.policy.deadline:g}s"
+        if last is None:  # the attempt was still running when the deadline came
+            message = f"Claude API gave no answer within --sampling-timeout ({limit}, {attempts} attempts)"
+            data: dict[str, Any] = {"provider": self.name, "type": "timeout"}
+            return ProviderError(message, {**data, "attempts": attempts, "gave_up": "deadline"})
+        message = (
+            f"{last.message} (gave up after {attempts} attempts: "
+            f"another one would not finish within --sampling-timeout {limit})"
+        )
+        return _annotated(last, attempts=attempts, gave_up="deadline", message=message)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _annotated(
+    error: ProviderError, *, attempts: int, gave_up: str | None = None, message: str | None = None
+) -> ProviderError:
+    data = {**(error.data or {}), "attempts": attempts}
+    if gave_up is not None:
+        data["gave_up"] = gave_up
+    return ProviderError(
+        message or error.message,
+        data,
+        code=error.code,
+        retryable=error.retryable,
+        retry_after=error.retry_after,
+    )
+
+
+def _numbered(callback: ProgressCallback | None, attempt: int) -> ProgressCallback | None:
+    if callback is None:
+        return None
+
+    async def report(progress: StreamProgress) -> None:
+        await callback(replace(progress, attempt=attempt))
+
+    return report

@@ -1,0 +1,120 @@
+"""Providers through the real proxy process: gateway headers, Bedrock and Vertex, missing extras.
+
+Bedrock and Vertex run through the anthropic SDK's own clients, pointed at the fake Claude API with
+their standard base-URL variables; the fake speaks their URL layout (and Bedrock's event-stream
+framing), so the whole request path is exercised offline.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.e2e.faults_support import ask_sampling, echo_session
+from tests.fake_claude import FakeClaude, text_reply
+from tests.harness import ROOT, TEST_API_KEY, proxy_argv, proxy_env, python_server
+
+pytestmark = pytest.mark.anyio
+
+GATEWAY_SECRET = "gw-secret-0123456789"
+
+
+async def test_gateway_headers_from_flags(fake_claude: FakeClaude) -> None:
+    options = ("--api-header", f"X-Gateway-Key: {GATEWAY_SECRET}", "--api-header", "X-Route: team-a, eu")
+    async with echo_session(fake_claude, *options) as session:
+        answer = await ask_sampling(session)
+        log = session.stderr()
+    assert "result" in answer
+    [request] = fake_claude.message_requests
+    assert request.headers["x-gateway-key"] == GATEWAY_SECRET
+    assert request.headers["x-route"] == "team-a, eu"
+    assert request.headers["authorization"] == f"Bearer {TEST_API_KEY}"
+    assert GATEWAY_SECRET not in log
+
+
+async def test_gateway_headers_from_the_environment(fake_claude: FakeClaude) -> None:
+    env = {"MCP_BACKFILL_API_HEADERS": f"X-Gateway-Key: {GATEWAY_SECRET}\nX-Route: team-b"}
+    async with echo_session(fake_claude, env=env) as session:
+        answer = await ask_sampling(session)
+    assert "result" in answer
+    [request] = fake_claude.message_requests
+    assert (request.headers["x-gateway-key"], request.headers["x-route"]) == (GATEWAY_SECRET, "team-b")
+
+
+async def test_bedrock_through_the_proxy(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(text_reply("answered on bedrock"))
+    env = {
+        "ANTHROPIC_BEDROCK_BASE_URL": fake_claude.url,
+        "AWS_REGION": "eu-central-1",
+        "AWS_BEARER_TOKEN_BEDROCK": TEST_API_KEY,
+    }
+    async with echo_session(None, "--provider", "bedrock", env=env) as session:
+        answer = await ask_sampling(session)
+        log = session.stderr()
+    assert answer["result"]["content"] == {"type": "text", "text": "answered on bedrock"}
+    assert answer["result"]["model"] == "anthropic.claude-sonnet-5-5"
+    [request] = fake_claude.platform_requests
+    assert request.path == "/model/anthropic.claude-sonnet-5-5/invoke-with-response-stream"
+    assert request.headers["authorization"] == f"Bearer {TEST_API_KEY}"
+    assert "model" not in request.body
+    assert TEST_API_KEY not in log
+
+
+async def test_bedrock_with_a_native_model_id(fake_claude: FakeClaude) -> None:
+    env = {
+        "ANTHROPIC_BEDROCK_BASE_URL": fake_claude.url,
+        "AWS_REGION": "us-east-1",
+        "AWS_BEARER_TOKEN_BEDROCK": TEST_API_KEY,
+    }
+    native = "us.anthropic.claude-haiku-5-5"
+    async with echo_session(None, "--provider", "bedrock", "--model", native, env=env) as session:
+        answer = await ask_sampling(session)
+    assert "result" in answer
+    [request] = fake_claude.platform_requests
+    assert request.path == f"/model/{native}/invoke-with-response-stream"
+
+
+async def test_vertex_through_the_proxy(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(text_reply("answered on vertex"))
+    env = {
+        "ANTHROPIC_VERTEX_BASE_URL": fake_claude.url,
+        "CLOUD_ML_REGION": "europe-west1",
+        "ANTHROPIC_VERTEX_PROJECT_ID": "proj-42",
+        "MCP_BACKFILL_VERTEX_ACCESS_TOKEN": TEST_API_KEY,
+    }
+    async with echo_session(None, "--provider", "vertex", env=env) as session:
+        answer = await ask_sampling(session)
+        log = session.stderr()
+    assert answer["result"]["content"] == {"type": "text", "text": "answered on vertex"}
+    [request] = fake_claude.platform_requests
+    assert request.path == (
+        "/projects/proj-42/locations/europe-west1/publishers/anthropic/models/claude-sonnet-5-5:streamRawPredict"
+    )
+    assert request.headers["authorization"] == f"Bearer {TEST_API_KEY}"
+    assert TEST_API_KEY not in log
+
+
+def test_vertex_without_credentials_or_extra_refuses_to_start() -> None:
+    from mcp_backfill.providers.platforms import module_available
+
+    if module_available("google.auth"):
+        pytest.skip("google-auth is installed here")
+    argv = proxy_argv("--provider", "vertex", upstream=python_server("echo_server.py"))
+    env = proxy_env(CLOUD_ML_REGION="us-east5")
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert "pip install 'mcp-backfill[vertex]'" in done.stderr
+    assert done.stdout == ""
+
+
+def test_bedrock_without_a_region_refuses_to_start() -> None:
+    argv = proxy_argv("--provider", "bedrock", upstream=[sys.executable, "-c", "pass"])
+    env = proxy_env(AWS_BEARER_TOKEN_BEDROCK="tok", AWS_CONFIG_FILE="/nonexistent")
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        env.pop(name, None)  # whatever this machine has configured
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert "--provider bedrock" in done.stderr
+    assert "AWS_REGION" in done.stderr

@@ -1,0 +1,62 @@
+"""Progress while Claude streams: `notifications/progress` reach the server that asked for them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from tests.e2e.faults_support import PLAIN_PARAMS, ask_sampling, echo_session
+from tests.fake_claude import FakeClaude, stream_error_reply, text_reply
+from tests.harness import proxy_argv, proxy_env, python_server, stdio_params
+
+pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+ANSWER = "Progress is reported while this answer streams, one piece at a time. " * 4
+
+
+async def test_an_sdk_server_hears_progress_until_the_answer_is_complete(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(text_reply(ANSWER, chunks=24, event_delay=0.05))  # about 1.3 s of streaming
+    argv = proxy_argv(upstream=python_server("sampling_server.py"))
+    async with Client(stdio_params(argv, proxy_env(fake_claude.url)), mode="legacy") as client:
+        result = await client.call_tool("progress_sample", {"prompt": "tell me"})
+    outcome = json.loads(result.content[0].text)  # type: ignore[union-attr]
+    assert outcome["text"] == ANSWER
+    progress = outcome["progress"]
+    values = [p[0] for p in progress]
+    assert len(progress) >= 3  # several while streaming (throttled), then the final one
+    assert values == sorted(set(values))  # strictly increasing, as the spec requires
+    assert len(progress) <= 2 + 1.4 / 0.25  # at most 4 a second
+    *streaming, final = progress
+    assert all(total is None and message.startswith("Claude is writing") for _, total, message in streaming)
+    assert final[1] == final[0] == len(ANSWER) + 1
+    assert final[2].startswith("Claude finished (")
+
+
+def progress_of(notifications: list[Any]) -> list[dict[str, Any]]:
+    return [n["params"] for n in notifications if n["method"] == "notifications/progress"]
+
+
+async def test_progress_only_when_asked_and_monotonic_across_a_retry(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(
+        text_reply("no token, no progress"),
+        stream_error_reply("overloaded_error", "Overloaded", partial_text="a first attempt that fails"),
+        text_reply("second attempt"),
+    )
+    async with echo_session(fake_claude, "--retry-base-delay", "0.01") as session:
+        await ask_sampling(session)
+        silent = (await session.request("n1", "test/notifications"))["result"]["notifications"]
+        params = {**PLAIN_PARAMS, "_meta": {"progressToken": "tok-7"}}
+        answer = await ask_sampling(session, params)
+        heard = (await session.request("n2", "test/notifications"))["result"]["notifications"]
+    assert progress_of(silent) == []
+    assert answer["result"]["content"]["text"] == "second attempt"
+    progress = progress_of(heard)
+    assert {p["progressToken"] for p in progress} == {"tok-7"}
+    values = [p["progress"] for p in progress]
+    assert values == sorted(set(values))
+    assert progress[-1]["total"] == progress[-1]["progress"]
+    # The final count covers both attempts: the failed one's characters are not taken back.
+    assert progress[-1]["progress"] > len("a first attempt that fails") + len("second attempt")

@@ -1,0 +1,76 @@
+"""Flags for providers, gateway headers, retries and deadlines -> Config."""
+
+from __future__ import annotations
+
+import pytest
+
+from mcp_backfill.cli import parse_config
+from mcp_backfill.config import ConfigError, upstream_environment
+
+KEY = {"ANTHROPIC_API_KEY": "sk-ant-unit-secret"}
+
+
+def test_retry_and_deadline_defaults_and_overrides() -> None:
+    config = parse_config(["--", "s"], KEY)
+    assert (config.sampling_timeout, config.retry_max_attempts) == (50.0, 6)
+    assert (config.retry_base_delay, config.retry_max_delay) == (0.5, 10.0)
+    env = KEY | {"MCP_BACKFILL_SAMPLING_TIMEOUT": "0", "MCP_BACKFILL_RETRY_MAX_ATTEMPTS": "2"}
+    tuned = parse_config(["--retry-base-delay", "0.01", "--retry-max-delay", "0.1", "--", "s"], env)
+    assert (tuned.sampling_timeout, tuned.retry_max_attempts) == (0.0, 2)
+    assert (tuned.retry_base_delay, tuned.retry_max_delay) == (0.01, 0.1)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--sampling-timeout", "-1"], "--sampling-timeout"),
+        (["--sampling-timeout", "soon"], "--sampling-timeout"),
+        (["--retry-max-attempts", "0"], "at least 1"),
+        (["--retry-base-delay", "-0.1"], "must not be negative"),
+        (["--api-header", "no colon here"], "--api-header"),
+        (["--api-header", "Bad Name: x"], "invalid header"),
+    ],
+)
+def test_invalid_values_are_refused(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config([*argv, "--", "s"], KEY)
+
+
+def test_api_headers_from_flags_or_environment_lines() -> None:
+    flags = parse_config(
+        ["--api-header", "X-Gateway-Key: gw-secret-1", "--api-header", "Accept-Language: en, fr", "--", "s"],
+        KEY,
+    )
+    assert flags.api_headers == (("X-Gateway-Key", "gw-secret-1"), ("Accept-Language", "en, fr"))
+    env = KEY | {"MCP_BACKFILL_API_HEADERS": "X-Gateway-Key: gw-secret-2\n\nX-Route: a, b\n"}
+    from_env = parse_config(["--", "s"], env)
+    assert from_env.api_headers == (("X-Gateway-Key", "gw-secret-2"), ("X-Route", "a, b"))
+    # Header values may be credentials: they are redacted from logs like the API key.
+    assert "gw-secret-2" in from_env.secrets()
+    assert "gw-secret-2" not in repr(from_env)
+
+
+def test_cloud_providers_need_no_anthropic_key() -> None:
+    bedrock = parse_config(["--provider", "bedrock", "--", "s"], {"AWS_BEARER_TOKEN_BEDROCK": "bedrock-tok"})
+    assert bedrock.provider == "bedrock"
+    assert "bedrock-tok" in bedrock.secrets()
+    vertex = parse_config(
+        ["--provider", "vertex", "--", "s"], {"MCP_BACKFILL_VERTEX_ACCESS_TOKEN": "ya29.vertex-token"}
+    )
+    assert vertex.vertex_access_token is not None
+    assert "ya29.vertex-token" in vertex.secrets()
+    assert "ya29.vertex-token" not in repr(vertex)
+
+
+def test_a_provider_native_model_pins_it() -> None:
+    native = "global.anthropic.claude-sonnet-5-5"
+    config = parse_config(["--provider", "bedrock", "--model", native, "--", "s"], {})
+    assert (config.model, config.allowed_models) == (native, (native,))
+    # An explicit --allowed-models list is still enforced.
+    with pytest.raises(ConfigError, match="not in --allowed-models"):
+        parse_config(["--model", native, "--allowed-models", "claude-haiku-5-5", "--", "s"], KEY)
+
+
+def test_vertex_token_stays_away_from_the_upstream() -> None:
+    env = {"MCP_BACKFILL_VERTEX_ACCESS_TOKEN": "ya29.x", "AWS_REGION": "eu-west-1", "PATH": "/bin"}
+    assert upstream_environment(env) == {"AWS_REGION": "eu-west-1", "PATH": "/bin"}

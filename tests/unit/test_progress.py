@@ -1,0 +1,89 @@
+"""Progress notifications built from a provider's stream reports: throttled, always increasing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from mcp_backfill.progress import ProgressNotifier, progress_notifier, progress_token
+from mcp_backfill.providers.base import StreamProgress
+
+pytestmark = pytest.mark.anyio
+
+
+class Wire:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sent: list[dict[str, Any]] = []
+
+    async def send(self, raw: bytes) -> None:
+        self.sent.append(json.loads(raw))
+
+    def clock(self) -> float:
+        return self.now
+
+    def params(self) -> list[dict[str, Any]]:
+        assert all(m["method"] == "notifications/progress" and "id" not in m for m in self.sent)
+        return [m["params"] for m in self.sent]
+
+
+def notifier(wire: Wire, token: str | int = "tok-1") -> ProgressNotifier:
+    return ProgressNotifier(token, wire.send, interval=0.25, clock=wire.clock)
+
+
+def test_token_is_read_from_meta() -> None:
+    assert progress_token({"_meta": {"progressToken": "abc"}}) == "abc"
+    assert progress_token({"_meta": {"progressToken": 0}}) == 0
+    assert progress_token({"_meta": {"progressToken": True}}) is None
+    assert progress_token({"_meta": {"progressToken": 1.5}}) is None
+    assert progress_token({"_meta": "x"}) is None
+    assert progress_token({}) is None
+
+
+async def test_no_token_no_notifier() -> None:
+    wire = Wire()
+    assert progress_notifier({"messages": []}, wire.send) is None
+    made = progress_notifier({"_meta": {"progressToken": 7}}, wire.send)
+    assert made is not None
+    assert made.token == 7
+
+
+async def test_throttled_while_streaming_and_a_final_one_at_completion() -> None:
+    wire = Wire()
+    report = notifier(wire)
+    for step in range(1, 11):  # ten deltas 0.1 s apart
+        await report(StreamProgress(characters=step * 5))
+        wire.now += 0.1
+    await report(StreamProgress(characters=50, done=True, output_tokens=12))
+    params = wire.params()
+    assert [p["progress"] for p in params] == [5, 20, 35, 50, 51]  # t = 0, 0.3, 0.6, 0.9, final
+    assert all(p["progressToken"] == "tok-1" for p in params)
+    assert "total" not in params[0]
+    assert params[-1]["total"] == params[-1]["progress"] == 51
+    assert params[-1]["message"] == "Claude finished (12 output tokens)"
+    assert params[0]["message"] == "Claude is writing (5 characters)"
+
+
+async def test_values_keep_growing_across_a_retried_attempt() -> None:
+    wire = Wire()
+    report = notifier(wire, token=3)
+    await report(StreamProgress(characters=40, attempt=1))
+    wire.now += 1
+    await report(StreamProgress(characters=10, attempt=2))  # the retry starts from zero again
+    wire.now += 1
+    await report(StreamProgress(characters=30, attempt=2, done=True))
+    values = [p["progress"] for p in wire.params()]
+    assert values == [40, 50, 71]
+    assert values == sorted(set(values))
+    assert wire.params()[1]["message"] == "Claude is writing (50 characters, attempt 2)"
+
+
+async def test_nothing_after_the_final_notification() -> None:
+    wire = Wire()
+    report = notifier(wire)
+    await report(StreamProgress(characters=5, done=True))
+    wire.now += 1
+    await report(StreamProgress(characters=9))
+    assert len(wire.sent) == 1

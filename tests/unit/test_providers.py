@@ -1,0 +1,307 @@
+"""The SDK-backed provider against the fake Claude API: streaming, progress, error classification,
+and the Bedrock / Vertex clients' requests (URL, path, body, auth), all over real loopback HTTP."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import anthropic
+import pytest
+
+from mcp_backfill.config import Config, ConfigError, Secret
+from mcp_backfill.providers import make_provider
+from mcp_backfill.providers.anthropic import AnthropicProvider, retry_after_seconds
+from mcp_backfill.providers.base import ProviderError, StreamProgress
+from mcp_backfill.providers.platforms import (
+    bedrock_model_id,
+    check_dependencies,
+    make_client,
+    module_available,
+    vertex_model_id,
+)
+from mcp_backfill.providers.retry import RetryingProvider
+from mcp_backfill.sampling.errors import INTERNAL_ERROR, INVALID_PARAMS
+from tests.fake_claude import (
+    FakeClaude,
+    error_reply,
+    garbage_stream_reply,
+    hang_reply,
+    stream_error_reply,
+    text_reply,
+    tool_use_reply,
+    truncated_stream_reply,
+)
+from tests.harness import TEST_API_KEY
+
+pytestmark = pytest.mark.anyio
+
+REQUEST: dict[str, Any] = {
+    "model": "claude-sonnet-5-5",
+    "max_tokens": 100,
+    "messages": [{"role": "user", "content": "hello"}],
+}
+
+
+@pytest.fixture
+async def provider(fake_claude: FakeClaude) -> AsyncIterator[AnthropicProvider]:
+    client = anthropic.AsyncAnthropic(api_key=TEST_API_KEY, base_url=fake_claude.url, max_retries=0)
+    provider = AnthropicProvider(client, secrets=[TEST_API_KEY])
+    yield provider
+    await provider.aclose()
+
+
+async def failure(provider: AnthropicProvider) -> ProviderError:
+    with pytest.raises(ProviderError) as caught:
+        await provider.create_message(REQUEST)
+    return caught.value
+
+
+async def test_streams_and_reports_progress(fake_claude: FakeClaude, provider: AnthropicProvider) -> None:
+    fake_claude.enqueue(tool_use_reply("lookup", {"key": "alpha"}, text="Looking it up.", chunks=4))
+    seen: list[StreamProgress] = []
+
+    async def record(progress: StreamProgress) -> None:
+        seen.append(progress)
+
+    message = await provider.create_message(REQUEST, on_progress=record)
+    assert [block["type"] for block in message["content"]] == ["text", "tool_use"]
+    assert message["request_id"].startswith("req_fake_")
+    counts = [p.characters for p in seen if not p.done]
+    assert counts == sorted(counts)
+    assert len(counts) >= 4
+    final = seen[-1]
+    assert final.done
+    assert final.output_tokens == message["usage"]["output_tokens"]
+    assert final.characters == len("Looking it up.") + len(json.dumps({"key": "alpha"}))
+    assert [p for p in seen if p.done] == [final]
+
+
+@pytest.mark.parametrize(
+    ("reply", "error_type", "status"),
+    [
+        (stream_error_reply("overloaded_error", "Overloaded"), "overloaded_error", 200),
+        (garbage_stream_reply(), "malformed_response", None),
+        (truncated_stream_reply(), "incomplete_stream", None),
+        (truncated_stream_reply(abrupt=True), "connection_error", None),
+        (error_reply(529, "overloaded_error", "Overloaded"), "overloaded_error", 529),
+        (error_reply(500, "api_error", "boom"), "api_error", 500),
+        (error_reply(429, "rate_limit_error", "slow down"), "rate_limit_error", 429),
+    ],
+    ids=["mid-stream-overloaded", "garbage", "truncated", "dropped", "529", "500", "429"],
+)
+async def test_transient_failures_are_retryable(
+    fake_claude: FakeClaude,
+    provider: AnthropicProvider,
+    reply: Any,
+    error_type: str,
+    status: int | None,
+) -> None:
+    fake_claude.enqueue(reply)
+    error = await failure(provider)
+    assert error.retryable
+    assert error.code == INTERNAL_ERROR
+    assert error.data is not None
+    assert error.data["type"] == error_type
+    assert error.data.get("status") == status
+    assert error.data["provider"] == "anthropic"
+
+
+async def test_request_faults_are_final(fake_claude: FakeClaude, provider: AnthropicProvider) -> None:
+    fake_claude.enqueue(
+        error_reply(400, "invalid_request_error", "prompt is too long"),
+        error_reply(401, "authentication_error", f"invalid x-api-key {TEST_API_KEY}"),
+        error_reply(500, "api_error", "do not retry me", should_retry=False),
+    )
+    bad_request, unauthorized, told_not_to = [await failure(provider) for _ in range(3)]
+    assert (bad_request.code, bad_request.retryable) == (INVALID_PARAMS, False)
+    assert (unauthorized.code, unauthorized.retryable) == (INTERNAL_ERROR, False)
+    assert TEST_API_KEY not in unauthorized.message
+    assert "***" in unauthorized.message
+    assert told_not_to.retryable is False
+
+
+async def test_retry_after_is_read(fake_claude: FakeClaude, provider: AnthropicProvider) -> None:
+    fake_claude.enqueue(
+        error_reply(529, "overloaded_error", "Overloaded", retry_after=7),
+        error_reply(429, "rate_limit_error", "slow", headers={"retry-after-ms": "250"}),
+    )
+    assert (await failure(provider)).retry_after == 7.0
+    assert (await failure(provider)).retry_after == 0.25
+
+
+def test_retry_after_forms() -> None:
+    assert retry_after_seconds({}) is None
+    assert retry_after_seconds({"retry-after": "3"}) == 3.0
+    assert retry_after_seconds({"retry-after": "soon"}) is None
+    when = datetime(2026, 10, 21, 7, 28, 10, tzinfo=UTC)
+    date = "Wed, 21 Oct 2026 07:28:10 GMT"
+    assert retry_after_seconds({"retry-after": date}, now=when.timestamp() - 100) == pytest.approx(100.0)
+    assert retry_after_seconds({"retry-after": date}, now=when.timestamp() + 5) == 0.0
+
+
+async def test_connection_refused_is_retryable() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again before use: nothing listens there
+    client = anthropic.AsyncAnthropic(
+        api_key=TEST_API_KEY, base_url=f"http://127.0.0.1:{port}", max_retries=0
+    )
+    provider = AnthropicProvider(client)
+    try:
+        error = await failure(provider)
+    finally:
+        await provider.aclose()
+    assert error.retryable
+    assert error.data is not None
+    assert error.data["type"] == "connection_error"
+
+
+# --------------------------------------------------------------------------------------------------
+# Bedrock and Vertex: the SDK's own clients, pointed at the fake through their base-URL variables
+# --------------------------------------------------------------------------------------------------
+
+
+def platform_config(provider: str, **kwargs: Any) -> Config:
+    return Config(upstream_command=("server",), provider=provider, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_bedrock_request_and_event_stream(
+    fake_claude: FakeClaude, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_BEDROCK_BASE_URL", fake_claude.url)
+    monkeypatch.setenv("AWS_REGION", "eu-west-3")
+    monkeypatch.setenv("AWS_BEARER_TOKEN_BEDROCK", TEST_API_KEY)
+    fake_claude.enqueue(text_reply("hello from bedrock", chunks=5))
+    provider = make_provider(platform_config("bedrock", api_headers=(("X-Team", "search"),)))
+    seen: list[StreamProgress] = []
+
+    async def record(progress: StreamProgress) -> None:
+        seen.append(progress)
+
+    try:
+        message = await provider.create_message(REQUEST, on_progress=record)
+    finally:
+        await provider.aclose()
+    assert isinstance(provider, RetryingProvider)
+    assert message["content"] == [{"type": "text", "text": "hello from bedrock"}]
+    assert seen[-1].done
+    assert seen[-1].characters == len("hello from bedrock")
+    [request] = fake_claude.platform_requests
+    assert request.path == "/model/anthropic.claude-sonnet-5-5/invoke-with-response-stream"
+    assert request.headers["authorization"] == f"Bearer {TEST_API_KEY}"
+    assert request.headers["x-team"] == "search"
+    body = json.loads(request.raw_body)
+    assert "model" not in body
+    assert "stream" not in body
+    assert body["anthropic_version"]
+    assert body["max_tokens"] == 100
+    assert body["messages"] == REQUEST["messages"]
+
+
+async def test_bedrock_mid_stream_exception_is_retryable(
+    fake_claude: FakeClaude, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_BEDROCK_BASE_URL", fake_claude.url)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_BEARER_TOKEN_BEDROCK", TEST_API_KEY)
+    fake_claude.enqueue(stream_error_reply("overloaded_error", "Model is busy"), text_reply("second try"))
+    provider = make_provider(platform_config("bedrock", retry_base_delay=0.0))
+    try:
+        message = await provider.create_message({**REQUEST, "model": "us.anthropic.claude-opus-5-5"})
+    finally:
+        await provider.aclose()
+    assert message["content"][0]["text"] == "second try"
+    paths = [r.path for r in fake_claude.platform_requests]
+    assert paths == ["/model/us.anthropic.claude-opus-5-5/invoke-with-response-stream"] * 2
+
+
+async def test_vertex_request(fake_claude: FakeClaude, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_VERTEX_BASE_URL", fake_claude.url)
+    monkeypatch.setenv("CLOUD_ML_REGION", "us-east5")
+    monkeypatch.setenv("ANTHROPIC_VERTEX_PROJECT_ID", "my-project")
+    fake_claude.enqueue(text_reply("hello from vertex"))
+    provider = make_provider(platform_config("vertex", vertex_access_token=Secret(TEST_API_KEY)))
+    try:
+        message = await provider.create_message({**REQUEST, "model": "claude-haiku-5-5"})
+    finally:
+        await provider.aclose()
+    assert message["content"] == [{"type": "text", "text": "hello from vertex"}]
+    [request] = fake_claude.platform_requests
+    assert request.path == (
+        "/projects/my-project/locations/us-east5/publishers/anthropic/models/claude-haiku-5-5:streamRawPredict"
+    )
+    assert request.headers["authorization"] == f"Bearer {TEST_API_KEY}"
+    body = json.loads(request.raw_body)
+    assert "model" not in body
+    assert body["stream"] is True
+    assert body["anthropic_version"]
+
+
+async def test_platform_hang_is_cut_by_the_deadline(
+    fake_claude: FakeClaude, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_VERTEX_BASE_URL", fake_claude.url)
+    monkeypatch.setenv("CLOUD_ML_REGION", "global")
+    monkeypatch.setenv("ANTHROPIC_VERTEX_PROJECT_ID", "p")
+    fake_claude.enqueue(hang_reply("still thinking"))
+    config = platform_config("vertex", vertex_access_token=Secret(TEST_API_KEY), sampling_timeout=0.5)
+    provider = make_provider(config)
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await provider.create_message(REQUEST)
+    finally:
+        await provider.aclose()
+    assert caught.value.data is not None
+    assert caught.value.data["type"] == "timeout"
+    assert caught.value.data["gave_up"] == "deadline"
+    assert await fake_claude.await_disconnects(1)
+
+
+def test_model_id_mapping() -> None:
+    assert bedrock_model_id("claude-sonnet-5-5") == "anthropic.claude-sonnet-5-5"
+    assert bedrock_model_id("claude-future-9") == "anthropic.claude-future-9"
+    assert bedrock_model_id("global.anthropic.claude-opus-5-5") == "global.anthropic.claude-opus-5-5"
+    assert bedrock_model_id("arn:aws:bedrock:us-east-1:1:inference-profile/x") == (
+        "arn:aws:bedrock:us-east-1:1:inference-profile/x"
+    )
+    assert vertex_model_id("claude-opus-5-5") == "claude-opus-5-5"
+    assert vertex_model_id("claude-opus-5-5@20260101") == "claude-opus-5-5@20260101"
+
+
+def test_missing_extras_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "botocore", None)
+    with pytest.raises(ConfigError, match=r"mcp-backfill\[bedrock\]"):
+        check_dependencies("bedrock", {"AWS_BEARER_TOKEN_BEDROCK": "t"})
+    with pytest.raises(ConfigError, match=r"mcp-backfill\[bedrock\]"):
+        make_client(platform_config("bedrock"), {})
+
+
+def test_vertex_without_google_auth_needs_a_token() -> None:
+    if module_available("google.auth"):
+        pytest.skip("google-auth is installed here")
+    with pytest.raises(ConfigError, match=r"mcp-backfill\[vertex\].*MCP_BACKFILL_VERTEX_ACCESS_TOKEN"):
+        check_dependencies("vertex", {})
+    check_dependencies("vertex", {"MCP_BACKFILL_VERTEX_ACCESS_TOKEN": "ya29.token"})
+
+
+async def test_a_client_that_cannot_call_is_a_clear_final_error(
+    fake_claude: FakeClaude, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No credentials at all: the SDK refuses before sending anything.
+    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_PROFILE", "ANTHROPIC_CONFIG_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    client = anthropic.AsyncAnthropic(api_key=None, base_url=fake_claude.url, max_retries=0)
+    provider = AnthropicProvider(client)
+    try:
+        error = await failure(provider)
+    finally:
+        await provider.aclose()
+    assert error.retryable is False
+    assert error.data == {"provider": "anthropic", "type": "client_error"}
+    assert "could not make the call" in error.message
+    assert fake_claude.requests == []
