@@ -6,9 +6,11 @@ the environment only and kept out of `repr()` so a logged config can never leak 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
+from urllib.parse import urlsplit
 
 Mode = Literal["fallback", "always", "off"]
 ProviderName = Literal["anthropic", "mock"]
@@ -45,6 +47,25 @@ DEFAULT_SESSION_BUDGET_TOKENS = 5_000_000
 ENV_PREFIX = "MCP_BACKFILL_"
 # Environment variables that hold credentials: never logged, never passed to the upstream.
 SECRET_ENV_VARS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "MCP_BACKFILL_AUTH_TOKEN")
+# Upstream headers whose values are credentials: kept out of the logs like the API key.
+_CREDENTIAL_HEADER = re.compile(r"auth|token|key|secret|cookie|session|password", re.IGNORECASE)
+_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+# Headers the proxy sets itself on every upstream request (the MCP ones are computed per message).
+RESERVED_UPSTREAM_HEADERS = frozenset(
+    {
+        "accept",
+        "content-type",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "host",
+        "last-event-id",
+        "mcp-session-id",
+        "mcp-protocol-version",
+        "mcp-method",
+        "mcp-name",
+    }
+)
 
 
 class ConfigError(ValueError):
@@ -67,7 +88,10 @@ class Secret:
 class Config:
     """Everything the proxy needs to run; immutable once built."""
 
-    upstream_command: tuple[str, ...]
+    upstream_command: tuple[str, ...] = ()
+    # An HTTP upstream instead of a command: its streamable-HTTP endpoint, and headers to send it.
+    upstream_url: str | None = None
+    upstream_headers: tuple[tuple[str, str], ...] = ()
     mode: Mode = "fallback"
     era: Era = "auto"
     max_input_rounds: int = 10
@@ -98,10 +122,26 @@ class Config:
     api_base_url: str | None = None
 
     def __post_init__(self) -> None:
-        if not self.upstream_command:
+        if not self.upstream_command and not self.upstream_url:
             raise ConfigError(
-                "no upstream server: give its command after `--`, e.g. `mcp-backfill -- python server.py`"
+                "no upstream server: give its command after `--`, e.g. `mcp-backfill -- python server.py`, "
+                "or its URL, e.g. `mcp-backfill --upstream-url http://127.0.0.1:8000/mcp`"
             )
+        if self.upstream_command and self.upstream_url:
+            raise ConfigError(
+                "two upstream servers: give either --upstream-url or a command after `--`, not both"
+            )
+        if self.upstream_url is not None:
+            check_upstream_url(self.upstream_url)
+        elif self.upstream_headers:
+            raise ConfigError("--upstream-header needs --upstream-url (a command upstream gets no headers)")
+        for name, value in self.upstream_headers:
+            check_upstream_header(name, value)
+            if any(secret in value for secret in self._proxy_secrets()):
+                raise ConfigError(
+                    f"--upstream-header {name!r} would send the proxy's Claude credentials to the upstream; "
+                    "refusing"
+                )
         if self.mode not in MODES:
             raise ConfigError(f"--mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if self.era not in ERAS:
@@ -153,6 +193,9 @@ class Config:
 
     def secrets(self) -> tuple[str, ...]:
         """Every secret value, for the log redaction filter."""
+        return self._proxy_secrets() + upstream_header_secrets(self.upstream_headers)
+
+    def _proxy_secrets(self) -> tuple[str, ...]:
         return tuple(s.value for s in (self.api_key,) if s is not None and s.value)
 
 
@@ -170,6 +213,44 @@ def split_list(value: str | Sequence[str]) -> tuple[str, ...]:
 def secret_from_env(environ: Mapping[str, str], name: str) -> Secret | None:
     value = environ.get(name, "").strip()
     return Secret(value) if value else None
+
+
+def parse_upstream_header(line: str) -> tuple[str, str]:
+    """`'Name: value'` -> `("Name", "value")`; raises `ConfigError` on anything else."""
+    name, colon, value = line.partition(":")
+    name, value = name.strip(), value.strip()
+    if not colon or not name:
+        raise ConfigError(f"--upstream-header must look like 'Name: value', not {line!r}")
+    check_upstream_header(name, value)
+    return name, value
+
+
+def check_upstream_header(name: str, value: str) -> None:
+    if not _HEADER_NAME.fullmatch(name):
+        raise ConfigError(f"--upstream-header: {name!r} is not a valid HTTP header name")
+    lowered = name.lower()
+    if lowered in RESERVED_UPSTREAM_HEADERS or lowered.startswith("mcp-param-"):
+        raise ConfigError(f"--upstream-header: the proxy sets {name} itself")
+    if any(ch in value for ch in "\r\n\0"):
+        raise ConfigError(f"--upstream-header {name}: the value must be one line")
+
+
+def check_upstream_url(url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"--upstream-url must be an http:// or https:// URL, not {url!r}")
+
+
+def upstream_header_secrets(headers: Sequence[tuple[str, str]]) -> tuple[str, ...]:
+    """The values (and bare tokens, as in `Bearer <token>`) of headers that look like credentials."""
+    found: list[str] = []
+    for name, value in headers:
+        if _CREDENTIAL_HEADER.search(name) and value:
+            found.append(value)
+            token = value.partition(" ")[2].strip()
+            if token:
+                found.append(token)
+    return tuple(found)
 
 
 def upstream_environment(environ: Mapping[str, str]) -> dict[str, str]:

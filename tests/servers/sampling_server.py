@@ -1,6 +1,9 @@
-"""SDK-based (MCPServer, stdio) upstream for the proxy's end-to-end tests.
+"""SDK-based (MCPServer) upstream for the proxy's end-to-end tests, over stdio or streamable HTTP.
 
-Run it as `python tests/servers/sampling_server.py`. Every tool returns JSON text (one TextContent)
+Run it as `python tests/servers/sampling_server.py` (stdio) or `python tests/servers/sampling_server.py
+--http 127.0.0.1:0` (streamable HTTP at /mcp, resumable: an in-memory event store and `retry: 100`).
+In HTTP mode it prints `listening on http://HOST:PORT/mcp` as its first stdout line once it accepts
+connections (port 0 picks a free one). Every tool returns JSON text (one TextContent)
 so tests can `json.loads(result.content[0].text)`. All sampling goes through the handshake-era
 back-channel (`sampling/createMessage` requests related to the running `tools/call`).
 
@@ -17,6 +20,11 @@ Tools:
 * `sample_raw(params_json, timeout=30.0)`: sends `sampling/createMessage` with exactly the given
   params object and returns `{"result": <raw result dict>}` or `{"error": {"code", "message",
   "data"}}`; the result is not validated, so malformed answers can be inspected too.
+* `regional(region, city)`: no sampling; `region` carries `x-mcp-header: Region`, so a 2026 HTTP call
+  needs an `Mcp-Param-Region` header matching it. Returns `{"region", "city"}`.
+* `echo(text)`: no sampling. Returns `{"text"}`.
+* `resumable_plain(prompt)`: like `plain`, but first closes its SSE response stream (HTTP only), so
+  the sampling request and the result reach the client only by resuming it with `Last-Event-ID`.
 * `slow_sample(cancel_after=1.0, prompt=..., max_tokens=100)`: sends one sampling request (id
   `"slow-sample-<n>"`) and gives up after `cancel_after` seconds; the SDK then sends
   `notifications/cancelled` for it. Returns `{"outcome": "completed" | "timed_out" | "error",
@@ -26,14 +34,16 @@ Tools:
 
 import itertools
 import json
+import socket
 import sys
 import time
 import warnings
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.dispatcher import CallOptions
+from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp.types import (
     REQUEST_TIMEOUT,
@@ -47,6 +57,8 @@ from mcp.types import (
     ToolResultContent,
     ToolUseContent,
 )
+from mcp_types import JSONRPCMessage
+from pydantic import Field
 
 warnings.filterwarnings(
     "ignore", message="The sampling capability is deprecated", category=MCPDeprecationWarning
@@ -213,5 +225,73 @@ async def slow_sample(
     return json.dumps(outcome)
 
 
+@server.tool()
+async def regional(
+    region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})], city: str
+) -> str:
+    """A tool whose `region` argument must also travel as the `Mcp-Param-Region` header (2026 HTTP)."""
+    return json.dumps({"region": region, "city": city})
+
+
+@server.tool()
+async def echo(text: str) -> str:
+    """Echo the text back."""
+    return json.dumps({"text": text})
+
+
+@server.tool()
+async def resumable_plain(prompt: str, ctx: Context) -> str:
+    """Close this request's SSE stream first: everything else arrives only on a resumed stream."""
+    await ctx.close_sse_stream()
+    return await plain(prompt, ctx)
+
+
+class MemoryEventStore(EventStore):
+    """Every event of every stream, in order, so a stream can be replayed after any of its ids."""
+
+    def __init__(self) -> None:
+        self._events: list[tuple[EventId, StreamId, JSONRPCMessage | None]] = []
+        self._ids = itertools.count(1)
+
+    async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
+        event_id = f"e{next(self._ids)}"
+        self._events.append((event_id, stream_id, message))
+        return event_id
+
+    async def replay_events_after(
+        self, last_event_id: EventId, send_callback: EventCallback
+    ) -> StreamId | None:
+        positions = [n for n, (event_id, _, _) in enumerate(self._events) if event_id == last_event_id]
+        if not positions:
+            return None
+        stream_id = self._events[positions[0]][1]
+        for event_id, stream, message in self._events[positions[0] + 1 :]:
+            if stream == stream_id and message is not None:
+                await send_callback(EventMessage(message, event_id))
+        return stream_id
+
+
+def serve_http(address: str) -> None:
+    import uvicorn
+
+    host, _, port = address.rpartition(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, int(port)))
+    sock.listen(64)
+    app = server.streamable_http_app(host=host, event_store=MemoryEventStore(), retry_interval=100)
+    bound = sock.getsockname()[1]
+    uvicorn_server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+
+    async def run() -> None:
+        print(f"listening on http://{host}:{bound}/mcp", flush=True)
+        await uvicorn_server.serve(sockets=[sock])
+
+    anyio.run(run)
+
+
 if __name__ == "__main__":
-    server.run()
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":
+        serve_http(sys.argv[2])
+    else:
+        server.run()
