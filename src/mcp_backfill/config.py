@@ -91,7 +91,7 @@ class Config:
     upstream_command: tuple[str, ...] = ()
     # An HTTP upstream instead of a command: its streamable-HTTP endpoint, and headers to send it.
     upstream_url: str | None = None
-    upstream_headers: tuple[tuple[str, str], ...] = ()
+    upstream_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # may hold tokens
     mode: Mode = "fallback"
     era: Era = "auto"
     max_input_rounds: int = 10

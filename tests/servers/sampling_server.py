@@ -23,6 +23,8 @@ Tools:
 * `regional(region, city)`: no sampling; `region` carries `x-mcp-header: Region`, so a 2026 HTTP call
   needs an `Mcp-Param-Region` header matching it. Returns `{"region", "city"}`.
 * `echo(text)`: no sampling. Returns `{"text"}`.
+* `wait_forever(label)`: prints `wait_forever <label> started` to stderr and waits until cancelled,
+  then prints `wait_forever <label> cancelled`.
 * `resumable_plain(prompt)`: like `plain`, but first closes its SSE response stream (HTTP only), so
   the sampling request and the result reach the client only by resuming it with `Last-Event-ID`.
 * `slow_sample(cancel_after=1.0, prompt=..., max_tokens=100)`: sends one sampling request (id
@@ -42,8 +44,8 @@ from typing import Annotated, Any, Literal
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.shared.dispatcher import CallOptions
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
+from mcp.shared.dispatcher import CallOptions
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp.types import (
     REQUEST_TIMEOUT,
@@ -237,6 +239,18 @@ async def regional(
 async def echo(text: str) -> str:
     """Echo the text back."""
     return json.dumps({"text": text})
+
+
+@server.tool()
+async def wait_forever(label: str) -> str:
+    """Wait until cancelled, saying so on stderr (how a test sees a cancellation arrive)."""
+    print(f"wait_forever {label} started", file=sys.stderr, flush=True)
+    try:
+        await anyio.sleep_forever()
+    except anyio.get_cancelled_exc_class():
+        print(f"wait_forever {label} cancelled", file=sys.stderr, flush=True)
+        raise
+    return ""
 
 
 @server.tool()

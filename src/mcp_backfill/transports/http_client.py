@@ -248,7 +248,8 @@ class HttpUpstream:
         if self.session_id is None or self._expired:
             return
         session, self.session_id = self.session_id, None
-        headers = self._session_headers(session)
+        headers = dict(self.settings.headers)
+        headers.update(self._session_headers(session))
         try:
             response = await self._http.delete(self.url, headers=headers, timeout=wait)
         except httpx2.TransportError as exc:
