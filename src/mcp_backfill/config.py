@@ -10,7 +10,6 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
-from urllib.parse import urlsplit
 
 Mode = Literal["fallback", "always", "off"]
 ProviderName = Literal["anthropic", "mock"]
@@ -231,13 +230,18 @@ def check_upstream_header(name: str, value: str) -> None:
     lowered = name.lower()
     if lowered in RESERVED_UPSTREAM_HEADERS or lowered.startswith("mcp-param-"):
         raise ConfigError(f"--upstream-header: the proxy sets {name} itself")
-    if any(ch in value for ch in "\r\n\0"):
-        raise ConfigError(f"--upstream-header {name}: the value must be one line")
+    if not all(" " <= ch <= "~" or ch == "\t" for ch in value):
+        raise ConfigError(f"--upstream-header {name}: the value must be one line of printable ASCII")
 
 
 def check_upstream_url(url: str) -> None:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    import httpx2  # only the HTTP upstream needs it
+
+    try:
+        parsed: httpx2.URL | None = None if any(ch.isspace() for ch in url) else httpx2.URL(url)
+    except (httpx2.InvalidURL, ValueError):
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host or url != url.strip():
         raise ConfigError(f"--upstream-url must be an http:// or https:// URL, not {url!r}")
 
 

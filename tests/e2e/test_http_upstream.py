@@ -150,7 +150,7 @@ async def test_a_dropped_response_stream_is_resumed(fake_claude: FakeClaude) -> 
             log = session.stderr()
     assert result_json(response)["text"] == "answered after resuming"
     assert not [m for m in before if m.get("method") == "sampling/createMessage"]
-    assert "resumed an upstream stream" in log
+    assert "resuming an upstream stream" in log
     assert len(fake_claude.message_requests) == 1
 
 
@@ -238,6 +238,39 @@ async def test_modern_cancellation_closes_the_request_stream() -> None:
             response = await session.recv()
     assert response["id"] == 6  # the cancelled request got no answer
     assert result_json(response) == {"text": "still here"}
+
+
+async def test_client_eof_lets_requests_in_flight_finish_within_the_grace_period() -> None:
+    async with sampling_upstream() as upstream:
+        argv = proxy_url_argv("--provider", "mock", "--shutdown-grace", "0.5", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            await session.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 2,
+                    "method": "tools/call",
+                    "params": {"name": "echo", "arguments": {"text": "last"}},
+                }
+            )
+            await session.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 3,
+                    "method": "tools/call",
+                    "params": {"name": "wait_forever", "arguments": {"label": "w2"}},
+                }
+            )
+            await wait_for_log(upstream.log, "wait_forever w2 started")
+            await session.close_stdin()
+            answers = {message["id"]: message for message in [await session.recv(), await session.recv()]}
+            status = await session.wait()
+            log = session.stderr()
+    assert result_json(answers[2]) == {"text": "last"}
+    assert answers[3]["error"]["code"] == -32603
+    assert "shutting down" in answers[3]["error"]["message"]
+    assert status == 0
+    assert "upstream session ended" in log  # DELETE
 
 
 # -- upstream failures -------------------------------------------------------------------------------

@@ -23,6 +23,9 @@ Tools:
 * `regional(region, city)`: no sampling; `region` carries `x-mcp-header: Region`, so a 2026 HTTP call
   needs an `Mcp-Param-Region` header matching it. Returns `{"region", "city"}`.
 * `echo(text)`: no sampling. Returns `{"text"}`.
+* `announce(text)`: sends two `notifications/message`: `on-request: <text>` related to this request
+  (its POST stream, over HTTP) and `broadcast: <text>` unrelated to any (the GET stream). Returns
+  `{"text"}`.
 * `wait_forever(label)`: prints `wait_forever <label> started` to stderr and waits until cancelled,
   then prints `wait_forever <label> cancelled`.
 * `resumable_plain(prompt)`: like `plain`, but first closes its SSE response stream (HTTP only), so
@@ -51,6 +54,8 @@ from mcp.types import (
     REQUEST_TIMEOUT,
     CreateMessageResult,
     CreateMessageResultWithTools,
+    LoggingMessageNotification,
+    LoggingMessageNotificationParams,
     SamplingMessage,
     SamplingMessageContentBlock,
     TextContent,
@@ -238,6 +243,17 @@ async def regional(
 @server.tool()
 async def echo(text: str) -> str:
     """Echo the text back."""
+    return json.dumps({"text": text})
+
+
+@server.tool()
+async def announce(text: str, ctx: Context) -> str:
+    """One notification on this request's stream, one outside any request."""
+    for data, related in ((f"on-request: {text}", ctx.request_id), (f"broadcast: {text}", None)):
+        notification = LoggingMessageNotification(
+            params=LoggingMessageNotificationParams(level="info", data=data)
+        )
+        await ctx.session.send_notification(notification, related_request_id=related)
     return json.dumps({"text": text})
 
 

@@ -206,7 +206,10 @@ class HttpUpstream:
             return
         if len(items) == 1 and _is_cancel(items[0]) and self._consume_cancel(items[0]):
             return
-        await self._post_one_way(message, items)
+        try:
+            await self._post_one_way(message, items)
+        except Exception:  # logged, like any message that cannot be delivered
+            log.exception("posting a message upstream failed unexpectedly")
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -223,10 +226,9 @@ class HttpUpstream:
         try:
             with anyio.move_on_after(grace):
                 await self._settled()
-            reason = (
-                "mcp-backfill is shutting down and the upstream did not answer within "
-                f"--shutdown-grace ({grace:g}s)"
-            )
+            reason = "mcp-backfill is shutting down and the upstream had not answered"
+            if grace > 0:
+                reason += f" within --shutdown-grace ({grace:g}s)"
             for exchange in {id(e): e for e in self._exchanges.values()}.values():
                 exchange.failure = exchange.failure or reason
                 exchange.scope.cancel()
@@ -291,7 +293,11 @@ class HttpUpstream:
     async def _run_exchange(self, body: bytes, exchange: Exchange) -> None:
         try:
             with exchange.scope:
-                await self._exchange(body, exchange)
+                try:
+                    await self._exchange(body, exchange)
+                except Exception as exc:  # a bug here must cost one request, not the session
+                    log.exception("HTTP exchange failed unexpectedly", extra={"method": exchange.method})
+                    exchange.failure = f"Internal error in mcp-backfill's HTTP upstream: {type(exc).__name__}"
             if exchange.expected and not exchange.abandoned:
                 await self._fail(exchange, self._failure_text(exchange))
         finally:
@@ -541,6 +547,9 @@ class HttpUpstream:
                 progress = True
                 return await self._exchange_event(exchange, data)
 
+            log.info(
+                "resuming an upstream stream", extra={"request_id": exchange.origin, "attempt": attempts + 1}
+            )
             outcome = await self._open_stream(exchange.cursor, on_event)
             if outcome == "expired":
                 exchange.failure = self._expired_text()
@@ -549,19 +558,22 @@ class HttpUpstream:
                 exchange.dropped = f"{exchange.dropped or 'stream closed'}; the upstream cannot resume it"
                 return
             attempts = 0 if progress else attempts + 1
-            log.info("resumed an upstream stream", extra={"outcome": outcome, "attempt": attempts})
 
     async def _open_stream(
         self, cursor: Cursor, on_event: Callable[[bytes | MessageTooLarge], Awaitable[bool]]
     ) -> str:
-        """GET the session's stream (resuming from the cursor); how it ended, for the caller's loop."""
+        """GET the session's stream (resuming from the cursor) and read it; how that went:
+
+        "ended" (it was open, then closed or broke off), "failed" or "refused" (it never opened),
+        "unsupported" (405: the server has no GET stream), "expired" (404: the session is gone).
+        """
         headers = self._base_headers(SSE_TYPE)
         headers.update(self._session_headers(self.session_id))
         if cursor.last_event_id is not None:
             headers[LAST_EVENT_ID_HEADER] = cursor.last_event_id
-        timeout = httpx2.Timeout(self.settings.connect_timeout, read=None)
+        opened = False
         try:
-            async with self._http.stream("GET", self.url, headers=headers, timeout=timeout) as response:
+            async with self._http.stream("GET", self.url, headers=headers) as response:
                 if response.status_code == 405:
                     return "unsupported"
                 if response.status_code == 404 and self.session_id is not None:
@@ -570,11 +582,14 @@ class HttpUpstream:
                 if not response.is_success or media_type(response) != SSE_TYPE:
                     log.debug("upstream refused a stream", extra={"status": response.status_code})
                     return "refused"
+                opened = True
                 await self._read_events(response, cursor, on_event)
                 return "ended"
         except httpx2.TransportError as exc:
-            log.debug("upstream stream failed", extra={"error": describe_transport_error(exc)})
-            return "failed"
+            log.debug(
+                "upstream stream failed", extra={"error": describe_transport_error(exc), "opened": opened}
+            )
+            return "ended" if opened else "failed"
 
     async def _read_events(
         self,
@@ -615,7 +630,11 @@ class HttpUpstream:
 
         with scope:
             while attempts < self.settings.reconnect_attempts:
-                outcome = await self._open_stream(cursor, on_event)
+                try:
+                    outcome = await self._open_stream(cursor, on_event)
+                except Exception:
+                    log.exception("the standalone stream failed unexpectedly")
+                    outcome = "failed"
                 if outcome in ("unsupported", "expired"):
                     if outcome == "unsupported":
                         log.debug("the upstream offers no standalone stream (GET answered 405)")
