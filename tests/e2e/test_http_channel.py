@@ -46,7 +46,7 @@ async def test_messages_are_attributed_to_the_stream_that_carried_them() -> None
         sampling_upstream() as upstream,
         open_http_upstream(HttpUpstreamSettings(upstream.url)) as channel,
     ):
-        capabilities = {"sampling": {}}
+        capabilities: dict[str, Any] = {"sampling": {}}
         await channel.send(request("init", "initialize", initialize_params(capabilities)))
         [(initialized, origin)] = await until_response(channel, "init")
         assert origin == "init"
