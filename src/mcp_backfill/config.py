@@ -134,9 +134,9 @@ class Config:
             check_upstream_url(self.upstream_url)
         elif self.upstream_headers:
             raise ConfigError("--upstream-header needs --upstream-url (a command upstream gets no headers)")
-        for name, value in self.upstream_headers:
-            check_upstream_header(name, value)
-            if any(secret in value for secret in self._proxy_secrets()):
+        for name, header_value in self.upstream_headers:
+            check_upstream_header(name, header_value)
+            if any(secret in header_value for secret in self._proxy_secrets()):
                 raise ConfigError(
                     f"--upstream-header {name!r} would send the proxy's Claude credentials to the upstream; "
                     "refusing"

@@ -41,6 +41,7 @@ from tests.harness import (
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 SAMPLING_SERVER = [sys.executable, str(SERVERS / "sampling_server.py"), "--http"]
+RESOLVE_SERVER = [sys.executable, str(SERVERS / "resolve_server.py"), "--http", "127.0.0.1:0"]
 EVERYTHING = ROOT / "tests" / "npm" / "node_modules" / ".bin" / "mcp-server-everything"
 MODERN = "2026-07-28"
 ENVELOPE = {
@@ -176,7 +177,8 @@ async def test_server_everything_over_http_samples_for_a_client_without_sampling
     assert "Sampled over HTTP by the fake Claude." in block.text
     [request] = fake_claude.message_requests
     assert request.body["max_tokens"] == 40
-    assert request.body["system"] == "You are a helpful test server."
+    [system] = request.body["system"]  # a block, marked for prompt caching
+    assert system["text"] == "You are a helpful test server."
 
 
 # -- 2026-07-28 pass-through -----------------------------------------------------------------------
@@ -194,6 +196,23 @@ async def test_modern_client_calls_tools_through_the_http_upstream() -> None:
     assert regional == {"region": "eu-west", "city": "Paris"}
     assert echoed == {"text": "hello 2026"}
     assert {"regional", "echo"} <= names
+
+
+async def test_modern_input_required_sampling_through_the_http_upstream(fake_claude: FakeClaude) -> None:
+    """2026-07-28: each round is its own POST (the proxy's retries under its own ids), no session."""
+    fake_claude.enqueue(
+        tool_use_reply("get_weather", {"city": "Oslo"}, id="toolu_oslo", text="Checking."),
+        text_reply("Snow in Oslo."),
+    )
+    async with python_http_server(RESOLVE_SERVER) as upstream:
+        argv = proxy_url_argv(url=upstream.url)
+        async with Client(stdio_params(argv, proxy_env(fake_claude.url)), mode="auto") as client:
+            assert client.protocol_version == MODERN
+            outcome = tool_json(await client.call_tool("weather", {"city": "Oslo"}))
+    assert outcome["rounds"] == 2
+    assert outcome["first"] == {"stopReason": "toolUse", "toolUseIds": ["toolu_oslo"]}
+    assert outcome["final"]["text"] == "Snow in Oslo."
+    assert len(fake_claude.message_requests) == 2
 
 
 async def test_param_headers_are_derived_and_the_proxys_own_listing_stays_private() -> None:

@@ -1,11 +1,10 @@
 """SDK-based (MCPServer) upstream for the proxy's end-to-end tests, over stdio or streamable HTTP.
 
 Run it as `python tests/servers/sampling_server.py` (stdio) or `python tests/servers/sampling_server.py
---http 127.0.0.1:0` (streamable HTTP at /mcp, resumable: an in-memory event store and `retry: 100`).
-In HTTP mode it prints `listening on http://HOST:PORT/mcp` as its first stdout line once it accepts
-connections (port 0 picks a free one). Every tool returns JSON text (one TextContent)
-so tests can `json.loads(result.content[0].text)`. All sampling goes through the handshake-era
-back-channel (`sampling/createMessage` requests related to the running `tools/call`).
+--http 127.0.0.1:0` (streamable HTTP at /mcp, see tests/servers/http_serving.py). Every tool returns
+JSON text (one TextContent) so tests can `json.loads(result.content[0].text)`. All sampling goes
+through the handshake-era back-channel (`sampling/createMessage` requests related to the running
+`tools/call`).
 
 Tools:
 
@@ -39,15 +38,14 @@ Tools:
 
 import itertools
 import json
-import socket
 import sys
 import time
 import warnings
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
 from mcp.shared.dispatcher import CallOptions
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp.types import (
@@ -64,7 +62,6 @@ from mcp.types import (
     ToolResultContent,
     ToolUseContent,
 )
-from mcp_types import JSONRPCMessage
 from pydantic import Field
 
 warnings.filterwarnings(
@@ -276,52 +273,11 @@ async def resumable_plain(prompt: str, ctx: Context) -> str:
     return await plain(prompt, ctx)
 
 
-class MemoryEventStore(EventStore):
-    """Every event of every stream, in order, so a stream can be replayed after any of its ids."""
-
-    def __init__(self) -> None:
-        self._events: list[tuple[EventId, StreamId, JSONRPCMessage | None]] = []
-        self._ids = itertools.count(1)
-
-    async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
-        event_id = f"e{next(self._ids)}"
-        self._events.append((event_id, stream_id, message))
-        return event_id
-
-    async def replay_events_after(
-        self, last_event_id: EventId, send_callback: EventCallback
-    ) -> StreamId | None:
-        positions = [n for n, (event_id, _, _) in enumerate(self._events) if event_id == last_event_id]
-        if not positions:
-            return None
-        stream_id = self._events[positions[0]][1]
-        for event_id, stream, message in self._events[positions[0] + 1 :]:
-            if stream == stream_id and message is not None:
-                await send_callback(EventMessage(message, event_id))
-        return stream_id
-
-
-def serve_http(address: str) -> None:
-    import uvicorn
-
-    host, _, port = address.rpartition(":")
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, int(port)))
-    sock.listen(64)
-    app = server.streamable_http_app(host=host, event_store=MemoryEventStore(), retry_interval=100)
-    bound = sock.getsockname()[1]
-    uvicorn_server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-
-    async def run() -> None:
-        print(f"listening on http://{host}:{bound}/mcp", flush=True)
-        await uvicorn_server.serve(sockets=[sock])
-
-    anyio.run(run)
-
-
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--http":
-        serve_http(sys.argv[2])
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+        from tests.servers.http_serving import serve_http
+
+        serve_http(server, sys.argv[2])
     else:
         server.run()

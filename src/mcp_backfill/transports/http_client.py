@@ -192,7 +192,9 @@ class HttpUpstream:
             raise payload
         return payload, origin
 
-    async def send(self, message: bytes) -> None:
+    async def send(self, message: bytes, related: Any = None) -> None:
+        """POST one message. `related` (the server request a message answers) needs no routing here:
+        every message is its own POST, and the server matches responses by their id."""
         if self._stopped.is_set():
             raise anyio.ClosedResourceError
         try:
