@@ -9,6 +9,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,10 @@ TEST_API_KEY = "sk-ant-test-SECRET-0123456789"
 
 def proxy_argv(*options: str, upstream: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "mcp_backfill", *options, "--", *upstream]
+
+
+def proxy_url_argv(*options: str, url: str) -> list[str]:
+    return [sys.executable, "-m", "mcp_backfill", *options, "--upstream-url", url]
 
 
 def python_server(name: str, *args: str) -> list[str]:
@@ -138,3 +143,80 @@ def initialize_params(
         "capabilities": capabilities if capabilities is not None else {},
         "clientInfo": {"name": "raw-test-client", "version": "0"},
     }
+
+
+@dataclass
+class HttpServer:
+    """An upstream MCP server running as its own process, serving streamable HTTP on loopback."""
+
+    process: Process
+    url: str
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+async def stop_process(process: Process) -> None:
+    if process.returncode is None:
+        process.terminate()
+        with anyio.move_on_after(10):
+            await process.wait()
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+@asynccontextmanager
+async def python_http_server(
+    argv: Sequence[str], env: Mapping[str, str] | None = None
+) -> AsyncIterator[HttpServer]:
+    """A test server that prints `listening on URL` as its first stdout line."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log_path = Path(tmp) / "server.log"
+        with log_path.open("wb") as log:
+            process = await anyio.open_process(
+                list(argv), stdout=subprocess.PIPE, stderr=log, env=dict(env or proxy_env()), cwd=ROOT
+            )
+            try:
+                assert process.stdout is not None
+                first = b""
+                with anyio.fail_after(30):
+                    while b"\n" not in first:
+                        first += await process.stdout.receive()
+                line = first.partition(b"\n")[0].decode()
+                assert line.startswith("listening on "), line
+                yield HttpServer(process, line.removeprefix("listening on "), log_path)
+            finally:
+                await stop_process(process)
+                if process.stdout is not None:
+                    await process.stdout.aclose()
+
+
+NPM_LOOPBACK = ROOT / "tests" / "npm" / "loopback.cjs"
+
+
+@asynccontextmanager
+async def npm_http_server(argv: Sequence[str], path: str = "/mcp") -> AsyncIterator[HttpServer]:
+    """An npm server that takes its port from $PORT and binds every interface: kept on loopback by
+    a preloaded module (tests/npm/loopback.cjs), which also reports the free port it got."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log_path = Path(tmp) / "server.log"
+        port_file = Path(tmp) / "port"
+        env = proxy_env(
+            PORT="0",
+            MCP_TEST_PORT_FILE=str(port_file),
+            NODE_OPTIONS=f"--require {NPM_LOOPBACK}",
+        )
+        with log_path.open("wb") as log:
+            process = await anyio.open_process(list(argv), stdout=log, stderr=log, env=env, cwd=ROOT)
+            try:
+                with anyio.fail_after(30):
+                    while not port_file.exists() or not port_file.read_text().strip().isdigit():
+                        if process.returncode is not None:
+                            raise RuntimeError(f"{argv[0]} exited: {log_path.read_text()}")
+                        await anyio.sleep(0.05)
+                url = f"http://127.0.0.1:{port_file.read_text().strip()}{path}"
+                yield HttpServer(process, url, log_path)
+            finally:
+                await stop_process(process)

@@ -39,6 +39,7 @@ from mcp_backfill.config import (
     ConfigError,
     env_name,
     parse_headers,
+    parse_upstream_header,
     secret_from_env,
     split_list,
 )
@@ -48,12 +49,15 @@ T = TypeVar("T")
 
 # Plural: the variable holds every header, one per line (the flag is given once per header).
 API_HEADERS_ENV = "MCP_BACKFILL_API_HEADERS"
+UPSTREAM_HEADERS_ENV = "MCP_BACKFILL_UPSTREAM_HEADERS"
 
-USAGE = "mcp-backfill [OPTIONS] -- COMMAND [ARGS...]"
+USAGE = "mcp-backfill [OPTIONS] (--upstream-url URL | -- COMMAND [ARGS...])"
 DESCRIPTION = (
     "Run an MCP server behind a transparent proxy that answers its sampling/createMessage requests "
-    "(including sampling with tools) with Claude, for clients that cannot sample. Every option can "
-    "also be set with the environment variable shown in brackets."
+    "(including sampling with tools) with Claude, for clients that cannot sample. The server is a "
+    "command the proxy starts (after `--`) or a streamable-HTTP endpoint (--upstream-url); the client "
+    "talks to the proxy over stdio. Every option can also be set with the environment variable shown "
+    "in brackets."
 )
 EPILOG = (
     "environment: ANTHROPIC_API_KEY (required by --provider anthropic; never logged, never passed to the "
@@ -70,6 +74,20 @@ def build_parser() -> argparse.ArgumentParser:
     def option(flag: str, help_text: str, env: str | None = None, **kwargs: Any) -> None:
         parser.add_argument(flag, default=None, help=f"{help_text} [{env or env_name(flag)}]", **kwargs)
 
+    option(
+        "--upstream-url",
+        "the upstream MCP server's streamable-HTTP endpoint (e.g. http://127.0.0.1:8000/mcp), "
+        "instead of a command after `--`",
+        metavar="URL",
+    )
+    parser.add_argument(
+        "--upstream-header",
+        action="append",
+        default=None,
+        metavar="'NAME: VALUE'",
+        help="an HTTP header sent with every request to --upstream-url, e.g. the upstream's own auth; "
+        f"repeatable [{UPSTREAM_HEADERS_ENV}, one header per line]",
+    )
     option(
         "--mode",
         "when to answer sampling: fallback (only what the client lacks, default), "
@@ -282,8 +300,15 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
     default_model = explicit_model or (
         DEFAULT_MODEL if DEFAULT_MODEL in allowed else allowed[0] if allowed else ""
     )
+    header_lines: list[str] = (
+        args.upstream_header
+        if args.upstream_header is not None
+        else environ.get(UPSTREAM_HEADERS_ENV, "").splitlines()
+    )
     return Config(
         upstream_command=tuple(command),
+        upstream_url=_pick(args.upstream_url, environ, "--upstream-url", str.strip, "") or None,
+        upstream_headers=tuple(parse_upstream_header(line) for line in header_lines if line.strip()),
         mode=_pick(args.mode, environ, "--mode", _choice(MODES, "--mode"), "fallback"),
         era=_pick(args.era, environ, "--era", _choice(ERAS, "--era"), "auto"),
         max_input_rounds=_pick(args.max_input_rounds, environ, "--max-input-rounds", int, 10),

@@ -62,6 +62,24 @@ SECRET_ENV_VARS = (
 PLATFORM_SECRET_ENV_VARS = ("AWS_BEARER_TOKEN_BEDROCK", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 # A header name is an HTTP token (RFC 9110 section 5.6.2).
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+# Upstream headers whose values are credentials: kept out of the logs like the API key.
+_CREDENTIAL_HEADER = re.compile(r"auth|token|key|secret|cookie|session|password", re.IGNORECASE)
+# Headers the proxy sets itself on every upstream request (the MCP ones are computed per message).
+RESERVED_UPSTREAM_HEADERS = frozenset(
+    {
+        "accept",
+        "content-type",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "host",
+        "last-event-id",
+        "mcp-session-id",
+        "mcp-protocol-version",
+        "mcp-method",
+        "mcp-name",
+    }
+)
 
 
 class ConfigError(ValueError):
@@ -84,7 +102,10 @@ class Secret:
 class Config:
     """Everything the proxy needs to run; immutable once built."""
 
-    upstream_command: tuple[str, ...]
+    upstream_command: tuple[str, ...] = ()
+    # An HTTP upstream instead of a command: its streamable-HTTP endpoint, and headers to send it.
+    upstream_url: str | None = None
+    upstream_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # may hold tokens
     mode: Mode = "fallback"
     era: Era = "auto"
     max_input_rounds: int = 10
@@ -126,10 +147,26 @@ class Config:
     platform_secrets: tuple[Secret, ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.upstream_command:
+        if not self.upstream_command and not self.upstream_url:
             raise ConfigError(
-                "no upstream server: give its command after `--`, e.g. `mcp-backfill -- python server.py`"
+                "no upstream server: give its command after `--`, e.g. `mcp-backfill -- python server.py`, "
+                "or its URL, e.g. `mcp-backfill --upstream-url http://127.0.0.1:8000/mcp`"
             )
+        if self.upstream_command and self.upstream_url:
+            raise ConfigError(
+                "two upstream servers: give either --upstream-url or a command after `--`, not both"
+            )
+        if self.upstream_url is not None:
+            check_upstream_url(self.upstream_url)
+        elif self.upstream_headers:
+            raise ConfigError("--upstream-header needs --upstream-url (a command upstream gets no headers)")
+        for name, header_value in self.upstream_headers:
+            check_upstream_header(name, header_value)
+            if any(secret in header_value for secret in self._proxy_secrets()):
+                raise ConfigError(
+                    f"--upstream-header {name!r} would send the proxy's Claude credentials to the upstream; "
+                    "refusing"
+                )
         if self.mode not in MODES:
             raise ConfigError(f"--mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if self.era not in ERAS:
@@ -190,6 +227,10 @@ class Config:
 
     def secrets(self) -> tuple[str, ...]:
         """Every secret value, for the log redaction filter."""
+        return self._proxy_secrets() + upstream_header_secrets(self.upstream_headers)
+
+    def _proxy_secrets(self) -> tuple[str, ...]:
+        """The credentials the proxy spends on Claude: never to be sent upstream."""
         held = (self.api_key, self.vertex_access_token, *self.platform_secrets)
         headers = tuple(value for _, value in self.api_headers)
         return tuple(s.value for s in held if s is not None and s.value) + tuple(v for v in headers if v)
@@ -223,6 +264,49 @@ def parse_headers(value: str | Sequence[str]) -> tuple[tuple[str, str], ...]:
 def secret_from_env(environ: Mapping[str, str], name: str) -> Secret | None:
     value = environ.get(name, "").strip()
     return Secret(value) if value else None
+
+
+def parse_upstream_header(line: str) -> tuple[str, str]:
+    """`'Name: value'` -> `("Name", "value")`; raises `ConfigError` on anything else."""
+    name, colon, value = line.partition(":")
+    name, value = name.strip(), value.strip()
+    if not colon or not name:
+        raise ConfigError(f"--upstream-header must look like 'Name: value', not {line!r}")
+    check_upstream_header(name, value)
+    return name, value
+
+
+def check_upstream_header(name: str, value: str) -> None:
+    if not _HEADER_NAME.fullmatch(name):
+        raise ConfigError(f"--upstream-header: {name!r} is not a valid HTTP header name")
+    lowered = name.lower()
+    if lowered in RESERVED_UPSTREAM_HEADERS or lowered.startswith("mcp-param-"):
+        raise ConfigError(f"--upstream-header: the proxy sets {name} itself")
+    if not all(" " <= ch <= "~" or ch == "\t" for ch in value):
+        raise ConfigError(f"--upstream-header {name}: the value must be one line of printable ASCII")
+
+
+def check_upstream_url(url: str) -> None:
+    import httpx2  # only the HTTP upstream needs it
+
+    try:
+        parsed: httpx2.URL | None = None if any(ch.isspace() for ch in url) else httpx2.URL(url)
+    except (httpx2.InvalidURL, ValueError):
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host or url != url.strip():
+        raise ConfigError(f"--upstream-url must be an http:// or https:// URL, not {url!r}")
+
+
+def upstream_header_secrets(headers: Sequence[tuple[str, str]]) -> tuple[str, ...]:
+    """The values (and bare tokens, as in `Bearer <token>`) of headers that look like credentials."""
+    found: list[str] = []
+    for name, value in headers:
+        if _CREDENTIAL_HEADER.search(name) and value:
+            found.append(value)
+            token = value.partition(" ")[2].strip()
+            if token:
+                found.append(token)
+    return tuple(found)
 
 
 def upstream_environment(environ: Mapping[str, str]) -> dict[str, str]:

@@ -1,8 +1,16 @@
-"""The stdio wrapper: this process's stdin/stdout <-> relay <-> the upstream server as a child.
+"""The stdio wrapper: this process's stdin/stdout <-> relay <-> the upstream server.
 
-Lifecycle: client EOF or SIGTERM/SIGINT close the upstream (stdin close -> SIGTERM -> SIGKILL);
-the upstream exiting ends the session, pending client requests are answered with errors, and the
-proxy exits with the upstream's status.
+The upstream is a child process or a streamable-HTTP endpoint (`--upstream-url`); the lifecycle is
+the same for both, only what "stopping the upstream" means differs.
+
+* Child: client EOF or SIGTERM/SIGINT close the upstream (stdin close -> SIGTERM -> SIGKILL); the
+  upstream exiting ends the session, pending client requests are answered with errors, and the
+  proxy exits with the upstream's status.
+* HTTP: client EOF or a signal let requests in flight finish (up to --shutdown-grace; the rest are
+  answered with errors), then DELETE the upstream session. An HTTP upstream never "exits": when it is
+  unreachable or loses the session, each affected request is answered with a JSON-RPC error and the
+  proxy keeps serving. The exit status is 0, or 1 when the upstream was unreachable or its session
+  expired at some point (already reported on the wire and in the log).
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ import os
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any, Protocol
 
 import anyio
 
@@ -22,8 +31,10 @@ from mcp_backfill.sampling.audit import AuditLog
 from mcp_backfill.sampling.convert import ConversionOptions
 from mcp_backfill.sampling.limits import RequestLimits
 from mcp_backfill.sampling.sampler import Sampler, SamplerSettings
-from mcp_backfill.sampling.spend import Spend, SpendSettings
-from mcp_backfill.transports.stdio import UpstreamProcess, own_stdio, spawn_upstream
+from mcp_backfill.sampling.spend import SamplingSession, Spend, SpendSettings
+from mcp_backfill.transports.base import MessageChannel
+from mcp_backfill.transports.http_client import HttpUpstreamSettings, display_url, open_http_upstream
+from mcp_backfill.transports.stdio import own_stdio, spawn_upstream
 
 log = get_logger("proxy")
 
@@ -84,6 +95,36 @@ async def _auditing(audit: AuditLog | None) -> AsyncIterator[None]:
         yield
 
 
+class UpstreamLeg(Protocol):
+    """The upstream side of a session: its channel, and how to end it (returns the exit status)."""
+
+    @property
+    def channel(self) -> MessageChannel: ...
+
+    async def stop(self, grace: float) -> int: ...
+
+
+@asynccontextmanager
+async def open_upstream(config: Config) -> AsyncIterator[tuple[UpstreamLeg, dict[str, Any]]]:
+    """The configured upstream (a child process or an HTTP endpoint), and what to log about it."""
+    if config.upstream_url is not None:
+        settings = HttpUpstreamSettings(
+            url=config.upstream_url,
+            headers=config.upstream_headers,
+            max_message_bytes=config.max_message_bytes,
+        )
+        async with open_http_upstream(settings) as http:
+            yield http, {"upstream_url": display_url(config.upstream_url)}
+        return
+    async with spawn_upstream(
+        config.upstream_command,
+        upstream_environment(os.environ),
+        config.max_message_bytes,
+        config.shutdown_grace,
+    ) as process:
+        yield process, {"upstream": list(config.upstream_command), "pid": process.pid}
+
+
 async def run_stdio_proxy(config: Config) -> int:
     """Run one stdio session to completion and return the exit status to use."""
     sampler = make_sampler(config)
@@ -91,43 +132,38 @@ async def run_stdio_proxy(config: Config) -> int:
         async with (
             _auditing(sampler.audit),
             own_stdio(config.max_message_bytes) as client,
-            spawn_upstream(
-                config.upstream_command,
-                upstream_environment(os.environ),
-                config.max_message_bytes,
-                config.shutdown_grace,
-            ) as upstream,
+            open_upstream(config) as (upstream, about),
         ):
-            log.info(
-                "relaying",
-                extra={
-                    "upstream": list(config.upstream_command),
-                    "pid": upstream.pid,
-                    "mode": config.mode,
-                    "provider": config.provider,
-                },
-            )
+            log.info("relaying", extra={**about, "mode": config.mode, "provider": config.provider})
             session = sampler.spend.new_session("stdio")
-            relay = Relay(relay_options(config), sampler, client, upstream.channel, session=session)
-            stopping = anyio.Event()
-
-            async def stop_upstream() -> None:
-                stopping.set()
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_watch_signals, stopping)
-                tg.start_soon(_stop_when_asked, stopping, upstream, config.shutdown_grace)
-                await relay.run(on_client_closed=stop_upstream)
-                # The upstream closed its stdout: let it exit, or stop it the usual way.
-                status = await upstream.stop(config.shutdown_grace)
-                if not stopping.is_set():
-                    log.error("upstream server exited", extra={"status": status})
-                    await relay.fail_pending(f"Upstream MCP server exited (status {status})")
-                tg.cancel_scope.cancel()
+            status = await relay_session(config, sampler, session, client, upstream)
             log.info("sampling spend", extra={"spend": sampler.spend.snapshot(), **session.snapshot()})
             return status
     finally:
         await sampler.provider.aclose()
+
+
+async def relay_session(
+    config: Config, sampler: Sampler, session: SamplingSession, client: MessageChannel, upstream: UpstreamLeg
+) -> int:
+    """Relay until the upstream side ends; client EOF and signals stop the upstream first."""
+    relay = Relay(relay_options(config), sampler, client, upstream.channel, session=session)
+    stopping = anyio.Event()
+
+    async def stop_upstream() -> None:
+        stopping.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_watch_signals, stopping)
+        tg.start_soon(_stop_when_asked, stopping, upstream, config.shutdown_grace)
+        await relay.run(on_client_closed=stop_upstream)
+        # The upstream side ended: let it exit, or stop it the usual way.
+        status = await upstream.stop(config.shutdown_grace)
+        if not stopping.is_set():
+            log.error("upstream server exited", extra={"status": status})
+            await relay.fail_pending(f"Upstream MCP server exited (status {status})")
+        tg.cancel_scope.cancel()
+    return status
 
 
 async def _watch_signals(stopping: anyio.Event) -> None:
@@ -137,6 +173,6 @@ async def _watch_signals(stopping: anyio.Event) -> None:
             stopping.set()
 
 
-async def _stop_when_asked(stopping: anyio.Event, upstream: UpstreamProcess, grace: float) -> None:
+async def _stop_when_asked(stopping: anyio.Event, upstream: UpstreamLeg, grace: float) -> None:
     await stopping.wait()
     await upstream.stop(grace)

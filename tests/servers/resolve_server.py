@@ -1,6 +1,7 @@
 """MCPServer (stdio) whose tools sample through the era-agnostic `Resolve`/`Sample` API.
 
-Run it as `python tests/servers/resolve_server.py`. On a 2026-07-28 connection the SDK turns each
+Run it as `python tests/servers/resolve_server.py` (stdio) or with `--http 127.0.0.1:0` (streamable
+HTTP, see tests/servers/http_serving.py). On a 2026-07-28 connection the SDK turns each
 `Sample` into an `input_required` round and seals `requestState` (AES-GCM, bound to the tool and
 its arguments), so a retry whose state or arguments differ by one byte fails; on a handshake-era
 connection the same code sends `sampling/createMessage` requests. Tools return one JSON text block.
@@ -16,7 +17,9 @@ connection the same code sends `sampling/createMessage` requests. Tools return o
 from __future__ import annotations
 
 import json
+import sys
 import warnings
+from pathlib import Path
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import MCPServer
@@ -157,4 +160,10 @@ async def confirm_and_ask(
 
 
 if __name__ == "__main__":
-    server.run()
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+        from tests.servers.http_serving import serve_http
+
+        serve_http(server, sys.argv[2])
+    else:
+        server.run()

@@ -1,8 +1,10 @@
-"""SDK-based (MCPServer, stdio) upstream for the proxy's end-to-end tests.
+"""SDK-based (MCPServer) upstream for the proxy's end-to-end tests, over stdio or streamable HTTP.
 
-Run it as `python tests/servers/sampling_server.py`. Every tool returns JSON text (one TextContent)
-so tests can `json.loads(result.content[0].text)`. All sampling goes through the handshake-era
-back-channel (`sampling/createMessage` requests related to the running `tools/call`).
+Run it as `python tests/servers/sampling_server.py` (stdio) or `python tests/servers/sampling_server.py
+--http 127.0.0.1:0` (streamable HTTP at /mcp, see tests/servers/http_serving.py). Every tool returns
+JSON text (one TextContent) so tests can `json.loads(result.content[0].text)`. All sampling goes
+through the handshake-era back-channel (`sampling/createMessage` requests related to the running
+`tools/call`).
 
 Tools:
 
@@ -20,6 +22,16 @@ Tools:
 * `progress_sample(prompt, max_tokens=100)`: one sampling request sent with a progress callback
   (the SDK puts a `progressToken` in its `_meta`). Returns `{"text", "progress": [[progress,
   total, message]...]}`: every `notifications/progress` the SDK delivered for it, in order.
+* `regional(region, city)`: no sampling; `region` carries `x-mcp-header: Region`, so a 2026 HTTP call
+  needs an `Mcp-Param-Region` header matching it. Returns `{"region", "city"}`.
+* `echo(text)`: no sampling. Returns `{"text"}`.
+* `announce(text)`: sends two `notifications/message`: `on-request: <text>` related to this request
+  (its POST stream, over HTTP) and `broadcast: <text>` unrelated to any (the GET stream). Returns
+  `{"text"}`.
+* `wait_forever(label)`: prints `wait_forever <label> started` to stderr and waits until cancelled,
+  then prints `wait_forever <label> cancelled`.
+* `resumable_plain(prompt)`: like `plain`, but first closes its SSE response stream (HTTP only), so
+  the sampling request and the result reach the client only by resuming it with `Last-Event-ID`.
 * `slow_sample(cancel_after=1.0, prompt=..., max_tokens=100)`: sends one sampling request (id
   `"slow-sample-<n>"`) and gives up after `cancel_after` seconds; the SDK then sends
   `notifications/cancelled` for it. Returns `{"outcome": "completed" | "timed_out" | "error",
@@ -32,7 +44,8 @@ import json
 import sys
 import time
 import warnings
-from typing import Any, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
@@ -42,6 +55,8 @@ from mcp.types import (
     REQUEST_TIMEOUT,
     CreateMessageResult,
     CreateMessageResultWithTools,
+    LoggingMessageNotification,
+    LoggingMessageNotificationParams,
     SamplingMessage,
     SamplingMessageContentBlock,
     TextContent,
@@ -50,6 +65,7 @@ from mcp.types import (
     ToolResultContent,
     ToolUseContent,
 )
+from pydantic import Field
 
 warnings.filterwarnings(
     "ignore", message="The sampling capability is deprecated", category=MCPDeprecationWarning
@@ -232,5 +248,55 @@ async def slow_sample(
     return json.dumps(outcome)
 
 
+@server.tool()
+async def regional(
+    region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})], city: str
+) -> str:
+    """A tool whose `region` argument must also travel as the `Mcp-Param-Region` header (2026 HTTP)."""
+    return json.dumps({"region": region, "city": city})
+
+
+@server.tool()
+async def echo(text: str) -> str:
+    """Echo the text back."""
+    return json.dumps({"text": text})
+
+
+@server.tool()
+async def announce(text: str, ctx: Context) -> str:
+    """One notification on this request's stream, one outside any request."""
+    for data, related in ((f"on-request: {text}", ctx.request_id), (f"broadcast: {text}", None)):
+        notification = LoggingMessageNotification(
+            params=LoggingMessageNotificationParams(level="info", data=data)
+        )
+        await ctx.session.send_notification(notification, related_request_id=related)
+    return json.dumps({"text": text})
+
+
+@server.tool()
+async def wait_forever(label: str) -> str:
+    """Wait until cancelled, saying so on stderr (how a test sees a cancellation arrive)."""
+    print(f"wait_forever {label} started", file=sys.stderr, flush=True)
+    try:
+        await anyio.sleep_forever()
+    except anyio.get_cancelled_exc_class():
+        print(f"wait_forever {label} cancelled", file=sys.stderr, flush=True)
+        raise
+    return ""
+
+
+@server.tool()
+async def resumable_plain(prompt: str, ctx: Context) -> str:
+    """Close this request's SSE stream first: everything else arrives only on a resumed stream."""
+    await ctx.close_sse_stream()
+    return await plain(prompt, ctx)
+
+
 if __name__ == "__main__":
-    server.run()
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+        from tests.servers.http_serving import serve_http
+
+        serve_http(server, sys.argv[2])
+    else:
+        server.run()

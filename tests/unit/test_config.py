@@ -58,6 +58,18 @@ def test_allowed_models_pin_and_default() -> None:
         (["--", "s"], KEY | {"MCP_BACKFILL_MODE": "sometimes"}, "MCP_BACKFILL_MODE"),
         (["--max-tokens-cap", "0", "--", "s"], KEY, "at least 1"),
         (["--shutdown-grace", "-1", "--", "s"], KEY, "negative"),
+        (["--upstream-url", "http://h/mcp", "--", "s"], KEY, "not both"),
+        (["--upstream-url", "h:8000/mcp"], KEY, "http:// or https://"),
+        (["--upstream-header", "X-A: 1", "--", "s"], KEY, "needs --upstream-url"),
+        (["--upstream-url", "http://h/mcp", "--upstream-header", "no colon"], KEY, "Name: value"),
+        (["--upstream-url", "http://h/mcp", "--upstream-header", "Bad Name: v"], KEY, "not a valid"),
+        (["--upstream-url", "http://h/mcp", "--upstream-header", "Mcp-Session-Id: s"], KEY, "itself"),
+        (["--upstream-url", "http://h/mcp", "--upstream-header", "Mcp-Param-X: s"], KEY, "itself"),
+        (
+            ["--upstream-url", "http://h/mcp", "--upstream-header", "X-Api-Key: sk-ant-unit-secret"],
+            KEY,
+            "Claude credentials",
+        ),
     ],
 )
 def test_invalid_configurations_are_refused_with_a_useful_message(
@@ -142,3 +154,31 @@ def test_boolean_switches_from_flags_and_environment() -> None:
 def test_invalid_limits_are_refused(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_config(argv, env)
+
+
+def test_upstream_url_with_headers_from_flags_or_environment() -> None:
+    env = KEY | {
+        "MCP_BACKFILL_UPSTREAM_URL": "https://mcp.example.com/mcp",
+        "MCP_BACKFILL_UPSTREAM_HEADERS": "Authorization: Bearer tok-123\n\nX-Team:  blue \n",
+    }
+    config = parse_config([], env)
+    assert config.upstream_url == "https://mcp.example.com/mcp"
+    assert config.upstream_command == ()
+    assert config.upstream_headers == (("Authorization", "Bearer tok-123"), ("X-Team", "blue"))
+    flagged = parse_config(["--upstream-header", "X-Only: this"], env)
+    assert flagged.upstream_headers == (("X-Only", "this"),)  # flags replace the variable's list
+    overridden = parse_config(["--upstream-url", "http://127.0.0.1:9/mcp"], env)
+    assert overridden.upstream_url == "http://127.0.0.1:9/mcp"
+
+
+def test_credential_headers_are_redacted_and_kept_out_of_repr() -> None:
+    config = parse_config(
+        [
+            *("--upstream-url", "http://h/mcp"),
+            *("--upstream-header", "Authorization: Bearer tok-123"),
+            *("--upstream-header", "X-Region: eu-west"),
+        ],
+        KEY,
+    )
+    assert "tok-123" not in repr(config)
+    assert set(config.secrets()) == {"sk-ant-unit-secret", "Bearer tok-123", "tok-123"}

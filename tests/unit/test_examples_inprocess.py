@@ -230,7 +230,7 @@ async def test_loop_reports_every_round() -> None:
     async with sampling_client(sampling_server, model) as client:
         tool_names = {tool.name for tool in (await client.list_tools()).tools}
         report = json.loads(text(await client.call_tool("loop", {"question": "What is alpha?"})))
-    assert tool_names == {"loop", "plain", "progress_sample", "sample_raw", "slow_sample"}
+    assert {"loop", "plain", "sample_raw", "slow_sample"} <= tool_names
     assert report["completed"] is True
     assert report["finalText"] == "alpha is 1"
     first, second = report["rounds"]

@@ -1,0 +1,93 @@
+"""The MCP headers an HTTP upstream expects on each POST, computed from the JSON-RPC body.
+
+Handshake era: the session id and the negotiated version. 2026-07-28: no session; every request
+repeats its version, method and name in headers, plus an `Mcp-Param-*` header for each tool argument
+whose input schema carries `x-mcp-header`. A stdio client cannot send headers, so the proxy derives
+them; the encodings and the schema rules come from the SDK's own codec (`mcp.shared.inbound`), the
+one its server validates against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mcp.shared.inbound import (
+    MCP_METHOD_HEADER,
+    MCP_NAME_HEADER,
+    MCP_PROTOCOL_VERSION_HEADER,
+    NAME_BEARING_METHODS,
+    encode_header_value,
+    find_invalid_x_mcp_header,
+    mcp_param_headers,
+    x_mcp_header_map,
+)
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+from mcp_backfill.input_required import META_PROTOCOL_VERSION
+
+SESSION_HEADER = "mcp-session-id"
+LAST_EVENT_ID_HEADER = "last-event-id"
+VERSION_HEADER = MCP_PROTOCOL_VERSION_HEADER
+# The SDK server routes a POST to its sessionless 2026 path exactly when the version is not one of these.
+HANDSHAKE_VERSIONS = frozenset(HANDSHAKE_PROTOCOL_VERSIONS)
+
+
+def modern_version(message: Any) -> str | None:
+    """The 2026-style protocol version a request declares in `params._meta`, if it is not a handshake one."""
+    if not isinstance(message, dict) or message.get("method") == "initialize":
+        return None
+    params = message.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    version = meta.get(META_PROTOCOL_VERSION) if isinstance(meta, dict) else None
+    if isinstance(version, str) and version not in HANDSHAKE_VERSIONS:
+        return version
+    return None
+
+
+def modern_headers(
+    version: str, method: str, params: Any, param_headers: Mapping[str, str]
+) -> dict[str, str]:
+    """`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` and the given `Mcp-Param-*` for one 2026 request."""
+    headers = {MCP_PROTOCOL_VERSION_HEADER: version, MCP_METHOD_HEADER: method}
+    name_key = NAME_BEARING_METHODS.get(method)
+    name = params.get(name_key) if name_key is not None and isinstance(params, dict) else None
+    if isinstance(name, str):
+        headers[MCP_NAME_HEADER] = encode_header_value(name)
+    headers.update(param_headers)
+    return headers
+
+
+class ToolHeaderMaps:
+    """Which arguments of which tool travel as `Mcp-Param-*` headers, learned from `tools/list` results."""
+
+    def __init__(self) -> None:
+        self._maps: dict[str, dict[tuple[str, ...], str]] = {}
+        # True once a full listing was seen since the last `notifications/tools/list_changed`.
+        self.complete = False
+
+    def learn(self, result: Any, *, last_page: bool) -> None:
+        tools = result.get("tools") if isinstance(result, dict) else None
+        if not isinstance(tools, list):
+            return
+        for tool in tools:
+            if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+                continue
+            schema = tool.get("inputSchema")
+            # A tool with an invalid annotation gets no headers at all, as in the SDK client.
+            valid = find_invalid_x_mcp_header(schema) is None
+            self._maps[tool["name"]] = x_mcp_header_map(schema) if valid else {}
+        if last_page:
+            self.complete = True
+
+    def knows(self, name: str) -> bool:
+        return name in self._maps
+
+    def headers_for(self, name: str, arguments: Any) -> dict[str, str]:
+        header_map = self._maps.get(name)
+        if not header_map or not isinstance(arguments, Mapping):
+            return {}
+        return mcp_param_headers(header_map, arguments)
+
+    def stale(self) -> None:
+        self.complete = False

@@ -1,0 +1,144 @@
+"""Server-sent events decoding on bytes, with bounded memory.
+
+Own decoder rather than httpx2's `EventSource`: that one decodes to `str` and fails the whole stream
+on an oversized event, while the proxy must hand the payload on as the exact bytes it received and
+skip an oversized message (keeping its ends, to answer for it) without losing the stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mcp_backfill.transports.base import MessageTooLarge
+
+
+@dataclass(frozen=True)
+class SseEvent:
+    """One dispatched event: `data` is its `data:` lines joined by newlines, or the oversize summary."""
+
+    data: bytes | MessageTooLarge
+    event: str = "message"
+    # The event's own `id:` field; None when it had none (the stream's last id is then unchanged).
+    id: str | None = None
+    retry: int | None = None
+
+
+class SseDecoder:
+    """Feed it the body's bytes as they arrive; it returns the events completed so far.
+
+    Lines end with CRLF, LF or CR (spec: text/event-stream). A `data:` payload larger than `limit`
+    is not buffered: the event still arrives, with a `MessageTooLarge` in place of its data.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._line = bytearray()
+        self._scanned = 0  # bytes of `_line` known to hold no line ending
+        self._long_line: bytes | None = None  # field name of a line too long to buffer, while it streams
+        self._data: list[bytes] = []
+        self._size = 0
+        self._too_large: MessageTooLarge | None = None
+        self._event = b""
+        self._id: str | None = None
+        self._retry: int | None = None
+        self._pending = False
+
+    def feed(self, chunk: bytes) -> list[SseEvent]:
+        self._line += chunk
+        events: list[SseEvent] = []
+        while True:
+            end, after = self._line_end()
+            if end < 0:
+                self._absorb_partial()
+                return events
+            with memoryview(self._line) as view:
+                line = bytes(view[:end])
+            del self._line[:after]
+            self._scanned = 0
+            if self._long_line is not None:
+                if self._long_line == b"data" and self._too_large is not None:
+                    self._too_large.extend(line)
+                self._long_line = None
+                continue
+            event = self._take_line(line)
+            if event is not None:
+                events.append(event)
+
+    def _line_end(self) -> tuple[int, int]:
+        """(index of the line ending, index just after it), or (-1, -1) if the line is incomplete."""
+        buffer = self._line
+        lf = buffer.find(b"\n", self._scanned)
+        cr = buffer.find(b"\r", self._scanned, lf if lf >= 0 else len(buffer))
+        if cr < 0:
+            return (lf, lf + 1) if lf >= 0 else (-1, -1)
+        if cr + 1 == len(buffer):
+            return -1, -1  # a CR at the very end may be the first half of a CRLF
+        return (cr, cr + 2) if buffer[cr + 1] == 0x0A else (cr, cr + 1)
+
+    def _absorb_partial(self) -> None:
+        """An unterminated line longer than the limit is consumed as it arrives instead of buffered."""
+        if self._long_line is not None:
+            if self._long_line == b"data" and self._too_large is not None:
+                self._too_large.extend(self._line)
+            self._line.clear()
+        elif len(self._line) > self._limit + 16:
+            name, _, value = bytes(self._line).partition(b":")
+            self._long_line = name
+            if name == b"data":
+                self._add_data(value[1:] if value.startswith(b" ") else value)
+            self._line.clear()
+        trailing_cr = 1 if self._line.endswith(b"\r") else 0
+        self._scanned = len(self._line) - trailing_cr
+
+    def _take_line(self, line: bytes) -> SseEvent | None:
+        if not line:
+            return self._dispatch()
+        if line.startswith(b":"):
+            return None  # a comment (keep-alive pings)
+        name, colon, value = line.partition(b":")
+        if colon and value.startswith(b" "):
+            value = value[1:]
+        if name == b"data":
+            self._add_data(value)
+        elif name == b"event":
+            self._event = value
+            self._pending = True
+        elif name == b"id":
+            if b"\0" not in value:
+                self._id = value.decode("utf-8", errors="replace")
+                self._pending = True
+        elif name == b"retry" and value.isdigit():
+            self._retry = int(value)
+            self._pending = True
+        return None
+
+    def _add_data(self, value: bytes) -> None:
+        self._pending = True
+        separator = b"\n" if self._data or self._too_large is not None else b""
+        if self._too_large is not None:
+            self._too_large.extend(separator + value)
+            return
+        self._data.append(value)
+        self._size += len(separator) + len(value)
+        if self._size > self._limit:
+            self._too_large = MessageTooLarge.from_bytes(b"\n".join(self._data), self._limit)
+            self._data = []
+
+    def _dispatch(self) -> SseEvent | None:
+        if not self._pending:
+            return None
+        data: bytes | MessageTooLarge = self._too_large or b"\n".join(self._data)
+        event = SseEvent(
+            data=data,
+            event=self._event.decode("utf-8", errors="replace") or "message",
+            id=self._id,
+            retry=self._retry,
+        )
+        self._data = []
+        self._size = 0
+        self._too_large = None
+        self._event = b""
+        self._id = None
+        self._retry = None
+        self._pending = False
+        return event

@@ -1,0 +1,427 @@
+"""stdio client -> `python -m mcp_backfill --upstream-url URL` -> a streamable-HTTP MCP server.
+
+Everything runs as real processes talking real HTTP on 127.0.0.1 (ephemeral ports): the upstream
+is tests/servers/sampling_server.py served by uvicorn, npm's server-everything, or
+tests/servers/http_recorder.py (scriptable failures, and a record of every HTTP request it got).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from mcp import Client, types
+
+from tests.e2e.test_process import wait_for_log
+from tests.fake_claude import FakeClaude, text_reply, tool_use_reply
+from tests.harness import (
+    ROOT,
+    SERVERS,
+    TEST_API_KEY,
+    HttpServer,
+    RawSession,
+    initialize_params,
+    npm_http_server,
+    proxy_env,
+    proxy_url_argv,
+    python_http_server,
+    raw_proxy,
+    stdio_params,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+SAMPLING_SERVER = [sys.executable, str(SERVERS / "sampling_server.py"), "--http"]
+RESOLVE_SERVER = [sys.executable, str(SERVERS / "resolve_server.py"), "--http", "127.0.0.1:0"]
+EVERYTHING = ROOT / "tests" / "npm" / "node_modules" / ".bin" / "mcp-server-everything"
+MODERN = "2026-07-28"
+ENVELOPE = {
+    "io.modelcontextprotocol/protocolVersion": MODERN,
+    "io.modelcontextprotocol/clientInfo": {"name": "raw-test-client", "version": "0"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+
+
+@asynccontextmanager
+async def sampling_upstream(address: str = "127.0.0.1:0") -> AsyncIterator[HttpServer]:
+    async with python_http_server([*SAMPLING_SERVER, address]) as server:
+        yield server
+
+
+@asynccontextmanager
+async def recorder() -> AsyncIterator[tuple[HttpServer, Callable[[], list[dict[str, Any]]]]]:
+    """The recording upstream, and a function returning what it recorded so far."""
+    with tempfile.TemporaryDirectory() as tmp:
+        record = Path(tmp) / "requests.jsonl"
+        record.touch()
+        argv = [sys.executable, str(SERVERS / "http_recorder.py"), str(record)]
+        async with python_http_server(argv) as server:
+
+            def recorded() -> list[dict[str, Any]]:
+                return [json.loads(line) for line in record.read_text().splitlines()]
+
+            yield server, recorded
+
+
+def tool_json(result: types.CallToolResult) -> Any:
+    assert not result.is_error, result
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return json.loads(block.text)
+
+
+def result_json(response: dict[str, Any]) -> Any:
+    assert "result" in response, response
+    return json.loads(response["result"]["content"][0]["text"])
+
+
+async def handshake(session: RawSession) -> None:
+    response = await session.request(1, "initialize", initialize_params())
+    assert "result" in response, response
+    await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+
+def modern_call(request_id: Any, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    params = {"name": name, "arguments": arguments, "_meta": ENVELOPE}
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+
+
+# -- sampling through the HTTP upstream --------------------------------------------------------------
+
+
+async def test_sampling_tool_loop_through_an_http_upstream(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(
+        tool_use_reply("lookup", {"key": "beta"}, id="toolu_http_1", text="Let me check."),
+        text_reply("beta is 2."),
+    )
+    async with sampling_upstream() as upstream:
+        async with Client(upstream.url, mode="legacy") as direct:  # the same client, without the proxy
+            with pytest.raises(Exception, match="sampling tools capability"):
+                tool_json(await direct.call_tool("loop", {"question": "What is beta?"}))
+
+        argv = proxy_url_argv("--log-level", "debug", url=upstream.url)
+        async with Client(stdio_params(argv, proxy_env(fake_claude.url)), mode="legacy") as client:
+            outcome = tool_json(
+                await client.call_tool(
+                    "loop", {"question": "What is beta?", "rounds": 3, "tool_choice": "required"}
+                )
+            )
+
+    assert outcome["completed"] is True
+    assert outcome["finalText"] == "beta is 2."
+    first, second = outcome["rounds"]
+    assert first["toolCalls"] == [{"id": "toolu_http_1", "name": "lookup", "input": {"key": "beta"}}]
+    assert (first["stopReason"], second["stopReason"]) == ("toolUse", "endTurn")
+    bodies = [request.body for request in fake_claude.message_requests]
+    assert len(bodies) == 2
+    assert all(body["tool_choice"] == {"type": "any"} for body in bodies)
+    assert [tool["name"] for tool in bodies[0]["tools"]] == ["lookup"]
+    follow_up = bodies[1]["messages"]
+    assert follow_up[1]["content"][1]["id"] == "toolu_http_1"
+    [tool_result] = follow_up[2]["content"]
+    assert tool_result["tool_use_id"] == "toolu_http_1"
+    assert any("beta = 2" in block["text"] for block in tool_result["content"])
+
+
+async def test_a_dropped_response_stream_is_resumed(fake_claude: FakeClaude) -> None:
+    """The server closes the tools/call stream at once; sampling request and result come on resumption."""
+    fake_claude.enqueue(text_reply("answered after resuming"))
+    async with sampling_upstream() as upstream:
+        argv = proxy_url_argv("--log-level", "debug", url=upstream.url)
+        async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+            await handshake(session)
+            await session.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 2,
+                    "method": "tools/call",
+                    "params": {"name": "resumable_plain", "arguments": {"prompt": "hi"}},
+                }
+            )
+            response, before = await session.recv_until(lambda m: m.get("id") == 2)
+            log = session.stderr()
+    assert result_json(response)["text"] == "answered after resuming"
+    assert not [m for m in before if m.get("method") == "sampling/createMessage"]
+    assert "resuming an upstream stream" in log
+    assert len(fake_claude.message_requests) == 1
+
+
+async def test_server_everything_over_http_samples_for_a_client_without_sampling(
+    fake_claude: FakeClaude,
+) -> None:
+    if not EVERYTHING.exists():
+        message = "npm peers not installed: run scripts/setup --npm"
+        if os.environ.get("MCP_BACKFILL_TEST_REQUIRE_NPM"):
+            pytest.fail(message)
+        pytest.skip(message)
+    fake_claude.enqueue(text_reply("Sampled over HTTP by the fake Claude."))
+    async with npm_http_server([str(EVERYTHING), "streamableHttp"]) as upstream:
+        async with Client(upstream.url, mode="legacy") as direct:
+            assert "trigger-sampling-request" not in {t.name for t in (await direct.list_tools()).tools}
+        argv = proxy_url_argv(url=upstream.url)
+        async with Client(stdio_params(argv, proxy_env(fake_claude.url)), mode="legacy") as client:
+            assert "trigger-sampling-request" in {t.name for t in (await client.list_tools()).tools}
+            result = await client.call_tool("trigger-sampling-request", {"prompt": "Say hi", "maxTokens": 40})
+    assert not result.is_error
+    [block] = result.content
+    assert isinstance(block, types.TextContent)
+    assert "Sampled over HTTP by the fake Claude." in block.text
+    [request] = fake_claude.message_requests
+    assert request.body["max_tokens"] == 40
+    [system] = request.body["system"]  # a block, marked for prompt caching
+    assert system["text"] == "You are a helpful test server."
+
+
+# -- 2026-07-28 pass-through -----------------------------------------------------------------------
+
+
+async def test_modern_client_calls_tools_through_the_http_upstream() -> None:
+    async with sampling_upstream() as upstream:
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with Client(stdio_params(argv, proxy_env()), mode="auto") as client:
+            assert client.protocol_version == MODERN
+            # Called before any tools/list: the proxy lists the tools itself to find Mcp-Param-Region.
+            regional = tool_json(await client.call_tool("regional", {"region": "eu-west", "city": "Paris"}))
+            echoed = tool_json(await client.call_tool("echo", {"text": "hello 2026"}))
+            names = {tool.name for tool in (await client.list_tools()).tools}
+    assert regional == {"region": "eu-west", "city": "Paris"}
+    assert echoed == {"text": "hello 2026"}
+    assert {"regional", "echo"} <= names
+
+
+async def test_modern_input_required_sampling_through_the_http_upstream(fake_claude: FakeClaude) -> None:
+    """2026-07-28: each round is its own POST (the proxy's retries under its own ids), no session."""
+    fake_claude.enqueue(
+        tool_use_reply("get_weather", {"city": "Oslo"}, id="toolu_oslo", text="Checking."),
+        text_reply("Snow in Oslo."),
+    )
+    async with python_http_server(RESOLVE_SERVER) as upstream:
+        argv = proxy_url_argv(url=upstream.url)
+        async with Client(stdio_params(argv, proxy_env(fake_claude.url)), mode="auto") as client:
+            assert client.protocol_version == MODERN
+            outcome = tool_json(await client.call_tool("weather", {"city": "Oslo"}))
+    assert outcome["rounds"] == 2
+    assert outcome["first"] == {"stopReason": "toolUse", "toolUseIds": ["toolu_oslo"]}
+    assert outcome["final"]["text"] == "Snow in Oslo."
+    assert len(fake_claude.message_requests) == 2
+
+
+async def test_param_headers_are_derived_and_the_proxys_own_listing_stays_private() -> None:
+    async with sampling_upstream() as upstream:
+        # The server really insists on the header: without it the call is refused.
+        async with httpx2.AsyncClient() as http:
+            bare = await http.post(
+                upstream.url,
+                json=modern_call(1, "regional", {"region": "eu", "city": "Oslo"}),
+                headers={
+                    "accept": "application/json, text/event-stream",
+                    "mcp-protocol-version": MODERN,
+                    "mcp-method": "tools/call",
+                    "mcp-name": "regional",
+                },
+            )
+        assert bare.json()["error"]["code"] == -32020
+
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await session.send(modern_call(7, "regional", {"region": "ap-south", "city": "Pune"}))
+            first = await session.recv()
+            await session.send(modern_call(8, "echo", {"text": "next"}))
+            second = await session.recv()
+    assert first["id"] == 7
+    assert result_json(first) == {"region": "ap-south", "city": "Pune"}
+    assert second["id"] == 8  # nothing of the proxy's own tools/list came in between
+    assert result_json(second) == {"text": "next"}
+
+
+async def test_modern_cancellation_closes_the_request_stream() -> None:
+    async with sampling_upstream() as upstream:
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await session.send(modern_call(5, "wait_forever", {"label": "w1"}))
+            await wait_for_log(upstream.log, "wait_forever w1 started")
+            await session.send(
+                {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 5}}
+            )
+            await wait_for_log(upstream.log, "wait_forever w1 cancelled")
+            await session.send(modern_call(6, "echo", {"text": "still here"}))
+            response = await session.recv()
+    assert response["id"] == 6  # the cancelled request got no answer
+    assert result_json(response) == {"text": "still here"}
+
+
+async def test_client_eof_lets_requests_in_flight_finish_within_the_grace_period() -> None:
+    async with sampling_upstream() as upstream:
+        argv = proxy_url_argv("--provider", "mock", "--shutdown-grace", "0.5", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            await session.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 2,
+                    "method": "tools/call",
+                    "params": {"name": "echo", "arguments": {"text": "last"}},
+                }
+            )
+            await session.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 3,
+                    "method": "tools/call",
+                    "params": {"name": "wait_forever", "arguments": {"label": "w2"}},
+                }
+            )
+            await wait_for_log(upstream.log, "wait_forever w2 started")
+            await session.close_stdin()
+            answers = {message["id"]: message for message in [await session.recv(), await session.recv()]}
+            status = await session.wait()
+            log = session.stderr()
+    assert result_json(answers[2]) == {"text": "last"}
+    assert answers[3]["error"]["code"] == -32603
+    assert "shutting down" in answers[3]["error"]["message"]
+    assert status == 0
+    assert "upstream session ended" in log  # DELETE
+
+
+# -- upstream failures -------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+async def test_unreachable_upstream_answers_every_request_with_an_error() -> None:
+    url = f"http://127.0.0.1:{free_port()}/mcp"
+    async with raw_proxy(proxy_url_argv("--provider", "mock", url=url), proxy_env()) as session:
+        init = await session.request(1, "initialize", initialize_params())
+        ping = await session.request(2, "ping")
+        await session.close_stdin()
+        status = await session.wait()
+        log = session.stderr()
+    for response in (init, ping):
+        assert response["error"]["code"] == -32603
+        assert response["error"]["message"].startswith("Upstream unreachable: cannot connect")
+        assert url in response["error"]["message"]
+    assert status == 1
+    assert "upstream unreachable" in log
+
+
+async def test_restarted_upstream_reports_the_expired_session_and_does_not_reconnect() -> None:
+    async with sampling_upstream() as upstream:
+        address = upstream.url.removeprefix("http://").removesuffix("/mcp")
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            ok = await session.request(2, "tools/call", {"name": "echo", "arguments": {"text": "before"}})
+            assert result_json(ok) == {"text": "before"}
+            await upstream_restart(upstream, address, session)
+
+
+async def upstream_restart(upstream: HttpServer, address: str, session: RawSession) -> None:
+    upstream.process.terminate()
+    await upstream.process.wait()
+    async with sampling_upstream(address):
+        first = await session.request(3, "tools/call", {"name": "echo", "arguments": {"text": "after"}})
+        second = await session.request(4, "ping")
+        log = await wait_for_log(session.stderr, "upstream session expired")
+    for response in (first, second):
+        assert response["error"]["code"] == -32603
+        assert response["error"]["message"].startswith("Upstream session expired")
+    assert log.count("upstream session expired") == 1
+
+
+async def test_http_errors_become_json_rpc_errors_and_the_session_goes_on() -> None:
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            server_error = await session.request(2, "fail/500")
+            teapot = await session.request(3, "fail/teapot")
+            answered = await session.request(4, "fail/jsonrpc-400")
+            hung_up = await session.request(5, "fail/hang-up")
+            after = await session.request(6, "anything/else")
+            forgotten = await session.request(7, "session/forget")
+            expired = await session.request(8, "anything/else")
+            expired_again = await session.request(9, "anything/else")
+        posts = [entry["body"] for entry in recorded() if entry["verb"] == "POST"]
+    assert server_error["error"]["code"] == -32603
+    assert "HTTP 500" in server_error["error"]["message"]
+    assert "database on fire" in server_error["error"]["message"]
+    assert teapot["error"]["code"] == -32603
+    assert "HTTP 418" in teapot["error"]["message"]
+    assert "short and stout" in teapot["error"]["message"]
+    assert answered["error"] == {"code": -32602, "message": "bad params from server"}  # the server's own
+    assert hung_up["error"]["code"] == -32603
+    assert after["result"] == {"method": "anything/else"}
+    assert forgotten["result"] == {}
+    for response in (expired, expired_again):
+        assert response["error"]["code"] == -32603
+        assert "session expired" in response["error"]["message"]
+    assert [body["method"] for body in posts].count("initialize") == 1  # no silent re-initialize
+    assert posts[-1]["id"] == 8  # and request 9 was not even sent
+
+
+async def test_oversized_upstream_answers_become_errors_for_their_requests() -> None:
+    async with recorder() as (upstream, _):
+        argv = proxy_url_argv("--provider", "mock", "--max-message-bytes", "4096", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            as_json = await session.request(2, "big/json", {"size": 20000})
+            as_sse = await session.request(3, "big/sse", {"size": 20000})
+            small = await session.request(4, "big/sse", {"size": 10})
+    for response in (as_json, as_sse):
+        assert response["error"]["code"] == -32603
+        assert "--max-message-bytes" in response["error"]["message"]
+    assert small["result"] == {"padding": "x" * 10}
+
+
+# -- headers and credentials -------------------------------------------------------------------------
+
+
+async def test_upstream_headers_arrive_and_the_api_key_never_does(fake_claude: FakeClaude) -> None:
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv(
+            "--log-level",
+            "debug",
+            "--upstream-header",
+            "Authorization: Bearer upstream-tok-42",
+            "--upstream-header",
+            "X-Team: blue",
+            url=upstream.url,
+        )
+        env = proxy_env(fake_claude.url)
+        async with raw_proxy(argv, env) as session:
+            await handshake(session)
+            assert (await session.request(2, "tools/list"))["result"] == {"method": "tools/list"}
+            await session.close_stdin()
+            status = await session.wait()
+            log = session.stderr()
+        entries = recorded()
+    assert env["ANTHROPIC_API_KEY"] == TEST_API_KEY
+    # The GET (answered 405: no standalone stream) races the tools/list POST.
+    assert sorted(entry["verb"] for entry in entries) == ["DELETE", "GET", "POST", "POST", "POST"]
+    assert entries[-1]["verb"] == "DELETE"
+    for entry in entries:
+        assert entry["headers"]["authorization"] == "Bearer upstream-tok-42"
+        assert entry["headers"]["x-team"] == "blue"
+        assert entry["headers"]["user-agent"].startswith("mcp-backfill/")
+        assert TEST_API_KEY not in json.dumps(entry)
+    for entry in entries[1:]:
+        assert entry["headers"]["mcp-session-id"] == "rec-session-1"
+        assert entry["headers"]["mcp-protocol-version"] == "2025-11-25"
+    assert "mcp-protocol-version" not in entries[0]["headers"]
+    assert status == 0
+    assert "upstream-tok-42" not in log
+    assert TEST_API_KEY not in log

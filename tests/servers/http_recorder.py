@@ -1,0 +1,143 @@
+"""A scriptable streamable-HTTP endpoint that records every HTTP request it gets.
+
+Run it as `python tests/servers/http_recorder.py RECORD_FILE`: it listens on 127.0.0.1 (a free
+port), prints `listening on http://127.0.0.1:PORT/mcp` as its first stdout line, and appends one JSON
+line per HTTP request to RECORD_FILE: `{"verb", "headers", "body"}` (header names lower-cased).
+
+It speaks just enough of the handshake era for a client to get through `initialize` (session
+`rec-session-1`), and answers these methods (by the JSON-RPC method of the POSTed request):
+
+* `recorder/requests`: result `{"requests": [...]}`, everything recorded so far;
+* `fail/500`: HTTP 500, text body `database on fire`;
+* `fail/teapot`: HTTP 418, text body `short and stout`;
+* `fail/jsonrpc-400`: HTTP 400 with a JSON-RPC error `-32602 bad params from server` as the body;
+* `fail/hang-up`: closes the connection without answering;
+* `big/json` and `big/sse` (`params.size`): a result padded to about that many bytes, as a JSON body
+  or as the data of one SSE event after a notification;
+* `session/forget`: result `{}`, then the session is unknown (every later request gets HTTP 404);
+* anything else: result `{"method": <method>}`.
+
+Notifications and responses get 202; GET gets 405; DELETE ends the session (200).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+SESSION = "rec-session-1"
+
+
+class State:
+    def __init__(self, record_file: Path) -> None:
+        self.record_file = record_file
+        self.lock = threading.Lock()
+        self.requests: list[dict[str, Any]] = []
+        self.session_alive = True
+
+    def record(self, entry: dict[str, Any]) -> None:
+        with self.lock:
+            self.requests.append(entry)
+            with self.record_file.open("a") as out:
+                out.write(json.dumps(entry) + "\n")
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    state: State
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # keep stderr quiet
+
+    def _record(self, body: Any) -> None:
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        self.state.record({"verb": self.command, "headers": headers, "body": body})
+
+    def _reply(
+        self, status: int, body: bytes = b"", content_type: str = "application/json", **extra: str
+    ) -> None:
+        self.send_response(status)
+        if body or status != 202:
+            self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in extra.items():
+            self.send_header(name.replace("_", "-"), value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _result(self, request_id: Any, result: Any, **extra: str) -> None:
+        self._reply(200, json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}).encode(), **extra)
+
+    def do_GET(self) -> None:
+        self._record(None)
+        self._reply(405, b"", Allow="POST, DELETE")
+
+    def do_DELETE(self) -> None:
+        self._record(None)
+        self.state.session_alive = False
+        self._reply(200, b"{}")
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        message = json.loads(self.rfile.read(length))
+        self._record(message)
+        method = message.get("method")
+        if method != "initialize" and not self.state.session_alive:
+            self._reply(404, b"Session not found", "text/plain")
+            return
+        if "id" not in message or method is None:
+            self._reply(202)
+            return
+        request_id = message["id"]
+        if method == "initialize":
+            self.state.session_alive = True
+            result = {
+                "protocolVersion": message["params"]["protocolVersion"],
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "http-recorder", "version": "0"},
+            }
+            self._result(request_id, result, Mcp_Session_Id=SESSION)
+        elif method == "recorder/requests":
+            with self.state.lock:
+                self._result(request_id, {"requests": list(self.state.requests)})
+        elif method == "fail/500":
+            self._reply(500, b"database on fire", "text/plain")
+        elif method == "fail/teapot":
+            self._reply(418, b"short and stout", "text/plain")
+        elif method == "fail/jsonrpc-400":
+            error = {"code": -32602, "message": "bad params from server"}
+            self._reply(400, json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode())
+        elif method == "fail/hang-up":
+            self.close_connection = True
+            self.connection.shutdown(2)
+        elif method in ("big/json", "big/sse"):
+            padding = "x" * int(message["params"]["size"])
+            body = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {"padding": padding}}).encode()
+            if method == "big/json":
+                self._reply(200, body)
+                return
+            note = json.dumps(
+                {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "big"}}
+            )
+            stream = f"data: {note}\n\n".encode() + b"data: " + body + b"\n\n"
+            self._reply(200, stream, "text/event-stream")
+        elif method == "session/forget":
+            self._result(request_id, {})
+            self.state.session_alive = False
+        else:
+            self._result(request_id, {"method": method})
+
+
+def main() -> None:
+    Handler.state = State(Path(sys.argv[1]))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    print(f"listening on http://127.0.0.1:{server.server_address[1]}/mcp", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
