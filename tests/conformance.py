@@ -15,6 +15,7 @@ import argparse
 import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
+from anyio.abc import Process
 
-from tests.harness import ROOT, proxy_env
+from tests.harness import ROOT, SERVERS, proxy_env
 
 NPM = ROOT / "tests" / "npm"
 SUITE_JS = NPM / "node_modules" / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
@@ -194,12 +196,58 @@ async def everything_http(extra_env: Mapping[str, str] | None = None) -> AsyncIt
                         await anyio.sleep(0.05)
                 yield HttpUpstream(f"http://127.0.0.1:{port_file.read_text().strip()}/mcp", log_path)
             finally:
-                process.terminate()
-                with anyio.move_on_after(10, shield=True):
-                    await process.wait()
-                if process.returncode is None:
-                    process.kill()
-                    await process.wait()
+                await stop(process)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def wait_for_port(port: int, process: Process, log_path: Path, timeout: float = 30.0) -> None:
+    """Until something accepts connections on 127.0.0.1:port; fails early if the process exits."""
+    with anyio.fail_after(timeout):
+        while True:
+            if process.returncode is not None:
+                raise RuntimeError(f"server exited ({process.returncode}): {log_path.read_text()}")
+            try:
+                stream = await anyio.connect_tcp("127.0.0.1", port)
+            except OSError:
+                await anyio.sleep(0.05)
+                continue
+            await stream.aclose()
+            return
+
+
+async def stop(process: Process) -> None:
+    process.terminate()
+    with anyio.move_on_after(10, shield=True):
+        await process.wait()
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
+
+
+@asynccontextmanager
+async def conformance_server_http() -> AsyncIterator[HttpUpstream]:
+    """tests/servers/conformance_server.py (the suite's test_* features, MCPServer) on loopback."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        log_path = Path(tmp) / "server.log"
+        with log_path.open("wb") as log:
+            process = await anyio.open_process(
+                [sys.executable, str(SERVERS / "conformance_server.py"), "--port", str(port)],
+                stdout=log,
+                stderr=log,
+                env=proxy_env(),
+                cwd=ROOT,
+            )
+            try:
+                await wait_for_port(port, process, log_path)
+                yield HttpUpstream(f"http://127.0.0.1:{port}/mcp", log_path)
+            finally:
+                await stop(process)
 
 
 async def _main(url: str, out: Path | None, as_json: bool) -> int:
