@@ -12,6 +12,7 @@ Run by hand: `.venv/bin/python -m tests.conformance http://127.0.0.1:8080/mcp [-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import shutil
@@ -145,6 +146,7 @@ def read_results(out_dir: Path, expected: Iterable[str]) -> dict[str, ScenarioRe
 
 async def run_suite(url: str, out_dir: Path, expected_failures: Path | None = None) -> SuiteRun:
     """Run every server scenario (`--suite all`) against `url` once; results land in `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
     scenarios = await list_server_scenarios()
     command = [node_executable(), str(SUITE_JS), "server", "--url", url, "--suite", "all", "-o", str(out_dir)]
     if expected_failures is not None:
@@ -155,6 +157,16 @@ async def run_suite(url: str, out_dir: Path, expected_failures: Path | None = No
         )
     output = result.stdout.decode(errors="replace")
     return SuiteRun(url, read_results(out_dir, scenarios), result.returncode, output)
+
+
+RESULTS = ROOT / "results" / "conformance"
+
+
+def record(name: str, run: SuiteRun) -> None:
+    """Keep a run's per-scenario outcome for reports (results/ is git-ignored), with the suite's output."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(run.to_json(), indent=2) + "\n")
+    (RESULTS / f"{name}.log").write_text(run.output)
 
 
 def expected_failures_file(name: str) -> Path:
@@ -221,7 +233,8 @@ async def wait_for_port(port: int, process: Process, log_path: Path, timeout: fl
 
 
 async def stop(process: Process) -> None:
-    process.terminate()
+    with contextlib.suppress(ProcessLookupError):  # it may have exited on its own
+        process.terminate()
     with anyio.move_on_after(10, shield=True):
         await process.wait()
     if process.returncode is None:
