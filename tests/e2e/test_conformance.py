@@ -6,7 +6,6 @@ Results are written to results/conformance/ (git-ignored)."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -15,19 +14,16 @@ import yaml
 
 from tests.conformance import (
     ConformanceUnavailable,
-    SuiteRun,
     conformance_server_http,
     everything_http,
     expected_failures_file,
     list_server_scenarios,
     node_executable,
+    record,
     run_suite,
 )
-from tests.harness import ROOT
 
 pytestmark = [pytest.mark.anyio, pytest.mark.npm]
-
-RESULTS = ROOT / "results" / "conformance"
 
 
 @pytest.fixture
@@ -38,13 +34,6 @@ def suite_available() -> None:
         if os.environ.get("MCP_BACKFILL_TEST_REQUIRE_NPM"):
             pytest.fail(str(exc))
         pytest.skip(str(exc))
-
-
-def record(name: str, run: SuiteRun) -> None:
-    """Keep the per-scenario outcome for reports (and the suite's raw output beside it)."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(run.to_json(), indent=2) + "\n")
-    (RESULTS / f"{name}.log").write_text(run.output)
 
 
 def expected_failures(name: str) -> set[str]:
