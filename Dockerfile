@@ -1,0 +1,45 @@
+# mcp-backfill as a sidecar: `mcp-backfill serve` in front of an MCP server reached over HTTP.
+# Configured entirely by environment variables (every option has an MCP_BACKFILL_* twin); see the
+# README's "Container" section. Build: docker build -t mcp-backfill .
+ARG PYTHON_VERSION=3.11
+
+# Build stage: a virtualenv with the package and its runtime dependencies, nothing else.
+FROM python:${PYTHON_VERSION}-slim AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY src ./src
+RUN python -m venv /opt/mcp-backfill \
+    && /opt/mcp-backfill/bin/pip install --no-cache-dir . \
+    && find /opt/mcp-backfill -name __pycache__ -prune -exec rm -rf {} +
+
+# Runtime stage: the slim base, the virtualenv and the weather example (the upstream of compose.yaml).
+FROM python:${PYTHON_VERSION}-slim
+RUN groupadd --system --gid 10001 mcp \
+    && useradd --system --uid 10001 --gid mcp --no-create-home --home-dir /nonexistent \
+       --shell /usr/sbin/nologin mcp
+COPY --from=build /opt/mcp-backfill /opt/mcp-backfill
+COPY examples/weather_server.py examples/weather_http.py /app/examples/
+WORKDIR /app
+
+# HOST 0.0.0.0: inside a container the port is only reachable through what the operator publishes.
+# Binding every interface still makes `serve` refuse to start until MCP_BACKFILL_AUTH_TOKEN is set
+# (or MCP_BACKFILL_ALLOW_UNAUTHENTICATED, a deliberate choice): the image ships no credential and
+# no way around that rule, so a forgotten token fails closed instead of exposing the Claude key.
+ENV PATH=/opt/mcp-backfill/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    MCP_BACKFILL_HOST=0.0.0.0 \
+    MCP_BACKFILL_PORT=8080 \
+    MCP_BACKFILL_LOG_FORMAT=json
+
+USER 10001:10001
+EXPOSE 8080
+
+# Only what the image has: the standard library's urllib. Non-2xx or no answer -> exit 1 -> unhealthy.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=10s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('MCP_BACKFILL_PORT', '8080') + '/healthz', timeout=4)"]
+
+ENTRYPOINT ["mcp-backfill"]
+CMD ["serve"]

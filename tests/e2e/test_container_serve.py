@@ -1,0 +1,183 @@
+"""The image's configuration against the real `mcp-backfill serve`: the env names the container files
+use are real options, the image's command serves compose.yaml's stack (here on loopback, without
+Docker), and the image's defaults refuse to serve every interface without a token."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import httpx2 as httpx
+import pytest
+from mcp import Client, types
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.conformance import free_port, stop, wait_for_port
+from tests.container_files import (
+    DOCKERFILE,
+    cli_env_names,
+    final_stage,
+    healthcheck_command,
+    image_env,
+    load_compose,
+    parse_dockerfile,
+)
+from tests.fake_claude import FakeClaude, text_reply
+from tests.harness import EXAMPLES, ROOT, TEST_API_KEY, proxy_env
+from tests.sidecar import running_sidecar
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "test-sidecar-token-0123456789abcdef"
+ENV_NAME = re.compile(r"\bMCP_BACKFILL_[A-Z0-9_]+\b")
+
+
+def container_section() -> str:
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("\n## Container\n")
+    end = readme.index("\n## ", start + 1)
+    return readme[start:end]
+
+
+def test_every_env_name_the_container_files_use_is_a_real_option() -> None:
+    real = cli_env_names()
+    used = set(image_env(parse_dockerfile(DOCKERFILE.read_text())))
+    for service in load_compose()["services"].values():
+        used |= set(service.get("environment", {}))
+    used |= set(ENV_NAME.findall(container_section()))
+    used = {name for name in used if name.startswith("MCP_BACKFILL_")}
+    assert {"MCP_BACKFILL_HOST", "MCP_BACKFILL_PORT", "MCP_BACKFILL_UPSTREAM_URL"} <= used
+    assert used <= real, f"not options of mcp-backfill: {sorted(used - real)}"
+
+
+@asynccontextmanager
+async def weather_upstream() -> AsyncIterator[str]:
+    """compose.yaml's upstream (examples/weather_http.py) on loopback; yields its /mcp URL."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        log_path = Path(tmp) / "weather.log"
+        with log_path.open("wb") as log:
+            process = await anyio.open_process(
+                [sys.executable, str(EXAMPLES / "weather_http.py"), "--port", str(port)],
+                stdout=log,
+                stderr=log,
+                env=proxy_env(),
+                cwd=ROOT,
+            )
+            try:
+                await wait_for_port(port, process, log_path)
+                yield f"http://127.0.0.1:{port}/mcp"
+            finally:
+                await stop(process)
+
+
+def sidecar_env(fake_url: str, port: int, upstream_url: str) -> dict[str, str]:
+    """The image's ENV plus compose's `environment`, as Docker would merge them, except that the
+    sidecar binds loopback here (no container around it) and the upstream is the local one."""
+    dockerfile = parse_dockerfile(DOCKERFILE.read_text())
+    compose_env = load_compose()["services"]["mcp-backfill"]["environment"]
+    env = proxy_env(fake_url)  # ANTHROPIC_API_KEY (the test key) and ANTHROPIC_BASE_URL (the fake)
+    env.update({k: v for k, v in image_env(dockerfile).items() if k.startswith("MCP_BACKFILL_")})
+    env.update({k: v for k, v in compose_env.items() if k.startswith("MCP_BACKFILL_")})
+    env.update(
+        MCP_BACKFILL_HOST="127.0.0.1",
+        MCP_BACKFILL_PORT=str(port),
+        MCP_BACKFILL_UPSTREAM_URL=upstream_url,
+        MCP_BACKFILL_AUTH_TOKEN=TOKEN,
+    )
+    return env
+
+
+def healthcheck(port: int) -> int:
+    [instruction] = [
+        i for i in final_stage(parse_dockerfile(DOCKERFILE.read_text())) if i.keyword == "HEALTHCHECK"
+    ]
+    command = [sys.executable, *healthcheck_command(instruction)[1:]]
+    env = {"PATH": "/usr/bin:/bin", "MCP_BACKFILL_PORT": str(port)}
+    return subprocess.run(command, env=env, capture_output=True, timeout=30, check=False).returncode
+
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "0"},
+    },
+}
+
+
+async def test_the_image_command_serves_the_compose_stack(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(text_reply("One sentence from the fake Claude."))
+    port = free_port()
+    async with weather_upstream() as upstream_url:
+        env = sidecar_env(fake_claude.url, port, upstream_url)
+        async with running_sidecar([], env=env, port=port) as sidecar:
+            assert await anyio.to_thread.run_sync(healthcheck, port) == 0
+            headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+            async with httpx.AsyncClient(timeout=10) as raw:
+                anonymous = await raw.post(sidecar.mcp_url, json=INITIALIZE, headers=headers)
+                wrong = await raw.post(
+                    sidecar.mcp_url, json=INITIALIZE, headers={**headers, "Authorization": "Bearer nope"}
+                )
+            assert anonymous.status_code == 401
+            assert wrong.status_code == 401
+
+            http = httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+            async with (
+                http,
+                Client(streamable_http_client(sidecar.mcp_url, http_client=http), mode="legacy") as client,
+            ):
+                tools = {tool.name for tool in (await client.list_tools()).tools}
+                result = await client.call_tool("summarize", {"text": "A long text about the weather."})
+            log = sidecar.log()
+
+    assert {"weather_assistant", "summarize"} <= tools
+    assert not result.is_error
+    [block] = result.content
+    assert isinstance(block, types.TextContent)
+    assert block.text == "One sentence from the fake Claude."
+    assert len(fake_claude.message_requests) == 1
+    assert TEST_API_KEY not in log
+    assert TOKEN not in log
+
+
+def can_unshare_network() -> bool:
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return False
+    probe = subprocess.run([unshare, "--net", "--map-root-user", "true"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+def test_the_image_defaults_refuse_every_interface_without_a_token() -> None:
+    """Exactly the image's environment (MCP_BACKFILL_HOST=0.0.0.0), no token: `serve` must refuse to
+    start. Run in a private network namespace, so even a regression binds nothing reachable."""
+    if not can_unshare_network():
+        pytest.skip("needs unshare --net (a private network namespace) to run serve on 0.0.0.0 safely")
+    env = proxy_env()
+    env.update(image_env(parse_dockerfile(DOCKERFILE.read_text())))
+    env.update(
+        PATH=proxy_env()["PATH"],
+        MCP_BACKFILL_PROVIDER="mock",
+        MCP_BACKFILL_UPSTREAM_URL="http://127.0.0.1:9/mcp",
+    )
+    assert env["MCP_BACKFILL_HOST"] == "0.0.0.0"
+    argv = ["unshare", "--net", "--map-root-user", sys.executable, "-m", "mcp_backfill", "serve"]
+    try:
+        result = subprocess.run(
+            argv, env=env, capture_output=True, text=True, timeout=30, cwd=ROOT, check=False
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("serve started on 0.0.0.0 without a token (it should refuse at once)")
+    assert result.returncode != 0
+    assert "MCP_BACKFILL_AUTH_TOKEN" in result.stderr or "--auth-token" in result.stderr, result.stderr
