@@ -14,7 +14,9 @@ from mcp_backfill import __version__
 from mcp_backfill.config import (
     AUDIO_POLICIES,
     DEFAULT_ALLOWED_MODELS,
+    DEFAULT_HOST,
     DEFAULT_MODEL,
+    DEFAULT_PORT,
     ERAS,
     LOG_FORMATS,
     LOG_LEVELS,
@@ -22,7 +24,9 @@ from mcp_backfill.config import (
     PROVIDERS,
     Config,
     ConfigError,
+    Secret,
     env_name,
+    parse_bool,
     secret_from_env,
     split_list,
 )
@@ -30,7 +34,9 @@ from mcp_backfill.logs import configure_logging, get_logger
 
 T = TypeVar("T")
 
-USAGE = "mcp-backfill [OPTIONS] -- COMMAND [ARGS...]"
+SERVE_USAGE = "mcp-backfill serve [OPTIONS] -- COMMAND [ARGS...]"
+USAGE = f"mcp-backfill [OPTIONS] -- COMMAND [ARGS...]\n       {SERVE_USAGE}"
+SERVE_COMMAND = "serve"
 DESCRIPTION = (
     "Run an MCP server behind a transparent proxy that answers its sampling/createMessage requests "
     "(including sampling with tools) with Claude, for clients that cannot sample. Every option can "
@@ -38,16 +44,31 @@ DESCRIPTION = (
 )
 EPILOG = (
     "environment: ANTHROPIC_API_KEY (required by --provider anthropic; never logged, never passed to the "
-    "upstream server), ANTHROPIC_BASE_URL (an API gateway or proxy in front of the Claude API)."
+    "upstream server), ANTHROPIC_BASE_URL (an API gateway or proxy in front of the Claude API). "
+    "`mcp-backfill serve --help` describes the streamable-HTTP front."
+)
+SERVE_DESCRIPTION = (
+    "Serve an MCP server over streamable HTTP at /mcp, with sampling answered by Claude for clients that "
+    "cannot sample. Every handshake-era client session gets its own upstream process; 2026-07-28 "
+    "requests share one. /healthz and /metrics (Prometheus) are served next to /mcp. Every option can "
+    "also be set with the environment variable shown in brackets."
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mcp-backfill", usage=USAGE, description=DESCRIPTION, epilog=EPILOG)
+def build_parser(serve: bool = False) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mcp-backfill serve" if serve else "mcp-backfill",
+        usage=SERVE_USAGE if serve else USAGE,
+        description=SERVE_DESCRIPTION if serve else DESCRIPTION,
+        epilog=EPILOG,
+    )
     parser.add_argument("--version", action="version", version=f"mcp-backfill {__version__}")
 
     def option(flag: str, help_text: str, **kwargs: Any) -> None:
         parser.add_argument(flag, default=None, help=f"{help_text} [{env_name(flag)}]", **kwargs)
+
+    if serve:
+        _add_serve_options(option)
 
     option(
         "--mode",
@@ -107,6 +128,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_serve_options(option: Callable[..., None]) -> None:
+    option("--host", f"address to listen on (default {DEFAULT_HOST})")
+    option("--port", f"TCP port to listen on (default {DEFAULT_PORT}; 0 picks a free one)", metavar="N")
+    option(
+        "--auth-token",
+        "bearer token clients must send (Authorization: Bearer ...) on /mcp and /metrics; "
+        "prefer the environment variable, command lines are visible to other users",
+        metavar="TOKEN",
+    )
+    option(
+        "--allow-unauthenticated",
+        "allow listening on a non-loopback address without --auth-token (when something in front "
+        "of the proxy authenticates clients)",
+        action="store_const",
+        const="true",
+    )
+    option(
+        "--allowed-hosts",
+        "comma-separated Host header values accepted on /mcp (DNS-rebinding protection); 'name:*' allows "
+        "any port, '*' any host (default: localhost, 127.0.0.1 and [::1] with the bound port)",
+    )
+    option(
+        "--allowed-origins",
+        "comma-separated Origin header values accepted on /mcp; 'scheme://name:*' allows any port, "
+        "'*' any origin (default: http://localhost, http://127.0.0.1 and http://[::1], any port); "
+        "requests without Origin are always accepted",
+    )
+    option("--max-sessions", "concurrent client sessions; more get HTTP 503 (default 100)", metavar="N")
+    option(
+        "--session-idle-timeout",
+        "seconds a session may stay without any request in flight before it and its upstream process "
+        "are closed (default 1800; 0 never)",
+        metavar="SECONDS",
+    )
+    option(
+        "--drain-timeout",
+        "on SIGTERM/SIGINT, seconds to let requests in flight finish before the upstreams are stopped "
+        "(default 10)",
+        metavar="SECONDS",
+    )
+
+
 def _pick(
     value: str | None, environ: Mapping[str, str], flag: str, convert: Callable[[str], T], default: T
 ) -> T:
@@ -131,11 +194,14 @@ def _choice(choices: Sequence[str], flag: str) -> Callable[[str], Any]:
 def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
     """Flags win over `MCP_BACKFILL_*` variables, which win over defaults."""
     argv = list(argv)
+    serve = bool(argv) and argv[0] == SERVE_COMMAND
+    if serve:
+        argv = argv[1:]
     command: list[str] = []
     if "--" in argv:
         split = argv.index("--")
         argv, command = argv[:split], argv[split + 1 :]
-    args = build_parser().parse_args(argv)
+    args = build_parser(serve).parse_args(argv)
     allowed: tuple[str, ...] = _pick(
         args.allowed_models, environ, "--allowed-models", split_list, DEFAULT_ALLOWED_MODELS
     )
@@ -164,7 +230,30 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         ),
         api_key=secret_from_env(environ, "ANTHROPIC_API_KEY"),
         api_base_url=environ.get("ANTHROPIC_BASE_URL") or None,
+        **(_serve_settings(args, environ) if serve else {}),
     )
+
+
+def _serve_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The `serve` fields of `Config`."""
+    token = _pick(args.auth_token, environ, "--auth-token", str.strip, "")
+    no_items: tuple[str, ...] = ()
+    return {
+        "front": "http",
+        "host": _pick(args.host, environ, "--host", str.strip, DEFAULT_HOST),
+        "port": _pick(args.port, environ, "--port", int, DEFAULT_PORT),
+        "auth_token": Secret(token) if token else None,
+        "allow_unauthenticated": _pick(
+            args.allow_unauthenticated, environ, "--allow-unauthenticated", parse_bool, False
+        ),
+        "allowed_hosts": _pick(args.allowed_hosts, environ, "--allowed-hosts", split_list, no_items),
+        "allowed_origins": _pick(args.allowed_origins, environ, "--allowed-origins", split_list, no_items),
+        "max_sessions": _pick(args.max_sessions, environ, "--max-sessions", int, 100),
+        "session_idle_timeout": _pick(
+            args.session_idle_timeout, environ, "--session-idle-timeout", float, 1800.0
+        ),
+        "drain_timeout": _pick(args.drain_timeout, environ, "--drain-timeout", float, 10.0),
+    }
 
 
 def event_loop_options() -> dict[str, Any]:
@@ -185,13 +274,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging(config.log_level, config.log_format, config.secrets())
     from mcp_backfill.proxy import run_stdio_proxy
+    from mcp_backfill.sidecar.server import BindError, run_sidecar
     from mcp_backfill.transports.stdio import UpstreamStartError
 
+    run = run_sidecar if config.front == "http" else run_stdio_proxy
     try:
-        return anyio.run(run_stdio_proxy, config, backend_options=event_loop_options())
+        return anyio.run(run, config, backend_options=event_loop_options())
     except UpstreamStartError as exc:
         get_logger().error(str(exc))
         return 127
+    except BindError as exc:
+        get_logger().error(str(exc))
+        return 1
     except KeyboardInterrupt:
         return 130
 

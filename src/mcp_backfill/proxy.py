@@ -17,13 +17,13 @@ from mcp_backfill.logs import get_logger
 from mcp_backfill.providers import make_provider
 from mcp_backfill.relay import Relay, RelayOptions
 from mcp_backfill.sampling.convert import ConversionOptions
-from mcp_backfill.sampling.sampler import Sampler, SamplerSettings
+from mcp_backfill.sampling.sampler import Sampler, SamplerSettings, SamplingObserver
 from mcp_backfill.transports.stdio import UpstreamProcess, own_stdio, spawn_upstream
 
 log = get_logger("proxy")
 
 
-def make_sampler(config: Config) -> Sampler:
+def make_sampler(config: Config, observer: SamplingObserver | None = None) -> Sampler:
     return Sampler(
         make_provider(config),
         SamplerSettings(
@@ -31,6 +31,7 @@ def make_sampler(config: Config) -> Sampler:
             default_model=config.model,
             allowed_models=config.allowed_models,
         ),
+        observer,
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from mcp_backfill.logs import get_logger
 from mcp_backfill.providers.base import Provider
@@ -30,12 +30,29 @@ class SamplerSettings:
     allowed_models: Sequence[str]
 
 
+class SamplingObserver(Protocol):
+    """Told once per answered or refused sampling request (e.g. to keep metrics)."""
+
+    def sampling_done(
+        self,
+        *,
+        outcome: str,
+        model: str,
+        latency: float,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+    ) -> None: ...
+
+
 class Sampler:
     """Answers `sampling/createMessage` params with a `CreateMessageResult` (wire JSON)."""
 
-    def __init__(self, provider: Provider, settings: SamplerSettings) -> None:
+    def __init__(
+        self, provider: Provider, settings: SamplerSettings, observer: SamplingObserver | None = None
+    ) -> None:
         self.provider = provider
         self.settings = settings
+        self.observer = observer
 
     async def sample(self, params: dict[str, Any], *, request_id: Any = None) -> dict[str, Any]:
         started = time.monotonic()
@@ -60,6 +77,8 @@ class Sampler:
                     "latency_ms": _elapsed_ms(started),
                 },
             )
+            if self.observer is not None:
+                self.observer.sampling_done(outcome="error", model=model, latency=time.monotonic() - started)
             raise
         usage = message.get("usage") or {}
         log.info(
@@ -74,6 +93,14 @@ class Sampler:
                 "latency_ms": _elapsed_ms(started),
             },
         )
+        if self.observer is not None:
+            self.observer.sampling_done(
+                outcome="ok",
+                model=str(message.get("model", model)),
+                latency=time.monotonic() - started,
+                input_tokens=usage.get("input_tokens"),
+                output_tokens=usage.get("output_tokens"),
+            )
         return result
 
     async def _create(self, request: dict[str, Any]) -> dict[str, Any]:
