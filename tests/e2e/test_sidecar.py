@@ -252,7 +252,7 @@ async def test_idle_sessions_are_reaped(tmp_path: Path) -> None:
         )
         [reply] = response_messages(slow)
         assert json.loads(reply["result"]["content"][0]["text"]) == {"slept": 1.5}
-        [marker] = list(tmp_path.iterdir())
+        [marker] = list(tmp_path.glob("started-*"))
         pid = int(marker.name.removeprefix("started-"))
         assert pid_alive(pid)
         await wait_until(lambda: not pid_alive(pid), timeout=10)
@@ -489,7 +489,7 @@ async def test_sigterm_drains_requests_in_flight(tmp_path: Path) -> None:
     ):
         session_id = await open_session(http, sidecar.url)
         headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
-        [marker] = list(tmp_path.iterdir())
+        [marker] = list(tmp_path.glob("started-*"))
         pid = int(marker.name.removeprefix("started-"))
         replies: list[Any] = []
 

@@ -8,7 +8,8 @@ Run it as `python tests/servers/chatty_server.py [MARKER_DIR]`. With MARKER_DIR,
   `{"tag": tag, "pid": <pid>}`. Progress needs the caller's progress token; logs on 2026-07-28 need
   the caller's log level opt-in.
 * `pid()`: returns `{"pid": <pid>}`.
-* `sleep(seconds)`: sleeps, then returns `{"slept": seconds}`.
+* `sleep(seconds, note="")`: sleeps, then returns `{"slept": seconds}`. If the call is cancelled
+  and the server has a MARKER_DIR, it writes `MARKER_DIR/cancelled-<note>` first.
 * `crash(code=3)`: exits the process at once with `code`, without answering.
 """
 
@@ -28,6 +29,7 @@ warnings.filterwarnings("ignore", category=MCPDeprecationWarning)
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 server = MCPServer("chatty-test-server")
+MARKER_DIR = Path(sys.argv[1]) if len(sys.argv) > 1 else None
 
 
 @server.tool()
@@ -47,9 +49,14 @@ async def pid() -> str:
 
 
 @server.tool()
-async def sleep(seconds: float) -> str:
-    """Take `seconds` to answer."""
-    await anyio.sleep(seconds)
+async def sleep(seconds: float, note: str = "") -> str:
+    """Take `seconds` to answer; leave a marker when cancelled."""
+    try:
+        await anyio.sleep(seconds)
+    except anyio.get_cancelled_exc_class():
+        if MARKER_DIR is not None:
+            (MARKER_DIR / f"cancelled-{note}").touch()
+        raise
     return json.dumps({"slept": seconds})
 
 
@@ -61,6 +68,6 @@ async def crash(code: int = 3) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        (Path(sys.argv[1]) / f"started-{os.getpid()}").touch()
+    if MARKER_DIR is not None:
+        (MARKER_DIR / f"started-{os.getpid()}").touch()
     server.run()
