@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -130,8 +131,6 @@ async def test_auth_token_guards_mcp_and_metrics_but_not_healthz(tmp_path: Path)
 
 
 def test_non_loopback_host_needs_a_token() -> None:
-    import subprocess
-
     result = subprocess.run(
         [
             sys.executable,
@@ -153,6 +152,30 @@ def test_non_loopback_host_needs_a_token() -> None:
     assert result.returncode == 2
     assert "--allow-unauthenticated" in result.stderr
     assert "MCP_BACKFILL_AUTH_TOKEN" in result.stderr
+
+
+def test_unknown_upstream_command_fails_at_startup() -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mcp_backfill",
+            "serve",
+            "--port",
+            "0",
+            "--provider",
+            "mock",
+            "--",
+            "/nonexistent/srv",
+        ],
+        capture_output=True,
+        text=True,
+        env=proxy_env(),
+        timeout=30,
+    )
+    assert result.returncode == 127
+    assert "/nonexistent/srv" in result.stderr
+    assert "command not found" in result.stderr
 
 
 async def test_host_and_origin_are_checked_against_dns_rebinding() -> None:

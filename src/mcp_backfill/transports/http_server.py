@@ -36,7 +36,7 @@ GET_STREAM_KEY = "g"
 REQUEST_CANCELLED = -32800  # as the SDK's server answers a request the client cancelled
 CANCELLED_NOTIFICATION = "notifications/cancelled"
 # Finished POST streams kept for a client that reconnects to read the end of one.
-FINISHED_STREAMS_KEPT = 32
+FINISHED_STREAMS_KEPT = 8
 # Ids of requests the client cancelled, remembered so that a late response is not misrouted.
 CANCELLED_IDS_KEPT = 256
 
