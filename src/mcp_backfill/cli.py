@@ -148,12 +148,14 @@ def _add_serve_options(option: Callable[..., None]) -> None:
         "--allowed-hosts",
         "comma-separated Host header values accepted on /mcp (DNS-rebinding protection); 'name:*' allows "
         "any port, '*' any host (default: localhost, 127.0.0.1 and [::1] with the bound port)",
+        metavar="LIST",
     )
     option(
         "--allowed-origins",
         "comma-separated Origin header values accepted on /mcp; 'scheme://name:*' allows any port, "
         "'*' any origin (default: http://localhost, http://127.0.0.1 and http://[::1], any port); "
         "requests without Origin are always accepted",
+        metavar="LIST",
     )
     option("--max-sessions", "concurrent client sessions; more get HTTP 503 (default 100)", metavar="N")
     option(
