@@ -347,9 +347,11 @@ async def test_delete_ends_the_session_and_its_child() -> None:
         assert (await health(http, sidecar))["sessions"] == 0
 
 
-async def test_upstream_exit_fails_pending_requests_and_ends_the_session() -> None:
+async def test_upstream_exit_fails_pending_requests_and_ends_the_session(tmp_path: Path) -> None:
     async with (
-        run_sidecar("--provider", "mock", upstream=CHATTY_SERVER, env=proxy_env()) as sidecar,
+        run_sidecar(
+            "--provider", "mock", upstream=[*CHATTY_SERVER, str(tmp_path)], env=proxy_env()
+        ) as sidecar,
         httpx2.AsyncClient() as http,
     ):
         session_id = await open_session(http, sidecar.url)
@@ -360,13 +362,13 @@ async def test_upstream_exit_fails_pending_requests_and_ends_the_session() -> No
             async def slow() -> None:
                 response = await http.post(
                     sidecar.url,
-                    json=call(2, "tools/call", {"name": "sleep", "arguments": {"seconds": 30}}),
+                    json=call(2, "tools/call", {"name": "sleep", "arguments": {"seconds": 30, "note": "s"}}),
                     headers=headers,
                 )
                 replies.extend(response_messages(response))
 
             tg.start_soon(slow)
-            await anyio.sleep(0.5)
+            await wait_until(lambda: (tmp_path / "sleeping-s").exists())
             crashed = await http.post(
                 sidecar.url, json=call(3, "tools/call", {"name": "crash", "arguments": {}}), headers=headers
             )
@@ -519,19 +521,27 @@ async def test_sigterm_drains_requests_in_flight(tmp_path: Path) -> None:
         async def slow() -> None:
             response = await http.post(
                 sidecar.url,
-                json=call(2, "tools/call", {"name": "sleep", "arguments": {"seconds": 2}}),
+                json=call(2, "tools/call", {"name": "sleep", "arguments": {"seconds": 2, "note": "drain"}}),
                 headers=headers,
             )
             replies.extend(response_messages(response))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(slow)
-            await anyio.sleep(0.5)
+            await wait_until(lambda: (tmp_path / "sleeping-drain").exists())
             sidecar.signal(signal.SIGTERM)
-            await anyio.sleep(0.3)
-            async with httpx2.AsyncClient() as fresh:
-                with pytest.raises(httpx2.ConnectError):
-                    await fresh.post(sidecar.url, json=initialize_body(), headers=HANDSHAKE_HEADERS)
+            # New sessions are refused at once (503), and soon nothing is accepted at all.
+            with anyio.fail_after(10):
+                while True:
+                    try:
+                        async with httpx2.AsyncClient() as fresh:
+                            refused = await fresh.post(
+                                sidecar.url, json=initialize_body(), headers=HANDSHAKE_HEADERS
+                            )
+                    except httpx2.ConnectError:
+                        break
+                    assert refused.status_code == 503
+                    await anyio.sleep(0.05)
         assert json.loads(replies[0]["result"]["content"][0]["text"]) == {"slept": 2}
         assert await sidecar.wait() == 0
         assert not pid_alive(pid)

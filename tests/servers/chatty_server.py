@@ -8,8 +8,8 @@ Run it as `python tests/servers/chatty_server.py [MARKER_DIR]`. With MARKER_DIR,
   `{"tag": tag, "pid": <pid>}`. Progress needs the caller's progress token; logs on 2026-07-28 need
   the caller's log level opt-in.
 * `pid()`: returns `{"pid": <pid>}`.
-* `sleep(seconds, note="")`: sleeps, then returns `{"slept": seconds}`. If the call is cancelled
-  and the server has a MARKER_DIR, it writes `MARKER_DIR/cancelled-<note>` first.
+* `sleep(seconds, note="")`: sleeps, then returns `{"slept": seconds}`. With a MARKER_DIR it writes
+  `MARKER_DIR/sleeping-<note>` when it starts, and `MARKER_DIR/cancelled-<note>` if cancelled.
 * `crash(code=3)`: exits the process at once with `code`, without answering.
 """
 
@@ -50,7 +50,9 @@ async def pid() -> str:
 
 @server.tool()
 async def sleep(seconds: float, note: str = "") -> str:
-    """Take `seconds` to answer; leave a marker when cancelled."""
+    """Take `seconds` to answer; leave markers when starting and when cancelled."""
+    if MARKER_DIR is not None:
+        (MARKER_DIR / f"sleeping-{note}").touch()
     try:
         await anyio.sleep(seconds)
     except anyio.get_cancelled_exc_class():
