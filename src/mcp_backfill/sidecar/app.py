@@ -15,8 +15,8 @@ from mcp_backfill import __version__, jsonrpc
 from mcp_backfill.logs import get_logger
 from mcp_backfill.relay import HANDSHAKE_VERSIONS
 from mcp_backfill.sidecar import metrics as prometheus
-from mcp_backfill.sidecar.handshake import HandshakeFront, upstream_headers
-from mcp_backfill.sidecar.http_io import VERSION_HEADER, ClientGone, HttpCall, json_bytes
+from mcp_backfill.sidecar.handshake import HandshakeFront
+from mcp_backfill.sidecar.http_io import VERSION_HEADER, ClientGone, HttpCall, json_bytes, upstream_headers
 from mcp_backfill.sidecar.metrics import Metrics
 from mcp_backfill.sidecar.modern import ModernFront
 from mcp_backfill.sidecar.security import AccessPolicy, bearer_ok, host_allowed, origin_allowed

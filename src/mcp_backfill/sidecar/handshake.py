@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
 
 import anyio
 from mcp_types.version import is_version_at_least
@@ -32,6 +30,7 @@ from mcp_backfill.sidecar.http_io import (
     SESSION_HEADER,
     SSE_TYPE,
     VERSION_HEADER,
+    FrontSettings,
     HttpCall,
     accepts,
     is_json_body,
@@ -45,14 +44,6 @@ from mcp_backfill.transports.event_stream import EventStream, parse_event_id, ss
 from mcp_backfill.transports.http_server import CANCELLED_NOTIFICATION, DuplicateRequestId
 
 log = get_logger("sidecar")
-
-
-@dataclass
-class FrontSettings:
-    max_body: int
-    json_window: float
-    keepalive: float
-    draining: bool = False
 
 
 class HandshakeFront:
@@ -286,12 +277,3 @@ def _resumable(session: HttpSession, last_event_id: str) -> tuple[EventStream, i
             extra={"session": session.label, "stream": stream.key, "after": after},
         )
     return stream, after
-
-
-def upstream_headers(call: HttpCall, strip_authorization: bool) -> dict[str, Any]:
-    """The client's request headers as the upstream factory sees them (lowercase names)."""
-    return {
-        name: value
-        for name, value in call.header_items()
-        if not (strip_authorization and name == "authorization")
-    }

@@ -37,6 +37,16 @@ class ClientGone(Exception):
 
 
 @dataclass
+class FrontSettings:
+    """What the `/mcp` handlers of both eras share."""
+
+    max_body: int
+    json_window: float = JSON_WINDOW_SECONDS
+    keepalive: float = KEEPALIVE_SECONDS
+    draining: bool = False  # shutting down: no new sessions or requests
+
+
+@dataclass
 class HttpCall:
     """One HTTP request being answered."""
 
@@ -103,6 +113,15 @@ class HttpCall:
         while (await self.receive())["type"] != "http.disconnect":
             pass
         scope.cancel()
+
+
+def upstream_headers(call: HttpCall, strip_authorization: bool) -> dict[str, str]:
+    """The client's request headers as an upstream factory sees them (lowercase names)."""
+    return {
+        name: value
+        for name, value in call.header_items()
+        if not (strip_authorization and name == "authorization")
+    }
 
 
 def accepts(headers: Headers) -> tuple[bool, bool]:

@@ -36,11 +36,11 @@ from mcp_types.jsonrpc import HEADER_MISMATCH
 from mcp_backfill import input_required as ir
 from mcp_backfill import jsonrpc
 from mcp_backfill.logs import get_logger
-from mcp_backfill.sidecar.handshake import FrontSettings
 from mcp_backfill.sidecar.http_io import (
     JSON_TYPE,
     SSE_TYPE,
     VERSION_HEADER,
+    FrontSettings,
     HttpCall,
     accepts,
     is_json_body,
@@ -106,12 +106,11 @@ class ModernHub:
                     await relay.run(on_client_closed=self._stop)
                     log.warning("the upstream serving 2026-07-28 requests ended")
                     await relay.fail_pending(reason)
+                    mux.close(reason)  # the next request starts a new upstream meanwhile
             if self._scope.cancelled_caught:
                 reason = "mcp-backfill is shutting down"
         except UpstreamStartError:
-            if not started:
-                raise
-            reason = "Upstream MCP server could not be started"
+            raise  # before `started`: the request that wanted the upstream reports it
         except Exception:
             log.exception("the relay for 2026-07-28 requests failed")
             reason = "Internal error in mcp-backfill"

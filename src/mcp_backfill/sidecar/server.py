@@ -24,8 +24,8 @@ from mcp_backfill.logs import get_logger
 from mcp_backfill.proxy import make_sampler, relay_options
 from mcp_backfill.relay import Relay
 from mcp_backfill.sidecar.app import SidecarApp
-from mcp_backfill.sidecar.handshake import FrontSettings, HandshakeFront
-from mcp_backfill.sidecar.http_io import JSON_WINDOW_SECONDS, KEEPALIVE_SECONDS
+from mcp_backfill.sidecar.handshake import HandshakeFront
+from mcp_backfill.sidecar.http_io import FrontSettings
 from mcp_backfill.sidecar.metrics import Metrics
 from mcp_backfill.sidecar.modern import ModernFront, ModernHub
 from mcp_backfill.sidecar.security import AccessPolicy, default_allowed_hosts, default_allowed_origins
@@ -99,7 +99,7 @@ async def run_sidecar(config: Config) -> int:
         count,
     )
     hub = ModernHub(open_upstream, make_relay, count)
-    front = FrontSettings(config.max_message_bytes, JSON_WINDOW_SECONDS, KEEPALIVE_SECONDS)
+    front = FrontSettings(config.max_message_bytes)
     app = SidecarApp(policy, HandshakeFront(sessions, front), ModernFront(hub, front), metrics)
     metrics.gauge(
         "mcp_backfill_active_sessions", "open handshake-era client sessions", lambda: [((), len(sessions))]

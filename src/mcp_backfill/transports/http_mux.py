@@ -83,6 +83,10 @@ class MuxChannel:
             exchange.has_token = True
             rewritten["params"] = {**params, "_meta": {**meta, "progressToken": mux_id}}
         self._exchanges[mux_id] = exchange
+        if self.closed:
+            self._route_response(
+                jsonrpc.error_response(mux_id, jsonrpc.INTERNAL_ERROR, "Upstream MCP server is gone; retry")
+            )
         return exchange, jsonrpc.encode(rewritten)
 
     async def deliver(self, raw: bytes) -> None:
