@@ -15,6 +15,7 @@ from mcp_backfill.config import (
     AUDIO_POLICIES,
     DEFAULT_ALLOWED_MODELS,
     DEFAULT_BUDGET_TOKENS,
+    DEFAULT_HOST,
     DEFAULT_MAX_BINARY_BYTES,
     DEFAULT_MAX_CONCURRENT_SAMPLING,
     DEFAULT_MAX_MESSAGES,
@@ -23,6 +24,7 @@ from mcp_backfill.config import (
     DEFAULT_MAX_TOOL_CALLS,
     DEFAULT_MAX_TOOLS,
     DEFAULT_MODEL,
+    DEFAULT_PORT,
     DEFAULT_RATE_LIMIT,
     DEFAULT_RETRY_BASE_DELAY,
     DEFAULT_RETRY_MAX_ATTEMPTS,
@@ -37,7 +39,9 @@ from mcp_backfill.config import (
     PROVIDERS,
     Config,
     ConfigError,
+    Secret,
     env_name,
+    parse_bool,
     parse_headers,
     parse_upstream_header,
     secret_from_env,
@@ -51,7 +55,9 @@ T = TypeVar("T")
 API_HEADERS_ENV = "MCP_BACKFILL_API_HEADERS"
 UPSTREAM_HEADERS_ENV = "MCP_BACKFILL_UPSTREAM_HEADERS"
 
-USAGE = "mcp-backfill [OPTIONS] (--upstream-url URL | -- COMMAND [ARGS...])"
+SERVE_USAGE = "mcp-backfill serve [OPTIONS] (--upstream-url URL | -- COMMAND [ARGS...])"
+USAGE = f"mcp-backfill [OPTIONS] (--upstream-url URL | -- COMMAND [ARGS...])\n       {SERVE_USAGE}"
+SERVE_COMMAND = "serve"
 DESCRIPTION = (
     "Run an MCP server behind a transparent proxy that answers its sampling/createMessage requests "
     "(including sampling with tools) with Claude, for clients that cannot sample. The server is a "
@@ -63,16 +69,31 @@ EPILOG = (
     "environment: ANTHROPIC_API_KEY (required by --provider anthropic; never logged, never passed to the "
     "upstream server), ANTHROPIC_BASE_URL (an API gateway or proxy in front of the Claude API). "
     "Bedrock: AWS_REGION, AWS_BEARER_TOKEN_BEDROCK or the usual AWS credentials. Vertex: CLOUD_ML_REGION, "
-    "ANTHROPIC_VERTEX_PROJECT_ID, MCP_BACKFILL_VERTEX_ACCESS_TOKEN or Application Default Credentials."
+    "ANTHROPIC_VERTEX_PROJECT_ID, MCP_BACKFILL_VERTEX_ACCESS_TOKEN or Application Default Credentials. "
+    "`mcp-backfill serve --help` describes the streamable-HTTP front."
+)
+SERVE_DESCRIPTION = (
+    "Serve an MCP server over streamable HTTP at /mcp, with sampling answered by Claude for clients that "
+    "cannot sample. Every handshake-era client session gets its own upstream process; 2026-07-28 "
+    "requests share one. /healthz and /metrics (Prometheus) are served next to /mcp. Every option can "
+    "also be set with the environment variable shown in brackets."
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mcp-backfill", usage=USAGE, description=DESCRIPTION, epilog=EPILOG)
+def build_parser(serve: bool = False) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mcp-backfill serve" if serve else "mcp-backfill",
+        usage=SERVE_USAGE if serve else USAGE,
+        description=SERVE_DESCRIPTION if serve else DESCRIPTION,
+        epilog=EPILOG,
+    )
     parser.add_argument("--version", action="version", version=f"mcp-backfill {__version__}")
 
     def option(flag: str, help_text: str, env: str | None = None, **kwargs: Any) -> None:
         parser.add_argument(flag, default=None, help=f"{help_text} [{env or env_name(flag)}]", **kwargs)
+
+    if serve:
+        _add_serve_options(option)
 
     option(
         "--upstream-url",
@@ -246,6 +267,57 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_serve_options(option: Callable[..., None]) -> None:
+    option("--host", f"address to listen on (default {DEFAULT_HOST})")
+    option("--port", f"TCP port to listen on (default {DEFAULT_PORT}; 0 picks a free one)", metavar="N")
+    option(
+        "--auth-token",
+        "bearer token clients must send (Authorization: Bearer ...) on /mcp and /metrics; "
+        "prefer the environment variable, command lines are visible to other users",
+        metavar="TOKEN",
+    )
+    option(
+        "--allow-unauthenticated",
+        "allow listening on a non-loopback address without --auth-token (when something in front "
+        "of the proxy authenticates clients)",
+        action="store_const",
+        const="true",
+    )
+    option(
+        "--forward-authorization",
+        "with --upstream-url: pass each HTTP client's own Authorization header on to the upstream "
+        "(off by default; never the sidecar's own --auth-token, which is checked and removed)",
+        action="store_const",
+        const="true",
+    )
+    option(
+        "--allowed-hosts",
+        "comma-separated Host header values accepted on /mcp (DNS-rebinding protection); 'name:*' allows "
+        "any port, '*' any host (default: localhost, 127.0.0.1 and [::1] with the bound port)",
+        metavar="LIST",
+    )
+    option(
+        "--allowed-origins",
+        "comma-separated Origin header values accepted on /mcp; 'scheme://name:*' allows any port, "
+        "'*' any origin (default: http://localhost, http://127.0.0.1 and http://[::1], any port); "
+        "requests without Origin are always accepted",
+        metavar="LIST",
+    )
+    option("--max-sessions", "concurrent client sessions; more get HTTP 503 (default 100)", metavar="N")
+    option(
+        "--session-idle-timeout",
+        "seconds a session may stay without any request in flight before it and its upstream process "
+        "are closed (default 1800; 0 never)",
+        metavar="SECONDS",
+    )
+    option(
+        "--drain-timeout",
+        "on SIGTERM/SIGINT, seconds to let requests in flight finish before the upstreams are stopped "
+        "(default 10)",
+        metavar="SECONDS",
+    )
+
+
 def _pick(
     value: str | None,
     environ: Mapping[str, str],
@@ -285,11 +357,14 @@ def _choice(choices: Sequence[str], flag: str) -> Callable[[str], Any]:
 def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
     """Flags win over `MCP_BACKFILL_*` variables, which win over defaults."""
     argv = list(argv)
+    serve = bool(argv) and argv[0] == SERVE_COMMAND
+    if serve:
+        argv = argv[1:]
     command: list[str] = []
     if "--" in argv:
         split = argv.index("--")
         argv, command = argv[:split], argv[split + 1 :]
-    args = build_parser().parse_args(argv)
+    args = build_parser(serve).parse_args(argv)
     allowed: tuple[str, ...] = _pick(
         args.allowed_models, environ, "--allowed-models", split_list, DEFAULT_ALLOWED_MODELS
     )
@@ -371,7 +446,33 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         platform_secrets=tuple(
             secret for name in PLATFORM_SECRET_ENV_VARS if (secret := secret_from_env(environ, name))
         ),
+        **(_serve_settings(args, environ) if serve else {}),
     )
+
+
+def _serve_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The `serve` fields of `Config`."""
+    token = _pick(args.auth_token, environ, "--auth-token", str.strip, "")
+    no_items: tuple[str, ...] = ()
+    return {
+        "front": "http",
+        "host": _pick(args.host, environ, "--host", str.strip, DEFAULT_HOST),
+        "port": _pick(args.port, environ, "--port", int, DEFAULT_PORT),
+        "auth_token": Secret(token) if token else None,
+        "allow_unauthenticated": _pick(
+            args.allow_unauthenticated, environ, "--allow-unauthenticated", parse_bool, False
+        ),
+        "forward_authorization": _pick(
+            args.forward_authorization, environ, "--forward-authorization", parse_bool, False
+        ),
+        "allowed_hosts": _pick(args.allowed_hosts, environ, "--allowed-hosts", split_list, no_items),
+        "allowed_origins": _pick(args.allowed_origins, environ, "--allowed-origins", split_list, no_items),
+        "max_sessions": _pick(args.max_sessions, environ, "--max-sessions", int, 100),
+        "session_idle_timeout": _pick(
+            args.session_idle_timeout, environ, "--session-idle-timeout", float, 1800.0
+        ),
+        "drain_timeout": _pick(args.drain_timeout, environ, "--drain-timeout", float, 10.0),
+    }
 
 
 def event_loop_options() -> dict[str, Any]:
@@ -392,16 +493,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging(config.log_level, config.log_format, config.secrets())
     from mcp_backfill.proxy import run_stdio_proxy
+    from mcp_backfill.sidecar.server import BindError, run_sidecar
     from mcp_backfill.transports.stdio import UpstreamStartError
 
+    run = run_sidecar if config.front == "http" else run_stdio_proxy
     try:
-        return anyio.run(run_stdio_proxy, config, backend_options=event_loop_options())
+        return anyio.run(run, config, backend_options=event_loop_options())
     except ConfigError as exc:  # found once running: an unusable --audit-log file, a provider setup
         print(f"mcp-backfill: error: {exc}", file=sys.stderr)
         return 2
     except UpstreamStartError as exc:
         get_logger().error(str(exc))
         return 127
+    except BindError as exc:
+        get_logger().error(str(exc))
+        return 1
     except KeyboardInterrupt:
         return 130
 

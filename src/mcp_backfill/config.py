@@ -6,6 +6,7 @@ the environment only and kept out of `repr()` so a logged config can never leak 
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ ProviderName = Literal["anthropic", "bedrock", "vertex", "mock"]
 LogFormat = Literal["text", "json"]
 AudioPolicy = Literal["reject", "placeholder"]
 Era = Literal["auto", "handshake"]
+# How clients reach the proxy: its own stdin/stdout, or streamable HTTP (`mcp-backfill serve`).
+Front = Literal["stdio", "http"]
 
 MODES: tuple[Mode, ...] = ("fallback", "always", "off")
 PROVIDERS: tuple[ProviderName, ...] = ("anthropic", "bedrock", "vertex", "mock")
@@ -48,6 +51,8 @@ DEFAULT_SAMPLING_TIMEOUT = 50.0
 DEFAULT_RETRY_MAX_ATTEMPTS = 6
 DEFAULT_RETRY_BASE_DELAY = 0.5
 DEFAULT_RETRY_MAX_DELAY = 10.0
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
 
 ENV_PREFIX = "MCP_BACKFILL_"
 # Environment variables that hold credentials: never logged, never passed to the upstream.
@@ -145,6 +150,20 @@ class Config:
     vertex_access_token: Secret | None = None
     # Cloud credentials found in the environment, only so that logs can redact them.
     platform_secrets: tuple[Secret, ...] = ()
+    # `mcp-backfill serve`: the streamable-HTTP front and its security and operations settings.
+    front: Front = "stdio"
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT  # 0: any free port (logged at startup)
+    auth_token: Secret | None = None
+    allow_unauthenticated: bool = False
+    # Empty: the defaults for the bound address (loopback names with the bound port).
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    max_sessions: int = 100
+    session_idle_timeout: float = 1800.0  # 0: never reap idle sessions
+    drain_timeout: float = 10.0
+    # serve --upstream-url: pass the HTTP client's own Authorization header on to the upstream.
+    forward_authorization: bool = False
 
     def __post_init__(self) -> None:
         if not self.upstream_command and not self.upstream_url:
@@ -219,10 +238,36 @@ class Config:
         for header, header_value in self.api_headers:
             if not _HEADER_NAME.match(header) or "\r" in header_value or "\n" in header_value:
                 raise ConfigError(f"--api-header: invalid header {header!r} (expected 'Name: value')")
+        if self.front == "http":
+            self._check_http_front()
         if self.provider == "anthropic" and self.mode != "off" and self.api_key is None:
             raise ConfigError(
                 "ANTHROPIC_API_KEY is not set: the anthropic provider needs it to answer sampling requests. "
                 "Set ANTHROPIC_API_KEY, or run with `--provider mock` for the offline mock provider."
+            )
+
+    def _check_http_front(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError("--port must be between 0 and 65535")
+        if not self.host:
+            raise ConfigError("--host must not be empty")
+        if self.max_sessions < 1:
+            raise ConfigError("--max-sessions must be at least 1")
+        if self.session_idle_timeout < 0:
+            raise ConfigError("--session-idle-timeout must not be negative (0 turns reaping off)")
+        if self.drain_timeout < 0:
+            raise ConfigError("--drain-timeout must not be negative")
+        if self.forward_authorization and self.upstream_url is None:
+            raise ConfigError(
+                "--forward-authorization needs --upstream-url (a command upstream gets no headers)"
+            )
+        if self.auth_token is not None and len(self.auth_token.value) < 16:
+            raise ConfigError("--auth-token must be at least 16 characters long")
+        if not is_loopback(self.host) and self.auth_token is None and not self.allow_unauthenticated:
+            raise ConfigError(
+                f"refusing to serve on {self.host}, which is not a loopback address, without a bearer "
+                "token: set MCP_BACKFILL_AUTH_TOKEN (or --auth-token), or pass --allow-unauthenticated "
+                "if something in front of the proxy authenticates clients"
             )
 
     def secrets(self) -> tuple[str, ...]:
@@ -231,7 +276,7 @@ class Config:
 
     def _proxy_secrets(self) -> tuple[str, ...]:
         """The credentials the proxy spends on Claude: never to be sent upstream."""
-        held = (self.api_key, self.vertex_access_token, *self.platform_secrets)
+        held = (self.api_key, self.auth_token, self.vertex_access_token, *self.platform_secrets)
         headers = tuple(value for _, value in self.api_headers)
         return tuple(s.value for s in held if s is not None and s.value) + tuple(v for v in headers if v)
 
@@ -307,6 +352,26 @@ def upstream_header_secrets(headers: Sequence[tuple[str, str]]) -> tuple[str, ..
             if token:
                 found.append(token)
     return tuple(found)
+
+
+def is_loopback(host: str) -> bool:
+    """Is `host` (a name or an address to bind) reachable from this machine only?"""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_bool(raw: str) -> bool:
+    """`1/true/yes/on` and `0/false/no/off` (any case), for boolean environment variables."""
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
 
 
 def upstream_environment(environ: Mapping[str, str]) -> dict[str, str]:

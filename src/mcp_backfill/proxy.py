@@ -30,7 +30,7 @@ from mcp_backfill.relay import Relay, RelayOptions
 from mcp_backfill.sampling.audit import AuditLog
 from mcp_backfill.sampling.convert import ConversionOptions
 from mcp_backfill.sampling.limits import RequestLimits
-from mcp_backfill.sampling.sampler import Sampler, SamplerSettings
+from mcp_backfill.sampling.sampler import Sampler, SamplerSettings, SamplingObserver
 from mcp_backfill.sampling.spend import SamplingSession, Spend, SpendSettings
 from mcp_backfill.transports.base import MessageChannel
 from mcp_backfill.transports.http_client import HttpUpstreamSettings, display_url, open_http_upstream
@@ -39,7 +39,7 @@ from mcp_backfill.transports.stdio import own_stdio, spawn_upstream
 log = get_logger("proxy")
 
 
-def make_sampler(config: Config) -> Sampler:
+def make_sampler(config: Config, observer: SamplingObserver | None = None) -> Sampler:
     """The sampler with the configured limits, spending controls and audit log.
 
     Raises `ConfigError` when the audit log cannot be opened, before anything else is started.
@@ -74,6 +74,7 @@ def make_sampler(config: Config) -> Sampler:
             )
         ),
         audit=audit,
+        observer=observer,
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -37,6 +37,20 @@ class SamplerSettings:
     limits: RequestLimits = field(default_factory=RequestLimits)
 
 
+class SamplingObserver(Protocol):
+    """Told once per answered or refused sampling request (e.g. to keep metrics)."""
+
+    def sampling_done(
+        self,
+        *,
+        outcome: str,
+        model: str,
+        latency: float,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+    ) -> None: ...
+
+
 class Sampler:
     """Answers `sampling/createMessage` params with a `CreateMessageResult` (wire JSON).
 
@@ -51,11 +65,13 @@ class Sampler:
         *,
         spend: Spend | None = None,
         audit: AuditLog | None = None,
+        observer: SamplingObserver | None = None,
     ) -> None:
         self.provider = provider
         self.settings = settings
         self.spend = spend if spend is not None else Spend(SpendSettings())
         self.audit = audit
+        self.observer = observer
 
     async def sample(
         self,
@@ -148,6 +164,15 @@ class Sampler:
             log.info("sampling request answered", extra=extra)
         if self.audit is not None:
             self.audit.record(exchange, params, result)
+        if self.observer is not None:
+            usage = exchange.usage or {}
+            self.observer.sampling_done(
+                outcome=exchange.outcome,
+                model=exchange.model or "?",
+                latency=exchange.latency_ms / 1000,
+                input_tokens=usage.get("input_tokens"),
+                output_tokens=usage.get("output_tokens"),
+            )
 
     async def _create(self, request: dict[str, Any], progress: ProgressCallback | None) -> dict[str, Any]:
         message = await self.provider.create_message(request, on_progress=progress)

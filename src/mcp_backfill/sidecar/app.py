@@ -1,0 +1,132 @@
+"""The sidecar's ASGI application: `/mcp`, `/healthz` and `/metrics`.
+
+Every `/mcp` request is checked before anything else, in this order, and the upstream is never
+touched by one that fails: Host (403), Origin (403), bearer token (401 with `WWW-Authenticate`).
+The `MCP-Protocol-Version` header then picks the protocol path: absent or a handshake-era version
+goes to the session front (`handshake.py`), anything else to the 2026-07-28 front (`modern.py`).
+`/healthz` needs no credentials; `/metrics` needs the bearer token when one is configured.
+"""
+
+from __future__ import annotations
+
+from starlette.types import Message, Receive, Scope, Send
+
+from mcp_backfill import __version__, jsonrpc
+from mcp_backfill.logs import get_logger
+from mcp_backfill.relay import HANDSHAKE_VERSIONS
+from mcp_backfill.sidecar import metrics as prometheus
+from mcp_backfill.sidecar.handshake import HandshakeFront
+from mcp_backfill.sidecar.http_io import VERSION_HEADER, ClientGone, HttpCall, json_bytes, upstream_headers
+from mcp_backfill.sidecar.metrics import Metrics
+from mcp_backfill.sidecar.modern import ModernFront
+from mcp_backfill.sidecar.security import AccessPolicy, bearer_ok, host_allowed, origin_allowed
+
+log = get_logger("sidecar")
+
+MCP_PATHS = ("/mcp", "/mcp/")
+UNAUTHORIZED_HEADERS = [(b"www-authenticate", b'Bearer realm="mcp-backfill"')]
+BAD_TOKEN_HEADERS = [(b"www-authenticate", b'Bearer realm="mcp-backfill", error="invalid_token"')]
+
+
+class SidecarApp:
+    def __init__(
+        self, policy: AccessPolicy, handshake: HandshakeFront, modern: ModernFront, metrics: Metrics
+    ) -> None:
+        self.policy = policy
+        self.handshake = handshake
+        self.modern = modern
+        self.metrics = metrics
+
+    @property
+    def draining(self) -> bool:
+        return self.handshake.settings.draining
+
+    def drain(self) -> None:
+        """Shutting down: refuse new sessions and requests, and end the standalone GET streams."""
+        self.handshake.settings.draining = True
+        self.modern.settings.draining = True
+        for session in self.handshake.sessions.all():
+            session.router.get_stream.finish()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        status = 0
+
+        async def recording_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        call = HttpCall(scope, receive, recording_send)
+        try:
+            await self._route(call)
+        except ClientGone:
+            status = status or 499
+        finally:
+            self.metrics.http_requests.inc(method=call.method, status=str(status or 499))
+
+    async def _route(self, call: HttpCall) -> None:
+        path = call.scope["path"]
+        if path in MCP_PATHS:
+            await self._mcp(call)
+        elif path == "/healthz" and call.method in ("GET", "HEAD"):
+            await self._healthz(call)
+        elif path == "/metrics" and call.method in ("GET", "HEAD"):
+            if await self._authorized(call):
+                data = self.metrics.render().encode()
+                await call.respond(200, data, prometheus.CONTENT_TYPE)
+        else:
+            await call.respond(404, b"Not Found", "text/plain; charset=utf-8")
+
+    async def _healthz(self, call: HttpCall) -> None:
+        body = {
+            "status": "draining" if self.draining else "ok",
+            "version": __version__,
+            "sessions": len(self.handshake.sessions),
+            "requests_in_flight_2026": self.modern.hub.in_flight,
+        }
+        await call.respond(503 if self.draining else 200, json_bytes(body))
+
+    async def _mcp(self, call: HttpCall) -> None:
+        host = call.headers.get("host")
+        if not host_allowed(host, self.policy):
+            log.warning("request refused: Host not allowed (--allowed-hosts)", extra={"host": host})
+            await call.respond_error(403, jsonrpc.INVALID_REQUEST, "Forbidden: Host header not allowed")
+            return
+        origin = call.headers.get("origin")
+        if not origin_allowed(origin, self.policy):
+            log.warning("request refused: Origin not allowed (--allowed-origins)", extra={"origin": origin})
+            await call.respond_error(403, jsonrpc.INVALID_REQUEST, "Forbidden: Origin header not allowed")
+            return
+        if not await self._authorized(call):
+            return
+        headers = upstream_headers(call, strip_authorization=self.policy.token is not None)
+        version = call.headers.get(VERSION_HEADER)
+        if version is not None and version not in HANDSHAKE_VERSIONS:
+            await self.modern.handle(call, headers)
+        else:
+            await self.handshake.handle(call, headers)
+
+    async def _authorized(self, call: HttpCall) -> bool:
+        """Answers 401 itself when the bearer token is missing or wrong."""
+        authorization = call.headers.get("authorization")
+        if bearer_ok(authorization, self.policy.token):
+            return True
+        log.warning(
+            "request refused: missing or wrong bearer token",
+            extra={"path": call.scope["path"], "client": _peer(call)},
+        )
+        await call.respond_error(
+            401,
+            jsonrpc.INVALID_REQUEST,
+            "Unauthorized: this mcp-backfill needs 'Authorization: Bearer <token>' (MCP_BACKFILL_AUTH_TOKEN)",
+            headers=BAD_TOKEN_HEADERS if authorization else UNAUTHORIZED_HEADERS,
+        )
+        return False
+
+
+def _peer(call: HttpCall) -> str | None:
+    client = call.scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else None

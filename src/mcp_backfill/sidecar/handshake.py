@@ -1,0 +1,279 @@
+"""`/mcp` for handshake-era clients (2024-11-05 … 2025-11-25): sessions, POST, GET, DELETE.
+
+* POST without `Mcp-Session-Id` must be an `initialize` request: it opens a session (a new upstream
+  and relay), whose id comes back in the `Mcp-Session-Id` response header. Other POSTs need the
+  header (400 without it, 404 for an unknown or ended session).
+* A POST that carries requests is answered with `application/json` when the single request's
+  response comes within 15 s with nothing before it; otherwise (server messages first, a slow
+  answer, or a batch) with an SSE stream carrying the messages for those requests and then the
+  responses. SSE events have ids; the last 1024 of each stream are kept, so a client can resume a
+  dropped stream with GET and `Last-Event-ID`. A POST of notifications or responses only gets 202.
+* GET opens the session's standalone SSE stream (one at a time: 409 for a second one), which carries
+  the server messages that belong to no request in flight, including those buffered before it opened.
+* DELETE ends the session and stops its upstream.
+* `MCP-Protocol-Version`, when sent, must be the version negotiated in `initialize` (400 otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+import anyio
+from mcp_types.version import is_version_at_least
+
+from mcp_backfill import jsonrpc
+from mcp_backfill.logs import get_logger
+from mcp_backfill.sidecar.http_io import (
+    JSON_TYPE,
+    LAST_EVENT_ID_HEADER,
+    SESSION_HEADER,
+    SSE_TYPE,
+    VERSION_HEADER,
+    FrontSettings,
+    HttpCall,
+    accepts,
+    is_json_body,
+    pump_sse,
+    single_answer,
+    sse_headers,
+    wait_for_events,
+)
+from mcp_backfill.sidecar.sessions import HttpSession, SessionGone, SessionTable
+from mcp_backfill.transports.event_stream import EventStream, parse_event_id, sse_event
+from mcp_backfill.transports.http_server import CANCELLED_NOTIFICATION, DuplicateRequestId
+
+log = get_logger("sidecar")
+
+
+class HandshakeFront:
+    def __init__(self, sessions: SessionTable, settings: FrontSettings) -> None:
+        self.sessions = sessions
+        self.settings = settings
+
+    async def handle(self, call: HttpCall, upstream_headers: Mapping[str, str]) -> None:
+        if call.method == "POST":
+            await self._post(call, upstream_headers)
+        elif call.method == "GET":
+            await self._get(call)
+        elif call.method == "DELETE":
+            await self._delete(call)
+        else:
+            await call.respond_error(
+                405, jsonrpc.INVALID_REQUEST, "Method Not Allowed", headers=[(b"allow", b"GET, POST, DELETE")]
+            )
+
+    # -- POST ------------------------------------------------------------------------------------
+
+    async def _post(self, call: HttpCall, upstream_headers: Mapping[str, str]) -> None:
+        json_ok, sse_ok = accepts(call.headers)
+        if not (json_ok and sse_ok):
+            await call.respond_error(
+                406,
+                jsonrpc.INVALID_REQUEST,
+                "Not Acceptable: Client must accept both application/json and text/event-stream",
+            )
+            return
+        if not is_json_body(call.headers):
+            await call.respond_error(
+                415, jsonrpc.INVALID_REQUEST, "Unsupported Media Type: Content-Type must be application/json"
+            )
+            return
+        body = await call.read_body(self.settings.max_body)
+        if body is None:
+            await call.respond_error(
+                413,
+                jsonrpc.INVALID_REQUEST,
+                f"Request body too large: the limit is {self.settings.max_body} bytes (--max-message-bytes)",
+            )
+            return
+        try:
+            decoded = json.loads(body)
+        except ValueError as exc:
+            await call.respond_error(400, jsonrpc.PARSE_ERROR, f"Parse error: {exc}")
+            return
+        messages = decoded if isinstance(decoded, list) else [decoded]
+        if not messages or not all(isinstance(message, dict) for message in messages):
+            await call.respond_error(
+                400,
+                jsonrpc.INVALID_REQUEST,
+                "Invalid Request: expected a JSON-RPC message or a batch of them",
+            )
+            return
+        opening = isinstance(decoded, dict) and decoded.get("method") == "initialize" and "id" in decoded
+        session = await self._post_session(call, opening, upstream_headers)
+        if session is None:
+            return
+        requests = [message for message in messages if "method" in message and "id" in message]
+        with session.hold():
+            for message in messages:
+                if message.get("method") == CANCELLED_NOTIFICATION and "id" not in message:
+                    params = message.get("params")
+                    if isinstance(params, dict) and "requestId" in params:
+                        session.router.client_cancelled(params["requestId"], params.get("reason"))
+            if not requests:
+                await self._deliver(call, session, body)
+                await call.respond(202, headers=_session_header(session))
+                return
+            if session.router.closed:
+                await call.respond_error(404, jsonrpc.INVALID_REQUEST, "Session not found")
+                return
+            try:
+                stream = session.router.open_post(requests)
+            except DuplicateRequestId:
+                await call.respond_error(
+                    409,
+                    jsonrpc.INVALID_REQUEST,
+                    "Conflict: a request with the same id is already in flight in this session",
+                    headers=_session_header(session),
+                )
+                return
+            await self._deliver(call, session, body)
+            await self._answer(call, session, stream, single=isinstance(decoded, dict))
+
+    async def _post_session(
+        self, call: HttpCall, opening: bool, upstream_headers: Mapping[str, str]
+    ) -> HttpSession | None:
+        session_id = call.headers.get(SESSION_HEADER)
+        if session_id is None:
+            if not opening:
+                await call.respond_error(400, jsonrpc.INVALID_REQUEST, "Bad Request: Missing session ID")
+                return None
+            if self.settings.draining:
+                await call.respond_error(503, jsonrpc.INTERNAL_ERROR, "Service Unavailable: shutting down")
+                return None
+            session = self.sessions.open(upstream_headers)
+            if session is None:
+                log.warning("session refused: too many open sessions", extra={"sessions": len(self.sessions)})
+                await call.respond_error(
+                    503, jsonrpc.INTERNAL_ERROR, "Too many open sessions (--max-sessions); try again later"
+                )
+            return session
+        return await self._session(call, check_version=not opening)
+
+    async def _deliver(self, call: HttpCall, session: HttpSession, body: bytes) -> None:
+        try:
+            await session.deliver(body)
+        except SessionGone:
+            log.debug("message for an ended session dropped", extra={"session": session.label})
+
+    async def _answer(self, call: HttpCall, session: HttpSession, stream: EventStream, single: bool) -> None:
+        """JSON when a single request is answered at once, else SSE (see the module docstring)."""
+        headers = _session_header(session)
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call.watch_disconnect, scope)
+                await wait_for_events(stream, self.settings.json_window)
+                answer = single_answer(stream) if single else None
+                if answer is not None:
+                    stream.delivered = 1
+                    await call.respond(200, answer, JSON_TYPE, headers)
+                else:
+                    await call.start(200, SSE_TYPE, sse_headers(headers))
+                    if _primes(session):
+                        await call.body(sse_event(b"", stream.event_id(0)), more=True)
+                    await pump_sse(call, stream, 0, with_ids=True, keepalive=self.settings.keepalive)
+                    await call.body(b"")
+                tg.cancel_scope.cancel()
+        if scope.cancelled_caught and not stream.complete_after(stream.delivered):
+            log.debug("client closed a POST stream; kept for resumption", extra={"stream": stream.key})
+
+    # -- GET and DELETE --------------------------------------------------------------------------
+
+    async def _get(self, call: HttpCall) -> None:
+        if not accepts(call.headers)[1]:
+            await call.respond_error(
+                406, jsonrpc.INVALID_REQUEST, "Not Acceptable: Client must accept text/event-stream"
+            )
+            return
+        session = await self._session(call)
+        if session is None:
+            return
+        last_event_id = call.headers.get(LAST_EVENT_ID_HEADER)
+        if last_event_id:
+            resumed = _resumable(session, last_event_id)
+            if resumed is None:
+                await call.respond_error(
+                    400,
+                    jsonrpc.INVALID_REQUEST,
+                    "Bad Request: unknown or expired Last-Event-ID",
+                    headers=_session_header(session),
+                )
+                return
+            stream, after = resumed
+        else:
+            stream = session.router.get_stream
+            after = stream.delivered
+            if self.settings.draining:
+                await call.respond_error(503, jsonrpc.INTERNAL_ERROR, "Service Unavailable: shutting down")
+                return
+            if stream.attached:
+                await call.respond_error(
+                    409,
+                    jsonrpc.INVALID_REQUEST,
+                    "Conflict: Only one SSE stream is allowed per session",
+                    headers=_session_header(session),
+                )
+                return
+        with session.hold(), anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call.watch_disconnect, scope)
+                await call.start(200, SSE_TYPE, sse_headers(_session_header(session)))
+                await pump_sse(call, stream, after, with_ids=True, keepalive=self.settings.keepalive)
+                await call.body(b"")
+                tg.cancel_scope.cancel()
+
+    async def _delete(self, call: HttpCall) -> None:
+        session = await self._session(call)
+        if session is None:
+            return
+        await self.sessions.close(session)
+        log.info("session deleted by the client", extra={"session": session.label})
+        await call.respond(200)
+
+    async def _session(self, call: HttpCall, check_version: bool = True) -> HttpSession | None:
+        """The session the request names; answers 400/404 itself when there is none."""
+        session_id = call.headers.get(SESSION_HEADER)
+        if session_id is None:
+            await call.respond_error(400, jsonrpc.INVALID_REQUEST, "Bad Request: Missing session ID")
+            return None
+        session = self.sessions.get(session_id)
+        if session is None or session.router.closed:
+            await call.respond_error(404, jsonrpc.INVALID_REQUEST, "Session not found")
+            return None
+        header = call.headers.get(VERSION_HEADER)
+        negotiated = session.router.protocol_version
+        if check_version and header is not None and negotiated is not None and header != negotiated:
+            await call.respond_error(
+                400,
+                jsonrpc.INVALID_REQUEST,
+                f"Bad Request: MCP-Protocol-Version {header} is not the version negotiated for this "
+                f"session ({negotiated})",
+                headers=_session_header(session),
+            )
+            return None
+        return session
+
+
+def _session_header(session: HttpSession) -> list[tuple[bytes, bytes]]:
+    return [(SESSION_HEADER.encode(), session.id.encode())]
+
+
+def _primes(session: HttpSession) -> bool:
+    """Clients from 2025-11-25 on expect an empty event with an id first, to resume from."""
+    version = session.router.protocol_version
+    return version is not None and is_version_at_least(version, "2025-11-25")
+
+
+def _resumable(session: HttpSession, last_event_id: str) -> tuple[EventStream, int] | None:
+    parsed = parse_event_id(last_event_id)
+    stream = session.router.stream(parsed[0]) if parsed is not None else None
+    if stream is None or parsed is None:
+        return None
+    after = parsed[1]
+    if stream.first_kept() > after + 1:
+        log.warning(
+            "resumed stream lost events beyond its replay buffer",
+            extra={"session": session.label, "stream": stream.key, "after": after},
+        )
+    return stream, after

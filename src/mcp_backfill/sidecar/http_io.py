@@ -1,0 +1,187 @@
+"""Plain ASGI plumbing for the sidecar: reading bodies with a limit, JSON and SSE responses.
+
+The handlers speak raw ASGI rather than a framework's request/response objects because their
+responses are long-lived streams fed from the relay, and they need to see a client disconnect.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from starlette.datastructures import Headers
+from starlette.types import Receive, Scope, Send
+
+from mcp_backfill import jsonrpc
+from mcp_backfill.transports.event_stream import SSE_PING, EventStream, sse_event
+
+JSON_TYPE = "application/json"
+SSE_TYPE = "text/event-stream"
+SESSION_HEADER = "mcp-session-id"
+VERSION_HEADER = "mcp-protocol-version"
+LAST_EVENT_ID_HEADER = "last-event-id"
+# An SSE comment this often keeps idle streams open through proxies with read timeouts.
+KEEPALIVE_SECONDS = 15.0
+# A request answered within this time, with nothing sent before its response, gets a JSON body;
+# anything longer or chattier gets an SSE stream (as the MCP SDK's 2026-07-28 server does).
+JSON_WINDOW_SECONDS = 15.0
+
+RawHeaders = Sequence[tuple[bytes, bytes]]
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body arrived."""
+
+
+@dataclass
+class FrontSettings:
+    """What the `/mcp` handlers of both eras share."""
+
+    max_body: int
+    json_window: float = JSON_WINDOW_SECONDS
+    keepalive: float = KEEPALIVE_SECONDS
+    draining: bool = False  # shutting down: no new sessions or requests
+
+
+@dataclass
+class HttpCall:
+    """One HTTP request being answered."""
+
+    scope: Scope
+    receive: Receive
+    send: Send
+    headers: Headers = field(init=False)
+    started: bool = False
+
+    def __post_init__(self) -> None:
+        self.headers = Headers(scope=self.scope)
+
+    @property
+    def method(self) -> str:
+        return str(self.scope["method"])
+
+    def header_items(self) -> list[tuple[str, str]]:
+        """Every header line as sent (lowercase names), duplicates included."""
+        return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.scope["headers"]]
+
+    async def start(self, status: int, content_type: str | None, headers: RawHeaders = ()) -> None:
+        raw = [(b"content-type", content_type.encode())] if content_type else []
+        await self.send({"type": "http.response.start", "status": status, "headers": [*raw, *headers]})
+        self.started = True
+
+    async def body(self, data: bytes, more: bool = False) -> None:
+        await self.send({"type": "http.response.body", "body": data, "more_body": more})
+
+    async def respond(
+        self, status: int, data: bytes = b"", content_type: str | None = JSON_TYPE, headers: RawHeaders = ()
+    ) -> None:
+        length = [(b"content-length", str(len(data)).encode())]
+        await self.start(status, content_type if data else None, [*length, *headers])
+        await self.body(data)
+
+    async def respond_error(
+        self, status: int, code: int, message: str, request_id: Any = None, headers: RawHeaders = ()
+    ) -> None:
+        """An HTTP error whose body is a JSON-RPC error, as MCP clients can show it to the user."""
+        body = jsonrpc.encode(jsonrpc.error_response(request_id, code, message))
+        await self.respond(status, body, JSON_TYPE, headers)
+
+    async def read_body(self, limit: int) -> bytes | None:
+        """The whole request body, or None when it is larger than `limit` bytes."""
+        declared = self.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def watch_disconnect(self, scope: anyio.CancelScope) -> None:
+        """Cancel `scope` when the client goes away (call once the body has been read)."""
+        while (await self.receive())["type"] != "http.disconnect":
+            pass
+        scope.cancel()
+
+
+def upstream_headers(call: HttpCall, strip_authorization: bool) -> dict[str, str]:
+    """The client's request headers as an upstream factory sees them (lowercase names)."""
+    return {
+        name: value
+        for name, value in call.header_items()
+        if not (strip_authorization and name == "authorization")
+    }
+
+
+def accepts(headers: Headers) -> tuple[bool, bool]:
+    """Does the Accept header allow (JSON, SSE)? Wildcards count, as in the MCP SDK."""
+    kinds = {part.split(";")[0].strip().lower() for part in headers.get("accept", "").split(",")}
+    anything = "*/*" in kinds
+    return (
+        anything or JSON_TYPE in kinds or "application/*" in kinds,
+        anything or SSE_TYPE in kinds or "text/*" in kinds,
+    )
+
+
+def is_json_body(headers: Headers) -> bool:
+    return headers.get("content-type", "").split(";")[0].strip().lower() == JSON_TYPE
+
+
+def sse_headers(extra: RawHeaders = ()) -> RawHeaders:
+    return [(b"cache-control", b"no-cache, no-transform"), (b"x-accel-buffering", b"no"), *extra]
+
+
+async def wait_for_events(stream: EventStream, window: float) -> None:
+    """Until the stream has something to write or is finished, at most `window` seconds."""
+    with anyio.move_on_after(window):
+        while not stream.after(stream.delivered) and not stream.finished:
+            await stream.changed()
+
+
+def single_answer(stream: EventStream) -> bytes | None:
+    """The stream's only message when it is complete with exactly one: a JSON response will do."""
+    events = stream.after(0)
+    if stream.finished and len(events) == 1 and stream.first_kept() == 1:
+        return events[0][1]
+    return None
+
+
+async def pump_sse(
+    call: HttpCall, stream: EventStream, after: int, *, with_ids: bool, keepalive: float = KEEPALIVE_SECONDS
+) -> None:
+    """Write the stream's events after `after` until it is finished, or another response takes it over.
+
+    The caller has started the SSE response. Idle periods get a comment line every `keepalive`
+    seconds. Returns without ending the HTTP response body.
+    """
+    generation = stream.attach()
+    try:
+        cursor = after
+        while stream.is_writer(generation):
+            for seq, data in stream.after(cursor):
+                await call.body(sse_event(data, stream.event_id(seq) if with_ids else None), more=True)
+                cursor = seq
+                stream.delivered = max(stream.delivered, seq)
+            if stream.complete_after(cursor):
+                return
+            with anyio.move_on_after(keepalive) as idle:
+                await stream.changed()
+            if idle.cancelled_caught:
+                await call.body(SSE_PING, more=True)
+    finally:
+        stream.detach(generation)
+
+
+def json_bytes(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()

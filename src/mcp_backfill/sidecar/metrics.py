@@ -1,0 +1,159 @@
+"""Prometheus metrics for the sidecar, rendered in the text exposition format (version 0.0.4).
+
+A few counters, gauges and one histogram do not justify a dependency: the format is small and
+stable. One `Metrics` object per process is created by the server and handed to what records.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Claude calls take from a fraction of a second to minutes (long tool-use turns).
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def _labels(labels: Labels, extra: Labels = ()) -> str:
+    pairs = (*labels, *extra)
+    if not pairs:
+        return ""
+    return "{" + ",".join(f'{name}="{_escape(value)}"' for name, value in pairs) + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+@dataclass
+class Counter:
+    name: str
+    help: str
+    values: dict[Labels, float] = field(default_factory=dict)
+
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        key = tuple(sorted(labels.items()))
+        self.values[key] = self.values.get(key, 0.0) + amount
+
+    def render(self) -> Iterable[str]:
+        yield f"# HELP {self.name} {self.help}"
+        yield f"# TYPE {self.name} counter"
+        for labels, value in sorted(self.values.items()):
+            yield f"{self.name}{_labels(labels)} {_number(value)}"
+
+
+@dataclass
+class Gauge:
+    """A value read when the metrics are scraped."""
+
+    name: str
+    help: str
+    read: Callable[[], Iterable[tuple[Labels, float]]]
+
+    def render(self) -> Iterable[str]:
+        yield f"# HELP {self.name} {self.help}"
+        yield f"# TYPE {self.name} gauge"
+        for labels, value in self.read():
+            yield f"{self.name}{_labels(labels)} {_number(value)}"
+
+
+@dataclass
+class _Series:
+    counts: list[int]
+    total: float = 0.0
+    count: int = 0
+
+
+@dataclass
+class Histogram:
+    name: str
+    help: str
+    buckets: Sequence[float]
+    series: dict[Labels, _Series] = field(default_factory=dict)
+
+    def observe(self, value: float, **labels: str) -> None:
+        key = tuple(sorted(labels.items()))
+        series = self.series.setdefault(key, _Series([0] * len(self.buckets)))
+        index = bisect_left(self.buckets, value)
+        if index < len(self.buckets):
+            series.counts[index] += 1
+        series.total += value
+        series.count += 1
+
+    def render(self) -> Iterable[str]:
+        yield f"# HELP {self.name} {self.help}"
+        yield f"# TYPE {self.name} histogram"
+        for labels, series in sorted(self.series.items()):
+            cumulative = 0
+            for bound, count in zip(self.buckets, series.counts, strict=True):
+                cumulative += count
+                yield f"{self.name}_bucket{_labels(labels, (('le', _number(bound)),))} {cumulative}"
+            yield f"{self.name}_bucket{_labels(labels, (('le', '+Inf'),))} {series.count}"
+            yield f"{self.name}_sum{_labels(labels)} {_number(series.total)}"
+            yield f"{self.name}_count{_labels(labels)} {series.count}"
+
+
+class Metrics:
+    """Everything `/metrics` shows; also the sampler's observer (`sampling_done`)."""
+
+    def __init__(self) -> None:
+        self.messages = Counter(
+            "mcp_backfill_messages_total",
+            "JSON-RPC messages (or batches) relayed, by direction "
+            "(from_client, to_client, from_upstream, to_upstream)",
+        )
+        self.http_requests = Counter(
+            "mcp_backfill_http_requests_total", "HTTP requests answered, by method and status code"
+        )
+        self.sampling_requests = Counter(
+            "mcp_backfill_sampling_requests_total",
+            "sampling requests answered by the proxy, by outcome (ok, error) and model",
+        )
+        self.tokens = Counter(
+            "mcp_backfill_sampling_tokens_total",
+            "tokens billed for the proxy's Claude calls, by direction (input, output) and model",
+        )
+        self.latency = Histogram(
+            "mcp_backfill_claude_latency_seconds",
+            "time to answer one sampling request through Claude, by model",
+            LATENCY_BUCKETS,
+        )
+        self._gauges: list[Gauge] = []
+
+    def gauge(self, name: str, help_text: str, read: Callable[[], Iterable[tuple[Labels, float]]]) -> None:
+        self._gauges.append(Gauge(name, help_text, read))
+
+    def sampling_done(
+        self,
+        *,
+        outcome: str,
+        model: str,
+        latency: float,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+    ) -> None:
+        self.sampling_requests.inc(outcome=outcome, model=model)
+        self.latency.observe(latency, model=model)
+        if input_tokens:
+            self.tokens.inc(input_tokens, direction="input", model=model)
+        if output_tokens:
+            self.tokens.inc(output_tokens, direction="output", model=model)
+
+    def render(self) -> str:
+        lines: list[str] = []
+        for counter in (self.messages, self.http_requests, self.sampling_requests, self.tokens):
+            lines.extend(counter.render())
+        lines.extend(self.latency.render())
+        for gauge in self._gauges:
+            lines.extend(gauge.render())
+        return "\n".join(lines) + "\n"

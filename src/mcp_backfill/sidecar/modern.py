@@ -1,0 +1,253 @@
+"""`/mcp` for 2026-07-28 requests: sessionless POSTs sharing one upstream and one relay.
+
+A request whose `MCP-Protocol-Version` header is not a handshake-era version takes this path (as in
+the MCP SDK's server). There is no session id and no GET stream (GET and DELETE: 405). A POSTed
+notification is acknowledged (202) and dropped: this revision has no client-to-server notifications
+over HTTP, and a client cancels by closing its POST. A request must be one JSON-RPC request (no
+batch) whose `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers match its body, and whose
+`params._meta` carries the protocol version and client capabilities, else 400 with the same
+JSON-RPC error the SDK's server gives (-32020 for a header mismatch, -32602, -32022). `Mcp-Param-*`
+headers are left for the upstream to check (a stdio upstream never sees them).
+
+All such requests share one upstream, started on the first one (for `-- CMD`: one child process,
+a 2026-07-28 stdio server being stateless per request) and again after it exits. The answer is JSON
+when it comes within 15 s with nothing before it, else an SSE stream without event ids (this
+revision does not resume streams), as the SDK's server does; JSON errors get the SDK's HTTP status
+for their code (400, or 404 for -32601).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+from mcp.shared.inbound import (
+    ERROR_CODE_HTTP_STATUS,
+    InboundLadderRejection,
+    classify_inbound_request,
+    find_duplicated_routing_header,
+    unsupported_protocol_version_rejection,
+)
+from mcp_types.jsonrpc import HEADER_MISMATCH
+
+from mcp_backfill import input_required as ir
+from mcp_backfill import jsonrpc
+from mcp_backfill.logs import get_logger
+from mcp_backfill.sidecar.http_io import (
+    JSON_TYPE,
+    SSE_TYPE,
+    VERSION_HEADER,
+    FrontSettings,
+    HttpCall,
+    accepts,
+    is_json_body,
+    pump_sse,
+    single_answer,
+    sse_headers,
+    wait_for_events,
+)
+from mcp_backfill.sidecar.sessions import CountingChannel, CountMessage, MakeRelay
+from mcp_backfill.sidecar.upstreams import UpstreamFactory, UpstreamRequest
+from mcp_backfill.transports.http_mux import Exchange, MuxChannel
+from mcp_backfill.transports.stdio import UpstreamStartError
+
+log = get_logger("sidecar")
+
+SUPPORTED_MODERN_VERSIONS = (ir.MODERN_VERSION,)
+HUB_LABEL = "2026-07-28 requests"
+
+
+class ModernHub:
+    """The shared upstream and relay of all 2026-07-28 requests, (re)started when needed."""
+
+    def __init__(self, open_upstream: UpstreamFactory, make_relay: MakeRelay, count: CountMessage) -> None:
+        self._open_upstream = open_upstream
+        self._make_relay = make_relay
+        self._count = count
+        self._mux: MuxChannel | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._lock = anyio.Lock()
+        self._tg: TaskGroup | None = None
+        self._headers: dict[str, str] = {}
+
+    def start(self, tg: TaskGroup) -> None:
+        self._tg = tg
+
+    @property
+    def in_flight(self) -> int:
+        return self._mux.in_flight if self._mux is not None else 0
+
+    async def mux(self, headers: dict[str, str]) -> MuxChannel:
+        """The live mux, starting the upstream first if needed; raises `UpstreamStartError`."""
+        async with self._lock:
+            if self._mux is None or self._mux.closed:
+                assert self._tg is not None
+                self._headers = headers
+                await self._tg.start(self._run)
+            assert self._mux is not None
+            return self._mux
+
+    async def _run(self, *, task_status: TaskStatus[None]) -> None:
+        mux = MuxChannel(self._count)
+        reason = "Upstream MCP server closed the connection (it exited or crashed)"
+        started = False
+        try:
+            with anyio.CancelScope() as self._scope:
+                async with self._open_upstream(UpstreamRequest(HUB_LABEL, self._headers)) as upstream:
+                    relay = self._make_relay(
+                        mux, CountingChannel(upstream, self._count, "from_upstream", "to_upstream")
+                    )
+                    self._mux = mux
+                    started = True
+                    task_status.started()
+                    await relay.run(on_client_closed=self._stop)
+                    log.warning("the upstream serving 2026-07-28 requests ended")
+                    await relay.fail_pending(reason)
+                    mux.close(reason)  # the next request starts a new upstream meanwhile
+            if self._scope.cancelled_caught:
+                reason = "mcp-backfill is shutting down"
+        except UpstreamStartError:
+            raise  # before `started`: the request that wanted the upstream reports it
+        except Exception:
+            log.exception("the relay for 2026-07-28 requests failed")
+            reason = "Internal error in mcp-backfill"
+            if not started:
+                raise
+        finally:
+            mux.close(reason)
+
+    async def _stop(self) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+
+
+class ModernFront:
+    def __init__(self, hub: ModernHub, settings: FrontSettings) -> None:
+        self.hub = hub
+        self.settings = settings
+
+    async def handle(self, call: HttpCall, upstream_headers: dict[str, str]) -> None:
+        if call.method != "POST":
+            await call.respond(405, headers=[(b"allow", b"POST")])
+            return
+        json_ok, sse_ok = accepts(call.headers)
+        if not (json_ok and sse_ok):
+            await call.respond(406)
+            return
+        if not is_json_body(call.headers):
+            await call.respond_error(
+                415, jsonrpc.INVALID_REQUEST, "Unsupported Media Type: Content-Type must be application/json"
+            )
+            return
+        body = await call.read_body(self.settings.max_body)
+        if body is None:
+            await call.respond_error(
+                413,
+                jsonrpc.INVALID_REQUEST,
+                f"Request body too large: the limit is {self.settings.max_body} bytes (--max-message-bytes)",
+            )
+            return
+        try:
+            decoded = json.loads(body)
+        except (ValueError, RecursionError):
+            await call.respond_error(400, jsonrpc.PARSE_ERROR, "Parse error")
+            return
+        if isinstance(decoded, dict) and "id" not in decoded and isinstance(decoded.get("method"), str):
+            await self._notification(call)
+            return
+        if not (isinstance(decoded, dict) and isinstance(decoded.get("method"), str) and _valid_id(decoded)):
+            await call.respond_error(
+                400,
+                jsonrpc.INVALID_REQUEST,
+                "Body must be a single JSON-RPC request or notification object",
+            )
+            return
+        rejection = _reject(call, decoded)
+        if rejection is not None:
+            await _write_rejection(call, rejection, decoded["id"])
+            return
+        if self.settings.draining:
+            await call.respond_error(503, jsonrpc.INTERNAL_ERROR, "Service Unavailable: shutting down")
+            return
+        try:
+            mux = await self.hub.mux(upstream_headers)
+        except UpstreamStartError as exc:
+            log.error(str(exc))
+            await call.respond_error(
+                200, jsonrpc.INTERNAL_ERROR, f"Upstream MCP server could not be started: {exc}", decoded["id"]
+            )
+            return
+        exchange, rewritten = mux.open(decoded)
+        # If the upstream just ended, `close` has answered the exchange already.
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await mux.deliver(rewritten)
+        await self._answer(call, mux, exchange)
+
+    async def _notification(self, call: HttpCall) -> None:
+        rejection = unsupported_protocol_version_rejection(
+            call.headers.get(VERSION_HEADER, ""), SUPPORTED_MODERN_VERSIONS
+        )
+        if rejection is not None:
+            await _write_rejection(call, rejection, None)
+            return
+        await call.respond(202)
+
+    async def _answer(self, call: HttpCall, mux: MuxChannel, exchange: Exchange) -> None:
+        stream = exchange.stream
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call.watch_disconnect, scope)
+                await wait_for_events(stream, self.settings.json_window)
+                answer = single_answer(stream)
+                if answer is not None:
+                    stream.delivered = 1
+                    await call.respond(_status_of(answer), answer, JSON_TYPE)
+                else:
+                    await call.start(200, SSE_TYPE, sse_headers())
+                    await pump_sse(call, stream, 0, with_ids=False, keepalive=self.settings.keepalive)
+                    await call.body(b"")
+                tg.cancel_scope.cancel()
+        if scope.cancelled_caught and not stream.finished:
+            with anyio.CancelScope(shield=True):
+                await mux.abandon(exchange, "the client closed its HTTP request")
+
+
+def _valid_id(message: dict[str, Any]) -> bool:
+    request_id = message.get("id")
+    return isinstance(request_id, str) or (isinstance(request_id, int) and not isinstance(request_id, bool))
+
+
+def _reject(call: HttpCall, request: dict[str, Any]) -> InboundLadderRejection | None:
+    """The SDK server's checks of a 2026-07-28 request's envelope and routing headers."""
+    items = call.header_items()
+    duplicated = find_duplicated_routing_header(items)
+    if duplicated is not None:
+        message = f"{duplicated} header appears more than once"
+        return InboundLadderRejection(code=HEADER_MISMATCH, message=message)
+    verdict = classify_inbound_request(
+        request, headers=dict(items), supported_modern_versions=SUPPORTED_MODERN_VERSIONS
+    )
+    return verdict if isinstance(verdict, InboundLadderRejection) else None
+
+
+async def _write_rejection(call: HttpCall, rejection: InboundLadderRejection, request_id: Any) -> None:
+    error = jsonrpc.error_response(request_id, rejection.code, rejection.message, rejection.data)
+    body = jsonrpc.encode(error)
+    await call.respond(ERROR_CODE_HTTP_STATUS.get(rejection.code, 400), body, JSON_TYPE)
+
+
+def _status_of(answer: bytes) -> int:
+    """The SDK's HTTP status for a JSON answer: 200, or the table's status for an error's code."""
+    try:
+        message = json.loads(answer)
+    except ValueError:
+        return 200
+    error = message.get("error") if isinstance(message, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return ERROR_CODE_HTTP_STATUS.get(code, 200) if isinstance(code, int) else 200

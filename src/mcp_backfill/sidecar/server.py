@@ -1,0 +1,179 @@
+"""`mcp-backfill serve`: uvicorn serving the sidecar app, inside the proxy's anyio task group.
+
+The listening socket is bound here (so `--port 0` can log the port it got), then handed to uvicorn,
+whose own signal handling is replaced by ours. On SIGTERM or SIGINT the sidecar drains: new sessions
+and requests are refused, the standalone GET streams end, uvicorn stops accepting connections and
+waits up to `--drain-timeout` seconds for the requests in flight to finish; then every session is
+closed and every upstream stopped. A second signal skips the wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import shutil
+import signal
+import socket
+from collections.abc import Iterator
+
+import anyio
+import uvicorn
+
+from mcp_backfill.config import Config
+from mcp_backfill.logs import get_logger
+from mcp_backfill.proxy import make_sampler, relay_options
+from mcp_backfill.relay import Relay
+from mcp_backfill.sidecar.app import SidecarApp
+from mcp_backfill.sidecar.handshake import HandshakeFront
+from mcp_backfill.sidecar.http_io import FrontSettings
+from mcp_backfill.sidecar.metrics import Metrics
+from mcp_backfill.sidecar.modern import ModernFront, ModernHub
+from mcp_backfill.sidecar.security import AccessPolicy, default_allowed_hosts, default_allowed_origins
+from mcp_backfill.sidecar.sessions import SessionSettings, SessionTable
+from mcp_backfill.sidecar.upstreams import UpstreamFactory, child_process_upstreams, http_upstreams
+from mcp_backfill.transports.base import MessageChannel
+from mcp_backfill.transports.http_client import display_url
+from mcp_backfill.transports.stdio import UpstreamStartError
+
+log = get_logger("sidecar")
+
+
+class BindError(Exception):
+    """The address to listen on could not be bound."""
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handlers: the sidecar decides when to stop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def bind(host: str, port: int) -> socket.socket:
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+        sock.setblocking(False)
+    except OSError as exc:
+        raise BindError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    return sock
+
+
+def upstream_factory(config: Config) -> UpstreamFactory:
+    """Where each session's upstream comes from: a new HTTP session or a new child process."""
+    if config.upstream_url is not None:
+        return http_upstreams(config)
+    if shutil.which(config.upstream_command[0]) is None:
+        raise UpstreamStartError(f"cannot start upstream {config.upstream_command[0]!r}: command not found")
+    return child_process_upstreams(config)
+
+
+async def run_sidecar(config: Config) -> int:
+    """Serve until SIGTERM/SIGINT; returns the exit status."""
+    metrics = Metrics()
+    sampler = make_sampler(config, metrics)
+    open_upstream = upstream_factory(config)
+    options = relay_options(config)
+
+    relays = itertools.count(1)
+
+    def make_relay(client: MessageChannel, upstream: MessageChannel) -> Relay:
+        # Each relay is one client session (or the shared 2026 hub): its own token budget.
+        session = sampler.spend.new_session(f"http-{next(relays)}")
+        return Relay(options, sampler, client, upstream, session=session)
+
+    def count(direction: str) -> None:
+        metrics.messages.inc(direction=direction)
+
+    sock = bind(config.host, config.port)
+    port = sock.getsockname()[1]
+    policy = AccessPolicy(
+        allowed_hosts=config.allowed_hosts or default_allowed_hosts(port),
+        allowed_origins=config.allowed_origins or default_allowed_origins(),
+        token=config.auth_token.value if config.auth_token is not None else None,
+    )
+    sessions = SessionTable(
+        config.max_sessions,
+        SessionSettings(config.session_idle_timeout, stop_timeout=3 * config.shutdown_grace + 1),
+        open_upstream,
+        make_relay,
+        count,
+    )
+    hub = ModernHub(open_upstream, make_relay, count)
+    front = FrontSettings(config.max_message_bytes)
+    app = SidecarApp(policy, HandshakeFront(sessions, front), ModernFront(hub, front), metrics)
+    metrics.gauge(
+        "mcp_backfill_active_sessions", "open handshake-era client sessions", lambda: [((), len(sessions))]
+    )
+    metrics.gauge(
+        "mcp_backfill_requests_in_flight_2026",
+        "2026-07-28 requests waiting for their answer",
+        lambda: [((), hub.in_flight)],
+    )
+    server = _Server(
+        uvicorn.Config(
+            app,
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            ws="none",
+            timeout_graceful_shutdown=math.ceil(config.drain_timeout),
+            server_header=False,
+        )
+    )
+    try:
+        async with anyio.create_task_group() as tg:
+            sessions.start(tg)
+            hub.start(tg)
+            tg.start_soon(_watch_signals, server, app)
+            url = f"http://{_url_host(config.host)}:{port}/mcp"
+            log.info(
+                "serving streamable HTTP",
+                extra={
+                    "url": url,
+                    "port": port,
+                    "upstream": display_url(config.upstream_url)
+                    if config.upstream_url
+                    else list(config.upstream_command),
+                    "auth": policy.token is not None,
+                    "mode": config.mode,
+                    "provider": config.provider,
+                },
+            )
+            await server.serve(sockets=[sock])
+            log.info("stopping every session", extra={"sessions": len(sessions)})
+            with anyio.CancelScope(shield=True):
+                hub.stop()
+                await sessions.close_all()
+            tg.cancel_scope.cancel()
+    finally:
+        sock.close()
+        await sampler.provider.aclose()
+    log.info("stopped")
+    return 0
+
+
+async def _watch_signals(server: _Server, app: SidecarApp) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for signum in signals:
+            if app.draining:
+                log.info("second signal: not waiting for requests in flight")
+                server.force_exit = True
+                continue
+            log.info(
+                "signal received; draining requests in flight",
+                extra={"signal": signal.Signals(signum).name},
+            )
+            app.drain()
+            server.should_exit = True
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -1,0 +1,221 @@
+"""Handshake-era client sessions: one upstream and one relay per `Mcp-Session-Id`.
+
+A session is created by the client's `initialize` POST and ends when the client DELETEs it, when it
+stays idle (no HTTP request being served and no request in flight) for `--session-idle-timeout`
+seconds, when its upstream goes away, or when the sidecar shuts down. Ending it stops the upstream
+(for a child process: stdin closed, then SIGTERM, then SIGKILL), answers the requests still in flight
+with an error, and forgets the id, so later requests with it get 404.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from mcp_backfill.logs import get_logger
+from mcp_backfill.relay import Relay
+from mcp_backfill.sidecar.upstreams import UpstreamFactory, UpstreamRequest
+from mcp_backfill.transports.base import MessageChannel
+from mcp_backfill.transports.http_server import SessionChannel, SessionRouter, open_inbox
+from mcp_backfill.transports.stdio import UpstreamStartError
+
+log = get_logger("sidecar")
+
+# Server messages kept per SSE stream for clients that resume with Last-Event-ID.
+REPLAY_LIMIT = 1024
+
+MakeRelay = Callable[[MessageChannel, MessageChannel], Relay]
+CountMessage = Callable[[str], None]
+
+
+class SessionGone(Exception):
+    """The session ended while a request was being handed to it."""
+
+
+class CountingChannel:
+    """A `MessageChannel` that reports each message it carries (for the metrics)."""
+
+    def __init__(self, inner: MessageChannel, count: CountMessage, received: str, sent: str) -> None:
+        self._inner = inner
+        self._count = count
+        self._received = received
+        self._sent = sent
+
+    async def receive(self) -> bytes:
+        message = await self._inner.receive()
+        self._count(self._received)
+        return message
+
+    async def receive_with_origin(self) -> tuple[bytes, Any]:
+        message, origin = await self._inner.receive_with_origin()
+        self._count(self._received)
+        return message, origin
+
+    async def send(self, message: bytes, related: Any = None) -> None:
+        await self._inner.send(message, related)
+        self._count(self._sent)
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    idle_timeout: float  # 0: never
+    stop_timeout: float  # how long a DELETE waits for the upstream to stop
+
+
+class HttpSession:
+    """One client session: its stream router, its inbox, and the task running its relay."""
+
+    def __init__(self, session_id: str, settings: SessionSettings, count: CountMessage) -> None:
+        self.id = session_id
+        self._settings = settings
+        self._count = count
+        self._scope = anyio.CancelScope()
+        self._terminated = False
+        self._connections = 0
+        self.router = SessionRouter(REPLAY_LIMIT, on_change=self._activity_changed)
+        self._inbox_send, inbox = open_inbox()
+        self.channel = SessionChannel(self.router, inbox, count)
+        self.ended = anyio.Event()
+        self._activity_changed()
+
+    @property
+    def label(self) -> str:
+        return f"session {self.id[:8]}"
+
+    async def run(
+        self, open_upstream: UpstreamFactory, make_relay: MakeRelay, headers: Mapping[str, str]
+    ) -> None:
+        """Relay until the session ends, however it ends; never raises."""
+        reason = "MCP session closed"
+        try:
+            with self._scope:
+                async with open_upstream(UpstreamRequest(self.label, headers)) as upstream:
+                    counted = CountingChannel(upstream, self._count, "from_upstream", "to_upstream")
+                    relay = make_relay(self.channel, counted)
+                    await relay.run(on_client_closed=self._stop)
+                    reason = "Upstream MCP server closed the connection (it exited or crashed)"
+                    log.warning("upstream ended the session", extra={"session": self.label})
+                    await relay.fail_pending(reason)
+                    self.router.close(reason)  # later requests get 404 while the upstream stops
+            if self._scope.cancelled_caught and not self._terminated:
+                log.info("idle session closed", extra={"session": self.label})
+                reason = "MCP session closed after being idle"
+        except UpstreamStartError as exc:
+            log.error(str(exc), extra={"session": self.label})
+            reason = f"Upstream MCP server could not be started: {exc}"
+        except Exception:
+            log.exception("session failed", extra={"session": self.label})
+            reason = "Internal error in mcp-backfill; the MCP session is closed"
+        finally:
+            self.router.close(reason)
+            self._inbox_send.close()
+            self.ended.set()
+
+    async def _stop(self) -> None:
+        self.terminate()
+
+    def terminate(self) -> None:
+        """End the session now (DELETE, shutdown); `ended` is set once its upstream has stopped."""
+        self._terminated = True
+        self._scope.cancel()
+
+    async def deliver(self, raw: bytes) -> None:
+        """Hand what the client POSTed to the relay."""
+        try:
+            await self._inbox_send.send(raw)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            raise SessionGone from None
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        """An HTTP request of this session is being served: the session is not idle meanwhile."""
+        self._connections += 1
+        self._activity_changed()
+        try:
+            yield
+        finally:
+            self._connections -= 1
+            self._activity_changed()
+
+    @property
+    def busy(self) -> bool:
+        return self._connections > 0 or self.router.in_flight > 0
+
+    def _activity_changed(self) -> None:
+        if self._settings.idle_timeout <= 0 or self.busy:
+            self._scope.deadline = math.inf
+        else:
+            self._scope.deadline = anyio.current_time() + self._settings.idle_timeout
+
+
+class SessionTable:
+    """The live sessions by id, with the admission limit."""
+
+    def __init__(
+        self,
+        max_sessions: int,
+        settings: SessionSettings,
+        open_upstream: UpstreamFactory,
+        make_relay: MakeRelay,
+        count: CountMessage,
+    ) -> None:
+        self._max = max_sessions
+        self._settings = settings
+        self._open_upstream = open_upstream
+        self._make_relay = make_relay
+        self._count = count
+        self._sessions: dict[str, HttpSession] = {}
+        self._tg: TaskGroup | None = None
+
+    def start(self, tg: TaskGroup) -> None:
+        self._tg = tg
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def all(self) -> list[HttpSession]:
+        return list(self._sessions.values())
+
+    def get(self, session_id: str) -> HttpSession | None:
+        return self._sessions.get(session_id)
+
+    def open(self, headers: Mapping[str, str]) -> HttpSession | None:
+        """A new session with its relay starting, or None when `max_sessions` are open."""
+        assert self._tg is not None
+        if len(self._sessions) >= self._max:
+            return None
+        session = HttpSession(secrets.token_hex(16), self._settings, self._count)
+        self._sessions[session.id] = session
+        log.info("session opened", extra={"session": session.label, "sessions": len(self._sessions)})
+        self._tg.start_soon(self._run, session, headers)
+        return session
+
+    async def _run(self, session: HttpSession, headers: Mapping[str, str]) -> None:
+        try:
+            await session.run(self._open_upstream, self._make_relay, headers)
+        finally:
+            self._sessions.pop(session.id, None)
+            log.info("session ended", extra={"session": session.label, "sessions": len(self._sessions)})
+
+    async def close(self, session: HttpSession) -> None:
+        """End a session (DELETE) and wait, within reason, for its upstream to stop."""
+        self._sessions.pop(session.id, None)
+        session.terminate()
+        with anyio.move_on_after(self._settings.stop_timeout):
+            await session.ended.wait()
+
+    async def close_all(self) -> None:
+        """End every session and wait for their upstreams to stop."""
+        sessions = list(self._sessions.values())
+        self._sessions.clear()
+        for session in sessions:
+            session.terminate()
+        for session in sessions:
+            await session.ended.wait()

@@ -1,0 +1,77 @@
+"""Where a client session's upstream comes from: an async context manager per use.
+
+The sidecar opens one upstream per handshake-era client session and one shared upstream for all
+2026-07-28 requests; it neither knows nor cares what the upstream is. Entering the context starts
+the upstream and yields its `MessageChannel`; leaving it stops the upstream (for a child process:
+stdin closed, then SIGTERM, then SIGKILL; for an HTTP upstream: its session DELETEd).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
+
+from mcp_backfill.config import Config, upstream_environment
+from mcp_backfill.logs import get_logger
+from mcp_backfill.transports.base import MessageChannel
+from mcp_backfill.transports.http_client import HttpUpstreamSettings, display_url, open_http_upstream
+from mcp_backfill.transports.stdio import spawn_upstream
+
+log = get_logger("sidecar")
+
+
+@dataclass(frozen=True)
+class UpstreamRequest:
+    """What the sidecar knows when it opens an upstream."""
+
+    # "session <id>" or "2026-07-28 requests": for log lines.
+    label: str
+    # Headers of the HTTP request that caused the opening (lowercase names); the sidecar's own
+    # credentials (its bearer token) are already removed.
+    client_headers: Mapping[str, str] = field(default_factory=dict)
+
+
+UpstreamFactory = Callable[[UpstreamRequest], AbstractAsyncContextManager[MessageChannel]]
+
+
+def child_process_upstreams(config: Config) -> UpstreamFactory:
+    """Each use starts `config.upstream_command` as a new child process."""
+
+    @asynccontextmanager
+    async def open_child(request: UpstreamRequest) -> AsyncIterator[MessageChannel]:
+        async with spawn_upstream(
+            config.upstream_command,
+            upstream_environment(os.environ),
+            config.max_message_bytes,
+            config.shutdown_grace,
+        ) as child:
+            log.info("upstream process started", extra={"for": request.label, "pid": child.pid})
+            try:
+                yield child.channel
+            finally:
+                log.info("stopping upstream process", extra={"for": request.label, "pid": child.pid})
+
+    return open_child
+
+
+def http_upstreams(config: Config) -> UpstreamFactory:
+    """Each use opens a new session with the streamable-HTTP server at `config.upstream_url`."""
+    assert config.upstream_url is not None
+    url = config.upstream_url
+
+    @asynccontextmanager
+    async def open_http(request: UpstreamRequest) -> AsyncIterator[MessageChannel]:
+        headers = config.upstream_headers
+        authorization = request.client_headers.get("authorization")
+        if config.forward_authorization and authorization:
+            headers = (*headers, ("Authorization", authorization))
+        settings = HttpUpstreamSettings(url=url, headers=headers, max_message_bytes=config.max_message_bytes)
+        async with open_http_upstream(settings) as upstream:
+            log.info(
+                "upstream session opened", extra={"for": request.label, "upstream_url": display_url(url)}
+            )
+            yield upstream
+
+    return open_http

@@ -1,0 +1,114 @@
+"""One server-sent-event stream of an HTTP client session, kept so that a client can resume it.
+
+Streamable HTTP delivers server messages on SSE streams: one per POST that carried requests, plus
+the session's standalone GET stream. Messages are appended to an `EventStream` whether or not an
+HTTP response is writing it at the moment; each gets an event id (`<stream key>.<sequence>`), and the
+last `limit` of them are kept, so a client whose connection dropped can reconnect with
+`Last-Event-ID` and get what it missed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import anyio
+
+from mcp_backfill.logs import get_logger
+
+log = get_logger("http")
+
+SSE_PING = b": ping\n\n"
+
+
+def sse_event(data: bytes, event_id: str | None = None) -> bytes:
+    """One `message` event. Raw newlines in a JSON text are whitespace, so they may split `data:` lines."""
+    head = f"id: {event_id}\n".encode() if event_id is not None else b""
+    lines = data.splitlines() or [b""]
+    return head + b"event: message\n" + b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"
+
+
+def parse_event_id(event_id: str) -> tuple[str, int] | None:
+    """`"s3.17"` -> `("s3", 17)`; None for an id this proxy did not mint."""
+    key, dot, seq = event_id.strip().rpartition(".")
+    if not dot or not key or not seq.isdigit():
+        return None
+    return key, int(seq)
+
+
+class EventStream:
+    """The messages of one SSE stream, numbered, with the last `limit` kept for replay."""
+
+    def __init__(self, key: str, limit: int) -> None:
+        self.key = key
+        self._events: deque[tuple[int, bytes]] = deque(maxlen=limit)
+        self._next = 1
+        self._changed = anyio.Event()
+        self._writer = 0  # generation of the HTTP response writing this stream, 0: none
+        self._generations = 0
+        self.finished = False
+        self.delivered = 0  # highest sequence number handed to an HTTP response
+        self._warned = False
+
+    def event_id(self, seq: int) -> str:
+        return f"{self.key}.{seq}"
+
+    @property
+    def last_seq(self) -> int:
+        return self._next - 1
+
+    @property
+    def attached(self) -> bool:
+        return self._writer != 0
+
+    def append(self, message: bytes) -> None:
+        if self.finished:
+            log.debug("message for a finished stream dropped", extra={"stream": self.key})
+            return
+        if len(self._events) == self._events.maxlen and not self._warned:
+            self._warned = True
+            log.warning(
+                "SSE replay buffer full; the oldest undelivered messages are dropped",
+                extra={"stream": self.key, "limit": self._events.maxlen},
+            )
+        self._events.append((self._next, message))
+        self._next += 1
+        self._wake()
+
+    def finish(self) -> None:
+        """No more messages will come (a POST's requests are all answered, or the session ended)."""
+        if not self.finished:
+            self.finished = True
+            self._wake()
+
+    def after(self, seq: int) -> list[tuple[int, bytes]]:
+        """The kept events numbered above `seq`, oldest first."""
+        return [event for event in self._events if event[0] > seq]
+
+    def first_kept(self) -> int:
+        return self._events[0][0] if self._events else self._next
+
+    def complete_after(self, seq: int) -> bool:
+        """Has everything after `seq` been handed out, with nothing more to come?"""
+        return self.finished and seq >= self.last_seq
+
+    async def changed(self) -> None:
+        """Wait until a message is appended or the stream finishes (or its writer is replaced)."""
+        await self._changed.wait()
+
+    def attach(self) -> int:
+        """A response starts writing this stream; a previous writer, if any, must stop."""
+        self._generations += 1
+        self._writer = self._generations
+        self._wake()
+        return self._writer
+
+    def is_writer(self, generation: int) -> bool:
+        return self._writer == generation
+
+    def detach(self, generation: int) -> None:
+        if self._writer == generation:
+            self._writer = 0
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()

@@ -1,0 +1,197 @@
+"""The client side of all 2026-07-28 HTTP requests: many POSTs multiplexed onto one relay.
+
+A 2026-07-28 request is self-contained (no session), so every such POST shares one upstream and one
+relay. Clients choose their JSON-RPC ids independently, so each POSTed request gets a fresh id of
+the mux's own (an integer; the relay's own ids are strings), and its `_meta.progressToken` becomes
+that same integer. On the way back the mux restores the client's id in the response, the client's
+token in `notifications/progress`, and the client's id in `_meta.subscriptionId` (whose value is
+the id of the `subscriptions/listen` request it belongs to).
+
+A server message reaches the POST it belongs to by, first match wins: its id (responses), `related`,
+its progress token, its subscription id, or the only request in flight when there is exactly one.
+Anything else cannot be attributed to a client and is dropped (logged at debug level): a message is
+never delivered to a client it may not belong to.
+
+A client closing its POST before the answer cancels the request: the mux hands the relay a
+`notifications/cancelled` for it, which stops any Claude call and the upstream round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectSendStream
+
+from mcp_backfill import jsonrpc
+from mcp_backfill.logs import get_logger
+from mcp_backfill.transports.event_stream import EventStream
+
+log = get_logger("http")
+
+SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
+CANCELLED_NOTIFICATION = "notifications/cancelled"
+# Messages kept for one POST while its response is being written.
+EXCHANGE_BUFFER = 1024
+
+
+@dataclass
+class Exchange:
+    """One POSTed request and the messages for it."""
+
+    client_id: Any
+    mux_id: int
+    method: str
+    stream: EventStream
+    client_token: Any = None
+    has_token: bool = False
+
+
+class MuxChannel:
+    """The relay's client side for 2026-07-28 HTTP requests; see the module docstring."""
+
+    def __init__(self, on_message: Callable[[str], None] = lambda direction: None) -> None:
+        self._inbox_send: MemoryObjectSendStream[bytes]
+        self._inbox_send, self._inbox = anyio.create_memory_object_stream[bytes](64)
+        self._on_message = on_message
+        self._ids = itertools.count(1)
+        self._exchanges: dict[int, Exchange] = {}
+        self.closed = False
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._exchanges)
+
+    # -- from the HTTP handlers ------------------------------------------------------------------
+
+    def open(self, request: dict[str, Any]) -> tuple[Exchange, bytes]:
+        """Register a POSTed request; returns its exchange and the message to relay (ids rewritten)."""
+        mux_id = next(self._ids)
+        exchange = Exchange(
+            request["id"], mux_id, str(request.get("method")), EventStream(f"m{mux_id}", EXCHANGE_BUFFER)
+        )
+        rewritten = {**request, "id": mux_id}
+        params = request.get("params")
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        if isinstance(params, dict) and isinstance(meta, dict) and "progressToken" in meta:
+            exchange.client_token = meta["progressToken"]
+            exchange.has_token = True
+            rewritten["params"] = {**params, "_meta": {**meta, "progressToken": mux_id}}
+        self._exchanges[mux_id] = exchange
+        if self.closed:
+            self._route_response(
+                jsonrpc.error_response(mux_id, jsonrpc.INTERNAL_ERROR, "Upstream MCP server is gone; retry")
+            )
+        return exchange, jsonrpc.encode(rewritten)
+
+    async def deliver(self, raw: bytes) -> None:
+        await self._inbox_send.send(raw)
+
+    async def abandon(self, exchange: Exchange, reason: str) -> None:
+        """The client closed its POST before the answer: cancel the request upstream."""
+        if self._exchanges.pop(exchange.mux_id, None) is None or self.closed:
+            return
+        exchange.stream.finish()
+        log.info(
+            "client closed its request; cancelling it",
+            extra={"request_id": exchange.client_id, "method": exchange.method},
+        )
+        cancel = {
+            "jsonrpc": "2.0",
+            "method": CANCELLED_NOTIFICATION,
+            "params": {"requestId": exchange.mux_id, "reason": reason},
+        }
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await self._inbox_send.send(jsonrpc.encode(cancel))
+
+    def close(self, reason: str) -> None:
+        """The shared upstream is gone: every request still waiting gets an error."""
+        self.closed = True
+        for exchange in list(self._exchanges.values()):
+            error = jsonrpc.error_response(exchange.mux_id, jsonrpc.INTERNAL_ERROR, reason)
+            self._route_response(error)
+        self._inbox_send.close()
+
+    # -- MessageChannel (the relay's side) -------------------------------------------------------
+
+    async def receive(self) -> bytes:
+        try:
+            message = await self._inbox.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise anyio.EndOfStream from None
+        self._on_message("from_client")
+        return message
+
+    async def receive_with_origin(self) -> tuple[bytes, Any]:
+        return await self.receive(), None
+
+    async def send(self, message: bytes, related: Any = None) -> None:
+        self._on_message("to_client")
+        try:
+            decoded = json.loads(message)
+        except ValueError:
+            log.debug("undecodable message dropped", extra={"line": jsonrpc.preview(message)})
+            return
+        if not isinstance(decoded, dict):
+            log.debug("batch for 2026 clients dropped", extra={"line": jsonrpc.preview(message)})
+            return
+        if "method" not in decoded and "id" in decoded:
+            self._route_response(decoded)
+            return
+        exchange = self._owner(decoded, related)
+        if exchange is None:
+            log.debug(
+                "server message that belongs to no open request dropped",
+                extra={"line": jsonrpc.preview(message)},
+            )
+            return
+        restored = self._restore(decoded, exchange)
+        exchange.stream.append(message if restored is decoded else jsonrpc.encode(restored))
+
+    def _route_response(self, response: dict[str, Any]) -> None:
+        mux_id = response.get("id")
+        exchange = self._exchanges.pop(mux_id, None) if isinstance(mux_id, int) else None
+        if exchange is None:
+            log.debug("response for a closed request dropped", extra={"id": mux_id})
+            return
+        exchange.stream.append(jsonrpc.encode({**response, "id": exchange.client_id}))
+        exchange.stream.finish()
+
+    def _owner(self, message: dict[str, Any], related: Any) -> Exchange | None:
+        if isinstance(related, int) and related in self._exchanges:
+            return self._exchanges[related]
+        params = message.get("params")
+        if isinstance(params, dict):
+            for candidate in (params.get("progressToken"), _meta(params).get(SUBSCRIPTION_ID)):
+                if isinstance(candidate, int) and candidate in self._exchanges:
+                    return self._exchanges[candidate]
+        if len(self._exchanges) == 1:
+            return next(iter(self._exchanges.values()))
+        return None
+
+    def _restore(self, message: dict[str, Any], exchange: Exchange) -> dict[str, Any]:
+        """The client's own token and subscription id in a message for its request."""
+        params = message.get("params")
+        if not isinstance(params, dict):
+            return message
+        restored = dict(params)
+        if _same_id(params.get("progressToken"), exchange.mux_id) and exchange.has_token:
+            restored["progressToken"] = exchange.client_token
+        meta = _meta(params)
+        if _same_id(meta.get(SUBSCRIPTION_ID), exchange.mux_id):
+            restored["_meta"] = {**meta, SUBSCRIPTION_ID: exchange.client_id}
+        return {**message, "params": restored} if restored != params else message
+
+
+def _same_id(value: Any, mux_id: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value == mux_id
+
+
+def _meta(params: dict[str, Any]) -> dict[str, Any]:
+    meta = params.get("_meta")
+    return meta if isinstance(meta, dict) else {}

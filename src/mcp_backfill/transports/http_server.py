@@ -1,0 +1,252 @@
+"""The client side of one handshake-era streamable-HTTP session, as the relay's `MessageChannel`.
+
+`receive()` yields what the client POSTed, in order. `send()` puts each message on the right SSE
+stream (see `SessionRouter.route`); the HTTP handlers write those streams to the client.
+
+Where a server-to-client message goes, first match wins:
+
+1. a response: the stream of the POST that carried the request with its id;
+2. the stream of `related` (the client's request the message belongs to, when the upstream said so),
+   if that request is still waiting for its response;
+3. the stream of the request whose `progressToken` the message carries (`params.progressToken`, as
+   in `notifications/progress`, or `params._meta.progressToken`);
+4. the only request in flight, when there is exactly one (a stdio upstream never says which request
+   a message belongs to, and a tool call's log messages and sampling requests are the common case);
+5. the standalone GET stream, buffered (last `replay_limit` messages) until the client opens it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from mcp_backfill import jsonrpc
+from mcp_backfill.logs import get_logger
+from mcp_backfill.transports.event_stream import EventStream
+
+log = get_logger("http")
+
+GET_STREAM_KEY = "g"
+REQUEST_CANCELLED = -32800  # as the SDK's server answers a request the client cancelled
+CANCELLED_NOTIFICATION = "notifications/cancelled"
+# Finished POST streams kept for a client that reconnects to read the end of one.
+FINISHED_STREAMS_KEPT = 8
+# Ids of requests the client cancelled, remembered so that a late response is not misrouted.
+CANCELLED_IDS_KEPT = 256
+
+
+class DuplicateRequestId(Exception):
+    """The client reused the id of a request still in flight in this session."""
+
+
+@dataclass
+class InFlight:
+    request_id: Any
+    method: str
+    stream: EventStream
+    token: jsonrpc.IdKey | None = None
+
+
+@dataclass
+class PostStream:
+    """The SSE stream of one POST and the requests it waits for."""
+
+    stream: EventStream
+    waiting: set[jsonrpc.IdKey]
+
+
+def progress_token(params: Any) -> Any:
+    """The progress token a message names, or None."""
+    if not isinstance(params, dict):
+        return None
+    if "progressToken" in params:
+        return params["progressToken"]
+    meta = params.get("_meta")
+    return meta.get("progressToken") if isinstance(meta, dict) else None
+
+
+class SessionRouter:
+    """Which SSE stream each server message goes to; see the module docstring."""
+
+    def __init__(self, replay_limit: int, on_change: Callable[[], None] = lambda: None) -> None:
+        self._replay_limit = replay_limit
+        self._on_change = on_change
+        self.get_stream = EventStream(GET_STREAM_KEY, replay_limit)
+        self._streams: dict[str, EventStream] = {GET_STREAM_KEY: self.get_stream}
+        self._posts: dict[str, PostStream] = {}
+        self._finished: deque[str] = deque()
+        self._requests: dict[jsonrpc.IdKey, InFlight] = {}
+        self._tokens: dict[jsonrpc.IdKey, jsonrpc.IdKey] = {}
+        self._cancelled: deque[jsonrpc.IdKey] = deque(maxlen=CANCELLED_IDS_KEPT)
+        self._counter = 0
+        self.protocol_version: str | None = None
+        self.closed = False
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._requests)
+
+    def stream(self, key: str) -> EventStream | None:
+        return self._streams.get(key)
+
+    # -- client -> upstream ----------------------------------------------------------------------
+
+    def open_post(self, requests: list[dict[str, Any]]) -> EventStream:
+        """A stream for a POST carrying these requests; raises `DuplicateRequestId`."""
+        keys = [jsonrpc.id_key(request["id"]) for request in requests]
+        if len(set(keys)) != len(keys) or any(key in self._requests for key in keys):
+            raise DuplicateRequestId
+        self._counter += 1
+        stream = EventStream(f"s{self._counter}", self._replay_limit)
+        self._streams[stream.key] = stream
+        self._posts[stream.key] = PostStream(stream, set(keys))
+        for key, request in zip(keys, requests, strict=True):
+            token = progress_token(request.get("params"))
+            token_key = jsonrpc.id_key(token) if token is not None else None
+            if token_key is not None:
+                self._tokens[token_key] = key
+            self._requests[key] = InFlight(request["id"], str(request.get("method")), stream, token_key)
+            if key in self._cancelled:
+                self._cancelled.remove(key)
+        self._on_change()
+        return stream
+
+    def client_cancelled(self, request_id: Any, reason: Any = None) -> None:
+        """The client gave up on a request: answer its stream as the SDK does (-32800), now."""
+        key = jsonrpc.id_key(request_id)
+        if key not in self._requests:
+            return
+        self._cancelled.append(key)
+        message = "Request cancelled" + (f": {reason}" if isinstance(reason, str) and reason else "")
+        self._respond(key, jsonrpc.encode(jsonrpc.error_response(request_id, REQUEST_CANCELLED, message)))
+
+    # -- upstream -> client ----------------------------------------------------------------------
+
+    def route(self, raw: bytes, related: Any = None) -> None:
+        if self.closed:
+            log.debug("message for a closed session dropped", extra={"line": jsonrpc.preview(raw)})
+            return
+        try:
+            message = json.loads(raw)
+        except ValueError:
+            message = None
+        first = message[0] if isinstance(message, list) and message else message
+        if isinstance(first, dict) and "method" not in first and "id" in first:
+            self._route_response(raw, message if isinstance(message, list) else [message])
+            return
+        params = first.get("params") if isinstance(first, dict) else None
+        self._target(related, params).append(raw)
+
+    def _route_response(self, raw: bytes, responses: list[Any]) -> None:
+        keys = [jsonrpc.id_key(r.get("id")) for r in responses if isinstance(r, dict) and "id" in r]
+        owner = next((self._requests[key] for key in keys if key in self._requests), None)
+        if owner is None:
+            if keys and all(key in self._cancelled for key in keys):
+                log.debug("response to a request the client cancelled; dropped", extra={"keys": keys})
+                return
+            self.get_stream.append(raw)  # an error with a null id, or a response nobody waits for
+            return
+        for response in responses:
+            if isinstance(response, dict) and self._requests.get(jsonrpc.id_key(response.get("id"))):
+                self._note_response(response)
+        self._respond_all(keys, raw, owner.stream)
+
+    def _note_response(self, response: dict[str, Any]) -> None:
+        request = self._requests[jsonrpc.id_key(response.get("id"))]
+        result = response.get("result")
+        if request.method == "initialize" and isinstance(result, dict):
+            version = result.get("protocolVersion")
+            self.protocol_version = version if isinstance(version, str) else None
+
+    def _respond(self, key: jsonrpc.IdKey, raw: bytes) -> None:
+        request = self._requests.get(key)
+        if request is not None:
+            self._respond_all([key], raw, request.stream)
+
+    def _respond_all(self, keys: list[jsonrpc.IdKey], raw: bytes, stream: EventStream) -> None:
+        stream.append(raw)
+        post = self._posts.get(stream.key)
+        for key in keys:
+            request = self._requests.pop(key, None)
+            if request is None:
+                continue
+            if request.token is not None and self._tokens.get(request.token) == key:
+                del self._tokens[request.token]
+            if post is not None:
+                post.waiting.discard(key)
+        if post is not None and not post.waiting:
+            self._finish_post(stream.key)
+        self._on_change()
+
+    def _finish_post(self, key: str) -> None:
+        post = self._posts.pop(key)
+        post.stream.finish()
+        self._finished.append(key)
+        while len(self._finished) > FINISHED_STREAMS_KEPT:
+            self._streams.pop(self._finished.popleft(), None)
+
+    def _target(self, related: Any, params: Any) -> EventStream:
+        if related is not None:
+            request = self._requests.get(jsonrpc.id_key(related))
+            if request is not None:
+                return request.stream
+        token = progress_token(params)
+        if token is not None:
+            key = self._tokens.get(jsonrpc.id_key(token))
+            if key is not None and key in self._requests:
+                return self._requests[key].stream
+        if len(self._requests) == 1:
+            return next(iter(self._requests.values())).stream
+        return self.get_stream
+
+    # -- end -------------------------------------------------------------------------------------
+
+    def close(self, reason: str) -> None:
+        """The session ended: requests still waiting get an error, and every stream ends."""
+        for key, request in list(self._requests.items()):
+            error = jsonrpc.error_response(request.request_id, jsonrpc.INTERNAL_ERROR, reason)
+            self._respond_all([key], jsonrpc.encode(error), request.stream)
+        self.closed = True
+        for stream in self._streams.values():
+            stream.finish()
+        self._on_change()
+
+
+class SessionChannel:
+    """The relay's client side for one HTTP session: POSTed messages in, routed messages out."""
+
+    def __init__(
+        self,
+        router: SessionRouter,
+        inbox: MemoryObjectReceiveStream[bytes],
+        on_message: Callable[[str], None] = lambda direction: None,
+    ) -> None:
+        self.router = router
+        self._inbox = inbox
+        self._on_message = on_message
+
+    async def receive(self) -> bytes:
+        try:
+            message = await self._inbox.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise anyio.EndOfStream from None
+        self._on_message("from_client")
+        return message
+
+    async def receive_with_origin(self) -> tuple[bytes, Any]:
+        return await self.receive(), None
+
+    async def send(self, message: bytes, related: Any = None) -> None:
+        self._on_message("to_client")
+        self.router.route(message, related)
+
+
+def open_inbox(size: int = 64) -> tuple[MemoryObjectSendStream[bytes], MemoryObjectReceiveStream[bytes]]:
+    """The queue between a session's POST handlers and its relay."""
+    return anyio.create_memory_object_stream[bytes](size)

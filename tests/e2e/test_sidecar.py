@@ -1,0 +1,548 @@
+"""`mcp-backfill serve` in the handshake era: real processes, real HTTP on loopback, the fake Claude.
+
+client (mcp SDK or raw HTTP) --HTTP--> `python -m mcp_backfill serve` --stdio--> one child per session
+                                                 \\-> fake Claude (loopback HTTP, ANTHROPIC_BASE_URL)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client, types
+
+from tests.fake_claude import FakeClaude, text_reply, tool_use_reply
+from tests.harness import proxy_env, python_server
+from tests.sidecar_harness import (
+    HANDSHAKE_HEADERS,
+    Sidecar,
+    health,
+    initialize_body,
+    open_session,
+    response_messages,
+    run_sidecar,
+    sse_messages,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+SAMPLING_SERVER = python_server("sampling_server.py")
+CHATTY_SERVER = python_server("chatty_server.py")
+ECHO_SERVER = python_server("echo_server.py")
+TOKEN = "test-token-0123456789abcdef"
+
+
+def tool_json(result: types.CallToolResult) -> Any:
+    assert not result.is_error, result
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return json.loads(block.text)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def wait_until(predicate: Any, timeout: float = 10.0) -> None:
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.05)
+
+
+def call(request_id: Any, method: str, params: Any = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+    if params is not None:
+        message["params"] = params
+    return message
+
+
+async def test_sampling_tool_loop_for_an_http_client_without_sampling(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(
+        tool_use_reply("lookup", {"key": "alpha"}, id="toolu_http1", text="Let me look."),
+        text_reply("alpha is 1."),
+    )
+    async with (
+        run_sidecar(
+            "--log-level", "debug", upstream=SAMPLING_SERVER, env=proxy_env(fake_claude.url)
+        ) as sidecar,
+        Client(sidecar.url, mode="legacy") as client,
+    ):
+        tools = {tool.name for tool in (await client.list_tools()).tools}
+        assert "loop" in tools
+        outcome = tool_json(
+            await client.call_tool(
+                "loop", {"question": "What is alpha?", "rounds": 3, "tool_choice": "required"}
+            )
+        )
+    assert outcome["completed"] is True
+    assert outcome["finalText"] == "alpha is 1."
+    first, second = outcome["rounds"]
+    assert first["toolCalls"] == [{"id": "toolu_http1", "name": "lookup", "input": {"key": "alpha"}}]
+    assert second["stopReason"] == "endTurn"
+    bodies = [request.body for request in fake_claude.message_requests]
+    assert len(bodies) == 2
+    assert all(body["tool_choice"] == {"type": "any"} for body in bodies)
+    follow_up = bodies[1]["messages"]
+    assert [m["role"] for m in follow_up] == ["user", "assistant", "user"]
+    [tool_result] = follow_up[2]["content"]
+    assert (tool_result["type"], tool_result["tool_use_id"]) == ("tool_result", "toolu_http1")
+
+
+async def test_auth_token_guards_mcp_and_metrics_but_not_healthz(tmp_path: Path) -> None:
+    upstream = [*CHATTY_SERVER, str(tmp_path)]
+    env = proxy_env(MCP_BACKFILL_AUTH_TOKEN=TOKEN)
+    async with (
+        run_sidecar("--provider", "mock", upstream=upstream, env=env) as sidecar,
+        httpx2.AsyncClient() as http,
+    ):
+        missing = await http.post(sidecar.url, json=initialize_body(), headers=HANDSHAKE_HEADERS)
+        wrong = await http.post(
+            sidecar.url, json=initialize_body(), headers={**HANDSHAKE_HEADERS, "authorization": "Bearer nope"}
+        )
+        for response in (missing, wrong):
+            assert response.status_code == 401
+            assert response.headers["www-authenticate"].startswith("Bearer")
+            assert "mcp-session-id" not in response.headers
+        assert 'error="invalid_token"' in wrong.headers["www-authenticate"]
+        assert (await http.get(f"{sidecar.base}/metrics")).status_code == 401
+        assert (await health(http, sidecar))["sessions"] == 0
+        assert list(tmp_path.iterdir()) == []  # no upstream was ever started
+
+        good = {"authorization": f"Bearer {TOKEN}"}
+        session_id = await open_session(http, sidecar.url, good)
+        assert session_id
+        assert (await health(http, sidecar))["sessions"] == 1
+        assert (await http.get(f"{sidecar.base}/metrics", headers=good)).status_code == 200
+        await wait_until(lambda: len(list(tmp_path.iterdir())) == 1)
+    assert TOKEN not in sidecar.stderr()
+
+
+def test_non_loopback_host_needs_a_token() -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mcp_backfill",
+            "serve",
+            "--host",
+            "0.0.0.0",
+            "--provider",
+            "mock",
+            "--",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        env=proxy_env(),
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "--allow-unauthenticated" in result.stderr
+    assert "MCP_BACKFILL_AUTH_TOKEN" in result.stderr
+
+
+def test_unknown_upstream_command_fails_at_startup() -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mcp_backfill",
+            "serve",
+            "--port",
+            "0",
+            "--provider",
+            "mock",
+            "--",
+            "/nonexistent/srv",
+        ],
+        capture_output=True,
+        text=True,
+        env=proxy_env(),
+        timeout=30,
+    )
+    assert result.returncode == 127
+    assert "/nonexistent/srv" in result.stderr
+    assert "command not found" in result.stderr
+
+
+async def test_host_and_origin_are_checked_against_dns_rebinding() -> None:
+    upstream = ECHO_SERVER
+    async with (
+        run_sidecar("--provider", "mock", upstream=upstream, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient() as http,
+    ):
+        for headers in (
+            {"host": "evil.example.com"},
+            {"host": f"evil.example.com:{sidecar.port}"},
+            {"origin": "https://evil.example.com"},
+            {"origin": "http://localhost.evil.example.com:80"},
+        ):
+            response = await http.post(
+                sidecar.url, json=initialize_body(), headers={**HANDSHAKE_HEADERS, **headers}
+            )
+            assert response.status_code == 403, headers
+        assert (await health(http, sidecar))["sessions"] == 0
+        for headers in ({"host": f"localhost:{sidecar.port}"}, {"origin": "http://localhost:5173"}):
+            response = await http.post(
+                sidecar.url, json=initialize_body(), headers={**HANDSHAKE_HEADERS, **headers}
+            )
+            assert response.status_code == 200, headers
+
+    options = (
+        "--provider",
+        "mock",
+        "--allowed-hosts",
+        "sidecar.internal:*",
+        "--allowed-origins",
+        "https://app.example",
+    )
+    async with (
+        run_sidecar(*options, upstream=upstream, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient() as http,
+    ):
+        allowed = {"host": "sidecar.internal:8080", "origin": "https://app.example"}
+        response = await http.post(
+            sidecar.url, json=initialize_body(), headers={**HANDSHAKE_HEADERS, **allowed}
+        )
+        assert response.status_code == 200
+        refused = await http.post(sidecar.url, json=initialize_body(), headers=HANDSHAKE_HEADERS)
+        assert refused.status_code == 403  # 127.0.0.1:<port> is no longer in the list
+
+
+async def test_body_limit_gives_413_and_the_session_goes_on() -> None:
+    async with (
+        run_sidecar(
+            "--provider", "mock", "--max-message-bytes", "2048", upstream=ECHO_SERVER, env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient() as http,
+    ):
+        session_id = await open_session(http, sidecar.url)
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
+        big = await http.post(sidecar.url, json=call(2, "tools/call", {"pad": "x" * 4096}), headers=headers)
+        assert big.status_code == 413
+        assert "--max-message-bytes" in big.json()["error"]["message"]
+        small = await http.post(sidecar.url, json=call(3, "ping/echo", {"n": 1}), headers=headers)
+        assert small.status_code == 200
+        [reply] = response_messages(small)
+        assert reply["id"] == 3
+        assert reply["result"]["echo"]["params"] == {"n": 1}
+
+
+async def test_max_sessions_gives_503() -> None:
+    async with (
+        run_sidecar(
+            "--provider", "mock", "--max-sessions", "1", upstream=ECHO_SERVER, env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient() as http,
+    ):
+        first = await open_session(http, sidecar.url)
+        refused = await http.post(sidecar.url, json=initialize_body(), headers=HANDSHAKE_HEADERS)
+        assert refused.status_code == 503
+        assert "--max-sessions" in refused.json()["error"]["message"]
+        deleted = await http.delete(sidecar.url, headers={"mcp-session-id": first})
+        assert deleted.status_code == 200
+        assert await open_session(http, sidecar.url)
+
+
+async def test_idle_sessions_are_reaped(tmp_path: Path) -> None:
+    upstream = [*CHATTY_SERVER, str(tmp_path)]
+    async with (
+        run_sidecar(
+            "--provider", "mock", "--session-idle-timeout", "1", upstream=upstream, env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient() as http,
+    ):
+        session_id = await open_session(http, sidecar.url)
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
+        # A request in flight is not idleness: a call longer than the timeout completes.
+        slow = await http.post(
+            sidecar.url,
+            json=call(2, "tools/call", {"name": "sleep", "arguments": {"seconds": 1.5}}),
+            headers=headers,
+        )
+        [reply] = response_messages(slow)
+        assert json.loads(reply["result"]["content"][0]["text"]) == {"slept": 1.5}
+        [marker] = list(tmp_path.glob("started-*"))
+        pid = int(marker.name.removeprefix("started-"))
+        assert pid_alive(pid)
+        await wait_until(lambda: not pid_alive(pid), timeout=10)
+        assert (await health(http, sidecar))["sessions"] == 0
+        gone = await http.post(sidecar.url, json=call(3, "tools/list"), headers=headers)
+        assert gone.status_code == 404
+    assert "idle session closed" in sidecar.stderr()
+
+
+async def test_concurrent_sessions_only_see_their_own_messages() -> None:
+    async def chat(sidecar: Sidecar, tag: str, seen: dict[str, list[str]]) -> Any:
+        logs: list[str] = []
+        notes: list[str] = []
+
+        async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+            logs.append(str(params.data))
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            notes.append(str(message))
+
+        async with Client(sidecar.url, mode="legacy", logging_callback=on_log) as client:
+            results = []
+            for _ in range(2):
+                results.append(
+                    tool_json(
+                        await client.call_tool(
+                            "chatter", {"tag": tag, "count": 4, "delay": 0.02}, progress_callback=on_progress
+                        )
+                    )
+                )
+        seen[f"{tag}-logs"] = logs
+        seen[f"{tag}-progress"] = notes
+        assert [result["tag"] for result in results] == [tag, tag]
+        return results
+
+    seen: dict[str, list[str]] = {}
+    async with (
+        run_sidecar("--provider", "mock", upstream=CHATTY_SERVER, env=proxy_env()) as sidecar,
+        anyio.create_task_group() as tg,
+    ):
+        for tag in ("red", "blue", "green"):
+            tg.start_soon(chat, sidecar, tag, seen)
+    for tag in ("red", "blue", "green"):
+        assert seen[f"{tag}-progress"], seen
+        assert all(message.startswith(f"{tag} ") for message in seen[f"{tag}-progress"]), seen
+        assert len(seen[f"{tag}-progress"]) == 8
+        assert seen[f"{tag}-logs"], seen
+        assert all(message.startswith(f"{tag} log") for message in seen[f"{tag}-logs"]), seen
+
+
+async def test_delete_ends_the_session_and_its_child() -> None:
+    async with (
+        run_sidecar("--provider", "mock", upstream=CHATTY_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient() as http,
+    ):
+        session_id = await open_session(http, sidecar.url)
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
+        answer = await http.post(
+            sidecar.url, json=call(2, "tools/call", {"name": "pid", "arguments": {}}), headers=headers
+        )
+        [reply] = response_messages(answer)
+        pid = json.loads(reply["result"]["content"][0]["text"])["pid"]
+        assert pid_alive(pid)
+        deleted = await http.delete(sidecar.url, headers={"mcp-session-id": session_id})
+        assert deleted.status_code == 200
+        assert not pid_alive(pid)
+        again = await http.post(sidecar.url, json=call(3, "tools/list"), headers=headers)
+        assert again.status_code == 404
+        assert (await health(http, sidecar))["sessions"] == 0
+
+
+async def test_upstream_exit_fails_pending_requests_and_ends_the_session(tmp_path: Path) -> None:
+    async with (
+        run_sidecar(
+            "--provider", "mock", upstream=[*CHATTY_SERVER, str(tmp_path)], env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient() as http,
+    ):
+        session_id = await open_session(http, sidecar.url)
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
+        async with anyio.create_task_group() as tg:
+            replies: list[Any] = []
+
+            async def slow() -> None:
+                response = await http.post(
+                    sidecar.url,
+                    json=call(2, "tools/call", {"name": "sleep", "arguments": {"seconds": 30, "note": "s"}}),
+                    headers=headers,
+                )
+                replies.extend(response_messages(response))
+
+            tg.start_soon(slow)
+            await wait_until(lambda: (tmp_path / "sleeping-s").exists())
+            crashed = await http.post(
+                sidecar.url, json=call(3, "tools/call", {"name": "crash", "arguments": {}}), headers=headers
+            )
+            replies.extend(response_messages(crashed))
+        by_id = {reply["id"]: reply for reply in replies}
+        assert by_id[2]["error"]["code"] == -32603
+        assert by_id[3]["error"]["code"] == -32603
+        assert "Upstream MCP server" in by_id[2]["error"]["message"]
+        later = await http.post(sidecar.url, json=call(4, "tools/list"), headers=headers)
+        assert later.status_code == 404
+
+
+async def test_protocol_version_header_must_match_the_session() -> None:
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient() as http,
+    ):
+        session_id = await open_session(http, sidecar.url)
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
+        wrong = await http.post(
+            sidecar.url, json=call(2, "x"), headers={**headers, "mcp-protocol-version": "2025-06-18"}
+        )
+        assert wrong.status_code == 400
+        right = await http.post(
+            sidecar.url, json=call(3, "x"), headers={**headers, "mcp-protocol-version": "2025-11-25"}
+        )
+        assert right.status_code == 200
+        missing = await http.post(sidecar.url, json=call(4, "x"), headers=HANDSHAKE_HEADERS)
+        assert missing.status_code == 400
+        unknown = await http.post(
+            sidecar.url, json=call(5, "x"), headers={**headers, "mcp-session-id": "nope"}
+        )
+        assert unknown.status_code == 404
+
+
+async def test_batches_and_server_requests_on_the_get_stream() -> None:
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient() as http,
+    ):
+        session_id = await open_session(http, sidecar.url)
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
+        batch = [call(10, "a"), {"jsonrpc": "2.0", "method": "notifications/x"}, call("10", "b")]
+        response = await http.post(sidecar.url, json=batch, headers=headers)
+        assert response.headers["content-type"].startswith("text/event-stream")
+        messages = response_messages(response)
+        answered = [m for m in messages if isinstance(m, list)]
+        assert answered
+        assert {(r["id"], r["result"]["echo"]["method"]) for r in answered[0]} == {
+            (10, "a"),
+            ("10", "b"),
+        }
+
+        # What belongs to no request in flight waits for the GET stream, then arrives on it.
+        note = {"jsonrpc": "2.0", "method": "notifications/for-the-get-stream"}
+        assert (await http.post(sidecar.url, json=note, headers=headers)).status_code == 202
+        get_headers = {"accept": "text/event-stream", "mcp-session-id": session_id}
+        async with http.stream("GET", sidecar.url, headers=get_headers) as get:
+            assert get.status_code == 200
+            text = ""
+            chunks = get.aiter_text()  # kept open: leaving an `async for` would close the stream
+            while "notifications/for-the-get-stream" not in text:
+                text += await anext(chunks)
+            async with httpx2.AsyncClient() as other:
+                second = await other.get(sidecar.url, headers=get_headers)
+            assert second.status_code == 409  # one GET stream per session
+        echoes = [m["params"] for _, m in sse_messages(text) if m.get("method") == "notifications/echo"]
+        assert {"received": note} in echoes
+        assert {"received": batch[1]} in echoes
+
+
+async def test_a_dropped_stream_resumes_with_last_event_id() -> None:
+    async with (
+        run_sidecar("--provider", "mock", upstream=CHATTY_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient() as http,
+    ):
+        session_id = await open_session(http, sidecar.url)
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id, "mcp-protocol-version": "2025-11-25"}
+        request = call(
+            2,
+            "tools/call",
+            {
+                "name": "chatter",
+                "arguments": {"tag": "t", "count": 6, "delay": 0.2},
+                "_meta": {"progressToken": "p"},
+            },
+        )
+        seen: list[tuple[str | None, Any]] = []
+        async with http.stream("POST", sidecar.url, json=request, headers=headers) as first:
+            assert first.headers["content-type"].startswith("text/event-stream")
+            text = ""
+            async for chunk in first.aiter_text():
+                text += chunk
+                seen = sse_messages(text)
+                if len(seen) >= 2:
+                    break  # drop the connection mid-stream
+        last_id = seen[-1][0]
+        assert last_id is not None
+        resumed = await http.get(
+            sidecar.url,
+            headers={"accept": "text/event-stream", "mcp-session-id": session_id, "last-event-id": last_id},
+        )
+        rest = sse_messages(resumed.text)
+        ids = [event_id for event_id, _ in seen + rest]
+        assert len(ids) == len(set(ids))  # nothing twice
+        messages = [m for _, m in seen + rest]
+        progress = [m["params"]["message"] for m in messages if m.get("method") == "notifications/progress"]
+        assert progress == [f"t {i}" for i in range(6)]
+        assert messages[-1]["id"] == 2
+        assert json.loads(messages[-1]["result"]["content"][0]["text"])["tag"] == "t"
+
+
+async def test_healthz_and_metrics_after_a_sampling_exchange(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(text_reply("hello there", usage={"input_tokens": 11, "output_tokens": 7}))
+    async with (
+        run_sidecar(upstream=SAMPLING_SERVER, env=proxy_env(fake_claude.url)) as sidecar,
+        httpx2.AsyncClient() as http,
+        Client(sidecar.url, mode="legacy") as client,
+    ):
+        outcome = tool_json(await client.call_tool("plain", {"prompt": "hi"}))
+        assert outcome["text"] == "hello there"
+        status = await health(http, sidecar)
+        assert status["status"] == "ok"
+        assert status["sessions"] == 1
+        metrics = (await http.get(f"{sidecar.base}/metrics")).text
+    model = fake_claude.message_requests[0].body["model"]
+    assert f'mcp_backfill_sampling_requests_total{{model="{model}",outcome="ok"}} 1' in metrics
+    assert f'mcp_backfill_sampling_tokens_total{{direction="input",model="{model}"}} 11' in metrics
+    assert f'mcp_backfill_sampling_tokens_total{{direction="output",model="{model}"}} 7' in metrics
+    assert f'mcp_backfill_claude_latency_seconds_count{{model="{model}"}} 1' in metrics
+    assert "mcp_backfill_active_sessions 1" in metrics
+    counts = dict(re.findall(r'mcp_backfill_messages_total\{direction="(\w+)"\} (\d+)', metrics))
+    assert int(counts["from_client"]) >= 3  # initialize, initialized, tools/call
+    assert int(counts["from_upstream"]) >= 3  # two responses and the sampling request
+    assert int(counts["to_upstream"]) >= int(counts["from_client"])  # plus the sampling answer
+
+
+async def test_sigterm_drains_requests_in_flight(tmp_path: Path) -> None:
+    upstream = [*CHATTY_SERVER, str(tmp_path)]
+    async with (
+        run_sidecar("--provider", "mock", upstream=upstream, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient() as http,
+    ):
+        session_id = await open_session(http, sidecar.url)
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
+        [marker] = list(tmp_path.glob("started-*"))
+        pid = int(marker.name.removeprefix("started-"))
+        replies: list[Any] = []
+
+        async def slow() -> None:
+            response = await http.post(
+                sidecar.url,
+                json=call(2, "tools/call", {"name": "sleep", "arguments": {"seconds": 2, "note": "drain"}}),
+                headers=headers,
+            )
+            replies.extend(response_messages(response))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(slow)
+            await wait_until(lambda: (tmp_path / "sleeping-drain").exists())
+            sidecar.signal(signal.SIGTERM)
+            # New sessions are refused at once (503), and soon nothing is accepted at all.
+            with anyio.fail_after(10):
+                while True:
+                    try:
+                        async with httpx2.AsyncClient() as fresh:
+                            refused = await fresh.post(
+                                sidecar.url, json=initialize_body(), headers=HANDSHAKE_HEADERS
+                            )
+                    except httpx2.ConnectError:
+                        break
+                    assert refused.status_code == 503
+                    await anyio.sleep(0.05)
+        assert json.loads(replies[0]["result"]["content"][0]["text"]) == {"slept": 2}
+        assert await sidecar.wait() == 0
+        assert not pid_alive(pid)
+    assert "draining" in sidecar.stderr()

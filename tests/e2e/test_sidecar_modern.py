@@ -1,0 +1,232 @@
+"""`mcp-backfill serve` for 2026-07-28 clients: sessionless POSTs sharing one upstream child.
+
+client (mcp SDK in its default auto mode, or raw HTTP) --HTTP--> `python -m mcp_backfill serve`
+    --stdio--> one child for every 2026-07-28 request          \\-> fake Claude
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client, types
+
+from tests.fake_claude import FakeClaude, hang_reply, text_reply, tool_use_reply
+from tests.harness import proxy_env, python_server
+from tests.sidecar_harness import HANDSHAKE_HEADERS, Sidecar, health, response_messages, run_sidecar
+
+pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+RESOLVE_SERVER = python_server("resolve_server.py")
+CHATTY_SERVER = python_server("chatty_server.py")
+VERSION = "2026-07-28"
+
+
+def tool_json(result: types.CallToolResult) -> Any:
+    assert not result.is_error, result
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return json.loads(block.text)
+
+
+def modern_request(request_id: Any, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": VERSION,
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw-2026", "version": "0"},
+    }
+    return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**(params or {}), "_meta": meta}}
+
+
+def modern_headers(method: str, name: str | None = None) -> dict[str, str]:
+    headers = {**HANDSHAKE_HEADERS, "mcp-protocol-version": VERSION, "mcp-method": method}
+    if name is not None:
+        headers["mcp-name"] = name
+    return headers
+
+
+async def call_tool(
+    http: httpx2.AsyncClient, sidecar: Sidecar, request_id: Any, name: str, **arguments: Any
+) -> Any:
+    body = modern_request(request_id, "tools/call", {"name": name, "arguments": arguments})
+    response = await http.post(sidecar.url, json=body, headers=modern_headers("tools/call", name))
+    assert "mcp-session-id" not in response.headers
+    [reply] = response_messages(response)
+    return reply
+
+
+async def test_resolve_tool_loop_for_a_2026_client_without_sampling(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(
+        tool_use_reply("get_weather", {"city": "Paris"}, id="toolu_w1"),
+        text_reply("Sunny in Paris."),
+    )
+    async with (
+        run_sidecar(upstream=RESOLVE_SERVER, env=proxy_env(fake_claude.url)) as sidecar,
+        Client(sidecar.url) as client,
+        httpx2.AsyncClient() as http,
+    ):
+        outcome = tool_json(await client.call_tool("weather", {"city": "Paris"}))
+        assert (await health(http, sidecar))["sessions"] == 0  # no handshake session was opened
+    assert outcome["rounds"] == 2
+    assert outcome["first"]["toolUseIds"] == ["toolu_w1"]
+    assert outcome["final"]["text"] == "Sunny in Paris."
+    bodies = [request.body for request in fake_claude.message_requests]
+    assert len(bodies) == 2
+    second = bodies[1]["messages"]
+    assert second[1]["content"][0] == {
+        "type": "tool_use",
+        "id": "toolu_w1",
+        "name": "get_weather",
+        "input": {"city": "Paris"},
+    }
+    assert second[2]["content"][0]["tool_use_id"] == "toolu_w1"
+
+
+async def test_handshake_sessions_and_2026_requests_side_by_side(fake_claude: FakeClaude) -> None:
+    async with run_sidecar(upstream=RESOLVE_SERVER, env=proxy_env(fake_claude.url)) as sidecar:
+        results: dict[str, Any] = {}
+
+        async def use(mode: str) -> None:
+            async with Client(sidecar.url, mode=mode) as client:
+                results[mode] = tool_json(await client.call_tool("summarize", {"text": f"text for {mode}"}))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(use, "legacy")
+            tg.start_soon(use, "auto")
+    assert set(results) == {"legacy", "auto"}
+    prompts = sorted(
+        request.body["messages"][0]["content"][0]["text"] for request in fake_claude.message_requests
+    )
+    assert prompts == ["Summarize: text for auto", "Summarize: text for legacy"]
+    stderr = sidecar.stderr()
+    assert "session opened" in stderr
+    assert 'for="2026-07-28 requests"' in stderr
+
+
+async def test_concurrent_2026_clients_only_see_their_own_notifications() -> None:
+    seen: dict[str, list[str]] = {}
+
+    async def chat(sidecar: Sidecar, tag: str) -> None:
+        notes: list[str] = []
+        logs: list[str] = []
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            notes.append(str(message))
+
+        async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+            logs.append(str(params.data))
+
+        async with Client(sidecar.url, logging_callback=on_log, log_level="info") as client:
+            for _ in range(2):
+                outcome = tool_json(
+                    await client.call_tool(
+                        "chatter", {"tag": tag, "count": 4, "delay": 0.03}, progress_callback=on_progress
+                    )
+                )
+                assert outcome["tag"] == tag
+        seen[tag] = notes
+        seen[f"{tag}-logs"] = logs
+
+    async with (
+        run_sidecar("--provider", "mock", upstream=CHATTY_SERVER, env=proxy_env()) as sidecar,
+        anyio.create_task_group() as tg,
+    ):
+        for tag in ("red", "blue", "green"):
+            tg.start_soon(chat, sidecar, tag)
+    for tag in ("red", "blue", "green"):
+        assert seen[tag] == [f"{tag} {i}" for i in range(4)] * 2  # tokens rewritten and restored
+        # Log lines carry no token: those that cannot be attributed are dropped, never misdelivered.
+        assert all(line.startswith(f"{tag} log") for line in seen[f"{tag}-logs"]), seen
+
+
+async def test_the_2026_path_checks_headers_like_the_sdk_server() -> None:
+    async with (
+        run_sidecar("--provider", "mock", upstream=CHATTY_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient() as http,
+    ):
+        body = modern_request(1, "tools/call", {"name": "pid", "arguments": {}})
+        mismatched = await http.post(sidecar.url, json=body, headers=modern_headers("tools/call", "sleep"))
+        assert mismatched.status_code == 400
+        assert mismatched.json()["error"]["code"] == -32020
+        assert mismatched.json()["id"] == 1
+        wrong_method = await http.post(sidecar.url, json=body, headers=modern_headers("tools/list"))
+        assert wrong_method.json()["error"]["code"] == -32020
+        no_envelope = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+        missing = await http.post(sidecar.url, json=no_envelope, headers=modern_headers("tools/list"))
+        assert (missing.status_code, missing.json()["error"]["code"]) == (400, -32602)
+        batch = await http.post(sidecar.url, json=[body], headers=modern_headers("tools/call", "pid"))
+        assert (batch.status_code, batch.json()["error"]["code"]) == (400, -32600)
+        future = {**modern_headers("tools/list"), "mcp-protocol-version": "2099-01-01"}
+        future_body = modern_request(3, "tools/list")
+        future_body["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = "2099-01-01"
+        unsupported = await http.post(sidecar.url, json=future_body, headers=future)
+        assert unsupported.status_code == 400
+        assert unsupported.json()["error"]["code"] == -32022
+        assert unsupported.json()["error"]["data"]["supported"] == [VERSION]
+        note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}}
+        assert (await http.post(sidecar.url, json=note, headers=modern_headers("x"))).status_code == 202
+        for method in ("GET", "DELETE"):
+            refused = await http.request(method, sidecar.url, headers=modern_headers("x"))
+            assert refused.status_code == 405
+            assert refused.headers["allow"] == "POST"
+        assert "upstream process started" not in sidecar.stderr()  # nothing reached the upstream
+
+        good = await call_tool(http, sidecar, "same-id", "pid")
+        again = await call_tool(http, sidecar, "same-id", "pid")
+        assert good["id"] == again["id"] == "same-id"
+        assert json.loads(good["result"]["content"][0]["text"]) == json.loads(
+            again["result"]["content"][0]["text"]
+        )
+
+
+async def test_closing_a_post_cancels_the_request_upstream(tmp_path: Path) -> None:
+    async with (
+        run_sidecar(
+            "--provider", "mock", upstream=[*CHATTY_SERVER, str(tmp_path)], env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient() as http,
+    ):
+        body = modern_request(
+            7, "tools/call", {"name": "sleep", "arguments": {"seconds": 30, "note": "closed"}}
+        )
+        with pytest.raises(httpx2.ReadTimeout):
+            await http.post(sidecar.url, json=body, headers=modern_headers("tools/call", "sleep"), timeout=2)
+        with anyio.fail_after(10):
+            while not (tmp_path / "cancelled-closed").exists():
+                await anyio.sleep(0.05)
+        assert "client closed its request; cancelling it" in sidecar.stderr()
+        assert (await health(http, sidecar))["requests_in_flight_2026"] == 0
+
+
+async def test_closing_a_post_cancels_the_claude_call(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(hang_reply("thinking..."))
+    async with (
+        run_sidecar(upstream=RESOLVE_SERVER, env=proxy_env(fake_claude.url)) as sidecar,
+        httpx2.AsyncClient() as http,
+    ):
+        body = modern_request(1, "tools/call", {"name": "summarize", "arguments": {"text": "x"}})
+        with pytest.raises(httpx2.ReadTimeout):
+            await http.post(
+                sidecar.url, json=body, headers=modern_headers("tools/call", "summarize"), timeout=4
+            )
+        assert await fake_claude.await_disconnects(1, timeout=10)
+
+
+async def test_a_crashed_2026_upstream_fails_its_requests_and_is_restarted(tmp_path: Path) -> None:
+    async with (
+        run_sidecar(
+            "--provider", "mock", upstream=[*CHATTY_SERVER, str(tmp_path)], env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient() as http,
+    ):
+        first = json.loads((await call_tool(http, sidecar, 1, "pid"))["result"]["content"][0]["text"])["pid"]
+        crashed = await call_tool(http, sidecar, 2, "crash")
+        assert crashed["error"]["code"] == -32603
+        assert crashed["id"] == 2
+        second = json.loads((await call_tool(http, sidecar, 3, "pid"))["result"]["content"][0]["text"])["pid"]
+        assert second != first
+        assert len(list(tmp_path.glob("started-*"))) == 2

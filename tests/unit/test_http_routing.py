@@ -1,0 +1,169 @@
+"""Which HTTP stream each server message goes to: handshake sessions and the 2026-07-28 mux."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from mcp_backfill.transports.event_stream import EventStream, parse_event_id, sse_event
+from mcp_backfill.transports.http_mux import MuxChannel
+from mcp_backfill.transports.http_server import DuplicateRequestId, SessionRouter
+
+pytestmark = pytest.mark.anyio
+
+
+def encode(message: Any) -> bytes:
+    return json.dumps(message).encode()
+
+
+def request(request_id: Any, method: str = "tools/call", **params: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+
+
+def notification(method: str, **params: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "method": method, "params": params}
+
+
+def result(request_id: Any, **fields: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "result": fields}
+
+
+def messages(stream: EventStream) -> list[Any]:
+    return [json.loads(data) for _, data in stream.after(0)]
+
+
+async def test_responses_go_to_the_post_that_carried_the_request() -> None:
+    router = SessionRouter(16)
+    first = router.open_post([request(1)])
+    second = router.open_post([request("1")])
+    router.route(encode(result("1", n=2)))
+    router.route(encode(result(1, n=1)))
+    assert messages(first) == [result(1, n=1)]
+    assert messages(second) == [result("1", n=2)]
+    assert first.finished
+    assert second.finished
+    assert router.in_flight == 0
+
+
+async def test_related_then_progress_token_then_single_request_then_get_stream() -> None:
+    router = SessionRouter(16)
+    a = router.open_post([request(1, _meta={"progressToken": "tok-a"})])
+    b = router.open_post([request(2)])
+    router.route(encode(notification("notifications/message", data="for b")), related=2)
+    router.route(encode(notification("notifications/progress", progressToken="tok-a", progress=1)))
+    router.route(encode(notification("notifications/tools/list_changed")))
+    assert [m["method"] for m in messages(b)] == ["notifications/message"]
+    assert [m["method"] for m in messages(a)] == ["notifications/progress"]
+    assert [m["method"] for m in messages(router.get_stream)] == ["notifications/tools/list_changed"]
+    router.route(encode(result(2)))
+    router.route(encode(request("s-1", "sampling/createMessage")))  # only request 1 is left in flight
+    assert messages(a)[-1]["method"] == "sampling/createMessage"
+
+
+async def test_a_batch_post_finishes_when_every_request_is_answered() -> None:
+    router = SessionRouter(16)
+    stream = router.open_post([request(1), request(2)])
+    router.route(encode([result(1)]))
+    assert not stream.finished
+    router.route(encode(result(2)))
+    assert stream.finished
+    with pytest.raises(DuplicateRequestId):
+        router.open_post([request(3), request(3)])
+    router.open_post([request(4)])
+    with pytest.raises(DuplicateRequestId):
+        router.open_post([request(4)])
+
+
+async def test_client_cancel_answers_at_once_and_drops_the_late_response() -> None:
+    router = SessionRouter(16)
+    stream = router.open_post([request(5)])
+    router.client_cancelled(5, "user pressed stop")
+    [answer] = messages(stream)
+    assert answer["error"]["code"] == -32800
+    assert "user pressed stop" in answer["error"]["message"]
+    router.route(encode(result(5)))
+    assert messages(router.get_stream) == []
+    assert len(messages(stream)) == 1
+
+
+async def test_closing_answers_waiting_requests_and_ends_every_stream() -> None:
+    router = SessionRouter(16)
+    stream = router.open_post([request("x")])
+    router.close("upstream exited")
+    [answer] = messages(stream)
+    assert answer == {"jsonrpc": "2.0", "id": "x", "error": {"code": -32603, "message": "upstream exited"}}
+    assert router.get_stream.finished
+    router.route(encode(notification("notifications/late")))
+    assert messages(router.get_stream) == []
+
+
+async def test_the_initialize_response_records_the_negotiated_version() -> None:
+    router = SessionRouter(16)
+    router.open_post([request(0, "initialize")])
+    router.route(encode(result(0, protocolVersion="2025-06-18")))
+    assert router.protocol_version == "2025-06-18"
+
+
+async def test_event_stream_numbers_keeps_the_last_events_and_formats_sse() -> None:
+    stream = EventStream("s1", 2)
+    for n in range(3):
+        stream.append(encode({"n": n}))
+    assert [seq for seq, _ in stream.after(0)] == [2, 3]
+    assert stream.first_kept() == 2
+    assert parse_event_id(stream.event_id(3)) == ("s1", 3)
+    assert parse_event_id("garbage") is None
+    assert sse_event(b'{"a":\n1}', "s1.3") == b'id: s1.3\nevent: message\ndata: {"a":\ndata: 1}\n\n'
+    assert sse_event(b"", "s1.0") == b"id: s1.0\nevent: message\ndata: \n\n"
+
+
+async def test_mux_gives_each_post_its_own_id_and_token_and_restores_them() -> None:
+    mux = MuxChannel()
+    a, raw_a = mux.open(request(1, _meta={"progressToken": 1}))
+    b, raw_b = mux.open(request(1, _meta={"progressToken": "p"}))
+    sent_a, sent_b = json.loads(raw_a), json.loads(raw_b)
+    assert sent_a["id"] != sent_b["id"]
+    assert sent_a["params"]["_meta"]["progressToken"] == sent_a["id"]
+    assert sent_b["params"]["_meta"]["progressToken"] == sent_b["id"]
+
+    await mux.send(encode(notification("notifications/progress", progressToken=sent_b["id"], progress=1)))
+    await mux.send(encode(result(sent_a["id"], ok=True)))
+    assert messages(b.stream) == [notification("notifications/progress", progressToken="p", progress=1)]
+    assert messages(a.stream) == [result(1, ok=True)]
+    assert a.stream.finished
+    assert not b.stream.finished
+
+
+async def test_mux_drops_what_it_cannot_attribute_and_restores_subscription_ids() -> None:
+    mux = MuxChannel()
+    listen, raw = mux.open(request("L1", "subscriptions/listen"))
+    other, _ = mux.open(request(9))
+    upstream_id = json.loads(raw)["id"]
+    meta = {"io.modelcontextprotocol/subscriptionId": upstream_id}
+    await mux.send(encode(notification("notifications/tools/list_changed", _meta=meta)))
+    await mux.send(encode(notification("notifications/message", data="whose?")))
+    assert messages(listen.stream) == [
+        notification(
+            "notifications/tools/list_changed", _meta={"io.modelcontextprotocol/subscriptionId": "L1"}
+        )
+    ]
+    assert messages(other.stream) == []
+
+
+async def test_mux_turns_an_abandoned_post_into_a_cancel_for_the_relay() -> None:
+    mux = MuxChannel()
+    exchange, raw = mux.open(request("c", "tools/call"))
+    await mux.deliver(raw)
+    await mux.abandon(exchange, "gone")
+    assert json.loads(await mux.receive())["id"] == exchange.mux_id
+    cancel = json.loads(await mux.receive())
+    assert cancel == {
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": exchange.mux_id, "reason": "gone"},
+    }
+    await mux.send(encode(result(exchange.mux_id)))  # a late answer goes nowhere
+    assert messages(exchange.stream) == []
+    mux.close("bye")
+    assert mux.in_flight == 0
