@@ -133,10 +133,13 @@ def load_compose() -> dict[str, Any]:
 
 
 def cli_env_names(parser: argparse.ArgumentParser | None = None) -> set[str]:
-    """Every `MCP_BACKFILL_*` name the CLI reads: `env_name()` of each long option (subcommands
-    included), plus names an option's help announces in brackets (e.g. a plural list variable)."""
-    parser = parser if parser is not None else build_parser()
+    """Every `MCP_BACKFILL_*` name the CLI reads: `env_name()` of each long option (`serve` and any
+    subcommands included), plus names an option's help announces in brackets (e.g. a plural list
+    variable)."""
     names: set[str] = set()
+    if parser is None:
+        names |= cli_env_names(build_parser(serve=True))
+        parser = build_parser()
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for subparser in action.choices.values():

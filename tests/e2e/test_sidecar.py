@@ -381,21 +381,27 @@ async def test_upstream_exit_fails_pending_requests_and_ends_the_session(tmp_pat
         assert later.status_code == 404
 
 
-async def test_protocol_version_header_must_match_the_session() -> None:
+async def test_protocol_version_header_accepts_handshake_revisions_only() -> None:
     async with (
         run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
         httpx2.AsyncClient() as http,
     ):
         session_id = await open_session(http, sidecar.url)
         headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
-        wrong = await http.post(
-            sidecar.url, json=call(2, "x"), headers={**headers, "mcp-protocol-version": "2025-06-18"}
+        # As the SDK's server does, an older handshake revision than the negotiated one is accepted
+        # (the conformance suite's server-sse-multiple-streams sends 2025-03-26 on a 2025-11-25 session).
+        older = await http.post(
+            sidecar.url, json=call(2, "x"), headers={**headers, "mcp-protocol-version": "2025-03-26"}
         )
-        assert wrong.status_code == 400
+        assert older.status_code == 200
         right = await http.post(
             sidecar.url, json=call(3, "x"), headers={**headers, "mcp-protocol-version": "2025-11-25"}
         )
         assert right.status_code == 200
+        unknown = await http.post(
+            sidecar.url, json=call(5, "x"), headers={**headers, "mcp-protocol-version": "1999-01-01"}
+        )
+        assert unknown.status_code == 400
         missing = await http.post(sidecar.url, json=call(4, "x"), headers=HANDSHAKE_HEADERS)
         assert missing.status_code == 400
         unknown = await http.post(

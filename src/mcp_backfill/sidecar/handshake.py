@@ -24,6 +24,7 @@ from mcp_types.version import is_version_at_least
 
 from mcp_backfill import jsonrpc
 from mcp_backfill.logs import get_logger
+from mcp_backfill.relay import HANDSHAKE_VERSIONS
 from mcp_backfill.sidecar.http_io import (
     JSON_TYPE,
     LAST_EVENT_ID_HEADER,
@@ -242,13 +243,14 @@ class HandshakeFront:
             await call.respond_error(404, jsonrpc.INVALID_REQUEST, "Session not found")
             return None
         header = call.headers.get(VERSION_HEADER)
-        negotiated = session.router.protocol_version
-        if check_version and header is not None and negotiated is not None and header != negotiated:
+        # As the SDK's server: any handshake revision is accepted (clients may send an older one
+        # than they negotiated); a revision this front cannot serve is refused.
+        if check_version and header is not None and header not in HANDSHAKE_VERSIONS:
             await call.respond_error(
                 400,
                 jsonrpc.INVALID_REQUEST,
-                f"Bad Request: MCP-Protocol-Version {header} is not the version negotiated for this "
-                f"session ({negotiated})",
+                f"Bad Request: Unsupported protocol version: {header} (supported: "
+                f"{', '.join(sorted(HANDSHAKE_VERSIONS))})",
                 headers=_session_header(session),
             )
             return None
