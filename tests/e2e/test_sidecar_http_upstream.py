@@ -1,0 +1,120 @@
+"""HTTP -> HTTP: `mcp-backfill serve --upstream-url` as a sidecar in front of a streamable-HTTP server.
+
+client (mcp SDK over streamable HTTP, no sampling callback) --HTTP--> `python -m mcp_backfill serve
+    --upstream-url` --HTTP--> an SDK server (its own process, uvicorn)        \\-> fake Claude
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from mcp import Client, types
+from mcp.shared.exceptions import MCPError
+
+from tests.fake_claude import FakeClaude, text_reply, tool_use_reply
+from tests.harness import SERVERS, TEST_API_KEY, HttpServer, proxy_env, python_http_server
+from tests.sidecar_harness import HANDSHAKE_HEADERS, initialize_body, run_sidecar
+
+pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+SAMPLING_SERVER = [sys.executable, str(SERVERS / "sampling_server.py"), "--http", "127.0.0.1:0"]
+RESOLVE_SERVER = [sys.executable, str(SERVERS / "resolve_server.py"), "--http", "127.0.0.1:0"]
+NO_COMMAND: list[str] = []
+
+
+def tool_json(result: types.CallToolResult) -> Any:
+    assert not result.is_error, result
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return json.loads(block.text)
+
+
+async def test_handshake_tool_loop_through_an_http_sidecar(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(
+        tool_use_reply("lookup", {"key": "alpha"}, id="toolu_h2h"),
+        text_reply("alpha is 1."),
+    )
+    async with (
+        python_http_server(SAMPLING_SERVER) as upstream,
+        run_sidecar(
+            "--upstream-url", upstream.url, upstream=NO_COMMAND, env=proxy_env(fake_claude.url)
+        ) as sidecar,
+        Client(sidecar.url, mode="legacy") as client,
+    ):
+        outcome = tool_json(await client.call_tool("loop", {"question": "What is alpha?", "rounds": 3}))
+    assert outcome["finalText"] == "alpha is 1."
+    assert [r["stopReason"] for r in outcome["rounds"]] == ["toolUse", "endTurn"]
+    second = fake_claude.message_requests[1].body
+    results = [b for m in second["messages"] if isinstance(m["content"], list) for b in m["content"]]
+    assert [b["tool_use_id"] for b in results if b["type"] == "tool_result"] == ["toolu_h2h"]
+
+
+async def test_2026_tool_loop_through_an_http_sidecar(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(
+        tool_use_reply("get_weather", {"city": "Oslo"}, id="toolu_oslo"),
+        text_reply("Clear in Oslo."),
+    )
+    async with (
+        python_http_server(RESOLVE_SERVER) as upstream,
+        run_sidecar(
+            "--upstream-url", upstream.url, upstream=NO_COMMAND, env=proxy_env(fake_claude.url)
+        ) as sidecar,
+        Client(sidecar.url) as client,
+    ):
+        assert client.protocol_version == "2026-07-28"
+        outcome = tool_json(await client.call_tool("weather", {"city": "Oslo"}))
+    assert outcome["first"] == {"stopReason": "toolUse", "toolUseIds": ["toolu_oslo"]}
+    assert outcome["final"]["text"] == "Clear in Oslo."
+    assert len(fake_claude.message_requests) == 2
+
+
+async def test_the_same_client_fails_without_the_sidecar(fake_claude: FakeClaude) -> None:
+    async with python_http_server(SAMPLING_SERVER) as upstream, Client(upstream.url, mode="legacy") as client:
+        with pytest.raises(MCPError):
+            await client.call_tool("plain", {"prompt": "hi"})
+    assert fake_claude.message_requests == []
+
+
+@asynccontextmanager
+async def recorder() -> AsyncIterator[tuple[HttpServer, Callable[[], list[dict[str, Any]]]]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        record = Path(tmp) / "requests.jsonl"
+        record.touch()
+        async with python_http_server(
+            [sys.executable, str(SERVERS / "http_recorder.py"), str(record)]
+        ) as server:
+            yield server, lambda: [json.loads(line) for line in record.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("forward", [False, True])
+async def test_client_authorization_reaches_the_upstream_only_when_asked(forward: bool) -> None:
+    options = ["--provider", "mock", "--upstream-header", "X-Upstream-Key: upstream-secret-1"]
+    if forward:
+        options.append("--forward-authorization")
+    async with recorder() as (upstream, recorded):
+        async with (
+            run_sidecar(
+                "--upstream-url", upstream.url, *options, upstream=NO_COMMAND, env=proxy_env()
+            ) as sidecar,
+            httpx2.AsyncClient() as http,
+        ):
+            headers = {**HANDSHAKE_HEADERS, "authorization": "Bearer client-own-token"}
+            response = await http.post(sidecar.url, json=initialize_body(1), headers=headers)
+            assert response.status_code == 200
+        requests = recorded()
+    assert requests, "the upstream saw nothing"
+    for request in requests:
+        assert request["headers"]["x-upstream-key"] == "upstream-secret-1"
+        assert TEST_API_KEY not in json.dumps(request)
+        if forward:
+            assert request["headers"]["authorization"] == "Bearer client-own-token"
+        else:
+            assert "authorization" not in request["headers"]
