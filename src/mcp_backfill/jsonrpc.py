@@ -14,6 +14,8 @@ INTERNAL_ERROR = -32603
 Id = int | str | float | None
 IdKey = tuple[bool, Any]
 
+CODEC = "json"  # which JSON library decode/encode use (reported by the benchmarks)
+
 
 def decode(raw: bytes) -> Any:
     """Parse one message; raises `ValueError` (incl. `UnicodeDecodeError`) on malformed input."""
