@@ -25,6 +25,8 @@ log = get_logger("stdio")
 
 READ_CHUNK = 256 * 1024
 
+Chunk = bytes | memoryview
+
 
 class LineSplitter:
     """Splits a byte stream into lines with bounded memory.
@@ -106,8 +108,20 @@ class LineChannel:
                 self._eof = True
 
     async def send(self, message: bytes) -> None:
+        if not isinstance(self._writer, FdSendStream):
+            async with self._send_lock:
+                await self._writer.send(message + b"\n")
+            return
+        # The line and its newline go out in one writev, without copying a large message. While
+        # no earlier send is still waiting on a full pipe, a message that fits is written at once
+        # (nothing can interleave: there is no await); a remainder waits its turn under the lock.
+        parts: Sequence[Chunk] = (message, b"\n")
+        if not self._send_lock.locked():
+            parts = self._writer.write_now(parts)
+            if not parts:
+                return
         async with self._send_lock:
-            await self._writer.send(message + b"\n")
+            await self._writer.send_parts(parts)
 
     async def close_writer(self) -> None:
         with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
@@ -203,25 +217,46 @@ class FdSendStream(ByteSendStream):
         with suppress(OSError):
             os.set_blocking(fd, False)
 
+    def write_now(self, parts: Sequence[Chunk]) -> list[memoryview]:
+        """Write as much of `parts` as the pipe takes without waiting (one syscall); return the rest."""
+        if self._fd < 0:
+            raise anyio.ClosedResourceError
+        try:
+            written = os.writev(self._fd, parts)
+        except BlockingIOError:
+            written = 0
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise anyio.BrokenResourceError from exc
+        return unwritten(parts, written)
+
+    async def send_parts(self, parts: Sequence[Chunk]) -> None:
+        """Write all of `parts`, in order, as one stream of bytes."""
+        remaining = self.write_now(parts)
+        while remaining:
+            await anyio.wait_writable(self._fd)
+            remaining = self.write_now(remaining)
+
     async def send(self, item: bytes) -> None:
-        view = memoryview(item)
-        while view:
-            if self._fd < 0:
-                raise anyio.ClosedResourceError
-            try:
-                written = os.write(self._fd, view)
-            except BlockingIOError:
-                await anyio.wait_writable(self._fd)
-                continue
-            except (BrokenPipeError, ConnectionResetError) as exc:
-                raise anyio.BrokenResourceError from exc
-            view = view[written:]
+        await self.send_parts((item,))
 
     async def aclose(self) -> None:
         fd, self._fd = self._fd, -1
         if fd >= 0:
             with suppress(OSError):
                 os.close(fd)
+
+
+def unwritten(parts: Sequence[Chunk], written: int) -> list[memoryview]:
+    """What is left of `parts` once their first `written` bytes are out."""
+    rest: list[memoryview] = []
+    for part in parts:
+        view = memoryview(part).cast("B")
+        if written >= len(view):
+            written -= len(view)
+            continue
+        rest.append(view[written:])
+        written = 0
+    return rest
 
 
 @asynccontextmanager
@@ -340,7 +375,7 @@ async def spawn_upstream(
             await channel.close_reader()
 
 
-PIPE_SIZE = 1024 * 1024
+PIPE_SIZE = 256 * 1024
 
 
 def enlarge_pipe(fd: int) -> None:
