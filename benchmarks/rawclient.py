@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import time
 from collections.abc import Sequence
 from typing import Any
 
 READ_CHUNK = 1 << 20
+# Far longer than any answer takes: only a hung server (or proxy) hits it, and the run then fails.
+READ_TIMEOUT = 120.0
 PROTOCOL_VERSION = "2025-11-25"
 
 
@@ -30,6 +33,10 @@ def tool_call_line(request_id: int, name: str, arguments: dict[str, Any]) -> byt
 
 class ServerClosed(Exception):
     """The server's stdout ended while we waited for a line."""
+
+
+class ServerHung(Exception):
+    """No answer within READ_TIMEOUT."""
 
 
 class RawClient:
@@ -67,6 +74,8 @@ class RawClient:
                 self._scanned = 0
                 return line
             self._scanned = len(self._buffer)
+            if not select.select([self._read_fd], [], [], READ_TIMEOUT)[0]:
+                raise ServerHung(f"process {self.pid} sent nothing for {READ_TIMEOUT:.0f} s")
             chunk = os.read(self._read_fd, READ_CHUNK)
             if not chunk:
                 raise ServerClosed(f"process {self.pid} closed its stdout")
