@@ -34,7 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     keys = [scenario.key for scenario in all_scenarios()]
     parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a tiny smoke run: every row, few samples")
-    parser.add_argument("--only", nargs="+", choices=keys, metavar="KEY", help=f"run only these: {', '.join(keys)}")
+    parser.add_argument(
+        "--only", nargs="+", choices=keys, metavar="KEY", help=f"run only these: {', '.join(keys)}"
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where latest.md and latest.json go")
     return parser
 
@@ -55,7 +57,9 @@ def _git_revision() -> str:
         revision = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "src"], cwd=ROOT, capture_output=True, text=True
+        )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return revision + (" (src modified)" if dirty.stdout.strip() else "")

@@ -26,7 +26,9 @@ from mcp_backfill.sampling.convert import ConversionOptions, to_claude_request
 DEFAULT_MODEL = "claude-sonnet-5-5"
 
 
-def sampling_params(prompt: str = "Say hello.", max_tokens: int = 64, with_tools: bool = True) -> dict[str, Any]:
+def sampling_params(
+    prompt: str = "Say hello.", max_tokens: int = 64, with_tools: bool = True
+) -> dict[str, Any]:
     """The `sampling/createMessage` params benchmarks/servers/sdk_server.py sends (wire JSON)."""
     params: dict[str, Any] = {
         "messages": [{"role": "user", "content": {"type": "text", "text": prompt}}],
@@ -37,7 +39,11 @@ def sampling_params(prompt: str = "Say hello.", max_tokens: int = 64, with_tools
             {
                 "name": "lookup",
                 "description": "Look up the value stored under a key.",
-                "inputSchema": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
+                "inputSchema": {
+                    "type": "object",
+                    "properties": {"key": {"type": "string"}},
+                    "required": ["key"],
+                },
             }
         ]
         params["toolChoice"] = {"mode": "auto"}

@@ -38,7 +38,12 @@ def message(model: str) -> dict[str, Any]:
 
 
 def stream_body(model: str) -> bytes:
-    start = {**message(model), "content": [], "stop_reason": None, "usage": {"input_tokens": 12, "output_tokens": 1}}
+    start = {
+        **message(model),
+        "content": [],
+        "stop_reason": None,
+        "usage": {"input_tokens": 12, "output_tokens": 1},
+    }
     events = [
         _sse("message_start", {"type": "message_start", "message": start}),
         _sse(

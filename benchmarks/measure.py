@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 DIRECT = "direct"
 PROXIED = "proxied"
+ARMS = (DIRECT, PROXIED)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -34,38 +35,43 @@ def median(values: Sequence[float]) -> float:
 class Samples:
     """Measurements of one quantity, per arm."""
 
-    by_arm: dict[str, list[float]] = field(default_factory=lambda: {DIRECT: [], PROXIED: []})
+    by_arm: dict[str, list[float]] = field(default_factory=dict)
 
     def add(self, arm: str, values: Sequence[float]) -> None:
-        self.by_arm[arm].extend(values)
+        self.by_arm.setdefault(arm, []).extend(values)
 
     @property
     def direct(self) -> list[float]:
-        return self.by_arm[DIRECT]
+        return self.by_arm.get(DIRECT, [])
 
     @property
     def proxied(self) -> list[float]:
-        return self.by_arm[PROXIED]
+        return self.by_arm.get(PROXIED, [])
 
 
-def turn_order(round_index: int) -> tuple[str, str]:
-    """ABBA: direct first in even rounds, proxied first in odd ones."""
-    return (DIRECT, PROXIED) if round_index % 2 == 0 else (PROXIED, DIRECT)
+def turn_order(round_index: int, arms: Sequence[str] = ARMS) -> list[str]:
+    """ABBA for two arms (direct first in even rounds); for more, each round starts one arm later."""
+    if len(arms) == 2:
+        return list(arms) if round_index % 2 == 0 else list(reversed(arms))
+    shift = round_index % len(arms)
+    return [*arms[shift:], *arms[:shift]]
 
 
-def alternate(rounds: int, batch: Callable[[str], Sequence[float]]) -> Samples:
-    """Run `batch(arm)` for both arms, `rounds` times, taking turns; collect what each batch returns."""
+def alternate(rounds: int, batch: Callable[[str], Sequence[float]], arms: Sequence[str] = ARMS) -> Samples:
+    """Run `batch(arm)` for every arm, `rounds` times, taking turns; collect what each batch returns."""
     samples = Samples()
     for index in range(rounds):
-        for arm in turn_order(index):
+        for arm in turn_order(index, arms):
             samples.add(arm, batch(arm))
     return samples
 
 
-async def alternate_async(rounds: int, batch: Callable[[str], Awaitable[Sequence[float]]]) -> Samples:
+async def alternate_async(
+    rounds: int, batch: Callable[[str], Awaitable[Sequence[float]]], arms: Sequence[str] = ARMS
+) -> Samples:
     """`alternate` for batches that run on an event loop."""
     samples = Samples()
     for index in range(rounds):
-        for arm in turn_order(index):
+        for arm in turn_order(index, arms):
             samples.add(arm, await batch(arm))
     return samples

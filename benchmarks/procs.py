@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import IO
+from typing import IO, TextIO
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
@@ -84,7 +84,7 @@ class LogDir:
         self._count += 1
         return (self.path / f"{self._count:03d}-{name}.log").open("wb")
 
-    def open_text(self, name: str) -> IO[str]:
+    def open_text(self, name: str) -> TextIO:
         self._count += 1
         return (self.path / f"{self._count:03d}-{name}.log").open("w", encoding="utf-8")
 

@@ -101,7 +101,7 @@ def _comparison(row: Row) -> str:
     if row.ratio is not None:
         parts.append(f"{row.ratio:.2f}x")
     if row.added is not None and row.unit not in ("req/s", "x"):
-        sign = "+" if row.added >= 0 else "−"
+        sign = "+" if row.added >= 0 else "-"
         parts.append(f"{sign}{fmt(abs(row.added), row.unit)}")
     return " / ".join(parts) if parts else "—"
 

@@ -15,8 +15,8 @@ from benchmarks.measure import DIRECT, alternate, median
 from benchmarks.procs import proxy_command, raw_echo_command, rss, sdk_server_command, started
 from benchmarks.rawclient import RawClient
 from benchmarks.report import Row, Target
-from benchmarks.settings import MB
 from benchmarks.scenarios import RunContext
+from benchmarks.settings import MB
 
 IDLE_RSS_TARGET = Target("proxied_max", 60.0, "≤ 60 MB")
 
@@ -37,10 +37,15 @@ def run(ctx: RunContext) -> list[Row]:
     s = ctx.settings
     settle = 0.3 if s.quick else 1.0
     rows: list[Row] = []
-    for label, upstream in (("SDK upstream", sdk_server_command()), ("raw echo upstream", raw_echo_command())):
+    for label, upstream in (
+        ("SDK upstream", sdk_server_command()),
+        ("raw echo upstream", raw_echo_command()),
+    ):
         memory: dict[str, list[float]] = {"direct": [], "proxied": []}
 
-        def batch(arm: str, upstream: list[str] = upstream, memory: dict[str, list[float]] = memory) -> Sequence[float]:
+        def batch(
+            arm: str, upstream: list[str] = upstream, memory: dict[str, list[float]] = memory
+        ) -> Sequence[float]:
             argv = upstream if arm == DIRECT else proxy_command(upstream)
             startup, megabytes = start_once(ctx, argv, f"5-{arm}", settle)
             memory[arm].append(megabytes)

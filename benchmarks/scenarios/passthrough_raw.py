@@ -1,8 +1,10 @@
 """1a. Pass-through latency over stdio against the cheapest possible upstream and client.
 
-Both arms run side by side for the whole scenario: the raw echo server spawned directly, and the
-proxy spawned in front of its own raw echo server. A blocking JSON-lines client (no SDK) drives
-both, so the difference between the arms is the proxy's own cost per round trip.
+The arms run side by side for the whole scenario: the raw echo server spawned directly, the proxy
+spawned in front of its own raw echo server, and (for reference) a bare byte forwarder in front of
+a third one. A blocking JSON-lines client (no SDK) drives them all, so the difference between the
+direct and the proxied arm is the proxy's own cost per round trip, and the forwarder shows how much
+of it any extra process with two more pipe hops costs on this machine.
 """
 
 from __future__ import annotations
@@ -10,12 +12,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from benchmarks.measure import DIRECT, PROXIED, Samples, alternate, median, percentile
-from benchmarks.procs import proxy_command, raw_echo_command, started
+from benchmarks.procs import BENCH, proxy_command, python_script, raw_echo_command, started
 from benchmarks.rawclient import RawClient, check_answers, tool_call_line
 from benchmarks.report import Row, Target
 from benchmarks.scenarios import RunContext
 
 ADDED_P50_TARGET = Target("added_max", 100.0, "added ≤ 100 µs")
+FORWARDER = "forwarder"
+ARMS = (DIRECT, PROXIED, FORWARDER)
 
 
 def echo_lines(count: int, first_id: int = 1000) -> list[bytes]:
@@ -27,8 +31,15 @@ def run(ctx: RunContext) -> list[Row]:
     with (
         started(raw_echo_command(), ctx.logs, "1a-direct-echo") as direct_process,
         started(proxy_command(raw_echo_command()), ctx.logs, "1a-proxy") as proxy_process,
+        started(
+            python_script(BENCH / "servers" / "forwarder.py", *raw_echo_command()), ctx.logs, "1a-forwarder"
+        ) as forwarder_process,
     ):
-        clients = {DIRECT: RawClient(direct_process), PROXIED: RawClient(proxy_process)}
+        clients = {
+            DIRECT: RawClient(direct_process),
+            PROXIED: RawClient(proxy_process),
+            FORWARDER: RawClient(forwarder_process),
+        }
         for client in clients.values():
             client.initialize()
             client.round_trips(echo_lines(s.warmup))
@@ -41,7 +52,7 @@ def run(ctx: RunContext) -> list[Row]:
             return [t * 1e6 for t in times]
 
         ctx.progress("sequential round trips")
-        latency = alternate(s.rounds, latency_batch)
+        latency = alternate(s.rounds, latency_batch, ARMS)
 
         throughput: dict[int, Samples] = {}
         throughput_lines = echo_lines(s.throughput_requests)
@@ -53,7 +64,7 @@ def run(ctx: RunContext) -> list[Row]:
                 return [len(throughput_lines) / wall]
 
             ctx.progress(f"throughput, {window} in flight")
-            throughput[window] = alternate(s.rounds, throughput_batch)
+            throughput[window] = alternate(s.rounds, throughput_batch, ARMS)
 
     detail = {"samples_per_arm": len(latency.direct)}
     rows = [
@@ -65,6 +76,14 @@ def run(ctx: RunContext) -> list[Row]:
             median(latency.proxied),
             ADDED_P50_TARGET,
             detail,
+        ),
+        Row(
+            "1a",
+            "raw echo: round trip p50 via a bare byte forwarder (the floor)",
+            "µs",
+            median(latency.direct),
+            median(latency.by_arm[FORWARDER]),
+            detail=detail,
         ),
         Row(
             "1a",
@@ -83,7 +102,11 @@ def run(ctx: RunContext) -> list[Row]:
                 "req/s",
                 median(samples.direct),
                 median(samples.proxied),
-                detail={"batches_per_arm": len(samples.direct), "requests_per_batch": s.throughput_requests},
+                detail={
+                    "batches_per_arm": len(samples.direct),
+                    "requests_per_batch": s.throughput_requests,
+                    "forwarder_req_s": median(samples.by_arm[FORWARDER]),
+                },
             )
         )
     return rows

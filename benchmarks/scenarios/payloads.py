@@ -13,8 +13,8 @@ from benchmarks.measure import DIRECT, PROXIED, alternate, median
 from benchmarks.procs import peak_rss, proxy_command, raw_echo_command, reset_peak_rss, rss, started
 from benchmarks.rawclient import RawClient, check_answers, tool_call_line
 from benchmarks.report import Row, Target
-from benchmarks.settings import MB
 from benchmarks.scenarios import RunContext
+from benchmarks.settings import MB
 
 TARGET_SIZE = 10 * MB
 TIME_TARGET = Target("ratio_max", 1.5, "≤ 1.5x direct")
@@ -77,7 +77,15 @@ def measure_size(ctx: RunContext, size: int) -> list[Row]:
             TIME_TARGET if size == TARGET_SIZE else None,
             {"samples_per_arm": len(samples.direct)},
         ),
-        Row("2", f"{label} result: proxy peak RSS above idle", "MB", None, growth_mb, memory_target, memory_detail),
+        Row(
+            "2",
+            f"{label} result: proxy peak RSS above idle",
+            "MB",
+            None,
+            growth_mb,
+            memory_target,
+            memory_detail,
+        ),
     ]
 
 

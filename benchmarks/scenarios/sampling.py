@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from benchmarks.measure import DIRECT, PROXIED, alternate, median, percentile
+from benchmarks.measure import DIRECT, alternate, median, percentile
 from benchmarks.procs import PYTHON, bench_env, proxy_command, sdk_server_command, started
 from benchmarks.rawclient import RawClient, check_answers, tool_call_line
 from benchmarks.report import Row, Target
@@ -55,12 +55,15 @@ def sampling_setup(ctx: RunContext, delay: float, tag: str) -> Iterator[tuple[Di
         port = int(fake.stdout.readline())
         url = f"http://127.0.0.1:{port}"
         direct = stack.enter_context(
-            started([PYTHON, "-m", "benchmarks.direct_sampler", "--base-url", url], ctx.logs, f"4-direct-{tag}")
+            started(
+                [PYTHON, "-m", "benchmarks.direct_sampler", "--base-url", url], ctx.logs, f"4-direct-{tag}"
+            )
         )
         proxy = stack.enter_context(
             started(
                 proxy_command(sdk_server_command(), "--provider", "anthropic"),
-                ctx.logs, f"4-proxy-{tag}",
+                ctx.logs,
+                f"4-proxy-{tag}",
                 env=bench_env(url),
             )
         )

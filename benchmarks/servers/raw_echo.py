@@ -64,7 +64,9 @@ def main() -> int:
         if not isinstance(request, dict) or "id" not in request or "method" not in request:
             continue
         request_id = json.dumps(request["id"]).encode()
-        stdout.write(b'{"jsonrpc":"2.0","id":' + request_id + b',"result":' + result_json(request, cache) + b"}\n")
+        stdout.write(
+            b'{"jsonrpc":"2.0","id":' + request_id + b',"result":' + result_json(request, cache) + b"}\n"
+        )
         stdout.flush()
     return 0
 

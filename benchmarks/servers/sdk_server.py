@@ -39,7 +39,9 @@ async def echo(text: str) -> str:
 
 
 @server.tool()
-async def sample(ctx: Context, prompt: str = "Say hello.", max_tokens: int = 64, with_tools: bool = True) -> str:
+async def sample(
+    ctx: Context, prompt: str = "Say hello.", max_tokens: int = 64, with_tools: bool = True
+) -> str:
     """Ask the client for one completion and report how long that took from here."""
     messages = [SamplingMessage(role="user", content=TextContent(text=prompt))]
     started = time.perf_counter()
