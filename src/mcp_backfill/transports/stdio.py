@@ -304,6 +304,8 @@ async def own_stdio(max_message_bytes: int) -> AsyncIterator[LineChannel]:
     sys.stdout.flush()
     protocol_in = os.dup(0)
     protocol_out = os.dup(1)
+    # Results are the large messages: a roomier pipe to the client passes them in fewer wake-ups.
+    enlarge_pipe(protocol_out)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
@@ -414,13 +416,18 @@ PIPE_SIZE = 256 * 1024
 
 
 def enlarge_pipe(fd: int) -> None:
-    """Let a pipe hold up to 1 MiB (Linux; 64 KiB by default): fewer wake-ups per large message."""
+    """Let a pipe hold 256 KiB (Linux; 64 KiB by default): fewer wake-ups per large message.
+
+    Never shrinks a pipe. Not more: pipe capacity counts against a per-user quota, and past it
+    every new pipe of the user's (ours and other programs') is cut to one page.
+    """
     try:
         import fcntl
 
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+        if fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) < PIPE_SIZE:
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
     except (ImportError, AttributeError, OSError):
-        pass  # not Linux, or above the user's pipe quota: the default size works, only slower
+        pass  # not Linux, not a pipe, or above the user's quota: the size it has works, only slower
 
 
 class UpstreamStartError(Exception):
