@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import mcp_backfill
 from benchmarks.procs import ROOT, LogDir
 from benchmarks.report import Row, table_lines, write_results
 from benchmarks.scenarios import RunContext, all_scenarios
@@ -65,6 +66,12 @@ def _git_revision() -> str:
     return revision + (" (src modified)" if dirty.stdout.strip() else "")
 
 
+def _proxy_source() -> str:
+    """Where the proxies' `mcp_backfill` comes from (PYTHONPATH can point the harness at another tree)."""
+    package = Path(mcp_backfill.__file__).resolve().parent
+    return "src/" if package == ROOT / "src" / "mcp_backfill" else str(package.parent)
+
+
 def _load() -> str:
     return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
@@ -76,10 +83,11 @@ def machine_info() -> dict[str, Any]:
         "cpu": _cpu_model(),
         "python": platform.python_version(),
         "uvloop": "on" if event_loop_options() else "off",
-        "json codec": jsonrpc.CODEC,
+        "json codec": getattr(jsonrpc, "CODEC", "json"),
         "mcp": metadata.version("mcp"),
         "anthropic": metadata.version("anthropic"),
         "revision": _git_revision(),
+        "proxy source": _proxy_source(),
         "load average at start": _load(),
     }
 

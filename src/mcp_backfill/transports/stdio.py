@@ -31,44 +31,34 @@ Chunk = bytes | memoryview
 class LineSplitter:
     """Splits a byte stream into lines with bounded memory.
 
-    Chunks are kept as they arrived and a line that spans several is joined once, when its newline
-    comes: no buffer grows (and is reallocated and copied) under a large message. A line longer
-    than the limit is skipped as it streams in; only its first and last bytes are kept, so the
-    relay can still tell which request it answered.
+    A line longer than the limit is skipped as it streams in; only its first and last bytes are
+    kept, so the relay can still tell which request it answered.
     """
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
-        self._chunk = b""  # the data being split
-        self._pos = 0  # where the next line starts in it
-        self._pieces: list[bytes] = []  # the start of the current line, from earlier chunks
-        self._pieces_size = 0
+        self._buffer = bytearray()
+        self._scanned = 0  # bytes of the buffer already known to hold no newline
         self._skipping: MessageTooLarge | None = None
 
     def feed(self, data: bytes) -> None:
-        self._set_aside_rest()
-        self._chunk = data
-        self._pos = 0
+        self._buffer += data
 
     def next_line(self) -> bytes | MessageTooLarge | None:
         """The next complete non-empty line, an oversized line's summary, or None (feed more)."""
         while True:
-            newline = self._chunk.find(b"\n", self._pos)
+            newline = self._buffer.find(b"\n", self._scanned)
             if newline < 0:
-                self._set_aside_rest()
+                self._absorb_partial()
                 return None
-            end = self._chunk[self._pos : newline]
-            self._pos = newline + 1
+            with memoryview(self._buffer) as view:
+                line = bytes(view[:newline])
+            del self._buffer[: newline + 1]
+            self._scanned = 0
             if self._skipping is not None:
                 skipped, self._skipping = self._skipping, None
-                skipped.extend(end)
+                skipped.extend(line)
                 return skipped
-            if self._pieces:
-                line = b"".join([*self._pieces, end])
-                self._pieces.clear()
-                self._pieces_size = 0
-            else:
-                line = end
             if len(line) > self._limit:
                 return MessageTooLarge.from_bytes(line, self._limit)
             if line[:1].isspace() or line[-1:].isspace():
@@ -78,42 +68,17 @@ class LineSplitter:
 
     def finish(self) -> bytes | MessageTooLarge | None:
         """At end of stream: the unterminated last line, if any."""
-        self.feed(b"\n")
+        self._buffer += b"\n"
         return self.next_line()
 
-    def _set_aside_rest(self) -> None:
-        """Keep the unsplit rest of the chunk as a piece of the current line (or skip it)."""
-        if self._pos >= len(self._chunk):
-            return
-        rest = self._chunk[self._pos :] if self._pos else self._chunk
-        self._chunk = b""
-        self._pos = 0
+    def _absorb_partial(self) -> None:
         if self._skipping is not None:
-            self._skipping.extend(rest)
-            return
-        self._pieces.append(rest)
-        self._pieces_size += len(rest)
-        if self._pieces_size > self._limit:
-            self._skipping = MessageTooLarge(
-                self._pieces_size, self._limit, *edges(self._pieces, MessageTooLarge.EDGE)
-            )
-            self._pieces.clear()
-            self._pieces_size = 0
-
-
-def edges(pieces: list[bytes], size: int) -> tuple[bytes, bytes]:
-    """The first and the last `size` bytes of the concatenated pieces, without concatenating them all."""
-    head = bytearray()
-    for piece in pieces:
-        head += piece[: size - len(head)]
-        if len(head) >= size:
-            break
-    tail = b""
-    for piece in reversed(pieces):
-        tail = piece[-(size - len(tail)) :] + tail
-        if len(tail) >= size:
-            break
-    return bytes(head), tail
+            self._skipping.extend(self._buffer)
+            self._buffer.clear()
+        elif len(self._buffer) > self._limit:
+            self._skipping = MessageTooLarge.from_bytes(bytes(self._buffer), self._limit)
+            self._buffer.clear()
+        self._scanned = len(self._buffer)
 
 
 class LineChannel:
