@@ -24,6 +24,7 @@ from mcp_backfill.transports.base import MessageTooLarge
 log = get_logger("stdio")
 
 READ_CHUNK = 256 * 1024
+PIPE_SIZE = 256 * 1024  # what enlarge_pipe asks for
 
 Chunk = bytes | memoryview
 
@@ -375,9 +376,6 @@ async def spawn_upstream(
                 await upstream.stop(grace)
             await channel.close_writer()
             await channel.close_reader()
-
-
-PIPE_SIZE = 256 * 1024
 
 
 def enlarge_pipe(fd: int) -> None:
