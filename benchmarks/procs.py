@@ -32,6 +32,11 @@ def sdk_server_command() -> list[str]:
     return python_script(BENCH / "servers" / "sdk_server.py")
 
 
+def forwarder_command(upstream: Sequence[str]) -> list[str]:
+    """The bare byte forwarder (the floor for any process in between) in front of `upstream`."""
+    return python_script(BENCH / "servers" / "forwarder.py", *upstream)
+
+
 def proxy_command(upstream: Sequence[str], *options: str) -> list[str]:
     """The proxy as users run it (default provider: anthropic), in front of `upstream`."""
     return [PYTHON, "-m", "mcp_backfill", *options, "--", *upstream]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from benchmarks.measure import DIRECT, PROXIED, Samples, alternate, median, percentile
-from benchmarks.procs import BENCH, proxy_command, python_script, raw_echo_command, started
+from benchmarks.procs import forwarder_command, proxy_command, raw_echo_command, started
 from benchmarks.rawclient import RawClient, check_answers, tool_call_line
 from benchmarks.report import Row, Target
 from benchmarks.scenarios import RunContext
@@ -31,9 +31,7 @@ def run(ctx: RunContext) -> list[Row]:
     with (
         started(raw_echo_command(), ctx.logs, "1a-direct-echo") as direct_process,
         started(proxy_command(raw_echo_command()), ctx.logs, "1a-proxy") as proxy_process,
-        started(
-            python_script(BENCH / "servers" / "forwarder.py", *raw_echo_command()), ctx.logs, "1a-forwarder"
-        ) as forwarder_process,
+        started(forwarder_command(raw_echo_command()), ctx.logs, "1a-forwarder") as forwarder_process,
     ):
         clients = {
             DIRECT: RawClient(direct_process),

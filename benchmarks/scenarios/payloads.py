@@ -10,7 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from benchmarks.measure import DIRECT, PROXIED, alternate, median
-from benchmarks.procs import peak_rss, proxy_command, raw_echo_command, reset_peak_rss, rss, started
+from benchmarks.procs import (
+    forwarder_command,
+    peak_rss,
+    proxy_command,
+    raw_echo_command,
+    reset_peak_rss,
+    rss,
+    started,
+)
 from benchmarks.rawclient import RawClient, check_answers, tool_call_line
 from benchmarks.report import Row, Target
 from benchmarks.scenarios import RunContext
@@ -18,6 +26,8 @@ from benchmarks.settings import MB
 
 TARGET_SIZE = 10 * MB
 TIME_TARGET = Target("ratio_max", 1.5, "≤ 1.5x direct")
+FORWARDER = "forwarder"
+ARMS = (DIRECT, PROXIED, FORWARDER)
 
 
 def size_label(size: int) -> str:
@@ -30,8 +40,13 @@ def measure_size(ctx: RunContext, size: int) -> list[Row]:
     with (
         started(raw_echo_command(), ctx.logs, f"2-direct-echo-{size}") as direct_process,
         started(proxy_command(raw_echo_command()), ctx.logs, f"2-proxy-{size}") as proxy_process,
+        started(forwarder_command(raw_echo_command()), ctx.logs, f"2-forwarder-{size}") as forwarder_process,
     ):
-        clients = {DIRECT: RawClient(direct_process), PROXIED: RawClient(proxy_process)}
+        clients = {
+            DIRECT: RawClient(direct_process),
+            PROXIED: RawClient(proxy_process),
+            FORWARDER: RawClient(forwarder_process),
+        }
         for client in clients.values():
             client.initialize()
             client.round_trips([tool_call_line(1, "echo", {"text": "warm"})] * 10)
@@ -50,7 +65,7 @@ def measure_size(ctx: RunContext, size: int) -> list[Row]:
             return [t * 1e3 for t in times]
 
         ctx.progress(f"{label} results")
-        samples = alternate(s.rounds, batch)
+        samples = alternate(s.rounds, batch, ARMS)
         check_answers(clients[PROXIED].round_trips(lines[:1])[1], lines[:1])
         peak = peak_rss(proxy_process.pid)
 
@@ -67,7 +82,7 @@ def measure_size(ctx: RunContext, size: int) -> list[Row]:
         if size == TARGET_SIZE
         else None
     )
-    return [
+    rows = [
         Row(
             "2",
             f"{label} result: call time p50",
@@ -75,7 +90,7 @@ def measure_size(ctx: RunContext, size: int) -> list[Row]:
             median(samples.direct),
             median(samples.proxied),
             TIME_TARGET if size == TARGET_SIZE else None,
-            {"samples_per_arm": len(samples.direct)},
+            {"samples_per_arm": len(samples.direct), "forwarder_ms": median(samples.by_arm[FORWARDER])},
         ),
         Row(
             "2",
@@ -87,6 +102,18 @@ def measure_size(ctx: RunContext, size: int) -> list[Row]:
             memory_detail,
         ),
     ]
+    if size == TARGET_SIZE:
+        rows.insert(
+            1,
+            Row(
+                "2",
+                f"{label} result: call time p50 via a bare byte forwarder (the floor)",
+                "ms",
+                median(samples.direct),
+                median(samples.by_arm[FORWARDER]),
+            ),
+        )
+    return rows
 
 
 def run(ctx: RunContext) -> list[Row]:
