@@ -10,6 +10,7 @@ import argparse
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -124,4 +125,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     if failed:
         print(f"failed scenarios: {', '.join(failed)} (logs: {logs.path})", file=sys.stderr)
         return 1
+    shutil.rmtree(logs.path, ignore_errors=True)
     return 0
