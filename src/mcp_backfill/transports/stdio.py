@@ -10,7 +10,6 @@ import asyncio
 import os
 import signal
 import stat
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -26,6 +25,9 @@ from mcp_backfill.transports.base import MessageTooLarge
 log = get_logger("stdio")
 
 READ_CHUNK = 256 * 1024
+PIPE_SIZE = 256 * 1024  # what enlarge_pipe asks for
+
+Chunk = bytes | memoryview
 
 
 class LineSplitter:
@@ -89,7 +91,7 @@ class LineChannel:
         self._writer = writer
         self._lines = LineSplitter(max_message_bytes)
         self._eof = False
-        self._send_lock = anyio.Lock()
+        self._send_lock = anyio.Lock(fast_acquire=True)
 
     async def receive(self) -> bytes:
         while True:
@@ -111,12 +113,28 @@ class LineChannel:
         return await self.receive(), None  # one pipe: no request streams to tell apart
 
     async def send(self, message: bytes, related: Any = None) -> None:
+        if not isinstance(self._writer, FdSendStream):
+            async with self._send_lock:
+                await self._writer.send(message + b"\n")
+            return
+        # The line and its newline go out in one writev, without copying a large message. While
+        # no earlier send is still waiting on a full pipe, a message that fits is written at once
+        # (nothing can interleave: there is no await); a remainder waits its turn under the lock.
+        parts: Sequence[Chunk] = (message, b"\n")
+        if not self._send_lock.locked():
+            parts = self._writer.write_now(parts)
+            if not parts:
+                return
         async with self._send_lock:
-            await self._writer.send(message + b"\n")
+            await self._writer.send_parts(parts)
 
     async def close_writer(self) -> None:
         with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             await self._writer.aclose()
+
+    async def close_reader(self) -> None:
+        with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            await self._reader.aclose()
 
 
 class PipeReceiveStream(ByteReceiveStream):
@@ -140,13 +158,16 @@ class PipeReceiveStream(ByteReceiveStream):
         self._transport.close()
 
 
-async def open_fd_receive_stream(fd: int) -> ByteReceiveStream:
-    """The fastest way to read `fd` that works for what it is (pipe, tty, file, /dev/null)."""
+async def open_fd_receive_stream(fd: int, *, owned: bool = False) -> ByteReceiveStream:
+    """The fastest way to read `fd` that works for what it is (pipe, tty, file, /dev/null).
+
+    `owned`: closing the stream closes `fd` (otherwise the caller closes it).
+    """
     mode = os.fstat(fd).st_mode
     if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=READ_CHUNK)
-        pipe = os.fdopen(fd, "rb", buffering=0, closefd=False)
+        pipe = os.fdopen(fd, "rb", buffering=0, closefd=owned)
         transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
         return PipeReceiveStream(reader, transport)
     return FdReceiveStream(fd)
@@ -190,28 +211,57 @@ class FdReceiveStream(ByteReceiveStream):
 
 
 class FdSendStream(ByteSendStream):
-    """Non-blocking writes to a file descriptor, waiting on the event loop when the pipe is full."""
+    """Non-blocking writes to a file descriptor, waiting on the event loop when the pipe is full.
+
+    Closing is idempotent (the descriptor number could be reused by then) and a send after it
+    fails with `ClosedResourceError`.
+    """
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
         with suppress(OSError):
             os.set_blocking(fd, False)
 
+    def write_now(self, parts: Sequence[Chunk]) -> list[memoryview]:
+        """Write as much of `parts` as the pipe takes without waiting (one syscall); return the rest."""
+        if self._fd < 0:
+            raise anyio.ClosedResourceError
+        try:
+            written = os.writev(self._fd, parts)
+        except BlockingIOError:
+            written = 0
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise anyio.BrokenResourceError from exc
+        return unwritten(parts, written)
+
+    async def send_parts(self, parts: Sequence[Chunk]) -> None:
+        """Write all of `parts`, in order, as one stream of bytes."""
+        remaining = self.write_now(parts)
+        while remaining:
+            await anyio.wait_writable(self._fd)
+            remaining = self.write_now(remaining)
+
     async def send(self, item: bytes) -> None:
-        view = memoryview(item)
-        while view:
-            try:
-                written = os.write(self._fd, view)
-            except BlockingIOError:
-                await anyio.wait_writable(self._fd)
-                continue
-            except (BrokenPipeError, ConnectionResetError) as exc:
-                raise anyio.BrokenResourceError from exc
-            view = view[written:]
+        await self.send_parts((item,))
 
     async def aclose(self) -> None:
-        with suppress(OSError):
-            os.close(self._fd)
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            with suppress(OSError):
+                os.close(fd)
+
+
+def unwritten(parts: Sequence[Chunk], written: int) -> list[memoryview]:
+    """What is left of `parts` once their first `written` bytes are out."""
+    rest: list[memoryview] = []
+    for part in parts:
+        view = memoryview(part).cast("B")
+        if written >= len(view):
+            written -= len(view)
+            continue
+        rest.append(view[written:])
+        written = 0
+    return rest
 
 
 @asynccontextmanager
@@ -224,6 +274,8 @@ async def own_stdio(max_message_bytes: int) -> AsyncIterator[LineChannel]:
     sys.stdout.flush()
     protocol_in = os.dup(0)
     protocol_out = os.dup(1)
+    # Results are the large messages: a roomier pipe to the client passes them in fewer wake-ups.
+    enlarge_pipe(protocol_out)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
@@ -290,29 +342,59 @@ def exit_status(returncode: int) -> int:
 async def spawn_upstream(
     command: Sequence[str], env: Mapping[str, str], max_message_bytes: int, grace: float
 ) -> AsyncIterator[UpstreamProcess]:
-    """Start the upstream; its stderr is inherited so its logs pass straight through to ours."""
+    """Start the upstream; its stderr is inherited so its logs pass straight through to ours.
+
+    Its stdin and stdout are pipes we make ourselves, so that both are read and written like our
+    own stdio (no stream wrapper yielding to the event loop around every write), with room for a
+    large message in one go.
+    """
+    child_stdin, to_child = os.pipe()
+    from_child, child_stdout = os.pipe()
+    for fd in (to_child, from_child):
+        enlarge_pipe(fd)
     try:
         process = await anyio.open_process(
             list(command),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
+            stdin=child_stdin,
+            stdout=child_stdout,
             stderr=None,
             env=dict(env),
             start_new_session=True,
         )
     except OSError as exc:
+        for fd in (to_child, from_child):
+            os.close(fd)
         raise UpstreamStartError(f"cannot start upstream {command[0]!r}: {exc.strerror or exc}") from exc
-    assert process.stdin is not None
-    assert process.stdout is not None
-    upstream = UpstreamProcess(
-        process, LineChannel(process.stdout, process.stdin, max_message_bytes), tuple(command)
+    finally:
+        os.close(child_stdin)
+        os.close(child_stdout)
+    channel = LineChannel(
+        await open_fd_receive_stream(from_child, owned=True), FdSendStream(to_child), max_message_bytes
     )
+    upstream = UpstreamProcess(process, channel, tuple(command))
     try:
         yield upstream
     finally:
-        if process.returncode is None:
-            with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
+            if process.returncode is None:
                 await upstream.stop(grace)
+            await channel.close_writer()
+            await channel.close_reader()
+
+
+def enlarge_pipe(fd: int) -> None:
+    """Let a pipe hold 256 KiB (Linux; 64 KiB by default): fewer wake-ups per large message.
+
+    Never shrinks a pipe. Not more: pipe capacity counts against a per-user quota, and past it
+    every new pipe of the user's (ours and other programs') is cut to one page.
+    """
+    try:
+        import fcntl
+
+        if fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) < PIPE_SIZE:
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    except (ImportError, AttributeError, OSError):
+        pass  # not Linux, not a pipe, or above the user's quota: the size it has works, only slower
 
 
 class UpstreamStartError(Exception):

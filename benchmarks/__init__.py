@@ -1,0 +1,1 @@
+"""Benchmarks: what the proxy costs, measured against a direct connection in the same run."""

@@ -1,0 +1,100 @@
+"""The sampling scenario's direct arm: `python -m benchmarks.direct_sampler --base-url URL`.
+
+A separate process, like the proxy, holding one `AsyncAnthropic` client configured as the proxy
+configures its own, on the same event loop (uvloop when installed). It sends the Claude request
+the proxy would build for the scenario's sampling request, streaming, as the proxy does. Commands
+arrive on stdin, one JSON object per line: `{"count": N, "concurrency": C}` runs N calls with C in
+flight and answers `{"times": [seconds per call...], "wall": seconds for all}` on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import anthropic
+import anyio
+import anyio.abc
+
+from benchmarks.procs import BENCH_API_KEY
+from mcp_backfill.cli import event_loop_options
+from mcp_backfill.sampling.convert import ConversionOptions, to_claude_request
+
+DEFAULT_MODEL = "claude-sonnet-5-5"
+
+
+def sampling_params(
+    prompt: str = "Say hello.", max_tokens: int = 64, with_tools: bool = True
+) -> dict[str, Any]:
+    """The `sampling/createMessage` params benchmarks/servers/sdk_server.py sends (wire JSON)."""
+    params: dict[str, Any] = {
+        "messages": [{"role": "user", "content": {"type": "text", "text": prompt}}],
+        "maxTokens": max_tokens,
+    }
+    if with_tools:
+        params["tools"] = [
+            {
+                "name": "lookup",
+                "description": "Look up the value stored under a key.",
+                "inputSchema": {
+                    "type": "object",
+                    "properties": {"key": {"type": "string"}},
+                    "required": ["key"],
+                },
+            }
+        ]
+        params["toolChoice"] = {"mode": "auto"}
+    return params
+
+
+def claude_request() -> dict[str, Any]:
+    """What the proxy sends to the API for `sampling_params()`: built by the proxy's own converter."""
+    converted = to_claude_request(sampling_params(), ConversionOptions(max_tokens_cap=16384, audio="reject"))
+    return dict(converted.kwargs, model=DEFAULT_MODEL)
+
+
+async def run_batch(client: anthropic.AsyncAnthropic, count: int, concurrency: int) -> dict[str, Any]:
+    request = claude_request()
+    times: list[float] = []
+    limiter = anyio.CapacityLimiter(max(concurrency, 1))
+
+    async def one() -> None:
+        async with limiter:
+            started = time.perf_counter()
+            async with client.messages.stream(**request) as stream:
+                await stream.get_final_message()
+            times.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(count):
+            tg.start_soon(one)
+    return {"times": times, "wall": time.perf_counter() - started}
+
+
+async def serve(base_url: str) -> None:
+    client = anthropic.AsyncAnthropic(api_key=BENCH_API_KEY, base_url=base_url, max_retries=2, timeout=600.0)
+    stdin = anyio.wrap_file(sys.stdin)
+    try:
+        async for line in stdin:
+            command = json.loads(line)
+            answer = await run_batch(client, int(command["count"]), int(command["concurrency"]))
+            sys.stdout.write(json.dumps(answer) + "\n")
+            sys.stdout.flush()
+    finally:
+        await client.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.direct_sampler")
+    parser.add_argument("--base-url", required=True)
+    args = parser.parse_args()
+    anyio.run(serve, args.base_url, backend_options=event_loop_options())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Processes the scenarios start: command lines, environments, memory readings, log files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import IO, TextIO
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+PYTHON = sys.executable
+# A syntactically plausible key for the fake API; the real API is never reached from a benchmark.
+BENCH_API_KEY = "sk-ant-bench-not-a-real-key"
+# Nothing listens here: pass-through scenarios never sample, so the provider is never called.
+UNUSED_API_URL = "http://127.0.0.1:9"
+
+
+def python_script(path: Path, *args: str) -> list[str]:
+    return [PYTHON, str(path), *args]
+
+
+def raw_echo_command() -> list[str]:
+    return python_script(BENCH / "servers" / "raw_echo.py")
+
+
+def sdk_server_command() -> list[str]:
+    return python_script(BENCH / "servers" / "sdk_server.py")
+
+
+def forwarder_command(upstream: Sequence[str]) -> list[str]:
+    """The bare byte forwarder (the floor for any process in between) in front of `upstream`."""
+    return python_script(BENCH / "servers" / "forwarder.py", *upstream)
+
+
+def proxy_command(upstream: Sequence[str], *options: str) -> list[str]:
+    """The proxy as users run it (default provider: anthropic), in front of `upstream`."""
+    return [PYTHON, "-m", "mcp_backfill", *options, "--", *upstream]
+
+
+def bench_env(api_url: str = UNUSED_API_URL) -> dict[str, str]:
+    """Our environment without real credentials or proxy settings, pointed at a local API."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "MCP_BACKFILL_"))}
+    env.update(ANTHROPIC_API_KEY=BENCH_API_KEY, ANTHROPIC_BASE_URL=api_url)
+    return env
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """The `Vm*`/`Rss*` lines of /proc/<pid>/status, in bytes."""
+    values: dict[str, int] = {}
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            key, _, rest = line.partition(":")
+            if key.startswith(("Vm", "Rss")) and rest.strip().endswith("kB"):
+                values[key] = int(rest.split()[0]) * 1024
+    return values
+
+
+def rss(pid: int) -> int:
+    return proc_status(pid)["VmRSS"]
+
+
+def peak_rss(pid: int) -> int:
+    return proc_status(pid)["VmHWM"]
+
+
+def reset_peak_rss(pid: int) -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0); False when the kernel refuses."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        return False
+    return True
+
+
+class LogDir:
+    """Where the processes of one run write their stderr, kept for a post-mortem when a scenario fails."""
+
+    def __init__(self) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="mcp-backfill-bench-"))
+        self._count = 0
+
+    def open(self, name: str) -> IO[bytes]:
+        self._count += 1
+        return (self.path / f"{self._count:03d}-{name}.log").open("wb")
+
+    def open_text(self, name: str) -> TextIO:
+        self._count += 1
+        return (self.path / f"{self._count:03d}-{name}.log").open("w", encoding="utf-8")
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """Close stdin (the polite stop for a stdio server), then terminate, then kill."""
+    if process.stdin is not None:
+        with suppress(OSError):
+            process.stdin.close()
+    try:
+        process.wait(timeout)
+        return
+    except subprocess.TimeoutExpired:
+        process.terminate()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@contextmanager
+def started(
+    argv: Sequence[str], logs: LogDir, name: str, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A child with piped stdin/stdout and its stderr in the run's log directory, stopped on exit."""
+    with logs.open(name) as stderr:
+        process = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=env if env is not None else bench_env(),
+            cwd=ROOT,
+            bufsize=0,
+        )
+        try:
+            yield process
+        finally:
+            stop_process(process)
+            if process.stdout is not None:
+                process.stdout.close()

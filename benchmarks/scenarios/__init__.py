@@ -1,0 +1,43 @@
+"""The scenarios, in the issue's numbering; each measures the direct connection and the proxied one.
+
+A scenario is a function from a `RunContext` to result rows. The HTTP scenarios (3: the sidecar in
+front of a stdio upstream vs `mcp-proxy` and in front of an HTTP upstream vs the upstream
+directly; 5: RSS with 100 idle HTTP sessions) are added here as further entries once the proxy
+has an HTTP transport, reusing `measure.alternate` and `report.Row` the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from benchmarks.procs import LogDir
+from benchmarks.report import Row
+from benchmarks.settings import Settings
+
+
+@dataclass(frozen=True)
+class RunContext:
+    settings: Settings
+    logs: LogDir
+    progress: Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    key: str
+    number: str
+    title: str
+    run: Callable[[RunContext], list[Row]]
+
+
+def all_scenarios() -> list[Scenario]:
+    from benchmarks.scenarios import footprint, passthrough_raw, passthrough_sdk, payloads, sampling
+
+    return [
+        Scenario("stdio-raw", "1a", "pass-through latency, raw echo upstream", passthrough_raw.run),
+        Scenario("stdio-sdk", "1b", "pass-through latency, mcp SDK upstream and client", passthrough_sdk.run),
+        Scenario("payloads", "2", "large tool results", payloads.run),
+        Scenario("sampling", "4", "sampling path against a fake Messages API", sampling.run),
+        Scenario("footprint", "5", "startup time and idle memory", footprint.run),
+    ]

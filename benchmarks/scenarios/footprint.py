@@ -1,0 +1,93 @@
+"""5. Footprint: time from spawn to the first answer, and the resident memory of an idle proxy.
+
+Startup is timed from just before the spawn to the `initialize` answer, which the client sends at
+once (a pipe buffers it until the server reads). Idle RSS is read once the session has settled
+after the handshake and a `tools/list`; it counts the proxy process alone (not its upstream). A
+proxy with `--provider mock` (no anthropic SDK loaded) is measured too, for reference.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from benchmarks.measure import DIRECT, alternate, median
+from benchmarks.procs import proxy_command, raw_echo_command, rss, sdk_server_command, started
+from benchmarks.rawclient import RawClient
+from benchmarks.report import Row, Target
+from benchmarks.scenarios import RunContext
+from benchmarks.settings import MB
+
+IDLE_RSS_TARGET = Target("proxied_max", 60.0, "≤ 60 MB")
+
+
+def start_once(ctx: RunContext, argv: list[str], name: str, settle: float) -> tuple[float, float]:
+    """Spawn, handshake, settle; (seconds to the initialize answer, idle RSS in MB of the spawned process)."""
+    started_at = time.perf_counter()
+    with started(argv, ctx.logs, name) as process:
+        client = RawClient(process)
+        client.initialize()
+        startup = time.perf_counter() - started_at
+        client.request("tools/list")
+        time.sleep(settle)
+        return startup, rss(process.pid) / MB
+
+
+def run(ctx: RunContext) -> list[Row]:
+    s = ctx.settings
+    settle = 0.3 if s.quick else 1.0
+    rows: list[Row] = []
+    for label, upstream in (
+        ("SDK upstream", sdk_server_command()),
+        ("raw echo upstream", raw_echo_command()),
+    ):
+        memory: dict[str, list[float]] = {"direct": [], "proxied": []}
+
+        def batch(
+            arm: str, upstream: list[str] = upstream, memory: dict[str, list[float]] = memory
+        ) -> Sequence[float]:
+            argv = upstream if arm == DIRECT else proxy_command(upstream)
+            startup, megabytes = start_once(ctx, argv, f"5-{arm}", settle)
+            memory[arm].append(megabytes)
+            return [startup * 1e3]
+
+        ctx.progress(f"startup, {label}")
+        startups = alternate(s.startup_repeats, batch)
+        rows.append(
+            Row(
+                "5",
+                f"startup to initialize answered, {label}",
+                "ms",
+                median(startups.direct),
+                median(startups.proxied),
+                detail={"starts_per_arm": len(startups.direct)},
+            )
+        )
+        if label == "SDK upstream":
+            rows.append(
+                Row(
+                    "5",
+                    "idle RSS (direct: the SDK upstream; proxied: the proxy process)",
+                    "MB",
+                    median(memory["direct"]),
+                    median(memory["proxied"]),
+                    IDLE_RSS_TARGET,
+                    {"proxy_rss_mb": memory["proxied"]},
+                )
+            )
+    ctx.progress("idle RSS with --provider mock")
+    mock = [
+        start_once(ctx, proxy_command(raw_echo_command(), "--provider", "mock"), "5-proxy-mock", settle)[1]
+        for _ in range(s.startup_repeats)
+    ]
+    rows.append(
+        Row(
+            "5",
+            "idle RSS of the proxy with --provider mock (no anthropic SDK)",
+            "MB",
+            None,
+            median(mock),
+            detail={"proxy_rss_mb": mock},
+        )
+    )
+    return rows

@@ -1,0 +1,110 @@
+"""1a. Pass-through latency over stdio against the cheapest possible upstream and client.
+
+The arms run side by side for the whole scenario: the raw echo server spawned directly, the proxy
+spawned in front of its own raw echo server, and (for reference) a bare byte forwarder in front of
+a third one. A blocking JSON-lines client (no SDK) drives them all, so the difference between the
+direct and the proxied arm is the proxy's own cost per round trip, and the forwarder shows how much
+of it any extra process with two more pipe hops costs on this machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from benchmarks.measure import DIRECT, PROXIED, Samples, alternate, median, percentile
+from benchmarks.procs import forwarder_command, proxy_command, raw_echo_command, started
+from benchmarks.rawclient import RawClient, check_answers, tool_call_line
+from benchmarks.report import Row, Target
+from benchmarks.scenarios import RunContext
+
+ADDED_P50_TARGET = Target("added_max", 100.0, "added ≤ 100 µs")
+FORWARDER = "forwarder"
+ARMS = (DIRECT, PROXIED, FORWARDER)
+
+
+def echo_lines(count: int, first_id: int = 1000) -> list[bytes]:
+    return [tool_call_line(first_id + n, "echo", {"text": "hello"}) for n in range(count)]
+
+
+def run(ctx: RunContext) -> list[Row]:
+    s = ctx.settings
+    with (
+        started(raw_echo_command(), ctx.logs, "1a-direct-echo") as direct_process,
+        started(proxy_command(raw_echo_command()), ctx.logs, "1a-proxy") as proxy_process,
+        started(forwarder_command(raw_echo_command()), ctx.logs, "1a-forwarder") as forwarder_process,
+    ):
+        clients = {
+            DIRECT: RawClient(direct_process),
+            PROXIED: RawClient(proxy_process),
+            FORWARDER: RawClient(forwarder_process),
+        }
+        for client in clients.values():
+            client.initialize()
+            client.round_trips(echo_lines(s.warmup))
+
+        latency_lines = echo_lines(s.raw_round_trips)
+
+        def latency_batch(arm: str) -> Sequence[float]:
+            times, answers = clients[arm].round_trips(latency_lines)
+            check_answers(answers, latency_lines)
+            return [t * 1e6 for t in times]
+
+        ctx.progress("sequential round trips")
+        latency = alternate(s.rounds, latency_batch, ARMS)
+
+        throughput: dict[int, Samples] = {}
+        throughput_lines = echo_lines(s.throughput_requests)
+        for window in s.windows:
+
+            def throughput_batch(arm: str, window: int = window) -> Sequence[float]:
+                wall, answers = clients[arm].pipelined(throughput_lines, window)
+                check_answers(answers, throughput_lines)
+                return [len(throughput_lines) / wall]
+
+            ctx.progress(f"throughput, {window} in flight")
+            throughput[window] = alternate(s.rounds, throughput_batch, ARMS)
+
+    detail = {"samples_per_arm": len(latency.direct)}
+    rows = [
+        Row(
+            "1a",
+            "raw echo: round trip p50",
+            "µs",
+            median(latency.direct),
+            median(latency.proxied),
+            ADDED_P50_TARGET,
+            detail,
+        ),
+        Row(
+            "1a",
+            "raw echo: round trip p50 via a bare byte forwarder (the floor)",
+            "µs",
+            median(latency.direct),
+            median(latency.by_arm[FORWARDER]),
+            detail=detail,
+        ),
+        Row(
+            "1a",
+            "raw echo: round trip p99",
+            "µs",
+            percentile(latency.direct, 99),
+            percentile(latency.proxied, 99),
+            detail=detail,
+        ),
+    ]
+    for window, samples in throughput.items():
+        rows.append(
+            Row(
+                "1a",
+                f"raw echo: throughput, {window} in flight",
+                "req/s",
+                median(samples.direct),
+                median(samples.proxied),
+                detail={
+                    "batches_per_arm": len(samples.direct),
+                    "requests_per_batch": s.throughput_requests,
+                    "forwarder_req_s": median(samples.by_arm[FORWARDER]),
+                },
+            )
+        )
+    return rows

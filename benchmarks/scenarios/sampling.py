@@ -1,0 +1,158 @@
+"""4. The sampling path: the proxy answering a real server's sampling requests via the anthropic SDK.
+
+The proxy runs with `--provider anthropic` against the lean fake Messages API
+(benchmarks/fake_api.py) in front of the SDK server, whose `sample` tool sends one handshake-era
+`sampling/createMessage` and reports how long the answer took as the server saw it. The direct arm
+is the same Claude request sent straight to the same fake by the same SDK client configuration
+(benchmarks/direct_sampler.py): the fake's own time. The difference is what the proxy adds per
+sampling request: two relay hops, validation and conversion both ways, and the SDK call itself.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+from benchmarks.measure import DIRECT, alternate, median, percentile
+from benchmarks.procs import PYTHON, bench_env, proxy_command, sdk_server_command, started
+from benchmarks.rawclient import RawClient, check_answers, tool_call_line
+from benchmarks.report import Row, Target
+from benchmarks.scenarios import RunContext
+
+OVERHEAD_TARGET = Target("added_max", 2.0, "added ≤ 2 ms")
+CONCURRENT_TARGET = Target("proxied_max", 1.5, "≤ 1.5 s")
+
+
+class DirectSampler:
+    """Drives a benchmarks.direct_sampler process."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdin is not None
+        assert process.stdout is not None
+        self._stdin = process.stdin
+        self._stdout = process.stdout
+
+    def run(self, count: int, concurrency: int) -> dict[str, Any]:
+        self._stdin.write(json.dumps({"count": count, "concurrency": concurrency}).encode() + b"\n")
+        line = self._stdout.readline()
+        if not line:
+            raise RuntimeError("the direct sampler exited")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+
+@contextmanager
+def sampling_setup(ctx: RunContext, delay: float, tag: str) -> Iterator[tuple[DirectSampler, RawClient]]:
+    """The fake API, the direct sampler and the proxied SDK server, all pointed at the same fake."""
+    with ExitStack() as stack:
+        fake = stack.enter_context(
+            started([PYTHON, "-m", "benchmarks.fake_api", "--delay", str(delay)], ctx.logs, f"4-fake-{tag}")
+        )
+        assert fake.stdout is not None
+        port = int(fake.stdout.readline())
+        url = f"http://127.0.0.1:{port}"
+        direct = stack.enter_context(
+            started(
+                [PYTHON, "-m", "benchmarks.direct_sampler", "--base-url", url], ctx.logs, f"4-direct-{tag}"
+            )
+        )
+        proxy = stack.enter_context(
+            started(
+                proxy_command(sdk_server_command(), "--provider", "anthropic"),
+                ctx.logs,
+                f"4-proxy-{tag}",
+                env=bench_env(url),
+            )
+        )
+        client = RawClient(proxy)
+        client.initialize()
+        yield DirectSampler(direct), client
+
+
+def sample_lines(count: int, first_id: int = 1000) -> list[bytes]:
+    return [tool_call_line(first_id + n, "sample", {}) for n in range(count)]
+
+
+def sampling_seconds(answer: bytes) -> float:
+    """The sampling time the server measured, from its tool result."""
+    result = json.loads(answer)["result"]
+    if result.get("isError"):
+        raise RuntimeError(f"sample failed: {result['content']}")
+    elapsed: float = json.loads(result["content"][0]["text"])["elapsed"]
+    return elapsed
+
+
+def measure_overhead(ctx: RunContext) -> list[Row]:
+    s = ctx.settings
+    with sampling_setup(ctx, 0.0, "instant") as (direct, client):
+        warmup = min(s.warmup, 20)
+        direct.run(warmup, 1)
+        client.round_trips(sample_lines(warmup))
+        lines = sample_lines(s.sampling_calls)
+
+        def batch(arm: str) -> Sequence[float]:
+            if arm == DIRECT:
+                return [t * 1e3 for t in direct.run(len(lines), 1)["times"]]
+            _, answers = client.round_trips(lines)
+            check_answers(answers, lines)
+            return [sampling_seconds(answer) * 1e3 for answer in answers]
+
+        ctx.progress("sequential sampling requests")
+        samples = alternate(s.rounds, batch)
+    detail = {"samples_per_arm": len(samples.direct)}
+    return [
+        Row(
+            "4",
+            "sampling request p50 (direct: the fake alone)",
+            "ms",
+            median(samples.direct),
+            median(samples.proxied),
+            OVERHEAD_TARGET,
+            detail,
+        ),
+        Row(
+            "4",
+            "sampling request p99",
+            "ms",
+            percentile(samples.direct, 99),
+            percentile(samples.proxied, 99),
+            detail=detail,
+        ),
+    ]
+
+
+def measure_concurrency(ctx: RunContext) -> list[Row]:
+    s = ctx.settings
+    count = s.concurrent_sampling
+    with sampling_setup(ctx, s.concurrent_delay, "slow") as (direct, client):
+        direct.run(1, 1)
+        client.round_trips(sample_lines(1))
+        lines = sample_lines(count)
+
+        def batch(arm: str) -> Sequence[float]:
+            if arm == DIRECT:
+                return [float(direct.run(count, count)["wall"])]
+            wall, answers = client.pipelined(lines, count)
+            check_answers(answers, lines)
+            return [wall]
+
+        ctx.progress(f"{count} concurrent sampling requests")
+        samples = alternate(s.concurrent_rounds, batch)
+    return [
+        Row(
+            "4",
+            f"{count} concurrent sampling calls, {s.concurrent_delay * 1000:.0f} ms each: wall",
+            "s",
+            median(samples.direct),
+            median(samples.proxied),
+            CONCURRENT_TARGET,
+            {"rounds": len(samples.direct)},
+        )
+    ]
+
+
+def run(ctx: RunContext) -> list[Row]:
+    return measure_overhead(ctx) + measure_concurrency(ctx)

@@ -1,0 +1,1 @@
+"""Upstream servers the scenarios put behind the proxy (run as scripts, not imported)."""

@@ -1,0 +1,75 @@
+"""The cheapest stdio MCP upstream we can write: JSON lines in, canned JSON lines out.
+
+No SDK and no validation, so that a round trip through it costs as little as possible and the
+proxy's own cost stands out. Requests:
+
+* `initialize`: a minimal handshake result.
+* `tools/list`: one tool, `echo`.
+* `tools/call` `echo` `{"text": T}`: `{"content": [{"type": "text", "text": T}]}`.
+* `tools/call` `echo` `{"size": N}`: a text result whose JSON line is about N bytes long (a tool that
+  returns a large JSON document as text: quotes and newlines included, so it needs escaping).
+* anything else: an empty result. Notifications are ignored. Exits on stdin EOF.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+ROW = '{"id": %07d, "name": "item", "value": 3.14159, "tags": ["alpha", "beta"], "ok": true}\n'
+
+
+def payload_text(size: int) -> str:
+    """Text whose JSON encoding is about `size` bytes."""
+    encoded_row = len(json.dumps(ROW % 0)) - 2
+    return "".join(ROW % n for n in range(max(size // encoded_row, 1)))
+
+
+def result_json(request: dict[str, object], cache: dict[int, bytes]) -> bytes:
+    method = request.get("method")
+    if method == "initialize":
+        return (
+            b'{"protocolVersion":"2025-11-25","capabilities":{"tools":{}},'
+            b'"serverInfo":{"name":"bench-raw-echo","version":"1"}}'
+        )
+    if method == "tools/list":
+        return (
+            b'{"tools":[{"name":"echo","description":"Echo text, or return `size` bytes.",'
+            b'"inputSchema":{"type":"object","properties":{"text":{"type":"string"},'
+            b'"size":{"type":"integer"}}}}]}'
+        )
+    if method == "tools/call":
+        params = request.get("params")
+        arguments = params.get("arguments") if isinstance(params, dict) else None
+        arguments = arguments if isinstance(arguments, dict) else {}
+        size = arguments.get("size")
+        if isinstance(size, int):
+            if size not in cache:
+                text = json.dumps(payload_text(size))
+                cache[size] = ('{"content":[{"type":"text","text":' + text + "}]}").encode()
+            return cache[size]
+        text = json.dumps(str(arguments.get("text", "")), ensure_ascii=False)
+        return ('{"content":[{"type":"text","text":' + text + "}]}").encode()
+    return b"{}"
+
+
+def main() -> int:
+    stdin = sys.stdin.buffer
+    stdout = sys.stdout.buffer
+    cache: dict[int, bytes] = {}
+    for line in stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        if not isinstance(request, dict) or "id" not in request or "method" not in request:
+            continue
+        request_id = json.dumps(request["id"]).encode()
+        stdout.write(
+            b'{"jsonrpc":"2.0","id":' + request_id + b',"result":' + result_json(request, cache) + b"}\n"
+        )
+        stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

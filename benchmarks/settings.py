@@ -1,0 +1,72 @@
+"""How much work each scenario does: the full run, and `--quick` (a smoke run of the same rows)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Settings:
+    quick: bool
+    rounds: int
+    """Alternation rounds: each arm runs one batch per round, turns taken ABBA."""
+    warmup: int
+    """Untimed requests per arm before the first round (imports, caches, connections)."""
+    raw_round_trips: int
+    """Sequential raw-echo round trips per batch."""
+    sdk_calls: int
+    """Sequential SDK `call_tool`s per batch."""
+    throughput_requests: int
+    """Requests per throughput batch (each at 1 and at 16 in flight)."""
+    windows: tuple[int, ...]
+    payload_sizes: tuple[int, ...]
+    payload_calls: int
+    """Calls per batch, per payload size."""
+    sampling_calls: int
+    """Sequential sampling requests per batch."""
+    concurrent_sampling: int
+    concurrent_delay: float
+    concurrent_rounds: int
+    startup_repeats: int
+    """Process starts per arm and upstream, for startup time and idle RSS."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+FULL = Settings(
+    quick=False,
+    rounds=10,
+    warmup=200,
+    raw_round_trips=1000,
+    sdk_calls=200,
+    throughput_requests=1000,
+    windows=(1, 16),
+    payload_sizes=(1 * MB, 10 * MB),
+    payload_calls=5,
+    sampling_calls=50,
+    concurrent_sampling=100,
+    concurrent_delay=0.5,
+    concurrent_rounds=3,
+    startup_repeats=5,
+)
+
+QUICK = Settings(
+    quick=True,
+    rounds=2,
+    warmup=5,
+    raw_round_trips=20,
+    sdk_calls=5,
+    throughput_requests=32,
+    windows=(1, 16),
+    payload_sizes=(1 * MB, 10 * MB),
+    payload_calls=1,
+    sampling_calls=3,
+    concurrent_sampling=100,
+    concurrent_delay=0.5,
+    concurrent_rounds=1,
+    startup_repeats=1,
+)

@@ -1,0 +1,93 @@
+"""The benchmark harness runs end to end (`--quick`) and produces a well-formed result table.
+
+Timings are not checked (they belong to the benchmark itself, not to the test suite): only that
+every scenario ran against real processes and reported a complete row set, the same way on
+stdout, in latest.md and in latest.json.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness import ROOT
+
+HEADER = "| scenario | direct | proxied | ratio / added | target | met? |"
+SCENARIOS = {"1a", "1b", "2", "4", "5"}
+TARGETED_TITLES = {
+    "raw echo: round trip p50",
+    "SDK: tools/call p50",
+    "10 MB result: call time p50",
+    "10 MB result: proxy peak RSS above idle",
+    "sampling request p50 (direct: the fake alone)",
+    "idle RSS (direct: the SDK upstream; proxied: the proxy process)",
+}
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The cells of every row of the one markdown table in `text` (header and separator excluded)."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    assert lines[0] == HEADER
+    assert lines[1] == "|---|---|---|---|---|---|"
+    rows = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines[2:]]
+    for cells in rows:
+        assert len(cells) == 6, cells
+    return rows
+
+
+def check_json_row(row: dict[str, Any]) -> None:
+    assert row["scenario"] in SCENARIOS
+    for key in ("direct", "proxied", "ratio", "added"):
+        value = row[key]
+        assert value is None or (isinstance(value, int | float) and math.isfinite(value)), (key, row)
+    assert row["proxied"] is not None, row  # every row measured the proxy
+    if row["direct"] is not None:
+        assert row["ratio"] is not None
+        assert row["added"] is not None
+    if row["target"] is None:
+        assert row["met"] is None
+    else:
+        assert isinstance(row["met"], bool), row
+
+
+@pytest.mark.timeout(900)
+def test_quick_benchmark_run_writes_a_complete_table(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+
+    printed = table_rows(done.stdout)
+    markdown = (out / "latest.md").read_text(encoding="utf-8")
+    assert "Command: `scripts/bench --quick --out" in markdown
+    assert table_rows(markdown) == printed
+
+    document = json.loads((out / "latest.json").read_text(encoding="utf-8"))
+    machine = document["machine"]
+    assert machine["cpus"] >= 1
+    assert machine["python"].count(".") == 2
+    assert machine["uvloop"] in ("on", "off")
+    assert machine["json codec"] in ("json", "orjson")
+    rows = document["rows"]
+    for row in rows:
+        check_json_row(row)
+    assert {row["scenario"] for row in rows} == SCENARIOS
+    titles = [row["title"] for row in rows]
+    assert len(set(titles)) == len(titles)
+    assert {row["title"] for row in rows if row["target"] is not None} >= TARGETED_TITLES
+
+    # The printed table and the JSON describe the same rows, in the same order.
+    assert [cells[0] for cells in printed] == [f"{row['scenario']} {row['title']}" for row in rows]
+    for cells, row in zip(printed, rows, strict=True):
+        assert cells[5] == {None: "—", True: "yes", False: "**no**"}[row["met"]]

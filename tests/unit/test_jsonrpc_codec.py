@@ -1,0 +1,71 @@
+"""The relay's JSON codec: orjson speed without giving up what `json` accepted or kept exact."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+
+from mcp_backfill import jsonrpc
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"x":[1,2.5,null]}}}',
+        b'{"jsonrpc":"2.0","id":"\\u00e9-\\ud83d\\ude00","result":{"text":"caf\xc3\xa9 \\"q\\"\\n"}}',
+        b'  {"a": 1e300, "b": -0.0, "c": 9223372036854775807, "d": -9223372036854775808}  ',
+        b"[]",
+    ],
+)
+def test_decode_matches_the_standard_library(raw: bytes) -> None:
+    assert jsonrpc.decode(raw) == json.loads(raw)
+
+
+@pytest.mark.parametrize(
+    "number",
+    [
+        "18446744073709551616",  # 2**64: orjson alone would return a float
+        "-9223372036854775809",
+        "123456789012345678901234567890",
+    ],
+)
+def test_integers_beyond_64_bits_stay_exact(number: str) -> None:
+    message = jsonrpc.decode(f'{{"jsonrpc":"2.0","id":{number},"result":{{}}}}'.encode())
+    assert message["id"] == int(number)
+    assert isinstance(message["id"], int)
+    assert jsonrpc.encode(message) == f'{{"jsonrpc":"2.0","id":{number},"result":{{}}}}'.encode()
+
+
+def test_long_integer_found_across_the_scan_windows() -> None:
+    # 20 digits, 10 on each side of the 1 MiB boundary of the chunked scan: neither window alone
+    # holds the 19 that trigger the exact parser.
+    prefix = b'{"pad":"' + b"x" * ((1 << 20) - 24) + b'","n":'
+    assert len(prefix) == (1 << 20) - 10
+    value = jsonrpc.decode(prefix + b"98765432109876543210}")["n"]
+    assert value == 98765432109876543210
+    assert isinstance(value, int)
+
+
+def test_inputs_only_the_standard_library_accepts_still_parse() -> None:
+    assert math.isnan(jsonrpc.decode(b'{"x":NaN}')["x"])
+    assert jsonrpc.decode(b'"\\ud800"') == "\ud800"  # a lone surrogate
+
+
+@pytest.mark.parametrize("raw", [b'{"a":1', b"\xff\xfe", b"", b"{'a':1}"])
+def test_malformed_input_raises_value_error(raw: bytes) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011 - both codecs' errors are ValueErrors
+        jsonrpc.decode(raw)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"jsonrpc": "2.0", "id": 7, "result": {"text": "café ☃", "n": [1, 2.5, None, True]}},
+        {"id": 10**30, "key": {"nested": "ü"}},
+    ],
+)
+def test_encode_is_compact_utf8_like_the_sdks(message: Any) -> None:
+    assert jsonrpc.encode(message) == json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
