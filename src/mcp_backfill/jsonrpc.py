@@ -103,3 +103,20 @@ def salvage_envelope(head: bytes, tail: bytes) -> tuple[bool, Id, bool]:
     except ValueError:
         return False, None, False
     return True, request_id, _HEAD_METHOD.search(head) is not None
+
+
+# `{"jsonrpc":"2.0","id":<id>,"result":` (or `"error":`), the head every common serializer writes.
+_RESPONSE_HEAD = re.compile(
+    rb'\A\{\s*"jsonrpc"\s*:\s*"2\.0"\s*,\s*"id"\s*:\s*' + _ID_VALUE + rb'\s*,\s*"(?:result|error)"\s*:'
+)
+
+
+def response_head_id(raw: bytes) -> tuple[bool, Id]:
+    """The id of a response, read from its first bytes only: (found, id)."""
+    match = _RESPONSE_HEAD.match(raw[:1024])
+    if match is None:
+        return False, None
+    try:
+        return True, json.loads(match.group(1))
+    except ValueError:
+        return False, None

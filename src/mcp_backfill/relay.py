@@ -45,6 +45,8 @@ HANDSHAKE_VERSIONS = frozenset({"2024-11-05", "2025-03-26", "2025-06-18", "2025-
 SUPPORTED_VERSIONS = HANDSHAKE_VERSIONS | {ir.MODERN_VERSION}
 BACKFILLED_SAMPLING: dict[str, Any] = {"tools": {}}
 METHOD_NOT_FOUND = -32601
+# Upstream responses this large are routed by the id at their head, without decoding them.
+LARGE_MESSAGE = 64 * 1024
 # Ids the proxy gives its own re-sent requests; a string prefix no SDK counter produces.
 OWN_ID_PREFIX = "mcp-backfill:"
 
@@ -203,6 +205,7 @@ class Relay:
                 await self._too_large(exc, from_client=True)
                 continue
             await self._from_client(raw)
+            del raw  # do not hold a large message while waiting for the next one
 
     async def _pump_upstream(self) -> None:
         while True:
@@ -214,6 +217,7 @@ class Relay:
                 await self._too_large(exc, from_client=False)
                 continue
             await self._from_upstream(raw, origin)
+            del raw  # do not hold a large message while waiting for the next one
 
     async def _too_large(self, exc: MessageTooLarge, *, from_client: bool) -> None:
         """A message was too large to relay: answer for it so that no request waits forever.
@@ -401,6 +405,9 @@ class Relay:
     async def _from_upstream(self, raw: bytes, origin: Any = None) -> None:
         """`origin`: the upstream-side id of the request whose response stream carried `raw`."""
         related = self._client_id_for(origin)
+        if len(raw) >= LARGE_MESSAGE and self._plain_response(raw):
+            await self._send_client(raw, related)
+            return
         try:
             message = jsonrpc.decode(raw)
         except ValueError as exc:
@@ -423,6 +430,26 @@ class Relay:
             if item is not message:
                 raw = jsonrpc.encode(item)
         await self._send_client(raw, related)
+
+    def _plain_response(self, raw: bytes) -> bool:
+        """Is `raw` a response the relay forwards untouched? Then it need not be decoded.
+
+        Large tool results are the bulk of the bytes a session moves; decoding one only to find
+        its id costs more than all the rest of the relay's work. The id is read from the head
+        of the message; requests the relay rewrites answers to (initialize, 2026 rounds it may
+        drive, re-sent rounds) are not taken this way.
+        """
+        found, upstream_id = jsonrpc.response_head_id(raw)
+        if not found:
+            return False
+        key = jsonrpc.id_key(upstream_id)
+        pending = self.state.client_requests.get(key)
+        if pending is None or pending.chain is not None or pending.method == "initialize":
+            return False
+        if jsonrpc.id_key(pending.request_id) != key:
+            return False
+        del self.state.client_requests[key]
+        return True
 
     def _client_id_for(self, upstream_id: Any) -> Any:
         """The client's id for a request known upstream as `upstream_id` (None stays None)."""

@@ -46,7 +46,7 @@ async def test_upstream_crash_mid_request(fake_claude: FakeClaude) -> None:
     fake_claude.enqueue(hang_reply("thinking..."))
     async with echo_session(fake_claude) as session:
         await session.send({"jsonrpc": "2.0", "id": 10, "method": "test/ignore"})
-        crash = {"method": "sampling/createMessage", "params": PLAIN_PARAMS, "code": 3, "delay": 1.0}
+        crash = {"method": "sampling/createMessage", "params": PLAIN_PARAMS, "code": 3, "delay": 5.0}
         await session.send({"jsonrpc": "2.0", "id": 11, "method": "test/ask_and_exit", "params": crash})
         assert await fake_claude.await_requests(1, timeout=10)  # Claude is streaming when it dies
         answers: dict[Any, Any] = {}
@@ -136,7 +136,8 @@ async def test_client_disconnect_mid_sampling_cancels_the_claude_call(fake_claud
 
 async def test_529_for_a_long_stretch_ends_at_the_deadline(fake_claude: FakeClaude) -> None:
     fake_claude.fallback = lambda request: error_reply(529, "overloaded_error", "Overloaded")
-    options = ("--sampling-timeout", "2", "--retry-max-attempts", "1000", *FAST_RETRIES)
+    # 5 s: the deadline also covers building the Claude client on the first request (an import).
+    options = ("--sampling-timeout", "5", "--retry-max-attempts", "1000", *FAST_RETRIES)
     async with echo_session(fake_claude, *options) as session:
         failed = await ask_sampling(session)
         attempts = len(fake_claude.message_requests)
@@ -168,7 +169,8 @@ async def test_retry_after_is_honoured_only_up_to_the_cap(fake_claude: FakeClaud
 
 async def test_a_hanging_stream_is_cut_at_the_deadline(fake_claude: FakeClaude) -> None:
     fake_claude.enqueue(hang_reply("half an answer"))
-    async with echo_session(fake_claude, "--sampling-timeout", "1") as session:
+    # 4 s: the deadline also covers building the Claude client on the first request (an import).
+    async with echo_session(fake_claude, "--sampling-timeout", "4") as session:
         failed = await ask_sampling(session)
         assert await fake_claude.await_disconnects(1)
         fine = await ask_sampling(session)

@@ -248,11 +248,11 @@ async def test_modern_cancellation_closes_the_request_stream() -> None:
         argv = proxy_url_argv("--provider", "mock", url=upstream.url)
         async with raw_proxy(argv, proxy_env()) as session:
             await session.send(modern_call(5, "wait_forever", {"label": "w1"}))
-            await wait_for_log(upstream.log, "wait_forever w1 started")
+            await wait_for_log(upstream.log, "wait_forever w1 started", timeout=30)
             await session.send(
                 {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 5}}
             )
-            await wait_for_log(upstream.log, "wait_forever w1 cancelled")
+            await wait_for_log(upstream.log, "wait_forever w1 cancelled", timeout=30)
             await session.send(modern_call(6, "echo", {"text": "still here"}))
             response = await session.recv()
     assert response["id"] == 6  # the cancelled request got no answer

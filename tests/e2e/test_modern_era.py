@@ -220,9 +220,10 @@ async def test_sampling_failure_mid_loop_fails_the_original_request(fake_claude:
 async def test_cancel_while_the_proxy_samples_closes_the_claude_stream(fake_claude: FakeClaude) -> None:
     fake_claude.enqueue(hang_reply("partial"), text_reply("after the cancel"))
     async with client_for(fake_claude, LOWLEVEL_SERVER) as client:
-        with anyio.move_on_after(1.0) as scope:
-            await client.call_tool("plain", {"prompt": "slow"})
-        assert scope.cancelled_caught
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.call_tool, "plain", {"prompt": "slow"})
+            assert await anyio.to_thread.run_sync(fake_claude.wait_for_requests, 1, 20.0)
+            tg.cancel_scope.cancel()  # the client gives up while Claude is streaming
         assert await anyio.to_thread.run_sync(fake_claude.wait_for_disconnects, 1, 10.0)
         assert tool_json(await client.call_tool("plain", {"prompt": "p"}))["text"] == "after the cancel"
 
@@ -231,15 +232,21 @@ async def test_cancel_during_an_upstream_round_cancels_the_proxy_request(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:
     marker = tmp_path / "cancelled.json"
+    started = tmp_path / "cancelled.json.started"
     fake_claude.enqueue(text_reply("round one"))
     async with client_for(fake_claude, LOWLEVEL_SERVER) as client:
-        with anyio.move_on_after(1.5):
-            await client.call_tool("hold", {"prompt": "p", "marker": str(marker)})
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.call_tool, "hold", {"prompt": "p", "marker": str(marker)})
+            with anyio.fail_after(20):
+                while not started.exists():  # round 2 is in flight upstream
+                    await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
         with anyio.fail_after(10):
             while not marker.exists():
                 await anyio.sleep(0.05)
     # The server's handler for the proxy's re-sent request (not the client's id) was cancelled.
     assert json.loads(marker.read_text()).startswith("mcp-backfill:")
+    assert json.loads(started.read_text()) == json.loads(marker.read_text())
 
 
 async def test_era_handshake_lets_back_channel_servers_sample_for_2026_clients(

@@ -282,7 +282,7 @@ async def test_server_cancellation_closes_the_claude_stream(fake_claude: FakeCla
     async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
         await session.request(1, "initialize", initialize_params())
         await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        call = {"name": "slow_sample", "arguments": {"cancel_after": 1.0}}
+        call = {"name": "slow_sample", "arguments": {"cancel_after": 5.0}}
         await session.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
         response, seen = await session.recv_until(lambda m: m.get("id") == 2, timeout=30)
         assert await fake_claude.await_disconnects(1, timeout=10)

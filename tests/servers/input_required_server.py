@@ -15,8 +15,9 @@ Tools (all need a 2026-07-28 connection):
 * `endless()`: asks for sampling in every round, forever.
 * `mixed(prompt)`: one round with an elicitation (`confirm`) and a sampling-with-tools request
   (`ask`). Returns `{"confirmed", "answerText", "keys"}`.
-* `hold(prompt, marker)`: one sampling round, then the retry blocks until cancelled; on
-  cancellation it writes the JSON-RPC id of the cancelled request to the file `marker`.
+* `hold(prompt, marker)`: one sampling round, then the retry blocks until cancelled (writing the
+  file `<marker>.started` as it starts waiting); on cancellation it writes the JSON-RPC id of the
+  cancelled request to the file `marker`.
 
 The prompt `ask` (`prompts/get`) and the resource `ir://note` (`resources/read`) each need one
 sampling round before they answer with the model's text.
@@ -165,6 +166,7 @@ async def _hold(
             input_requests={"ask": _sampling([_user(str(args.get("prompt", "")))], tools=False)},
             request_state=_state({"held": True}),
         )
+    Path(str(args["marker"]) + ".started").write_text(json.dumps(request_id))
     try:
         await anyio.sleep_forever()
     finally:

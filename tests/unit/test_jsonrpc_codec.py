@@ -69,3 +69,19 @@ def test_malformed_input_raises_value_error(raw: bytes) -> None:
 )
 def test_encode_is_compact_utf8_like_the_sdks(message: Any) -> None:
     assert jsonrpc.encode(message) == json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b'{"jsonrpc":"2.0","id":1,"result":{"x":1}}', (True, 1)),
+        (b'{"jsonrpc":"2.0","id":"1","error":{"code":1}}', (True, "1")),
+        (b'{ "jsonrpc" : "2.0" , "id" : "a\\"b" , "result" : {}}', (True, 'a"b')),
+        (b'{"jsonrpc":"2.0","id":0,"result":null}', (True, 0)),
+        (b'{"jsonrpc":"2.0","id":1,"method":"tools/call"}', (False, None)),
+        (b'{"id":1,"jsonrpc":"2.0","result":{}}', (False, None)),
+        (b'[{"jsonrpc":"2.0","id":1,"result":{}}]', (False, None)),
+    ],
+)
+def test_response_head_id_reads_only_plain_responses(raw: bytes, expected: tuple[bool, object]) -> None:
+    assert jsonrpc.response_head_id(raw) == expected

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mcp_backfill.config import Config
 from mcp_backfill.providers.base import Provider
+from mcp_backfill.providers.lazy import LazyProvider
 from mcp_backfill.providers.retry import RetryingProvider, RetryPolicy
 
 
@@ -25,14 +26,20 @@ def make_provider(config: Config) -> Provider:
         from mcp_backfill.providers.mock import MockProvider
 
         return MockProvider()
-    from mcp_backfill.providers.anthropic import AnthropicProvider
-    from mcp_backfill.providers.platforms import bedrock_model_id, make_client, vertex_model_id
 
-    model_ids = {"bedrock": bedrock_model_id, "vertex": vertex_model_id}
-    provider = AnthropicProvider(
-        make_client(config),
-        name=config.provider,
-        model_id=model_ids.get(config.provider, str),
-        secrets=config.secrets(),
-    )
+    def build() -> Provider:
+        from mcp_backfill.providers.anthropic import AnthropicProvider
+        from mcp_backfill.providers.platforms import bedrock_model_id, make_client, vertex_model_id
+
+        model_ids = {"bedrock": bedrock_model_id, "vertex": vertex_model_id}
+        return AnthropicProvider(
+            make_client(config),
+            name=config.provider,
+            model_id=model_ids.get(config.provider, str),
+            secrets=config.secrets(),
+        )
+
+    # Bedrock and Vertex are built at once: their clients check regions and credentials, and a
+    # mistake there must stop the proxy at startup. The Claude API client cannot fail to build.
+    provider: Provider = LazyProvider(config.provider, build) if config.provider == "anthropic" else build()
     return RetryingProvider(provider, retry_policy(config))
