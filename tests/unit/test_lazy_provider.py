@@ -1,0 +1,54 @@
+"""The Claude client is built on the first sampling request, once, however many arrive together."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from mcp_backfill.providers.base import ProgressCallback, Provider
+from mcp_backfill.providers.lazy import LazyProvider
+
+pytestmark = pytest.mark.anyio
+
+
+class Echo:
+    name = "echo"
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def create_message(
+        self, request: dict[str, Any], *, on_progress: ProgressCallback | None = None
+    ) -> dict[str, Any]:
+        return {"echo": request}
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_built_once_on_first_use_and_closed_only_if_built() -> None:
+    built: list[Echo] = []
+
+    def build() -> Provider:
+        built.append(Echo())
+        return built[-1]
+
+    idle = LazyProvider("anthropic", build)
+    await idle.aclose()
+    assert built == []  # never used: never built
+
+    lazy = LazyProvider("anthropic", build)
+    answers: list[dict[str, Any]] = []
+
+    async def ask(n: int) -> None:
+        answers.append(await lazy.create_message({"n": n}))
+
+    async with anyio.create_task_group() as tg:
+        for n in range(5):
+            tg.start_soon(ask, n)
+    assert len(built) == 1
+    assert sorted(a["echo"]["n"] for a in answers) == [0, 1, 2, 3, 4]
+    await lazy.aclose()
+    assert built[0].closed
