@@ -356,6 +356,7 @@ async def test_upstream_exit_fails_pending_requests_and_ends_the_session(tmp_pat
     ):
         session_id = await open_session(http, sidecar.url)
         headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
+        bystander = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
         async with anyio.create_task_group() as tg:
             replies: list[Any] = []
 
@@ -379,6 +380,12 @@ async def test_upstream_exit_fails_pending_requests_and_ends_the_session(tmp_pat
         assert "Upstream MCP server" in by_id[2]["error"]["message"]
         later = await http.post(sidecar.url, json=call(4, "tools/list"), headers=headers)
         assert later.status_code == 404
+        # The other client session, with its own upstream process, is untouched.
+        other = await http.post(sidecar.url, json=call(5, "tools/list"), headers=bystander)
+        assert other.status_code == 200
+        [listed] = response_messages(other)
+        assert listed["id"] == 5
+        assert "tools" in listed["result"]
 
 
 async def test_protocol_version_header_accepts_handshake_revisions_only() -> None:
