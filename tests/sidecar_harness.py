@@ -22,6 +22,8 @@ from tests.harness import ROOT
 
 PORT_LINE = re.compile(r"serving streamable HTTP .*\bport=(\d+)")
 ACCEPT_BOTH = "application/json, text/event-stream"
+# Generous: a slow CI machine takes seconds to start an upstream process (it imports the mcp SDK).
+HTTP_TIMEOUT = 30.0
 HANDSHAKE_HEADERS = {"accept": ACCEPT_BOTH, "content-type": "application/json"}
 
 

@@ -37,6 +37,7 @@ from tests.harness import (
     raw_proxy,
     stdio_params,
 )
+from tests.sidecar_harness import HTTP_TIMEOUT
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -218,7 +219,7 @@ async def test_modern_input_required_sampling_through_the_http_upstream(fake_cla
 async def test_param_headers_are_derived_and_the_proxys_own_listing_stays_private() -> None:
     async with sampling_upstream() as upstream:
         # The server really insists on the header: without it the call is refused.
-        async with httpx2.AsyncClient() as http:
+        async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http:
             bare = await http.post(
                 upstream.url,
                 json=modern_call(1, "regional", {"region": "eu", "city": "Oslo"}),

@@ -24,6 +24,7 @@ from tests.fake_claude import FakeClaude, text_reply, tool_use_reply
 from tests.harness import proxy_env, python_server
 from tests.sidecar_harness import (
     HANDSHAKE_HEADERS,
+    HTTP_TIMEOUT,
     Sidecar,
     health,
     initialize_body,
@@ -106,7 +107,7 @@ async def test_auth_token_guards_mcp_and_metrics_but_not_healthz(tmp_path: Path)
     env = proxy_env(MCP_BACKFILL_AUTH_TOKEN=TOKEN)
     async with (
         run_sidecar("--provider", "mock", upstream=upstream, env=env) as sidecar,
-        httpx2.AsyncClient() as http,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         missing = await http.post(sidecar.url, json=initialize_body(), headers=HANDSHAKE_HEADERS)
         wrong = await http.post(
@@ -182,7 +183,7 @@ async def test_host_and_origin_are_checked_against_dns_rebinding() -> None:
     upstream = ECHO_SERVER
     async with (
         run_sidecar("--provider", "mock", upstream=upstream, env=proxy_env()) as sidecar,
-        httpx2.AsyncClient() as http,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         for headers in (
             {"host": "evil.example.com"},
@@ -211,7 +212,7 @@ async def test_host_and_origin_are_checked_against_dns_rebinding() -> None:
     )
     async with (
         run_sidecar(*options, upstream=upstream, env=proxy_env()) as sidecar,
-        httpx2.AsyncClient() as http,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         allowed = {"host": "sidecar.internal:8080", "origin": "https://app.example"}
         response = await http.post(
@@ -227,7 +228,7 @@ async def test_body_limit_gives_413_and_the_session_goes_on() -> None:
         run_sidecar(
             "--provider", "mock", "--max-message-bytes", "2048", upstream=ECHO_SERVER, env=proxy_env()
         ) as sidecar,
-        httpx2.AsyncClient() as http,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         session_id = await open_session(http, sidecar.url)
         headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
@@ -246,7 +247,7 @@ async def test_max_sessions_gives_503() -> None:
         run_sidecar(
             "--provider", "mock", "--max-sessions", "1", upstream=ECHO_SERVER, env=proxy_env()
         ) as sidecar,
-        httpx2.AsyncClient() as http,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         first = await open_session(http, sidecar.url)
         refused = await http.post(sidecar.url, json=initialize_body(), headers=HANDSHAKE_HEADERS)
@@ -263,7 +264,7 @@ async def test_idle_sessions_are_reaped(tmp_path: Path) -> None:
         run_sidecar(
             "--provider", "mock", "--session-idle-timeout", "1", upstream=upstream, env=proxy_env()
         ) as sidecar,
-        httpx2.AsyncClient() as http,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         session_id = await open_session(http, sidecar.url)
         headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
@@ -329,7 +330,7 @@ async def test_concurrent_sessions_only_see_their_own_messages() -> None:
 async def test_delete_ends_the_session_and_its_child() -> None:
     async with (
         run_sidecar("--provider", "mock", upstream=CHATTY_SERVER, env=proxy_env()) as sidecar,
-        httpx2.AsyncClient() as http,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         session_id = await open_session(http, sidecar.url)
         headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
@@ -352,7 +353,7 @@ async def test_upstream_exit_fails_pending_requests_and_ends_the_session(tmp_pat
         run_sidecar(
             "--provider", "mock", upstream=[*CHATTY_SERVER, str(tmp_path)], env=proxy_env()
         ) as sidecar,
-        httpx2.AsyncClient() as http,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         session_id = await open_session(http, sidecar.url)
         headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
@@ -391,7 +392,7 @@ async def test_upstream_exit_fails_pending_requests_and_ends_the_session(tmp_pat
 async def test_protocol_version_header_accepts_handshake_revisions_only() -> None:
     async with (
         run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
-        httpx2.AsyncClient() as http,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         session_id = await open_session(http, sidecar.url)
         headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
@@ -420,7 +421,7 @@ async def test_protocol_version_header_accepts_handshake_revisions_only() -> Non
 async def test_batches_and_server_requests_on_the_get_stream() -> None:
     async with (
         run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
-        httpx2.AsyncClient() as http,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         session_id = await open_session(http, sidecar.url)
         headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
@@ -445,7 +446,7 @@ async def test_batches_and_server_requests_on_the_get_stream() -> None:
             chunks = get.aiter_text()  # kept open: leaving an `async for` would close the stream
             while "notifications/for-the-get-stream" not in text:
                 text += await anext(chunks)
-            async with httpx2.AsyncClient() as other:
+            async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as other:
                 second = await other.get(sidecar.url, headers=get_headers)
             assert second.status_code == 409  # one GET stream per session
         echoes = [m["params"] for _, m in sse_messages(text) if m.get("method") == "notifications/echo"]
@@ -456,7 +457,7 @@ async def test_batches_and_server_requests_on_the_get_stream() -> None:
 async def test_a_dropped_stream_resumes_with_last_event_id() -> None:
     async with (
         run_sidecar("--provider", "mock", upstream=CHATTY_SERVER, env=proxy_env()) as sidecar,
-        httpx2.AsyncClient() as http,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         session_id = await open_session(http, sidecar.url)
         headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id, "mcp-protocol-version": "2025-11-25"}
@@ -498,7 +499,7 @@ async def test_healthz_and_metrics_after_a_sampling_exchange(fake_claude: FakeCl
     fake_claude.enqueue(text_reply("hello there", usage={"input_tokens": 11, "output_tokens": 7}))
     async with (
         run_sidecar(upstream=SAMPLING_SERVER, env=proxy_env(fake_claude.url)) as sidecar,
-        httpx2.AsyncClient() as http,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
         Client(sidecar.url, mode="legacy") as client,
     ):
         outcome = tool_json(await client.call_tool("plain", {"prompt": "hi"}))
@@ -523,7 +524,7 @@ async def test_sigterm_drains_requests_in_flight(tmp_path: Path) -> None:
     upstream = [*CHATTY_SERVER, str(tmp_path)]
     async with (
         run_sidecar("--provider", "mock", upstream=upstream, env=proxy_env()) as sidecar,
-        httpx2.AsyncClient() as http,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         session_id = await open_session(http, sidecar.url)
         headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
@@ -547,7 +548,7 @@ async def test_sigterm_drains_requests_in_flight(tmp_path: Path) -> None:
             with anyio.fail_after(10):
                 while True:
                     try:
-                        async with httpx2.AsyncClient() as fresh:
+                        async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as fresh:
                             refused = await fresh.post(
                                 sidecar.url, json=initialize_body(), headers=HANDSHAKE_HEADERS
                             )

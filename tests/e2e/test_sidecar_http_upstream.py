@@ -21,7 +21,7 @@ from mcp.shared.exceptions import MCPError
 
 from tests.fake_claude import FakeClaude, text_reply, tool_use_reply
 from tests.harness import SERVERS, TEST_API_KEY, HttpServer, proxy_env, python_http_server
-from tests.sidecar_harness import HANDSHAKE_HEADERS, initialize_body, run_sidecar
+from tests.sidecar_harness import HANDSHAKE_HEADERS, HTTP_TIMEOUT, initialize_body, run_sidecar
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -104,7 +104,7 @@ async def test_client_authorization_reaches_the_upstream_only_when_asked(forward
             run_sidecar(
                 "--upstream-url", upstream.url, *options, upstream=NO_COMMAND, env=proxy_env()
             ) as sidecar,
-            httpx2.AsyncClient() as http,
+            httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
         ):
             headers = {**HANDSHAKE_HEADERS, "authorization": "Bearer client-own-token"}
             response = await http.post(sidecar.url, json=initialize_body(1), headers=headers)

@@ -7,6 +7,7 @@ client (mcp SDK in its default auto mode, or raw HTTP) --HTTP--> `python -m mcp_
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,14 @@ from mcp import Client, types
 
 from tests.fake_claude import FakeClaude, hang_reply, text_reply, tool_use_reply
 from tests.harness import proxy_env, python_server
-from tests.sidecar_harness import HANDSHAKE_HEADERS, Sidecar, health, response_messages, run_sidecar
+from tests.sidecar_harness import (
+    HANDSHAKE_HEADERS,
+    HTTP_TIMEOUT,
+    Sidecar,
+    health,
+    response_messages,
+    run_sidecar,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -67,7 +75,7 @@ async def test_resolve_tool_loop_for_a_2026_client_without_sampling(fake_claude:
     async with (
         run_sidecar(upstream=RESOLVE_SERVER, env=proxy_env(fake_claude.url)) as sidecar,
         Client(sidecar.url) as client,
-        httpx2.AsyncClient() as http,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         outcome = tool_json(await client.call_tool("weather", {"city": "Paris"}))
         assert (await health(http, sidecar))["sessions"] == 0  # no handshake session was opened
@@ -146,7 +154,7 @@ async def test_concurrent_2026_clients_only_see_their_own_notifications() -> Non
 async def test_the_2026_path_checks_headers_like_the_sdk_server() -> None:
     async with (
         run_sidecar("--provider", "mock", upstream=CHATTY_SERVER, env=proxy_env()) as sidecar,
-        httpx2.AsyncClient() as http,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         body = modern_request(1, "tools/call", {"name": "pid", "arguments": {}})
         mismatched = await http.post(sidecar.url, json=body, headers=modern_headers("tools/call", "sleep"))
@@ -188,7 +196,7 @@ async def test_closing_a_post_cancels_the_request_upstream(tmp_path: Path) -> No
         run_sidecar(
             "--provider", "mock", upstream=[*CHATTY_SERVER, str(tmp_path)], env=proxy_env()
         ) as sidecar,
-        httpx2.AsyncClient() as http,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         body = modern_request(
             7, "tools/call", {"name": "sleep", "arguments": {"seconds": 30, "note": "closed"}}
@@ -206,13 +214,14 @@ async def test_closing_a_post_cancels_the_claude_call(fake_claude: FakeClaude) -
     fake_claude.enqueue(hang_reply("thinking..."))
     async with (
         run_sidecar(upstream=RESOLVE_SERVER, env=proxy_env(fake_claude.url)) as sidecar,
-        httpx2.AsyncClient() as http,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         body = modern_request(1, "tools/call", {"name": "summarize", "arguments": {"text": "x"}})
-        with pytest.raises(httpx2.ReadTimeout):
-            await http.post(
-                sidecar.url, json=body, headers=modern_headers("tools/call", "summarize"), timeout=4
-            )
+        headers = modern_headers("tools/call", "summarize")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(http.post, sidecar.url, json=body, headers=headers))
+            assert await fake_claude.await_requests(1, timeout=30)  # Claude is streaming
+            tg.cancel_scope.cancel()  # the client closes its POST
         assert await fake_claude.await_disconnects(1, timeout=10)
 
 
@@ -221,7 +230,7 @@ async def test_a_crashed_2026_upstream_fails_its_requests_and_is_restarted(tmp_p
         run_sidecar(
             "--provider", "mock", upstream=[*CHATTY_SERVER, str(tmp_path)], env=proxy_env()
         ) as sidecar,
-        httpx2.AsyncClient() as http,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         first = json.loads((await call_tool(http, sidecar, 1, "pid"))["result"]["content"][0]["text"])["pid"]
         crashed = await call_tool(http, sidecar, 2, "crash")
