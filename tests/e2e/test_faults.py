@@ -135,10 +135,9 @@ async def test_client_disconnect_mid_sampling_cancels_the_claude_call(fake_claud
 
 
 async def test_529_for_a_long_stretch_ends_at_the_deadline(fake_claude: FakeClaude) -> None:
-    fake_claude.fallback = lambda request: error_reply(529, "overloaded_error", "Overloaded")
-    # 5 s: the deadline also covers building the Claude client on the first request (an import).
-    options = ("--sampling-timeout", "5", "--retry-max-attempts", "1000", *FAST_RETRIES)
-    async with echo_session(fake_claude, *options) as session:
+    options = ("--sampling-timeout", "2", "--retry-max-attempts", "1000", *FAST_RETRIES)
+    async with echo_session(fake_claude, *options, warm=True) as session:
+        fake_claude.fallback = lambda request: error_reply(529, "overloaded_error", "Overloaded")
         failed = await ask_sampling(session)
         attempts = len(fake_claude.message_requests)
         fake_claude.fallback = None  # the outage ends
@@ -168,9 +167,8 @@ async def test_retry_after_is_honoured_only_up_to_the_cap(fake_claude: FakeClaud
 
 
 async def test_a_hanging_stream_is_cut_at_the_deadline(fake_claude: FakeClaude) -> None:
-    fake_claude.enqueue(hang_reply("half an answer"))
-    # 4 s: the deadline also covers building the Claude client on the first request (an import).
-    async with echo_session(fake_claude, "--sampling-timeout", "4") as session:
+    async with echo_session(fake_claude, "--sampling-timeout", "2", warm=True) as session:
+        fake_claude.enqueue(hang_reply("half an answer"))
         failed = await ask_sampling(session)
         assert await fake_claude.await_disconnects(1)
         fine = await ask_sampling(session)

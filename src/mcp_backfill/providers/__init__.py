@@ -32,14 +32,16 @@ def make_provider(config: Config) -> Provider:
         from mcp_backfill.providers.platforms import bedrock_model_id, make_client, vertex_model_id
 
         model_ids = {"bedrock": bedrock_model_id, "vertex": vertex_model_id}
-        return AnthropicProvider(
+        provider = AnthropicProvider(
             make_client(config),
             name=config.provider,
             model_id=model_ids.get(config.provider, str),
             secrets=config.secrets(),
         )
+        return RetryingProvider(provider, retry_policy(config))
 
     # Bedrock and Vertex are built at once: their clients check regions and credentials, and a
-    # mistake there must stop the proxy at startup. The Claude API client cannot fail to build.
-    provider: Provider = LazyProvider(config.provider, build) if config.provider == "anthropic" else build()
-    return RetryingProvider(provider, retry_policy(config))
+    # mistake there must stop the proxy at startup. The Claude API client cannot fail to build; it
+    # is built on the first sampling request, outside that request's --sampling-timeout (the
+    # deadline bounds calls to Claude, not the proxy's one-time import of the SDK).
+    return LazyProvider(config.provider, build) if config.provider == "anthropic" else build()
