@@ -148,7 +148,8 @@ async def test_529_for_a_long_stretch_ends_at_the_deadline(fake_claude: FakeClau
     assert data["provider"] == "anthropic"
     assert data["gave_up"] == "deadline"
     assert data["attempts"] >= 5
-    assert attempts in (data["attempts"], data["attempts"] + 1)
+    # The attempt running at the deadline may be cut before its body reached the fake.
+    assert data["attempts"] - 1 <= attempts <= data["attempts"] + 1
     assert "--sampling-timeout" in error["message"]
     if data["type"] != "timeout":  # on a slow machine the last attempt may still be running then
         assert (data["status"], data["type"]) == (529, "overloaded_error")
