@@ -212,7 +212,8 @@ class ModernFront:
                     await call.start(200, SSE_TYPE, sse_headers())
                     await pump_sse(call, stream, 0, with_ids=False, keepalive=self.settings.keepalive)
                     await call.body(b"")
-                tg.cancel_scope.cancel()
+                if not call.finished:  # else the watcher ends by itself (see watch_disconnect)
+                    tg.cancel_scope.cancel()
         if scope.cancelled_caught and not stream.finished:
             with anyio.CancelScope(shield=True):
                 await mux.abandon(exchange, "the client closed its HTTP request")
