@@ -9,10 +9,12 @@ listening only after its upstream has answered `initialize`).
 from __future__ import annotations
 
 import re
+import select
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,13 +31,38 @@ START_TIMEOUT = 90.0
 
 @dataclass
 class HttpServer:
+    """A started server; `ready()` waits until it listens and sets `url`. Several servers started
+    one after the other and then waited for start side by side (their imports overlap)."""
+
     process: subprocess.Popen[bytes]
-    url: str
     log_path: Path
+    locate: Callable[[], str | None]  # the URL once the server says it listens, else None
+    url: str = ""
 
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    def ready(self) -> HttpServer:
+        deadline = time.monotonic() + START_TIMEOUT
+        while not self.url:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"{self.process.args!r} exited with {self.process.returncode}; log: {self.log_path}"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{self.process.args!r} did not start in {START_TIMEOUT:.0f} s; log: {self.log_path}"
+                )
+            self.url = self.locate() or ""
+            if not self.url:
+                time.sleep(0.05)
+        return self
+
+
+def ready(*servers: HttpServer) -> None:
+    for server in servers:
+        server.ready()
 
 
 def sidecar_command(*options: str, upstream: Sequence[str] = ()) -> list[str]:
@@ -65,77 +92,80 @@ def stop_server(process: subprocess.Popen[bytes], timeout: float = 20.0) -> None
         process.stdout.close()
 
 
-def _wait(process: subprocess.Popen[bytes], log_path: Path, ready: re.Pattern[str] | None, port: int) -> str:
-    """Until the server is ready; returns its port (from its log line, or the one it was given)."""
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{process.args!r} exited with {process.returncode}; log: {log_path}")
-        if ready is not None:
-            match = ready.search(log_path.read_text(errors="replace"))
-            if match:
-                return match.group(1)
-        else:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return str(port)
-            except OSError:
-                pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{process.args!r} did not start within {START_TIMEOUT:.0f} s; log: {log_path}")
+def _log_port(log_path: Path, pattern: re.Pattern[str]) -> Callable[[], str | None]:
+    def locate() -> str | None:
+        match = pattern.search(log_path.read_text(errors="replace"))
+        return f"http://127.0.0.1:{match.group(1)}/mcp" if match else None
+
+    return locate
+
+
+def _accepting(port: int) -> Callable[[], str | None]:
+    def locate() -> str | None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except OSError:
+            return None
+        return f"http://127.0.0.1:{port}/mcp"
+
+    return locate
+
+
+def _first_line(process: subprocess.Popen[bytes], prefix: str) -> Callable[[], str | None]:
+    def locate() -> str | None:
+        assert process.stdout is not None
+        if not select.select([process.stdout], [], [], 0)[0]:
+            return None
+        line = process.stdout.readline().decode().strip()
+        if not line.startswith(prefix):
+            raise RuntimeError(f"{process.args!r} said {line!r} instead of {prefix!r}")
+        return line.removeprefix(prefix)
+
+    return locate
 
 
 @contextmanager
-def _serving(
-    argv: Sequence[str], logs: LogDir, name: str, ready: re.Pattern[str] | None = None, port: int = 0
+def _launched(
+    argv: Sequence[str],
+    logs: LogDir,
+    name: str,
+    locate: Callable[[subprocess.Popen[bytes], Path], Callable[[], str | None]],
+    read_stdout: bool = False,
 ) -> Iterator[HttpServer]:
     with logs.open(name) as stderr:
         process = subprocess.Popen(
             list(argv),
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if read_stdout else subprocess.DEVNULL,
             stderr=stderr,
             env=bench_env(),
             cwd=ROOT,
         )
         try:
-            found = _wait(process, Path(stderr.name), ready, port)
-            yield HttpServer(process, f"http://127.0.0.1:{found}/mcp", Path(stderr.name))
+            log_path = Path(stderr.name)
+            yield HttpServer(process, log_path, locate(process, log_path))
         finally:
             stop_server(process)
 
 
-@contextmanager
-def sidecar(logs: LogDir, name: str, *options: str, upstream: Sequence[str] = ()) -> Iterator[HttpServer]:
-    with _serving(sidecar_command(*options, upstream=upstream), logs, name, SIDECAR_PORT_LINE) as server:
-        yield server
+def sidecar(
+    logs: LogDir, name: str, *options: str, upstream: Sequence[str] = ()
+) -> ContextManager[HttpServer]:
+    """`mcp-backfill serve` (started; call `ready()`)."""
+    argv = sidecar_command(*options, upstream=upstream)
+    return _launched(argv, logs, name, lambda _, log_path: _log_port(log_path, SIDECAR_PORT_LINE))
 
 
-@contextmanager
-def mcp_proxy(ctx: RunContext, name: str, upstream: Sequence[str]) -> Iterator[HttpServer]:
+def mcp_proxy(ctx: RunContext, name: str, upstream: Sequence[str]) -> ContextManager[HttpServer]:
+    """`mcp-proxy` in its own virtualenv, made on first use (started; call `ready()`)."""
     bin_dir = ensure_peer("mcp-proxy", MCP_PROXY_REQUIREMENT, ctx.progress)
     port = free_port()
-    with _serving(mcp_proxy_command(bin_dir, port, upstream), ctx.logs, name, port=port) as server:
-        yield server
+    return _launched(mcp_proxy_command(bin_dir, port, upstream), ctx.logs, name, lambda *_: _accepting(port))
 
 
-@contextmanager
-def sdk_http_server(logs: LogDir, name: str) -> Iterator[HttpServer]:
-    """The SDK server (benchmarks/servers/sdk_server.py) over streamable HTTP."""
-    with logs.open(name) as stderr:
-        process = subprocess.Popen(
-            [*sdk_server_command(), "--http"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            env=bench_env(),
-            cwd=ROOT,
-        )
-        try:
-            assert process.stdout is not None
-            line = process.stdout.readline().decode().strip()
-            if not line.startswith("listening on "):
-                raise RuntimeError(f"the SDK HTTP server did not start ({line!r}); log: {stderr.name}")
-            yield HttpServer(process, line.removeprefix("listening on "), Path(stderr.name))
-        finally:
-            stop_server(process)
+def sdk_http_server(logs: LogDir, name: str) -> ContextManager[HttpServer]:
+    """The SDK server (benchmarks/servers/sdk_server.py) over streamable HTTP (started; call `ready()`)."""
+    argv = [*sdk_server_command(), "--http"]
+    return _launched(
+        argv, logs, name, lambda process, _: _first_line(process, "listening on "), read_stdout=True
+    )

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from benchmarks.httpload import session_pool
-from benchmarks.httpservers import HttpServer, sdk_http_server, sidecar
+from benchmarks.httpservers import HttpServer, ready, sdk_http_server, sidecar
 from benchmarks.procs import raw_echo_command, rss
 from benchmarks.report import Row
 from benchmarks.scenarios import RunContext
@@ -76,17 +76,21 @@ def run(ctx: RunContext) -> list[Row]:
     s = ctx.settings
     count = s.idle_http_sessions
     settle = 0.3 if s.quick else 1.0
-    ctx.progress(f"{count} sessions, stdio upstream (raw echo)")
-    with sidecar(ctx.logs, "5-sidecar-stdio", upstream=raw_echo_command()) as server:
-        stdio = _measure(server, count, settle)
-    if stdio["children"] < count:
-        raise RuntimeError(f"expected {count} upstream processes, found {stdio['children']}")
-    ctx.progress(f"{count} sessions, HTTP upstream (SDK server)")
     with ExitStack() as stack:
-        upstream = stack.enter_context(sdk_http_server(ctx.logs, "5-upstream-sdk-http"))
-        server = stack.enter_context(sidecar(ctx.logs, "5-sidecar-http", "--upstream-url", upstream.url))
+        # Both sidecars and the HTTP upstream start side by side; each is measured alone.
+        stdio_sidecar = stack.enter_context(sidecar(ctx.logs, "5-sidecar-stdio", upstream=raw_echo_command()))
+        upstream = stack.enter_context(sdk_http_server(ctx.logs, "5-upstream-sdk-http")).ready()
+        http_sidecar = stack.enter_context(
+            sidecar(ctx.logs, "5-sidecar-http", "--upstream-url", upstream.url)
+        )
+        ready(stdio_sidecar, http_sidecar)
+        ctx.progress(f"{count} sessions, stdio upstream (raw echo)")
+        stdio = _measure(stdio_sidecar, count, settle)
+        if stdio["children"] < count:
+            raise RuntimeError(f"expected {count} upstream processes, found {stdio['children']}")
+        ctx.progress(f"{count} sessions, HTTP upstream (SDK server)")
         upstream_before = rss(upstream.pid)
-        http = _measure(server, count, settle)
+        http = _measure(http_sidecar, count, settle)
         http["upstream_rss_mb"] = {"before": upstream_before / MB, "after": rss(upstream.pid) / MB}
     return [
         Row(

@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 
 from benchmarks.httpload import Batch, run_batch, session_pool
-from benchmarks.httpservers import mcp_proxy, sdk_http_server, sidecar
+from benchmarks.httpservers import mcp_proxy, ready, sdk_http_server, sidecar
 from benchmarks.measure import DIRECT, PROXIED, median, percentile, turn_order
 from benchmarks.procs import raw_echo_command, sdk_server_command
 from benchmarks.report import Row, Target
@@ -113,6 +113,7 @@ def run_stdio(ctx: RunContext) -> list[Row]:
     with ExitStack() as stack:
         peer = stack.enter_context(mcp_proxy(ctx, "3a-mcp-proxy", upstream))
         ours = stack.enter_context(sidecar(ctx.logs, "3a-sidecar", upstream=upstream))
+        ready(peer, ours)
         results, opening = _measure(ctx, {DIRECT: peer.url, PROXIED: ours.url})
     detail = {
         "upstream": "SDK server (stdio)" if s.http_stdio_upstream == "sdk" else "raw echo (stdio)",
@@ -127,7 +128,8 @@ def run_http(ctx: RunContext) -> list[Row]:
     with ExitStack() as stack:
         direct = stack.enter_context(sdk_http_server(ctx.logs, "3b-direct-sdk-http"))
         behind = stack.enter_context(sdk_http_server(ctx.logs, "3b-upstream-sdk-http"))
-        ours = stack.enter_context(sidecar(ctx.logs, "3b-sidecar", "--upstream-url", behind.url))
+        ready(direct, behind)
+        ours = stack.enter_context(sidecar(ctx.logs, "3b-sidecar", "--upstream-url", behind.url)).ready()
         results, opening = _measure(ctx, {DIRECT: direct.url, PROXIED: ours.url})
     detail = {
         "upstream": "SDK server (streamable HTTP, uvicorn)",
