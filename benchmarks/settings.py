@@ -66,7 +66,7 @@ FULL = Settings(
     http_sessions=(1, 8, 64),
     http_rounds=4,
     http_batch_seconds=1.0,
-    http_warmup=20,
+    http_warmup=5,
     http_stdio_upstream="sdk",
     idle_http_sessions=100,
 )
