@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 MB = 1024 * 1024
 
@@ -32,6 +32,17 @@ class Settings:
     concurrent_rounds: int
     startup_repeats: int
     """Process starts per arm and upstream, for startup time and idle RSS."""
+    http_sessions: tuple[int, ...]
+    """Concurrent client sessions in the HTTP throughput batches (the largest is every pool's size)."""
+    http_rounds: int
+    http_batch_seconds: float
+    http_warmup: int
+    """Untimed calls per HTTP session right after it opens."""
+    http_stdio_upstream: Literal["sdk", "raw-echo"]
+    """The stdio upstream of 3a. The smoke run uses the raw echo server: 64 SDK servers take half a
+    minute of CPU just to start, and the smoke run checks the rows, not the figures."""
+    idle_http_sessions: int
+    """Sessions held open (and idle) for the sidecar's RSS with many sessions."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -52,6 +63,12 @@ FULL = Settings(
     concurrent_delay=0.5,
     concurrent_rounds=3,
     startup_repeats=5,
+    http_sessions=(1, 8, 64),
+    http_rounds=4,
+    http_batch_seconds=1.0,
+    http_warmup=5,
+    http_stdio_upstream="sdk",
+    idle_http_sessions=100,
 )
 
 QUICK = Settings(
@@ -69,4 +86,10 @@ QUICK = Settings(
     concurrent_delay=0.5,
     concurrent_rounds=1,
     startup_repeats=1,
+    http_sessions=(1, 8, 64),
+    http_rounds=1,
+    http_batch_seconds=0.3,
+    http_warmup=2,
+    http_stdio_upstream="raw-echo",
+    idle_http_sessions=100,
 )

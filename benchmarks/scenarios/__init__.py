@@ -1,9 +1,6 @@
 """The scenarios, in the issue's numbering; each measures the direct connection and the proxied one.
 
-A scenario is a function from a `RunContext` to result rows. The HTTP scenarios (3: the sidecar in
-front of a stdio upstream vs `mcp-proxy` and in front of an HTTP upstream vs the upstream
-directly; 5: RSS with 100 idle HTTP sessions) are added here as further entries once the proxy
-has an HTTP transport, reusing `measure.alternate` and `report.Row` the same way.
+A scenario is a function from a `RunContext` to result rows.
 """
 
 from __future__ import annotations
@@ -32,12 +29,27 @@ class Scenario:
 
 
 def all_scenarios() -> list[Scenario]:
-    from benchmarks.scenarios import footprint, passthrough_raw, passthrough_sdk, payloads, sampling
+    from benchmarks.scenarios import (
+        footprint,
+        footprint_http,
+        http_front,
+        passthrough_raw,
+        passthrough_sdk,
+        payloads,
+        sampling,
+    )
 
     return [
         Scenario("stdio-raw", "1a", "pass-through latency, raw echo upstream", passthrough_raw.run),
         Scenario("stdio-sdk", "1b", "pass-through latency, mcp SDK upstream and client", passthrough_sdk.run),
         Scenario("payloads", "2", "large tool results", payloads.run),
+        Scenario(
+            "http-stdio", "3a", "HTTP front, stdio upstream: the sidecar vs mcp-proxy", http_front.run_stdio
+        ),
+        Scenario(
+            "http-upstream", "3b", "HTTP front, HTTP upstream: the sidecar vs direct", http_front.run_http
+        ),
         Scenario("sampling", "4", "sampling path against a fake Messages API", sampling.run),
         Scenario("footprint", "5", "startup time and idle memory", footprint.run),
+        Scenario("footprint-http", "5", "sidecar memory with idle HTTP sessions", footprint_http.run),
     ]

@@ -12,6 +12,8 @@ Tools:
 from __future__ import annotations
 
 import json
+import socket
+import sys
 import time
 import warnings
 
@@ -61,5 +63,29 @@ async def sample(
     return json.dumps({"elapsed": elapsed, "model": result.model})
 
 
+def serve_http() -> None:
+    """Streamable HTTP on 127.0.0.1, port picked by the kernel; quiet (no access log)."""
+    import anyio
+    import uvicorn
+
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say TCP, and without it a
+    # keep-alive client waits 40 ms (delayed ACK) for the SSE event that follows the headers.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(socket.SOMAXCONN)
+    app = server.streamable_http_app(host="127.0.0.1")
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+
+    async def run() -> None:
+        print(f"listening on http://127.0.0.1:{sock.getsockname()[1]}/mcp", flush=True)
+        await uvicorn.Server(config).serve(sockets=[sock])
+
+    anyio.run(run)
+
+
 if __name__ == "__main__":
-    server.run()
+    if sys.argv[1:] == ["--http"]:
+        serve_http()
+    else:
+        server.run()

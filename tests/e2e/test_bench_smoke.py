@@ -19,7 +19,8 @@ import pytest
 from tests.harness import ROOT
 
 HEADER = "| scenario | direct | proxied | ratio / added | target | met? |"
-SCENARIOS = {"1a", "1b", "2", "4", "5"}
+SCENARIOS = {"1a", "1b", "2", "3a", "3b", "4", "5"}
+HTTP_SESSIONS = (1, 8, 64)
 TARGETED_TITLES = {
     "raw echo: round trip p50",
     "SDK: tools/call p50",
@@ -27,6 +28,25 @@ TARGETED_TITLES = {
     "10 MB result: proxy peak RSS above idle",
     "sampling request p50 (direct: the fake alone)",
     "idle RSS (direct: the SDK upstream; proxied: the proxy process)",
+    *(
+        f"{n} session{'s' if n > 1 else ''}, stdio upstream: throughput (direct: mcp-proxy)"
+        for n in HTTP_SESSIONS
+    ),
+}
+# The HTTP rows: requests per second and p50/p99 at each concurrency, against mcp-proxy (3a) and
+# against the HTTP upstream directly (3b); the sidecar's RSS with idle HTTP sessions (5).
+HTTP_TITLES = {
+    (scenario, f"{n} session{'s' if n > 1 else ''}, {upstream}: {what}{suffix}")
+    for scenario, upstream, suffix in (
+        ("3a", "stdio upstream", " (direct: mcp-proxy)"),
+        ("3b", "HTTP upstream", ""),
+    )
+    for n in HTTP_SESSIONS
+    for what in ("throughput", "tools/call p50", "tools/call p99")
+} | {
+    ("5", "sidecar RSS, 100 idle HTTP sessions, stdio upstream (direct: no session yet)"),
+    ("5", "upstream processes' total RSS, 100 sessions (raw echo children of the sidecar)"),
+    ("5", "sidecar RSS, 100 idle HTTP sessions, HTTP upstream (direct: no session yet)"),
 }
 
 
@@ -86,6 +106,14 @@ def test_quick_benchmark_run_writes_a_complete_table(tmp_path: Path) -> None:
     titles = [row["title"] for row in rows]
     assert len(set(titles)) == len(titles)
     assert {row["title"] for row in rows if row["target"] is not None} >= TARGETED_TITLES
+    assert {(row["scenario"], row["title"]) for row in rows} >= HTTP_TITLES
+    for row in rows:
+        if row["scenario"] in ("3a", "3b"):
+            # Both arms were measured at every concurrency, and every call was checked.
+            assert row["direct"] is not None, row
+            assert row["direct"] > 0, row
+            assert row["proxied"] > 0, row
+            assert all(calls > 0 for calls in row["detail"]["calls"].values()), row
 
     # The printed table and the JSON describe the same rows, in the same order.
     assert [cells[0] for cells in printed] == [f"{row['scenario']} {row['title']}" for row in rows]

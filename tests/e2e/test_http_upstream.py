@@ -388,6 +388,23 @@ async def test_oversized_upstream_answers_become_errors_for_their_requests() -> 
     assert small["result"] == {"padding": "x" * 10}
 
 
+async def test_sse_answers_leave_the_upstream_connection_reusable() -> None:
+    """After a request's answer the proxy reads its SSE stream to the end, which hands the connection
+    back to the pool: SSE-answered requests in a row reach the upstream over one TCP connection
+    (closing each stream midway cost a new connection per request)."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            answers = [await session.request(n, "big/sse", {"size": 10}) for n in range(2, 6)]
+        posts = [
+            entry for entry in recorded() if entry["verb"] == "POST" and entry["body"]["method"] == "big/sse"
+        ]
+    assert [answer["result"] for answer in answers] == [{"padding": "x" * 10}] * 4
+    assert len(posts) == 4
+    assert len({entry["peer"] for entry in posts}) == 1, posts
+
+
 # -- headers and credentials -------------------------------------------------------------------------
 
 

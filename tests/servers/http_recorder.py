@@ -2,7 +2,8 @@
 
 Run it as `python tests/servers/http_recorder.py RECORD_FILE`: it listens on 127.0.0.1 (a free
 port), prints `listening on http://127.0.0.1:PORT/mcp` as its first stdout line, and appends one JSON
-line per HTTP request to RECORD_FILE: `{"verb", "headers", "body"}` (header names lower-cased).
+line per HTTP request to RECORD_FILE: `{"verb", "headers", "body", "peer"}` (header names lower-cased;
+`peer`: the client's port, which tells the TCP connections apart).
 
 It speaks just enough of the handshake era for a client to get through `initialize` (session
 `rec-session-1`), and answers these methods (by the JSON-RPC method of the POSTed request):
@@ -55,7 +56,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def _record(self, body: Any) -> None:
         headers = {name.lower(): value for name, value in self.headers.items()}
-        self.state.record({"verb": self.command, "headers": headers, "body": body})
+        self.state.record(
+            {"verb": self.command, "headers": headers, "body": body, "peer": self.client_address[1]}
+        )
 
     def _reply(
         self, status: int, body: bytes = b"", content_type: str = "application/json", **extra: str

@@ -16,11 +16,9 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
 import anyio
-from mcp_types.version import is_version_at_least
 
 from mcp_backfill import jsonrpc
 from mcp_backfill.logs import get_logger
@@ -89,7 +87,7 @@ class HandshakeFront:
             )
             return
         try:
-            decoded = json.loads(body)
+            decoded = jsonrpc.decode(body)
         except ValueError as exc:
             await call.respond_error(400, jsonrpc.PARSE_ERROR, f"Parse error: {exc}")
             return
@@ -175,7 +173,8 @@ class HandshakeFront:
                         await call.body(sse_event(b"", stream.event_id(0)), more=True)
                     await pump_sse(call, stream, 0, with_ids=True, keepalive=self.settings.keepalive)
                     await call.body(b"")
-                tg.cancel_scope.cancel()
+                if not call.finished:  # else the watcher ends by itself (see watch_disconnect)
+                    tg.cancel_scope.cancel()
         if scope.cancelled_caught and not stream.complete_after(stream.delivered):
             log.debug("client closed a POST stream; kept for resumption", extra={"stream": stream.key})
 
@@ -222,7 +221,8 @@ class HandshakeFront:
                 await call.start(200, SSE_TYPE, sse_headers(_session_header(session)))
                 await pump_sse(call, stream, after, with_ids=True, keepalive=self.settings.keepalive)
                 await call.body(b"")
-                tg.cancel_scope.cancel()
+                if not call.finished:  # else the watcher ends by itself (see watch_disconnect)
+                    tg.cancel_scope.cancel()
 
     async def _delete(self, call: HttpCall) -> None:
         session = await self._session(call)
@@ -263,6 +263,8 @@ def _session_header(session: HttpSession) -> list[tuple[bytes, bytes]]:
 
 def _primes(session: HttpSession) -> bool:
     """Clients from 2025-11-25 on expect an empty event with an id first, to resume from."""
+    from mcp_types.version import is_version_at_least  # the SDK loads on first use (see modern.py)
+
     version = session.router.protocol_version
     return version is not None and is_version_at_least(version, "2025-11-25")
 

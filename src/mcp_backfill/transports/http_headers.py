@@ -10,27 +10,27 @@ one its server validates against.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cache
 from typing import Any
-
-from mcp.shared.inbound import (
-    MCP_METHOD_HEADER,
-    MCP_NAME_HEADER,
-    MCP_PROTOCOL_VERSION_HEADER,
-    NAME_BEARING_METHODS,
-    encode_header_value,
-    find_invalid_x_mcp_header,
-    mcp_param_headers,
-    x_mcp_header_map,
-)
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from mcp_backfill.input_required import META_PROTOCOL_VERSION
 
 SESSION_HEADER = "mcp-session-id"
 LAST_EVENT_ID_HEADER = "last-event-id"
-VERSION_HEADER = MCP_PROTOCOL_VERSION_HEADER
-# The SDK server routes a POST to its sessionless 2026 path exactly when the version is not one of these.
-HANDSHAKE_VERSIONS = frozenset(HANDSHAKE_PROTOCOL_VERSIONS)
+VERSION_HEADER = "mcp-protocol-version"  # the SDK's MCP_PROTOCOL_VERSION_HEADER
+
+# The SDK (`mcp`, `mcp_types`) is imported on first use, not with this module: the stdio proxy
+# imports the HTTP upstream with it, and the SDK costs ~1.5 s of startup and ~40 MB of memory that
+# a proxy with a stdio upstream never needs.
+
+
+@cache
+def handshake_versions() -> frozenset[str]:
+    """The SDK server routes a POST to its sessionless 2026 path exactly when the version is not one
+    of these."""
+    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+    return frozenset(HANDSHAKE_PROTOCOL_VERSIONS)
 
 
 def modern_version(message: Any) -> str | None:
@@ -40,7 +40,7 @@ def modern_version(message: Any) -> str | None:
     params = message.get("params")
     meta = params.get("_meta") if isinstance(params, dict) else None
     version = meta.get(META_PROTOCOL_VERSION) if isinstance(meta, dict) else None
-    if isinstance(version, str) and version not in HANDSHAKE_VERSIONS:
+    if isinstance(version, str) and version not in handshake_versions():
         return version
     return None
 
@@ -49,6 +49,14 @@ def modern_headers(
     version: str, method: str, params: Any, param_headers: Mapping[str, str]
 ) -> dict[str, str]:
     """`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` and the given `Mcp-Param-*` for one 2026 request."""
+    from mcp.shared.inbound import (
+        MCP_METHOD_HEADER,
+        MCP_NAME_HEADER,
+        MCP_PROTOCOL_VERSION_HEADER,
+        NAME_BEARING_METHODS,
+        encode_header_value,
+    )
+
     headers = {MCP_PROTOCOL_VERSION_HEADER: version, MCP_METHOD_HEADER: method}
     name_key = NAME_BEARING_METHODS.get(method)
     name = params.get(name_key) if name_key is not None and isinstance(params, dict) else None
@@ -67,6 +75,8 @@ class ToolHeaderMaps:
         self.complete = False
 
     def learn(self, result: Any, *, last_page: bool) -> None:
+        from mcp.shared.inbound import find_invalid_x_mcp_header, x_mcp_header_map
+
         tools = result.get("tools") if isinstance(result, dict) else None
         if not isinstance(tools, list):
             return
@@ -87,6 +97,8 @@ class ToolHeaderMaps:
         header_map = self._maps.get(name)
         if not header_map or not isinstance(arguments, Mapping):
             return {}
+        from mcp.shared.inbound import mcp_param_headers
+
         return mcp_param_headers(header_map, arguments)
 
     def stale(self) -> None:

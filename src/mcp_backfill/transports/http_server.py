@@ -17,7 +17,6 @@ Where a server-to-client message goes, first match wins:
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,7 +132,7 @@ class SessionRouter:
             log.debug("message for a closed session dropped", extra={"line": jsonrpc.preview(raw)})
             return
         try:
-            message = json.loads(raw)
+            message = jsonrpc.decode(raw)
         except ValueError:
             message = None
         first = message[0] if isinstance(message, list) and message else message

@@ -1,0 +1,138 @@
+"""3. The HTTP front: `mcp-backfill serve` against `mcp-proxy`, and against no proxy at all.
+
+3a. The sidecar in front of a stdio upstream against `mcp-proxy` (the common Python stdio->HTTP
+    bridge, in its own virtualenv: benchmarks/peers.py) in front of the same command. The sidecar
+    starts one upstream process per client session; mcp-proxy shares one upstream among them all.
+    The "direct" column of these rows is mcp-proxy.
+3b. The sidecar in front of an HTTP upstream (the same SDK server over streamable HTTP, uvicorn)
+    against that upstream directly; each client session is one upstream session.
+
+Load: 1, 8 and 64 concurrent client sessions, each calling `tools/call echo` one call at a time,
+for a fixed time per batch (benchmarks/httpload.py), from a lean raw-HTTP client
+(benchmarks/httpclient.py) whose CPU time per call is recorded with every row: the direct arm of
+3b shows what the client and the upstream manage without a proxy. Both arms' sessions stay open
+for the whole scenario; batches take turns (ABBA per round, every concurrency in each round).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AsyncExitStack, ExitStack
+from typing import Any
+
+import anyio
+
+from benchmarks.httpload import Batch, run_batch, session_pool
+from benchmarks.httpservers import mcp_proxy, ready, sdk_http_server, sidecar
+from benchmarks.measure import DIRECT, PROXIED, median, percentile, turn_order
+from benchmarks.procs import raw_echo_command, sdk_server_command
+from benchmarks.report import Row, Target
+from benchmarks.scenarios import RunContext
+from mcp_backfill.cli import event_loop_options
+
+PEER_TARGET = Target("ratio_min", 1.0, "≥ mcp-proxy's")
+
+Results = dict[int, dict[str, list[Batch]]]
+
+
+async def measure(ctx: RunContext, urls: dict[str, str]) -> tuple[Results, dict[str, float]]:
+    """Batches per concurrency and arm, and the seconds each arm took to open its sessions."""
+    s = ctx.settings
+    results: Results = {sessions: {arm: [] for arm in urls} for sessions in s.http_sessions}
+    opening: dict[str, float] = {}
+    async with AsyncExitStack() as stack:
+        pools = {}
+        for arm, url in urls.items():
+            ctx.progress(f"{arm}: opening {max(s.http_sessions)} sessions")
+            pools[arm], opening[arm] = await stack.enter_async_context(
+                session_pool(url, max(s.http_sessions), s.http_warmup)
+            )
+        for index in range(s.http_rounds):
+            ctx.progress(f"round {index + 1} of {s.http_rounds}")
+            for sessions in s.http_sessions:
+                for arm in turn_order(index, list(urls)):
+                    results[sessions][arm].append(
+                        await run_batch(pools[arm][:sessions], s.http_batch_seconds)
+                    )
+    return results, opening
+
+
+def _measure(ctx: RunContext, urls: dict[str, str]) -> tuple[Results, dict[str, float]]:
+    return anyio.run(measure, ctx, urls, backend_options=event_loop_options())
+
+
+def _cpu_per_call_us(batches: Sequence[Batch]) -> float:
+    return sum(b.client_cpu for b in batches) / max(sum(b.calls for b in batches), 1) * 1e6
+
+
+def rows(
+    number: str, label: str, results: Results, detail: dict[str, Any], target: Target | None
+) -> list[Row]:
+    out: list[Row] = []
+    for sessions, arms in results.items():
+        direct, proxied = arms[DIRECT], arms[PROXIED]
+        latency = {arm: [lat * 1e3 for b in batches for lat in b.latencies] for arm, batches in arms.items()}
+        counts = {
+            **detail,
+            "batches_per_arm": len(direct),
+            "calls": {arm: sum(b.calls for b in batches) for arm, batches in arms.items()},
+            "client_cpu_us_per_call": {
+                arm: round(_cpu_per_call_us(batches), 1) for arm, batches in arms.items()
+            },
+        }
+        name = f"{sessions} session{'s' if sessions > 1 else ''}, {label}"
+        out.append(
+            Row(
+                number,
+                name.format(what="throughput"),
+                "req/s",
+                median([b.throughput for b in direct]),
+                median([b.throughput for b in proxied]),
+                target,
+                counts,
+            )
+        )
+        for q in (50, 99):
+            out.append(
+                Row(
+                    number,
+                    name.format(what=f"tools/call p{q}"),
+                    "ms",
+                    percentile(latency[DIRECT], q),
+                    percentile(latency[PROXIED], q),
+                    detail=counts,
+                )
+            )
+    return out
+
+
+def run_stdio(ctx: RunContext) -> list[Row]:
+    """3a: the sidecar vs mcp-proxy, both in front of the same stdio command."""
+    s = ctx.settings
+    upstream = sdk_server_command() if s.http_stdio_upstream == "sdk" else raw_echo_command()
+    with ExitStack() as stack:
+        peer = stack.enter_context(mcp_proxy(ctx, "3a-mcp-proxy", upstream))
+        ours = stack.enter_context(sidecar(ctx.logs, "3a-sidecar", upstream=upstream))
+        ready(peer, ours)
+        results, opening = _measure(ctx, {DIRECT: peer.url, PROXIED: ours.url})
+    detail = {
+        "upstream": "SDK server (stdio)" if s.http_stdio_upstream == "sdk" else "raw echo (stdio)",
+        "direct_arm": "mcp-proxy",
+        "session_opening_s": {arm: round(seconds, 2) for arm, seconds in opening.items()},
+    }
+    return rows("3a", "stdio upstream: {what} (direct: mcp-proxy)", results, detail, PEER_TARGET)
+
+
+def run_http(ctx: RunContext) -> list[Row]:
+    """3b: the sidecar in front of the SDK server over HTTP vs that server directly."""
+    with ExitStack() as stack:
+        direct = stack.enter_context(sdk_http_server(ctx.logs, "3b-direct-sdk-http"))
+        behind = stack.enter_context(sdk_http_server(ctx.logs, "3b-upstream-sdk-http"))
+        ready(direct, behind)
+        ours = stack.enter_context(sidecar(ctx.logs, "3b-sidecar", "--upstream-url", behind.url)).ready()
+        results, opening = _measure(ctx, {DIRECT: direct.url, PROXIED: ours.url})
+    detail = {
+        "upstream": "SDK server (streamable HTTP, uvicorn)",
+        "session_opening_s": {arm: round(seconds, 2) for arm, seconds in opening.items()},
+    }
+    return rows("3b", "HTTP upstream: {what}", results, detail, None)
