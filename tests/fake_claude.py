@@ -1094,7 +1094,9 @@ class FakeClaude:
         quiet = logging.getLogger("uvicorn.error")
         if not any(isinstance(f, _QuietDroppedConnections) for f in quiet.filters):
             quiet.addFilter(_QuietDroppedConnections())
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP, not 0: asyncio turns on TCP_NODELAY only for sockets that say TCP; without it
+        # an answer on a kept-alive connection can wait 40 ms for the peer's delayed ACK.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

@@ -8,6 +8,11 @@ proxy's own cost stands out. Requests:
 * `tools/call` `echo` `{"text": T}`: `{"content": [{"type": "text", "text": T}]}`.
 * `tools/call` `echo` `{"size": N}`: a text result whose JSON line is about N bytes long (a tool that
   returns a large JSON document as text: quotes and newlines included, so it needs escaping).
+* `tools/call` `sample`: sends one `sampling/createMessage` (the params of
+  `benchmarks.direct_sampler.sampling_params()`, written out here so that nothing is imported)
+  and waits for its answer, reading nothing else meanwhile; the result is the text
+  `{"elapsed": seconds from writing the request to holding the parsed answer}`. Calls are handled
+  one at a time, so this measures sequential sampling only.
 * anything else: an empty result. Notifications are ignored. Exits on stdin EOF.
 """
 
@@ -15,6 +20,8 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from typing import IO
 
 ROW = '{"id": %07d, "name": "item", "value": 3.14159, "tags": ["alpha", "beta"], "ok": true}\n'
 
@@ -53,10 +60,50 @@ def result_json(request: dict[str, object], cache: dict[int, bytes]) -> bytes:
     return b"{}"
 
 
+SAMPLING_PARAMS = {
+    "messages": [{"role": "user", "content": {"type": "text", "text": "Say hello."}}],
+    "maxTokens": 64,
+    "tools": [
+        {
+            "name": "lookup",
+            "description": "Look up the value stored under a key.",
+            "inputSchema": {
+                "type": "object",
+                "properties": {"key": {"type": "string"}},
+                "required": ["key"],
+            },
+        }
+    ],
+    "toolChoice": {"mode": "auto"},
+}
+
+
+def sample_once(number: int, stdin: IO[bytes], stdout: IO[bytes]) -> bytes:
+    """One sampling request to the client, timed from the write to the parsed answer."""
+    request_id = f"sample-{number}"
+    line = json.dumps(
+        {"jsonrpc": "2.0", "id": request_id, "method": "sampling/createMessage", "params": SAMPLING_PARAMS}
+    ).encode()
+    started = time.perf_counter()
+    stdout.write(line + b"\n")
+    stdout.flush()
+    for answer_line in stdin:
+        answer = json.loads(answer_line)
+        if isinstance(answer, dict) and answer.get("id") == request_id:
+            elapsed = time.perf_counter() - started
+            if "result" not in answer:
+                text = json.dumps({"error": answer.get("error")})
+            else:
+                text = json.dumps({"elapsed": elapsed, "model": answer["result"].get("model")})
+            return ('{"content":[{"type":"text","text":' + json.dumps(text) + "}]}").encode()
+    raise SystemExit(0)
+
+
 def main() -> int:
     stdin = sys.stdin.buffer
     stdout = sys.stdout.buffer
     cache: dict[int, bytes] = {}
+    samples = 0
     for line in stdin:
         if not line.strip():
             continue
@@ -64,9 +111,13 @@ def main() -> int:
         if not isinstance(request, dict) or "id" not in request or "method" not in request:
             continue
         request_id = json.dumps(request["id"]).encode()
-        stdout.write(
-            b'{"jsonrpc":"2.0","id":' + request_id + b',"result":' + result_json(request, cache) + b"}\n"
-        )
+        params = request.get("params")
+        if request["method"] == "tools/call" and isinstance(params, dict) and params.get("name") == "sample":
+            samples += 1
+            result = sample_once(samples, stdin, stdout)
+        else:
+            result = result_json(request, cache)
+        stdout.write(b'{"jsonrpc":"2.0","id":' + request_id + b',"result":' + result + b"}\n")
         stdout.flush()
     return 0
 

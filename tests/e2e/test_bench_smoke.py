@@ -26,7 +26,7 @@ TARGETED_TITLES = {
     "SDK: tools/call p50",
     "10 MB result: call time p50",
     "10 MB result: proxy peak RSS above idle",
-    "sampling request p50 (direct: the fake alone)",
+    "sampling request p50, raw echo upstream (the proxy's own cost) (direct: the fake alone)",
     "idle RSS (direct: the SDK upstream; proxied: the proxy process)",
     *(
         f"{n} session{'s' if n > 1 else ''}, stdio upstream: throughput (direct: mcp-proxy)"

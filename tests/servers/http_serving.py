@@ -46,7 +46,9 @@ def serve_http(server: MCPServer[Any], address: str) -> None:
     import uvicorn
 
     host, _, port = address.rpartition(":")
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio turns on TCP_NODELAY only for sockets that say TCP; without it
+    # an answer on a kept-alive connection can wait 40 ms for the peer's delayed ACK.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, int(port)))
     sock.listen(64)

@@ -56,7 +56,9 @@ def bind(host: str, port: int) -> socket.socket:
         family, kind, proto, _, address = socket.getaddrinfo(
             host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
-        sock = socket.socket(family, kind, proto)
+        # Say TCP explicitly: asyncio turns on TCP_NODELAY only for sockets whose protocol is
+        # IPPROTO_TCP, and without it an SSE event can wait 40 ms for the client's delayed ACK.
+        sock = socket.socket(family, kind, proto or socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
         sock.listen(socket.SOMAXCONN)
