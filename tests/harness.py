@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -158,13 +160,53 @@ class HttpServer:
 
 
 async def stop_process(process: Process) -> None:
-    if process.returncode is None:
+    """Terminate, then kill after 10 s; a process that already exited is fine."""
+    with contextlib.suppress(ProcessLookupError):
         process.terminate()
-        with anyio.move_on_after(10):
-            await process.wait()
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+    with anyio.move_on_after(10, shield=True):
+        await process.wait()
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def wait_for_port(port: int, process: Process, log_path: Path, timeout: float = 30.0) -> None:
+    """Until something accepts connections on 127.0.0.1:port; fails early if the process exits."""
+    with anyio.fail_after(timeout):
+        while True:
+            if process.returncode is not None:
+                raise RuntimeError(f"server exited ({process.returncode}): {log_path.read_text()}")
+            try:
+                stream = await anyio.connect_tcp("127.0.0.1", port)
+            except OSError:
+                await anyio.sleep(0.05)
+                continue
+            await stream.aclose()
+            return
+
+
+@asynccontextmanager
+async def port_http_server(argv: Sequence[str], path: str = "/mcp") -> AsyncIterator[HttpServer]:
+    """A server that takes `--port N` (appended to `argv`), on a free loopback port."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        log_path = Path(tmp) / "server.log"
+        with log_path.open("wb") as log:
+            process = await anyio.open_process(
+                [*argv, "--port", str(port)], stdout=log, stderr=log, env=proxy_env(), cwd=ROOT
+            )
+            try:
+                await wait_for_port(port, process, log_path)
+                yield HttpServer(process, f"http://127.0.0.1:{port}{path}", log_path)
+            finally:
+                await stop_process(process)
 
 
 @asynccontextmanager
@@ -197,9 +239,12 @@ NPM_LOOPBACK = ROOT / "tests" / "npm" / "loopback.cjs"
 
 
 @asynccontextmanager
-async def npm_http_server(argv: Sequence[str], path: str = "/mcp") -> AsyncIterator[HttpServer]:
+async def npm_http_server(
+    argv: Sequence[str], path: str = "/mcp", extra_env: Mapping[str, str] | None = None
+) -> AsyncIterator[HttpServer]:
     """An npm server that takes its port from $PORT and binds every interface: kept on loopback by
-    a preloaded module (tests/npm/loopback.cjs), which also reports the free port it got."""
+    a preloaded module (tests/npm/loopback.cjs), which also reports the free port it got. It runs in
+    a temporary directory, where anything it writes is thrown away."""
     with tempfile.TemporaryDirectory() as tmp:
         log_path = Path(tmp) / "server.log"
         port_file = Path(tmp) / "port"
@@ -208,8 +253,9 @@ async def npm_http_server(argv: Sequence[str], path: str = "/mcp") -> AsyncItera
             MCP_TEST_PORT_FILE=str(port_file),
             NODE_OPTIONS=f"--require {NPM_LOOPBACK}",
         )
+        env.update(extra_env or {})
         with log_path.open("wb") as log:
-            process = await anyio.open_process(list(argv), stdout=log, stderr=log, env=env, cwd=ROOT)
+            process = await anyio.open_process(list(argv), stdout=log, stderr=log, env=env, cwd=tmp)
             try:
                 with anyio.fail_after(30):
                     while not port_file.exists() or not port_file.read_text().strip().isdigit():

@@ -20,7 +20,8 @@ from anyio.abc import Process
 
 from tests.harness import ROOT
 
-PORT_LINE = re.compile(r"serving streamable HTTP .*\bport=(\d+)")
+# The log line `serve` writes once it listens, as text (`port=N`) or JSON (`"port": N`).
+PORT_LINE = re.compile(r'serving streamable HTTP.*?\bport"?\s*[=:]\s*(\d+)')
 ACCEPT_BOTH = "application/json, text/event-stream"
 # Generous: a slow CI machine takes seconds to start an upstream process (it imports the mcp SDK).
 HTTP_TIMEOUT = 30.0
@@ -55,20 +56,26 @@ class Sidecar:
             return await self.process.wait()
 
 
-def sidecar_argv(*options: str, upstream: Sequence[str]) -> list[str]:
-    return [sys.executable, "-m", "mcp_backfill", "serve", "--port", "0", *options, "--", *upstream]
+def sidecar_argv(
+    *options: str, upstream: Sequence[str] = (), env: Mapping[str, str] | None = None
+) -> list[str]:
+    """`--port 0` (a free port) unless `env` sets MCP_BACKFILL_PORT; `-- upstream` when given."""
+    port = [] if env is not None and "MCP_BACKFILL_PORT" in env else ["--port", "0"]
+    command = ["--", *upstream] if upstream else []
+    return [sys.executable, "-m", "mcp_backfill", "serve", *port, *options, *command]
 
 
 @asynccontextmanager
 async def run_sidecar(
-    *options: str, upstream: Sequence[str], env: Mapping[str, str]
+    *options: str, upstream: Sequence[str] = (), env: Mapping[str, str]
 ) -> AsyncIterator[Sidecar]:
-    """Start `mcp-backfill serve` on a free loopback port; stop it (SIGTERM, then SIGKILL) at the end."""
+    """Start `mcp-backfill serve` on loopback (on a free port unless `env` names one); stop it
+    (SIGTERM, then SIGKILL) at the end. Without `upstream`, the options or `env` name one."""
     with tempfile.TemporaryDirectory() as tmp:
         stderr_path = Path(tmp) / "stderr.log"
         with stderr_path.open("wb") as stderr:
             process = await anyio.open_process(
-                sidecar_argv(*options, upstream=upstream),
+                sidecar_argv(*options, upstream=upstream, env=env),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,

@@ -22,19 +22,18 @@ import pytest
 from tests.conformance import (
     RESULTS,
     ConformanceUnavailable,
-    HttpUpstream,
     conformance_server_http,
     everything_http,
     node_executable,
     record,
     run_suite,
 )
-from tests.harness import proxy_env
-from tests.sidecar import running_sidecar
+from tests.harness import HttpServer, proxy_env
+from tests.sidecar_harness import run_sidecar
 
 pytestmark = [pytest.mark.anyio, pytest.mark.npm]
 
-UPSTREAMS: dict[str, Callable[[], AbstractAsyncContextManager[HttpUpstream]]] = {
+UPSTREAMS: dict[str, Callable[[], AbstractAsyncContextManager[HttpServer]]] = {
     "server-everything": everything_http,
     "conformance-server": conformance_server_http,
 }
@@ -59,9 +58,9 @@ async def test_every_scenario_that_passes_directly_passes_through_the_sidecar(
         direct = await run_suite(upstream.url, tmp_path / "direct")
         # The suite sends no credentials, and the sidecar stays on loopback, where no token is needed.
         env = proxy_env(MCP_BACKFILL_PROVIDER="mock")
-        async with running_sidecar(["--upstream-url", upstream.url], env=env) as sidecar:
-            proxied = await run_suite(sidecar.mcp_url, tmp_path / "sidecar")
-            sidecar_log = sidecar.log()
+        async with run_sidecar("--upstream-url", upstream.url, env=env) as sidecar:
+            proxied = await run_suite(sidecar.url, tmp_path / "sidecar")
+            sidecar_log = sidecar.stderr()
     record(f"{upstream_name}-direct", direct)
     record(f"{upstream_name}-sidecar", proxied)
     regressions = {name: proxied.scenarios[name].reason() for name in sorted(direct.passed - proxied.passed)}

@@ -18,7 +18,7 @@ import httpx2 as httpx
 import pytest
 
 from tests.container_files import DOCKERFILE, final_stage, healthcheck_command, load_compose, parse_dockerfile
-from tests.harness import ROOT, proxy_env
+from tests.harness import ROOT, free_port, proxy_env
 
 
 def image_healthcheck() -> list[str]:
@@ -61,12 +61,6 @@ def run_healthcheck(port: int) -> int:
     return subprocess.run(
         image_healthcheck(), env=env, capture_output=True, timeout=30, check=False
     ).returncode
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_healthcheck_passes_on_a_healthy_healthz() -> None:

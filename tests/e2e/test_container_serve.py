@@ -8,10 +8,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from pathlib import Path
 
 import anyio
 import httpx2 as httpx
@@ -19,7 +15,6 @@ import pytest
 from mcp import Client, types
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.conformance import free_port, stop, wait_for_port
 from tests.container_files import (
     DOCKERFILE,
     cli_env_names,
@@ -30,8 +25,8 @@ from tests.container_files import (
     parse_dockerfile,
 )
 from tests.fake_claude import FakeClaude, text_reply
-from tests.harness import EXAMPLES, ROOT, TEST_API_KEY, proxy_env
-from tests.sidecar import running_sidecar
+from tests.harness import EXAMPLES, ROOT, TEST_API_KEY, free_port, port_http_server, proxy_env
+from tests.sidecar_harness import run_sidecar
 
 pytestmark = pytest.mark.anyio
 
@@ -55,27 +50,6 @@ def test_every_env_name_the_container_files_use_is_a_real_option() -> None:
     used = {name for name in used if name.startswith("MCP_BACKFILL_")}
     assert {"MCP_BACKFILL_HOST", "MCP_BACKFILL_PORT", "MCP_BACKFILL_UPSTREAM_URL"} <= used
     assert used <= real, f"not options of mcp-backfill: {sorted(used - real)}"
-
-
-@asynccontextmanager
-async def weather_upstream() -> AsyncIterator[str]:
-    """compose.yaml's upstream (examples/weather_http.py) on loopback; yields its /mcp URL."""
-    port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        log_path = Path(tmp) / "weather.log"
-        with log_path.open("wb") as log:
-            process = await anyio.open_process(
-                [sys.executable, str(EXAMPLES / "weather_http.py"), "--port", str(port)],
-                stdout=log,
-                stderr=log,
-                env=proxy_env(),
-                cwd=ROOT,
-            )
-            try:
-                await wait_for_port(port, process, log_path)
-                yield f"http://127.0.0.1:{port}/mcp"
-            finally:
-                await stop(process)
 
 
 def sidecar_env(fake_url: str, port: int, upstream_url: str) -> dict[str, str]:
@@ -119,15 +93,15 @@ INITIALIZE = {
 async def test_the_image_command_serves_the_compose_stack(fake_claude: FakeClaude) -> None:
     fake_claude.enqueue(text_reply("One sentence from the fake Claude."))
     port = free_port()
-    async with weather_upstream() as upstream_url:
-        env = sidecar_env(fake_claude.url, port, upstream_url)
-        async with running_sidecar([], env=env, port=port) as sidecar:
+    async with port_http_server([sys.executable, str(EXAMPLES / "weather_http.py")]) as upstream:
+        env = sidecar_env(fake_claude.url, port, upstream.url)
+        async with run_sidecar(env=env) as sidecar:
             assert await anyio.to_thread.run_sync(healthcheck, port) == 0
             headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
             async with httpx.AsyncClient(timeout=10) as raw:
-                anonymous = await raw.post(sidecar.mcp_url, json=INITIALIZE, headers=headers)
+                anonymous = await raw.post(sidecar.url, json=INITIALIZE, headers=headers)
                 wrong = await raw.post(
-                    sidecar.mcp_url, json=INITIALIZE, headers={**headers, "Authorization": "Bearer nope"}
+                    sidecar.url, json=INITIALIZE, headers={**headers, "Authorization": "Bearer nope"}
                 )
             assert anonymous.status_code == 401
             assert wrong.status_code == 401
@@ -135,11 +109,11 @@ async def test_the_image_command_serves_the_compose_stack(fake_claude: FakeClaud
             http = httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
             async with (
                 http,
-                Client(streamable_http_client(sidecar.mcp_url, http_client=http), mode="legacy") as client,
+                Client(streamable_http_client(sidecar.url, http_client=http), mode="legacy") as client,
             ):
                 tools = {tool.name for tool in (await client.list_tools()).tools}
                 result = await client.call_tool("summarize", {"text": "A long text about the weather."})
-            log = sidecar.log()
+            log = sidecar.stderr()
 
     assert {"weather_assistant", "summarize"} <= tools
     assert not result.is_error

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable
@@ -29,6 +28,7 @@ from tests.harness import (
     TEST_API_KEY,
     HttpServer,
     RawSession,
+    free_port,
     initialize_params,
     npm_http_server,
     proxy_env,
@@ -294,13 +294,6 @@ async def test_client_eof_lets_requests_in_flight_finish_within_the_grace_period
 
 
 # -- upstream failures -------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 async def test_unreachable_upstream_answers_every_request_with_an_error() -> None:
