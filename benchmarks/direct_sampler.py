@@ -20,39 +20,19 @@ import anyio
 import anyio.abc
 
 from benchmarks.procs import BENCH_API_KEY
+from benchmarks.servers.raw_echo import SAMPLING_PARAMS
 from mcp_backfill.cli import event_loop_options
+from mcp_backfill.config import DEFAULT_MAX_TOKENS_CAP
 from mcp_backfill.sampling.convert import ConversionOptions, to_claude_request
 
 DEFAULT_MODEL = "claude-sonnet-5-5"
 
 
-def sampling_params(
-    prompt: str = "Say hello.", max_tokens: int = 64, with_tools: bool = True
-) -> dict[str, Any]:
-    """The `sampling/createMessage` params benchmarks/servers/sdk_server.py sends (wire JSON)."""
-    params: dict[str, Any] = {
-        "messages": [{"role": "user", "content": {"type": "text", "text": prompt}}],
-        "maxTokens": max_tokens,
-    }
-    if with_tools:
-        params["tools"] = [
-            {
-                "name": "lookup",
-                "description": "Look up the value stored under a key.",
-                "inputSchema": {
-                    "type": "object",
-                    "properties": {"key": {"type": "string"}},
-                    "required": ["key"],
-                },
-            }
-        ]
-        params["toolChoice"] = {"mode": "auto"}
-    return params
-
-
 def claude_request() -> dict[str, Any]:
-    """What the proxy sends to the API for `sampling_params()`: built by the proxy's own converter."""
-    converted = to_claude_request(sampling_params(), ConversionOptions(max_tokens_cap=16384, audio="reject"))
+    """What the proxy sends to the API for the scenario's sampling request (the one the raw echo
+    and SDK servers send): built by the proxy's own converter."""
+    options = ConversionOptions(max_tokens_cap=DEFAULT_MAX_TOKENS_CAP, audio="reject", prompt_cache=True)
+    converted = to_claude_request(dict(SAMPLING_PARAMS), options)
     return dict(converted.kwargs, model=DEFAULT_MODEL)
 
 

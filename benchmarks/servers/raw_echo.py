@@ -8,8 +8,8 @@ proxy's own cost stands out. Requests:
 * `tools/call` `echo` `{"text": T}`: `{"content": [{"type": "text", "text": T}]}`.
 * `tools/call` `echo` `{"size": N}`: a text result whose JSON line is about N bytes long (a tool that
   returns a large JSON document as text: quotes and newlines included, so it needs escaping).
-* `tools/call` `sample`: sends one `sampling/createMessage` (the params of
-  `benchmarks.direct_sampler.sampling_params()`, written out here so that nothing is imported)
+* `tools/call` `sample`: sends one `sampling/createMessage` (`SAMPLING_PARAMS`, the request the
+  SDK server sends too, and the one the sampling scenario's direct arm converts and sends itself)
   and waits for its answer, reading nothing else meanwhile; the result is the text
   `{"elapsed": seconds from writing the request to holding the parsed answer}`. Calls are handled
   one at a time, so this measures sequential sampling only.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import IO
+from typing import IO, Any
 
 ROW = '{"id": %07d, "name": "item", "value": 3.14159, "tags": ["alpha", "beta"], "ok": true}\n'
 
@@ -60,7 +60,7 @@ def result_json(request: dict[str, object], cache: dict[int, bytes]) -> bytes:
     return b"{}"
 
 
-SAMPLING_PARAMS = {
+SAMPLING_PARAMS: dict[str, Any] = {
     "messages": [{"role": "user", "content": {"type": "text", "text": "Say hello."}}],
     "maxTokens": 64,
     "tools": [
