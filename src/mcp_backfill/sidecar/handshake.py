@@ -32,7 +32,6 @@ from mcp_backfill.sidecar.http_io import (
     FrontSettings,
     HttpCall,
     accepts,
-    is_json_body,
     pump_sse,
     single_answer,
     sse_headers,
@@ -73,18 +72,8 @@ class HandshakeFront:
                 "Not Acceptable: Client must accept both application/json and text/event-stream",
             )
             return
-        if not is_json_body(call.headers):
-            await call.respond_error(
-                415, jsonrpc.INVALID_REQUEST, "Unsupported Media Type: Content-Type must be application/json"
-            )
-            return
-        body = await call.read_body(self.settings.max_body)
+        body = await call.read_json_body(self.settings.max_body)
         if body is None:
-            await call.respond_error(
-                413,
-                jsonrpc.INVALID_REQUEST,
-                f"Request body too large: the limit is {self.settings.max_body} bytes (--max-message-bytes)",
-            )
             return
         try:
             decoded = jsonrpc.decode(body)

@@ -110,6 +110,22 @@ class HttpCall:
             if not message.get("more_body", False):
                 return b"".join(chunks)
 
+    async def read_json_body(self, limit: int) -> bytes | None:
+        """The body of a JSON POST; None when it was refused here (415 not JSON, 413 too large)."""
+        if not is_json_body(self.headers):
+            await self.respond_error(
+                415, jsonrpc.INVALID_REQUEST, "Unsupported Media Type: Content-Type must be application/json"
+            )
+            return None
+        body = await self.read_body(limit)
+        if body is None:
+            await self.respond_error(
+                413,
+                jsonrpc.INVALID_REQUEST,
+                f"Request body too large: the limit is {limit} bytes (--max-message-bytes)",
+            )
+        return body
+
     async def watch_disconnect(self, scope: anyio.CancelScope) -> None:
         """Cancel `scope` when the client goes away (call once the body has been read).
 

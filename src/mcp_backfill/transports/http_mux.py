@@ -31,6 +31,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from mcp_backfill import jsonrpc
 from mcp_backfill.logs import get_logger
 from mcp_backfill.transports.event_stream import EventStream
+from mcp_backfill.transports.http_server import InboxChannel
 
 log = get_logger("http")
 
@@ -52,13 +53,13 @@ class Exchange:
     has_token: bool = False
 
 
-class MuxChannel:
+class MuxChannel(InboxChannel):
     """The relay's client side for 2026-07-28 HTTP requests; see the module docstring."""
 
     def __init__(self, on_message: Callable[[str], None] = lambda direction: None) -> None:
         self._inbox_send: MemoryObjectSendStream[bytes]
-        self._inbox_send, self._inbox = anyio.create_memory_object_stream[bytes](64)
-        self._on_message = on_message
+        self._inbox_send, inbox = anyio.create_memory_object_stream[bytes](64)
+        super().__init__(inbox, on_message)
         self._ids = itertools.count(1)
         self._exchanges: dict[int, Exchange] = {}
         self.closed = False
@@ -118,17 +119,6 @@ class MuxChannel:
         self._inbox_send.close()
 
     # -- MessageChannel (the relay's side) -------------------------------------------------------
-
-    async def receive(self) -> bytes:
-        try:
-            message = await self._inbox.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise anyio.EndOfStream from None
-        self._on_message("from_client")
-        return message
-
-    async def receive_with_origin(self) -> tuple[bytes, Any]:
-        return await self.receive(), None
 
     async def send(self, message: bytes, related: Any = None) -> None:
         self._on_message("to_client")

@@ -217,16 +217,15 @@ class SessionRouter:
         self._on_change()
 
 
-class SessionChannel:
-    """The relay's client side for one HTTP session: POSTed messages in, routed messages out."""
+class InboxChannel:
+    """The receiving half of an HTTP front's client channel: POSTed messages, queued by the
+    handlers, come out of `inbox`; `on_message` counts each message either way (for metrics)."""
 
     def __init__(
         self,
-        router: SessionRouter,
         inbox: MemoryObjectReceiveStream[bytes],
         on_message: Callable[[str], None] = lambda direction: None,
     ) -> None:
-        self.router = router
         self._inbox = inbox
         self._on_message = on_message
 
@@ -240,6 +239,19 @@ class SessionChannel:
 
     async def receive_with_origin(self) -> tuple[bytes, Any]:
         return await self.receive(), None
+
+
+class SessionChannel(InboxChannel):
+    """The relay's client side for one HTTP session: POSTed messages in, routed messages out."""
+
+    def __init__(
+        self,
+        router: SessionRouter,
+        inbox: MemoryObjectReceiveStream[bytes],
+        on_message: Callable[[str], None] = lambda direction: None,
+    ) -> None:
+        super().__init__(inbox, on_message)
+        self.router = router
 
     async def send(self, message: bytes, related: Any = None) -> None:
         self._on_message("to_client")
