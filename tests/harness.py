@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 from anyio.abc import Process
+from mcp import types
 from mcp.client.stdio import StdioServerParameters
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +47,14 @@ def proxy_env(fake_url: str | None = None, **extra: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
+
+
+def tool_json(result: types.CallToolResult) -> Any:
+    """The JSON a test server's tool returned as its one text block (the call must have succeeded)."""
+    assert not result.is_error, result
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return json.loads(block.text)
 
 
 def stdio_params(argv: Sequence[str], env: Mapping[str, str]) -> StdioServerParameters:

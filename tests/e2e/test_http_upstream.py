@@ -8,7 +8,6 @@ tests/servers/http_recorder.py (scriptable failures, and a record of every HTTP 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable
@@ -23,7 +22,6 @@ from mcp import Client, types
 from tests.e2e.test_process import wait_for_log
 from tests.fake_claude import FakeClaude, text_reply, tool_use_reply
 from tests.harness import (
-    ROOT,
     SERVERS,
     TEST_API_KEY,
     HttpServer,
@@ -36,6 +34,7 @@ from tests.harness import (
     python_http_server,
     raw_proxy,
     stdio_params,
+    tool_json,
 )
 from tests.sidecar_harness import HTTP_TIMEOUT
 
@@ -43,7 +42,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::Deprecation
 
 SAMPLING_SERVER = [sys.executable, str(SERVERS / "sampling_server.py"), "--http"]
 RESOLVE_SERVER = [sys.executable, str(SERVERS / "resolve_server.py"), "--http", "127.0.0.1:0"]
-EVERYTHING = ROOT / "tests" / "npm" / "node_modules" / ".bin" / "mcp-server-everything"
 MODERN = "2026-07-28"
 ENVELOPE = {
     "io.modelcontextprotocol/protocolVersion": MODERN,
@@ -71,13 +69,6 @@ async def recorder() -> AsyncIterator[tuple[HttpServer, Callable[[], list[dict[s
                 return [json.loads(line) for line in record.read_text().splitlines()]
 
             yield server, recorded
-
-
-def tool_json(result: types.CallToolResult) -> Any:
-    assert not result.is_error, result
-    block = result.content[0]
-    assert isinstance(block, types.TextContent)
-    return json.loads(block.text)
 
 
 def result_json(response: dict[str, Any]) -> Any:
@@ -157,15 +148,10 @@ async def test_a_dropped_response_stream_is_resumed(fake_claude: FakeClaude) -> 
 
 
 async def test_server_everything_over_http_samples_for_a_client_without_sampling(
-    fake_claude: FakeClaude,
+    everything: str, fake_claude: FakeClaude
 ) -> None:
-    if not EVERYTHING.exists():
-        message = "npm peers not installed: run scripts/setup --npm"
-        if os.environ.get("MCP_BACKFILL_TEST_REQUIRE_NPM"):
-            pytest.fail(message)
-        pytest.skip(message)
     fake_claude.enqueue(text_reply("Sampled over HTTP by the fake Claude."))
-    async with npm_http_server([str(EVERYTHING), "streamableHttp"]) as upstream:
+    async with npm_http_server([everything, "streamableHttp"]) as upstream:
         async with Client(upstream.url, mode="legacy") as direct:
             assert "trigger-sampling-request" not in {t.name for t in (await direct.list_tools()).tools}
         argv = proxy_url_argv(url=upstream.url)

@@ -16,9 +16,17 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from tests.e2e.test_modern_era import LOWLEVEL_SERVER, MODERN, tool_json
+from tests.e2e.test_modern_era import LOWLEVEL_SERVER, MODERN
 from tests.fake_claude import FakeClaude, text_reply
-from tests.harness import initialize_params, proxy_argv, proxy_env, python_server, raw_proxy, stdio_params
+from tests.harness import (
+    initialize_params,
+    proxy_argv,
+    proxy_env,
+    python_server,
+    raw_proxy,
+    stdio_params,
+    tool_json,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 

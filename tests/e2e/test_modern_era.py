@@ -16,7 +16,7 @@ from mcp import Client, types
 from mcp.shared.exceptions import MCPError
 
 from tests.fake_claude import FakeClaude, error_reply, hang_reply, text_reply, tool_use_reply
-from tests.harness import proxy_argv, proxy_env, python_server, raw_proxy, stdio_params
+from tests.harness import proxy_argv, proxy_env, python_server, raw_proxy, stdio_params, tool_json
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -28,13 +28,6 @@ LOWLEVEL_SERVER = python_server("input_required_server.py")
 def client_for(fake: FakeClaude, upstream: list[str], *options: str, **client_kwargs: Any) -> Client:
     argv = proxy_argv("--log-level", "debug", *options, upstream=upstream)
     return Client(stdio_params(argv, proxy_env(fake.url)), **client_kwargs)
-
-
-def tool_json(result: types.CallToolResult) -> Any:
-    assert not result.is_error, result
-    block = result.content[0]
-    assert isinstance(block, types.TextContent)
-    return json.loads(block.text)
 
 
 def tool_use_ids(body: dict[str, Any], kind: str) -> list[str]:

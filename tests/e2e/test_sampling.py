@@ -28,6 +28,7 @@ from tests.harness import (
     python_server,
     raw_proxy,
     stdio_params,
+    tool_json,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -38,13 +39,6 @@ SAMPLING_SERVER = python_server("sampling_server.py")
 def client_for(fake: FakeClaude, *options: str, **client_kwargs: Any) -> Client:
     argv = proxy_argv("--log-level", "debug", *options, upstream=SAMPLING_SERVER)
     return Client(stdio_params(argv, proxy_env(fake.url)), mode="legacy", **client_kwargs)
-
-
-def tool_json(result: types.CallToolResult) -> Any:
-    assert not result.is_error, result
-    block = result.content[0]
-    assert isinstance(block, types.TextContent)
-    return json.loads(block.text)
 
 
 async def test_two_round_tool_loop(fake_claude: FakeClaude) -> None:

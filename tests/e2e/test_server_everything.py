@@ -6,27 +6,13 @@ sampling sees the tool only through the proxy, and calling it returns what Claud
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from mcp import Client, types
 
 from tests.fake_claude import FakeClaude, text_reply
-from tests.harness import ROOT, proxy_argv, proxy_env, stdio_params
+from tests.harness import proxy_argv, proxy_env, stdio_params
 
 pytestmark = [pytest.mark.anyio, pytest.mark.npm]
-
-EVERYTHING = ROOT / "tests" / "npm" / "node_modules" / ".bin" / "mcp-server-everything"
-
-
-@pytest.fixture
-def everything() -> list[str]:
-    if not EVERYTHING.exists():
-        message = "npm peers not installed: run scripts/setup --npm"
-        if os.environ.get("MCP_BACKFILL_TEST_REQUIRE_NPM"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return [str(EVERYTHING), "stdio"]
 
 
 async def tool_names(client: Client) -> set[str]:
@@ -34,13 +20,13 @@ async def tool_names(client: Client) -> set[str]:
 
 
 async def test_sampling_tool_is_offered_only_through_the_proxy(
-    everything: list[str], fake_claude: FakeClaude
+    everything: str, fake_claude: FakeClaude
 ) -> None:
-    async with Client(stdio_params(everything, proxy_env()), mode="legacy") as direct:
+    async with Client(stdio_params([everything, "stdio"], proxy_env()), mode="legacy") as direct:
         assert "trigger-sampling-request" not in await tool_names(direct)
 
     fake_claude.enqueue(text_reply("Sampled by the fake Claude."))
-    argv = proxy_argv(upstream=everything)
+    argv = proxy_argv(upstream=[everything, "stdio"])
     async with Client(stdio_params(argv, proxy_env(fake_claude.url)), mode="legacy") as proxied:
         assert "trigger-sampling-request" in await tool_names(proxied)
         result = await proxied.call_tool("trigger-sampling-request", {"prompt": "Say hi", "maxTokens": 50})

@@ -21,7 +21,7 @@ import pytest
 from mcp import Client, types
 
 from tests.fake_claude import FakeClaude, text_reply, tool_use_reply
-from tests.harness import proxy_env, python_server
+from tests.harness import proxy_env, python_server, tool_json
 from tests.sidecar_harness import (
     HANDSHAKE_HEADERS,
     HTTP_TIMEOUT,
@@ -40,13 +40,6 @@ SAMPLING_SERVER = python_server("sampling_server.py")
 CHATTY_SERVER = python_server("chatty_server.py")
 ECHO_SERVER = python_server("echo_server.py")
 TOKEN = "test-token-0123456789abcdef"
-
-
-def tool_json(result: types.CallToolResult) -> Any:
-    assert not result.is_error, result
-    block = result.content[0]
-    assert isinstance(block, types.TextContent)
-    return json.loads(block.text)
 
 
 def pid_alive(pid: int) -> bool:

@@ -2,33 +2,19 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from mcp import Client, types
 from mcp.client.context import ClientRequestContext
 
 from tests.fake_claude import FakeClaude, text_reply
-from tests.harness import ROOT, proxy_env
+from tests.harness import proxy_env
 from tests.sidecar_harness import run_sidecar
 
 pytestmark = [pytest.mark.anyio, pytest.mark.npm]
 
-EVERYTHING = ROOT / "tests" / "npm" / "node_modules" / ".bin" / "mcp-server-everything"
-
-
-@pytest.fixture
-def everything() -> list[str]:
-    if not EVERYTHING.exists():
-        message = "npm peers not installed: run scripts/setup --npm"
-        if os.environ.get("MCP_BACKFILL_TEST_REQUIRE_NPM"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return [str(EVERYTHING), "stdio"]
-
 
 async def test_sampling_for_http_clients_with_and_without_sampling(
-    everything: list[str], fake_claude: FakeClaude
+    everything: str, fake_claude: FakeClaude
 ) -> None:
     fake_claude.enqueue(text_reply("Sampled by the fake Claude."))
     asked: list[types.CreateMessageRequestParams] = []
@@ -41,7 +27,7 @@ async def test_sampling_for_http_clients_with_and_without_sampling(
             role="assistant", content=types.TextContent(text="Sampled by the client."), model="client-model"
         )
 
-    async with run_sidecar(upstream=everything, env=proxy_env(fake_claude.url)) as sidecar:
+    async with run_sidecar(upstream=[everything, "stdio"], env=proxy_env(fake_claude.url)) as sidecar:
         async with Client(sidecar.url, mode="legacy") as without:
             tools = {tool.name for tool in (await without.list_tools()).tools}
             assert "trigger-sampling-request" in tools

@@ -16,11 +16,11 @@ from typing import Any
 
 import httpx2
 import pytest
-from mcp import Client, types
+from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from tests.fake_claude import FakeClaude, text_reply, tool_use_reply
-from tests.harness import SERVERS, TEST_API_KEY, HttpServer, proxy_env, python_http_server
+from tests.harness import SERVERS, TEST_API_KEY, HttpServer, proxy_env, python_http_server, tool_json
 from tests.sidecar_harness import HANDSHAKE_HEADERS, HTTP_TIMEOUT, initialize_body, run_sidecar
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -28,13 +28,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::Deprecation
 SAMPLING_SERVER = [sys.executable, str(SERVERS / "sampling_server.py"), "--http", "127.0.0.1:0"]
 RESOLVE_SERVER = [sys.executable, str(SERVERS / "resolve_server.py"), "--http", "127.0.0.1:0"]
 NO_COMMAND: list[str] = []
-
-
-def tool_json(result: types.CallToolResult) -> Any:
-    assert not result.is_error, result
-    block = result.content[0]
-    assert isinstance(block, types.TextContent)
-    return json.loads(block.text)
 
 
 async def test_handshake_tool_loop_through_an_http_sidecar(fake_claude: FakeClaude) -> None:

@@ -17,7 +17,7 @@ import pytest
 from mcp import Client, types
 
 from tests.fake_claude import FakeClaude, hang_reply, text_reply, tool_use_reply
-from tests.harness import proxy_env, python_server
+from tests.harness import proxy_env, python_server, tool_json
 from tests.sidecar_harness import (
     HANDSHAKE_HEADERS,
     HTTP_TIMEOUT,
@@ -32,13 +32,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::Deprecation
 RESOLVE_SERVER = python_server("resolve_server.py")
 CHATTY_SERVER = python_server("chatty_server.py")
 VERSION = "2026-07-28"
-
-
-def tool_json(result: types.CallToolResult) -> Any:
-    assert not result.is_error, result
-    block = result.content[0]
-    assert isinstance(block, types.TextContent)
-    return json.loads(block.text)
 
 
 def modern_request(request_id: Any, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp import Client, types
+from mcp import Client
 
 from tests.fake_claude import FakeClaude, message_reply, text_reply
 from tests.harness import (
@@ -30,6 +30,7 @@ from tests.harness import (
     python_server,
     raw_proxy,
     stdio_params,
+    tool_json,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -40,13 +41,6 @@ SAMPLING_SERVER = python_server("sampling_server.py")
 def client_for(fake: FakeClaude, *options: str) -> Client:
     argv = proxy_argv(*options, upstream=SAMPLING_SERVER)
     return Client(stdio_params(argv, proxy_env(fake.url)), mode="legacy")
-
-
-def tool_json(result: types.CallToolResult) -> Any:
-    assert not result.is_error, result
-    block = result.content[0]
-    assert isinstance(block, types.TextContent)
-    return json.loads(block.text)
 
 
 async def sample_raw(client: Client, params: dict[str, Any]) -> dict[str, Any]:
