@@ -14,11 +14,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2
 import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
+from tests.e2e.test_sidecar_modern import modern_headers, modern_request
 from tests.fake_claude import FakeClaude, text_reply, tool_use_reply
 from tests.harness import SERVERS, TEST_API_KEY, HttpServer, proxy_env, python_http_server, tool_json
 from tests.sidecar_harness import HANDSHAKE_HEADERS, HTTP_TIMEOUT, initialize_body, run_sidecar
@@ -111,3 +113,70 @@ async def test_client_authorization_reaches_the_upstream_only_when_asked(forward
             assert request["headers"]["authorization"] == "Bearer client-own-token"
         else:
             assert "authorization" not in request["headers"]
+
+
+async def list_tools_as(http: httpx2.AsyncClient, url: str, who: str, request_id: int) -> httpx2.Response:
+    """A 2026-07-28 `tools/list` with the client's own `Authorization: Bearer <who>`; the cursor
+    names the client too, so the upstream's record shows whose request each POST carried."""
+    body = modern_request(request_id, "tools/list", {"cursor": who})
+    headers = {**modern_headers("tools/list"), "authorization": f"Bearer {who}"}
+    return await http.post(url, json=body, headers=headers)
+
+
+async def test_2026_requests_carry_their_own_clients_authorization() -> None:
+    async with recorder() as (upstream, recorded):
+        async with (
+            run_sidecar(
+                "--upstream-url",
+                upstream.url,
+                "--provider",
+                "mock",
+                "--forward-authorization",
+                upstream=NO_COMMAND,
+                env=proxy_env(),
+            ) as sidecar,
+            httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+        ):
+            for request_id, who in enumerate(["alpha", "beta", "alpha", "gamma", "beta"], start=1):
+                response = await list_tools_as(http, sidecar.url, who, request_id)
+                assert response.status_code == 200, response.text
+        requests = [
+            r for r in recorded() if isinstance(r["body"], dict) and "cursor" in r["body"].get("params", {})
+        ]
+    assert sorted(r["body"]["params"]["cursor"] for r in requests) == [
+        "alpha",
+        "alpha",
+        "beta",
+        "beta",
+        "gamma",
+    ]
+    for request in requests:
+        assert request["headers"]["authorization"] == f"Bearer {request['body']['params']['cursor']}"
+
+
+async def test_2026_credentials_beyond_max_sessions_wait_for_an_idle_one() -> None:
+    async with recorder() as (upstream, _):
+        options = ("--forward-authorization", "--max-sessions", "1", "--session-idle-timeout", "1")
+        async with (
+            run_sidecar(
+                "--upstream-url",
+                upstream.url,
+                "--provider",
+                "mock",
+                *options,
+                upstream=NO_COMMAND,
+                env=proxy_env(),
+            ) as sidecar,
+            httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+        ):
+            assert (await list_tools_as(http, sidecar.url, "alpha", 1)).status_code == 200
+            refused = await list_tools_as(http, sidecar.url, "beta", 2)
+            assert refused.status_code == 503
+            assert "--max-sessions" in refused.json()["error"]["message"]
+            # alpha's upstream is closed once idle for a second; then beta gets one.
+            with anyio.fail_after(HTTP_TIMEOUT):
+                while (await list_tools_as(http, sidecar.url, "beta", 3)).status_code == 503:
+                    await anyio.sleep(0.2)
+            log = sidecar.stderr()
+    assert "idle upstream for 2026-07-28 requests closed" in log
+    assert "Bearer" not in log

@@ -85,7 +85,7 @@ class SidecarApp:
             "status": "draining" if self.draining else "ok",
             "version": __version__,
             "sessions": len(self.handshake.sessions),
-            "requests_in_flight_2026": self.modern.hub.in_flight,
+            "requests_in_flight_2026": self.modern.hubs.in_flight,
         }
         await call.respond(503 if self.draining else 200, json_bytes(body))
 

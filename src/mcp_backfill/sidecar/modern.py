@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -70,6 +71,7 @@ class ModernHub:
         self._lock = anyio.Lock()
         self._tg: TaskGroup | None = None
         self._headers: dict[str, str] = {}
+        self.last_used = anyio.current_time()
 
     def start(self, tg: TaskGroup) -> None:
         self._tg = tg
@@ -125,9 +127,74 @@ class ModernHub:
             self._scope.cancel()
 
 
+class ModernHubs:
+    """The hubs that serve 2026-07-28 requests: one for every client, unless each client's own
+    `Authorization` goes to the upstream (--forward-authorization). A hub's upstream is opened with
+    the headers of the request that started it, so then each distinct `Authorization` value gets a
+    hub of its own: no request ever reaches the upstream with another client's credentials. Such
+    hubs count against `max_hubs` and are stopped once idle for `idle_timeout` (0: never)."""
+
+    def __init__(
+        self,
+        make_hub: Callable[[], ModernHub],
+        *,
+        per_authorization: bool,
+        max_hubs: int,
+        idle_timeout: float,
+    ) -> None:
+        self._make_hub = make_hub
+        self._per_authorization = per_authorization
+        self._max_hubs = max_hubs if per_authorization else 1
+        self._idle_timeout = idle_timeout
+        self._hubs: dict[str, ModernHub] = {}
+        self._tg: TaskGroup | None = None
+
+    def start(self, tg: TaskGroup) -> None:
+        self._tg = tg
+        if self._per_authorization and self._idle_timeout > 0:
+            tg.start_soon(self._reap_idle)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(hub.in_flight for hub in self._hubs.values())
+
+    def __len__(self) -> int:
+        return len(self._hubs)
+
+    async def mux(self, headers: dict[str, str]) -> MuxChannel | None:
+        """The live mux of the hub for these headers (None: `max_hubs` are busy with other
+        credentials); raises `UpstreamStartError`."""
+        key = headers.get("authorization", "") if self._per_authorization else ""
+        hub = self._hubs.get(key)
+        if hub is None:
+            if len(self._hubs) >= self._max_hubs:
+                return None
+            assert self._tg is not None
+            hub = self._hubs[key] = self._make_hub()
+            hub.start(self._tg)
+        hub.last_used = anyio.current_time()
+        return await hub.mux(headers)
+
+    async def _reap_idle(self) -> None:
+        while True:
+            await anyio.sleep(min(self._idle_timeout / 2, 30.0))
+            now = anyio.current_time()
+            for key, hub in list(self._hubs.items()):
+                if hub.in_flight:
+                    hub.last_used = now
+                elif now - hub.last_used >= self._idle_timeout:
+                    del self._hubs[key]
+                    hub.stop()
+                    log.info("idle upstream for 2026-07-28 requests closed (one client credential)")
+
+    def stop(self) -> None:
+        for hub in self._hubs.values():
+            hub.stop()
+
+
 class ModernFront:
-    def __init__(self, hub: ModernHub, settings: FrontSettings) -> None:
-        self.hub = hub
+    def __init__(self, hubs: ModernHubs, settings: FrontSettings) -> None:
+        self.hubs = hubs
         self.settings = settings
 
     async def handle(self, call: HttpCall, upstream_headers: dict[str, str]) -> None:
@@ -164,11 +231,19 @@ class ModernFront:
             await call.respond_error(503, jsonrpc.INTERNAL_ERROR, "Service Unavailable: shutting down")
             return
         try:
-            mux = await self.hub.mux(upstream_headers)
+            mux = await self.hubs.mux(upstream_headers)
         except UpstreamStartError as exc:
             log.error(str(exc))
             await call.respond_error(
                 200, jsonrpc.INTERNAL_ERROR, f"Upstream MCP server could not be started: {exc}", decoded["id"]
+            )
+            return
+        if mux is None:
+            await call.respond_error(
+                503,
+                jsonrpc.INTERNAL_ERROR,
+                "Too many client credentials in use at once (--max-sessions); try again later",
+                decoded["id"],
             )
             return
         exchange, rewritten = mux.open(decoded)

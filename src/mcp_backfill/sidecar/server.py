@@ -28,7 +28,7 @@ from mcp_backfill.sidecar.app import SidecarApp
 from mcp_backfill.sidecar.handshake import HandshakeFront
 from mcp_backfill.sidecar.http_io import FrontSettings
 from mcp_backfill.sidecar.metrics import Metrics
-from mcp_backfill.sidecar.modern import ModernFront, ModernHub
+from mcp_backfill.sidecar.modern import ModernFront, ModernHub, ModernHubs
 from mcp_backfill.sidecar.security import AccessPolicy, default_allowed_hosts, default_allowed_origins
 from mcp_backfill.sidecar.sessions import SessionSettings, SessionTable
 from mcp_backfill.sidecar.upstreams import UpstreamFactory, child_process_upstreams, http_upstreams
@@ -87,7 +87,7 @@ async def run_sidecar(config: Config) -> int:
     relays = itertools.count(1)
 
     def make_relay(client: MessageChannel, upstream: MessageChannel) -> Relay:
-        # Each relay is one client session (or the shared 2026 hub): its own token budget.
+        # Each relay is one client session (or a 2026 hub): its own token budget.
         session = sampler.spend.new_session(f"http-{next(relays)}")
         return Relay(options, sampler, client, upstream, session=session)
 
@@ -108,16 +108,21 @@ async def run_sidecar(config: Config) -> int:
         make_relay,
         count,
     )
-    hub = ModernHub(open_upstream, make_relay, count)
+    hubs = ModernHubs(
+        lambda: ModernHub(open_upstream, make_relay, count),
+        per_authorization=config.forward_authorization,
+        max_hubs=config.max_sessions,
+        idle_timeout=config.session_idle_timeout,
+    )
     front = FrontSettings(config.max_message_bytes)
-    app = SidecarApp(policy, HandshakeFront(sessions, front), ModernFront(hub, front), metrics)
+    app = SidecarApp(policy, HandshakeFront(sessions, front), ModernFront(hubs, front), metrics)
     metrics.gauge(
         "mcp_backfill_active_sessions", "open handshake-era client sessions", lambda: [((), len(sessions))]
     )
     metrics.gauge(
         "mcp_backfill_requests_in_flight_2026",
         "2026-07-28 requests waiting for their answer",
-        lambda: [((), hub.in_flight)],
+        lambda: [((), hubs.in_flight)],
     )
     server = _Server(
         uvicorn.Config(
@@ -133,7 +138,7 @@ async def run_sidecar(config: Config) -> int:
     try:
         async with anyio.create_task_group() as tg:
             sessions.start(tg)
-            hub.start(tg)
+            hubs.start(tg)
             tg.start_soon(_watch_signals, server, app)
             url = f"http://{_url_host(config.host)}:{port}/mcp"
             log.info(
@@ -152,7 +157,7 @@ async def run_sidecar(config: Config) -> int:
             await server.serve(sockets=[sock])
             log.info("stopping every session", extra={"sessions": len(sessions)})
             with anyio.CancelScope(shield=True):
-                hub.stop()
+                hubs.stop()
                 await sessions.close_all()
             tg.cancel_scope.cancel()
     finally:
