@@ -147,6 +147,15 @@ def response_messages(response: httpx2.Response) -> list[Any]:
     return [response.json()]
 
 
+def response_to(response: httpx2.Response, request_id: Any) -> Any:
+    """The one JSON-RPC response with `request_id` in a POST's answer. Other messages may share the
+    stream: a stdio upstream's notification that arrives while this is the only request in flight
+    is routed to it (e.g. the echo server's announcement of `notifications/initialized`)."""
+    replies = [m for m in response_messages(response) if "method" not in m and m.get("id") == request_id]
+    assert len(replies) == 1, response.text
+    return replies[0]
+
+
 async def open_session(http: httpx2.AsyncClient, url: str, headers: Mapping[str, str] | None = None) -> str:
     """initialize + notifications/initialized over raw HTTP; returns the session id."""
     response = await http.post(url, json=initialize_body(), headers={**HANDSHAKE_HEADERS, **(headers or {})})

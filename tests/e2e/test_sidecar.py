@@ -30,6 +30,7 @@ from tests.sidecar_harness import (
     initialize_body,
     open_session,
     response_messages,
+    response_to,
     run_sidecar,
     sse_messages,
 )
@@ -230,7 +231,7 @@ async def test_body_limit_gives_413_and_the_session_goes_on() -> None:
         assert "--max-message-bytes" in big.json()["error"]["message"]
         small = await http.post(sidecar.url, json=call(3, "ping/echo", {"n": 1}), headers=headers)
         assert small.status_code == 200
-        [reply] = response_messages(small)
+        reply = response_to(small, 3)
         assert reply["id"] == 3
         assert reply["result"]["echo"]["params"] == {"n": 1}
 
@@ -267,7 +268,7 @@ async def test_idle_sessions_are_reaped(tmp_path: Path) -> None:
             json=call(2, "tools/call", {"name": "sleep", "arguments": {"seconds": 1.5}}),
             headers=headers,
         )
-        [reply] = response_messages(slow)
+        reply = response_to(slow, 2)
         assert json.loads(reply["result"]["content"][0]["text"]) == {"slept": 1.5}
         [marker] = list(tmp_path.glob("started-*"))
         pid = int(marker.name.removeprefix("started-"))
@@ -330,7 +331,7 @@ async def test_delete_ends_the_session_and_its_child() -> None:
         answer = await http.post(
             sidecar.url, json=call(2, "tools/call", {"name": "pid", "arguments": {}}), headers=headers
         )
-        [reply] = response_messages(answer)
+        reply = response_to(answer, 2)
         pid = json.loads(reply["result"]["content"][0]["text"])["pid"]
         assert pid_alive(pid)
         deleted = await http.delete(sidecar.url, headers={"mcp-session-id": session_id})
@@ -377,7 +378,7 @@ async def test_upstream_exit_fails_pending_requests_and_ends_the_session(tmp_pat
         # The other client session, with its own upstream process, is untouched.
         other = await http.post(sidecar.url, json=call(5, "tools/list"), headers=bystander)
         assert other.status_code == 200
-        [listed] = response_messages(other)
+        listed = response_to(other, 5)
         assert listed["id"] == 5
         assert "tools" in listed["result"]
 
