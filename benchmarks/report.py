@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from benchmarks.measure import Samples, median, percentile
+
 TargetKind = Literal["added_max", "ratio_max", "ratio_min", "proxied_max"]
 
 TABLE_HEADER = ("scenario", "direct", "proxied", "ratio / added", "target", "met?")
@@ -156,3 +158,22 @@ def write_results(
     document = {"command": command, "machine": machine, "rows": [row.to_json() for row in rows]}
     json_path.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return md_path, json_path
+
+
+def latency_rows(
+    scenario: str, p50_title: str, p99_title: str, unit: str, samples: Samples, target: Target | None = None
+) -> list[Row]:
+    """The p50 row (which carries the target, if any) and the p99 row of one latency, direct
+    against proxied."""
+    detail = {"samples_per_arm": len(samples.direct)}
+    return [
+        Row(scenario, p50_title, unit, median(samples.direct), median(samples.proxied), target, detail),
+        Row(
+            scenario,
+            p99_title,
+            unit,
+            percentile(samples.direct, 99),
+            percentile(samples.proxied, 99),
+            detail=detail,
+        ),
+    ]

@@ -134,13 +134,7 @@ async def raw_proxy(argv: Sequence[str], env: Mapping[str, str]) -> AsyncIterato
             try:
                 yield session
             finally:
-                if process.returncode is None:
-                    process.terminate()
-                    with anyio.move_on_after(10):
-                        await process.wait()
-                    if process.returncode is None:
-                        process.kill()
-                        await process.wait()
+                await stop_process(process)
                 for stream in (process.stdin, process.stdout):
                     if stream is not None:
                         await stream.aclose()
@@ -168,11 +162,11 @@ class HttpServer:
         return self.log_path.read_text(errors="replace")
 
 
-async def stop_process(process: Process) -> None:
-    """Terminate, then kill after 10 s; a process that already exited is fine."""
+async def stop_process(process: Process, grace: float = 10.0) -> None:
+    """Terminate, then kill after `grace` seconds; a process that already exited is fine."""
     with contextlib.suppress(ProcessLookupError):
         process.terminate()
-    with anyio.move_on_after(10, shield=True):
+    with anyio.move_on_after(grace, shield=True):
         await process.wait()
     if process.returncode is None:
         process.kill()

@@ -18,7 +18,7 @@ import anyio
 import httpx2
 from anyio.abc import Process
 
-from tests.harness import ROOT
+from tests.harness import ROOT, stop_process
 
 # The log line `serve` writes once it listens, as text (`port=N`) or JSON (`"port": N`).
 PORT_LINE = re.compile(r'serving streamable HTTP.*?\bport"?\s*[=:]\s*(\d+)')
@@ -87,13 +87,7 @@ async def run_sidecar(
                 sidecar = Sidecar(process, await _wait_for_port(process, stderr_path), stderr_path)
                 yield sidecar
             finally:
-                if process.returncode is None:
-                    process.terminate()
-                    with anyio.move_on_after(15):
-                        await process.wait()
-                    if process.returncode is None:
-                        process.kill()
-                        await process.wait()
+                await stop_process(process, grace=15)  # room for the sidecar's drain
                 if sidecar is not None:
                     sidecar.captured = stderr_path.read_text(errors="replace")
 

@@ -9,12 +9,13 @@ of it any extra process with two more pipe hops costs on this machine.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
-from benchmarks.measure import DIRECT, PROXIED, Samples, alternate, median, percentile
+from benchmarks.measure import DIRECT, PROXIED, Samples, alternate, median
 from benchmarks.procs import forwarder_command, proxy_command, raw_echo_command, started
 from benchmarks.rawclient import RawClient, check_answers, tool_call_line
-from benchmarks.report import Row, Target
+from benchmarks.report import Row, Target, latency_rows
 from benchmarks.scenarios import RunContext
 
 ADDED_P50_TARGET = Target("added_max", 100.0, "added ≤ 100 µs")
@@ -22,16 +23,14 @@ FORWARDER = "forwarder"
 ARMS = (DIRECT, PROXIED, FORWARDER)
 
 
-def echo_lines(count: int, first_id: int = 1000) -> list[bytes]:
-    return [tool_call_line(first_id + n, "echo", {"text": "hello"}) for n in range(count)]
-
-
-def run(ctx: RunContext) -> list[Row]:
-    s = ctx.settings
+@contextmanager
+def raw_echo_arms(ctx: RunContext, tag: str) -> Iterator[tuple[dict[str, RawClient], int]]:
+    """The raw echo server three ways, each session initialized: directly, through the proxy and
+    through the bare byte forwarder. Yields the clients by arm, and the proxy's pid."""
     with (
-        started(raw_echo_command(), ctx.logs, "1a-direct-echo") as direct_process,
-        started(proxy_command(raw_echo_command()), ctx.logs, "1a-proxy") as proxy_process,
-        started(forwarder_command(raw_echo_command()), ctx.logs, "1a-forwarder") as forwarder_process,
+        started(raw_echo_command(), ctx.logs, f"{tag}-direct-echo") as direct_process,
+        started(proxy_command(raw_echo_command()), ctx.logs, f"{tag}-proxy") as proxy_process,
+        started(forwarder_command(raw_echo_command()), ctx.logs, f"{tag}-forwarder") as forwarder_process,
     ):
         clients = {
             DIRECT: RawClient(direct_process),
@@ -40,6 +39,17 @@ def run(ctx: RunContext) -> list[Row]:
         }
         for client in clients.values():
             client.initialize()
+        yield clients, proxy_process.pid
+
+
+def echo_lines(count: int, first_id: int = 1000) -> list[bytes]:
+    return [tool_call_line(first_id + n, "echo", {"text": "hello"}) for n in range(count)]
+
+
+def run(ctx: RunContext) -> list[Row]:
+    s = ctx.settings
+    with raw_echo_arms(ctx, "1a") as (clients, _):
+        for client in clients.values():
             client.round_trips(echo_lines(s.warmup))
 
         latency_lines = echo_lines(s.raw_round_trips)
@@ -64,34 +74,20 @@ def run(ctx: RunContext) -> list[Row]:
             ctx.progress(f"throughput, {window} in flight")
             throughput[window] = alternate(s.rounds, throughput_batch, ARMS)
 
-    detail = {"samples_per_arm": len(latency.direct)}
-    rows = [
-        Row(
-            "1a",
-            "raw echo: round trip p50",
-            "µs",
-            median(latency.direct),
-            median(latency.proxied),
-            ADDED_P50_TARGET,
-            detail,
-        ),
+    rows = latency_rows(
+        "1a", "raw echo: round trip p50", "raw echo: round trip p99", "µs", latency, ADDED_P50_TARGET
+    )
+    rows.insert(
+        1,
         Row(
             "1a",
             "raw echo: round trip p50 via a bare byte forwarder (the floor)",
             "µs",
             median(latency.direct),
             median(latency.by_arm[FORWARDER]),
-            detail=detail,
+            detail=rows[0].detail,
         ),
-        Row(
-            "1a",
-            "raw echo: round trip p99",
-            "µs",
-            percentile(latency.direct, 99),
-            percentile(latency.proxied, 99),
-            detail=detail,
-        ),
-    ]
+    )
     for window, samples in throughput.items():
         rows.append(
             Row(

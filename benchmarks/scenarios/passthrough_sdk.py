@@ -15,9 +15,9 @@ import anyio
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from benchmarks.measure import DIRECT, PROXIED, Samples, alternate_async, median, percentile
+from benchmarks.measure import DIRECT, PROXIED, Samples, alternate_async, median
 from benchmarks.procs import ROOT, bench_env, proxy_command, sdk_server_command
-from benchmarks.report import Row, Target
+from benchmarks.report import Row, Target, latency_rows
 from benchmarks.scenarios import RunContext
 
 RATIO_TARGET = Target("ratio_max", 1.10, "≤ 1.10x direct")
@@ -81,26 +81,7 @@ async def measure(ctx: RunContext) -> tuple[Samples, dict[int, Samples]]:
 
 def run(ctx: RunContext) -> list[Row]:
     latency, throughput = anyio.run(measure, ctx)
-    detail = {"samples_per_arm": len(latency.direct)}
-    rows = [
-        Row(
-            "1b",
-            "SDK: tools/call p50",
-            "ms",
-            median(latency.direct),
-            median(latency.proxied),
-            RATIO_TARGET,
-            detail,
-        ),
-        Row(
-            "1b",
-            "SDK: tools/call p99",
-            "ms",
-            percentile(latency.direct, 99),
-            percentile(latency.proxied, 99),
-            detail=detail,
-        ),
-    ]
+    rows = latency_rows("1b", "SDK: tools/call p50", "SDK: tools/call p99", "ms", latency, RATIO_TARGET)
     for window, samples in throughput.items():
         rows.append(
             Row(

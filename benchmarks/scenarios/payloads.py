@@ -9,25 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from benchmarks.measure import DIRECT, PROXIED, alternate, median
+from benchmarks.measure import PROXIED, alternate, median
 from benchmarks.procs import (
-    forwarder_command,
     peak_rss,
-    proxy_command,
-    raw_echo_command,
     reset_peak_rss,
     rss,
-    started,
 )
-from benchmarks.rawclient import RawClient, check_answers, tool_call_line
+from benchmarks.rawclient import check_answers, tool_call_line
 from benchmarks.report import Row, Target
 from benchmarks.scenarios import RunContext
+from benchmarks.scenarios.passthrough_raw import ARMS, FORWARDER, raw_echo_arms
 from benchmarks.settings import MB
 
 TARGET_SIZE = 10 * MB
 TIME_TARGET = Target("ratio_max", 1.5, "≤ 1.5x direct")
-FORWARDER = "forwarder"
-ARMS = (DIRECT, PROXIED, FORWARDER)
 
 
 def size_label(size: int) -> str:
@@ -37,21 +32,11 @@ def size_label(size: int) -> str:
 def measure_size(ctx: RunContext, size: int) -> list[Row]:
     s = ctx.settings
     label = size_label(size)
-    with (
-        started(raw_echo_command(), ctx.logs, f"2-direct-echo-{size}") as direct_process,
-        started(proxy_command(raw_echo_command()), ctx.logs, f"2-proxy-{size}") as proxy_process,
-        started(forwarder_command(raw_echo_command()), ctx.logs, f"2-forwarder-{size}") as forwarder_process,
-    ):
-        clients = {
-            DIRECT: RawClient(direct_process),
-            PROXIED: RawClient(proxy_process),
-            FORWARDER: RawClient(forwarder_process),
-        }
+    with raw_echo_arms(ctx, f"2-{size}") as (clients, proxy_pid):
         for client in clients.values():
-            client.initialize()
             client.round_trips([tool_call_line(1, "echo", {"text": "warm"})] * 10)
-        idle = rss(proxy_process.pid)
-        peak_was_reset = reset_peak_rss(proxy_process.pid)
+        idle = rss(proxy_pid)
+        peak_was_reset = reset_peak_rss(proxy_pid)
         lines = [tool_call_line(2, "echo", {"size": size})] * s.payload_calls
         answer_bytes = 0
         for client in clients.values():  # the echo servers build and cache the payload once
@@ -67,7 +52,7 @@ def measure_size(ctx: RunContext, size: int) -> list[Row]:
         ctx.progress(f"{label} results")
         samples = alternate(s.rounds, batch, ARMS)
         check_answers(clients[PROXIED].round_trips(lines[:1])[1], lines[:1])
-        peak = peak_rss(proxy_process.pid)
+        peak = peak_rss(proxy_pid)
 
     growth_mb = (peak - idle) / MB
     memory_detail = {

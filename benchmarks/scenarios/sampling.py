@@ -16,10 +16,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from benchmarks.measure import DIRECT, alternate, median, percentile
+from benchmarks.measure import DIRECT, alternate, median
 from benchmarks.procs import PYTHON, bench_env, proxy_command, raw_echo_command, sdk_server_command, started
 from benchmarks.rawclient import RawClient, check_answers, tool_call_line
-from benchmarks.report import Row, Target
+from benchmarks.report import Row, Target, latency_rows
 from benchmarks.scenarios import RunContext
 
 OVERHEAD_TARGET = Target("added_max", 2.0, "added ≤ 2 ms")
@@ -112,27 +112,15 @@ def measure_overhead(ctx: RunContext, raw_upstream: bool) -> list[Row]:
 
         ctx.progress(f"sequential sampling requests, {tag} upstream")
         samples = alternate(s.rounds, batch)
-    detail = {"samples_per_arm": len(samples.direct)}
     who = "raw echo upstream (the proxy's own cost)" if raw_upstream else "SDK server upstream"
-    return [
-        Row(
-            "4",
-            f"sampling request p50, {who} (direct: the fake alone)",
-            "ms",
-            median(samples.direct),
-            median(samples.proxied),
-            OVERHEAD_TARGET if raw_upstream else None,
-            detail,
-        ),
-        Row(
-            "4",
-            f"sampling request p99, {who}",
-            "ms",
-            percentile(samples.direct, 99),
-            percentile(samples.proxied, 99),
-            detail=detail,
-        ),
-    ]
+    return latency_rows(
+        "4",
+        f"sampling request p50, {who} (direct: the fake alone)",
+        f"sampling request p99, {who}",
+        "ms",
+        samples,
+        OVERHEAD_TARGET if raw_upstream else None,
+    )
 
 
 def measure_concurrency(ctx: RunContext) -> list[Row]:

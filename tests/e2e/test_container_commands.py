@@ -19,6 +19,7 @@ import pytest
 
 from tests.container_files import DOCKERFILE, final_stage, healthcheck_command, load_compose, parse_dockerfile
 from tests.harness import ROOT, free_port, proxy_env
+from tests.sidecar_harness import HANDSHAKE_HEADERS, initialize_body
 
 
 def image_healthcheck() -> list[str]:
@@ -113,22 +114,9 @@ def weather_http(*args: str) -> Iterator[str]:
             process.stderr.close()
 
 
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "t", "version": "0"},
-    },
-}
-MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-
-
 def post_initialize(base_url: str, host: str) -> httpx.Response:
     return httpx.post(
-        f"{base_url}/mcp", content=json.dumps(INITIALIZE), headers={**MCP_HEADERS, "Host": host}
+        f"{base_url}/mcp", content=json.dumps(initialize_body()), headers={**HANDSHAKE_HEADERS, "Host": host}
     )
 
 

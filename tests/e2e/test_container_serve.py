@@ -26,7 +26,7 @@ from tests.container_files import (
 )
 from tests.fake_claude import FakeClaude, text_reply
 from tests.harness import EXAMPLES, ROOT, TEST_API_KEY, free_port, port_http_server, proxy_env
-from tests.sidecar_harness import run_sidecar
+from tests.sidecar_harness import HANDSHAKE_HEADERS, initialize_body, run_sidecar
 
 pytestmark = pytest.mark.anyio
 
@@ -78,18 +78,6 @@ def healthcheck(port: int) -> int:
     return subprocess.run(command, env=env, capture_output=True, timeout=30, check=False).returncode
 
 
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "t", "version": "0"},
-    },
-}
-
-
 async def test_the_image_command_serves_the_compose_stack(fake_claude: FakeClaude) -> None:
     fake_claude.enqueue(text_reply("One sentence from the fake Claude."))
     port = free_port()
@@ -97,11 +85,11 @@ async def test_the_image_command_serves_the_compose_stack(fake_claude: FakeClaud
         env = sidecar_env(fake_claude.url, port, upstream.url)
         async with run_sidecar(env=env) as sidecar:
             assert await anyio.to_thread.run_sync(healthcheck, port) == 0
-            headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+            headers = HANDSHAKE_HEADERS
             async with httpx.AsyncClient(timeout=10) as raw:
-                anonymous = await raw.post(sidecar.url, json=INITIALIZE, headers=headers)
+                anonymous = await raw.post(sidecar.url, json=initialize_body(), headers=headers)
                 wrong = await raw.post(
-                    sidecar.url, json=INITIALIZE, headers={**headers, "Authorization": "Bearer nope"}
+                    sidecar.url, json=initialize_body(), headers={**headers, "Authorization": "Bearer nope"}
                 )
             assert anonymous.status_code == 401
             assert wrong.status_code == 401

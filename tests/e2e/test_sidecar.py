@@ -125,49 +125,21 @@ async def test_auth_token_guards_mcp_and_metrics_but_not_healthz(tmp_path: Path)
     assert TOKEN not in sidecar.stderr()
 
 
+def serve_until_exit(*args: str) -> subprocess.CompletedProcess[str]:
+    """`mcp-backfill serve ARGS`, for a configuration that must refuse to start."""
+    argv = [sys.executable, "-m", "mcp_backfill", "serve", *args]
+    return subprocess.run(argv, capture_output=True, text=True, env=proxy_env(), timeout=30)
+
+
 def test_non_loopback_host_needs_a_token() -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mcp_backfill",
-            "serve",
-            "--host",
-            "0.0.0.0",
-            "--provider",
-            "mock",
-            "--",
-            "true",
-        ],
-        capture_output=True,
-        text=True,
-        env=proxy_env(),
-        timeout=30,
-    )
+    result = serve_until_exit("--host", "0.0.0.0", "--provider", "mock", "--", "true")
     assert result.returncode == 2
     assert "--allow-unauthenticated" in result.stderr
     assert "MCP_BACKFILL_AUTH_TOKEN" in result.stderr
 
 
 def test_unknown_upstream_command_fails_at_startup() -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mcp_backfill",
-            "serve",
-            "--port",
-            "0",
-            "--provider",
-            "mock",
-            "--",
-            "/nonexistent/srv",
-        ],
-        capture_output=True,
-        text=True,
-        env=proxy_env(),
-        timeout=30,
-    )
+    result = serve_until_exit("--port", "0", "--provider", "mock", "--", "/nonexistent/srv")
     assert result.returncode == 127
     assert "/nonexistent/srv" in result.stderr
     assert "command not found" in result.stderr

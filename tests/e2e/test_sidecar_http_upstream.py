@@ -10,7 +10,7 @@ import json
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from mcp.shared.exceptions import MCPError
 from tests.e2e.test_sidecar_modern import modern_headers, modern_request
 from tests.fake_claude import FakeClaude, text_reply, tool_use_reply
 from tests.harness import SERVERS, TEST_API_KEY, HttpServer, proxy_env, python_http_server, tool_json
-from tests.sidecar_harness import HANDSHAKE_HEADERS, HTTP_TIMEOUT, initialize_body, run_sidecar
+from tests.sidecar_harness import HANDSHAKE_HEADERS, HTTP_TIMEOUT, Sidecar, initialize_body, run_sidecar
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -123,18 +123,16 @@ async def list_tools_as(http: httpx2.AsyncClient, url: str, who: str, request_id
     return await http.post(url, json=body, headers=headers)
 
 
+def forwarding_sidecar(upstream: HttpServer, *options: str) -> AbstractAsyncContextManager[Sidecar]:
+    """The sidecar in front of `upstream`, passing each client's own `Authorization` on."""
+    argv = ("--upstream-url", upstream.url, "--provider", "mock", "--forward-authorization", *options)
+    return run_sidecar(*argv, upstream=NO_COMMAND, env=proxy_env())
+
+
 async def test_2026_requests_carry_their_own_clients_authorization() -> None:
     async with recorder() as (upstream, recorded):
         async with (
-            run_sidecar(
-                "--upstream-url",
-                upstream.url,
-                "--provider",
-                "mock",
-                "--forward-authorization",
-                upstream=NO_COMMAND,
-                env=proxy_env(),
-            ) as sidecar,
+            forwarding_sidecar(upstream) as sidecar,
             httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
         ):
             for request_id, who in enumerate(["alpha", "beta", "alpha", "gamma", "beta"], start=1):
@@ -155,28 +153,19 @@ async def test_2026_requests_carry_their_own_clients_authorization() -> None:
 
 
 async def test_2026_credentials_beyond_max_sessions_wait_for_an_idle_one() -> None:
-    async with recorder() as (upstream, _):
-        options = ("--forward-authorization", "--max-sessions", "1", "--session-idle-timeout", "1")
-        async with (
-            run_sidecar(
-                "--upstream-url",
-                upstream.url,
-                "--provider",
-                "mock",
-                *options,
-                upstream=NO_COMMAND,
-                env=proxy_env(),
-            ) as sidecar,
-            httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
-        ):
-            assert (await list_tools_as(http, sidecar.url, "alpha", 1)).status_code == 200
-            refused = await list_tools_as(http, sidecar.url, "beta", 2)
-            assert refused.status_code == 503
-            assert "--max-sessions" in refused.json()["error"]["message"]
-            # alpha's upstream is closed once idle for a second; then beta gets one.
-            with anyio.fail_after(HTTP_TIMEOUT):
-                while (await list_tools_as(http, sidecar.url, "beta", 3)).status_code == 503:
-                    await anyio.sleep(0.2)
-            log = sidecar.stderr()
+    async with (
+        recorder() as (upstream, _),
+        forwarding_sidecar(upstream, "--max-sessions", "1", "--session-idle-timeout", "1") as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        assert (await list_tools_as(http, sidecar.url, "alpha", 1)).status_code == 200
+        refused = await list_tools_as(http, sidecar.url, "beta", 2)
+        assert refused.status_code == 503
+        assert "--max-sessions" in refused.json()["error"]["message"]
+        # alpha's upstream is closed once idle for a second; then beta gets one.
+        with anyio.fail_after(HTTP_TIMEOUT):
+            while (await list_tools_as(http, sidecar.url, "beta", 3)).status_code == 503:
+                await anyio.sleep(0.2)
+        log = sidecar.stderr()
     assert "idle upstream for 2026-07-28 requests closed" in log
     assert "Bearer" not in log
