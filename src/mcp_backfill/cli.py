@@ -38,7 +38,6 @@ from mcp_backfill.config import (
     PLATFORM_SECRET_ENV_VARS,
     PROVIDERS,
     Config,
-    ConfigError,
     Secret,
     env_name,
     parse_bool,
@@ -47,6 +46,7 @@ from mcp_backfill.config import (
     secret_from_env,
     split_list,
 )
+from mcp_backfill.errors import ConfigError
 from mcp_backfill.logs import configure_logging, get_logger
 
 T = TypeVar("T")
@@ -492,9 +492,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mcp-backfill: error: {exc}", file=sys.stderr)
         return 2
     configure_logging(config.log_level, config.log_format, config.secrets())
+    from mcp_backfill.errors import BindError, UpstreamStartError
     from mcp_backfill.proxy import run_stdio_proxy
-    from mcp_backfill.sidecar.server import BindError, run_sidecar
-    from mcp_backfill.transports.stdio import UpstreamStartError
+    from mcp_backfill.sidecar.server import run_sidecar
 
     run = run_sidecar if config.front == "http" else run_stdio_proxy
     try:

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from mcp_backfill.errors import ConfigError
+
 Mode = Literal["fallback", "always", "off"]
 ProviderName = Literal["anthropic", "bedrock", "vertex", "mock"]
 LogFormat = Literal["text", "json"]
@@ -85,10 +87,6 @@ RESERVED_UPSTREAM_HEADERS = frozenset(
         "mcp-name",
     }
 )
-
-
-class ConfigError(ValueError):
-    """A configuration the proxy refuses to start with; the message tells the user what to change."""
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-MODERN_VERSION = "2026-07-28"
-META_PROTOCOL_VERSION = "io.modelcontextprotocol/protocolVersion"
-META_CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
-INPUT_REQUIRED_METHODS = frozenset({"tools/call", "prompts/get", "resources/read"})
-DISCOVER_METHOD = "server/discover"
-INPUT_REQUIRED = "input_required"
-SAMPLING_METHOD = "sampling/createMessage"
+from mcp_backfill import protocol
 
 # A `requestState` the proxy hands to the client when it keeps some answers of a round itself.
 STATE_PREFIX = "mcp-backfill.v1."
@@ -31,25 +25,25 @@ STATE_PREFIX = "mcp-backfill.v1."
 def envelope(params: Any) -> dict[str, Any] | None:
     """The request's `_meta` when it carries a 2026-style envelope (a protocol version), else None."""
     meta = params.get("_meta") if isinstance(params, dict) else None
-    if isinstance(meta, dict) and isinstance(meta.get(META_PROTOCOL_VERSION), str):
+    if isinstance(meta, dict) and isinstance(meta.get(protocol.META_PROTOCOL_VERSION), str):
         return meta
     return None
 
 
 def declared_capabilities(meta: dict[str, Any]) -> dict[str, Any]:
-    capabilities = meta.get(META_CLIENT_CAPABILITIES)
+    capabilities = meta.get(protocol.META_CLIENT_CAPABILITIES)
     return capabilities if isinstance(capabilities, dict) else {}
 
 
 def with_capabilities(message: dict[str, Any], capabilities: dict[str, Any]) -> dict[str, Any]:
     """A copy of a request whose envelope declares `capabilities`; everything else is shared."""
     params = message["params"]
-    meta = {**params["_meta"], META_CLIENT_CAPABILITIES: capabilities}
+    meta = {**params["_meta"], protocol.META_CLIENT_CAPABILITIES: capabilities}
     return {**message, "params": {**params, "_meta": meta}}
 
 
 def is_input_required(result: Any) -> TypeGuard[dict[str, Any]]:
-    return isinstance(result, dict) and result.get("resultType") == INPUT_REQUIRED
+    return isinstance(result, dict) and result.get("resultType") == protocol.INPUT_REQUIRED
 
 
 @dataclass(frozen=True)
@@ -77,7 +71,7 @@ def split_round(result: dict[str, Any], proxy_answers: Callable[[dict[str, Any]]
             params = request.get("params") if isinstance(request, dict) else None
             if (
                 isinstance(request, dict)
-                and request.get("method") == SAMPLING_METHOD
+                and request.get("method") == protocol.SAMPLING
                 and isinstance(params, dict)
                 and proxy_answers(params)
             ):

@@ -8,11 +8,6 @@ from typing import Any
 
 import orjson
 
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
-
 Id = int | str | float | None
 IdKey = tuple[bool, Any]
 

@@ -14,20 +14,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mcp_backfill import jsonrpc
-from mcp_backfill.providers.base import StreamProgress
+from mcp_backfill import jsonrpc, protocol
+from mcp_backfill.sampling.provider import StreamProgress
 
-PROGRESS_NOTIFICATION = "notifications/progress"
 DEFAULT_INTERVAL = 0.25  # at most four notifications a second per request
-
-
-def progress_token(params: dict[str, Any]) -> str | int | None:
-    """The request's `_meta.progressToken` (a string or an integer), if any."""
-    meta = params.get("_meta")
-    token = meta.get("progressToken") if isinstance(meta, dict) else None
-    if isinstance(token, bool) or not isinstance(token, str | int):
-        return None
-    return token
 
 
 class ProgressNotifier:
@@ -74,14 +64,12 @@ class ProgressNotifier:
             params["total"] = total
         params["message"] = message
         self._sent, self._sent_at = value, self._clock()
-        await self._send(
-            jsonrpc.encode({"jsonrpc": "2.0", "method": PROGRESS_NOTIFICATION, "params": params})
-        )
+        await self._send(jsonrpc.encode({"jsonrpc": "2.0", "method": protocol.PROGRESS, "params": params}))
 
 
 def progress_notifier(
     params: dict[str, Any], send: Callable[[bytes], Awaitable[None]]
 ) -> ProgressNotifier | None:
     """A notifier for this sampling request, or None when it asked for no progress."""
-    token = progress_token(params)
+    token = protocol.progress_token(params)
     return None if token is None else ProgressNotifier(token, send)

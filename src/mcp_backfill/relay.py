@@ -27,24 +27,19 @@ import anyio
 from anyio.abc import TaskGroup
 
 from mcp_backfill import input_required as ir
-from mcp_backfill import jsonrpc
+from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.config import Era, Mode
+from mcp_backfill.errors import MessageTooLarge, SamplingError
 from mcp_backfill.logs import get_logger
 from mcp_backfill.progress import progress_notifier
-from mcp_backfill.providers.base import ProgressCallback
-from mcp_backfill.sampling.errors import SamplingError
+from mcp_backfill.sampling.provider import ProgressCallback
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.sampling.spend import SamplingSession
-from mcp_backfill.transports.base import MessageChannel, MessageTooLarge
+from mcp_backfill.transports.base import MessageChannel
 
 log = get_logger("relay")
 
-SAMPLING_METHOD = ir.SAMPLING_METHOD
-CANCELLED_NOTIFICATION = "notifications/cancelled"
-HANDSHAKE_VERSIONS = frozenset({"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"})
-SUPPORTED_VERSIONS = HANDSHAKE_VERSIONS | {ir.MODERN_VERSION}
 BACKFILLED_SAMPLING: dict[str, Any] = {"tools": {}}
-METHOD_NOT_FOUND = -32601
 # Upstream responses this large are routed by the id at their head, without decoding them.
 LARGE_MESSAGE = 64 * 1024
 # Ids the proxy gives its own re-sent requests; a string prefix no SDK counter produces.
@@ -191,7 +186,7 @@ class Relay:
         for request in waiting.values():
             if request.chain is not None and request.chain.scope is not None:
                 request.chain.scope.cancel()
-            await self._reply_error(request.request_id, jsonrpc.INTERNAL_ERROR, reason)
+            await self._reply_error(request.request_id, protocol.INTERNAL_ERROR, reason)
 
     async def _pump_client(self, on_client_closed: Callable[[], Awaitable[None]]) -> None:
         while True:
@@ -233,17 +228,17 @@ class Relay:
         )
         hint = f"Message too large: {exc}; raise --max-message-bytes to allow it"
         if is_request or (from_client and not found):
-            reply = jsonrpc.encode(jsonrpc.error_response(request_id, jsonrpc.INVALID_REQUEST, hint))
+            reply = jsonrpc.encode(jsonrpc.error_response(request_id, protocol.INVALID_REQUEST, hint))
             await (self._send_client(reply) if from_client else self._send_upstream(reply))
         elif found and from_client:
             await self._send_upstream(
-                jsonrpc.encode(jsonrpc.error_response(request_id, jsonrpc.INTERNAL_ERROR, hint))
+                jsonrpc.encode(jsonrpc.error_response(request_id, protocol.INTERNAL_ERROR, hint))
             )
         elif found:
             pending = self.state.client_requests.pop(jsonrpc.id_key(request_id), None)
             if pending is not None:
                 self._end_chain(pending)
-                await self._reply_error(pending.request_id, jsonrpc.INTERNAL_ERROR, hint)
+                await self._reply_error(pending.request_id, protocol.INTERNAL_ERROR, hint)
 
     # -- client -> upstream ----------------------------------------------------------------------
 
@@ -255,7 +250,7 @@ class Relay:
                 "malformed message from client", extra={"error": str(exc), "line": jsonrpc.preview(raw)}
             )
             await self._send_client(
-                jsonrpc.encode(jsonrpc.error_response(None, jsonrpc.PARSE_ERROR, f"Parse error: {exc}"))
+                jsonrpc.encode(jsonrpc.error_response(None, protocol.PARSE_ERROR, f"Parse error: {exc}"))
             )
             return
         replies: list[dict[str, Any]] = []
@@ -282,25 +277,25 @@ class Relay:
             return message
         method = message.get("method")
         if "id" in message and isinstance(method, str):
-            if method == ir.DISCOVER_METHOD and self.options.era == "handshake":
+            if method == protocol.DISCOVER and self.options.era == "handshake":
                 replies.append(
                     jsonrpc.error_response(
                         message["id"],
-                        METHOD_NOT_FOUND,
+                        protocol.METHOD_NOT_FOUND,
                         "Method not found: server/discover (mcp-backfill runs with --era handshake; "
                         "use initialize)",
                     )
                 )
                 return None
             pending = PendingRequest(method, message["id"])
-            if method == "initialize":
+            if method == protocol.INITIALIZE:
                 self.state.client_requests[jsonrpc.id_key(message["id"])] = pending
                 return self._rewrite_initialize(message)
             rewritten = self._rewrite_modern_request(message, pending, replies)
             if rewritten is not None:
                 self.state.client_requests[jsonrpc.id_key(message["id"])] = pending
             return rewritten
-        if method == CANCELLED_NOTIFICATION:
+        if method == protocol.CANCELLED:
             return self._client_cancelled(message)
         return message
 
@@ -334,18 +329,18 @@ class Relay:
         Returns the message to send upstream, or None when the proxy answered it itself.
         """
         meta = ir.envelope(message.get("params"))
-        if meta is None or pending.method == ir.DISCOVER_METHOD:
+        if meta is None or pending.method == protocol.DISCOVER:
             return message
-        version = meta[ir.META_PROTOCOL_VERSION]
+        version = meta[protocol.META_PROTOCOL_VERSION]
         self._check_version(version)
-        if version != ir.MODERN_VERSION:
+        if version != protocol.STATELESS_VERSION:
             return message  # an unknown revision passes through untouched
         declared = ir.declared_capabilities(meta)
         merged = backfill_capabilities(declared, self.mode)
         if merged is None:
             return message  # nothing to backfill: every round goes to the client untouched
         rewritten = ir.with_capabilities(message, merged)
-        if pending.method not in ir.INPUT_REQUIRED_METHODS:
+        if pending.method not in protocol.INPUT_REQUIRED_METHODS:
             return rewritten
         params: dict[str, Any] = rewritten["params"]
         rounds = 0
@@ -356,7 +351,7 @@ class Relay:
                 replies.append(
                     jsonrpc.error_response(
                         message["id"],
-                        jsonrpc.INVALID_PARAMS,
+                        protocol.INVALID_PARAMS,
                         "requestState expired or unknown: mcp-backfill keeps its answers to a round "
                         f"for {self.options.input_stash_ttl:g} s; retry the request from the start",
                     )
@@ -392,7 +387,7 @@ class Relay:
         return {**message, "params": {**params, "requestId": chain.upstream_id}}
 
     def _check_version(self, version: str) -> None:
-        if version in SUPPORTED_VERSIONS or version in self.state.warned_versions:
+        if version in protocol.SUPPORTED_VERSIONS or version in self.state.warned_versions:
             return
         self.state.warned_versions.add(version)
         log.warning(
@@ -444,7 +439,7 @@ class Relay:
             return False
         key = jsonrpc.id_key(upstream_id)
         pending = self.state.client_requests.get(key)
-        if pending is None or pending.chain is not None or pending.method == "initialize":
+        if pending is None or pending.chain is not None or pending.method == protocol.INITIALIZE:
             return False
         if jsonrpc.id_key(pending.request_id) != key:
             return False
@@ -465,14 +460,14 @@ class Relay:
         method = message.get("method")
         if method is None:
             return self._upstream_response(message)
-        if method == SAMPLING_METHOD and "id" in message:
+        if method == protocol.SAMPLING and "id" in message:
             params = message.get("params")
             params = params if isinstance(params, dict) else {}
             if proxy_answers(self.mode, self.state.client, params):
                 self._start_sampling(message["id"], params)
                 return None
             return message
-        if method == CANCELLED_NOTIFICATION:
+        if method == protocol.CANCELLED:
             params = message.get("params")
             if isinstance(params, dict):
                 scope = self.state.answering.get(jsonrpc.id_key(params.get("requestId")))
@@ -492,7 +487,7 @@ class Relay:
                 log.debug("response to a request the client cancelled; dropped", extra={"id": upstream_id})
                 return None
             return message
-        if pending.method == "initialize":
+        if pending.method == protocol.INITIALIZE:
             self._note_initialized(message)
         chain = pending.chain
         if chain is not None:
@@ -536,7 +531,7 @@ class Relay:
             self._end_chain(pending)
             await self._reply_error(
                 pending.request_id,
-                jsonrpc.INTERNAL_ERROR,
+                protocol.INTERNAL_ERROR,
                 f"The server asked for input more than {self.options.max_input_rounds} times for one "
                 "request; raise --max-input-rounds to allow more rounds",
                 {"rounds": chain.rounds},
@@ -651,7 +646,7 @@ class Relay:
         except Exception:
             log.exception("sampling failed unexpectedly", extra={"request_id": request_id})
             raise SamplingError(
-                jsonrpc.INTERNAL_ERROR, "Internal error in mcp-backfill while sampling"
+                protocol.INTERNAL_ERROR, "Internal error in mcp-backfill while sampling"
             ) from None
 
     # -- writing ---------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import pytest
 
-from mcp_backfill.config import ConfigError
+from mcp_backfill.errors import ConfigError
 from mcp_backfill.sampling.audit import AuditLog, Exchange
 
 SECRET = "sk-ant-audit-SECRET-42"

@@ -5,13 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mcp_backfill.cli import parse_config
-from mcp_backfill.config import (
-    DEFAULT_ALLOWED_MODELS,
-    DEFAULT_MODEL,
-    ConfigError,
-    Secret,
-    upstream_environment,
-)
+from mcp_backfill.config import DEFAULT_ALLOWED_MODELS, DEFAULT_MODEL, Secret, upstream_environment
+from mcp_backfill.errors import ConfigError
 
 KEY = {"ANTHROPIC_API_KEY": "sk-ant-unit-secret"}
 

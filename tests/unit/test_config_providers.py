@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mcp_backfill.cli import parse_config
-from mcp_backfill.config import ConfigError, upstream_environment
+from mcp_backfill.config import upstream_environment
+from mcp_backfill.errors import ConfigError
 
 KEY = {"ANTHROPIC_API_KEY": "sk-ant-unit-secret"}
 

@@ -11,6 +11,8 @@ import pytest
 from mcp_types import CreateMessageResult, CreateMessageResultWithTools
 from mcp_types.methods import validate_client_result
 
+from mcp_backfill.errors import SamplingError
+from mcp_backfill.protocol import INVALID_PARAMS
 from mcp_backfill.sampling.convert import (
     META_KEY,
     ClaudeRequest,
@@ -22,7 +24,6 @@ from mcp_backfill.sampling.convert import (
     to_claude_request,
     to_mcp_result,
 )
-from mcp_backfill.sampling.errors import INVALID_PARAMS, SamplingError
 from tests.unit.wire_samples import RELEASED_TOOL_LOOP, WEATHER_TOOL, assistant, params, text, tool_use, user
 
 OPTIONS = ConversionOptions()

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.jsonrpc import salvage_envelope
-from mcp_backfill.transports.base import MessageTooLarge
 from mcp_backfill.transports.stdio import LineSplitter
 
 

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
+from mcp_backfill.errors import DuplicateRequestId
 from mcp_backfill.transports.event_stream import EventStream, parse_event_id, sse_event
 from mcp_backfill.transports.http_mux import MuxChannel
-from mcp_backfill.transports.http_server import DuplicateRequestId, SessionRouter
+from mcp_backfill.transports.http_server import SessionRouter
 
 pytestmark = pytest.mark.anyio
 

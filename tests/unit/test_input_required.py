@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mcp_backfill import input_required as ir
+from mcp_backfill import protocol
 
 SAMPLING_WITH_TOOLS = {
     "method": "sampling/createMessage",
@@ -15,7 +16,7 @@ ELICIT = {"method": "elicitation/create", "params": {"message": "ok?", "requeste
 
 
 def test_envelope_needs_a_protocol_version() -> None:
-    assert ir.envelope({"_meta": {ir.META_PROTOCOL_VERSION: "2026-07-28"}}) is not None
+    assert ir.envelope({"_meta": {protocol.META_PROTOCOL_VERSION: "2026-07-28"}}) is not None
     assert ir.envelope({"_meta": {"progressToken": 1}}) is None
     assert ir.envelope({"_meta": "x"}) is None
     assert ir.envelope(None) is None
@@ -27,7 +28,7 @@ def test_with_capabilities_copies_and_keeps_the_rest() -> None:
     rewritten = ir.with_capabilities(message, {"sampling": {"tools": {}}})
     assert rewritten["params"] == {
         "cursor": "c",
-        "_meta": {"k": 1, ir.META_CLIENT_CAPABILITIES: {"sampling": {"tools": {}}}},
+        "_meta": {"k": 1, protocol.META_CLIENT_CAPABILITIES: {"sampling": {"tools": {}}}},
     }
     assert meta == {"k": 1}
 

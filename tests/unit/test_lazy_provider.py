@@ -7,8 +7,8 @@ from typing import Any
 import anyio
 import pytest
 
-from mcp_backfill.providers.base import ProgressCallback, Provider
 from mcp_backfill.providers.lazy import LazyProvider
+from mcp_backfill.sampling.provider import ProgressCallback, Provider
 
 pytestmark = pytest.mark.anyio
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from mcp_backfill.sampling.errors import INTERNAL_ERROR, INVALID_PARAMS, SamplingError
+from mcp_backfill.errors import SamplingError
+from mcp_backfill.protocol import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_backfill.sampling.limits import RequestLimits, check_request, check_response, measure_request
 
 

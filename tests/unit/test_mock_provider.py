@@ -9,9 +9,10 @@ import anthropic
 import anyio
 import pytest
 
-from mcp_backfill.providers.base import Provider
+from mcp_backfill.errors import SamplingError
+from mcp_backfill.protocol import INVALID_PARAMS
 from mcp_backfill.providers.mock import MockProvider, mock_message, synthesize_arguments
-from mcp_backfill.sampling.errors import INVALID_PARAMS, SamplingError
+from mcp_backfill.sampling.provider import Provider
 
 WEATHER_TOOL: dict[str, Any] = {
     "name": "get_weather",

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from mcp_backfill.progress import ProgressNotifier, progress_notifier, progress_token
-from mcp_backfill.providers.base import StreamProgress
+from mcp_backfill import protocol
+from mcp_backfill.progress import ProgressNotifier, progress_notifier
+from mcp_backfill.sampling.provider import StreamProgress
 
 pytestmark = pytest.mark.anyio
 
@@ -34,12 +35,12 @@ def notifier(wire: Wire, token: str | int = "tok-1") -> ProgressNotifier:
 
 
 def test_token_is_read_from_meta() -> None:
-    assert progress_token({"_meta": {"progressToken": "abc"}}) == "abc"
-    assert progress_token({"_meta": {"progressToken": 0}}) == 0
-    assert progress_token({"_meta": {"progressToken": True}}) is None
-    assert progress_token({"_meta": {"progressToken": 1.5}}) is None
-    assert progress_token({"_meta": "x"}) is None
-    assert progress_token({}) is None
+    assert protocol.progress_token({"_meta": {"progressToken": "abc"}}) == "abc"
+    assert protocol.progress_token({"_meta": {"progressToken": 0}}) == 0
+    assert protocol.progress_token({"_meta": {"progressToken": True}}) is None
+    assert protocol.progress_token({"_meta": {"progressToken": 1.5}}) is None
+    assert protocol.progress_token({"_meta": "x"}) is None
+    assert protocol.progress_token({}) is None
 
 
 async def test_no_token_no_notifier() -> None:

@@ -13,10 +13,11 @@ from typing import Any
 import anthropic
 import pytest
 
-from mcp_backfill.config import Config, ConfigError, Secret
+from mcp_backfill.config import Config, Secret
+from mcp_backfill.errors import ConfigError, ProviderError
+from mcp_backfill.protocol import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_backfill.providers import make_provider
 from mcp_backfill.providers.anthropic import AnthropicProvider, retry_after_seconds
-from mcp_backfill.providers.base import ProviderError, StreamProgress
 from mcp_backfill.providers.platforms import (
     bedrock_model_id,
     check_dependencies,
@@ -25,7 +26,7 @@ from mcp_backfill.providers.platforms import (
     vertex_model_id,
 )
 from mcp_backfill.providers.retry import RetryingProvider
-from mcp_backfill.sampling.errors import INTERNAL_ERROR, INVALID_PARAMS
+from mcp_backfill.sampling.provider import StreamProgress
 from tests.fake_claude import (
     FakeClaude,
     error_reply,

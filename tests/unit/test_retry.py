@@ -11,9 +11,10 @@ from typing import Any
 import anyio
 import pytest
 
-from mcp_backfill.providers.base import ProgressCallback, ProviderError, StreamProgress
+from mcp_backfill.errors import ProviderError, SamplingError
+from mcp_backfill.protocol import INVALID_PARAMS
 from mcp_backfill.providers.retry import RetryingProvider, RetryPolicy
-from mcp_backfill.sampling.errors import INVALID_PARAMS, SamplingError
+from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress
 
 pytestmark = pytest.mark.anyio
 

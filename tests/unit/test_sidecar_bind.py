@@ -12,7 +12,8 @@ import socket
 
 import pytest
 
-from mcp_backfill.sidecar.server import BindError, bind
+from mcp_backfill.errors import BindError
+from mcp_backfill.sidecar.server import bind
 
 
 def test_accepted_connections_have_nodelay() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mcp_backfill.cli import parse_config
-from mcp_backfill.config import ConfigError, is_loopback
+from mcp_backfill.config import is_loopback
+from mcp_backfill.errors import ConfigError
 from mcp_backfill.sidecar.metrics import Metrics
 from mcp_backfill.sidecar.security import (
     AccessPolicy,

@@ -7,7 +7,8 @@ from typing import Any
 import anyio
 import pytest
 
-from mcp_backfill.sampling.errors import INTERNAL_ERROR, SamplingError
+from mcp_backfill.errors import SamplingError
+from mcp_backfill.protocol import INTERNAL_ERROR
 from mcp_backfill.sampling.spend import (
     RateLimiter,
     Spend,

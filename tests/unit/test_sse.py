@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mcp_backfill.transports.base import MessageTooLarge
+from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.transports.sse import SseDecoder, SseEvent
 
 STREAM = (

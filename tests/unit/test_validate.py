@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from mcp_types.methods import parse_server_request
 
-from mcp_backfill.sampling.errors import INVALID_PARAMS, SamplingError
+from mcp_backfill.errors import SamplingError
+from mcp_backfill.protocol import INVALID_PARAMS
 from mcp_backfill.sampling.validate import (
     ToolChoice,
     as_block_list,

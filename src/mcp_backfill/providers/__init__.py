@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from mcp_backfill.config import Config
-from mcp_backfill.providers.base import Provider
 from mcp_backfill.providers.lazy import LazyProvider
 from mcp_backfill.providers.retry import RetryingProvider, RetryPolicy
+from mcp_backfill.sampling.provider import Provider
 
 
 def retry_policy(config: Config) -> RetryPolicy:

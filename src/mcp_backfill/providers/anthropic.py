@@ -17,8 +17,9 @@ from typing import Any
 import anthropic
 import httpx2
 
-from mcp_backfill.providers.base import ProgressCallback, ProviderError, StreamProgress
-from mcp_backfill.sampling.errors import INTERNAL_ERROR, INVALID_PARAMS
+from mcp_backfill.errors import ProviderError
+from mcp_backfill.protocol import INTERNAL_ERROR, INVALID_PARAMS
+from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress
 
 # Statuses that mean "this request is wrong", so the server, not the operator, must act.
 REQUEST_FAULT_STATUSES = frozenset({400, 413, 422})

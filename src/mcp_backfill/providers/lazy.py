@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-from mcp_backfill.providers.base import ProgressCallback, Provider
+from mcp_backfill.sampling.provider import ProgressCallback, Provider
 
 
 class LazyProvider:

@@ -28,8 +28,8 @@ from typing import Any
 
 import anyio.lowlevel
 
-from mcp_backfill.providers.base import ProgressCallback, StreamProgress
-from mcp_backfill.sampling.errors import invalid_params
+from mcp_backfill.errors import invalid_params
+from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress
 
 __all__ = ["MockProvider", "mock_message", "synthesize_arguments"]
 

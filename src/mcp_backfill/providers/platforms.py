@@ -32,7 +32,8 @@ from collections.abc import Mapping
 
 import anthropic
 
-from mcp_backfill.config import Config, ConfigError
+from mcp_backfill.config import Config
+from mcp_backfill.errors import ConfigError
 
 BEDROCK_MODEL_IDS: dict[str, str] = {
     "claude-opus-5-5": "anthropic.claude-opus-5-5",

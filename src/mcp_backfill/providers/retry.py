@@ -31,8 +31,9 @@ from mcp_backfill.config import (
     DEFAULT_RETRY_MAX_DELAY,
     DEFAULT_SAMPLING_TIMEOUT,
 )
+from mcp_backfill.errors import ProviderError
 from mcp_backfill.logs import get_logger
-from mcp_backfill.providers.base import ProgressCallback, Provider, ProviderError, StreamProgress
+from mcp_backfill.sampling.provider import ProgressCallback, Provider, StreamProgress
 
 log = get_logger("retry")
 

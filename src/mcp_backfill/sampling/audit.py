@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import anyio
 
-from mcp_backfill.config import ConfigError
+from mcp_backfill.errors import ConfigError
 from mcp_backfill.logs import Redactor, get_logger
 
 __all__ = ["AuditLog", "Exchange"]

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import invalid_params
-from .validate import (
+from mcp_backfill.errors import invalid_params
+from mcp_backfill.sampling.validate import (
     NESTED_BLOCK_TYPES,
     AudioPolicy,
     ToolChoice,

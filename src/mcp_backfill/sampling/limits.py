@@ -22,8 +22,7 @@ from mcp_backfill.config import (
     DEFAULT_MAX_TOOLS,
     env_name,
 )
-
-from .errors import SamplingError, internal_error, invalid_params
+from mcp_backfill.errors import SamplingError, internal_error, invalid_params
 
 __all__ = [
     "RequestLimits",

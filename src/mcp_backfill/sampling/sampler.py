@@ -14,13 +14,14 @@ from typing import Any, Protocol
 
 import anyio
 
+from mcp_backfill.errors import SamplingError
 from mcp_backfill.logs import get_logger
-from mcp_backfill.providers.base import ProgressCallback, Provider
+from mcp_backfill.protocol import INTERNAL_ERROR
 from mcp_backfill.sampling.audit import AuditLog, Exchange
 from mcp_backfill.sampling.convert import ConversionOptions, to_claude_request, to_mcp_result
-from mcp_backfill.sampling.errors import INTERNAL_ERROR, SamplingError
 from mcp_backfill.sampling.limits import RequestLimits, check_request, check_response
 from mcp_backfill.sampling.models import select_model
+from mcp_backfill.sampling.provider import ProgressCallback, Provider
 from mcp_backfill.sampling.spend import SamplingSession, Spend, SpendSettings, normalize_usage
 
 log = get_logger("sampler")

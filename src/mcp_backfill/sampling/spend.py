@@ -26,8 +26,7 @@ from mcp_backfill.config import (
     DEFAULT_SESSION_BUDGET_TOKENS,
     env_name,
 )
-
-from .errors import SamplingError, internal_error
+from mcp_backfill.errors import SamplingError, internal_error
 
 __all__ = [
     "USAGE_KEYS",

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .errors import SamplingError, invalid_params
+from mcp_backfill.errors import SamplingError, invalid_params
 
 AudioPolicy = Literal["reject", "placeholder"]
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from starlette.types import Message, Receive, Scope, Send
 
-from mcp_backfill import __version__, jsonrpc
+from mcp_backfill import __version__, protocol
+from mcp_backfill.errors import ClientGone
 from mcp_backfill.logs import get_logger
-from mcp_backfill.relay import HANDSHAKE_VERSIONS
 from mcp_backfill.sidecar import metrics as prometheus
 from mcp_backfill.sidecar.handshake import HandshakeFront
-from mcp_backfill.sidecar.http_io import VERSION_HEADER, ClientGone, HttpCall, json_bytes, upstream_headers
+from mcp_backfill.sidecar.http_io import HttpCall, json_bytes, upstream_headers
 from mcp_backfill.sidecar.metrics import Metrics
 from mcp_backfill.sidecar.modern import ModernFront
 from mcp_backfill.sidecar.security import AccessPolicy, bearer_ok, host_allowed, origin_allowed
@@ -93,18 +93,18 @@ class SidecarApp:
         host = call.headers.get("host")
         if not host_allowed(host, self.policy):
             log.warning("request refused: Host not allowed (--allowed-hosts)", extra={"host": host})
-            await call.respond_error(403, jsonrpc.INVALID_REQUEST, "Forbidden: Host header not allowed")
+            await call.respond_error(403, protocol.INVALID_REQUEST, "Forbidden: Host header not allowed")
             return
         origin = call.headers.get("origin")
         if not origin_allowed(origin, self.policy):
             log.warning("request refused: Origin not allowed (--allowed-origins)", extra={"origin": origin})
-            await call.respond_error(403, jsonrpc.INVALID_REQUEST, "Forbidden: Origin header not allowed")
+            await call.respond_error(403, protocol.INVALID_REQUEST, "Forbidden: Origin header not allowed")
             return
         if not await self._authorized(call):
             return
         headers = upstream_headers(call, strip_authorization=self.policy.token is not None)
-        version = call.headers.get(VERSION_HEADER)
-        if version is not None and version not in HANDSHAKE_VERSIONS:
+        version = call.headers.get(protocol.VERSION_HEADER)
+        if version is not None and version not in protocol.HANDSHAKE_VERSIONS:
             await self.modern.handle(call, headers)
         else:
             await self.handshake.handle(call, headers)
@@ -120,7 +120,7 @@ class SidecarApp:
         )
         await call.respond_error(
             401,
-            jsonrpc.INVALID_REQUEST,
+            protocol.INVALID_REQUEST,
             "Unauthorized: this mcp-backfill needs 'Authorization: Bearer <token>' (MCP_BACKFILL_AUTH_TOKEN)",
             headers=BAD_TOKEN_HEADERS if authorization else UNAUTHORIZED_HEADERS,
         )

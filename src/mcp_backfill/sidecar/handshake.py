@@ -20,15 +20,10 @@ from collections.abc import Mapping
 
 import anyio
 
-from mcp_backfill import jsonrpc
+from mcp_backfill import jsonrpc, protocol
+from mcp_backfill.errors import DuplicateRequestId, SessionGone
 from mcp_backfill.logs import get_logger
-from mcp_backfill.relay import HANDSHAKE_VERSIONS
 from mcp_backfill.sidecar.http_io import (
-    JSON_TYPE,
-    LAST_EVENT_ID_HEADER,
-    SESSION_HEADER,
-    SSE_TYPE,
-    VERSION_HEADER,
     FrontSettings,
     HttpCall,
     accepts,
@@ -37,9 +32,8 @@ from mcp_backfill.sidecar.http_io import (
     sse_headers,
     wait_for_events,
 )
-from mcp_backfill.sidecar.sessions import HttpSession, SessionGone, SessionTable
+from mcp_backfill.sidecar.sessions import HttpSession, SessionTable
 from mcp_backfill.transports.event_stream import EventStream, parse_event_id, sse_event
-from mcp_backfill.transports.http_server import CANCELLED_NOTIFICATION, DuplicateRequestId
 
 log = get_logger("sidecar")
 
@@ -58,7 +52,10 @@ class HandshakeFront:
             await self._delete(call)
         else:
             await call.respond_error(
-                405, jsonrpc.INVALID_REQUEST, "Method Not Allowed", headers=[(b"allow", b"GET, POST, DELETE")]
+                405,
+                protocol.INVALID_REQUEST,
+                "Method Not Allowed",
+                headers=[(b"allow", b"GET, POST, DELETE")],
             )
 
     # -- POST ------------------------------------------------------------------------------------
@@ -68,7 +65,7 @@ class HandshakeFront:
         if not (json_ok and sse_ok):
             await call.respond_error(
                 406,
-                jsonrpc.INVALID_REQUEST,
+                protocol.INVALID_REQUEST,
                 "Not Acceptable: Client must accept both application/json and text/event-stream",
             )
             return
@@ -78,13 +75,13 @@ class HandshakeFront:
         try:
             decoded = jsonrpc.decode(body)
         except ValueError as exc:
-            await call.respond_error(400, jsonrpc.PARSE_ERROR, f"Parse error: {exc}")
+            await call.respond_error(400, protocol.PARSE_ERROR, f"Parse error: {exc}")
             return
         messages = decoded if isinstance(decoded, list) else [decoded]
         if not messages or not all(isinstance(message, dict) for message in messages):
             await call.respond_error(
                 400,
-                jsonrpc.INVALID_REQUEST,
+                protocol.INVALID_REQUEST,
                 "Invalid Request: expected a JSON-RPC message or a batch of them",
             )
             return
@@ -95,7 +92,7 @@ class HandshakeFront:
         requests = [message for message in messages if "method" in message and "id" in message]
         with session.hold():
             for message in messages:
-                if message.get("method") == CANCELLED_NOTIFICATION and "id" not in message:
+                if message.get("method") == protocol.CANCELLED and "id" not in message:
                     params = message.get("params")
                     if isinstance(params, dict) and "requestId" in params:
                         session.router.client_cancelled(params["requestId"], params.get("reason"))
@@ -104,14 +101,14 @@ class HandshakeFront:
                 await call.respond(202, headers=_session_header(session))
                 return
             if session.router.closed:
-                await call.respond_error(404, jsonrpc.INVALID_REQUEST, "Session not found")
+                await call.respond_error(404, protocol.INVALID_REQUEST, "Session not found")
                 return
             try:
                 stream = session.router.open_post(requests)
             except DuplicateRequestId:
                 await call.respond_error(
                     409,
-                    jsonrpc.INVALID_REQUEST,
+                    protocol.INVALID_REQUEST,
                     "Conflict: a request with the same id is already in flight in this session",
                     headers=_session_header(session),
                 )
@@ -122,19 +119,19 @@ class HandshakeFront:
     async def _post_session(
         self, call: HttpCall, opening: bool, upstream_headers: Mapping[str, str]
     ) -> HttpSession | None:
-        session_id = call.headers.get(SESSION_HEADER)
+        session_id = call.headers.get(protocol.SESSION_HEADER)
         if session_id is None:
             if not opening:
-                await call.respond_error(400, jsonrpc.INVALID_REQUEST, "Bad Request: Missing session ID")
+                await call.respond_error(400, protocol.INVALID_REQUEST, "Bad Request: Missing session ID")
                 return None
             if self.settings.draining:
-                await call.respond_error(503, jsonrpc.INTERNAL_ERROR, "Service Unavailable: shutting down")
+                await call.respond_error(503, protocol.INTERNAL_ERROR, "Service Unavailable: shutting down")
                 return None
             session = self.sessions.open(upstream_headers)
             if session is None:
                 log.warning("session refused: too many open sessions", extra={"sessions": len(self.sessions)})
                 await call.respond_error(
-                    503, jsonrpc.INTERNAL_ERROR, "Too many open sessions (--max-sessions); try again later"
+                    503, protocol.INTERNAL_ERROR, "Too many open sessions (--max-sessions); try again later"
                 )
             return session
         return await self._session(call, check_version=not opening)
@@ -155,9 +152,9 @@ class HandshakeFront:
                 answer = single_answer(stream) if single else None
                 if answer is not None:
                     stream.delivered = 1
-                    await call.respond(200, answer, JSON_TYPE, headers)
+                    await call.respond(200, answer, protocol.JSON_TYPE, headers)
                 else:
-                    await call.start(200, SSE_TYPE, sse_headers(headers))
+                    await call.start(200, protocol.SSE_TYPE, sse_headers(headers))
                     if _primes(session):
                         await call.body(sse_event(b"", stream.event_id(0)), more=True)
                     await pump_sse(call, stream, 0, with_ids=True, keepalive=self.settings.keepalive)
@@ -172,19 +169,19 @@ class HandshakeFront:
     async def _get(self, call: HttpCall) -> None:
         if not accepts(call.headers)[1]:
             await call.respond_error(
-                406, jsonrpc.INVALID_REQUEST, "Not Acceptable: Client must accept text/event-stream"
+                406, protocol.INVALID_REQUEST, "Not Acceptable: Client must accept text/event-stream"
             )
             return
         session = await self._session(call)
         if session is None:
             return
-        last_event_id = call.headers.get(LAST_EVENT_ID_HEADER)
+        last_event_id = call.headers.get(protocol.LAST_EVENT_ID_HEADER)
         if last_event_id:
             resumed = _resumable(session, last_event_id)
             if resumed is None:
                 await call.respond_error(
                     400,
-                    jsonrpc.INVALID_REQUEST,
+                    protocol.INVALID_REQUEST,
                     "Bad Request: unknown or expired Last-Event-ID",
                     headers=_session_header(session),
                 )
@@ -194,12 +191,12 @@ class HandshakeFront:
             stream = session.router.get_stream
             after = stream.delivered
             if self.settings.draining:
-                await call.respond_error(503, jsonrpc.INTERNAL_ERROR, "Service Unavailable: shutting down")
+                await call.respond_error(503, protocol.INTERNAL_ERROR, "Service Unavailable: shutting down")
                 return
             if stream.attached:
                 await call.respond_error(
                     409,
-                    jsonrpc.INVALID_REQUEST,
+                    protocol.INVALID_REQUEST,
                     "Conflict: Only one SSE stream is allowed per session",
                     headers=_session_header(session),
                 )
@@ -207,7 +204,7 @@ class HandshakeFront:
         with session.hold(), anyio.CancelScope() as scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(call.watch_disconnect, scope)
-                await call.start(200, SSE_TYPE, sse_headers(_session_header(session)))
+                await call.start(200, protocol.SSE_TYPE, sse_headers(_session_header(session)))
                 await pump_sse(call, stream, after, with_ids=True, keepalive=self.settings.keepalive)
                 await call.body(b"")
                 if not call.finished:  # else the watcher ends by itself (see watch_disconnect)
@@ -223,23 +220,23 @@ class HandshakeFront:
 
     async def _session(self, call: HttpCall, check_version: bool = True) -> HttpSession | None:
         """The session the request names; answers 400/404 itself when there is none."""
-        session_id = call.headers.get(SESSION_HEADER)
+        session_id = call.headers.get(protocol.SESSION_HEADER)
         if session_id is None:
-            await call.respond_error(400, jsonrpc.INVALID_REQUEST, "Bad Request: Missing session ID")
+            await call.respond_error(400, protocol.INVALID_REQUEST, "Bad Request: Missing session ID")
             return None
         session = self.sessions.get(session_id)
         if session is None or session.router.closed:
-            await call.respond_error(404, jsonrpc.INVALID_REQUEST, "Session not found")
+            await call.respond_error(404, protocol.INVALID_REQUEST, "Session not found")
             return None
-        header = call.headers.get(VERSION_HEADER)
+        header = call.headers.get(protocol.VERSION_HEADER)
         # As the SDK's server: any handshake revision is accepted (clients may send an older one
         # than they negotiated); a revision this front cannot serve is refused.
-        if check_version and header is not None and header not in HANDSHAKE_VERSIONS:
+        if check_version and header is not None and header not in protocol.HANDSHAKE_VERSIONS:
             await call.respond_error(
                 400,
-                jsonrpc.INVALID_REQUEST,
+                protocol.INVALID_REQUEST,
                 f"Bad Request: Unsupported protocol version: {header} (supported: "
-                f"{', '.join(sorted(HANDSHAKE_VERSIONS))})",
+                f"{', '.join(sorted(protocol.HANDSHAKE_VERSIONS))})",
                 headers=_session_header(session),
             )
             return None
@@ -247,7 +244,7 @@ class HandshakeFront:
 
 
 def _session_header(session: HttpSession) -> list[tuple[bytes, bytes]]:
-    return [(SESSION_HEADER.encode(), session.id.encode())]
+    return [(protocol.SESSION_HEADER.encode(), session.id.encode())]
 
 
 def _primes(session: HttpSession) -> bool:

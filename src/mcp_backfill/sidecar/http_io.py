@@ -15,14 +15,10 @@ import anyio
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
-from mcp_backfill import jsonrpc
+from mcp_backfill import jsonrpc, protocol
+from mcp_backfill.errors import ClientGone
 from mcp_backfill.transports.event_stream import SSE_PING, EventStream, sse_event
 
-JSON_TYPE = "application/json"
-SSE_TYPE = "text/event-stream"
-SESSION_HEADER = "mcp-session-id"
-VERSION_HEADER = "mcp-protocol-version"
-LAST_EVENT_ID_HEADER = "last-event-id"
 # An SSE comment this often keeps idle streams open through proxies with read timeouts.
 KEEPALIVE_SECONDS = 15.0
 # A request answered within this time, with nothing sent before its response, gets a JSON body;
@@ -30,10 +26,6 @@ KEEPALIVE_SECONDS = 15.0
 JSON_WINDOW_SECONDS = 15.0
 
 RawHeaders = Sequence[tuple[bytes, bytes]]
-
-
-class ClientGone(Exception):
-    """The client disconnected before its request body arrived."""
 
 
 @dataclass
@@ -78,7 +70,11 @@ class HttpCall:
         await self.send({"type": "http.response.body", "body": data, "more_body": more})
 
     async def respond(
-        self, status: int, data: bytes = b"", content_type: str | None = JSON_TYPE, headers: RawHeaders = ()
+        self,
+        status: int,
+        data: bytes = b"",
+        content_type: str | None = protocol.JSON_TYPE,
+        headers: RawHeaders = (),
     ) -> None:
         length = [(b"content-length", str(len(data)).encode())]
         await self.start(status, content_type if data else None, [*length, *headers])
@@ -89,7 +85,7 @@ class HttpCall:
     ) -> None:
         """An HTTP error whose body is a JSON-RPC error, as MCP clients can show it to the user."""
         body = jsonrpc.encode(jsonrpc.error_response(request_id, code, message))
-        await self.respond(status, body, JSON_TYPE, headers)
+        await self.respond(status, body, protocol.JSON_TYPE, headers)
 
     async def read_body(self, limit: int) -> bytes | None:
         """The whole request body, or None when it is larger than `limit` bytes."""
@@ -114,14 +110,14 @@ class HttpCall:
         """The body of a JSON POST; None when it was refused here (415 not JSON, 413 too large)."""
         if not is_json_body(self.headers):
             await self.respond_error(
-                415, jsonrpc.INVALID_REQUEST, "Unsupported Media Type: Content-Type must be application/json"
+                415, protocol.INVALID_REQUEST, "Unsupported Media Type: Content-Type must be application/json"
             )
             return None
         body = await self.read_body(limit)
         if body is None:
             await self.respond_error(
                 413,
-                jsonrpc.INVALID_REQUEST,
+                protocol.INVALID_REQUEST,
                 f"Request body too large: the limit is {limit} bytes (--max-message-bytes)",
             )
         return body
@@ -153,13 +149,13 @@ def accepts(headers: Headers) -> tuple[bool, bool]:
     kinds = {part.split(";")[0].strip().lower() for part in headers.get("accept", "").split(",")}
     anything = "*/*" in kinds
     return (
-        anything or JSON_TYPE in kinds or "application/*" in kinds,
-        anything or SSE_TYPE in kinds or "text/*" in kinds,
+        anything or protocol.JSON_TYPE in kinds or "application/*" in kinds,
+        anything or protocol.SSE_TYPE in kinds or "text/*" in kinds,
     )
 
 
 def is_json_body(headers: Headers) -> bool:
-    return headers.get("content-type", "").split(";")[0].strip().lower() == JSON_TYPE
+    return headers.get("content-type", "").split(";")[0].strip().lower() == protocol.JSON_TYPE
 
 
 def sse_headers(extra: RawHeaders = ()) -> RawHeaders:

@@ -26,13 +26,10 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from mcp_backfill import input_required as ir
-from mcp_backfill import jsonrpc
+from mcp_backfill import jsonrpc, protocol
+from mcp_backfill.errors import UpstreamStartError
 from mcp_backfill.logs import get_logger
 from mcp_backfill.sidecar.http_io import (
-    JSON_TYPE,
-    SSE_TYPE,
-    VERSION_HEADER,
     FrontSettings,
     HttpCall,
     accepts,
@@ -44,7 +41,6 @@ from mcp_backfill.sidecar.http_io import (
 from mcp_backfill.sidecar.sessions import CountingChannel, CountMessage, MakeRelay
 from mcp_backfill.sidecar.upstreams import UpstreamFactory, UpstreamRequest
 from mcp_backfill.transports.http_mux import Exchange, MuxChannel
-from mcp_backfill.transports.stdio import UpstreamStartError
 
 if TYPE_CHECKING:
     from mcp.shared.inbound import InboundLadderRejection
@@ -55,7 +51,7 @@ if TYPE_CHECKING:
 
 log = get_logger("sidecar")
 
-SUPPORTED_MODERN_VERSIONS = (ir.MODERN_VERSION,)
+SUPPORTED_MODERN_VERSIONS = (protocol.STATELESS_VERSION,)
 HUB_LABEL = "2026-07-28 requests"
 
 
@@ -211,7 +207,7 @@ class ModernFront:
         try:
             decoded = json.loads(body)
         except (ValueError, RecursionError):
-            await call.respond_error(400, jsonrpc.PARSE_ERROR, "Parse error")
+            await call.respond_error(400, protocol.PARSE_ERROR, "Parse error")
             return
         if isinstance(decoded, dict) and "id" not in decoded and isinstance(decoded.get("method"), str):
             await self._notification(call)
@@ -219,7 +215,7 @@ class ModernFront:
         if not (isinstance(decoded, dict) and isinstance(decoded.get("method"), str) and _valid_id(decoded)):
             await call.respond_error(
                 400,
-                jsonrpc.INVALID_REQUEST,
+                protocol.INVALID_REQUEST,
                 "Body must be a single JSON-RPC request or notification object",
             )
             return
@@ -228,20 +224,23 @@ class ModernFront:
             await _write_rejection(call, rejection, decoded["id"])
             return
         if self.settings.draining:
-            await call.respond_error(503, jsonrpc.INTERNAL_ERROR, "Service Unavailable: shutting down")
+            await call.respond_error(503, protocol.INTERNAL_ERROR, "Service Unavailable: shutting down")
             return
         try:
             mux = await self.hubs.mux(upstream_headers)
         except UpstreamStartError as exc:
             log.error(str(exc))
             await call.respond_error(
-                200, jsonrpc.INTERNAL_ERROR, f"Upstream MCP server could not be started: {exc}", decoded["id"]
+                200,
+                protocol.INTERNAL_ERROR,
+                f"Upstream MCP server could not be started: {exc}",
+                decoded["id"],
             )
             return
         if mux is None:
             await call.respond_error(
                 503,
-                jsonrpc.INTERNAL_ERROR,
+                protocol.INTERNAL_ERROR,
                 "Too many client credentials in use at once (--max-sessions); try again later",
                 decoded["id"],
             )
@@ -256,7 +255,7 @@ class ModernFront:
         from mcp.shared.inbound import unsupported_protocol_version_rejection
 
         rejection = unsupported_protocol_version_rejection(
-            call.headers.get(VERSION_HEADER, ""), SUPPORTED_MODERN_VERSIONS
+            call.headers.get(protocol.VERSION_HEADER, ""), SUPPORTED_MODERN_VERSIONS
         )
         if rejection is not None:
             await _write_rejection(call, rejection, None)
@@ -272,9 +271,9 @@ class ModernFront:
                 answer = single_answer(stream)
                 if answer is not None:
                     stream.delivered = 1
-                    await call.respond(_status_of(answer), answer, JSON_TYPE)
+                    await call.respond(_status_of(answer), answer, protocol.JSON_TYPE)
                 else:
-                    await call.start(200, SSE_TYPE, sse_headers())
+                    await call.start(200, protocol.SSE_TYPE, sse_headers())
                     await pump_sse(call, stream, 0, with_ids=False, keepalive=self.settings.keepalive)
                     await call.body(b"")
                 if not call.finished:  # else the watcher ends by itself (see watch_disconnect)
@@ -314,7 +313,7 @@ async def _write_rejection(call: HttpCall, rejection: InboundLadderRejection, re
 
     error = jsonrpc.error_response(request_id, rejection.code, rejection.message, rejection.data)
     body = jsonrpc.encode(error)
-    await call.respond(ERROR_CODE_HTTP_STATUS.get(rejection.code, 400), body, JSON_TYPE)
+    await call.respond(ERROR_CODE_HTTP_STATUS.get(rejection.code, 400), body, protocol.JSON_TYPE)
 
 
 def _status_of(answer: bytes) -> int:

@@ -21,6 +21,7 @@ import anyio
 import uvicorn
 
 from mcp_backfill.config import Config
+from mcp_backfill.errors import BindError, UpstreamStartError
 from mcp_backfill.logs import get_logger
 from mcp_backfill.proxy import make_sampler, relay_options
 from mcp_backfill.relay import Relay
@@ -34,13 +35,8 @@ from mcp_backfill.sidecar.sessions import SessionSettings, SessionTable
 from mcp_backfill.sidecar.upstreams import UpstreamFactory, child_process_upstreams, http_upstreams
 from mcp_backfill.transports.base import MessageChannel
 from mcp_backfill.transports.http_client import display_url
-from mcp_backfill.transports.stdio import UpstreamStartError
 
 log = get_logger("sidecar")
-
-
-class BindError(Exception):
-    """The address to listen on could not be bound."""
 
 
 class _Server(uvicorn.Server):

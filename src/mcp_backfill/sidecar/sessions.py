@@ -19,12 +19,12 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from mcp_backfill.errors import SessionGone, UpstreamStartError
 from mcp_backfill.logs import get_logger
 from mcp_backfill.relay import Relay
 from mcp_backfill.sidecar.upstreams import UpstreamFactory, UpstreamRequest
 from mcp_backfill.transports.base import MessageChannel
 from mcp_backfill.transports.http_server import SessionChannel, SessionRouter, open_inbox
-from mcp_backfill.transports.stdio import UpstreamStartError
 
 log = get_logger("sidecar")
 
@@ -33,10 +33,6 @@ REPLAY_LIMIT = 1024
 
 MakeRelay = Callable[[MessageChannel, MessageChannel], Relay]
 CountMessage = Callable[[str], None]
-
-
-class SessionGone(Exception):
-    """The session ended while a request was being handed to it."""
 
 
 class CountingChannel:

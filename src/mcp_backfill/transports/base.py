@@ -9,33 +9,6 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 
-class MessageTooLarge(Exception):
-    """A message exceeded the size limit; it was discarded and the stream is still usable.
-
-    Only its first and last `EDGE` bytes are kept: enough to recover the JSON-RPC id, which sits
-    at one end of the object in every common serializer.
-    """
-
-    EDGE = 1024
-
-    def __init__(self, size: int, limit: int, head: bytes = b"", tail: bytes = b"") -> None:
-        super().__init__(f"message of at least {size} bytes exceeds the limit of {limit} bytes")
-        self.size = size
-        self.limit = limit
-        self.head = head
-        self.tail = tail
-
-    @classmethod
-    def from_bytes(cls, data: bytes, limit: int) -> MessageTooLarge:
-        return cls(len(data), limit, data[: cls.EDGE], data[-cls.EDGE :])
-
-    def extend(self, more: bytes | bytearray) -> None:
-        """More bytes of the same oversized message arrived (and were dropped)."""
-        self.size += len(more)
-        self.tail = (self.tail + bytes(more[-self.EDGE :]))[-self.EDGE :]
-        self.args = (f"message of at least {self.size} bytes exceeds the limit of {self.limit} bytes",)
-
-
 class MessageChannel(Protocol):
     """One side of the relay.
 

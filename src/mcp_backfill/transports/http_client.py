@@ -28,27 +28,14 @@ import anyio
 import httpx2
 from anyio.abc import TaskGroup
 
-from mcp_backfill import __version__, jsonrpc
+from mcp_backfill import __version__, jsonrpc, protocol
+from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import get_logger
-from mcp_backfill.transports.base import MessageTooLarge
-from mcp_backfill.transports.http_headers import (
-    LAST_EVENT_ID_HEADER,
-    SESSION_HEADER,
-    VERSION_HEADER,
-    ToolHeaderMaps,
-    modern_headers,
-    modern_version,
-)
+from mcp_backfill.transports.http_headers import ToolHeaderMaps, modern_headers, modern_version
 from mcp_backfill.transports.sse import SseDecoder
 
 log = get_logger("http")
 
-JSON_TYPE = "application/json"
-SSE_TYPE = "text/event-stream"
-POST_ACCEPT = f"{JSON_TYPE}, {SSE_TYPE}"
-CANCELLED = "notifications/cancelled"
-INITIALIZED = "notifications/initialized"
-TOOLS_CHANGED = "notifications/tools/list_changed"
 # How much of an error body is read, and how much of it ends up in an error message.
 ERROR_BODY_LIMIT = 64 * 1024
 PREVIEW_CHARS = 300
@@ -336,7 +323,7 @@ class HttpUpstream:
         return "The upstream ended the response stream without answering the request"
 
     async def _exchange(self, body: bytes, exchange: Exchange) -> None:
-        if exchange.method == "initialize":
+        if exchange.method == protocol.INITIALIZE:
             await self._begin_handshake()
         elif self._expired:
             exchange.failure = self._expired_text()
@@ -371,14 +358,16 @@ class HttpUpstream:
         self._handshake = True
 
     async def _request_headers(self, exchange: Exchange) -> dict[str, str]:
-        headers = self._base_headers(POST_ACCEPT)
-        headers["content-type"] = JSON_TYPE
+        headers = self._base_headers(protocol.POST_ACCEPT)
+        headers["content-type"] = protocol.JSON_TYPE
         if exchange.modern is None:
-            headers.update(self._session_headers(self.session_id, initialize=exchange.method == "initialize"))
+            headers.update(
+                self._session_headers(self.session_id, initialize=exchange.method == protocol.INITIALIZE)
+            )
             return headers
         params = exchange.params if isinstance(exchange.params, dict) else {}
         param_headers: dict[str, str] = {}
-        if exchange.method == "tools/call" and isinstance(params.get("name"), str):
+        if exchange.method == protocol.TOOLS_CALL and isinstance(params.get("name"), str):
             await self._learn_tool(params["name"], exchange)
             param_headers = self._tools.headers_for(params["name"], params.get("arguments"))
         headers.update(modern_headers(exchange.modern, exchange.method, params, param_headers))
@@ -392,15 +381,15 @@ class HttpUpstream:
     def _session_headers(self, session: str | None, *, initialize: bool = False) -> dict[str, str]:
         headers: dict[str, str] = {}
         if session is not None:
-            headers[SESSION_HEADER] = session
+            headers[protocol.SESSION_HEADER] = session
         if self.protocol_version is not None and not initialize:
-            headers[VERSION_HEADER] = self.protocol_version
+            headers[protocol.VERSION_HEADER] = self.protocol_version
         return headers
 
     async def _take_response(self, response: httpx2.Response, exchange: Exchange) -> None:
         status = response.status_code
-        if exchange.method == "initialize" and response.is_success:
-            session = response.headers.get(SESSION_HEADER)
+        if exchange.method == protocol.INITIALIZE and response.is_success:
+            session = response.headers.get(protocol.SESSION_HEADER)
             if session:
                 self.session_id = session
                 log.info("upstream session opened", extra={"url": display_url(self.url)})
@@ -408,14 +397,14 @@ class HttpUpstream:
             exchange.failure = await self._status_failure(response, exchange)
             return
         kind = media_type(response)
-        if kind == SSE_TYPE:
+        if kind == protocol.SSE_TYPE:
             await self._read_events(
                 response,
                 exchange.cursor,
                 lambda data: self._exchange_event(exchange, data),
                 finish=self.settings.finish_timeout,
             )
-        elif kind == JSON_TYPE:
+        elif kind == protocol.JSON_TYPE:
             await self._take_answer(exchange, await read_limited(response, self.settings.max_message_bytes))
         elif status == 202:
             exchange.failure = "The upstream accepted the request without answering it (HTTP 202)"
@@ -464,7 +453,7 @@ class HttpUpstream:
             if not isinstance(item, dict):
                 continue
             method = item.get("method")
-            if method == TOOLS_CHANGED:
+            if method == protocol.TOOLS_CHANGED:
                 self._tools.stale()
             if method is not None or "id" not in item:
                 continue
@@ -477,9 +466,9 @@ class HttpUpstream:
         result = response.get("result")
         if not isinstance(result, dict):
             return
-        if method == "initialize" and isinstance(result.get("protocolVersion"), str):
+        if method == protocol.INITIALIZE and isinstance(result.get("protocolVersion"), str):
             self.protocol_version = result["protocolVersion"]
-        elif method == "tools/list":
+        elif method == protocol.TOOLS_LIST:
             self._tools.learn(result, last_page=not isinstance(result.get("nextCursor"), str))
 
     def _note_oversized(self, exchange: Exchange, exc: MessageTooLarge) -> None:
@@ -548,7 +537,7 @@ class HttpUpstream:
     async def _fail(self, exchange: Exchange, reason: str) -> None:
         for request_id in exchange.ids:
             if jsonrpc.id_key(request_id) in exchange.expected:
-                error = jsonrpc.error_response(request_id, jsonrpc.INTERNAL_ERROR, reason)
+                error = jsonrpc.error_response(request_id, protocol.INTERNAL_ERROR, reason)
                 await self._put(jsonrpc.encode(error), exchange.origin)
         exchange.expected.clear()
 
@@ -588,10 +577,10 @@ class HttpUpstream:
         "ended" (it was open, then closed or broke off), "failed" or "refused" (it never opened),
         "unsupported" (405: the server has no GET stream), "expired" (404: the session is gone).
         """
-        headers = self._base_headers(SSE_TYPE)
+        headers = self._base_headers(protocol.SSE_TYPE)
         headers.update(self._session_headers(self.session_id))
         if cursor.last_event_id is not None:
-            headers[LAST_EVENT_ID_HEADER] = cursor.last_event_id
+            headers[protocol.LAST_EVENT_ID_HEADER] = cursor.last_event_id
         opened = False
         try:
             async with self._http.stream("GET", self.url, headers=headers) as response:
@@ -600,7 +589,7 @@ class HttpUpstream:
                 if response.status_code == 404 and self.session_id is not None:
                     self._session_expired()
                     return "expired"
-                if not response.is_success or media_type(response) != SSE_TYPE:
+                if not response.is_success or media_type(response) != protocol.SSE_TYPE:
                     log.debug("upstream refused a stream", extra={"status": response.status_code})
                     return "refused"
                 opened = True
@@ -681,7 +670,7 @@ class HttpUpstream:
             message = jsonrpc.decode(data)
         except ValueError:
             return
-        if isinstance(message, dict) and message.get("method") == TOOLS_CHANGED:
+        if isinstance(message, dict) and message.get("method") == protocol.TOOLS_CHANGED:
             self._tools.stale()
 
     # -- notifications and responses -------------------------------------------------------------
@@ -706,12 +695,12 @@ class HttpUpstream:
         if self._expired:
             log.warning("upstream session expired; message not delivered", extra={"message": what})
             return
-        headers = self._base_headers(POST_ACCEPT)
-        headers["content-type"] = JSON_TYPE
+        headers = self._base_headers(protocol.POST_ACCEPT)
+        headers["content-type"] = protocol.JSON_TYPE
         if self._handshake or self._modern_version is None:
             headers.update(self._session_headers(self.session_id))
         else:
-            headers[VERSION_HEADER] = self._modern_version
+            headers[protocol.VERSION_HEADER] = self._modern_version
             if isinstance(items[0], dict) and isinstance(items[0].get("method"), str):
                 headers["mcp-method"] = items[0]["method"]
         timeout = httpx2.Timeout(self.settings.connect_timeout, read=self.settings.one_way_timeout)
@@ -732,7 +721,7 @@ class HttpUpstream:
                 "upstream refused a message",
                 extra={"message": what, "status": response.status_code, "body": _preview(response.content)},
             )
-        elif what == INITIALIZED:
+        elif what == protocol.INITIALIZED:
             self._open_standalone()
 
     # -- the proxy's own tools/list ----------------------------------------------------------------
@@ -756,7 +745,7 @@ class HttpUpstream:
                 params: dict[str, Any] = {"_meta": envelope}
                 if cursor is not None:
                     params["cursor"] = cursor
-                result = await self._own_request("tools/list", params, exchange.modern or "")
+                result = await self._own_request(protocol.TOOLS_LIST, params, exchange.modern or "")
                 if result is None:
                     return
                 next_cursor = result.get("nextCursor")
@@ -770,8 +759,8 @@ class HttpUpstream:
         """A 2026 request of the proxy's own; its result, or None (logged) when it fails."""
         request_id = f"{OWN_ID_PREFIX}{next(self._own_ids)}"
         body = jsonrpc.encode({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
-        headers = self._base_headers(POST_ACCEPT)
-        headers["content-type"] = JSON_TYPE
+        headers = self._base_headers(protocol.POST_ACCEPT)
+        headers["content-type"] = protocol.JSON_TYPE
         headers.update(modern_headers(version, method, params, {}))
         found: list[Any] = []
 
@@ -790,9 +779,9 @@ class HttpUpstream:
         try:
             async with self._http.stream("POST", self.url, content=body, headers=headers) as response:
                 kind = media_type(response)
-                if response.is_success and kind == SSE_TYPE:
+                if response.is_success and kind == protocol.SSE_TYPE:
                     await self._read_events(response, Cursor(), on_event)
-                elif response.is_success and kind == JSON_TYPE:
+                elif response.is_success and kind == protocol.JSON_TYPE:
                     payload = await read_limited(response, self.settings.max_message_bytes)
                     if not isinstance(payload, MessageTooLarge):
                         await on_event(payload)
@@ -853,7 +842,7 @@ def _is_request(item: Any) -> bool:
 
 
 def _is_cancel(item: Any) -> bool:
-    return isinstance(item, dict) and item.get("method") == CANCELLED and "id" not in item
+    return isinstance(item, dict) and item.get("method") == protocol.CANCELLED and "id" not in item
 
 
 def _is_jsonrpc_answer(body: bytes) -> bool:

@@ -13,11 +13,7 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
-from mcp_backfill.input_required import META_PROTOCOL_VERSION
-
-SESSION_HEADER = "mcp-session-id"
-LAST_EVENT_ID_HEADER = "last-event-id"
-VERSION_HEADER = "mcp-protocol-version"  # the SDK's MCP_PROTOCOL_VERSION_HEADER
+from mcp_backfill import protocol
 
 # The SDK (`mcp`, `mcp_types`) is imported on first use, not with this module: the stdio proxy
 # imports the HTTP upstream with it, and the SDK costs ~1.5 s of startup and ~40 MB of memory that
@@ -35,11 +31,11 @@ def handshake_versions() -> frozenset[str]:
 
 def modern_version(message: Any) -> str | None:
     """The 2026-style protocol version a request declares in `params._meta`, if it is not a handshake one."""
-    if not isinstance(message, dict) or message.get("method") == "initialize":
+    if not isinstance(message, dict) or message.get("method") == protocol.INITIALIZE:
         return None
     params = message.get("params")
     meta = params.get("_meta") if isinstance(params, dict) else None
-    version = meta.get(META_PROTOCOL_VERSION) if isinstance(meta, dict) else None
+    version = meta.get(protocol.META_PROTOCOL_VERSION) if isinstance(meta, dict) else None
     if isinstance(version, str) and version not in handshake_versions():
         return version
     return None

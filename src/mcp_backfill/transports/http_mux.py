@@ -28,15 +28,13 @@ from typing import Any
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
-from mcp_backfill import jsonrpc
+from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.logs import get_logger
 from mcp_backfill.transports.event_stream import EventStream
 from mcp_backfill.transports.http_server import InboxChannel
 
 log = get_logger("http")
 
-SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
-CANCELLED_NOTIFICATION = "notifications/cancelled"
 # Messages kept for one POST while its response is being written.
 EXCHANGE_BUFFER = 1024
 
@@ -86,7 +84,7 @@ class MuxChannel(InboxChannel):
         self._exchanges[mux_id] = exchange
         if self.closed:
             self._route_response(
-                jsonrpc.error_response(mux_id, jsonrpc.INTERNAL_ERROR, "Upstream MCP server is gone; retry")
+                jsonrpc.error_response(mux_id, protocol.INTERNAL_ERROR, "Upstream MCP server is gone; retry")
             )
         return exchange, jsonrpc.encode(rewritten)
 
@@ -104,7 +102,7 @@ class MuxChannel(InboxChannel):
         )
         cancel = {
             "jsonrpc": "2.0",
-            "method": CANCELLED_NOTIFICATION,
+            "method": protocol.CANCELLED,
             "params": {"requestId": exchange.mux_id, "reason": reason},
         }
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -114,7 +112,7 @@ class MuxChannel(InboxChannel):
         """The shared upstream is gone: every request still waiting gets an error."""
         self.closed = True
         for exchange in list(self._exchanges.values()):
-            error = jsonrpc.error_response(exchange.mux_id, jsonrpc.INTERNAL_ERROR, reason)
+            error = jsonrpc.error_response(exchange.mux_id, protocol.INTERNAL_ERROR, reason)
             self._route_response(error)
         self._inbox_send.close()
 
@@ -157,7 +155,7 @@ class MuxChannel(InboxChannel):
             return self._exchanges[related]
         params = message.get("params")
         if isinstance(params, dict):
-            for candidate in (params.get("progressToken"), _meta(params).get(SUBSCRIPTION_ID)):
+            for candidate in (params.get("progressToken"), _meta(params).get(protocol.META_SUBSCRIPTION_ID)):
                 if isinstance(candidate, int) and candidate in self._exchanges:
                     return self._exchanges[candidate]
         if len(self._exchanges) == 1:
@@ -173,8 +171,8 @@ class MuxChannel(InboxChannel):
         if _same_id(params.get("progressToken"), exchange.mux_id) and exchange.has_token:
             restored["progressToken"] = exchange.client_token
         meta = _meta(params)
-        if _same_id(meta.get(SUBSCRIPTION_ID), exchange.mux_id):
-            restored["_meta"] = {**meta, SUBSCRIPTION_ID: exchange.client_id}
+        if _same_id(meta.get(protocol.META_SUBSCRIPTION_ID), exchange.mux_id):
+            restored["_meta"] = {**meta, protocol.META_SUBSCRIPTION_ID: exchange.client_id}
         return {**message, "params": restored} if restored != params else message
 
 

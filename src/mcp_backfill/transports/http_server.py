@@ -25,23 +25,18 @@ from typing import Any
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from mcp_backfill import jsonrpc
+from mcp_backfill import jsonrpc, protocol
+from mcp_backfill.errors import DuplicateRequestId
 from mcp_backfill.logs import get_logger
 from mcp_backfill.transports.event_stream import EventStream
 
 log = get_logger("http")
 
 GET_STREAM_KEY = "g"
-REQUEST_CANCELLED = -32800  # as the SDK's server answers a request the client cancelled
-CANCELLED_NOTIFICATION = "notifications/cancelled"
 # Finished POST streams kept for a client that reconnects to read the end of one.
 FINISHED_STREAMS_KEPT = 8
 # Ids of requests the client cancelled, remembered so that a late response is not misrouted.
 CANCELLED_IDS_KEPT = 256
-
-
-class DuplicateRequestId(Exception):
-    """The client reused the id of a request still in flight in this session."""
 
 
 @dataclass
@@ -58,16 +53,6 @@ class PostStream:
 
     stream: EventStream
     waiting: set[jsonrpc.IdKey]
-
-
-def progress_token(params: Any) -> Any:
-    """The progress token a message names, or None."""
-    if not isinstance(params, dict):
-        return None
-    if "progressToken" in params:
-        return params["progressToken"]
-    meta = params.get("_meta")
-    return meta.get("progressToken") if isinstance(meta, dict) else None
 
 
 class SessionRouter:
@@ -106,7 +91,7 @@ class SessionRouter:
         self._streams[stream.key] = stream
         self._posts[stream.key] = PostStream(stream, set(keys))
         for key, request in zip(keys, requests, strict=True):
-            token = progress_token(request.get("params"))
+            token = protocol.progress_token(request.get("params"))
             token_key = jsonrpc.id_key(token) if token is not None else None
             if token_key is not None:
                 self._tokens[token_key] = key
@@ -123,7 +108,9 @@ class SessionRouter:
             return
         self._cancelled.append(key)
         message = "Request cancelled" + (f": {reason}" if isinstance(reason, str) and reason else "")
-        self._respond(key, jsonrpc.encode(jsonrpc.error_response(request_id, REQUEST_CANCELLED, message)))
+        self._respond(
+            key, jsonrpc.encode(jsonrpc.error_response(request_id, protocol.REQUEST_CANCELLED, message))
+        )
 
     # -- upstream -> client ----------------------------------------------------------------------
 
@@ -159,7 +146,7 @@ class SessionRouter:
     def _note_response(self, response: dict[str, Any]) -> None:
         request = self._requests[jsonrpc.id_key(response.get("id"))]
         result = response.get("result")
-        if request.method == "initialize" and isinstance(result, dict):
+        if request.method == protocol.INITIALIZE and isinstance(result, dict):
             version = result.get("protocolVersion")
             self.protocol_version = version if isinstance(version, str) else None
 
@@ -195,7 +182,8 @@ class SessionRouter:
             request = self._requests.get(jsonrpc.id_key(related))
             if request is not None:
                 return request.stream
-        token = progress_token(params)
+        # A server message names a request's token directly in its params (notifications/progress).
+        token = params.get("progressToken") if isinstance(params, dict) else None
         if token is not None:
             key = self._tokens.get(jsonrpc.id_key(token))
             if key is not None and key in self._requests:
@@ -209,7 +197,7 @@ class SessionRouter:
     def close(self, reason: str) -> None:
         """The session ended: requests still waiting get an error, and every stream ends."""
         for key, request in list(self._requests.items()):
-            error = jsonrpc.error_response(request.request_id, jsonrpc.INTERNAL_ERROR, reason)
+            error = jsonrpc.error_response(request.request_id, protocol.INTERNAL_ERROR, reason)
             self._respond_all([key], jsonrpc.encode(error), request.stream)
         self.closed = True
         for stream in self._streams.values():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mcp_backfill.transports.base import MessageTooLarge
+from mcp_backfill.errors import MessageTooLarge
 
 
 @dataclass(frozen=True)

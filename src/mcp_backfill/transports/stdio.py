@@ -19,8 +19,8 @@ from typing import Any
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, Process
 
+from mcp_backfill.errors import MessageTooLarge, UpstreamStartError
 from mcp_backfill.logs import get_logger
-from mcp_backfill.transports.base import MessageTooLarge
 
 log = get_logger("stdio")
 
@@ -395,7 +395,3 @@ def enlarge_pipe(fd: int) -> None:
             fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
     except (ImportError, AttributeError, OSError):
         pass  # not Linux, not a pipe, or above the user's quota: the size it has works, only slower
-
-
-class UpstreamStartError(Exception):
-    """The upstream command could not be started (not found, not executable…)."""

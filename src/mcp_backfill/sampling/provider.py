@@ -10,8 +10,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from mcp_backfill.sampling.errors import INTERNAL_ERROR, SamplingError
-
 
 @dataclass(frozen=True)
 class StreamProgress:
@@ -30,27 +28,6 @@ class StreamProgress:
 
 ProgressCallback = Callable[[StreamProgress], Awaitable[None]]
 """Called by a provider while a message streams; must be cheap (the stream waits for it)."""
-
-
-class ProviderError(SamplingError):
-    """A failed API call, with what the retry policy needs to know about it.
-
-    `retryable`: the same request may succeed later (429, 529, 5xx, a dropped connection, a
-    mid-stream `overloaded_error`...). `retry_after`: the server's `retry-after`, in seconds.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        data: dict[str, Any],
-        *,
-        code: int = INTERNAL_ERROR,
-        retryable: bool = False,
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(code, message, data)
-        self.retryable = retryable
-        self.retry_after = retry_after
 
 
 class Provider(Protocol):

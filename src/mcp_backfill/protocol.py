@@ -1,0 +1,74 @@
+"""MCP as the proxy sees it: method names, protocol revisions, JSON-RPC codes, header names, media types.
+
+Every module that names a piece of the protocol takes it from here, so a rename in a future revision
+is one edit. The revision registries and the 2026-07-28 header names are also in the mcp SDK
+(`mcp_types.version`, `mcp.shared.inbound`), but importing the SDK costs about half a second and
+40 MB that a stdio proxy never needs; the values are written here and a unit test
+(`tests/unit/test_protocol.py`) fails when they drift from the installed SDK's.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# -- revisions -----------------------------------------------------------------------------------
+
+HANDSHAKE_VERSIONS: Final = frozenset({"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"})
+"""Revisions negotiated by `initialize` (the handshake era)."""
+STATELESS_VERSION: Final = "2026-07-28"
+"""The stateless revision: no `initialize`; each request carries its envelope in `params._meta`."""
+SUPPORTED_VERSIONS: Final = HANDSHAKE_VERSIONS | {STATELESS_VERSION}
+
+# -- methods -------------------------------------------------------------------------------------
+
+INITIALIZE: Final = "initialize"
+DISCOVER: Final = "server/discover"
+SAMPLING: Final = "sampling/createMessage"
+TOOLS_CALL: Final = "tools/call"
+TOOLS_LIST: Final = "tools/list"
+INITIALIZED: Final = "notifications/initialized"
+CANCELLED: Final = "notifications/cancelled"
+PROGRESS: Final = "notifications/progress"
+TOOLS_CHANGED: Final = "notifications/tools/list_changed"
+INPUT_REQUIRED_METHODS: Final = frozenset({TOOLS_CALL, "prompts/get", "resources/read"})
+"""2026-07-28 requests whose result may be `input_required`."""
+
+# -- 2026-07-28 envelope and results -------------------------------------------------------------
+
+META_PROTOCOL_VERSION: Final = "io.modelcontextprotocol/protocolVersion"
+META_CLIENT_CAPABILITIES: Final = "io.modelcontextprotocol/clientCapabilities"
+META_SUBSCRIPTION_ID: Final = "io.modelcontextprotocol/subscriptionId"
+ENVELOPE_PREFIX: Final = "io.modelcontextprotocol/"
+INPUT_REQUIRED: Final = "input_required"
+
+# -- JSON-RPC error codes ------------------------------------------------------------------------
+
+PARSE_ERROR: Final = -32700
+INVALID_REQUEST: Final = -32600
+METHOD_NOT_FOUND: Final = -32601
+INVALID_PARAMS: Final = -32602
+INTERNAL_ERROR: Final = -32603
+REQUEST_CANCELLED: Final = -32800
+"""What the SDK's server answers for a request its client cancelled."""
+
+# -- HTTP header names (lower case) and media types ----------------------------------------------
+
+SESSION_HEADER: Final = "mcp-session-id"
+VERSION_HEADER: Final = "mcp-protocol-version"
+METHOD_HEADER: Final = "mcp-method"
+NAME_HEADER: Final = "mcp-name"
+PARAM_HEADER_PREFIX: Final = "mcp-param-"
+LAST_EVENT_ID_HEADER: Final = "last-event-id"
+
+JSON_TYPE: Final = "application/json"
+SSE_TYPE: Final = "text/event-stream"
+POST_ACCEPT: Final = f"{JSON_TYPE}, {SSE_TYPE}"
+
+
+def progress_token(params: object) -> str | int | None:
+    """The `_meta.progressToken` a request asked for notifications with (a string or an integer)."""
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    token = meta.get("progressToken") if isinstance(meta, dict) else None
+    if isinstance(token, str) or (isinstance(token, int) and not isinstance(token, bool)):
+        return token
+    return None
