@@ -493,8 +493,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging(config.log_level, config.log_format, config.secrets())
     from mcp_backfill.errors import BindError, UpstreamStartError
-    from mcp_backfill.proxy import run_stdio_proxy
     from mcp_backfill.sidecar.server import run_sidecar
+    from mcp_backfill.stdio_front import run_stdio_proxy
 
     run = run_sidecar if config.front == "http" else run_stdio_proxy
     try:

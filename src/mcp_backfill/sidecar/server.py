@@ -20,10 +20,10 @@ from collections.abc import Iterator
 import anyio
 import uvicorn
 
+from mcp_backfill.assembly import make_sampler, relay_options
 from mcp_backfill.config import Config
 from mcp_backfill.errors import BindError, UpstreamStartError
 from mcp_backfill.logs import get_logger
-from mcp_backfill.proxy import make_sampler, relay_options
 from mcp_backfill.relay import Relay
 from mcp_backfill.sidecar.app import SidecarApp
 from mcp_backfill.sidecar.handshake import HandshakeFront

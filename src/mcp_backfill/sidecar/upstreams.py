@@ -8,21 +8,15 @@ stdin closed, then SIGTERM, then SIGKILL; for an HTTP upstream: its session DELE
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 
-from mcp_backfill.config import Config, upstream_environment
+from mcp_backfill.assembly import http_upstream_settings, spawn_child
+from mcp_backfill.config import Config
 from mcp_backfill.logs import get_logger
 from mcp_backfill.transports.base import MessageChannel
-from mcp_backfill.transports.http_client import (
-    HttpUpstreamSettings,
-    display_url,
-    open_http_upstream,
-    tls_context,
-)
-from mcp_backfill.transports.stdio import spawn_upstream
+from mcp_backfill.transports.http_client import display_url, open_http_upstream, tls_context
 
 log = get_logger("sidecar")
 
@@ -46,12 +40,7 @@ def child_process_upstreams(config: Config) -> UpstreamFactory:
 
     @asynccontextmanager
     async def open_child(request: UpstreamRequest) -> AsyncIterator[MessageChannel]:
-        async with spawn_upstream(
-            config.upstream_command,
-            upstream_environment(os.environ),
-            config.max_message_bytes,
-            config.shutdown_grace,
-        ) as child:
+        async with spawn_child(config) as child:
             log.info("upstream process started", extra={"for": request.label, "pid": child.pid})
             try:
                 yield child.channel
@@ -72,12 +61,11 @@ def http_upstreams(config: Config) -> UpstreamFactory:
 
     @asynccontextmanager
     async def open_http(request: UpstreamRequest) -> AsyncIterator[MessageChannel]:
-        headers = config.upstream_headers
         authorization = request.client_headers.get("authorization")
-        if config.forward_authorization and authorization:
-            headers = (*headers, ("Authorization", authorization))
-        settings = HttpUpstreamSettings(url=url, headers=headers, max_message_bytes=config.max_message_bytes)
-        async with open_http_upstream(settings, tls=tls) as upstream:
+        forwarded = (
+            (("Authorization", authorization),) if config.forward_authorization and authorization else ()
+        )
+        async with open_http_upstream(http_upstream_settings(config, forwarded), tls=tls) as upstream:
             log.info(
                 "upstream session opened", extra={"for": request.label, "upstream_url": display_url(url)}
             )
