@@ -20,7 +20,7 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from tests.e2e.test_sidecar_modern import modern_headers, modern_request
+from tests.e2e.test_sidecar_stateless import stateless_headers, stateless_request
 from tests.fake_claude import FakeClaude, text_reply, tool_use_reply
 from tests.harness import SERVERS, TEST_API_KEY, HttpServer, proxy_env, python_http_server, tool_json
 from tests.sidecar_harness import HANDSHAKE_HEADERS, HTTP_TIMEOUT, Sidecar, initialize_body, run_sidecar
@@ -118,8 +118,8 @@ async def test_client_authorization_reaches_the_upstream_only_when_asked(forward
 async def list_tools_as(http: httpx2.AsyncClient, url: str, who: str, request_id: int) -> httpx2.Response:
     """A 2026-07-28 `tools/list` with the client's own `Authorization: Bearer <who>`; the cursor
     names the client too, so the upstream's record shows whose request each POST carried."""
-    body = modern_request(request_id, "tools/list", {"cursor": who})
-    headers = {**modern_headers("tools/list"), "authorization": f"Bearer {who}"}
+    body = stateless_request(request_id, "tools/list", {"cursor": who})
+    headers = {**stateless_headers("tools/list"), "authorization": f"Bearer {who}"}
     return await http.post(url, json=body, headers=headers)
 
 

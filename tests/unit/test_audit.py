@@ -1,4 +1,4 @@
-"""The audit log file: refused at startup when unusable, one flushed JSON line per exchange."""
+"""The audit log file: refused at startup when unusable, one flushed JSON line per record."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from mcp_backfill.errors import ConfigError
-from mcp_backfill.sampling.audit import AuditLog, Exchange
+from mcp_backfill.sampling.audit import AuditLog, AuditRecord
 
 SECRET = "sk-ant-audit-SECRET-42"
 
@@ -33,7 +33,7 @@ async def test_lines_are_written_while_running_and_flushed_one_by_one(tmp_path: 
     path.write_text('{"earlier": true}\n')  # appended to, never truncated
     audit = AuditLog(str(path), secrets=[SECRET])
     async with audit.running():
-        ok = Exchange(request_id=7, session="stdio", model="claude-x", tools=2)
+        ok = AuditRecord(request_id=7, session="stdio", model="claude-x", tools=2)
         ok.usage = {"input_tokens": 3, "output_tokens": 4}
         ok.stop_reason = "end_turn"
         audit.record(ok, params={"secret": SECRET}, result={"role": "assistant"})
@@ -42,10 +42,10 @@ async def test_lines_are_written_while_running_and_flushed_one_by_one(tmp_path: 
             if len(path.read_text().splitlines()) == 2:
                 break
         assert len(lines(path)) == 2
-        refused = Exchange(request_id="r-2", session="stdio")
+        refused = AuditRecord(request_id="r-2", session="stdio")
         refused.fail(-32602, f"too many messages {SECRET}", {"limit": "max_messages"})
         audit.record(refused)
-        cancelled = Exchange(request_id=9, session=None)
+        cancelled = AuditRecord(request_id=9, session=None)
         cancelled.cancelled = True
         audit.record(cancelled)
     earlier, first, second, third = lines(path)
@@ -76,7 +76,7 @@ async def test_content_only_with_audit_content_and_secrets_redacted(tmp_path: Pa
     audit = AuditLog(str(path), include_content=True, secrets=[SECRET])
     async with audit.running():
         audit.record(
-            Exchange(request_id=1, session="s"),
+            AuditRecord(request_id=1, session="s"),
             params={"messages": [{"role": "user", "content": {"type": "text", "text": f"key {SECRET}"}}]},
             result={"content": {"type": "text", "text": "answer"}},
         )

@@ -25,13 +25,13 @@ import anyio
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.logs import Redactor, get_logger
 
-__all__ = ["AuditLog", "Exchange"]
+__all__ = ["AuditLog", "AuditRecord"]
 
 log = get_logger("audit")
 
 
 @dataclass
-class Exchange:
+class AuditRecord:
     """What is known about one sampling exchange, filled in as it progresses."""
 
     request_id: Any
@@ -96,9 +96,9 @@ class AuditLog:
             ) from None
         self._send, self._receive = anyio.create_memory_object_stream[str](math.inf)
 
-    def record(self, exchange: Exchange, params: Any = None, result: Any = None) -> None:
+    def record(self, record: AuditRecord, params: Any = None, result: Any = None) -> None:
         """Queue one exchange's line; returns at once (safe even in a cancelled task)."""
-        entry = exchange.entry()
+        entry = record.entry()
         if self.include_content:
             entry["params"] = params
             entry["result"] = result

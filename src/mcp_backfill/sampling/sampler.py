@@ -17,10 +17,10 @@ import anyio
 from mcp_backfill.errors import SamplingError
 from mcp_backfill.logs import get_logger
 from mcp_backfill.protocol import INTERNAL_ERROR
-from mcp_backfill.sampling.audit import AuditLog, Exchange
+from mcp_backfill.sampling.audit import AuditLog, AuditRecord
 from mcp_backfill.sampling.convert import ConversionOptions, to_claude_request, to_mcp_result
 from mcp_backfill.sampling.limits import RequestLimits, check_request, check_response
-from mcp_backfill.sampling.models import select_model
+from mcp_backfill.sampling.model_choice import select_model
 from mcp_backfill.sampling.provider import ProgressCallback, Provider
 from mcp_backfill.sampling.spend import SamplingSession, Spend, SpendSettings, normalize_usage
 
@@ -83,7 +83,7 @@ class Sampler:
         progress: ProgressCallback | None = None,
     ) -> dict[str, Any]:
         """`progress`, when given, hears how far Claude's answer has got while it streams."""
-        exchange = Exchange(request_id=request_id, session=session.label if session else None)
+        exchange = AuditRecord(request_id=request_id, session=session.label if session else None)
         result: dict[str, Any] | None = None
         try:
             result = await self._answer(params, exchange, session, progress)
@@ -104,7 +104,7 @@ class Sampler:
     async def _answer(
         self,
         params: dict[str, Any],
-        exchange: Exchange,
+        exchange: AuditRecord,
         session: SamplingSession | None,
         progress: ProgressCallback | None,
     ) -> dict[str, Any]:
@@ -124,7 +124,9 @@ class Sampler:
         check_response(message, self.settings.limits)
         return to_mcp_result(message, claude_request)
 
-    def _charge(self, message: dict[str, Any], exchange: Exchange, session: SamplingSession | None) -> None:
+    def _charge(
+        self, message: dict[str, Any], exchange: AuditRecord, session: SamplingSession | None
+    ) -> None:
         """Charge the budgets with what Claude reports; the result `_meta` gets all four counters."""
         usage = normalize_usage(message.get("usage"))
         message["usage"] = {**(message.get("usage") or {}), **usage}
@@ -136,7 +138,7 @@ class Sampler:
 
     def _report(
         self,
-        exchange: Exchange,
+        exchange: AuditRecord,
         session: SamplingSession | None,
         params: dict[str, Any],
         result: dict[str, Any] | None,

@@ -3,7 +3,7 @@
 Every `/mcp` request is checked before anything else, in this order, and the upstream is never
 touched by one that fails: Host (403), Origin (403), bearer token (401 with `WWW-Authenticate`).
 The `MCP-Protocol-Version` header then picks the protocol path: absent or a handshake-era version
-goes to the session front (`handshake.py`), anything else to the 2026-07-28 front (`modern.py`).
+goes to the session front (`handshake.py`), anything else to the 2026-07-28 front (`stateless.py`).
 `/healthz` needs no credentials; `/metrics` needs the bearer token when one is configured.
 """
 
@@ -18,8 +18,8 @@ from mcp_backfill.sidecar import metrics as prometheus
 from mcp_backfill.sidecar.handshake import HandshakeFront
 from mcp_backfill.sidecar.http_io import HttpCall, json_bytes, upstream_headers
 from mcp_backfill.sidecar.metrics import Metrics
-from mcp_backfill.sidecar.modern import ModernFront
 from mcp_backfill.sidecar.security import AccessPolicy, bearer_ok, host_allowed, origin_allowed
+from mcp_backfill.sidecar.stateless import StatelessFront
 
 log = get_logger("sidecar")
 
@@ -30,11 +30,11 @@ BAD_TOKEN_HEADERS = [(b"www-authenticate", b'Bearer realm="mcp-backfill", error=
 
 class SidecarApp:
     def __init__(
-        self, policy: AccessPolicy, handshake: HandshakeFront, modern: ModernFront, metrics: Metrics
+        self, policy: AccessPolicy, handshake: HandshakeFront, stateless: StatelessFront, metrics: Metrics
     ) -> None:
         self.policy = policy
         self.handshake = handshake
-        self.modern = modern
+        self.stateless = stateless
         self.metrics = metrics
 
     @property
@@ -44,7 +44,7 @@ class SidecarApp:
     def drain(self) -> None:
         """Shutting down: refuse new sessions and requests, and end the standalone GET streams."""
         self.handshake.settings.draining = True
-        self.modern.settings.draining = True
+        self.stateless.settings.draining = True
         for session in self.handshake.sessions.all():
             session.router.get_stream.finish()
 
@@ -85,7 +85,7 @@ class SidecarApp:
             "status": "draining" if self.draining else "ok",
             "version": __version__,
             "sessions": len(self.handshake.sessions),
-            "requests_in_flight_2026": self.modern.hubs.in_flight,
+            "requests_in_flight_2026": self.stateless.hubs.in_flight,
         }
         await call.respond(503 if self.draining else 200, json_bytes(body))
 
@@ -105,7 +105,7 @@ class SidecarApp:
         headers = upstream_headers(call, strip_authorization=self.policy.token is not None)
         version = call.headers.get(protocol.VERSION_HEADER)
         if version is not None and version not in protocol.HANDSHAKE_VERSIONS:
-            await self.modern.handle(call, headers)
+            await self.stateless.handle(call, headers)
         else:
             await self.handshake.handle(call, headers)
 

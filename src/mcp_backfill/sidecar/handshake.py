@@ -249,7 +249,7 @@ def _session_header(session: HttpSession) -> list[tuple[bytes, bytes]]:
 
 def _primes(session: HttpSession) -> bool:
     """Clients from 2025-11-25 on expect an empty event with an id first, to resume from."""
-    from mcp_types.version import is_version_at_least  # the SDK loads on first use (see modern.py)
+    from mcp_types.version import is_version_at_least  # the SDK loads on first use (see stateless.py)
 
     version = session.router.protocol_version
     return version is not None and is_version_at_least(version, "2025-11-25")

@@ -29,9 +29,9 @@ from mcp_backfill.sidecar.app import SidecarApp
 from mcp_backfill.sidecar.handshake import HandshakeFront
 from mcp_backfill.sidecar.http_io import FrontSettings
 from mcp_backfill.sidecar.metrics import Metrics
-from mcp_backfill.sidecar.modern import ModernFront, ModernHub, ModernHubs
 from mcp_backfill.sidecar.security import AccessPolicy, default_allowed_hosts, default_allowed_origins
 from mcp_backfill.sidecar.sessions import SessionSettings, SessionTable
+from mcp_backfill.sidecar.stateless import StatelessFront, StatelessHub, StatelessHubs
 from mcp_backfill.sidecar.upstreams import UpstreamFactory, child_process_upstreams, http_upstreams
 from mcp_backfill.transports.base import MessageChannel
 from mcp_backfill.transports.http_client import display_url
@@ -104,14 +104,14 @@ async def run_sidecar(config: Config) -> int:
         make_relay,
         count,
     )
-    hubs = ModernHubs(
-        lambda: ModernHub(open_upstream, make_relay, count),
+    hubs = StatelessHubs(
+        lambda: StatelessHub(open_upstream, make_relay, count),
         per_authorization=config.forward_authorization,
         max_hubs=config.max_sessions,
         idle_timeout=config.session_idle_timeout,
     )
     front = FrontSettings(config.max_message_bytes)
-    app = SidecarApp(policy, HandshakeFront(sessions, front), ModernFront(hubs, front), metrics)
+    app = SidecarApp(policy, HandshakeFront(sessions, front), StatelessFront(hubs, front), metrics)
     metrics.gauge(
         "mcp_backfill_active_sessions", "open handshake-era client sessions", lambda: [((), len(sessions))]
     )

@@ -40,7 +40,7 @@ EXCHANGE_BUFFER = 1024
 
 
 @dataclass
-class Exchange:
+class MuxedRequest:
     """One POSTed request and the messages for it."""
 
     client_id: Any
@@ -59,7 +59,7 @@ class MuxChannel(InboxChannel):
         self._inbox_send, inbox = anyio.create_memory_object_stream[bytes](64)
         super().__init__(inbox, on_message)
         self._ids = itertools.count(1)
-        self._exchanges: dict[int, Exchange] = {}
+        self._exchanges: dict[int, MuxedRequest] = {}
         self.closed = False
 
     @property
@@ -68,10 +68,10 @@ class MuxChannel(InboxChannel):
 
     # -- from the HTTP handlers ------------------------------------------------------------------
 
-    def open(self, request: dict[str, Any]) -> tuple[Exchange, bytes]:
+    def open(self, request: dict[str, Any]) -> tuple[MuxedRequest, bytes]:
         """Register a POSTed request; returns its exchange and the message to relay (ids rewritten)."""
         mux_id = next(self._ids)
-        exchange = Exchange(
+        exchange = MuxedRequest(
             request["id"], mux_id, str(request.get("method")), EventStream(f"m{mux_id}", EXCHANGE_BUFFER)
         )
         rewritten = {**request, "id": mux_id}
@@ -91,7 +91,7 @@ class MuxChannel(InboxChannel):
     async def deliver(self, raw: bytes) -> None:
         await self._inbox_send.send(raw)
 
-    async def abandon(self, exchange: Exchange, reason: str) -> None:
+    async def abandon(self, exchange: MuxedRequest, reason: str) -> None:
         """The client closed its POST before the answer: cancel the request upstream."""
         if self._exchanges.pop(exchange.mux_id, None) is None or self.closed:
             return
@@ -150,7 +150,7 @@ class MuxChannel(InboxChannel):
         exchange.stream.append(jsonrpc.encode({**response, "id": exchange.client_id}))
         exchange.stream.finish()
 
-    def _owner(self, message: dict[str, Any], related: Any) -> Exchange | None:
+    def _owner(self, message: dict[str, Any], related: Any) -> MuxedRequest | None:
         if isinstance(related, int) and related in self._exchanges:
             return self._exchanges[related]
         params = message.get("params")
@@ -162,7 +162,7 @@ class MuxChannel(InboxChannel):
             return next(iter(self._exchanges.values()))
         return None
 
-    def _restore(self, message: dict[str, Any], exchange: Exchange) -> dict[str, Any]:
+    def _restore(self, message: dict[str, Any], exchange: MuxedRequest) -> dict[str, Any]:
         """The client's own token and subscription id in a message for its request."""
         params = message.get("params")
         if not isinstance(params, dict):

@@ -34,7 +34,7 @@ CHATTY_SERVER = python_server("chatty_server.py")
 VERSION = "2026-07-28"
 
 
-def modern_request(request_id: Any, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+def stateless_request(request_id: Any, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
     meta = {
         "io.modelcontextprotocol/protocolVersion": VERSION,
         "io.modelcontextprotocol/clientCapabilities": {},
@@ -43,7 +43,7 @@ def modern_request(request_id: Any, method: str, params: dict[str, Any] | None =
     return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**(params or {}), "_meta": meta}}
 
 
-def modern_headers(method: str, name: str | None = None) -> dict[str, str]:
+def stateless_headers(method: str, name: str | None = None) -> dict[str, str]:
     headers = {**HANDSHAKE_HEADERS, "mcp-protocol-version": VERSION, "mcp-method": method}
     if name is not None:
         headers["mcp-name"] = name
@@ -53,8 +53,8 @@ def modern_headers(method: str, name: str | None = None) -> dict[str, str]:
 async def call_tool(
     http: httpx2.AsyncClient, sidecar: Sidecar, request_id: Any, name: str, **arguments: Any
 ) -> Any:
-    body = modern_request(request_id, "tools/call", {"name": name, "arguments": arguments})
-    response = await http.post(sidecar.url, json=body, headers=modern_headers("tools/call", name))
+    body = stateless_request(request_id, "tools/call", {"name": name, "arguments": arguments})
+    response = await http.post(sidecar.url, json=body, headers=stateless_headers("tools/call", name))
     assert "mcp-session-id" not in response.headers
     [reply] = response_messages(response)
     return reply
@@ -149,29 +149,29 @@ async def test_the_2026_path_checks_headers_like_the_sdk_server() -> None:
         run_sidecar("--provider", "mock", upstream=CHATTY_SERVER, env=proxy_env()) as sidecar,
         httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
-        body = modern_request(1, "tools/call", {"name": "pid", "arguments": {}})
-        mismatched = await http.post(sidecar.url, json=body, headers=modern_headers("tools/call", "sleep"))
+        body = stateless_request(1, "tools/call", {"name": "pid", "arguments": {}})
+        mismatched = await http.post(sidecar.url, json=body, headers=stateless_headers("tools/call", "sleep"))
         assert mismatched.status_code == 400
         assert mismatched.json()["error"]["code"] == -32020
         assert mismatched.json()["id"] == 1
-        wrong_method = await http.post(sidecar.url, json=body, headers=modern_headers("tools/list"))
+        wrong_method = await http.post(sidecar.url, json=body, headers=stateless_headers("tools/list"))
         assert wrong_method.json()["error"]["code"] == -32020
         no_envelope = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
-        missing = await http.post(sidecar.url, json=no_envelope, headers=modern_headers("tools/list"))
+        missing = await http.post(sidecar.url, json=no_envelope, headers=stateless_headers("tools/list"))
         assert (missing.status_code, missing.json()["error"]["code"]) == (400, -32602)
-        batch = await http.post(sidecar.url, json=[body], headers=modern_headers("tools/call", "pid"))
+        batch = await http.post(sidecar.url, json=[body], headers=stateless_headers("tools/call", "pid"))
         assert (batch.status_code, batch.json()["error"]["code"]) == (400, -32600)
-        future = {**modern_headers("tools/list"), "mcp-protocol-version": "2099-01-01"}
-        future_body = modern_request(3, "tools/list")
+        future = {**stateless_headers("tools/list"), "mcp-protocol-version": "2099-01-01"}
+        future_body = stateless_request(3, "tools/list")
         future_body["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = "2099-01-01"
         unsupported = await http.post(sidecar.url, json=future_body, headers=future)
         assert unsupported.status_code == 400
         assert unsupported.json()["error"]["code"] == -32022
         assert unsupported.json()["error"]["data"]["supported"] == [VERSION]
         note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}}
-        assert (await http.post(sidecar.url, json=note, headers=modern_headers("x"))).status_code == 202
+        assert (await http.post(sidecar.url, json=note, headers=stateless_headers("x"))).status_code == 202
         for method in ("GET", "DELETE"):
-            refused = await http.request(method, sidecar.url, headers=modern_headers("x"))
+            refused = await http.request(method, sidecar.url, headers=stateless_headers("x"))
             assert refused.status_code == 405
             assert refused.headers["allow"] == "POST"
         assert "upstream process started" not in sidecar.stderr()  # nothing reached the upstream
@@ -191,11 +191,13 @@ async def test_closing_a_post_cancels_the_request_upstream(tmp_path: Path) -> No
         ) as sidecar,
         httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
-        body = modern_request(
+        body = stateless_request(
             7, "tools/call", {"name": "sleep", "arguments": {"seconds": 30, "note": "closed"}}
         )
         with pytest.raises(httpx2.ReadTimeout):
-            await http.post(sidecar.url, json=body, headers=modern_headers("tools/call", "sleep"), timeout=2)
+            await http.post(
+                sidecar.url, json=body, headers=stateless_headers("tools/call", "sleep"), timeout=2
+            )
         with anyio.fail_after(10):
             while not (tmp_path / "cancelled-closed").exists():
                 await anyio.sleep(0.05)
@@ -209,8 +211,8 @@ async def test_closing_a_post_cancels_the_claude_call(fake_claude: FakeClaude) -
         run_sidecar(upstream=RESOLVE_SERVER, env=proxy_env(fake_claude.url)) as sidecar,
         httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
-        body = modern_request(1, "tools/call", {"name": "summarize", "arguments": {"text": "x"}})
-        headers = modern_headers("tools/call", "summarize")
+        body = stateless_request(1, "tools/call", {"name": "summarize", "arguments": {"text": "x"}})
+        headers = stateless_headers("tools/call", "summarize")
         async with anyio.create_task_group() as tg:
             tg.start_soon(partial(http.post, sidecar.url, json=body, headers=headers))
             assert await fake_claude.await_requests(1, timeout=30)  # Claude is streaming

@@ -40,7 +40,7 @@ from mcp_backfill.sidecar.http_io import (
 )
 from mcp_backfill.sidecar.sessions import CountingChannel, CountMessage, MakeRelay
 from mcp_backfill.sidecar.upstreams import UpstreamFactory, UpstreamRequest
-from mcp_backfill.transports.http_mux import Exchange, MuxChannel
+from mcp_backfill.transports.http_mux import MuxChannel, MuxedRequest
 
 if TYPE_CHECKING:
     from mcp.shared.inbound import InboundLadderRejection
@@ -51,11 +51,11 @@ if TYPE_CHECKING:
 
 log = get_logger("sidecar")
 
-SUPPORTED_MODERN_VERSIONS = (protocol.STATELESS_VERSION,)
+SUPPORTED_STATELESS_VERSIONS = (protocol.STATELESS_VERSION,)
 HUB_LABEL = "2026-07-28 requests"
 
 
-class ModernHub:
+class StatelessHub:
     """The shared upstream and relay of all 2026-07-28 requests, (re)started when needed."""
 
     def __init__(self, open_upstream: UpstreamFactory, make_relay: MakeRelay, count: CountMessage) -> None:
@@ -123,7 +123,7 @@ class ModernHub:
             self._scope.cancel()
 
 
-class ModernHubs:
+class StatelessHubs:
     """The hubs that serve 2026-07-28 requests: one for every client, unless each client's own
     `Authorization` goes to the upstream (--forward-authorization). A hub's upstream is opened with
     the headers of the request that started it, so then each distinct `Authorization` value gets a
@@ -132,7 +132,7 @@ class ModernHubs:
 
     def __init__(
         self,
-        make_hub: Callable[[], ModernHub],
+        make_hub: Callable[[], StatelessHub],
         *,
         per_authorization: bool,
         max_hubs: int,
@@ -142,7 +142,7 @@ class ModernHubs:
         self._per_authorization = per_authorization
         self._max_hubs = max_hubs if per_authorization else 1
         self._idle_timeout = idle_timeout
-        self._hubs: dict[str, ModernHub] = {}
+        self._hubs: dict[str, StatelessHub] = {}
         self._tg: TaskGroup | None = None
 
     def start(self, tg: TaskGroup) -> None:
@@ -188,8 +188,8 @@ class ModernHubs:
             hub.stop()
 
 
-class ModernFront:
-    def __init__(self, hubs: ModernHubs, settings: FrontSettings) -> None:
+class StatelessFront:
+    def __init__(self, hubs: StatelessHubs, settings: FrontSettings) -> None:
         self.hubs = hubs
         self.settings = settings
 
@@ -255,14 +255,14 @@ class ModernFront:
         from mcp.shared.inbound import unsupported_protocol_version_rejection
 
         rejection = unsupported_protocol_version_rejection(
-            call.headers.get(protocol.VERSION_HEADER, ""), SUPPORTED_MODERN_VERSIONS
+            call.headers.get(protocol.VERSION_HEADER, ""), SUPPORTED_STATELESS_VERSIONS
         )
         if rejection is not None:
             await _write_rejection(call, rejection, None)
             return
         await call.respond(202)
 
-    async def _answer(self, call: HttpCall, mux: MuxChannel, exchange: Exchange) -> None:
+    async def _answer(self, call: HttpCall, mux: MuxChannel, exchange: MuxedRequest) -> None:
         stream = exchange.stream
         with anyio.CancelScope() as scope:
             async with anyio.create_task_group() as tg:
@@ -303,7 +303,7 @@ def _reject(call: HttpCall, request: dict[str, Any]) -> InboundLadderRejection |
         message = f"{duplicated} header appears more than once"
         return InboundLadderRejection(code=HEADER_MISMATCH, message=message)
     verdict = classify_inbound_request(
-        request, headers=dict(items), supported_modern_versions=SUPPORTED_MODERN_VERSIONS
+        request, headers=dict(items), supported_modern_versions=SUPPORTED_STATELESS_VERSIONS
     )
     return verdict if isinstance(verdict, InboundLadderRejection) else None
 

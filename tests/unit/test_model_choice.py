@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from mcp_backfill.sampling.models import select_model
+from mcp_backfill.sampling.model_choice import select_model
 
 OPUS = "claude-opus-4-7"
 SONNET = "claude-sonnet-4-6"
