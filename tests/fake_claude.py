@@ -10,7 +10,7 @@ sync and async tests can use it:
         ...  # point the client at fake.url
         assert fake.message_requests[0].body["model"] == "claude-sonnet-5"
 
-Wire behaviour (see /work/shared/research/anthropic.md §1.4-1.5, §3):
+Wire behaviour (as the Messages API documents it and the anthropic SDK expects it):
 
 * `POST /v1/messages` answers with a full `Message` JSON object, or with server-sent events in the
   real order when the body has `"stream": true` (`message_start`, `ping`, per block
@@ -75,6 +75,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
+
+from mcp_backfill.providers.mock import synthesize_arguments
 
 JSONObject = dict[str, Any]
 
@@ -595,43 +597,6 @@ class PromptCache:
 # --------------------------------------------------------------------------------------------------
 
 
-def _example_value(name: str, schema: object, depth: int = 0) -> Any:
-    if not isinstance(schema, dict) or depth > 8:
-        return None
-    if "enum" in schema and isinstance(schema["enum"], list) and schema["enum"]:
-        return schema["enum"][0]
-    if "const" in schema:
-        return schema["const"]
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        kind = next((k for k in kind if k != "null"), "null")
-    if kind == "string":
-        return f"example-{name}"
-    if kind == "integer":
-        return 1
-    if kind == "number":
-        return 1
-    if kind == "boolean":
-        return True
-    if kind == "array":
-        return []
-    if kind == "null":
-        return None
-    if kind == "object" or "properties" in schema:
-        return _example_object(schema, depth + 1)
-    return f"example-{name}"
-
-
-def _example_object(schema: JSONObject, depth: int = 0) -> JSONObject:
-    properties = schema.get("properties")
-    required = schema.get("required")
-    if not isinstance(properties, dict) or not isinstance(required, list):
-        return {}
-    return {
-        prop: _example_value(prop, properties.get(prop), depth) for prop in required if isinstance(prop, str)
-    }
-
-
 def _text_of(content: object) -> str:
     """The readable text of message or tool_result content (texts joined with a space)."""
     if isinstance(content, str):
@@ -676,7 +641,7 @@ def default_reply(body: JSONObject) -> MessageReply:
         if tool_choice.get("type") == "tool":
             tool = next((t for t in tools if t["name"] == tool_choice.get("name")), tool)
         schema = tool.get("input_schema")
-        tool_input = _example_object(schema) if isinstance(schema, dict) else {}
+        tool_input = synthesize_arguments(schema) if isinstance(schema, dict) else {}
         return tool_use_reply(tool["name"], tool_input)
     last_user = next(
         (m for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), {"content": ""}

@@ -1,4 +1,4 @@
-"""to_claude_request / to_mcp_result: the MCP <-> Messages API mapping (research/anthropic.md §6)."""
+"""to_claude_request / to_mcp_result: the MCP <-> Messages API mapping, rule by rule."""
 
 from __future__ import annotations
 

@@ -483,7 +483,7 @@ async def test_default_reply_calls_the_first_tool_with_example_arguments(fake: F
     assert block.name == "get_weather"
     assert block.id.startswith("toolu_")
     assert block.input == {
-        "city": "example-city",
+        "city": "sample-city",
         "days": 1,
         "metric": True,
         "unit": "celsius",

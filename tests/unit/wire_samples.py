@@ -13,7 +13,7 @@ WEATHER_TOOL: dict[str, Any] = {
     "inputSchema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }
 
-# The 2025-11-25 wire shape, as captured from the SDK (research/mcp_sdk.md §1.2).
+# The 2025-11-25 wire shape, as the mcp SDK writes it.
 RELEASED_TOOL_LOOP: dict[str, Any] = {
     "messages": [
         {"role": "user", "content": {"type": "text", "text": "What's the weather in Paris? Use the tool."}},

@@ -18,6 +18,7 @@ import anthropic
 import httpx2
 
 from mcp_backfill.errors import ProviderError
+from mcp_backfill.logs import Redactor
 from mcp_backfill.protocol import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress
 
@@ -58,7 +59,7 @@ class AnthropicProvider:
         self.name = name
         self._client = client
         self._model_id = model_id
-        self._secrets = tuple(s for s in secrets if len(s) >= 4)
+        self._redact = Redactor(secrets).redact
 
     async def create_message(
         self, request: dict[str, Any], *, on_progress: ProgressCallback | None = None
@@ -158,11 +159,6 @@ class AnthropicProvider:
             retryable=_is_retryable(status, exc.type, headers),
             retry_after=retry_after_seconds(headers),
         )
-
-    def _redact(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
 
     async def aclose(self) -> None:
         await self._client.close()

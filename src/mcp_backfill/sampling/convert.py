@@ -3,8 +3,8 @@
 `to_claude_request` turns validated MCP params into `messages.create` keyword arguments plus the
 per-request context needed to translate the answer back; `to_mcp_result` turns Claude's final
 message into a `CreateMessageResult`. No I/O and no SDK types: both sides are plain JSON dicts, so
-every rule here is unit-testable and the provider stays backend-agnostic. The mapping follows
-research/anthropic.md §6.
+every rule here is unit-testable and the provider stays backend-agnostic. The README's "Sampling →
+Claude mapping" section describes the mapping.
 """
 
 from __future__ import annotations
