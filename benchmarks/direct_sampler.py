@@ -21,19 +21,20 @@ import anyio.abc
 
 from benchmarks.procs import BENCH_API_KEY
 from benchmarks.servers.raw_echo import SAMPLING_PARAMS
+from mcp_backfill.assembly import conversion_options
 from mcp_backfill.cli import event_loop_options
-from mcp_backfill.config import DEFAULT_MAX_TOKENS_CAP
-from mcp_backfill.sampling.convert import ConversionOptions, to_claude_request
+from mcp_backfill.config import Config
+from mcp_backfill.sampling.convert import to_claude_request
 
-DEFAULT_MODEL = "claude-sonnet-5-5"
+# The proxy's settings with every option at its default (the provider does not shape the request).
+PROXY_CONFIG = Config(upstream_command=("server",), provider="mock")
 
 
 def claude_request() -> dict[str, Any]:
     """What the proxy sends to the API for the scenario's sampling request (the one the raw echo
     and SDK servers send): built by the proxy's own converter."""
-    options = ConversionOptions(max_tokens_cap=DEFAULT_MAX_TOKENS_CAP, audio="reject", prompt_cache=True)
-    converted = to_claude_request(dict(SAMPLING_PARAMS), options)
-    return dict(converted.kwargs, model=DEFAULT_MODEL)
+    converted = to_claude_request(dict(SAMPLING_PARAMS), conversion_options(PROXY_CONFIG))
+    return dict(converted.kwargs, model=PROXY_CONFIG.model)
 
 
 async def run_batch(client: anthropic.AsyncAnthropic, count: int, concurrency: int) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from mcp_backfill.cli import build_parser
-from mcp_backfill.config import ENV_PREFIX, env_name
+from mcp_backfill.options import ENV_PREFIX, env_name
 from tests.harness import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"

@@ -12,7 +12,8 @@ from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 from mcp_backfill.config import Config, upstream_environment
-from mcp_backfill.providers import make_provider
+from mcp_backfill.providers import ProviderSettings, make_provider
+from mcp_backfill.providers.retry import RetryPolicy
 from mcp_backfill.relay import RelayOptions
 from mcp_backfill.sampling.audit import AuditLog
 from mcp_backfill.sampling.convert import ConversionOptions
@@ -25,7 +26,7 @@ from mcp_backfill.transports.stdio import UpstreamProcess, spawn_upstream
 
 
 def make_sampler(config: Config, observer: SamplingObserver | None = None) -> Sampler:
-    """The sampler with the configured limits, spending controls and audit log.
+    """The sampler with the configured provider, limits, spending controls and audit log.
 
     Raises `ConfigError` when the audit log cannot be opened, before anything else is started.
     """
@@ -35,31 +36,69 @@ def make_sampler(config: Config, observer: SamplingObserver | None = None) -> Sa
         else None
     )
     return Sampler(
-        make_provider(config),
-        SamplerSettings(
-            conversion=ConversionOptions(
-                max_tokens_cap=config.max_tokens_cap, audio=config.audio, prompt_cache=config.prompt_cache
-            ),
-            default_model=config.model,
-            allowed_models=config.allowed_models,
-            limits=RequestLimits(
-                max_messages=config.max_messages,
-                max_text_bytes=config.max_text_bytes,
-                max_binary_bytes=config.max_binary_bytes,
-                max_tools=config.max_tools,
-                max_tool_calls=config.max_tool_calls,
-            ),
-        ),
-        spend=Spend(
-            SpendSettings(
-                rate_limit=config.rate_limit,
-                max_concurrent=config.max_concurrent_sampling,
-                budget_tokens=config.budget_tokens,
-                session_budget_tokens=config.session_budget_tokens,
-            )
-        ),
+        make_provider(provider_settings(config)),
+        sampler_settings(config),
+        spend=Spend(spend_settings(config)),
         audit=audit,
         observer=observer,
+    )
+
+
+# -- the domain's settings, each read from `Config` here and nowhere else ------------------------
+
+
+def sampler_settings(config: Config) -> SamplerSettings:
+    return SamplerSettings(
+        conversion=conversion_options(config),
+        default_model=config.model,
+        allowed_models=config.allowed_models,
+        limits=request_limits(config),
+    )
+
+
+def conversion_options(config: Config) -> ConversionOptions:
+    return ConversionOptions(
+        max_tokens_cap=config.max_tokens_cap, audio=config.audio, prompt_cache=config.prompt_cache
+    )
+
+
+def request_limits(config: Config) -> RequestLimits:
+    return RequestLimits(
+        max_messages=config.max_messages,
+        max_text_bytes=config.max_text_bytes,
+        max_binary_bytes=config.max_binary_bytes,
+        max_tools=config.max_tools,
+        max_tool_calls=config.max_tool_calls,
+    )
+
+
+def spend_settings(config: Config) -> SpendSettings:
+    return SpendSettings(
+        rate_limit=config.rate_limit,
+        max_concurrent=config.max_concurrent_sampling,
+        budget_tokens=config.budget_tokens,
+        session_budget_tokens=config.session_budget_tokens,
+    )
+
+
+def retry_policy(config: Config) -> RetryPolicy:
+    return RetryPolicy(
+        max_attempts=config.retry_max_attempts,
+        base_delay=config.retry_base_delay,
+        max_delay=config.retry_max_delay,
+        deadline=config.sampling_timeout or None,
+    )
+
+
+def provider_settings(config: Config) -> ProviderSettings:
+    return ProviderSettings(
+        name=config.provider,
+        retry=retry_policy(config),
+        secrets=config.secrets(),
+        api_key=config.api_key.value if config.api_key else None,
+        base_url=config.api_base_url,
+        headers=config.api_headers,
+        vertex_access_token=config.vertex_access_token.value if config.vertex_access_token else None,
     )
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from mcp_backfill.cli import parse_config
-from mcp_backfill.config import DEFAULT_ALLOWED_MODELS, DEFAULT_MODEL, Secret, upstream_environment
+from mcp_backfill.config import Secret, upstream_environment
 from mcp_backfill.errors import ConfigError
+from mcp_backfill.options import DEFAULTS
 
 KEY = {"ANTHROPIC_API_KEY": "sk-ant-unit-secret"}
 
@@ -16,8 +17,8 @@ def test_defaults() -> None:
     assert config.upstream_command == ("server", "--flag")
     assert config.mode == "fallback"
     assert config.provider == "anthropic"
-    assert config.model == DEFAULT_MODEL
-    assert config.allowed_models == DEFAULT_ALLOWED_MODELS
+    assert config.model == DEFAULTS["model"]
+    assert config.allowed_models == DEFAULTS["allowed_models"]
     assert config.max_tokens_cap == 16384
     assert config.audio == "reject"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -24,10 +25,11 @@ from mcp_backfill.sampling.convert import (
     to_claude_request,
     to_mcp_result,
 )
+from tests.defaults import CONVERSION
 from tests.unit.wire_samples import RELEASED_TOOL_LOOP, WEATHER_TOOL, assistant, params, text, tool_use, user
 
-OPTIONS = ConversionOptions()
-PLACEHOLDER_AUDIO = ConversionOptions(audio="placeholder")
+OPTIONS = replace(CONVERSION, prompt_cache=False)
+PLACEHOLDER_AUDIO = replace(OPTIONS, audio="placeholder")
 
 
 def b64(raw: bytes) -> str:
@@ -121,7 +123,7 @@ def test_only_empty_stop_sequences_are_omitted() -> None:
 
 def test_max_tokens_clamped_with_warning() -> None:
     request = to_claude_request(
-        {**params(user(text())), "maxTokens": 100000}, ConversionOptions(max_tokens_cap=16384)
+        {**params(user(text())), "maxTokens": 100000}, replace(OPTIONS, max_tokens_cap=16384)
     )
     assert request.kwargs["max_tokens"] == 16384
     assert "maxTokens 100000 clamped to 16384" in request.warnings

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from mcp_backfill.errors import SamplingError
 from mcp_backfill.protocol import INTERNAL_ERROR, INVALID_PARAMS
-from mcp_backfill.sampling.limits import RequestLimits, check_request, check_response, measure_request
+from mcp_backfill.sampling.limits import check_request, check_response, measure_request
+from tests.defaults import LIMITS as DEFAULT_LIMITS
 
 
 def text(value: str) -> dict[str, Any]:
@@ -100,10 +102,10 @@ def test_whitespace_in_base64_is_not_counted() -> None:
 def test_malformed_params_are_measured_without_crashing(params: Any) -> None:
     size = measure_request(params)
     assert size.text_bytes >= 0
-    check_request(params, RequestLimits())  # validation, not the limits, reports malformed params
+    check_request(params, DEFAULT_LIMITS)  # validation, not the limits, reports malformed params
 
 
-LIMITS = RequestLimits(max_messages=2, max_text_bytes=10, max_binary_bytes=100, max_tools=1)
+LIMITS = replace(DEFAULT_LIMITS, max_messages=2, max_text_bytes=10, max_binary_bytes=100, max_tools=1)
 
 
 @pytest.mark.parametrize(
@@ -146,7 +148,8 @@ def test_exactly_at_the_limits_passes() -> None:
         {"role": "assistant", "content": {"type": "image", "data": b64(100), "mimeType": "image/png"}},
         tools=[],
     )
-    size = check_request(params, RequestLimits(max_messages=2, max_text_bytes=10, max_binary_bytes=100))
+    limits = replace(DEFAULT_LIMITS, max_messages=2, max_text_bytes=10, max_binary_bytes=100)
+    size = check_request(params, limits)
     assert (size.messages, size.text_bytes, size.binary_bytes) == (2, 10, 100)
 
 
@@ -156,7 +159,7 @@ def tool_calls(count: int) -> dict[str, Any]:
 
 
 def test_a_response_with_too_many_tool_calls_is_an_internal_error() -> None:
-    limits = RequestLimits(max_tool_calls=2)
+    limits = replace(DEFAULT_LIMITS, max_tool_calls=2)
     check_response(tool_calls(2), limits)
     with pytest.raises(SamplingError) as caught:
         check_response(tool_calls(3), limits)

@@ -6,15 +6,17 @@ that model: a prefix is read only when the same blocks (markers aside) were cach
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import anthropic
 import pytest
 
 from mcp_backfill.sampling.convert import ConversionOptions, to_claude_request
+from tests.defaults import CONVERSION
 from tests.fake_claude import CACHE_LOOKBACK_BLOCKS, FakeClaude, PromptCache, prompt_elements, text_reply
 
-CACHED = ConversionOptions(prompt_cache=True)
+CACHED = replace(CONVERSION, prompt_cache=True)
 TOOLS = [
     {"name": "lookup", "description": "Look a key up", "inputSchema": {"type": "object"}},
     {"name": "store", "inputSchema": {"type": "object"}},
@@ -61,8 +63,8 @@ def has_cache_control(value: Any) -> bool:
     return False
 
 
-def test_off_by_default_no_block_is_marked() -> None:
-    kwargs = to_claude_request(loop_params(3), ConversionOptions()).kwargs
+def test_off_no_block_is_marked() -> None:
+    kwargs = to_claude_request(loop_params(3), replace(CACHED, prompt_cache=False)).kwargs
     assert not has_cache_control(kwargs)
     assert kwargs["system"] == SYSTEM
 

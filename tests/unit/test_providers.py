@@ -13,10 +13,11 @@ from typing import Any
 import anthropic
 import pytest
 
+from mcp_backfill.assembly import provider_settings
 from mcp_backfill.config import Config, Secret
 from mcp_backfill.errors import ConfigError, ProviderError
 from mcp_backfill.protocol import INTERNAL_ERROR, INVALID_PARAMS
-from mcp_backfill.providers import make_provider
+from mcp_backfill.providers import ProviderSettings, make_provider
 from mcp_backfill.providers.anthropic import AnthropicProvider, retry_after_seconds
 from mcp_backfill.providers.platforms import (
     bedrock_model_id,
@@ -167,8 +168,10 @@ async def test_connection_refused_is_retryable() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def platform_config(provider: str, **kwargs: Any) -> Config:
-    return Config(upstream_command=("server",), provider=provider, **kwargs)  # type: ignore[arg-type]
+def platform_config(provider: str, **kwargs: Any) -> ProviderSettings:
+    """What the proxy builds a provider from, for a `Config` with these fields."""
+    config = Config(upstream_command=("server",), provider=provider, **kwargs)  # type: ignore[arg-type]
+    return provider_settings(config)
 
 
 async def test_bedrock_request_and_event_stream(

@@ -6,6 +6,7 @@ Time is simulated (an injected clock that `sleep` advances), so the policy's num
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -13,8 +14,9 @@ import pytest
 
 from mcp_backfill.errors import ProviderError, SamplingError
 from mcp_backfill.protocol import INVALID_PARAMS
-from mcp_backfill.providers.retry import RetryingProvider, RetryPolicy
+from mcp_backfill.providers.retry import RetryingProvider
 from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress
+from tests.defaults import RETRY
 
 pytestmark = pytest.mark.anyio
 
@@ -74,7 +76,7 @@ class SimulatedTime:
 
 def wrap(inner: Scripted, time: SimulatedTime, rand: float = 0.5, **policy: Any) -> RetryingProvider:
     return RetryingProvider(
-        inner, RetryPolicy(**policy), sleep=time.sleep, clock=time.clock, rand=lambda: rand
+        inner, replace(RETRY, **policy), sleep=time.sleep, clock=time.clock, rand=lambda: rand
     )
 
 
@@ -88,7 +90,7 @@ async def test_transient_failures_are_retried_with_growing_jittered_waits() -> N
 
 
 def test_backoff_bounds() -> None:
-    policy = RetryPolicy(base_delay=0.5, max_delay=3.0)
+    policy = replace(RETRY, base_delay=0.5, max_delay=3.0)
     assert [policy.delay(n, None, 0.0) for n in (1, 2, 3, 4, 5)] == [0.25, 0.5, 1.0, 1.5, 1.5]
     assert [policy.delay(n, None, 0.999999) for n in (1, 2, 3)] == pytest.approx([0.5, 1.0, 2.0])
     assert policy.delay(1, 3600.0, 0.5) == 3.0  # retry-after honoured only up to the cap
@@ -189,7 +191,7 @@ async def test_an_attempt_still_running_at_the_deadline_is_cancelled() -> None:
         async def aclose(self) -> None:
             return None
 
-    provider = RetryingProvider(Hanging(), RetryPolicy(deadline=0.05))
+    provider = RetryingProvider(Hanging(), replace(RETRY, deadline=0.05))
     with pytest.raises(ProviderError) as caught:
         await provider.create_message({})
     assert cancelled.is_set()

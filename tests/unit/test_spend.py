@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -12,10 +13,10 @@ from mcp_backfill.protocol import INTERNAL_ERROR
 from mcp_backfill.sampling.spend import (
     RateLimiter,
     Spend,
-    SpendSettings,
     TokenBudget,
     normalize_usage,
 )
+from tests.defaults import SPEND
 
 
 def usage(input_tokens: int = 0, output: int = 0, write: int = 0, read: int = 0) -> dict[str, int]:
@@ -106,7 +107,7 @@ def test_rate_limit_zero_is_off() -> None:
 
 @pytest.mark.anyio
 async def test_admission_checks_process_and_session_budgets() -> None:
-    spend = Spend(SpendSettings(rate_limit=0, budget_tokens=100, session_budget_tokens=30))
+    spend = Spend(replace(SPEND, rate_limit=0, budget_tokens=100, session_budget_tokens=30))
     first, second = spend.new_session("a"), spend.new_session("b")
     async with spend.admit(first):
         pass
@@ -125,7 +126,7 @@ async def test_admission_checks_process_and_session_budgets() -> None:
 
 @pytest.mark.anyio
 async def test_excess_requests_wait_for_a_slot_instead_of_failing() -> None:
-    spend = Spend(SpendSettings(rate_limit=0, max_concurrent=2))
+    spend = Spend(replace(SPEND, rate_limit=0, max_concurrent=2))
     inside = 0
     most = 0
     release = anyio.Event()
@@ -150,7 +151,7 @@ async def test_excess_requests_wait_for_a_slot_instead_of_failing() -> None:
 
 @pytest.mark.anyio
 async def test_a_budget_used_up_while_waiting_refuses_after_the_wait() -> None:
-    spend = Spend(SpendSettings(rate_limit=0, max_concurrent=1, budget_tokens=10))
+    spend = Spend(replace(SPEND, rate_limit=0, max_concurrent=1, budget_tokens=10))
     refused: list[str] = []
     holding = anyio.Event()
     finish = anyio.Event()
@@ -179,7 +180,7 @@ async def test_a_budget_used_up_while_waiting_refuses_after_the_wait() -> None:
 
 
 def test_refusals_are_counted_by_limit() -> None:
-    spend = Spend(SpendSettings())
+    spend = Spend(SPEND)
     spend.note_refusal(SamplingError(-32602, "x", {"limit": "max_messages"}))
     spend.note_refusal(SamplingError(-32602, "x", {"limit": "max_messages"}))
     spend.note_refusal(SamplingError(-32603, "api", {"status": 500}))

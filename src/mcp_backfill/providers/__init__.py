@@ -2,27 +2,38 @@
 
 from __future__ import annotations
 
-from mcp_backfill.config import Config
+from dataclasses import dataclass, field
+
 from mcp_backfill.providers.lazy import LazyProvider
 from mcp_backfill.providers.retry import RetryingProvider, RetryPolicy
 from mcp_backfill.sampling.provider import Provider
 
 
-def retry_policy(config: Config) -> RetryPolicy:
-    return RetryPolicy(
-        max_attempts=config.retry_max_attempts,
-        base_delay=config.retry_base_delay,
-        max_delay=config.retry_max_delay,
-        deadline=config.sampling_timeout or None,
-    )
+@dataclass(frozen=True)
+class ProviderSettings:
+    """What building a provider takes (`assembly` fills it in from `Config`)."""
+
+    name: str
+    """anthropic, bedrock, vertex or mock."""
+    retry: RetryPolicy
+    secrets: tuple[str, ...] = field(repr=False)
+    """Every secret value, kept out of the provider's error messages."""
+    api_key: str | None = field(repr=False)
+    """The Claude API key (anthropic)."""
+    base_url: str | None
+    """A gateway in front of the Claude API (anthropic); None: the SDK's default."""
+    headers: tuple[tuple[str, str], ...] = field(repr=False)
+    """Extra HTTP headers on every API call."""
+    vertex_access_token: str | None = field(repr=False)
+    """A ready OAuth token (vertex); None: Application Default Credentials."""
 
 
-def make_provider(config: Config) -> Provider:
-    """The provider `--provider` names, configured from `config`, retrying by `config`'s policy.
+def make_provider(settings: ProviderSettings) -> Provider:
+    """The provider `settings.name` names, retrying by `settings.retry`.
 
     Raises `ConfigError` when the provider cannot be set up (a missing extra, no region...).
     """
-    if config.provider == "mock":
+    if settings.name == "mock":
         from mcp_backfill.providers.mock import MockProvider
 
         return MockProvider()
@@ -33,15 +44,15 @@ def make_provider(config: Config) -> Provider:
 
         model_ids = {"bedrock": bedrock_model_id, "vertex": vertex_model_id}
         provider = AnthropicProvider(
-            make_client(config),
-            name=config.provider,
-            model_id=model_ids.get(config.provider, str),
-            secrets=config.secrets(),
+            make_client(settings),
+            name=settings.name,
+            model_id=model_ids.get(settings.name, str),
+            secrets=settings.secrets,
         )
-        return RetryingProvider(provider, retry_policy(config))
+        return RetryingProvider(provider, settings.retry)
 
     # Bedrock and Vertex are built at once: their clients check regions and credentials, and a
     # mistake there must stop the proxy at startup. The Claude API client cannot fail to build; it
     # is built on the first sampling request, outside that request's --sampling-timeout (the
     # deadline bounds calls to Claude, not the proxy's one-time import of the SDK).
-    return LazyProvider(config.provider, build) if config.provider == "anthropic" else build()
+    return LazyProvider(settings.name, build) if settings.name == "anthropic" else build()

@@ -32,8 +32,8 @@ from collections.abc import Mapping
 
 import anthropic
 
-from mcp_backfill.config import Config
 from mcp_backfill.errors import ConfigError
+from mcp_backfill.providers import ProviderSettings
 
 BEDROCK_MODEL_IDS: dict[str, str] = {
     "claude-opus-5-5": "anthropic.claude-opus-5-5",
@@ -95,15 +95,15 @@ def check_dependencies(provider: str, environ: Mapping[str, str], *, vertex_toke
         )
 
 
-def make_client(config: Config, environ: Mapping[str, str] | None = None) -> anthropic.AsyncAnthropic | (
-    anthropic.AsyncAnthropicBedrock | anthropic.AsyncAnthropicVertex
-):
-    """The SDK client for `config.provider`, with the SDK's own retries off (the proxy retries)."""
+def make_client(
+    settings: ProviderSettings, environ: Mapping[str, str] | None = None
+) -> anthropic.AsyncAnthropic | anthropic.AsyncAnthropicBedrock | anthropic.AsyncAnthropicVertex:
+    """The SDK client for `settings.name`, with the SDK's own retries off (the proxy retries)."""
     environ = os.environ if environ is None else environ
-    headers = dict(config.api_headers)
+    headers = dict(settings.headers)
     # The SDK's read timeout is a second line of defence; the sampling deadline normally acts first.
-    timeout = config.sampling_timeout if config.sampling_timeout > 0 else 600.0
-    if config.provider == "bedrock":
+    timeout = settings.retry.deadline or 600.0
+    if settings.name == "bedrock":
         check_dependencies("bedrock", environ)
         try:
             return anthropic.AsyncAnthropicBedrock(
@@ -111,8 +111,8 @@ def make_client(config: Config, environ: Mapping[str, str] | None = None) -> ant
             )
         except ValueError as exc:  # no region
             raise ConfigError(f"--provider bedrock: {exc}") from None
-    if config.provider == "vertex":
-        token = config.vertex_access_token.value if config.vertex_access_token else None
+    if settings.name == "vertex":
+        token = settings.vertex_access_token
         check_dependencies("vertex", environ, vertex_token=token is not None)
         try:
             return anthropic.AsyncAnthropicVertex(
@@ -120,11 +120,11 @@ def make_client(config: Config, environ: Mapping[str, str] | None = None) -> ant
             )
         except ValueError as exc:  # no region
             raise ConfigError(f"--provider vertex: {exc}") from None
-    if config.api_key is None:  # Config refuses this already; kept for the type checker
+    if settings.api_key is None:  # Config refuses this already; kept for the type checker
         raise ConfigError("ANTHROPIC_API_KEY is required by the anthropic provider")
     return anthropic.AsyncAnthropic(
-        api_key=config.api_key.value,
-        base_url=config.api_base_url,
+        api_key=settings.api_key,
+        base_url=settings.base_url,
         max_retries=0,
         timeout=timeout,
         default_headers=headers or None,

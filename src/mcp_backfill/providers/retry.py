@@ -25,12 +25,6 @@ from typing import Any
 
 import anyio
 
-from mcp_backfill.config import (
-    DEFAULT_RETRY_BASE_DELAY,
-    DEFAULT_RETRY_MAX_ATTEMPTS,
-    DEFAULT_RETRY_MAX_DELAY,
-    DEFAULT_SAMPLING_TIMEOUT,
-)
 from mcp_backfill.errors import ProviderError
 from mcp_backfill.logs import get_logger
 from mcp_backfill.sampling.provider import ProgressCallback, Provider, StreamProgress
@@ -40,12 +34,15 @@ log = get_logger("retry")
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How often and how long to retry; `deadline` None means no deadline (attempts still bound it)."""
+    """How often and how long to retry; `deadline` None means no deadline (attempts still bound it).
 
-    max_attempts: int = DEFAULT_RETRY_MAX_ATTEMPTS
-    base_delay: float = DEFAULT_RETRY_BASE_DELAY
-    max_delay: float = DEFAULT_RETRY_MAX_DELAY
-    deadline: float | None = DEFAULT_SAMPLING_TIMEOUT
+    Built from `Config` by `assembly`.
+    """
+
+    max_attempts: int
+    base_delay: float
+    max_delay: float
+    deadline: float | None
 
     def delay(self, failed_attempts: int, retry_after: float | None, rand: float) -> float:
         """Seconds to wait after `failed_attempts` failures; `rand` is uniform in [0, 1)."""

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mcp_backfill.errors import invalid_params
+from mcp_backfill.options import AudioPolicy
 from mcp_backfill.sampling.validate import (
     NESTED_BLOCK_TYPES,
-    AudioPolicy,
     ToolChoice,
     as_block_list,
     block_path,
@@ -97,11 +97,11 @@ _PLACEHOLDER_TOOL_DESCRIPTION = (
 
 @dataclass(frozen=True)
 class ConversionOptions:
-    """Operator policy that shapes conversion (from the CLI / config)."""
+    """Operator policy that shapes conversion (built from `Config` by `assembly`)."""
 
-    max_tokens_cap: int = 16384
-    audio: AudioPolicy = "reject"
-    prompt_cache: bool = False
+    max_tokens_cap: int
+    audio: AudioPolicy
+    prompt_cache: bool
     """Mark prompt-cache breakpoints (`cache_control`) so a tool loop's rounds reuse each other's prefix."""
 
 

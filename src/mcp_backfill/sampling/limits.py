@@ -14,15 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mcp_backfill.config import (
-    DEFAULT_MAX_BINARY_BYTES,
-    DEFAULT_MAX_MESSAGES,
-    DEFAULT_MAX_TEXT_BYTES,
-    DEFAULT_MAX_TOOL_CALLS,
-    DEFAULT_MAX_TOOLS,
-    env_name,
-)
 from mcp_backfill.errors import SamplingError, internal_error, invalid_params
+from mcp_backfill.options import env_var
 
 __all__ = [
     "RequestLimits",
@@ -38,15 +31,15 @@ _WHITESPACE = ("\n", "\r", " ", "\t")
 
 @dataclass(frozen=True)
 class RequestLimits:
-    """The operator's limits for one sampling request (from the CLI / config)."""
+    """The operator's limits for one sampling request (built from `Config` by `assembly`)."""
 
-    max_messages: int = DEFAULT_MAX_MESSAGES
-    max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES
+    max_messages: int
+    max_text_bytes: int
     """UTF-8 bytes of all but binary data: system prompt, texts, tool inputs and results, tool definitions."""
-    max_binary_bytes: int = DEFAULT_MAX_BINARY_BYTES
+    max_binary_bytes: int
     """Decoded bytes of image, audio and embedded-resource data."""
-    max_tools: int = DEFAULT_MAX_TOOLS
-    max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS
+    max_tools: int
+    max_tool_calls: int
     """tool_use blocks in one Claude response."""
 
 
@@ -129,7 +122,7 @@ def _limit_error(
     make: Callable[..., SamplingError], message: str, name: str, option: str, limit: int, actual: int
 ) -> SamplingError:
     return make(
-        f"{message}; raise it with {option} (or {env_name(option)})",
+        f"{message}; raise it with {option} (or {env_var(option)})",
         limit=name,
         option=option,
         max=limit,

@@ -9,7 +9,7 @@ logged and, with `--audit-log`, audited, whatever its outcome.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio
@@ -22,7 +22,7 @@ from mcp_backfill.sampling.convert import ConversionOptions, to_claude_request, 
 from mcp_backfill.sampling.limits import RequestLimits, check_request, check_response
 from mcp_backfill.sampling.model_choice import select_model
 from mcp_backfill.sampling.provider import ProgressCallback, Provider
-from mcp_backfill.sampling.spend import SamplingSession, Spend, SpendSettings, normalize_usage
+from mcp_backfill.sampling.spend import SamplingSession, Spend, normalize_usage
 
 log = get_logger("sampler")
 
@@ -32,10 +32,12 @@ MAX_PAUSE_CONTINUATIONS = 3
 
 @dataclass(frozen=True)
 class SamplerSettings:
+    """The operator's sampling policy (built from `Config` by `assembly`)."""
+
     conversion: ConversionOptions
     default_model: str
     allowed_models: Sequence[str]
-    limits: RequestLimits = field(default_factory=RequestLimits)
+    limits: RequestLimits
 
 
 class SamplingObserver(Protocol):
@@ -64,13 +66,13 @@ class Sampler:
         provider: Provider,
         settings: SamplerSettings,
         *,
-        spend: Spend | None = None,
+        spend: Spend,
         audit: AuditLog | None = None,
         observer: SamplingObserver | None = None,
     ) -> None:
         self.provider = provider
         self.settings = settings
-        self.spend = spend if spend is not None else Spend(SpendSettings())
+        self.spend = spend
         self.audit = audit
         self.observer = observer
 

@@ -19,14 +19,8 @@ from typing import Any
 
 import anyio
 
-from mcp_backfill.config import (
-    DEFAULT_BUDGET_TOKENS,
-    DEFAULT_MAX_CONCURRENT_SAMPLING,
-    DEFAULT_RATE_LIMIT,
-    DEFAULT_SESSION_BUDGET_TOKENS,
-    env_name,
-)
 from mcp_backfill.errors import SamplingError, internal_error
+from mcp_backfill.options import env_var
 
 __all__ = [
     "USAGE_KEYS",
@@ -56,12 +50,13 @@ def normalize_usage(usage: Any) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class SpendSettings:
-    """The operator's spending controls (from the CLI / config); 0 means "no limit" for each but slots."""
+    """The operator's spending controls (built from `Config` by `assembly`); 0 means "no limit" for
+    each but `max_concurrent`."""
 
-    rate_limit: int = DEFAULT_RATE_LIMIT
-    max_concurrent: int = DEFAULT_MAX_CONCURRENT_SAMPLING
-    budget_tokens: int = DEFAULT_BUDGET_TOKENS
-    session_budget_tokens: int = DEFAULT_SESSION_BUDGET_TOKENS
+    rate_limit: int
+    max_concurrent: int
+    budget_tokens: int
+    session_budget_tokens: int
 
 
 @dataclass
@@ -94,7 +89,7 @@ class TokenBudget:
         if self.limit is not None and self.exhausted:
             raise internal_error(
                 f"The {self.name} is exhausted: {self.used} of {self.limit} tokens used; raise it with "
-                f"{self.option} (or {env_name(self.option)})",
+                f"{self.option} (or {env_var(self.option)})",
                 limit=self.option.lstrip("-").replace("-", "_"),
                 option=self.option,
                 max=self.limit,
@@ -139,7 +134,7 @@ class RateLimiter:
             raise internal_error(
                 f"Sampling rate limit reached: at most {self.per_minute} sampling requests per minute; "
                 f"retry in {retry_after} s, or raise the limit with --rate-limit "
-                f"(or {env_name('--rate-limit')})",
+                f"(or {env_var('--rate-limit')})",
                 limit="rate_limit",
                 option="--rate-limit",
                 max=self.per_minute,

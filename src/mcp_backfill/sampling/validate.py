@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from mcp_backfill.errors import SamplingError, invalid_params
-
-AudioPolicy = Literal["reject", "placeholder"]
+from mcp_backfill.options import AudioPolicy
 
 MESSAGE_BLOCK_TYPES = frozenset({"text", "image", "audio", "tool_use", "tool_result"})
 """Block types allowed directly in a sampling message."""

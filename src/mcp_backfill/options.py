@@ -1,0 +1,876 @@
+"""Every command-line option, declared once in `OPTIONS`.
+
+One `Option` holds what the rest of the program needs to know about a setting: the `Config` field
+it fills, its flag and environment variable, its default, how a raw string becomes a value, what
+values are acceptable, its help text and which command has it. From the table come the argparse
+parsers (`cli`), the flag > environment > default lookup (`read_options`), `Config`'s defaults and
+per-field checks (`config`), and the option tables in the README (`python -m mcp_backfill.options`).
+
+This module imports nothing heavy and nothing of mcp-backfill but `errors`, so that any module (the
+domain ones included) may use `env_var()` to name an option in a message, or the value types it
+declares (`AudioPolicy`...), without depending on `config`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+from mcp_backfill.errors import ConfigError
+
+Mode = Literal["fallback", "always", "off"]
+Era = Literal["auto", "handshake"]
+ProviderName = Literal["anthropic", "bedrock", "vertex", "mock"]
+AudioPolicy = Literal["reject", "placeholder"]
+LogFormat = Literal["text", "json"]
+
+MODES: tuple[Mode, ...] = get_args(Mode)
+ERAS: tuple[Era, ...] = get_args(Era)
+PROVIDERS: tuple[ProviderName, ...] = get_args(ProviderName)
+AUDIO_POLICIES: tuple[AudioPolicy, ...] = get_args(AudioPolicy)
+LOG_FORMATS: tuple[LogFormat, ...] = get_args(LogFormat)
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+ENV_PREFIX = "MCP_BACKFILL_"
+MIB = 1024 * 1024
+
+# Which commands have an option: both `mcp-backfill` and `mcp-backfill serve`, or `serve` only.
+Command = Literal["both", "serve"]
+# How an option is given: one value, a switch (a flag without a value; `1`/`0`… in the environment),
+# or header lines (a repeatable flag; one per line in the environment).
+Kind = Literal["value", "switch", "lines"]
+
+
+def env_name(flag: str) -> str:
+    """`--max-tokens-cap` -> `MCP_BACKFILL_MAX_TOKENS_CAP`."""
+    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+
+
+# -- value types and parsers ---------------------------------------------------------------------
+# A parser turns one raw string (from a flag or the environment) into a value, or raises
+# `ValueError` saying what it expected.
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A credential whose value never appears in `repr()` or `str()`."""
+
+    value: str = field(repr=False)
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+
+def whole_number(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError("expected a whole number") from None
+
+
+def number(raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError("expected a number") from None
+
+
+def parse_bool(raw: str) -> bool:
+    """`1/true/yes/on` and `0/false/no/off`, in any case."""
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected 1, true, yes, on, 0, false, no or off")
+
+
+def split_list(value: str | Sequence[str]) -> tuple[str, ...]:
+    """Comma-separated lists (flags or env) -> tuple of stripped, non-empty items."""
+    items = value.split(",") if isinstance(value, str) else value
+    return tuple(item.strip() for item in items if item.strip())
+
+
+def parse_header(line: str) -> tuple[str, str]:
+    """`"Name: value"` -> `("Name", "value")`; the name and value are checked by `Config`."""
+    name, colon, value = line.partition(":")
+    if not colon or not name.strip():
+        raise ValueError("expected 'Name: value'")
+    return name.strip(), value.strip()
+
+
+def stripped(raw: str) -> str:
+    return raw.strip()
+
+
+def text_or_none(raw: str) -> str | None:
+    return raw.strip() or None
+
+
+def secret_or_none(raw: str) -> Secret | None:
+    return Secret(raw.strip()) if raw.strip() else None
+
+
+# -- checks --------------------------------------------------------------------------------------
+
+
+class Check:
+    """A rule a field value must follow; `problem()` says what is wrong (after the flag), or None.
+
+    A plain class with factory functions rather than dataclasses: the proxy imports this module on
+    every start, and each dataclass costs a millisecond or more to create.
+    """
+
+    __slots__ = ("complaint", "passes")
+
+    def __init__(self, passes: Callable[[Any], bool], complaint: str) -> None:
+        self.passes = passes
+        self.complaint = complaint
+        """May contain `{value}`."""
+
+    def problem(self, value: Any) -> str | None:
+        return None if self.passes(value) else self.complaint.format(value=value)
+
+
+def at_least(minimum: int, note: str = "") -> Check:
+    return Check(lambda value: value >= minimum, _noted(f"must be at least {minimum}, not {{value}}", note))
+
+
+def not_negative(note: str = "") -> Check:
+    return Check(lambda value: value >= 0, _noted("must not be negative", note))
+
+
+def positive() -> Check:
+    return Check(lambda value: value > 0, "must be positive")
+
+
+def between(low: int, high: int) -> Check:
+    return Check(lambda value: low <= value <= high, f"must be between {low} and {high}")
+
+
+def not_empty(complaint: str = "must not be empty") -> Check:
+    return Check(bool, complaint)
+
+
+def min_length(length: int) -> Check:
+    def passes(value: Any) -> bool:
+        return len(value.value if isinstance(value, Secret) else value) >= length
+
+    return Check(passes, f"must be at least {length} characters long")
+
+
+def _noted(text: str, note: str) -> str:
+    return f"{text} ({note})" if note else text
+
+
+# -- the option ----------------------------------------------------------------------------------
+
+
+class Option:
+    """One option. Read-only once built (a plain class: cheaper to create than a dataclass).
+
+    `name` is the `Config` field it sets (and the argparse `dest`); `help` the plain `--help` text,
+    to which the default and the environment variable are appended; `doc` the README's "meaning"
+    cell (Markdown); `parse` turns one raw string into a value (raising `ValueError` that says what
+    it expected); `checks` are the field's own rules (cross-field rules live in `Config`); `env` is
+    derived from the flag unless given (a repeatable flag's variable has a plural name);
+    `negated` marks a switch that turns its field off (`--no-prompt-cache`); `default_note` is said
+    after the default (e.g. "no limit"); `default_text` is the default as the README says it, when
+    the field's own default is resolved elsewhere (e.g. from the bound port).
+    """
+
+    __slots__ = (
+        "checks",
+        "choices",
+        "command",
+        "default",
+        "default_note",
+        "default_text",
+        "doc",
+        "env",
+        "flag",
+        "help",
+        "kind",
+        "metavar",
+        "name",
+        "negated",
+        "parse",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        flag: str,
+        default: Any,
+        help: str,
+        doc: str,
+        *,
+        parse: Callable[[str], Any] = stripped,
+        kind: Kind = "value",
+        choices: tuple[str, ...] = (),
+        checks: tuple[Check, ...] = (),
+        metavar: str | None = None,
+        command: Command = "both",
+        negated: bool = False,
+        env: str = "",
+        default_note: str = "",
+        default_text: str = "",
+    ) -> None:
+        self.name = name
+        self.flag = flag
+        self.default = default
+        self.help = help
+        self.doc = doc
+        self.parse = parse
+        self.kind = kind
+        self.choices = choices
+        self.checks = checks
+        self.metavar = metavar
+        self.command = command
+        self.negated = negated
+        self.env = env or env_name(flag)
+        self.default_note = default_note
+        self.default_text = default_text
+
+    def __repr__(self) -> str:
+        return f"Option({self.name!r}, {self.flag!r}, {self.default!r})"
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def raw(self, given: str | list[str] | None, environ: Mapping[str, str]) -> str | list[str] | None:
+        """The flag's value, else the environment variable's; None (or empty) when neither is set."""
+        raw = given if given is not None else environ.get(self.env)
+        return raw if raw else None
+
+    def convert(self, raw: str | list[str]) -> Any:
+        """The field's value for a raw flag or environment value; `ConfigError` names both."""
+        if self.kind == "lines":
+            lines = raw.splitlines() if isinstance(raw, str) else raw
+            return tuple(self._convert_one(line) for line in lines if line.strip())
+        assert isinstance(raw, str)
+        if self.kind == "switch":
+            return self._convert_one(raw, parse_bool) != self.negated
+        if self.choices and raw not in self.choices:
+            raise self._invalid(raw, f"expected one of {', '.join(self.choices)}")
+        return self._convert_one(raw)
+
+    def _convert_one(self, raw: str, parse: Callable[[str], Any] | None = None) -> Any:
+        try:
+            return (parse or self.parse)(raw)
+        except ValueError as exc:
+            raise self._invalid(raw, str(exc)) from None
+
+    def _invalid(self, raw: str, expected: str) -> ConfigError:
+        return ConfigError(f"{self.flag} / {self.env}: invalid value {raw!r} ({expected})")
+
+    # -- checking --------------------------------------------------------------------------------
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with a field value, as an error message naming the flag; None if nothing."""
+        if value is None:
+            return None
+        if self.choices and value not in self.choices:
+            return f"{self.flag} must be one of {', '.join(self.choices)}, not {value!r}"
+        for check in self.checks:
+            problem = check.problem(value)
+            if problem is not None:
+                return f"{self.flag} {problem}"
+        return None
+
+    # -- describing ------------------------------------------------------------------------------
+
+    def default_words(self) -> str:
+        """The default for people (help and README), without Markdown; "" when there is none."""
+        if self.default_text:
+            return self.default_text.replace("`", "")
+        return _words(self) or ""
+
+    def help_text(self) -> str:
+        default = self.default_words()
+        if default and self.default_note:
+            default = f"{default}, {self.default_note}"
+        env = f"{self.env}, one header per line" if self.kind == "lines" else self.env
+        return f"{self.help}{f' (default {default})' if default else ''} [{env}]"
+
+
+def _words(option: Option) -> str | None:
+    value = option.default
+    if option.kind == "switch":
+        return "off"
+    if value is None or value == ():
+        return None
+    if isinstance(value, tuple):
+        return ",".join(value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+# -- the table -----------------------------------------------------------------------------------
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "upstream_url",
+        "--upstream-url",
+        None,
+        "the upstream MCP server's streamable-HTTP endpoint (e.g. http://127.0.0.1:8000/mcp), "
+        "instead of a command after `--`",
+        "a streamable-HTTP upstream instead of a command after `--`",
+        parse=text_or_none,
+        metavar="URL",
+    ),
+    Option(
+        "upstream_headers",
+        "--upstream-header",
+        (),
+        "an HTTP header sent with every request to --upstream-url, e.g. the upstream's own auth; repeatable",
+        "sent with every upstream request",
+        parse=parse_header,
+        kind="lines",
+        metavar="'NAME: VALUE'",
+        env="MCP_BACKFILL_UPSTREAM_HEADERS",
+    ),
+    Option(
+        "mode",
+        "--mode",
+        "fallback",
+        "when to answer sampling: fallback (only what the client lacks), always (every request), "
+        "off (pure pass-through)",
+        "when the proxy answers sampling (below)",
+        choices=MODES,
+    ),
+    Option(
+        "era",
+        "--era",
+        "auto",
+        "protocol revisions offered to the client: auto (2026-07-28 and the handshake era) or handshake "
+        "(answer server/discover with 'method not found' so clients fall back to initialize; for servers "
+        "whose tools only sample through the handshake-era back-channel)",
+        '`handshake` answers `server/discover` with "method not found" so clients fall back to '
+        "`initialize` ([eras](#the-two-protocol-eras))",
+        choices=ERAS,
+    ),
+    Option(
+        "max_input_rounds",
+        "--max-input-rounds",
+        10,
+        "2026-07-28: input_required rounds the proxy drives for one request before failing it",
+        "2026-07-28: `input_required` rounds the proxy drives for one request before failing it with "
+        "`-32603`",
+        parse=whole_number,
+        checks=(at_least(1),),
+        metavar="N",
+    ),
+    Option(
+        "input_stash_ttl",
+        "--input-stash-ttl",
+        300.0,
+        "2026-07-28: seconds the proxy keeps its answers to a round while the client answers the rest",
+        "2026-07-28: seconds the proxy keeps its answers to a mixed round while the client answers its part",
+        parse=number,
+        checks=(positive(),),
+        metavar="SECONDS",
+    ),
+    Option(
+        "provider",
+        "--provider",
+        "anthropic",
+        "who answers: anthropic (Claude API or a gateway), bedrock (Amazon Bedrock), "
+        "vertex (Google Vertex AI) or mock (offline, deterministic)",
+        "Claude API (or a gateway), Amazon Bedrock, Google Vertex AI, or the offline deterministic mock "
+        "([Providers](#providers))",
+        choices=PROVIDERS,
+    ),
+    Option(
+        "model",
+        "--model",
+        "claude-sonnet-5-5",
+        "model used when the server's modelPreferences do not decide; a model outside the default list, "
+        "e.g. a Bedrock or Vertex id, pins it",
+        "model used when `modelPreferences` do not decide; a model outside the default list (e.g. a "
+        "Bedrock or Vertex id) pins it",
+        metavar="MODEL",
+    ),
+    Option(
+        "allowed_models",
+        "--allowed-models",
+        ("claude-opus-5-5", "claude-sonnet-5-5", "claude-haiku-5-5"),
+        "comma-separated models that modelPreferences may pick from; give one model to pin it",
+        "what `modelPreferences` may choose from; one entry pins the model",
+        parse=split_list,
+        checks=(not_empty("must name at least one model"),),
+        metavar="LIST",
+    ),
+    Option(
+        "max_tokens_cap",
+        "--max-tokens-cap",
+        16384,
+        "a request's maxTokens above this is clamped to it",
+        "a request's `maxTokens` is clamped to this (noted in the result `_meta`)",
+        parse=whole_number,
+        checks=(at_least(1),),
+        metavar="N",
+    ),
+    Option(
+        "max_messages",
+        "--max-messages",
+        1000,
+        "most messages in one sampling request",
+        "most messages in one sampling request",
+        parse=whole_number,
+        checks=(at_least(1),),
+        metavar="N",
+    ),
+    Option(
+        "max_text_bytes",
+        "--max-text-bytes",
+        4 * MIB,
+        "most UTF-8 bytes of text (system prompt, messages, tool inputs and results, tool definitions) "
+        "in one sampling request",
+        "most UTF-8 bytes of text in one sampling request",
+        parse=whole_number,
+        checks=(at_least(1),),
+        metavar="N",
+    ),
+    Option(
+        "max_binary_bytes",
+        "--max-binary-bytes",
+        20 * MIB,
+        "most decoded bytes of image, audio and document data in one sampling request",
+        "most decoded image/audio/document bytes in one sampling request",
+        parse=whole_number,
+        checks=(at_least(0),),
+        metavar="N",
+    ),
+    Option(
+        "max_tools",
+        "--max-tools",
+        128,
+        "most tools in one sampling request",
+        "most tools in one sampling request",
+        parse=whole_number,
+        checks=(at_least(0),),
+        metavar="N",
+    ),
+    Option(
+        "max_tool_calls",
+        "--max-tool-calls",
+        16,
+        "most tool calls in one Claude response",
+        "most tool calls in one Claude response",
+        parse=whole_number,
+        checks=(at_least(1),),
+        metavar="N",
+    ),
+    Option(
+        "rate_limit",
+        "--rate-limit",
+        600,
+        "sampling requests per minute for this process, more are refused with -32603; 0 = no limit",
+        "sampling requests per minute for the process; `0` = no limit",
+        parse=whole_number,
+        checks=(at_least(0),),
+        metavar="N",
+    ),
+    Option(
+        "max_concurrent_sampling",
+        "--max-concurrent-sampling",
+        4,
+        "Claude calls in flight at once; more wait their turn",
+        "Claude calls in flight at once; more wait their turn",
+        parse=whole_number,
+        checks=(at_least(1),),
+        metavar="N",
+    ),
+    Option(
+        "budget_tokens",
+        "--budget-tokens",
+        0,
+        "input+output tokens this process may spend; then sampling is refused",
+        "tokens the whole process may spend",
+        parse=whole_number,
+        checks=(at_least(0),),
+        metavar="N",
+        default_note="no limit",
+    ),
+    Option(
+        "session_budget_tokens",
+        "--session-budget-tokens",
+        5_000_000,
+        "input+output tokens one client session may spend; then sampling is refused; 0 = no limit",
+        "tokens one client session may spend; `0` = no limit",
+        parse=whole_number,
+        checks=(at_least(0),),
+        metavar="N",
+    ),
+    Option(
+        "audit_log",
+        "--audit-log",
+        None,
+        "append one JSON line per sampling exchange to FILE (usage, latency, outcome; no content)",
+        "append one JSON line per sampling exchange to `FILE`",
+        parse=str,
+        metavar="FILE",
+    ),
+    Option(
+        "audit_content",
+        "--audit-content",
+        False,
+        "also write each exchange's MCP params and result to the audit log",
+        "also write each exchange's MCP params and result to the audit log",
+        kind="switch",
+    ),
+    Option(
+        "prompt_cache",
+        "--no-prompt-cache",
+        True,
+        "do not mark prompt-cache breakpoints (cache_control) in Claude requests",
+        "do not mark prompt-cache breakpoints in Claude requests",
+        kind="switch",
+        negated=True,
+        default_note="caching on",
+    ),
+    Option(
+        "audio",
+        "--audio",
+        "reject",
+        "audio content, which Claude cannot read: reject (-32602) or placeholder text",
+        "audio content (Claude has no audio input): `-32602`, or a text placeholder",
+        choices=AUDIO_POLICIES,
+    ),
+    Option(
+        "max_message_bytes",
+        "--max-message-bytes",
+        32 * MIB,
+        "largest JSON-RPC message accepted from either side",
+        "largest JSON-RPC message accepted from either side",
+        parse=whole_number,
+        checks=(at_least(1024),),
+        metavar="N",
+    ),
+    Option(
+        "shutdown_grace",
+        "--shutdown-grace",
+        2.0,
+        "seconds to wait at each shutdown step (stdin close, SIGTERM, SIGKILL)",
+        "seconds between shutdown steps: stdin close → SIGTERM → SIGKILL (HTTP upstream: how long "
+        "requests in flight may finish)",
+        parse=number,
+        checks=(not_negative(),),
+        metavar="SECONDS",
+    ),
+    Option(
+        "sampling_timeout",
+        "--sampling-timeout",
+        # Leaves room inside the 60 s that MCP SDK servers (and most others) wait for an answer.
+        50.0,
+        "seconds one sampling request may take, retries included, inside the 60 s MCP servers usually "
+        "wait; 0 = no deadline",
+        "deadline for one sampling request, retries included; `0` = none "
+        "([Retries and deadlines](#retries-and-deadlines))",
+        parse=number,
+        checks=(not_negative("0 turns the deadline off"),),
+        metavar="SECONDS",
+    ),
+    Option(
+        "retry_max_attempts",
+        "--retry-max-attempts",
+        6,
+        "Claude API attempts per request on 429/529/5xx/connection errors; 1 = no retries",
+        "Claude API attempts per request on transient failures; `1` = no retries",
+        parse=whole_number,
+        checks=(at_least(1, "1 = no retries"),),
+        metavar="N",
+    ),
+    Option(
+        "retry_base_delay",
+        "--retry-base-delay",
+        0.5,
+        "first backoff in seconds, doubled per retry, jittered",
+        "first backoff; doubled per retry, jittered",
+        parse=number,
+        checks=(not_negative(),),
+        metavar="SECONDS",
+    ),
+    Option(
+        "retry_max_delay",
+        "--retry-max-delay",
+        10.0,
+        "longest wait between attempts, also the cap on retry-after",
+        "longest wait between attempts, and the cap on a server's `retry-after`",
+        parse=number,
+        checks=(not_negative(),),
+        metavar="SECONDS",
+    ),
+    Option(
+        "api_headers",
+        "--api-header",
+        (),
+        "extra HTTP header 'Name: value' on every Claude API call, e.g. for a gateway; repeatable; "
+        "values are redacted from logs",
+        "extra HTTP headers on every Claude API call, e.g. for a gateway; values are redacted from logs",
+        parse=parse_header,
+        kind="lines",
+        metavar="'NAME: VALUE'",
+        env="MCP_BACKFILL_API_HEADERS",
+    ),
+    Option(
+        "log_level",
+        "--log-level",
+        "info",
+        "how much to log",
+        "`debug`, `info`, `warning`, `error`",
+        choices=LOG_LEVELS,
+    ),
+    Option(
+        "log_format",
+        "--log-format",
+        "text",
+        "text or json lines; logs always go to stderr",
+        "logs go to stderr only, one line (or JSON object) per event",
+        choices=LOG_FORMATS,
+    ),
+    # `mcp-backfill serve` only.
+    Option(
+        "host",
+        "--host",
+        "127.0.0.1",
+        "address to listen on",
+        "address to listen on",
+        checks=(not_empty(),),
+        metavar="HOST",
+        command="serve",
+    ),
+    Option(
+        "port",
+        "--port",
+        8080,
+        "TCP port to listen on; 0 picks a free one",
+        "TCP port; `0` picks a free one (the `serving streamable HTTP … port=N` log line says which)",
+        parse=whole_number,
+        checks=(between(0, 65535),),
+        metavar="N",
+        command="serve",
+    ),
+    Option(
+        "auth_token",
+        "--auth-token",
+        None,
+        "bearer token clients must send (Authorization: Bearer ...) on /mcp and /metrics; prefer the "
+        "environment variable, command lines are visible to other users",
+        "bearer token required on `/mcp` and `/metrics` (at least 16 characters); prefer the variable, "
+        "command lines are visible to other users",
+        parse=secret_or_none,
+        checks=(min_length(16),),
+        metavar="TOKEN",
+        command="serve",
+    ),
+    Option(
+        "allow_unauthenticated",
+        "--allow-unauthenticated",
+        False,
+        "allow listening on a non-loopback address without --auth-token (when something in front of "
+        "the proxy authenticates clients)",
+        "allow a non-loopback `--host` without a token (when something in front authenticates clients)",
+        kind="switch",
+        command="serve",
+    ),
+    Option(
+        "allowed_hosts",
+        "--allowed-hosts",
+        (),
+        "comma-separated Host header values accepted on /mcp (DNS-rebinding protection); 'name:*' allows "
+        "any port, '*' any host",
+        "`Host` values accepted on `/mcp`; `name:*` allows any port, `*` any host",
+        parse=split_list,
+        metavar="LIST",
+        command="serve",
+        default_text="`localhost:PORT,127.0.0.1:PORT,[::1]:PORT`",
+    ),
+    Option(
+        "allowed_origins",
+        "--allowed-origins",
+        (),
+        "comma-separated Origin header values accepted on /mcp; 'scheme://name:*' allows any port, "
+        "'*' any origin; requests without Origin are always accepted",
+        "`Origin` values accepted on `/mcp`; requests without `Origin` are always accepted",
+        parse=split_list,
+        metavar="LIST",
+        command="serve",
+        default_text="`http://localhost:*,http://127.0.0.1:*,http://[::1]:*`",
+        default_note="and without port",
+    ),
+    Option(
+        "max_sessions",
+        "--max-sessions",
+        100,
+        "concurrent client sessions; more get HTTP 503",
+        "concurrent client sessions (each one an upstream process); more get `503`",
+        parse=whole_number,
+        checks=(at_least(1),),
+        metavar="N",
+        command="serve",
+    ),
+    Option(
+        "session_idle_timeout",
+        "--session-idle-timeout",
+        1800.0,
+        "seconds a session may stay without any request in flight before it and its upstream process "
+        "are closed; 0 never",
+        "a session with no HTTP request being served and no request in flight for that long is closed "
+        "and its process stopped; `0` never",
+        parse=number,
+        checks=(not_negative("0 turns reaping off"),),
+        metavar="SECONDS",
+        command="serve",
+    ),
+    Option(
+        "drain_timeout",
+        "--drain-timeout",
+        10.0,
+        "on SIGTERM/SIGINT, seconds to let requests in flight finish before the upstreams are stopped",
+        "on SIGTERM/SIGINT, how long requests in flight may take to finish",
+        parse=number,
+        checks=(not_negative(),),
+        metavar="SECONDS",
+        command="serve",
+    ),
+    Option(
+        "forward_authorization",
+        "--forward-authorization",
+        False,
+        "with --upstream-url: pass each HTTP client's own Authorization header on to the upstream "
+        "(never the sidecar's own --auth-token, which is checked and removed)",
+        "with `--upstream-url`: pass each client's own `Authorization` header on to the upstream (never "
+        "the sidecar's own token, which is checked and removed); `--upstream-header` adds fixed headers",
+        kind="switch",
+        command="serve",
+    ),
+)
+
+BY_NAME: Mapping[str, Option] = {each.name: each for each in OPTIONS}
+BY_FLAG: Mapping[str, Option] = {each.flag: each for each in OPTIONS}
+DEFAULTS: Mapping[str, Any] = {each.name: each.default for each in OPTIONS}
+"""`Config`'s defaults, by field name."""
+
+
+def option(name: str) -> Option:
+    """The option that sets `Config.<name>`."""
+    return BY_NAME[name]
+
+
+def env_var(flag: str) -> str:
+    """The environment variable of `flag`, e.g. to name both in an error message."""
+    return BY_FLAG[flag].env
+
+
+def options_for(serve: bool) -> tuple[Option, ...]:
+    """The options of `mcp-backfill serve` (its own first) or of `mcp-backfill`."""
+    own = tuple(o for o in OPTIONS if o.command == "serve") if serve else ()
+    return own + tuple(o for o in OPTIONS if o.command == "both")
+
+
+def read_options(
+    options: Iterable[Option], given: Mapping[str, Any], environ: Mapping[str, str]
+) -> dict[str, Any]:
+    """The fields set by a flag (`given`, by field name) or else by an environment variable.
+
+    Options set by neither are left out: they keep `Config`'s defaults.
+    """
+    values: dict[str, Any] = {}
+    for opt in options:
+        raw = opt.raw(given.get(opt.name), environ)
+        if raw is not None:
+            values[opt.name] = opt.convert(raw)
+    return values
+
+
+# -- the README's option tables ------------------------------------------------------------------
+
+TABLES: Mapping[str, Command] = {"mcp-backfill": "both", "serve": "serve"}
+_BEGIN = "<!-- options:{key} begin: generated by `python -m mcp_backfill.options --write README.md` -->"
+_END = "<!-- options:{key} end -->"
+
+
+def markdown_table(command: Command) -> str:
+    rows = ["| flag | env | default | meaning |", "|---|---|---|---|"]
+    for opt in OPTIONS:
+        if opt.command == command:
+            cells = (_flag_cell(opt), _env_cell(opt), _default_cell(opt), opt.doc)
+            rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def _flag_cell(opt: Option) -> str:
+    argument = "|".join(opt.choices) if opt.choices else opt.metavar
+    cell = f"`{opt.flag} {argument}`" if argument else f"`{opt.flag}`"
+    return f"{cell} (repeatable)" if opt.kind == "lines" else cell
+
+
+def _env_cell(opt: Option) -> str:
+    return f"`{opt.env}` (one header per line)" if opt.kind == "lines" else f"`{opt.env}`"
+
+
+def _default_cell(opt: Option) -> str:
+    words = _words(opt)
+    if opt.default_text:
+        cell = opt.default_text
+    elif words is None:
+        cell = "none"
+    elif opt.kind == "switch":
+        cell = words
+    elif isinstance(opt.default, int) and opt.default >= MIB and opt.default % MIB == 0:
+        cell = f"`{words}` ({opt.default // MIB} MiB)"
+    else:
+        cell = f"`{words}`"
+    return f"{cell} ({opt.default_note})" if opt.default_note else cell
+
+
+def sync_readme(text: str) -> str:
+    """`text` with every generated table replaced by the table's current rendering."""
+    for key, command in TABLES.items():
+        begin, end = _BEGIN.format(key=key), _END.format(key=key)
+        found = re.search(re.escape(begin) + r"\n.*?" + re.escape(end), text, re.DOTALL)
+        if found is None:
+            raise ValueError(f"the README has no {begin!r} ... {end!r} section")
+        text = f"{text[: found.start()]}{begin}\n{markdown_table(command)}{end}{text[found.end() :]}"
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m mcp_backfill.options`: print, check or rewrite the README's option tables."""
+    import argparse  # the documentation tool's own needs stay out of the proxy's startup
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(
+        prog="python -m mcp_backfill.options", description="The option reference, from the option table."
+    )
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--markdown", action="store_true", help="print the README's option tables")
+    group.add_argument("--write", metavar="README", type=Path, help="regenerate the tables in README")
+    group.add_argument("--check", metavar="README", type=Path, help="exit 1 if README's tables are stale")
+    args = parser.parse_args(argv)
+    if args.markdown:
+        for key, command in TABLES.items():
+            print(f"{_BEGIN.format(key=key)}\n{markdown_table(command)}{_END.format(key=key)}\n")
+        return 0
+    path: Path = args.write or args.check
+    text = path.read_text(encoding="utf-8")
+    fresh = sync_readme(text)
+    if args.check:
+        if fresh != text:
+            print(f"{path}: the option tables are stale; run python -m mcp_backfill.options --write {path}")
+            return 1
+        return 0
+    if fresh != text:
+        path.write_text(fresh, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""The option table: one entry per option, consistent names, sound defaults, and the README in sync."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+import pytest
+
+from mcp_backfill.cli import build_parser, parse_config
+from mcp_backfill.config import Config
+from mcp_backfill.errors import ConfigError
+from mcp_backfill.options import (
+    BY_FLAG,
+    BY_NAME,
+    DEFAULTS,
+    ENV_PREFIX,
+    MIB,
+    OPTIONS,
+    Option,
+    env_var,
+    main,
+    options_for,
+    sync_readme,
+)
+from tests.harness import ROOT
+
+KEY = {"ANTHROPIC_API_KEY": "sk-ant-unit-secret"}
+README = ROOT / "README.md"
+# `Config` fields that are not options: the command after `--`, the front (`serve` or not), and
+# credentials read from the environment only.
+NOT_OPTIONS = {
+    "upstream_command",
+    "front",
+    "api_key",
+    "api_base_url",
+    "vertex_access_token",
+    "platform_secrets",
+}
+
+
+def test_every_option_field_of_config_has_exactly_one_entry() -> None:
+    names = [option.name for option in OPTIONS]
+    assert len(names) == len(set(names))
+    assert len({option.flag for option in OPTIONS}) == len(OPTIONS)
+    assert len({option.env for option in OPTIONS}) == len(OPTIONS)
+    assert set(names) == {f.name for f in fields(Config)} - NOT_OPTIONS
+
+
+def test_config_defaults_are_the_tables() -> None:
+    for f in fields(Config):
+        if f.name in BY_NAME:
+            assert f.default is not MISSING
+            assert f.default == DEFAULTS[f.name], f.name
+
+
+def test_every_env_var_is_the_prefix_and_the_flag() -> None:
+    for option in OPTIONS:
+        expected = ENV_PREFIX + option.flag.removeprefix("--").replace("-", "_").upper()
+        if option.kind == "lines":
+            expected += "S"  # one variable holds every header, one per line
+        assert option.env == expected
+        assert env_var(option.flag) == option.env
+
+
+def test_every_default_passes_its_own_check() -> None:
+    for option in OPTIONS:
+        assert option.problem(option.default) is None, option.name
+        if option.choices:
+            assert option.default in option.choices
+
+
+def test_checks_name_the_flag() -> None:
+    assert BY_NAME["max_tokens_cap"].problem(0) == "--max-tokens-cap must be at least 1, not 0"
+    assert BY_NAME["port"].problem(70000) == "--port must be between 0 and 65535"
+    assert BY_NAME["mode"].problem("x") == "--mode must be one of fallback, always, off, not 'x'"
+
+
+@pytest.mark.parametrize("serve", [False, True])
+def test_the_parsers_have_exactly_the_tables_flags(serve: bool) -> None:
+    parser = build_parser(serve)
+    flags = {flag for action in parser._actions for flag in action.option_strings}
+    assert flags == {option.flag for option in options_for(serve)} | {"-h", "--help", "--version"}
+    helps = {action.option_strings[0]: action.help or "" for action in parser._actions}
+    for option in options_for(serve):
+        assert option.env in helps[option.flag]
+        if option.default_words():
+            assert f"default {option.default_words()}" in helps[option.flag]
+
+
+def test_serve_options_are_read_by_serve_only() -> None:
+    env = KEY | {"MCP_BACKFILL_PORT": "9000", "MCP_BACKFILL_MAX_SESSIONS": "0"}
+    assert parse_config(["--", "s"], env).port == DEFAULTS["port"]
+    assert parse_config(["serve", "--", "s"], env | {"MCP_BACKFILL_MAX_SESSIONS": "3"}).port == 9000
+
+
+@pytest.mark.parametrize("option", [option for option in OPTIONS if option.choices], ids=str)
+def test_a_bad_choice_in_the_environment_lists_the_valid_values(option: Option) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(["--", "s"], KEY | {option.env: "sometimes"})
+    message = str(caught.value)
+    assert option.flag in message
+    assert option.env in message
+    assert ", ".join(option.choices) in message
+
+
+def test_bad_values_from_the_environment_say_what_was_expected() -> None:
+    expected = r"MCP_BACKFILL_PORT: invalid value 'many' \(expected a whole number\)"
+    with pytest.raises(ConfigError, match=expected):
+        parse_config(["serve", "--", "s"], KEY | {"MCP_BACKFILL_PORT": "many"})
+    expected = r"MCP_BACKFILL_AUDIT_CONTENT: invalid value 'maybe' \(expected 1, true"
+    with pytest.raises(ConfigError, match=expected):
+        parse_config(["--", "s"], KEY | {"MCP_BACKFILL_AUDIT_CONTENT": "maybe"})
+
+
+def test_the_readme_tables_are_generated_from_the_table() -> None:
+    readme = README.read_text(encoding="utf-8")
+    assert sync_readme(readme) == readme, (
+        "the README's option tables differ from src/mcp_backfill/options.py; "
+        "run .venv/bin/python -m mcp_backfill.options --write README.md"
+    )
+
+
+def test_the_generator_checks_and_rewrites_a_stale_readme(tmp_path: Path) -> None:
+    stale = tmp_path / "README.md"
+    fresh = README.read_text(encoding="utf-8")
+    edited = fresh.replace("| `MCP_BACKFILL_MODE` | `fallback` |", "| `MCP_BACKFILL_MODE` | `always` |")
+    assert edited != fresh
+    stale.write_text(edited, encoding="utf-8")
+    assert main(["--check", str(README)]) == 0
+    assert main(["--check", str(stale)]) == 1
+    assert main(["--write", str(stale)]) == 0
+    assert stale.read_text(encoding="utf-8") == fresh
+
+
+# Defaults the README quotes outside the generated tables: "`--flag` (N)", "(N s)", "(N MiB)" in
+# prose, and "| … | `--flag` | `N` …" rows of the limits tables.
+PROSE_DEFAULT = re.compile(r"`(--[a-z-]+)`\s+\((\d[\d.]*)(\s+s|\s+MiB)?\)")
+ROW_DEFAULT = re.compile(r"^\|[^|\n]*\|\s*`(--[a-z-]+)`\s*\|\s*`(\d[\d.]*)`", re.MULTILINE)
+
+
+def test_defaults_quoted_elsewhere_in_the_readme_are_the_tables() -> None:
+    readme = README.read_text(encoding="utf-8")
+    quoted = [
+        (flag, float(n) * (MIB if (unit or "").strip() == "MiB" else 1))
+        for flag, n, unit in PROSE_DEFAULT.findall(readme)
+    ]
+    quoted += [(flag, float(n)) for flag, n in ROW_DEFAULT.findall(readme)]
+    assert len(quoted) >= 15
+    for flag, value in quoted:
+        assert value == BY_FLAG[flag].default, f"the README says {flag} defaults to {value:g}"
+
+
+def imported_modules(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def test_domain_modules_do_not_read_config() -> None:
+    package = ROOT / "src" / "mcp_backfill"
+    for path in [*(package / "sampling").glob("*.py"), *(package / "providers").glob("*.py")]:
+        assert "mcp_backfill.config" not in imported_modules(path), path
+
+
+def test_the_command_line_modules_import_nothing_heavy() -> None:
+    code = (
+        "import sys, mcp_backfill.cli, mcp_backfill.config, mcp_backfill.options\n"
+        "print(sorted(m for m in ('mcp', 'mcp_types', 'anthropic', 'httpx2', 'uvicorn') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
