@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import anyio
 import pytest
@@ -219,6 +220,23 @@ def test_missing_api_key_fails_at_startup_with_a_clear_message() -> None:
     assert result.stdout == ""
     assert "ANTHROPIC_API_KEY" in result.stderr
     assert "--provider mock" in result.stderr
+
+
+def test_a_bad_environment_value_is_refused_naming_the_allowed_values() -> None:
+    console_script = Path(sys.executable).with_name("mcp-backfill")  # the venv's entry point
+    result = subprocess.run(
+        [str(console_script), "--", "true"],
+        env=proxy_env(MCP_BACKFILL_MODE="sometimes"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "MCP_BACKFILL_MODE" in result.stderr
+    assert "fallback, always, off" in result.stderr
+    assert "sometimes" in result.stderr
 
 
 def test_unstartable_upstream_is_reported() -> None:
