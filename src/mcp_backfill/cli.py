@@ -8,14 +8,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
 
 from mcp_backfill import __version__
 from mcp_backfill.config import PLATFORM_SECRET_ENV_VARS, Config, secret_from_env
-from mcp_backfill.errors import ConfigError
+from mcp_backfill.errors import ConfigError, StartupError
 from mcp_backfill.logs import configure_logging, get_logger
 from mcp_backfill.options import DEFAULTS, Option, options_for, read_options
 
@@ -121,31 +121,34 @@ def event_loop_options() -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point; returns the process exit status (the upstream's, when it ran)."""
+    """Console entry point; returns the process exit status (the upstream's, when it ran).
+
+    A `StartupError` ends the process with its own `exit_code`: a `ConfigError` (2) is printed as a
+    usage error, the others (an upstream that cannot start: 127, an address in use: 1) are logged.
+    """
     try:
         config = parse_config(sys.argv[1:] if argv is None else argv, os.environ)
-    except ConfigError as exc:
+        configure_logging(config.log_level, config.log_format, config.secrets())
+        return anyio.run(_front(config), config, backend_options=event_loop_options())
+    except ConfigError as exc:  # also found once running: an unusable --audit-log file, a provider setup
         print(f"mcp-backfill: error: {exc}", file=sys.stderr)
-        return 2
-    configure_logging(config.log_level, config.log_format, config.secrets())
-    from mcp_backfill.errors import BindError, UpstreamStartError
-    from mcp_backfill.sidecar.server import run_sidecar
-    from mcp_backfill.stdio_front import run_stdio_proxy
-
-    run = run_sidecar if config.front == "http" else run_stdio_proxy
-    try:
-        return anyio.run(run, config, backend_options=event_loop_options())
-    except ConfigError as exc:  # found once running: an unusable --audit-log file, a provider setup
-        print(f"mcp-backfill: error: {exc}", file=sys.stderr)
-        return 2
-    except UpstreamStartError as exc:
+        return exc.exit_code
+    except StartupError as exc:
         get_logger().error(str(exc))
-        return 127
-    except BindError as exc:
-        get_logger().error(str(exc))
-        return 1
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130
+
+
+def _front(config: Config) -> Callable[[Config], Awaitable[int]]:
+    """The front `config` asks for, imported only then (the sidecar's server stack is not light)."""
+    if config.front == "http":
+        from mcp_backfill.sidecar.server import run_sidecar
+
+        return run_sidecar
+    from mcp_backfill.stdio_front import run_stdio_proxy
+
+    return run_stdio_proxy
 
 
 if __name__ == "__main__":
