@@ -20,6 +20,7 @@ from typing import Any
 
 from mcp_backfill.errors import invalid_params
 from mcp_backfill.options import AudioPolicy
+from mcp_backfill.sampling.media import decoded_size, strip_data_url
 from mcp_backfill.sampling.validate import (
     NESTED_BLOCK_TYPES,
     ToolChoice,
@@ -437,13 +438,7 @@ def _json_text(value: Any) -> dict[str, Any]:
 
 
 def _audio_placeholder(data: str, mime_type: str) -> str:
-    return f"[audio omitted: {mime_type}, ~{_approx_size(data)} bytes]"
-
-
-def _approx_size(data: str) -> int:
-    """Decoded size of base64 data, without decoding it."""
-    compact = "".join(data.split())
-    return max(0, len(compact) * 3 // 4 - compact[-2:].count("="))
+    return f"[audio omitted: {mime_type}, ~{decoded_size(data)} bytes]"
 
 
 # --- images -----------------------------------------------------------------------------------
@@ -485,7 +480,7 @@ def _image_block(
     Top-level images come from the server itself, so an unsupported type is its error (-32602);
     inside a tool result the server merely relays a tool's output, so a placeholder is kinder.
     """
-    data = _strip_data_url(data)
+    data = strip_data_url(data)
     declared = _normalise_mime(mime_type)
     sniffed = sniff_image_type(data)
     media_type = sniffed or declared
@@ -500,14 +495,7 @@ def _image_block(
             path=where,
         )
     ctx.warnings.append(f"{where}: unsupported image type {mime_type!r} replaced by a text placeholder")
-    return _text_block(f"[image omitted: {mime_type}, ~{_approx_size(data)} bytes, unsupported type]")
-
-
-def _strip_data_url(data: str) -> str:
-    """Some servers send `data:<mime>;base64,<data>`; the API wants the bare base64."""
-    if data.startswith("data:") and ";base64," in data[:100]:
-        return data.split(";base64,", 1)[1]
-    return data
+    return _text_block(f"[image omitted: {mime_type}, ~{decoded_size(data)} bytes, unsupported type]")
 
 
 # --- tool results -----------------------------------------------------------------------------
@@ -611,7 +599,7 @@ def _embedded_resource(resource: Mapping[str, Any], where: str, ctx: _Context) -
         if decoded is not None:
             return _text_document(decoded, uri)
     label = mime_type or "unknown type"
-    return _text_block(f"[embedded resource omitted: {uri} ({label}), ~{_approx_size(blob)} bytes]")
+    return _text_block(f"[embedded resource omitted: {uri} ({label}), ~{decoded_size(blob)} bytes]")
 
 
 def _text_document(text: str, uri: str) -> dict[str, Any] | None:

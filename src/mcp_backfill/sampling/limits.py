@@ -16,6 +16,7 @@ from typing import Any
 
 from mcp_backfill.errors import SamplingError, internal_error, invalid_params
 from mcp_backfill.options import env_var
+from mcp_backfill.sampling.media import decoded_size
 
 __all__ = [
     "RequestLimits",
@@ -26,7 +27,6 @@ __all__ = [
 ]
 
 _BINARY_FIELDS = ("data", "blob")
-_WHITESPACE = ("\n", "\r", " ", "\t")
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ class _Tally:
         self.text(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str))
 
     def binary(self, data: str) -> None:
-        self.binary_bytes += _decoded_size(data)
+        self.binary_bytes += decoded_size(data)
 
     def content(self, content: Any) -> None:
         """One content block, a list of blocks, or (draft tool results) any JSON value."""
@@ -183,16 +183,3 @@ class _Tally:
                 self.binary(data)
             rest = {k: v for k, v in block.items() if k not in binary}
             self.json(rest)
-
-
-def _decoded_size(data: str) -> int:
-    """Decoded size of base64 data (a `data:` URL prefix allowed) without decoding it."""
-    if data.startswith("data:") and ";base64," in data[:100]:
-        data = data.split(";base64,", 1)[1]
-    length = len(data)
-    # Wrapped base64 (MIME, PEM) breaks its first line within 76 characters; unwrapped data is
-    # not scanned again, which keeps this cheap for tens of megabytes.
-    if any(c in data[:128] for c in _WHITESPACE):
-        length -= sum(data.count(c) for c in _WHITESPACE)
-    padding = data.rstrip()[-2:].count("=")
-    return max(0, length * 3 // 4 - padding)
