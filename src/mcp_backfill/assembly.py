@@ -21,7 +21,7 @@ from mcp_backfill.sampling.limits import RequestLimits
 from mcp_backfill.sampling.sampler import Sampler, SamplerSettings, SamplingObserver
 from mcp_backfill.sampling.spend import Spend, SpendSettings
 from mcp_backfill.transports.base import MessageChannel
-from mcp_backfill.transports.http_client import HttpUpstreamSettings, display_url, open_http_upstream
+from mcp_backfill.transports.http_upstream import HttpUpstreamSettings, display_url, open_http_upstream
 from mcp_backfill.transports.stdio import UpstreamProcess, spawn_upstream
 
 

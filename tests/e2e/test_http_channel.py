@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from mcp_backfill import jsonrpc
-from mcp_backfill.transports.http_client import HttpUpstream, HttpUpstreamSettings, open_http_upstream
+from mcp_backfill.transports.http_upstream import HttpUpstream, HttpUpstreamSettings, open_http_upstream
 from tests.e2e.test_http_upstream import sampling_upstream
 from tests.harness import initialize_params
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from mcp.shared.inbound import decode_header_value, validate_mcp_param_headers
 
-from mcp_backfill.transports.http_client import display_url
-from mcp_backfill.transports.http_headers import ToolHeaderMaps, modern_headers, modern_version
+from mcp_backfill.transports.http_upstream import display_url
+from mcp_backfill.transports.http_upstream.headers import ToolHeaderMaps, stateless_headers, stateless_version
 
 ENVELOPE = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
 REGIONAL_SCHEMA: dict[str, Any] = {
@@ -24,21 +24,21 @@ def request(method: str, params: dict[str, Any]) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
 
 
-def test_modern_version_only_for_non_handshake_envelopes() -> None:
-    assert modern_version(request("tools/list", {"_meta": ENVELOPE})) == "2026-07-28"
+def test_stateless_version_only_for_non_handshake_envelopes() -> None:
+    assert stateless_version(request("tools/list", {"_meta": ENVELOPE})) == "2026-07-28"
     handshake = {"io.modelcontextprotocol/protocolVersion": "2025-11-25"}
-    assert modern_version(request("tools/list", {"_meta": handshake})) is None
-    assert modern_version(request("tools/list", {})) is None
-    assert modern_version(request("initialize", {"_meta": ENVELOPE})) is None
+    assert stateless_version(request("tools/list", {"_meta": handshake})) is None
+    assert stateless_version(request("tools/list", {})) is None
+    assert stateless_version(request("initialize", {"_meta": ENVELOPE})) is None
 
 
 def test_name_header_is_encoded_so_the_server_decodes_it_back() -> None:
-    headers = modern_headers("2026-07-28", "resources/read", {"uri": "file:///é.txt"}, {})
+    headers = stateless_headers("2026-07-28", "resources/read", {"uri": "file:///é.txt"}, {})
     assert headers["mcp-protocol-version"] == "2026-07-28"
     assert headers["mcp-method"] == "resources/read"
     assert headers["mcp-name"] != "file:///é.txt"  # not a safe header value as is
     assert decode_header_value(headers["mcp-name"]) == "file:///é.txt"
-    assert "mcp-name" not in modern_headers("2026-07-28", "tools/list", {}, {})
+    assert "mcp-name" not in stateless_headers("2026-07-28", "tools/list", {}, {})
 
 
 def test_param_headers_satisfy_the_servers_validation() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mcp_backfill.errors import MessageTooLarge
-from mcp_backfill.transports.sse import SseDecoder, SseEvent
+from mcp_backfill.transports.http_upstream.sse import SseDecoder, SseEvent
 
 STREAM = (
     b": ping\r\n\r\n"

@@ -34,7 +34,7 @@ from mcp_backfill.sidecar.sessions import SessionSettings, SessionTable
 from mcp_backfill.sidecar.stateless import StatelessFront, StatelessHub, StatelessHubs
 from mcp_backfill.sidecar.upstreams import UpstreamFactory, child_process_upstreams, http_upstreams
 from mcp_backfill.transports.base import MessageChannel
-from mcp_backfill.transports.http_client import display_url
+from mcp_backfill.transports.http_upstream import display_url
 
 log = get_logger("sidecar")
 

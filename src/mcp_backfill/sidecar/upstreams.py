@@ -16,7 +16,7 @@ from mcp_backfill.assembly import http_upstream_settings, spawn_child
 from mcp_backfill.config import Config
 from mcp_backfill.logs import get_logger
 from mcp_backfill.transports.base import MessageChannel
-from mcp_backfill.transports.http_client import display_url, open_http_upstream, tls_context
+from mcp_backfill.transports.http_upstream import display_url, open_http_upstream, tls_context
 
 log = get_logger("sidecar")
 

@@ -1,63 +1,49 @@
-"""The MCP headers an HTTP upstream expects on each POST, computed from the JSON-RPC body.
+"""The routing headers a stateless (2026-07-28) upstream checks on each POST, derived from the body.
 
-Handshake era: the session id and the negotiated version. 2026-07-28: no session; every request
-repeats its version, method and name in headers, plus an `Mcp-Param-*` header for each tool argument
-whose input schema carries `x-mcp-header`. A stdio client cannot send headers, so the proxy derives
-them; the encodings and the schema rules come from the SDK's own codec (`mcp.shared.inbound`), the
-one its server validates against.
+There is no session: every request repeats its version, method and name in headers, plus an
+`Mcp-Param-*` header for each tool argument whose input schema carries `x-mcp-header`. A stdio client
+cannot send headers, so the proxy derives them; the value encoding and the schema rules come from the
+SDK's own codec (`mcp.shared.inbound`), the one its server validates against.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import cache
 from typing import Any
 
 from mcp_backfill import protocol
 
-# The SDK (`mcp`, `mcp_types`) is imported on first use, not with this module: the stdio proxy
+# The SDK (`mcp.shared.inbound`) is imported on first use, not with this module: the stdio proxy
 # imports the HTTP upstream with it, and the SDK costs ~1.5 s of startup and ~40 MB of memory that
 # a proxy with a stdio upstream never needs.
 
 
-@cache
-def handshake_versions() -> frozenset[str]:
-    """The SDK server routes a POST to its sessionless 2026 path exactly when the version is not one
-    of these."""
-    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+def stateless_version(message: Any) -> str | None:
+    """The protocol version a request declares in `params._meta`, if it is not a handshake one.
 
-    return frozenset(HANDSHAKE_PROTOCOL_VERSIONS)
-
-
-def modern_version(message: Any) -> str | None:
-    """The 2026-style protocol version a request declares in `params._meta`, if it is not a handshake one."""
+    The SDK server takes a POST down its stateless path exactly when the version is not a handshake
+    revision; an `initialize` is handshake whatever its `_meta` says."""
     if not isinstance(message, dict) or message.get("method") == protocol.INITIALIZE:
         return None
     params = message.get("params")
     meta = params.get("_meta") if isinstance(params, dict) else None
     version = meta.get(protocol.META_PROTOCOL_VERSION) if isinstance(meta, dict) else None
-    if isinstance(version, str) and version not in handshake_versions():
+    if isinstance(version, str) and version not in protocol.HANDSHAKE_VERSIONS:
         return version
     return None
 
 
-def modern_headers(
+def stateless_headers(
     version: str, method: str, params: Any, param_headers: Mapping[str, str]
 ) -> dict[str, str]:
-    """`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` and the given `Mcp-Param-*` for one 2026 request."""
-    from mcp.shared.inbound import (
-        MCP_METHOD_HEADER,
-        MCP_NAME_HEADER,
-        MCP_PROTOCOL_VERSION_HEADER,
-        NAME_BEARING_METHODS,
-        encode_header_value,
-    )
+    """`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` and the given `Mcp-Param-*` for one request."""
+    from mcp.shared.inbound import NAME_BEARING_METHODS, encode_header_value
 
-    headers = {MCP_PROTOCOL_VERSION_HEADER: version, MCP_METHOD_HEADER: method}
+    headers = {protocol.VERSION_HEADER: version, protocol.METHOD_HEADER: method}
     name_key = NAME_BEARING_METHODS.get(method)
     name = params.get(name_key) if name_key is not None and isinstance(params, dict) else None
     if isinstance(name, str):
-        headers[MCP_NAME_HEADER] = encode_header_value(name)
+        headers[protocol.NAME_HEADER] = encode_header_value(name)
     headers.update(param_headers)
     return headers
 

@@ -1,0 +1,262 @@
+"""A streamable-HTTP MCP server as the relay's upstream `MessageChannel`.
+
+Each message the relay sends becomes a POST. A request's answer comes back on that POST, as one JSON
+body or as an SSE stream carrying any number of server messages before the response; notifications
+and responses are acknowledged with 202. What else a POST carries depends on the protocol era, and
+the first request that can tell picks it: an `initialize` the handshake era (`handshake.py`: a
+session), a request declaring a 2026-07-28 version in `params._meta` the stateless one
+(`stateless.py`: routing headers on every POST).
+
+Messages are handed on as the exact bytes of the body or SSE `data:` payload. Every delivered message
+is attributed to the JSON-RPC id of the POST whose stream carried it (None: the GET stream), so a
+front that serves several HTTP streams can route it. Whatever goes wrong on the way, a request gets
+an answer: HTTP failures become JSON-RPC errors for the request ids that POST carried.
+
+One `HttpUpstream` is one upstream session; several may share one `httpx2.AsyncClient`.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx2
+from anyio.abc import TaskGroup
+
+from mcp_backfill import jsonrpc, protocol
+from mcp_backfill.errors import MessageTooLarge
+from mcp_backfill.logs import get_logger
+from mcp_backfill.transports.http_upstream.exchange import EraLeg, ExchangeReader, Item, PostExchange
+from mcp_backfill.transports.http_upstream.handshake import HandshakeLeg
+from mcp_backfill.transports.http_upstream.headers import stateless_version
+from mcp_backfill.transports.http_upstream.settings import HttpUpstreamSettings, make_http_client
+from mcp_backfill.transports.http_upstream.stateless import StatelessLeg
+
+log = get_logger("http")
+
+
+class HttpUpstream:
+    """One upstream session over streamable HTTP, as a `MessageChannel` (plus `receive_with_origin`).
+
+    It keeps what both eras share (the inbox, the exchanges in flight, shutdown) and hands each
+    message to the leg of its era: a request to the leg its own body names (see `_leg_for`), a
+    notification or response to the era's leg.
+    """
+
+    def __init__(
+        self, settings: HttpUpstreamSettings, http: httpx2.AsyncClient, task_group: TaskGroup
+    ) -> None:
+        self.settings = settings
+        self._tg = task_group
+        self._inbox_in, self._inbox = anyio.create_memory_object_stream[Item](16)
+        self._reader = ExchangeReader(settings, http, self._inbox_in)
+        self._handshake = HandshakeLeg(self._reader, task_group)
+        self._stateless = StatelessLeg(self._reader)
+        self._era: EraLeg | None = None  # None until a request decides it
+        self._exchanges: dict[jsonrpc.IdKey, PostExchange] = {}
+        self._active = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+        self._stop_started = False
+        self._stopped = anyio.Event()
+
+    @property
+    def channel(self) -> HttpUpstream:
+        return self
+
+    @property
+    def url(self) -> httpx2.URL:
+        return self._reader.url
+
+    @property
+    def session_id(self) -> str | None:
+        return self._handshake.session_id
+
+    @property
+    def protocol_version(self) -> str | None:
+        """The version `initialize` negotiated (handshake era)."""
+        return self._handshake.protocol_version
+
+    @property
+    def failed(self) -> bool:
+        """The upstream was unreachable or lost the session at some point."""
+        return self._reader.failed
+
+    @property
+    def exit_status(self) -> int:
+        return 1 if self.failed else 0
+
+    # -- MessageChannel ------------------------------------------------------------------------
+
+    async def receive(self) -> bytes:
+        message, _ = await self.receive_with_origin()
+        return message
+
+    async def receive_with_origin(self) -> tuple[bytes, Any]:
+        """The next message and the id of the request whose POST stream carried it (None: GET stream)."""
+        try:
+            payload, origin = await self._inbox.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise anyio.EndOfStream from None
+        if isinstance(payload, MessageTooLarge):
+            raise payload
+        return payload, origin
+
+    async def send(self, message: bytes, related: Any = None) -> None:
+        """POST one message. `related` (the server request a message answers) needs no routing here:
+        every message is its own POST, and the server matches responses by their id."""
+        if self._stopped.is_set():
+            raise anyio.ClosedResourceError
+        try:
+            decoded = jsonrpc.decode(message)
+        except ValueError:
+            decoded = None
+        items = decoded if isinstance(decoded, list) else [decoded]
+        requests = [item for item in items if _is_request(item)]
+        if requests:
+            self._start_exchange(message, requests, batch=isinstance(decoded, list))
+            return
+        era = self._era or self._handshake
+        if len(items) == 1 and _is_cancel(items[0]) and self._cancelled_here(items[0], era):
+            return
+        try:
+            await era.post_one_way(message, items)
+        except Exception:  # logged, like any message that cannot be delivered
+            log.exception("posting a message upstream failed unexpectedly")
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def stop(self, grace: float) -> int:
+        """Let requests in flight finish (up to `grace` seconds), fail the rest, end the session.
+
+        Afterwards `receive()` drains what is left and then raises `EndOfStream`. Idempotent; returns
+        the exit status (1 when the upstream was unreachable or lost the session at some point).
+        """
+        if self._stop_started:
+            await self._stopped.wait()
+            return self.exit_status
+        self._stop_started = True
+        try:
+            with anyio.move_on_after(grace):
+                await self._settled()
+            reason = "mcp-backfill is shutting down and the upstream had not answered"
+            if grace > 0:
+                reason += f" within --shutdown-grace ({grace:g}s)"
+            for exchange in {id(e): e for e in self._exchanges.values()}.values():
+                exchange.failure = exchange.failure or reason
+                exchange.scope.cancel()
+            with anyio.move_on_after(max(grace, 1.0)):
+                await self._settled()
+            await self._handshake.end(max(grace, 1.0))
+        finally:
+            await self._inbox_in.aclose()
+            self._stopped.set()
+        return self.exit_status
+
+    async def _settled(self) -> None:
+        while self._active:
+            await self._idle.wait()
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def _leg_for(self, method: str, version: str | None) -> EraLeg:
+        """The leg that carries a request, deciding the era on the way.
+
+        An `initialize` (re)opens the handshake era, also after a stdio client's `server/discover`
+        that an old server did not know. A request declaring a stateless version goes stateless,
+        and picks that era if nothing did before. Any other request is a handshake-era POST (a plain
+        one while there is no session), and so is every request once the session expired: it fails.
+        """
+        if method == protocol.INITIALIZE:
+            self._era = self._handshake
+            return self._handshake
+        if version is None or self._handshake.expired:
+            return self._handshake
+        self._stateless.version = version
+        if self._era is None:
+            self._era = self._stateless
+        return self._stateless
+
+    def _start_exchange(self, body: bytes, requests: list[dict[str, Any]], *, batch: bool) -> None:
+        first = requests[0]
+        version = None if batch else stateless_version(first)
+        exchange = PostExchange(
+            origin=first["id"],
+            leg=self._leg_for(first["method"], version),
+            methods={jsonrpc.id_key(r["id"]): r["method"] for r in requests},
+            ids=[r["id"] for r in requests],
+            params=first.get("params"),
+            stateless_version=version,
+        )
+        exchange.expected = set(exchange.methods)
+        for key in exchange.expected:
+            superseded = self._exchanges.get(key)
+            if superseded is not None:
+                # A reused id: the old POST can no longer be told apart from the new one.
+                superseded.abandoned = True
+                superseded.scope.cancel()
+            self._exchanges[key] = exchange
+        if self._active == 0:
+            self._idle = anyio.Event()
+        self._active += 1
+        self._tg.start_soon(self._run_exchange, body, exchange)
+
+    async def _run_exchange(self, body: bytes, exchange: PostExchange) -> None:
+        try:
+            with exchange.scope:
+                try:
+                    await exchange.leg.carry(body, exchange)
+                except Exception as exc:  # a bug here must cost one request, not the session
+                    log.exception("HTTP exchange failed unexpectedly", extra={"method": exchange.method})
+                    exchange.failure = f"Internal error in mcp-backfill's HTTP upstream: {type(exc).__name__}"
+            if exchange.expected and not exchange.abandoned:
+                await self._reader.fail(exchange, exchange.unanswered_reason())
+        finally:
+            for key in exchange.methods:
+                if self._exchanges.get(key) is exchange:
+                    del self._exchanges[key]
+            self._active -= 1
+            if self._active == 0:
+                self._idle.set()
+
+    def _cancelled_here(self, message: dict[str, Any], era: EraLeg) -> bool:
+        """A `notifications/cancelled`: True when the leg cancels by itself and it must not be POSTed."""
+        params = message.get("params")
+        request_id = params.get("requestId") if isinstance(params, dict) else None
+        exchange = self._exchanges.get(jsonrpc.id_key(request_id))
+        if exchange is None:
+            return era.cancel(None)
+        exchange.abandoned = True
+        return exchange.leg.cancel(exchange)
+
+
+@asynccontextmanager
+async def open_http_upstream(
+    settings: HttpUpstreamSettings, http: httpx2.AsyncClient | None = None, tls: ssl.SSLContext | None = None
+) -> AsyncIterator[HttpUpstream]:
+    """One upstream session; leaving the block ends it (DELETE) if `stop()` has not already.
+
+    Without `http` the session gets a client of its own (its own connections and cookies), built
+    with `tls` when given (see `make_http_client`)."""
+    async with AsyncExitStack() as stack:
+        if http is None:
+            http = await stack.enter_async_context(make_http_client(settings, tls))
+        async with anyio.create_task_group() as tg:
+            upstream = HttpUpstream(settings, http, tg)
+            try:
+                yield upstream
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await upstream.stop(0)
+                tg.cancel_scope.cancel()
+
+
+def _is_request(item: Any) -> bool:
+    return isinstance(item, dict) and isinstance(item.get("method"), str) and "id" in item
+
+
+def _is_cancel(item: Any) -> bool:
+    return isinstance(item, dict) and item.get("method") == protocol.CANCELLED and "id" not in item

@@ -1,0 +1,406 @@
+"""One request's POST and its answer, as a JSON body or an SSE stream, whichever era carries it.
+
+`ExchangeReader` is the part both era legs share: it reads each answer into the upstream's inbox as
+the exact bytes received, notes which requests it answered, resumes a dropped stream with
+`Last-Event-ID`, and turns HTTP failures into the text of the error a request gets instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import httpx2
+from anyio.streams.memory import MemoryObjectSendStream
+
+from mcp_backfill import jsonrpc, protocol
+from mcp_backfill.errors import MessageTooLarge
+from mcp_backfill.logs import get_logger
+from mcp_backfill.transports.http_upstream.headers import ToolHeaderMaps
+from mcp_backfill.transports.http_upstream.settings import (
+    HttpUpstreamSettings,
+    describe_transport_error,
+    display_url,
+)
+from mcp_backfill.transports.http_upstream.sse import SseDecoder
+
+log = get_logger("http")
+
+# How much of an error body is read, and how much of it ends up in an error message.
+ERROR_BODY_LIMIT = 64 * 1024
+PREVIEW_CHARS = 300
+
+Payload = bytes | MessageTooLarge
+Item = tuple[Payload, Any]  # a message for the relay and the id of the request whose stream carried it
+OnEvent = Callable[[Payload], Awaitable[bool]]  # one SSE message; True once nothing more is wanted
+
+
+@dataclass
+class Cursor:
+    """Where an SSE stream stands, for resuming it."""
+
+    last_event_id: str | None = None
+    retry: float | None = None  # seconds, from the server's `retry:` field
+
+
+class EraLeg(Protocol):
+    """How one protocol era talks to the upstream (`HandshakeLeg`, `StatelessLeg`)."""
+
+    async def carry(self, body: bytes, exchange: PostExchange) -> None:
+        """POST a request and read its answer; leaves in `exchange` what it still owes and why."""
+
+    def cancel(self, exchange: PostExchange | None) -> bool:
+        """The client cancelled `exchange` (None: a request not in flight). True when that is done
+        here and its `notifications/cancelled` must not be POSTed."""
+
+    def answered(self, method: str, result: dict[str, Any]) -> None:
+        """A request this leg carried got `result`."""
+
+    async def post_one_way(self, body: bytes, items: list[Any]) -> None:
+        """POST a notification or response (`items` is `body` decoded, as a list)."""
+
+
+@dataclass
+class PostExchange:
+    """A POST carrying one request (or a batch with requests), and what it still owes the relay."""
+
+    origin: Any  # the id its stream's messages are attributed to: its (first) request's id
+    leg: EraLeg
+    methods: dict[jsonrpc.IdKey, str]
+    ids: list[Any]
+    params: Any  # its (first) request's params
+    stateless_version: str | None  # the version its envelope declares, if not a handshake one
+    expected: set[jsonrpc.IdKey] = field(default_factory=set)
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    cursor: Cursor = field(default_factory=Cursor)
+    abandoned: bool = False  # the client cancelled it: nothing more is owed
+    failure: str | None = None  # why it cannot be answered, once known
+    dropped: str | None = None  # the stream broke off; it may still be resumed
+    oversized: bool = False
+
+    @property
+    def method(self) -> str:
+        return next(iter(self.methods.values()))
+
+    def unanswered_reason(self) -> str:
+        """The error text for the requests it still owes."""
+        if self.failure is not None:
+            return self.failure
+        if self.oversized:
+            return "The upstream's answer exceeded --max-message-bytes and was dropped"
+        if self.dropped is not None:
+            return f"Upstream connection lost before the response arrived: {self.dropped}"
+        return "The upstream ended the response stream without answering the request"
+
+
+# Opens a GET stream from a cursor: "ended", "failed", "refused", "unsupported" or "expired".
+StreamOpener = Callable[[Cursor, OnEvent], Awaitable[str]]
+# Looks at a POST's status and headers before its body; False when that settled the exchange.
+HeadCheck = Callable[[httpx2.Response, PostExchange], bool]
+
+
+class ExchangeReader:
+    """Reads the answers of one upstream's POSTs into its inbox; both era legs share one.
+
+    Also where the upstream's failures are counted (`failed`: it was unreachable or lost the session
+    at some point) and where `tools/list` answers teach the tools' header maps, whichever leg
+    carried them.
+    """
+
+    def __init__(
+        self, settings: HttpUpstreamSettings, http: httpx2.AsyncClient, inbox: MemoryObjectSendStream[Item]
+    ) -> None:
+        self.settings = settings
+        self.url = httpx2.URL(settings.url)  # parsed once, not on every POST
+        self.http = http
+        self._inbox = inbox
+        self.tools = ToolHeaderMaps()
+        self.failed = False
+
+    def post_headers(self) -> dict[str, str]:
+        """Headers every POST starts from: the configured ones, then `accept` and `content-type`."""
+        headers = self.base_headers(protocol.POST_ACCEPT)
+        headers["content-type"] = protocol.JSON_TYPE
+        return headers
+
+    def base_headers(self, accept: str) -> dict[str, str]:
+        headers = dict(self.settings.headers)
+        headers["accept"] = accept
+        return headers
+
+    async def put(self, payload: Payload, origin: Any) -> None:
+        try:
+            await self._inbox.send((payload, origin))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            log.debug("upstream message after the session ended; dropped")
+
+    # -- a request's POST --------------------------------------------------------------------------
+
+    async def post(
+        self, body: bytes, headers: dict[str, str], exchange: PostExchange, head: HeadCheck | None = None
+    ) -> None:
+        """POST `body` and deliver its answer; `head` sees the response before its body is read."""
+        request = self.http.build_request("POST", self.url, content=body, headers=headers)
+        try:
+            response = await self.http.send(request, stream=True)
+        except httpx2.TransportError as exc:
+            exchange.failure = self._unreachable(exc, exchange.method)
+            return
+        try:
+            if head is None or head(response, exchange):
+                await self._take_response(response, exchange)
+        except httpx2.TransportError as exc:
+            exchange.dropped = describe_transport_error(exc)
+            log.info("upstream response stream broke off", extra={"error": exchange.dropped})
+        finally:
+            await response.aclose()
+
+    async def _take_response(self, response: httpx2.Response, exchange: PostExchange) -> None:
+        status = response.status_code
+        if not response.is_success:
+            exchange.failure = await self._status_failure(response, exchange)
+            return
+        kind = media_type(response)
+        if kind == protocol.SSE_TYPE:
+            await self.read_events(
+                response,
+                exchange.cursor,
+                lambda data: self._exchange_event(exchange, data),
+                finish=self.settings.finish_timeout,
+            )
+        elif kind == protocol.JSON_TYPE:
+            await self._take_answer(exchange, await read_limited(response, self.settings.max_message_bytes))
+        elif status == 202:
+            exchange.failure = "The upstream accepted the request without answering it (HTTP 202)"
+        else:
+            exchange.failure = f"The upstream answered with unexpected content type {kind!r} (HTTP {status})"
+
+    async def read_events(
+        self, response: httpx2.Response, cursor: Cursor, on_event: OnEvent, *, finish: float = 0.0
+    ) -> None:
+        """Hand each message event to `on_event` until it returns True; then read on for up to
+        `finish` seconds to the end of the body (what comes then is dropped), so that the connection
+        can be reused."""
+        decoder = SseDecoder(self.settings.max_message_bytes)
+        chunks = response.aiter_bytes()
+        async for chunk in chunks:
+            for event in decoder.feed(chunk):
+                if event.id is not None:
+                    cursor.last_event_id = event.id or None
+                if event.retry is not None:
+                    cursor.retry = event.retry / 1000
+                if event.event != "message" or event.data == b"":
+                    continue  # priming events carry only an id
+                if await on_event(event.data):
+                    if finish > 0:
+                        with anyio.move_on_after(finish):
+                            async for _ in chunks:
+                                pass
+                    return
+
+    async def _take_answer(self, exchange: PostExchange, payload: Payload) -> None:
+        """A JSON body answering a request: deliver it (naming the request when the server did not)."""
+        if isinstance(payload, MessageTooLarge):
+            self._note_oversized(exchange, payload)
+            await self.put(payload, exchange.origin)
+            return
+        try:
+            message = jsonrpc.decode(payload)
+        except ValueError as exc:
+            exchange.failure = f"The upstream sent a response that is not JSON ({exc}): {preview(payload)}"
+            return
+        if (
+            len(exchange.ids) == 1
+            and isinstance(message, dict)
+            and "method" not in message
+            and message.get("id") is None
+        ):
+            message = {**message, "id": exchange.ids[0]}
+            payload = jsonrpc.encode(message)
+        self._settle(exchange, message)
+        await self.put(payload, exchange.origin)
+
+    async def _exchange_event(self, exchange: PostExchange, data: Payload) -> bool:
+        """One message from a request's stream; True once the stream owes nothing more."""
+        if isinstance(data, MessageTooLarge):
+            self._note_oversized(exchange, data)
+        else:
+            try:
+                message = jsonrpc.decode(data)
+            except ValueError:
+                pass  # handed on as it is: the relay reports what it cannot parse
+            else:
+                self._settle(exchange, message)
+        await self.put(data, exchange.origin)
+        return not exchange.expected
+
+    def _settle(self, exchange: PostExchange, message: Any) -> None:
+        """Note the responses among `message` that the exchange was waiting for."""
+        for item in message if isinstance(message, list) else [message]:
+            if not isinstance(item, dict):
+                continue
+            method = item.get("method")
+            if method == protocol.TOOLS_CHANGED:
+                self.tools.stale()
+            if method is not None or "id" not in item:
+                continue
+            key = jsonrpc.id_key(item["id"])
+            if key in exchange.expected:
+                exchange.expected.discard(key)
+                result = item.get("result")
+                if not isinstance(result, dict):
+                    continue
+                answered = exchange.methods[key]
+                if answered == protocol.TOOLS_LIST:
+                    self.tools.learn(result, last_page=not isinstance(result.get("nextCursor"), str))
+                else:
+                    exchange.leg.answered(answered, result)
+
+    def _note_oversized(self, exchange: PostExchange, exc: MessageTooLarge) -> None:
+        found, request_id, is_request = jsonrpc.salvage_envelope(exc.head, exc.tail)
+        key = jsonrpc.id_key(request_id)
+        if found and not is_request and key in exchange.expected:
+            exchange.expected.discard(key)  # the relay answers for it from the id it salvages too
+        else:
+            exchange.oversized = True
+
+    # -- failures --------------------------------------------------------------------------------
+
+    async def _status_failure(self, response: httpx2.Response, exchange: PostExchange) -> str | None:
+        """Why a non-2xx answer leaves the request unanswered; None when its body was the answer."""
+        status = response.status_code
+        body = await read_limited(response, ERROR_BODY_LIMIT)
+        text = preview(body.head if isinstance(body, MessageTooLarge) else body)
+        if 400 <= status < 500 and not isinstance(body, MessageTooLarge) and _is_jsonrpc_answer(body):
+            await self._take_answer(exchange, body)
+            return exchange.failure
+        where = display_url(self.url)
+        if 300 <= status < 400:
+            location = response.headers.get("location", "")
+            return (
+                f"The upstream redirected the request (HTTP {status}) to {location or 'nowhere'}; "
+                "give that URL as --upstream-url"
+            )
+        log.warning(
+            "upstream answered with an HTTP error",
+            extra={"status": status, "method": exchange.method, "body": text},
+        )
+        if status >= 500:
+            return f"Upstream server error: HTTP {status} {response.reason_phrase} from {where}: {text}"
+        hint = " (check --upstream-header)" if status in (401, 403) else ""
+        return f"The upstream refused the request: HTTP {status} {response.reason_phrase}{hint}: {text}"
+
+    def _unreachable(self, exc: httpx2.TransportError, method: str) -> str:
+        reason = describe_transport_error(exc)
+        self.failed = True
+        log.error(
+            "upstream unreachable",
+            extra={"url": display_url(self.url), "error": reason, "method": method},
+        )
+        return f"Upstream unreachable: {reason} ({display_url(self.url)})"
+
+    async def fail(self, exchange: PostExchange, reason: str) -> None:
+        """Answer each request the exchange still owes with an error saying `reason`."""
+        for request_id in exchange.ids:
+            if jsonrpc.id_key(request_id) in exchange.expected:
+                error = jsonrpc.error_response(request_id, protocol.INTERNAL_ERROR, reason)
+                await self.put(jsonrpc.encode(error), exchange.origin)
+        exchange.expected.clear()
+
+    # -- resuming a dropped stream --------------------------------------------------------------
+
+    async def resume(self, exchange: PostExchange, open_stream: StreamOpener) -> bool:
+        """Reconnect a request's stream with `Last-Event-ID` until it answers or attempts run out.
+
+        `open_stream` GETs the stream from the exchange's cursor; False when it found the session gone.
+        """
+        attempts = 0
+        while exchange.expected and attempts < self.settings.reconnect_attempts:
+            await anyio.sleep(exchange.cursor.retry or self.settings.reconnect_delay)
+            progress = False
+
+            async def on_event(data: Payload) -> bool:
+                nonlocal progress
+                progress = True
+                return await self._exchange_event(exchange, data)
+
+            log.info(
+                "resuming an upstream stream", extra={"request_id": exchange.origin, "attempt": attempts + 1}
+            )
+            outcome = await open_stream(exchange.cursor, on_event)
+            if outcome == "expired":
+                return False
+            if outcome == "unsupported":
+                exchange.dropped = f"{exchange.dropped or 'stream closed'}; the upstream cannot resume it"
+                return True
+            attempts = 0 if progress else attempts + 1
+        return True
+
+    # -- notifications and responses -------------------------------------------------------------
+
+    async def post_one_way(self, body: bytes, headers: dict[str, str], what: str) -> httpx2.Response | None:
+        """POST a notification or response (the server acknowledges it with 202 and no body); None
+        (logged) when the upstream cannot be reached."""
+        timeout = httpx2.Timeout(self.settings.connect_timeout, read=self.settings.one_way_timeout)
+        try:
+            return await self.http.post(self.url, content=body, headers=headers, timeout=timeout)
+        except httpx2.TransportError as exc:
+            self.failed = True
+            log.error(
+                "upstream unreachable; message not delivered",
+                extra={"message": what, "error": describe_transport_error(exc)},
+            )
+            return None
+
+
+async def read_limited(response: httpx2.Response, limit: int) -> Payload:
+    """The body, or (past `limit` bytes) a summary that keeps only its two ends."""
+    body = bytearray()
+    too_large: MessageTooLarge | None = None
+    async for chunk in response.aiter_bytes():
+        if too_large is not None:
+            too_large.extend(chunk)
+            continue
+        body += chunk
+        if len(body) > limit:
+            too_large = MessageTooLarge.from_bytes(bytes(body), limit)
+            body.clear()
+    return too_large or bytes(body)
+
+
+def media_type(response: httpx2.Response) -> str:
+    return response.headers.get("content-type", "").partition(";")[0].strip().lower()
+
+
+def describe_one_way(items: list[Any]) -> str:
+    """What a notification or response is, for logs: its method, or the request it answers."""
+    first = items[0] if items else None
+    if isinstance(first, dict):
+        if isinstance(first.get("method"), str):
+            return str(first["method"])
+        if "id" in first:
+            return f"response to {first['id']!r}"
+    return "message"
+
+
+def log_refused(response: httpx2.Response, what: str) -> None:
+    log.warning(
+        "upstream refused a message",
+        extra={"message": what, "status": response.status_code, "body": preview(response.content)},
+    )
+
+
+def preview(body: bytes) -> str:
+    return jsonrpc.preview(body, PREVIEW_CHARS).strip() or "(empty body)"
+
+
+def _is_jsonrpc_answer(body: bytes) -> bool:
+    try:
+        message = jsonrpc.decode(body)
+    except ValueError:
+        return False
+    return (
+        isinstance(message, dict) and "method" not in message and ("error" in message or "result" in message)
+    )

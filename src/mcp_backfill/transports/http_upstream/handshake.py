@@ -1,0 +1,240 @@
+"""The handshake-era leg: the upstream session an `initialize` opens, and every POST made in it.
+
+Each POST carries the session (`Mcp-Session-Id`, the negotiated `MCP-Protocol-Version`); server
+messages outside requests arrive on the standalone GET stream, reconnected when it drops; a dropped
+response stream is resumed; a 404 means the server forgot the session; DELETE ends it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import httpx2
+from anyio.abc import TaskGroup
+
+from mcp_backfill import jsonrpc, protocol
+from mcp_backfill.logs import get_logger
+from mcp_backfill.transports.http_upstream.exchange import (
+    Cursor,
+    ExchangeReader,
+    OnEvent,
+    Payload,
+    PostExchange,
+    describe_one_way,
+    log_refused,
+    media_type,
+)
+from mcp_backfill.transports.http_upstream.settings import describe_transport_error, display_url
+
+log = get_logger("http")
+
+
+class HandshakeLeg:
+    """Carries the handshake era's messages, and any request that declares no stateless version
+    (before an `initialize` there is no session yet: those go as plain POSTs)."""
+
+    def __init__(self, reader: ExchangeReader, task_group: TaskGroup) -> None:
+        self._reader = reader
+        self._tg = task_group
+        self.session_id: str | None = None
+        self.protocol_version: str | None = None  # negotiated by initialize
+        self.expired = False  # the server forgot the session; requests fail until a new initialize
+        self._standalone: anyio.CancelScope | None = None
+
+    # -- EraLeg --------------------------------------------------------------------------------
+
+    async def carry(self, body: bytes, exchange: PostExchange) -> None:
+        initialize = exchange.method == protocol.INITIALIZE
+        if initialize:
+            await self._begin()
+        elif self.expired:
+            exchange.failure = self._expired_text()
+            return
+        headers = self._reader.post_headers()
+        headers.update(self._session_headers(self.session_id, initialize=initialize))
+        await self._reader.post(body, headers, exchange, self._check_head)
+        if exchange.expected and exchange.failure is None and exchange.cursor.last_event_id is not None:
+            await self._resume(exchange)
+
+    def cancel(self, exchange: PostExchange | None) -> bool:
+        return False  # the server learns of it from the `notifications/cancelled` POSTed as it is
+
+    def answered(self, method: str, result: dict[str, Any]) -> None:
+        if method == protocol.INITIALIZE and isinstance(result.get("protocolVersion"), str):
+            self.protocol_version = result["protocolVersion"]
+
+    async def post_one_way(self, body: bytes, items: list[Any]) -> None:
+        what = describe_one_way(items)
+        if self.expired:
+            log.warning("upstream session expired; message not delivered", extra={"message": what})
+            return
+        headers = self._reader.post_headers()
+        headers.update(self._session_headers(self.session_id))
+        response = await self._reader.post_one_way(body, headers, what)
+        if response is None:
+            return
+        if response.status_code == 404 and self.session_id is not None:
+            self._expire()
+            log.warning("upstream session expired; message not delivered", extra={"message": what})
+        elif not response.is_success:
+            log_refused(response, what)
+        elif what == protocol.INITIALIZED:
+            self._open_standalone()
+
+    # -- the session -----------------------------------------------------------------------------
+
+    async def _begin(self) -> None:
+        """A (new) initialize: the session it opens replaces any earlier one of this channel."""
+        if self._standalone is not None:
+            self._standalone.cancel()
+            self._standalone = None
+        await self._end_session(self._reader.settings.one_way_timeout)
+        self.session_id = None
+        self.protocol_version = None
+        self.expired = False
+
+    def _session_headers(self, session: str | None, *, initialize: bool = False) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        if session is not None:
+            headers[protocol.SESSION_HEADER] = session
+        if self.protocol_version is not None and not initialize:
+            headers[protocol.VERSION_HEADER] = self.protocol_version
+        return headers
+
+    def _check_head(self, response: httpx2.Response, exchange: PostExchange) -> bool:
+        """Before a POST's body is read: the session an initialize opened, or the server no longer
+        knowing ours (404: the exchange fails, and its body is not read)."""
+        if response.status_code == 404 and self.session_id is not None:
+            self._expire()
+            exchange.failure = self._expired_text()
+            return False
+        if exchange.method == protocol.INITIALIZE and response.is_success:
+            session = response.headers.get(protocol.SESSION_HEADER)
+            if session:
+                self.session_id = session
+                log.info("upstream session opened", extra={"url": display_url(self._reader.url)})
+        return True
+
+    def _expire(self) -> None:
+        if self.expired:
+            return
+        self.expired = True
+        self._reader.failed = True
+        if self._standalone is not None:
+            self._standalone.cancel()
+        log.error(
+            "upstream session expired (HTTP 404): the server no longer knows it; "
+            "not starting a new one behind the client's back, every further request fails",
+            extra={"url": display_url(self._reader.url)},
+        )
+
+    def _expired_text(self) -> str:
+        return (
+            f"Upstream session expired: {display_url(self._reader.url)} answered HTTP 404 for it (the "
+            "server restarted or ended the session). Reconnect to start a new session."
+        )
+
+    async def end(self, wait: float) -> None:
+        """Close the standalone stream and end the session (DELETE, waiting up to `wait` seconds)."""
+        if self._standalone is not None:
+            self._standalone.cancel()
+        await self._end_session(wait)
+
+    async def _end_session(self, wait: float) -> None:
+        if self.session_id is None or self.expired:
+            return
+        session, self.session_id = self.session_id, None
+        headers = dict(self._reader.settings.headers)
+        headers.update(self._session_headers(session))
+        try:
+            response = await self._reader.http.delete(self._reader.url, headers=headers, timeout=wait)
+        except httpx2.TransportError as exc:
+            log.warning("could not end the upstream session", extra={"error": describe_transport_error(exc)})
+            return
+        if response.status_code == 405:
+            log.debug("the upstream does not let clients end sessions (HTTP 405)")
+        elif response.is_success:
+            log.info("upstream session ended")
+        else:
+            log.warning("ending the upstream session failed", extra={"status": response.status_code})
+
+    # -- GET streams -----------------------------------------------------------------------------
+
+    async def _open_stream(self, cursor: Cursor, on_event: OnEvent) -> str:
+        """GET the session's stream (resuming from the cursor) and read it; how that went:
+
+        "ended" (it was open, then closed or broke off), "failed" or "refused" (it never opened),
+        "unsupported" (405: the server has no GET stream), "expired" (404: the session is gone).
+        """
+        headers = self._reader.base_headers(protocol.SSE_TYPE)
+        headers.update(self._session_headers(self.session_id))
+        if cursor.last_event_id is not None:
+            headers[protocol.LAST_EVENT_ID_HEADER] = cursor.last_event_id
+        opened = False
+        try:
+            async with self._reader.http.stream("GET", self._reader.url, headers=headers) as response:
+                if response.status_code == 405:
+                    return "unsupported"
+                if response.status_code == 404 and self.session_id is not None:
+                    self._expire()
+                    return "expired"
+                if not response.is_success or media_type(response) != protocol.SSE_TYPE:
+                    log.debug("upstream refused a stream", extra={"status": response.status_code})
+                    return "refused"
+                opened = True
+                await self._reader.read_events(response, cursor, on_event)
+                return "ended"
+        except httpx2.TransportError as exc:
+            log.debug(
+                "upstream stream failed", extra={"error": describe_transport_error(exc), "opened": opened}
+            )
+            return "ended" if opened else "failed"
+
+    async def _resume(self, exchange: PostExchange) -> None:
+        """A request's stream broke off before the answer: reconnect it from where it stood."""
+        if not await self._reader.resume(exchange, self._open_stream):
+            exchange.failure = self._expired_text()
+
+    def _open_standalone(self) -> None:
+        if self._standalone is not None or self.session_id is None:
+            return
+        self._standalone = anyio.CancelScope()
+        self._tg.start_soon(self._standalone_stream, self._standalone)
+
+    async def _standalone_stream(self, scope: anyio.CancelScope) -> None:
+        """Server messages outside any request, for the whole session; reconnects when it drops."""
+        settings = self._reader.settings
+        cursor = Cursor()
+        attempts = 0
+
+        async def on_event(data: Payload) -> bool:
+            if isinstance(data, bytes) and b"list_changed" in data:
+                self._note_notification(data)
+            await self._reader.put(data, None)
+            return False
+
+        with scope:
+            while attempts < settings.reconnect_attempts:
+                try:
+                    outcome = await self._open_stream(cursor, on_event)
+                except Exception:
+                    log.exception("the standalone stream failed unexpectedly")
+                    outcome = "failed"
+                if outcome in ("unsupported", "expired"):
+                    if outcome == "unsupported":
+                        log.debug("the upstream offers no standalone stream (GET answered 405)")
+                    return
+                attempts = 0 if outcome == "ended" else attempts + 1
+                await anyio.sleep(cursor.retry or settings.reconnect_delay)
+            log.warning(
+                "lost the upstream's standalone stream; server messages outside requests will not arrive"
+            )
+
+    def _note_notification(self, data: bytes) -> None:
+        try:
+            message = jsonrpc.decode(data)
+        except ValueError:
+            return
+        if isinstance(message, dict) and message.get("method") == protocol.TOOLS_CHANGED:
+            self._reader.tools.stale()

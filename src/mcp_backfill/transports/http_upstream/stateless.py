@@ -1,0 +1,148 @@
+"""The stateless (2026-07-28) leg: no session; each POST carries the routing headers the server checks.
+
+The headers come from the request itself, plus an `Mcp-Param-*` header for each annotated argument
+of a tool call; when the tool was never listed, the proxy lists the tools itself to learn them. A
+request is cancelled by closing its stream.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import anyio
+import httpx2
+
+from mcp_backfill import jsonrpc, protocol
+from mcp_backfill.logs import get_logger
+from mcp_backfill.transports.http_upstream.exchange import (
+    Cursor,
+    ExchangeReader,
+    Payload,
+    PostExchange,
+    describe_one_way,
+    log_refused,
+    media_type,
+    read_limited,
+)
+from mcp_backfill.transports.http_upstream.headers import stateless_headers
+from mcp_backfill.transports.http_upstream.settings import describe_transport_error
+
+log = get_logger("http")
+
+# Pages of a proxy-initiated tools/list before giving up on finding a tool's header map.
+LIST_PAGE_CAP = 20
+# Ids of the proxy's own requests; never delivered, so they cannot collide with the client's.
+OWN_ID_PREFIX = "mcp-backfill-http:"
+
+
+class StatelessLeg:
+    """Carries requests that declare a stateless version, and the stateless era's other messages."""
+
+    def __init__(self, reader: ExchangeReader) -> None:
+        self._reader = reader
+        # The version the latest request declared; notifications and responses carry it.
+        self.version: str = protocol.STATELESS_VERSION
+        self._listing = anyio.Lock()
+        self._own_ids = itertools.count(1)
+
+    # -- EraLeg --------------------------------------------------------------------------------
+
+    async def carry(self, body: bytes, exchange: PostExchange) -> None:
+        version = exchange.stateless_version or self.version
+        params = exchange.params if isinstance(exchange.params, dict) else {}
+        param_headers: dict[str, str] = {}
+        if exchange.method == protocol.TOOLS_CALL and isinstance(params.get("name"), str):
+            await self._learn_tool(params["name"], params, version)
+            param_headers = self._reader.tools.headers_for(params["name"], params.get("arguments"))
+        headers = self._reader.post_headers()
+        headers.update(stateless_headers(version, exchange.method, params, param_headers))
+        await self._reader.post(body, headers, exchange)
+
+    def cancel(self, exchange: PostExchange | None) -> bool:
+        if exchange is not None:
+            log.debug("cancelling a request by closing its stream", extra={"request_id": exchange.origin})
+            exchange.scope.cancel()
+        return True
+
+    def answered(self, method: str, result: dict[str, Any]) -> None:
+        pass  # what answers teach here (the tools' header maps) the reader keeps
+
+    async def post_one_way(self, body: bytes, items: list[Any]) -> None:
+        what = describe_one_way(items)
+        headers = self._reader.post_headers()
+        headers[protocol.VERSION_HEADER] = self.version
+        if isinstance(items[0], dict) and isinstance(items[0].get("method"), str):
+            headers[protocol.METHOD_HEADER] = items[0]["method"]
+        response = await self._reader.post_one_way(body, headers, what)
+        if response is not None and not response.is_success:
+            log_refused(response, what)
+
+    # -- the proxy's own tools/list ----------------------------------------------------------------
+
+    async def _learn_tool(self, name: str, params: dict[str, Any], version: str) -> None:
+        """Make sure the tool's `x-mcp-header` map is known, listing the tools once if it is not.
+
+        A stdio client may call a tool without listing first; the upstream still checks the
+        `Mcp-Param-*` headers, so the proxy lists the tools itself (under its own ids, with the
+        calling request's envelope) and keeps the answers to itself.
+        """
+        tools = self._reader.tools
+        if tools.knows(name) or tools.complete:
+            return
+        async with self._listing:
+            if tools.knows(name) or tools.complete:
+                return
+            meta = params.get("_meta")
+            envelope = {k: v for k, v in (meta or {}).items() if k.startswith(protocol.ENVELOPE_PREFIX)}
+            cursor: str | None = None
+            for _ in range(LIST_PAGE_CAP):
+                list_params: dict[str, Any] = {"_meta": envelope}
+                if cursor is not None:
+                    list_params["cursor"] = cursor
+                result = await self._own_request(protocol.TOOLS_LIST, list_params, version)
+                if result is None:
+                    return
+                next_cursor = result.get("nextCursor")
+                tools.learn(result, last_page=not isinstance(next_cursor, str))
+                if tools.knows(name) or not isinstance(next_cursor, str):
+                    return
+                cursor = next_cursor
+            tools.complete = True
+
+    async def _own_request(self, method: str, params: dict[str, Any], version: str) -> dict[str, Any] | None:
+        """A request of the proxy's own; its result, or None (logged) when it fails."""
+        request_id = f"{OWN_ID_PREFIX}{next(self._own_ids)}"
+        body = jsonrpc.encode({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+        headers = self._reader.post_headers()
+        headers.update(stateless_headers(version, method, params, {}))
+        found: list[Any] = []
+
+        async def on_event(data: Payload) -> bool:
+            if not isinstance(data, bytes):
+                return False
+            try:
+                message = jsonrpc.decode(data)
+            except ValueError:
+                return False
+            if isinstance(message, dict) and "method" not in message and message.get("id") == request_id:
+                found.append(message)
+                return True
+            return False
+
+        reader = self._reader
+        try:
+            async with reader.http.stream("POST", reader.url, content=body, headers=headers) as response:
+                kind = media_type(response)
+                if response.is_success and kind == protocol.SSE_TYPE:
+                    await reader.read_events(response, Cursor(), on_event)
+                elif response.is_success and kind == protocol.JSON_TYPE:
+                    payload = await read_limited(response, reader.settings.max_message_bytes)
+                    if isinstance(payload, bytes):
+                        await on_event(payload)
+                else:
+                    log.warning(f"the proxy's own {method} failed", extra={"status": response.status_code})
+        except httpx2.TransportError as exc:
+            log.warning(f"the proxy's own {method} failed", extra={"error": describe_transport_error(exc)})
+        result = found[0].get("result") if found else None
+        return result if isinstance(result, dict) else None
