@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from mcp_backfill import protocol
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.options import (
     DEFAULTS,
@@ -70,11 +71,11 @@ RESERVED_UPSTREAM_HEADERS = frozenset(
         "transfer-encoding",
         "connection",
         "host",
-        "last-event-id",
-        "mcp-session-id",
-        "mcp-protocol-version",
-        "mcp-method",
-        "mcp-name",
+        protocol.LAST_EVENT_ID_HEADER,
+        protocol.SESSION_HEADER,
+        protocol.VERSION_HEADER,
+        protocol.METHOD_HEADER,
+        protocol.NAME_HEADER,
     }
 )
 
@@ -228,7 +229,7 @@ def check_header(flag: str, name: str, value: str) -> None:
             raise ConfigError(f"{flag} {name}: the value must be one line")
         return
     lowered = name.lower()
-    if lowered in RESERVED_UPSTREAM_HEADERS or lowered.startswith("mcp-param-"):
+    if lowered in RESERVED_UPSTREAM_HEADERS or lowered.startswith(protocol.PARAM_HEADER_PREFIX):
         raise ConfigError(f"{flag}: the proxy sets {name} itself")
     if not all(" " <= ch <= "~" or ch == "\t" for ch in value):
         raise ConfigError(f"{flag} {name}: the value must be one line of printable ASCII")
