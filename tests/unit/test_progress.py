@@ -40,6 +40,8 @@ def test_token_is_read_from_meta() -> None:
     assert protocol.progress_token({"_meta": {"progressToken": True}}) is None
     assert protocol.progress_token({"_meta": {"progressToken": 1.5}}) is None
     assert protocol.progress_token({"_meta": "x"}) is None
+    assert protocol.progress_token({"progressToken": "t"}) is None  # a request names it in _meta only
+    assert protocol.progress_token(None) is None
     assert protocol.progress_token({}) is None
 
 

@@ -52,12 +52,3 @@ def test_envelope_keys_codes_and_headers_match_the_sdk() -> None:
     assert sdk_inbound.MCP_PARAM_HEADER_PREFIX.lower() == protocol.PARAM_HEADER_PREFIX
     assert sdk_http.MCP_SESSION_ID.lower() == protocol.SESSION_HEADER
     assert sdk_http.LAST_EVENT_ID.lower() == protocol.LAST_EVENT_ID_HEADER
-
-
-def test_progress_token_is_a_string_or_an_integer() -> None:
-    assert protocol.progress_token({"_meta": {"progressToken": "t"}}) == "t"
-    assert protocol.progress_token({"_meta": {"progressToken": 0}}) == 0
-    assert protocol.progress_token({"_meta": {"progressToken": False}}) is None
-    assert protocol.progress_token({"_meta": {"progressToken": 2.5}}) is None
-    assert protocol.progress_token({"progressToken": "t"}) is None
-    assert protocol.progress_token(None) is None
