@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,13 +20,13 @@ from mcp_backfill.errors import SamplingError
 from mcp_backfill.sampling.convert import (
     META_KEY,
     ClaudeRequest,
-    ConversionOptions,
     map_stop_reason,
     sanitize_tool_id,
     sanitize_tool_name,
     to_claude_request,
     to_mcp_result,
 )
+from tests.defaults import CONVERSION
 from tests.unit.sampling_strategies import (
     DATA_URL_PREFIX,
     LEGAL_ID,
@@ -40,7 +41,7 @@ from tests.unit.sampling_strategies import (
     tool_name_lists,
 )
 
-OPTIONS = ConversionOptions()
+OPTIONS = replace(CONVERSION, prompt_cache=False)  # cache breakpoints are tested in test_prompt_cache.py
 
 PROMISED_STOP_REASONS = {
     "end_turn": "endTurn",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -19,8 +20,9 @@ from hypothesis import strategies as st
 
 from mcp_backfill.errors import SamplingError
 from mcp_backfill.protocol import INVALID_PARAMS
-from mcp_backfill.sampling.convert import ConversionOptions, to_claude_request
+from mcp_backfill.sampling.convert import to_claude_request
 from mcp_backfill.sampling.validate import validate_params
+from tests.defaults import CONVERSION
 from tests.unit.sampling_strategies import history_refs, sampling_requests
 
 ANY_JSON: st.SearchStrategy[Any] = st.recursive(
@@ -158,7 +160,7 @@ def validates_then_converts(params: Any) -> None:
     for audio in ("reject", "placeholder"):
         validate = partial(validate_params, params, audio=audio)
         if answered_or_refused(params, validate):
-            answered_or_refused(params, partial(to_claude_request, params, ConversionOptions(audio=audio)))
+            answered_or_refused(params, partial(to_claude_request, params, replace(CONVERSION, audio=audio)))
 
 
 @given(ANY_JSON)
