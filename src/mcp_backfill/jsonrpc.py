@@ -22,11 +22,18 @@ def decode(raw: bytes) -> Any:
     bits, which orjson would turn into floats: ids and rewritten messages stay exact.
     """
     if _may_hold_long_integer(raw):
-        return json.loads(raw)
+        return _json_loads(raw)
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
+        return _json_loads(raw)
+
+
+def _json_loads(raw: bytes) -> Any:
+    try:
         return json.loads(raw)
+    except RecursionError:  # orjson refuses it too: nesting beyond its 1024 levels
+        raise ValueError("JSON nested too deeply") from None
 
 
 # Every digit becomes "0", so a run of 19 zeros marks 19 digits in a row: the shortest number that
@@ -53,7 +60,11 @@ def encode(message: Any) -> bytes:
     try:
         return orjson.dumps(message)
     except TypeError:  # beyond orjson: integers over 64 bits, non-string keys, lone surrogates
-        return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+        text = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:  # a lone surrogate has no UTF-8 form; its \u escape is valid JSON
+        return json.dumps(message, separators=(",", ":")).encode()
 
 
 def id_key(request_id: Any) -> IdKey:

@@ -59,6 +59,23 @@ async def test_garbage_from_the_client_gets_a_parse_error_and_the_session_contin
         assert response["result"]["echo"]["capabilities"]["sampling"] == {"tools": {}}
 
 
+async def test_deep_nesting_and_lone_surrogates_do_not_crash_the_proxy() -> None:
+    """Found by the codec's property tests: either one line used to end the process with a traceback."""
+    async with raw_proxy(mock_proxy(), proxy_env()) as session:
+        await session.send_raw(b"[" * 5000 + b"]" * 5000 + b"\n")
+        error = await session.recv()
+        assert (error["id"], error["error"]["code"]) == (None, -32700)
+        assert "nested too deeply" in error["error"]["message"]
+        # A lone surrogate is valid JSON (as an escape); the id and the echo must come back intact.
+        await session.send_raw(b'{"jsonrpc":"2.0","id":"a\\ud800b","method":"initialize","params":{}}\n')
+        answer = await session.recv()
+        assert answer["id"] == "a\ud800b"
+        assert answer["result"]["echo"]["capabilities"]["sampling"] == {"tools": {}}
+        response = await session.request(2, "initialize", initialize_params())
+        assert response["result"]["echo"]["capabilities"]["sampling"] == {"tools": {}}
+        assert session.process.returncode is None
+
+
 LIMIT = 4096
 
 

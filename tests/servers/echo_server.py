@@ -69,7 +69,8 @@ class EchoServer:
     # -- I/O ----------------------------------------------------------------------------------
 
     def write_line(self, text: str) -> None:
-        self._stdout.write(text.encode("utf-8") + b"\n")
+        # A lone surrogate (valid JSON as an escape) has no UTF-8 form: write it as its \u escape.
+        self._stdout.write(text.encode("utf-8", errors="backslashreplace") + b"\n")
         self._stdout.flush()
 
     def send(self, message: Any) -> None:
