@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcp_backfill import input_required as ir
 from mcp_backfill import protocol
+from mcp_backfill.relay import input_required as ir
 
 SAMPLING_WITH_TOOLS = {
     "method": "sampling/createMessage",

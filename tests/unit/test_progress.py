@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from mcp_backfill import protocol
-from mcp_backfill.progress import ProgressNotifier, progress_notifier
+from mcp_backfill.relay.progress import ProgressNotifier, progress_notifier
 from mcp_backfill.sampling.provider import StreamProgress
 
 pytestmark = pytest.mark.anyio

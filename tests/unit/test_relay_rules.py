@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from mcp_backfill.relay import ClientProfile, backfill_capabilities, wants_tools
+from mcp_backfill.relay.capabilities import ClientProfile, backfill_capabilities, wants_tools
 
 
 def test_merge_keeps_everything_the_client_declared() -> None:

@@ -1,0 +1,93 @@
+"""Sampling answered by the proxy: the handshake era's server requests, and the questions of rounds.
+
+In the handshake era a server sends `sampling/createMessage` as a request of its own; when the
+proxy answers it, the answer goes back under the server's id, with progress notifications while
+Claude streams if the request asked for them, and a `notifications/cancelled` from the server stops
+the Claude call. The 2026-07-28 round driver asks the same sampler through `sample()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from mcp_backfill import jsonrpc, protocol
+from mcp_backfill.errors import SamplingError
+from mcp_backfill.logs import get_logger
+from mcp_backfill.relay.progress import progress_notifier
+from mcp_backfill.sampling.provider import ProgressCallback
+from mcp_backfill.sampling.sampler import Sampler
+from mcp_backfill.sampling.spend import SamplingSession
+
+log = get_logger("relay")
+
+
+class Answerer:
+    """Answers sampling requests with the sampler, charged to one session."""
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        session: SamplingSession | None,
+        send_upstream: Callable[[bytes], Awaitable[None]],
+    ) -> None:
+        self.sampler = sampler
+        self.session = session
+        self._send_upstream = send_upstream
+        # The server's sampling requests being answered, by their id: cancelling one stops it.
+        self._answering: dict[jsonrpc.IdKey, anyio.CancelScope] = {}
+        self._tg: TaskGroup | None = None
+
+    def start(self, task_group: TaskGroup) -> None:
+        """Requests are answered in tasks of `task_group` (the relay's)."""
+        self._tg = task_group
+
+    def answer_request(self, request_id: Any, params: dict[str, Any]) -> None:
+        """Answer the server's request `request_id` in the background."""
+        scope = anyio.CancelScope()
+        self._answering[jsonrpc.id_key(request_id)] = scope
+        assert self._tg is not None
+        self._tg.start_soon(self._answer, request_id, params, scope)
+
+    def cancel(self, request_id: Any) -> bool:
+        """The server cancelled `request_id`: stop answering it. False if the proxy is not answering it."""
+        scope = self._answering.get(jsonrpc.id_key(request_id))
+        if scope is None:
+            return False
+        log.info("upstream cancelled a sampling request", extra={"request_id": request_id})
+        scope.cancel()
+        return True
+
+    async def _answer(self, request_id: Any, params: dict[str, Any], scope: anyio.CancelScope) -> None:
+        response: dict[str, Any] | None = None
+        try:
+            with scope:
+                try:
+                    progress = progress_notifier(params, self._send_upstream)
+                    result = await self.sample(params, request_id, progress)
+                    response = jsonrpc.result_response(request_id, result)
+                except SamplingError as exc:
+                    response = jsonrpc.error_response(request_id, exc.code, exc.message, exc.data)
+        finally:
+            self._answering.pop(jsonrpc.id_key(request_id), None)
+        if response is not None:  # None: cancelled by the server, which expects no answer
+            await self._send_upstream(jsonrpc.encode(response))
+
+    async def sample(
+        self, params: dict[str, Any], request_id: Any, progress: ProgressCallback | None = None
+    ) -> dict[str, Any]:
+        """The sampler's answer; an unexpected failure becomes an internal `SamplingError`."""
+        try:
+            return await self.sampler.sample(
+                params, request_id=request_id, session=self.session, progress=progress
+            )
+        except SamplingError:
+            raise
+        except Exception:
+            log.exception("sampling failed unexpectedly", extra={"request_id": request_id})
+            raise SamplingError(
+                protocol.INTERNAL_ERROR, "Internal error in mcp-backfill while sampling"
+            ) from None

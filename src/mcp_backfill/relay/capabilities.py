@@ -1,0 +1,62 @@
+"""The sampling backfill: what the client is told it can do, and who answers a sampling request."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from mcp_backfill.options import Mode
+
+BACKFILLED_SAMPLING: dict[str, Any] = {"tools": {}}
+
+
+def backfill_capabilities(capabilities: Any, mode: Mode) -> dict[str, Any] | None:
+    """The client's capabilities with sampling (with tools) merged in, or None if nothing changes.
+
+    Everything the client declared is kept, including `sampling.context` and unknown keys.
+    """
+    if mode == "off":
+        return None
+    declared = capabilities if isinstance(capabilities, dict) else {}
+    sampling = declared.get("sampling")
+    if isinstance(sampling, dict) and isinstance(sampling.get("tools"), dict):
+        return None
+    merged = dict(declared)
+    merged["sampling"] = {
+        **(sampling if isinstance(sampling, dict) else {}),
+        **copy.deepcopy(BACKFILLED_SAMPLING),
+    }
+    return merged
+
+
+def wants_tools(params: dict[str, Any]) -> bool:
+    """Does a sampling request use the tools extension (released or draft spelling)?"""
+    return any(key in params for key in ("tools", "toolChoice", "tool_choice"))
+
+
+@dataclass
+class ClientProfile:
+    """What the client declared about sampling (in `initialize`, or in a 2026 request's `_meta`)."""
+
+    sampling: dict[str, Any] | None = None
+
+    @classmethod
+    def from_capabilities(cls, capabilities: Any) -> ClientProfile:
+        sampling = capabilities.get("sampling") if isinstance(capabilities, dict) else None
+        return cls(sampling=sampling if isinstance(sampling, dict) else None)
+
+    def can_sample(self, params: dict[str, Any]) -> bool:
+        if self.sampling is None:
+            return False
+        return not wants_tools(params) or isinstance(self.sampling.get("tools"), dict)
+
+    def samples_with_tools(self) -> bool:
+        return self.sampling is not None and isinstance(self.sampling.get("tools"), dict)
+
+
+def proxy_answers(mode: Mode, client: ClientProfile, params: dict[str, Any]) -> bool:
+    """Does the proxy answer this sampling request, rather than the client?"""
+    if mode == "off":
+        return False
+    return mode == "always" or not client.can_sample(params)

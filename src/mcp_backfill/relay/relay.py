@@ -1,0 +1,356 @@
+"""The protocol-aware relay between one client session and one upstream session.
+
+It forwards every message unchanged (the original bytes) except for its interceptions, which
+depend on the protocol era:
+
+* handshake era (2024-11-05 … 2025-11-25): the client's `initialize` gets `sampling: {tools: {}}`
+  merged into its capabilities, and the server's `sampling/createMessage` requests that the client
+  cannot answer are answered by the `Answerer`;
+* 2026-07-28: every request's `_meta` capabilities get the same merge, and `input_required`
+  results of `tools/call`, `prompts/get` and `resources/read` are driven by the `RoundDriver`: the
+  proxy answers the sampling questions, re-sends the request under its own id, and gives the client
+  the final result (or a reduced round holding only the questions the client answers itself).
+
+The relay itself routes: it tracks requests in each direction (the two id spaces overlap), maps
+ids back, answers for messages too large to relay, and hands large responses on undecoded. It
+knows the protocol, not the transport: both sides are `MessageChannel`s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from mcp_backfill import jsonrpc, protocol
+from mcp_backfill.errors import MessageTooLarge
+from mcp_backfill.logs import get_logger
+from mcp_backfill.relay import input_required as ir
+from mcp_backfill.relay.answering import Answerer
+from mcp_backfill.relay.capabilities import ClientProfile, backfill_capabilities, proxy_answers
+from mcp_backfill.relay.rounds import RoundDriver
+from mcp_backfill.relay.state import PendingRequest, RelayOptions, RelayState
+from mcp_backfill.sampling.sampler import Sampler
+from mcp_backfill.sampling.spend import SamplingSession
+from mcp_backfill.transports.base import MessageChannel
+
+log = get_logger("relay")
+
+# Upstream responses this large are routed by the id at their head, without decoding them.
+LARGE_MESSAGE = 64 * 1024
+
+
+def rewrite_each(message: Any, rewrite: Callable[[Any], Any]) -> Any:
+    """`rewrite` applied to one message, or to each item of a batch.
+
+    `rewrite` returns its item, a rewritten copy, or None when the proxy consumed it. The result is
+    `message` itself when nothing changed (so its original bytes can be forwarded), None when
+    nothing is left to forward, else what to encode and forward.
+    """
+    if not isinstance(message, list):
+        return rewrite(message)
+    items = [rewrite(item) for item in message]
+    kept = [item for item in items if item is not None]
+    if len(kept) == len(message) and all(a is b for a, b in zip(items, message, strict=True)):
+        return message
+    return kept or None
+
+
+class Relay:
+    """Moves messages between `client` and `upstream` until the upstream side ends."""
+
+    def __init__(
+        self,
+        options: RelayOptions,
+        sampler: Sampler,
+        client: MessageChannel,
+        upstream: MessageChannel,
+        *,
+        session: SamplingSession | None = None,
+    ) -> None:
+        self.options = options
+        self.mode = options.mode
+        self.answerer = Answerer(sampler, session, self._send_upstream)
+        self.client = client
+        self.upstream = upstream
+        self.state = RelayState()
+        self.rounds = RoundDriver(
+            options, self.state, self.answerer.sample, self._send_client, self._send_upstream
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def run(self, on_client_closed: Callable[[], Awaitable[None]]) -> None:
+        """Relay until the upstream closes; `on_client_closed` runs when the client side ends first."""
+        async with anyio.create_task_group() as tg:
+            self.answerer.start(tg)
+            self.rounds.start(tg)
+            tg.start_soon(self._pump_client, on_client_closed)
+            await self._pump_upstream()
+            tg.cancel_scope.cancel()
+
+    async def fail_pending(self, reason: str) -> None:
+        """Answer every client request still waiting for the upstream (or for the proxy) with an error."""
+        waiting = {jsonrpc.id_key(p.request_id): p for p in self.state.client_requests.values()}
+        waiting.update(self.state.driving)
+        self.state.client_requests.clear()
+        self.state.driving.clear()
+        for request in waiting.values():
+            if request.chain is not None and request.chain.scope is not None:
+                request.chain.scope.cancel()
+            await self._reply_error(request.request_id, protocol.INTERNAL_ERROR, reason)
+
+    async def _pump_client(self, on_client_closed: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            try:
+                raw = await self.client.receive()
+            except anyio.EndOfStream:
+                log.info("client closed its side of the session")
+                await on_client_closed()
+                return
+            except MessageTooLarge as exc:
+                await self._too_large(exc, from_client=True)
+                continue
+            await self._from_client(raw)
+            del raw  # do not hold a large message while waiting for the next one
+
+    async def _pump_upstream(self) -> None:
+        while True:
+            try:
+                raw, origin = await self.upstream.receive_with_origin()
+            except anyio.EndOfStream:
+                return
+            except MessageTooLarge as exc:
+                await self._too_large(exc, from_client=False)
+                continue
+            await self._from_upstream(raw, origin)
+            del raw  # do not hold a large message while waiting for the next one
+
+    async def _too_large(self, exc: MessageTooLarge, *, from_client: bool) -> None:
+        """A message was too large to relay: answer for it so that no request waits forever.
+
+        A dropped request is refused to its sender; a dropped response becomes an error response
+        for the side that is waiting for it.
+        """
+        sender = "client" if from_client else "upstream"
+        found, request_id, is_request = jsonrpc.salvage_envelope(exc.head, exc.tail)
+        log.warning(
+            f"message from the {sender} too large; dropped",
+            extra={"size": exc.size, "limit": exc.limit, "request_id": request_id if found else None},
+        )
+        hint = f"Message too large: {exc}; raise --max-message-bytes to allow it"
+        if is_request or (from_client and not found):
+            reply = jsonrpc.encode(jsonrpc.error_response(request_id, protocol.INVALID_REQUEST, hint))
+            await (self._send_client(reply) if from_client else self._send_upstream(reply))
+        elif found and from_client:
+            await self._send_upstream(
+                jsonrpc.encode(jsonrpc.error_response(request_id, protocol.INTERNAL_ERROR, hint))
+            )
+        elif found:
+            pending = self.state.client_requests.pop(jsonrpc.id_key(request_id), None)
+            if pending is not None:
+                self.rounds.end(pending)
+                await self._reply_error(pending.request_id, protocol.INTERNAL_ERROR, hint)
+
+    # -- client -> upstream ----------------------------------------------------------------------
+
+    async def _from_client(self, raw: bytes) -> None:
+        try:
+            message = jsonrpc.decode(raw)
+        except ValueError as exc:
+            log.warning(
+                "malformed message from client", extra={"error": str(exc), "line": jsonrpc.preview(raw)}
+            )
+            await self._send_client(
+                jsonrpc.encode(jsonrpc.error_response(None, protocol.PARSE_ERROR, f"Parse error: {exc}"))
+            )
+            return
+        replies: list[dict[str, Any]] = []
+        forwarded = rewrite_each(message, lambda item: self._client_item(item, replies))
+        if forwarded is None:
+            raw = b""
+        elif forwarded is not message:
+            raw = jsonrpc.encode(forwarded)
+        if raw:
+            await self._send_upstream(raw)
+        for reply in replies:
+            await self._send_client(jsonrpc.encode(reply))
+
+    def _client_item(self, message: Any, replies: list[dict[str, Any]]) -> Any:
+        """Track one client message; return it, a rewritten copy, or None when the proxy consumed it.
+
+        Answers the proxy gives the client itself are appended to `replies`.
+        """
+        if not isinstance(message, dict):
+            return message
+        method = message.get("method")
+        if "id" in message and isinstance(method, str):
+            if method == protocol.DISCOVER and self.options.era == "handshake":
+                replies.append(
+                    jsonrpc.error_response(
+                        message["id"],
+                        protocol.METHOD_NOT_FOUND,
+                        "Method not found: server/discover (mcp-backfill runs with --era handshake; "
+                        "use initialize)",
+                    )
+                )
+                return None
+            pending = PendingRequest(method, message["id"])
+            if method == protocol.INITIALIZE:
+                self.state.client_requests[jsonrpc.id_key(message["id"])] = pending
+                return self._rewrite_initialize(message)
+            rewritten = self.rounds.rewrite_request(message, pending, replies)
+            if rewritten is not None:
+                self.state.client_requests[jsonrpc.id_key(message["id"])] = pending
+            return rewritten
+        if method == protocol.CANCELLED:
+            return self._client_cancelled(message)
+        return message
+
+    def _rewrite_initialize(self, message: dict[str, Any]) -> dict[str, Any]:
+        params = message.get("params")
+        params = params if isinstance(params, dict) else {}
+        capabilities = params.get("capabilities")
+        self.state.client = ClientProfile.from_capabilities(capabilities)
+        version = params.get("protocolVersion")
+        if isinstance(version, str):
+            self.state.check_version(version)
+        merged = backfill_capabilities(capabilities, self.mode)
+        log.info(
+            "client initialize",
+            extra={
+                "client_sampling": self.state.client.sampling,
+                "backfilled": merged is not None,
+                "mode": self.mode,
+                "protocol_version": version,
+            },
+        )
+        if merged is None:
+            return message
+        return {**message, "params": {**params, "capabilities": merged}}
+
+    def _client_cancelled(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        """The client gave up on a request: stop driving it, and cancel it upstream under its upstream id."""
+        params = message.get("params")
+        if not isinstance(params, dict) or "requestId" not in params:
+            return message
+        key = jsonrpc.id_key(params["requestId"])
+        if key in self.state.driving:
+            return self.rounds.client_cancelled(message, params)
+        self.state.client_requests.pop(key, None)
+        return message
+
+    # -- upstream -> client ----------------------------------------------------------------------
+
+    async def _from_upstream(self, raw: bytes, origin: Any = None) -> None:
+        """`origin`: the upstream-side id of the request whose response stream carried `raw`."""
+        related = self._client_id_for(origin)
+        if len(raw) >= LARGE_MESSAGE and self._plain_response(raw):
+            await self._send_client(raw, related)
+            return
+        try:
+            message = jsonrpc.decode(raw)
+        except ValueError as exc:
+            log.warning(
+                "malformed message from upstream; dropped",
+                extra={"error": str(exc), "line": jsonrpc.preview(raw)},
+            )
+            return
+        forwarded = rewrite_each(message, self._upstream_item)
+        if forwarded is None:
+            return
+        if forwarded is not message:
+            raw = jsonrpc.encode(forwarded)
+        await self._send_client(raw, related)
+
+    def _plain_response(self, raw: bytes) -> bool:
+        """Is `raw` a response the relay forwards untouched? Then it need not be decoded.
+
+        Large tool results are the bulk of the bytes a session moves; decoding one only to find
+        its id costs more than all the rest of the relay's work. The id is read from the head
+        of the message; requests the relay rewrites answers to (initialize, 2026 rounds it may
+        drive, re-sent rounds) are not taken this way.
+        """
+        found, upstream_id = jsonrpc.response_head_id(raw)
+        if not found:
+            return False
+        key = jsonrpc.id_key(upstream_id)
+        pending = self.state.client_requests.get(key)
+        if pending is None or pending.chain is not None or pending.method == protocol.INITIALIZE:
+            return False
+        if jsonrpc.id_key(pending.request_id) != key:
+            return False
+        del self.state.client_requests[key]
+        return True
+
+    def _client_id_for(self, upstream_id: Any) -> Any:
+        """The client's id for a request known upstream as `upstream_id` (None stays None)."""
+        if upstream_id is None:
+            return None
+        pending = self.state.client_requests.get(jsonrpc.id_key(upstream_id))
+        return pending.request_id if pending is not None else upstream_id
+
+    def _upstream_item(self, message: Any) -> Any:
+        """Track one upstream message; return it, a rewritten copy, or None when the proxy consumed it."""
+        if not isinstance(message, dict):
+            return message
+        method = message.get("method")
+        if method is None:
+            return self._upstream_response(message)
+        if method == protocol.SAMPLING and "id" in message:
+            params = message.get("params")
+            params = params if isinstance(params, dict) else {}
+            if proxy_answers(self.mode, self.state.client, params):
+                self.answerer.answer_request(message["id"], params)
+                return None
+            return message
+        if method == protocol.CANCELLED:
+            params = message.get("params")
+            if isinstance(params, dict) and self.answerer.cancel(params.get("requestId")):
+                return None
+        return message
+
+    def _upstream_response(self, message: dict[str, Any]) -> Any:
+        upstream_id = message.get("id")
+        pending = self.state.client_requests.pop(jsonrpc.id_key(upstream_id), None)
+        if pending is None:
+            if RoundDriver.is_own_id(upstream_id):
+                log.debug("response to a request the client cancelled; dropped", extra={"id": upstream_id})
+                return None
+            return message
+        if pending.method == protocol.INITIALIZE:
+            self._note_initialized(message)
+        chain = pending.chain
+        if chain is not None:
+            result = message.get("result")
+            if ir.is_input_required(result):
+                return self.rounds.take_round(pending, chain, result)
+            self.rounds.end(pending)
+        if upstream_id is pending.request_id:
+            return message
+        return {**message, "id": pending.request_id}
+
+    def _note_initialized(self, message: dict[str, Any]) -> None:
+        result = message.get("result")
+        if isinstance(result, dict) and isinstance(result.get("protocolVersion"), str):
+            self.state.protocol_version = result["protocolVersion"]
+            self.state.check_version(self.state.protocol_version)
+            log.info("session initialized", extra={"protocol_version": self.state.protocol_version})
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    async def _reply_error(self, request_id: Any, code: int, message: str, data: Any = None) -> None:
+        await self._send_client(jsonrpc.encode(jsonrpc.error_response(request_id, code, message, data)))
+
+    async def _send_client(self, raw: bytes, related: Any = None) -> None:
+        try:
+            await self.client.send(raw, related)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            log.debug("client is gone; message dropped", extra={"line": jsonrpc.preview(raw)})
+
+    async def _send_upstream(self, raw: bytes) -> None:
+        try:
+            await self.upstream.send(raw)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            log.warning("upstream is gone; message dropped", extra={"line": jsonrpc.preview(raw)})

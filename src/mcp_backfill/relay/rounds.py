@@ -1,0 +1,244 @@
+"""2026-07-28: the `input_required` rounds the proxy drives on the client's behalf.
+
+A `tools/call`, `prompts/get` or `resources/read` may be answered with `input_required`: questions
+(sampling among them) and a `requestState`. For a client that cannot sample, the `RoundDriver`
+answers the sampling questions with the sampler and re-sends the request under a proxy-owned id with
+the answers and the echoed state, round after round, until the server gives a final result, which
+the client receives under its own id. When a round also asks the client something (elicitation,
+roots), the client gets a reduced round holding only those questions, and the proxy's own answers
+wait in the stash until the client's retry brings them back. The decisions are the pure functions
+of `input_required`; this class holds the state and the I/O.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from mcp_backfill import jsonrpc, protocol
+from mcp_backfill.errors import SamplingError
+from mcp_backfill.logs import get_logger
+from mcp_backfill.relay import input_required as ir
+from mcp_backfill.relay.capabilities import ClientProfile, backfill_capabilities, proxy_answers
+from mcp_backfill.relay.state import InputChain, PendingRequest, RelayOptions, RelayState
+
+log = get_logger("relay")
+
+# Ids the proxy gives its own re-sent requests; a string prefix no SDK counter produces.
+OWN_ID_PREFIX = "mcp-backfill:"
+
+Sample = Callable[[dict[str, Any], Any], Awaitable[dict[str, Any]]]
+"""The sampler's answer to one question: `(params, request id for the logs) -> result`."""
+Send = Callable[[bytes], Awaitable[None]]
+
+
+class RoundDriver:
+    """Drives the `input_required` rounds of one session's 2026-07-28 requests."""
+
+    def __init__(
+        self,
+        options: RelayOptions,
+        state: RelayState,
+        sample: Sample,
+        send_client: Send,
+        send_upstream: Send,
+    ) -> None:
+        self.options = options
+        self.state = state
+        self.stash = ir.Stash(ttl=options.input_stash_ttl)
+        self._sample = sample
+        self._send_client = send_client
+        self._send_upstream = send_upstream
+        self._own_ids = itertools.count(1)
+        self._tg: TaskGroup | None = None
+
+    def start(self, task_group: TaskGroup) -> None:
+        """Rounds are driven in tasks of `task_group` (the relay's)."""
+        self._tg = task_group
+
+    # -- client -> upstream ----------------------------------------------------------------------
+
+    def rewrite_request(
+        self, message: dict[str, Any], pending: PendingRequest, replies: list[dict[str, Any]]
+    ) -> dict[str, Any] | None:
+        """A 2026 request: capabilities merged; input_required methods set up for driving.
+
+        Returns the message to send upstream, or None when the proxy answered it itself (its answer
+        is appended to `replies`).
+        """
+        meta = ir.envelope(message.get("params"))
+        if meta is None or pending.method == protocol.DISCOVER:
+            return message
+        version = meta[protocol.META_PROTOCOL_VERSION]
+        self.state.check_version(version)
+        if version != protocol.STATELESS_VERSION:
+            return message  # an unknown revision passes through untouched
+        declared = ir.declared_capabilities(meta)
+        merged = backfill_capabilities(declared, self.options.mode)
+        if merged is None:
+            return message  # nothing to backfill: every round goes to the client untouched
+        rewritten = ir.with_capabilities(message, merged)
+        if pending.method not in protocol.INPUT_REQUIRED_METHODS:
+            return rewritten
+        params: dict[str, Any] = rewritten["params"]
+        rounds = 0
+        token = ir.stash_token(params)
+        if token is not None:
+            stashed = self.stash.take(token)
+            if stashed is None:
+                replies.append(
+                    jsonrpc.error_response(
+                        message["id"],
+                        protocol.INVALID_PARAMS,
+                        "requestState expired or unknown: mcp-backfill keeps its answers to a round "
+                        f"for {self.options.input_stash_ttl:g} s; retry the request from the start",
+                    )
+                )
+                return None
+            params = ir.restore_params(params, stashed)
+            rewritten = {**rewritten, "params": params}
+            rounds = stashed.rounds
+        client = ClientProfile.from_capabilities(declared)
+        pending.chain = InputChain(pending.method, ir.base_params(params), client, rounds, message["id"])
+        return rewritten
+
+    def client_cancelled(self, message: dict[str, Any], params: dict[str, Any]) -> dict[str, Any] | None:
+        """The client gave up on a request the proxy drives: stop, and cancel what is in flight upstream.
+
+        Returns the cancellation to forward upstream (under the upstream's id), or None.
+        """
+        key = jsonrpc.id_key(params["requestId"])
+        driven = self.state.driving.pop(key)
+        chain = driven.chain
+        assert chain is not None
+        log.info("client cancelled a request the proxy is driving", extra={"request_id": driven.request_id})
+        if chain.scope is not None:
+            chain.scope.cancel()
+        if chain.upstream_id is None:
+            return None  # between rounds: nothing is in flight upstream
+        self.state.client_requests.pop(jsonrpc.id_key(chain.upstream_id), None)
+        if jsonrpc.id_key(chain.upstream_id) == key:
+            return message
+        return {**message, "params": {**params, "requestId": chain.upstream_id}}
+
+    # -- upstream -> client ----------------------------------------------------------------------
+
+    def take_round(self, pending: PendingRequest, chain: InputChain, result: dict[str, Any]) -> Any:
+        """An `input_required` result: driven here when it holds questions for the proxy (None is
+        returned: nothing goes to the client now), else handed to the client under its own id."""
+        current = ir.split_round(
+            result, lambda params: proxy_answers(self.options.mode, chain.client, params)
+        )
+        if not current.mine and not current.state_only:
+            self.end(pending)
+            return jsonrpc.result_response(pending.request_id, result)
+        chain.upstream_id = None
+        chain.scope = anyio.CancelScope()
+        self.state.driving[jsonrpc.id_key(pending.request_id)] = pending
+        assert self._tg is not None
+        self._tg.start_soon(self._drive, pending, chain, result, current)
+        return None
+
+    def end(self, pending: PendingRequest) -> None:
+        """The request got its final answer (or an error): nothing more is driven for it."""
+        self.state.driving.pop(jsonrpc.id_key(pending.request_id), None)
+
+    @staticmethod
+    def is_own_id(upstream_id: Any) -> bool:
+        """Is this the id of a round the proxy re-sent (whose client may have cancelled since)?"""
+        return isinstance(upstream_id, str) and upstream_id.startswith(OWN_ID_PREFIX)
+
+    # -- driving ---------------------------------------------------------------------------------
+
+    async def _drive(
+        self, pending: PendingRequest, chain: InputChain, result: dict[str, Any], current: ir.Round
+    ) -> None:
+        """Answer the proxy's questions of a round, then re-send the request or hand the rest over."""
+        if chain.rounds >= self.options.max_input_rounds:
+            self.end(pending)
+            await self._fail(
+                pending.request_id,
+                protocol.INTERNAL_ERROR,
+                f"The server asked for input more than {self.options.max_input_rounds} times for one "
+                "request; raise --max-input-rounds to allow more rounds",
+                {"rounds": chain.rounds},
+            )
+            return
+        answers: dict[str, Any] = {}
+        assert chain.scope is not None
+        with chain.scope:
+            try:
+                answers = await self._answer(pending.request_id, current.mine)
+                if current.state_only:
+                    await anyio.sleep(random.uniform(*self.options.state_only_backoff))
+            except SamplingError as exc:
+                self.end(pending)
+                await self._fail(pending.request_id, exc.code, exc.message, exc.data)
+                return
+        chain.scope = None
+        if jsonrpc.id_key(pending.request_id) not in self.state.driving:
+            return  # cancelled by the client, or failed by a dying upstream: it expects nothing more
+        if current.theirs:
+            await self._hand_over(pending, chain, result, current, answers)
+            return
+        chain.rounds += 1
+        upstream_id = f"{OWN_ID_PREFIX}{next(self._own_ids)}"
+        chain.upstream_id = upstream_id
+        self.state.client_requests[jsonrpc.id_key(upstream_id)] = pending
+        params = ir.retry_params(chain.base_params, answers, current.has_state, current.state)
+        log.info(
+            "input round answered; request re-sent",
+            extra={"request_id": pending.request_id, "upstream_id": upstream_id, "round": chain.rounds},
+        )
+        await self._send_upstream(
+            jsonrpc.encode({"jsonrpc": "2.0", "id": upstream_id, "method": chain.method, "params": params})
+        )
+
+    async def _hand_over(
+        self,
+        pending: PendingRequest,
+        chain: InputChain,
+        result: dict[str, Any],
+        current: ir.Round,
+        answers: dict[str, Any],
+    ) -> None:
+        """A mixed round: the client answers its questions; the proxy's answers wait in the stash."""
+        self.end(pending)
+        token = self.stash.put(answers, current.has_state, current.state, chain.rounds)
+        log.info(
+            "mixed input round: the client answers the rest",
+            extra={
+                "request_id": pending.request_id,
+                "proxy_keys": list(answers),
+                "client_keys": list(current.theirs),
+            },
+        )
+        reduced = ir.reduced_result(result, current.theirs, token)
+        await self._send_client(jsonrpc.encode(jsonrpc.result_response(pending.request_id, reduced)))
+
+    async def _answer(self, request_id: Any, questions: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """Answer a round's sampling questions concurrently; the first failure fails the round."""
+        answers: dict[str, Any] = {}
+        failures: list[SamplingError] = []
+
+        async def answer(key: str, params: dict[str, Any], tg: TaskGroup) -> None:
+            try:
+                answers[key] = await self._sample(params, f"{request_id}/{key}")
+            except SamplingError as exc:
+                failures.append(exc)
+                tg.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            for key, params in questions.items():
+                tg.start_soon(answer, key, params, tg)
+        if failures:
+            raise failures[0]
+        return answers
+
+    async def _fail(self, request_id: Any, code: int, message: str, data: Any = None) -> None:
+        await self._send_client(jsonrpc.encode(jsonrpc.error_response(request_id, code, message, data)))

@@ -1,0 +1,73 @@
+"""What one relayed session remembers: its options, the client's profile, and requests in flight."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from mcp_backfill import jsonrpc, protocol
+from mcp_backfill.logs import get_logger
+from mcp_backfill.options import Era, Mode
+from mcp_backfill.relay.capabilities import ClientProfile
+
+log = get_logger("relay")
+
+
+@dataclass(frozen=True)
+class RelayOptions:
+    """The relay's settings; the user-facing ones are built from `Config` by `assembly.relay_options`."""
+
+    mode: Mode
+    era: Era
+    # Rounds of `input_required` the proxy drives for one client request before giving up.
+    max_input_rounds: int
+    # How long the proxy keeps its answers to a mixed round while the client answers its part.
+    input_stash_ttl: float
+    # Pause before re-sending a state-only ("retry later") round, as SDK clients do.
+    state_only_backoff: tuple[float, float] = (0.05, 0.25)
+
+
+@dataclass
+class InputChain:
+    """A 2026 request whose `input_required` rounds the proxy may drive on the client's behalf."""
+
+    method: str
+    base_params: dict[str, Any]
+    client: ClientProfile
+    rounds: int = 0
+    # While the proxy samples for a round there is no upstream request in flight.
+    upstream_id: Any = None
+    scope: anyio.CancelScope | None = None
+
+
+@dataclass
+class PendingRequest:
+    """A client request waiting for the upstream, keyed by the id it has upstream."""
+
+    method: str
+    request_id: Any  # the client's own id
+    chain: InputChain | None = None
+
+
+@dataclass
+class RelayState:
+    """Per-session protocol state; ids are tracked per direction because the two id spaces overlap."""
+
+    client: ClientProfile = field(default_factory=ClientProfile)
+    protocol_version: str | None = None
+    client_requests: dict[jsonrpc.IdKey, PendingRequest] = field(default_factory=dict)
+    # Client requests whose input_required rounds the proxy is driving, by the client's id.
+    driving: dict[jsonrpc.IdKey, PendingRequest] = field(default_factory=dict)
+    warned_versions: set[str] = field(default_factory=set)
+
+    def check_version(self, version: str) -> None:
+        """Warn once per session about a revision this proxy does not know (its traffic passes untouched)."""
+        if version in protocol.SUPPORTED_VERSIONS or version in self.warned_versions:
+            return
+        self.warned_versions.add(version)
+        log.warning(
+            "protocol revision not supported by this proxy version; its traffic passes through untouched",
+            extra={"protocol_version": version},
+        )
