@@ -1,0 +1,90 @@
+"""Rules about the shape of `src/` that a review would otherwise have to remember.
+
+* A class longer than about 300 lines says in its docstring why it is long ("Long because …").
+* Protocol names (methods, header names, media types, envelope keys) are written in
+  `mcp_backfill.protocol` only; everything else refers to them by name.
+* Nothing in `src/` prints without naming its stream (stdout is the protocol of the stdio front;
+  only the documentation tool `python -m mcp_backfill.options` writes there, on purpose).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from mcp_backfill import protocol
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "mcp_backfill"
+LONG_CLASS = 300
+PROTOCOL_STRINGS = {
+    value
+    for name, value in vars(protocol).items()
+    if name.isupper() and isinstance(value, str) and ("/" in value or "-" in value)
+} - {protocol.STATELESS_VERSION, protocol.JSON_TYPE}  # a revision date and a MIME type are also plain data
+
+
+def modules() -> list[tuple[Path, ast.Module]]:
+    return [(path, ast.parse(path.read_text(), str(path))) for path in sorted(SRC.rglob("*.py"))]
+
+
+def test_long_classes_say_why() -> None:
+    unexplained = []
+    for path, tree in modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                length = node.end_lineno - node.lineno + 1
+                if length > LONG_CLASS and "Long because" not in (ast.get_docstring(node) or ""):
+                    unexplained.append(f"{path.relative_to(SRC)}: {node.name} ({length} lines)")
+    assert unexplained == []
+
+
+def test_protocol_names_are_written_once() -> None:
+    assert "notifications/cancelled" in PROTOCOL_STRINGS  # the rule below checks something
+    repeated = []
+    for path, tree in modules():
+        if path.name == "protocol.py":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in PROTOCOL_STRINGS:
+                repeated.append(f"{path.relative_to(SRC)}:{node.lineno}: {node.value!r}")
+    assert repeated == []
+
+
+def test_nothing_prints_to_stdout_by_accident() -> None:
+    printing = []
+    for path, tree in modules():
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "print"
+                and not any(kw.arg == "file" for kw in node.keywords)
+            ):
+                printing.append(f"{path.relative_to(SRC)}:{node.lineno}")
+    assert printing == []
+
+
+def test_no_import_cycle_between_packages() -> None:
+    """No two packages (or top-level modules) of `mcp_backfill` import each other, even indirectly."""
+    import grimp  # import-linter's import graph
+
+    graph = grimp.build_graph("mcp_backfill")
+    units = sorted(
+        {".".join(module.split(".")[:2]) for module in graph.modules if module != "mcp_backfill"}
+        | {
+            ".".join(module.split(".")[:3])
+            for module in graph.modules
+            if module.count(".") >= 3  # subpackages such as transports.http_upstream
+        }
+    )
+    assert "mcp_backfill.relay" in units
+    cycles = [
+        (a, b)
+        for i, a in enumerate(units)
+        for b in units[i + 1 :]
+        if not b.startswith(a + ".")
+        and not a.startswith(b + ".")
+        and graph.chain_exists(importer=a, imported=b, as_packages=True)
+        and graph.chain_exists(importer=b, imported=a, as_packages=True)
+    ]
+    assert cycles == []
