@@ -1,0 +1,374 @@
+"""The relay in process: a real `Relay` and `Sampler` (offline mock provider) between two in-memory
+`MessageChannel`s, driven message by message. Each flow states what each side sends and exactly what
+the other side receives; the process tests (tests/e2e) check the same through real stdio and HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import pytest
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from mcp_backfill import assembly, protocol
+from mcp_backfill.config import Config
+from mcp_backfill.providers.mock import MockProvider
+from mcp_backfill.relay import Relay
+from mcp_backfill.sampling.provider import ProgressCallback
+from mcp_backfill.sampling.sampler import Sampler
+from mcp_backfill.sampling.spend import Spend
+
+pytestmark = pytest.mark.anyio
+
+ENVELOPE_VERSION = {protocol.META_PROTOCOL_VERSION: protocol.STATELESS_VERSION}
+HELLO = {"messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}], "maxTokens": 10}
+WITH_TOOLS = {
+    **HELLO,
+    "tools": [{"name": "t", "inputSchema": {"type": "object"}}],
+    "toolChoice": {"mode": "none"},
+}
+ELICIT = {"method": "elicitation/create", "params": {"message": "ok?", "requestedSchema": {"type": "object"}}}
+
+
+class MemoryChannel:
+    """One side of the relay as a `MessageChannel`, over anyio memory streams."""
+
+    def __init__(
+        self, inbox: MemoryObjectReceiveStream[bytes], outbox: MemoryObjectSendStream[bytes]
+    ) -> None:
+        self._inbox = inbox
+        self._outbox = outbox
+
+    async def receive(self) -> bytes:
+        return await self._inbox.receive()
+
+    async def receive_with_origin(self) -> tuple[bytes, Any]:
+        return await self._inbox.receive(), None
+
+    async def send(self, message: bytes, related: Any = None) -> None:
+        await self._outbox.send(message)
+
+
+@dataclass
+class Peer:
+    """The far end of one side: what the test sends as the client (or the server), and reads back."""
+
+    to_relay: MemoryObjectSendStream[bytes]
+    from_relay: MemoryObjectReceiveStream[bytes]
+
+    async def send(self, message: Any) -> None:
+        await self.to_relay.send(json.dumps(message).encode())
+
+    async def send_raw(self, raw: bytes) -> None:
+        await self.to_relay.send(raw)
+
+    async def recv(self) -> Any:
+        with anyio.fail_after(5):
+            return json.loads(await self.from_relay.receive())
+
+    def nothing_waiting(self) -> bool:
+        return self.from_relay.statistics().current_buffer_used == 0
+
+
+def channel_pair() -> tuple[MemoryChannel, Peer]:
+    to_relay, relay_inbox = anyio.create_memory_object_stream[bytes](100)
+    relay_outbox, from_relay = anyio.create_memory_object_stream[bytes](100)
+    return MemoryChannel(relay_inbox, relay_outbox), Peer(to_relay, from_relay)
+
+
+class GatedProvider(MockProvider):
+    """The mock provider, answering only once the test opens the gate; notes cancellations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = anyio.Event()
+        self.started = anyio.Event()
+        self.cancelled = False
+
+    async def create_message(
+        self, request: dict[str, Any], *, on_progress: ProgressCallback | None = None
+    ) -> dict[str, Any]:
+        self.started.set()
+        try:
+            await self.gate.wait()
+        except anyio.get_cancelled_exc_class():
+            self.cancelled = True
+            raise
+        return await super().create_message(request, on_progress=on_progress)
+
+
+@dataclass
+class Relayed:
+    client: Peer
+    server: Peer
+    relay: Relay
+
+
+@asynccontextmanager
+async def relayed(provider: MockProvider | None = None, **options: Any) -> AsyncIterator[Relayed]:
+    config = Config(upstream_command=("server",), provider="mock", **options)
+    sampler = Sampler(
+        provider or MockProvider(),
+        assembly.sampler_settings(config),
+        spend=Spend(assembly.spend_settings(config)),
+    )
+    client_side, client = channel_pair()
+    upstream_side, server = channel_pair()
+    relay = Relay(
+        assembly.relay_options(config),
+        sampler,
+        client_side,
+        upstream_side,
+        session=sampler.spend.new_session("test"),
+    )
+
+    async def client_closed() -> None:
+        await server.to_relay.aclose()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run, client_closed)
+        yield Relayed(client, server, relay)
+        await server.to_relay.aclose()  # the upstream ends: the relay returns
+
+
+def request(request_id: Any, method: str, params: Any = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+    if params is not None:
+        message["params"] = params
+    return message
+
+
+def result(request_id: Any, value: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "result": value}
+
+
+def initialize(capabilities: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "protocolVersion": "2025-11-25",
+        "capabilities": capabilities,
+        "clientInfo": {"name": "t", "version": "1"},
+    }
+
+
+def stateless(params: dict[str, Any], capabilities: dict[str, Any] | None = None) -> dict[str, Any]:
+    meta = {**ENVELOPE_VERSION, protocol.META_CLIENT_CAPABILITIES: capabilities or {}}
+    return {**params, "_meta": meta}
+
+
+def sampling_request(request_id: Any, params: dict[str, Any] = HELLO) -> dict[str, Any]:
+    return request(request_id, protocol.SAMPLING, params)
+
+
+def is_mock_answer(message: Any, request_id: Any) -> bool:
+    answer = message.get("result", {})
+    model: str = answer.get("model", "")
+    return bool(message["id"] == request_id and answer.get("role") == "assistant") and model.startswith(
+        "mock/"
+    )
+
+
+# -- handshake era ---------------------------------------------------------------------------------
+
+
+async def test_initialize_gets_sampling_with_tools_and_keeps_the_rest() -> None:
+    declared = {"roots": {"listChanged": True}, "sampling": {"context": {}}, "x-unknown": {"a": 1}}
+    async with relayed() as r:
+        await r.client.send(request(0, "initialize", initialize(declared)))
+        seen = await r.server.recv()
+        assert seen["id"] == 0
+        assert seen["params"]["capabilities"] == {**declared, "sampling": {"context": {}, "tools": {}}}
+        await r.server.send(result(0, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        assert (await r.client.recv())["id"] == 0
+        assert r.relay.state.protocol_version == "2025-11-25"
+
+
+async def test_mode_off_forwards_initialize_and_sampling_untouched() -> None:
+    async with relayed(mode="off") as r:
+        await r.client.send(request(1, "initialize", initialize({})))
+        assert (await r.server.recv())["params"]["capabilities"] == {}
+        await r.server.send(sampling_request(7))
+        assert await r.client.recv() == sampling_request(7)
+
+
+@pytest.mark.parametrize(
+    ("mode", "declared", "params", "proxy_answers"),
+    [
+        ("fallback", {}, HELLO, True),
+        ("fallback", {"sampling": {}}, HELLO, False),
+        ("fallback", {"sampling": {}}, WITH_TOOLS, True),
+        ("fallback", {"sampling": {"tools": {}}}, WITH_TOOLS, False),
+        ("always", {"sampling": {"tools": {}}}, WITH_TOOLS, True),
+    ],
+)
+async def test_who_answers_a_server_sampling_request(
+    mode: str, declared: dict[str, Any], params: dict[str, Any], proxy_answers: bool
+) -> None:
+    async with relayed(mode=mode) as r:
+        await r.client.send(request(1, "initialize", initialize(declared)))
+        await r.server.recv()
+        await r.server.send(sampling_request(0, params))  # id 0 is a valid id
+        if proxy_answers:
+            assert is_mock_answer(await r.server.recv(), 0)
+            assert r.client.nothing_waiting()
+        else:
+            assert await r.client.recv() == sampling_request(0, params)
+
+
+async def test_ids_colliding_across_directions_stay_apart() -> None:
+    async with relayed() as r:
+        await r.client.send(request(1, "tools/call", {"name": "x"}))
+        assert (await r.server.recv())["id"] == 1
+        await r.server.send(sampling_request(1))  # the server's own id 1
+        assert is_mock_answer(await r.server.recv(), 1)
+        await r.server.send(result(1, {"content": []}))  # the answer to the client's id 1
+        assert await r.client.recv() == result(1, {"content": []})
+        for request_id in ("1", 10**30):  # a string id and a big integer are ids of their own
+            await r.client.send(request(request_id, "ping"))
+            assert (await r.server.recv())["id"] == request_id
+            await r.server.send(result(request_id, {}))
+            assert (await r.client.recv())["id"] == request_id
+
+
+async def test_batches_are_rewritten_and_consumed_item_by_item() -> None:
+    note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "x"}}
+    async with relayed() as r:
+        await r.client.send([request(1, "initialize", initialize({})), note])
+        forwarded = await r.server.recv()
+        assert forwarded[0]["params"]["capabilities"] == {"sampling": {"tools": {}}}
+        assert forwarded[1] == note
+        await r.server.send([sampling_request(5), note])  # the proxy takes the request, not the note
+        assert await r.client.recv() == [note]
+        assert is_mock_answer(await r.server.recv(), 5)
+        await r.server.send([sampling_request(6)])  # nothing left for the client
+        assert is_mock_answer(await r.server.recv(), 6)
+        assert r.client.nothing_waiting()
+
+
+async def test_server_cancels_a_sampling_request_the_proxy_answers() -> None:
+    provider = GatedProvider()
+    async with relayed(provider) as r:
+        await r.server.send(sampling_request(3))
+        await provider.started.wait()
+        cancel = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 3}}
+        await r.server.send(cancel)
+        await r.server.send(request(4, "ping"))  # in order: the cancel was handled before it
+        assert await r.client.recv() == request(4, "ping")  # the cancel is not forwarded
+        assert provider.cancelled
+        provider.gate.set()
+        await r.server.send(sampling_request(5))
+        assert is_mock_answer(await r.server.recv(), 5)  # no answer for 3 came first
+
+
+async def test_client_cancel_of_a_forwarded_request_is_forwarded() -> None:
+    async with relayed() as r:
+        await r.client.send(request(2, "tools/call", {"name": "slow"}))
+        await r.server.recv()
+        cancel = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 2}}
+        await r.client.send(cancel)
+        assert await r.server.recv() == cancel
+        assert r.relay.state.client_requests == {}
+
+
+async def test_malformed_json_from_either_side() -> None:
+    async with relayed() as r:
+        await r.client.send_raw(b"{not json")
+        error = await r.client.recv()
+        assert (error["id"], error["error"]["code"]) == (None, protocol.PARSE_ERROR)
+        await r.server.send_raw(b"[1, 2")  # dropped with a log line: nobody to answer
+        await r.client.send(request(1, "ping"))
+        assert await r.server.recv() == request(1, "ping")
+        assert r.client.nothing_waiting()
+
+
+async def test_a_dying_upstream_fails_what_is_pending() -> None:
+    async with relayed() as r:
+        await r.client.send(request("a", "tools/call", {"name": "x"}))
+        await r.server.recv()
+        await r.relay.fail_pending("Upstream MCP server exited (status 1)")
+        error = await r.client.recv()
+        assert error["id"] == "a"
+        assert error["error"] == {
+            "code": protocol.INTERNAL_ERROR,
+            "message": "Upstream MCP server exited (status 1)",
+        }
+
+
+# -- 2026-07-28 ------------------------------------------------------------------------------------
+
+
+def input_required(questions: dict[str, Any], state: Any = "server-state") -> dict[str, Any]:
+    return {"resultType": "input_required", "inputRequests": questions, "requestState": state}
+
+
+async def test_a_round_is_answered_and_resent_under_a_proxy_id() -> None:
+    call = request(9, "tools/call", stateless({"name": "ask"}))
+    async with relayed() as r:
+        await r.client.send(call)
+        sent = await r.server.recv()
+        assert sent["params"]["_meta"][protocol.META_CLIENT_CAPABILITIES] == {"sampling": {"tools": {}}}
+        await r.server.send(result(9, input_required({"s": {"method": protocol.SAMPLING, "params": HELLO}})))
+        retry = await r.server.recv()
+        assert retry["id"] == "mcp-backfill:1"
+        assert (retry["method"], retry["params"]["name"]) == ("tools/call", "ask")
+        assert retry["params"]["requestState"] == "server-state"  # echoed as it was
+        assert retry["params"]["inputResponses"]["s"]["model"].startswith("mock/")
+        await r.server.send(result("mcp-backfill:1", {"content": [{"type": "text", "text": "done"}]}))
+        assert await r.client.recv() == result(9, {"content": [{"type": "text", "text": "done"}]})
+        assert r.relay.state.driving == {}
+
+
+async def test_a_mixed_round_goes_to_the_client_reduced_and_comes_back_merged() -> None:
+    call = request(1, "tools/call", stateless({"name": "ask"}, {"elicitation": {}}))
+    questions = {"s": {"method": protocol.SAMPLING, "params": HELLO}, "e": ELICIT}
+    async with relayed() as r:
+        await r.client.send(call)
+        await r.server.recv()
+        await r.server.send(result(1, input_required(questions, {"opaque": [1, 2]})))
+        reduced = (await r.client.recv())["result"]
+        assert reduced["inputRequests"] == {"e": ELICIT}
+        assert reduced["requestState"].startswith("mcp-backfill.v1.")
+        answer = {"action": "accept", "content": {}}
+        params = {**call["params"], "inputResponses": {"e": answer}, "requestState": reduced["requestState"]}
+        await r.client.send(request(2, "tools/call", params))
+        retry = await r.server.recv()
+        assert retry["id"] == 2
+        assert retry["params"]["requestState"] == {"opaque": [1, 2]}  # the server's own state is back
+        assert retry["params"]["inputResponses"]["e"] == answer
+        assert retry["params"]["inputResponses"]["s"]["model"].startswith("mock/")
+        await r.client.send(request(3, "tools/call", params))  # a token redeems once
+        error = await r.client.recv()
+        assert (error["id"], error["error"]["code"]) == (3, protocol.INVALID_PARAMS)
+
+
+async def test_client_cancels_a_request_while_the_proxy_samples_for_it() -> None:
+    provider = GatedProvider()
+    async with relayed(provider) as r:
+        await r.client.send(request(4, "tools/call", stateless({"name": "ask"})))
+        await r.server.recv()
+        await r.server.send(result(4, input_required({"s": {"method": protocol.SAMPLING, "params": HELLO}})))
+        await provider.started.wait()
+        await r.client.send({"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 4}})
+        await r.client.send(request(5, "ping"))
+        assert await r.server.recv() == request(5, "ping")  # no cancel upstream: nothing was in flight
+        assert provider.cancelled
+        assert r.relay.state.driving == {}
+        assert r.client.nothing_waiting()
+
+
+async def test_a_round_limit_fails_the_request() -> None:
+    question = {"s": {"method": protocol.SAMPLING, "params": HELLO}}
+    async with relayed(max_input_rounds=1) as r:
+        await r.client.send(request(1, "tools/call", stateless({"name": "ask"})))
+        await r.server.recv()
+        await r.server.send(result(1, input_required(question)))
+        retry = await r.server.recv()
+        await r.server.send(result(retry["id"], input_required(question)))
+        error = await r.client.recv()
+        assert error["id"] == 1
+        assert error["error"]["code"] == protocol.INTERNAL_ERROR
+        assert "--max-input-rounds" in error["error"]["message"]
