@@ -82,7 +82,7 @@ async def handshake(session: RawSession) -> None:
     await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
 
 
-def modern_call(request_id: Any, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+def stateless_call(request_id: Any, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     params = {"name": name, "arguments": arguments, "_meta": ENVELOPE}
     return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
 
@@ -171,7 +171,7 @@ async def test_server_everything_over_http_samples_for_a_client_without_sampling
 # -- 2026-07-28 pass-through -----------------------------------------------------------------------
 
 
-async def test_modern_client_calls_tools_through_the_http_upstream() -> None:
+async def test_stateless_client_calls_tools_through_the_http_upstream() -> None:
     async with sampling_upstream() as upstream:
         argv = proxy_url_argv("--provider", "mock", url=upstream.url)
         async with Client(stdio_params(argv, proxy_env()), mode="auto") as client:
@@ -185,7 +185,7 @@ async def test_modern_client_calls_tools_through_the_http_upstream() -> None:
     assert {"regional", "echo"} <= names
 
 
-async def test_modern_input_required_sampling_through_the_http_upstream(fake_claude: FakeClaude) -> None:
+async def test_stateless_input_required_sampling_through_the_http_upstream(fake_claude: FakeClaude) -> None:
     """2026-07-28: each round is its own POST (the proxy's retries under its own ids), no session."""
     fake_claude.enqueue(
         tool_use_reply("get_weather", {"city": "Oslo"}, id="toolu_oslo", text="Checking."),
@@ -208,7 +208,7 @@ async def test_param_headers_are_derived_and_the_proxys_own_listing_stays_privat
         async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http:
             bare = await http.post(
                 upstream.url,
-                json=modern_call(1, "regional", {"region": "eu", "city": "Oslo"}),
+                json=stateless_call(1, "regional", {"region": "eu", "city": "Oslo"}),
                 headers={
                     "accept": "application/json, text/event-stream",
                     "mcp-protocol-version": MODERN,
@@ -220,9 +220,9 @@ async def test_param_headers_are_derived_and_the_proxys_own_listing_stays_privat
 
         argv = proxy_url_argv("--provider", "mock", url=upstream.url)
         async with raw_proxy(argv, proxy_env()) as session:
-            await session.send(modern_call(7, "regional", {"region": "ap-south", "city": "Pune"}))
+            await session.send(stateless_call(7, "regional", {"region": "ap-south", "city": "Pune"}))
             first = await session.recv()
-            await session.send(modern_call(8, "echo", {"text": "next"}))
+            await session.send(stateless_call(8, "echo", {"text": "next"}))
             second = await session.recv()
     assert first["id"] == 7
     assert result_json(first) == {"region": "ap-south", "city": "Pune"}
@@ -230,17 +230,17 @@ async def test_param_headers_are_derived_and_the_proxys_own_listing_stays_privat
     assert result_json(second) == {"text": "next"}
 
 
-async def test_modern_cancellation_closes_the_request_stream() -> None:
+async def test_stateless_cancellation_closes_the_request_stream() -> None:
     async with sampling_upstream() as upstream:
         argv = proxy_url_argv("--provider", "mock", url=upstream.url)
         async with raw_proxy(argv, proxy_env()) as session:
-            await session.send(modern_call(5, "wait_forever", {"label": "w1"}))
+            await session.send(stateless_call(5, "wait_forever", {"label": "w1"}))
             await wait_for_log(upstream.log, "wait_forever w1 started", timeout=30)
             await session.send(
                 {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 5}}
             )
             await wait_for_log(upstream.log, "wait_forever w1 cancelled", timeout=30)
-            await session.send(modern_call(6, "echo", {"text": "still here"}))
+            await session.send(stateless_call(6, "echo", {"text": "still here"}))
             response = await session.recv()
     assert response["id"] == 6  # the cancelled request got no answer
     assert result_json(response) == {"text": "still here"}

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from tests.e2e.test_modern_era import LOWLEVEL_SERVER, MODERN
+from tests.e2e.test_stateless_era import LOWLEVEL_SERVER, MODERN
 from tests.fake_claude import FakeClaude, text_reply
 from tests.harness import (
     initialize_params,
