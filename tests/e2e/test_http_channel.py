@@ -16,6 +16,7 @@ import pytest
 
 from mcp_backfill import jsonrpc
 from mcp_backfill.transports.http_upstream import HttpUpstream, HttpUpstreamSettings, open_http_upstream
+from tests.defaults import CONFIG
 from tests.e2e.test_http_upstream import sampling_upstream
 from tests.harness import initialize_params
 
@@ -44,7 +45,7 @@ async def until_response(channel: HttpUpstream, request_id: Any) -> list[tuple[A
 async def test_messages_are_attributed_to_the_stream_that_carried_them() -> None:
     async with (
         sampling_upstream() as upstream,
-        open_http_upstream(HttpUpstreamSettings(upstream.url)) as channel,
+        open_http_upstream(HttpUpstreamSettings(upstream.url, CONFIG.max_message_bytes)) as channel,
     ):
         capabilities: dict[str, Any] = {"sampling": {}}
         await channel.send(request("init", "initialize", initialize_params(capabilities)))

@@ -17,6 +17,7 @@ import pytest
 
 from mcp_backfill import jsonrpc
 from mcp_backfill.transports.http_upstream import HttpUpstream, HttpUpstreamSettings, open_http_upstream
+from tests.defaults import CONFIG
 
 pytestmark = pytest.mark.anyio
 
@@ -66,7 +67,7 @@ class FakeServer:
 async def upstream(server: FakeServer) -> AsyncIterator[HttpUpstream]:
     async with (
         httpx2.AsyncClient(transport=httpx2.MockTransport(server.handle)) as http,
-        open_http_upstream(HttpUpstreamSettings(URL), http) as channel,
+        open_http_upstream(HttpUpstreamSettings(URL, CONFIG.max_message_bytes), http) as channel,
     ):
         yield channel
 

@@ -12,10 +12,13 @@ from mcp_backfill import __version__
 
 @dataclass(frozen=True)
 class HttpUpstreamSettings:
+    """How to reach one streamable-HTTP upstream (built from `Config` by `assembly`)."""
+
     url: str
+    # --max-message-bytes: larger answers are dropped (and answered for with an error).
+    max_message_bytes: int
     # Sent on every request (e.g. the upstream's own auth), after the proxy's User-Agent.
     headers: tuple[tuple[str, str], ...] = ()
-    max_message_bytes: int = 32 * 1024 * 1024
     connect_timeout: float = 30.0
     # Longest silence on an open response; SSE servers ping well within it.
     read_timeout: float = 300.0
