@@ -518,7 +518,9 @@ async def test_sigterm_drains_requests_in_flight(tmp_path: Path) -> None:
                             refused = await fresh.post(
                                 sidecar.url, json=initialize_body(), headers=HANDSHAKE_HEADERS
                             )
-                    except httpx2.ConnectError:
+                    except (httpx2.ConnectError, httpx2.ReadError, httpx2.RemoteProtocolError):
+                        # Refused, or (on a busy machine) taken into the backlog just before the
+                        # listening socket closed and then dropped unanswered: nothing is served.
                         break
                     assert refused.status_code == 503
                     await anyio.sleep(0.05)
