@@ -362,7 +362,7 @@ def test_stop_reasons_map_as_promised(stop_reason: str | None) -> None:
         assert mapped == stop_reason
 
 
-# --- bugs found by these properties (see the xfail reasons) ---------------------------------------
+# --- found by these properties, and fixed ----------------------------------------------------------
 
 LONE_SURROGATES = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
 WITH_LONE_SURROGATE = st.builds(
@@ -370,12 +370,6 @@ WITH_LONE_SURROGATE = st.builds(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=UnicodeEncodeError,
-    reason="BUG: a tool name with a lone surrogate (legal in JSON: \\ud800) passes validation, then "
-    "sanitize_tool_name hashes it with str.encode('utf-8') and raises UnicodeEncodeError",
-)
 @given(WITH_LONE_SURROGATE)
 def test_tool_name_with_lone_surrogate_round_trips(name: str) -> None:
     params = {
@@ -389,12 +383,6 @@ def test_tool_name_with_lone_surrogate_round_trips(name: str) -> None:
     assert to_mcp_result(answer, request)["content"][0]["name"] == name
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=UnicodeEncodeError,
-    reason="BUG: a tool_use id with a lone surrogate passes validation, then sanitize_tool_id raises "
-    "UnicodeEncodeError",
-)
 @given(WITH_LONE_SURROGATE)
 def test_tool_use_id_with_lone_surrogate_round_trips(tool_id: str) -> None:
     params = {
@@ -411,12 +399,6 @@ def test_tool_use_id_with_lone_surrogate_round_trips(tool_id: str) -> None:
     assert to_mcp_result(answer, request)["content"][0]["id"] == tool_id
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RecursionError,
-    reason="BUG: a tool_result text nested deeper than the recursion limit, next to structuredContent, "
-    "makes _has_json_text's json.loads raise RecursionError (only ValueError is caught)",
-)
 @given(st.integers(1_100, 3_000))
 def test_deeply_nested_tool_output_text_converts(depth: int) -> None:
     result = {

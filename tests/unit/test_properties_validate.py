@@ -126,8 +126,6 @@ def check_path(params: Any, path: str, message: str) -> None:
             here = here[key]
         elif index and isinstance(here, list) and int(index) < len(here):
             here = here[int(index)]
-        elif path == "toolChoice" and "tool_choice" in params:
-            return  # the known bug shown by test_draft_required_choice_error_names_tool_choice
         else:
             assert number == len(steps) - 1, f"{path}: step {number} does not exist"
             assert "is required" in message, f"{path} does not exist but the error is {message!r}"
@@ -284,12 +282,6 @@ def test_broken_tool_pairing_is_refused(params: dict[str, Any], data: st.DataObj
     assert caught.value.code == INVALID_PARAMS
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: 'required' without tools is reported at path 'toolChoice' even when the request "
-    "spelled it 'tool_choice' (draft), so the path names a field the request does not have",
-)
 @given(
     st.sampled_from([{"type": "any"}, {"mode": "required"}]),
     st.sampled_from([{}, {"tools": []}]),

@@ -223,7 +223,8 @@ def sanitize_tool_id(tool_use_id: str, attempt: int = 0) -> str:
 
 def _short_hash(value: str, attempt: int) -> str:
     salted = value if attempt == 0 else f"{value}\x00{attempt}"
-    return hashlib.sha256(salted.encode("utf-8")).hexdigest()[:8]
+    # A lone surrogate (legal in JSON as an escape) has no UTF-8 form; hash its code point as it is.
+    return hashlib.sha256(salted.encode("utf-8", "surrogatepass")).hexdigest()[:8]
 
 
 def _rewrite_map(
@@ -538,7 +539,7 @@ def _has_json_text(content: Sequence[Mapping[str, Any]], value: Any) -> bool:
         try:
             if json.loads(block["text"]) == value:
                 return True
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deeply to compare
             continue
     return False
 

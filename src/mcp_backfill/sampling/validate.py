@@ -57,7 +57,8 @@ def validate_params(params: Any, *, audio: AudioPolicy = "reject") -> None:
     has_tools = _check_tools(params.get("tools"))
     choice = read_tool_choice(params)
     if choice is not None and choice.mode == "required" and not has_tools:
-        raise invalid_params("toolChoice mode 'required' needs a non-empty tools array", path="toolChoice")
+        field = _tool_choice_field(params)
+        raise invalid_params(f"{field} mode 'required' needs a non-empty tools array", path=field)
     messages = params.get("messages")
     if messages is None:
         raise invalid_params("messages is required", path="messages")
@@ -72,7 +73,7 @@ def validate_params(params: Any, *, audio: AudioPolicy = "reject") -> None:
 
 def read_tool_choice(params: Mapping[str, Any]) -> ToolChoice | None:
     """Normalise `toolChoice {mode}` and the draft `tool_choice {mode|type, disable_parallel_tool_use}`."""
-    field = "toolChoice" if params.get("toolChoice") is not None else "tool_choice"
+    field = _tool_choice_field(params)
     raw = params.get(field)
     if raw is None:
         return None
@@ -98,6 +99,11 @@ def read_tool_choice(params: Mapping[str, Any]) -> ToolChoice | None:
             f"{field}.disable_parallel_tool_use must be a boolean, got {_show(disable)}", path=field
         )
     return ToolChoice(mode=mode, disable_parallel_tool_use=bool(disable))
+
+
+def _tool_choice_field(params: Mapping[str, Any]) -> str:
+    """Which spelling a request uses: the released `toolChoice`, else the draft `tool_choice`."""
+    return "toolChoice" if params.get("toolChoice") is not None else "tool_choice"
 
 
 def is_content_block(value: Any, allowed: frozenset[str]) -> bool:
