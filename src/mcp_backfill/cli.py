@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging(config.log_level, config.log_format, config.secrets())
         return anyio.run(_front(config), config, backend_options=event_loop_options())
     except ConfigError as exc:  # also found once running: an unusable --audit-log file, a provider setup
-        print(f"mcp-backfill: error: {exc}", file=sys.stderr)
+        sys.stderr.write(f"mcp-backfill: error: {exc}\n")
         return exc.exit_code
     except StartupError as exc:
         get_logger().error(str(exc))

@@ -857,19 +857,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.markdown:
         for key, command in TABLES.items():
-            print(
-                f"{_BEGIN.format(key=key)}\n{markdown_table(command)}{_END.format(key=key)}\n",
-                file=sys.stdout,
-            )
+            # A documentation tool, not the proxy: its output is the tables themselves.
+            sys.stdout.write(f"{_BEGIN.format(key=key)}\n{markdown_table(command)}{_END.format(key=key)}\n\n")
         return 0
     path: Path = args.write or args.check
     text = path.read_text(encoding="utf-8")
     fresh = sync_readme(text)
     if args.check:
         if fresh != text:
-            print(
-                f"{path}: the option tables are stale; run python -m mcp_backfill.options --write {path}",
-                file=sys.stderr,
+            sys.stderr.write(
+                f"{path}: the option tables are stale; run python -m mcp_backfill.options --write {path}\n"
             )
             return 1
         return 0
