@@ -153,10 +153,13 @@ class RateLimiter:
 
 @dataclass
 class SamplingSession:
-    """One client session as the sampler sees it: a label for logs and its own budget."""
+    """One client session as the sampler sees it: a label for logs, its own budget, and the client
+    identity it belongs to (whose budgets, rate limit and slots it shares with the client's other
+    sessions)."""
 
     label: str
     budget: TokenBudget
+    client: str = "process"
 
     def snapshot(self) -> dict[str, Any]:
         return {"session": self.label, "budget": self.budget.snapshot()}
@@ -172,11 +175,13 @@ class Spend:
         self._slots = anyio.CapacityLimiter(settings.max_concurrent)
         self.refused: dict[str, int] = {}
 
-    def new_session(self, label: str) -> SamplingSession:
+    def new_session(self, label: str, client: str = "process") -> SamplingSession:
+        """A session of the client `client` (stdio: the process; serve: the identity that
+        authenticated it)."""
         budget = TokenBudget(
             self.settings.session_budget_tokens or None, "session token budget", "--session-budget-tokens"
         )
-        return SamplingSession(label, budget)
+        return SamplingSession(label, budget, client)
 
     @asynccontextmanager
     async def admit(self, session: SamplingSession | None) -> AsyncIterator[None]:
