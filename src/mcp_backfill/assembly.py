@@ -53,6 +53,7 @@ def sampler_settings(config: Config) -> SamplerSettings:
         default_model=config.model,
         allowed_models=config.allowed_models,
         limits=request_limits(config),
+        allow_model_upgrade=config.allow_model_upgrade,
     )
 
 
@@ -73,12 +74,24 @@ def request_limits(config: Config) -> RequestLimits:
 
 
 def spend_settings(config: Config) -> SpendSettings:
+    """The ledger's settings; a client's own rate limit and slots default to half the process's when
+    clients are told apart, and to none of their own (the process's apply) when there is one."""
+    several = clients_told_apart(config)
     return SpendSettings(
         rate_limit=config.rate_limit,
         max_concurrent=config.max_concurrent_sampling,
-        budget_tokens=config.budget_tokens,
-        session_budget_tokens=config.session_budget_tokens,
+        budget=config.budget_tokens,
+        session_budget=config.session_budget_tokens,
+        client_budget=config.client_budget_tokens,
+        client_rate_limit=config.client_rate_limit or (-(-config.rate_limit // 2) if several else 0),
+        client_max_concurrent=config.client_max_concurrent_sampling
+        or (-(-config.max_concurrent_sampling // 2) if several else 0),
     )
+
+
+def clients_told_apart(config: Config) -> bool:
+    """Can requests come from more than one client identity (see the README's "Who pays")?"""
+    return config.front == "http" and config.forward_authorization
 
 
 def retry_policy(config: Config) -> RetryPolicy:

@@ -17,6 +17,7 @@ from mcp_backfill.errors import ConfigError
 from mcp_backfill.options import (
     DEFAULTS,
     OPTIONS,
+    Allowance,
     AudioPolicy,
     Era,
     LogFormat,
@@ -101,6 +102,7 @@ class Config:
     provider: ProviderName = DEFAULTS["provider"]
     model: str = DEFAULTS["model"]
     allowed_models: tuple[str, ...] = DEFAULTS["allowed_models"]
+    allow_model_upgrade: bool = DEFAULTS["allow_model_upgrade"]
     max_tokens_cap: int = DEFAULTS["max_tokens_cap"]
     audio: AudioPolicy = DEFAULTS["audio"]
     max_messages: int = DEFAULTS["max_messages"]
@@ -110,8 +112,11 @@ class Config:
     max_tool_calls: int = DEFAULTS["max_tool_calls"]
     rate_limit: int = DEFAULTS["rate_limit"]
     max_concurrent_sampling: int = DEFAULTS["max_concurrent_sampling"]
-    budget_tokens: int = DEFAULTS["budget_tokens"]
-    session_budget_tokens: int = DEFAULTS["session_budget_tokens"]
+    client_rate_limit: int = DEFAULTS["client_rate_limit"]
+    client_max_concurrent_sampling: int = DEFAULTS["client_max_concurrent_sampling"]
+    budget_tokens: tuple[Allowance, ...] = DEFAULTS["budget_tokens"]
+    client_budget_tokens: tuple[Allowance, ...] = DEFAULTS["client_budget_tokens"]
+    session_budget_tokens: tuple[Allowance, ...] = DEFAULTS["session_budget_tokens"]
     audit_log: str | None = DEFAULTS["audit_log"]
     audit_content: bool = DEFAULTS["audit_content"]
     prompt_cache: bool = DEFAULTS["prompt_cache"]

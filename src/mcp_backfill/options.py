@@ -17,7 +17,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 from mcp_backfill.errors import ConfigError
 
@@ -94,6 +94,45 @@ def split_list(value: str | Sequence[str]) -> tuple[str, ...]:
     """Comma-separated lists (flags or env) -> tuple of stripped, non-empty items."""
     items = value.split(",") if isinstance(value, str) else value
     return tuple(item.strip() for item in items if item.strip())
+
+
+BUDGET_WINDOWS: Mapping[str, int] = {"hour": 3600, "day": 86_400, "week": 604_800}
+"""The windows a budget may be given per, in seconds; windows are aligned to UTC (a day starts at
+00:00 UTC, a week on Thursday, as the Unix epoch did)."""
+
+
+class Allowance(NamedTuple):
+    """Tokens a payer may spend: over its lifetime (`window` None), or in each window."""
+
+    tokens: int
+    window: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.tokens} tokens" + (f" per {self.window}" if self.window else "")
+
+
+def budget(raw: str) -> tuple[Allowance, ...]:
+    """`2000000` (a lifetime), `100000/day` (per window), or several, comma-separated; `0`: none."""
+    allowances: list[Allowance] = []
+    for part in split_list(raw):
+        amount, slash, per = part.partition("/")
+        window = per.strip().lower() if slash else None
+        try:
+            tokens = int(amount.strip().replace("_", ""))
+        except ValueError:
+            tokens = -1
+        if tokens < 0 or (window is not None and window not in BUDGET_WINDOWS):
+            raise ValueError(
+                f"expected tokens, optionally per {', '.join(BUDGET_WINDOWS)}, e.g. 2000000 or "
+                "100000/day or both, comma-separated"
+            )
+        if any(each.window == window for each in allowances):
+            raise ValueError(f"two budgets {'per ' + window if window else 'for the lifetime'}")
+        if tokens > 0:
+            allowances.append(Allowance(tokens, window))
+        elif window is not None:
+            raise ValueError("a budget per window must be more than 0 tokens")
+    return tuple(allowances)
 
 
 def parse_header(line: str) -> tuple[str, str]:
@@ -305,7 +344,7 @@ def _words(option: Option) -> str | None:
     if value is None or value == ():
         return None
     if isinstance(value, tuple):
-        return ",".join(value)
+        return ",".join(str(item) for item in value)
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
@@ -407,6 +446,15 @@ OPTIONS: tuple[Option, ...] = (
         metavar="LIST",
     ),
     Option(
+        "allow_model_upgrade",
+        "--allow-model-upgrade",
+        False,
+        "let a server's modelPreferences pick an allowed model of a pricier family than --model "
+        "(opus over sonnet over haiku); without it they can only pick the same family or a cheaper one",
+        "let `modelPreferences` pick a pricier family than `--model` ([models](#models))",
+        kind="switch",
+    ),
+    Option(
         "max_tokens_cap",
         "--max-tokens-cap",
         16384,
@@ -488,25 +536,64 @@ OPTIONS: tuple[Option, ...] = (
         metavar="N",
     ),
     Option(
-        "budget_tokens",
-        "--budget-tokens",
+        "client_rate_limit",
+        "--client-rate-limit",
         0,
-        "input+output tokens this process may spend; then sampling is refused",
-        "tokens the whole process may spend",
+        "sampling requests per minute for each client identity (serve); 0 = half of --rate-limit when "
+        "clients are told apart (named tokens, forwarded Authorization), else --rate-limit",
+        "sampling requests per minute for one client identity; `0` = half of `--rate-limit` when "
+        "clients are told apart, else `--rate-limit` ([identities](#who-pays))",
         parse=whole_number,
         checks=(at_least(0),),
         metavar="N",
+        command="serve",
+    ),
+    Option(
+        "client_max_concurrent_sampling",
+        "--client-max-concurrent-sampling",
+        0,
+        "Claude calls in flight at once for each client identity (serve); 0 = half of "
+        "--max-concurrent-sampling (rounded up) when clients are told apart, else all of it",
+        "Claude calls in flight at once for one client identity; `0` = half of "
+        "`--max-concurrent-sampling` (rounded up) when clients are told apart, else all of it",
+        parse=whole_number,
+        checks=(at_least(0),),
+        metavar="N",
+        command="serve",
+    ),
+    Option(
+        "budget_tokens",
+        "--budget-tokens",
+        (),
+        "tokens this process may spend, e.g. 2000000 (lifetime), 100000/day (per UTC hour, day or "
+        "week) or both comma-separated; then sampling is refused",
+        "tokens the whole process may spend: `N` (lifetime), `N/hour`, `N/day`, `N/week`, or several "
+        "comma-separated ([budgets](#budgets))",
+        parse=budget,
+        metavar="BUDGET",
+        default_note="no limit",
+    ),
+    Option(
+        "client_budget_tokens",
+        "--client-budget-tokens",
+        (),
+        "tokens each client identity may spend (serve), in the same form as --budget-tokens; new "
+        "sessions of a client never reset it",
+        "tokens one client identity may spend, in the form of `--budget-tokens`",
+        parse=budget,
+        metavar="BUDGET",
+        command="serve",
         default_note="no limit",
     ),
     Option(
         "session_budget_tokens",
         "--session-budget-tokens",
-        5_000_000,
-        "input+output tokens one client session may spend; then sampling is refused; 0 = no limit",
-        "tokens one client session may spend; `0` = no limit",
-        parse=whole_number,
-        checks=(at_least(0),),
-        metavar="N",
+        (Allowance(5_000_000),),
+        "tokens one client session may spend, in the same form as --budget-tokens; 0 = no limit",
+        "tokens one client session may spend, in the form of `--budget-tokens`; `0` = no limit",
+        parse=budget,
+        metavar="BUDGET",
+        default_text="5000000",
     ),
     Option(
         "audit_log",

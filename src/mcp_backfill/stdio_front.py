@@ -55,7 +55,17 @@ async def run_stdio_proxy(config: Config) -> int:
             log.info("relaying", extra={**about, "mode": config.mode, "provider": config.provider})
             session = sampler.spend.new_session("stdio")
             status = await relay_session(config, sampler, session, client, upstream)
-            log.info("sampling spend", extra={"spend": sampler.spend.snapshot(), **session.snapshot()})
+            budget = sampler.spend.budget
+            if budget.exchanges or sampler.spend.refused:
+                log.info(
+                    "sampling spend",
+                    extra={
+                        "tokens_charged": budget.used,
+                        "calls": budget.exchanges,
+                        "refused": sampler.spend.refused,
+                        **budget.tokens,
+                    },
+                )
             return status
     finally:
         await sampler.provider.aclose()

@@ -43,7 +43,7 @@ async def test_lines_are_written_while_running_and_flushed_one_by_one(tmp_path: 
                 break
         assert len(lines(path)) == 2
         refused = AuditRecord(request_id="r-2", session="stdio")
-        refused.fail(-32602, f"too many messages {SECRET}", {"limit": "max_messages"})
+        refused.fail(-32602, f"too many messages {SECRET}", {"limit": "max_messages"}, "refused")
         audit.record(refused)
         cancelled = AuditRecord(request_id=9, session=None)
         cancelled.cancelled = True
@@ -56,7 +56,7 @@ async def test_lines_are_written_while_running_and_flushed_one_by_one(tmp_path: 
         "claude-x",
         2,
         "end_turn",
-        "ok",
+        "answered",
     )
     assert first["usage"] == {"input_tokens": 3, "output_tokens": 4}
     assert isinstance(first["latency_ms"], int)
@@ -64,7 +64,7 @@ async def test_lines_are_written_while_running_and_flushed_one_by_one(tmp_path: 
     datetime.fromisoformat(first["ts"].replace("Z", "+00:00"))
     assert "params" not in first
     assert "result" not in first
-    assert second["outcome"] == "error"
+    assert (second["outcome"], second["charged"], second["calls"]) == ("refused", None, 0)
     assert second["error"] == {"code": -32602, "message": "too many messages ***", "limit": "max_messages"}
     assert third["outcome"] == "cancelled"
     assert SECRET not in path.read_text()

@@ -7,7 +7,7 @@ import pytest
 from mcp_backfill.cli import parse_config
 from mcp_backfill.config import Secret, upstream_environment
 from mcp_backfill.errors import ConfigError
-from mcp_backfill.options import DEFAULTS
+from mcp_backfill.options import DEFAULTS, Allowance
 
 KEY = {"ANTHROPIC_API_KEY": "sk-ant-unit-secret"}
 
@@ -97,7 +97,13 @@ def test_limits_budgets_and_audit_defaults() -> None:
     )
     assert (config.max_tools, config.max_tool_calls) == (128, 16)
     assert (config.rate_limit, config.max_concurrent_sampling) == (600, 4)
-    assert (config.budget_tokens, config.session_budget_tokens) == (0, 5_000_000)
+    assert (config.budget_tokens, config.session_budget_tokens) == ((), (Allowance(5_000_000),))
+    assert (config.client_budget_tokens, config.client_rate_limit, config.client_max_concurrent_sampling) == (
+        (),
+        0,
+        0,
+    )
+    assert config.allow_model_upgrade is False
     assert (config.audit_log, config.audit_content, config.prompt_cache) == (None, False, True)
 
 
@@ -111,8 +117,6 @@ def test_limits_budgets_and_audit_defaults() -> None:
         ("--max-tool-calls", "max_tool_calls", 2),
         ("--rate-limit", "rate_limit", 0),
         ("--max-concurrent-sampling", "max_concurrent_sampling", 1),
-        ("--budget-tokens", "budget_tokens", 1000),
-        ("--session-budget-tokens", "session_budget_tokens", 0),
     ],
 )
 def test_each_limit_has_a_flag_and_an_environment_variable(flag: str, field: str, value: int) -> None:
@@ -120,6 +124,23 @@ def test_each_limit_has_a_flag_and_an_environment_variable(flag: str, field: str
     assert getattr(from_flag, field) == value
     env = KEY | {"MCP_BACKFILL_" + flag[2:].replace("-", "_").upper(): str(value)}
     assert getattr(parse_config(["--", "s"], env), field) == value
+
+
+@pytest.mark.parametrize(
+    ("flag", "field", "serve"),
+    [
+        ("--budget-tokens", "budget_tokens", False),
+        ("--session-budget-tokens", "session_budget_tokens", False),
+        ("--client-budget-tokens", "client_budget_tokens", True),
+    ],
+)
+def test_each_budget_has_a_flag_and_an_environment_variable(flag: str, field: str, serve: bool) -> None:
+    command = ["serve"] if serve else []
+    expected = (Allowance(2000), Allowance(100, "day"))
+    assert getattr(parse_config([*command, flag, "2000,100/day", "--", "s"], KEY), field) == expected
+    env = KEY | {"MCP_BACKFILL_" + flag[2:].replace("-", "_").upper(): "2000, 100/day"}
+    assert getattr(parse_config([*command, "--", "s"], env), field) == expected
+    assert getattr(parse_config([*command, flag, "0", "--", "s"], KEY), field) == ()
 
 
 def test_boolean_switches_from_flags_and_environment() -> None:
@@ -141,7 +162,8 @@ def test_boolean_switches_from_flags_and_environment() -> None:
         (["--max-messages", "0", "--", "s"], KEY, "--max-messages must be at least 1"),
         (["--max-tool-calls", "0", "--", "s"], KEY, "--max-tool-calls must be at least 1"),
         (["--max-concurrent-sampling", "0", "--", "s"], KEY, "--max-concurrent-sampling"),
-        (["--budget-tokens", "-5", "--", "s"], KEY, "--budget-tokens must be at least 0"),
+        (["--budget-tokens", "-5", "--", "s"], KEY, "--budget-tokens / MCP_BACKFILL_BUDGET_TOKENS: invalid"),
+        (["serve", "--client-budget-tokens", "9/month", "--", "s"], KEY, "N/hour|per hour, day, week"),
         (["--rate-limit", "fast", "--", "s"], KEY, "--rate-limit"),
         (["--audit-content", "--", "s"], KEY, "--audit-content needs --audit-log"),
         (["--", "s"], KEY | {"MCP_BACKFILL_AUDIT_CONTENT": "maybe"}, "MCP_BACKFILL_AUDIT_CONTENT"),

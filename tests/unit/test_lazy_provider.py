@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from mcp_backfill.providers.lazy import LazyProvider
-from mcp_backfill.sampling.provider import ProgressCallback, Provider
+from mcp_backfill.sampling.provider import ProgressCallback, Provider, UsageMeter
 
 pytestmark = pytest.mark.anyio
 
@@ -20,7 +20,11 @@ class Echo:
         self.closed = False
 
     async def create_message(
-        self, request: dict[str, Any], *, on_progress: ProgressCallback | None = None
+        self,
+        request: dict[str, Any],
+        *,
+        on_progress: ProgressCallback | None = None,
+        meter: UsageMeter | None = None,
     ) -> dict[str, Any]:
         return {"echo": request}
 

@@ -19,7 +19,7 @@ from mcp_backfill import assembly, protocol
 from mcp_backfill.config import Config
 from mcp_backfill.providers.mock import MockProvider
 from mcp_backfill.relay import Relay
-from mcp_backfill.sampling.provider import ProgressCallback
+from mcp_backfill.sampling.provider import ProgressCallback, UsageMeter
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.sampling.spend import Spend
 
@@ -91,7 +91,11 @@ class GatedProvider(MockProvider):
         self.cancelled = False
 
     async def create_message(
-        self, request: dict[str, Any], *, on_progress: ProgressCallback | None = None
+        self,
+        request: dict[str, Any],
+        *,
+        on_progress: ProgressCallback | None = None,
+        meter: UsageMeter | None = None,
     ) -> dict[str, Any]:
         self.started.set()
         try:
@@ -99,7 +103,7 @@ class GatedProvider(MockProvider):
         except anyio.get_cancelled_exc_class():
             self.cancelled = True
             raise
-        return await super().create_message(request, on_progress=on_progress)
+        return await super().create_message(request, on_progress=on_progress, meter=meter)
 
 
 @dataclass

@@ -15,7 +15,7 @@ import pytest
 from mcp_backfill.errors import ProviderError, SamplingError
 from mcp_backfill.protocol import INVALID_PARAMS
 from mcp_backfill.providers.retry import RetryingProvider
-from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress
+from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress, UsageMeter
 from tests.defaults import RETRY
 
 pytestmark = pytest.mark.anyio
@@ -44,7 +44,11 @@ class Scripted:
         self.calls = 0
 
     async def create_message(
-        self, request: dict[str, Any], *, on_progress: ProgressCallback | None = None
+        self,
+        request: dict[str, Any],
+        *,
+        on_progress: ProgressCallback | None = None,
+        meter: UsageMeter | None = None,
     ) -> dict[str, Any]:
         outcome = self.outcomes[min(self.calls, len(self.outcomes) - 1)]
         self.calls += 1
@@ -184,7 +188,11 @@ async def test_an_attempt_still_running_at_the_deadline_is_cancelled() -> None:
         name = "fake"
 
         async def create_message(
-            self, request: dict[str, Any], *, on_progress: ProgressCallback | None = None
+            self,
+            request: dict[str, Any],
+            *,
+            on_progress: ProgressCallback | None = None,
+            meter: UsageMeter | None = None,
         ) -> dict[str, Any]:
             return dict(await hang())
 

@@ -1,8 +1,10 @@
-"""Budget arithmetic, the sliding rate-limit window and the concurrency slots."""
+"""The spend ledger: budgets and their windows, reservations, what a call is charged however it
+ended, the sliding rate-limit windows and the concurrency slots, per process, client and session."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -10,10 +12,14 @@ import pytest
 
 from mcp_backfill.errors import SamplingError
 from mcp_backfill.protocol import INTERNAL_ERROR
+from mcp_backfill.options import Allowance, budget
 from mcp_backfill.sampling.spend import (
+    Budget,
+    Charge,
     RateLimiter,
+    Reservation,
+    SamplingSession,
     Spend,
-    TokenBudget,
     normalize_usage,
 )
 from tests.defaults import SPEND
@@ -35,25 +41,30 @@ def test_normalize_usage_keeps_the_four_counters_as_ints() -> None:
     assert normalize_usage({"input_tokens": True, "output_tokens": -3}) == usage()
 
 
+def budget_of(*allowances: Allowance, clock: Callable[[], float] = lambda: 1000.0) -> Budget:
+    return Budget(allowances, "process token budget", "--budget-tokens", clock)
+
+
 def test_a_budget_counts_input_cache_and_output_tokens() -> None:
-    budget = TokenBudget(100, "process token budget", "--budget-tokens")
+    budget = budget_of(Allowance(100))
     budget.charge(usage(10, 5, 20, 30))
-    assert (budget.used, budget.remaining, budget.exhausted) == (65, 35, False)
+    assert (budget.used, budget.remaining, budget.has_room()) == (65, 35, True)
     budget.check()
     budget.charge(usage(40))  # crosses the limit: the request that did it is not undone
-    assert (budget.used, budget.remaining, budget.exhausted) == (105, 0, True)
+    assert (budget.used, budget.remaining, budget.has_room()) == (105, 0, False)
     snapshot = budget.snapshot()
     assert snapshot["exchanges"] == 2
     assert snapshot["cache_read_input_tokens"] == 30
+    assert snapshot["limits"] == ["100 tokens"]
 
 
 def test_an_exhausted_budget_refuses_with_its_option() -> None:
-    budget = TokenBudget(10, "session token budget", "--session-budget-tokens")
+    budget = Budget([Allowance(10)], "session token budget", "--session-budget-tokens")
     budget.charge(usage(10))
     with pytest.raises(SamplingError) as caught:
         budget.check()
     assert caught.value.code == INTERNAL_ERROR
-    assert "session token budget is exhausted" in caught.value.message
+    assert "session token budget is exhausted: 10 of 10 tokens used" in caught.value.message
     assert "--session-budget-tokens" in caught.value.message
     assert "MCP_BACKFILL_SESSION_BUDGET_TOKENS" in caught.value.message
     assert caught.value.data == {
@@ -61,15 +72,115 @@ def test_an_exhausted_budget_refuses_with_its_option() -> None:
         "option": "--session-budget-tokens",
         "max": 10,
         "used": 10,
+        "reserved": 0,
         "remaining": 0,
     }
 
 
-def test_an_unlimited_budget_only_counts() -> None:
-    budget = TokenBudget(None, "process token budget", "--budget-tokens")
+def test_a_budget_without_allowances_only_counts() -> None:
+    budget = budget_of()
     budget.charge(usage(10**9))
     budget.check()
-    assert (budget.remaining, budget.exhausted) == (None, False)
+    assert (budget.remaining, budget.has_room()) == (None, True)
+
+
+def test_reservations_of_calls_in_flight_count_against_a_budget() -> None:
+    budget = budget_of(Allowance(100))
+    budget.charge(usage(40))
+    budget.reserved = 59
+    budget.check()  # one token is neither used nor reserved: one more call may start
+    budget.reserved = 60
+    with pytest.raises(SamplingError) as caught:
+        budget.check()
+    assert "60 more reserved by calls in flight" in caught.value.message
+
+
+def test_a_window_budget_starts_again_in_the_next_utc_window_and_says_when() -> None:
+    clock = Clock()
+    clock.now = 86_400 * 20_000 + 3600.0  # 01:00 UTC
+    budget = budget_of(Allowance(1000), Allowance(100, "day"), clock=clock)
+    budget.charge(usage(100))
+    with pytest.raises(SamplingError) as caught:
+        budget.check()
+    assert caught.value.data is not None
+    assert caught.value.data["window"] == "day"
+    assert caught.value.data["retryAfterSeconds"] == 23 * 3600
+    assert caught.value.data["resetsAt"].endswith("T00:00:00Z")
+    assert "100 of 100 tokens per day used this day" in caught.value.message
+    clock.now += 23 * 3600  # midnight UTC: a new day
+    budget.check()
+    assert budget.remaining == 100
+    budget.charge(usage(950))  # the lifetime allowance still counts everything
+    with pytest.raises(SamplingError, match="1050 of 1000 tokens used;"):
+        budget.check()
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("0", ()),
+        ("2000000", (Allowance(2_000_000),)),
+        ("100000/day", (Allowance(100_000, "day"),)),
+        (
+            "2_000_000, 100000/Day,5000/hour",
+            (Allowance(2_000_000), Allowance(100_000, "day"), Allowance(5000, "hour")),
+        ),
+    ],
+)
+def test_budget_values(raw: str, expected: tuple[Allowance, ...]) -> None:
+    assert budget(raw) == expected
+
+
+@pytest.mark.parametrize("raw", ["-1", "lots", "5/month", "0/day", "5/day,6/day", "5,6"])
+def test_budget_values_that_are_refused(raw: str) -> None:
+    with pytest.raises(ValueError):
+        budget(raw)
+
+
+RESERVATION = Reservation(input_tokens=100, output_tokens=1000)
+
+
+def charged(*steps: Callable[[Charge], None]) -> dict[str, int]:
+    charge = Charge(RESERVATION)
+    for step in steps:
+        step(charge)
+    return charge.cost()
+
+
+def attempt(charge: Charge) -> None:
+    charge.begin_attempt()
+
+
+def test_a_complete_call_is_charged_what_claude_reported() -> None:
+    final = usage(10, 20, 30, 40)
+    assert charged(attempt, lambda c: c.report(usage(10, 1)), lambda c: c.report(final, final=True)) == final
+
+
+def test_a_call_that_ended_early_is_charged_its_input_and_its_whole_output_reservation() -> None:
+    assert charged(attempt, lambda c: c.report(usage(10, 1, 5))) == usage(10, 1000, 5)
+    # Claude reported more output than was reserved (it cannot, but the report wins if it did).
+    assert charged(attempt, lambda c: c.report(usage(10, 1500))) == usage(10, 1500)
+
+
+def test_a_call_nothing_was_heard_of_is_charged_its_whole_reservation() -> None:
+    assert charged(attempt) == usage(100, 1000)
+
+
+def test_a_call_the_api_refused_or_never_reached_costs_nothing() -> None:
+    assert charged(attempt, lambda c: c.not_billed()) == usage()
+    assert charged() == usage()  # no attempt was made at all
+
+
+def test_every_attempt_is_charged() -> None:
+    assert charged(
+        attempt,
+        lambda c: c.not_billed(),  # a 529
+        attempt,
+        lambda c: c.report(usage(10, 2)),  # a broken stream
+        attempt,  # a timeout before any answer
+        attempt,
+        lambda c: c.report(usage(10, 50), final=True),
+    ) == usage(10 + 100 + 10, 1000 + 1000 + 50)
 
 
 class Clock:
@@ -105,23 +216,114 @@ def test_rate_limit_zero_is_off() -> None:
         limiter.acquire()
 
 
+async def spend_on(spend: Spend, session: SamplingSession | None, cost: dict[str, int]) -> None:
+    """One admitted request whose one call Claude answered with usage `cost`."""
+    async with spend.admit(session) as ticket:
+        with ticket.call(Reservation(0, 0)) as charge:
+            charge.begin_attempt()
+            charge.report(cost, final=True)
+
+
 @pytest.mark.anyio
-async def test_admission_checks_process_and_session_budgets() -> None:
-    spend = Spend(replace(SPEND, rate_limit=0, budget_tokens=100, session_budget_tokens=30))
-    first, second = spend.new_session("a"), spend.new_session("b")
-    async with spend.admit(first):
-        pass
-    spend.charge(usage(30), first)
+async def test_admission_checks_process_client_and_session_budgets() -> None:
+    spend = Spend(
+        replace(
+            SPEND,
+            rate_limit=0,
+            budget=(Allowance(100),),
+            session_budget=(Allowance(30),),
+            client_budget=(Allowance(60),),
+        )
+    )
+    first, second = spend.new_session("a", client="alice"), spend.new_session("b", client="alice")
+    await spend_on(spend, first, usage(30))
     with pytest.raises(SamplingError, match="--session-budget-tokens"):
-        async with spend.admit(first):
-            pass
-    async with spend.admit(second):  # another session still has its own budget
-        pass
-    spend.charge(usage(70), second)
+        await spend_on(spend, first, usage(1))
+    await spend_on(spend, second, usage(30))  # another session of hers has its own budget...
+    with pytest.raises(SamplingError, match="token budget of client 'alice' is exhausted"):
+        await spend_on(spend, spend.new_session("c", client="alice"), usage(1))  # ...not a new client's
+    await spend_on(spend, spend.new_session("d", client="bob"), usage(40))
     with pytest.raises(SamplingError, match="--budget-tokens"):
-        async with spend.admit(spend.new_session("c")):
+        await spend_on(spend, spend.new_session("e", client="carol"), usage(1))
+    snapshot = spend.snapshot()
+    assert snapshot["budget"]["used"] == 100
+    assert {name: each["budget"]["used"] for name, each in snapshot["clients"].items()} == {
+        "alice": 60,
+        "bob": 40,
+        "carol": 0,
+    }
+
+
+@pytest.mark.anyio
+async def test_concurrent_requests_cannot_pile_onto_the_last_tokens() -> None:
+    spend = Spend(replace(SPEND, rate_limit=0, max_concurrent=10, budget=(Allowance(1000),)))
+    async with spend.admit(None) as ticket:
+        with ticket.call(Reservation(100, 900)) as charge:
+            charge.begin_attempt()
+            assert spend.budget.reserved == 1000
+            with pytest.raises(SamplingError, match="1000 more reserved by calls in flight"):
+                async with spend.admit(None):
+                    pass
+    assert spend.budget.reserved == 0
+    assert spend.budget.used == 1000  # nothing was reported: the whole reservation was charged
+
+
+@pytest.mark.anyio
+async def test_a_call_cancelled_in_flight_is_still_charged() -> None:
+    spend = Spend(replace(SPEND, rate_limit=0))
+    session = spend.new_session("s")
+    with anyio.CancelScope() as scope:
+        async with spend.admit(session) as ticket:
+            with ticket.call(Reservation(100, 900)) as charge:
+                charge.begin_attempt()
+                charge.report(usage(70, 1))  # message_start arrived, then the server cancelled
+                scope.cancel()
+                await anyio.sleep(1)
+    assert ticket.charged == usage(70, 900)
+    assert (spend.budget.used, session.budget.used, spend.budget.reserved) == (970, 970, 0)
+
+
+@pytest.mark.anyio
+async def test_one_client_cannot_take_every_slot() -> None:
+    spend = Spend(replace(SPEND, rate_limit=0, max_concurrent=4, client_max_concurrent=2))
+    alice = spend.new_session("a", client="alice")
+    release = anyio.Event()
+    entered: list[str] = []
+
+    async def call(session: SamplingSession) -> None:
+        async with spend.admit(session):
+            entered.append(session.client)
+            await release.wait()
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(5):
+            tg.start_soon(call, alice)
+        await anyio.wait_all_tasks_blocked()
+        assert entered == ["alice", "alice"]
+        tg.start_soon(call, spend.new_session("b", client="bob"))
+        await anyio.wait_all_tasks_blocked()
+        assert entered == ["alice", "alice", "bob"]
+        assert spend.snapshot()["concurrency"] == {"limit": 4, "in_flight": 3, "waiting": 0}
+        release.set()
+    assert len(entered) == 6
+
+
+@pytest.mark.anyio
+async def test_a_clients_rate_limit_is_its_own_and_a_refusal_counts_nowhere() -> None:
+    spend = Spend(replace(SPEND, rate_limit=3, client_rate_limit=2))
+    alice, bob = spend.new_session("a", client="alice"), spend.new_session("b", client="bob")
+    for _ in range(2):
+        async with spend.admit(alice):
             pass
-    assert spend.snapshot()["budget"]["used"] == 100
+    with pytest.raises(SamplingError, match="rate limit of client 'alice' reached.*--client-rate-limit"):
+        async with spend.admit(alice):
+            pass
+    assert spend.process.rate.in_window() == 2
+    async with spend.admit(bob):
+        pass
+    with pytest.raises(SamplingError, match="--rate-limit"):
+        async with spend.admit(bob):
+            pass
 
 
 @pytest.mark.anyio
@@ -151,16 +353,17 @@ async def test_excess_requests_wait_for_a_slot_instead_of_failing() -> None:
 
 @pytest.mark.anyio
 async def test_a_budget_used_up_while_waiting_refuses_after_the_wait() -> None:
-    spend = Spend(replace(SPEND, rate_limit=0, max_concurrent=1, budget_tokens=10))
+    spend = Spend(replace(SPEND, rate_limit=0, max_concurrent=1, budget=(Allowance(10),)))
     refused: list[str] = []
     holding = anyio.Event()
     finish = anyio.Event()
 
     async def first() -> None:
-        async with spend.admit(None):
+        async with spend.admit(None) as ticket:
             holding.set()
             await finish.wait()
-            spend.charge(usage(10), None)
+            with ticket.call(Reservation(10, 0)) as charge:
+                charge.begin_attempt()  # and nothing heard: the reservation is charged
 
     async def second() -> None:
         try:

@@ -20,7 +20,7 @@ import httpx2
 from mcp_backfill.errors import ProviderError
 from mcp_backfill.logs import Redactor
 from mcp_backfill.protocol import INTERNAL_ERROR, INVALID_PARAMS
-from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress
+from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress, UsageMeter
 
 # Statuses that mean "this request is wrong", so the server, not the operator, must act.
 REQUEST_FAULT_STATUSES = frozenset({400, 413, 422})
@@ -42,6 +42,9 @@ RETRYABLE_STREAM_ERRORS = frozenset(
     }
 )
 
+# Failures that mean the request never reached the API (no connection was made): not billed.
+NEVER_SENT = (httpx2.ConnectError, httpx2.ConnectTimeout)
+
 AnyClient = anthropic.AsyncAnthropic | anthropic.AsyncAnthropicBedrock | anthropic.AsyncAnthropicVertex
 
 
@@ -62,11 +65,17 @@ class AnthropicProvider:
         self._redact = Redactor(secrets).redact
 
     async def create_message(
-        self, request: dict[str, Any], *, on_progress: ProgressCallback | None = None
+        self,
+        request: dict[str, Any],
+        *,
+        on_progress: ProgressCallback | None = None,
+        meter: UsageMeter | None = None,
     ) -> dict[str, Any]:
         request = {**request, "model": self._model_id(str(request.get("model", "")))}
+        meter = meter or _UNMETERED
         request_id: str | None = None
         streaming = False  # a response has started: what goes wrong now is the stream's fault
+        meter.begin_attempt()
         try:
             async with self._client.messages.stream(**request) as stream:
                 streaming = True
@@ -77,6 +86,9 @@ class AnthropicProvider:
                         characters += _delta_length(event.delta)
                         if on_progress is not None:
                             await on_progress(StreamProgress(characters))
+                    elif event.type in ("message_start", "message_delta"):
+                        # The usage so far (the SDK has folded this event into its snapshot).
+                        meter.report(stream.current_message_snapshot.usage.model_dump(exclude_none=True))
                     elif event.type == "message_stop":
                         completed = True
                 if not completed:
@@ -90,10 +102,16 @@ class AnthropicProvider:
         except ProviderError:
             raise
         except anthropic.APIStatusError as exc:
+            if exc.response.status_code >= 400:  # refused before any message: nothing is billed
+                meter.not_billed()
             raise self._status_error(exc) from None
-        except anthropic.APITimeoutError:
+        except anthropic.APITimeoutError as exc:
+            if isinstance(exc.__cause__, NEVER_SENT):
+                meter.not_billed()
             raise self._error("Claude API request timed out", "timeout", request_id, retryable=True) from None
         except anthropic.APIConnectionError as exc:
+            if isinstance(exc.__cause__, NEVER_SENT):
+                meter.not_billed()
             raise self._error(
                 f"Claude API unreachable: {self._redact(str(exc.__cause__ or exc))}",
                 "connection_error",
@@ -119,6 +137,7 @@ class AnthropicProvider:
         except Exception as exc:  # e.g. no credentials found by boto3 / google-auth
             raise self._client_error(exc) from None
         result = message.model_dump(mode="json", exclude_none=True)
+        meter.report(result.get("usage") or {}, final=True)
         if request_id:
             result["request_id"] = request_id
         if on_progress is not None:
@@ -162,6 +181,22 @@ class AnthropicProvider:
 
     async def aclose(self) -> None:
         await self._client.close()
+
+
+class _Unmetered:
+    """The meter of a caller that does not count (a `UsageMeter` that ignores everything)."""
+
+    def begin_attempt(self) -> None:
+        pass
+
+    def report(self, usage: Mapping[str, int], *, final: bool = False) -> None:
+        pass
+
+    def not_billed(self) -> None:
+        pass
+
+
+_UNMETERED = _Unmetered()
 
 
 def _delta_length(delta: Any) -> int:

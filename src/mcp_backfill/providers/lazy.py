@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-from mcp_backfill.sampling.provider import ProgressCallback, Provider
+from mcp_backfill.sampling.provider import ProgressCallback, Provider, UsageMeter
 
 
 class LazyProvider:
@@ -29,10 +29,14 @@ class LazyProvider:
         return self._provider
 
     async def create_message(
-        self, request: dict[str, Any], *, on_progress: ProgressCallback | None = None
+        self,
+        request: dict[str, Any],
+        *,
+        on_progress: ProgressCallback | None = None,
+        meter: UsageMeter | None = None,
     ) -> dict[str, Any]:
         provider = self._provider if self._provider is not None else await self._get()
-        return await provider.create_message(request, on_progress=on_progress)
+        return await provider.create_message(request, on_progress=on_progress, meter=meter)
 
     async def aclose(self) -> None:
         if self._provider is not None:

@@ -29,7 +29,7 @@ from typing import Any
 import anyio.lowlevel
 
 from mcp_backfill.errors import invalid_params
-from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress
+from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress, UsageMeter
 
 __all__ = ["MockProvider", "mock_message", "synthesize_arguments"]
 
@@ -64,10 +64,17 @@ class MockProvider:
     name = "mock"
 
     async def create_message(
-        self, request: dict[str, Any], *, on_progress: ProgressCallback | None = None
+        self,
+        request: dict[str, Any],
+        *,
+        on_progress: ProgressCallback | None = None,
+        meter: UsageMeter | None = None,
     ) -> dict[str, Any]:
         await anyio.lowlevel.checkpoint()  # a cancelled caller is honoured even here
         message = mock_message(request)
+        if meter is not None:  # nothing is billed, but the ledger counts what Claude would have
+            meter.begin_attempt()
+            meter.report(message["usage"], final=True)
         if on_progress is not None:  # the whole answer arrives at once: one final report
             characters = len(_dumps(message["content"]))
             output_tokens = message["usage"]["output_tokens"]

@@ -12,6 +12,9 @@ wrapped in `RetryingProvider` instead:
   or the server's `retry-after`, capped at max_delay;
 * the whole call, attempts and waits included, stays within `deadline` seconds: a wait that would
   end past it is not started, and an attempt still running at the deadline is cancelled.
+
+Every attempt reports to the caller's `UsageMeter` on its own, so a failed or cancelled attempt is
+charged as well as the one that succeeds.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import anyio
 
 from mcp_backfill.errors import ProviderError
 from mcp_backfill.logs import get_logger
-from mcp_backfill.sampling.provider import ProgressCallback, Provider, StreamProgress
+from mcp_backfill.sampling.provider import ProgressCallback, Provider, StreamProgress, UsageMeter
 
 log = get_logger("retry")
 
@@ -72,7 +75,11 @@ class RetryingProvider:
         self._rand = rand
 
     async def create_message(
-        self, request: dict[str, Any], *, on_progress: ProgressCallback | None = None
+        self,
+        request: dict[str, Any],
+        *,
+        on_progress: ProgressCallback | None = None,
+        meter: UsageMeter | None = None,
     ) -> dict[str, Any]:
         policy = self.policy
         deadline_at = self._clock() + policy.deadline if policy.deadline else math.inf
@@ -83,7 +90,7 @@ class RetryingProvider:
             with anyio.move_on_after(deadline_at - self._clock()) as scope:
                 try:
                     return await self.inner.create_message(
-                        request, on_progress=_numbered(on_progress, attempt)
+                        request, on_progress=_numbered(on_progress, attempt), meter=meter
                     )
                 except ProviderError as exc:
                     if not exc.retryable:

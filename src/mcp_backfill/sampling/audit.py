@@ -1,7 +1,9 @@
 """The audit log: one JSON line per sampling exchange, so a user can see what a server spent.
 
-A line holds who asked (session, upstream request id), what it cost (model, usage, latency) and how
-it ended (ok, or the JSON-RPC error, refusals by limits and budgets included). Message contents
+A line holds who asked (session, upstream request id), what it cost (model, the usage Claude
+reported for the answer, the tokens charged to the budgets for every call made, latency) and how it
+ended: answered, refused (by a limit, a budget or validation, before any call), failed, timed out
+or cancelled, with the JSON-RPC error when there is one. Message contents
 are left out unless `--audit-content` is given; known secrets are redacted from every line.
 
 The file is opened when the proxy starts (an unusable path is a `ConfigError` then, not a failure
@@ -18,12 +20,15 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import anyio
 
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.logs import Redactor, get_logger
+
+if TYPE_CHECKING:
+    from mcp_backfill.sampling.spend import Ticket
 
 __all__ = ["AuditLog", "AuditRecord"]
 
@@ -44,18 +49,34 @@ class AuditRecord:
     claude_request_id: str | None = None
     error: dict[str, Any] | None = None
     cancelled: bool = False
+    failure: str = "failed"
+    """How it ended when `error` is set: refused, failed or timed_out."""
+    ticket: Ticket | None = None
+    """The ledger's record of the request once it was admitted (what its calls were charged)."""
 
     @property
     def latency_ms(self) -> int:
         return round((time.monotonic() - self.started) * 1000)
 
     @property
+    def calls(self) -> int:
+        """Claude calls made for the request so far."""
+        return self.ticket.calls if self.ticket is not None else 0
+
+    @property
+    def charged(self) -> dict[str, int]:
+        """Tokens charged to the budgets for the request, by usage counter (empty: none)."""
+        return dict(self.ticket.charged) if self.ticket is not None else {}
+
+    @property
     def outcome(self) -> str:
+        """answered, refused, failed, timed_out or cancelled."""
         if self.cancelled:
             return "cancelled"
-        return "error" if self.error is not None else "ok"
+        return self.failure if self.error is not None else "answered"
 
-    def fail(self, code: int, message: str, data: Any = None) -> None:
+    def fail(self, code: int, message: str, data: Any = None, outcome: str = "failed") -> None:
+        self.failure = outcome
         self.error = {"code": code, "message": message}
         limit = data.get("limit") if isinstance(data, Mapping) else None
         if isinstance(limit, str):
@@ -70,6 +91,8 @@ class AuditRecord:
             "model": self.model,
             "tools": self.tools,
             "usage": self.usage,
+            "charged": self.charged or None,
+            "calls": self.calls,
             "latency_ms": self.latency_ms,
             "stop_reason": self.stop_reason,
             "outcome": self.outcome,

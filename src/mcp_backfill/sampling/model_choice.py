@@ -21,9 +21,21 @@ _HIGH_PRIORITY = 0.7
 _TOKEN_SPLIT_RE = re.compile(r"[^a-z0-9]+")
 
 
-def select_model(preferences: dict[str, Any] | None, *, allowed: Sequence[str], default: str) -> str:
-    """The model to call: the first hint that matches, else the priorities, else `default`."""
+def select_model(
+    preferences: dict[str, Any] | None,
+    *,
+    allowed: Sequence[str],
+    default: str,
+    allow_upgrade: bool = True,
+) -> str:
+    """The model to call: the first hint that matches, else the priorities, else `default`.
+
+    Without `allow_upgrade`, only models of the default's family or a cheaper one are candidates:
+    a server cannot make the operator pay for a pricier family than the one configured.
+    """
     candidates = list(dict.fromkeys(allowed)) or [default]
+    if not allow_upgrade:
+        candidates = [model for model in candidates if _tier(model) <= _tier(default)] or [default]
     prefs: Mapping[str, Any] = preferences if isinstance(preferences, Mapping) else {}
     for hint in _hint_names(prefs.get("hints")):
         chosen = _match_hint(hint, candidates, default)

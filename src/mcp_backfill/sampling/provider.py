@@ -6,7 +6,7 @@ in exactly one place (`sampling.convert`), whatever the backend.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,6 +30,25 @@ ProgressCallback = Callable[[StreamProgress], Awaitable[None]]
 """Called by a provider while a message streams; must be cheap (the stream waits for it)."""
 
 
+class UsageMeter(Protocol):
+    """Told what each attempt at a message may cost, as the provider learns it (see `spend.Charge`).
+
+    A provider calls `begin_attempt()` before it sends each request to Claude (a retry, or a
+    continued `pause_turn`, is another attempt), then `report()` with the attempt's usage so far,
+    cumulative, whenever the API reports it (Claude's `message_start` and `message_delta` events),
+    with `final=True` once the message is complete. `not_billed()` says the attempt certainly cost
+    nothing: the API answered it with an HTTP error status, or the request never left this machine
+    (the connection could not be made). An attempt about which nothing was said may have been billed
+    in full.
+    """
+
+    def begin_attempt(self) -> None: ...
+
+    def report(self, usage: Mapping[str, int], *, final: bool = False) -> None: ...
+
+    def not_billed(self) -> None: ...
+
+
 class Provider(Protocol):
     """A backend able to answer one Messages API request.
 
@@ -38,13 +57,18 @@ class Provider(Protocol):
     value is the final message as JSON (`id`, `type`, `role`, `model`, `content`, `stop_reason`,
     `stop_sequence`, `usage`, optionally `stop_details` and `request_id`). Failures raise
     `SamplingError` (`ProviderError` for API failures). `on_progress`, when given, is awaited as
-    the message streams. Cancelling the calling task must abort the underlying call promptly.
+    the message streams; `meter`, when given, hears what every attempt may cost. Cancelling the
+    calling task must abort the underlying call promptly.
     """
 
     name: str
 
     async def create_message(
-        self, request: dict[str, Any], *, on_progress: ProgressCallback | None = None
+        self,
+        request: dict[str, Any],
+        *,
+        on_progress: ProgressCallback | None = None,
+        meter: UsageMeter | None = None,
     ) -> dict[str, Any]: ...
 
     async def aclose(self) -> None: ...

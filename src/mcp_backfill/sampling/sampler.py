@@ -1,5 +1,6 @@
-"""One sampling request, end to end: limits -> validate and convert -> budgets, rate limit and a
-concurrency slot -> provider -> charge the budgets -> response limits -> convert back.
+"""One sampling request, end to end: limits -> validate and convert -> budgets, rate limits and
+concurrency slots -> provider, each call charged to the ledger however it ends -> response limits
+-> convert back.
 
 The sampler knows Claude's request shape and the provider interface, not MCP transports, so the
 relay for either protocol era (and any transport) can call it the same way. Every exchange is
@@ -8,21 +9,22 @@ logged and, with `--audit-log`, audited, whatever its outcome.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio
 
-from mcp_backfill.errors import SamplingError
+from mcp_backfill.errors import ProviderError, SamplingError
 from mcp_backfill.logs import get_logger
 from mcp_backfill.protocol import INTERNAL_ERROR
 from mcp_backfill.sampling.audit import AuditLog, AuditRecord
 from mcp_backfill.sampling.convert import ConversionOptions, to_claude_request, to_mcp_result
+from mcp_backfill.sampling.estimate import reservation_for
 from mcp_backfill.sampling.limits import RequestLimits, check_request, check_response
 from mcp_backfill.sampling.model_choice import select_model
 from mcp_backfill.sampling.provider import ProgressCallback, Provider
-from mcp_backfill.sampling.spend import SamplingSession, Spend, normalize_usage
+from mcp_backfill.sampling.spend import SamplingSession, Spend, Ticket, normalize_usage
 
 log = get_logger("sampler")
 
@@ -38,27 +40,24 @@ class SamplerSettings:
     default_model: str
     allowed_models: Sequence[str]
     limits: RequestLimits
+    allow_model_upgrade: bool = False
+    """May `modelPreferences` pick a pricier family than `default_model`?"""
 
 
 class SamplingObserver(Protocol):
-    """Told once per answered or refused sampling request (e.g. to keep metrics)."""
+    """Told once per sampling request, whatever its outcome (e.g. to keep metrics); `tokens` are
+    what was charged to the budgets for it, by usage counter."""
 
     def sampling_done(
-        self,
-        *,
-        outcome: str,
-        model: str,
-        latency: float,
-        input_tokens: int | None = None,
-        output_tokens: int | None = None,
+        self, *, outcome: str, model: str, latency: float, tokens: Mapping[str, int]
     ) -> None: ...
 
 
 class Sampler:
     """Answers `sampling/createMessage` params with a `CreateMessageResult` (wire JSON).
 
-    Every exchange, answered or refused, is logged (with the remaining budgets) and written to the
-    audit log when there is one.
+    Every exchange, whatever its outcome, is logged (with what it was charged and the remaining
+    budgets) and written to the audit log when there is one.
     """
 
     def __init__(
@@ -90,15 +89,18 @@ class Sampler:
         try:
             result = await self._answer(params, exchange, session, progress)
             return result
+        except ProviderError as exc:
+            exchange.fail(exc.code, exc.message, exc.data, _provider_outcome(exc))
+            raise
         except SamplingError as exc:
-            exchange.fail(exc.code, exc.message, exc.data)
+            exchange.fail(exc.code, exc.message, exc.data, "refused" if not exchange.calls else "failed")
             self.spend.note_refusal(exc)
             raise
         except anyio.get_cancelled_exc_class():
             exchange.cancelled = True
             raise
         except Exception:
-            exchange.fail(INTERNAL_ERROR, "Internal error in mcp-backfill while sampling")
+            exchange.fail(INTERNAL_ERROR, "Internal error in mcp-backfill while sampling", None, "failed")
             raise
         finally:
             self._report(exchange, session, params, result)
@@ -110,29 +112,28 @@ class Sampler:
         session: SamplingSession | None,
         progress: ProgressCallback | None,
     ) -> dict[str, Any]:
-        """Limits -> conversion -> budgets, rate and a slot -> Claude -> charge -> limits -> MCP."""
+        """Limits -> conversion -> budgets, rates and slots -> Claude (charged) -> limits -> MCP."""
         check_request(params, self.settings.limits)
         claude_request = to_claude_request(params, self.settings.conversion)
         model = select_model(
             params.get("modelPreferences"),
             allowed=self.settings.allowed_models,
             default=self.settings.default_model,
+            allow_upgrade=self.settings.allow_model_upgrade,
         )
         exchange.model = model
         exchange.tools = len(claude_request.kwargs.get("tools", ()))
-        async with self.spend.admit(session):
-            message = await self._create(dict(claude_request.kwargs, model=model), progress)
-        self._charge(message, exchange, session)
+        async with self.spend.admit(session) as ticket:
+            exchange.ticket = ticket
+            message = await self._create(ticket, dict(claude_request.kwargs, model=model), progress)
+        self._note_answer(message, exchange)
         check_response(message, self.settings.limits)
         return to_mcp_result(message, claude_request)
 
-    def _charge(
-        self, message: dict[str, Any], exchange: AuditRecord, session: SamplingSession | None
-    ) -> None:
-        """Charge the budgets with what Claude reports; the result `_meta` gets all four counters."""
+    def _note_answer(self, message: dict[str, Any], exchange: AuditRecord) -> None:
+        """What Claude reported for its answer; the result `_meta` gets all four usage counters."""
         usage = normalize_usage(message.get("usage"))
         message["usage"] = {**(message.get("usage") or {}), **usage}
-        self.spend.charge(usage, session)
         exchange.usage = usage
         exchange.model = message.get("model") or exchange.model
         exchange.stop_reason = message.get("stop_reason")
@@ -145,51 +146,71 @@ class Sampler:
         params: dict[str, Any],
         result: dict[str, Any] | None,
     ) -> None:
+        charged = exchange.charged
         extra: dict[str, Any] = {
             "request_id": exchange.request_id,
             "session": exchange.session,
+            "client": session.client if session is not None else None,
             "model": exchange.model,
             "tools": exchange.tools,
             "stop_reason": exchange.stop_reason,
             **(exchange.usage or {}),
+            "charged_tokens": sum(charged.values()),
             "latency_ms": exchange.latency_ms,
         }
-        if self.spend.budget.limit is not None:
+        if self.spend.budget.allowances:
             extra["budget_remaining"] = self.spend.budget.remaining
-        if session is not None and session.budget.limit is not None:
-            extra["session_budget_remaining"] = session.budget.remaining
+        if session is not None:
+            client_budget = self.spend.client(session.client).budget
+            if client_budget.allowances:
+                extra["client_budget_remaining"] = client_budget.remaining
+            if session.budget.allowances:
+                extra["session_budget_remaining"] = session.budget.remaining
+        outcome = exchange.outcome
         if exchange.error is not None:
             log.warning(
-                "sampling request refused",
+                f"sampling request {outcome.replace('_', ' ')}",
                 extra={**extra, "code": exchange.error["code"], "error": exchange.error["message"]},
             )
-        elif exchange.cancelled:
-            log.info("sampling request cancelled", extra=extra)
         else:
-            log.info("sampling request answered", extra=extra)
+            log.info(f"sampling request {outcome}", extra=extra)
         if self.audit is not None:
             self.audit.record(exchange, params, result)
         if self.observer is not None:
-            usage = exchange.usage or {}
             self.observer.sampling_done(
-                outcome=exchange.outcome,
+                outcome=outcome,
                 model=exchange.model or "?",
                 latency=exchange.latency_ms / 1000,
-                input_tokens=usage.get("input_tokens"),
-                output_tokens=usage.get("output_tokens"),
+                tokens=charged,
             )
 
-    async def _create(self, request: dict[str, Any], progress: ProgressCallback | None) -> dict[str, Any]:
-        message = await self.provider.create_message(request, on_progress=progress)
+    async def _create(
+        self, ticket: Ticket, request: dict[str, Any], progress: ProgressCallback | None
+    ) -> dict[str, Any]:
+        """One call, and up to `MAX_PAUSE_CONTINUATIONS` more while Claude pauses its turn and the
+        budgets have room; each call is charged on its own."""
+        message = await self._call(ticket, request, progress)
         for _ in range(MAX_PAUSE_CONTINUATIONS):
             if message.get("stop_reason") != "pause_turn":
                 break
+            if not ticket.has_room():
+                log.info("paused turn returned as it is: a token budget has no room for continuing it")
+                break
             history = [*request["messages"], {"role": "assistant", "content": message.get("content", [])}]
-            follow_up = await self.provider.create_message(
-                {**request, "messages": history}, on_progress=progress
-            )
+            follow_up = await self._call(ticket, {**request, "messages": history}, progress)
             message = _continue(message, follow_up)
         return message
+
+    async def _call(
+        self, ticket: Ticket, request: dict[str, Any], progress: ProgressCallback | None
+    ) -> dict[str, Any]:
+        with ticket.call(reservation_for(request)) as charge:
+            return await self.provider.create_message(request, on_progress=progress, meter=charge)
+
+
+def _provider_outcome(error: ProviderError) -> str:
+    data = error.data if isinstance(error.data, Mapping) else {}
+    return "timed_out" if data.get("gave_up") == "deadline" or data.get("type") == "timeout" else "failed"
 
 
 def _continue(first: dict[str, Any], follow_up: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -117,11 +117,14 @@ class Metrics:
         )
         self.sampling_requests = Counter(
             "mcp_backfill_sampling_requests_total",
-            "sampling requests answered by the proxy, by outcome (ok, error) and model",
+            "sampling requests the proxy handled, by outcome (answered, refused, failed, timed_out, "
+            "cancelled) and model",
         )
         self.tokens = Counter(
             "mcp_backfill_sampling_tokens_total",
-            "tokens billed for the proxy's Claude calls, by direction (input, output) and model",
+            "tokens charged to the budgets for the proxy's Claude calls, however they ended, by usage "
+            "counter (input_tokens, cache_creation_input_tokens, cache_read_input_tokens, "
+            "output_tokens) and model; their sum is what the budgets count",
         )
         self.latency = Histogram(
             "mcp_backfill_claude_latency_seconds",
@@ -133,21 +136,12 @@ class Metrics:
     def gauge(self, name: str, help_text: str, read: Callable[[], Iterable[tuple[Labels, float]]]) -> None:
         self._gauges.append(Gauge(name, help_text, read))
 
-    def sampling_done(
-        self,
-        *,
-        outcome: str,
-        model: str,
-        latency: float,
-        input_tokens: int | None = None,
-        output_tokens: int | None = None,
-    ) -> None:
+    def sampling_done(self, *, outcome: str, model: str, latency: float, tokens: Mapping[str, int]) -> None:
         self.sampling_requests.inc(outcome=outcome, model=model)
         self.latency.observe(latency, model=model)
-        if input_tokens:
-            self.tokens.inc(input_tokens, direction="input", model=model)
-        if output_tokens:
-            self.tokens.inc(output_tokens, direction="output", model=model)
+        for counter, count in tokens.items():
+            if count:
+                self.tokens.inc(count, counter=counter, model=model)
 
     def render(self) -> str:
         lines: list[str] = []

@@ -1,0 +1,93 @@
+"""What a Claude call may cost at most, estimated before it is made: its `Reservation`.
+
+The output side is exact: Claude generates at most `max_tokens` (thinking included). The input side
+is an estimate that errs high, since it only matters when a call ends before Claude reports its
+usage (the reservation is then what is charged) and while the call is in flight (it holds budget):
+
+* text (system prompt, text blocks, tool definitions and inputs, tool results, any JSON) counts one
+  token per 3 UTF-8 bytes, rounded up — English runs at about 4 bytes a token, code and most other
+  scripts at 2 to 3;
+* an image counts `IMAGE_TOKENS`, what Claude charges for the largest image it reads without
+  scaling it down (images are resized to about 1.15 megapixels, at width x height / 750 tokens);
+* a document counts 1 token per 3 base64 characters of its data (PDF pages cost 1,500 to 3,000
+  tokens each, which stays below this for ordinary PDFs) or per 3 bytes of its text;
+* every message and tool adds `OVERHEAD_TOKENS`, and tools add Claude's tool-use system prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from mcp_backfill.sampling.spend import Reservation
+
+__all__ = ["BYTES_PER_TOKEN", "IMAGE_TOKENS", "estimate_input_tokens", "reservation_for"]
+
+BYTES_PER_TOKEN = 3
+IMAGE_TOKENS = 1600
+OVERHEAD_TOKENS = 8
+TOOL_SYSTEM_PROMPT_TOKENS = 350
+
+
+def reservation_for(request: Mapping[str, Any]) -> Reservation:
+    """The reservation of one Messages API request (`messages.create` keyword arguments)."""
+    max_tokens = request.get("max_tokens")
+    output = max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else 0
+    return Reservation(estimate_input_tokens(request), max(0, output))
+
+
+def estimate_input_tokens(request: Mapping[str, Any]) -> int:
+    tally = _Tally()
+    tally.any(request.get("system"))
+    tools = request.get("tools")
+    if isinstance(tools, list) and tools:
+        tally.tokens += TOOL_SYSTEM_PROMPT_TOKENS + OVERHEAD_TOKENS * len(tools)
+        tally.json(tools)
+    messages = request.get("messages")
+    for message in messages if isinstance(messages, list) else ():
+        tally.tokens += OVERHEAD_TOKENS
+        tally.any(message.get("content") if isinstance(message, Mapping) else message)
+    return tally.tokens
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.tokens = 0
+
+    def text(self, text: str) -> None:
+        size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+        self.tokens += -(-size // BYTES_PER_TOKEN)
+
+    def json(self, value: Any) -> None:
+        self.text(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str))
+
+    def any(self, value: Any) -> None:
+        """A string, a content block, a list of them, or any other JSON."""
+        if isinstance(value, str):
+            self.text(value)
+        elif isinstance(value, list):
+            for item in value:
+                self.any(item)
+        elif isinstance(value, Mapping):
+            self.block(value)
+        elif value is not None:
+            self.json(value)
+
+    def block(self, block: Mapping[str, Any]) -> None:
+        kind = block.get("type")
+        source = block.get("source")
+        if kind == "image":
+            self.tokens += IMAGE_TOKENS
+        elif kind == "document" and isinstance(source, Mapping):
+            for key in ("data", "text"):
+                if isinstance(source.get(key), str):
+                    self.text(source[key])
+            if isinstance(source.get("content"), list):
+                self.any(source["content"])
+        elif kind == "text" and isinstance(block.get("text"), str):
+            self.text(block["text"])
+        elif kind == "tool_result":
+            self.any(block.get("content"))
+        else:
+            self.json({key: value for key, value in block.items() if key != "cache_control"})
