@@ -21,6 +21,7 @@ from mcp_backfill.options import (
     ENV_PREFIX,
     MIB,
     OPTIONS,
+    Allowance,
     Option,
     env_var,
     main,

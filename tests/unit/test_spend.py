@@ -3,16 +3,16 @@ ended, the sliding rate-limit windows and the concurrency slots, per process, cl
 
 from __future__ import annotations
 
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import anyio
 import pytest
 
 from mcp_backfill.errors import SamplingError
-from mcp_backfill.protocol import INTERNAL_ERROR
 from mcp_backfill.options import Allowance, budget
+from mcp_backfill.protocol import INTERNAL_ERROR
 from mcp_backfill.sampling.spend import (
     Budget,
     Charge,
@@ -131,9 +131,19 @@ def test_budget_values(raw: str, expected: tuple[Allowance, ...]) -> None:
     assert budget(raw) == expected
 
 
-@pytest.mark.parametrize("raw", ["-1", "lots", "5/month", "0/day", "5/day,6/day", "5,6"])
-def test_budget_values_that_are_refused(raw: str) -> None:
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ("-1", "expected tokens"),
+        ("lots", "expected tokens"),
+        ("5/month", "per hour, day, week"),
+        ("0/day", "more than 0"),
+        ("5/day,6/day", "two budgets per day"),
+        ("5,6", "two budgets for the lifetime"),
+    ],
+)
+def test_budget_values_that_are_refused(raw: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
         budget(raw)
 
 
@@ -315,7 +325,7 @@ async def test_a_clients_rate_limit_is_its_own_and_a_refusal_counts_nowhere() ->
     for _ in range(2):
         async with spend.admit(alice):
             pass
-    with pytest.raises(SamplingError, match="rate limit of client 'alice' reached.*--client-rate-limit"):
+    with pytest.raises(SamplingError, match=r"rate limit of client 'alice' reached.*--client-rate-limit"):
         async with spend.admit(alice):
             pass
     assert spend.process.rate.in_window() == 2
