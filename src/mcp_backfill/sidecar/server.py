@@ -82,6 +82,13 @@ async def run_sidecar(config: Config) -> int:
 
     relays = itertools.count(1)
 
+    if config.mode != "off" and not (config.budget_tokens or config.client_budget_tokens):
+        log.warning(
+            "no token budget: this sidecar spends on Claude without limit for every client; set one "
+            "with --budget-tokens (MCP_BACKFILL_BUDGET_TOKENS) and/or --client-budget-tokens "
+            "(MCP_BACKFILL_CLIENT_BUDGET_TOKENS), e.g. 2000000/day"
+        )
+
     def make_relay(client: MessageChannel, upstream: MessageChannel) -> Relay:
         # Each relay is one client session (or a 2026 hub): its own token budget.
         session = sampler.spend.new_session(f"http-{next(relays)}")

@@ -1,0 +1,219 @@
+"""The spend ledger through real processes: every Claude call is charged, however it ended.
+
+client (raw lines, mcp SDK or HTTP) -> `python -m mcp_backfill [serve]` -> tests/servers/sampling_server.py
+                                              \\-> fake Claude (loopback HTTP, ANTHROPIC_BASE_URL)
+
+Each test here reproduces a way the review found to spend without being charged (a cancel storm, a
+timeout, a retried broken stream, a new session, a model upgrade) and shows the ledger catching it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+
+from tests.fake_claude import FakeClaude, hang_reply, text_reply, truncated_stream_reply
+from tests.harness import (
+    RawSession,
+    initialize_params,
+    proxy_argv,
+    proxy_env,
+    python_server,
+    raw_proxy,
+    tool_json,
+)
+from tests.sidecar_harness import run_sidecar
+
+pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+SAMPLING_SERVER = python_server("sampling_server.py")
+# Generous: under load a proxy, its upstream and the first Claude client import take seconds.
+SLOW = 60.0
+
+
+def plain_params(text: str, max_tokens: int = 20, **extra: Any) -> dict[str, Any]:
+    return {
+        "messages": [{"role": "user", "content": {"type": "text", "text": text}}],
+        "maxTokens": max_tokens,
+        **extra,
+    }
+
+
+async def initialize(session: RawSession) -> None:
+    await session.request(0, "initialize", initialize_params())
+    await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+
+async def raw_sample(session: RawSession, request_id: int, params: dict[str, Any]) -> dict[str, Any]:
+    arguments = {"params_json": json.dumps(params)}
+    response = await session.request(
+        request_id,
+        "tools/call",
+        {"name": "sample_raw", "arguments": arguments},
+    )
+    outcome: dict[str, Any] = json.loads(response["result"]["content"][0]["text"])
+    return outcome
+
+
+def audit_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+async def wait_for_audit(path: Path, count: int) -> list[dict[str, Any]]:
+    """The audit log once it has `count` lines (each exchange is audited once it is charged)."""
+    with anyio.fail_after(SLOW):
+        while len(lines := audit_lines(path)) < count:
+            await anyio.sleep(0.05)
+    return lines
+
+
+async def wait_for_fake(fake: FakeClaude, count: int) -> None:
+    assert await anyio.to_thread.run_sync(fake.wait_for_requests, count, SLOW)
+
+
+async def test_cancelled_calls_are_charged_so_a_cancel_storm_exhausts_the_budget(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """A server that cancels every sampling request as soon as Claude starts on it spent money
+    that no budget saw; now each cancelled call is charged its input and its whole output
+    reservation, and the budget runs out."""
+    audit = tmp_path / "audit.jsonl"
+    fake_claude.enqueue(text_reply("warm"), *(hang_reply("Once upon a time") for _ in range(3)))
+    argv = proxy_argv("--budget-tokens", "1000", "--audit-log", str(audit), upstream=SAMPLING_SERVER)
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await initialize(session)
+        warm = await raw_sample(session, 1, plain_params("warm up"))
+        for n in range(3):
+            call_id = 10 + n
+            arguments = {"cancel_after": 600, "max_tokens": 400, "prompt": f"essay {n}"}
+            await session.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": call_id,
+                    "method": "tools/call",
+                    "params": {"name": "slow_sample", "arguments": arguments},
+                }
+            )
+            await wait_for_fake(fake_claude, 2 + n)  # Claude has started on it...
+            cancel = {"requestId": call_id, "reason": "changed my mind"}
+            await session.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel})
+            await wait_for_audit(audit, 2 + n)  # ...and the cancelled call is on the ledger
+        refused = await raw_sample(session, 20, plain_params("and now?"))
+        await session.close_stdin()
+        await session.wait(SLOW)
+
+    assert warm["result"]["content"]["text"] == "warm"
+    lines = audit_lines(audit)
+    assert [line["outcome"] for line in lines] == [
+        "answered",
+        "cancelled",
+        "cancelled",
+        "cancelled",
+        "refused",
+    ]
+    for line in lines[1:4]:
+        assert line["charged"]["output_tokens"] == 400  # Claude may have written all of it
+        assert line["charged"]["input_tokens"] > 0  # as message_start reported it
+        assert line["calls"] == 1
+    error = refused["error"]
+    assert error["code"] == -32603
+    assert "process token budget is exhausted" in error["message"]
+    assert error["data"]["used"] == sum(sum(line["charged"].values()) for line in lines[:4])
+    assert lines[4]["charged"] is None
+    assert len(fake_claude.message_requests) == 4  # the refusal cost nothing
+    assert fake_claude.disconnects == 3  # each cancel closed its Claude stream
+
+
+async def test_a_timed_out_call_is_charged(fake_claude: FakeClaude, tmp_path: Path) -> None:
+    audit = tmp_path / "audit.jsonl"
+    fake_claude.enqueue(hang_reply("Thinking"))
+    argv = proxy_argv("--sampling-timeout", "2", "--audit-log", str(audit), upstream=SAMPLING_SERVER)
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await initialize(session)
+        outcome = await raw_sample(session, 1, plain_params("slowly", max_tokens=300))
+        await session.close_stdin()
+        await session.wait(SLOW)
+    assert "--sampling-timeout" in outcome["error"]["message"]
+    [line] = audit_lines(audit)
+    assert line["outcome"] == "timed_out"
+    assert line["charged"]["output_tokens"] == 300
+    assert line["charged"]["input_tokens"] > 0
+
+
+async def test_every_attempt_of_a_retried_call_is_charged(fake_claude: FakeClaude, tmp_path: Path) -> None:
+    audit = tmp_path / "audit.jsonl"
+    final = {"input_tokens": 11, "output_tokens": 7}
+    fake_claude.enqueue(truncated_stream_reply("Par", abrupt=True), text_reply("whole", usage=final))
+    argv = proxy_argv(
+        "--retry-base-delay", "0.01", "--no-prompt-cache", "--audit-log", str(audit), upstream=SAMPLING_SERVER
+    )
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await initialize(session)
+        outcome = await raw_sample(session, 1, plain_params("again", max_tokens=50))
+        await session.close_stdin()
+        await session.wait(SLOW)
+    assert outcome["result"]["content"]["text"] == "whole"
+    [line] = audit_lines(audit)
+    assert (line["outcome"], line["usage"]["output_tokens"]) == ("answered", 7)
+    # The broken attempt: its input as message_start reported it, and its whole output reservation.
+    assert line["charged"]["output_tokens"] == 50 + 7
+    assert line["charged"]["input_tokens"] > 11
+    assert len(fake_claude.message_requests) == 2
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [((), "mock/claude-sonnet-5-5"), (("--allow-model-upgrade",), "mock/claude-opus-5-5")],
+    ids=["default", "opted-in"],
+)
+async def test_a_server_cannot_pick_a_pricier_model_unless_the_operator_allows_it(
+    options: tuple[str, ...], expected: str
+) -> None:
+    argv = proxy_argv("--provider", "mock", *options, upstream=SAMPLING_SERVER)
+    async with raw_proxy(argv, proxy_env()) as session:
+        await initialize(session)
+        by_priority = await raw_sample(
+            session, 1, plain_params("best", modelPreferences={"intelligencePriority": 1})
+        )
+        by_hint = await raw_sample(
+            session, 2, plain_params("best", modelPreferences={"hints": [{"name": "opus"}]})
+        )
+        cheaper = await raw_sample(session, 3, plain_params("cheap", modelPreferences={"costPriority": 1}))
+        await session.close_stdin()
+        await session.wait(SLOW)
+    assert by_priority["result"]["model"] == expected
+    assert by_hint["result"]["model"] == expected
+    assert cheaper["result"]["model"] == "mock/claude-haiku-5-5"  # cheaper is always allowed
+
+
+async def test_a_new_session_does_not_reset_the_clients_budget(tmp_path: Path) -> None:
+    """Deleting a session and opening another used to give a fresh budget; a client's budget now
+    outlives its sessions."""
+    async with run_sidecar(
+        "--provider", "mock", "--client-budget-tokens", "10", upstream=SAMPLING_SERVER, env=proxy_env()
+    ) as sidecar:
+        async with Client(sidecar.url, mode="legacy") as client:
+            first = tool_json(
+                await client.call_tool("sample_raw", {"params_json": json.dumps(plain_params("one"))})
+            )
+        async with Client(sidecar.url, mode="legacy") as client:  # a new session of the same client
+            again = tool_json(
+                await client.call_tool("sample_raw", {"params_json": json.dumps(plain_params("two"))})
+            )
+        stderr = sidecar.stderr()
+    assert "result" in first
+    assert "token budget of client" in again["error"]["message"]
+    assert "--client-budget-tokens" in again["error"]["message"]
+    assert "no token budget" not in stderr
+
+
+async def test_serve_warns_when_it_would_spend_without_a_budget() -> None:
+    async with run_sidecar("--provider", "mock", upstream=SAMPLING_SERVER, env=proxy_env()) as sidecar:
+        pass
+    assert "no token budget" in sidecar.stderr()
+    assert "--budget-tokens" in sidecar.stderr()

@@ -1,0 +1,185 @@
+"""The sampler and the ledger in-process: `pause_turn` continuations, the outcome and charge of an
+exchange, and what the observer hears."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import anyio
+import pytest
+
+from mcp_backfill import assembly
+from mcp_backfill.errors import ProviderError, SamplingError
+from mcp_backfill.options import Allowance
+from mcp_backfill.sampling.convert import META_KEY
+from mcp_backfill.sampling.provider import ProgressCallback, UsageMeter
+from mcp_backfill.sampling.sampler import MAX_PAUSE_CONTINUATIONS, Sampler
+from mcp_backfill.sampling.spend import Spend
+from tests.defaults import CONFIG, SPEND
+
+pytestmark = pytest.mark.anyio
+
+PARAMS = {
+    "messages": [{"role": "user", "content": {"type": "text", "text": "search the web"}}],
+    "maxTokens": 100,
+}
+
+
+def paused(n: int, stop_reason: str = "pause_turn") -> dict[str, Any]:
+    return {
+        "id": f"msg_{n}",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-5-5",
+        "content": [{"type": "text", "text": f"part {n}. "}],
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10 * n, "output_tokens": n, "cache_read_input_tokens": 1},
+    }
+
+
+class Scripted:
+    """Answers with the given messages in turn, reporting each one's usage as final."""
+
+    name = "scripted"
+
+    def __init__(self, *messages: dict[str, Any] | Exception) -> None:
+        self.messages = list(messages)
+        self.requests: list[dict[str, Any]] = []
+
+    async def create_message(
+        self,
+        request: dict[str, Any],
+        *,
+        on_progress: ProgressCallback | None = None,
+        meter: UsageMeter | None = None,
+    ) -> dict[str, Any]:
+        assert meter is not None
+        self.requests.append(request)
+        meter.begin_attempt()
+        outcome = self.messages.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        meter.report(outcome["usage"], final=True)
+        return outcome
+
+    async def aclose(self) -> None:
+        return None
+
+
+class Observer:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, int]]] = []
+
+    def sampling_done(self, *, outcome: str, model: str, latency: float, tokens: Mapping[str, int]) -> None:
+        self.seen.append((outcome, dict(tokens)))
+
+
+def sampler_for(provider: Scripted, **spend: Any) -> tuple[Sampler, Observer]:
+    observer = Observer()
+    sampler = Sampler(
+        provider,
+        assembly.sampler_settings(CONFIG),
+        spend=Spend(replace(SPEND, rate_limit=0, **spend)),
+        observer=observer,
+    )
+    return sampler, observer
+
+
+async def test_a_paused_turn_is_continued_merged_and_charged_call_by_call() -> None:
+    provider = Scripted(paused(1), paused(2), paused(3, "end_turn"))
+    sampler, observer = sampler_for(provider)
+    result = await sampler.sample(dict(PARAMS))
+    assert result["content"] == {"type": "text", "text": "part 1. part 2. part 3. "}  # one text block
+    assert result["stopReason"] == "endTurn"
+    # Each continuation hands back the history with Claude's turn so far.
+    assert [len(request["messages"]) for request in provider.requests] == [1, 2, 2]
+    assert provider.requests[2]["messages"][1]["content"] == [
+        {"type": "text", "text": "part 1. "},
+        {"type": "text", "text": "part 2. "},
+    ]
+    summed = {
+        "input_tokens": 60,
+        "output_tokens": 6,
+        "cache_read_input_tokens": 3,
+        "cache_creation_input_tokens": 0,
+    }
+    assert result["_meta"][META_KEY]["usage"] == summed  # every call's usage, added up
+    assert observer.seen == [("answered", summed)]
+    assert sampler.spend.budget.used == 69
+    assert sampler.spend.budget.exchanges == 3  # three calls charged
+
+
+async def test_continuations_stop_at_the_cap() -> None:
+    provider = Scripted(*(paused(n) for n in range(1, MAX_PAUSE_CONTINUATIONS + 3)))
+    sampler, _ = sampler_for(provider)
+    result = await sampler.sample(dict(PARAMS))
+    assert len(provider.requests) == 1 + MAX_PAUSE_CONTINUATIONS
+    assert result["stopReason"] == "pauseTurn"  # the server may continue it itself
+
+
+async def test_a_budget_used_up_by_a_paused_turn_stops_the_continuations() -> None:
+    provider = Scripted(paused(5), paused(6, "end_turn"))
+    sampler, observer = sampler_for(provider, budget=(Allowance(40),))
+    result = await sampler.sample(dict(PARAMS))
+    assert len(provider.requests) == 1  # 56 tokens used of 40: no room for another call
+    assert result["stopReason"] == "pauseTurn"
+    assert observer.seen[0][0] == "answered"
+    with pytest.raises(SamplingError, match="process token budget is exhausted"):
+        await sampler.sample(dict(PARAMS))
+    assert observer.seen[1] == ("refused", {})
+
+
+async def test_a_failed_call_is_charged_and_reported_as_failed() -> None:
+    error = ProviderError("Claude API error (500 api_error): boom", {"provider": "scripted", "status": 500})
+
+    class Broken(Scripted):
+        async def create_message(
+            self,
+            request: dict[str, Any],
+            *,
+            on_progress: ProgressCallback | None = None,
+            meter: UsageMeter | None = None,
+        ) -> dict[str, Any]:
+            assert meter is not None
+            meter.begin_attempt()
+            meter.report({"input_tokens": 9, "output_tokens": 1})  # message_start, then the break
+            raise error
+
+    sampler, observer = sampler_for(Broken())
+    with pytest.raises(ProviderError):
+        await sampler.sample(dict(PARAMS))
+    outcome, tokens = observer.seen[0]
+    assert outcome == "failed"
+    assert (tokens["input_tokens"], tokens["output_tokens"]) == (9, 100)  # the whole output reservation
+
+
+async def test_a_cancelled_exchange_is_charged_and_reported_as_cancelled() -> None:
+    started = anyio.Event()
+
+    class Hanging(Scripted):
+        async def create_message(
+            self,
+            request: dict[str, Any],
+            *,
+            on_progress: ProgressCallback | None = None,
+            meter: UsageMeter | None = None,
+        ) -> dict[str, Any]:
+            assert meter is not None
+            meter.begin_attempt()  # sent; nothing heard back yet
+            started.set()
+            await anyio.sleep_forever()
+            raise AssertionError
+
+    sampler, observer = sampler_for(Hanging())
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sampler.sample, dict(PARAMS))
+        await started.wait()
+        tg.cancel_scope.cancel()
+    outcome, tokens = observer.seen[0]
+    assert outcome == "cancelled"
+    assert tokens["output_tokens"] == 100
+    assert tokens["input_tokens"] > 0  # the estimate: nothing was reported
+    assert sampler.spend.budget.reserved == 0
