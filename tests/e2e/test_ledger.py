@@ -17,9 +17,10 @@ import anyio
 import pytest
 from mcp import Client
 
-from tests.fake_claude import FakeClaude, hang_reply, text_reply, truncated_stream_reply
+from tests.fake_claude import FakeClaude, error_reply, hang_reply, text_reply, truncated_stream_reply
 from tests.harness import (
     RawSession,
+    free_port,
     initialize_params,
     proxy_argv,
     proxy_env,
@@ -164,6 +165,40 @@ async def test_every_attempt_of_a_retried_call_is_charged(fake_claude: FakeClaud
     assert line["charged"]["output_tokens"] == 50 + 7
     assert line["charged"]["input_tokens"] > 11
     assert len(fake_claude.message_requests) == 2
+
+
+async def test_calls_that_were_never_billed_cost_nothing(fake_claude: FakeClaude, tmp_path: Path) -> None:
+    """An HTTP error status (here a 529, retried) is not billed by the API; nor is a call whose
+    connection could not be made. Neither is charged."""
+    audit = tmp_path / "audit.jsonl"
+    final = {"input_tokens": 11, "output_tokens": 7}
+    fake_claude.enqueue(
+        error_reply(529, "overloaded_error", "Overloaded", retry_after=0), text_reply("ok", usage=final)
+    )
+    argv = proxy_argv(
+        "--retry-base-delay", "0.01", "--no-prompt-cache", "--audit-log", str(audit), upstream=SAMPLING_SERVER
+    )
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await initialize(session)
+        retried = await raw_sample(session, 1, plain_params("again", max_tokens=50))
+        await session.close_stdin()
+        await session.wait(SLOW)
+    unreachable = tmp_path / "unreachable.jsonl"
+    env = proxy_env(f"http://127.0.0.1:{free_port()}")
+    argv = proxy_argv("--retry-max-attempts", "1", "--audit-log", str(unreachable), upstream=SAMPLING_SERVER)
+    async with raw_proxy(argv, env) as session:
+        await initialize(session)
+        refused = await raw_sample(session, 1, plain_params("anyone?", max_tokens=50))
+        await session.close_stdin()
+        await session.wait(SLOW)
+
+    assert retried["result"]["content"]["text"] == "ok"
+    [line] = audit_lines(audit)
+    assert line["charged"] == {**final, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    assert "unreachable" in refused["error"]["message"]
+    [line] = audit_lines(unreachable)
+    assert (line["outcome"], line["calls"]) == ("failed", 1)
+    assert not any(line["charged"].values())
 
 
 @pytest.mark.parametrize(
