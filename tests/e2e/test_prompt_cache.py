@@ -81,7 +81,7 @@ async def test_each_round_of_a_tool_loop_reads_the_previous_rounds_prefix(
     assert reported == expected
     # ...and the audit log has one line per round with the same usage, and no content or key.
     lines = audit_lines(audit)
-    assert [line["outcome"] for line in lines] == ["ok"] * 4
+    assert [line["outcome"] for line in lines] == ["answered"] * 4
     assert [{key: line["usage"][key] for key in CACHE_KEYS} for line in lines] == expected
     assert all(line["usage"]["cache_read_input_tokens"] > 0 for line in lines[1:])
     assert [line["stop_reason"] for line in lines] == ["tool_use"] * 3 + ["end_turn"]

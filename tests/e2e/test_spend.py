@@ -139,14 +139,16 @@ async def test_requests_over_a_limit_get_32602_and_cost_nothing(
     assert len(fake_claude.message_requests) == 2
 
     lines = audit_lines(audit)
-    assert [line["outcome"] for line in lines] == ["error"] * 5 + ["ok"]
+    # The response limit refused an answer Claude had already given: a failure, charged.
+    assert [line["outcome"] for line in lines] == ["refused"] * 4 + ["failed", "answered"]
     assert [line["error"]["limit"] for line in lines[:5]] == [
         *(name for name, _, _ in OVER_THE_LIMITS),
         "max_tool_calls",
     ]
     assert [line["error"]["code"] for line in lines[:5]] == [-32602] * 4 + [-32603]
     assert lines[4]["usage"]["output_tokens"] > 0  # the refused answer's tokens were still charged
-    assert all(line["usage"] is None for line in lines[:4])
+    assert lines[4]["charged"]["output_tokens"] == lines[4]["usage"]["output_tokens"]
+    assert all(line["usage"] is None and line["charged"] is None for line in lines[:4])
 
 
 async def initialize(session: RawSession) -> None:
