@@ -133,8 +133,11 @@ class AnthropicProvider:
                     request_id,
                     retryable=True,
                 ) from None
+            meter.not_billed()  # the client refused the request before sending it
             raise self._client_error(exc) from None
         except Exception as exc:  # e.g. no credentials found by boto3 / google-auth
+            if not streaming:  # the client refused before anything was sent
+                meter.not_billed()
             raise self._client_error(exc) from None
         result = message.model_dump(mode="json", exclude_none=True)
         meter.report(result.get("usage") or {}, final=True)
