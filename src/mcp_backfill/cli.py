@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 
 from mcp_backfill import __version__
-from mcp_backfill.config import PLATFORM_SECRET_ENV_VARS, Config, secret_from_env
+from mcp_backfill.config import PLATFORM_SECRET_ENV_VARS, Config, custom_header_secrets, secret_from_env
 from mcp_backfill.errors import ConfigError, StartupError
 from mcp_backfill.logs import configure_logging, get_logger
 from mcp_backfill.options import DEFAULTS, Option, options_for, read_options
@@ -92,7 +92,8 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         vertex_access_token=secret_from_env(environ, "MCP_BACKFILL_VERTEX_ACCESS_TOKEN"),
         platform_secrets=tuple(
             secret for name in PLATFORM_SECRET_ENV_VARS if (secret := secret_from_env(environ, name))
-        ),
+        )
+        + custom_header_secrets(environ),
         front="http" if serve else "stdio",
         **values,
     )

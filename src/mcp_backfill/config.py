@@ -40,6 +40,7 @@ __all__ = [
     "Secret",
     "check_header",
     "check_upstream_url",
+    "custom_header_secrets",
     "is_loopback",
     "secret_from_env",
     "upstream_environment",
@@ -55,10 +56,19 @@ SECRET_ENV_VARS = (
     "ANTHROPIC_AUTH_TOKEN",
     option("auth_token").env,
     "MCP_BACKFILL_VERTEX_ACCESS_TOKEN",
+    "AWS_BEARER_TOKEN_BEDROCK",
 )
+# The proxy's own configuration, by prefix: its options (`MCP_BACKFILL_*`, gateway headers and
+# tokens included) and the anthropic SDK's settings (`ANTHROPIC_*`: key, auth token, custom headers,
+# base URLs). None of it is the upstream's business; an upstream that calls Claude itself gets its
+# own key (e.g. `-- env ANTHROPIC_API_KEY=... server`).
+PROXY_ENV_PREFIXES = ("MCP_BACKFILL_", "ANTHROPIC_")
 # Cloud credentials the Bedrock/Vertex clients read themselves: kept out of logs (redacted), but
-# still passed to the upstream, which may be a cloud tool that needs them for its own work.
+# still passed to the upstream: they are the user's own cloud identity, which an upstream cloud tool
+# may need for its own work (Bedrock's API key, `AWS_BEARER_TOKEN_BEDROCK`, is the proxy's and is not).
 PLATFORM_SECRET_ENV_VARS = ("AWS_BEARER_TOKEN_BEDROCK", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+# Extra headers the anthropic SDK sends on every call, one `Name: value` per line: gateway credentials.
+CUSTOM_HEADERS_ENV_VAR = "ANTHROPIC_CUSTOM_HEADERS"
 # A header name is an HTTP token (RFC 9110 section 5.6.2).
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 # Upstream headers whose values are credentials: kept out of the logs like the API key.
@@ -136,7 +146,8 @@ class Config:
     retry_max_delay: float = DEFAULTS["retry_max_delay"]
     # --provider vertex: a ready OAuth access token instead of Application Default Credentials.
     vertex_access_token: Secret | None = None
-    # Cloud credentials found in the environment, only so that logs can redact them.
+    # Cloud credentials and ANTHROPIC_CUSTOM_HEADERS values found in the environment, only so that
+    # logs and errors can redact them.
     platform_secrets: tuple[Secret, ...] = ()
     # `mcp-backfill serve`: the streamable-HTTP front and its security and operations settings.
     front: Front = "stdio"
@@ -274,5 +285,16 @@ def is_loopback(host: str) -> bool:
 
 
 def upstream_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment the upstream child inherits: ours, minus credentials meant for the proxy."""
-    return {k: v for k, v in environ.items() if k not in SECRET_ENV_VARS}
+    """The environment the upstream child inherits: ours, minus the proxy's own configuration and
+    credentials (`PROXY_ENV_PREFIXES`, `SECRET_ENV_VARS`). The rest (PATH, HOME, the user's cloud
+    credentials, the server's own settings) is kept: the upstream runs as the user's program."""
+    return {
+        k: v for k, v in environ.items() if k not in SECRET_ENV_VARS and not k.startswith(PROXY_ENV_PREFIXES)
+    }
+
+
+def custom_header_secrets(environ: Mapping[str, str]) -> tuple[Secret, ...]:
+    """The values of `ANTHROPIC_CUSTOM_HEADERS` (`Name: value` lines), to be redacted like a key."""
+    raw = environ.get(CUSTOM_HEADERS_ENV_VAR, "")
+    values = (line.partition(":")[2].strip() for line in raw.splitlines())
+    return tuple(Secret(value) for value in values if value)

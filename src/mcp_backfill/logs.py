@@ -52,15 +52,35 @@ class JsonFormatter(logging.Formatter):
 
 
 class Redactor:
-    """Replaces every secret value with `***` in the final formatted record, whatever its source."""
+    """Replaces every secret value with `***` in finished text, whatever its source.
+
+    A secret can reach text escaped: as a JSON string (a `"` becomes `\\"`, a non-ASCII character
+    `\\uXXXX` when ASCII is forced) or as a Python repr. Every such form of each secret is replaced,
+    longest first, so a secret with quotes or backslashes cannot slip past in an encoded line.
+    """
 
     def __init__(self, secrets: Iterable[str]) -> None:
-        self._secrets = tuple(s for s in secrets if len(s) >= 4)
+        forms: set[str] = set()
+        for secret in secrets:
+            if len(secret) >= 4:
+                forms.update(_encoded_forms(secret))
+        self._forms = tuple(sorted(forms, key=len, reverse=True))
 
     def redact(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
+        for form in self._forms:
+            if form in text:
+                text = text.replace(form, "***")
         return text
+
+
+def _encoded_forms(secret: str) -> set[str]:
+    return {
+        secret,
+        json.dumps(secret)[1:-1],
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+        repr(secret)[1:-1],
+        ascii(secret)[1:-1],
+    }
 
 
 class RedactingHandler(logging.StreamHandler[TextIO]):

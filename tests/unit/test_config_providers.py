@@ -75,3 +75,10 @@ def test_a_provider_native_model_pins_it() -> None:
 def test_vertex_token_stays_away_from_the_upstream() -> None:
     env = {"MCP_BACKFILL_VERTEX_ACCESS_TOKEN": "ya29.x", "AWS_REGION": "eu-west-1", "PATH": "/bin"}
     assert upstream_environment(env) == {"AWS_REGION": "eu-west-1", "PATH": "/bin"}
+
+
+def test_anthropic_custom_headers_values_are_secrets() -> None:
+    env = KEY | {"ANTHROPIC_CUSTOM_HEADERS": "X-Gateway-Key: gw-0123456789\nX-Other:  other-0123456789 "}
+    config = parse_config(["--", "s"], env)
+    assert {"gw-0123456789", "other-0123456789"} <= set(config.secrets())
+    assert "gw-0123456789" not in repr(config)

@@ -1,0 +1,84 @@
+"""Redaction cannot be escaped around: a secret with quotes, backslashes, non-ASCII or control
+characters is replaced in every form it takes in a log line (JSON or text), an audit line, or a repr."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mcp_backfill.logs import Redactor, configure_logging, get_logger
+from mcp_backfill.sampling.audit import AuditLog, AuditRecord
+
+tricky = st.text(
+    alphabet=st.sampled_from(['"', "\\", "'", "é", "\n", "\t", "\x00", "\u2028", "a", "Z", "9", "/", " "]),
+    min_size=4,
+    max_size=24,
+)
+secrets = st.one_of(tricky, st.text(min_size=4, max_size=24))
+
+
+def forms(secret: str) -> list[str]:
+    return [
+        secret,
+        json.dumps(secret)[1:-1],
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+        repr(secret)[1:-1],
+    ]
+
+
+def logged(secret: str, fmt: str) -> str:
+    stream = io.StringIO()
+    configure_logging("info", fmt, [secret], stream=stream)
+    try:
+        log = get_logger("test")
+        log.warning("failed with %s", secret, extra={"detail": {"echo": secret}, "raw": repr(secret)})
+        try:
+            raise ValueError(secret)
+        except ValueError:
+            log.exception("boom %r", secret)
+    finally:
+        configure_logging("info", "text", [])
+        logging.getLogger().handlers.clear()
+    return stream.getvalue()
+
+
+@given(secrets)
+def test_no_form_of_a_secret_survives_the_json_log(secret: str) -> None:
+    output = logged(secret, "json")
+    for form in forms(secret):
+        assert form not in output
+
+
+@given(secrets)
+def test_no_form_of_a_secret_survives_the_text_log(secret: str) -> None:
+    output = logged(secret, "text")
+    for form in forms(secret):
+        assert form not in output
+
+
+def test_a_secret_with_a_quote_and_a_backslash_is_redacted_in_json() -> None:
+    secret = 'sk-"quoted\\slashed'
+    line = json.dumps({"error": f"upstream said {secret}"})
+    assert secret not in json.loads(Redactor([secret]).redact(line))["error"]
+    assert "***" in Redactor([secret]).redact(line)
+
+
+@pytest.mark.anyio
+async def test_audit_lines_redact_escaped_secrets(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    secret = 'key"with\\odd\u00e9chars'
+    audit = AuditLog(str(path), include_content=True, secrets=[secret])
+    async with audit.running():
+        record = AuditRecord(request_id=1, session="s")
+        record.fail(-32603, f"provider echoed {secret}")
+        audit.record(record, params={"x": secret})
+    text = path.read_text()
+    assert json.loads(text)["error"]["message"] == "provider echoed ***"
+    for form in forms(secret):
+        assert form not in text
