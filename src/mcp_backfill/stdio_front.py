@@ -16,8 +16,6 @@ the same for both, only what "stopping the upstream" means differs.
 from __future__ import annotations
 
 import signal
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import anyio
 
@@ -25,7 +23,7 @@ from mcp_backfill.assembly import UpstreamLeg, make_sampler, open_upstream, rela
 from mcp_backfill.config import Config
 from mcp_backfill.logs import get_logger
 from mcp_backfill.relay import Relay
-from mcp_backfill.sampling.audit import AuditLog
+from mcp_backfill.sampling.audit import auditing
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.sampling.spend import SamplingSession
 from mcp_backfill.transports.base import MessageChannel
@@ -34,21 +32,12 @@ from mcp_backfill.transports.stdio import own_stdio
 log = get_logger("proxy")
 
 
-@asynccontextmanager
-async def _auditing(audit: AuditLog | None) -> AsyncIterator[None]:
-    if audit is None:
-        yield
-        return
-    async with audit.running():
-        yield
-
-
 async def run_stdio_proxy(config: Config) -> int:
     """Run one stdio session to completion and return the exit status to use."""
     sampler = make_sampler(config)
     try:
         async with (
-            _auditing(sampler.audit),
+            auditing(sampler.audit),
             own_stdio(config.max_message_bytes) as client,
             open_upstream(config) as (upstream, about),
         ):
@@ -56,13 +45,15 @@ async def run_stdio_proxy(config: Config) -> int:
             session = sampler.spend.new_session("stdio")
             status = await relay_session(config, sampler, session, client, upstream)
             budget = sampler.spend.budget
-            if budget.exchanges or sampler.spend.refused:
+            dropped = sampler.audit.dropped if sampler.audit is not None else 0
+            if budget.exchanges or sampler.spend.refused or dropped:
                 log.info(
                     "sampling spend",
                     extra={
                         "tokens_charged": budget.used,
                         "calls": budget.exchanges,
                         "refused": sampler.spend.refused,
+                        "audit_lines_dropped": dropped,
                         **budget.tokens,
                     },
                 )

@@ -10,10 +10,12 @@ timeout, a retried broken stream, a new session, a model upgrade) and shows the 
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
 from mcp import Client
 
@@ -252,3 +254,25 @@ async def test_serve_warns_when_it_would_spend_without_a_budget() -> None:
         pass
     assert "no token budget" in sidecar.stderr()
     assert "--budget-tokens" in sidecar.stderr()
+
+
+async def test_serve_writes_the_audit_log_and_flushes_it_on_sigterm(tmp_path: Path) -> None:
+    """`--audit-log` wrote nothing under `serve` (only the stdio front ran its writer)."""
+    audit = tmp_path / "audit.jsonl"
+    options = ("--provider", "mock", "--budget-tokens", "1000000", "--audit-log", str(audit))
+    async with run_sidecar(*options, upstream=SAMPLING_SERVER, env=proxy_env()) as sidecar:
+        async with Client(sidecar.url, mode="legacy") as client:
+            params = json.dumps(plain_params("one"))
+            first = tool_json(await client.call_tool("sample_raw", {"params_json": params}))
+            [line] = await wait_for_audit(audit, 1)  # written while serving, not only at exit
+            for n in range(3):
+                params = json.dumps(plain_params(f"more {n}"))
+                tool_json(await client.call_tool("sample_raw", {"params_json": params}))
+            async with httpx2.AsyncClient() as http:
+                metrics = (await http.get(f"{sidecar.base}/metrics")).text
+        sidecar.signal(signal.SIGTERM)
+        assert await sidecar.wait(SLOW) == 0
+    assert "result" in first
+    assert (line["outcome"], line["session"]) == ("answered", "http-1")
+    assert [entry["outcome"] for entry in audit_lines(audit)] == ["answered"] * 4
+    assert "mcp_backfill_audit_lines_dropped_total 0" in metrics

@@ -83,3 +83,16 @@ async def test_content_only_with_audit_content_and_secrets_redacted(tmp_path: Pa
     [entry] = lines(path)
     assert entry["params"]["messages"][0]["content"]["text"] == "key ***"
     assert entry["result"] == {"content": {"type": "text", "text": "answer"}}
+
+
+@pytest.mark.anyio
+async def test_a_full_queue_drops_and_counts_lines_instead_of_growing(tmp_path: Path) -> None:
+    """The writer is not draining (the disk is stuck, or nothing started it): memory stays bounded."""
+    path = tmp_path / "audit.jsonl"
+    audit = AuditLog(str(path), include_content=True, queue_lines=3)
+    for n in range(10):
+        audit.record(AuditRecord(request_id=n, session="s"), params={"big": "x" * 1000})
+    assert audit.dropped == 7
+    async with audit.running():  # what was queued is still written
+        pass
+    assert [line["request_id"] for line in lines(path)] == [0, 1, 2]

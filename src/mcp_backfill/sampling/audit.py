@@ -8,13 +8,16 @@ are left out unless `--audit-content` is given; known secrets are redacted from 
 
 The file is opened when the proxy starts (an unusable path is a `ConfigError` then, not a failure
 mid-session). `record()` never blocks: lines go through an in-memory queue to a writer task that
-appends and flushes them one by one in a worker thread, so a slow disk never stalls the relay.
+appends and flushes them one by one in a worker thread, so a slow disk never stalls the relay. The
+queue holds at most `QUEUE_LINES` lines: when the disk cannot keep up, further lines are dropped
+(and counted in `dropped`, logged, and exported by the sidecar's `/metrics`) rather than held in
+memory without bound. Both fronts run the writer (`auditing`) for as long as they serve; what is
+queued when they stop is written before the file is closed.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -30,7 +33,12 @@ from mcp_backfill.logs import Redactor, get_logger
 if TYPE_CHECKING:
     from mcp_backfill.sampling.spend import Ticket
 
-__all__ = ["AuditLog", "AuditRecord"]
+__all__ = ["QUEUE_LINES", "AuditLog", "AuditRecord", "auditing"]
+
+QUEUE_LINES = 10_000
+"""Lines waiting for the disk, at most; beyond it lines are dropped and counted."""
+DROP_LOG_EVERY = 1000
+"""A dropped line is logged at warning for the first one and then every this many."""
 
 log = get_logger("audit")
 
@@ -107,7 +115,14 @@ class AuditRecord:
 class AuditLog:
     """An append-only JSONL file fed from the event loop without blocking it."""
 
-    def __init__(self, path: str, *, include_content: bool = False, secrets: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        include_content: bool = False,
+        secrets: Iterable[str] = (),
+        queue_lines: int = QUEUE_LINES,
+    ) -> None:
         self.path = path
         self.include_content = include_content
         self._redactor = Redactor(secrets)
@@ -117,7 +132,9 @@ class AuditLog:
             raise ConfigError(
                 f"--audit-log {path}: cannot open the file for appending ({exc.strerror or exc})"
             ) from None
-        self._send, self._receive = anyio.create_memory_object_stream[str](math.inf)
+        self._send, self._receive = anyio.create_memory_object_stream[str](queue_lines)
+        self.dropped = 0
+        """Lines dropped because the queue was full."""
 
     def record(self, record: AuditRecord, params: Any = None, result: Any = None) -> None:
         """Queue one exchange's line; returns at once (safe even in a cancelled task)."""
@@ -128,6 +145,13 @@ class AuditLog:
         line = self._redactor.redact(json.dumps(entry, ensure_ascii=False, default=str))
         try:
             self._send.send_nowait(line)
+        except anyio.WouldBlock:
+            self.dropped += 1
+            if self.dropped % DROP_LOG_EVERY == 1:
+                log.warning(
+                    "audit log cannot keep up; lines dropped",
+                    extra={"path": self.path, "dropped": self.dropped},
+                )
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             self._write([line])  # the writer has stopped (shutdown): write directly, lose nothing
 
@@ -167,3 +191,13 @@ class AuditLog:
                 self._file.flush()
         except OSError as exc:
             log.error("cannot write the audit log", extra={"path": self.path, "error": str(exc)})
+
+
+@asynccontextmanager
+async def auditing(audit: AuditLog | None) -> AsyncIterator[None]:
+    """Run the audit log's writer (if there is one) for the body's duration."""
+    if audit is None:
+        yield
+        return
+    async with audit.running():
+        yield

@@ -54,15 +54,16 @@ class Counter:
 
 @dataclass
 class Gauge:
-    """A value read when the metrics are scraped."""
+    """A value read when the metrics are scraped (`kind` "counter" for a total kept elsewhere)."""
 
     name: str
     help: str
     read: Callable[[], Iterable[tuple[Labels, float]]]
+    kind: str = "gauge"
 
     def render(self) -> Iterable[str]:
         yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} gauge"
+        yield f"# TYPE {self.name} {self.kind}"
         for labels, value in self.read():
             yield f"{self.name}{_labels(labels)} {_number(value)}"
 
@@ -133,8 +134,14 @@ class Metrics:
         )
         self._gauges: list[Gauge] = []
 
-    def gauge(self, name: str, help_text: str, read: Callable[[], Iterable[tuple[Labels, float]]]) -> None:
-        self._gauges.append(Gauge(name, help_text, read))
+    def gauge(
+        self,
+        name: str,
+        help_text: str,
+        read: Callable[[], Iterable[tuple[Labels, float]]],
+        kind: str = "gauge",
+    ) -> None:
+        self._gauges.append(Gauge(name, help_text, read, kind))
 
     def sampling_done(self, *, outcome: str, model: str, latency: float, tokens: Mapping[str, int]) -> None:
         self.sampling_requests.inc(outcome=outcome, model=model)

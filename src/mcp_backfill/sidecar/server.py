@@ -25,6 +25,7 @@ from mcp_backfill.config import Config
 from mcp_backfill.errors import BindError, UpstreamStartError
 from mcp_backfill.logs import get_logger
 from mcp_backfill.relay import Relay
+from mcp_backfill.sampling.audit import auditing
 from mcp_backfill.sidecar.app import SidecarApp
 from mcp_backfill.sidecar.handshake import HandshakeFront
 from mcp_backfill.sidecar.http_io import FrontSettings
@@ -138,8 +139,16 @@ async def run_sidecar(config: Config) -> int:
             server_header=False,
         )
     )
+    audit = sampler.audit
+    if audit is not None:
+        metrics.gauge(
+            "mcp_backfill_audit_lines_dropped_total",
+            "audit log lines dropped because the disk could not keep up",
+            lambda: [((), audit.dropped)],
+            kind="counter",
+        )
     try:
-        async with anyio.create_task_group() as tg:
+        async with auditing(audit), anyio.create_task_group() as tg:
             sessions.start(tg)
             hubs.start(tg)
             tg.start_soon(_watch_signals, server, app)
