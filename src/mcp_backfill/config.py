@@ -159,6 +159,9 @@ class Config:
     allowed_hosts: tuple[str, ...] = DEFAULTS["allowed_hosts"]
     allowed_origins: tuple[str, ...] = DEFAULTS["allowed_origins"]
     max_sessions: int = DEFAULTS["max_sessions"]
+    max_connections: int = DEFAULTS["max_connections"]
+    header_timeout: float = DEFAULTS["header_timeout"]
+    body_timeout: float = DEFAULTS["body_timeout"]
     session_idle_timeout: float = DEFAULTS["session_idle_timeout"]  # 0: never reap idle sessions
     drain_timeout: float = DEFAULTS["drain_timeout"]
     # serve --upstream-url: pass the HTTP client's own Authorization header on to the upstream.

@@ -1,10 +1,14 @@
 """The sidecar's ASGI application: `/mcp`, `/healthz` and `/metrics`.
 
-Every `/mcp` request is checked before anything else, in this order, and the upstream is never
-touched by one that fails: Host (403), Origin (403), bearer token (401 with `WWW-Authenticate`).
-The `MCP-Protocol-Version` header then picks the protocol path: absent or a handshake-era version
-goes to the session front (`handshake.py`), anything else to the 2026-07-28 front (`stateless.py`).
-`/healthz` needs no credentials; `/metrics` needs the bearer token when one is configured.
+Every request, whatever its path, is checked first for Host and Origin (403: DNS-rebinding
+protection covers `/metrics` and `/healthz` too); `/mcp` and `/metrics` then need the bearer token
+when one is configured (401 with `WWW-Authenticate`), and the upstream is never touched by a request
+that fails. The `MCP-Protocol-Version` header then picks the protocol path: absent or a
+handshake-era version goes to the session front (`handshake.py`), anything else to the 2026-07-28
+front (`stateless.py`). `/healthz` needs no credentials.
+
+The HTTP method becomes a metrics label only from a fixed set (anything else counts as `OTHER`), so
+a client cannot add series to `/metrics`.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from mcp_backfill.sidecar.stateless import StatelessFront
 log = get_logger("sidecar")
 
 MCP_PATHS = ("/mcp", "/mcp/")
+# The methods a metrics label may name; any other counts as "OTHER".
+LABELLED_METHODS = frozenset({"GET", "HEAD", "POST", "DELETE", "OPTIONS", "PUT", "PATCH"})
 UNAUTHORIZED_HEADERS = [(b"www-authenticate", b'Bearer realm="mcp-backfill"')]
 BAD_TOKEN_HEADERS = [(b"www-authenticate", b'Bearer realm="mcp-backfill", error="invalid_token"')]
 
@@ -65,9 +71,12 @@ class SidecarApp:
         except ClientGone:
             status = status or 499
         finally:
-            self.metrics.http_requests.inc(method=call.method, status=str(status or 499))
+            method = call.method if call.method in LABELLED_METHODS else "OTHER"
+            self.metrics.http_requests.inc(method=method, status=str(status or 499))
 
     async def _route(self, call: HttpCall) -> None:
+        if not await self._origin_checked(call):
+            return
         path = call.scope["path"]
         if path in MCP_PATHS:
             await self._mcp(call)
@@ -89,17 +98,21 @@ class SidecarApp:
         }
         await call.respond(503 if self.draining else 200, json_bytes(body))
 
-    async def _mcp(self, call: HttpCall) -> None:
+    async def _origin_checked(self, call: HttpCall) -> bool:
+        """Host and Origin against the allow-lists; answers 403 itself when either is refused."""
         host = call.headers.get("host")
         if not host_allowed(host, self.policy):
             log.warning("request refused: Host not allowed (--allowed-hosts)", extra={"host": host})
             await call.respond_error(403, protocol.INVALID_REQUEST, "Forbidden: Host header not allowed")
-            return
+            return False
         origin = call.headers.get("origin")
         if not origin_allowed(origin, self.policy):
             log.warning("request refused: Origin not allowed (--allowed-origins)", extra={"origin": origin})
             await call.respond_error(403, protocol.INVALID_REQUEST, "Forbidden: Origin header not allowed")
-            return
+            return False
+        return True
+
+    async def _mcp(self, call: HttpCall) -> None:
         if not await self._authorized(call):
             return
         headers = upstream_headers(call, strip_authorization=self.policy.token is not None)

@@ -69,7 +69,7 @@ class HandshakeFront:
                 "Not Acceptable: Client must accept both application/json and text/event-stream",
             )
             return
-        body = await call.read_json_body(self.settings.max_body)
+        body = await call.read_json_body(self.settings.max_body, self.settings.body_timeout)
         if body is None:
             return
         try:

@@ -33,6 +33,7 @@ class FrontSettings:
     """What the `/mcp` handlers of both eras share."""
 
     max_body: int
+    body_timeout: float = 30.0
     json_window: float = JSON_WINDOW_SECONDS
     keepalive: float = KEEPALIVE_SECONDS
     draining: bool = False  # shutting down: no new sessions or requests
@@ -88,7 +89,8 @@ class HttpCall:
         await self.respond(status, body, protocol.JSON_TYPE, headers)
 
     async def read_body(self, limit: int) -> bytes | None:
-        """The whole request body, or None when it is larger than `limit` bytes."""
+        """The whole request body, or None when it is larger than `limit` bytes. Raises
+        `TimeoutError` when the caller's deadline passes first."""
         declared = self.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             return None
@@ -106,14 +108,25 @@ class HttpCall:
             if not message.get("more_body", False):
                 return b"".join(chunks)
 
-    async def read_json_body(self, limit: int) -> bytes | None:
-        """The body of a JSON POST; None when it was refused here (415 not JSON, 413 too large)."""
+    async def read_json_body(self, limit: int, body_timeout: float) -> bytes | None:
+        """The body of a JSON POST; None when it was refused here (415 not JSON, 413 too large,
+        408 not received within `body_timeout` seconds)."""
         if not is_json_body(self.headers):
             await self.respond_error(
                 415, protocol.INVALID_REQUEST, "Unsupported Media Type: Content-Type must be application/json"
             )
             return None
-        body = await self.read_body(limit)
+        try:
+            with anyio.fail_after(body_timeout):
+                body = await self.read_body(limit)
+        except TimeoutError:
+            await self.respond_error(
+                408,
+                protocol.INVALID_REQUEST,
+                f"Request Timeout: the body did not arrive within {body_timeout:g} s (--body-timeout)",
+                headers=[(b"connection", b"close")],
+            )
+            return None
         if body is None:
             await self.respond_error(
                 413,

@@ -27,6 +27,7 @@ from mcp_backfill.logs import get_logger
 from mcp_backfill.relay import Relay
 from mcp_backfill.sampling.audit import auditing
 from mcp_backfill.sidecar.app import SidecarApp
+from mcp_backfill.sidecar.connections import guarded_protocol
 from mcp_backfill.sidecar.handshake import HandshakeFront
 from mcp_backfill.sidecar.http_io import FrontSettings
 from mcp_backfill.sidecar.metrics import Metrics
@@ -105,6 +106,13 @@ async def run_sidecar(config: Config) -> int:
         allowed_origins=config.allowed_origins or default_allowed_origins(),
         token=config.auth_token.value if config.auth_token is not None else None,
     )
+    if policy.token is None:
+        reason = "--allow-unauthenticated" if config.allow_unauthenticated else "no --auth-token"
+        log.warning(
+            f"serving without authentication ({reason}): anyone who can reach {config.host}:{port} can "
+            "use the upstream and spend on Claude; set MCP_BACKFILL_AUTH_TOKEN (or --auth-token) unless "
+            "something in front of the sidecar authenticates clients"
+        )
     sessions = SessionTable(
         config.max_sessions,
         SessionSettings(config.session_idle_timeout, stop_timeout=3 * config.shutdown_grace + 1),
@@ -118,7 +126,7 @@ async def run_sidecar(config: Config) -> int:
         max_hubs=config.max_sessions,
         idle_timeout=config.session_idle_timeout,
     )
-    front = FrontSettings(config.max_message_bytes)
+    front = FrontSettings(config.max_message_bytes, body_timeout=config.body_timeout)
     app = SidecarApp(policy, HandshakeFront(sessions, front), StatelessFront(hubs, front), metrics)
     metrics.gauge(
         "mcp_backfill_active_sessions", "open handshake-era client sessions", lambda: [((), len(sessions))]
@@ -135,6 +143,7 @@ async def run_sidecar(config: Config) -> int:
             log_config=None,
             access_log=False,
             ws="none",
+            http=guarded_protocol(config.header_timeout, config.max_connections),
             timeout_graceful_shutdown=math.ceil(config.drain_timeout),
             server_header=False,
         )

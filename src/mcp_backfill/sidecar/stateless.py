@@ -201,7 +201,7 @@ class StatelessFront:
         if not (json_ok and sse_ok):
             await call.respond(406)
             return
-        body = await call.read_json_body(self.settings.max_body)
+        body = await call.read_json_body(self.settings.max_body, self.settings.body_timeout)
         if body is None:
             return
         try:

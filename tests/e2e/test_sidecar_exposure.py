@@ -1,0 +1,117 @@
+"""What an unauthenticated or hostile HTTP client can do to `mcp-backfill serve`: the review's
+findings on metrics cardinality, slow and idle connections, Host/Origin on every route, and the
+warning when nothing authenticates clients. Real sockets on loopback against the real process."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import re
+import socket
+import string
+
+import anyio
+import httpx2
+import pytest
+
+from tests.harness import proxy_env, python_server
+from tests.sidecar_harness import HTTP_TIMEOUT, Sidecar, run_sidecar
+
+pytestmark = pytest.mark.anyio
+
+ECHO_SERVER = python_server("echo_server.py")
+TOKEN = "exposure-token-0123456789abcdef"
+# Generous: the sidecar closes after its (1 s) timeout; a loaded machine may take longer.
+CLOSE_WITHIN = 30.0
+CLOSED = (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionResetError)
+
+
+async def closed_by_server(sidecar: Sidecar, send: bytes) -> bytes:
+    """Connect, send `send`, and read until the server closes the connection; returns what it sent."""
+    stream = await anyio.connect_tcp("127.0.0.1", sidecar.port)
+    received = b""
+    async with stream:
+        if send:
+            await stream.send(send)
+        with anyio.fail_after(CLOSE_WITHIN):
+            while True:
+                try:
+                    received += await stream.receive()
+                except CLOSED:
+                    return received
+
+
+async def test_idle_and_half_sent_requests_are_closed_and_a_slow_body_gets_408() -> None:
+    options = ("--provider", "mock", "--header-timeout", "1", "--body-timeout", "1")
+    async with run_sidecar(*options, upstream=ECHO_SERVER, env=proxy_env()) as sidecar:
+        assert await closed_by_server(sidecar, b"") == b""  # sent nothing at all
+        assert await closed_by_server(sidecar, b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1") == b""
+        head = (
+            f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{sidecar.port}\r\nContent-Type: application/json\r\n"
+            "Accept: application/json, text/event-stream\r\nContent-Length: 100\r\n\r\n{"
+        ).encode()
+        answer = await closed_by_server(sidecar, head)  # a body that never completes
+        async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http:
+            assert (await http.get(f"{sidecar.base}/healthz")).status_code == 200  # still serving
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert b"--body-timeout" in answer
+
+
+async def test_connections_beyond_the_cap_are_closed() -> None:
+    options = ("--provider", "mock", "--max-connections", "2")
+    async with run_sidecar(*options, upstream=ECHO_SERVER, env=proxy_env()) as sidecar:
+        held = [socket.create_connection(("127.0.0.1", sidecar.port)) for _ in range(2)]
+        try:
+            with anyio.fail_after(CLOSE_WITHIN):  # the two held ones are accepted first
+                while "connection refused: too many" not in sidecar.stderr():
+                    extra = await anyio.connect_tcp("127.0.0.1", sidecar.port)
+                    async with extra:
+                        with contextlib.suppress(
+                            anyio.EndOfStream, anyio.BrokenResourceError, ConnectionResetError
+                        ):
+                            await extra.receive()
+        finally:
+            for sock in held:
+                sock.close()
+        async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http:
+            assert (await http.get(f"{sidecar.base}/healthz")).status_code == 200
+
+
+async def test_random_methods_add_no_metric_series() -> None:
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        rng = random.Random(7)
+        methods = ["".join(rng.choices(string.ascii_uppercase, k=12)) for _ in range(40)] + ["X" * 8000]
+        for method in methods:
+            await http.request(method, f"{sidecar.base}/{rng.randint(0, 10**6)}")
+        metrics = (await http.get(f"{sidecar.base}/metrics")).text
+    series = re.findall(r"^mcp_backfill_http_requests_total\{(.*)\} (\d+)$", metrics, re.MULTILINE)
+    assert len(series) <= 2  # OTHER/404 and GET (the scrape itself is counted once it is answered)
+    assert ('method="OTHER",status="404"', str(len(methods))) in series
+    assert all(method not in metrics for method in methods)
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/healthz"])
+async def test_dns_rebinding_cannot_read_metrics_or_health(path: str) -> None:
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        rebound = await http.get(f"{sidecar.base}{path}", headers={"host": f"evil.example:{sidecar.port}"})
+        foreign = await http.get(f"{sidecar.base}{path}", headers={"origin": "http://evil.example"})
+        fine = await http.get(f"{sidecar.base}{path}")
+    assert (rebound.status_code, foreign.status_code, fine.status_code) == (403, 403, 200)
+    assert "mcp_backfill" not in rebound.text + foreign.text
+
+
+async def test_serving_without_authentication_is_announced() -> None:
+    async with run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as open_sidecar:
+        pass
+    env = proxy_env(MCP_BACKFILL_AUTH_TOKEN=TOKEN)
+    async with run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=env) as guarded:
+        pass
+    assert "serving without authentication (no --auth-token)" in open_sidecar.stderr()
+    assert "MCP_BACKFILL_AUTH_TOKEN" in open_sidecar.stderr()
+    assert "serving without authentication" not in guarded.stderr()
