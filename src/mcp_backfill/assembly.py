@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
-from mcp_backfill.config import Config, upstream_environment
+from mcp_backfill.config import Config, upstream_environment, upstream_header_secrets
 from mcp_backfill.providers import ProviderSettings, make_provider
 from mcp_backfill.providers.retry import RetryPolicy
 from mcp_backfill.relay import RelayOptions
@@ -153,6 +153,7 @@ def http_upstream_settings(
         url=config.upstream_url,
         headers=(*config.upstream_headers, *extra_headers),
         max_message_bytes=config.max_message_bytes,
+        secrets=config.secrets() + upstream_header_secrets(extra_headers),
     )
 
 

@@ -353,6 +353,24 @@ async def test_http_errors_become_json_rpc_errors_and_the_session_goes_on() -> N
     assert posts[-1]["id"] == 8  # and request 9 was not even sent
 
 
+async def test_an_upstream_error_page_quoting_the_credential_reaches_the_client_redacted() -> None:
+    secret = "upstream-credential-0123456789"
+    async with recorder() as (upstream, _):
+        header = f"Authorization: Bearer {secret}"
+        argv = proxy_url_argv("--provider", "mock", "--upstream-header", header, url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            refused = await session.request(2, "fail/echo-auth")
+            await session.close_stdin()
+            await session.wait()
+            stderr = session.stderr()
+    message = refused["error"]["message"]
+    assert "HTTP 401" in message
+    assert "bad credentials: ***" in message
+    assert secret not in message
+    assert secret not in stderr
+
+
 async def test_oversized_upstream_answers_become_errors_for_their_requests() -> None:
     async with recorder() as (upstream, _):
         argv = proxy_url_argv("--provider", "mock", "--max-message-bytes", "4096", url=upstream.url)

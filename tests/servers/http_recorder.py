@@ -11,6 +11,8 @@ It speaks just enough of the handshake era for a client to get through `initiali
 * `recorder/requests`: result `{"requests": [...]}`, everything recorded so far;
 * `fail/500`: HTTP 500, text body `database on fire`;
 * `fail/teapot`: HTTP 418, text body `short and stout`;
+* `fail/echo-auth`: HTTP 401, a text body quoting the `Authorization` header it was sent (as careless
+  servers do);
 * `fail/jsonrpc-400`: HTTP 400 with a JSON-RPC error `-32602 bad params from server` as the body;
 * `fail/hang-up`: closes the connection without answering;
 * `big/json` and `big/sse` (`params.size`): a result padded to about that many bytes, as a JSON body
@@ -111,6 +113,9 @@ class Handler(BaseHTTPRequestHandler):
             self._reply(500, b"database on fire", "text/plain")
         elif method == "fail/teapot":
             self._reply(418, b"short and stout", "text/plain")
+        elif method == "fail/echo-auth":
+            quoted = f"bad credentials: {self.headers.get('authorization')}"
+            self._reply(401, quoted.encode(), "text/plain")
         elif method == "fail/jsonrpc-400":
             error = {"code": -32602, "message": "bad params from server"}
             self._reply(400, json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode())

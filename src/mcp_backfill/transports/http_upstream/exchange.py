@@ -17,7 +17,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import MessageTooLarge
-from mcp_backfill.logs import get_logger
+from mcp_backfill.logs import Redactor, get_logger
 from mcp_backfill.transports.http_upstream.headers import ToolHeaderMaps
 from mcp_backfill.transports.http_upstream.settings import (
     HttpUpstreamSettings,
@@ -118,6 +118,7 @@ class ExchangeReader:
         self._inbox = inbox
         self.tools = ToolHeaderMaps()
         self.failed = False
+        self._redact = Redactor(settings.secrets).redact
 
     def post_headers(self) -> dict[str, str]:
         """Headers every POST starts from: the configured ones, then `accept` and `content-type`."""
@@ -272,7 +273,7 @@ class ExchangeReader:
         """Why a non-2xx answer leaves the request unanswered; None when its body was the answer."""
         status = response.status_code
         body = await read_limited(response, ERROR_BODY_LIMIT)
-        text = preview(body.head if isinstance(body, MessageTooLarge) else body)
+        text = self._redact(preview(body.head if isinstance(body, MessageTooLarge) else body))
         if 400 <= status < 500 and not isinstance(body, MessageTooLarge) and _is_jsonrpc_answer(body):
             await self._take_answer(exchange, body)
             return exchange.failure

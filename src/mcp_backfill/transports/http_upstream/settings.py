@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx2
 
@@ -32,6 +32,9 @@ class HttpUpstreamSettings:
     finish_timeout: float = 1.0
     # Seconds between reconnections when the server's SSE `retry:` field says nothing.
     reconnect_delay: float = 1.0
+    # Every known secret: kept out of the error messages built from what the upstream answered
+    # (an upstream may echo the credential it was sent in its error page).
+    secrets: tuple[str, ...] = field(default=(), repr=False)
 
 
 def make_http_client(settings: HttpUpstreamSettings, tls: ssl.SSLContext | None = None) -> httpx2.AsyncClient:
