@@ -5,6 +5,7 @@ warning when nothing authenticates clients. Real sockets on loopback against the
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import re
 import socket
@@ -14,8 +15,9 @@ import anyio
 import httpx2
 import pytest
 
+from mcp_backfill.transports.event_stream import REPLAY_BYTES
 from tests.harness import proxy_env, python_server
-from tests.sidecar_harness import HTTP_TIMEOUT, Sidecar, run_sidecar
+from tests.sidecar_harness import HANDSHAKE_HEADERS, HTTP_TIMEOUT, Sidecar, open_session, run_sidecar
 
 pytestmark = pytest.mark.anyio
 
@@ -115,3 +117,41 @@ async def test_serving_without_authentication_is_announced() -> None:
     assert "serving without authentication (no --auth-token)" in open_sidecar.stderr()
     assert "MCP_BACKFILL_AUTH_TOKEN" in open_sidecar.stderr()
     assert "serving without authentication" not in guarded.stderr()
+
+
+async def test_a_session_that_never_reads_its_get_stream_holds_a_bounded_replay_buffer() -> None:
+    """Server messages for the standalone GET stream were kept (1,024 of up to 32 MiB each) for a
+    client that never opens it; now each stream keeps at most REPLAY_BYTES, the newest always."""
+    blob = "x" * (1024 * 1024)
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        session = await open_session(http, sidecar.url)
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session}
+        for n in range(20):  # two requests in flight: the notification belongs to neither (GET stream)
+            notify = {"method": "notifications/big", "params": {"n": n, "blob": blob}}
+            batch = [call(f"a{n}", "test/notify_client", notify), call(f"b{n}", "ping")]
+            response = await http.post(sidecar.url, json=batch, headers=headers)
+            assert response.status_code == 200
+        metrics = (await http.get(f"{sidecar.base}/metrics")).text
+        [buffered] = map(int, re.findall(r"^mcp_backfill_replay_buffer_bytes (\d+)$", metrics, re.MULTILINE))
+        seen: list[int] = []
+        get_headers = {"accept": "text/event-stream", "mcp-session-id": session}
+        async with http.stream("GET", sidecar.url, headers=get_headers) as stream:
+            async for line in stream.aiter_lines():
+                if line.startswith("data: "):
+                    seen.append(json.loads(line[6:])["params"]["n"])
+                    if seen[-1] == 19:
+                        break
+    assert buffered <= REPLAY_BYTES + 64 * 1024
+    assert seen[-1] == 19  # the newest messages are still there for the client
+    assert 1 <= len(seen) < 20  # the oldest were dropped
+    assert seen == sorted(seen)
+
+
+def call(request_id: str, method: str, params: object = None) -> dict[str, object]:
+    message: dict[str, object] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+    if params is not None:
+        message["params"] = params
+    return message

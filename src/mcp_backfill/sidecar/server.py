@@ -132,6 +132,11 @@ async def run_sidecar(config: Config) -> int:
         "mcp_backfill_active_sessions", "open handshake-era client sessions", lambda: [((), len(sessions))]
     )
     metrics.gauge(
+        "mcp_backfill_replay_buffer_bytes",
+        "bytes of server messages kept for SSE resumption, over every session",
+        lambda: [((), sum(session.router.buffered_bytes for session in sessions.all()))],
+    )
+    metrics.gauge(
         "mcp_backfill_requests_in_flight_2026",
         "2026-07-28 requests waiting for their answer",
         lambda: [((), hubs.in_flight)],

@@ -3,8 +3,11 @@
 Streamable HTTP delivers server messages on SSE streams: one per POST that carried requests, plus
 the session's standalone GET stream. Messages are appended to an `EventStream` whether or not an
 HTTP response is writing it at the moment; each gets an event id (`<stream key>.<sequence>`), and the
-last `limit` of them are kept, so a client whose connection dropped can reconnect with
-`Last-Event-ID` and get what it missed.
+last of them are kept, so a client whose connection dropped can reconnect with `Last-Event-ID` and
+get what it missed. What is kept is bounded twice: at most `limit` events and at most `byte_limit`
+bytes (`REPLAY_BYTES`), oldest dropped first — so a client that never opens its GET stream, or never
+reads, cannot make the proxy hold its messages without bound. The newest event is always kept,
+however large, so that a live reader gets it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from mcp_backfill.logs import get_logger
 log = get_logger("http")
 
 SSE_PING = b": ping\n\n"
+REPLAY_BYTES = 8 * 1024 * 1024
+"""Bytes of messages one stream keeps for replay, at most (the newest message is always kept)."""
 
 
 def sse_event(data: bytes, event_id: str | None = None) -> bytes:
@@ -38,9 +43,12 @@ def parse_event_id(event_id: str) -> tuple[str, int] | None:
 class EventStream:
     """The messages of one SSE stream, numbered, with the last `limit` kept for replay."""
 
-    def __init__(self, key: str, limit: int) -> None:
+    def __init__(self, key: str, limit: int, byte_limit: int = REPLAY_BYTES) -> None:
         self.key = key
-        self._events: deque[tuple[int, bytes]] = deque(maxlen=limit)
+        self._limit = limit
+        self._byte_limit = byte_limit
+        self._events: deque[tuple[int, bytes]] = deque()
+        self.buffered_bytes = 0
         self._next = 1
         self._changed = anyio.Event()
         self._writer = 0  # generation of the HTTP response writing this stream, 0: none
@@ -64,14 +72,20 @@ class EventStream:
         if self.finished:
             log.debug("message for a finished stream dropped", extra={"stream": self.key})
             return
-        if len(self._events) == self._events.maxlen and not self._warned:
-            self._warned = True
-            log.warning(
-                "SSE replay buffer full; the oldest undelivered messages are dropped",
-                extra={"stream": self.key, "limit": self._events.maxlen},
-            )
         self._events.append((self._next, message))
+        self.buffered_bytes += len(message)
         self._next += 1
+        while len(self._events) > 1 and (
+            len(self._events) > self._limit or self.buffered_bytes > self._byte_limit
+        ):
+            seq, dropped = self._events.popleft()
+            self.buffered_bytes -= len(dropped)
+            if seq > self.delivered and not self._warned:
+                self._warned = True
+                log.warning(
+                    "SSE replay buffer full; the oldest undelivered messages are dropped",
+                    extra={"stream": self.key, "limit": self._limit, "byte_limit": self._byte_limit},
+                )
         self._wake()
 
     def finish(self) -> None:

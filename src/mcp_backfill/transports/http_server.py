@@ -76,6 +76,11 @@ class SessionRouter:
     def in_flight(self) -> int:
         return len(self._requests)
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes kept for replay by every stream of the session."""
+        return sum(stream.buffered_bytes for stream in self._streams.values())
+
     def stream(self, key: str) -> EventStream | None:
         return self._streams.get(key)
 
