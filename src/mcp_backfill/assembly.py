@@ -91,7 +91,7 @@ def spend_settings(config: Config) -> SpendSettings:
 
 def clients_told_apart(config: Config) -> bool:
     """Can requests come from more than one client identity (see the README's "Who pays")?"""
-    return config.front == "http" and config.forward_authorization
+    return config.front == "http" and (config.forward_authorization or bool(config.client_tokens))
 
 
 def retry_policy(config: Config) -> RetryPolicy:

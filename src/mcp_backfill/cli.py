@@ -14,7 +14,13 @@ from typing import Any
 import anyio
 
 from mcp_backfill import __version__
-from mcp_backfill.config import PLATFORM_SECRET_ENV_VARS, Config, custom_header_secrets, secret_from_env
+from mcp_backfill.config import (
+    PLATFORM_SECRET_ENV_VARS,
+    Config,
+    custom_header_secrets,
+    read_secret_files,
+    secret_from_env,
+)
 from mcp_backfill.errors import ConfigError, StartupError
 from mcp_backfill.logs import configure_logging, get_logger
 from mcp_backfill.options import DEFAULTS, Option, options_for, read_options
@@ -74,6 +80,7 @@ def _add_option(parser: argparse.ArgumentParser, each: Option) -> None:
 
 def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
     """Flags win over `MCP_BACKFILL_*` variables, which win over defaults."""
+    environ = read_secret_files(environ)
     argv = list(argv)
     serve = bool(argv) and argv[0] == SERVE_COMMAND
     if serve:

@@ -19,6 +19,7 @@ from mcp_backfill.options import (
     OPTIONS,
     Allowance,
     AudioPolicy,
+    ClientToken,
     Era,
     LogFormat,
     Mode,
@@ -42,6 +43,7 @@ __all__ = [
     "check_upstream_url",
     "custom_header_secrets",
     "is_loopback",
+    "read_secret_files",
     "secret_from_env",
     "upstream_environment",
     "upstream_header_secrets",
@@ -154,6 +156,7 @@ class Config:
     host: str = DEFAULTS["host"]
     port: int = DEFAULTS["port"]  # 0: any free port (logged at startup)
     auth_token: Secret | None = DEFAULTS["auth_token"]
+    client_tokens: tuple[ClientToken, ...] = field(default=DEFAULTS["client_tokens"], repr=False)
     allow_unauthenticated: bool = DEFAULTS["allow_unauthenticated"]
     # Empty: the defaults for the bound address (loopback names with the bound port).
     allowed_hosts: tuple[str, ...] = DEFAULTS["allowed_hosts"]
@@ -213,6 +216,14 @@ class Config:
             raise ConfigError(
                 "--forward-authorization needs --upstream-url (a command upstream gets no headers)"
             )
+        if self.forward_authorization and (self.auth_token is not None or self.client_tokens):
+            raise ConfigError(
+                "--forward-authorization passes each client's own Authorization header to the upstream, "
+                "so that header cannot also carry a token for mcp-backfill (--auth-token, "
+                "--client-tokens): use one or the other. With forwarding, the upstream authenticates "
+                "clients and each distinct credential is its own client for the budgets."
+            )
+        self._check_client_tokens()
         if not is_loopback(self.host) and self.auth_token is None and not self.allow_unauthenticated:
             raise ConfigError(
                 f"refusing to serve on {self.host}, which is not a loopback address, without a bearer "
@@ -220,13 +231,33 @@ class Config:
                 "if something in front of the proxy authenticates clients"
             )
 
+    def _check_client_tokens(self) -> None:
+        names = [entry.name for entry in self.client_tokens]
+        tokens = [entry.token.value for entry in self.client_tokens]
+        if self.auth_token is not None:
+            tokens.append(self.auth_token.value)
+        duplicate = next((name for name in names if names.count(name) > 1), None)
+        if duplicate is not None:
+            raise ConfigError(f"--client-tokens: the client name {duplicate!r} appears twice")
+        if len(set(tokens)) != len(tokens):
+            raise ConfigError("--client-tokens: two clients (or a client and --auth-token) share a token")
+        short = next((entry.name for entry in self.client_tokens if len(entry.token.value) < 16), None)
+        if short is not None:
+            raise ConfigError(f"--client-tokens: the token of {short!r} must be at least 16 characters long")
+
     def secrets(self) -> tuple[str, ...]:
         """Every secret value, for the log redaction filter."""
         return self._proxy_secrets() + upstream_header_secrets(self.upstream_headers)
 
     def _proxy_secrets(self) -> tuple[str, ...]:
         """The credentials the proxy spends on Claude: never to be sent upstream."""
-        held = (self.api_key, self.auth_token, self.vertex_access_token, *self.platform_secrets)
+        held = (
+            self.api_key,
+            self.auth_token,
+            self.vertex_access_token,
+            *self.platform_secrets,
+            *(entry.token for entry in self.client_tokens),
+        )
         headers = tuple(value for _, value in self.api_headers)
         return tuple(s.value for s in held if s is not None and s.value) + tuple(v for v in headers if v)
 
@@ -294,6 +325,37 @@ def upstream_environment(environ: Mapping[str, str]) -> dict[str, str]:
     return {
         k: v for k, v in environ.items() if k not in SECRET_ENV_VARS and not k.startswith(PROXY_ENV_PREFIXES)
     }
+
+
+SECRET_FILE_VARIABLES = (
+    "ANTHROPIC_API_KEY",
+    option("auth_token").env,
+    option("client_tokens").env,
+    option("api_headers").env,
+    option("upstream_headers").env,
+    "MCP_BACKFILL_VERTEX_ACCESS_TOKEN",
+)
+"""Secret-holding variables that may instead name a file: `<NAME>_FILE=/run/secrets/...`."""
+
+
+def read_secret_files(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` with each `<NAME>_FILE` of `SECRET_FILE_VARIABLES` replaced by `<NAME>` = the file's
+    content (one trailing newline stripped). Both set, or an unreadable file: `ConfigError`."""
+    resolved = dict(environ)
+    for name in SECRET_FILE_VARIABLES:
+        path = environ.get(f"{name}_FILE", "")
+        if not path:
+            continue
+        if environ.get(name):
+            raise ConfigError(f"both {name} and {name}_FILE are set; set one of them")
+        try:
+            with open(path, encoding="utf-8") as file:
+                content = file.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            raise ConfigError(f"{name}_FILE: cannot read {path} ({reason})") from None
+        resolved[name] = content.removesuffix("\n").removesuffix("\r")
+    return resolved
 
 
 def custom_header_secrets(environ: Mapping[str, str]) -> tuple[Secret, ...]:

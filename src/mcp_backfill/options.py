@@ -135,6 +135,36 @@ def budget(raw: str) -> tuple[Allowance, ...]:
     return tuple(allowances)
 
 
+class ClientToken(NamedTuple):
+    """One named client credential of `serve` (`--client-tokens`)."""
+
+    name: str
+    token: Secret
+
+    def __repr__(self) -> str:
+        return f"ClientToken({self.name!r}, ***)"
+
+
+CLIENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+
+
+def client_tokens(raw: str) -> tuple[ClientToken, ...]:
+    """`name=token` entries, one per line or comma-separated; `#` starts a comment line."""
+    entries: list[ClientToken] = []
+    for line in raw.splitlines():
+        if line.strip().startswith("#"):
+            continue
+        for entry in split_list(line):
+            name, equals, token = entry.partition("=")
+            if not equals or not CLIENT_NAME.match(name.strip()) or not token.strip():
+                raise ValueError(
+                    "expected name=token entries (a name of letters, digits, _ . @ -), one per line "
+                    "or comma-separated"
+                )
+            entries.append(ClientToken(name.strip(), Secret(token.strip())))
+    return tuple(entries)
+
+
 def parse_header(line: str) -> tuple[str, str]:
     """`"Name: value"` -> `("Name", "value")`; the name and value are checked by `Config`."""
     name, colon, value = line.partition(":")
@@ -756,6 +786,20 @@ OPTIONS: tuple[Option, ...] = (
         checks=(min_length(16),),
         metavar="TOKEN",
         command="serve",
+    ),
+    Option(
+        "client_tokens",
+        "--client-tokens",
+        (),
+        "named client credentials, name=token entries (one per line or comma-separated; # comments): "
+        "each client authenticates with its own bearer token and gets its own budget, rate limit and "
+        "slots; prefer MCP_BACKFILL_CLIENT_TOKENS_FILE",
+        "named client credentials, `name=token` per line: each client its own bearer token and its own "
+        "budget ([who pays](#who-pays)); prefer the `_FILE` variable",
+        parse=client_tokens,
+        metavar="ENTRIES",
+        command="serve",
+        default_note="none",
     ),
     Option(
         "allow_unauthenticated",

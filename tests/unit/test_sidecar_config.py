@@ -10,7 +10,6 @@ from mcp_backfill.errors import ConfigError
 from mcp_backfill.sidecar.metrics import Metrics
 from mcp_backfill.sidecar.security import (
     AccessPolicy,
-    bearer_ok,
     default_allowed_hosts,
     default_allowed_origins,
     host_allowed,
@@ -117,14 +116,23 @@ def test_host_and_origin_rules_follow_the_sdk() -> None:
     assert origin_allowed("https://x", anything)
 
 
-def test_bearer_token_check() -> None:
-    assert bearer_ok(None, None)
-    assert bearer_ok(f"Bearer {TOKEN}", TOKEN)
-    assert bearer_ok(f"bearer   {TOKEN}", TOKEN)
-    assert not bearer_ok(None, TOKEN)
-    assert not bearer_ok(TOKEN, TOKEN)
-    assert not bearer_ok(f"Basic {TOKEN}", TOKEN)
-    assert not bearer_ok(f"Bearer {TOKEN}x", TOKEN)
+def test_client_identity_of_a_caller() -> None:
+    hosts, origins = default_allowed_hosts(8080), default_allowed_origins()
+    open_policy = AccessPolicy(hosts, origins)
+    assert open_policy.identify(None) == open_policy.identify(f"Bearer {TOKEN}") == "anonymous"
+    tokens = AccessPolicy(hosts, origins, (("default", TOKEN), ("alice", "alice-token-0123456789")))
+    assert tokens.identify(f"Bearer {TOKEN}") == "default"
+    assert tokens.identify(f"bearer   {TOKEN}") == "default"
+    assert tokens.identify("Bearer alice-token-0123456789") == "alice"
+    for wrong in (None, TOKEN, f"Basic {TOKEN}", f"Bearer {TOKEN}x", "Bearer \udcff"):
+        assert tokens.identify(wrong) is None
+    forwarding = AccessPolicy(hosts, origins, forward_authorization=True)
+    alice, bob = forwarding.identify("Bearer alice"), forwarding.identify("Bearer bob")
+    assert alice is not None
+    assert alice.startswith("authorization:")
+    assert "alice" not in alice
+    assert alice != bob
+    assert forwarding.identify(None) == "anonymous"
 
 
 def test_metrics_text_exposition() -> None:

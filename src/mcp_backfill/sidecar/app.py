@@ -22,7 +22,7 @@ from mcp_backfill.sidecar import metrics as prometheus
 from mcp_backfill.sidecar.handshake import HandshakeFront
 from mcp_backfill.sidecar.http_io import HttpCall, json_bytes, upstream_headers
 from mcp_backfill.sidecar.metrics import Metrics
-from mcp_backfill.sidecar.security import AccessPolicy, bearer_ok, host_allowed, origin_allowed
+from mcp_backfill.sidecar.security import AccessPolicy, host_allowed, origin_allowed
 from mcp_backfill.sidecar.stateless import StatelessFront
 
 log = get_logger("sidecar")
@@ -83,7 +83,7 @@ class SidecarApp:
         elif path == "/healthz" and call.method in ("GET", "HEAD"):
             await self._healthz(call)
         elif path == "/metrics" and call.method in ("GET", "HEAD"):
-            if await self._authorized(call):
+            if await self._identify(call) is not None:
                 data = self.metrics.render().encode()
                 await call.respond(200, data, prometheus.CONTENT_TYPE)
         else:
@@ -113,20 +113,23 @@ class SidecarApp:
         return True
 
     async def _mcp(self, call: HttpCall) -> None:
-        if not await self._authorized(call):
+        identity = await self._identify(call)
+        if identity is None:
             return
-        headers = upstream_headers(call, strip_authorization=self.policy.token is not None)
+        headers = upstream_headers(call, strip_authorization=self.policy.authenticates)
         version = call.headers.get(protocol.VERSION_HEADER)
         if version is not None and version not in protocol.HANDSHAKE_VERSIONS:
-            await self.stateless.handle(call, headers)
+            await self.stateless.handle(call, headers, identity)
         else:
-            await self.handshake.handle(call, headers)
+            await self.handshake.handle(call, headers, identity)
 
-    async def _authorized(self, call: HttpCall) -> bool:
-        """Answers 401 itself when the bearer token is missing or wrong."""
+    async def _identify(self, call: HttpCall) -> str | None:
+        """The caller's client identity; None (after answering 401) when its token is missing or
+        wrong."""
         authorization = call.headers.get("authorization")
-        if bearer_ok(authorization, self.policy.token):
-            return True
+        identity = self.policy.identify(authorization)
+        if identity is not None:
+            return identity
         log.warning(
             "request refused: missing or wrong bearer token",
             extra={"path": call.scope["path"], "client": _peer(call)},
@@ -137,7 +140,7 @@ class SidecarApp:
             "Unauthorized: this mcp-backfill needs 'Authorization: Bearer <token>' (MCP_BACKFILL_AUTH_TOKEN)",
             headers=BAD_TOKEN_HEADERS if authorization else UNAUTHORIZED_HEADERS,
         )
-        return False
+        return None
 
 
 def _peer(call: HttpCall) -> str | None:

@@ -12,6 +12,9 @@
   the server messages that belong to no request in flight, including those buffered before it opened.
 * DELETE ends the session and stops its upstream.
 * `MCP-Protocol-Version`, when sent, must be the version negotiated in `initialize` (400 otherwise).
+* A session belongs to the client identity that opened it (see `security`): a request naming it with
+  another identity's credential — or, with `--forward-authorization`, another or no `Authorization`
+  — gets 403 and never reaches its upstream.
 """
 
 from __future__ import annotations
@@ -43,13 +46,13 @@ class HandshakeFront:
         self.sessions = sessions
         self.settings = settings
 
-    async def handle(self, call: HttpCall, upstream_headers: Mapping[str, str]) -> None:
+    async def handle(self, call: HttpCall, upstream_headers: Mapping[str, str], identity: str) -> None:
         if call.method == "POST":
-            await self._post(call, upstream_headers)
+            await self._post(call, upstream_headers, identity)
         elif call.method == "GET":
-            await self._get(call)
+            await self._get(call, identity)
         elif call.method == "DELETE":
-            await self._delete(call)
+            await self._delete(call, identity)
         else:
             await call.respond_error(
                 405,
@@ -60,7 +63,7 @@ class HandshakeFront:
 
     # -- POST ------------------------------------------------------------------------------------
 
-    async def _post(self, call: HttpCall, upstream_headers: Mapping[str, str]) -> None:
+    async def _post(self, call: HttpCall, upstream_headers: Mapping[str, str], identity: str) -> None:
         json_ok, sse_ok = accepts(call.headers)
         if not (json_ok and sse_ok):
             await call.respond_error(
@@ -86,7 +89,7 @@ class HandshakeFront:
             )
             return
         opening = isinstance(decoded, dict) and decoded.get("method") == "initialize" and "id" in decoded
-        session = await self._post_session(call, opening, upstream_headers)
+        session = await self._post_session(call, opening, upstream_headers, identity)
         if session is None:
             return
         requests = [message for message in messages if "method" in message and "id" in message]
@@ -117,7 +120,7 @@ class HandshakeFront:
             await self._answer(call, session, stream, single=isinstance(decoded, dict))
 
     async def _post_session(
-        self, call: HttpCall, opening: bool, upstream_headers: Mapping[str, str]
+        self, call: HttpCall, opening: bool, upstream_headers: Mapping[str, str], identity: str
     ) -> HttpSession | None:
         session_id = call.headers.get(protocol.SESSION_HEADER)
         if session_id is None:
@@ -127,14 +130,14 @@ class HandshakeFront:
             if self.settings.draining:
                 await call.respond_error(503, protocol.INTERNAL_ERROR, "Service Unavailable: shutting down")
                 return None
-            session = self.sessions.open(upstream_headers)
+            session = self.sessions.open(upstream_headers, identity)
             if session is None:
                 log.warning("session refused: too many open sessions", extra={"sessions": len(self.sessions)})
                 await call.respond_error(
                     503, protocol.INTERNAL_ERROR, "Too many open sessions (--max-sessions); try again later"
                 )
             return session
-        return await self._session(call, check_version=not opening)
+        return await self._session(call, identity, check_version=not opening)
 
     async def _deliver(self, call: HttpCall, session: HttpSession, body: bytes) -> None:
         try:
@@ -166,13 +169,13 @@ class HandshakeFront:
 
     # -- GET and DELETE --------------------------------------------------------------------------
 
-    async def _get(self, call: HttpCall) -> None:
+    async def _get(self, call: HttpCall, identity: str) -> None:
         if not accepts(call.headers)[1]:
             await call.respond_error(
                 406, protocol.INVALID_REQUEST, "Not Acceptable: Client must accept text/event-stream"
             )
             return
-        session = await self._session(call)
+        session = await self._session(call, identity)
         if session is None:
             return
         last_event_id = call.headers.get(protocol.LAST_EVENT_ID_HEADER)
@@ -210,16 +213,17 @@ class HandshakeFront:
                 if not call.finished:  # else the watcher ends by itself (see watch_disconnect)
                     tg.cancel_scope.cancel()
 
-    async def _delete(self, call: HttpCall) -> None:
-        session = await self._session(call)
+    async def _delete(self, call: HttpCall, identity: str) -> None:
+        session = await self._session(call, identity)
         if session is None:
             return
         await self.sessions.close(session)
         log.info("session deleted by the client", extra={"session": session.label})
         await call.respond(200)
 
-    async def _session(self, call: HttpCall, check_version: bool = True) -> HttpSession | None:
-        """The session the request names; answers 400/404 itself when there is none."""
+    async def _session(self, call: HttpCall, identity: str, check_version: bool = True) -> HttpSession | None:
+        """The session the request names, if it belongs to `identity`; answers 400/403/404 itself
+        when there is none."""
         session_id = call.headers.get(protocol.SESSION_HEADER)
         if session_id is None:
             await call.respond_error(400, protocol.INVALID_REQUEST, "Bad Request: Missing session ID")
@@ -227,6 +231,17 @@ class HandshakeFront:
         session = self.sessions.get(session_id)
         if session is None or session.router.closed:
             await call.respond_error(404, protocol.INVALID_REQUEST, "Session not found")
+            return None
+        if session.identity != identity:
+            log.warning(
+                "request refused: the session belongs to another client",
+                extra={"session": session.label, "client": identity, "owner": session.identity},
+            )
+            await call.respond_error(
+                403,
+                protocol.INVALID_REQUEST,
+                "Forbidden: this session was opened with another credential; open your own with initialize",
+            )
             return None
         header = call.headers.get(protocol.VERSION_HEADER)
         # As the SDK's server: any handshake revision is accepted (clients may send an older one

@@ -1,4 +1,11 @@
-"""Who may talk to the sidecar: bearer-token auth and Host/Origin checks (DNS-rebinding protection).
+"""Who may talk to the sidecar, and who each caller is: bearer tokens, client identities, and the
+Host/Origin checks (DNS-rebinding protection).
+
+A caller's **client identity** is what the ledger charges and what a session is bound to:
+the name of the named token it presented (`--client-tokens`), `default` for the shared
+`--auth-token`, `anonymous` when the sidecar authenticates nobody, and with `--forward-authorization`
+(where the upstream authenticates) a digest of the `Authorization` header it sent — never the
+credential itself.
 
 Host and Origin follow the MCP SDK's `TransportSecuritySettings`: a value is accepted when it
 equals an allowed entry, or when the entry ends in `:*` and the value is that entry's prefix
@@ -8,18 +15,46 @@ a request without Host fails the Host check. `*` alone accepts anything. Compari
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+
+
+SHARED_IDENTITY = "default"
+ANONYMOUS = "anonymous"
 
 
 @dataclass(frozen=True)
 class AccessPolicy:
     allowed_hosts: tuple[str, ...]
     allowed_origins: tuple[str, ...]
-    token: str | None = None
+    tokens: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    """(client identity, bearer token) pairs; none: no authentication."""
+    forward_authorization: bool = False
+
+    @property
+    def authenticates(self) -> bool:
+        return bool(self.tokens)
+
+    def identify(self, authorization: str | None) -> str | None:
+        """The caller's client identity, or None when a token is required and this is not one."""
+        if not self.tokens:
+            if self.forward_authorization and authorization:
+                digest = hashlib.sha256(authorization.strip().encode("utf-8", "surrogatepass"))
+                return f"authorization:{digest.hexdigest()[:16]}"
+            return ANONYMOUS
+        scheme, _, presented = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer":
+            return None
+        candidate = presented.strip().encode("utf-8", "surrogatepass")
+        found: str | None = None
+        for name, token in self.tokens:  # every token is compared: the time says nothing of which
+            if hmac.compare_digest(candidate, token.encode()):
+                found = name
+        return found
 
 
 def default_allowed_hosts(port: int) -> tuple[str, ...]:
@@ -52,13 +87,3 @@ def host_allowed(host: str | None, policy: AccessPolicy) -> bool:
 
 def origin_allowed(origin: str | None, policy: AccessPolicy) -> bool:
     return not origin or matches(origin, policy.allowed_origins)
-
-
-def bearer_ok(authorization: str | None, token: str | None) -> bool:
-    """Does the `Authorization` header carry the token? Constant-time; always true without a token."""
-    if token is None:
-        return True
-    scheme, _, presented = (authorization or "").strip().partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    return hmac.compare_digest(presented.strip().encode(), token.encode())

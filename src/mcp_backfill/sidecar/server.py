@@ -31,7 +31,12 @@ from mcp_backfill.sidecar.connections import guarded_protocol
 from mcp_backfill.sidecar.handshake import HandshakeFront
 from mcp_backfill.sidecar.http_io import FrontSettings
 from mcp_backfill.sidecar.metrics import Metrics
-from mcp_backfill.sidecar.security import AccessPolicy, default_allowed_hosts, default_allowed_origins
+from mcp_backfill.sidecar.security import (
+    SHARED_IDENTITY,
+    AccessPolicy,
+    default_allowed_hosts,
+    default_allowed_origins,
+)
 from mcp_backfill.sidecar.sessions import SessionSettings, SessionTable
 from mcp_backfill.sidecar.stateless import StatelessFront, StatelessHub, StatelessHubs
 from mcp_backfill.sidecar.upstreams import UpstreamFactory, child_process_upstreams, http_upstreams
@@ -91,9 +96,10 @@ async def run_sidecar(config: Config) -> int:
             "(MCP_BACKFILL_CLIENT_BUDGET_TOKENS), e.g. 2000000/day"
         )
 
-    def make_relay(client: MessageChannel, upstream: MessageChannel) -> Relay:
-        # Each relay is one client session (or a 2026 hub): its own token budget.
-        session = sampler.spend.new_session(f"http-{next(relays)}")
+    def make_relay(client: MessageChannel, upstream: MessageChannel, identity: str) -> Relay:
+        # Each relay is one client session (or a client's 2026 hub): its own session budget, and
+        # the budget, rate limit and slots of the client identity it belongs to.
+        session = sampler.spend.new_session(f"http-{next(relays)}", client=identity)
         return Relay(options, sampler, client, upstream, session=session)
 
     def count(direction: str) -> None:
@@ -104,9 +110,10 @@ async def run_sidecar(config: Config) -> int:
     policy = AccessPolicy(
         allowed_hosts=config.allowed_hosts or default_allowed_hosts(port),
         allowed_origins=config.allowed_origins or default_allowed_origins(),
-        token=config.auth_token.value if config.auth_token is not None else None,
+        tokens=client_credentials(config),
+        forward_authorization=config.forward_authorization,
     )
-    if policy.token is None:
+    if not policy.authenticates:
         reason = "--allow-unauthenticated" if config.allow_unauthenticated else "no --auth-token"
         log.warning(
             f"serving without authentication ({reason}): anyone who can reach {config.host}:{port} can "
@@ -121,8 +128,7 @@ async def run_sidecar(config: Config) -> int:
         count,
     )
     hubs = StatelessHubs(
-        lambda: StatelessHub(open_upstream, make_relay, count),
-        per_authorization=config.forward_authorization,
+        lambda identity: StatelessHub(open_upstream, make_relay, count, identity),
         max_hubs=config.max_sessions,
         idle_timeout=config.session_idle_timeout,
     )
@@ -175,7 +181,8 @@ async def run_sidecar(config: Config) -> int:
                     "upstream": display_url(config.upstream_url)
                     if config.upstream_url
                     else list(config.upstream_command),
-                    "auth": policy.token is not None,
+                    "auth": policy.authenticates,
+                    "clients": len(policy.tokens),
                     "mode": config.mode,
                     "provider": config.provider,
                 },
@@ -206,6 +213,12 @@ async def _watch_signals(server: _Server, app: SidecarApp) -> None:
             )
             app.drain()
             server.should_exit = True
+
+
+def client_credentials(config: Config) -> tuple[tuple[str, str], ...]:
+    """(client identity, token) for the shared `--auth-token` and every named client token."""
+    shared = ((SHARED_IDENTITY, config.auth_token.value),) if config.auth_token is not None else ()
+    return shared + tuple((entry.name, entry.token.value) for entry in config.client_tokens)
 
 
 def _url_host(host: str) -> str:

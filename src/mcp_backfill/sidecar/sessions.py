@@ -31,7 +31,8 @@ log = get_logger("sidecar")
 # Server messages kept per SSE stream for clients that resume with Last-Event-ID.
 REPLAY_LIMIT = 1024
 
-MakeRelay = Callable[[MessageChannel, MessageChannel], Relay]
+MakeRelay = Callable[[MessageChannel, MessageChannel, str], Relay]
+"""(client side, upstream side, client identity) -> the relay between them."""
 CountMessage = Callable[[str], None]
 
 
@@ -68,8 +69,12 @@ class SessionSettings:
 class HttpSession:
     """One client session: its stream router, its inbox, and the task running its relay."""
 
-    def __init__(self, session_id: str, settings: SessionSettings, count: CountMessage) -> None:
+    def __init__(
+        self, session_id: str, settings: SessionSettings, count: CountMessage, identity: str
+    ) -> None:
         self.id = session_id
+        self.identity = identity
+        """The client identity that opened the session: the only one that may use it."""
         self._settings = settings
         self._count = count
         self._scope = anyio.CancelScope()
@@ -94,7 +99,7 @@ class HttpSession:
             with self._scope:
                 async with open_upstream(UpstreamRequest(self.label, headers)) as upstream:
                     counted = CountingChannel(upstream, self._count, "from_upstream", "to_upstream")
-                    relay = make_relay(self.channel, counted)
+                    relay = make_relay(self.channel, counted, self.identity)
                     await relay.run(on_client_closed=self._stop)
                     reason = "Upstream MCP server closed the connection (it exited or crashed)"
                     log.warning("upstream ended the session", extra={"session": self.label})
@@ -182,14 +187,18 @@ class SessionTable:
     def get(self, session_id: str) -> HttpSession | None:
         return self._sessions.get(session_id)
 
-    def open(self, headers: Mapping[str, str]) -> HttpSession | None:
-        """A new session with its relay starting, or None when `max_sessions` are open."""
+    def open(self, headers: Mapping[str, str], identity: str) -> HttpSession | None:
+        """A new session of client `identity` with its relay starting, or None when
+        `max_sessions` are open."""
         assert self._tg is not None
         if len(self._sessions) >= self._max:
             return None
-        session = HttpSession(secrets.token_hex(16), self._settings, self._count)
+        session = HttpSession(secrets.token_hex(16), self._settings, self._count, identity)
         self._sessions[session.id] = session
-        log.info("session opened", extra={"session": session.label, "sessions": len(self._sessions)})
+        log.info(
+            "session opened",
+            extra={"session": session.label, "client": identity, "sessions": len(self._sessions)},
+        )
         self._tg.start_soon(self._run, session, headers)
         return session
 

@@ -9,11 +9,15 @@ batch) whose `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers match i
 JSON-RPC error the SDK's server gives (-32020 for a header mismatch, -32602, -32022). `Mcp-Param-*`
 headers are left for the upstream to check (a stdio upstream never sees them).
 
-All such requests share one upstream, started on the first one (for `-- CMD`: one child process,
-a 2026-07-28 stdio server being stateless per request) and again after it exits. The answer is JSON
-when it comes within 15 s with nothing before it, else an SSE stream without event ids (this
-revision does not resume streams), as the SDK's server does; JSON errors get the SDK's HTTP status
-for their code (400, or 404 for -32601).
+The requests of one client identity (see `security`) share one upstream, started on its first
+request (for `-- CMD`: one child process, a 2026-07-28 stdio server being stateless per request) and
+again after it exits. Clients are never mixed on one upstream: a server message the mux can only
+attribute to "the one request in flight" is then always the same client's, and with
+`--forward-authorization` no request reaches the upstream with another client's credentials.
+
+The answer is JSON when it comes within 15 s with nothing before it, else an SSE stream without
+event ids (this revision does not resume streams), as the SDK's server does; JSON errors get the
+SDK's HTTP status for their code (400, or 404 for -32601).
 """
 
 from __future__ import annotations
@@ -56,12 +60,15 @@ HUB_LABEL = "2026-07-28 requests"
 
 
 class StatelessHub:
-    """The shared upstream and relay of all 2026-07-28 requests, (re)started when needed."""
+    """The upstream and relay of one client identity's 2026-07-28 requests, (re)started when needed."""
 
-    def __init__(self, open_upstream: UpstreamFactory, make_relay: MakeRelay, count: CountMessage) -> None:
+    def __init__(
+        self, open_upstream: UpstreamFactory, make_relay: MakeRelay, count: CountMessage, identity: str
+    ) -> None:
         self._open_upstream = open_upstream
         self._make_relay = make_relay
         self._count = count
+        self.identity = identity
         self._mux: MuxChannel | None = None
         self._scope: anyio.CancelScope | None = None
         self._lock = anyio.Lock()
@@ -94,7 +101,9 @@ class StatelessHub:
             with anyio.CancelScope() as self._scope:
                 async with self._open_upstream(UpstreamRequest(HUB_LABEL, self._headers)) as upstream:
                     relay = self._make_relay(
-                        mux, CountingChannel(upstream, self._count, "from_upstream", "to_upstream")
+                        mux,
+                        CountingChannel(upstream, self._count, "from_upstream", "to_upstream"),
+                        self.identity,
                     )
                     self._mux = mux
                     started = True
@@ -124,30 +133,27 @@ class StatelessHub:
 
 
 class StatelessHubs:
-    """The hubs that serve 2026-07-28 requests: one for every client, unless each client's own
-    `Authorization` goes to the upstream (--forward-authorization). A hub's upstream is opened with
-    the headers of the request that started it, so then each distinct `Authorization` value gets a
-    hub of its own: no request ever reaches the upstream with another client's credentials. Such
-    hubs count against `max_hubs` and are stopped once idle for `idle_timeout` (0: never)."""
+    """The hubs that serve 2026-07-28 requests: one per client identity.
+
+    At most `max_hubs` exist at once. When a new identity arrives and all are taken, the hub idle
+    the longest (no request in flight) is stopped to make room; only when every hub is busy is the
+    request refused. So credentials that come and go (junk `Authorization` values under
+    `--forward-authorization`, each its own identity) can never lock real clients out for longer
+    than their own requests last. Hubs idle for `idle_timeout` (0: never) are stopped as well.
+    """
 
     def __init__(
-        self,
-        make_hub: Callable[[], StatelessHub],
-        *,
-        per_authorization: bool,
-        max_hubs: int,
-        idle_timeout: float,
+        self, make_hub: Callable[[str], StatelessHub], *, max_hubs: int, idle_timeout: float
     ) -> None:
         self._make_hub = make_hub
-        self._per_authorization = per_authorization
-        self._max_hubs = max_hubs if per_authorization else 1
+        self._max_hubs = max_hubs
         self._idle_timeout = idle_timeout
         self._hubs: dict[str, StatelessHub] = {}
         self._tg: TaskGroup | None = None
 
     def start(self, tg: TaskGroup) -> None:
         self._tg = tg
-        if self._per_authorization and self._idle_timeout > 0:
+        if self._idle_timeout > 0:
             tg.start_soon(self._reap_idle)
 
     @property
@@ -157,19 +163,27 @@ class StatelessHubs:
     def __len__(self) -> int:
         return len(self._hubs)
 
-    async def mux(self, headers: dict[str, str]) -> MuxChannel | None:
-        """The live mux of the hub for these headers (None: `max_hubs` are busy with other
-        credentials); raises `UpstreamStartError`."""
-        key = headers.get("authorization", "") if self._per_authorization else ""
-        hub = self._hubs.get(key)
+    async def mux(self, headers: dict[str, str], identity: str) -> MuxChannel | None:
+        """The live mux of `identity`'s hub (None: `max_hubs` are all busy with other clients);
+        raises `UpstreamStartError`."""
+        hub = self._hubs.get(identity)
         if hub is None:
-            if len(self._hubs) >= self._max_hubs:
+            if len(self._hubs) >= self._max_hubs and not self._evict_idlest():
                 return None
             assert self._tg is not None
-            hub = self._hubs[key] = self._make_hub()
+            hub = self._hubs[identity] = self._make_hub(identity)
             hub.start(self._tg)
         hub.last_used = anyio.current_time()
         return await hub.mux(headers)
+
+    def _evict_idlest(self) -> bool:
+        idle = [(hub.last_used, key) for key, hub in self._hubs.items() if not hub.in_flight]
+        if not idle:
+            return False
+        _, key = min(idle)
+        self._hubs.pop(key).stop()
+        log.info("upstream for 2026-07-28 requests of an idle client closed to make room")
+        return True
 
     async def _reap_idle(self) -> None:
         while True:
@@ -181,7 +195,7 @@ class StatelessHubs:
                 elif now - hub.last_used >= self._idle_timeout:
                     del self._hubs[key]
                     hub.stop()
-                    log.info("idle upstream for 2026-07-28 requests closed (one client credential)")
+                    log.info("idle upstream for 2026-07-28 requests closed")
 
     def stop(self) -> None:
         for hub in self._hubs.values():
@@ -193,7 +207,7 @@ class StatelessFront:
         self.hubs = hubs
         self.settings = settings
 
-    async def handle(self, call: HttpCall, upstream_headers: dict[str, str]) -> None:
+    async def handle(self, call: HttpCall, upstream_headers: dict[str, str], identity: str) -> None:
         if call.method != "POST":
             await call.respond(405, headers=[(b"allow", b"POST")])
             return
@@ -227,7 +241,7 @@ class StatelessFront:
             await call.respond_error(503, protocol.INTERNAL_ERROR, "Service Unavailable: shutting down")
             return
         try:
-            mux = await self.hubs.mux(upstream_headers)
+            mux = await self.hubs.mux(upstream_headers, identity)
         except UpstreamStartError as exc:
             log.error(str(exc))
             await call.respond_error(
@@ -241,7 +255,7 @@ class StatelessFront:
             await call.respond_error(
                 503,
                 protocol.INTERNAL_ERROR,
-                "Too many client credentials in use at once (--max-sessions); try again later",
+                "Too many clients with requests in flight at once (--max-sessions); try again later",
                 decoded["id"],
             )
             return
