@@ -23,7 +23,15 @@ from mcp.shared.exceptions import MCPError
 from tests.e2e.test_sidecar_stateless import stateless_headers, stateless_request
 from tests.fake_claude import FakeClaude, text_reply, tool_use_reply
 from tests.harness import SERVERS, TEST_API_KEY, HttpServer, proxy_env, python_http_server, tool_json
-from tests.sidecar_harness import HANDSHAKE_HEADERS, HTTP_TIMEOUT, Sidecar, initialize_body, run_sidecar
+from tests.sidecar_harness import (
+    HANDSHAKE_HEADERS,
+    HTTP_TIMEOUT,
+    Sidecar,
+    initialize_body,
+    open_session,
+    run_sidecar,
+    sidecar_argv,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -166,3 +174,54 @@ async def test_junk_credentials_cannot_lock_a_real_client_out_of_2026_hubs() -> 
         log = sidecar.stderr()
     assert log.count("closed to make room") >= 5
     assert "Bearer" not in log
+
+
+async def test_a_forwarded_session_is_bound_to_the_credential_that_opened_it() -> None:
+    """Alice opens a session with her token; a request naming her session with Bob's token, or with
+    no Authorization at all, used to reach the upstream as Alice. Now both get 403, and the upstream
+    only ever sees Alice's credential on her session."""
+    async with recorder() as (upstream, recorded):
+        async with (
+            forwarding_sidecar(upstream) as sidecar,
+            httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+        ):
+            alice = {"authorization": "Bearer alice-token"}
+            session = await open_session(http, sidecar.url, alice)
+            headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session}
+            as_bob = await http.post(
+                sidecar.url,
+                json={"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"cursor": "bob"}},
+                headers={**headers, "authorization": "Bearer bob-token"},
+            )
+            anonymous = await http.post(
+                sidecar.url,
+                json={"jsonrpc": "2.0", "id": 3, "method": "tools/list", "params": {"cursor": "nobody"}},
+                headers=headers,
+            )
+            deleted_by_bob = await http.delete(
+                sidecar.url, headers={**headers, "authorization": "Bearer bob-token"}
+            )
+            as_alice = await http.post(
+                sidecar.url,
+                json={"jsonrpc": "2.0", "id": 4, "method": "tools/list", "params": {"cursor": "alice"}},
+                headers={**headers, **alice},
+            )
+        authorizations = {r["headers"].get("authorization") for r in recorded()}
+        cursors = [r["body"]["params"]["cursor"] for r in recorded() if "cursor" in str(r["body"])]
+    assert (as_bob.status_code, anonymous.status_code, deleted_by_bob.status_code) == (403, 403, 403)
+    assert "another credential" in as_bob.json()["error"]["message"]
+    assert as_alice.status_code == 200
+    assert authorizations == {"Bearer alice-token"}
+    assert cursors == ["alice"]
+
+
+async def test_forward_authorization_beside_a_sidecar_token_is_refused_at_startup() -> None:
+    env = proxy_env(MCP_BACKFILL_AUTH_TOKEN="sidecar-token-0123456789")
+    argv = sidecar_argv(
+        "--upstream-url", "http://127.0.0.1:9/mcp", "--provider", "mock", "--forward-authorization"
+    )
+    with anyio.fail_after(60):  # it used to start (and serve, ignoring the flag)
+        done = await anyio.run_process(argv, env=env, check=False)
+    assert done.returncode == 2
+    assert b"--forward-authorization" in done.stderr
+    assert b"--auth-token" in done.stderr
