@@ -909,10 +909,11 @@ OPTIONS: tuple[Option, ...] = (
         "forward_authorization",
         "--forward-authorization",
         False,
-        "with --upstream-url: pass each HTTP client's own Authorization header on to the upstream "
-        "(never the sidecar's own --auth-token, which is checked and removed)",
-        "with `--upstream-url`: pass each client's own `Authorization` header on to the upstream (never "
-        "the sidecar's own token, which is checked and removed); `--upstream-header` adds fixed headers",
+        "with --upstream-url: pass each HTTP client's own Authorization header on to the upstream, which "
+        "authenticates clients (not combinable with --auth-token or --client-tokens)",
+        "with `--upstream-url`: pass each client's own `Authorization` header on to the upstream, which "
+        "authenticates clients (not with `--auth-token`/`--client-tokens`); `--upstream-header` adds fixed "
+        "headers",
         kind="switch",
         command="serve",
     ),

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import anyio
 import httpx2 as httpx
@@ -47,24 +48,29 @@ def test_every_env_name_the_container_files_use_is_a_real_option() -> None:
     for service in load_compose()["services"].values():
         used |= set(service.get("environment", {}))
     used |= set(ENV_NAME.findall(container_section()))
-    used = {name for name in used if name.startswith("MCP_BACKFILL_")}
+    used = {name.removesuffix("_FILE") for name in used if name.startswith("MCP_BACKFILL_")}
     assert {"MCP_BACKFILL_HOST", "MCP_BACKFILL_PORT", "MCP_BACKFILL_UPSTREAM_URL"} <= used
     assert used <= real, f"not options of mcp-backfill: {sorted(used - real)}"
 
 
-def sidecar_env(fake_url: str, port: int, upstream_url: str) -> dict[str, str]:
+def sidecar_env(fake_url: str, port: int, upstream_url: str, secrets: Path) -> dict[str, str]:
     """The image's ENV plus compose's `environment`, as Docker would merge them, except that the
-    sidecar binds loopback here (no container around it) and the upstream is the local one."""
+    sidecar binds loopback here (no container around it), the upstream is the local one, and
+    compose's secrets (`/run/secrets/NAME`) are files under `secrets`."""
     dockerfile = parse_dockerfile(DOCKERFILE.read_text())
     compose_env = load_compose()["services"]["mcp-backfill"]["environment"]
-    env = proxy_env(fake_url)  # ANTHROPIC_API_KEY (the test key) and ANTHROPIC_BASE_URL (the fake)
+    env = proxy_env(fake_url)  # ANTHROPIC_BASE_URL (the fake)
     env.update({k: v for k, v in image_env(dockerfile).items() if k.startswith("MCP_BACKFILL_")})
-    env.update({k: v for k, v in compose_env.items() if k.startswith("MCP_BACKFILL_")})
+    values = {"anthropic_api_key": env.pop("ANTHROPIC_API_KEY"), "mcp_backfill_auth_token": TOKEN}
+    for name, path in compose_env.items():
+        if name.endswith("_FILE"):
+            local = secrets / Path(path).name
+            local.write_text(values[local.name] + "\n")
+            env[name] = str(local)
+        elif name.startswith("MCP_BACKFILL_"):
+            env[name] = path
     env.update(
-        MCP_BACKFILL_HOST="127.0.0.1",
-        MCP_BACKFILL_PORT=str(port),
-        MCP_BACKFILL_UPSTREAM_URL=upstream_url,
-        MCP_BACKFILL_AUTH_TOKEN=TOKEN,
+        MCP_BACKFILL_HOST="127.0.0.1", MCP_BACKFILL_PORT=str(port), MCP_BACKFILL_UPSTREAM_URL=upstream_url
     )
     return env
 
@@ -78,11 +84,11 @@ def healthcheck(port: int) -> int:
     return subprocess.run(command, env=env, capture_output=True, timeout=30, check=False).returncode
 
 
-async def test_the_image_command_serves_the_compose_stack(fake_claude: FakeClaude) -> None:
+async def test_the_image_command_serves_the_compose_stack(fake_claude: FakeClaude, tmp_path: Path) -> None:
     fake_claude.enqueue(text_reply("One sentence from the fake Claude."))
     port = free_port()
     async with port_http_server([sys.executable, str(EXAMPLES / "weather_http.py")]) as upstream:
-        env = sidecar_env(fake_claude.url, port, upstream.url)
+        env = sidecar_env(fake_claude.url, port, upstream.url, tmp_path)
         async with run_sidecar(env=env) as sidecar:
             assert await anyio.to_thread.run_sync(healthcheck, port) == 0
             headers = HANDSHAKE_HEADERS

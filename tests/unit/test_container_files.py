@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from mcp_backfill.config import SECRET_FILE_VARIABLES
 from tests.container_files import (
     COMPOSE,
     DOCKERFILE,
@@ -232,14 +233,26 @@ def test_every_service_has_a_healthcheck() -> None:
     compile(test[3], "<healthcheck>", "exec")
 
 
-def test_credentials_come_from_the_environment_and_are_required() -> None:
-    environment = load_compose()["services"][SIDECAR]["environment"]
-    for name in ("ANTHROPIC_API_KEY", "MCP_BACKFILL_AUTH_TOKEN"):
-        # ${NAME:?message}: compose refuses to start without it, and the file holds no value.
-        assert re.fullmatch(rf"\$\{{{name}:\?[^}}]+\}}", environment[name]), environment[name]
+def test_credentials_are_compose_secrets_never_environment_values() -> None:
+    compose = load_compose()
+    sidecar = compose["services"][SIDECAR]
+    environment = sidecar["environment"]
+    for name, secret in (
+        ("ANTHROPIC_API_KEY", "anthropic_api_key"),
+        ("MCP_BACKFILL_AUTH_TOKEN", "mcp_backfill_auth_token"),
+    ):
+        # Mounted as a file and named by the *_FILE variable: the value is never in the environment,
+        # so `docker inspect` cannot show it.
+        assert name not in environment
+        assert environment[f"{name}_FILE"] == f"/run/secrets/{secret}"
+        assert secret in sidecar["secrets"]
+        assert compose["secrets"][secret]["file"].startswith("./secrets/")
+        assert name in SECRET_FILE_VARIABLES
+    assert "secrets/" in (ROOT / ".gitignore").read_text().split()
     text = COMPOSE.read_text()
     assert not re.search(r"sk-ant-[A-Za-z0-9]", text)
-    assert "ANTHROPIC_API_KEY" not in str(load_compose()["services"][UPSTREAM])
+    assert "ANTHROPIC_API_KEY" not in str(compose["services"][UPSTREAM])
+    assert "secrets" not in compose["services"][UPSTREAM]
 
 
 def test_containers_are_locked_down() -> None:
