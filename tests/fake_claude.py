@@ -796,6 +796,58 @@ def stream_frames(message: JSONObject, chunks: int = 3) -> list[bytes]:
     return frames
 
 
+USAGE_COUNTERS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens")
+
+
+class ServedUsage:
+    """The tokens one 200 response actually served, as far as it was written: a complete JSON
+    message, its usage; a stream, the input side of `message_start` once that was written, then the
+    output of the content deltas written (estimated as the fake estimates output: characters / 4,
+    at least 1 per delta), replaced by `message_delta`'s reported output once that was written."""
+
+    def __init__(self) -> None:
+        self.usage = dict.fromkeys(USAGE_COUNTERS, 0)
+        self._estimated_output = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.usage.values())
+
+    def take(self, part: bytes) -> None:
+        if part.lstrip().startswith(b"{"):
+            with contextlib.suppress(ValueError):
+                self._absorb(json.loads(part).get("usage") or {}, final=True)
+            return
+        for frame in part.split(b"\n\n"):
+            data = b"".join(line[5:].strip() for line in frame.split(b"\n") if line.startswith(b"data:"))
+            try:
+                event = json.loads(data) if data else None
+            except ValueError:
+                continue
+            if not isinstance(event, dict):
+                continue
+            if event.get("type") == "message_start":
+                self._absorb((event.get("message") or {}).get("usage") or {}, final=False)
+            elif event.get("type") == "content_block_delta":
+                delta = event.get("delta") or {}
+                text = next(
+                    (delta[k] for k in ("text", "partial_json", "thinking") if isinstance(delta.get(k), str)),
+                    "",
+                )
+                self._estimated_output += max(1, len(text) // 4)
+                self.usage["output_tokens"] = max(self.usage["output_tokens"], self._estimated_output)
+            elif event.get("type") == "message_delta":
+                self._absorb(event.get("usage") or {}, final=True)
+
+    def _absorb(self, usage: Mapping[str, Any], *, final: bool) -> None:
+        for key in USAGE_COUNTERS:
+            value = usage.get(key)
+            if isinstance(value, int):
+                if key == "output_tokens" and not final:
+                    value = max(value, self._estimated_output)
+                self.usage[key] = value
+
+
 class _ScriptedResponse(Response):
     """A response sent part by part, which notices when the client goes away before the end."""
 
@@ -823,6 +875,7 @@ class _ScriptedResponse(Response):
         self.hang_before_start = hang_before_start
         self.abort = abort
         """Drop the connection after the parts instead of ending the body (a truncated response)."""
+        self.served = fake._serving() if status == 200 else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         finished = False
@@ -864,6 +917,8 @@ class _ScriptedResponse(Response):
                     if last:
                         finished = True
                     await send(message)
+                    if self.served is not None:
+                        self.served.take(part)
                 if self.abort:
                     return
                 if self.hang or not self.parts:
@@ -1022,6 +1077,7 @@ class FakeClaude:
         self._requests: list[RecordedRequest] = []
         self._queue: deque[Reply | ReplyFactory] = deque()
         self._disconnects = 0
+        self._served: list[ServedUsage] = []
         self._counter = 0
         self._url: str | None = None
         self._server: uvicorn.Server | None = None
@@ -1170,6 +1226,7 @@ class FakeClaude:
         """Forget recorded requests, disconnects and the prompt cache, and drop queued replies."""
         with self._lock:
             self._requests.clear()
+            self._served.clear()
             self._queue.clear()
             self._disconnects = 0
             self._cache_usages.clear()
@@ -1195,6 +1252,22 @@ class FakeClaude:
         return await anyio.to_thread.run_sync(self.wait_for_disconnects, count, timeout)
 
     # ---- internals -------------------------------------------------------------------------------
+
+    def _serving(self) -> ServedUsage:
+        served = ServedUsage()
+        with self._lock:
+            self._served.append(served)
+        return served
+
+    @property
+    def served(self) -> list[ServedUsage]:
+        """What each 200 response served (see `ServedUsage`), in the order they started."""
+        with self._lock:
+            return list(self._served)
+
+    def served_tokens(self) -> int:
+        """Every token the fake served, all four usage counters summed: what a ledger must cover."""
+        return sum(served.total for served in self.served)
 
     def _record_disconnect(self) -> None:
         with self._lock:

@@ -276,3 +276,50 @@ async def test_serve_writes_the_audit_log_and_flushes_it_on_sigterm(tmp_path: Pa
     assert (line["outcome"], line["session"]) == ("answered", "http-1")
     assert [entry["outcome"] for entry in audit_lines(audit)] == ["answered"] * 4
     assert "mcp_backfill_audit_lines_dropped_total 0" in metrics
+
+
+async def test_nothing_the_api_served_goes_uncharged(fake_claude: FakeClaude, tmp_path: Path) -> None:
+    """The ledger's invariant over answered, cancelled, retried and timed-out calls: the tokens the
+    fake Claude served never exceed the tokens charged."""
+    audit = tmp_path / "audit.jsonl"
+    fake_claude.enqueue(
+        text_reply("answered"),
+        hang_reply("I will be cancelled"),
+        truncated_stream_reply("Half of it", abrupt=True),
+        text_reply("retried"),
+        hang_reply("I will time out"),
+    )
+    argv = proxy_argv(
+        "--sampling-timeout",
+        "3",
+        "--retry-base-delay",
+        "0.01",
+        "--audit-log",
+        str(audit),
+        upstream=SAMPLING_SERVER,
+    )
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await initialize(session)
+        answered = await raw_sample(session, 1, plain_params("first", max_tokens=30))
+        arguments = {"cancel_after": 600, "max_tokens": 40, "prompt": "cancel me"}
+        call = {"name": "slow_sample", "arguments": arguments}
+        await session.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+        await wait_for_fake(fake_claude, 2)
+        await session.send(
+            {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}}
+        )
+        await wait_for_audit(audit, 2)
+        retried = await raw_sample(session, 3, plain_params("third", max_tokens=30))
+        timed_out = await raw_sample(session, 4, plain_params("fourth", max_tokens=30))
+        await session.close_stdin()
+        await session.wait(SLOW)
+    assert answered["result"]["content"]["text"] == "answered"
+    assert retried["result"]["content"]["text"] == "retried"
+    assert "--sampling-timeout" in timed_out["error"]["message"]
+    lines = audit_lines(audit)
+    assert [line["outcome"] for line in lines] == ["answered", "cancelled", "answered", "timed_out"]
+    charged = sum(sum(line["charged"].values()) for line in lines)
+    served = fake_claude.served_tokens()
+    assert len(fake_claude.served) == 5
+    assert served > 0
+    assert served <= charged

@@ -662,3 +662,35 @@ def test_reset_forgets_requests_and_replies(fake: FakeClaude) -> None:
     raw_post(fake, "/v1/nothing", {})
     fake.reset()
     assert (fake.requests, fake.pending, fake.disconnects) == ([], 0, 0)
+
+
+@pytest.mark.anyio
+async def test_the_fake_records_the_tokens_it_served(fake: FakeClaude) -> None:
+    usage = {"input_tokens": 12, "output_tokens": 34, "cache_read_input_tokens": 5}
+    fake.enqueue(
+        text_reply("complete", usage=usage),
+        hang_reply("Once upon a time there was"),
+        error_reply(529, "overloaded_error", "Overloaded", should_retry=False),
+    )
+    sdk = client(fake)
+    body: dict[str, Any] = {
+        "model": "claude-sonnet-5",
+        "max_tokens": 50,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    async with sdk.messages.stream(**body) as stream:
+        await stream.get_final_message()
+    with anyio.move_on_after(1):  # the stream hangs after its first delta; the client gives up
+        async with sdk.messages.stream(**body) as stream:
+            async for _ in stream:
+                pass
+    with pytest.raises(anthropic.APIStatusError):
+        await sdk.messages.create(**body)
+    with anyio.fail_after(10):
+        while fake.disconnects < 1:
+            await anyio.sleep(0.01)
+    complete, cut = fake.served  # the 529 served nothing
+    assert complete.usage == {**dict.fromkeys(complete.usage, 0), **usage}
+    assert cut.usage["input_tokens"] > 0  # message_start was written
+    assert cut.usage["output_tokens"] >= 1  # and a delta: its estimate, as no message_delta came
+    assert fake.served_tokens() == complete.total + cut.total
