@@ -43,8 +43,8 @@ def is_response(request_id: Any) -> Any:
 async def test_upstream_crash_mid_request(fake_claude: FakeClaude) -> None:
     """The server asks for a sample, then dies: the Claude call is cancelled, every request the
     client is still waiting for is answered with an error, and the proxy exits with the status."""
-    fake_claude.enqueue(hang_reply("thinking..."))
-    async with echo_session(fake_claude) as session:
+    async with echo_session(fake_claude, warm=True) as session:  # its 5 s must not cover the import
+        fake_claude.enqueue(hang_reply("thinking..."))
         await session.send({"jsonrpc": "2.0", "id": 10, "method": "test/ignore"})
         crash = {"method": "sampling/createMessage", "params": PLAIN_PARAMS, "code": 3, "delay": 5.0}
         await session.send({"jsonrpc": "2.0", "id": 11, "method": "test/ask_and_exit", "params": crash})

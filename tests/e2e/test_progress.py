@@ -28,7 +28,9 @@ async def test_an_sdk_server_hears_progress_until_the_answer_is_complete(fake_cl
     values = [p[0] for p in progress]
     assert len(progress) >= 3  # several while streaming (throttled), then the final one
     assert values == sorted(set(values))  # strictly increasing, as the spec requires
-    assert len(progress) <= 2 + 1.4 / 0.25  # at most 4 a second
+    # At most one per delta plus the final one; the throttle's rate (4 a second) is a unit test with
+    # a fake clock (tests/unit/test_progress.py): here a loaded machine may stretch the stream.
+    assert len(progress) <= 24 + 1
     *streaming, final = progress
     assert all(total is None and message.startswith("Claude is writing") for _, total, message in streaming)
     assert final[1] == final[0] == len(ANSWER) + 1

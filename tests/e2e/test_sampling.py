@@ -271,11 +271,15 @@ async def test_api_errors_are_mapped(
 
 async def test_server_cancellation_closes_the_claude_stream(fake_claude: FakeClaude) -> None:
     """The server gives up on a sampling request: the Claude stream closes, the client sees nothing."""
-    fake_claude.enqueue(hang_reply())
     argv = proxy_argv("--log-level", "debug", upstream=SAMPLING_SERVER)
     async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
         await session.request(1, "initialize", initialize_params())
         await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        # Warm up first: the server's 5 s must not also cover building the Claude client.
+        warm = await session.request(9, "tools/call", {"name": "plain", "arguments": {"prompt": "warm"}})
+        assert "result" in warm
+        fake_claude.reset()
+        fake_claude.enqueue(hang_reply())
         call = {"name": "slow_sample", "arguments": {"cancel_after": 5.0}}
         await session.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
         response, seen = await session.recv_until(lambda m: m.get("id") == 2, timeout=30)
