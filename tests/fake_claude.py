@@ -29,8 +29,9 @@ Wire behaviour (as the Messages API documents it and the anthropic SDK expects i
   before one (as the real API looks back), and writes the rest up to its last breakpoint. Usage then
   splits the input like the real API: `cache_read_input_tokens` (the prefix read),
   `cache_creation_input_tokens` (from there to the last breakpoint) and `input_tokens` (the rest),
-  with a deterministic estimate of JSON characters / 4 per block. `cache_min_tokens` models the
-  minimum cacheable length (shorter prefixes are neither written nor read). What the cache did for
+  with a deterministic estimate of JSON characters / 4 per block. The minimum cacheable length is the
+  real API's per model (1024 tokens, 2048 for Haiku; `cache_min_tokens` overrides it): shorter
+  prefixes are neither written nor read. What the cache did for
   each request is kept in `FakeClaude.cache_usages`. More than 4 breakpoints is a 400.
 * `FakeClaude.max_in_flight` is the most `POST /v1/messages` requests ever being answered at once.
 * Fault modes for the proxy's retry logic: `garbage_stream_reply` (an event that is not JSON),
@@ -43,7 +44,9 @@ Wire behaviour (as the Messages API documents it and the anthropic SDK expects i
   They are recorded in `platform_requests`.
 * A request without `authorization: Bearer <key>` is a 401 `authentication_error`. When `validate`
   is on (the default), requests that the real API rejects (missing fields, `temperature`, empty
-  text blocks, unpaired tool_use/tool_result, invalid tool names...) get a 400
+  text blocks, unpaired tool_use/tool_result, invalid tool names, an image of another media type
+  than JPEG/PNG/GIF/WebP or over 5 MB, more than 100 images, a base64 document that is not a PDF or
+  a text document that is not text/plain...) get a 400
   `invalid_request_error`; such requests do not consume a queued reply.
 """
 
@@ -299,13 +302,59 @@ def _validate_text(text: object, where: str) -> str | None:
     return None
 
 
+# The Messages API's limits on images and documents (as documented for vision and PDF support).
+IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+MAX_IMAGE_BYTES = 5 * 1024 * 1024
+MAX_IMAGES = 100
+DOCUMENT_SOURCES = {"base64": ("application/pdf",), "text": ("text/plain",)}
+
+
+def _decoded_size(data: str) -> int:
+    return len(data) * 3 // 4 - data[-2:].count("=")
+
+
+def _validate_media(block: dict[str, Any], here: str) -> str | None:
+    source = block.get("source")
+    if not isinstance(source, dict):
+        return f"{here}.source: Field required"
+    kind, media_type = source.get("type"), source.get("media_type")
+    if block["type"] == "image":
+        if kind != "base64":
+            return None  # url / file sources are not modelled
+        if media_type not in IMAGE_MEDIA_TYPES:
+            return f"{here}.source.media_type: Input should be {', '.join(map(repr, IMAGE_MEDIA_TYPES))}"
+        data = source.get("data")
+        if not isinstance(data, str) or not data:
+            return f"{here}.source.data: Field required"
+        if _decoded_size(data) > MAX_IMAGE_BYTES:
+            return f"{here}.source.base64: image exceeds 5 MB maximum"
+        return None
+    allowed = DOCUMENT_SOURCES.get(kind) if isinstance(kind, str) else None
+    if allowed is not None and media_type not in allowed:
+        return f"{here}.source.media_type: Input should be {', '.join(map(repr, allowed))}"
+    return None
+
+
+def _count_images(value: Any) -> int:
+    if isinstance(value, list):
+        return sum(_count_images(item) for item in value)
+    if isinstance(value, dict):
+        own = 1 if value.get("type") == "image" else 0
+        return own + _count_images(value.get("content"))
+    return 0
+
+
 def _validate_blocks(blocks: list[Any], where: str) -> str | None:
     for j, block in enumerate(blocks):
         here = f"{where}.{j}"
         if not isinstance(block, dict) or not isinstance(block.get("type"), str):
             return f"{here}: Input should be a valid content block"
         kind = block["type"]
-        if kind == "text":
+        if kind in ("image", "document"):
+            problem = _validate_media(block, here)
+            if problem:
+                return problem
+        elif kind == "text":
             problem = _validate_text(block.get("text"), here)
             if problem:
                 return problem
@@ -387,6 +436,8 @@ def validate_request(body: object, headers: Mapping[str, str]) -> str | None:
         return "messages: Field required"
     if not messages:
         return "messages: at least one message is required"
+    if _count_images(messages) > MAX_IMAGES:
+        return f"messages: too many images: at most {MAX_IMAGES} images per request"
     uses_tools = False
     for i, message in enumerate(messages):
         where = f"messages.{i}"
@@ -532,13 +583,24 @@ class CacheUsage:
     """Hash of the prefix read, if any."""
 
 
+def minimum_cacheable_tokens(model: str) -> int:
+    """The real API's minimum cacheable prompt length: 2048 tokens for Haiku models, 1024 for the
+    others (shorter prefixes are processed without caching, and no error is given)."""
+    return 2048 if "haiku" in model.lower() else 1024
+
+
 class PromptCache:
     """Prefixes remembered at breakpoints, keyed by a hash of model + canonical blocks."""
 
     def __init__(
-        self, *, min_tokens: int = 0, ttl: float = 300.0, clock: Callable[[], float] = time.monotonic
+        self,
+        *,
+        min_tokens: int | None = None,
+        ttl: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.min_tokens = min_tokens
+        """The shortest prefix cached; None: the real API's minimum for the request's model."""
         self.ttl = ttl
         self._clock = clock
         self._entries: dict[str, float] = {}
@@ -562,9 +624,8 @@ class PromptCache:
             cumulative.append(total)
         now = self._clock()
         self._entries = {h: expiry for h, expiry in self._entries.items() if expiry > now}
-        marks = tuple(
-            i for i, (_, marked) in enumerate(elements) if marked and cumulative[i] >= self.min_tokens
-        )
+        minimum = minimum_cacheable_tokens(model) if self.min_tokens is None else self.min_tokens
+        marks = tuple(i for i, (_, marked) in enumerate(elements) if marked and cumulative[i] >= minimum)
         read_position: int | None = None
         for mark in marks:
             for position in range(mark, max(-1, mark - CACHE_LOOKBACK_BLOCKS), -1):
@@ -1062,7 +1123,7 @@ class FakeClaude:
         *,
         api_key: str | None = None,
         validate: bool = True,
-        cache_min_tokens: int = 0,
+        cache_min_tokens: int | None = None,
         cache_ttl: float = 300.0,
     ) -> None:
         self.api_key = api_key

@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::Deprecation
 
 SAMPLING_SERVER = python_server("sampling_server.py")
 META = "io.github.mcp-backfill/claude"
-QUESTION = "What are alpha, beta and gamma? (a private question)"
+# Long enough (over 1024 tokens) for Claude to cache it at all: shorter prompts are never cached.
+QUESTION = "What are alpha, beta and gamma? (a private question) " + "Some background to read. " * 200
 CACHE_KEYS = ("cache_creation_input_tokens", "cache_read_input_tokens")
 
 

@@ -1008,3 +1008,15 @@ def test_meta_minimal_and_stop_sequence() -> None:
             "usage": {"input_tokens": 12, "output_tokens": 7},
         }
     }
+
+
+def test_an_image_over_claudes_5_mb_is_refused_before_any_call() -> None:
+    big = b64(b"\x89PNG\r\n\x1a\n" + b"\x00" * (5 * 1024 * 1024))
+    rejected(lambda: convert(user(image(big, "image/png"))), "messages[0].content[0]", "at most 5 MB")
+
+
+def test_more_images_than_claude_accepts_are_refused_before_any_call() -> None:
+    rejected(
+        lambda: convert(user(*(image(PNG, "image/png") for _ in range(101)))), "101 images", "at most 100"
+    )
+    assert len(claude_messages(user(*(image(PNG, "image/png") for _ in range(100))))[0]["content"]) == 100

@@ -24,6 +24,7 @@ from tests.fake_claude import (
     stream_error_reply,
     text_reply,
     tool_use_reply,
+    validate_request,
 )
 
 MODEL = "claude-sonnet-5"
@@ -694,3 +695,44 @@ async def test_the_fake_records_the_tokens_it_served(fake: FakeClaude) -> None:
     assert cut.usage["input_tokens"] > 0  # message_start was written
     assert cut.usage["output_tokens"] >= 1  # and a delta: its estimate, as no message_delta came
     assert fake.served_tokens() == complete.total + cut.total
+
+
+PNG_1PX = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+
+
+def image(media_type: str = "image/png", data: str = PNG_1PX) -> dict[str, Any]:
+    return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ([image("image/bmp")], "media_type"),
+        ([image(data="A" * (7 * 1024 * 1024))], "exceeds 5 MB"),
+        ([image()] * 101, "too many images"),
+        (
+            [{"type": "document", "source": {"type": "base64", "media_type": "image/png", "data": PNG_1PX}}],
+            "pdf",
+        ),
+        (
+            [{"type": "document", "source": {"type": "text", "media_type": "text/html", "data": "<p>"}}],
+            "text/plain",
+        ),
+    ],
+)
+def test_media_the_real_api_rejects_is_a_400(content: list[Any], problem: str) -> None:
+    message = validate_request(asking(content), VERSION_HEADER)
+    assert message is not None
+    assert problem.lower() in message.lower()
+
+
+def test_media_the_real_api_accepts_passes() -> None:
+    content = [image(), image("image/webp"), {"type": "text", "text": "what is this?"}]
+    assert validate_request(asking(content), VERSION_HEADER) is None
+
+
+VERSION_HEADER = {"anthropic-version": "2023-06-01"}
+
+
+def asking(content: list[Any]) -> dict[str, Any]:
+    return {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": content}]}

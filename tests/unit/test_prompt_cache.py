@@ -14,7 +14,14 @@ import pytest
 
 from mcp_backfill.sampling.convert import ConversionOptions, to_claude_request
 from tests.defaults import CONVERSION
-from tests.fake_claude import CACHE_LOOKBACK_BLOCKS, FakeClaude, PromptCache, prompt_elements, text_reply
+from tests.fake_claude import (
+    CACHE_LOOKBACK_BLOCKS,
+    FakeClaude,
+    PromptCache,
+    minimum_cacheable_tokens,
+    prompt_elements,
+    text_reply,
+)
 
 CACHED = replace(CONVERSION, prompt_cache=True)
 TOOLS = [
@@ -99,7 +106,7 @@ def test_no_system_and_no_tools_leaves_only_message_breakpoints() -> None:
 @pytest.mark.parametrize("calls_per_round", [1, 12])
 def test_each_round_reads_the_whole_previous_round_from_the_cache(calls_per_round: int) -> None:
     """12 parallel calls add 25 blocks a round: more than the lookback, so the extra breakpoint matters."""
-    cache = PromptCache()
+    cache = PromptCache(min_tokens=0)  # the breakpoints, not the minimum length, are tested here
     previous_total = 0
     for n in range(1, 5):
         request = body(loop_params(n, calls_per_round))
@@ -115,7 +122,7 @@ def test_each_round_reads_the_whole_previous_round_from_the_cache(calls_per_roun
 
 def test_without_the_previous_round_breakpoint_a_long_round_misses() -> None:
     """The fake is faithful to the lookback window: only the final-block breakpoint is not enough."""
-    cache = PromptCache()
+    cache = PromptCache(min_tokens=0)  # the breakpoints, not the minimum length, are tested here
     first = body(loop_params(1))
     cache.apply(first)
     second = body(loop_params(2, calls_per_round=12))
@@ -129,7 +136,7 @@ def test_without_the_previous_round_breakpoint_a_long_round_misses() -> None:
 
 
 def test_a_different_model_or_history_does_not_read_the_cache() -> None:
-    cache = PromptCache()
+    cache = PromptCache(min_tokens=0)  # the breakpoints, not the minimum length, are tested here
     cache.apply(body(loop_params(2)))
     other_model = dict(body(loop_params(2)), model="claude-other")
     assert cache.apply(other_model).cache_read_input_tokens == 0
@@ -145,7 +152,7 @@ def test_prefixes_below_the_minimum_are_not_cached_and_entries_expire() -> None:
     small = PromptCache(min_tokens=10**6)
     small.apply(body(loop_params(1)))
     assert small.apply(body(loop_params(1))).cache_read_input_tokens == 0
-    cache = PromptCache(ttl=300, clock=lambda: now[0])
+    cache = PromptCache(min_tokens=0, ttl=300, clock=lambda: now[0])
     cache.apply(body(loop_params(1)))
     now[0] = 200
     assert cache.apply(body(loop_params(1))).cache_read_input_tokens > 0  # and refreshed
@@ -159,7 +166,7 @@ def test_prefixes_below_the_minimum_are_not_cached_and_entries_expire() -> None:
 @pytest.mark.parametrize("streaming", [False, True])
 async def test_the_sdk_sees_cache_usage_streaming_or_not(streaming: bool) -> None:
     request = body(loop_params(2))
-    with FakeClaude() as fake:
+    with FakeClaude(cache_min_tokens=0) as fake:
         fake.enqueue(text_reply("one"), text_reply("two"))
         async with anthropic.AsyncAnthropic(api_key="k", base_url=fake.url, max_retries=0) as client:
             usages = []
@@ -182,8 +189,26 @@ async def test_the_sdk_sees_cache_usage_streaming_or_not(streaming: bool) -> Non
 def test_more_than_four_breakpoints_is_a_400() -> None:
     request = body(loop_params(3))
     request["messages"][0]["content"][0]["cache_control"] = {"type": "ephemeral"}
-    with FakeClaude() as fake:
+    with FakeClaude(cache_min_tokens=0) as fake:
         client = anthropic.Anthropic(api_key="k", base_url=fake.url, max_retries=0)
         with pytest.raises(anthropic.BadRequestError, match="A maximum of 4 blocks with cache_control"):
             client.messages.create(**request)
         assert fake.cache_usages == []
+
+
+def test_by_default_the_minimum_cacheable_length_is_the_real_apis_per_model() -> None:
+    def marked(text: str) -> dict[str, Any]:
+        block = {"type": "text", "text": text, "cache_control": {"type": "ephemeral"}}
+        return {"role": "user", "content": [block]}
+
+    short = {"model": "claude-sonnet-5-5", "messages": [marked("hi")]}
+    long = {"model": "claude-sonnet-5-5", "messages": [marked("word " * 1200)]}
+    haiku = {**long, "model": "claude-haiku-5-5"}
+    cache = PromptCache()
+    assert cache.apply(short).breakpoints == ()  # ~10 tokens: not cached, no error
+    assert cache.apply(long).cache_creation_input_tokens > 1024
+    assert cache.apply(haiku).breakpoints == ()  # ~1500 tokens: below Haiku's 2048
+    assert (minimum_cacheable_tokens("claude-opus-5-5"), minimum_cacheable_tokens("claude-haiku-5-5")) == (
+        1024,
+        2048,
+    )

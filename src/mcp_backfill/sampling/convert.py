@@ -50,6 +50,9 @@ META_KEY = "io.github.mcp-backfill/claude"
 """The result `_meta` key under which Claude's own bookkeeping (id, usage, raw stop reason…) travels."""
 
 SUPPORTED_IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+# The Messages API refuses larger images and more of them (400): refused here before any call.
+MAX_IMAGE_BYTES = 5 * 1024 * 1024
+MAX_IMAGES = 100
 _IMAGE_ALIASES: Mapping[str, str] = {
     "image/jpg": "image/jpeg",
     "image/pjpeg": "image/jpeg",
@@ -150,7 +153,7 @@ def to_claude_request(params: dict[str, Any], options: ConversionOptions) -> Cla
 
     kwargs: dict[str, Any] = {
         "max_tokens": _max_tokens(params["maxTokens"], options.max_tokens_cap, ctx.warnings),
-        "messages": _convert_messages(params["messages"], ctx),
+        "messages": _check_image_count(_convert_messages(params["messages"], ctx)),
     }
     system = params.get("systemPrompt")
     if isinstance(system, str) and system.strip():
@@ -487,6 +490,14 @@ def _image_block(
     media_type = sniffed or declared
     if sniffed and sniffed != declared:
         ctx.warnings.append(f"{where}: image declared as {mime_type!r} is {sniffed}; sent as {sniffed}")
+    size = decoded_size(data)
+    if media_type in SUPPORTED_IMAGE_TYPES and size > MAX_IMAGE_BYTES:
+        if strict:
+            raise invalid_params(
+                f"{where}: the image is {size} bytes; Claude accepts images of at most 5 MB", path=where
+            )
+        ctx.warnings.append(f"{where}: an image over 5 MB replaced by a text placeholder")
+        return _text_block(f"[image omitted: {media_type}, ~{size} bytes, over Claude's 5 MB limit]")
     if media_type in SUPPORTED_IMAGE_TYPES:
         return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
     if strict:
@@ -497,6 +508,21 @@ def _image_block(
         )
     ctx.warnings.append(f"{where}: unsupported image type {mime_type!r} replaced by a text placeholder")
     return _text_block(f"[image omitted: {mime_type}, ~{decoded_size(data)} bytes, unsupported type]")
+
+
+def _check_image_count(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    count = sum(_images_in(message.get("content")) for message in messages)
+    if count > MAX_IMAGES:
+        raise invalid_params(f"messages: {count} images; Claude accepts at most {MAX_IMAGES} in one request")
+    return messages
+
+
+def _images_in(value: Any) -> int:
+    if isinstance(value, list):
+        return sum(_images_in(item) for item in value)
+    if isinstance(value, Mapping):
+        return (1 if value.get("type") == "image" else 0) + _images_in(value.get("content"))
+    return 0
 
 
 # --- tool results -----------------------------------------------------------------------------
