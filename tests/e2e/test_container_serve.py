@@ -16,6 +16,7 @@ import pytest
 from mcp import Client, types
 from mcp.client.streamable_http import streamable_http_client
 
+from mcp_backfill.config import SECRET_FILE_VARIABLES
 from tests.container_files import (
     DOCKERFILE,
     cli_env_names,
@@ -43,7 +44,7 @@ def container_section() -> str:
 
 
 def test_every_env_name_the_container_files_use_is_a_real_option() -> None:
-    real = cli_env_names()
+    real = cli_env_names() | set(SECRET_FILE_VARIABLES)  # some secrets are variables only
     used = set(image_env(parse_dockerfile(DOCKERFILE.read_text())))
     for service in load_compose()["services"].values():
         used |= set(service.get("environment", {}))
