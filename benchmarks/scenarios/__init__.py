@@ -30,6 +30,7 @@ class Scenario:
 
 def all_scenarios() -> list[Scenario]:
     from benchmarks.scenarios import (
+        adversarial,
         footprint,
         footprint_http,
         http_front,
@@ -52,4 +53,7 @@ def all_scenarios() -> list[Scenario]:
         Scenario("sampling", "4", "sampling path against a fake Messages API", sampling.run),
         Scenario("footprint", "5", "startup time and idle memory", footprint.run),
         Scenario("footprint-http", "5", "sidecar memory with idle HTTP sessions", footprint_http.run),
+        Scenario(
+            "adversarial", "6", "hostile clients and upstream beside a well-behaved client", adversarial.run
+        ),
     ]

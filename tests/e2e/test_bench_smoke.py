@@ -19,7 +19,7 @@ import pytest
 from tests.harness import ROOT
 
 HEADER = "| scenario | direct | proxied | ratio / added | target | met? |"
-SCENARIOS = {"1a", "1b", "2", "3a", "3b", "4", "5"}
+SCENARIOS = {"1a", "1b", "2", "3a", "3b", "4", "5", "6"}
 HTTP_SESSIONS = (1, 8, 64)
 TARGETED_TITLES = {
     "raw echo: round trip p50",
@@ -28,6 +28,8 @@ TARGETED_TITLES = {
     "10 MB result: proxy peak RSS above idle",
     "sampling request p50, raw echo upstream (the proxy's own cost) (direct: the fake alone)",
     "idle RSS (direct: the SDK upstream; proxied: the proxy process)",
+    "well-behaved client: sampling call p99 (direct: alone; proxied: under attack)",
+    "tokens charged (direct: tokens the fake Claude served)",
     *(
         f"{n} session{'s' if n > 1 else ''}, stdio upstream: throughput (direct: mcp-proxy)"
         for n in HTTP_SESSIONS
