@@ -132,6 +132,7 @@ class HttpCall:
                 413,
                 protocol.INVALID_REQUEST,
                 f"Request body too large: the limit is {limit} bytes (--max-message-bytes)",
+                headers=[(b"connection", b"close")],  # the rest of the body is not worth reading
             )
         return body
 
