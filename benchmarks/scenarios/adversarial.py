@@ -1,5 +1,6 @@
 """6. Adversarial load: one well-behaved client beside hostile clients and a hostile upstream.
 
+The attack runs in a process of its own, so that its CPU and GIL are not the measuring client's.
 One `mcp-backfill serve` (two named clients, `good` and `hostile`; an audit log) in front of the
 sampling test server, the Claude API being the tests' fake (`tests/fake_claude.py`), which records
 the tokens it served. The well-behaved client makes sequential sampling calls (`sample_raw`, a
@@ -25,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -217,12 +219,9 @@ async def _measure(ctx: RunContext, sidecar: _Sidecar, fake: FakeClaude) -> dict
                 if arm == "solo":
                     solo += await _good_batch(http, sidecar.url, session, calls, next_id)
                 else:
-                    stop = anyio.Event()
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(_attack, sidecar.url, sidecar.port, stop, counts)
+                    with _attacker(sidecar, counts):
                         await anyio.sleep(0.5)  # let the attack get going
                         attacked += await _good_batch(http, sidecar.url, session, calls, next_id)
-                        stop.set()
                 next_id += calls
         ctx.progress(f"attack done: {counts}; waiting for the sidecar to settle")
         await anyio.sleep(8)  # header (2 s) and keep-alive (5 s) timeouts close what the attack left
@@ -237,6 +236,39 @@ async def _measure(ctx: RunContext, sidecar: _Sidecar, fake: FakeClaude) -> dict
         "idle_rss": idle_rss,
         "end_rss": end_rss,
     }
+
+
+@contextlib.contextmanager
+def _attacker(sidecar: _Sidecar, counts: dict[str, int]) -> Iterator[None]:
+    """The attack in a process of its own (its CPU and GIL are not the measuring client's); it
+    stops when its stdin closes and reports what it did."""
+    argv = [sys.executable, "-m", "benchmarks.scenarios.adversarial", sidecar.url, str(sidecar.port)]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}"}
+    attacker = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=ROOT)
+    try:
+        yield
+    finally:
+        assert attacker.stdin is not None
+        assert attacker.stdout is not None
+        attacker.stdin.close()
+        out = attacker.stdout.read()
+        attacker.wait(60)
+        for key, value in json.loads(out or b"{}").items():
+            counts[key] += value
+
+
+async def _attack_until_stdin_closes(url: str, port: int) -> dict[str, int]:
+    counts = dict.fromkeys(("cancelled", "oversized", "slow", "churn"), 0)
+    stop = anyio.Event()
+
+    async def watch_stdin() -> None:
+        await anyio.to_thread.run_sync(sys.stdin.buffer.read)
+        stop.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch_stdin)
+        await _attack(url, port, stop, counts)
+    return counts
 
 
 def run(ctx: RunContext) -> list[Row]:
@@ -270,3 +302,7 @@ def run(ctx: RunContext) -> list[Row]:
         Row("6", "sidecar open file descriptors after the attack (direct: after warm-up)", "fds",
             float(result["idle_fds"]), float(result["end_fds"])),
     ]  # fmt: skip
+
+
+if __name__ == "__main__":  # the attacker process (see `_attacker`)
+    print(json.dumps(anyio.run(_attack_until_stdin_closes, sys.argv[1], int(sys.argv[2]))))
