@@ -11,7 +11,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src ./src
 RUN python -m venv /opt/mcp-backfill \
-    && /opt/mcp-backfill/bin/pip install --no-cache-dir . \
+    && /opt/mcp-backfill/bin/pip install --no-cache-dir ".[redis]" \
     && find /opt/mcp-backfill -name __pycache__ -prune -exec rm -rf {} +
 
 # Runtime stage: the slim base, the virtualenv and the weather example (the upstream of compose.yaml).

@@ -15,11 +15,14 @@ from mcp_backfill.config import Config, upstream_environment, upstream_header_se
 from mcp_backfill.providers import ProviderSettings, make_provider
 from mcp_backfill.providers.retry import RetryPolicy
 from mcp_backfill.relay import RelayOptions
+from mcp_backfill.relay.input_required import request_state_key
 from mcp_backfill.sampling.audit import AuditLog
 from mcp_backfill.sampling.convert import ConversionOptions
 from mcp_backfill.sampling.limits import RequestLimits
 from mcp_backfill.sampling.sampler import Sampler, SamplerSettings, SamplingObserver
 from mcp_backfill.sampling.spend import Spend, SpendSettings
+from mcp_backfill.sampling.store import LedgerStore
+from mcp_backfill.stores import open_store
 from mcp_backfill.transports.base import MessageChannel
 from mcp_backfill.transports.http_upstream import HttpUpstreamSettings, display_url, open_http_upstream
 from mcp_backfill.transports.stdio import UpstreamProcess, spawn_upstream
@@ -38,7 +41,7 @@ def make_sampler(config: Config, observer: SamplingObserver | None = None) -> Sa
     return Sampler(
         make_provider(provider_settings(config)),
         sampler_settings(config),
-        spend=Spend(spend_settings(config)),
+        spend=Spend(spend_settings(config), ledger_store(config)),
         audit=audit,
         observer=observer,
     )
@@ -86,7 +89,14 @@ def spend_settings(config: Config) -> SpendSettings:
         client_rate_limit=config.client_rate_limit or (-(-config.rate_limit // 2) if several else 0),
         client_max_concurrent=config.client_max_concurrent_sampling
         or (-(-config.max_concurrent_sampling // 2) if several else 0),
+        store_outage=config.state_store_outage,
     )
+
+
+def ledger_store(config: Config) -> LedgerStore:
+    """Where the ledger counts (`--state-store`); raises `ConfigError` for a URL it cannot use."""
+    url = config.state_store.value if config.state_store is not None else "memory"
+    return open_store(url, lease_seconds=config.state_store_lease, timeout=config.state_store_timeout)
 
 
 def clients_told_apart(config: Config) -> bool:
@@ -121,6 +131,9 @@ def relay_options(config: Config) -> RelayOptions:
         era=config.era,
         max_input_rounds=config.max_input_rounds,
         input_stash_ttl=config.input_stash_ttl,
+        request_state_key=(
+            request_state_key(config.request_state_key.value) if config.request_state_key else None
+        ),
     )
 
 

@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
+from urllib.parse import urlsplit
 
 from mcp_backfill import protocol
 from mcp_backfill.errors import ConfigError
@@ -129,6 +130,11 @@ class Config:
     budget_tokens: tuple[Allowance, ...] = DEFAULTS["budget_tokens"]
     client_budget_tokens: tuple[Allowance, ...] = DEFAULTS["client_budget_tokens"]
     session_budget_tokens: tuple[Allowance, ...] = DEFAULTS["session_budget_tokens"]
+    state_store: Secret | None = DEFAULTS["state_store"]
+    state_store_outage: str = DEFAULTS["state_store_outage"]
+    state_store_timeout: float = DEFAULTS["state_store_timeout"]
+    state_store_lease: float = DEFAULTS["state_store_lease"]
+    request_state_key: Secret | None = DEFAULTS["request_state_key"]
     audit_log: str | None = DEFAULTS["audit_log"]
     audit_content: bool = DEFAULTS["audit_content"]
     prompt_cache: bool = DEFAULTS["prompt_cache"]
@@ -249,6 +255,13 @@ class Config:
         """Every secret value, for the log redaction filter."""
         return self._proxy_secrets() + upstream_header_secrets(self.upstream_headers)
 
+    def _store_secrets(self) -> tuple[str, ...]:
+        """The state store URL's password (the URL itself is logged without it)."""
+        if self.state_store is None:
+            return ()
+        password = urlsplit(self.state_store.value).password
+        return (password,) if password else ()
+
     def _proxy_secrets(self) -> tuple[str, ...]:
         """The credentials the proxy spends on Claude: never to be sent upstream."""
         held = (
@@ -257,9 +270,14 @@ class Config:
             self.vertex_access_token,
             *self.platform_secrets,
             *(entry.token for entry in self.client_tokens),
+            self.request_state_key,
         )
         headers = tuple(value for _, value in self.api_headers)
-        return tuple(s.value for s in held if s is not None and s.value) + tuple(v for v in headers if v)
+        return (
+            tuple(s.value for s in held if s is not None and s.value)
+            + tuple(v for v in headers if v)
+            + self._store_secrets()
+        )
 
 
 def secret_from_env(environ: Mapping[str, str], name: str) -> Secret | None:
@@ -334,6 +352,8 @@ SECRET_FILE_VARIABLES = (
     option("api_headers").env,
     option("upstream_headers").env,
     "MCP_BACKFILL_VERTEX_ACCESS_TOKEN",
+    option("state_store").env,
+    option("request_state_key").env,
 )
 """Secret-holding variables that may instead name a file: `<NAME>_FILE=/run/secrets/...`."""
 

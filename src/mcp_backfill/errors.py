@@ -7,6 +7,7 @@
     │   └── BindError             (1) `serve` cannot listen on its address
     ├── SamplingError             a sampling request gets this JSON-RPC error instead of an answer
     │   └── ProviderError         a failed Claude API call, with what the retry policy needs
+    ├── StoreUnavailable          the shared state store (--state-store) did not answer
     ├── MessageTooLarge           a message over --max-message-bytes was dropped; the stream goes on
     └── SessionError              an HTTP front's session or request can no longer be served
         ├── ClientGone            the client disconnected before its request body arrived
@@ -99,6 +100,22 @@ class ProviderError(SamplingError):
         super().__init__(code, message, data)
         self.retryable = retryable
         self.retry_after = retry_after
+
+
+# -- the state store -----------------------------------------------------------------------------
+
+
+class StoreUnavailable(BackfillError):
+    """The shared state store could not be reached or did not answer in time.
+
+    The message names the store by its description (never its credentials) and the cause; the spend
+    ledger refuses sampling meanwhile, or falls back to this process's own counts, as configured.
+    """
+
+    def __init__(self, store: str, cause: str) -> None:
+        super().__init__(f"the state store {store} is unavailable: {cause}")
+        self.store = store
+        self.cause = cause
 
 
 # -- transports ----------------------------------------------------------------------------------

@@ -626,6 +626,64 @@ OPTIONS: tuple[Option, ...] = (
         default_text="5000000",
     ),
     Option(
+        "state_store",
+        "--state-store",
+        None,
+        "where budgets, rate limits and client slots are counted: memory (this process), "
+        "sqlite:///path/file.db (every process on this machine that uses the file) or "
+        "redis://[:password@]host:6379/0 (every replica using that server; rediss:// for TLS)",
+        "where budgets, rate limits and client slots are counted: `memory`, `sqlite:///path/file.db` "
+        "(processes on one machine) or `redis://host:6379/0` (replicas) ([more than one "
+        "replica](#running-more-than-one-replica)); prefer the `_FILE` variable when it holds a password",
+        parse=secret_or_none,
+        metavar="URL",
+        default_text="memory",
+    ),
+    Option(
+        "state_store_outage",
+        "--state-store-outage",
+        "refuse",
+        "while a shared --state-store cannot be reached: refuse sampling (relaying goes on) or count "
+        "locally in this process until it is back",
+        "while the shared store is unreachable: `refuse` sampling, or count `local`ly meanwhile",
+        choices=("refuse", "local"),
+    ),
+    Option(
+        "state_store_timeout",
+        "--state-store-timeout",
+        2.0,
+        "seconds to wait for the state store (connecting, or one operation) before it counts as down",
+        "seconds to wait for the state store before it counts as unreachable",
+        parse=number,
+        checks=(positive(),),
+        metavar="SECONDS",
+    ),
+    Option(
+        "state_store_lease",
+        "--state-store-lease",
+        30.0,
+        "seconds a shared store keeps a reservation or slot of a process that stopped renewing it "
+        "(one that died)",
+        "seconds a shared store keeps the reservations and slots of a process that died",
+        parse=number,
+        checks=(positive(),),
+        metavar="SECONDS",
+    ),
+    Option(
+        "request_state_key",
+        "--request-state-key",
+        None,
+        "secret (32+ characters) shared by the replicas: 2026-07-28 mixed rounds then carry the "
+        "proxy's answers sealed (AES-GCM) in the requestState instead of this process's memory, so a "
+        "retry may reach any replica; prefer MCP_BACKFILL_REQUEST_STATE_KEY_FILE",
+        "secret shared by replicas: mixed 2026-07-28 rounds carry the proxy's answers sealed in "
+        "`requestState`, so any replica can take the retry; prefer the `_FILE` variable",
+        parse=secret_or_none,
+        checks=(min_length(32),),
+        metavar="SECRET",
+        command="serve",
+    ),
+    Option(
         "audit_log",
         "--audit-log",
         None,

@@ -38,6 +38,7 @@ async def run_stdio_proxy(config: Config) -> int:
     try:
         async with (
             auditing(sampler.audit),
+            sampler.spend.upkeep(),
             own_stdio(config.max_message_bytes) as client,
             open_upstream(config) as (upstream, about),
         ):

@@ -673,20 +673,20 @@ async def test_the_fake_records_the_tokens_it_served(fake: FakeClaude) -> None:
         hang_reply("Once upon a time there was"),
         error_reply(529, "overloaded_error", "Overloaded", should_retry=False),
     )
-    sdk = client(fake)
     body: dict[str, Any] = {
         "model": "claude-sonnet-5",
         "max_tokens": 50,
         "messages": [{"role": "user", "content": "hi"}],
     }
-    async with sdk.messages.stream(**body) as stream:
-        await stream.get_final_message()
-    with anyio.move_on_after(1):  # the stream hangs after its first delta; the client gives up
+    async with client(fake) as sdk:  # closed here: a client left to the GC closes in a later test's loop
         async with sdk.messages.stream(**body) as stream:
-            async for _ in stream:
-                pass
-    with pytest.raises(anthropic.APIStatusError):
-        await sdk.messages.create(**body)
+            await stream.get_final_message()
+        with anyio.move_on_after(1):  # the stream hangs after its first delta; the client gives up
+            async with sdk.messages.stream(**body) as stream:
+                async for _ in stream:
+                    pass
+        with pytest.raises(anthropic.APIStatusError):
+            await sdk.messages.create(**body)
     with anyio.fail_after(10):
         while fake.disconnects < 1:
             await anyio.sleep(0.01)

@@ -14,9 +14,7 @@ from mcp_backfill.errors import SamplingError
 from mcp_backfill.options import Allowance, budget
 from mcp_backfill.protocol import INTERNAL_ERROR
 from mcp_backfill.sampling.spend import (
-    Budget,
     Charge,
-    RateLimiter,
     Reservation,
     SamplingSession,
     Spend,
@@ -41,28 +39,48 @@ def test_normalize_usage_keeps_the_four_counters_as_ints() -> None:
     assert normalize_usage({"input_tokens": True, "output_tokens": -3}) == usage()
 
 
-def budget_of(*allowances: Allowance, clock: Callable[[], float] = lambda: 1000.0) -> Budget:
-    return Budget(allowances, "process token budget", "--budget-tokens", clock)
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
-def test_a_budget_counts_input_cache_and_output_tokens() -> None:
-    budget = budget_of(Allowance(100))
-    budget.charge(usage(10, 5, 20, 30))
-    assert (budget.used, budget.remaining, budget.has_room()) == (65, 35, True)
-    budget.check()
-    budget.charge(usage(40))  # crosses the limit: the request that did it is not undone
-    assert (budget.used, budget.remaining, budget.has_room()) == (105, 0, False)
-    snapshot = budget.snapshot()
+def spend_with(clock: Clock | None = None, **settings: Any) -> Spend:
+    clock = clock or Clock()
+    return Spend(replace(SPEND, **{"rate_limit": 0, **settings}), clock=clock, wall_clock=clock)
+
+
+async def spend_on(spend: Spend, session: SamplingSession | None, cost: dict[str, int]) -> None:
+    """One admitted request whose one call Claude answered with usage `cost`."""
+    async with spend.admit(session) as ticket, ticket.call(Reservation(0, 0)) as charge:
+        charge.begin_attempt()
+        charge.report(cost, final=True)
+
+
+@pytest.mark.anyio
+async def test_a_budget_counts_input_cache_and_output_tokens() -> None:
+    spend = spend_with(budget=(Allowance(100),))
+    await spend_on(spend, None, usage(10, 5, 20, 30))
+    assert (spend.budget.used, spend.budget.remaining) == (65, 35)
+    await spend_on(spend, None, usage(40))  # crosses the limit: the request that did it is not undone
+    assert (spend.budget.used, spend.budget.remaining) == (105, 0)
+    with pytest.raises(SamplingError):
+        await spend_on(spend, None, usage(1))
+    snapshot = spend.budget.snapshot()
     assert snapshot["exchanges"] == 2
     assert snapshot["cache_read_input_tokens"] == 30
     assert snapshot["limits"] == ["100 tokens"]
 
 
-def test_an_exhausted_budget_refuses_with_its_option() -> None:
-    budget = Budget([Allowance(10)], "session token budget", "--session-budget-tokens")
-    budget.charge(usage(10))
+@pytest.mark.anyio
+async def test_an_exhausted_budget_refuses_with_its_option() -> None:
+    spend = spend_with(session_budget=(Allowance(10),))
+    session = spend.new_session("s")
+    await spend_on(spend, session, usage(10))
     with pytest.raises(SamplingError) as caught:
-        budget.check()
+        await spend_on(spend, session, usage(1))
     assert caught.value.code == INTERNAL_ERROR
     assert "session token budget is exhausted: 10 of 10 tokens used" in caught.value.message
     assert "--session-budget-tokens" in caught.value.message
@@ -77,42 +95,44 @@ def test_an_exhausted_budget_refuses_with_its_option() -> None:
     }
 
 
-def test_a_budget_without_allowances_only_counts() -> None:
-    budget = budget_of()
-    budget.charge(usage(10**9))
-    budget.check()
-    assert (budget.remaining, budget.has_room()) == (None, True)
+@pytest.mark.anyio
+async def test_a_budget_without_allowances_only_counts() -> None:
+    spend = spend_with()
+    await spend_on(spend, None, usage(10**9))
+    await spend_on(spend, None, usage(1))
+    assert (spend.budget.remaining, spend.budget.used) == (None, 10**9 + 1)
 
 
-def test_reservations_of_calls_in_flight_count_against_a_budget() -> None:
-    budget = budget_of(Allowance(100))
-    budget.charge(usage(40))
-    budget.reserved = 59
-    budget.check()  # one token is neither used nor reserved: one more call may start
-    budget.reserved = 60
-    with pytest.raises(SamplingError) as caught:
-        budget.check()
+@pytest.mark.anyio
+async def test_reservations_of_calls_in_flight_count_against_a_budget() -> None:
+    spend = spend_with(budget=(Allowance(100),), max_concurrent=0)
+    await spend_on(spend, None, usage(40))
+    async with spend.admit(None) as ticket, ticket.call(Reservation(0, 59)) as charge:
+        charge.report(usage(), final=True)
+        await spend_on(spend, None, usage())  # one token is neither used nor reserved: one more may start
+    async with spend.admit(None) as ticket, ticket.call(Reservation(0, 60)) as charge:
+        charge.report(usage(), final=True)
+        with pytest.raises(SamplingError) as caught:
+            await spend_on(spend, None, usage())
     assert "60 more reserved by calls in flight" in caught.value.message
 
 
-def test_a_window_budget_starts_again_in_the_next_utc_window_and_says_when() -> None:
-    clock = Clock()
-    clock.now = 86_400 * 20_000 + 3600.0  # 01:00 UTC
-    budget = budget_of(Allowance(1000), Allowance(100, "day"), clock=clock)
-    budget.charge(usage(100))
+@pytest.mark.anyio
+async def test_a_window_budget_starts_again_in_the_next_utc_window_and_says_when() -> None:
+    clock = Clock(86_400 * 20_000 + 3600.0)  # 01:00 UTC
+    spend = spend_with(clock, budget=(Allowance(1000), Allowance(100, "day")))
+    await spend_on(spend, None, usage(100))
     with pytest.raises(SamplingError) as caught:
-        budget.check()
+        await spend_on(spend, None, usage())
     assert caught.value.data is not None
     assert caught.value.data["window"] == "day"
     assert caught.value.data["retryAfterSeconds"] == 23 * 3600
     assert caught.value.data["resetsAt"].endswith("T00:00:00Z")
     assert "100 of 100 tokens per day used this day" in caught.value.message
     clock.now += 23 * 3600  # midnight UTC: a new day
-    budget.check()
-    assert budget.remaining == 100
-    budget.charge(usage(950))  # the lifetime allowance still counts everything
+    await spend_on(spend, None, usage(950))  # the lifetime allowance still counts everything
     with pytest.raises(SamplingError, match="1050 of 1000 tokens used;"):
-        budget.check()
+        await spend_on(spend, None, usage())
 
 
 @pytest.mark.parametrize(
@@ -193,45 +213,32 @@ def test_every_attempt_is_charged() -> None:
     ) == usage(10 + 100 + 10, 1000 + 1000 + 50)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_rate_limiter_refuses_beyond_the_window_and_says_when_to_retry() -> None:
+@pytest.mark.anyio
+async def test_the_rate_limit_refuses_beyond_the_window_and_says_when_to_retry() -> None:
     clock = Clock()
-    limiter = RateLimiter(3, clock)
+    spend = spend_with(clock, rate_limit=3)
     for step in range(3):
         clock.now += 10 * step
-        limiter.acquire()  # at t = 0, 10, 30
+        await spend_on(spend, None, usage())  # at t = 0, 10, 30
     clock.now = 1040.0
     with pytest.raises(SamplingError) as caught:
-        limiter.acquire()
+        await spend_on(spend, None, usage())
     assert caught.value.code == INTERNAL_ERROR
     assert "--rate-limit" in caught.value.message
     assert caught.value.data is not None
     assert caught.value.data["retryAfterSeconds"] == 20  # the first admission leaves the window at t=60
-    assert limiter.in_window() == 3  # a refusal does not count
+    assert spend.process.admitted == 3  # a refusal does not count
     clock.now = 1060.0
-    limiter.acquire()
-    assert limiter.in_window() == 3
+    await spend_on(spend, None, usage())
+    with pytest.raises(SamplingError):
+        await spend_on(spend, None, usage())
 
 
-def test_rate_limit_zero_is_off() -> None:
-    limiter = RateLimiter(0, Clock())
+@pytest.mark.anyio
+async def test_rate_limit_zero_is_off() -> None:
+    spend = spend_with(rate_limit=0)
     for _ in range(1000):
-        limiter.acquire()
-
-
-async def spend_on(spend: Spend, session: SamplingSession | None, cost: dict[str, int]) -> None:
-    """One admitted request whose one call Claude answered with usage `cost`."""
-    async with spend.admit(session) as ticket:
-        with ticket.call(Reservation(0, 0)) as charge:
-            charge.begin_attempt()
-            charge.report(cost, final=True)
+        await spend_on(spend, None, usage())
 
 
 @pytest.mark.anyio
@@ -267,13 +274,12 @@ async def test_admission_checks_process_client_and_session_budgets() -> None:
 @pytest.mark.anyio
 async def test_concurrent_requests_cannot_pile_onto_the_last_tokens() -> None:
     spend = Spend(replace(SPEND, rate_limit=0, max_concurrent=10, budget=(Allowance(1000),)))
-    async with spend.admit(None) as ticket:
-        with ticket.call(Reservation(100, 900)) as charge:
-            charge.begin_attempt()
-            assert spend.budget.reserved == 1000
-            with pytest.raises(SamplingError, match="1000 more reserved by calls in flight"):
-                async with spend.admit(None):
-                    pass
+    async with spend.admit(None) as ticket, ticket.call(Reservation(100, 900)) as charge:
+        charge.begin_attempt()
+        assert spend.budget.reserved == 1000
+        with pytest.raises(SamplingError, match="1000 more reserved by calls in flight"):
+            async with spend.admit(None):
+                pass
     assert spend.budget.reserved == 0
     assert spend.budget.used == 1000  # nothing was reported: the whole reservation was charged
 
@@ -283,12 +289,11 @@ async def test_a_call_cancelled_in_flight_is_still_charged() -> None:
     spend = Spend(replace(SPEND, rate_limit=0))
     session = spend.new_session("s")
     with anyio.CancelScope() as scope:
-        async with spend.admit(session) as ticket:
-            with ticket.call(Reservation(100, 900)) as charge:
-                charge.begin_attempt()
-                charge.report(usage(70, 1))  # message_start arrived, then the server cancelled
-                scope.cancel()
-                await anyio.sleep(1)
+        async with spend.admit(session) as ticket, ticket.call(Reservation(100, 900)) as charge:
+            charge.begin_attempt()
+            charge.report(usage(70, 1))  # message_start arrived, then the server cancelled
+            scope.cancel()
+            await anyio.sleep(1)
     assert ticket.charged == usage(70, 900)
     assert (spend.budget.used, session.budget.used, spend.budget.reserved) == (970, 970, 0)
 
@@ -328,7 +333,7 @@ async def test_a_clients_rate_limit_is_its_own_and_a_refusal_counts_nowhere() ->
     with pytest.raises(SamplingError, match=r"rate limit of client 'alice' reached.*--client-rate-limit"):
         async with spend.admit(alice):
             pass
-    assert spend.process.rate.in_window() == 2
+    assert spend.process.admitted == 2
     async with spend.admit(bob):
         pass
     with pytest.raises(SamplingError, match="--rate-limit"):
@@ -372,7 +377,7 @@ async def test_a_budget_used_up_while_waiting_refuses_after_the_wait() -> None:
         async with spend.admit(None) as ticket:
             holding.set()
             await finish.wait()
-            with ticket.call(Reservation(10, 0)) as charge:
+            async with ticket.call(Reservation(10, 0)) as charge:
                 charge.begin_attempt()  # and nothing heard: the reservation is charged
 
     async def second() -> None:

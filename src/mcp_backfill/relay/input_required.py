@@ -9,7 +9,10 @@ client answers by re-sending the same request with `inputResponses` (same keys) 
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import itertools
+import json
 import secrets
 import time
 from collections.abc import Callable
@@ -144,6 +147,50 @@ class Stash:
         if entry is None or entry.expires <= self.clock():
             return None
         return entry
+
+
+class SealedStash:
+    """The proxy's own answers to mixed rounds, sealed into the token the client echoes (AES-256-GCM),
+    so that any replica holding the same key can take the retry; nothing is kept in memory.
+
+    The token names the client identity it was given to (as authenticated data: another client's
+    retry cannot open it) and when it expires. Unlike `Stash`, a token can be redeemed more than
+    once before it expires; a replay re-sends the same answers and spends nothing.
+    """
+
+    def __init__(
+        self, key: bytes, ttl: float, scope: str, wall_clock: Callable[[], float] = time.time
+    ) -> None:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        self._aead = AESGCM(key)
+        self.ttl = ttl
+        self._scope = scope.encode()
+        self._clock = wall_clock
+
+    def put(self, answers: dict[str, Any], has_state: bool, state: Any, rounds: int) -> str:
+        expires = self._clock() + self.ttl
+        payload = json.dumps({"a": answers, "h": has_state, "s": state, "r": rounds, "e": expires})
+        nonce = secrets.token_bytes(12)
+        sealed = self._aead.encrypt(nonce, payload.encode(), self._scope)
+        return base64.urlsafe_b64encode(nonce + sealed).decode().rstrip("=")
+
+    def take(self, token: str) -> StashedRound | None:
+        from cryptography.exceptions import InvalidTag
+
+        try:
+            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+            payload = json.loads(self._aead.decrypt(raw[:12], raw[12:], self._scope))
+        except (ValueError, InvalidTag):
+            return None
+        if payload["e"] <= self._clock():
+            return None
+        return StashedRound(payload["a"], payload["h"], payload["s"], payload["r"], payload["e"])
+
+
+def request_state_key(secret: str) -> bytes:
+    """The AES-256 key for `SealedStash`, derived from the operator's `--request-state-key`."""
+    return hashlib.sha256(b"mcp-backfill request state\0" + secret.encode()).digest()
 
 
 def restore_params(params: dict[str, Any], stashed: StashedRound) -> dict[str, Any]:

@@ -75,9 +75,8 @@ class Relay:
         self.client = client
         self.upstream = upstream
         self.state = RelayState()
-        self.rounds = RoundDriver(
-            options, self.state, self.answerer.sample, self._send_client, self._send_upstream
-        )
+        sample, scope = self.answerer.sample, session.client if session is not None else ""
+        self.rounds = RoundDriver(options, self.state, sample, self._send_client, self._send_upstream, scope)
 
     # -- lifecycle -------------------------------------------------------------------------------
 

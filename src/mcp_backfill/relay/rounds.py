@@ -47,10 +47,12 @@ class RoundDriver:
         sample: Sample,
         send_client: Send,
         send_upstream: Send,
+        scope: str = "",
     ) -> None:
         self.options = options
         self.state = state
-        self.stash = ir.Stash(ttl=options.input_stash_ttl)
+        key, ttl = options.request_state_key, options.input_stash_ttl
+        self.stash: ir.Stash | ir.SealedStash = ir.SealedStash(key, ttl, scope) if key else ir.Stash(ttl)
         self._sample = sample
         self._send_client = send_client
         self._send_upstream = send_upstream

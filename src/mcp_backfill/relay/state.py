@@ -27,6 +27,8 @@ class RelayOptions:
     input_stash_ttl: float
     # Pause before re-sending a state-only ("retry later") round, as SDK clients do.
     state_only_backoff: tuple[float, float] = (0.05, 0.25)
+    # With a key (replicas share it), mixed rounds' answers travel sealed in the requestState.
+    request_state_key: bytes | None = None
 
 
 @dataclass

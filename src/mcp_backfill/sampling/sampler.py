@@ -193,7 +193,7 @@ class Sampler:
         for _ in range(MAX_PAUSE_CONTINUATIONS):
             if message.get("stop_reason") != "pause_turn":
                 break
-            if not ticket.has_room():
+            if not await ticket.has_room():
                 log.info("paused turn returned as it is: a token budget has no room for continuing it")
                 break
             history = [*request["messages"], {"role": "assistant", "content": message.get("content", [])}]
@@ -204,7 +204,7 @@ class Sampler:
     async def _call(
         self, ticket: Ticket, request: dict[str, Any], progress: ProgressCallback | None
     ) -> dict[str, Any]:
-        with ticket.call(reservation_for(request)) as charge:
+        async with ticket.call(reservation_for(request)) as charge:
             return await self.provider.create_message(request, on_progress=progress, meter=charge)
 
 

@@ -3,7 +3,7 @@
 Three kinds of payer share one process: the process itself, each client identity (stdio: the
 process's one client; `serve`: the identity that authenticated the request), and each client
 session. Each has a token `Budget`; the process and each client also have a requests-per-minute
-`RateLimiter` and a number of concurrency slots. A session's request must pass all of them.
+rate limit and a number of concurrency slots. A session's request must pass all of them.
 
 Every Claude call is charged, however it ends. Before a call, its `Reservation` (the capped
 `max_tokens` plus an estimate of the input) is held against every budget of the request; after it,
@@ -17,34 +17,52 @@ the reservation is released and what the call may have cost is charged instead (
 
 Each retry, and each continuation of a `pause_turn`, is a call of its own, charged the same way.
 
-A budget admits a request while some of it is neither used nor reserved by calls in flight, so
-concurrent requests cannot pile onto the last tokens: a budget is overrun by at most one call.
-Budgets may be given for the payer's lifetime and per UTC-aligned window (`options.Allowance`).
-`Spend.snapshot()` is what the exit summary and `/metrics` read.
+A budget admits a call while some of it is neither used nor reserved by calls in flight, checked
+and reserved in one atomic step of the store, so concurrent requests cannot pile onto the last
+tokens: a budget is overrun by at most one call. Budgets may be given for the payer's lifetime and
+per UTC-aligned window (`options.Allowance`).
+
+The counts of the process and of each client live in a `LedgerStore` (`sampling.store`): this
+process's memory, or a store several processes share (`--state-store`), in which case "the
+process" means every process using that store, and a client's budget, rate limit and slots hold
+across all of them. A session's counts always live with the session. The process's own slots
+(`--max-concurrent-sampling`) are this process's, whatever the store.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
+import secrets
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
-from mcp_backfill.errors import SamplingError, internal_error
+from mcp_backfill.errors import SamplingError, StoreUnavailable, internal_error
+from mcp_backfill.logs import get_logger
 from mcp_backfill.options import BUDGET_WINDOWS, Allowance, env_var
+from mcp_backfill.sampling.store import (
+    Held,
+    LedgerStore,
+    Limit,
+    MemoryStore,
+    Rate,
+    Standing,
+    exhausted,
+    window_number,
+)
 
 __all__ = [
     "USAGE_KEYS",
     "Account",
     "Budget",
     "Charge",
-    "RateLimiter",
     "Reservation",
     "SamplingSession",
     "Spend",
@@ -53,12 +71,18 @@ __all__ = [
     "normalize_usage",
 ]
 
+log = get_logger("spend")
+
 USAGE_KEYS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 """The usage counters Claude reports; all of them count against a budget."""
 
-RATE_WINDOW_SECONDS = 60.0
 PROCESS = "process"
-"""The client identity of the stdio front's one client."""
+"""The client identity of the stdio front's one client, and the process's own ledger key."""
+SLOT_POLL_SECONDS = (0.01, 0.25)
+"""Waiting for a slot of a shared store: the first and the longest pause between tries."""
+SETTLE_TIMEOUT_SECONDS = 10.0
+
+T = TypeVar("T")
 
 
 def normalize_usage(usage: Any) -> dict[str, int]:
@@ -74,7 +98,11 @@ def normalize_usage(usage: Any) -> dict[str, int]:
 @dataclass(frozen=True)
 class SpendSettings:
     """The operator's spending controls (built from `Config` by `assembly`); a rate limit of 0 means
-    "no limit", a client's concurrency of 0 "no cap of its own", and no allowances "no budget"."""
+    "no limit", a client's concurrency of 0 "no cap of its own", and no allowances "no budget".
+
+    `store_outage` says what happens while a shared store is unavailable: `"refuse"` sampling, or
+    fall back to `"local"` counts kept by this process alone.
+    """
 
     rate_limit: int
     max_concurrent: int
@@ -83,6 +111,7 @@ class SpendSettings:
     client_budget: tuple[Allowance, ...] = ()
     client_rate_limit: int = 0
     client_max_concurrent: int = 0
+    store_outage: str = "refuse"
 
 
 @dataclass(frozen=True)
@@ -98,93 +127,68 @@ class Reservation:
 
 
 class Budget:
-    """Tokens charged to one payer against its allowances, with the reservations of calls in flight.
+    """One payer's token budget: its allowances, and what this process charged and holds against it.
 
-    `wall_clock` (seconds since the epoch) places charges in windows; a window's count starts again
-    at 0 when the next window begins.
+    The store decides; the budget remembers what it last saw there (`remaining`) for logs and
+    summaries, and turns a refusal into the error a server receives.
     """
 
-    def __init__(
-        self,
-        allowances: Iterable[Allowance],
-        name: str,
-        option: str,
-        wall_clock: Callable[[], float] = time.time,
-    ) -> None:
+    def __init__(self, allowances: Iterable[Allowance], name: str, option: str, key: str) -> None:
         self.allowances = tuple(allowances)
         self.name = name
         """How errors and logs call it, e.g. "process token budget"."""
         self.option = option
         """The flag that raises it."""
-        self._clock = wall_clock
+        self.limit = Limit(key, self.allowances)
         self.tokens: dict[str, int] = dict.fromkeys(USAGE_KEYS, 0)
+        """What this process charged to it, by counter."""
         self.exchanges = 0
         self.reserved = 0
-        self._windows: dict[str, tuple[int, int]] = {}  # window name -> (window number, tokens used)
+        """What this process's calls in flight hold."""
+        self._seen: list[int] = [0] * len(self.allowances)
 
     @property
     def used(self) -> int:
-        """Every token charged so far: input (cache writes and reads included) plus output."""
+        """Every token this process charged: input (cache writes and reads included) plus output."""
         return sum(self.tokens.values())
-
-    def used_in(self, allowance: Allowance) -> int:
-        """Tokens charged in the allowance's current window (its lifetime for a lifetime one)."""
-        if allowance.window is None:
-            return self.used
-        number, used = self._windows.get(allowance.window, (-1, 0))
-        return used if number == self._window_number(allowance.window) else 0
 
     @property
     def remaining(self) -> int | None:
-        """The tightest allowance's tokens not used yet; None without allowances."""
+        """The tightest allowance's tokens not used yet, as last seen; None without allowances."""
         if not self.allowances:
             return None
-        return min(max(0, each.tokens - self.used_in(each)) for each in self.allowances)
+        return min(max(0, each.tokens - seen) for each, seen in zip(self.allowances, self._seen, strict=True))
 
-    def check(self) -> None:
-        """Refuse (-32603) while an allowance is used up, or fully reserved by calls in flight."""
-        for allowance in self.allowances:
-            used = self.used_in(allowance)
-            if used + self.reserved >= allowance.tokens:
-                raise self._exhausted(allowance, used)
-
-    def has_room(self) -> bool:
-        return all(self.used_in(each) + self.reserved < each.tokens for each in self.allowances)
+    def saw(self, used: Sequence[int]) -> None:
+        self._seen = list(used)
 
     def charge(self, usage: Mapping[str, int]) -> None:
-        total = 0
         for key in USAGE_KEYS:
             self.tokens[key] += usage.get(key, 0)
-            total += usage.get(key, 0)
-        for allowance in self.allowances:
-            if allowance.window is not None:
-                number = self._window_number(allowance.window)
-                before = self.used_in(allowance)
-                self._windows[allowance.window] = (number, before + total)
+        self._seen = [seen + sum(usage.values()) for seen in self._seen]
         self.exchanges += 1
 
-    def _window_number(self, window: str) -> int:
-        return int(self._clock() // BUDGET_WINDOWS[window])
-
-    def _exhausted(self, allowance: Allowance, used: int) -> SamplingError:
+    def exhausted(self, index: int, used: int, reserved: int, now: float) -> SamplingError:
+        """The refusal (-32603) for allowance `index`, used up (`used`) or fully `reserved`."""
+        allowance = self.allowances[index]
         flag = self.option
         data: dict[str, Any] = {
             "limit": flag.lstrip("-").replace("-", "_"),
             "option": flag,
             "max": allowance.tokens,
             "used": used,
-            "reserved": self.reserved,
+            "reserved": reserved,
             "remaining": max(0, allowance.tokens - used),
         }
         scope = ""
         if allowance.window is not None:
             seconds = BUDGET_WINDOWS[allowance.window]
-            resets = (self._window_number(allowance.window) + 1) * seconds
+            resets = (window_number(allowance, now) + 1) * seconds
             data["window"] = allowance.window
             data["resetsAt"] = datetime.fromtimestamp(resets, UTC).isoformat().replace("+00:00", "Z")
-            data["retryAfterSeconds"] = max(1, math.ceil(resets - self._clock()))
+            data["retryAfterSeconds"] = max(1, math.ceil(resets - now))
             scope = f" this {allowance.window} (it starts again at {data['resetsAt']})"
-        in_flight = f", {self.reserved} more reserved by calls in flight" if self.reserved else ""
+        in_flight = f", {reserved} more reserved by calls in flight" if reserved else ""
         return internal_error(
             f"The {self.name} is exhausted: {used} of {allowance} used{scope}{in_flight}; raise it "
             f"with {flag} (or {env_var(flag)})",
@@ -202,80 +206,51 @@ class Budget:
         }
 
 
-class RateLimiter:
-    """At most `per_minute` admissions in any sliding 60-second window; excess is refused at once.
+class Account:
+    """A payer with a budget, a rate limit and concurrency slots: the process, or one client.
 
-    Refusing rather than queueing keeps the server's own request timeout meaningful and tells a
-    runaway server immediately (with `retryAfterSeconds`) instead of piling up waiting requests.
-    `check()` and `admit()` are separate so that a request refused by one payer's limiter is not
-    counted by another's.
+    `slots` is this process's limiter; None when there is no cap, or when a shared store keeps them.
     """
 
     def __init__(
         self,
+        budget: Budget,
         per_minute: int,
-        clock: Callable[[], float] = time.monotonic,
-        option: str = "--rate-limit",
-        name: str = "Sampling rate limit",
+        max_concurrent: int,
+        *,
+        rate_option: str,
+        rate_name: str,
+        local_slots: bool,
     ) -> None:
-        self.per_minute = per_minute
-        self.option = option
-        self.name = name
-        self._clock = clock
-        self._admitted: deque[float] = deque()
-
-    def check(self) -> None:
-        if self.per_minute <= 0:
-            return
-        now = self._clock()
-        self._expire(now)
-        if len(self._admitted) >= self.per_minute:
-            retry_after = max(1, math.ceil(self._admitted[0] + RATE_WINDOW_SECONDS - now))
-            raise internal_error(
-                f"{self.name} reached: at most {self.per_minute} sampling requests per minute; "
-                f"retry in {retry_after} s, or raise the limit with {self.option} "
-                f"(or {env_var(self.option)})",
-                limit=self.option.lstrip("-").replace("-", "_"),
-                option=self.option,
-                max=self.per_minute,
-                retryAfterSeconds=retry_after,
-            )
-
-    def admit(self) -> None:
-        if self.per_minute > 0:
-            self._admitted.append(self._clock())
-
-    def acquire(self) -> None:
-        """`check()`, then `admit()`."""
-        self.check()
-        self.admit()
-
-    def in_window(self) -> int:
-        self._expire(self._clock())
-        return len(self._admitted)
-
-    def _expire(self, now: float) -> None:
-        while self._admitted and self._admitted[0] <= now - RATE_WINDOW_SECONDS:
-            self._admitted.popleft()
-
-
-class Account:
-    """A payer with a budget, a rate limit and concurrency slots: the process, or one client."""
-
-    def __init__(self, budget: Budget, rate: RateLimiter, max_concurrent: int) -> None:
         self.budget = budget
-        self.rate = rate
+        self.rate = Rate(f"rate:{budget.limit.key}", per_minute)
+        self.rate_option = rate_option
+        self.rate_name = rate_name
         self.max_concurrent = max_concurrent
-        self.slots = anyio.CapacityLimiter(max_concurrent) if max_concurrent > 0 else None
+        self.slots = anyio.CapacityLimiter(max_concurrent) if max_concurrent > 0 and local_slots else None
+        self.admitted = 0
+        self.in_flight = 0
+
+    def rate_limited(self, retry_after: float) -> SamplingError:
+        seconds = max(1, math.ceil(retry_after))
+        option = self.rate_option
+        return internal_error(
+            f"{self.rate_name} reached: at most {self.rate.per_minute} sampling requests per minute; "
+            f"retry in {seconds} s, or raise the limit with {option} (or {env_var(option)})",
+            limit=option.lstrip("-").replace("-", "_"),
+            option=option,
+            max=self.rate.per_minute,
+            retryAfterSeconds=seconds,
+        )
 
     def snapshot(self) -> dict[str, Any]:
         statistics = self.slots.statistics() if self.slots is not None else None
         return {
             "budget": self.budget.snapshot(),
-            "rate_limit": {"per_minute": self.rate.per_minute, "in_window": self.rate.in_window()},
+            "rate_limit": {"per_minute": self.rate.per_minute, "admitted": self.admitted},
             "concurrency": {
                 "limit": self.max_concurrent or None,
-                "in_flight": statistics.borrowed_tokens if statistics else None,
+                "in_flight": self.in_flight,
                 "waiting": statistics.tasks_waiting if statistics else None,
             },
         }
@@ -283,13 +258,14 @@ class Account:
 
 @dataclass
 class SamplingSession:
-    """One client session as the sampler sees it: a label for logs, its own budget, and the client
-    identity it belongs to (whose budget, rate limit and slots it shares with the client's other
-    sessions)."""
+    """One client session as the sampler sees it: a label for logs, its own budget (kept with it),
+    and the client identity it belongs to (whose budget, rate limit and slots it shares with the
+    client's other sessions)."""
 
     label: str
     budget: Budget
     client: str = PROCESS
+    store: MemoryStore = field(default_factory=MemoryStore)
 
     def snapshot(self) -> dict[str, Any]:
         return {"session": self.label, "client": self.client, "budget": self.budget.snapshot()}
@@ -343,64 +319,125 @@ class Charge:
         return {**attempt.usage, "output_tokens": output}
 
 
+@dataclass(frozen=True)
+class _Stake:
+    """Budgets one store answers for together: a session's (its own store), or the client's and the
+    process's (the ledger's store)."""
+
+    store: LedgerStore
+    budgets: tuple[Budget, ...]
+
+    @property
+    def limits(self) -> tuple[Limit, ...]:
+        return tuple(budget.limit for budget in self.budgets)
+
+
 class Ticket:
     """An admitted sampling request: its slots are held; each Claude call for it is a `Charge`."""
 
-    def __init__(self, budgets: tuple[Budget, ...]) -> None:
-        self._budgets = budgets
+    def __init__(self, spend: Spend, stakes: tuple[_Stake, ...]) -> None:
+        self._spend = spend
+        self._stakes = stakes
         self.charged: dict[str, int] = dict.fromkeys(USAGE_KEYS, 0)
         self.calls = 0
 
-    @contextmanager
-    def call(self, reservation: Reservation) -> Iterator[Charge]:
-        """Reserve for one Claude call; on leaving, however the call ended, charge what it cost."""
-        for budget in self._budgets:
-            budget.reserved += reservation.total
+    @asynccontextmanager
+    async def call(self, reservation: Reservation) -> AsyncIterator[Charge]:
+        """Reserve for one Claude call if every budget has room (else refuse); on leaving, however
+        the call ended, charge what it cost."""
+        spend = self._spend
+        lease = spend.new_lease()
+        held: list[tuple[_Stake, LedgerStore]] = []
+        try:
+            for stake in self._stakes:
+                held.append((stake, await spend.reserve(stake, lease, reservation.total)))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                for stake, store in held:
+                    await spend.settle(store, stake, lease, {})
+            raise
+        for stake in self._stakes:
+            for budget in stake.budgets:
+                budget.reserved += reservation.total
         charge = Charge(reservation)
         try:
             yield charge
         finally:
             cost = charge.cost()
-            for budget in self._budgets:
-                budget.reserved -= reservation.total
-                budget.charge(cost)
+            for stake in self._stakes:
+                for budget in stake.budgets:
+                    budget.reserved -= reservation.total
+            with anyio.CancelScope(shield=True):
+                for stake, store in held:
+                    await spend.settle(store, stake, lease, cost)
             for key, value in cost.items():
                 self.charged[key] += value
             self.calls += 1
 
-    def has_room(self) -> bool:
+    async def has_room(self) -> bool:
         """May another call be made for this request (e.g. to continue a paused turn)?"""
-        return all(budget.has_room() for budget in self._budgets)
+        try:
+            for stake in self._stakes:
+                await self._spend.reserve(stake, "", 0)
+        except SamplingError:
+            return False
+        return True
 
 
 class Spend:
     """The ledger of one process: its own account, one per client identity, and session budgets.
 
     Client accounts are kept for the process's lifetime (their budgets must survive the client's
-    sessions); there is one per identity that ever sampled.
+    sessions); there is one per identity that ever sampled. `upkeep()` must surround the use of a
+    shared store: it renews this process's leases and retries settlements the store missed.
     """
 
     def __init__(
         self,
         settings: SpendSettings,
+        store: LedgerStore | None = None,
+        *,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self._clock = clock
         self._wall_clock = wall_clock
+        self.store: LedgerStore = store or MemoryStore(self._wall_clock, clock)
+        self.fallback = MemoryStore(self._wall_clock, clock)
+        """Where counts go while a shared store is unavailable, with `store_outage="local"`."""
+        shared = self.store.shared
         self.process = Account(
-            Budget(settings.budget, "process token budget", "--budget-tokens", wall_clock),
-            RateLimiter(settings.rate_limit, clock),
+            Budget(
+                settings.budget,
+                "token budget shared through the state store" if shared else "process token budget",
+                "--budget-tokens",
+                PROCESS,
+            ),
+            settings.rate_limit,
             settings.max_concurrent,
+            rate_option="--rate-limit",
+            rate_name="Sampling rate limit",
+            local_slots=True,
         )
         self.clients: dict[str, Account] = {}
         self.refused: dict[str, int] = {}
+        self.outage: str | None = None
+        """Why the shared store is unavailable, while it is."""
+        self._id = secrets.token_hex(6)
+        self._serial = itertools.count(1)
+        self._held: dict[tuple[str, str], Held] = {}
+        self._unsettled: list[tuple[tuple[Limit, ...], str, int]] = []
+        self.store_observer: Callable[[str, float, bool], None] | None = None
+        """Told of each operation on a shared store: its name, seconds taken, and whether it worked."""
 
     @property
     def budget(self) -> Budget:
         """The process's budget."""
         return self.process.budget
+
+    def new_lease(self) -> str:
+        return f"{self._id}.{next(self._serial)}"
 
     def client(self, identity: str) -> Account:
         account = self.clients.get(identity)
@@ -411,15 +448,13 @@ class Spend:
                     settings.client_budget,
                     f"token budget of client {identity!r}",
                     "--client-budget-tokens",
-                    self._wall_clock,
+                    f"client:{identity}",
                 ),
-                RateLimiter(
-                    settings.client_rate_limit,
-                    self._clock,
-                    "--client-rate-limit",
-                    f"Sampling rate limit of client {identity!r}",
-                ),
+                settings.client_rate_limit,
                 settings.client_max_concurrent,
+                rate_option="--client-rate-limit",
+                rate_name=f"Sampling rate limit of client {identity!r}",
+                local_slots=not self.store.shared,
             )
         return account
 
@@ -427,9 +462,9 @@ class Spend:
         """A session of the client `client` (stdio: the process; serve: the identity that
         authenticated it)."""
         budget = Budget(
-            self.settings.session_budget, "session token budget", "--session-budget-tokens", self._wall_clock
+            self.settings.session_budget, "session token budget", "--session-budget-tokens", "session"
         )
-        return SamplingSession(label, budget, client)
+        return SamplingSession(label, budget, client, MemoryStore(self._wall_clock, self._clock))
 
     @asynccontextmanager
     async def admit(self, session: SamplingSession | None) -> AsyncIterator[Ticket]:
@@ -437,23 +472,194 @@ class Spend:
 
         Waiting for a slot has no timeout of its own: the server's request timeout (or its cancel)
         ends the wait. The client's slot is taken before the process's, so that a client at its own
-        cap does not hold a slot other clients could use; budgets are checked again after the wait.
+        cap does not hold a slot other clients could use; each call checks the budgets again.
         """
         client = self.client(session.client) if session is not None else None
         accounts = (client, self.process) if client is not None else (self.process,)
-        budgets = tuple(account.budget for account in accounts)
-        if session is not None:
-            budgets = (session.budget, *budgets)
-        for budget in budgets:
-            budget.check()
-        for account in accounts:
-            account.rate.check()
-        for account in accounts:
-            account.rate.admit()
-        async with _holding(account.slots for account in accounts):
-            for budget in budgets:
-                budget.check()
-            yield Ticket(budgets)
+        shared = _Stake(self.store, tuple(account.budget for account in accounts))
+        stakes = (_Stake(session.store, (session.budget,)), shared) if session is not None else (shared,)
+        for stake in stakes:
+            await self.reserve(stake, "", 0)
+        member = self.new_lease()
+        rates = [account.rate for account in accounts]
+        refusal, _ = await self._on("hit", self.store, lambda store: store.hit(rates, member))
+        if refusal is not None:
+            account = accounts[refusal.index]
+            raise account.rate_limited(refusal.retry_after)
+        async with AsyncExitStack() as stack:
+            waited = False
+            for account in accounts:
+                account.admitted += 1
+                waited = await stack.enter_async_context(self._slot(account)) or waited
+            if waited:  # others may have spent meanwhile
+                for stake in stakes:
+                    await self.reserve(stake, "", 0)
+            yield Ticket(self, stakes)
+
+    async def reserve(self, stake: _Stake, lease: str, amount: int) -> LedgerStore:
+        """Hold `amount` for `lease` on the stake's budgets, or refuse with the first exhausted one's
+        error; returns the store that holds it. An amount of 0 only checks."""
+        limits = stake.limits
+        standing, store = await self._on(
+            "reserve", stake.store, lambda store: store.reserve(limits, lease, amount)
+        )
+        for budget, used in zip(stake.budgets, standing.used, strict=True):
+            budget.saw(used)
+        if not standing.admitted:
+            raise self._refusal(stake, standing)
+        if amount > 0 and store.shared:
+            for limit in limits:
+                self._held[(limit.key, lease)] = Held("reservation", limit.key, lease)
+        return store
+
+    async def settle(self, store: LedgerStore, stake: _Stake, lease: str, cost: Mapping[str, int]) -> None:
+        """Release the lease and charge `cost` (its counters) to the stake's budgets."""
+        for budget in stake.budgets:
+            if cost:
+                budget.charge(cost)
+        tokens = sum(cost.values())
+        limits = stake.limits
+        for limit in limits:
+            self._held.pop((limit.key, lease), None)
+        started = time.perf_counter()
+        try:
+            with anyio.fail_after(SETTLE_TIMEOUT_SECONDS):
+                await store.settle(limits, lease, tokens)
+        except (StoreUnavailable, TimeoutError) as exc:
+            self._observe(store, "settle", started, ok=False)
+            # Charged later, when the store is back; meanwhile the reservation lapses there.
+            self._unsettled.append((limits, lease, tokens))
+            log.error(
+                "state store missed a settlement; it is retried until the store is back",
+                extra={"store": store.description, "tokens": tokens, "error": str(exc)},
+            )
+            if self.settings.store_outage == "local":
+                await self.fallback.settle(limits, lease, tokens)
+        else:
+            self._observe(store, "settle", started, ok=True)
+
+    def _observe(self, store: LedgerStore, name: str, started: float, *, ok: bool) -> None:
+        if store.shared and self.store_observer is not None:
+            self.store_observer(name, time.perf_counter() - started, ok)
+
+    def _refusal(self, stake: _Stake, standing: Standing) -> SamplingError:
+        where = exhausted(stake.limits, standing.used, standing.reserved)
+        assert where is not None, "a store refused a reservation no allowance refuses"
+        index, allowance = where
+        return stake.budgets[index].exhausted(
+            allowance, standing.used[index][allowance], standing.reserved[index], standing.now
+        )
+
+    async def _on(
+        self, name: str, store: LedgerStore, op: Callable[[LedgerStore], Awaitable[T]]
+    ) -> tuple[T, LedgerStore]:
+        """Run operation `name` (`op`) on `store`; while a shared store is unavailable, refuse or
+        count locally."""
+        if not store.shared:
+            return await op(store), store
+        started = time.perf_counter()
+        try:
+            result = await op(store)
+        except StoreUnavailable as exc:
+            self._observe(store, name, started, ok=False)
+            if self.outage is None:
+                log.error("state store unavailable", extra={"store": exc.store, "error": exc.cause})
+            self.outage = exc.cause
+            if self.settings.store_outage == "local":
+                return await op(self.fallback), self.fallback
+            raise internal_error(
+                f"Sampling is refused while {exc}; relaying goes on. To sample on this process's own "
+                "counts meanwhile, set --state-store-outage local (or MCP_BACKFILL_STATE_STORE_OUTAGE)",
+                limit="state_store",
+                store=exc.store,
+                option="--state-store-outage",
+            ) from None
+        self._observe(store, name, started, ok=True)
+        if self.outage is not None:
+            log.info("state store available again", extra={"store": store.description})
+            self.outage = None
+        return result, store
+
+    @asynccontextmanager
+    async def _slot(self, account: Account) -> AsyncIterator[bool]:
+        """One of the account's slots: this process's limiter, or a lease in the shared store.
+        Yields whether it had to wait for it."""
+        if account.max_concurrent <= 0:
+            yield False
+            return
+        if account.slots is not None:
+            waited = account.slots.available_tokens < 1
+            async with account.slots:
+                account.in_flight += 1
+                try:
+                    yield waited
+                finally:
+                    account.in_flight -= 1
+            return
+        key, holder = account.budget.limit.key, self.new_lease()
+        pause, waited = SLOT_POLL_SECONDS[0], False
+        while True:
+            got, store = await self._on(
+                "acquire_slot",
+                self.store,
+                lambda store: store.acquire_slot(key, account.max_concurrent, holder),
+            )
+            if got:
+                break
+            waited = True
+            await anyio.sleep(pause)
+            pause = min(pause * 2, SLOT_POLL_SECONDS[1])
+        if store.shared:
+            self._held[(key, holder)] = Held("slot", key, holder)
+        account.in_flight += 1
+        try:
+            yield waited
+        finally:
+            account.in_flight -= 1
+            self._held.pop((key, holder), None)
+            shield = anyio.CancelScope(shield=True)
+            # A release the store misses lapses there with the lease.
+            with shield, anyio.move_on_after(SETTLE_TIMEOUT_SECONDS), contextlib.suppress(StoreUnavailable):
+                await store.release_slot(key, holder)
+
+    @asynccontextmanager
+    async def upkeep(self) -> AsyncIterator[None]:
+        """While the body runs, renew this process's leases in a shared store and retry the
+        settlements it missed; then settle what is left and close the store."""
+        try:
+            if not self.store.shared:
+                yield
+                return
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._keep_leases, self.store)
+                try:
+                    yield
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(SETTLE_TIMEOUT_SECONDS):
+                await self._flush(self.store)
+            with anyio.CancelScope(shield=True):
+                await self.store.aclose()
+
+    async def _keep_leases(self, store: LedgerStore) -> None:
+        while True:
+            await anyio.sleep(store.lease_seconds / 3)
+            try:
+                await store.renew(list(self._held.values()))
+                await self._flush(store)
+            except StoreUnavailable as exc:
+                log.debug("state store upkeep failed", extra={"error": exc.cause})
+
+    async def _flush(self, store: LedgerStore) -> None:
+        while self._unsettled:
+            limits, lease, tokens = self._unsettled[0]
+            try:
+                await store.settle(limits, lease, tokens)
+            except StoreUnavailable:
+                return
+            self._unsettled.pop(0)
+            log.info("state store settlement made late", extra={"tokens": tokens})
 
     def note_refusal(self, error: SamplingError) -> None:
         """Count a request refused by one of the limits (for metrics), keyed by the limit's name."""
@@ -466,14 +672,6 @@ class Spend:
             **self.process.snapshot(),
             "clients": {name: account.snapshot() for name, account in self.clients.items()},
             "refused": dict(self.refused),
+            "store": self.store.description,
+            "unsettled": len(self._unsettled),
         }
-
-
-@asynccontextmanager
-async def _holding(limiters: Iterable[anyio.CapacityLimiter | None]) -> AsyncIterator[None]:
-    """Hold one token of each limiter (None: no limit), in order."""
-    async with AsyncExitStack() as stack:
-        for limiter in limiters:
-            if limiter is not None:
-                await stack.enter_async_context(limiter)
-        yield

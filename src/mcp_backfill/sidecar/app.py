@@ -1,17 +1,21 @@
-"""The sidecar's ASGI application: `/mcp`, `/healthz` and `/metrics`.
+"""The sidecar's ASGI application: `/mcp`, `/healthz`, `/readyz` and `/metrics`.
 
 Every request, whatever its path, is checked first for Host and Origin (403: DNS-rebinding
 protection covers `/metrics` and `/healthz` too); `/mcp` and `/metrics` then need the bearer token
 when one is configured (401 with `WWW-Authenticate`), and the upstream is never touched by a request
 that fails. The `MCP-Protocol-Version` header then picks the protocol path: absent or a
 handshake-era version goes to the session front (`handshake.py`), anything else to the 2026-07-28
-front (`stateless.py`). `/healthz` needs no credentials.
+front (`stateless.py`). `/healthz` (liveness: the process serves) and `/readyz` (readiness: it is not
+draining and its state store answers) need no credentials.
 
 The HTTP method becomes a metrics label only from a fixed set (anything else counts as `OTHER`), so
 a client cannot add series to `/metrics`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
@@ -34,14 +38,28 @@ UNAUTHORIZED_HEADERS = [(b"www-authenticate", b'Bearer realm="mcp-backfill"')]
 BAD_TOKEN_HEADERS = [(b"www-authenticate", b'Bearer realm="mcp-backfill", error="invalid_token"')]
 
 
+Readiness = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
+"""Whether this replica can sample now, and what `/readyz` says about it."""
+
+
+async def always_ready() -> tuple[bool, dict[str, Any]]:
+    return True, {}
+
+
 class SidecarApp:
     def __init__(
-        self, policy: AccessPolicy, handshake: HandshakeFront, stateless: StatelessFront, metrics: Metrics
+        self,
+        policy: AccessPolicy,
+        handshake: HandshakeFront,
+        stateless: StatelessFront,
+        metrics: Metrics,
+        readiness: Readiness = always_ready,
     ) -> None:
         self.policy = policy
         self.handshake = handshake
         self.stateless = stateless
         self.metrics = metrics
+        self.readiness = readiness
 
     @property
     def draining(self) -> bool:
@@ -82,6 +100,8 @@ class SidecarApp:
             await self._mcp(call)
         elif path == "/healthz" and call.method in ("GET", "HEAD"):
             await self._healthz(call)
+        elif path == "/readyz" and call.method in ("GET", "HEAD"):
+            await self._readyz(call)
         elif path == "/metrics" and call.method in ("GET", "HEAD"):
             if await self._identify(call) is not None:
                 data = self.metrics.render().encode()
@@ -97,6 +117,12 @@ class SidecarApp:
             "requests_in_flight_2026": self.stateless.hubs.in_flight,
         }
         await call.respond(503 if self.draining else 200, json_bytes(body))
+
+    async def _readyz(self, call: HttpCall) -> None:
+        ready, about = await self.readiness()
+        ready = ready and not self.draining
+        body = {"status": "ready" if ready else ("draining" if self.draining else "not ready"), **about}
+        await call.respond(200 if ready else 503, json_bytes(body))
 
     async def _origin_checked(self, call: HttpCall) -> bool:
         """Host and Origin against the allow-lists; answers 403 itself when either is refused."""

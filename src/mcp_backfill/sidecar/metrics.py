@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Claude calls take from a fraction of a second to minutes (long tool-use turns).
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 2.5)
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -132,6 +133,15 @@ class Metrics:
             "time to answer one sampling request through Claude, by model",
             LATENCY_BUCKETS,
         )
+        self.store_seconds = Histogram(
+            "mcp_backfill_state_store_seconds",
+            "time one operation on the shared state store took, by operation",
+            STORE_BUCKETS,
+        )
+        self.store_errors = Counter(
+            "mcp_backfill_state_store_errors_total",
+            "operations on the shared state store that failed (unreachable or timed out), by operation",
+        )
         self._gauges: list[Gauge] = []
 
     def gauge(
@@ -150,11 +160,18 @@ class Metrics:
             if count:
                 self.tokens.inc(count, counter=counter, model=model)
 
+    def store_call(self, operation: str, seconds: float, ok: bool) -> None:
+        self.store_seconds.observe(seconds, operation=operation)
+        if not ok:
+            self.store_errors.inc(operation=operation)
+
     def render(self) -> str:
         lines: list[str] = []
-        for counter in (self.messages, self.http_requests, self.sampling_requests, self.tokens):
+        counters = (self.messages, self.http_requests, self.sampling_requests, self.tokens, self.store_errors)
+        for counter in counters:
             lines.extend(counter.render())
         lines.extend(self.latency.render())
+        lines.extend(self.store_seconds.render())
         for gauge in self._gauges:
             lines.extend(gauge.render())
         return "\n".join(lines) + "\n"

@@ -16,16 +16,18 @@ import shutil
 import signal
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import anyio
 import uvicorn
 
 from mcp_backfill.assembly import make_sampler, relay_options
 from mcp_backfill.config import Config
-from mcp_backfill.errors import BindError, UpstreamStartError
+from mcp_backfill.errors import BindError, StoreUnavailable, UpstreamStartError
 from mcp_backfill.logs import get_logger
 from mcp_backfill.relay import Relay
 from mcp_backfill.sampling.audit import auditing
+from mcp_backfill.sampling.spend import Spend
 from mcp_backfill.sidecar.app import SidecarApp
 from mcp_backfill.sidecar.connections import guarded_protocol
 from mcp_backfill.sidecar.handshake import HandshakeFront
@@ -133,7 +135,12 @@ async def run_sidecar(config: Config) -> int:
         idle_timeout=config.session_idle_timeout,
     )
     front = FrontSettings(config.max_message_bytes, body_timeout=config.body_timeout)
-    app = SidecarApp(policy, HandshakeFront(sessions, front), StatelessFront(hubs, front), metrics)
+    spend = sampler.spend
+    spend.store_observer = metrics.store_call
+    readiness = Readiness(spend, config.state_store_timeout)
+    app = SidecarApp(
+        policy, HandshakeFront(sessions, front), StatelessFront(hubs, front), metrics, readiness.check
+    )
     metrics.gauge(
         "mcp_backfill_active_sessions", "open handshake-era client sessions", lambda: [((), len(sessions))]
     )
@@ -168,7 +175,7 @@ async def run_sidecar(config: Config) -> int:
             kind="counter",
         )
     try:
-        async with auditing(audit), anyio.create_task_group() as tg:
+        async with auditing(audit), sampler.spend.upkeep(), anyio.create_task_group() as tg:
             sessions.start(tg)
             hubs.start(tg)
             tg.start_soon(_watch_signals, server, app)
@@ -213,6 +220,38 @@ async def _watch_signals(server: _Server, app: SidecarApp) -> None:
             )
             app.drain()
             server.should_exit = True
+
+
+class Readiness:
+    """`/readyz`: can this replica sample? Asks a shared store (at most once a second)."""
+
+    def __init__(self, spend: Spend, timeout: float) -> None:
+        self._spend = spend
+        self._timeout = timeout
+        self._last: tuple[float, bool, dict[str, Any]] | None = None
+
+    async def check(self) -> tuple[bool, dict[str, Any]]:
+        store = self._spend.store
+        if not store.shared:
+            return True, {"store": store.description}
+        now = anyio.current_time()
+        if self._last is not None and now - self._last[0] < 1.0:
+            return self._last[1], self._last[2]
+        ready, about = True, {"store": store.description, "store_status": "ok"}
+        try:
+            with anyio.fail_after(self._timeout):
+                await store.ping()
+        except (StoreUnavailable, TimeoutError) as exc:
+            local = self._spend.settings.store_outage == "local"
+            ready = local
+            about = {
+                "store": store.description,
+                "store_status": "unavailable",
+                "error": exc.cause if isinstance(exc, StoreUnavailable) else "timed out",
+                "sampling": "counted locally" if local else "refused",
+            }
+        self._last = (now, ready, about)
+        return ready, about
 
 
 def client_credentials(config: Config) -> tuple[tuple[str, str], ...]:

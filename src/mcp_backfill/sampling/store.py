@@ -1,0 +1,235 @@
+"""Where the spend ledger keeps its counts: the `LedgerStore` interface, and the in-memory store.
+
+A store keeps, per payer key (`"process"`, `"client:alice"`…), the tokens charged in each window of
+its allowances and the reservations of calls in flight; per rate key, the admissions of the last
+minute; per slot key, the slots held. Every operation is atomic with respect to every other process
+using the same store, so that two replicas cannot both take a budget's last tokens:
+
+* `reserve` admits while no allowance of any of its limits is used up or fully reserved, and then
+  holds the amount on all of them, in one step (an amount of 0 only checks);
+* `settle` releases a reservation and charges what the call cost, in one step;
+* `hit` admits a request against several rate limits at once, or against none;
+* slots and reservations held by a process are leases: a shared store lets them lapse
+  `LEASE_SECONDS` after their holder last renewed them, so a replica that died leaks nothing; a
+  lapsed reservation is charged whole, since its holder never said what the call cost.
+
+Three stores implement it: `MemoryStore` here (one process; nothing lapses), and in
+`mcp_backfill.stores` a SQLite file (several processes on one machine) and Redis (many machines).
+A shared store's failures raise `StoreUnavailable`; the ledger decides what that means.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from mcp_backfill.errors import StoreUnavailable
+from mcp_backfill.options import BUDGET_WINDOWS, Allowance
+
+__all__ = [
+    "LEASE_SECONDS",
+    "RATE_WINDOW_SECONDS",
+    "Held",
+    "LedgerStore",
+    "Limit",
+    "MemoryStore",
+    "Rate",
+    "RateRefusal",
+    "Standing",
+    "StoreUnavailable",
+    "exhausted",
+    "window_number",
+]
+
+LEASE_SECONDS = 30.0
+"""How long a shared store keeps a reservation or slot its holder stopped renewing (it renews them
+every third of that while it lives)."""
+RATE_WINDOW_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A payer's key in the store and its allowances."""
+
+    key: str
+    allowances: tuple[Allowance, ...]
+
+
+@dataclass(frozen=True)
+class Standing:
+    """What a store saw of some limits, at `now` (its clock, seconds since the epoch)."""
+
+    used: tuple[tuple[int, ...], ...]
+    """Per limit, per allowance: the tokens charged in the allowance's current window."""
+    reserved: tuple[int, ...]
+    """Per limit: the tokens reserved by calls in flight."""
+    now: float
+    admitted: bool
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A requests-per-minute limit on a key (0: none)."""
+
+    key: str
+    per_minute: int
+
+
+@dataclass(frozen=True)
+class RateRefusal:
+    index: int
+    """Which of the rates refused."""
+    retry_after: float
+
+
+@dataclass(frozen=True)
+class Held:
+    """A lease a process holds: a reservation on a budget key, or a slot on a slot key."""
+
+    kind: str  # "reservation" | "slot"
+    key: str
+    lease: str
+
+
+def window_number(allowance: Allowance, now: float) -> int:
+    """The allowance's current window (0 for a lifetime allowance)."""
+    return 0 if allowance.window is None else int(now // BUDGET_WINDOWS[allowance.window])
+
+
+def exhausted(
+    limits: Sequence[Limit], used: Sequence[Sequence[int]], reserved: Sequence[int]
+) -> tuple[int, int] | None:
+    """(limit, allowance) of the first allowance used up or fully reserved, or None: the rule every
+    store applies before it reserves."""
+    for i, limit in enumerate(limits):
+        for j, allowance in enumerate(limit.allowances):
+            if used[i][j] + reserved[i] >= allowance.tokens:
+                return i, j
+    return None
+
+
+class LedgerStore(Protocol):
+    """The counters of the spend ledger (see the module docstring for what each operation promises)."""
+
+    description: str
+    """How errors and logs name it; never holds a credential."""
+    shared: bool
+    """Whether other processes may use it too (its leases then lapse unless renewed)."""
+    lease_seconds: float
+    """How long a lease lasts without being renewed."""
+
+    async def reserve(self, limits: Sequence[Limit], lease: str, amount: int) -> Standing: ...
+
+    async def settle(self, limits: Sequence[Limit], lease: str, tokens: int) -> None: ...
+
+    async def hit(self, rates: Sequence[Rate], member: str) -> RateRefusal | None: ...
+
+    async def acquire_slot(self, key: str, limit: int, holder: str) -> bool: ...
+
+    async def release_slot(self, key: str, holder: str) -> None: ...
+
+    async def renew(self, held: Sequence[Held]) -> None: ...
+
+    async def ping(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass
+class _Payer:
+    used: dict[tuple[str, int], int] = field(default_factory=dict)  # (window or "", number) -> tokens
+    reservations: dict[str, int] = field(default_factory=dict)  # lease -> tokens
+
+
+class MemoryStore:
+    """The counts of one process, in its memory: nothing is shared and nothing lapses.
+
+    `wall_clock` places charges in windows; `clock` measures the rate-limit minute.
+    """
+
+    description = "memory"
+    shared = False
+    lease_seconds = LEASE_SECONDS
+
+    def __init__(
+        self,
+        wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._wall_clock = wall_clock
+        self._clock = clock
+        self._payers: dict[str, _Payer] = {}
+        self._hits: dict[str, deque[float]] = {}
+        self._slots: dict[str, set[str]] = {}
+
+    def _standing(self, limits: Sequence[Limit], now: float) -> tuple[list[tuple[int, ...]], list[int]]:
+        used: list[tuple[int, ...]] = []
+        reserved: list[int] = []
+        for limit in limits:
+            payer = self._payers.get(limit.key) or _Payer()
+            used.append(
+                tuple(
+                    payer.used.get((each.window or "", window_number(each, now)), 0)
+                    for each in limit.allowances
+                )
+            )
+            reserved.append(sum(payer.reservations.values()))
+        return used, reserved
+
+    async def reserve(self, limits: Sequence[Limit], lease: str, amount: int) -> Standing:
+        now = self._wall_clock()
+        used, reserved = self._standing(limits, now)
+        admitted = exhausted(limits, used, reserved) is None
+        if admitted and amount > 0:
+            for limit in limits:
+                self._payers.setdefault(limit.key, _Payer()).reservations[lease] = amount
+        return Standing(tuple(used), tuple(reserved), now, admitted)
+
+    async def settle(self, limits: Sequence[Limit], lease: str, tokens: int) -> None:
+        now = self._wall_clock()
+        for limit in limits:
+            payer = self._payers.setdefault(limit.key, _Payer())
+            payer.reservations.pop(lease, None)
+            windows = {(each.window or "", window_number(each, now)) for each in limit.allowances}
+            counters = windows | {("", 0)}
+            for window, number in counters:
+                for stale in [k for k in payer.used if k[0] == window and k[1] < number]:
+                    del payer.used[stale]  # an earlier window's count
+                payer.used[(window, number)] = payer.used.get((window, number), 0) + tokens
+
+    async def hit(self, rates: Sequence[Rate], member: str) -> RateRefusal | None:
+        now = self._clock()
+        for index, rate in enumerate(rates):
+            if rate.per_minute <= 0:
+                continue
+            admitted = self._hits.setdefault(rate.key, deque())
+            while admitted and admitted[0] <= now - RATE_WINDOW_SECONDS:
+                admitted.popleft()
+            if len(admitted) >= rate.per_minute:
+                return RateRefusal(index, admitted[0] + RATE_WINDOW_SECONDS - now)
+        for rate in rates:
+            if rate.per_minute > 0:
+                self._hits[rate.key].append(now)
+        return None
+
+    async def acquire_slot(self, key: str, limit: int, holder: str) -> bool:
+        held = self._slots.setdefault(key, set())
+        if len(held) >= limit and holder not in held:
+            return False
+        held.add(holder)
+        return True
+
+    async def release_slot(self, key: str, holder: str) -> None:
+        self._slots.get(key, set()).discard(holder)
+
+    async def renew(self, held: Sequence[Held]) -> None:
+        return None  # nothing lapses in one process's memory
+
+    async def ping(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None

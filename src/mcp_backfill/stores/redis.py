@@ -1,0 +1,318 @@
+"""The ledger's counts in Redis, shared by every replica that points at the same server.
+
+Each operation is one Lua script, which Redis runs atomically, and one round trip. Time is Redis's
+clock (`TIME`), so replicas with skewed clocks still agree on windows and leases. Keys, under the
+prefix (`mcp-backfill:` by default):
+
+    <p>used:<payer>                    tokens charged over the payer's lifetime
+    <p>used:<payer>:<window>:<number>  tokens charged in one window; expires after the next one
+    <p>res:<payer>                     sorted set: reservation lease -> expiry (ms)
+    <p>resamt:<payer>                  hash: reservation lease -> tokens
+    <p>rate:<key>                      sorted set: admissions of the last minute
+    <p>slots:<key>                     sorted set: slot holder -> expiry (ms)
+
+The scripts build key names themselves, so they need one Redis server (or a primary with
+replicas/Sentinel), not Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import RedisError
+
+from mcp_backfill.errors import StoreUnavailable
+from mcp_backfill.options import BUDGET_WINDOWS
+from mcp_backfill.sampling.store import LEASE_SECONDS, Held, Limit, Rate, RateRefusal, Standing
+
+__all__ = ["RedisStore", "display_url"]
+
+_NOW = """
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+_LEDGER = """
+local function counter(p, payer, window, seconds, now_ms)
+  if seconds == 0 then return p .. 'used:' .. payer end
+  return p .. 'used:' .. payer .. ':' .. window .. ':' .. math.floor(now_ms / 1000 / seconds)
+end
+-- allowances: {window, seconds, ...}; the lifetime count always grows, and each window's
+local function charge(p, payer, allowances, tokens, now_ms)
+  if tokens <= 0 then return end
+  redis.call('INCRBY', counter(p, payer, '', 0, now_ms), tokens)
+  for _, allowance in ipairs(allowances) do
+    if allowance[2] > 0 then
+      local key = counter(p, payer, allowance[1], allowance[2], now_ms)
+      redis.call('INCRBY', key, tokens)
+      redis.call('EXPIRE', key, 2 * allowance[2])
+    end
+  end
+end
+-- What calls in flight hold; a lease whose holder stopped renewing it lapses, and its whole
+-- reservation is charged (the holder died before it could say what the call cost).
+local function reserved(p, payer, allowances, now_ms)
+  local zset, amounts = p .. 'res:' .. payer, p .. 'resamt:' .. payer
+  local gone = redis.call('ZRANGEBYSCORE', zset, '-inf', now_ms)
+  for _, lease in ipairs(gone) do
+    charge(p, payer, allowances, tonumber(redis.call('HGET', amounts, lease) or '0'), now_ms)
+    redis.call('HDEL', amounts, lease)
+  end
+  if #gone > 0 then redis.call('ZREMRANGEBYSCORE', zset, '-inf', now_ms) end
+  local sum = 0
+  for _, value in ipairs(redis.call('HVALS', amounts)) do sum = sum + tonumber(value) end
+  return sum
+end
+"""
+
+# ARGV: prefix, lease, amount, ttl_ms, then per limit: payer, n, and n times (window, seconds, tokens).
+RESERVE = (
+    _NOW
+    + _LEDGER
+    + """
+local p, lease, amount, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local i, payers, used, reserved_by, admitted = 5, {}, {}, {}, true
+while i <= #ARGV do
+  local payer, n = ARGV[i], tonumber(ARGV[i + 1])
+  i = i + 2
+  local allowances = {}
+  for a = 1, n do
+    allowances[a] = {ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])}
+    i = i + 3
+  end
+  local r = reserved(p, payer, allowances, now_ms)
+  local counts = {}
+  for a, allowance in ipairs(allowances) do
+    local u = tonumber(redis.call('GET', counter(p, payer, allowance[1], allowance[2], now_ms)) or '0')
+    counts[a] = u
+    if u + r >= allowance[3] then admitted = false end
+  end
+  payers[#payers + 1] = payer
+  used[#used + 1] = counts
+  reserved_by[#reserved_by + 1] = r
+end
+if admitted and amount > 0 then
+  for _, payer in ipairs(payers) do
+    redis.call('ZADD', p .. 'res:' .. payer, now_ms + ttl, lease)
+    redis.call('HSET', p .. 'resamt:' .. payer, lease, amount)
+  end
+end
+return {admitted and 1 or 0, now_ms, cjson.encode(used), cjson.encode(reserved_by)}
+"""
+)
+
+# ARGV: prefix, lease, tokens, then per limit: payer, n, and n times (window, seconds).
+SETTLE = (
+    _NOW
+    + _LEDGER
+    + """
+local p, lease, tokens = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local i = 4
+while i <= #ARGV do
+  local payer, n = ARGV[i], tonumber(ARGV[i + 1])
+  i = i + 2
+  local allowances = {}
+  for a = 1, n do
+    allowances[a] = {ARGV[i], tonumber(ARGV[i + 1])}
+    i = i + 2
+  end
+  redis.call('ZREM', p .. 'res:' .. payer, lease)
+  redis.call('HDEL', p .. 'resamt:' .. payer, lease)
+  charge(p, payer, allowances, tokens, now_ms)
+end
+return 1
+"""
+)
+
+# ARGV: prefix, member, window_ms, then per rate: key, per_minute.
+HIT = (
+    _NOW
+    + """
+local p, member, window = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local i, index = 4, 0
+while i <= #ARGV do
+  local key, most = p .. 'rate:' .. ARGV[i], tonumber(ARGV[i + 1])
+  i = i + 2
+  if most > 0 then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms - window)
+    if redis.call('ZCARD', key) >= most then
+      local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+      return {index, tonumber(oldest[2]) + window - now_ms}
+    end
+  end
+  index = index + 1
+end
+i = 4
+while i <= #ARGV do
+  local key, most = p .. 'rate:' .. ARGV[i], tonumber(ARGV[i + 1])
+  i = i + 2
+  if most > 0 then
+    redis.call('ZADD', key, now_ms, member)
+    redis.call('PEXPIRE', key, window)
+  end
+end
+return {-1, 0}
+"""
+)
+
+# ARGV: prefix, key, limit, holder, ttl_ms.
+ACQUIRE = (
+    _NOW
+    + """
+local key, limit, holder, ttl = ARGV[1] .. 'slots:' .. ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
+redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms)
+if redis.call('ZCARD', key) >= limit and not redis.call('ZSCORE', key, holder) then return 0 end
+redis.call('ZADD', key, now_ms + ttl, holder)
+redis.call('PEXPIRE', key, ttl)
+return 1
+"""
+)
+
+# ARGV: prefix, ttl_ms, then per lease: kind, key, lease.
+RENEW = (
+    _NOW
+    + """
+local p, ttl = ARGV[1], tonumber(ARGV[2])
+for i = 3, #ARGV, 3 do
+  local zset = (ARGV[i] == 'slot') and (p .. 'slots:' .. ARGV[i + 1]) or (p .. 'res:' .. ARGV[i + 1])
+  redis.call('ZADD', zset, 'XX', now_ms + ttl, ARGV[i + 2])
+  if ARGV[i] == 'slot' then redis.call('PEXPIRE', zset, ttl) end
+end
+return 1
+"""
+)
+
+
+def display_url(url: str) -> str:
+    """The URL without its password (for logs and errors)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username + ':***@' if parts.username else ':***@'}{host}"
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class RedisStore:
+    """A `LedgerStore` in the Redis server at `url` (`redis://`, `rediss://`, `unix://`).
+
+    A command that fails is tried again after a short backoff (twice), then reported as
+    `StoreUnavailable`; the client reconnects on the next command.
+    """
+
+    shared = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        lease_seconds: float = LEASE_SECONDS,
+        timeout: float = 2.0,
+        prefix: str = "mcp-backfill:",
+    ) -> None:
+        self.description = display_url(url)
+        self.lease_seconds = lease_seconds
+        self._prefix = prefix
+        self._client = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=2),
+            health_check_interval=30,
+        )
+        self._scripts = {
+            name: self._client.register_script(source)
+            for name, source in (
+                ("reserve", RESERVE),
+                ("settle", SETTLE),
+                ("hit", HIT),
+                ("acquire", ACQUIRE),
+                ("renew", RENEW),
+            )
+        }
+
+    @property
+    def _ttl_ms(self) -> int:
+        return int(self.lease_seconds * 1000)
+
+    async def _call(self, script: str, args: Sequence[Any]) -> Any:
+        try:
+            return await self._scripts[script](keys=[], args=list(args))
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(self.description, _cause(exc)) from None
+
+    async def reserve(self, limits: Sequence[Limit], lease: str, amount: int) -> Standing:
+        args: list[Any] = [self._prefix, lease or "-", amount, self._ttl_ms]
+        for limit in limits:
+            args += [limit.key, len(limit.allowances)]
+            for each in limit.allowances:
+                args += [each.window or "", _seconds(each.window), each.tokens]
+        admitted, now_ms, used, reserved = await self._call("reserve", args)
+        return Standing(
+            tuple(tuple(int(x) for x in _list(row)) for row in _list(json.loads(used))),
+            tuple(int(x) for x in _list(json.loads(reserved))),
+            int(now_ms) / 1000,
+            bool(admitted),
+        )
+
+    async def settle(self, limits: Sequence[Limit], lease: str, tokens: int) -> None:
+        args: list[Any] = [self._prefix, lease or "-", tokens]
+        for limit in limits:
+            args += [limit.key, len(limit.allowances)]
+            for each in limit.allowances:
+                args += [each.window or "", _seconds(each.window)]
+        await self._call("settle", args)
+
+    async def hit(self, rates: Sequence[Rate], member: str) -> RateRefusal | None:
+        args: list[Any] = [self._prefix, member, 60_000]
+        for rate in rates:
+            args += [rate.key, rate.per_minute]
+        index, retry_ms = await self._call("hit", args)
+        return None if int(index) < 0 else RateRefusal(int(index), int(retry_ms) / 1000)
+
+    async def acquire_slot(self, key: str, limit: int, holder: str) -> bool:
+        return bool(await self._call("acquire", [self._prefix, key, limit, holder, self._ttl_ms]))
+
+    async def release_slot(self, key: str, holder: str) -> None:
+        try:
+            await self._client.zrem(f"{self._prefix}slots:{key}", holder)
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(self.description, _cause(exc)) from None
+
+    async def renew(self, held: Sequence[Held]) -> None:
+        if not held:
+            return
+        args: list[Any] = [self._prefix, self._ttl_ms]
+        for each in held:
+            args += [each.kind, each.key, each.lease]
+        await self._call("renew", args)
+
+    async def ping(self) -> None:
+        try:
+            await self._client.ping()
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(self.description, _cause(exc)) from None
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def _seconds(window: str | None) -> int:
+    return 0 if window is None else int(BUDGET_WINDOWS[window])
+
+
+def _list(value: Any) -> list[Any]:
+    """A decoded Lua table: cjson encodes an empty one as `{}`."""
+    return value if isinstance(value, list) else []
+
+
+def _cause(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

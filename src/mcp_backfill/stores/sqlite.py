@@ -1,0 +1,221 @@
+"""The ledger's counts in a SQLite file, shared by every process on one machine that opens it.
+
+Each operation is one `BEGIN IMMEDIATE` transaction (the write lock is taken at its start, so two
+processes' check-and-reserve steps cannot interleave), run in a worker thread so that the event
+loop never waits on the file. The database is in WAL mode: readers do not block the writer, and a
+process that dies mid-transaction leaves nothing half-written. Time is this machine's clock.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import anyio
+
+from mcp_backfill.errors import StoreUnavailable
+from mcp_backfill.sampling.store import (
+    LEASE_SECONDS,
+    RATE_WINDOW_SECONDS,
+    Held,
+    Limit,
+    Rate,
+    RateRefusal,
+    Standing,
+    exhausted,
+    window_number,
+)
+
+__all__ = ["SqliteStore"]
+
+T = TypeVar("T")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS used (
+    key TEXT NOT NULL, window TEXT NOT NULL, number INTEGER NOT NULL, tokens INTEGER NOT NULL,
+    PRIMARY KEY (key, window, number)
+);
+CREATE TABLE IF NOT EXISTS leases (
+    kind TEXT NOT NULL, key TEXT NOT NULL, lease TEXT NOT NULL, amount INTEGER NOT NULL,
+    expires REAL NOT NULL,
+    PRIMARY KEY (kind, key, lease)
+);
+CREATE TABLE IF NOT EXISTS hits (key TEXT NOT NULL, at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS hits_by_key ON hits (key, at);
+"""
+DROP_LEASE = "DELETE FROM leases WHERE kind = ? AND key = ? AND lease = ?"
+
+
+class SqliteStore:
+    """A `LedgerStore` in the SQLite file at `path` (created if missing)."""
+
+    shared = True
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        lease_seconds: float = LEASE_SECONDS,
+        timeout: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = path
+        self.description = f"sqlite:{path}"
+        self.lease_seconds = lease_seconds
+        self._timeout = timeout
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._db: sqlite3.Connection | None = None
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._db is None:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(
+                self.path, timeout=self._timeout, isolation_level=None, check_same_thread=False
+            )
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(SCHEMA)
+            self._db = db
+        return self._db
+
+    async def _run(self, work: Callable[[sqlite3.Connection, float], T]) -> T:
+        def transaction() -> T:
+            with self._lock:
+                db = self._connect()
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    result = work(db, self._clock())
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+                db.execute("COMMIT")
+                return result
+
+        try:
+            return await anyio.to_thread.run_sync(transaction)
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreUnavailable(self.description, str(exc)) from None
+
+    def _reserved(self, db: sqlite3.Connection, limit: Limit, now: float) -> int:
+        """What calls in flight hold; a lease whose holder stopped renewing it lapses, and its whole
+        reservation is charged (the holder died before it could say what the call cost)."""
+        where = "WHERE kind = 'reservation' AND key = ? AND expires <= ?"
+        lapsed = db.execute(f"SELECT amount FROM leases {where}", (limit.key, now)).fetchall()  # noqa: S608
+        db.execute(f"DELETE FROM leases {where}", (limit.key, now))  # noqa: S608
+        for (amount,) in lapsed:
+            self._charge(db, limit, amount, now)
+        row = db.execute(
+            "SELECT COALESCE(SUM(amount), 0) FROM leases WHERE kind = 'reservation' AND key = ?", (limit.key,)
+        ).fetchone()
+        return int(row[0])
+
+    @staticmethod
+    def _charge(db: sqlite3.Connection, limit: Limit, tokens: int, now: float) -> None:
+        """Add `tokens` to the payer's lifetime count and to its windows' (dropping past windows)."""
+        windows = {(each.window or "", window_number(each, now)) for each in limit.allowances}
+        for window, number in windows | {("", 0)}:
+            db.execute(
+                "DELETE FROM used WHERE key = ? AND window = ? AND number < ?", (limit.key, window, number)
+            )
+            db.execute(
+                "INSERT INTO used VALUES (?, ?, ?, ?) ON CONFLICT (key, window, number) "
+                "DO UPDATE SET tokens = tokens + excluded.tokens",
+                (limit.key, window, number, tokens),
+            )
+
+    async def reserve(self, limits: Sequence[Limit], lease: str, amount: int) -> Standing:
+        def work(db: sqlite3.Connection, now: float) -> Standing:
+            used: list[tuple[int, ...]] = []
+            reserved: list[int] = []
+            for limit in limits:
+                reserved.append(self._reserved(db, limit, now))
+                counts = []
+                for each in limit.allowances:
+                    row = db.execute(
+                        "SELECT tokens FROM used WHERE key = ? AND window = ? AND number = ?",
+                        (limit.key, each.window or "", window_number(each, now)),
+                    ).fetchone()
+                    counts.append(int(row[0]) if row else 0)
+                used.append(tuple(counts))
+            admitted = exhausted(limits, used, reserved) is None
+            if admitted and amount > 0:
+                db.executemany(
+                    "INSERT OR REPLACE INTO leases VALUES ('reservation', ?, ?, ?, ?)",
+                    [(limit.key, lease, amount, now + self.lease_seconds) for limit in limits],
+                )
+            return Standing(tuple(used), tuple(reserved), now, admitted)
+
+        return await self._run(work)
+
+    async def settle(self, limits: Sequence[Limit], lease: str, tokens: int) -> None:
+        def work(db: sqlite3.Connection, now: float) -> None:
+            for limit in limits:
+                db.execute(DROP_LEASE, ("reservation", limit.key, lease))
+                self._charge(db, limit, tokens, now)
+
+        await self._run(work)
+
+    async def hit(self, rates: Sequence[Rate], member: str) -> RateRefusal | None:
+        def work(db: sqlite3.Connection, now: float) -> RateRefusal | None:
+            active = [rate for rate in rates if rate.per_minute > 0]
+            for index, rate in enumerate(rates):
+                if rate.per_minute <= 0:
+                    continue
+                db.execute(
+                    "DELETE FROM hits WHERE key = ? AND at <= ?", (rate.key, now - RATE_WINDOW_SECONDS)
+                )
+                count, oldest = db.execute(
+                    "SELECT COUNT(*), MIN(at) FROM hits WHERE key = ?", (rate.key,)
+                ).fetchone()
+                if count >= rate.per_minute:
+                    return RateRefusal(index, oldest + RATE_WINDOW_SECONDS - now)
+            db.executemany("INSERT INTO hits VALUES (?, ?)", [(rate.key, now) for rate in active])
+            return None
+
+        return await self._run(work)
+
+    async def acquire_slot(self, key: str, limit: int, holder: str) -> bool:
+        def work(db: sqlite3.Connection, now: float) -> bool:
+            db.execute("DELETE FROM leases WHERE kind = 'slot' AND key = ? AND expires <= ?", (key, now))
+            (count,) = db.execute(
+                "SELECT COUNT(*) FROM leases WHERE kind = 'slot' AND key = ?", (key,)
+            ).fetchone()
+            if count >= limit:
+                return False
+            db.execute(
+                "INSERT OR REPLACE INTO leases VALUES ('slot', ?, ?, 0, ?)",
+                (key, holder, now + self.lease_seconds),
+            )
+            return True
+
+        return await self._run(work)
+
+    async def release_slot(self, key: str, holder: str) -> None:
+        def work(db: sqlite3.Connection, now: float) -> None:
+            db.execute(DROP_LEASE, ("slot", key, holder))
+
+        await self._run(work)
+
+    async def renew(self, held: Sequence[Held]) -> None:
+        def work(db: sqlite3.Connection, now: float) -> None:
+            db.executemany(
+                "UPDATE leases SET expires = ? WHERE kind = ? AND key = ? AND lease = ?",
+                [(now + self.lease_seconds, each.kind, each.key, each.lease) for each in held],
+            )
+
+        if held:
+            await self._run(work)
+
+    async def ping(self) -> None:
+        await self._run(lambda db, now: db.execute("SELECT 1").fetchone())
+
+    async def aclose(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None

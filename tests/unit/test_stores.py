@@ -1,0 +1,189 @@
+"""The `LedgerStore` contract, run against every backend: memory, a SQLite file, a real Redis.
+
+Each store must check and reserve in one step, settle into every window, admit against several rate
+limits at once or not at all, cap slots, and (when shared) let the leases of a holder that stopped
+renewing them lapse. Two store objects on one file or server stand for two processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mcp_backfill.errors import ConfigError, StoreUnavailable
+from mcp_backfill.options import Allowance
+from mcp_backfill.sampling.store import Held, LedgerStore, Limit, MemoryStore, Rate, exhausted
+from mcp_backfill.stores import open_store
+from mcp_backfill.stores.redis import RedisStore, display_url
+from mcp_backfill.stores.sqlite import SqliteStore
+from tests.services import redis_server
+
+pytestmark = pytest.mark.anyio
+
+Factory = Callable[..., LedgerStore]
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+async def stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Factory]:
+    """Makes stores of one backend that share their counts (for memory: the same object)."""
+    made: list[LedgerStore] = []
+    if request.param == "memory":
+        memory = MemoryStore()
+        yield lambda **_: memory
+    elif request.param == "sqlite":
+
+        def sqlite(**options: Any) -> LedgerStore:
+            made.append(SqliteStore(str(tmp_path / "ledger.db"), **options))
+            return made[-1]
+
+        yield sqlite
+    else:
+        async with redis_server() as server:
+
+            def redis(**options: Any) -> LedgerStore:
+                made.append(RedisStore(server.url, **options))
+                return made[-1]
+
+            try:
+                yield redis
+            finally:
+                for store in made:
+                    await store.aclose()
+    for store in made:
+        await store.aclose()
+
+
+DAY = Limit("client:alice", (Allowance(100), Allowance(50, "day")))
+PROCESS = Limit("process", (Allowance(1000),))
+
+
+async def test_a_reservation_is_held_until_settled_and_then_charged(stores: Factory) -> None:
+    store = stores()
+    standing = await store.reserve([DAY, PROCESS], "a", 30)
+    assert standing.admitted
+    assert (standing.used, standing.reserved) == (((0, 0), (0,)), (0, 0))
+    standing = await store.reserve([DAY, PROCESS], "", 0)  # a check
+    assert standing.reserved == (30, 30)
+    await store.settle([DAY, PROCESS], "a", 12)
+    standing = await store.reserve([DAY, PROCESS], "", 0)
+    assert (standing.used, standing.reserved) == (((12, 12), (12,)), (0, 0))
+
+
+async def test_admits_while_some_of_every_allowance_is_neither_used_nor_reserved(stores: Factory) -> None:
+    store = stores()
+    await store.reserve([DAY], "a", 20)
+    await store.settle([DAY], "a", 20)
+    assert (await store.reserve([DAY], "b", 30)).admitted  # 20 used < 50 a day: admitted, and now full
+    refused = await store.reserve([DAY, PROCESS], "c", 5)
+    assert not refused.admitted
+    assert exhausted([DAY, PROCESS], refused.used, refused.reserved) == (0, 1)
+    assert (await store.reserve([PROCESS], "", 0)).reserved == (0,)  # a refusal reserves nowhere
+
+
+async def test_two_processes_cannot_both_take_the_last_tokens(stores: Factory) -> None:
+    first, second = stores(), stores()
+    budget = Limit("client:bob", (Allowance(100),))
+    admitted: list[str] = []
+
+    async def reserve(store: LedgerStore, lease: str) -> None:
+        if (await store.reserve([budget], lease, 10)).admitted:
+            admitted.append(lease)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(40):
+            tg.start_soon(reserve, (first, second)[n % 2], f"lease-{n}")
+    assert len(admitted) == 10  # 10 x 10 reserved fill the budget: nobody got past it
+
+
+async def test_rate_limits_admit_against_all_or_none(stores: Factory) -> None:
+    store = stores()
+    client, process = Rate("rate:client:alice", 2), Rate("rate:process", 3)
+    assert await store.hit([client, process], "1") is None
+    assert await store.hit([client, process], "2") is None
+    refusal = await store.hit([client, process], "3")
+    assert refusal is not None
+    assert refusal.index == 0
+    assert 0 < refusal.retry_after <= 60
+    assert (
+        await store.hit([Rate("rate:client:bob", 2), process], "4") is None
+    )  # alice's refusal counted nowhere
+    refusal = await store.hit([Rate("rate:client:carol", 2), process], "5")
+    assert refusal is not None
+    assert refusal.index == 1
+    assert await store.hit([Rate("rate:client:dave", 0)], "6") is None  # 0: no limit
+
+
+async def test_slots_are_capped_and_released(stores: Factory) -> None:
+    first, second = stores(), stores()
+    assert await first.acquire_slot("client:alice", 2, "h1")
+    assert await second.acquire_slot("client:alice", 2, "h2")
+    assert not await first.acquire_slot("client:alice", 2, "h3")
+    assert await first.acquire_slot("client:bob", 2, "h3")  # another key has its own
+    await second.release_slot("client:alice", "h2")
+    assert await first.acquire_slot("client:alice", 2, "h3")
+
+
+@pytest.mark.parametrize("stores", ["sqlite", "redis"], indirect=True)  # memory's end with the process
+async def test_a_shared_stores_leases_lapse_unless_renewed(stores: Factory) -> None:
+    store = stores(lease_seconds=0.5)
+    await store.reserve([DAY], "kept", 5)
+    await store.reserve([DAY], "dropped", 7)
+    assert await store.acquire_slot("client:alice", 1, "holder")
+    for _ in range(4):
+        await anyio.sleep(0.25)
+        await store.renew([Held("reservation", DAY.key, "kept"), Held("slot", "client:alice", "holder")])
+    standing = await store.reserve([DAY], "", 0)
+    # The renewed one is still held; the other lapsed, and was charged whole: its holder never
+    # said what the call cost.
+    assert (standing.reserved, standing.used) == ((5,), ((7, 7),))
+    assert not await store.acquire_slot("client:alice", 1, "other")
+    await anyio.sleep(0.7)
+    standing = await store.reserve([DAY], "", 0)
+    assert (standing.reserved, standing.used) == ((0,), ((12, 12),))
+    assert await store.acquire_slot("client:alice", 1, "other")
+
+
+async def test_an_unreachable_store_says_so_and_names_itself_without_its_password(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    sqlite = SqliteStore(str(tmp_path / "file" / "ledger.db"))
+    with pytest.raises(StoreUnavailable, match=r"sqlite:"):
+        await sqlite.reserve([DAY], "", 0)
+    closed = RedisStore("redis://:hunter2@127.0.0.1:1/0", timeout=0.5)
+    with pytest.raises(StoreUnavailable) as caught:
+        await closed.reserve([DAY], "", 0)
+    assert "hunter2" not in str(caught.value)
+    assert caught.value.store == "redis://:***@127.0.0.1:1/0"
+    await closed.aclose()
+
+
+def test_store_urls() -> None:
+    assert isinstance(open_store("memory", lease_seconds=30, timeout=1), MemoryStore)
+    assert isinstance(open_store("sqlite:///tmp/x.db", lease_seconds=30, timeout=1), SqliteStore)
+    with pytest.raises(ConfigError, match="MCP_BACKFILL_STATE_STORE"):
+        open_store("postgres://db", lease_seconds=30, timeout=1)
+    with pytest.raises(ConfigError, match="needs a file"):
+        open_store("sqlite://", lease_seconds=30, timeout=1)
+    assert display_url("redis://user:pw@h:1/0") == "redis://user:***@h:1/0"
+    assert display_url("rediss://h:1/0") == "rediss://h:1/0"
+
+
+@given(
+    st.lists(st.lists(st.integers(1, 50), min_size=0, max_size=3), min_size=1, max_size=3),
+    st.data(),
+)
+def test_exhausted_names_the_first_allowance_with_no_room(
+    tokens: list[list[int]], data: st.DataObject
+) -> None:
+    limits = [Limit(f"k{i}", tuple(Allowance(t) for t in each)) for i, each in enumerate(tokens)]
+    used = [[data.draw(st.integers(0, 60)) for _ in each] for each in tokens]
+    reserved = [data.draw(st.integers(0, 60)) for _ in tokens]
+    full = [
+        (i, j) for i, each in enumerate(tokens) for j, t in enumerate(each) if used[i][j] + reserved[i] >= t
+    ]
+    assert exhausted(limits, used, reserved) == (full[0] if full else None)
