@@ -37,6 +37,7 @@ def all_scenarios() -> list[Scenario]:
         passthrough_raw,
         passthrough_sdk,
         payloads,
+        replicas,
         sampling,
     )
 
@@ -56,4 +57,5 @@ def all_scenarios() -> list[Scenario]:
         Scenario(
             "adversarial", "6", "hostile clients and upstream beside a well-behaved client", adversarial.run
         ),
+        Scenario("replicas", "7", "a shared state store, and replicas behind HAProxy", replicas.run),
     ]

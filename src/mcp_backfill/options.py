@@ -634,7 +634,7 @@ OPTIONS: tuple[Option, ...] = (
         "redis://[:password@]host:6379/0 (every replica using that server; rediss:// for TLS)",
         "where budgets, rate limits and client slots are counted: `memory`, `sqlite:///path/file.db` "
         "(processes on one machine) or `redis://host:6379/0` (replicas) ([more than one "
-        "replica](#running-more-than-one-replica)); prefer the `_FILE` variable when it holds a password",
+        "replica](docs/replicas.md)); prefer the `_FILE` variable when it holds a password",
         parse=secret_or_none,
         metavar="URL",
         default_text="memory",

@@ -19,7 +19,7 @@ import pytest
 from tests.harness import ROOT
 
 HEADER = "| scenario | direct | proxied | ratio / added | target | met? |"
-SCENARIOS = {"1a", "1b", "2", "3a", "3b", "4", "5", "6"}
+SCENARIOS = {"1a", "1b", "2", "3a", "3b", "4", "5", "6", "7"}
 HTTP_SESSIONS = (1, 8, 64)
 TARGETED_TITLES = {
     "raw echo: round trip p50",
@@ -30,6 +30,7 @@ TARGETED_TITLES = {
     "idle RSS (direct: the SDK upstream; proxied: the proxy process)",
     "well-behaved client: sampling call p99 (direct: alone; proxied: under attack)",
     "tokens charged (direct: tokens the fake Claude served)",
+    "sampling call p50, Redis store (direct: memory store)",
     *(
         f"{n} session{'s' if n > 1 else ''}, stdio upstream: throughput (direct: mcp-proxy)"
         for n in HTTP_SESSIONS

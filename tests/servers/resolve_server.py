@@ -10,6 +10,7 @@ connection the same code sends `sampling/createMessage` requests. Tools return o
   model calls it, round 2 sends the `tool_use` and its `tool_result` back. Returns `{"first":
   {"stopReason", "toolUseIds"}, "final": {"stopReason", "text", "model"}, "rounds": 1 | 2}`.
 * `summarize(text)`: sampling without tools. Returns `{"text", "model", "contentType"}`.
+* `echo(text)`: no sampling. Returns `{"text"}`.
 * `confirm_and_ask(question)`: an elicitation (`ok: bool`) and a sampling-with-tools request in
   one round. Returns `{"ok", "text"}`.
 """
@@ -115,6 +116,12 @@ async def weather(
             "rounds": 2 if calls else 1,
         }
     )
+
+
+@server.tool()
+async def echo(text: str) -> str:
+    """No sampling: the text back."""
+    return json.dumps({"text": text})
 
 
 async def ask_summary(text: str) -> Sample:

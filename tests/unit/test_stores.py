@@ -7,7 +7,7 @@ renewing them lapse. Two store objects on one file or server stand for two proce
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,22 +101,36 @@ async def test_two_processes_cannot_both_take_the_last_tokens(stores: Factory) -
     assert len(admitted) == 10  # 10 x 10 reserved fill the budget: nobody got past it
 
 
-async def test_rate_limits_admit_against_all_or_none(stores: Factory) -> None:
+async def hit(store: LedgerStore, rates: list[Rate], member: str, limits: Sequence[Limit] = ()) -> Any:
+    standing, refusal = await store.admit(limits, rates, member)
+    return refusal if standing.admitted else "budget"
+
+
+async def test_admission_takes_every_rate_limit_or_none(stores: Factory) -> None:
     store = stores()
-    client, process = Rate("rate:client:alice", 2), Rate("rate:process", 3)
-    assert await store.hit([client, process], "1") is None
-    assert await store.hit([client, process], "2") is None
-    refusal = await store.hit([client, process], "3")
+    client, process = Rate("client:alice", 2), Rate("process", 3)
+    assert await hit(store, [client, process], "1") is None
+    assert await hit(store, [client, process], "2") is None
+    refusal = await hit(store, [client, process], "3")
     assert refusal is not None
     assert refusal.index == 0
     assert 0 < refusal.retry_after <= 60
-    assert (
-        await store.hit([Rate("rate:client:bob", 2), process], "4") is None
-    )  # alice's refusal counted nowhere
-    refusal = await store.hit([Rate("rate:client:carol", 2), process], "5")
+    # Alice's refusal counted nowhere: the process has room for one more.
+    assert await hit(store, [Rate("client:bob", 2), process], "4") is None
+    refusal = await hit(store, [Rate("client:carol", 2), process], "5")
     assert refusal is not None
     assert refusal.index == 1
-    assert await store.hit([Rate("rate:client:dave", 0)], "6") is None  # 0: no limit
+    assert await hit(store, [Rate("client:dave", 0)], "6") is None  # 0: no limit
+
+
+async def test_a_request_its_budget_refuses_takes_no_rate_admission(stores: Factory) -> None:
+    store = stores()
+    full = Limit("client:erin", (Allowance(10),))
+    await store.reserve([full], "a", 1)
+    await store.settle([full], "a", 10)
+    rate = Rate("client:erin", 1)
+    assert await hit(store, [rate], "1", [full]) == "budget"
+    assert await hit(store, [rate], "2") is None  # the refused request took no admission
 
 
 async def test_slots_are_capped_and_released(stores: Factory) -> None:

@@ -31,24 +31,21 @@ across all of them. A session's counts always live with the session. The process
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 
-from mcp_backfill.errors import SamplingError, StoreUnavailable, internal_error
-from mcp_backfill.logs import get_logger
+from mcp_backfill.errors import SamplingError, internal_error
 from mcp_backfill.options import BUDGET_WINDOWS, Allowance, env_var
 from mcp_backfill.sampling.store import (
-    Held,
     LedgerStore,
     Limit,
     MemoryStore,
@@ -57,6 +54,7 @@ from mcp_backfill.sampling.store import (
     exhausted,
     window_number,
 )
+from mcp_backfill.sampling.store_link import StoreLink
 
 __all__ = [
     "USAGE_KEYS",
@@ -71,8 +69,6 @@ __all__ = [
     "normalize_usage",
 ]
 
-log = get_logger("spend")
-
 USAGE_KEYS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 """The usage counters Claude reports; all of them count against a budget."""
 
@@ -80,9 +76,6 @@ PROCESS = "process"
 """The client identity of the stdio front's one client, and the process's own ledger key."""
 SLOT_POLL_SECONDS = (0.01, 0.25)
 """Waiting for a slot of a shared store: the first and the longest pause between tries."""
-SETTLE_TIMEOUT_SECONDS = 10.0
-
-T = TypeVar("T")
 
 
 def normalize_usage(usage: Any) -> dict[str, int]:
@@ -223,7 +216,7 @@ class Account:
         local_slots: bool,
     ) -> None:
         self.budget = budget
-        self.rate = Rate(f"rate:{budget.limit.key}", per_minute)
+        self.rate = Rate(budget.limit.key, per_minute)
         self.rate_option = rate_option
         self.rate_name = rate_name
         self.max_concurrent = max_concurrent
@@ -369,7 +362,7 @@ class Ticket:
                     budget.reserved -= reservation.total
             with anyio.CancelScope(shield=True):
                 for stake, store in held:
-                    await spend.settle(store, stake, lease, cost)
+                    await spend.settle(store, stake, lease, cost, wait=False)
             for key, value in cost.items():
                 self.charged[key] += value
             self.calls += 1
@@ -403,9 +396,8 @@ class Spend:
         self.settings = settings
         self._clock = clock
         self._wall_clock = wall_clock
-        self.store: LedgerStore = store or MemoryStore(self._wall_clock, clock)
-        self.fallback = MemoryStore(self._wall_clock, clock)
-        """Where counts go while a shared store is unavailable, with `store_outage="local"`."""
+        self.store: LedgerStore = store or MemoryStore(wall_clock, clock)
+        self.link = StoreLink(self.store, settings.store_outage, MemoryStore(wall_clock, clock))
         shared = self.store.shared
         self.process = Account(
             Budget(
@@ -422,14 +414,8 @@ class Spend:
         )
         self.clients: dict[str, Account] = {}
         self.refused: dict[str, int] = {}
-        self.outage: str | None = None
-        """Why the shared store is unavailable, while it is."""
         self._id = secrets.token_hex(6)
         self._serial = itertools.count(1)
-        self._held: dict[tuple[str, str], Held] = {}
-        self._unsettled: list[tuple[tuple[Limit, ...], str, int]] = []
-        self.store_observer: Callable[[str, float, bool], None] | None = None
-        """Told of each operation on a shared store: its name, seconds taken, and whether it worked."""
 
     @property
     def budget(self) -> Budget:
@@ -478,11 +464,13 @@ class Spend:
         accounts = (client, self.process) if client is not None else (self.process,)
         shared = _Stake(self.store, tuple(account.budget for account in accounts))
         stakes = (_Stake(session.store, (session.budget,)), shared) if session is not None else (shared,)
-        for stake in stakes:
-            await self.reserve(stake, "", 0)
-        member = self.new_lease()
-        rates = [account.rate for account in accounts]
-        refusal, _ = await self._on("hit", self.store, lambda store: store.hit(rates, member))
+        if session is not None:
+            await self.reserve(stakes[0], "", 0)
+        member, rates, limits = self.new_lease(), [account.rate for account in accounts], shared.limits
+        (standing, refusal), _ = await self.link.run(
+            "admit", self.store, lambda store: store.admit(limits, rates, member)
+        )
+        self._saw(shared, standing)
         if refusal is not None:
             account = accounts[refusal.index]
             raise account.rate_limited(refusal.retry_after)
@@ -500,47 +488,31 @@ class Spend:
         """Hold `amount` for `lease` on the stake's budgets, or refuse with the first exhausted one's
         error; returns the store that holds it. An amount of 0 only checks."""
         limits = stake.limits
-        standing, store = await self._on(
+        standing, store = await self.link.run(
             "reserve", stake.store, lambda store: store.reserve(limits, lease, amount)
         )
+        self._saw(stake, standing)
+        if amount > 0:
+            for limit in limits:
+                self.link.hold(store, "reservation", limit.key, lease)
+        return store
+
+    async def settle(
+        self, store: LedgerStore, stake: _Stake, lease: str, cost: Mapping[str, int], *, wait: bool = True
+    ) -> None:
+        """Release the lease and charge `cost` (its counters) to the stake's budgets (see
+        `StoreLink.settle` for `wait`)."""
+        if cost:
+            for budget in stake.budgets:
+                budget.charge(cost)
+        await self.link.settle(store, stake.limits, lease, sum(cost.values()), wait=wait)
+
+    def _saw(self, stake: _Stake, standing: Standing) -> None:
+        """Note what the store said of the stake's budgets; refuse when it did not admit."""
         for budget, used in zip(stake.budgets, standing.used, strict=True):
             budget.saw(used)
         if not standing.admitted:
             raise self._refusal(stake, standing)
-        if amount > 0 and store.shared:
-            for limit in limits:
-                self._held[(limit.key, lease)] = Held("reservation", limit.key, lease)
-        return store
-
-    async def settle(self, store: LedgerStore, stake: _Stake, lease: str, cost: Mapping[str, int]) -> None:
-        """Release the lease and charge `cost` (its counters) to the stake's budgets."""
-        for budget in stake.budgets:
-            if cost:
-                budget.charge(cost)
-        tokens = sum(cost.values())
-        limits = stake.limits
-        for limit in limits:
-            self._held.pop((limit.key, lease), None)
-        started = time.perf_counter()
-        try:
-            with anyio.fail_after(SETTLE_TIMEOUT_SECONDS):
-                await store.settle(limits, lease, tokens)
-        except (StoreUnavailable, TimeoutError) as exc:
-            self._observe(store, "settle", started, ok=False)
-            # Charged later, when the store is back; meanwhile the reservation lapses there.
-            self._unsettled.append((limits, lease, tokens))
-            log.error(
-                "state store missed a settlement; it is retried until the store is back",
-                extra={"store": store.description, "tokens": tokens, "error": str(exc)},
-            )
-            if self.settings.store_outage == "local":
-                await self.fallback.settle(limits, lease, tokens)
-        else:
-            self._observe(store, "settle", started, ok=True)
-
-    def _observe(self, store: LedgerStore, name: str, started: float, *, ok: bool) -> None:
-        if store.shared and self.store_observer is not None:
-            self.store_observer(name, time.perf_counter() - started, ok)
 
     def _refusal(self, stake: _Stake, standing: Standing) -> SamplingError:
         where = exhausted(stake.limits, standing.used, standing.reserved)
@@ -549,36 +521,6 @@ class Spend:
         return stake.budgets[index].exhausted(
             allowance, standing.used[index][allowance], standing.reserved[index], standing.now
         )
-
-    async def _on(
-        self, name: str, store: LedgerStore, op: Callable[[LedgerStore], Awaitable[T]]
-    ) -> tuple[T, LedgerStore]:
-        """Run operation `name` (`op`) on `store`; while a shared store is unavailable, refuse or
-        count locally."""
-        if not store.shared:
-            return await op(store), store
-        started = time.perf_counter()
-        try:
-            result = await op(store)
-        except StoreUnavailable as exc:
-            self._observe(store, name, started, ok=False)
-            if self.outage is None:
-                log.error("state store unavailable", extra={"store": exc.store, "error": exc.cause})
-            self.outage = exc.cause
-            if self.settings.store_outage == "local":
-                return await op(self.fallback), self.fallback
-            raise internal_error(
-                f"Sampling is refused while {exc}; relaying goes on. To sample on this process's own "
-                "counts meanwhile, set --state-store-outage local (or MCP_BACKFILL_STATE_STORE_OUTAGE)",
-                limit="state_store",
-                store=exc.store,
-                option="--state-store-outage",
-            ) from None
-        self._observe(store, name, started, ok=True)
-        if self.outage is not None:
-            log.info("state store available again", extra={"store": store.description})
-            self.outage = None
-        return result, store
 
     @asynccontextmanager
     async def _slot(self, account: Account) -> AsyncIterator[bool]:
@@ -599,7 +541,7 @@ class Spend:
         key, holder = account.budget.limit.key, self.new_lease()
         pause, waited = SLOT_POLL_SECONDS[0], False
         while True:
-            got, store = await self._on(
+            got, store = await self.link.run(
                 "acquire_slot",
                 self.store,
                 lambda store: store.acquire_slot(key, account.max_concurrent, holder),
@@ -609,57 +551,17 @@ class Spend:
             waited = True
             await anyio.sleep(pause)
             pause = min(pause * 2, SLOT_POLL_SECONDS[1])
-        if store.shared:
-            self._held[(key, holder)] = Held("slot", key, holder)
+        self.link.hold(store, "slot", key, holder)
         account.in_flight += 1
         try:
             yield waited
         finally:
             account.in_flight -= 1
-            self._held.pop((key, holder), None)
-            shield = anyio.CancelScope(shield=True)
-            # A release the store misses lapses there with the lease.
-            with shield, anyio.move_on_after(SETTLE_TIMEOUT_SECONDS), contextlib.suppress(StoreUnavailable):
-                await store.release_slot(key, holder)
+            await self.link.release_slot(store, key, holder)
 
-    @asynccontextmanager
-    async def upkeep(self) -> AsyncIterator[None]:
-        """While the body runs, renew this process's leases in a shared store and retry the
-        settlements it missed; then settle what is left and close the store."""
-        try:
-            if not self.store.shared:
-                yield
-                return
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._keep_leases, self.store)
-                try:
-                    yield
-                finally:
-                    tg.cancel_scope.cancel()
-        finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(SETTLE_TIMEOUT_SECONDS):
-                await self._flush(self.store)
-            with anyio.CancelScope(shield=True):
-                await self.store.aclose()
-
-    async def _keep_leases(self, store: LedgerStore) -> None:
-        while True:
-            await anyio.sleep(store.lease_seconds / 3)
-            try:
-                await store.renew(list(self._held.values()))
-                await self._flush(store)
-            except StoreUnavailable as exc:
-                log.debug("state store upkeep failed", extra={"error": exc.cause})
-
-    async def _flush(self, store: LedgerStore) -> None:
-        while self._unsettled:
-            limits, lease, tokens = self._unsettled[0]
-            try:
-                await store.settle(limits, lease, tokens)
-            except StoreUnavailable:
-                return
-            self._unsettled.pop(0)
-            log.info("state store settlement made late", extra={"tokens": tokens})
+    def upkeep(self) -> AbstractAsyncContextManager[None]:
+        """Must surround the use of a shared store (see `StoreLink.upkeep`)."""
+        return self.link.upkeep()
 
     def note_refusal(self, error: SamplingError) -> None:
         """Count a request refused by one of the limits (for metrics), keyed by the limit's name."""
@@ -673,5 +575,5 @@ class Spend:
             "clients": {name: account.snapshot() for name, account in self.clients.items()},
             "refused": dict(self.refused),
             "store": self.store.description,
-            "unsettled": len(self._unsettled),
+            "unsettled": self.link.unsettled,
         }

@@ -8,7 +8,8 @@ using the same store, so that two replicas cannot both take a budget's last toke
 * `reserve` admits while no allowance of any of its limits is used up or fully reserved, and then
   holds the amount on all of them, in one step (an amount of 0 only checks);
 * `settle` releases a reservation and charges what the call cost, in one step;
-* `hit` admits a request against several rate limits at once, or against none;
+* `admit` checks a request's budgets (reserving nothing) and, if they have room, admits it against
+  several rate limits at once, or against none;
 * slots and reservations held by a process are leases: a shared store lets them lapse
   `LEASE_SECONDS` after their holder last renewed them, so a replica that died leaks nothing; a
   lapsed reservation is charged whole, since its holder never said what the call cost.
@@ -125,7 +126,9 @@ class LedgerStore(Protocol):
 
     async def settle(self, limits: Sequence[Limit], lease: str, tokens: int) -> None: ...
 
-    async def hit(self, rates: Sequence[Rate], member: str) -> RateRefusal | None: ...
+    async def admit(
+        self, limits: Sequence[Limit], rates: Sequence[Rate], member: str
+    ) -> tuple[Standing, RateRefusal | None]: ...
 
     async def acquire_slot(self, key: str, limit: int, holder: str) -> bool: ...
 
@@ -200,7 +203,13 @@ class MemoryStore:
                     del payer.used[stale]  # an earlier window's count
                 payer.used[(window, number)] = payer.used.get((window, number), 0) + tokens
 
-    async def hit(self, rates: Sequence[Rate], member: str) -> RateRefusal | None:
+    async def admit(
+        self, limits: Sequence[Limit], rates: Sequence[Rate], member: str
+    ) -> tuple[Standing, RateRefusal | None]:
+        standing = await self.reserve(limits, "", 0)
+        return standing, (self._hit(rates) if standing.admitted else None)
+
+    def _hit(self, rates: Sequence[Rate]) -> RateRefusal | None:
         now = self._clock()
         for index, rate in enumerate(rates):
             if rate.per_minute <= 0:

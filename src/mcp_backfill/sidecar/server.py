@@ -136,7 +136,7 @@ async def run_sidecar(config: Config) -> int:
     )
     front = FrontSettings(config.max_message_bytes, body_timeout=config.body_timeout)
     spend = sampler.spend
-    spend.store_observer = metrics.store_call
+    spend.link.observer = metrics.store_call
     readiness = Readiness(spend, config.state_store_timeout)
     app = SidecarApp(
         policy, HandshakeFront(sessions, front), StatelessFront(hubs, front), metrics, readiness.check
@@ -223,7 +223,8 @@ async def _watch_signals(server: _Server, app: SidecarApp) -> None:
 
 
 class Readiness:
-    """`/readyz`: can this replica sample? Asks a shared store (at most once a second)."""
+    """`/readyz`: can this replica sample? Asks a shared store (a good answer holds for a second,
+    unless sampling has found the store unavailable since)."""
 
     def __init__(self, spend: Spend, timeout: float) -> None:
         self._spend = spend
@@ -235,7 +236,8 @@ class Readiness:
         if not store.shared:
             return True, {"store": store.description}
         now = anyio.current_time()
-        if self._last is not None and now - self._last[0] < 1.0:
+        fresh = self._last is not None and now - self._last[0] < 1.0 and self._spend.link.outage is None
+        if fresh and self._last is not None:
             return self._last[1], self._last[2]
         ready, about = True, {"store": store.description, "store_status": "ok"}
         try:

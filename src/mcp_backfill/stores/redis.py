@@ -71,32 +71,41 @@ local function reserved(p, payer, allowances, now_ms)
 end
 """
 
-# ARGV: prefix, lease, amount, ttl_ms, then per limit: payer, n, and n times (window, seconds, tokens).
+_STANDING = """
+-- ARGV from i on, per limit: payer, n, and n times (window, seconds, tokens).
+local function standing(p, i, now_ms)
+  local payers, used, reserved_by, admitted = {}, {}, {}, true
+  while i <= #ARGV do
+    local payer, n = ARGV[i], tonumber(ARGV[i + 1])
+    i = i + 2
+    local allowances = {}
+    for a = 1, n do
+      allowances[a] = {ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])}
+      i = i + 3
+    end
+    local r = reserved(p, payer, allowances, now_ms)
+    local counts = {}
+    for a, allowance in ipairs(allowances) do
+      local u = tonumber(redis.call('GET', counter(p, payer, allowance[1], allowance[2], now_ms)) or '0')
+      counts[a] = u
+      if u + r >= allowance[3] then admitted = false end
+    end
+    payers[#payers + 1] = payer
+    used[#used + 1] = counts
+    reserved_by[#reserved_by + 1] = r
+  end
+  return admitted, payers, used, reserved_by
+end
+"""
+
+# ARGV: prefix, lease, amount, ttl_ms, then the limits (see _STANDING).
 RESERVE = (
     _NOW
     + _LEDGER
+    + _STANDING
     + """
 local p, lease, amount, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local i, payers, used, reserved_by, admitted = 5, {}, {}, {}, true
-while i <= #ARGV do
-  local payer, n = ARGV[i], tonumber(ARGV[i + 1])
-  i = i + 2
-  local allowances = {}
-  for a = 1, n do
-    allowances[a] = {ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])}
-    i = i + 3
-  end
-  local r = reserved(p, payer, allowances, now_ms)
-  local counts = {}
-  for a, allowance in ipairs(allowances) do
-    local u = tonumber(redis.call('GET', counter(p, payer, allowance[1], allowance[2], now_ms)) or '0')
-    counts[a] = u
-    if u + r >= allowance[3] then admitted = false end
-  end
-  payers[#payers + 1] = payer
-  used[#used + 1] = counts
-  reserved_by[#reserved_by + 1] = r
-end
+local admitted, payers, used, reserved_by = standing(p, 5, now_ms)
 if admitted and amount > 0 then
   for _, payer in ipairs(payers) do
     redis.call('ZADD', p .. 'res:' .. payer, now_ms + ttl, lease)
@@ -104,6 +113,40 @@ if admitted and amount > 0 then
   end
 end
 return {admitted and 1 or 0, now_ms, cjson.encode(used), cjson.encode(reserved_by)}
+"""
+)
+
+# ARGV: prefix, member, window_ms, count, then count times (key, per_minute), then the limits.
+ADMIT = (
+    _NOW
+    + _LEDGER
+    + _STANDING
+    + """
+local p, member, window, count = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local admitted, _, used, reserved_by = standing(p, 5 + 2 * count, now_ms)
+local refused, retry = -1, 0
+if admitted then
+  for index = 0, count - 1 do
+    local key, most = p .. 'rate:' .. ARGV[5 + 2 * index], tonumber(ARGV[6 + 2 * index])
+    if most > 0 then
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms - window)
+      if refused < 0 and redis.call('ZCARD', key) >= most then
+        local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+        refused, retry = index, tonumber(oldest[2]) + window - now_ms
+      end
+    end
+  end
+  if refused < 0 then
+    for index = 0, count - 1 do
+      local key, most = p .. 'rate:' .. ARGV[5 + 2 * index], tonumber(ARGV[6 + 2 * index])
+      if most > 0 then
+        redis.call('ZADD', key, now_ms, member)
+        redis.call('PEXPIRE', key, window)
+      end
+    end
+  end
+end
+return {admitted and 1 or 0, now_ms, cjson.encode(used), cjson.encode(reserved_by), refused, retry}
 """
 )
 
@@ -127,37 +170,6 @@ while i <= #ARGV do
   charge(p, payer, allowances, tokens, now_ms)
 end
 return 1
-"""
-)
-
-# ARGV: prefix, member, window_ms, then per rate: key, per_minute.
-HIT = (
-    _NOW
-    + """
-local p, member, window = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local i, index = 4, 0
-while i <= #ARGV do
-  local key, most = p .. 'rate:' .. ARGV[i], tonumber(ARGV[i + 1])
-  i = i + 2
-  if most > 0 then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms - window)
-    if redis.call('ZCARD', key) >= most then
-      local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-      return {index, tonumber(oldest[2]) + window - now_ms}
-    end
-  end
-  index = index + 1
-end
-i = 4
-while i <= #ARGV do
-  local key, most = p .. 'rate:' .. ARGV[i], tonumber(ARGV[i + 1])
-  i = i + 2
-  if most > 0 then
-    redis.call('ZADD', key, now_ms, member)
-    redis.call('PEXPIRE', key, window)
-  end
-end
-return {-1, 0}
 """
 )
 
@@ -233,7 +245,7 @@ class RedisStore:
             for name, source in (
                 ("reserve", RESERVE),
                 ("settle", SETTLE),
-                ("hit", HIT),
+                ("admit", ADMIT),
                 ("acquire", ACQUIRE),
                 ("renew", RENEW),
             )
@@ -250,18 +262,21 @@ class RedisStore:
             raise StoreUnavailable(self.description, _cause(exc)) from None
 
     async def reserve(self, limits: Sequence[Limit], lease: str, amount: int) -> Standing:
-        args: list[Any] = [self._prefix, lease or "-", amount, self._ttl_ms]
-        for limit in limits:
-            args += [limit.key, len(limit.allowances)]
-            for each in limit.allowances:
-                args += [each.window or "", _seconds(each.window), each.tokens]
+        args: list[Any] = [self._prefix, lease or "-", amount, self._ttl_ms, *_limit_args(limits)]
         admitted, now_ms, used, reserved = await self._call("reserve", args)
-        return Standing(
-            tuple(tuple(int(x) for x in _list(row)) for row in _list(json.loads(used))),
-            tuple(int(x) for x in _list(json.loads(reserved))),
-            int(now_ms) / 1000,
-            bool(admitted),
+        return _standing(admitted, now_ms, used, reserved)
+
+    async def admit(
+        self, limits: Sequence[Limit], rates: Sequence[Rate], member: str
+    ) -> tuple[Standing, RateRefusal | None]:
+        args: list[Any] = [self._prefix, member, 60_000, len(rates)]
+        for rate in rates:
+            args += [rate.key, rate.per_minute]
+        admitted, now_ms, used, reserved, index, retry_ms = await self._call(
+            "admit", [*args, *_limit_args(limits)]
         )
+        refusal = None if int(index) < 0 else RateRefusal(int(index), int(retry_ms) / 1000)
+        return _standing(admitted, now_ms, used, reserved), refusal
 
     async def settle(self, limits: Sequence[Limit], lease: str, tokens: int) -> None:
         args: list[Any] = [self._prefix, lease or "-", tokens]
@@ -270,13 +285,6 @@ class RedisStore:
             for each in limit.allowances:
                 args += [each.window or "", _seconds(each.window)]
         await self._call("settle", args)
-
-    async def hit(self, rates: Sequence[Rate], member: str) -> RateRefusal | None:
-        args: list[Any] = [self._prefix, member, 60_000]
-        for rate in rates:
-            args += [rate.key, rate.per_minute]
-        index, retry_ms = await self._call("hit", args)
-        return None if int(index) < 0 else RateRefusal(int(index), int(retry_ms) / 1000)
 
     async def acquire_slot(self, key: str, limit: int, holder: str) -> bool:
         return bool(await self._call("acquire", [self._prefix, key, limit, holder, self._ttl_ms]))
@@ -303,6 +311,24 @@ class RedisStore:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _limit_args(limits: Sequence[Limit]) -> list[Any]:
+    args: list[Any] = []
+    for limit in limits:
+        args += [limit.key, len(limit.allowances)]
+        for each in limit.allowances:
+            args += [each.window or "", _seconds(each.window), each.tokens]
+    return args
+
+
+def _standing(admitted: Any, now_ms: Any, used: Any, reserved: Any) -> Standing:
+    return Standing(
+        tuple(tuple(int(x) for x in _list(row)) for row in _list(json.loads(used))),
+        tuple(int(x) for x in _list(json.loads(reserved))),
+        int(now_ms) / 1000,
+        bool(admitted),
+    )
 
 
 def _seconds(window: str | None) -> int:

@@ -77,11 +77,28 @@ class SqliteStore:
             db = sqlite3.connect(
                 self.path, timeout=self._timeout, isolation_level=None, check_same_thread=False
             )
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.executescript(SCHEMA)
+            try:
+                self._prepare(db)
+            except BaseException:
+                db.close()
+                raise
             self._db = db
         return self._db
+
+    def _prepare(self, db: sqlite3.Connection) -> None:
+        """WAL mode and the schema. Switching a new file to WAL ignores the busy timeout ("database
+        is locked" at once when several processes open it together), so that step is retried."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(SCHEMA)
 
     async def _run(self, work: Callable[[sqlite3.Connection, float], T]) -> T:
         def transaction() -> T:
@@ -128,29 +145,56 @@ class SqliteStore:
                 (limit.key, window, number, tokens),
             )
 
+    def _standing(
+        self, db: sqlite3.Connection, limits: Sequence[Limit], now: float, lease: str, amount: int
+    ) -> Standing:
+        used: list[tuple[int, ...]] = []
+        reserved: list[int] = []
+        for limit in limits:
+            reserved.append(self._reserved(db, limit, now))
+            counts = []
+            for each in limit.allowances:
+                row = db.execute(
+                    "SELECT tokens FROM used WHERE key = ? AND window = ? AND number = ?",
+                    (limit.key, each.window or "", window_number(each, now)),
+                ).fetchone()
+                counts.append(int(row[0]) if row else 0)
+            used.append(tuple(counts))
+        admitted = exhausted(limits, used, reserved) is None
+        if admitted and amount > 0:
+            db.executemany(
+                "INSERT OR REPLACE INTO leases VALUES ('reservation', ?, ?, ?, ?)",
+                [(limit.key, lease, amount, now + self.lease_seconds) for limit in limits],
+            )
+        return Standing(tuple(used), tuple(reserved), now, admitted)
+
     async def reserve(self, limits: Sequence[Limit], lease: str, amount: int) -> Standing:
-        def work(db: sqlite3.Connection, now: float) -> Standing:
-            used: list[tuple[int, ...]] = []
-            reserved: list[int] = []
-            for limit in limits:
-                reserved.append(self._reserved(db, limit, now))
-                counts = []
-                for each in limit.allowances:
-                    row = db.execute(
-                        "SELECT tokens FROM used WHERE key = ? AND window = ? AND number = ?",
-                        (limit.key, each.window or "", window_number(each, now)),
-                    ).fetchone()
-                    counts.append(int(row[0]) if row else 0)
-                used.append(tuple(counts))
-            admitted = exhausted(limits, used, reserved) is None
-            if admitted and amount > 0:
-                db.executemany(
-                    "INSERT OR REPLACE INTO leases VALUES ('reservation', ?, ?, ?, ?)",
-                    [(limit.key, lease, amount, now + self.lease_seconds) for limit in limits],
-                )
-            return Standing(tuple(used), tuple(reserved), now, admitted)
+        return await self._run(lambda db, now: self._standing(db, limits, now, lease, amount))
+
+    async def admit(
+        self, limits: Sequence[Limit], rates: Sequence[Rate], member: str
+    ) -> tuple[Standing, RateRefusal | None]:
+        def work(db: sqlite3.Connection, now: float) -> tuple[Standing, RateRefusal | None]:
+            standing = self._standing(db, limits, now, "", 0)
+            return standing, (self._hit(db, rates, now) if standing.admitted else None)
 
         return await self._run(work)
+
+    @staticmethod
+    def _hit(db: sqlite3.Connection, rates: Sequence[Rate], now: float) -> RateRefusal | None:
+        for index, rate in enumerate(rates):
+            if rate.per_minute <= 0:
+                continue
+            db.execute("DELETE FROM hits WHERE key = ? AND at <= ?", (rate.key, now - RATE_WINDOW_SECONDS))
+            count, oldest = db.execute(
+                "SELECT COUNT(*), MIN(at) FROM hits WHERE key = ?", (rate.key,)
+            ).fetchone()
+            if count >= rate.per_minute:
+                return RateRefusal(index, oldest + RATE_WINDOW_SECONDS - now)
+        db.executemany(
+            "INSERT INTO hits VALUES (?, ?)", [(rate.key, now) for rate in rates if rate.per_minute > 0]
+        )
+        return None
 
     async def settle(self, limits: Sequence[Limit], lease: str, tokens: int) -> None:
         def work(db: sqlite3.Connection, now: float) -> None:
@@ -159,25 +203,6 @@ class SqliteStore:
                 self._charge(db, limit, tokens, now)
 
         await self._run(work)
-
-    async def hit(self, rates: Sequence[Rate], member: str) -> RateRefusal | None:
-        def work(db: sqlite3.Connection, now: float) -> RateRefusal | None:
-            active = [rate for rate in rates if rate.per_minute > 0]
-            for index, rate in enumerate(rates):
-                if rate.per_minute <= 0:
-                    continue
-                db.execute(
-                    "DELETE FROM hits WHERE key = ? AND at <= ?", (rate.key, now - RATE_WINDOW_SECONDS)
-                )
-                count, oldest = db.execute(
-                    "SELECT COUNT(*), MIN(at) FROM hits WHERE key = ?", (rate.key,)
-                ).fetchone()
-                if count >= rate.per_minute:
-                    return RateRefusal(index, oldest + RATE_WINDOW_SECONDS - now)
-            db.executemany("INSERT INTO hits VALUES (?, ?)", [(rate.key, now) for rate in active])
-            return None
-
-        return await self._run(work)
 
     async def acquire_slot(self, key: str, limit: int, holder: str) -> bool:
         def work(db: sqlite3.Connection, now: float) -> bool:
