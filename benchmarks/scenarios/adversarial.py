@@ -11,7 +11,8 @@ under attack (proxied column), in alternating batches (ABBA). The attack, all at
   request 0.2 s after sending it, while the fake is still streaming (each call is charged);
 * oversized bodies: POSTs above `--max-message-bytes` (413);
 * slow connections: sockets that send half a request's headers and then nothing;
-* session churn: `initialize` then `DELETE`, in a loop.
+* session churn: `initialize` then `DELETE`, in a loop (held to `--client-session-rate`: the
+  refused attempts are counted too).
 
 Then: tokens the fake served against tokens the audit log says were charged, and the sidecar's open
 file descriptors and RSS once the attack stopped, against the same figures after warm-up.
@@ -46,6 +47,7 @@ SERVER = [sys.executable, str(ROOT / "tests" / "servers" / "sampling_server.py")
 GOOD = "good-client-token-0123456789"
 HOSTILE = "hostile-client-token-0123456789"
 HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+ATTACKS = ("cancelled", "oversized", "slow", "churn", "churn_refused")
 
 
 def _reply(request: RecordedRequest) -> Reply:
@@ -187,7 +189,11 @@ async def _attack(url: str, port: int, stop: anyio.Event, counts: dict[str, int]
     async def churn() -> None:
         async with httpx2.AsyncClient(timeout=60) as http:
             while not stop.is_set():
-                session = await _session(http, url, HOSTILE)
+                try:
+                    session = await _session(http, url, HOSTILE)
+                except httpx2.HTTPStatusError:  # 429: over its --client-session-rate; it keeps trying
+                    counts["churn_refused"] += 1
+                    continue
                 await http.delete(url, headers={**hostile, "mcp-session-id": session})
                 counts["churn"] += 1
 
@@ -205,7 +211,7 @@ async def _measure(ctx: RunContext, sidecar: _Sidecar, fake: FakeClaude) -> dict
     s = ctx.settings
     calls = 10 if s.quick else 60
     rounds = 1 if s.quick else 3
-    counts = dict.fromkeys(("cancelled", "oversized", "slow", "churn"), 0)
+    counts = dict.fromkeys(ATTACKS, 0)
     async with httpx2.AsyncClient(timeout=120) as http:
         session = await _session(http, sidecar.url, GOOD)
         await _good_batch(http, sidecar.url, session, 5, 1)  # warm up: the Claude client, the upstream
@@ -258,7 +264,7 @@ def _attacker(sidecar: _Sidecar, counts: dict[str, int]) -> Iterator[None]:
 
 
 async def _attack_until_stdin_closes(url: str, port: int) -> dict[str, int]:
-    counts = dict.fromkeys(("cancelled", "oversized", "slow", "churn"), 0)
+    counts = dict.fromkeys(ATTACKS, 0)
     stop = anyio.Event()
 
     async def watch_stdin() -> None:

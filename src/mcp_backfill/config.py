@@ -127,6 +127,7 @@ class Config:
     max_concurrent_sampling: int = DEFAULTS["max_concurrent_sampling"]
     client_rate_limit: int = DEFAULTS["client_rate_limit"]
     client_max_concurrent_sampling: int = DEFAULTS["client_max_concurrent_sampling"]
+    client_session_rate: int = DEFAULTS["client_session_rate"]
     budget_tokens: tuple[Allowance, ...] = DEFAULTS["budget_tokens"]
     client_budget_tokens: tuple[Allowance, ...] = DEFAULTS["client_budget_tokens"]
     session_budget_tokens: tuple[Allowance, ...] = DEFAULTS["session_budget_tokens"]

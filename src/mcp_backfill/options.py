@@ -592,6 +592,19 @@ OPTIONS: tuple[Option, ...] = (
         command="serve",
     ),
     Option(
+        "client_session_rate",
+        "--client-session-rate",
+        0,
+        "new handshake-era sessions per minute for each client identity (serve), more get 429; "
+        "0 = 60 when clients are told apart (named tokens, forwarded Authorization), else no limit",
+        "new handshake-era sessions a minute for one client identity (more get `429`); `0` = 60 when "
+        "clients are told apart, else no limit",
+        parse=whole_number,
+        checks=(at_least(0),),
+        metavar="N",
+        command="serve",
+    ),
+    Option(
         "budget_tokens",
         "--budget-tokens",
         (),

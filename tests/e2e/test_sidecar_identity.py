@@ -19,6 +19,7 @@ from tests.sidecar_harness import (
     HANDSHAKE_HEADERS,
     HTTP_TIMEOUT,
     Sidecar,
+    initialize_body,
     open_session,
     response_messages,
     response_to,
@@ -167,3 +168,25 @@ async def test_a_secret_given_twice_or_from_an_unreadable_file_stops_the_proxy(t
     assert b"both ANTHROPIC_API_KEY and ANTHROPIC_API_KEY_FILE are set" in outcomes[0].stderr
     assert b"MCP_BACKFILL_AUTH_TOKEN_FILE: cannot read" in outcomes[1].stderr
     assert b"sk-from-a-file" not in outcomes[0].stderr
+
+
+async def test_one_client_cannot_churn_sessions_for_everyone(tmp_path: Path) -> None:
+    """Opening a session starts an upstream process: a client opening and deleting sessions in a loop
+    is held to its own rate (`--client-session-rate`), and the others are not."""
+    env = proxy_env(MCP_BACKFILL_CLIENT_TOKENS_FILE=str(token_file(tmp_path)))
+    async with (
+        run_sidecar(
+            *("--provider", "mock", "--client-session-rate", "3"), upstream=SAMPLING_SERVER, env=env
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        alice = {"authorization": f"Bearer {ALICE}"}
+        for _ in range(3):
+            session = await open_session(http, sidecar.url, alice)
+            assert (await http.delete(sidecar.url, headers=as_client(ALICE, session))).status_code == 200
+        refused = await http.post(sidecar.url, json=initialize_body(), headers=as_client(ALICE))
+        assert refused.status_code == 429, refused.text
+        assert 1 <= int(refused.headers["retry-after"]) <= 60
+        assert "at most 3 a minute for client 'alice' (--client-session-rate)" in refused.text
+        assert await open_session(http, sidecar.url, {"authorization": f"Bearer {BOB}"})
+    assert sidecar.stderr().count("session opened") == 4  # the refused one started no upstream

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import anyio
@@ -35,16 +36,19 @@ from mcp_backfill.sidecar.http_io import (
     sse_headers,
     wait_for_events,
 )
-from mcp_backfill.sidecar.sessions import HttpSession, SessionTable
+from mcp_backfill.sidecar.sessions import HttpSession, OpeningRate, SessionTable
 from mcp_backfill.transports.event_stream import EventStream, parse_event_id, sse_event
 
 log = get_logger("sidecar")
 
 
 class HandshakeFront:
-    def __init__(self, sessions: SessionTable, settings: FrontSettings) -> None:
+    def __init__(
+        self, sessions: SessionTable, settings: FrontSettings, opening: OpeningRate | None = None
+    ) -> None:
         self.sessions = sessions
         self.settings = settings
+        self.opening = opening or OpeningRate(0)
 
     async def handle(self, call: HttpCall, upstream_headers: Mapping[str, str], identity: str) -> None:
         if call.method == "POST":
@@ -129,6 +133,18 @@ class HandshakeFront:
                 return None
             if self.settings.draining:
                 await call.respond_error(503, protocol.INTERNAL_ERROR, "Service Unavailable: shutting down")
+                return None
+            wait = self.opening.admit(identity)
+            if wait is not None:
+                seconds = max(1, math.ceil(wait))
+                log.warning("session refused: client opens sessions too fast", extra={"client": identity})
+                await call.respond_error(
+                    429,
+                    protocol.INTERNAL_ERROR,
+                    f"Too many new sessions: at most {self.opening.per_minute} a minute for client "
+                    f"{identity!r} (--client-session-rate); retry in {seconds} s",
+                    headers=[(b"retry-after", str(seconds).encode())],
+                )
                 return None
             session = self.sessions.open(upstream_headers, identity)
             if session is None:

@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import uvicorn
 
-from mcp_backfill.assembly import make_sampler, relay_options
+from mcp_backfill.assembly import clients_told_apart, make_sampler, relay_options
 from mcp_backfill.config import Config
 from mcp_backfill.errors import BindError, StoreUnavailable, UpstreamStartError
 from mcp_backfill.logs import get_logger
@@ -39,7 +39,7 @@ from mcp_backfill.sidecar.security import (
     default_allowed_hosts,
     default_allowed_origins,
 )
-from mcp_backfill.sidecar.sessions import SessionSettings, SessionTable
+from mcp_backfill.sidecar.sessions import OpeningRate, SessionSettings, SessionTable
 from mcp_backfill.sidecar.stateless import StatelessFront, StatelessHub, StatelessHubs
 from mcp_backfill.sidecar.upstreams import UpstreamFactory, child_process_upstreams, http_upstreams
 from mcp_backfill.transports.base import MessageChannel
@@ -138,8 +138,13 @@ async def run_sidecar(config: Config) -> int:
     spend = sampler.spend
     spend.link.observer = metrics.store_call
     readiness = Readiness(spend, config.state_store_timeout)
+    opening = OpeningRate(config.client_session_rate or (60 if clients_told_apart(config) else 0))
     app = SidecarApp(
-        policy, HandshakeFront(sessions, front), StatelessFront(hubs, front), metrics, readiness.check
+        policy,
+        HandshakeFront(sessions, front, opening),
+        StatelessFront(hubs, front),
+        metrics,
+        readiness.check,
     )
     metrics.gauge(
         "mcp_backfill_active_sessions", "open handshake-era client sessions", lambda: [((), len(sessions))]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 import secrets
+import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,6 +32,9 @@ log = get_logger("sidecar")
 
 # Server messages kept per SSE stream for clients that resume with Last-Event-ID.
 REPLAY_LIMIT = 1024
+# Client identities whose recent session openings `OpeningRate` keeps before it drops idle ones
+# (forwarded Authorization headers make identities as cheap as a header).
+OPENING_IDENTITIES = 4096
 
 MakeRelay = Callable[[MessageChannel, MessageChannel, str], Relay]
 """(client side, upstream side, client identity) -> the relay between them."""
@@ -154,6 +159,35 @@ class HttpSession:
             self._scope.deadline = math.inf
         else:
             self._scope.deadline = anyio.current_time() + self._settings.idle_timeout
+
+
+class OpeningRate:
+    """At most `per_minute` new sessions per client identity in any sliding minute (0: no limit).
+
+    Opening a session starts an upstream (a process, or an upstream session), the costliest thing a
+    client can make the sidecar do; one client opening and deleting sessions in a loop would take the
+    CPU from everyone else. Identities seen in the last minute are kept, no others.
+    """
+
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_minute = per_minute
+        self._clock = clock
+        self._opened: dict[str, deque[float]] = {}
+
+    def admit(self, identity: str) -> float | None:
+        """None when `identity` may open a session now (counted), else the seconds until it may."""
+        if self.per_minute <= 0:
+            return None
+        now = self._clock()
+        if len(self._opened) > OPENING_IDENTITIES:
+            self._opened = {k: v for k, v in self._opened.items() if v and v[-1] > now - 60}
+        opened = self._opened.setdefault(identity, deque())
+        while opened and opened[0] <= now - 60:
+            opened.popleft()
+        if len(opened) >= self.per_minute:
+            return opened[0] + 60 - now
+        opened.append(now)
+        return None
 
 
 class SessionTable:
