@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import tempfile
@@ -25,6 +24,8 @@ from contextlib import AsyncExitStack, ExitStack, contextmanager
 from typing import Any
 
 import anyio
+import redis
+from tests.services import binary
 
 from benchmarks.httpload import Batch, run_batch, session_pool
 from benchmarks.httpservers import HttpServer, free_port, ready, sidecar
@@ -40,13 +41,6 @@ REDIS_TARGET = Target("added_max", 1.0, "added ≤ 1 ms")
 LIMITS = ("--budget-tokens", "1000000000", "--rate-limit", "1000000", "--max-concurrent-sampling", "1000")
 HAPROXY_CONFIG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
 SQLITE, REDIS = "sqlite", "redis"
-
-
-def _binary(name: str) -> str:
-    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin:/sbin")
-    if path is None:
-        raise RuntimeError(f"{name} is missing: apt-get install -y {name} (scripts/setup --npm does it)")
-    return path
 
 
 def _wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
@@ -66,7 +60,7 @@ def _wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float =
 @contextmanager
 def redis_server(logs: LogDir, directory: str) -> Iterator[str]:
     port = free_port()
-    argv = [_binary("redis-server"), "--bind", "127.0.0.1", "--port", str(port), "--save", ""]
+    argv = [binary("redis-server", "redis-server"), "--bind", "127.0.0.1", "--port", str(port), "--save", ""]
     with started([*argv, "--appendonly", "no", "--dir", directory], logs, "7-redis") as process:
         _wait_for_port(port, process)
         yield f"redis://127.0.0.1:{port}/0"
@@ -75,8 +69,6 @@ def redis_server(logs: LogDir, directory: str) -> Iterator[str]:
 def redis_load(url: str) -> dict[str, float]:
     """Scripts run (`EVALSHA`: one round trip each) and the server's microseconds in them (the
     commands inside a script included), from `INFO commandstats`."""
-    import redis
-
     client = redis.Redis.from_url(url)
     try:
         stats: dict[str, Any] = client.info("commandstats")
@@ -185,7 +177,9 @@ def haproxy(logs: LogDir, name: str, replicas: Sequence[int]) -> Iterator[str]:
         "MCP_HOST": f"127.0.0.1:{port}",
         **{f"REPLICA_{n}": f"127.0.0.1:{each}" for n, each in enumerate(chosen, 1)},
     }
-    with started([_binary("haproxy"), "-db", "-f", str(HAPROXY_CONFIG)], logs, name, env=env) as process:
+    with started(
+        [binary("haproxy", "haproxy"), "-db", "-f", str(HAPROXY_CONFIG)], logs, name, env=env
+    ) as process:
         _wait_for_port(port, process)
         yield f"http://127.0.0.1:{port}/mcp"
 

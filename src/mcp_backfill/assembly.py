@@ -99,6 +99,12 @@ def ledger_store(config: Config) -> LedgerStore:
     return open_store(url, lease_seconds=config.state_store_lease, timeout=config.state_store_timeout)
 
 
+def client_session_rate(config: Config) -> int:
+    """New sessions a minute for one client: `--client-session-rate`, else 60 when clients are told
+    apart, else no limit (0)."""
+    return config.client_session_rate or (60 if clients_told_apart(config) else 0)
+
+
 def clients_told_apart(config: Config) -> bool:
     """Can requests come from more than one client identity (see the README's "Who pays")?"""
     return config.front == "http" and (config.forward_authorization or bool(config.client_tokens))

@@ -161,9 +161,11 @@ class SealedStash:
     def __init__(
         self, key: bytes, ttl: float, scope: str, wall_clock: Callable[[], float] = time.time
     ) -> None:
+        from cryptography.exceptions import InvalidTag
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
         self._aead = AESGCM(key)
+        self._invalid = (ValueError, InvalidTag)
         self.ttl = ttl
         self._scope = scope.encode()
         self._clock = wall_clock
@@ -176,12 +178,10 @@ class SealedStash:
         return base64.urlsafe_b64encode(nonce + sealed).decode().rstrip("=")
 
     def take(self, token: str) -> StashedRound | None:
-        from cryptography.exceptions import InvalidTag
-
         try:
             raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
             payload = json.loads(self._aead.decrypt(raw[:12], raw[12:], self._scope))
-        except (ValueError, InvalidTag):
+        except self._invalid:
             return None
         if payload["e"] <= self._clock():
             return None

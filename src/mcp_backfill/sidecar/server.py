@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import uvicorn
 
-from mcp_backfill.assembly import clients_told_apart, make_sampler, relay_options
+from mcp_backfill.assembly import client_session_rate, make_sampler, relay_options
 from mcp_backfill.config import Config
 from mcp_backfill.errors import BindError, StoreUnavailable, UpstreamStartError
 from mcp_backfill.logs import get_logger
@@ -138,7 +138,7 @@ async def run_sidecar(config: Config) -> int:
     spend = sampler.spend
     spend.link.observer = metrics.store_call
     readiness = Readiness(spend, config.state_store_timeout)
-    opening = OpeningRate(config.client_session_rate or (60 if clients_told_apart(config) else 0))
+    opening = OpeningRate(client_session_rate(config))
     app = SidecarApp(
         policy,
         HandshakeFront(sessions, front, opening),
@@ -180,7 +180,7 @@ async def run_sidecar(config: Config) -> int:
             kind="counter",
         )
     try:
-        async with auditing(audit), sampler.spend.upkeep(), anyio.create_task_group() as tg:
+        async with auditing(audit), spend.upkeep(), anyio.create_task_group() as tg:
             sessions.start(tg)
             hubs.start(tg)
             tg.start_soon(_watch_signals, server, app)
@@ -240,10 +240,9 @@ class Readiness:
         store = self._spend.store
         if not store.shared:
             return True, {"store": store.description}
-        now = anyio.current_time()
-        fresh = self._last is not None and now - self._last[0] < 1.0 and self._spend.link.outage is None
-        if fresh and self._last is not None:
-            return self._last[1], self._last[2]
+        now, last = anyio.current_time(), self._last
+        if last is not None and now - last[0] < 1.0 and self._spend.link.outage is None:
+            return last[1], last[2]
         ready, about = True, {"store": store.description, "store_status": "ok"}
         try:
             with anyio.fail_after(self._timeout):

@@ -12,9 +12,7 @@ from __future__ import annotations
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.sampling.store import LedgerStore, MemoryStore
 
-__all__ = ["SCHEMES", "open_store"]
-
-SCHEMES = ("memory", "sqlite://", "redis://", "rediss://", "unix://")
+__all__ = ["open_store"]
 
 
 def open_store(url: str, *, lease_seconds: float, timeout: float) -> LedgerStore:

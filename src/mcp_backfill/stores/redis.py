@@ -55,6 +55,17 @@ local function charge(p, payer, allowances, tokens, now_ms)
     end
   end
 end
+-- One limit's arguments from ARGV[i]: payer, n, and n times (window, seconds, tokens); and the
+-- index after them.
+local function read_limit(i)
+  local payer, n, allowances = ARGV[i], tonumber(ARGV[i + 1]), {}
+  i = i + 2
+  for a = 1, n do
+    allowances[a] = {ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])}
+    i = i + 3
+  end
+  return payer, allowances, i
+end
 -- What calls in flight hold; a lease whose holder stopped renewing it lapses, and its whole
 -- reservation is charged (the holder died before it could say what the call cost).
 local function reserved(p, payer, allowances, now_ms)
@@ -72,17 +83,12 @@ end
 """
 
 _STANDING = """
--- ARGV from i on, per limit: payer, n, and n times (window, seconds, tokens).
+-- The limits from ARGV[i] on (see read_limit).
 local function standing(p, i, now_ms)
   local payers, used, reserved_by, admitted = {}, {}, {}, true
   while i <= #ARGV do
-    local payer, n = ARGV[i], tonumber(ARGV[i + 1])
-    i = i + 2
-    local allowances = {}
-    for a = 1, n do
-      allowances[a] = {ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])}
-      i = i + 3
-    end
+    local payer, allowances
+    payer, allowances, i = read_limit(i)
     local r = reserved(p, payer, allowances, now_ms)
     local counts = {}
     for a, allowance in ipairs(allowances) do
@@ -98,7 +104,7 @@ local function standing(p, i, now_ms)
 end
 """
 
-# ARGV: prefix, lease, amount, ttl_ms, then the limits (see _STANDING).
+# ARGV: prefix, lease, amount, ttl_ms, then the limits (see read_limit).
 RESERVE = (
     _NOW
     + _LEDGER
@@ -150,7 +156,7 @@ return {admitted and 1 or 0, now_ms, cjson.encode(used), cjson.encode(reserved_b
 """
 )
 
-# ARGV: prefix, lease, tokens, then per limit: payer, n, and n times (window, seconds).
+# ARGV: prefix, lease, tokens, then the limits (see read_limit).
 SETTLE = (
     _NOW
     + _LEDGER
@@ -158,13 +164,8 @@ SETTLE = (
 local p, lease, tokens = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local i = 4
 while i <= #ARGV do
-  local payer, n = ARGV[i], tonumber(ARGV[i + 1])
-  i = i + 2
-  local allowances = {}
-  for a = 1, n do
-    allowances[a] = {ARGV[i], tonumber(ARGV[i + 1])}
-    i = i + 2
-  end
+  local payer, allowances
+  payer, allowances, i = read_limit(i)
   redis.call('ZREM', p .. 'res:' .. payer, lease)
   redis.call('HDEL', p .. 'resamt:' .. payer, lease)
   charge(p, payer, allowances, tokens, now_ms)
@@ -279,12 +280,7 @@ class RedisStore:
         return _standing(admitted, now_ms, used, reserved), refusal
 
     async def settle(self, limits: Sequence[Limit], lease: str, tokens: int) -> None:
-        args: list[Any] = [self._prefix, lease or "-", tokens]
-        for limit in limits:
-            args += [limit.key, len(limit.allowances)]
-            for each in limit.allowances:
-                args += [each.window or "", _seconds(each.window)]
-        await self._call("settle", args)
+        await self._call("settle", [self._prefix, lease or "-", tokens, *_limit_args(limits)])
 
     async def acquire_slot(self, key: str, limit: int, holder: str) -> bool:
         return bool(await self._call("acquire", [self._prefix, key, limit, holder, self._ttl_ms]))
