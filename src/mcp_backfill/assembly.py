@@ -137,6 +137,9 @@ def relay_options(config: Config) -> RelayOptions:
         era=config.era,
         max_input_rounds=config.max_input_rounds,
         input_stash_ttl=config.input_stash_ttl,
+        task_ttl_max=config.task_ttl_max,
+        approve=config.approve,
+        approve_timeout=config.approve_timeout,
         request_state_key=(
             request_state_key(config.request_state_key.value) if config.request_state_key else None
         ),

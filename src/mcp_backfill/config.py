@@ -19,6 +19,7 @@ from mcp_backfill.options import (
     DEFAULTS,
     OPTIONS,
     Allowance,
+    Approval,
     AudioPolicy,
     ClientToken,
     Era,
@@ -112,6 +113,9 @@ class Config:
     era: Era = DEFAULTS["era"]
     max_input_rounds: int = DEFAULTS["max_input_rounds"]
     input_stash_ttl: float = DEFAULTS["input_stash_ttl"]
+    task_ttl_max: float = DEFAULTS["task_ttl_max"]
+    approve: Approval = DEFAULTS["approve"]
+    approve_timeout: float = DEFAULTS["approve_timeout"]
     provider: ProviderName = DEFAULTS["provider"]
     model: str = DEFAULTS["model"]
     allowed_models: tuple[str, ...] = DEFAULTS["allowed_models"]

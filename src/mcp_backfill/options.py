@@ -26,12 +26,14 @@ Era = Literal["auto", "handshake"]
 ProviderName = Literal["anthropic", "bedrock", "vertex", "mock"]
 AudioPolicy = Literal["reject", "placeholder"]
 LogFormat = Literal["text", "json"]
+Approval = Literal["never", "elicit", "elicit-tools"]
 
 MODES: tuple[Mode, ...] = get_args(Mode)
 ERAS: tuple[Era, ...] = get_args(Era)
 PROVIDERS: tuple[ProviderName, ...] = get_args(ProviderName)
 AUDIO_POLICIES: tuple[AudioPolicy, ...] = get_args(AudioPolicy)
 LOG_FORMATS: tuple[LogFormat, ...] = get_args(LogFormat)
+APPROVALS: tuple[Approval, ...] = get_args(Approval)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 ENV_PREFIX = "MCP_BACKFILL_"
@@ -441,6 +443,40 @@ OPTIONS: tuple[Option, ...] = (
         300.0,
         "2026-07-28: seconds the proxy keeps its answers to a round while the client answers the rest",
         "2026-07-28: seconds the proxy keeps its answers to a mixed round while the client answers its part",
+        parse=number,
+        checks=(positive(),),
+        metavar="SECONDS",
+    ),
+    Option(
+        "task_ttl_max",
+        "--task-ttl-max",
+        3600.0,
+        "longest a sampling task is kept (seconds): a server's requested ttl is lowered to this, and "
+        "a task that asks for none gets it",
+        "handshake era: the longest the proxy keeps a task-augmented sampling request and its answer; "
+        "a server's requested `ttl` is lowered to this, a task that asks for none gets it",
+        parse=number,
+        checks=(positive(),),
+        metavar="SECONDS",
+    ),
+    Option(
+        "approve",
+        "--approve",
+        "never",
+        "ask the user before a sampling request goes to Claude, through the client's elicitation: "
+        "never, elicit (every request) or elicit-tools (requests that offer tools)",
+        "ask the user, through the client's `elicitation/create`, before a sampling request goes to "
+        "Claude: `never`, `elicit` (every request) or `elicit-tools` (requests that offer tools); see "
+        "[approval](docs/approval.md)",
+        choices=APPROVALS,
+    ),
+    Option(
+        "approve_timeout",
+        "--approve-timeout",
+        300.0,
+        "seconds to wait for the user's answer to an approval question before refusing the request",
+        "seconds the proxy waits for the user's answer to an approval question; then the request is "
+        "refused as not approved",
         parse=number,
         checks=(positive(),),
         metavar="SECONDS",

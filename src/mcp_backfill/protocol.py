@@ -32,6 +32,17 @@ PROGRESS: Final = "notifications/progress"
 TOOLS_CHANGED: Final = "notifications/tools/list_changed"
 INPUT_REQUIRED_METHODS: Final = frozenset({TOOLS_CALL, "prompts/get", "resources/read"})
 """2026-07-28 requests whose result may be `input_required`."""
+ELICIT: Final = "elicitation/create"
+
+# Tasks (2025-11-25 only; an extension from 2026-07-28 on): a requestor's `params.task` asks for a
+# task, then it polls the receiver with these.
+TASKS_GET: Final = "tasks/get"
+TASKS_RESULT: Final = "tasks/result"
+TASKS_LIST: Final = "tasks/list"
+TASKS_CANCEL: Final = "tasks/cancel"
+TASKS_STATUS: Final = "notifications/tasks/status"
+TASK_METHODS: Final = frozenset({TASKS_GET, TASKS_RESULT, TASKS_LIST, TASKS_CANCEL})
+META_RELATED_TASK: Final = "io.modelcontextprotocol/related-task"
 
 # -- 2026-07-28 envelope and results -------------------------------------------------------------
 
@@ -50,6 +61,8 @@ INVALID_PARAMS: Final = -32602
 INTERNAL_ERROR: Final = -32603
 REQUEST_CANCELLED: Final = -32800
 """What the SDK's server answers for a request its client cancelled."""
+USER_REJECTED: Final = -1
+"""What the sampling spec says a client answers when its user rejects a sampling request."""
 
 # -- HTTP header names (lower case) and media types ----------------------------------------------
 

@@ -25,6 +25,8 @@ from mcp_backfill.sampling.spend import Spend
 
 pytestmark = pytest.mark.anyio
 
+# What the proxy declares for its own sampling tasks (handshake era).
+SAMPLING_TASKS = {"requests": {"sampling": {"createMessage": {}}}, "list": {}, "cancel": {}}
 ENVELOPE_VERSION = {protocol.META_PROTOCOL_VERSION: protocol.STATELESS_VERSION}
 HELLO = {"messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}], "maxTokens": 10}
 WITH_TOOLS = {
@@ -185,7 +187,11 @@ async def test_initialize_gets_sampling_with_tools_and_keeps_the_rest() -> None:
         await r.client.send(request(0, "initialize", initialize(declared)))
         seen = await r.server.recv()
         assert seen["id"] == 0
-        assert seen["params"]["capabilities"] == {**declared, "sampling": {"context": {}, "tools": {}}}
+        assert seen["params"]["capabilities"] == {
+            **declared,
+            "sampling": {"context": {}, "tools": {}},
+            "tasks": SAMPLING_TASKS,
+        }
         await r.server.send(result(0, {"protocolVersion": "2025-11-25", "capabilities": {}}))
         assert (await r.client.recv())["id"] == 0
         assert r.relay.state.protocol_version == "2025-11-25"
@@ -243,7 +249,7 @@ async def test_batches_are_rewritten_and_consumed_item_by_item() -> None:
     async with relayed() as r:
         await r.client.send([request(1, "initialize", initialize({})), note])
         forwarded = await r.server.recv()
-        assert forwarded[0]["params"]["capabilities"] == {"sampling": {"tools": {}}}
+        assert forwarded[0]["params"]["capabilities"] == {"sampling": {"tools": {}}, "tasks": SAMPLING_TASKS}
         assert forwarded[1] == note
         await r.server.send([sampling_request(5), note])  # the proxy takes the request, not the note
         assert await r.client.recv() == [note]

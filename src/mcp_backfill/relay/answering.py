@@ -24,6 +24,14 @@ from mcp_backfill.sampling.spend import SamplingSession
 
 log = get_logger("relay")
 
+Approve = Callable[[dict[str, Any], Any], Awaitable[None]]
+"""Returns when the user allows a sampling request (`params`, the related client request id), or
+raises the refusal."""
+
+
+async def _always(params: dict[str, Any], related: Any) -> None:
+    return None
+
 
 class Answerer:
     """Answers sampling requests with the sampler, charged to one session."""
@@ -33,10 +41,12 @@ class Answerer:
         sampler: Sampler,
         session: SamplingSession | None,
         send_upstream: Callable[[bytes], Awaitable[None]],
+        approve: Approve = _always,
     ) -> None:
         self.sampler = sampler
         self.session = session
         self._send_upstream = send_upstream
+        self._approve = approve
         # The server's sampling requests being answered, by their id: cancelling one stops it.
         self._answering: dict[jsonrpc.IdKey, anyio.CancelScope] = {}
         self._tg: TaskGroup | None = None
@@ -45,12 +55,13 @@ class Answerer:
         """Requests are answered in tasks of `task_group` (the relay's)."""
         self._tg = task_group
 
-    def answer_request(self, request_id: Any, params: dict[str, Any]) -> None:
-        """Answer the server's request `request_id` in the background."""
+    def answer_request(self, request_id: Any, params: dict[str, Any], related: Any = None) -> None:
+        """Answer the server's request `request_id` in the background; `related` is the client
+        request it was made for (an approval question travels with it)."""
         scope = anyio.CancelScope()
         self._answering[jsonrpc.id_key(request_id)] = scope
         assert self._tg is not None
-        self._tg.start_soon(self._answer, request_id, params, scope)
+        self._tg.start_soon(self._answer, request_id, params, scope, related)
 
     def cancel(self, request_id: Any) -> bool:
         """The server cancelled `request_id`: stop answering it. False if the proxy is not answering it."""
@@ -61,11 +72,14 @@ class Answerer:
         scope.cancel()
         return True
 
-    async def _answer(self, request_id: Any, params: dict[str, Any], scope: anyio.CancelScope) -> None:
+    async def _answer(
+        self, request_id: Any, params: dict[str, Any], scope: anyio.CancelScope, related: Any
+    ) -> None:
         response: dict[str, Any] | None = None
         try:
             with scope:
                 try:
+                    await self._approve(params, related)
                     progress = progress_notifier(params, self._send_upstream)
                     result = await self.sample(params, request_id, progress)
                     response = jsonrpc.result_response(request_id, result)
@@ -75,6 +89,11 @@ class Answerer:
             self._answering.pop(jsonrpc.id_key(request_id), None)
         if response is not None:  # None: cancelled by the server, which expects no answer
             await self._send_upstream(jsonrpc.encode(response))
+
+    async def sample_approved(self, params: dict[str, Any], request_id: Any, related: Any) -> dict[str, Any]:
+        """`sample()` once the user has allowed the request (a sampling task's way)."""
+        await self._approve(params, related)
+        return await self.sample(params, request_id)
 
     async def sample(
         self, params: dict[str, Any], request_id: Any, progress: ProgressCallback | None = None

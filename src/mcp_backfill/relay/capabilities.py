@@ -30,6 +30,22 @@ def backfill_capabilities(capabilities: Any, mode: Mode) -> dict[str, Any] | Non
     return merged
 
 
+def with_sampling_tasks(capabilities: dict[str, Any]) -> dict[str, Any]:
+    """`capabilities` also declaring what the proxy's sampling tasks offer (handshake era): task-
+    augmented `sampling/createMessage`, `tasks/list` and `tasks/cancel`; the client's own task
+    capabilities are kept."""
+    tasks = capabilities.get("tasks")
+    tasks = dict(tasks) if isinstance(tasks, dict) else {}
+    requests = tasks.get("requests")
+    requests = dict(requests) if isinstance(requests, dict) else {}
+    sampling = requests.get("sampling")
+    requests["sampling"] = {**(sampling if isinstance(sampling, dict) else {}), "createMessage": {}}
+    tasks["requests"] = requests
+    tasks.setdefault("list", {})
+    tasks.setdefault("cancel", {})
+    return {**capabilities, "tasks": tasks}
+
+
 def wants_tools(params: dict[str, Any]) -> bool:
     """Does a sampling request use the tools extension (released or draft spelling)?"""
     return any(key in params for key in ("tools", "toolChoice", "tool_choice"))
@@ -40,11 +56,21 @@ class ClientProfile:
     """What the client declared about sampling (in `initialize`, or in a 2026 request's `_meta`)."""
 
     sampling: dict[str, Any] | None = None
+    elicitation: dict[str, Any] | None = None
+    tasks: dict[str, Any] | None = None  # the client's own tasks (e.g. for elicitation)
 
     @classmethod
     def from_capabilities(cls, capabilities: Any) -> ClientProfile:
-        sampling = capabilities.get("sampling") if isinstance(capabilities, dict) else None
-        return cls(sampling=sampling if isinstance(sampling, dict) else None)
+        declared = capabilities if isinstance(capabilities, dict) else {}
+        sampling, elicitation, tasks = (declared.get(key) for key in ("sampling", "elicitation", "tasks"))
+        return cls(
+            sampling=sampling if isinstance(sampling, dict) else None,
+            elicitation=elicitation if isinstance(elicitation, dict) else None,
+            tasks=tasks if isinstance(tasks, dict) else None,
+        )
+
+    def lists_tasks(self) -> bool:
+        return self.tasks is not None and isinstance(self.tasks.get("list"), dict)
 
     def can_sample(self, params: dict[str, Any]) -> bool:
         if self.sampling is None:

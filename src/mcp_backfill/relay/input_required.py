@@ -123,6 +123,8 @@ class StashedRound:
     state: Any
     rounds: int
     expires: float
+    # Sampling questions the proxy has not answered yet: they wait for the user's approval.
+    pending: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -134,12 +136,19 @@ class Stash:
     entries: dict[str, StashedRound] = field(default_factory=dict)
     _serial: itertools.count[int] = field(default_factory=itertools.count)
 
-    def put(self, answers: dict[str, Any], has_state: bool, state: Any, rounds: int) -> str:
+    def put(
+        self,
+        answers: dict[str, Any],
+        has_state: bool,
+        state: Any,
+        rounds: int,
+        pending: dict[str, Any] | None = None,
+    ) -> str:
         now = self.clock()
         self.entries = {k: v for k, v in self.entries.items() if v.expires > now}
         # Unguessable, so one client cannot redeem another's answers on a shared proxy.
         token = f"{next(self._serial)}.{secrets.token_urlsafe(12)}"
-        self.entries[token] = StashedRound(answers, has_state, state, rounds, now + self.ttl)
+        self.entries[token] = StashedRound(answers, has_state, state, rounds, now + self.ttl, pending or {})
         return token
 
     def take(self, token: str) -> StashedRound | None:
@@ -170,9 +179,18 @@ class SealedStash:
         self._scope = scope.encode()
         self._clock = wall_clock
 
-    def put(self, answers: dict[str, Any], has_state: bool, state: Any, rounds: int) -> str:
+    def put(
+        self,
+        answers: dict[str, Any],
+        has_state: bool,
+        state: Any,
+        rounds: int,
+        pending: dict[str, Any] | None = None,
+    ) -> str:
         expires = self._clock() + self.ttl
-        payload = json.dumps({"a": answers, "h": has_state, "s": state, "r": rounds, "e": expires})
+        payload = json.dumps(
+            {"a": answers, "h": has_state, "s": state, "r": rounds, "e": expires, "p": pending or {}}
+        )
         nonce = secrets.token_bytes(12)
         sealed = self._aead.encrypt(nonce, payload.encode(), self._scope)
         return base64.urlsafe_b64encode(nonce + sealed).decode().rstrip("=")
@@ -185,7 +203,9 @@ class SealedStash:
             return None
         if payload["e"] <= self._clock():
             return None
-        return StashedRound(payload["a"], payload["h"], payload["s"], payload["r"], payload["e"])
+        return StashedRound(
+            payload["a"], payload["h"], payload["s"], payload["r"], payload["e"], payload.get("p", {})
+        )
 
 
 def request_state_key(secret: str) -> bytes:
@@ -193,8 +213,12 @@ def request_state_key(secret: str) -> bytes:
     return hashlib.sha256(b"mcp-backfill request state\0" + secret.encode()).digest()
 
 
+def client_answers(params: dict[str, Any]) -> dict[str, Any]:
+    answers = params.get("inputResponses")
+    return answers if isinstance(answers, dict) else {}
+
+
 def restore_params(params: dict[str, Any], stashed: StashedRound) -> dict[str, Any]:
     """A client's retry of a mixed round, with the proxy's answers merged and the server's state back."""
-    client_answers = params.get("inputResponses")
-    answers = {**(client_answers if isinstance(client_answers, dict) else {}), **stashed.answers}
+    answers = {**client_answers(params), **stashed.answers}
     return retry_params(base_params(params), answers, stashed.has_state, stashed.state)

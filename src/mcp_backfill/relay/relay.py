@@ -28,9 +28,17 @@ from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import get_logger
 from mcp_backfill.relay import input_required as ir
 from mcp_backfill.relay.answering import Answerer
-from mcp_backfill.relay.capabilities import ClientProfile, backfill_capabilities, proxy_answers
+from mcp_backfill.relay.approval import Approver
+from mcp_backfill.relay.capabilities import (
+    ClientProfile,
+    backfill_capabilities,
+    proxy_answers,
+    with_sampling_tasks,
+)
 from mcp_backfill.relay.rounds import RoundDriver
 from mcp_backfill.relay.state import PendingRequest, RelayOptions, RelayState
+from mcp_backfill.relay.task_book import TaskBook
+from mcp_backfill.relay.tasks import SamplingTasks
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.sampling.spend import SamplingSession
 from mcp_backfill.transports.base import MessageChannel
@@ -58,7 +66,12 @@ def rewrite_each(message: Any, rewrite: Callable[[Any], Any]) -> Any:
 
 
 class Relay:
-    """Moves messages between `client` and `upstream` until the upstream side ends."""
+    """Moves messages between `client` and `upstream` until the upstream side ends.
+
+    Long because routing is one state machine over both directions: which id belongs to whom, and
+    who answers a message, is decided here for every message; the work itself (sampling, rounds,
+    tasks, approval) is delegated to the classes it holds.
+    """
 
     def __init__(
         self,
@@ -71,12 +84,18 @@ class Relay:
     ) -> None:
         self.options = options
         self.mode = options.mode
-        self.answerer = Answerer(sampler, session, self._send_upstream)
         self.client = client
         self.upstream = upstream
         self.state = RelayState()
+        approve, timeout = options.approve, options.approve_timeout
+        self.approver = Approver(approve, timeout, sampler.preview, self.state, self._send_client)
+        self.answerer = Answerer(sampler, session, self._send_upstream, self.approver.approve)
+        book = TaskBook(ttl_max_ms=round(options.task_ttl_max * 1000))
+        self.tasks = SamplingTasks(book, self.answerer.sample_approved, self._send_upstream)
         sample, scope = self.answerer.sample, session.client if session is not None else ""
-        self.rounds = RoundDriver(options, self.state, sample, self._send_client, self._send_upstream, scope)
+        self.rounds = RoundDriver(
+            options, self.state, sample, self._send_client, self._send_upstream, scope, self.approver
+        )
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -84,6 +103,7 @@ class Relay:
         """Relay until the upstream closes; `on_client_closed` runs when the client side ends first."""
         async with anyio.create_task_group() as tg:
             self.answerer.start(tg)
+            self.tasks.start(tg)
             self.rounds.start(tg)
             tg.start_soon(self._pump_client, on_client_closed)
             await self._pump_upstream()
@@ -205,6 +225,10 @@ class Relay:
             return rewritten
         if method == protocol.CANCELLED:
             return self._client_cancelled(message)
+        if method is None and self.approver.take(message):
+            return None  # the user's answer to the proxy's own approval question
+        if method is None and self.state.declares_tasks:
+            return self.tasks.merge_list(message)
         return message
 
     def _rewrite_initialize(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -216,6 +240,10 @@ class Relay:
         if isinstance(version, str):
             self.state.check_version(version)
         merged = backfill_capabilities(capabilities, self.mode)
+        if merged is not None or self.mode == "always":
+            merged = with_sampling_tasks(merged if merged is not None else dict(capabilities or {}))
+            self.state.declares_tasks = True
+        self.approver.check_client()
         log.info(
             "client initialize",
             extra={
@@ -256,7 +284,7 @@ class Relay:
                 extra={"error": str(exc), "line": jsonrpc.preview(raw)},
             )
             return
-        forwarded = rewrite_each(message, self._upstream_item)
+        forwarded = rewrite_each(message, lambda item: self._upstream_item(item, related))
         if forwarded is None:
             return
         if forwarded is not message:
@@ -290,23 +318,31 @@ class Relay:
         pending = self.state.client_requests.get(jsonrpc.id_key(upstream_id))
         return pending.request_id if pending is not None else upstream_id
 
-    def _upstream_item(self, message: Any) -> Any:
-        """Track one upstream message; return it, a rewritten copy, or None when the proxy consumed it."""
+    def _upstream_item(self, message: Any, related: Any = None) -> Any:
+        """Track one upstream message; return it, a rewritten copy, or None when the proxy consumed it.
+
+        `related`: the client's id for the request whose response stream carried it.
+        """
         if not isinstance(message, dict):
             return message
         method = message.get("method")
         if method is None:
             return self._upstream_response(message)
+        params = message.get("params")
+        params = params if isinstance(params, dict) else {}
         if method == protocol.SAMPLING and "id" in message:
-            params = message.get("params")
-            params = params if isinstance(params, dict) else {}
-            if proxy_answers(self.mode, self.state.client, params):
-                self.answerer.answer_request(message["id"], params)
-                return None
-            return message
+            if not proxy_answers(self.mode, self.state.client, params):
+                return message
+            if isinstance(params.get("task"), dict) and self.state.declares_tasks:
+                self.tasks.create(message["id"], params, related)
+            else:
+                self.answerer.answer_request(message["id"], params, related)
+            return None
+        if method in protocol.TASK_METHODS and "id" in message and self.state.declares_tasks:
+            return self.tasks.take_request(message, method, params, self.state.client)
         if method == protocol.CANCELLED:
-            params = message.get("params")
-            if isinstance(params, dict) and self.answerer.cancel(params.get("requestId")):
+            request_id = params.get("requestId")
+            if self.answerer.cancel(request_id) or self.tasks.cancel_waiting(request_id):
                 return None
         return message
 
@@ -332,6 +368,9 @@ class Relay:
 
     def _note_initialized(self, message: dict[str, Any]) -> None:
         result = message.get("result")
+        info = result.get("serverInfo") if isinstance(result, dict) else None
+        if isinstance(info, dict) and isinstance(info.get("name"), str):
+            self.state.server_name = info["name"]
         if isinstance(result, dict) and isinstance(result.get("protocolVersion"), str):
             self.state.protocol_version = result["protocolVersion"]
             self.state.check_version(self.state.protocol_version)

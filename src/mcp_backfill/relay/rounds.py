@@ -24,6 +24,7 @@ from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import SamplingError
 from mcp_backfill.logs import get_logger
 from mcp_backfill.relay import input_required as ir
+from mcp_backfill.relay.approval import APPROVAL_KEY, Approver, can_elicit, cannot_elicit, decision_of, form
 from mcp_backfill.relay.capabilities import ClientProfile, backfill_capabilities, proxy_answers
 from mcp_backfill.relay.state import InputChain, PendingRequest, RelayOptions, RelayState
 
@@ -48,6 +49,7 @@ class RoundDriver:
         send_client: Send,
         send_upstream: Send,
         scope: str = "",
+        approver: Approver | None = None,
     ) -> None:
         self.options = options
         self.state = state
@@ -58,6 +60,7 @@ class RoundDriver:
         self._send_upstream = send_upstream
         self._own_ids = itertools.count(1)
         self._tg: TaskGroup | None = None
+        self.approver = approver
 
     def start(self, task_group: TaskGroup) -> None:
         """Rounds are driven in tasks of `task_group` (the relay's)."""
@@ -102,12 +105,47 @@ class RoundDriver:
                     )
                 )
                 return None
+            if stashed.pending:
+                self._approval_answered(message, params, stashed, pending, declared, replies)
+                return None
             params = ir.restore_params(params, stashed)
             rewritten = {**rewritten, "params": params}
             rounds = stashed.rounds
         client = ClientProfile.from_capabilities(declared)
         pending.chain = InputChain(pending.method, ir.base_params(params), client, rounds, message["id"])
         return rewritten
+
+    def _approval_answered(
+        self,
+        message: dict[str, Any],
+        params: dict[str, Any],
+        stashed: ir.StashedRound,
+        pending: PendingRequest,
+        declared: dict[str, Any],
+        replies: list[dict[str, Any]],
+    ) -> None:
+        """The client's retry of a round that asked the user to approve the proxy's sampling: on
+        a yes, the proxy samples now and re-sends the request; otherwise the request is refused."""
+        given = ir.client_answers(params)
+        decision, how = decision_of(given.get(APPROVAL_KEY))
+        log.info("sampling approval answered", extra={"decision": decision, "how": how})
+        if decision == "deny":
+            error = jsonrpc.error_response(
+                message["id"], protocol.USER_REJECTED, "User rejected sampling request", {"reason": how}
+            )
+            replies.append(error)
+            return
+        if self.approver is not None:
+            self.approver.allow(decision)
+        given = {key: value for key, value in given.items() if key != APPROVAL_KEY}
+        client = ClientProfile.from_capabilities(declared)
+        base = ir.base_params(params)
+        chain = InputChain(pending.method, base, client, stashed.rounds, None, anyio.CancelScope())
+        pending.chain = chain
+        self.state.driving[jsonrpc.id_key(pending.request_id)] = pending
+        resumed = ir.Round(stashed.pending, {}, stashed.has_state, stashed.state)
+        assert self._tg is not None
+        self._tg.start_soon(self._drive, pending, chain, {}, resumed, given)
 
     def client_cancelled(self, message: dict[str, Any], params: dict[str, Any]) -> dict[str, Any] | None:
         """The client gave up on a request the proxy drives: stop, and cancel what is in flight upstream.
@@ -158,9 +196,18 @@ class RoundDriver:
     # -- driving ---------------------------------------------------------------------------------
 
     async def _drive(
-        self, pending: PendingRequest, chain: InputChain, result: dict[str, Any], current: ir.Round
+        self,
+        pending: PendingRequest,
+        chain: InputChain,
+        result: dict[str, Any],
+        current: ir.Round,
+        approved: dict[str, Any] | None = None,
     ) -> None:
-        """Answer the proxy's questions of a round, then re-send the request or hand the rest over."""
+        """Answer the proxy's questions of a round, then re-send the request or hand the rest over.
+
+        `approved`: the round's questions were allowed by the user, whose retry brought these
+        answers of the client's own.
+        """
         if chain.rounds >= self.options.max_input_rounds:
             self.end(pending)
             await self._fail(
@@ -171,11 +218,14 @@ class RoundDriver:
                 {"rounds": chain.rounds},
             )
             return
-        answers: dict[str, Any] = {}
+        if approved is None and self._must_ask(current):
+            await self._ask(pending, chain, result, current)
+            return
+        answers: dict[str, Any] = dict(approved or {})
         assert chain.scope is not None
         with chain.scope:
             try:
-                answers = await self._answer(pending.request_id, current.mine)
+                answers.update(await self._answer(pending.request_id, current.mine))
                 if current.state_only:
                     await anyio.sleep(random.uniform(*self.options.state_only_backoff))
             except SamplingError as exc:
@@ -221,6 +271,35 @@ class RoundDriver:
             },
         )
         reduced = ir.reduced_result(result, current.theirs, token)
+        await self._send_client(jsonrpc.encode(jsonrpc.result_response(pending.request_id, reduced)))
+
+    def _must_ask(self, current: ir.Round) -> bool:
+        approver = self.approver
+        return approver is not None and any(approver.needed(params) for params in current.mine.values())
+
+    async def _ask(
+        self, pending: PendingRequest, chain: InputChain, result: dict[str, Any], current: ir.Round
+    ) -> None:
+        """The user must allow the proxy's sampling first: the client gets a reduced round with the
+        approval question beside its own, and the unanswered questions wait in the stash."""
+        assert self.approver is not None
+        self.end(pending)
+        if not can_elicit(chain.client.elicitation):
+            refusal = cannot_elicit(self.approver.policy)
+            await self._fail(pending.request_id, refusal.code, refusal.message, refusal.data)
+            return
+        try:
+            previews = [self.approver.preview(params) for params in current.mine.values()]
+        except SamplingError as exc:
+            await self._fail(pending.request_id, exc.code, exc.message, exc.data)
+            return
+        question = form(previews[0], None, protocol.STATELESS_VERSION)
+        if len(previews) > 1:
+            question["message"] += f"\n\n(The server asks {len(previews)} such questions; this answers all.)"
+        token = self.stash.put({}, current.has_state, current.state, chain.rounds, pending=current.mine)
+        theirs = {**current.theirs, APPROVAL_KEY: {"method": protocol.ELICIT, "params": question}}
+        log.info("sampling approval asked in the round", extra={"request_id": pending.request_id})
+        reduced = ir.reduced_result(result, theirs, token)
         await self._send_client(jsonrpc.encode(jsonrpc.result_response(pending.request_id, reduced)))
 
     async def _answer(self, request_id: Any, questions: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import anyio
 
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.logs import get_logger
-from mcp_backfill.options import Era, Mode
+from mcp_backfill.options import Approval, Era, Mode
 from mcp_backfill.relay.capabilities import ClientProfile
 
 log = get_logger("relay")
@@ -29,6 +29,11 @@ class RelayOptions:
     state_only_backoff: tuple[float, float] = (0.05, 0.25)
     # With a key (replicas share it), mixed rounds' answers travel sealed in the requestState.
     request_state_key: bytes | None = None
+    # Handshake era: the longest a task-augmented sampling request is kept (seconds).
+    task_ttl_max: float = 3600.0
+    # Ask the user (through the client's elicitation) before sampling, and how long to wait.
+    approve: Approval = "never"
+    approve_timeout: float = 300.0
 
 
 @dataclass
@@ -59,6 +64,10 @@ class RelayState:
 
     client: ClientProfile = field(default_factory=ClientProfile)
     protocol_version: str | None = None
+    # The server's name, from its initialize result (shown when the user is asked to approve).
+    server_name: str | None = None
+    # Handshake era: the proxy declared sampling tasks for this session (and answers tasks/*).
+    declares_tasks: bool = False
     client_requests: dict[jsonrpc.IdKey, PendingRequest] = field(default_factory=dict)
     # Client requests whose input_required rounds the proxy is driving, by the client's id.
     driving: dict[jsonrpc.IdKey, PendingRequest] = field(default_factory=dict)

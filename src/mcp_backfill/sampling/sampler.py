@@ -44,6 +44,16 @@ class SamplerSettings:
     """May `modelPreferences` pick a pricier family than `default_model`?"""
 
 
+@dataclass(frozen=True)
+class SamplingPreview:
+    """What a sampling request would ask of Claude, for a person deciding whether to allow it."""
+
+    model: str
+    max_tokens: int
+    tools: tuple[str, ...]
+    prompt: str  # the text of the last message
+
+
 class SamplingObserver(Protocol):
     """Told once per sampling request, whatever its outcome (e.g. to keep metrics); `tokens` are
     what was charged to the budgets for it, by usage counter."""
@@ -105,6 +115,29 @@ class Sampler:
         finally:
             self._report(exchange, session, params, result)
 
+    def _model(self, params: dict[str, Any]) -> str:
+        return select_model(
+            params.get("modelPreferences"),
+            allowed=self.settings.allowed_models,
+            default=self.settings.default_model,
+            allow_upgrade=self.settings.allow_model_upgrade,
+        )
+
+    def preview(self, params: dict[str, Any]) -> SamplingPreview:
+        """The model, token cap, tools and prompt this request would use; raises `SamplingError`
+        when the request is invalid (it would be refused anyway)."""
+        check_request(params, self.settings.limits)
+        kwargs = to_claude_request(params, self.settings.conversion).kwargs
+        model = self._model(params)
+        last = kwargs["messages"][-1]["content"] if kwargs.get("messages") else ""
+        blocks = [last] if isinstance(last, str) else [b.get("text", "") for b in last if isinstance(b, dict)]
+        return SamplingPreview(
+            model=model,
+            max_tokens=int(kwargs.get("max_tokens", 0)),
+            tools=tuple(str(tool.get("name")) for tool in kwargs.get("tools", ()) if isinstance(tool, dict)),
+            prompt=" ".join(text for text in blocks if text),
+        )
+
     async def _answer(
         self,
         params: dict[str, Any],
@@ -115,12 +148,7 @@ class Sampler:
         """Limits -> conversion -> budgets, rates and slots -> Claude (charged) -> limits -> MCP."""
         check_request(params, self.settings.limits)
         claude_request = to_claude_request(params, self.settings.conversion)
-        model = select_model(
-            params.get("modelPreferences"),
-            allowed=self.settings.allowed_models,
-            default=self.settings.default_model,
-            allow_upgrade=self.settings.allow_model_upgrade,
-        )
+        model = self._model(params)
         exchange.model = model
         exchange.tools = len(claude_request.kwargs.get("tools", ()))
         async with self.spend.admit(session) as ticket:

@@ -1,0 +1,212 @@
+"""Human approval of sampling, asked through the client's own elicitation (`--approve`).
+
+The spec wants a human to be able to review a sampling request before it is sent. A backfill proxy
+answers in the client's place, so its user would never see what a server makes Claude do on their
+key; but many clients that cannot sample can elicit. With `--approve elicit` (every request) or
+`elicit-tools` (requests that offer tools), the proxy asks through `elicitation/create` in form
+mode: which server, the model, `maxTokens`, the tools offered and the start of the prompt. The user
+allows once, allows for the rest of the session, or denies; a denial (or a decline, a dismissal, an
+error or no answer in time) refuses the request with the spec's code for a user-rejected sampling
+request, and Claude is never called.
+
+In the handshake era the question is a request of the proxy's own to the client (`Approver`); in
+2026-07-28 it travels as one more input request of the reduced round the client answers
+(`relay.rounds`). The pure parts — whether to ask, the form, reading the answer — are here.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import anyio
+
+from mcp_backfill import jsonrpc, protocol
+from mcp_backfill.errors import SamplingError
+from mcp_backfill.logs import get_logger
+from mcp_backfill.options import Approval, env_var
+from mcp_backfill.relay.capabilities import wants_tools
+from mcp_backfill.relay.state import RelayState
+from mcp_backfill.sampling.sampler import SamplingPreview
+
+log = get_logger("relay")
+
+# The key of the approval question in a 2026-07-28 round, and the ids of the proxy's own
+# elicitation requests in the handshake era: prefixes no server or SDK counter produces.
+APPROVAL_KEY = "mcp-backfill-approval"
+APPROVAL_ID_PREFIX = "mcp-backfill-approval-"
+PROMPT_PREVIEW = 400  # characters of the prompt shown to the user
+
+Decision = Literal["allow_once", "allow_session", "deny"]
+CHOICES: tuple[tuple[Decision, str], ...] = (
+    ("allow_once", "Allow once"),
+    ("allow_session", "Allow for this session"),
+    ("deny", "Deny"),
+)
+
+
+def asks(policy: Approval, params: dict[str, Any]) -> bool:
+    """Does `policy` ask the user about this sampling request?"""
+    if policy == "never":
+        return False
+    return policy == "elicit" or wants_tools(params)
+
+
+def can_elicit(elicitation: dict[str, Any] | None) -> bool:
+    """Did the client declare form-mode elicitation? (`{}` means form, as before modes existed.)"""
+    return elicitation is not None and (not elicitation or "form" in elicitation)
+
+
+def cannot_elicit(policy: Approval) -> SamplingError:
+    """The refusal when approval is required but the client cannot be asked."""
+    return SamplingError(
+        protocol.USER_REJECTED,
+        f"Sampling refused: --approve {policy} ({env_var('--approve')}) asks the user through the "
+        "client's elicitation (form mode), and this client declared none; use a client that can "
+        "elicit, or run with --approve never",
+        {"reason": "client cannot elicit"},
+    )
+
+
+def rejected(reason: str) -> SamplingError:
+    return SamplingError(protocol.USER_REJECTED, "User rejected sampling request", {"reason": reason})
+
+
+def form(preview: SamplingPreview, server: str | None, protocol_version: str | None) -> dict[str, Any]:
+    """`elicitation/create` params (form mode) asking whether to send this request to Claude."""
+    tools = f"; tools offered: {', '.join(preview.tools)}" if preview.tools else ""
+    prompt = preview.prompt
+    if len(prompt) > PROMPT_PREVIEW:
+        prompt = prompt[:PROMPT_PREVIEW] + "…"
+    message = (
+        f"The MCP server{f' {server}' if server else ''} asks Claude to answer a prompt on your API key "
+        f"(model {preview.model}, up to {preview.max_tokens} tokens{tools}).\n\nPrompt:\n{prompt}\n\n"
+        "Send it to Claude?"
+    )
+    if protocol_version is not None and protocol_version < "2025-11-25":
+        decision: dict[str, Any] = {
+            "type": "string",
+            "title": "Decision",
+            "enum": [value for value, _ in CHOICES],
+            "enumNames": [title for _, title in CHOICES],
+        }
+    else:
+        decision = {
+            "type": "string",
+            "title": "Decision",
+            "oneOf": [{"const": value, "title": title} for value, title in CHOICES],
+        }
+    return {
+        "mode": "form",
+        "message": message,
+        "requestedSchema": {"type": "object", "properties": {"decision": decision}, "required": ["decision"]},
+    }
+
+
+def decision_of(result: Any) -> tuple[Decision, str]:
+    """The user's decision in an `ElicitResult`, and a word on how it was reached."""
+    if not isinstance(result, dict):
+        return "deny", "no answer"
+    action = result.get("action")
+    if action != "accept":
+        how = {"decline": "declined", "cancel": "cancelled"}.get(action if isinstance(action, str) else "")
+        return "deny", how or "no answer"
+    content = result.get("content")
+    choice = content.get("decision") if isinstance(content, dict) else None
+    if choice in ("allow_once", "allow_session"):
+        return choice, "allowed"
+    return "deny", "denied"
+
+
+@dataclass
+class _Question:
+    event: anyio.Event
+    response: dict[str, Any] | None = None
+
+
+class Approver:
+    """Asks the handshake-era client to approve sampling requests, one elicitation each, and
+    remembers an "allow for this session"."""
+
+    def __init__(
+        self,
+        policy: Approval,
+        timeout: float,
+        preview: Callable[[dict[str, Any]], SamplingPreview],
+        state: RelayState,
+        send_client: Callable[[bytes, Any], Awaitable[None]],
+    ) -> None:
+        self.policy = policy
+        self.timeout = timeout
+        self.state = state
+        self.preview = preview
+        self._send_client = send_client
+        self.session_allowed = False
+        self._ids = itertools.count(1)
+        self._asked: dict[str, _Question] = {}
+
+    def needed(self, params: dict[str, Any]) -> bool:
+        return not self.session_allowed and asks(self.policy, params)
+
+    def allow(self, decision: Decision) -> None:
+        if decision == "allow_session":
+            self.session_allowed = True
+
+    def check_client(self) -> None:
+        """At `initialize`: say at once when approval is on and the client cannot be asked."""
+        if self.policy != "never" and not can_elicit(self.state.client.elicitation):
+            log.error(
+                "--approve needs a client that can elicit (form mode); this one declared no "
+                "elicitation, so every sampling request that needs approval will be refused",
+                extra={"approve": self.policy},
+            )
+
+    async def approve(self, params: dict[str, Any], related: Any = None) -> None:
+        """Return when the user allows the request; raise the refusal otherwise. `related`: the
+        client request the sampling was made for (the question travels with it)."""
+        if not self.needed(params):
+            return
+        if not can_elicit(self.state.client.elicitation):
+            raise cannot_elicit(self.policy)
+        question_id = f"{APPROVAL_ID_PREFIX}{next(self._ids)}"
+        question = _Question(anyio.Event())
+        self._asked[question_id] = question
+        request = {
+            "jsonrpc": "2.0",
+            "id": question_id,
+            "method": protocol.ELICIT,
+            "params": form(self.preview(params), self.state.server_name, self.state.protocol_version),
+        }
+        try:
+            await self._send_client(jsonrpc.encode(request), related)
+            with anyio.move_on_after(self.timeout):
+                await question.event.wait()
+        finally:
+            self._asked.pop(question_id, None)
+        response = question.response
+        if response is None:
+            log.warning("approval not answered in time; sampling refused", extra={"timeout": self.timeout})
+            cancel = {"requestId": question_id, "reason": "approval timed out"}
+            note = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": cancel}
+            await self._send_client(jsonrpc.encode(note), related)
+            raise rejected("timed out")
+        if "error" in response:
+            raise rejected("elicitation failed")
+        decision, how = decision_of(response.get("result"))
+        log.info("sampling approval answered", extra={"decision": decision, "how": how})
+        if decision == "deny":
+            raise rejected(how)
+        self.allow(decision)
+
+    def take(self, message: dict[str, Any]) -> bool:
+        """The client's answer to one of the proxy's questions (consumed: True), or not one (False)."""
+        message_id = message.get("id")
+        if not (isinstance(message_id, str) and message_id.startswith(APPROVAL_ID_PREFIX)):
+            return False
+        question = self._asked.get(message_id)
+        if question is not None:
+            question.response = message
+            question.event.set()
+        return True

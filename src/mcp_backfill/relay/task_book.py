@@ -1,0 +1,152 @@
+"""The proxy's own sampling tasks (MCP 2025-11-25), as plain state: statuses, TTLs, pages.
+
+A server that may augment `sampling/createMessage` with `params.task` gets a task id at once and
+polls for the answer. The book holds what the spec asks a receiver to keep per task: its status
+(`working`, then one terminal status that never changes), when it was created and last updated, its
+TTL (the server's request, lowered to the operator's cap) and its outcome. An expired task is
+forgotten: looking it up finds nothing, as for an id never issued. The I/O (running the Claude call,
+answering the server) lives in `tasks`; this module is pure, with an injectable clock.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from mcp_backfill import protocol
+
+Status = Literal["working", "completed", "failed", "cancelled"]
+TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+
+# Task ids are unguessable (the spec asks for that where tasks are not bound to an authorisation
+# context) and carry a prefix, so that requests about them are routed to the proxy, never the client.
+TASK_ID_PREFIX = "mcp-backfill-task-"
+POLL_INTERVAL_MS = 1000  # what the proxy suggests to pollers
+PAGE_SIZE = 50  # tasks per `tasks/list` page
+MAX_TASKS = 1000  # kept per session; the oldest finished ones make room beyond it
+
+
+def is_own_task(task_id: Any) -> bool:
+    return isinstance(task_id, str) and task_id.startswith(TASK_ID_PREFIX)
+
+
+def iso(timestamp: float) -> str:
+    """An ISO 8601 (RFC 3339) UTC timestamp with milliseconds."""
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass
+class SamplingTask:
+    """One task: what `tasks/get` shows, and the outcome `tasks/result` returns once it is terminal."""
+
+    task_id: str
+    created: float
+    ttl_ms: int
+    status: Status = "working"
+    status_message: str | None = None
+    updated: float = 0.0
+    # Once terminal: ("result", CreateMessageResult) or ("error", JSON-RPC error object).
+    outcome: tuple[Literal["result", "error"], dict[str, Any]] | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    def expires(self) -> float:
+        return self.created + self.ttl_ms / 1000
+
+    def wire(self) -> dict[str, Any]:
+        """The `Task` object of the spec."""
+        task: dict[str, Any] = {
+            "taskId": self.task_id,
+            "status": self.status,
+            "createdAt": iso(self.created),
+            "lastUpdatedAt": iso(self.updated or self.created),
+            "ttl": self.ttl_ms,
+            "pollInterval": POLL_INTERVAL_MS,
+        }
+        if self.status_message is not None:
+            task["statusMessage"] = self.status_message
+        return task
+
+
+class TaskError(LookupError):
+    """A `tasks/*` request the spec answers with `-32602` (unknown task or cursor, or a cancel of
+    a finished task); the message is the error's."""
+
+
+@dataclass
+class TaskBook:
+    """The tasks of one session, in creation order."""
+
+    ttl_max_ms: int
+    clock: Callable[[], float] = time.time
+    tasks: dict[str, SamplingTask] = field(default_factory=dict)
+
+    def create(self, requested_ttl: Any) -> tuple[SamplingTask, list[SamplingTask]]:
+        """A new working task, and the tasks forgotten to make room (still working ones among them
+        must be stopped by the caller)."""
+        evicted = self.expire()
+        ttl = self.ttl_max_ms
+        numeric = isinstance(requested_ttl, int | float) and not isinstance(requested_ttl, bool)
+        if numeric and requested_ttl > 0:
+            ttl = min(int(requested_ttl), ttl)
+        now = self.clock()
+        task = SamplingTask(TASK_ID_PREFIX + secrets.token_urlsafe(16), now, ttl, updated=now)
+        if len(self.tasks) >= MAX_TASKS:
+            finished = next((t for t in self.tasks.values() if t.terminal), None)
+            oldest = finished if finished is not None else next(iter(self.tasks.values()))
+            evicted.append(self.tasks.pop(oldest.task_id))
+        self.tasks[task.task_id] = task
+        return task, evicted
+
+    def expire(self) -> list[SamplingTask]:
+        """Forget the tasks whose TTL has passed; returns them."""
+        now = self.clock()
+        gone = [task for task in self.tasks.values() if task.expires() <= now]
+        for task in gone:
+            del self.tasks[task.task_id]
+        return gone
+
+    def get(self, task_id: Any) -> SamplingTask:
+        task = self.tasks.get(task_id) if isinstance(task_id, str) else None
+        if task is None or task.expires() <= self.clock():
+            raise TaskError("Failed to retrieve task: Task not found")
+        return task
+
+    def finish(self, task: SamplingTask, status: Status, outcome: Any, message: str | None = None) -> bool:
+        """Move a working task to a terminal status; False (and no change) if it already is terminal."""
+        if task.terminal:
+            return False
+        task.status = status
+        task.outcome = outcome
+        task.status_message = message
+        task.updated = max(self.clock(), task.created)
+        return True
+
+    def cancel(self, task_id: Any) -> SamplingTask:
+        task = self.get(task_id)
+        if task.terminal:
+            raise TaskError(f"Cannot cancel task: already in terminal status '{task.status}'")
+        error = {"code": protocol.REQUEST_CANCELLED, "message": "The task was cancelled by request"}
+        self.finish(task, "cancelled", ("error", error), "The task was cancelled by request.")
+        return task
+
+    def page(self, cursor: Any) -> tuple[list[SamplingTask], str | None]:
+        """One `tasks/list` page after `cursor` (the last task id of the previous page), and the
+        next cursor if more follow."""
+        self.expire()
+        ordered = list(self.tasks.values())
+        start = 0
+        if cursor is not None:
+            ids = [task.task_id for task in ordered]
+            if not isinstance(cursor, str) or cursor not in ids:
+                raise TaskError("Invalid cursor for tasks/list")
+            start = ids.index(cursor) + 1
+        chunk = ordered[start : start + PAGE_SIZE]
+        more = start + PAGE_SIZE < len(ordered)
+        return chunk, chunk[-1].task_id if more and chunk else None

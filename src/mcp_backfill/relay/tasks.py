@@ -1,0 +1,204 @@
+"""Task-augmented sampling answered by the proxy (handshake era, MCP 2025-11-25).
+
+When the proxy answers a `sampling/createMessage` that carries `params.task`, the server gets a
+`CreateTaskResult` at once and the Claude call runs in the background; the server then asks the
+proxy `tasks/get`, `tasks/result` (which waits for a terminal status), `tasks/list` and
+`tasks/cancel`. Requests about tasks the client owns (a client that runs tasks itself, say for
+elicitation) go to the client untouched: the proxy's task ids carry a prefix, so routing is by id.
+A `tasks/list` is the client's when it declared `tasks.list`; the proxy's tasks are then added to
+its last page. Every status change is announced with `notifications/tasks/status`.
+
+Cancelling a task cancels its Claude call, charged like any cancelled call; an expired task is
+forgotten (a working one is cancelled first); a failure becomes a failed task whose `tasks/result`
+is the JSON-RPC error the request would have got.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from mcp_backfill import jsonrpc, protocol
+from mcp_backfill.errors import SamplingError
+from mcp_backfill.logs import get_logger
+from mcp_backfill.relay.capabilities import ClientProfile
+from mcp_backfill.relay.task_book import SamplingTask, TaskBook, TaskError, is_own_task
+
+log = get_logger("relay")
+
+Run = Callable[[dict[str, Any], Any, Any], Awaitable[dict[str, Any]]]
+"""Answers one sampling request: `(params, request id, related client request id) -> result`."""
+
+
+class SamplingTasks:
+    """The proxy's sampling tasks for one session, and its answers to the server's `tasks/*`."""
+
+    def __init__(self, book: TaskBook, run: Run, send_upstream: Callable[[bytes], Awaitable[None]]) -> None:
+        self.book = book
+        self._run = run
+        self._send_upstream = send_upstream
+        self._scopes: dict[str, anyio.CancelScope] = {}  # working tasks' Claude calls
+        self._done: dict[str, anyio.Event] = {}
+        self._waiting: dict[jsonrpc.IdKey, anyio.CancelScope] = {}  # tasks/result requests waiting
+        self._client_lists: set[jsonrpc.IdKey] = set()  # tasks/list requests the client answers
+        self._tg: TaskGroup | None = None
+
+    def start(self, task_group: TaskGroup) -> None:
+        self._tg = task_group
+
+    # -- creating and running --------------------------------------------------------------------
+
+    def create(self, request_id: Any, params: dict[str, Any], related: Any = None) -> None:
+        """A task-augmented sampling request: answered with a task now, sampled in the background."""
+        requested = params["task"].get("ttl")
+        task, evicted = self.book.create(requested)
+        self._forget(evicted)
+        scope = anyio.CancelScope()
+        self._scopes[task.task_id] = scope
+        self._done[task.task_id] = anyio.Event()
+        log.info("sampling task created", extra={"request_id": request_id, "task_id": task.task_id})
+        untasked = {key: value for key, value in params.items() if key != "task"}
+        assert self._tg is not None
+        self._tg.start_soon(self._work, request_id, untasked, related, task, scope)
+
+    async def _work(
+        self,
+        request_id: Any,
+        params: dict[str, Any],
+        related: Any,
+        task: SamplingTask,
+        scope: anyio.CancelScope,
+    ) -> None:
+        await self._send_upstream(jsonrpc.encode(jsonrpc.result_response(request_id, {"task": task.wire()})))
+        finished = False
+        try:
+            with scope:
+                try:
+                    result = await self._run(params, request_id, related)
+                    finished = self.book.finish(task, "completed", ("result", result))
+                except SamplingError as exc:
+                    error = {"code": exc.code, "message": exc.message}
+                    if exc.data is not None:
+                        error["data"] = exc.data
+                    finished = self.book.finish(task, "failed", ("error", error), exc.message)
+            if scope.cancelled_caught and not task.terminal:  # forgotten (expired) while working
+                error = {"code": protocol.REQUEST_CANCELLED, "message": "The task expired"}
+                finished = self.book.finish(task, "cancelled", ("error", error), "The task expired.")
+        finally:
+            self._scopes.pop(task.task_id, None)
+            done = self._done.pop(task.task_id, None)
+            if done is not None:
+                done.set()
+        if finished:
+            log.info("sampling task finished", extra={"task_id": task.task_id, "status": task.status})
+            await self._announce(task)
+
+    def _forget(self, tasks: list[SamplingTask]) -> None:
+        """Tasks dropped from the book: a working one's Claude call is stopped."""
+        for task in tasks:
+            scope = self._scopes.get(task.task_id)
+            if scope is not None:
+                log.info("sampling task expired while working; cancelled", extra={"task_id": task.task_id})
+                scope.cancel()
+
+    async def _announce(self, task: SamplingTask) -> None:
+        note = {"jsonrpc": "2.0", "method": protocol.TASKS_STATUS, "params": task.wire()}
+        await self._send_upstream(jsonrpc.encode(note))
+
+    # -- the server's tasks/* requests -----------------------------------------------------------
+
+    def take_request(
+        self, message: dict[str, Any], method: str, params: dict[str, Any], client: ClientProfile
+    ) -> dict[str, Any] | None:
+        """One of the server's `tasks/*` requests: None when the proxy answers it (in the
+        background: tasks/result waits), else the message, for the client."""
+        if method == protocol.TASKS_LIST:
+            mine = not client.lists_tasks()
+        else:
+            mine = is_own_task(params.get("taskId")) or client.tasks is None
+        if not mine:
+            if method == protocol.TASKS_LIST:  # the proxy's tasks join the client's last page
+                self._client_lists.add(jsonrpc.id_key(message["id"]))
+            return message
+        self._forget(self.book.expire())
+        assert self._tg is not None
+        self._tg.start_soon(self._answer, message["id"], method, params)
+        return None
+
+    async def _answer(self, request_id: Any, method: str, params: dict[str, Any]) -> None:
+        try:
+            if method == protocol.TASKS_RESULT:
+                await self._result(request_id, self.book.get(params.get("taskId")))
+                return
+            reply = jsonrpc.result_response(request_id, self._now(method, params))
+        except TaskError as exc:
+            reply = jsonrpc.error_response(request_id, protocol.INVALID_PARAMS, str(exc))
+        await self._send_upstream(jsonrpc.encode(reply))
+
+    def _now(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """The answer to `tasks/get`, `tasks/list` or `tasks/cancel`; raises `TaskError`."""
+        if method == protocol.TASKS_GET:
+            return self.book.get(params.get("taskId")).wire()
+        if method == protocol.TASKS_LIST:
+            tasks, cursor = self.book.page(params.get("cursor"))
+            page: dict[str, Any] = {"tasks": [task.wire() for task in tasks]}
+            if cursor is not None:
+                page["nextCursor"] = cursor
+            return page
+        task = self.book.cancel(params.get("taskId"))
+        log.info("sampling task cancelled by the server", extra={"task_id": task.task_id})
+        scope = self._scopes.get(task.task_id)
+        if scope is not None:
+            scope.cancel()
+        assert self._tg is not None
+        self._tg.start_soon(self._announce, task)
+        return task.wire()
+
+    async def _result(self, request_id: Any, task: SamplingTask) -> None:
+        """`tasks/result`: once the task is terminal, what the sampling request would have returned."""
+        done = self._done.get(task.task_id)
+        if done is not None and not task.terminal:
+            scope = anyio.CancelScope()
+            self._waiting[jsonrpc.id_key(request_id)] = scope
+            try:
+                with scope:
+                    await done.wait()
+            finally:
+                self._waiting.pop(jsonrpc.id_key(request_id), None)
+            if scope.cancelled_caught:
+                return  # the server cancelled its tasks/result: it expects no answer
+        assert task.outcome is not None
+        kind, body = task.outcome
+        if kind == "error":
+            reply = jsonrpc.error_response(request_id, body["code"], body["message"], body.get("data"))
+        else:
+            meta = {**(body.get("_meta") or {}), protocol.META_RELATED_TASK: {"taskId": task.task_id}}
+            reply = jsonrpc.result_response(request_id, {**body, "_meta": meta})
+        await self._send_upstream(jsonrpc.encode(reply))
+
+    def cancel_waiting(self, request_id: Any) -> bool:
+        """The server cancelled a `tasks/result` it was waiting on; False if it is not one."""
+        scope = self._waiting.get(jsonrpc.id_key(request_id))
+        if scope is None:
+            return False
+        scope.cancel()
+        return True
+
+    # -- the client's tasks/list -----------------------------------------------------------------
+
+    def merge_list(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The client's response to a forwarded `tasks/list`, with the proxy's tasks on its last page."""
+        key = jsonrpc.id_key(message.get("id"))
+        if key not in self._client_lists:
+            return message
+        self._client_lists.discard(key)
+        result = message.get("result")
+        last_page = isinstance(result, dict) and not result.get("nextCursor")
+        if not last_page or not isinstance(result, dict) or not isinstance(result.get("tasks"), list):
+            return message
+        self.book.expire()
+        mine = [task.wire() for task in self.book.tasks.values()]
+        return {**message, "result": {**result, "tasks": [*result["tasks"], *mine]}} if mine else message
