@@ -19,6 +19,9 @@ Tools:
 * `sample_raw(params_json, timeout=30.0)`: sends `sampling/createMessage` with exactly the given
   params object and returns `{"result": <raw result dict>}` or `{"error": {"code", "message",
   "data"}}`; the result is not validated, so malformed answers can be inspected too.
+* `client_request(method, params_json, timeout=30.0)`: sends any request (`tasks/get`...) to the
+  client with exactly the given params; returns `{"result": ...}` or `{"error": ...}` like
+  `sample_raw` (which is this with `sampling/createMessage`).
 * `progress_sample(prompt, max_tokens=100)`: one sampling request sent with a progress callback
   (the SDK puts a `progressToken` in its `_meta`). Returns `{"text", "progress": [[progress,
   total, message]...]}`: every `notifications/progress` the SDK delivered for it, in order.
@@ -115,14 +118,18 @@ def _error_json(error: MCPError) -> dict[str, Any]:
     return {"code": error.code, "message": error.message, "data": error.data}
 
 
-async def _send_raw_sampling(ctx: Context, params: dict[str, Any], opts: CallOptions) -> dict[str, Any]:
-    """Send `sampling/createMessage` with verbatim params, related to the running tools/call.
+async def _send_raw(ctx: Context, method: str, params: dict[str, Any], opts: CallOptions) -> dict[str, Any]:
+    """Send a request to the client with verbatim params, related to the running tools/call.
 
     `ServerSession.send_request` only takes typed requests and validates the result, so this uses
     the request-scoped raw channel the typed path is built on (a private attribute in mcp 2.3).
     """
     session = ctx.request_context.session
-    return await session._request_outbound.send_raw_request("sampling/createMessage", params, opts)
+    return await session._request_outbound.send_raw_request(method, params, opts)
+
+
+async def _send_raw_sampling(ctx: Context, params: dict[str, Any], opts: CallOptions) -> dict[str, Any]:
+    return await _send_raw(ctx, "sampling/createMessage", params, opts)
 
 
 @server.tool()
@@ -195,6 +202,19 @@ async def sample_raw(params_json: str, ctx: Context, timeout: float = 30.0) -> s
         raise ValueError("params_json must encode a JSON object")
     try:
         result = await _send_raw_sampling(ctx, params, {"timeout": timeout})
+    except MCPError as error:
+        return json.dumps({"error": _error_json(error)})
+    return json.dumps({"result": result})
+
+
+@server.tool()
+async def client_request(method: str, params_json: str, ctx: Context, timeout: float = 30.0) -> str:
+    """Send any request to the client with exactly these params; return the raw result or the error."""
+    params = json.loads(params_json)
+    if not isinstance(params, dict):
+        raise ValueError("params_json must encode a JSON object")
+    try:
+        result = await _send_raw(ctx, method, params, {"timeout": timeout})
     except MCPError as error:
         return json.dumps({"error": _error_json(error)})
     return json.dumps({"result": result})

@@ -1,0 +1,178 @@
+"""Task-augmented sampling (MCP 2025-11-25) answered by the real proxy.
+
+A handshake-era SDK client without sampling talks to a server through `python -m mcp_backfill`;
+the server sends `sampling/createMessage` with `params.task`, gets a task at once, and polls the
+proxy with `tasks/get`, `tasks/result`, `tasks/list` and `tasks/cancel` (the SDK server's
+`client_request` tool sends each one verbatim). npm's server-everything shows the same through
+the stdio wrapper and the sidecar: its `trigger-sampling-request-async` is only listed for a client
+that declares task-augmented sampling.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client, types
+
+from tests.fake_claude import FakeClaude, error_reply, hang_reply, text_reply
+from tests.harness import proxy_argv, proxy_env, python_server, stdio_params, tool_json
+from tests.sidecar_harness import run_sidecar
+
+pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+SAMPLING_SERVER = python_server("sampling_server.py")
+HELLO = {"messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}], "maxTokens": 20}
+RELATED = "io.modelcontextprotocol/related-task"
+TERMINAL = {"completed", "failed", "cancelled"}
+
+
+def client_for(fake: FakeClaude, *options: str) -> Client:
+    argv = proxy_argv(*options, upstream=SAMPLING_SERVER)
+    return Client(stdio_params(argv, proxy_env(fake.url)), mode="legacy")
+
+
+async def ask(client: Client, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Have the server send `method` to its client (the proxy) and report what came back."""
+    outcome = tool_json(
+        await client.call_tool("client_request", {"method": method, "params_json": json.dumps(params)})
+    )
+    assert isinstance(outcome, dict)
+    return outcome
+
+
+async def create_task(client: Client, ttl: int | None = 60_000) -> dict[str, Any]:
+    task: dict[str, Any] = {} if ttl is None else {"ttl": ttl}
+    outcome = await ask(client, "sampling/createMessage", {**HELLO, "task": task})
+    return outcome["result"]["task"]
+
+
+async def poll_until_terminal(client: Client, task_id: str) -> dict[str, Any]:
+    with anyio.fail_after(30):
+        while True:
+            task = (await ask(client, "tasks/get", {"taskId": task_id}))["result"]
+            if task["status"] in TERMINAL:
+                return task
+            await anyio.sleep(0.05)
+
+
+async def test_a_task_completes_and_its_result_is_the_sampling_answer(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(text_reply("Answered as a task."))
+    async with client_for(fake_claude) as client:
+        created = await create_task(client, ttl=60_000)
+        assert created["status"] == "working"
+        assert created["taskId"].startswith("mcp-backfill-task-")
+        assert created["ttl"] == 60_000 and created["pollInterval"] > 0
+        assert created["createdAt"].endswith("Z") and created["lastUpdatedAt"]
+
+        payload = await ask(client, "tasks/result", {"taskId": created["taskId"]})  # waits for the end
+        task = (await ask(client, "tasks/get", {"taskId": created["taskId"]}))["result"]
+        listed = (await ask(client, "tasks/list", {}))["result"]
+
+    result = payload["result"]
+    assert result["content"] == {"type": "text", "text": "Answered as a task."}
+    assert result["role"] == "assistant" and result["stopReason"] == "endTurn"
+    assert result["_meta"][RELATED] == {"taskId": created["taskId"]}
+    assert task["status"] == "completed" and task["createdAt"] == created["createdAt"]
+    assert [t["taskId"] for t in listed["tasks"]] == [created["taskId"]]
+    assert "nextCursor" not in listed
+    [request] = fake_claude.message_requests
+    assert request.body["max_tokens"] == 20
+
+
+async def test_a_failed_call_becomes_a_failed_task_whose_result_is_the_error(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(error_reply(400, "invalid_request_error", "prompt is too long"))
+    async with client_for(fake_claude) as client:
+        created = await create_task(client)
+        task = await poll_until_terminal(client, created["taskId"])
+        payload = await ask(client, "tasks/result", {"taskId": created["taskId"]})
+
+    assert task["status"] == "failed"
+    assert "prompt is too long" in task["statusMessage"]
+    assert payload["error"]["code"] == -32602
+    assert "prompt is too long" in payload["error"]["message"]
+
+
+async def test_cancelling_a_task_stops_the_claude_call(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(hang_reply("Partial"))
+    async with client_for(fake_claude) as client:
+        created = await create_task(client)
+        assert await anyio.to_thread.run_sync(fake_claude.wait_for_requests, 1, 15.0)
+        waiting = (await ask(client, "tasks/get", {"taskId": created["taskId"]}))["result"]
+        cancelled = (await ask(client, "tasks/cancel", {"taskId": created["taskId"]}))["result"]
+        again = await ask(client, "tasks/cancel", {"taskId": created["taskId"]})
+        payload = await ask(client, "tasks/result", {"taskId": created["taskId"]})
+        assert await anyio.to_thread.run_sync(fake_claude.wait_for_disconnects, 1, 15.0)
+
+    assert waiting["status"] == "working"
+    assert cancelled["status"] == "cancelled"
+    assert again["error"]["code"] == -32602
+    assert "terminal status 'cancelled'" in again["error"]["message"]
+    assert payload["error"]["code"] == -32800
+
+
+async def test_unknown_tasks_and_cursors_get_the_spec_error(fake_claude: FakeClaude) -> None:
+    async with client_for(fake_claude) as client:
+        for method in ("tasks/get", "tasks/result", "tasks/cancel"):
+            outcome = await ask(client, method, {"taskId": "no-such-task"})
+            assert outcome["error"]["code"] == -32602, method
+            assert "Task not found" in outcome["error"]["message"]
+        bad_cursor = await ask(client, "tasks/list", {"cursor": "nonsense"})
+    assert bad_cursor["error"]["code"] == -32602
+    assert fake_claude.message_requests == []
+
+
+async def test_ttl_is_capped_and_an_expired_task_is_forgotten(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(text_reply("Soon forgotten."))
+    async with client_for(fake_claude, "--task-ttl-max", "1") as client:
+        created = await create_task(client, ttl=600_000)
+        unasked = await create_task(client, ttl=None)
+        await ask(client, "tasks/result", {"taskId": created["taskId"]})
+        await anyio.sleep(1.2)
+        gone = await ask(client, "tasks/get", {"taskId": created["taskId"]})
+        listed = (await ask(client, "tasks/list", {}))["result"]
+    assert created["ttl"] == 1000
+    assert unasked["ttl"] == 1000
+    assert gone["error"]["code"] == -32602
+    assert listed["tasks"] == []
+
+
+# -- server-everything ---------------------------------------------------------------------------
+
+
+def everything_text(result: types.CallToolResult) -> str:
+    assert not result.is_error, result
+    return "".join(block.text for block in result.content if isinstance(block, types.TextContent))
+
+
+async def call_async_sampling(client: Client) -> str:
+    tools = {tool.name for tool in (await client.list_tools()).tools}
+    assert "trigger-sampling-request-async" in tools
+    result = await client.call_tool("trigger-sampling-request-async", {"prompt": "Say hi", "maxTokens": 30})
+    return everything_text(result)
+
+
+@pytest.mark.npm
+async def test_server_everything_async_sampling_through_the_stdio_wrapper(
+    everything: str, fake_claude: FakeClaude
+) -> None:
+    fake_claude.enqueue(text_reply("Sampled as a task by the fake Claude."))
+    argv = proxy_argv(upstream=[everything, "stdio"])
+    async with Client(stdio_params(argv, proxy_env(fake_claude.url)), mode="legacy") as client:
+        text = await call_async_sampling(client)
+    assert "Sampled as a task by the fake Claude." in text
+    assert "[SYNC]" not in text
+
+
+@pytest.mark.npm
+async def test_server_everything_async_sampling_through_the_sidecar(
+    everything: str, fake_claude: FakeClaude
+) -> None:
+    fake_claude.enqueue(text_reply("Sampled as a task behind the sidecar."))
+    async with run_sidecar(upstream=[everything, "stdio"], env=proxy_env(fake_claude.url)) as sidecar:
+        async with Client(sidecar.url, mode="legacy") as client:
+            text = await call_async_sampling(client)
+    assert "Sampled as a task behind the sidecar." in text
+    assert "[SYNC]" not in text
