@@ -46,13 +46,16 @@ async def ask(client: Client, method: str, params: dict[str, Any]) -> dict[str, 
 async def create_task(client: Client, ttl: int | None = 60_000) -> dict[str, Any]:
     task: dict[str, Any] = {} if ttl is None else {"ttl": ttl}
     outcome = await ask(client, "sampling/createMessage", {**HELLO, "task": task})
-    return outcome["result"]["task"]
+    task = outcome["result"]["task"]
+    assert isinstance(task, dict)
+    return task
 
 
 async def poll_until_terminal(client: Client, task_id: str) -> dict[str, Any]:
     with anyio.fail_after(30):
         while True:
             task = (await ask(client, "tasks/get", {"taskId": task_id}))["result"]
+            assert isinstance(task, dict)
             if task["status"] in TERMINAL:
                 return task
             await anyio.sleep(0.05)
@@ -64,8 +67,10 @@ async def test_a_task_completes_and_its_result_is_the_sampling_answer(fake_claud
         created = await create_task(client, ttl=60_000)
         assert created["status"] == "working"
         assert created["taskId"].startswith("mcp-backfill-task-")
-        assert created["ttl"] == 60_000 and created["pollInterval"] > 0
-        assert created["createdAt"].endswith("Z") and created["lastUpdatedAt"]
+        assert created["ttl"] == 60_000
+        assert created["pollInterval"] > 0
+        assert created["createdAt"].endswith("Z")
+        assert created["lastUpdatedAt"]
 
         payload = await ask(client, "tasks/result", {"taskId": created["taskId"]})  # waits for the end
         task = (await ask(client, "tasks/get", {"taskId": created["taskId"]}))["result"]
@@ -73,9 +78,11 @@ async def test_a_task_completes_and_its_result_is_the_sampling_answer(fake_claud
 
     result = payload["result"]
     assert result["content"] == {"type": "text", "text": "Answered as a task."}
-    assert result["role"] == "assistant" and result["stopReason"] == "endTurn"
+    assert result["role"] == "assistant"
+    assert result["stopReason"] == "endTurn"
     assert result["_meta"][RELATED] == {"taskId": created["taskId"]}
-    assert task["status"] == "completed" and task["createdAt"] == created["createdAt"]
+    assert task["status"] == "completed"
+    assert task["createdAt"] == created["createdAt"]
     assert [t["taskId"] for t in listed["tasks"]] == [created["taskId"]]
     assert "nextCursor" not in listed
     [request] = fake_claude.message_requests
@@ -171,8 +178,10 @@ async def test_server_everything_async_sampling_through_the_sidecar(
     everything: str, fake_claude: FakeClaude
 ) -> None:
     fake_claude.enqueue(text_reply("Sampled as a task behind the sidecar."))
-    async with run_sidecar(upstream=[everything, "stdio"], env=proxy_env(fake_claude.url)) as sidecar:
-        async with Client(sidecar.url, mode="legacy") as client:
-            text = await call_async_sampling(client)
+    async with (
+        run_sidecar(upstream=[everything, "stdio"], env=proxy_env(fake_claude.url)) as sidecar,
+        Client(sidecar.url, mode="legacy") as client,
+    ):
+        text = await call_async_sampling(client)
     assert "Sampled as a task behind the sidecar." in text
     assert "[SYNC]" not in text

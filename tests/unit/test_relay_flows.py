@@ -26,7 +26,7 @@ from mcp_backfill.sampling.spend import Spend
 pytestmark = pytest.mark.anyio
 
 # What the proxy declares for its own sampling tasks (handshake era).
-SAMPLING_TASKS = {"requests": {"sampling": {"createMessage": {}}}, "list": {}, "cancel": {}}
+SAMPLING_TASKS: dict[str, Any] = {"requests": {"sampling": {"createMessage": {}}}, "list": {}, "cancel": {}}
 ENVELOPE_VERSION = {protocol.META_PROTOCOL_VERSION: protocol.STATELESS_VERSION}
 HELLO = {"messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}], "maxTokens": 10}
 WITH_TOOLS = {

@@ -1,0 +1,240 @@
+"""`--approve`: the user is asked, through the client's own elicitation, before Claude is called.
+
+Real SDK clients whose elicitation callback allows, denies or declines talk to SDK servers through
+`python -m mcp_backfill`, in both eras: in the handshake era the question is the proxy's own
+`elicitation/create` request; in 2026-07-28 it rides in the `input_required` round the client
+answers, beside any question of the server's.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client, types
+
+from tests.fake_claude import FakeClaude, text_reply
+from tests.harness import proxy_argv, proxy_env, python_server, stdio_params, tool_json
+
+pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+SAMPLING_SERVER = python_server("sampling_server.py")
+RESOLVE_SERVER = python_server("resolve_server.py")
+LOWLEVEL_SERVER = python_server("input_required_server.py")
+HELLO = {
+    "messages": [{"role": "user", "content": {"type": "text", "text": "Tell me a secret"}}],
+    "maxTokens": 25,
+}
+
+
+class User:
+    """An elicitation callback that answers the proxy's approval questions as told, and any other
+    question with `{"ok": true}`."""
+
+    def __init__(self, *answers: types.ElicitResult, wait: anyio.Event | None = None) -> None:
+        self.answers = list(answers)
+        self.asked: list[types.ElicitRequestFormParams] = []
+        self.other: list[str] = []
+        self.wait = wait
+
+    async def __call__(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        assert isinstance(params, types.ElicitRequestFormParams)
+        if "decision" not in params.requested_schema.get("properties", {}):
+            self.other.append(params.message)
+            return types.ElicitResult(action="accept", content={"ok": True})
+        self.asked.append(params)
+        if self.wait is not None:
+            await self.wait.wait()
+        return self.answers.pop(0)
+
+
+def decide(decision: str) -> types.ElicitResult:
+    return types.ElicitResult(action="accept", content={"decision": decision})
+
+
+def legacy_client(fake: FakeClaude, user: User | None, *options: str) -> Client:
+    argv = proxy_argv(*options, upstream=SAMPLING_SERVER)
+    return Client(stdio_params(argv, proxy_env(fake.url)), mode="legacy", elicitation_callback=user)
+
+
+async def sample_raw(client: Client, params: dict[str, Any]) -> dict[str, Any]:
+    outcome = tool_json(await client.call_tool("sample_raw", {"params_json": json.dumps(params)}))
+    assert isinstance(outcome, dict)
+    return outcome
+
+
+# -- handshake era -------------------------------------------------------------------------------
+
+
+async def test_allow_once_asks_every_time_and_shows_what_is_asked(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(text_reply("one"), text_reply("two"))
+    user = User(decide("allow_once"), decide("allow_once"))
+    async with legacy_client(fake_claude, user, "--approve", "elicit") as client:
+        first = await sample_raw(client, HELLO)
+        second = await sample_raw(client, HELLO)
+    assert first["result"]["content"]["text"] == "one"
+    assert second["result"]["content"]["text"] == "two"
+    assert len(user.asked) == 2
+    question = user.asked[0]
+    assert question.message.startswith("The MCP server sampling-test-server asks Claude")
+    assert "Tell me a secret" in question.message
+    assert "up to 25 tokens" in question.message
+    assert "claude-" in question.message
+    choices = question.requested_schema["properties"]["decision"]["oneOf"]
+    assert [choice["const"] for choice in choices] == ["allow_once", "allow_session", "deny"]
+    assert len(fake_claude.message_requests) == 2
+
+
+async def test_allow_for_the_session_asks_once(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(text_reply("one"), text_reply("two"))
+    user = User(decide("allow_session"))
+    async with legacy_client(fake_claude, user, "--approve", "elicit") as client:
+        await sample_raw(client, HELLO)
+        second = await sample_raw(client, HELLO)
+    assert second["result"]["content"]["text"] == "two"
+    assert len(user.asked) == 1
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (decide("deny"), "denied"),
+        (types.ElicitResult(action="decline"), "declined"),
+        (types.ElicitResult(action="cancel"), "cancelled"),
+    ],
+)
+async def test_deny_decline_and_cancel_refuse_without_calling_claude(
+    fake_claude: FakeClaude, answer: types.ElicitResult, reason: str
+) -> None:
+    user = User(answer)
+    async with legacy_client(fake_claude, user, "--approve", "elicit") as client:
+        outcome = await sample_raw(client, HELLO)
+    assert outcome["error"]["code"] == -1
+    assert outcome["error"]["message"] == "User rejected sampling request"
+    assert outcome["error"]["data"] == {"reason": reason}
+    assert fake_claude.message_requests == []
+
+
+async def test_no_answer_in_time_refuses(fake_claude: FakeClaude) -> None:
+    user = User(decide("allow_once"), wait=anyio.Event())  # never set: the user never answers
+    async with legacy_client(fake_claude, user, "--approve", "elicit", "--approve-timeout", "0.5") as client:
+        outcome = await sample_raw(client, HELLO)
+    assert outcome["error"]["code"] == -1
+    assert outcome["error"]["data"] == {"reason": "timed out"}
+    assert fake_claude.message_requests == []
+
+
+async def test_a_client_that_cannot_elicit_is_refused_clearly(fake_claude: FakeClaude) -> None:
+    async with legacy_client(fake_claude, None, "--approve", "elicit") as client:
+        outcome = await sample_raw(client, HELLO)
+    assert outcome["error"]["code"] == -1
+    assert "--approve elicit (MCP_BACKFILL_APPROVE)" in outcome["error"]["message"]
+    assert "--approve never" in outcome["error"]["message"]
+    assert fake_claude.message_requests == []
+
+
+async def test_elicit_tools_asks_only_about_requests_that_offer_tools(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(text_reply("plain answer"), text_reply("tool-less reply"))
+    user = User(decide("allow_once"))
+    async with legacy_client(fake_claude, user, "--approve", "elicit-tools") as client:
+        plain = await sample_raw(client, HELLO)
+        looped = tool_json(await client.call_tool("loop", {"question": "no key here", "rounds": 1}))
+    assert plain["result"]["content"]["text"] == "plain answer"
+    assert looped["finalText"] == "tool-less reply"
+    [question] = user.asked
+    assert "lookup" in question.message  # the tool offered is named
+    assert len(fake_claude.message_requests) == 2
+
+
+async def test_a_sampling_task_waits_for_approval(fake_claude: FakeClaude) -> None:
+    user = User(decide("deny"))
+    async with legacy_client(fake_claude, user, "--approve", "elicit") as client:
+        created = await sample_raw(client, {**HELLO, "task": {"ttl": 60_000}})
+        task_id = created["result"]["task"]["taskId"]
+        payload = tool_json(
+            await client.call_tool(
+                "client_request", {"method": "tasks/result", "params_json": json.dumps({"taskId": task_id})}
+            )
+        )
+    assert payload["error"]["code"] == -1
+    assert fake_claude.message_requests == []
+
+
+# -- 2026-07-28 ----------------------------------------------------------------------------------
+
+
+def modern_client(fake: FakeClaude, upstream: list[str], user: User | None, *options: str) -> Client:
+    argv = proxy_argv(*options, upstream=upstream)
+    return Client(stdio_params(argv, proxy_env(fake.url)), elicitation_callback=user)
+
+
+async def test_2026_allow_then_the_round_is_answered(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(text_reply("A short summary."))
+    user = User(decide("allow_once"))
+    async with modern_client(fake_claude, RESOLVE_SERVER, user, "--approve", "elicit") as client:
+        assert client.protocol_version == "2026-07-28"
+        outcome = tool_json(await client.call_tool("summarize", {"text": "a long text"}))
+    assert outcome["text"] == "A short summary."
+    [question] = user.asked
+    assert "a long text" in question.message
+    assert len(fake_claude.message_requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"), [(decide("deny"), "denied"), (types.ElicitResult(action="decline"), "declined")]
+)
+async def test_2026_deny_and_decline_refuse_the_request(
+    fake_claude: FakeClaude, answer: types.ElicitResult, reason: str
+) -> None:
+    from mcp.shared.exceptions import MCPError
+
+    user = User(answer)
+    async with modern_client(fake_claude, RESOLVE_SERVER, user, "--approve", "elicit") as client:
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool("summarize", {"text": "a long text"})
+    assert refused.value.code == -1
+    assert refused.value.message == "User rejected sampling request"
+    assert fake_claude.message_requests == []
+
+
+async def test_2026_mixed_round_asks_the_server_question_and_the_approval_together(
+    fake_claude: FakeClaude,
+) -> None:
+    fake_claude.enqueue(text_reply("model answer"))
+    user = User(decide("allow_session"))
+    async with modern_client(fake_claude, LOWLEVEL_SERVER, user, "--approve", "elicit") as client:
+        outcome = tool_json(await client.call_tool("mixed", {"prompt": "q?"}))
+    assert outcome == {"confirmed": {"ok": True}, "answerText": "model answer", "keys": ["ask", "confirm"]}
+    assert len(user.asked) == 1
+    assert len(user.other) == 1
+    assert len(fake_claude.message_requests) == 1
+
+
+async def test_2026_a_client_that_cannot_elicit_is_refused_clearly(fake_claude: FakeClaude) -> None:
+    from mcp.shared.exceptions import MCPError
+
+    async with modern_client(fake_claude, RESOLVE_SERVER, None, "--approve", "elicit") as client:
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool("summarize", {"text": "a long text"})
+    assert "--approve elicit (MCP_BACKFILL_APPROVE)" in refused.value.message
+    assert fake_claude.message_requests == []
+
+
+async def test_approval_through_the_sidecar(fake_claude: FakeClaude) -> None:
+    from tests.sidecar_harness import run_sidecar
+
+    fake_claude.enqueue(text_reply("over HTTP"))
+    user = User(decide("allow_once"), decide("deny"))
+    env = proxy_env(fake_claude.url)
+    async with (
+        run_sidecar("--approve", "elicit", upstream=SAMPLING_SERVER, env=env) as sidecar,
+        Client(sidecar.url, mode="legacy", elicitation_callback=user) as client,
+    ):
+        allowed = await sample_raw(client, HELLO)
+        denied = await sample_raw(client, HELLO)
+    assert allowed["result"]["content"]["text"] == "over HTTP"
+    assert denied["error"]["code"] == -1
+    assert len(user.asked) == 2
+    assert len(fake_claude.message_requests) == 1

@@ -1,0 +1,118 @@
+"""Approval's pure parts: whether to ask, the form the user sees, and reading the answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mcp_backfill.relay.approval import (
+    PROMPT_PREVIEW,
+    asks,
+    can_elicit,
+    cannot_elicit,
+    decision_of,
+    form,
+    rejected,
+)
+from mcp_backfill.relay.input_required import SealedStash, Stash
+from mcp_backfill.sampling.sampler import SamplingPreview
+
+PLAIN: dict[str, Any] = {"messages": [], "maxTokens": 5}
+TOOLS: dict[str, Any] = {**PLAIN, "tools": [{"name": "t", "inputSchema": {"type": "object"}}]}
+
+
+@pytest.mark.parametrize(
+    ("policy", "params", "asked"),
+    [
+        ("never", PLAIN, False),
+        ("never", TOOLS, False),
+        ("elicit", PLAIN, True),
+        ("elicit", TOOLS, True),
+        ("elicit-tools", PLAIN, False),
+        ("elicit-tools", TOOLS, True),
+        ("elicit-tools", {**PLAIN, "toolChoice": {"mode": "none"}}, True),
+    ],
+)
+def test_which_requests_are_asked_about(policy: Any, params: dict[str, Any], asked: bool) -> None:
+    assert asks(policy, params) is asked
+
+
+@pytest.mark.parametrize(
+    ("declared", "can"),
+    [(None, False), ({}, True), ({"form": {}}, True), ({"url": {}}, False), ({"form": {}, "url": {}}, True)],
+)
+def test_form_mode_elicitation_is_what_counts(declared: dict[str, Any] | None, can: bool) -> None:
+    assert can_elicit(declared) is can
+
+
+@pytest.mark.parametrize(
+    ("result", "decision", "how"),
+    [
+        ({"action": "accept", "content": {"decision": "allow_once"}}, "allow_once", "allowed"),
+        ({"action": "accept", "content": {"decision": "allow_session"}}, "allow_session", "allowed"),
+        ({"action": "accept", "content": {"decision": "deny"}}, "deny", "denied"),
+        ({"action": "accept", "content": {"decision": "sure"}}, "deny", "denied"),
+        ({"action": "accept"}, "deny", "denied"),
+        ({"action": "decline"}, "deny", "declined"),
+        ({"action": "cancel"}, "deny", "cancelled"),
+        ({"action": "whatever"}, "deny", "no answer"),
+        (None, "deny", "no answer"),
+        ("accept", "deny", "no answer"),
+    ],
+)
+def test_only_an_explicit_allow_allows(result: Any, decision: str, how: str) -> None:
+    assert decision_of(result) == (decision, how)
+
+
+def preview(prompt: str = "Hello", tools: tuple[str, ...] = ()) -> SamplingPreview:
+    return SamplingPreview(model="claude-sonnet-5-5", max_tokens=100, tools=tools, prompt=prompt)
+
+
+def test_the_form_says_who_what_and_how_much() -> None:
+    params = form(preview(tools=("lookup", "search")), "weather", "2025-11-25")
+    assert params["mode"] == "form"
+    message = params["message"]
+    for part in ("weather", "claude-sonnet-5-5", "up to 100 tokens", "lookup, search", "Hello"):
+        assert part in message
+    decision = params["requestedSchema"]["properties"]["decision"]
+    assert [c["const"] for c in decision["oneOf"]] == ["allow_once", "allow_session", "deny"]
+    assert params["requestedSchema"]["required"] == ["decision"]
+
+
+def test_older_clients_get_the_enum_spelling_they_know() -> None:
+    decision = form(preview(), None, "2025-06-18")["requestedSchema"]["properties"]["decision"]
+    assert decision["enum"] == ["allow_once", "allow_session", "deny"]
+    assert len(decision["enumNames"]) == 3
+    assert "oneOf" not in decision
+
+
+@given(st.text(max_size=2 * PROMPT_PREVIEW))
+def test_the_prompt_preview_is_bounded(prompt: str) -> None:
+    message = form(preview(prompt=prompt), "s", None)["message"]
+    shown = prompt if len(prompt) <= PROMPT_PREVIEW else prompt[:PROMPT_PREVIEW] + "…"
+    assert shown in message
+    assert len(message) < PROMPT_PREVIEW + 300
+
+
+def test_refusals_use_the_user_rejected_code_and_name_the_fix() -> None:
+    assert rejected("denied").code == -1
+    assert rejected("denied").data == {"reason": "denied"}
+    error = cannot_elicit("elicit-tools")
+    assert error.code == -1
+    assert "--approve elicit-tools (MCP_BACKFILL_APPROVE)" in error.message
+    assert "--approve never" in error.message
+
+
+@pytest.mark.parametrize("sealed", [False, True])
+def test_questions_awaiting_approval_survive_the_stash(sealed: bool) -> None:
+    stash: Stash | SealedStash = SealedStash(b"k" * 32, 60, "client") if sealed else Stash(60)
+    pending = {"ask": {"messages": [], "maxTokens": 3}}
+    token = stash.put({}, True, "state", 2, pending=pending)
+    taken = stash.take(token)
+    assert taken is not None
+    assert taken.pending == pending
+    assert taken.answers == {}
+    assert taken.rounds == 2

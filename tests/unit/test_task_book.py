@@ -1,0 +1,143 @@
+"""The proxy's sampling tasks as plain state: statuses, TTLs, eviction and pages."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mcp_backfill.relay.task_book import (
+    MAX_TASKS,
+    PAGE_SIZE,
+    TASK_ID_PREFIX,
+    TaskBook,
+    TaskError,
+    is_own_task,
+    iso,
+)
+
+
+class Clock:
+    def __init__(self, now: float = 1_764_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def book(ttl_max_ms: int = 60_000) -> tuple[TaskBook, Clock]:
+    clock = Clock()
+    return TaskBook(ttl_max_ms=ttl_max_ms, clock=clock), clock
+
+
+@pytest.mark.parametrize(
+    ("requested", "granted"),
+    [
+        (10_000, 10_000),
+        (60_000, 60_000),
+        (600_000, 60_000),
+        (None, 60_000),
+        (0, 60_000),
+        (-5, 60_000),
+        ("1000", 60_000),
+        (True, 60_000),
+        (1500.7, 1500),
+    ],
+)
+def test_ttl_is_the_request_within_the_cap(requested: object, granted: int) -> None:
+    tasks, _ = book()
+    task, _ = tasks.create(requested)
+    assert task.ttl_ms == granted
+    assert task.wire()["ttl"] == granted
+
+
+def test_a_task_starts_working_and_shows_what_the_spec_asks() -> None:
+    tasks, clock = book()
+    task, evicted = tasks.create(30_000)
+    assert evicted == []
+    wire = task.wire()
+    assert wire == {
+        "taskId": task.task_id,
+        "status": "working",
+        "createdAt": iso(clock.now),
+        "lastUpdatedAt": iso(clock.now),
+        "ttl": 30_000,
+        "pollInterval": 1000,
+    }
+    assert wire["createdAt"].endswith("Z")
+    assert "T" in wire["createdAt"]
+    assert is_own_task(task.task_id)
+    assert task.task_id.startswith(TASK_ID_PREFIX)
+    assert not is_own_task("someone-else")
+    assert not is_own_task(7)
+
+
+def test_terminal_status_never_changes() -> None:
+    tasks, clock = book()
+    task, _ = tasks.create(None)
+    clock.now += 2
+    assert tasks.finish(task, "completed", ("result", {"x": 1}))
+    assert task.wire()["lastUpdatedAt"] == iso(clock.now)
+    assert not tasks.finish(task, "failed", ("error", {"code": 1, "message": "no"}), "late")
+    assert task.status == "completed"
+    assert task.outcome == ("result", {"x": 1})
+    with pytest.raises(TaskError, match="already in terminal status 'completed'"):
+        tasks.cancel(task.task_id)
+
+
+def test_cancel_marks_the_task_and_its_result_is_the_cancellation_error() -> None:
+    tasks, _ = book()
+    task, _ = tasks.create(None)
+    assert tasks.cancel(task.task_id) is task
+    assert task.status == "cancelled"
+    assert task.outcome is not None
+    assert task.outcome[1]["code"] == -32800
+
+
+def test_expired_tasks_are_forgotten() -> None:
+    tasks, clock = book(ttl_max_ms=1000)
+    task, _ = tasks.create(None)
+    clock.now += 0.999
+    assert tasks.get(task.task_id) is task
+    clock.now += 0.002
+    with pytest.raises(TaskError, match="Task not found"):
+        tasks.get(task.task_id)
+    assert tasks.expire() == [task]
+    assert tasks.tasks == {}
+
+
+def test_unknown_ids_and_cursors_are_refused() -> None:
+    tasks, _ = book()
+    for unknown in ("nope", None, 3, TASK_ID_PREFIX + "forged"):
+        with pytest.raises(TaskError):
+            tasks.get(unknown)
+    with pytest.raises(TaskError, match="Invalid cursor"):
+        tasks.page("nope")
+
+
+def test_beyond_the_cap_the_oldest_finished_task_makes_room() -> None:
+    tasks, _ = book()
+    first, _ = tasks.create(None)
+    second, _ = tasks.create(None)
+    tasks.finish(second, "completed", ("result", {}))
+    for _ in range(MAX_TASKS - 2):
+        tasks.create(None)
+    _, evicted = tasks.create(None)
+    assert evicted == [second]  # the finished one, although `first` is older
+    assert first.task_id in tasks.tasks
+    assert len(tasks.tasks) == MAX_TASKS
+
+
+@given(st.integers(min_value=0, max_value=3 * PAGE_SIZE + 3))
+def test_pages_list_every_task_once_in_order(count: int) -> None:
+    tasks, _ = book()
+    created = [tasks.create(None)[0].task_id for _ in range(count)]
+    listed: list[str] = []
+    cursor = None
+    while True:
+        page, cursor = tasks.page(cursor)
+        assert len(page) <= PAGE_SIZE
+        listed += [task.task_id for task in page]
+        if cursor is None:
+            break
+    assert listed == created
