@@ -185,3 +185,19 @@ async def test_server_everything_async_sampling_through_the_sidecar(
         text = await call_async_sampling(client)
     assert "Sampled as a task behind the sidecar." in text
     assert "[SYNC]" not in text
+
+
+async def test_in_the_sidecar_a_task_belongs_to_its_session(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(text_reply("Only for the first session."))
+    async with (
+        run_sidecar(upstream=SAMPLING_SERVER, env=proxy_env(fake_claude.url)) as sidecar,
+        Client(sidecar.url, mode="legacy") as first,
+        Client(sidecar.url, mode="legacy") as second,
+    ):
+        created = await create_task(first)
+        theirs = await ask(second, "tasks/get", {"taskId": created["taskId"]})
+        mine = await ask(first, "tasks/result", {"taskId": created["taskId"]})
+        listed = (await ask(second, "tasks/list", {}))["result"]
+    assert theirs["error"]["code"] == -32602
+    assert mine["result"]["content"]["text"] == "Only for the first session."
+    assert listed["tasks"] == []
