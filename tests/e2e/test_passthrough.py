@@ -28,6 +28,7 @@ async def test_initialize_gets_sampling_tools_and_keeps_everything_else() -> Non
         "elicitation": {"form": {}},
         "sampling": {"context": {}},
         "experimental": {"x-custom": {"a": 1}},
+        "tasks": {"requests": {"elicitation": {"create": {}}}, "list": {}},
     }
     params = initialize_params(capabilities) | {"_meta": {"trace": "abc"}, "unknownField": [1, 2]}
     async with raw_proxy(mock_proxy(), proxy_env()) as session:
@@ -36,27 +37,36 @@ async def test_initialize_gets_sampling_tools_and_keeps_everything_else() -> Non
     seen = response["result"]["echo"]
     expected = json.loads(json.dumps(params))
     expected["capabilities"]["sampling"] = {"context": {}, "tools": {}}
+    # The proxy's sampling tasks join the client's own (elicitation) tasks.
+    expected["capabilities"]["tasks"] = {
+        "requests": {"elicitation": {"create": {}}, "sampling": {"createMessage": {}}},
+        "list": {},
+        "cancel": {},
+    }
     assert seen == expected
 
 
 @pytest.mark.parametrize(
-    ("mode", "declared", "expected_sampling"),
+    ("mode", "declared", "expected_sampling", "tasks"),
     [
-        ("fallback", None, {"tools": {}}),
-        ("fallback", {"tools": {}}, {"tools": {}}),
-        ("always", {}, {"tools": {}}),
-        ("off", None, None),
-        ("off", {}, {}),
+        ("fallback", None, {"tools": {}}, True),
+        ("fallback", {"tools": {}}, {"tools": {}}, False),  # the client samples: its own choice
+        ("always", {}, {"tools": {}}, True),
+        ("always", {"tools": {}}, {"tools": {}}, True),
+        ("off", None, None, False),
+        ("off", {}, {}, False),
     ],
 )
 async def test_capability_backfill_per_mode(
-    mode: str, declared: dict[str, Any] | None, expected_sampling: dict[str, Any] | None
+    mode: str, declared: dict[str, Any] | None, expected_sampling: dict[str, Any] | None, tasks: bool
 ) -> None:
     capabilities: dict[str, Any] = {} if declared is None else {"sampling": declared}
     async with raw_proxy(mock_proxy("--mode", mode), proxy_env()) as session:
         response = await session.request(1, "initialize", initialize_params(capabilities))
     seen = response["result"]["echo"]["capabilities"]
     assert seen.get("sampling") == expected_sampling
+    sampling_tasks = {"requests": {"sampling": {"createMessage": {}}}, "list": {}, "cancel": {}}
+    assert seen.get("tasks") == (sampling_tasks if tasks else None)
 
 
 async def test_unknown_methods_fields_meta_and_ids_pass_unchanged() -> None:

@@ -18,7 +18,15 @@ import pytest
 from mcp import Client, types
 
 from tests.fake_claude import FakeClaude, error_reply, hang_reply, text_reply
-from tests.harness import proxy_argv, proxy_env, python_server, stdio_params, tool_json
+from tests.harness import (
+    initialize_params,
+    proxy_argv,
+    proxy_env,
+    python_server,
+    raw_proxy,
+    stdio_params,
+    tool_json,
+)
 from tests.sidecar_harness import run_sidecar
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -201,3 +209,48 @@ async def test_in_the_sidecar_a_task_belongs_to_its_session(fake_claude: FakeCla
     assert theirs["error"]["code"] == -32602
     assert mine["result"]["content"]["text"] == "Only for the first session."
     assert listed["tasks"] == []
+
+
+async def test_the_clients_own_tasks_are_routed_to_it_by_id(fake_claude: FakeClaude) -> None:
+    """A client that runs tasks itself (for elicitation) answers requests about its tasks; a
+    `tasks/list` it declared gets the proxy's tasks added to its last page."""
+    fake_claude.enqueue(text_reply("Proxy task."))
+    capabilities = {"tasks": {"list": {}, "requests": {"elicitation": {"create": {}}}}}
+    own = {
+        "taskId": "client-task-1",
+        "status": "working",
+        "createdAt": "2026-01-01T00:00:00Z",
+        "lastUpdatedAt": "2026-01-01T00:00:00Z",
+        "ttl": None,
+    }
+    argv = proxy_argv("--provider", "anthropic", upstream=SAMPLING_SERVER)
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await session.request(0, "initialize", initialize_params(capabilities))
+        await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+        async def server_asks(call_id: int, method: str, params: dict[str, Any], reply: Any) -> Any:
+            arguments = {"method": method, "params_json": json.dumps(params)}
+            await session.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": call_id,
+                    "method": "tools/call",
+                    "params": {"name": "client_request", "arguments": arguments},
+                }
+            )
+            if reply is not None:
+                asked, _ = await session.recv_until(lambda m: m.get("method") == method)
+                assert asked.get("params", {}) == params  # forwarded untouched
+                await session.send({"jsonrpc": "2.0", "id": asked["id"], "result": reply})
+            response, _ = await session.recv_until(lambda m: m.get("id") == call_id and "method" not in m)
+            return json.loads(response["result"]["content"][0]["text"])
+
+        created = await server_asks(1, "sampling/createMessage", {**HELLO, "task": {"ttl": 60_000}}, None)
+        task_id = created["result"]["task"]["taskId"]
+        theirs = await server_asks(2, "tasks/get", {"taskId": "client-task-1"}, own)
+        mine = await server_asks(3, "tasks/result", {"taskId": task_id}, None)
+        listed = await server_asks(4, "tasks/list", {}, {"tasks": [own]})
+
+    assert theirs["result"] == own
+    assert mine["result"]["content"]["text"] == "Proxy task."
+    assert [task["taskId"] for task in listed["result"]["tasks"]] == ["client-task-1", task_id]
