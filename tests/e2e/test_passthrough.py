@@ -65,7 +65,11 @@ async def test_capability_backfill_per_mode(
         response = await session.request(1, "initialize", initialize_params(capabilities))
     seen = response["result"]["echo"]["capabilities"]
     assert seen.get("sampling") == expected_sampling
-    sampling_tasks = {"requests": {"sampling": {"createMessage": {}}}, "list": {}, "cancel": {}}
+    sampling_tasks: dict[str, Any] = {
+        "requests": {"sampling": {"createMessage": {}}},
+        "list": {},
+        "cancel": {},
+    }
     assert seen.get("tasks") == (sampling_tasks if tasks else None)
 
 

@@ -215,7 +215,7 @@ async def test_the_clients_own_tasks_are_routed_to_it_by_id(fake_claude: FakeCla
     """A client that runs tasks itself (for elicitation) answers requests about its tasks; a
     `tasks/list` it declared gets the proxy's tasks added to its last page."""
     fake_claude.enqueue(text_reply("Proxy task."))
-    capabilities = {"tasks": {"list": {}, "requests": {"elicitation": {"create": {}}}}}
+    capabilities: dict[str, Any] = {"tasks": {"list": {}, "requests": {"elicitation": {"create": {}}}}}
     own = {
         "taskId": "client-task-1",
         "status": "working",
