@@ -23,7 +23,7 @@ from typing import Any
 
 import anyio
 
-from mcp_backfill import jsonrpc, protocol
+from mcp_backfill import jsonrpc, protocol, telemetry
 from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import get_logger
 from mcp_backfill.relay import input_required as ir
@@ -31,6 +31,7 @@ from mcp_backfill.relay.answering import Answerer
 from mcp_backfill.relay.capabilities import ClientProfile, backfill_capabilities, proxy_answers
 from mcp_backfill.relay.rounds import RoundDriver
 from mcp_backfill.relay.state import PendingRequest, RelayOptions, RelayState
+from mcp_backfill.relay.tracing import RequestTraces
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.sampling.spend import SamplingSession
 from mcp_backfill.transports.base import MessageChannel
@@ -58,7 +59,11 @@ def rewrite_each(message: Any, rewrite: Callable[[Any], Any]) -> Any:
 
 
 class Relay:
-    """Moves messages between `client` and `upstream` until the upstream side ends."""
+    """Moves messages between `client` and `upstream` until the upstream side ends.
+
+    Long because it is the one place where both directions meet: every point where a request starts
+    or ends is here, so the trace spans (`RequestTraces`, a guarded line at each) are told here too.
+    """
 
     def __init__(
         self,
@@ -71,26 +76,34 @@ class Relay:
     ) -> None:
         self.options = options
         self.mode = options.mode
+        self.traces = RequestTraces(telemetry.current())
         self.answerer = Answerer(sampler, session, self._send_upstream)
         self.client = client
         self.upstream = upstream
         self.state = RelayState()
         sample, scope = self.answerer.sample, session.client if session is not None else ""
-        self.rounds = RoundDriver(options, self.state, sample, self._send_client, self._send_upstream, scope)
+        self.rounds = RoundDriver(
+            options, self.state, sample, self._send_client_answer, self._send_upstream, scope, self.traces
+        )
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def run(self, on_client_closed: Callable[[], Awaitable[None]]) -> None:
         """Relay until the upstream closes; `on_client_closed` runs when the client side ends first."""
-        async with anyio.create_task_group() as tg:
-            self.answerer.start(tg)
-            self.rounds.start(tg)
-            tg.start_soon(self._pump_client, on_client_closed)
-            await self._pump_upstream()
-            tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                self.answerer.start(tg)
+                self.rounds.start(tg)
+                tg.start_soon(self._pump_client, on_client_closed)
+                await self._pump_upstream()
+                tg.cancel_scope.cancel()
+        except BaseException:
+            self.traces.close()
+            raise
 
     async def fail_pending(self, reason: str) -> None:
-        """Answer every client request still waiting for the upstream (or for the proxy) with an error."""
+        """Answer every client request still waiting for the upstream (or for the proxy) with an error;
+        the session's trace spans still open end with it."""
         waiting = {jsonrpc.id_key(p.request_id): p for p in self.state.client_requests.values()}
         waiting.update(self.state.driving)
         self.state.client_requests.clear()
@@ -99,6 +112,7 @@ class Relay:
             if request.chain is not None and request.chain.scope is not None:
                 request.chain.scope.cancel()
             await self._reply_error(request.request_id, protocol.INTERNAL_ERROR, reason)
+        self.traces.close()
 
     async def _pump_client(self, on_client_closed: Callable[[], Awaitable[None]]) -> None:
         while True:
@@ -174,6 +188,8 @@ class Relay:
         if raw:
             await self._send_upstream(raw)
         for reply in replies:
+            if self.traces.enabled:
+                self.traces.answered(reply, by="server")
             await self._send_client(jsonrpc.encode(reply))
 
     def _client_item(self, message: Any, replies: list[dict[str, Any]]) -> Any:
@@ -195,6 +211,8 @@ class Relay:
                     )
                 )
                 return None
+            if self.traces.enabled:
+                message = self.traces.relayed(message, sender="client")
             pending = PendingRequest(method, message["id"])
             if method == protocol.INITIALIZE:
                 self.state.client_requests[jsonrpc.id_key(message["id"])] = pending
@@ -205,6 +223,8 @@ class Relay:
             return rewritten
         if method == protocol.CANCELLED:
             return self._client_cancelled(message)
+        if method is None and self.traces.enabled:
+            self.traces.answered(message, by="client")
         return message
 
     def _rewrite_initialize(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -235,6 +255,8 @@ class Relay:
         if not isinstance(params, dict) or "requestId" not in params:
             return message
         key = jsonrpc.id_key(params["requestId"])
+        if self.traces.enabled:
+            self.traces.ended_without_answer(params["requestId"])
         if key in self.state.driving:
             return self.rounds.client_cancelled(message, params)
         self.state.client_requests.pop(key, None)
@@ -259,6 +281,8 @@ class Relay:
         forwarded = rewrite_each(message, self._upstream_item)
         if forwarded is None:
             return
+        if self.traces.enabled:
+            self.traces.answered(forwarded, by="server")
         if forwarded is not message:
             raw = jsonrpc.encode(forwarded)
         await self._send_client(raw, related)
@@ -281,6 +305,8 @@ class Relay:
         if jsonrpc.id_key(pending.request_id) != key:
             return False
         del self.state.client_requests[key]
+        if self.traces.enabled:
+            self.traces.answered({"id": pending.request_id}, by="server")
         return True
 
     def _client_id_for(self, upstream_id: Any) -> Any:
@@ -301,9 +327,11 @@ class Relay:
             params = message.get("params")
             params = params if isinstance(params, dict) else {}
             if proxy_answers(self.mode, self.state.client, params):
-                self.answerer.answer_request(message["id"], params)
+                span = self.traces.answering(message) if self.traces.enabled else None
+                self.answerer.answer_request(message["id"], params, span)
                 return None
-            return message
+        if self.traces.enabled and "id" in message:
+            return self.traces.relayed(message, sender="server")
         if method == protocol.CANCELLED:
             params = message.get("params")
             if isinstance(params, dict) and self.answerer.cancel(params.get("requestId")):
@@ -334,13 +362,23 @@ class Relay:
         result = message.get("result")
         if isinstance(result, dict) and isinstance(result.get("protocolVersion"), str):
             self.state.protocol_version = result["protocolVersion"]
+            self.traces.protocol_version = self.state.protocol_version
             self.state.check_version(self.state.protocol_version)
             log.info("session initialized", extra={"protocol_version": self.state.protocol_version})
 
     # -- writing ---------------------------------------------------------------------------------
 
     async def _reply_error(self, request_id: Any, code: int, message: str, data: Any = None) -> None:
-        await self._send_client(jsonrpc.encode(jsonrpc.error_response(request_id, code, message, data)))
+        reply = jsonrpc.error_response(request_id, code, message, data)
+        if self.traces.enabled:
+            self.traces.answered(reply, by="server")
+        await self._send_client(jsonrpc.encode(reply))
+
+    async def _send_client_answer(self, raw: bytes, related: Any = None) -> None:
+        """The proxy's own final answer to a client request (from the round driver)."""
+        if self.traces.enabled:
+            self.traces.answered_raw(raw)
+        await self._send_client(raw, related)
 
     async def _send_client(self, raw: bytes, related: Any = None) -> None:
         try:

@@ -12,6 +12,7 @@ of `input_required`; this class holds the state and the I/O.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 from collections.abc import Awaitable, Callable
@@ -26,6 +27,7 @@ from mcp_backfill.logs import get_logger
 from mcp_backfill.relay import input_required as ir
 from mcp_backfill.relay.capabilities import ClientProfile, backfill_capabilities, proxy_answers
 from mcp_backfill.relay.state import InputChain, PendingRequest, RelayOptions, RelayState
+from mcp_backfill.relay.tracing import RequestTraces
 
 log = get_logger("relay")
 
@@ -48,6 +50,7 @@ class RoundDriver:
         send_client: Send,
         send_upstream: Send,
         scope: str = "",
+        traces: RequestTraces | None = None,
     ) -> None:
         self.options = options
         self.state = state
@@ -57,6 +60,7 @@ class RoundDriver:
         self._send_client = send_client
         self._send_upstream = send_upstream
         self._own_ids = itertools.count(1)
+        self._traces = traces
         self._tg: TaskGroup | None = None
 
     def start(self, task_group: TaskGroup) -> None:
@@ -173,7 +177,8 @@ class RoundDriver:
             return
         answers: dict[str, Any] = {}
         assert chain.scope is not None
-        with chain.scope:
+        span = self._traces.client_span(pending.request_id) if self._traces is not None else None
+        with chain.scope, span.activate() if span is not None else contextlib.nullcontext():
             try:
                 answers = await self._answer(pending.request_id, current.mine)
                 if current.state_only:

@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import uvicorn
 
+from mcp_backfill import telemetry
 from mcp_backfill.assembly import client_session_rate, make_sampler, relay_options
 from mcp_backfill.config import Config
 from mcp_backfill.errors import BindError, StoreUnavailable, UpstreamStartError
@@ -86,6 +87,7 @@ async def run_sidecar(config: Config) -> int:
     """Serve until SIGTERM/SIGINT; returns the exit status."""
     metrics = Metrics()
     sampler = make_sampler(config, metrics)
+    tracing = telemetry.install_from_environment()
     open_upstream = upstream_factory(config)
     options = relay_options(config)
 
@@ -208,6 +210,7 @@ async def run_sidecar(config: Config) -> int:
     finally:
         sock.close()
         await sampler.provider.aclose()
+        tracing.shutdown()
     log.info("stopped")
     return 0
 

@@ -1,0 +1,242 @@
+"""Trace spans of the relay and the sampler, in process: a real `Relay` and `Sampler` (mock provider)
+with OpenTelemetry's SDK and its in-memory exporter. The process test (tests/e2e/test_tracing.py)
+checks the same through a real proxy and a real OTLP/HTTP receiver."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from mcp_backfill import protocol, telemetry
+from mcp_backfill.telemetry import NoTelemetry, traces_requested
+from mcp_backfill.telemetry.otel import OtelTelemetry
+from tests.unit.test_relay_flows import (
+    ELICIT,
+    HELLO,
+    initialize,
+    input_required,
+    relayed,
+    request,
+    result,
+    sampling_request,
+    stateless,
+)
+
+pytestmark = pytest.mark.anyio
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """Tracing on, into memory, for the test; off again after it."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    previous = telemetry.install(OtelTelemetry(provider))
+    try:
+        yield exporter
+    finally:
+        telemetry.install(previous)
+        provider.shutdown()
+
+
+def by_name(exporter: InMemorySpanExporter) -> dict[str, ReadableSpan]:
+    finished = exporter.get_finished_spans()
+    named = {span.name: span for span in finished}
+    assert len(named) == len(finished), [span.name for span in finished]
+    return named
+
+
+def parent_of(span: ReadableSpan) -> str | None:
+    return format(span.parent.span_id, "016x") if span.parent is not None else None
+
+
+def span_id(span: ReadableSpan) -> str:
+    assert span.context is not None
+    return format(span.context.span_id, "016x")
+
+
+def traceparent_span(meta: dict[str, Any]) -> str:
+    version, trace_id, parent, flags = meta["traceparent"].split("-")
+    assert (version, trace_id, flags) == ("00", TRACE_ID, "01")
+    return parent
+
+
+async def test_a_tool_call_its_sampling_request_and_the_chat_form_one_trace(
+    spans: InMemorySpanExporter,
+) -> None:
+    async with relayed() as r:
+        await r.client.send(request(0, "initialize", initialize({})))
+        await r.server.recv()
+        await r.server.send(result(0, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        call = {"name": "weather", "arguments": {}, "_meta": {"traceparent": TRACEPARENT, "other": 1}}
+        await r.client.send(request(5, protocol.TOOLS_CALL, call))
+        forwarded = await r.server.recv()
+        assert forwarded["params"]["_meta"]["other"] == 1  # the client's own _meta is kept
+        hop = traceparent_span(forwarded["params"]["_meta"])
+        # The server's sampling request carries its own span's context (here: the proxy's, passed on).
+        await r.server.send(
+            sampling_request(
+                70, {**HELLO, "_meta": {"traceparent": forwarded["params"]["_meta"]["traceparent"]}}
+            )
+        )
+        answer = await r.server.recv()
+        assert answer["id"] == 70
+        assert "result" in answer
+        await r.server.send(result(5, {"content": [], "isError": False}))
+        assert (await r.client.recv())["id"] == 5
+
+    named = by_name(spans)
+    tool = named["tools/call weather"]
+    assert tool.kind == SpanKind.SERVER
+    assert parent_of(tool) == CLIENT_SPAN
+    assert span_id(tool) == hop
+    assert tool.attributes is not None
+    assert tool.attributes["mcp.method.name"] == "tools/call"
+    assert tool.attributes["jsonrpc.request.id"] == "5"
+    assert tool.attributes["gen_ai.tool.name"] == "weather"
+    assert tool.attributes["gen_ai.operation.name"] == "execute_tool"
+    assert tool.attributes["mcp.protocol.version"] == "2025-11-25"
+    assert tool.status.status_code == StatusCode.UNSET
+
+    sampling = named["sampling/createMessage"]
+    assert parent_of(sampling) == span_id(tool)
+    assert sampling.attributes is not None
+    assert sampling.attributes["jsonrpc.request.id"] == "70"
+    assert sampling.attributes["mcp_backfill.sender"] == "server"
+
+    [chat_name] = [name for name in named if name.startswith("chat ")]
+    chat = named[chat_name]
+    assert chat.kind == SpanKind.CLIENT
+    assert parent_of(chat) == span_id(sampling)
+    attributes = chat.attributes
+    assert attributes is not None
+    assert chat_name == f"chat {attributes['gen_ai.request.model']}"
+    assert attributes["gen_ai.operation.name"] == "chat"
+    assert attributes["gen_ai.provider.name"] == "mock"
+    assert attributes["gen_ai.request.max_tokens"] == HELLO["maxTokens"]
+    assert str(attributes["gen_ai.response.model"]).startswith("mock/")
+    assert attributes["gen_ai.response.finish_reasons"] == ("end_turn",)
+    assert isinstance(attributes["gen_ai.usage.input_tokens"], int)
+    assert attributes["gen_ai.usage.input_tokens"] > 0
+    assert isinstance(attributes["gen_ai.usage.output_tokens"], int)
+    assert attributes["gen_ai.usage.output_tokens"] > 0
+    assert attributes["mcp_backfill.sampling.outcome"] == "answered"
+    one_trace = (tool, sampling, chat)
+    assert {span.context.trace_id for span in one_trace if span.context} == {int(TRACE_ID, 16)}
+    assert named["initialize"].parent is None  # the client sent no trace context with it
+
+
+async def test_an_error_response_and_a_refused_sampling_request_are_errors(
+    spans: InMemorySpanExporter,
+) -> None:
+    async with relayed() as r:
+        await r.client.send(request(1, "tools/list"))
+        await r.server.recv()
+        await r.server.send({"jsonrpc": "2.0", "id": 1, "error": {"code": -32601, "message": "no tools"}})
+        await r.client.recv()
+        await r.server.send(sampling_request(2, {**HELLO, "maxTokens": 0}))  # invalid: maxTokens < 1
+        refused = await r.server.recv()
+        assert refused["error"]["code"] == protocol.INVALID_PARAMS
+
+    named = by_name(spans)
+    listed = named["tools/list"]
+    assert listed.parent is None  # no trace context in _meta: a root span
+    assert listed.attributes is not None
+    assert listed.attributes["error.type"] == "-32601"
+    assert listed.attributes["rpc.response.status_code"] == "-32601"
+    assert listed.status.status_code == StatusCode.ERROR
+    assert listed.status.description == "no tools"
+    sampling = named["sampling/createMessage"]
+    assert sampling.attributes is not None
+    assert sampling.attributes["error.type"] == str(protocol.INVALID_PARAMS)
+    chat = named["chat"]  # refused before a model was chosen
+    assert chat.attributes is not None
+    assert chat.attributes["error.type"] == str(protocol.INVALID_PARAMS)
+    assert chat.attributes["mcp_backfill.sampling.outcome"] == "refused"
+    assert parent_of(chat) == span_id(sampling)
+
+
+async def test_a_2026_round_samples_under_the_client_request(spans: InMemorySpanExporter) -> None:
+    async with relayed() as r:
+        params = stateless({"name": "ask", "arguments": {}})
+        params["_meta"]["traceparent"] = TRACEPARENT
+        await r.client.send(request(9, protocol.TOOLS_CALL, params))
+        first = await r.server.recv()
+        hop = traceparent_span(first["params"]["_meta"])
+        await r.server.send(result(9, input_required({"s": {"method": protocol.SAMPLING, "params": HELLO}})))
+        retry = await r.server.recv()
+        assert traceparent_span(retry["params"]["_meta"]) == hop  # the re-sent round is the same request
+        await r.server.send(result(retry["id"], {"content": [{"type": "text", "text": "done"}]}))
+        assert (await r.client.recv())["id"] == 9
+
+    named = by_name(spans)
+    tool = named["tools/call ask"]
+    assert parent_of(tool) == CLIENT_SPAN
+    assert span_id(tool) == hop
+    assert tool.attributes is not None
+    assert tool.attributes["mcp.protocol.version"] == protocol.STATELESS_VERSION
+    [chat] = [span for name, span in named.items() if name.startswith("chat ")]
+    assert parent_of(chat) == span_id(tool)
+
+
+async def test_a_server_request_passed_to_the_client_ends_with_its_answer(
+    spans: InMemorySpanExporter,
+) -> None:
+    async with relayed() as r:
+        await r.server.send(request(3, ELICIT["method"], ELICIT["params"]))
+        forwarded = await r.client.recv()
+        assert "traceparent" in forwarded["params"]["_meta"]
+        await r.client.send(result(3, {"action": "decline"}))
+        assert (await r.server.recv())["id"] == 3
+
+    elicit = by_name(spans)["elicitation/create"]
+    assert elicit.attributes is not None
+    assert elicit.attributes["mcp_backfill.sender"] == "server"
+    assert span_id(elicit) == forwarded["params"]["_meta"]["traceparent"].split("-")[2]
+
+
+async def test_a_cancelled_request_ends_its_span(spans: InMemorySpanExporter) -> None:
+    async with relayed() as r:
+        await r.client.send(request(4, "tools/list"))
+        await r.server.recv()
+        await r.client.send({"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 4}})
+        await r.server.recv()
+    listed = by_name(spans)["tools/list"]
+    assert listed.attributes is not None
+    assert listed.attributes["error.type"] == "cancelled"
+
+
+async def test_without_tracing_requests_are_forwarded_untouched() -> None:
+    assert isinstance(telemetry.current(), NoTelemetry)
+    async with relayed() as r:
+        call = request(5, protocol.TOOLS_CALL, {"name": "weather", "_meta": {"traceparent": TRACEPARENT}})
+        await r.client.send(call)
+        assert await r.server.recv() == call
+
+
+@pytest.mark.parametrize(
+    ("environ", "wanted"),
+    [
+        ({}, False),
+        ({"OTEL_SERVICE_NAME": "x"}, False),
+        ({"OTEL_TRACES_EXPORTER": "otlp"}, True),
+        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, True),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"}, True),
+        ({"OTEL_TRACES_EXPORTER": "console", "OTEL_SDK_DISABLED": "true"}, False),
+        ({"OTEL_TRACES_EXPORTER": "console", "OTEL_SDK_DISABLED": "false"}, True),
+    ],
+)
+def test_only_the_standard_variables_turn_tracing_on(environ: dict[str, str], wanted: bool) -> None:
+    assert traces_requested(environ) is wanted
