@@ -66,7 +66,7 @@ def span_id(span: ReadableSpan) -> str:
 
 
 def traceparent_span(meta: dict[str, Any]) -> str:
-    version, trace_id, parent, flags = meta["traceparent"].split("-")
+    version, trace_id, parent, flags = str(meta["traceparent"]).split("-")
     assert (version, trace_id, flags) == ("00", TRACE_ID, "01")
     return parent
 
@@ -121,7 +121,7 @@ async def test_a_tool_call_its_sampling_request_and_the_chat_form_one_trace(
     assert parent_of(chat) == span_id(sampling)
     attributes = chat.attributes
     assert attributes is not None
-    assert chat_name == f"chat {attributes['gen_ai.request.model']}"
+    assert chat_name == f"chat {attributes['gen_ai.request.model']!s}"
     assert attributes["gen_ai.operation.name"] == "chat"
     assert attributes["gen_ai.provider.name"] == "mock"
     assert attributes["gen_ai.request.max_tokens"] == HELLO["maxTokens"]
@@ -194,7 +194,7 @@ async def test_a_server_request_passed_to_the_client_ends_with_its_answer(
     spans: InMemorySpanExporter,
 ) -> None:
     async with relayed() as r:
-        await r.server.send(request(3, ELICIT["method"], ELICIT["params"]))
+        await r.server.send({"jsonrpc": "2.0", "id": 3, **ELICIT})
         forwarded = await r.client.recv()
         assert "traceparent" in forwarded["params"]["_meta"]
         await r.client.send(result(3, {"action": "decline"}))
