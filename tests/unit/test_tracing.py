@@ -4,6 +4,9 @@ checks the same through a real proxy and a real OTLP/HTTP receiver."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -240,3 +243,19 @@ async def test_without_tracing_requests_are_forwarded_untouched() -> None:
 )
 def test_only_the_standard_variables_turn_tracing_on(environ: dict[str, str], wanted: bool) -> None:
     assert traces_requested(environ) is wanted
+
+
+def test_the_sdk_is_not_imported_unless_tracing_is_on() -> None:
+    """Zero cost when off: the fronts, the relay and the sampler import no OpenTelemetry SDK module,
+    and `install_from_environment` without OTEL_* variables imports none either."""
+    probe = (
+        "import sys\n"
+        "import mcp_backfill.stdio_front, mcp_backfill.sidecar.server\n"
+        "from mcp_backfill import telemetry\n"
+        "telemetry.install_from_environment({})\n"
+        "heavy = ('opentelemetry.sdk', 'mcp_backfill.telemetry.otel')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
+    assert done.stdout.strip() == "[]"
