@@ -48,10 +48,11 @@ class SamplerSettings:
 
 class SamplingObserver(Protocol):
     """Told once per sampling request, whatever its outcome (e.g. to keep metrics); `tokens` are
-    what was charged to the budgets for it, by usage counter."""
+    what was charged to the budgets for it, by usage counter; `client` is the client identity that
+    pays (empty without a session)."""
 
     def sampling_done(
-        self, *, outcome: str, model: str, latency: float, tokens: Mapping[str, int]
+        self, *, outcome: str, model: str, latency: float, tokens: Mapping[str, int], client: str
     ) -> None: ...
 
 
@@ -202,6 +203,7 @@ class Sampler:
                 model=exchange.model or "?",
                 latency=exchange.latency_ms / 1000,
                 tokens=charged,
+                client=session.client if session is not None else "",
             )
 
     async def _create(
