@@ -22,6 +22,7 @@ from mcp_types import RequestParamsMeta
 from tests.fake_claude import FakeClaude, text_reply
 from tests.harness import EXAMPLES, proxy_argv, proxy_env, raw_proxy, stdio_params
 from tests.otlp_receiver import ReceivedSpan, otlp_receiver
+from tests.sidecar_harness import run_sidecar
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -123,3 +124,26 @@ async def test_a_grpc_protocol_is_refused_with_the_variable_to_change() -> None:
         assert status == 2
         assert "OTEL_EXPORTER_OTLP_PROTOCOL='grpc'" in proxy.stderr()
         assert "http/protobuf" in proxy.stderr()
+
+
+async def test_the_sidecar_names_the_session_in_its_spans() -> None:
+    with otlp_receiver() as receiver:
+        env = otel_env(receiver.endpoint)
+        async with run_sidecar("--provider", "mock", upstream=WEATHER, env=env) as sidecar:
+            async with Client(sidecar.url, mode="legacy") as client:
+                result = await client.call_tool("summarize", {"text": "Windy."}, meta=CLIENT_META)
+                assert not result.is_error
+            spans = await anyio.to_thread.run_sync(receiver.wait_for, has_chat_and_tool)
+
+    [tool] = named(spans, "tools/call summarize")
+    [sampling] = named(spans, "sampling/createMessage")
+    session = tool.attributes["mcp.session.id"]
+    assert isinstance(session, str)
+    assert len(session) == 32
+    assert int(session, 16) >= 0
+    assert sampling.attributes["mcp.session.id"] == session
+    assert (tool.trace_id, tool.parent_span_id) == (TRACE_ID, CLIENT_SPAN)
+    assert sampling.parent_span_id == tool.span_id
+    [chat] = named(spans, "chat ")
+    assert chat.parent_span_id == sampling.span_id
+    assert chat.attributes["gen_ai.provider.name"] == "mock"
