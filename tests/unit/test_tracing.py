@@ -17,7 +17,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from mcp_backfill import protocol, telemetry
-from mcp_backfill.telemetry import NoTelemetry, traces_requested
+from mcp_backfill.errors import ConfigError, ProviderError
+from mcp_backfill.providers.mock import MockProvider
+from mcp_backfill.sampling.provider import ProgressCallback, UsageMeter
+from mcp_backfill.telemetry import ChatOutcome, NoTelemetry, otel, traces_requested
 from mcp_backfill.telemetry.otel import OtelTelemetry
 from tests.unit.test_relay_flows import (
     ELICIT,
@@ -259,3 +262,70 @@ def test_the_sdk_is_not_imported_unless_tracing_is_on() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
     assert done.stdout.strip() == "[]"
+
+
+class OverloadedProvider(MockProvider):
+    """Claude overloaded for good (the retries are the retry policy's business, not this test's)."""
+
+    async def create_message(
+        self,
+        request: dict[str, Any],
+        *,
+        on_progress: ProgressCallback | None = None,
+        meter: UsageMeter | None = None,
+    ) -> dict[str, Any]:
+        data = {"provider": "mock", "status": 529, "type": "overloaded_error"}
+        raise ProviderError("Claude API error (529 overloaded_error): Overloaded", data, retryable=True)
+
+
+async def test_a_claude_failure_is_the_chat_spans_error_type(spans: InMemorySpanExporter) -> None:
+    async with relayed(OverloadedProvider()) as r:
+        await r.server.send(sampling_request(8))
+        failed = await r.server.recv()
+        assert failed["error"]["code"] == protocol.INTERNAL_ERROR
+    named = by_name(spans)
+    [chat] = [span for name, span in named.items() if name.startswith("chat ")]
+    assert chat.attributes is not None
+    assert chat.attributes["error.type"] == "overloaded_error"
+    assert chat.attributes["mcp_backfill.sampling.outcome"] == "failed"
+    assert chat.status.status_code == StatusCode.ERROR
+    sampling = named["sampling/createMessage"]
+    assert sampling.attributes is not None
+    assert sampling.attributes["rpc.response.status_code"] == str(protocol.INTERNAL_ERROR)
+
+
+@pytest.mark.parametrize(
+    ("environ", "variable"),
+    [
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER"),
+        ({"OTEL_TRACES_EXPORTER": "otlp,console"}, "OTEL_TRACES_EXPORTER"),
+        (
+            {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ),
+        (
+            {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"},
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        ),
+    ],
+)
+def test_an_exporter_this_build_cannot_serve_is_a_clear_error(environ: dict[str, str], variable: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        otel.from_environment(environ, make_global=False)
+    assert variable in str(caught.value)
+
+
+def test_the_console_exporter_writes_to_stderr_not_the_protocol(
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "probe")
+    traced = otel.from_environment(os.environ, make_global=False)
+    with traced.chat("anthropic") as chat:
+        chat.request("claude-x", 5)
+        chat.end(ChatOutcome("answered", calls=1))
+    traced.shutdown()
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert '"name": "chat claude-x"' in err
+    assert '"service.name": "probe"' in err

@@ -200,16 +200,18 @@ class OtelTelemetry:
         self.provider.shutdown()
 
 
-def from_environment(environ: Mapping[str, str]) -> OtelTelemetry:
+def from_environment(environ: Mapping[str, str], *, make_global: bool = True) -> OtelTelemetry:
     """The tracer provider the `OTEL_*` variables describe, made the global one (so libraries that
-    trace, such as the anthropic SDK, join the same traces)."""
-    # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES name the service; "mcp-backfill" otherwise.
+    trace, such as the anthropic SDK, join the same traces) unless `make_global` is False."""
+    # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES (read by the SDK from the process environment)
+    # name the service; "mcp-backfill" otherwise.
     resource = Resource.create()
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(_processor(environ))
-    trace.set_tracer_provider(provider)
+    if make_global:
+        trace.set_tracer_provider(provider)
     return OtelTelemetry(provider)
 
 
