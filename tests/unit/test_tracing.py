@@ -4,13 +4,17 @@ checks the same through a real proxy and a real OTLP/HTTP receiver."""
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -19,6 +23,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from mcp_backfill import protocol, telemetry
 from mcp_backfill.errors import ConfigError, ProviderError
 from mcp_backfill.providers.mock import MockProvider
+from mcp_backfill.relay.tracing import with_trace_context
 from mcp_backfill.sampling.provider import ProgressCallback, UsageMeter
 from mcp_backfill.telemetry import ChatOutcome, NoTelemetry, otel, traces_requested
 from mcp_backfill.telemetry.otel import OtelTelemetry
@@ -329,3 +334,52 @@ def test_the_console_exporter_writes_to_stderr_not_the_protocol(
     assert out == ""
     assert '"name": "chat claude-x"' in err
     assert '"service.name": "probe"' in err
+
+
+class FixedSpan:
+    """Injects a fixed context, as the OpenTelemetry span would (the propagator replaces the keys)."""
+
+    def inject(self, meta: dict[str, Any]) -> None:
+        meta["traceparent"] = TRACEPARENT
+
+    def activate(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def end(self, error: Mapping[str, Any] | None = None, *, tool_error: bool = False) -> None:
+        pass
+
+    def cancel(self) -> None:
+        pass
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@given(
+    params=st.none() | JSON | st.dictionaries(st.text(max_size=8), JSON, max_size=4),
+    meta=st.none() | JSON | st.dictionaries(st.text(max_size=12), JSON, max_size=4),
+)
+def test_trace_context_goes_into_a_copy_and_keeps_everything_else(params: Any, meta: Any) -> None:
+    if isinstance(params, dict) and meta is not None:
+        params = {**params, "_meta": meta}
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+    before = copy.deepcopy(message)
+    traced = with_trace_context(message, FixedSpan())
+    assert message == before  # the original (and its bytes) untouched
+    assert traced["params"]["_meta"]["traceparent"] == TRACEPARENT
+    old_params = params if isinstance(params, dict) else {}
+    assert {k: v for k, v in traced["params"].items() if k != "_meta"} == {
+        k: v for k, v in old_params.items() if k != "_meta"
+    }
+    old_meta = old_params.get("_meta")
+    old_meta = old_meta if isinstance(old_meta, dict) else {}
+    assert {k: v for k, v in traced["params"]["_meta"].items() if k != "traceparent"} == {
+        k: v for k, v in old_meta.items() if k != "traceparent"
+    }
+    assert {k: v for k, v in traced.items() if k != "params"} == {
+        k: v for k, v in message.items() if k != "params"
+    }
