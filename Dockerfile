@@ -3,15 +3,16 @@
 # README's "Container" section. Build: docker build -t mcp-backfill .
 ARG PYTHON_VERSION=3.11
 
-# Build stage: a virtualenv with the package and its runtime dependencies, nothing else.
+# Build stage: a virtualenv with the package and its runtime dependencies, nothing else; the extras
+# redis (a ledger shared by replicas) and otel (traces, only when OTEL_* variables ask for them).
 FROM python:${PYTHON_VERSION}-slim AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY src ./src
 RUN python -m venv /opt/mcp-backfill \
-    && /opt/mcp-backfill/bin/pip install --no-cache-dir ".[redis]" \
+    && /opt/mcp-backfill/bin/pip install --no-cache-dir ".[redis,otel]" \
     && find /opt/mcp-backfill -name __pycache__ -prune -exec rm -rf {} +
 
 # Runtime stage: the slim base, the virtualenv and the weather example (the upstream of compose.yaml).

@@ -19,6 +19,7 @@ from mcp_backfill.relay.input_required import request_state_key
 from mcp_backfill.sampling.audit import AuditLog
 from mcp_backfill.sampling.convert import ConversionOptions
 from mcp_backfill.sampling.limits import RequestLimits
+from mcp_backfill.sampling.provider import AttemptObserver
 from mcp_backfill.sampling.sampler import Sampler, SamplerSettings, SamplingObserver
 from mcp_backfill.sampling.spend import Spend, SpendSettings
 from mcp_backfill.sampling.store import LedgerStore
@@ -28,8 +29,11 @@ from mcp_backfill.transports.http_upstream import HttpUpstreamSettings, display_
 from mcp_backfill.transports.stdio import UpstreamProcess, spawn_upstream
 
 
-def make_sampler(config: Config, observer: SamplingObserver | None = None) -> Sampler:
-    """The sampler with the configured provider, limits, spending controls and audit log.
+def make_sampler(
+    config: Config, observer: SamplingObserver | None = None, attempts: AttemptObserver | None = None
+) -> Sampler:
+    """The sampler with the configured provider, limits, spending controls and audit log;
+    `observer` hears of every sampling request, `attempts` of every attempt at a Claude call.
 
     Raises `ConfigError` when the audit log cannot be opened, before anything else is started.
     """
@@ -39,7 +43,7 @@ def make_sampler(config: Config, observer: SamplingObserver | None = None) -> Sa
         else None
     )
     return Sampler(
-        make_provider(provider_settings(config)),
+        make_provider(provider_settings(config), attempts),
         sampler_settings(config),
         spend=Spend(spend_settings(config), ledger_store(config)),
         audit=audit,

@@ -30,7 +30,8 @@ INITIALIZED: Final = "notifications/initialized"
 CANCELLED: Final = "notifications/cancelled"
 PROGRESS: Final = "notifications/progress"
 TOOLS_CHANGED: Final = "notifications/tools/list_changed"
-INPUT_REQUIRED_METHODS: Final = frozenset({TOOLS_CALL, "prompts/get", "resources/read"})
+PROMPTS_GET: Final = "prompts/get"
+INPUT_REQUIRED_METHODS: Final = frozenset({TOOLS_CALL, PROMPTS_GET, "resources/read"})
 """2026-07-28 requests whose result may be `input_required`."""
 ELICIT: Final = "elicitation/create"
 

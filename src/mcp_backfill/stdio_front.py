@@ -19,6 +19,7 @@ import signal
 
 import anyio
 
+from mcp_backfill import telemetry
 from mcp_backfill.assembly import UpstreamLeg, make_sampler, open_upstream, relay_options
 from mcp_backfill.config import Config
 from mcp_backfill.logs import get_logger
@@ -35,6 +36,7 @@ log = get_logger("proxy")
 async def run_stdio_proxy(config: Config) -> int:
     """Run one stdio session to completion and return the exit status to use."""
     sampler = make_sampler(config)
+    tracing = telemetry.install_from_environment()
     try:
         async with (
             auditing(sampler.audit),
@@ -61,6 +63,7 @@ async def run_stdio_proxy(config: Config) -> int:
             return status
     finally:
         await sampler.provider.aclose()
+        tracing.shutdown()
 
 
 async def relay_session(
@@ -82,6 +85,7 @@ async def relay_session(
         if not stopping.is_set():
             log.error("upstream server exited", extra={"status": status})
             await relay.fail_pending(f"Upstream MCP server exited (status {status})")
+        relay.traces.close()  # requests the client left unanswered when it closed
         tg.cancel_scope.cancel()
     return status
 

@@ -475,9 +475,19 @@ async def test_healthz_and_metrics_after_a_sampling_exchange(fake_claude: FakeCl
         assert status["sessions"] == 1
         metrics = (await http.get(f"{sidecar.base}/metrics")).text
     model = fake_claude.message_requests[0].body["model"]
-    assert f'mcp_backfill_sampling_requests_total{{model="{model}",outcome="answered"}} 1' in metrics
-    assert f'mcp_backfill_sampling_tokens_total{{counter="input_tokens",model="{model}"}} 11' in metrics
-    assert f'mcp_backfill_sampling_tokens_total{{counter="output_tokens",model="{model}"}} 7' in metrics
+    # Without authentication every caller is the "anonymous" client.
+    assert (
+        f'mcp_backfill_sampling_requests_total{{client="anonymous",model="{model}",outcome="answered"}} 1'
+        in metrics
+    )
+    assert (
+        f'mcp_backfill_sampling_tokens_total{{client="anonymous",counter="input_tokens",model="{model}"}} 11'
+        in metrics
+    )
+    assert (
+        f'mcp_backfill_sampling_tokens_total{{client="anonymous",counter="output_tokens",model="{model}"}} 7'
+        in metrics
+    )
     assert f'mcp_backfill_claude_latency_seconds_count{{model="{model}"}} 1' in metrics
     assert "mcp_backfill_active_sessions 1" in metrics
     counts = dict(re.findall(r'mcp_backfill_messages_total\{direction="(\w+)"\} (\d+)', metrics))

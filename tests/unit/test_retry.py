@@ -231,3 +231,28 @@ async def test_progress_reports_carry_the_attempt_number() -> None:
 
     await wrap(inner, time).create_message({}, on_progress=record)
     assert [(p.attempt, p.characters) for p in seen] == [(1, 10), (2, 20)]
+
+
+class Attempts:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str | None]] = []
+
+    def attempt_done(self, *, provider: str, outcome: str, error_type: str | None) -> None:
+        assert provider == "fake"
+        self.seen.append((outcome, error_type))
+
+
+async def test_every_attempt_is_reported_to_the_observer() -> None:
+    time = SimulatedTime()
+    attempts = Attempts()
+    provider = wrap(Scripted(time, [overloaded(), overloaded(), MESSAGE]), time)
+    provider.observer = attempts
+    assert await provider.create_message({}) == MESSAGE
+    assert attempts.seen == [("retried", "overloaded_error"), ("retried", "overloaded_error"), ("ok", None)]
+
+    attempts.seen.clear()
+    provider = wrap(Scripted(time, [overloaded()]), time, max_attempts=2)
+    provider.observer = attempts
+    with pytest.raises(ProviderError):
+        await provider.create_message({})
+    assert attempts.seen == [("retried", "overloaded_error"), ("failed", "overloaded_error")]

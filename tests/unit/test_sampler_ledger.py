@@ -73,7 +73,9 @@ class Observer:
     def __init__(self) -> None:
         self.seen: list[tuple[str, dict[str, int]]] = []
 
-    def sampling_done(self, *, outcome: str, model: str, latency: float, tokens: Mapping[str, int]) -> None:
+    def sampling_done(
+        self, *, outcome: str, model: str, latency: float, tokens: Mapping[str, int], client: str
+    ) -> None:
         self.seen.append((outcome, dict(tokens)))
 
 

@@ -143,16 +143,24 @@ def test_metrics_text_exposition() -> None:
         "cache_read_input_tokens": 7,
         "cache_creation_input_tokens": 0,
     }
-    metrics.sampling_done(outcome="answered", model="m", latency=0.3, tokens=tokens)
-    metrics.sampling_done(outcome="failed", model='we"ird', latency=12.0, tokens={})
+    metrics.sampling_done(outcome="answered", model="m", latency=0.3, tokens=tokens, client="default")
+    metrics.sampling_done(
+        outcome="failed", model='we"ird', latency=12.0, tokens={}, client="authorization:ab12"
+    )
     metrics.messages.inc(direction="to_client")
     metrics.gauge("mcp_backfill_active_sessions", "sessions", lambda: [((), 2)])
     text = metrics.render()
     assert "# TYPE mcp_backfill_sampling_requests_total counter" in text
-    assert 'mcp_backfill_sampling_requests_total{model="m",outcome="answered"} 1' in text
-    assert 'mcp_backfill_sampling_requests_total{model="we\\"ird",outcome="failed"} 1' in text
-    assert 'mcp_backfill_sampling_tokens_total{counter="input_tokens",model="m"} 10' in text
-    assert 'mcp_backfill_sampling_tokens_total{counter="cache_read_input_tokens",model="m"} 7' in text
+    assert 'mcp_backfill_sampling_requests_total{client="default",model="m",outcome="answered"} 1' in text
+    # Forwarded-credential identities share one label value (their digests are unbounded).
+    assert (
+        'mcp_backfill_sampling_requests_total{client="forwarded",model="we\\"ird",outcome="failed"} 1' in text
+    )
+    assert 'mcp_backfill_sampling_tokens_total{client="default",counter="input_tokens",model="m"} 10' in text
+    assert (
+        'mcp_backfill_sampling_tokens_total{client="default",counter="cache_read_input_tokens",model="m"} 7'
+        in text
+    )
     assert '{counter="cache_creation_input_tokens"' not in text  # a counter at 0 makes no series
     assert 'mcp_backfill_claude_latency_seconds_bucket{model="m",le="0.25"} 0' in text
     assert 'mcp_backfill_claude_latency_seconds_bucket{model="m",le="0.5"} 1' in text

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from mcp_backfill.providers.lazy import LazyProvider
 from mcp_backfill.providers.retry import RetryingProvider, RetryPolicy
-from mcp_backfill.sampling.provider import Provider
+from mcp_backfill.sampling.provider import AttemptObserver, Provider
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,9 @@ class ProviderSettings:
     """A ready OAuth token (vertex); None: Application Default Credentials."""
 
 
-def make_provider(settings: ProviderSettings) -> Provider:
-    """The provider `settings.name` names, retrying by `settings.retry`.
+def make_provider(settings: ProviderSettings, attempts: AttemptObserver | None = None) -> Provider:
+    """The provider `settings.name` names, retrying by `settings.retry`; `attempts` hears how each
+    attempt at a Claude call ended.
 
     Raises `ConfigError` when the provider cannot be set up (a missing extra, no region...).
     """
@@ -49,7 +50,7 @@ def make_provider(settings: ProviderSettings) -> Provider:
             model_id=model_ids.get(settings.name, str),
             secrets=settings.secrets,
         )
-        return RetryingProvider(provider, settings.retry)
+        return RetryingProvider(provider, settings.retry, observer=attempts)
 
     # Bedrock and Vertex are built at once: their clients check regions and credentials, and a
     # mistake there must stop the proxy at startup. The Claude API client cannot fail to build; it

@@ -30,7 +30,13 @@ import anyio
 
 from mcp_backfill.errors import ProviderError
 from mcp_backfill.logs import get_logger
-from mcp_backfill.sampling.provider import ProgressCallback, Provider, StreamProgress, UsageMeter
+from mcp_backfill.sampling.provider import (
+    AttemptObserver,
+    ProgressCallback,
+    Provider,
+    StreamProgress,
+    UsageMeter,
+)
 
 log = get_logger("retry")
 
@@ -66,8 +72,10 @@ class RetryingProvider:
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = random.random,
+        observer: AttemptObserver | None = None,
     ) -> None:
         self.inner = inner
+        self.observer = observer
         self.policy = policy
         self.name = inner.name
         self._sleep = sleep
@@ -89,17 +97,22 @@ class RetryingProvider:
             attempt += 1
             with anyio.move_on_after(deadline_at - self._clock()) as scope:
                 try:
-                    return await self.inner.create_message(
+                    message = await self.inner.create_message(
                         request, on_progress=_numbered(on_progress, attempt), meter=meter
                     )
+                    self._note("ok", None)
+                    return message
                 except ProviderError as exc:
                     if not exc.retryable:
+                        self._note("failed", exc)
                         raise _annotated(exc, attempts=attempt) from None
                     last = exc
             if scope.cancelled_caught:
+                self._note("failed", "timeout")
                 raise self._deadline_error(attempt, None)
             assert last is not None
             if attempt >= policy.max_attempts:
+                self._note("failed", last)
                 raise _annotated(
                     last,
                     attempts=attempt,
@@ -108,7 +121,9 @@ class RetryingProvider:
                 ) from None
             delay = policy.delay(attempt, last.retry_after, self._rand())
             if self._clock() + delay >= deadline_at:
+                self._note("failed", last)
                 raise self._deadline_error(attempt, last)
+            self._note("retried", last)
             log.info(
                 "Claude API call failed; retrying",
                 extra={
@@ -120,6 +135,14 @@ class RetryingProvider:
                 },
             )
             await self._sleep(delay)
+
+    def _note(self, outcome: str, error: ProviderError | str | None) -> None:
+        if self.observer is None:
+            return
+        if isinstance(error, ProviderError):
+            data = error.data or {}
+            error = str(data.get("type") or data.get("status") or "unknown")
+        self.observer.attempt_done(provider=self.name, outcome=outcome, error_type=error)
 
     def _deadline_error(self, attempts: int, last: ProviderError | None) -> ProviderError:
         limit = f"{self.policy.deadline:g}s"

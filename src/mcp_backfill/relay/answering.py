@@ -21,6 +21,7 @@ from mcp_backfill.relay.progress import progress_notifier
 from mcp_backfill.sampling.provider import ProgressCallback
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.sampling.spend import SamplingSession
+from mcp_backfill.telemetry import RequestSpan
 
 log = get_logger("relay")
 
@@ -55,13 +56,20 @@ class Answerer:
         """Requests are answered in tasks of `task_group` (the relay's)."""
         self._tg = task_group
 
-    def answer_request(self, request_id: Any, params: dict[str, Any], related: Any = None) -> None:
+    def answer_request(
+        self,
+        request_id: Any,
+        params: dict[str, Any],
+        related: Any = None,
+        span: RequestSpan | None = None,
+    ) -> None:
         """Answer the server's request `request_id` in the background; `related` is the client
-        request it was made for (an approval question travels with it)."""
+        request it was made for (an approval question travels with it), `span` its trace span,
+        which the answer or the server's cancellation ends."""
         scope = anyio.CancelScope()
         self._answering[jsonrpc.id_key(request_id)] = scope
         assert self._tg is not None
-        self._tg.start_soon(self._answer, request_id, params, scope, related)
+        self._tg.start_soon(self._answer, request_id, params, scope, related, span)
 
     def cancel(self, request_id: Any) -> bool:
         """The server cancelled `request_id`: stop answering it. False if the proxy is not answering it."""
@@ -73,7 +81,12 @@ class Answerer:
         return True
 
     async def _answer(
-        self, request_id: Any, params: dict[str, Any], scope: anyio.CancelScope, related: Any
+        self,
+        request_id: Any,
+        params: dict[str, Any],
+        scope: anyio.CancelScope,
+        related: Any,
+        span: RequestSpan | None,
     ) -> None:
         response: dict[str, Any] | None = None
         try:
@@ -81,12 +94,21 @@ class Answerer:
                 try:
                     await self._approve(params, related)
                     progress = progress_notifier(params, self._send_upstream)
-                    result = await self.sample(params, request_id, progress)
+                    if span is None:
+                        result = await self.sample(params, request_id, progress)
+                    else:
+                        with span.activate():
+                            result = await self.sample(params, request_id, progress)
                     response = jsonrpc.result_response(request_id, result)
                 except SamplingError as exc:
                     response = jsonrpc.error_response(request_id, exc.code, exc.message, exc.data)
         finally:
             self._answering.pop(jsonrpc.id_key(request_id), None)
+            if span is not None:
+                if response is None:
+                    span.cancel()
+                else:
+                    span.end(response.get("error"))
         if response is not None:  # None: cancelled by the server, which expects no answer
             await self._send_upstream(jsonrpc.encode(response))
 

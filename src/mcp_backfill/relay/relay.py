@@ -23,7 +23,7 @@ from typing import Any
 
 import anyio
 
-from mcp_backfill import jsonrpc, protocol
+from mcp_backfill import jsonrpc, protocol, telemetry
 from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import get_logger
 from mcp_backfill.relay import input_required as ir
@@ -39,6 +39,7 @@ from mcp_backfill.relay.rounds import RoundDriver
 from mcp_backfill.relay.state import PendingRequest, RelayOptions, RelayState
 from mcp_backfill.relay.task_book import TaskBook
 from mcp_backfill.relay.tasks import SamplingTasks
+from mcp_backfill.relay.tracing import RequestTraces
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.sampling.spend import SamplingSession
 from mcp_backfill.transports.base import MessageChannel
@@ -68,9 +69,10 @@ def rewrite_each(message: Any, rewrite: Callable[[Any], Any]) -> Any:
 class Relay:
     """Moves messages between `client` and `upstream` until the upstream side ends.
 
-    Long because routing is one state machine over both directions: which id belongs to whom, and
-    who answers a message, is decided here for every message; the work itself (sampling, rounds,
-    tasks, approval) is delegated to the classes it holds.
+    Long because it is the one place where both directions meet: which id belongs to whom, and who
+    answers a message, is decided here for every message (the work itself — sampling, rounds, tasks,
+    approval — is delegated to the classes it holds), and every point where a request starts or
+    ends is here, so the trace spans (`RequestTraces`, a guarded line at each) are told here too.
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class Relay:
     ) -> None:
         self.options = options
         self.mode = options.mode
+        self.traces = RequestTraces(telemetry.current())
         self.client = client
         self.upstream = upstream
         self.state = RelayState()
@@ -94,23 +97,35 @@ class Relay:
         self.tasks = SamplingTasks(book, self.answerer.sample_approved, self._send_upstream)
         sample, scope = self.answerer.sample, session.client if session is not None else ""
         self.rounds = RoundDriver(
-            options, self.state, sample, self._send_client, self._send_upstream, scope, self.approver
+            options,
+            self.state,
+            sample,
+            self._send_client_answer,
+            self._send_upstream,
+            scope,
+            traces=self.traces,
+            approver=self.approver,
         )
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def run(self, on_client_closed: Callable[[], Awaitable[None]]) -> None:
         """Relay until the upstream closes; `on_client_closed` runs when the client side ends first."""
-        async with anyio.create_task_group() as tg:
-            self.answerer.start(tg)
-            self.tasks.start(tg)
-            self.rounds.start(tg)
-            tg.start_soon(self._pump_client, on_client_closed)
-            await self._pump_upstream()
-            tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                self.answerer.start(tg)
+                self.tasks.start(tg)
+                self.rounds.start(tg)
+                tg.start_soon(self._pump_client, on_client_closed)
+                await self._pump_upstream()
+                tg.cancel_scope.cancel()
+        except BaseException:
+            self.traces.close()
+            raise
 
     async def fail_pending(self, reason: str) -> None:
-        """Answer every client request still waiting for the upstream (or for the proxy) with an error."""
+        """Answer every client request still waiting for the upstream (or for the proxy) with an error;
+        the session's trace spans still open end with it."""
         waiting = {jsonrpc.id_key(p.request_id): p for p in self.state.client_requests.values()}
         waiting.update(self.state.driving)
         self.state.client_requests.clear()
@@ -119,6 +134,7 @@ class Relay:
             if request.chain is not None and request.chain.scope is not None:
                 request.chain.scope.cancel()
             await self._reply_error(request.request_id, protocol.INTERNAL_ERROR, reason)
+        self.traces.close()
 
     async def _pump_client(self, on_client_closed: Callable[[], Awaitable[None]]) -> None:
         while True:
@@ -194,6 +210,8 @@ class Relay:
         if raw:
             await self._send_upstream(raw)
         for reply in replies:
+            if self.traces.enabled:
+                self.traces.answered(reply, by="server")
             await self._send_client(jsonrpc.encode(reply))
 
     def _client_item(self, message: Any, replies: list[dict[str, Any]]) -> Any:
@@ -215,6 +233,8 @@ class Relay:
                     )
                 )
                 return None
+            if self.traces.enabled:
+                message = self.traces.relayed(message, sender="client")
             pending = PendingRequest(method, message["id"])
             if method == protocol.INITIALIZE:
                 self.state.client_requests[jsonrpc.id_key(message["id"])] = pending
@@ -227,6 +247,8 @@ class Relay:
             return self._client_cancelled(message)
         if method is None and self.approver.take(message):
             return None  # the user's answer to the proxy's own approval question
+        if method is None and self.traces.enabled:
+            self.traces.answered(message, by="client")
         if method is None and self.state.declares_tasks:
             return self.tasks.merge_list(message)
         return message
@@ -263,6 +285,8 @@ class Relay:
         if not isinstance(params, dict) or "requestId" not in params:
             return message
         key = jsonrpc.id_key(params["requestId"])
+        if self.traces.enabled:
+            self.traces.ended_without_answer(params["requestId"])
         if key in self.state.driving:
             return self.rounds.client_cancelled(message, params)
         self.state.client_requests.pop(key, None)
@@ -287,6 +311,8 @@ class Relay:
         forwarded = rewrite_each(message, lambda item: self._upstream_item(item, related))
         if forwarded is None:
             return
+        if self.traces.enabled:
+            self.traces.answered(forwarded, by="server")
         if forwarded is not message:
             raw = jsonrpc.encode(forwarded)
         await self._send_client(raw, related)
@@ -309,6 +335,8 @@ class Relay:
         if jsonrpc.id_key(pending.request_id) != key:
             return False
         del self.state.client_requests[key]
+        if self.traces.enabled:
+            self.traces.answered({"id": pending.request_id}, by="server")
         return True
 
     def _client_id_for(self, upstream_id: Any) -> Any:
@@ -330,16 +358,22 @@ class Relay:
             return self._upstream_response(message)
         params = message.get("params")
         params = params if isinstance(params, dict) else {}
-        if method == protocol.SAMPLING and "id" in message:
-            if not proxy_answers(self.mode, self.state.client, params):
-                return message
+        if (
+            method == protocol.SAMPLING
+            and "id" in message
+            and proxy_answers(self.mode, self.state.client, params)
+        ):
             if isinstance(params.get("task"), dict) and self.state.declares_tasks:
                 self.tasks.create(message["id"], params, related)
             else:
-                self.answerer.answer_request(message["id"], params, related)
+                span = self.traces.answering(message) if self.traces.enabled else None
+                self.answerer.answer_request(message["id"], params, related, span)
             return None
-        if method in protocol.TASK_METHODS and "id" in message and self.state.declares_tasks:
-            return self.tasks.take_request(message, method, params, self.state.client)
+        tasks = method in protocol.TASK_METHODS and "id" in message and self.state.declares_tasks
+        if tasks and self.tasks.take_request(message, method, params, self.state.client) is None:
+            return None  # the proxy answers it
+        if self.traces.enabled and "id" in message:
+            return self.traces.relayed(message, sender="server")
         if method == protocol.CANCELLED:
             request_id = params.get("requestId")
             if self.answerer.cancel(request_id) or self.tasks.cancel_waiting(request_id):
@@ -373,13 +407,23 @@ class Relay:
             self.state.server_name = info["name"]
         if isinstance(result, dict) and isinstance(result.get("protocolVersion"), str):
             self.state.protocol_version = result["protocolVersion"]
+            self.traces.protocol_version = self.state.protocol_version
             self.state.check_version(self.state.protocol_version)
             log.info("session initialized", extra={"protocol_version": self.state.protocol_version})
 
     # -- writing ---------------------------------------------------------------------------------
 
     async def _reply_error(self, request_id: Any, code: int, message: str, data: Any = None) -> None:
-        await self._send_client(jsonrpc.encode(jsonrpc.error_response(request_id, code, message, data)))
+        reply = jsonrpc.error_response(request_id, code, message, data)
+        if self.traces.enabled:
+            self.traces.answered(reply, by="server")
+        await self._send_client(jsonrpc.encode(reply))
+
+    async def _send_client_answer(self, raw: bytes, related: Any = None) -> None:
+        """The proxy's own final answer to a client request (from the round driver)."""
+        if self.traces.enabled:
+            self.traces.answered_raw(raw)
+        await self._send_client(raw, related)
 
     async def _send_client(self, raw: bytes, related: Any = None) -> None:
         try:

@@ -12,6 +12,7 @@ of `input_required`; this class holds the state and the I/O.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 from collections.abc import Awaitable, Callable
@@ -27,6 +28,7 @@ from mcp_backfill.relay import input_required as ir
 from mcp_backfill.relay.approval import APPROVAL_KEY, Approver, can_elicit, cannot_elicit, decision_of, form
 from mcp_backfill.relay.capabilities import ClientProfile, backfill_capabilities, proxy_answers
 from mcp_backfill.relay.state import InputChain, PendingRequest, RelayOptions, RelayState
+from mcp_backfill.relay.tracing import RequestTraces
 
 log = get_logger("relay")
 
@@ -49,6 +51,7 @@ class RoundDriver:
         send_client: Send,
         send_upstream: Send,
         scope: str = "",
+        traces: RequestTraces | None = None,
         approver: Approver | None = None,
     ) -> None:
         self.options = options
@@ -59,6 +62,7 @@ class RoundDriver:
         self._send_client = send_client
         self._send_upstream = send_upstream
         self._own_ids = itertools.count(1)
+        self._traces = traces
         self._tg: TaskGroup | None = None
         self.approver = approver
 
@@ -223,7 +227,8 @@ class RoundDriver:
             return
         answers: dict[str, Any] = dict(approved or {})
         assert chain.scope is not None
-        with chain.scope:
+        span = self._traces.client_span(pending.request_id) if self._traces is not None else None
+        with chain.scope, span.activate() if span is not None else contextlib.nullcontext():
             try:
                 answers.update(await self._answer(pending.request_id, current.mine))
                 if current.state_only:

@@ -49,6 +49,14 @@ class UsageMeter(Protocol):
     def not_billed(self) -> None: ...
 
 
+class AttemptObserver(Protocol):
+    """Told how each attempt at a Claude call ended (for metrics): `outcome` is ok, retried (it
+    failed and another attempt follows) or failed (the call gives up); `error_type` is the API's
+    error type (e.g. overloaded_error, rate_limit_error, timeout) when it failed."""
+
+    def attempt_done(self, *, provider: str, outcome: str, error_type: str | None) -> None: ...
+
+
 class Provider(Protocol):
     """A backend able to answer one Messages API request.
 

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import anyio
 
+from mcp_backfill import telemetry
 from mcp_backfill.errors import ProviderError, SamplingError
 from mcp_backfill.logs import get_logger
 from mcp_backfill.protocol import INTERNAL_ERROR
@@ -25,6 +26,7 @@ from mcp_backfill.sampling.limits import RequestLimits, check_request, check_res
 from mcp_backfill.sampling.model_choice import select_model
 from mcp_backfill.sampling.provider import ProgressCallback, Provider
 from mcp_backfill.sampling.spend import SamplingSession, Spend, Ticket, normalize_usage
+from mcp_backfill.telemetry import ChatOutcome, ChatSpan
 
 log = get_logger("sampler")
 
@@ -56,10 +58,11 @@ class SamplingPreview:
 
 class SamplingObserver(Protocol):
     """Told once per sampling request, whatever its outcome (e.g. to keep metrics); `tokens` are
-    what was charged to the budgets for it, by usage counter."""
+    what was charged to the budgets for it, by usage counter; `client` is the client identity that
+    pays (empty without a session)."""
 
     def sampling_done(
-        self, *, outcome: str, model: str, latency: float, tokens: Mapping[str, int]
+        self, *, outcome: str, model: str, latency: float, tokens: Mapping[str, int], client: str
     ) -> None: ...
 
 
@@ -94,13 +97,27 @@ class Sampler:
         progress: ProgressCallback | None = None,
     ) -> dict[str, Any]:
         """`progress`, when given, hears how far Claude's answer has got while it streams."""
+        with telemetry.current().chat(self.provider.name) as span:
+            return await self._sample(params, request_id, session, progress, span)
+
+    async def _sample(
+        self,
+        params: dict[str, Any],
+        request_id: Any,
+        session: SamplingSession | None,
+        progress: ProgressCallback | None,
+        span: ChatSpan,
+    ) -> dict[str, Any]:
         exchange = AuditRecord(request_id=request_id, session=session.label if session else None)
         result: dict[str, Any] | None = None
+        error_type: str | None = None
         try:
-            result = await self._answer(params, exchange, session, progress)
+            result = await self._answer(params, exchange, session, progress, span)
             return result
         except ProviderError as exc:
             exchange.fail(exc.code, exc.message, exc.data, _provider_outcome(exc))
+            data = exc.data or {}
+            error_type = str(data.get("type") or data.get("status") or exc.code)
             raise
         except SamplingError as exc:
             exchange.fail(exc.code, exc.message, exc.data, "refused" if not exchange.calls else "failed")
@@ -114,6 +131,7 @@ class Sampler:
             raise
         finally:
             self._report(exchange, session, params, result)
+            span.end(_chat_outcome(exchange, error_type))
 
     def _model(self, params: dict[str, Any]) -> str:
         return select_model(
@@ -144,6 +162,7 @@ class Sampler:
         exchange: AuditRecord,
         session: SamplingSession | None,
         progress: ProgressCallback | None,
+        span: ChatSpan,
     ) -> dict[str, Any]:
         """Limits -> conversion -> budgets, rates and slots -> Claude (charged) -> limits -> MCP."""
         check_request(params, self.settings.limits)
@@ -151,10 +170,12 @@ class Sampler:
         model = self._model(params)
         exchange.model = model
         exchange.tools = len(claude_request.kwargs.get("tools", ()))
+        span.request(model, claude_request.kwargs.get("max_tokens"))
         async with self.spend.admit(session) as ticket:
             exchange.ticket = ticket
             message = await self._create(ticket, dict(claude_request.kwargs, model=model), progress)
         self._note_answer(message, exchange)
+        span.response(message)
         check_response(message, self.settings.limits)
         return to_mcp_result(message, claude_request)
 
@@ -210,6 +231,7 @@ class Sampler:
                 model=exchange.model or "?",
                 latency=exchange.latency_ms / 1000,
                 tokens=charged,
+                client=session.client if session is not None else "",
             )
 
     async def _create(
@@ -234,6 +256,17 @@ class Sampler:
     ) -> dict[str, Any]:
         async with ticket.call(reservation_for(request)) as charge:
             return await self.provider.create_message(request, on_progress=progress, meter=charge)
+
+
+def _chat_outcome(exchange: AuditRecord, error_type: str | None) -> ChatOutcome:
+    """How the exchange's span ends; `error_type` is the API's error type when Claude failed, else
+    the JSON-RPC error code (a refusal, a limit) stands for it."""
+    if exchange.cancelled:
+        return ChatOutcome(exchange.outcome, exchange.calls, "cancelled")
+    if exchange.error is None:
+        return ChatOutcome(exchange.outcome, exchange.calls)
+    code, message = exchange.error["code"], exchange.error["message"]
+    return ChatOutcome(exchange.outcome, exchange.calls, error_type or str(code), message)
 
 
 def _provider_outcome(error: ProviderError) -> str:

@@ -152,6 +152,10 @@ class Budget:
             return None
         return min(max(0, each.tokens - seen) for each, seen in zip(self.allowances, self._seen, strict=True))
 
+    def usage(self) -> list[tuple[Allowance, int]]:
+        """Each allowance with the tokens used against it (in its current window), as last seen."""
+        return list(zip(self.allowances, self._seen, strict=True))
+
     def saw(self, used: Sequence[int]) -> None:
         self._seen = list(used)
 

@@ -11,6 +11,8 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from mcp_backfill.sidecar.security import FORWARDED_PREFIX
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Claude calls take from a fraction of a second to minutes (long tool-use turns).
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -105,6 +107,15 @@ class Histogram:
             yield f"{self.name}_count{_labels(labels)} {series.count}"
 
 
+FORWARDED_CLIENT = "forwarded"
+
+
+def client_label(identity: str) -> str:
+    """A client identity as a label value: its name, or `forwarded` for every caller told apart by a
+    forwarded Authorization header (digests are unbounded; a label must not be)."""
+    return FORWARDED_CLIENT if identity.startswith(FORWARDED_PREFIX) else identity
+
+
 class Metrics:
     """Everything `/metrics` shows; also the sampler's observer (`sampling_done`)."""
 
@@ -120,13 +131,18 @@ class Metrics:
         self.sampling_requests = Counter(
             "mcp_backfill_sampling_requests_total",
             "sampling requests the proxy handled, by outcome (answered, refused, failed, timed_out, "
-            "cancelled) and model",
+            "cancelled), model and paying client",
         )
         self.tokens = Counter(
             "mcp_backfill_sampling_tokens_total",
             "tokens charged to the budgets for the proxy's Claude calls, however they ended, by usage "
             "counter (input_tokens, cache_creation_input_tokens, cache_read_input_tokens, "
-            "output_tokens) and model; their sum is what the budgets count",
+            "output_tokens), model and paying client; their sum is what the budgets count",
+        )
+        self.attempts = Counter(
+            "mcp_backfill_claude_attempts_total",
+            "attempts at a Claude API call, by outcome (ok; retried: failed, another attempt follows; "
+            "failed: the call gave up) and error type (the API's, e.g. overloaded_error, or timeout)",
         )
         self.latency = Histogram(
             "mcp_backfill_claude_latency_seconds",
@@ -153,12 +169,18 @@ class Metrics:
     ) -> None:
         self._gauges.append(Gauge(name, help_text, read, kind))
 
-    def sampling_done(self, *, outcome: str, model: str, latency: float, tokens: Mapping[str, int]) -> None:
-        self.sampling_requests.inc(outcome=outcome, model=model)
+    def sampling_done(
+        self, *, outcome: str, model: str, latency: float, tokens: Mapping[str, int], client: str
+    ) -> None:
+        payer = client_label(client)
+        self.sampling_requests.inc(outcome=outcome, model=model, client=payer)
         self.latency.observe(latency, model=model)
         for counter, count in tokens.items():
             if count:
-                self.tokens.inc(count, counter=counter, model=model)
+                self.tokens.inc(count, counter=counter, model=model, client=payer)
+
+    def attempt_done(self, *, provider: str, outcome: str, error_type: str | None) -> None:
+        self.attempts.inc(outcome=outcome, type=error_type or "", provider=provider)
 
     def store_call(self, operation: str, seconds: float, ok: bool) -> None:
         self.store_seconds.observe(seconds, operation=operation)
@@ -167,7 +189,14 @@ class Metrics:
 
     def render(self) -> str:
         lines: list[str] = []
-        counters = (self.messages, self.http_requests, self.sampling_requests, self.tokens, self.store_errors)
+        counters = (
+            self.messages,
+            self.http_requests,
+            self.sampling_requests,
+            self.tokens,
+            self.attempts,
+            self.store_errors,
+        )
         for counter in counters:
             lines.extend(counter.render())
         lines.extend(self.latency.render())

@@ -25,6 +25,8 @@ LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 
 SHARED_IDENTITY = "default"
 ANONYMOUS = "anonymous"
+FORWARDED_PREFIX = "authorization:"
+"""Identities from a forwarded Authorization header: this prefix and a digest."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class AccessPolicy:
         if not self.tokens:
             if self.forward_authorization and authorization:
                 digest = hashlib.sha256(authorization.strip().encode("utf-8", "surrogatepass"))
-                return f"authorization:{digest.hexdigest()[:16]}"
+                return f"{FORWARDED_PREFIX}{digest.hexdigest()[:16]}"
             return ANONYMOUS
         scheme, _, presented = (authorization or "").strip().partition(" ")
         if scheme.lower() != "bearer":

@@ -15,16 +15,18 @@ import math
 import shutil
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
 import uvicorn
 
+from mcp_backfill import telemetry
 from mcp_backfill.assembly import client_session_rate, make_sampler, relay_options
 from mcp_backfill.config import Config
 from mcp_backfill.errors import BindError, StoreUnavailable, UpstreamStartError
 from mcp_backfill.logs import get_logger
+from mcp_backfill.options import Allowance
 from mcp_backfill.relay import Relay
 from mcp_backfill.sampling.audit import auditing
 from mcp_backfill.sampling.spend import Spend
@@ -32,7 +34,7 @@ from mcp_backfill.sidecar.app import SidecarApp
 from mcp_backfill.sidecar.connections import guarded_protocol
 from mcp_backfill.sidecar.handshake import HandshakeFront
 from mcp_backfill.sidecar.http_io import FrontSettings
-from mcp_backfill.sidecar.metrics import Metrics
+from mcp_backfill.sidecar.metrics import Labels, Metrics, client_label
 from mcp_backfill.sidecar.security import (
     SHARED_IDENTITY,
     AccessPolicy,
@@ -85,7 +87,8 @@ def upstream_factory(config: Config) -> UpstreamFactory:
 async def run_sidecar(config: Config) -> int:
     """Serve until SIGTERM/SIGINT; returns the exit status."""
     metrics = Metrics()
-    sampler = make_sampler(config, metrics)
+    sampler = make_sampler(config, metrics, metrics)
+    tracing = telemetry.install_from_environment()
     open_upstream = upstream_factory(config)
     options = relay_options(config)
 
@@ -146,6 +149,7 @@ async def run_sidecar(config: Config) -> int:
         metrics,
         readiness.check,
     )
+    spend_gauges(metrics, spend)
     metrics.gauge(
         "mcp_backfill_active_sessions", "open handshake-era client sessions", lambda: [((), len(sessions))]
     )
@@ -208,6 +212,7 @@ async def run_sidecar(config: Config) -> int:
     finally:
         sock.close()
         await sampler.provider.aclose()
+        tracing.shutdown()
     log.info("stopped")
     return 0
 
@@ -258,6 +263,41 @@ class Readiness:
             }
         self._last = (now, ready, about)
         return ready, about
+
+
+def spend_gauges(metrics: Metrics, spend: Spend) -> None:
+    """Budgets (each allowance of the process's and every client's, with what this replica last saw
+    used against it) and refusals by limit, read from the ledger when scraped."""
+
+    def budgets(read: Callable[[Allowance, int], float]) -> list[tuple[Labels, float]]:
+        payers = [("process", "", spend.budget)] + [
+            ("client", client_label(name), account.budget) for name, account in spend.clients.items()
+        ]
+        return [
+            (
+                (("budget", kind), ("client", client), ("window", allowance.window or "total")),
+                read(allowance, used),
+            )
+            for kind, client, budget in payers
+            for allowance, used in budget.usage()
+        ]
+
+    metrics.gauge(
+        "mcp_backfill_budget_limit_tokens",
+        "token allowance of a budget (budget: process or client; window: total, minute, hour, day...)",
+        lambda: budgets(lambda allowance, _: allowance.tokens),
+    )
+    metrics.gauge(
+        "mcp_backfill_budget_used_tokens",
+        "tokens used against a budget's allowance in its current window, as this replica last saw it",
+        lambda: budgets(lambda _, used: used),
+    )
+    metrics.gauge(
+        "mcp_backfill_sampling_refusals_total",
+        "sampling requests refused by a limit, by the limit's option (budget_tokens, rate_limit...)",
+        lambda: [((("limit", limit),), count) for limit, count in sorted(spend.refused.items())],
+        kind="counter",
+    )
 
 
 def client_credentials(config: Config) -> tuple[tuple[str, str], ...]:

@@ -105,6 +105,7 @@ class HttpSession:
                 async with open_upstream(UpstreamRequest(self.label, headers)) as upstream:
                     counted = CountingChannel(upstream, self._count, "from_upstream", "to_upstream")
                     relay = make_relay(self.channel, counted, self.identity)
+                    relay.traces.session_id = self.id
                     await relay.run(on_client_closed=self._stop)
                     reason = "Upstream MCP server closed the connection (it exited or crashed)"
                     log.warning("upstream ended the session", extra={"session": self.label})

@@ -1,0 +1,149 @@
+"""Traces end to end: a real MCP SDK client -> `python -m mcp_backfill` (stdio) -> the example weather
+server, sampling answered through the fake Claude API, spans exported over OTLP/HTTP to a receiver
+on loopback (tests/otlp_receiver.py) because the standard OTEL_* variables say so.
+
+The client puts a W3C `traceparent` in the tool call's `_meta`: the proxy's span of that call is its
+child, the server's sampling request comes back with the proxy's context (the SDK's server passes
+it on), and the sampling exchange's `chat` span hangs below it, with the anthropic SDK's own span of
+the API call below that.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import cast
+
+import anyio
+import pytest
+from mcp import Client
+from mcp_types import RequestParamsMeta
+
+from tests.fake_claude import FakeClaude, text_reply
+from tests.harness import EXAMPLES, proxy_argv, proxy_env, raw_proxy, stdio_params
+from tests.otlp_receiver import ReceivedSpan, otlp_receiver
+from tests.sidecar_harness import run_sidecar
+
+pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+WEATHER = [sys.executable, str(EXAMPLES / "weather_server.py")]
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+CLIENT_SPAN = "b7ad6b7169203331"
+TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
+# An open map on the wire (`extra_items=Any`), which mypy does not model yet.
+CLIENT_META = cast(RequestParamsMeta, {"traceparent": TRACEPARENT})
+
+
+def otel_env(endpoint: str, fake_url: str | None = None) -> dict[str, str]:
+    return proxy_env(
+        fake_url,
+        OTEL_TRACES_EXPORTER="otlp",
+        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+        OTEL_SERVICE_NAME="backfill-under-test",
+        OTEL_BSP_SCHEDULE_DELAY="100",
+    )
+
+
+def named(spans: Sequence[ReceivedSpan], prefix: str) -> list[ReceivedSpan]:
+    return [span for span in spans if span.name.startswith(prefix)]
+
+
+def has_chat_and_tool(spans: list[ReceivedSpan]) -> bool:
+    return bool(named(spans, "chat ")) and bool(named(spans, "tools/call summarize"))
+
+
+async def test_a_tool_call_that_samples_is_one_trace_from_the_client_to_claude(
+    fake_claude: FakeClaude,
+) -> None:
+    fake_claude.enqueue(text_reply("Rain, then sun.", model="claude-sonnet-5"))
+    with otlp_receiver() as receiver:
+        argv = proxy_argv("--model", "claude-sonnet-5", upstream=WEATHER)
+        async with Client(
+            stdio_params(argv, otel_env(receiver.endpoint, fake_claude.url)), mode="legacy"
+        ) as client:
+            result = await client.call_tool(
+                "summarize",
+                {"text": "It rains in the morning and clears up later."},
+                meta=CLIENT_META,
+            )
+            assert not result.is_error
+        spans = await anyio.to_thread.run_sync(receiver.wait_for, has_chat_and_tool)
+
+    [tool] = named(spans, "tools/call summarize")
+    assert tool.kind == "SERVER"
+    assert tool.service == "backfill-under-test"
+    assert tool.scope == "mcp_backfill"
+    assert (tool.trace_id, tool.parent_span_id) == (TRACE_ID, CLIENT_SPAN)
+    assert tool.attributes["mcp.method.name"] == "tools/call"
+    assert tool.attributes["gen_ai.tool.name"] == "summarize"
+    assert tool.attributes["mcp.protocol.version"]
+    assert tool.attributes["jsonrpc.request.id"]
+
+    # The server's sampling request came back carrying the proxy's tools/call context.
+    [sampling] = named(spans, "sampling/createMessage")
+    assert sampling.kind == "SERVER"
+    assert (sampling.trace_id, sampling.parent_span_id) == (TRACE_ID, tool.span_id)
+
+    [chat] = named(spans, "chat ")
+    assert chat.name == "chat claude-sonnet-5"
+    assert chat.kind == "CLIENT"
+    assert (chat.trace_id, chat.parent_span_id) == (TRACE_ID, sampling.span_id)
+    attributes = chat.attributes
+    assert attributes["gen_ai.operation.name"] == "chat"
+    assert attributes["gen_ai.provider.name"] == "anthropic"
+    assert attributes["gen_ai.request.model"] == "claude-sonnet-5"
+    assert attributes["gen_ai.request.max_tokens"] == 200  # what the example server asks for
+    assert attributes["gen_ai.response.model"] == "claude-sonnet-5"
+    assert attributes["gen_ai.response.finish_reasons"] == ("end_turn",)
+    served = fake_claude.message_requests[0]
+    assert served.body["model"] == "claude-sonnet-5"
+    assert attributes["gen_ai.usage.input_tokens"] > 0
+    assert attributes["gen_ai.usage.output_tokens"] > 0
+    assert chat.status_code != 2
+
+    # The anthropic SDK's span of the API call joins the same trace, below the exchange.
+    below = [span for span in spans if span.parent_span_id == chat.span_id]
+    assert below, [span.name for span in spans]
+    assert all(span.trace_id == TRACE_ID and span.scope != "mcp_backfill" for span in below)
+
+
+async def test_without_otel_variables_nothing_is_exported_and_meta_is_untouched() -> None:
+    with otlp_receiver() as receiver:
+        env = proxy_env(OTEL_SERVICE_NAME="unused")  # names a service, asks for no traces
+        argv = proxy_argv("--provider", "mock", upstream=WEATHER)
+        async with Client(stdio_params(argv, env), mode="legacy") as client:
+            result = await client.call_tool("summarize", {"text": "Sunny."}, meta=CLIENT_META)
+            assert not result.is_error
+        assert receiver.requests == 0
+
+
+async def test_a_grpc_protocol_is_refused_with_the_variable_to_change() -> None:
+    env = proxy_env(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:4317", OTEL_EXPORTER_OTLP_PROTOCOL="grpc")
+    async with raw_proxy(proxy_argv("--provider", "mock", upstream=WEATHER), env) as proxy:
+        status = await proxy.wait()
+        assert status == 2
+        assert "OTEL_EXPORTER_OTLP_PROTOCOL='grpc'" in proxy.stderr()
+        assert "http/protobuf" in proxy.stderr()
+
+
+async def test_the_sidecar_names_the_session_in_its_spans() -> None:
+    with otlp_receiver() as receiver:
+        env = otel_env(receiver.endpoint)
+        async with run_sidecar("--provider", "mock", upstream=WEATHER, env=env) as sidecar:
+            async with Client(sidecar.url, mode="legacy") as client:
+                result = await client.call_tool("summarize", {"text": "Windy."}, meta=CLIENT_META)
+                assert not result.is_error
+            spans = await anyio.to_thread.run_sync(receiver.wait_for, has_chat_and_tool)
+
+    [tool] = named(spans, "tools/call summarize")
+    [sampling] = named(spans, "sampling/createMessage")
+    session = tool.attributes["mcp.session.id"]
+    assert isinstance(session, str)
+    assert len(session) == 32
+    assert int(session, 16) >= 0
+    assert sampling.attributes["mcp.session.id"] == session
+    assert (tool.trace_id, tool.parent_span_id) == (TRACE_ID, CLIENT_SPAN)
+    assert sampling.parent_span_id == tool.span_id
+    [chat] = named(spans, "chat ")
+    assert chat.parent_span_id == sampling.span_id
+    assert chat.attributes["gen_ai.provider.name"] == "mock"
