@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
             key.add_argument(
                 "--write-key",
                 action="store_true",
-                help=f"write the key from {KEY_VARIABLE} into the configs (not recommended: prefer --key-file)",
+                help=f"write the key from {KEY_VARIABLE} into the configs (prefer --key-file)",
             )
             sub.add_argument(
                 "--proxy-command",

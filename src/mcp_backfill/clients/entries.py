@@ -299,7 +299,8 @@ def _unwrap_url(
     url_key = record.get("url", dialect.url_keys[0])
     headers_key = record.get("headers", dialect.headers_key)
     headers = {}
-    for line in env.pop(HEADERS_VARIABLE, "").splitlines():
+    lines = env.pop(HEADERS_VARIABLE, "")
+    for line in lines.split("\n") if lines else []:
         name, _, value = line.partition(": ")
         headers[name] = value
     leftover = sorted(name for name in env if name not in (KEY_FILE_VARIABLE, KEY_VARIABLE))

@@ -41,6 +41,8 @@ class _Editor:
         self.eol = "\r\n" if "\r\n" in text else "\n"
         self.unit = _indent_unit(text)
         self.inline_arrays = _prefers_inline_arrays(parse(text), text)
+        # A file with \u escapes and no raw non-ASCII character escapes what it writes too.
+        self.ascii = text.isascii() and "\\u" in text
 
     # -- positions -------------------------------------------------------------------------------
 
@@ -100,7 +102,7 @@ class _Editor:
                     parts.append(separator)
             if key not in old:
                 new_text = self.serialize(value, inner, like, not multiline)
-                parts.append(json.dumps(key, ensure_ascii=False) + colon + new_text)
+                parts.append(json.dumps(key, ensure_ascii=self.ascii) + colon + new_text)
             else:
                 member = node.members[old[key]]
                 new_text = self.render(member.value, value, inner, not multiline)
@@ -120,7 +122,9 @@ class _Editor:
             if like is not None and like.kind == "object" and like.members:
                 inline = not self.multiline(like)
             pairs = [
-                json.dumps(k, ensure_ascii=False) + ": " + self.serialize(v, indent + self.unit, None, inline)
+                json.dumps(k, ensure_ascii=self.ascii)
+                + ": "
+                + self.serialize(v, indent + self.unit, None, inline)
                 for k, v in value.items()
             ]
             return self._container("{", "}", pairs, indent, inline, ", ", "")
@@ -135,17 +139,28 @@ class _Editor:
                     separator = self.text[like.items[0].end : like.items[1].start]
                 if not inline or padding.strip() or separator.strip() != ",":
                     separator, padding = ", ", ""
-            items = [self.serialize(item, indent + self.unit, None, inline) for item in value]
-            return self._container("[", "]", items, indent, inline, separator, padding)
-        return json.dumps(value, ensure_ascii=False)
+            inner = indent + self.unit
+            if like is not None and like.kind == "array" and like.items and not inline:
+                inner = self.line_indent(like.items[0].start)
+            items = [self.serialize(item, inner, None, inline) for item in value]
+            return self._container("[", "]", items, indent, inline, separator, padding, inner)
+        return json.dumps(value, ensure_ascii=self.ascii)
 
     def _container(
-        self, opening: str, closing: str, items: list[str], indent: str, inline: bool, sep: str, pad: str
+        self,
+        opening: str,
+        closing: str,
+        items: list[str],
+        indent: str,
+        inline: bool,
+        sep: str,
+        pad: str,
+        inner: str | None = None,
     ) -> str:
         if inline:
             return opening + pad + sep.join(items) + pad + closing
-        inner = self.eol + indent + self.unit
-        return opening + inner + ("," + inner).join(items) + self.eol + indent + closing
+        step = self.eol + (indent + self.unit if inner is None else inner)
+        return opening + step + ("," + step).join(items) + self.eol + indent + closing
 
 
 def _kind(value: Any) -> str:
@@ -166,7 +181,7 @@ def _indent_unit(text: str) -> str:
     widths = []
     for line in text.splitlines():
         stripped = line.lstrip(" \t")
-        if stripped and stripped != line:
+        if stripped and stripped != line and not stripped.startswith(("//", "/*", "*")):
             widths.append(line[: len(line) - len(stripped)])
     if not widths:
         return "  "

@@ -78,7 +78,9 @@ def _apply(table: Any, old: dict[str, Any], new: dict[str, Any]) -> None:
             table[key] = value
         else:
             item = _inline(value)
-            if previous is None:
+            if previous is None and not _body(table):
+                table[key] = item
+            elif previous is None:
                 _body(table)._insert_at(0, key, item)
             else:
                 _body(table)._insert_after(previous, key, item)
