@@ -178,7 +178,7 @@ def _run(
         err.write(f"{PROG}: error: fix the file above (or leave it out with --client); nothing was changed\n")
         return 1
     if args.action == "wrap":
-        proxy = _proxy(args, proxy_options, environ, os_name)
+        proxy = _proxy(args, proxy_options, environ)
         dialect_change: Callable[..., tuple[dict[str, Any], list[str]]] = lambda entry, dialect: wrap(  # noqa: E731
             entry, dialect, proxy, _resolver(environ)
         )
@@ -290,10 +290,8 @@ def _resolver(environ: Mapping[str, str]) -> Callable[[str], str | None]:
     return resolve
 
 
-def _proxy(
-    args: argparse.Namespace, options: list[str], environ: Mapping[str, str], os_name: OsName
-) -> Proxy:
-    command, prefix = _own_command(args.proxy_command, os_name)
+def _proxy(args: argparse.Namespace, options: list[str], environ: Mapping[str, str]) -> Proxy:
+    command, prefix = _own_command(args.proxy_command)
     env: dict[str, str] = {}
     if args.key_file:
         key_file = Path(args.key_file).expanduser().absolute()
@@ -310,14 +308,17 @@ def _proxy(
     return Proxy(command, prefix, tuple(options), env)
 
 
-def _own_command(explicit: str | None, os_name: OsName) -> tuple[str, tuple[str, ...]]:
-    """The mcp-backfill that runs now, as an absolute path (a client's PATH may not have it)."""
+def _own_command(explicit: str | None) -> tuple[str, tuple[str, ...]]:
+    """The mcp-backfill that runs now, as an absolute path (a client's PATH may not have it); on
+    this machine, whatever `--os` says about where the configs are."""
     if explicit:
         return str(Path(explicit).expanduser().absolute()), ()
     script = Path(sys.argv[0])
     if script.name.lower().removesuffix(".exe") == "mcp-backfill" and script.is_file():
         return str(script.absolute()), ()
-    sibling = Path(sys.executable).parent / ("mcp-backfill.exe" if os_name == "windows" else "mcp-backfill")
+    sibling = Path(sys.executable).parent / (
+        "mcp-backfill.exe" if sys.platform == "win32" else "mcp-backfill"
+    )
     if sibling.is_file():
         return str(sibling), ()
     found = shutil.which("mcp-backfill")
