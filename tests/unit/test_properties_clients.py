@@ -272,3 +272,11 @@ def test_a_parse_error_names_the_line_and_column(text: str, line: int, column: i
 def test_comments_and_trailing_commas_are_accepted() -> None:
     text = '// lead\n{\n  "a": [1, 2,], /* note */\n  "b": {"c": "d",},\n}\n'
     assert jsonc.parse(text).value == {"a": [1, 2], "b": {"c": "d"}}
+
+
+def test_gemini_url_is_streamable_http_only_when_its_type_says_so() -> None:
+    gemini = next(client for client in CLIENTS if client.name == "gemini")
+    entry = {"url": "https://x.example/mcp", "type": "http"}
+    wrapped, _ = wrap(entry, gemini.dialect, Proxy("/opt/mcp-backfill"), lambda name: None)
+    assert wrapped["args"] == ["--upstream-url", "https://x.example/mcp"]
+    assert unwrap(wrapped, gemini.dialect)[0] == entry

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import sys
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -44,6 +45,13 @@ DESCRIPTION = (
     "Codex (user files and the project's), list their servers, and wrap them in mcp-backfill (or undo "
     "that). Files keep their comments and layout; each one changed gets a backup next to it."
 )
+EXAMPLES = """examples:
+  mcp-backfill clients list
+  mcp-backfill clients wrap weather --key-file ~/.config/anthropic.key --dry-run
+  mcp-backfill clients wrap --all --client cursor --key-file ~/.config/anthropic.key
+  mcp-backfill clients unwrap weather
+
+`mcp-backfill clients COMMAND --help` describes each command's options."""
 WRAP_EPILOG = (
     "Proxy options for the wrapped servers go after `--`, e.g. "
     "`mcp-backfill clients wrap weather --key-file ~/.config/anthropic.key -- --max-tokens-cap 2048`. "
@@ -91,17 +99,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="the project whose .mcp.json, .cursor/, .vscode/, .gemini/ and .codex/ configs to include "
         "(default: the current directory)",
     )
-    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=textwrap.fill(DESCRIPTION, 88),
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="action", required=True, metavar="{list,wrap,unwrap}")
     listing = commands.add_parser(
         "list", parents=[common], help="each config file, its servers, and which are wrapped"
     )
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    for action, verb in (("wrap", "wrap in mcp-backfill"), ("unwrap", "restore as they were before `wrap`")):
+    helps = {
+        "wrap": "wrap the named servers (or --all) in mcp-backfill",
+        "unwrap": "restore the named servers (or --all) as they were before `wrap`",
+    }
+    for action, summary in helps.items():
         sub = commands.add_parser(
             action,
             parents=[common],
-            help=f"{verb} the named servers (or --all)",
+            help=summary,
             usage=f"{PROG} {action} [OPTIONS] (NAME... | --all)"
             + (" [-- PROXY_OPTIONS...]" if action == "wrap" else ""),
             epilog=WRAP_EPILOG if action == "wrap" else None,
@@ -300,6 +317,12 @@ def _proxy(args: argparse.Namespace, options: list[str], environ: Mapping[str, s
                 f"warning: --key-file {key_file} does not exist (yet); the servers need it to start\n"
             )
         env[KEY_FILE_VARIABLE] = str(key_file)
+        if environ.get(KEY_VARIABLE):
+            sys.stderr.write(
+                f"warning: {KEY_VARIABLE} is set here too: a client that passes its own environment to "
+                f"its servers would set both it and {KEY_FILE_VARIABLE}, which the proxy refuses; "
+                f"keep the key in one place\n"
+            )
     elif args.write_key:
         key = environ.get(KEY_VARIABLE, "")
         if not key:
@@ -341,6 +364,8 @@ def _list(documents: list[Document], problems: list[str], as_json: bool, out: Te
     for document in documents:
         location = document.location
         for table in document.tables() or [()]:
+            if len(table) > 1 and not _at(document.value, table):
+                continue  # Claude Code keeps an empty server table for every project it has opened
             servers = []
             for name, entry in (_at(document.value, table) if table else {}).items():
                 summary = describe(entry, location.client.dialect)

@@ -188,16 +188,18 @@ def _wrap_stdio(
 
 
 def _wrap_url(entry: dict[str, Any], dialect: Dialect, proxy: Proxy) -> dict[str, Any]:
-    for key in dialect.sse_url_keys:
-        if key in entry:
-            raise Skip(
-                f"its {key!r} is a legacy SSE endpoint; the proxy reaches streamable-HTTP servers only"
-            )
+    kind = entry.get("type")
     url_key = next((key for key in dialect.url_keys if key in entry), None)
+    for key in dialect.sse_url_keys:
+        if url_key is None and key in entry:
+            if kind != "http":  # Gemini CLI: `url` is SSE unless `type` says streamable HTTP
+                raise Skip(
+                    f"its {key!r} is a legacy SSE endpoint; the proxy reaches streamable-HTTP servers only"
+                )
+            url_key = key
     if url_key is None:
         raise Skip("it has neither a command nor a URL")
     url = entry[url_key]
-    kind = entry.get("type")
     if not isinstance(url, str) or not url:
         raise Skip(f"its {url_key} is not a string")
     if kind == "sse" or (kind is None and url.rstrip("/").endswith("/sse")):
@@ -272,7 +274,11 @@ def _unwrap_stdio(
     upstream = args[args.index(_SEPARATOR) + 1 :]
     if not upstream:
         raise Skip(f"nothing follows {_SEPARATOR!r} in its args")
-    command = record.get("command", upstream[0])
+    command = upstream[0]
+    written = record.get("command")
+    found = PureWindowsPath(command).name.lower()
+    if isinstance(written, str) and (found == written.lower() or found.startswith(written.lower() + ".")):
+        command = written  # as it was before `wrap` made it absolute (unless edited since)
     for name in record.get("env", []):
         env.pop(name, None)
     absent = record.get("absent", [])
