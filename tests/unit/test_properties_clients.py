@@ -174,8 +174,8 @@ def styled(value: Any, style: int) -> str:
         return json.dumps(value, indent=2) + "\n"
     if style == 1:
         return json.dumps(value, indent=4)
-    if style == 2:
-        return json.dumps(value, indent="\t", ensure_ascii=False) + "\r\n".replace("\r\n", "\n")
+    if style == 2:  # tabs and Windows line endings
+        return json.dumps(value, indent="\t", ensure_ascii=False).replace("\n", "\r\n") + "\r\n"
     text = json.dumps(value, indent=2)
     for node in _arrays(value):
         text = text.replace(json.dumps(node, indent=2).replace("\n", "\n" + " " * 0), json.dumps(node))

@@ -63,6 +63,11 @@ class UsageError(Exception):
     """Bad arguments: printed with the usage, exit status 2."""
 
 
+class Changed(Exception):
+    """A file changed on disk between reading and writing it (Claude Code rewrites ~/.claude.json
+    while it runs): its change must not be lost. Exit status 1."""
+
+
 @dataclass
 class Change:
     """One entry to rewrite: where it is and its new value."""
@@ -101,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description=textwrap.fill(DESCRIPTION, 88),
+        description=textwrap.fill(DESCRIPTION, 88, break_on_hyphens=False),
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -163,6 +168,9 @@ def main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         sys.stderr.write(f"{PROG}: error: {exc}\n")
         return 2
+    except Changed as exc:
+        sys.stderr.write(f"{PROG}: error: {exc}\n")
+        return 1
 
 
 def _run(
@@ -271,8 +279,14 @@ def _apply(changes: list[Change], dry_run: bool, environ: Mapping[str, str], out
         )
         _at(new, change.table)[change.name] = change.new
     secret = environ.get(KEY_VARIABLE, "")
-    for document, new in by_document.values():
-        text = document.render(new)
+    rendered = [(document, document.render(new)) for document, new in by_document.values()]
+    if not dry_run:
+        for document, _ in rendered:  # a client may have rewritten a file since it was read
+            if document.location.path.read_bytes() != document.text.encode("utf-8"):
+                raise Changed(
+                    f"{document.location.path} changed while this ran; nothing was changed: run it again"
+                )
+    for document, text in rendered:
         path = document.location.path
         if dry_run:
             diff = difflib.unified_diff(
@@ -287,6 +301,7 @@ def _apply(changes: list[Change], dry_run: bool, environ: Mapping[str, str], out
 
 
 def _write(path: Path, text: str) -> Path:
+    """Backs `path` up, then replaces it with `text` atomically, keeping its permissions."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     backup = path.with_name(f"{path.name}{BACKUP_SUFFIX}{stamp}")
     shutil.copy2(path, backup)
