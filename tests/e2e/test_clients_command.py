@@ -26,6 +26,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from mcp_backfill.clients import jsonc
+from tests.fake_claude import FakeClaude
 from tests.harness import EXAMPLES, ROOT, TEST_API_KEY, proxy_env
 
 FIXTURES = ROOT / "tests" / "client_configs"
@@ -324,39 +325,49 @@ def test_write_key_is_the_only_way_the_key_lands_in_a_config(tmp_path: Path) -> 
     assert parsed(home.files[0])["mcpServers"]["weather"]["env"]["ANTHROPIC_API_KEY"] == TEST_API_KEY
 
 
-def test_a_wrapped_desktop_entry_runs_with_a_minimal_path(tmp_path: Path) -> None:
+def test_a_wrapped_desktop_entry_runs_with_a_minimal_path(tmp_path: Path, fake_claude: FakeClaude) -> None:
     """What issue 14 saw fail: a desktop app starts servers with PATH=/usr/bin:/bin. After `wrap`,
-    the entry names mcp-backfill and the server's interpreter by absolute path, so it starts."""
+    the entry names mcp-backfill and the server's interpreter by absolute path, so it starts, and
+    the proxy answers the server's sampling request with the key from the --key-file."""
     home_dir = tmp_path / "home"
     config = home_dir / ".config" / "Claude" / "claude_desktop_config.json"
     config.parent.mkdir(parents=True)
     entry = {"command": "python", "args": [str(EXAMPLES / "weather_server.py")]}
     config.write_text(json.dumps({"mcpServers": {"weather": entry}}, indent=2) + "\n")
+    key_file = tmp_path / "anthropic.key"
+    key_file.write_text(TEST_API_KEY + "\n")
+    key_file.chmod(0o600)
     user_path = f"{Path(sys.executable).parent}{os.pathsep}/usr/bin{os.pathsep}/bin"
     argv = [sys.executable, "-m", "mcp_backfill", "clients", "wrap", "weather", "--home", str(home_dir)]
-    argv += ["--os", "linux", "--", "--provider", "mock"]
+    argv += ["--os", "linux", "--key-file", str(key_file)]
     done = subprocess.run(
         argv, capture_output=True, text=True, env=proxy_env(PATH=user_path), cwd=tmp_path, timeout=60
     )
     assert done.returncode == 0, done.stderr
     wrapped = json.loads(config.read_text())["mcpServers"]["weather"]
     assert wrapped["command"] == PROXY
-    assert wrapped["args"][-2:] == [
+    assert wrapped["args"] == [
+        "--",
         str(Path(sys.executable).parent / "python"),
         str(EXAMPLES / "weather_server.py"),
     ]
+    assert TEST_API_KEY not in config.read_text()
 
     async def call() -> str:
+        # As the desktop app starts it: the entry's command, args and env, a minimal PATH, no cwd of
+        # ours (the fake Claude API stands in for the real one).
+        environment = {"PATH": "/usr/bin:/bin", "HOME": str(home_dir), "ANTHROPIC_BASE_URL": fake_claude.url}
         server = StdioServerParameters(
             command=wrapped["command"],
             args=wrapped["args"],
-            env={"PATH": "/usr/bin:/bin", "HOME": str(home_dir), **wrapped.get("env", {})},
+            env={**environment, **wrapped["env"]},
             cwd=str(tmp_path),
         )
         with anyio.fail_after(90):
             async with Client(server, mode="legacy") as client:
-                result = await client.call_tool("weather_assistant", {"question": "Umbrella in Oslo?"})
+                result = await client.call_tool("summarize", {"text": "Rain in Oslo, sun in Rome."})
         assert not result.is_error, result
         return " ".join(getattr(block, "text", "") for block in result.content)
 
-    assert anyio.run(call).strip()
+    assert "fake-claude says" in anyio.run(call)
+    assert fake_claude.message_requests  # answered with the key read from the file
