@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import copy
 import difflib
+import functools
 import json
 import os
 import shutil
@@ -204,13 +205,13 @@ def _run(
         return 1
     if args.action == "wrap":
         proxy = _proxy(args, proxy_options, environ)
-        dialect_change: Callable[..., tuple[dict[str, Any], list[str]]] = lambda entry, dialect: wrap(  # noqa: E731
-            entry, dialect, proxy, _resolver(environ)
+        change: Callable[..., tuple[dict[str, Any], list[str]]] = functools.partial(
+            wrap, proxy=proxy, resolve=_resolver(environ)
         )
     else:
         proxy = None
-        dialect_change = unwrap
-    changes, unknown = _changes(documents, args.names, dialect_change, err)
+        change = unwrap
+    changes, unknown = _changes(documents, args.names, change, err)
     if unknown:
         err.write(
             f"{PROG}: error: no server named {', '.join(unknown)} in the files found "
@@ -218,13 +219,17 @@ def _run(
         )
         return 1
     if not documents:
-        err.write(f"{PROG}: no client config found (`{PROG} list --help` says where it looks)\n")
+        err.write(
+            f"{PROG}: error: no client config found; --home, --os and --project say where to look "
+            "(docs/clients-command.md lists each client's files)\n"
+        )
         return 1
     written = _apply(changes, args.dry_run, environ, out)
     verb = "wrapped" if args.action == "wrap" else "unwrapped"
     if not args.dry_run:
         out.write(f"{verb} {len(changes)} server(s) in {written} file(s)\n")
-    if args.action == "wrap" and changes and proxy is not None and not proxy.env:
+    other_provider = any(option.startswith("--provider") for option in proxy_options)
+    if args.action == "wrap" and changes and proxy is not None and not proxy.env and not other_provider:
         err.write(
             f"note: the wrapped servers need the Claude API key: set {KEY_VARIABLE} where the client starts "
             f"them, or wrap again with --key-file PATH (unwrap first)\n"
