@@ -39,3 +39,9 @@ def test_home_overrides_the_variables(tmp_path: Path) -> None:
     assert layout("windows", tmp_path, environ).app_data == tmp_path / "AppData" / "Roaming"
     assert layout("linux", tmp_path, environ).app_data == tmp_path / ".config"
     assert layout("linux", None, {"HOME": "/home/me", "CODEX_HOME": "/codex"}).codex_home == Path("/codex")
+
+
+def test_windows_home_is_the_user_profile() -> None:
+    environ = {"HOME": "/c/Users/me", "USERPROFILE": "C:/Users/me"}
+    assert layout("windows", None, environ).home == Path("C:/Users/me")
+    assert layout("linux", None, environ).home == Path("/c/Users/me")

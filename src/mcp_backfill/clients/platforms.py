@@ -41,11 +41,12 @@ class Layout:
 
 
 def layout(os_name: OsName, home: Path | None, environ: Mapping[str, str]) -> Layout:
-    """The layout of `os_name` for `home` (default: the user's: HOME, or USERPROFILE on Windows)."""
+    """The layout of `os_name` for `home` (default: the user's: HOME; USERPROFILE first on Windows)."""
     explicit = home is not None
     if home is None:
-        fallback = environ.get("USERPROFILE") if os_name == "windows" else None
-        home = Path(environ.get("HOME") or fallback or os.path.expanduser("~"))
+        names = ("USERPROFILE", "HOME") if os_name == "windows" else ("HOME",)
+        found = next((environ[name] for name in names if environ.get(name)), None)
+        home = Path(found or os.path.expanduser("~"))
 
     def variable(name: str) -> Path | None:
         value = None if explicit else environ.get(name)
