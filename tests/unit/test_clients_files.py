@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_backfill.clients import command
+from mcp_backfill.clients import changes
 from mcp_backfill.clients.catalog import CLIENTS
 from mcp_backfill.clients.documents import Location, load
 from mcp_backfill.clients.entries import Proxy, wrap
@@ -23,10 +23,10 @@ def test_a_file_changed_since_it_was_read_is_left_alone(tmp_path: Path) -> None:
     entry, _ = wrap(
         document.value["mcpServers"]["a"], desktop.dialect, Proxy("/opt/mcp-backfill"), lambda n: None
     )
-    change = command.Change(document, ("mcpServers",), "a", entry)
+    change = changes.Change(document, ("mcpServers",), "a", entry)
     path.write_text('{"mcpServers": {"a": {"command": "/bin/a"}}, "written": "by the client"}\n')
-    with pytest.raises(command.Changed):
-        command._apply([change], False, {}, io.StringIO())
+    with pytest.raises(changes.Changed):
+        changes.apply_changes([change], False, {}, io.StringIO())
     assert "by the client" in path.read_text()
     assert list(tmp_path.iterdir()) == [path]  # no backup either
 

@@ -10,5 +10,7 @@ format libraries (tomlkit) cost the proxy's startup nothing. Modules, one concep
 - `toml_file`: the same for Codex's TOML, through tomlkit.
 - `documents`: one config file: read, its server tables, rendered back after a change.
 - `entries`: the pure part: what a server entry is, wrapping it and undoing that.
-- `command`: the command line (`list`, `wrap`, `unwrap`), diffs, backups and writes.
+- `listing`: what `list` prints.
+- `changes`: changed entries into their files: diffs, backups, atomic writes.
+- `command`: the command line (`list`, `wrap`, `unwrap`) and how a wrapped entry starts the proxy.
 """

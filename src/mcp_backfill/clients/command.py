@@ -1,46 +1,39 @@
-"""`mcp-backfill clients list|wrap|unwrap`: the command line over `documents` and `entries`.
+"""`mcp-backfill clients list|wrap|unwrap`: the command line over `documents`, `entries`, `changes`.
 
 An interactive command (stdout is the user's, unlike the proxy's stdio mode): results go to stdout,
 warnings and errors to stderr. A change is all or nothing: every config file in scope is parsed
-before any is written, and a malformed one stops the command with nothing changed. Every file
-written gets a timestamped backup next to it first, and is replaced atomically.
+before any is written, and a malformed one stops the command with nothing changed.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
-import difflib
 import functools
-import json
 import os
 import shutil
 import sys
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
-from urllib.parse import urlsplit
 
 from mcp_backfill.clients.catalog import client_names
+from mcp_backfill.clients.changes import Change, Changed, apply_changes
 from mcp_backfill.clients.documents import Document, Malformed, discover, load
 from mcp_backfill.clients.entries import (
     KEY_FILE_VARIABLE,
     KEY_VARIABLE,
     Proxy,
     Skip,
-    describe,
     unwrap,
     wrap,
 )
+from mcp_backfill.clients.listing import at, write_listing
 from mcp_backfill.clients.platforms import OS_NAMES, OsName, current_os, layout
 
 __all__ = ["main"]
 
 PROG = "mcp-backfill clients"
-BACKUP_SUFFIX = ".bak-mcp-backfill-"
 DESCRIPTION = (
     "Find the MCP configs of Claude Desktop, Claude Code, Cursor, VS Code, Windsurf, Gemini CLI and "
     "Codex (user files and the project's), list their servers, and wrap them in mcp-backfill (or undo "
@@ -62,21 +55,6 @@ WRAP_EPILOG = (
 
 class UsageError(Exception):
     """Bad arguments: printed with the usage, exit status 2."""
-
-
-class Changed(Exception):
-    """A file changed on disk between reading and writing it (Claude Code rewrites ~/.claude.json
-    while it runs): its change must not be lost. Exit status 1."""
-
-
-@dataclass
-class Change:
-    """One entry to rewrite: where it is and its new value."""
-
-    document: Document
-    table: tuple[str, ...]
-    name: str
-    new: Any
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -190,7 +168,7 @@ def _run(
         except Malformed as exc:
             problems.append(str(exc))
     if args.action == "list":
-        _list(documents, problems, args.json, out)
+        write_listing(documents, problems, args.json, out)
         for problem in problems:
             err.write(f"{PROG}: error: {problem}\n")
         return 1 if problems else 0
@@ -224,7 +202,7 @@ def _run(
             "(docs/clients-command.md lists each client's files)\n"
         )
         return 1
-    written = _apply(changes, args.dry_run, environ, out)
+    written = apply_changes(changes, args.dry_run, environ, out)
     verb = "wrapped" if args.action == "wrap" else "unwrapped"
     if not args.dry_run:
         out.write(f"{verb} {len(changes)} server(s) in {written} file(s)\n")
@@ -248,7 +226,7 @@ def _changes(
     for document in documents:
         dialect = document.location.client.dialect
         for table in document.tables():
-            servers = _at(document.value, table)
+            servers = at(document.value, table)
             for name, entry in servers.items():
                 if names and name not in names:
                     continue
@@ -267,54 +245,6 @@ def _changes(
                 if new != entry or list(new) != list(entry):
                     changes.append(Change(document, table, name, new))
     return changes, [name for name in names if name not in seen]
-
-
-def _at(value: Any, path: tuple[str, ...]) -> Any:
-    for key in path:
-        value = value[key]
-    return value
-
-
-def _apply(changes: list[Change], dry_run: bool, environ: Mapping[str, str], out: TextIO) -> int:
-    """Renders each changed file; prints its diff (dry run) or backs it up and writes it."""
-    by_document: dict[int, tuple[Document, Any]] = {}
-    for change in changes:
-        document, new = by_document.setdefault(
-            id(change.document), (change.document, copy.deepcopy(change.document.value))
-        )
-        _at(new, change.table)[change.name] = change.new
-    secret = environ.get(KEY_VARIABLE, "")
-    rendered = [(document, document.render(new)) for document, new in by_document.values()]
-    if not dry_run:
-        for document, _ in rendered:  # a client may have rewritten a file since it was read
-            if document.location.path.read_bytes() != document.text.encode("utf-8"):
-                raise Changed(
-                    f"{document.location.path} changed while this ran; nothing was changed: run it again"
-                )
-    for document, text in rendered:
-        path = document.location.path
-        if dry_run:
-            diff = difflib.unified_diff(
-                document.text.splitlines(keepends=True), text.splitlines(keepends=True), str(path), str(path)
-            )
-            shown = "".join(line if line.endswith("\n") else line + "\n" for line in diff)
-            out.write(shown.replace(secret, "***") if secret else shown)
-        else:
-            backup = _write(path, text)
-            out.write(f"{path}: changed (backup: {backup.name})\n")
-    return len(by_document)
-
-
-def _write(path: Path, text: str) -> Path:
-    """Backs `path` up, then replaces it with `text` atomically, keeping its permissions."""
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    backup = path.with_name(f"{path.name}{BACKUP_SUFFIX}{stamp}")
-    shutil.copy2(path, backup)
-    temporary = path.with_name(f".{path.name}.mcp-backfill-tmp")
-    temporary.write_bytes(text.encode("utf-8"))
-    shutil.copymode(path, temporary)
-    os.replace(temporary, path)
-    return backup
 
 
 def _resolver(environ: Mapping[str, str]) -> Callable[[str], str | None]:
@@ -368,51 +298,3 @@ def _own_command(explicit: str | None) -> tuple[str, tuple[str, ...]]:
     if found:
         return os.path.abspath(found), ()
     return sys.executable, ("-m", "mcp_backfill")
-
-
-# -- list ----------------------------------------------------------------------------------------
-
-
-def _shown_url(url: str) -> str:
-    """A URL without its query (which may hold a key)."""
-    parts = urlsplit(url)
-    return parts._replace(query="…" if parts.query else "", fragment="").geturl()
-
-
-def _list(documents: list[Document], problems: list[str], as_json: bool, out: TextIO) -> None:
-    report: list[dict[str, Any]] = []
-    for document in documents:
-        location = document.location
-        for table in document.tables() or [()]:
-            if len(table) > 1 and not _at(document.value, table):
-                continue  # Claude Code keeps an empty server table for every project it has opened
-            servers = []
-            for name, entry in (_at(document.value, table) if table else {}).items():
-                summary = describe(entry, location.client.dialect)
-                target = _shown_url(summary.target) if summary.kind == "url" else summary.target
-                servers.append(
-                    {"name": name, "kind": summary.kind, "wrapped": summary.wrapped, "target": target}
-                )
-            report.append(
-                {
-                    "client": location.client.name,
-                    "scope": location.scope,
-                    "path": str(location.path),
-                    "table": list(table),
-                    "servers": servers,
-                }
-            )
-    if as_json:
-        out.write(json.dumps({"files": report, "errors": problems}, indent=2) + "\n")
-        return
-    if not report and not problems:
-        out.write("no client config found\n")
-    for entry in report:
-        where = " ".join(entry["table"][:-1]) if len(entry["table"]) > 1 else ""
-        out.write(f"{entry['client']} ({entry['scope']}{': ' + where if where else ''}): {entry['path']}\n")
-        if not entry["servers"]:
-            out.write("  (no servers)\n")
-        width = max((len(server["name"]) for server in entry["servers"]), default=0)
-        for server in entry["servers"]:
-            state = "wrapped" if server["wrapped"] else "not wrapped"
-            out.write(f"  {server['name']:<{width}}  {server['kind']:<7} {state:<11}  {server['target']}\n")
