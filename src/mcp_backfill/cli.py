@@ -28,6 +28,7 @@ from mcp_backfill.options import DEFAULTS, Option, options_for, read_options
 SERVE_USAGE = "mcp-backfill serve [OPTIONS] (--upstream-url URL | -- COMMAND [ARGS...])"
 USAGE = f"mcp-backfill [OPTIONS] (--upstream-url URL | -- COMMAND [ARGS...])\n       {SERVE_USAGE}"
 SERVE_COMMAND = "serve"
+CLIENTS_COMMAND = "clients"
 DESCRIPTION = (
     "Run an MCP server behind a transparent proxy that answers its sampling/createMessage requests "
     "(including sampling with tools) with Claude, for clients that cannot sample. The server is a "
@@ -134,8 +135,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     A `StartupError` ends the process with its own `exit_code`: a `ConfigError` (2) is printed as a
     usage error, the others (an upstream that cannot start: 127, an address in use: 1) are logged.
     """
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if arguments[:1] == [CLIENTS_COMMAND]:
+        from mcp_backfill.clients.command import main as clients_main
+
+        return clients_main(arguments[1:])
     try:
-        config = parse_config(sys.argv[1:] if argv is None else argv, os.environ)
+        config = parse_config(arguments, os.environ)
         configure_logging(config.log_level, config.log_format, config.secrets())
         return anyio.run(_front(config), config, backend_options=event_loop_options())
     except ConfigError as exc:  # also found once running: an unusable --audit-log file, a provider setup

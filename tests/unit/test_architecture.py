@@ -3,8 +3,9 @@
 * A class longer than about 300 lines says in its docstring why it is long ("Long because …").
 * Protocol names (methods, header names, media types, envelope keys) are written in
   `mcp_backfill.protocol` only; everything else refers to them by name.
-* Nothing in `src/` prints, and only the stdio transport and the documentation tool
-  (`python -m mcp_backfill.options`) touch `sys.stdout` (stdout is the protocol of the stdio front).
+* Nothing in `src/` prints, and only the stdio transport, the documentation tool
+  (`python -m mcp_backfill.options`) and the interactive `mcp-backfill clients` command touch
+  `sys.stdout` (stdout is the protocol of the stdio front).
 """
 
 from __future__ import annotations
@@ -51,9 +52,10 @@ def test_protocol_names_are_written_once() -> None:
 
 
 def test_nothing_prints_to_stdout_by_accident() -> None:
-    """No `print()` at all, and `sys.stdout` only where stdout is meant: the stdio transport, and the
-    documentation tool, whose output is the tables it prints."""
-    on_purpose = {"transports/stdio.py", "options.py"}
+    """No `print()` at all, and `sys.stdout` only where stdout is meant: the stdio transport, the
+    documentation tool, whose output is the tables it prints, and `mcp-backfill clients`, a separate
+    interactive command that never runs in the proxy's process."""
+    on_purpose = {"transports/stdio.py", "options.py", "clients/command.py"}
     found = []
     for path, tree in modules():
         where = str(path.relative_to(SRC))

@@ -1,0 +1,83 @@
+"""Writing entry changes into their files: a diff for `--dry-run`, else a backup and an atomic write.
+
+Every changed file is rendered, and every file is checked to still hold what was read, before the
+first one is written: a client that rewrote a file meanwhile (Claude Code rewrites ~/.claude.json
+while it runs) keeps its change, and the command changes nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from mcp_backfill.clients.documents import Document
+from mcp_backfill.clients.entries import KEY_VARIABLE
+from mcp_backfill.clients.listing import at
+
+__all__ = ["BACKUP_SUFFIX", "Change", "Changed", "apply_changes"]
+
+BACKUP_SUFFIX = ".bak-mcp-backfill-"
+
+
+class Changed(Exception):
+    """A file changed on disk between reading and writing it (Claude Code rewrites ~/.claude.json
+    while it runs): its change must not be lost. Exit status 1."""
+
+
+@dataclass
+class Change:
+    """One entry to rewrite: where it is and its new value."""
+
+    document: Document
+    table: tuple[str, ...]
+    name: str
+    new: Any
+
+
+def apply_changes(changes: list[Change], dry_run: bool, environ: Mapping[str, str], out: TextIO) -> int:
+    """Renders each changed file; prints its diff (dry run) or backs it up and writes it."""
+    by_document: dict[int, tuple[Document, Any]] = {}
+    for change in changes:
+        document, new = by_document.setdefault(
+            id(change.document), (change.document, copy.deepcopy(change.document.value))
+        )
+        at(new, change.table)[change.name] = change.new
+    secret = environ.get(KEY_VARIABLE, "")
+    rendered = [(document, document.render(new)) for document, new in by_document.values()]
+    if not dry_run:
+        for document, _ in rendered:  # a client may have rewritten a file since it was read
+            if document.location.path.read_bytes() != document.text.encode("utf-8"):
+                raise Changed(
+                    f"{document.location.path} changed while this ran; nothing was changed: run it again"
+                )
+    for document, text in rendered:
+        path = document.location.path
+        if dry_run:
+            diff = difflib.unified_diff(
+                document.text.splitlines(keepends=True), text.splitlines(keepends=True), str(path), str(path)
+            )
+            shown = "".join(line if line.endswith("\n") else line + "\n" for line in diff)
+            out.write(shown.replace(secret, "***") if secret else shown)
+        else:
+            backup = write_with_backup(path, text)
+            out.write(f"{path}: changed (backup: {backup.name})\n")
+    return len(by_document)
+
+
+def write_with_backup(path: Path, text: str) -> Path:
+    """Backs `path` up, then replaces it with `text` atomically, keeping its permissions."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    backup = path.with_name(f"{path.name}{BACKUP_SUFFIX}{stamp}")
+    shutil.copy2(path, backup)
+    temporary = path.with_name(f".{path.name}.mcp-backfill-tmp")
+    temporary.write_bytes(text.encode("utf-8"))
+    shutil.copymode(path, temporary)
+    os.replace(temporary, path)
+    return backup

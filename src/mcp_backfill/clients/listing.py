@@ -1,0 +1,68 @@
+"""`mcp-backfill clients list`: each config file found, its servers, and which are wrapped.
+
+A table for people, or JSON (`--json`) for scripts and tests. A URL's query is not shown: some
+servers take their key there.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TextIO
+from urllib.parse import urlsplit
+
+from mcp_backfill.clients.documents import Document
+from mcp_backfill.clients.entries import describe
+
+__all__ = ["at", "write_listing"]
+
+
+def at(value: Any, path: tuple[str, ...]) -> Any:
+    """The value at a key path."""
+    for key in path:
+        value = value[key]
+    return value
+
+
+def _shown_url(url: str) -> str:
+    """A URL without its query (which may hold a key)."""
+    parts = urlsplit(url)
+    return parts._replace(query="…" if parts.query else "", fragment="").geturl()
+
+
+def write_listing(documents: list[Document], problems: list[str], as_json: bool, out: TextIO) -> None:
+    report: list[dict[str, Any]] = []
+    for document in documents:
+        location = document.location
+        for table in document.tables() or [()]:
+            if len(table) > 1 and not at(document.value, table):
+                continue  # Claude Code keeps an empty server table for every project it has opened
+            servers = []
+            for name, entry in (at(document.value, table) if table else {}).items():
+                summary = describe(entry, location.client.dialect)
+                target = _shown_url(summary.target) if summary.kind == "url" else summary.target
+                servers.append(
+                    {"name": name, "kind": summary.kind, "wrapped": summary.wrapped, "target": target}
+                )
+            report.append(
+                {
+                    "client": location.client.name,
+                    "scope": location.scope,
+                    "path": str(location.path),
+                    "table": list(table),
+                    "servers": servers,
+                }
+            )
+    if as_json:
+        out.write(json.dumps({"files": report, "errors": problems}, indent=2) + "\n")
+        return
+    if not report and not problems:
+        out.write("no client config found\n")
+    for entry in report:
+        where = " ".join(entry["table"][:-1]) if len(entry["table"]) > 1 else ""
+        out.write(f"{entry['client']} ({entry['scope']}{': ' + where if where else ''}): {entry['path']}\n")
+        if not entry["servers"]:
+            out.write("  (no servers)\n")
+        width = max((len(server["name"]) for server in entry["servers"]), default=0)
+        for server in entry["servers"]:
+            state = "wrapped" if server["wrapped"] else "not wrapped"
+            out.write(f"  {server['name']:<{width}}  {server['kind']:<7} {state:<11}  {server['target']}\n")

@@ -1,0 +1,87 @@
+"""Codex's config.toml, read and rewritten through tomlkit, which keeps comments and layout.
+
+The same contract as `jsonc_edit.rewrite`: the text changed so that it holds `new`, with members
+that did not change left alone, changed ones replaced in place and new ones inserted after the
+member that precedes them in `new` (so undoing a change restores the order). tomlkit is imported
+here only, on first use: the proxy never pays for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mcp_backfill.clients.jsonc import ParseError
+from mcp_backfill.clients.jsonc_edit import same
+
+__all__ = ["load", "rewrite"]
+
+
+def load(text: str) -> Any:
+    """The TOML document as plain values; `ParseError` (line, column) when it is not TOML."""
+    return _parse(text).unwrap()
+
+
+def rewrite(text: str, new: Any) -> str:
+    import tomlkit
+
+    document = _parse(text)
+    _apply(document, document.unwrap(), new)
+    return tomlkit.dumps(document)
+
+
+def _parse(text: str) -> Any:
+    import tomlkit
+    from tomlkit.exceptions import ParseError as TomlError
+
+    try:
+        return tomlkit.parse(text)
+    except TomlError as exc:
+        message = str(exc).split(" at line ")[0]
+        raise ParseError(message, exc.line, exc.col) from None
+
+
+def _body(table: Any) -> Any:
+    """The container that holds a table's members (a document is its own)."""
+    from tomlkit.container import Container
+
+    return table if isinstance(table, Container) else table.value
+
+
+def _inline(value: Any) -> Any:
+    """A new value as an item that stays where it is put: a table is written inline (a `[table]`
+    header in the middle of one would take the members after it)."""
+    import tomlkit
+
+    if isinstance(value, dict):
+        table = tomlkit.inline_table()
+        table.update(value)
+        return table
+    return tomlkit.item(value)
+
+
+def _apply(table: Any, old: dict[str, Any], new: dict[str, Any]) -> None:
+    from tomlkit.items import InlineTable
+
+    for key in old:
+        if key not in new:
+            del table[key]
+    previous: str | None = None
+    for key, value in new.items():
+        if key in old:
+            if not same(old[key], value):
+                current = table[key]
+                if isinstance(old[key], dict) and isinstance(value, dict) and hasattr(current, "value"):
+                    _apply(current, old[key], value)
+                else:
+                    table[key] = _inline(value)
+        elif isinstance(table, InlineTable):
+            table[key] = value
+        else:
+            item = _inline(value)
+            if previous is None and not _body(table):
+                table[key] = item
+            elif previous is None:
+                _body(table)._insert_at(0, key, item)
+            else:
+                _body(table)._insert_after(previous, key, item)
+        previous = key

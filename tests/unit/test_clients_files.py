@@ -1,0 +1,47 @@
+"""`mcp-backfill clients`' file handling, in process: a file a client rewrote meanwhile is not
+overwritten, and the layouts follow the variables unless --home is given."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from mcp_backfill.clients import changes
+from mcp_backfill.clients.catalog import CLIENTS
+from mcp_backfill.clients.documents import Location, load
+from mcp_backfill.clients.entries import Proxy, wrap
+from mcp_backfill.clients.platforms import layout
+
+
+def test_a_file_changed_since_it_was_read_is_left_alone(tmp_path: Path) -> None:
+    desktop = CLIENTS[0]
+    path = tmp_path / "claude_desktop_config.json"
+    path.write_text('{"mcpServers": {"a": {"command": "/bin/a"}}}\n')
+    document = load(Location(desktop, path, "user"))
+    entry, _ = wrap(
+        document.value["mcpServers"]["a"], desktop.dialect, Proxy("/opt/mcp-backfill"), lambda n: None
+    )
+    change = changes.Change(document, ("mcpServers",), "a", entry)
+    path.write_text('{"mcpServers": {"a": {"command": "/bin/a"}}, "written": "by the client"}\n')
+    with pytest.raises(changes.Changed):
+        changes.apply_changes([change], False, {}, io.StringIO())
+    assert "by the client" in path.read_text()
+    assert list(tmp_path.iterdir()) == [path]  # no backup either
+
+
+def test_home_overrides_the_variables(tmp_path: Path) -> None:
+    environ = {"HOME": "/home/me", "APPDATA": "C:/Users/me/AppData/Roaming", "XDG_CONFIG_HOME": "/xdg"}
+    assert layout("windows", None, environ).app_data == Path("C:/Users/me/AppData/Roaming")
+    assert layout("linux", None, environ).app_data == Path("/xdg")
+    assert layout("macos", None, environ).app_data == Path("/home/me/Library/Application Support")
+    assert layout("windows", tmp_path, environ).app_data == tmp_path / "AppData" / "Roaming"
+    assert layout("linux", tmp_path, environ).app_data == tmp_path / ".config"
+    assert layout("linux", None, {"HOME": "/home/me", "CODEX_HOME": "/codex"}).codex_home == Path("/codex")
+
+
+def test_windows_home_is_the_user_profile() -> None:
+    environ = {"HOME": "/c/Users/me", "USERPROFILE": "C:/Users/me"}
+    assert layout("windows", None, environ).home == Path("C:/Users/me")
+    assert layout("linux", None, environ).home == Path("/c/Users/me")
