@@ -11,6 +11,7 @@ that declares task-augmented sampling.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -110,9 +111,12 @@ async def test_a_failed_call_becomes_a_failed_task_whose_result_is_the_error(fak
     assert "prompt is too long" in payload["error"]["message"]
 
 
-async def test_cancelling_a_task_stops_the_claude_call(fake_claude: FakeClaude) -> None:
+async def test_cancelling_a_task_stops_the_claude_call_and_charges_it(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    audit = tmp_path / "audit.jsonl"
     fake_claude.enqueue(hang_reply("Partial"))
-    async with client_for(fake_claude) as client:
+    async with client_for(fake_claude, "--audit-log", str(audit)) as client:
         created = await create_task(client)
         assert await anyio.to_thread.run_sync(fake_claude.wait_for_requests, 1, 15.0)
         waiting = (await ask(client, "tasks/get", {"taskId": created["taskId"]}))["result"]
@@ -126,6 +130,10 @@ async def test_cancelling_a_task_stops_the_claude_call(fake_claude: FakeClaude) 
     assert again["error"]["code"] == -32602
     assert "terminal status 'cancelled'" in again["error"]["message"]
     assert payload["error"]["code"] == -32800
+    [line] = [json.loads(text) for text in audit.read_text().splitlines()]
+    assert line["outcome"] == "cancelled"  # charged like any cancelled call: Claude may have written it all
+    assert line["charged"]["output_tokens"] == 20
+    assert line["charged"]["input_tokens"] > 0
 
 
 async def test_unknown_tasks_and_cursors_get_the_spec_error(fake_claude: FakeClaude) -> None:
