@@ -144,6 +144,7 @@ def relay_options(config: Config) -> RelayOptions:
         task_ttl_max=config.task_ttl_max,
         approve=config.approve,
         approve_timeout=config.approve_timeout,
+        warm_up=config.warm_up,
         request_state_key=(
             request_state_key(config.request_state_key.value) if config.request_state_key else None
         ),

@@ -116,6 +116,7 @@ class Config:
     task_ttl_max: float = DEFAULTS["task_ttl_max"]
     approve: Approval = DEFAULTS["approve"]
     approve_timeout: float = DEFAULTS["approve_timeout"]
+    warm_up: bool = DEFAULTS["warm_up"]
     provider: ProviderName = DEFAULTS["provider"]
     model: str = DEFAULTS["model"]
     allowed_models: tuple[str, ...] = DEFAULTS["allowed_models"]

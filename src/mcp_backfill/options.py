@@ -760,6 +760,19 @@ OPTIONS: tuple[Option, ...] = (
         default_note="caching on",
     ),
     Option(
+        "warm_up",
+        "--no-warm-up",
+        True,
+        "do not import and build the Claude client in the background once a session's handshake is "
+        "answered; the first sampling request then waits for it (saves about 54 MB in sessions that "
+        "never sample)",
+        "do not get the Claude client ready in the background once a session's handshake is answered "
+        "(the first sampling request then waits seconds for it; saves about 54 MB where nothing samples)",
+        kind="switch",
+        negated=True,
+        default_note="warm-up on",
+    ),
+    Option(
         "audio",
         "--audio",
         "reject",

@@ -1,8 +1,9 @@
-"""A provider built on its first request, so that a proxy which never samples never pays for it.
+"""A provider built when it is first needed, so that a proxy which never samples never pays for it.
 
-Importing the anthropic SDK takes 1.3-1.7 s and about 54 MB on this project's machines; most
-sessions of most servers never sample. The SDK is imported (in a worker thread, so the relay keeps
-moving messages meanwhile) when the first sampling request arrives.
+Importing the anthropic SDK takes 1.3-3.6 s and about 54 MB on this project's machines. The SDK is
+imported in a worker thread (the relay keeps moving messages meanwhile), either when the relay
+warms it up — once a session's handshake is answered and the proxy is to answer its sampling
+(`--no-warm-up` turns that off) — or at the latest when the first sampling request arrives.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from typing import Any
 
 import anyio
 
+from mcp_backfill.logs import get_logger
 from mcp_backfill.sampling.provider import ProgressCallback, Provider, UsageMeter
+
+log = get_logger("provider")
 
 
 class LazyProvider:
@@ -22,11 +26,17 @@ class LazyProvider:
         self._provider: Provider | None = None
         self._lock = anyio.Lock()
 
-    async def _get(self) -> Provider:
+    async def _get(self, why: str = "first request") -> Provider:
         async with self._lock:  # concurrent first requests build it once
             if self._provider is None:
                 self._provider = await anyio.to_thread.run_sync(self._build)
+                log.info("provider ready", extra={"provider": self.name, "built_for": why})
         return self._provider
+
+    async def warm_up(self) -> None:
+        """Build the provider now, ahead of the first request (a no-op once built)."""
+        if self._provider is None:
+            await self._get("warm-up")
 
     async def create_message(
         self,

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+from anyio.abc import TaskGroup
 
 from mcp_backfill import jsonrpc, protocol, telemetry
 from mcp_backfill.errors import MessageTooLarge
@@ -95,6 +96,8 @@ class Relay:
         self.answerer = Answerer(sampler, session, self._send_upstream, self.approver.approve)
         book = TaskBook(ttl_max_ms=round(options.task_ttl_max * 1000))
         self.tasks = SamplingTasks(book, self.answerer.sample_approved, self._send_upstream)
+        self._tg: TaskGroup | None = None
+        self._warmed = not options.warm_up
         sample, scope = self.answerer.sample, session.client if session is not None else ""
         self.rounds = RoundDriver(
             options,
@@ -113,6 +116,7 @@ class Relay:
         """Relay until the upstream closes; `on_client_closed` runs when the client side ends first."""
         try:
             async with anyio.create_task_group() as tg:
+                self._tg = tg
                 self.answerer.start(tg)
                 self.tasks.start(tg)
                 self.rounds.start(tg)
@@ -240,6 +244,8 @@ class Relay:
                 self.state.client_requests[jsonrpc.id_key(message["id"])] = pending
                 return self._rewrite_initialize(message)
             rewritten = self.rounds.rewrite_request(message, pending, replies)
+            if rewritten is not message:
+                self._warm_up()  # the proxy backfilled sampling for this 2026 client
             if rewritten is not None:
                 self.state.client_requests[jsonrpc.id_key(message["id"])] = pending
             return rewritten
@@ -410,6 +416,14 @@ class Relay:
             self.traces.protocol_version = self.state.protocol_version
             self.state.check_version(self.state.protocol_version)
             log.info("session initialized", extra={"protocol_version": self.state.protocol_version})
+        if self.state.declares_tasks:
+            self._warm_up()  # the proxy answers this session's sampling
+
+    def _warm_up(self) -> None:
+        """Once per session, get the provider ready in the background (`--no-warm-up`: not at all)."""
+        if not self._warmed and self._tg is not None:
+            self._warmed = True
+            self._tg.start_soon(self.answerer.sampler.warm_up)
 
     # -- writing ---------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -80,3 +80,10 @@ class Provider(Protocol):
     ) -> dict[str, Any]: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class WarmsUp(Protocol):
+    """A provider that builds itself on first use, and can be told to do so ahead of it."""
+
+    async def warm_up(self) -> None: ...

@@ -24,7 +24,7 @@ from mcp_backfill.sampling.convert import ConversionOptions, to_claude_request, 
 from mcp_backfill.sampling.estimate import reservation_for
 from mcp_backfill.sampling.limits import RequestLimits, check_request, check_response
 from mcp_backfill.sampling.model_choice import select_model
-from mcp_backfill.sampling.provider import ProgressCallback, Provider
+from mcp_backfill.sampling.provider import ProgressCallback, Provider, WarmsUp
 from mcp_backfill.sampling.spend import SamplingSession, Spend, Ticket, normalize_usage
 from mcp_backfill.telemetry import ChatOutcome, ChatSpan
 
@@ -132,6 +132,15 @@ class Sampler:
         finally:
             self._report(exchange, session, params, result)
             span.end(_chat_outcome(exchange, error_type))
+
+    async def warm_up(self) -> None:
+        """Get the provider ready ahead of the first request (importing its SDK, if it waits for
+        that); a failure here is left for the first request to meet."""
+        if isinstance(self.provider, WarmsUp):
+            try:
+                await self.provider.warm_up()
+            except Exception:
+                log.debug("provider warm-up failed; the first request builds it again", exc_info=True)
 
     def _model(self, params: dict[str, Any]) -> str:
         return select_model(

@@ -1,0 +1,75 @@
+"""The Claude client is got ready in the background once the proxy knows it answers a session's
+sampling, so that the first sampling answer does not wait for the SDK's import; `--no-warm-up`
+leaves it to the first request."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.fake_claude import FakeClaude, text_reply
+from tests.harness import RawSession, initialize_params, proxy_argv, proxy_env, python_server, raw_proxy
+
+pytestmark = pytest.mark.anyio
+
+SAMPLING_SERVER = python_server("sampling_server.py")
+HELLO = {"messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}], "maxTokens": 20}
+
+
+def readiness(session: RawSession) -> list[dict[str, Any]]:
+    lines = [json.loads(line) for line in session.stderr().splitlines() if line.startswith("{")]
+    return [line for line in lines if line.get("msg") == "provider ready"]
+
+
+async def wait_until_ready(session: RawSession) -> dict[str, Any]:
+    with anyio.fail_after(60):
+        while not (ready := readiness(session)):
+            await anyio.sleep(0.05)
+    [line] = ready
+    return line
+
+
+async def sample(session: RawSession) -> dict[str, Any]:
+    arguments = {"name": "sample_raw", "arguments": {"params_json": json.dumps(HELLO)}}
+    response = await session.request(5, "tools/call", arguments)
+    outcome: dict[str, Any] = json.loads(response["result"]["content"][0]["text"])
+    return outcome
+
+
+@pytest.mark.parametrize(("options", "built_for"), [((), "warm-up"), (("--no-warm-up",), "first request")])
+async def test_the_client_is_ready_before_the_first_sampling_request(
+    fake_claude: FakeClaude, options: tuple[str, ...], built_for: str
+) -> None:
+    fake_claude.enqueue(text_reply("warm"))
+    argv = proxy_argv("--log-format", "json", *options, upstream=SAMPLING_SERVER)
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await session.request(0, "initialize", initialize_params())
+        await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        if built_for == "warm-up":
+            ready = await wait_until_ready(session)  # no sampling request has been made
+        outcome = await sample(session)
+        ready = await wait_until_ready(session)
+        await session.close_stdin()
+        await session.wait(30)
+    assert ready["built_for"] == built_for
+    assert ready["provider"] == "anthropic"
+    assert outcome["result"]["content"]["text"] == "warm"
+
+
+async def test_a_client_that_samples_itself_gets_no_warm_up(fake_claude: FakeClaude) -> None:
+    """In fallback mode a client that samples with tools answers everything: nothing is imported."""
+    argv = proxy_argv("--log-format", "json", upstream=SAMPLING_SERVER)
+    capabilities = {"sampling": {"tools": {}}}
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await session.request(0, "initialize", initialize_params(capabilities))
+        await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        listed = await session.request(1, "tools/list", {})
+        await session.request(2, "ping", {})
+        await session.close_stdin()
+        await session.wait(30)  # a warm-up once started would finish (and say so) before the exit
+        unready = readiness(session)
+    assert listed["result"]["tools"]
+    assert unready == []
