@@ -62,7 +62,7 @@ async def test_the_client_is_ready_before_the_first_sampling_request(
 async def test_a_client_that_samples_itself_gets_no_warm_up(fake_claude: FakeClaude) -> None:
     """In fallback mode a client that samples with tools answers everything: nothing is imported."""
     argv = proxy_argv("--log-format", "json", upstream=SAMPLING_SERVER)
-    capabilities = {"sampling": {"tools": {}}}
+    capabilities: dict[str, Any] = {"sampling": {"tools": {}}}
     async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
         await session.request(0, "initialize", initialize_params(capabilities))
         await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
