@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 
@@ -18,12 +19,14 @@ from mcp_backfill.config import (
     PLATFORM_SECRET_ENV_VARS,
     Config,
     custom_header_secrets,
+    looks_like_a_placeholder,
     read_secret_files,
     secret_from_env,
+    unknown_variables,
 )
 from mcp_backfill.errors import ConfigError, StartupError
 from mcp_backfill.logs import configure_logging, get_logger
-from mcp_backfill.options import DEFAULTS, Option, options_for, read_options
+from mcp_backfill.options import DEFAULTS, GROUPS, OPTIONS, Option, options_for, read_options
 
 SERVE_USAGE = "mcp-backfill serve [OPTIONS] (--upstream-url URL | -- COMMAND [ARGS...])"
 USAGE = f"mcp-backfill [OPTIONS] (--upstream-url URL | -- COMMAND [ARGS...])\n       {SERVE_USAGE}"
@@ -41,8 +44,33 @@ EPILOG = (
     "upstream server), ANTHROPIC_BASE_URL (an API gateway or proxy in front of the Claude API). "
     "Bedrock: AWS_REGION, AWS_BEARER_TOKEN_BEDROCK or the usual AWS credentials. Vertex: CLOUD_ML_REGION, "
     "ANTHROPIC_VERTEX_PROJECT_ID, MCP_BACKFILL_VERTEX_ACCESS_TOKEN or Application Default Credentials. "
-    "`mcp-backfill serve --help` describes the streamable-HTTP front."
+    "`mcp-backfill serve --help` describes the streamable-HTTP front.\n\n"
+    "examples:\n"
+    "  mcp-backfill -- /usr/bin/python3 /abs/path/server.py      wrap a stdio server\n"
+    "  mcp-backfill --provider mock -- npx -y some-server        offline, no key needed\n"
+    "  mcp-backfill --upstream-url http://127.0.0.1:9000/mcp     wrap a streamable-HTTP server\n"
+    "  mcp-backfill serve --port 8080 -- /abs/path/server        serve it over HTTP\n"
+    "  mcp-backfill clients list                                 find and wrap client configs\n"
+    "  mcp-backfill check -- /abs/path/server                    check a setup"
 )
+SERVE_ONLY = {opt.flag for opt in OPTIONS if opt.command == "serve"}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with hints for the usual mistakes in its error messages."""
+
+    def error(self, message: str) -> NoReturn:
+        unrecognized = message.partition("unrecognized arguments: ")[2].split()
+        serve_flags = [arg.split("=")[0] for arg in unrecognized if arg.split("=")[0] in SERVE_ONLY]
+        if serve_flags and not self.prog.endswith(SERVE_COMMAND):
+            message += f"; {serve_flags[0]} is an option of `mcp-backfill serve` (the HTTP front)"
+        elif unrecognized and not unrecognized[0].startswith("-"):
+            message += (
+                f"; put `--` before the server command: mcp-backfill [OPTIONS] -- {' '.join(unrecognized)}"
+            )
+        super().error(message)
+
+
 SERVE_DESCRIPTION = (
     "Serve an MCP server over streamable HTTP at /mcp, with sampling answered by Claude for clients that "
     "cannot sample. Every handshake-era client session gets its own upstream process; 2026-07-28 "
@@ -52,19 +80,28 @@ SERVE_DESCRIPTION = (
 
 
 def build_parser(serve: bool = False) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mcp-backfill serve" if serve else "mcp-backfill",
         usage=SERVE_USAGE if serve else USAGE,
-        description=SERVE_DESCRIPTION if serve else DESCRIPTION,
-        epilog=EPILOG,
+        description=textwrap.fill(SERVE_DESCRIPTION if serve else DESCRIPTION, 100),
+        epilog="\n".join(
+            textwrap.fill(part, 100) if not part.startswith("examples:") else part
+            for part in EPILOG.split("\n\n")
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"mcp-backfill {__version__}")
-    for each in options_for(serve):
-        _add_option(parser, each)
+    offered = {each.name: each for each in options_for(serve)}
+    for title, names in GROUPS:
+        members = [offered[name] for name in names if name in offered]
+        if members:
+            group = parser.add_argument_group(title)
+            for each in members:
+                _add_option(group, each)
     return parser
 
 
-def _add_option(parser: argparse.ArgumentParser, each: Option) -> None:
+def _add_option(parser: argparse._ActionsContainer, each: Option) -> None:
     """Flags stay raw strings (None when absent): converting them is `Option.convert`'s job, so a
     flag and its environment variable are read, and refused, the same way."""
     kwargs: dict[str, Any] = {"dest": each.name, "default": None, "help": each.help_text()}
@@ -143,6 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = parse_config(arguments, os.environ)
         configure_logging(config.log_level, config.log_format, config.secrets())
+        _warn_about(config, os.environ)
         return anyio.run(_front(config), config, backend_options=event_loop_options())
     except ConfigError as exc:  # also found once running: an unusable --audit-log file, a provider setup
         sys.stderr.write(f"mcp-backfill: error: {exc}\n")
@@ -152,6 +190,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+
+
+def _warn_about(config: Config, environ: Mapping[str, str]) -> None:
+    """Settings that are accepted but are probably not what the user meant."""
+    log = get_logger()
+    for name, close in unknown_variables(environ):
+        hint = f"; did you mean {close}?" if close else ""
+        log.warning(f"{name} is not a variable mcp-backfill reads{hint}")
+    if config.provider == "anthropic" and config.api_key and looks_like_a_placeholder(config.api_key.value):
+        log.warning(
+            "ANTHROPIC_API_KEY looks like a placeholder, not a key from console.anthropic.com; "
+            "sampling requests will be refused with an authentication error"
+        )
 
 
 def _front(config: Config) -> Callable[[Config], Awaitable[int]]:

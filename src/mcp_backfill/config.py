@@ -17,6 +17,7 @@ from mcp_backfill import protocol
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.options import (
     DEFAULTS,
+    ENV_PREFIX,
     OPTIONS,
     Allowance,
     Approval,
@@ -389,3 +390,26 @@ def custom_header_secrets(environ: Mapping[str, str]) -> tuple[Secret, ...]:
     raw = environ.get(CUSTOM_HEADERS_ENV_VAR, "")
     values = (line.partition(":")[2].strip() for line in raw.splitlines())
     return tuple(Secret(value) for value in values if value)
+
+
+# Variables of this prefix the program reads that are not options of the table.
+OTHER_VARIABLES = frozenset({"MCP_BACKFILL_VERTEX_ACCESS_TOKEN", "MCP_BACKFILL_UNWRAP"})
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """`MCP_BACKFILL_*` variables that no option or feature reads (misspellings, usually), each
+    with the closest known name, if one is close."""
+    import difflib
+
+    known = {opt.env for opt in OPTIONS} | OTHER_VARIABLES
+    known |= {f"{name}_FILE" for name in SECRET_FILE_VARIABLES}
+    unknown = sorted(name for name in environ if name.startswith(ENV_PREFIX) and name not in known)
+    return [(name, next(iter(difflib.get_close_matches(name, known, n=1)), None)) for name in unknown]
+
+
+# Keys copied from examples rather than from the console.
+_PLACEHOLDER = re.compile(r"your|xxxx|changeme|placeholder|<.*>|\.\.\.|^sk-ant-\*+$|example", re.IGNORECASE)
+
+
+def looks_like_a_placeholder(key: str) -> bool:
+    return bool(_PLACEHOLDER.search(key)) or len(key) < 20

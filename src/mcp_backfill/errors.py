@@ -162,3 +162,14 @@ class SessionGone(SessionError):
 
 class DuplicateRequestId(SessionError):
     """The client reused the id of a request still in flight in this session."""
+
+
+def cannot_start(command: str, reason: str, path: str | None) -> UpstreamStartError:
+    """The error for an upstream command that cannot be started, with what usually fixes it."""
+    hint = ""
+    if "/" not in command and "\\" not in command:
+        hint = (
+            f"; it was looked up on PATH={path or ''} (desktop apps start servers with a minimal PATH): "
+            "give its absolute path (`which " + command + "` shows it)"
+        )
+    return UpstreamStartError(f"cannot start upstream {command!r}: {reason}{hint}")

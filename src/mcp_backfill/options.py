@@ -4,7 +4,8 @@ One `Option` holds what the rest of the program needs to know about a setting: t
 it fills, its flag and environment variable, its default, how a raw string becomes a value, what
 values are acceptable, its help text and which command has it. From the table come the argparse
 parsers (`cli`), the flag > environment > default lookup (`read_options`), `Config`'s defaults and
-per-field checks (`config`), and the option tables in the README (`python -m mcp_backfill.options`).
+per-field checks (`config`), and the options reference of the docs (`python -m mcp_backfill.options`,
+which writes `docs/reference/options.md`).
 
 This module imports nothing heavy and nothing of mcp-backfill but `errors`, so that any module (the
 domain ones included) may use `env_var()` to name an option in a message, or the value types it
@@ -246,12 +247,12 @@ class Option:
     """One option. Read-only once built (a plain class: cheaper to create than a dataclass).
 
     `name` is the `Config` field it sets (and the argparse `dest`); `help` the plain `--help` text,
-    to which the default and the environment variable are appended; `doc` the README's "meaning"
+    to which the default and the environment variable are appended; `doc` the reference's "meaning"
     cell (Markdown); `parse` turns one raw string into a value (raising `ValueError` that says what
     it expected); `checks` are the field's own rules (cross-field rules live in `Config`); `env` is
     derived from the flag unless given (a repeatable flag's variable has a plural name);
     `negated` marks a switch that turns its field off (`--no-prompt-cache`); `default_note` is said
-    after the default (e.g. "no limit"); `default_text` is the default as the README says it, when
+    after the default (e.g. "no limit"); `default_text` is the default as the docs say it, when
     the field's own default is resolved elsewhere (e.g. from the bound port).
     """
 
@@ -356,7 +357,7 @@ class Option:
     # -- describing ------------------------------------------------------------------------------
 
     def default_words(self) -> str:
-        """The default for people (help and README), without Markdown; "" when there is none."""
+        """The default for people (help and docs), without Markdown; "" when there is none."""
         if self.default_text:
             return self.default_text.replace("`", "")
         return _words(self) or ""
@@ -467,7 +468,7 @@ OPTIONS: tuple[Option, ...] = (
         "never, elicit (every request) or elicit-tools (requests that offer tools)",
         "ask the user, through the client's `elicitation/create`, before a sampling request goes to "
         "Claude: `never`, `elicit` (every request) or `elicit-tools` (requests that offer tools); see "
-        "[approval](docs/approval.md)",
+        "[approval](../approval.md)",
         choices=APPROVALS,
     ),
     Option(
@@ -1045,6 +1046,85 @@ DEFAULTS: Mapping[str, Any] = {each.name: each.default for each in OPTIONS}
 """`Config`'s defaults, by field name."""
 
 
+# `--help` shows the options in these groups, in this order; every option is in exactly one.
+GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("upstream", ("upstream_url", "upstream_headers", "shutdown_grace", "max_message_bytes")),
+    ("protocol", ("mode", "era", "max_input_rounds", "input_stash_ttl", "task_ttl_max")),
+    ("approval", ("approve", "approve_timeout")),
+    (
+        "Claude",
+        (
+            "provider",
+            "model",
+            "allowed_models",
+            "allow_model_upgrade",
+            "api_headers",
+            "prompt_cache",
+            "warm_up",
+            "audio",
+            "sampling_timeout",
+            "retry_max_attempts",
+            "retry_base_delay",
+            "retry_max_delay",
+        ),
+    ),
+    (
+        "limits per sampling request",
+        (
+            "max_tokens_cap",
+            "max_messages",
+            "max_text_bytes",
+            "max_binary_bytes",
+            "max_tools",
+            "max_tool_calls",
+        ),
+    ),
+    (
+        "rates, concurrency and budgets",
+        (
+            "rate_limit",
+            "max_concurrent_sampling",
+            "client_rate_limit",
+            "client_max_concurrent_sampling",
+            "client_session_rate",
+            "budget_tokens",
+            "client_budget_tokens",
+            "session_budget_tokens",
+        ),
+    ),
+    (
+        "shared state (replicas)",
+        (
+            "state_store",
+            "state_store_outage",
+            "state_store_timeout",
+            "state_store_lease",
+            "request_state_key",
+        ),
+    ),
+    ("audit and logs", ("audit_log", "audit_content", "log_level", "log_format")),
+    (
+        "HTTP front (serve)",
+        (
+            "host",
+            "port",
+            "auth_token",
+            "client_tokens",
+            "allow_unauthenticated",
+            "forward_authorization",
+            "allowed_hosts",
+            "allowed_origins",
+            "max_sessions",
+            "max_connections",
+            "header_timeout",
+            "body_timeout",
+            "session_idle_timeout",
+            "drain_timeout",
+        ),
+    ),
+)
+
+
 def option(name: str) -> Option:
     """The option that sets `Config.<name>`."""
     return BY_NAME[name]
@@ -1076,10 +1156,13 @@ def read_options(
     return values
 
 
-# -- the README's option tables ------------------------------------------------------------------
+# -- the options reference (docs/reference/options.md) ------------------------------------------
 
 TABLES: Mapping[str, Command] = {"mcp-backfill": "both", "serve": "serve"}
-_BEGIN = "<!-- options:{key} begin: generated by `python -m mcp_backfill.options --write README.md` -->"
+REFERENCE = "docs/reference/options.md"
+_BEGIN = (
+    "<!-- options:{key} begin: generated by `python -m mcp_backfill.options --write " + REFERENCE + "` -->"
+)
 _END = "<!-- options:{key} end -->"
 
 
@@ -1117,19 +1200,19 @@ def _default_cell(opt: Option) -> str:
     return f"{cell} ({opt.default_note})" if opt.default_note else cell
 
 
-def sync_readme(text: str) -> str:
+def sync_tables(text: str) -> str:
     """`text` with every generated table replaced by the table's current rendering."""
     for key, command in TABLES.items():
         begin, end = _BEGIN.format(key=key), _END.format(key=key)
         found = re.search(re.escape(begin) + r"\n.*?" + re.escape(end), text, re.DOTALL)
         if found is None:
-            raise ValueError(f"the README has no {begin!r} ... {end!r} section")
+            raise ValueError(f"the page has no {begin!r} ... {end!r} section")
         text = f"{text[: found.start()]}{begin}\n{markdown_table(command)}{end}{text[found.end() :]}"
     return text
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m mcp_backfill.options`: print, check or rewrite the README's option tables."""
+    """`python -m mcp_backfill.options`: print, check or rewrite the option tables of the reference page."""
     import argparse  # the documentation tool's own needs stay out of the proxy's startup
     from pathlib import Path
 
@@ -1137,9 +1220,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m mcp_backfill.options", description="The option reference, from the option table."
     )
     group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--markdown", action="store_true", help="print the README's option tables")
-    group.add_argument("--write", metavar="README", type=Path, help="regenerate the tables in README")
-    group.add_argument("--check", metavar="README", type=Path, help="exit 1 if README's tables are stale")
+    group.add_argument("--markdown", action="store_true", help="print the option tables")
+    group.add_argument(
+        "--write", metavar="PAGE", type=Path, help=f"regenerate the tables in PAGE ({REFERENCE})"
+    )
+    group.add_argument("--check", metavar="PAGE", type=Path, help="exit 1 if PAGE's tables are stale")
     args = parser.parse_args(argv)
     if args.markdown:
         for key, command in TABLES.items():
@@ -1148,7 +1233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     path: Path = args.write or args.check
     text = path.read_text(encoding="utf-8")
-    fresh = sync_readme(text)
+    fresh = sync_tables(text)
     if args.check:
         if fresh != text:
             sys.stderr.write(

@@ -1,4 +1,4 @@
-"""The option table: one entry per option, consistent names, sound defaults, and the README in sync."""
+"""The option table: one entry per option, consistent names, sound defaults, and the docs in sync."""
 
 from __future__ import annotations
 
@@ -26,12 +26,12 @@ from mcp_backfill.options import (
     env_var,
     main,
     options_for,
-    sync_readme,
+    sync_tables,
 )
 from tests.harness import ROOT
 
 KEY = {"ANTHROPIC_API_KEY": "sk-ant-unit-secret"}
-README = ROOT / "README.md"
+REFERENCE = ROOT / "docs" / "reference" / "options.md"
 # `Config` fields that are not options: the command after `--`, the front (`serve` or not), and
 # credentials read from the environment only.
 NOT_OPTIONS = {
@@ -118,34 +118,36 @@ def test_bad_values_from_the_environment_say_what_was_expected() -> None:
         parse_config(["--", "s"], KEY | {"MCP_BACKFILL_AUDIT_CONTENT": "maybe"})
 
 
-def test_the_readme_tables_are_generated_from_the_table() -> None:
-    readme = README.read_text(encoding="utf-8")
-    assert sync_readme(readme) == readme, (
-        "the README's option tables differ from src/mcp_backfill/options.py; "
-        "run .venv/bin/python -m mcp_backfill.options --write README.md"
+def test_the_reference_tables_are_generated_from_the_table() -> None:
+    page = REFERENCE.read_text(encoding="utf-8")
+    assert sync_tables(page) == page, (
+        "the option tables of docs/reference/options.md differ from src/mcp_backfill/options.py; "
+        "run .venv/bin/python -m mcp_backfill.options --write docs/reference/options.md"
     )
 
 
 def test_the_generator_checks_and_rewrites_a_stale_readme(tmp_path: Path) -> None:
-    stale = tmp_path / "README.md"
-    fresh = README.read_text(encoding="utf-8")
+    stale = tmp_path / "options.md"
+    fresh = REFERENCE.read_text(encoding="utf-8")
     edited = fresh.replace("| `MCP_BACKFILL_MODE` | `fallback` |", "| `MCP_BACKFILL_MODE` | `always` |")
     assert edited != fresh
     stale.write_text(edited, encoding="utf-8")
-    assert main(["--check", str(README)]) == 0
+    assert main(["--check", str(REFERENCE)]) == 0
     assert main(["--check", str(stale)]) == 1
     assert main(["--write", str(stale)]) == 0
     assert stale.read_text(encoding="utf-8") == fresh
 
 
-# Defaults the README quotes outside the generated tables: "`--flag` (N)", "(N s)", "(N MiB)" in
+# Defaults the docs quote outside the generated tables: "`--flag` (N)", "(N s)", "(N MiB)" in
 # prose, and "| … | `--flag` | `N` …" rows of the limits tables.
+DOCS = ROOT / "docs"
 PROSE_DEFAULT = re.compile(r"`(--[a-z-]+)`\s+\((\d[\d.]*)(\s+s|\s+MiB)?\)")
 ROW_DEFAULT = re.compile(r"^\|[^|\n]*\|\s*`(--[a-z-]+)`\s*\|\s*`(\d[\d.]*)`", re.MULTILINE)
 
 
-def test_defaults_quoted_elsewhere_in_the_readme_are_the_tables() -> None:
-    readme = README.read_text(encoding="utf-8")
+def test_defaults_quoted_elsewhere_in_the_docs_are_the_tables() -> None:
+    pages = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+    readme = "\n".join(page.read_text(encoding="utf-8") for page in pages)
     quoted = [
         (flag, float(n) * (MIB if (unit or "").strip() == "MiB" else 1))
         for flag, n, unit in PROSE_DEFAULT.findall(readme)
@@ -156,7 +158,7 @@ def test_defaults_quoted_elsewhere_in_the_readme_are_the_tables() -> None:
         default = BY_FLAG[flag].default
         if isinstance(default, tuple) and all(isinstance(each, Allowance) for each in default):
             default = sum(each.tokens for each in default if each.window is None)  # a lifetime budget
-        assert value == default, f"the README says {flag} defaults to {value:g}"
+        assert value == default, f"the docs say {flag} defaults to {value:g}"
 
 
 def imported_modules(path: Path) -> set[str]:

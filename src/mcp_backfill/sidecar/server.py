@@ -10,8 +10,10 @@ closed and every upstream stopped. A second signal skips the wait.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import math
+import os
 import shutil
 import signal
 import socket
@@ -24,9 +26,9 @@ import uvicorn
 from mcp_backfill import telemetry
 from mcp_backfill.assembly import client_session_rate, make_sampler, relay_options
 from mcp_backfill.config import Config
-from mcp_backfill.errors import BindError, StoreUnavailable, UpstreamStartError
+from mcp_backfill.errors import BindError, StoreUnavailable, cannot_start
 from mcp_backfill.logs import get_logger
-from mcp_backfill.options import Allowance
+from mcp_backfill.options import Allowance, env_var
 from mcp_backfill.relay import Relay
 from mcp_backfill.sampling.audit import auditing
 from mcp_backfill.sampling.spend import Spend
@@ -71,7 +73,10 @@ def bind(host: str, port: int) -> socket.socket:
         sock.listen(socket.SOMAXCONN)
         sock.setblocking(False)
     except OSError as exc:
-        raise BindError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+        hint = ""
+        if exc.errno == errno.EADDRINUSE:
+            hint = f"; choose another with --port N ({env_var('--port')}), or --port 0 for a free one"
+        raise BindError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{hint}") from exc
     return sock
 
 
@@ -80,7 +85,7 @@ def upstream_factory(config: Config) -> UpstreamFactory:
     if config.upstream_url is not None:
         return http_upstreams(config)
     if shutil.which(config.upstream_command[0]) is None:
-        raise UpstreamStartError(f"cannot start upstream {config.upstream_command[0]!r}: command not found")
+        raise cannot_start(config.upstream_command[0], "command not found", os.environ.get("PATH"))
     return child_process_upstreams(config)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, Process
 
-from mcp_backfill.errors import MessageTooLarge, UpstreamStartError
+from mcp_backfill.errors import MessageTooLarge, cannot_start
 from mcp_backfill.logs import get_logger
 
 log = get_logger("stdio")
@@ -364,7 +364,7 @@ async def spawn_upstream(
     except OSError as exc:
         for fd in (to_child, from_child):
             os.close(fd)
-        raise UpstreamStartError(f"cannot start upstream {command[0]!r}: {exc.strerror or exc}") from exc
+        raise cannot_start(command[0], str(exc.strerror or exc), env.get("PATH")) from exc
     finally:
         os.close(child_stdin)
         os.close(child_stdout)
