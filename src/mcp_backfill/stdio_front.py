@@ -49,17 +49,11 @@ async def run_stdio_proxy(config: Config) -> int:
             status = await relay_session(config, sampler, session, client, upstream)
             budget = sampler.spend.budget
             dropped = sampler.audit.dropped if sampler.audit is not None else 0
-            if budget.exchanges or sampler.spend.refused or dropped:
-                log.info(
-                    "sampling spend",
-                    extra={
-                        "tokens_charged": budget.used,
-                        "calls": budget.exchanges,
-                        "refused": sampler.spend.refused,
-                        "audit_lines_dropped": dropped,
-                        **budget.tokens,
-                    },
-                )
+            if budget.exchanges or sampler.spend.refused or dropped:  # nothing to say otherwise
+                summary = {"calls": budget.exchanges, "tokens": budget.used, "refused": sampler.spend.refused}
+                if dropped:
+                    summary["audit_lines_dropped"] = dropped
+                log.info("sampling summary", extra=summary)
             return status
     finally:
         await sampler.provider.aclose()

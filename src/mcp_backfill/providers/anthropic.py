@@ -10,6 +10,7 @@ SDK's own retries are off: `RetryingProvider` owns retrying, against a deadline.
 from __future__ import annotations
 
 import email.utils
+import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -46,6 +47,26 @@ RETRYABLE_STREAM_ERRORS = frozenset(
 NEVER_SENT = (httpx2.ConnectError, httpx2.ConnectTimeout)
 
 AnyClient = anthropic.AsyncAnthropic | anthropic.AsyncAnthropicBedrock | anthropic.AsyncAnthropicVertex
+
+
+# Where each backend's credentials come from, for the message that says they were refused.
+CREDENTIALS = {
+    "anthropic": "ANTHROPIC_API_KEY",
+    "bedrock": "the AWS credentials (AWS_BEARER_TOKEN_BEDROCK, AWS_PROFILE...)",
+    "vertex": "the Google credentials (MCP_BACKFILL_VERTEX_ACCESS_TOKEN or Application Default Credentials)",
+}
+
+
+def _name_not_resolved(exc: BaseException) -> bool:
+    """Did a connection fail because the host name does not resolve?"""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the cause chain: SDK error -> httpx2 error -> OSError
+        if seen is None:
+            return False
+        if isinstance(seen, socket.gaierror):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class AnthropicProvider:
@@ -112,6 +133,14 @@ class AnthropicProvider:
         except anthropic.APIConnectionError as exc:
             if isinstance(exc.__cause__, NEVER_SENT):
                 meter.not_billed()
+            if _name_not_resolved(exc):  # retrying will not make the name resolve: say so at once
+                raise self._error(
+                    f"Claude API host name does not resolve ({self._redact(str(exc.__cause__ or exc))}); "
+                    "check ANTHROPIC_BASE_URL (or the platform's region) and this machine's DNS",
+                    "name_resolution",
+                    request_id,
+                    retryable=False,
+                ) from None
             raise self._error(
                 f"Claude API unreachable: {self._redact(str(exc.__cause__ or exc))}",
                 "connection_error",
@@ -174,6 +203,8 @@ class AnthropicProvider:
         if exc.request_id:
             data["request_id"] = exc.request_id
         detail = self._redact(exc.api_message or exc.message)
+        if status in (401, 403):
+            detail += f"; check {CREDENTIALS.get(self.name, 'ANTHROPIC_API_KEY')}"
         return ProviderError(
             f"Claude API error ({status} {exc.type or 'error'}): {detail}",
             data,

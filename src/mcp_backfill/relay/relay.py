@@ -18,6 +18,7 @@ knows the protocol, not the transport: both sides are `MessageChannel`s.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -67,6 +68,21 @@ def rewrite_each(message: Any, rewrite: Callable[[Any], Any]) -> Any:
     return kept or None
 
 
+def trace_message(direction: str, message: Any, size: int) -> None:
+    """A debug line for each message of `message` (a batch shares its size)."""
+    for item in message if isinstance(message, list) else [message]:
+        if isinstance(item, dict):
+            kind = (
+                "request"
+                if "id" in item and "method" in item
+                else "notification"
+                if "method" in item
+                else "response"
+            )
+            extra = {"direction": direction, "kind": kind, "method": item.get("method"), "id": item.get("id")}
+            log.debug("message", extra={**extra, "bytes": size, "error": "error" in item})
+
+
 class Relay:
     """Moves messages between `client` and `upstream` until the upstream side ends.
 
@@ -97,6 +113,8 @@ class Relay:
         book = TaskBook(ttl_max_ms=round(options.task_ttl_max * 1000))
         self.tasks = SamplingTasks(book, self.answerer.sample_approved, self._send_upstream)
         self._tg: TaskGroup | None = None
+        # `--log-level debug`: one line per message (direction, method, id, size; never contents).
+        self._trace_messages = log.isEnabledFor(logging.DEBUG)
         self._warmed = not options.warm_up
         sample, scope = self.answerer.sample, session.client if session is not None else ""
         self.rounds = RoundDriver(
@@ -205,6 +223,8 @@ class Relay:
                 jsonrpc.encode(jsonrpc.error_response(None, protocol.PARSE_ERROR, f"Parse error: {exc}"))
             )
             return
+        if self._trace_messages:
+            trace_message("from client", message, len(raw))
         replies: list[dict[str, Any]] = []
         forwarded = rewrite_each(message, lambda item: self._client_item(item, replies))
         if forwarded is None:
@@ -304,6 +324,10 @@ class Relay:
         """`origin`: the upstream-side id of the request whose response stream carried `raw`."""
         related = self._client_id_for(origin)
         if len(raw) >= LARGE_MESSAGE and self._plain_response(raw):
+            if self._trace_messages:
+                log.debug(
+                    "message", extra={"direction": "from upstream", "bytes": len(raw), "relayed": "whole"}
+                )
             await self._send_client(raw, related)
             return
         try:
@@ -314,6 +338,8 @@ class Relay:
                 extra={"error": str(exc), "line": jsonrpc.preview(raw)},
             )
             return
+        if self._trace_messages:
+            trace_message("from upstream", message, len(raw))
         forwarded = rewrite_each(message, lambda item: self._upstream_item(item, related))
         if forwarded is None:
             return

@@ -89,6 +89,9 @@ class AuditRecord:
         limit = data.get("limit") if isinstance(data, Mapping) else None
         if isinstance(limit, str):
             self.error["limit"] = limit
+        status = data.get("status") if isinstance(data, Mapping) else None
+        if isinstance(status, int):  # the API's HTTP status
+            self.error["status"] = status
 
     def entry(self) -> dict[str, Any]:
         """The audit line (contents excluded)."""

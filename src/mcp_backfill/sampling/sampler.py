@@ -9,6 +9,7 @@ logged and, with `--audit-log`, audited, whatever its outcome.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -226,7 +227,9 @@ class Sampler:
                 extra["session_budget_remaining"] = session.budget.remaining
         outcome = exchange.outcome
         if exchange.error is not None:
-            log.warning(
+            refused_credentials = exchange.error.get("status") in (401, 403)
+            log.log(
+                logging.ERROR if refused_credentials else logging.WARNING,
                 f"sampling request {outcome.replace('_', ' ')}",
                 extra={**extra, "code": exchange.error["code"], "error": exchange.error["message"]},
             )
