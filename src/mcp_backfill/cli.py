@@ -31,6 +31,7 @@ from mcp_backfill.options import DEFAULTS, GROUPS, OPTIONS, Option, options_for,
 SERVE_USAGE = "mcp-backfill serve [OPTIONS] (--upstream-url URL | -- COMMAND [ARGS...])"
 USAGE = f"mcp-backfill [OPTIONS] (--upstream-url URL | -- COMMAND [ARGS...])\n       {SERVE_USAGE}"
 SERVE_COMMAND = "serve"
+CHECK_COMMAND = "check"
 CLIENTS_COMMAND = "clients"
 DESCRIPTION = (
     "Run an MCP server behind a transparent proxy that answers its sampling/createMessage requests "
@@ -173,6 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     usage error, the others (an upstream that cannot start: 127, an address in use: 1) are logged.
     """
     arguments = sys.argv[1:] if argv is None else list(argv)
+    if arguments[:1] == [CHECK_COMMAND]:
+        from mcp_backfill.doctor import main as check_main
+
+        return check_main(arguments[1:], parse_config)
     if arguments[:1] == [CLIENTS_COMMAND]:
         from mcp_backfill.clients.command import main as clients_main
 

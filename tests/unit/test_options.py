@@ -185,3 +185,11 @@ def test_the_command_line_modules_import_nothing_heavy() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_every_option_is_in_exactly_one_help_group() -> None:
+    from mcp_backfill.options import GROUPS, OPTIONS
+
+    grouped = [name for _, names in GROUPS for name in names]
+    assert sorted(grouped) == sorted(opt.name for opt in OPTIONS)
+    assert len(grouped) == len(set(grouped))

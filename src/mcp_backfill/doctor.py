@@ -1,0 +1,200 @@
+"""`mcp-backfill check`: is this setup going to work? A report a user can paste into a bug report.
+
+It reads the options exactly as the proxy would (flags, then `MCP_BACKFILL_*` variables, then
+defaults; `*_FILE` variables read from their files) and prints each setting that is not a default
+with where it came from, secrets masked. Then it tries the parts in turn: one cheap authenticated
+call to the provider (counting the tokens of a one-word prompt costs nothing), and a real session
+through the proxy — `mcp-backfill` started with the same options in front of the same upstream,
+an MCP SDK client doing the handshake — which shows the server's name, version and protocol
+revision, and whether the proxy will answer sampling for a client that declares what
+`--client-capabilities` says. Exit status 0 when every part works, 1 when one does not, 2 for
+bad usage.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import anyio
+
+from mcp_backfill import __version__
+from mcp_backfill.assembly import provider_settings
+from mcp_backfill.config import SECRET_FILE_VARIABLES, Config, unknown_variables
+from mcp_backfill.errors import ConfigError
+from mcp_backfill.options import DEFAULTS, Option, Secret, options_for
+from mcp_backfill.relay.capabilities import ClientProfile, proxy_answers
+
+CLIENT_CAPABILITIES: Mapping[str, dict[str, Any]] = {
+    "none": {},
+    "sampling": {"sampling": {}},
+    "sampling-tools": {"sampling": {"tools": {}}},
+}
+USAGE = (
+    "usage: mcp-backfill check [--client-capabilities none|sampling|sampling-tools] [OPTIONS] "
+    "(--upstream-url URL | -- COMMAND [ARGS...])"
+)
+TIMEOUT = 30.0  # seconds for each part that talks to something
+
+
+ParseConfig = Callable[[Sequence[str], Mapping[str, str]], Config]
+
+
+def main(argv: Sequence[str], parse_config: ParseConfig, environ: Mapping[str, str] = os.environ) -> int:
+    """`parse_config`: the proxy's own reading of its options (the command line's)."""
+    args = list(argv)
+    declared = "none"
+    if "--client-capabilities" in args[: args.index("--") if "--" in args else len(args)]:
+        at = args.index("--client-capabilities")
+        declared = args[at + 1] if at + 1 < len(args) else ""
+        del args[at : at + 2]
+    if declared not in CLIENT_CAPABILITIES or (not args or args in (["-h"], ["--help"])):
+        sys.stderr.write(USAGE + "\n")
+        return 0 if args in (["-h"], ["--help"]) else 2
+    try:
+        config = parse_config(args, environ)
+    except ConfigError as exc:
+        print(f"configuration: FAILED: {exc}")
+        return 1
+    except SystemExit as exc:  # argparse already said what is wrong
+        return int(exc.code or 2)
+    report = Report()
+    report.section("mcp-backfill check")
+    report.line(f"mcp-backfill {__version__}, Python {platform.python_version()}, {platform.platform()}")
+    _configuration(report, args, config, environ)
+    anyio.run(_provider, report, config)
+    anyio.run(_session, report, args, config, declared)
+    report.section("result")
+    report.line("OK: every part works" if not report.problems else f"{report.problems} problem(s) above")
+    return 1 if report.problems else 0
+
+
+class Report:
+    """What `check` prints (to stdout: this command is not a proxy), and how many parts failed."""
+
+    def __init__(self) -> None:
+        self.problems = 0
+
+    def section(self, title: str) -> None:
+        print(f"\n{title}" if title != "mcp-backfill check" else title)
+
+    def line(self, text: str) -> None:
+        print(f"  {text}")
+
+    def fail(self, text: str) -> None:
+        self.problems += 1
+        self.line(f"FAILED: {text}")
+
+
+def _configuration(report: Report, argv: Sequence[str], config: Config, environ: Mapping[str, str]) -> None:
+    report.section("configuration (not defaults; secrets masked)")
+    flags = set(argv[: argv.index("--")] if "--" in argv else argv)
+    for opt in options_for(config.front == "http"):
+        value = getattr(config, opt.name)
+        source = _source(opt, flags, environ)
+        if source == "default" and opt.name not in ("provider", "model", "mode"):
+            continue
+        report.line(f"{opt.flag} = {_shown(opt, value)}  ({source})")
+    if config.provider == "anthropic":
+        origin = "file ANTHROPIC_API_KEY_FILE" if environ.get("ANTHROPIC_API_KEY_FILE") else "environment"
+        shown = "(not set)" if config.api_key is None else _masked(config.api_key.value)
+        report.line(f"ANTHROPIC_API_KEY = {shown}  ({origin})")
+        if config.api_base_url:
+            report.line(f"ANTHROPIC_BASE_URL = {config.api_base_url}  (environment)")
+    for name, close in unknown_variables(environ):
+        hint = f"; did you mean {close}?" if close else ""
+        report.fail(f"{name} is not a variable mcp-backfill reads{hint}")
+
+
+def _source(opt: Option, flags: set[str], environ: Mapping[str, str]) -> str:
+    if opt.flag in flags or any(flag.startswith(opt.flag + "=") for flag in flags):
+        return "flag"
+    if opt.env in SECRET_FILE_VARIABLES and environ.get(f"{opt.env}_FILE"):
+        return f"file {opt.env}_FILE"
+    return f"environment {opt.env}" if opt.env in environ else "default"
+
+
+def _shown(opt: Option, value: Any) -> str:
+    if isinstance(value, Secret):
+        return _masked(value.value)
+    if opt.name in ("api_headers", "upstream_headers", "client_tokens"):
+        return f"({len(value)} set, values masked)"
+    if isinstance(value, tuple):
+        return ",".join(str(each) for each in value) or "(none)"
+    return str(value if value is not None else DEFAULTS.get(opt.name))
+
+
+def _masked(secret: str) -> str:
+    return f"{secret[:7]}…({len(secret)} characters)" if len(secret) > 16 else "***"
+
+
+async def _provider(report: Report, config: Config) -> None:
+    report.section(f"provider: {config.provider}")
+    if config.provider == "mock":
+        report.line("offline mock provider: nothing to reach, no key needed (answers are canned)")
+        return
+    from mcp_backfill.providers.platforms import make_client
+
+    try:
+        client = make_client(provider_settings(config))
+    except ConfigError as exc:
+        report.fail(str(exc))
+        return
+    try:
+        with anyio.fail_after(TIMEOUT):
+            counted = await client.messages.count_tokens(
+                model=config.model, messages=[{"role": "user", "content": "ping"}]
+            )
+        report.line(f"authenticated: {config.model} counted {counted.input_tokens} tokens in a test prompt")
+    except Exception as exc:  # what the SDK raises, shown as it is (it never holds the key)
+        status = getattr(exc, "status_code", None)
+        hint = "; check ANTHROPIC_API_KEY" if status in (401, 403) else ""
+        hint = "; check ANTHROPIC_BASE_URL and the network" if status is None else hint
+        report.fail(f"{type(exc).__name__}: {_redacted(str(exc), config)}{hint}")
+    finally:
+        await client.close()
+
+
+def _redacted(text: str, config: Config) -> str:
+    for secret in config.secrets():
+        text = text.replace(secret, "***")
+    return text[:300]
+
+
+async def _session(report: Report, argv: Sequence[str], config: Config, declared: str) -> None:
+    from mcp import Client, StdioServerParameters
+
+    target = config.upstream_url or " ".join(config.upstream_command)
+    report.section(f"session through the proxy: {target}")
+    command = [sys.executable, "-m", "mcp_backfill", *argv]
+    env = {"MCP_BACKFILL_LOG_LEVEL": "warning", **os.environ}  # its problems, not its progress
+    params = StdioServerParameters(command=command[0], args=command[1:], env=env)
+    try:
+        with anyio.fail_after(TIMEOUT):
+            async with Client(params, mode="legacy") as client:
+                info = client.server_info
+                name = f"{info.name} {info.version or ''}".strip() if info is not None else "(no serverInfo)"
+                report.line(f"handshake done: {name}, protocol {client.protocol_version}")
+                listed = await client.list_tools()
+                report.line(f"tools: {', '.join(tool.name for tool in listed.tools) or '(none)'}")
+    except Exception as exc:
+        cause: BaseException = exc
+        while isinstance(cause, BaseExceptionGroup) and cause.exceptions:  # the first real cause
+            cause = cause.exceptions[0]
+        what = _redacted(str(cause), config) or "the session ended"
+        report.fail(f"{type(cause).__name__}: {what} (the proxy's own messages, on stderr, say why)")
+        return
+    profile = ClientProfile.from_capabilities(CLIENT_CAPABILITIES[declared])
+    plain = proxy_answers(config.mode, profile, {})
+    tools = proxy_answers(config.mode, profile, {"tools": []})
+    answers = (
+        "answers every sampling request"
+        if plain and tools
+        else "answers the sampling requests that use tools; the client answers the rest"
+        if tools
+        else "leaves sampling to the client"
+    )
+    report.line(f"for a client declaring {declared!r}: the proxy (--mode {config.mode}) {answers}")

@@ -1,0 +1,103 @@
+"""`mcp-backfill check` against real upstreams and the fake Claude API: a working setup and broken ones."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fake_claude import FakeClaude
+from tests.harness import EXAMPLES, ROOT, TEST_API_KEY, proxy_env
+
+WEATHER = [sys.executable, str(EXAMPLES / "weather_server.py")]
+
+
+def check(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mcp_backfill", "check", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
+
+
+def test_a_working_setup(fake_claude: FakeClaude) -> None:
+    env = proxy_env(fake_claude.url, MCP_BACKFILL_BUDGET_TOKENS="5000")
+    done = check("--max-tokens-cap", "2000", "--", *WEATHER, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "mcp-backfill 0." in out
+    assert "Python 3." in out
+    assert "--max-tokens-cap = 2000  (flag)" in out
+    assert "--budget-tokens = 5000 tokens  (environment MCP_BACKFILL_BUDGET_TOKENS)" in out
+    assert "--mode = fallback  (default)" in out
+    assert "authenticated: claude-sonnet-5-5 counted" in out
+    assert "handshake done: weather-example" in out
+    assert "protocol 2025-11-25" in out
+    assert "tools: weather_assistant, summarize, packing_advice" in out
+    assert "answers every sampling request" in out
+    assert "OK: every part works" in out
+    assert TEST_API_KEY not in out + done.stderr
+    assert f"ANTHROPIC_API_KEY = {TEST_API_KEY[:7]}…" in out
+    [counted] = [r for r in fake_claude.requests if r.path == "/v1/messages/count_tokens"]
+    assert fake_claude.message_requests == []  # nothing billable was sent
+    assert counted.body["model"] == "claude-sonnet-5-5"
+
+
+def test_the_mock_provider_and_a_client_that_samples_with_tools() -> None:
+    done = check(
+        "--provider", "mock", "--client-capabilities", "sampling-tools", "--", *WEATHER, env=proxy_env()
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "offline mock provider" in done.stdout
+    assert (
+        "for a client declaring 'sampling-tools': the proxy (--mode fallback) leaves sampling to the client"
+        in done.stdout
+    )
+
+
+def test_a_refused_key(fake_claude: FakeClaude) -> None:
+    env = proxy_env(fake_claude.url, ANTHROPIC_API_KEY="sk-ant-api03-" + "x" * 80)
+    done = check("--", *WEATHER, env=env)
+    assert done.returncode == 1
+    assert "FAILED: AuthenticationError" in done.stdout
+    assert "check ANTHROPIC_API_KEY" in done.stdout
+    assert "1 problem(s) above" in done.stdout
+    assert "x" * 80 not in done.stdout + done.stderr
+
+
+def test_a_missing_key() -> None:
+    done = check("--", *WEATHER, env=proxy_env())
+    assert done.returncode == 1
+    assert "configuration: FAILED: ANTHROPIC_API_KEY is not set" in done.stdout
+
+
+def test_an_upstream_that_cannot_start_and_a_misspelled_variable(tmp_path: Path) -> None:
+    env = proxy_env(MCP_BACKFILL_MODES="always", PATH="/usr/bin:/bin")
+    done = check("--provider", "mock", "--", "no-such-server", env=env)
+    assert done.returncode == 1
+    assert (
+        "MCP_BACKFILL_MODES is not a variable mcp-backfill reads; did you mean MCP_BACKFILL_MODE?"
+        in done.stdout
+    )
+    assert "session through the proxy: no-such-server" in done.stdout
+    assert "FAILED" in done.stdout.split("session through the proxy")[1]
+    assert "cannot start upstream 'no-such-server'" in done.stderr  # the proxy's own message
+
+
+def test_an_unreachable_url() -> None:
+    done = check("--provider", "mock", "--upstream-url", "http://127.0.0.1:9/mcp", env=proxy_env())
+    assert done.returncode == 1
+    assert "session through the proxy: http://127.0.0.1:9/mcp" in done.stdout
+    assert "FAILED" in done.stdout.split("session through the proxy")[1]
+
+
+@pytest.mark.parametrize("args", [[], ["--client-capabilities", "everything", "--", "x"]])
+def test_bad_usage(args: list[str]) -> None:
+    done = check(*args, env=proxy_env())
+    assert done.returncode == 2
+    assert "usage: mcp-backfill check" in done.stderr
