@@ -57,7 +57,7 @@ def main(argv: Sequence[str], parse_config: ParseConfig, environ: Mapping[str, s
     try:
         config = parse_config(args, environ)
     except ConfigError as exc:
-        print(f"configuration: FAILED: {exc}")
+        sys.stdout.write(f"configuration: FAILED: {exc}\n")
         return 1
     except SystemExit as exc:  # argparse already said what is wrong
         return int(exc.code or 2)
@@ -79,10 +79,10 @@ class Report:
         self.problems = 0
 
     def section(self, title: str) -> None:
-        print(f"\n{title}" if title != "mcp-backfill check" else title)
+        sys.stdout.write(f"\n{title}\n" if title != "mcp-backfill check" else f"{title}\n")
 
     def line(self, text: str) -> None:
-        print(f"  {text}")
+        sys.stdout.write(f"  {text}\n")
 
     def fail(self, text: str) -> None:
         self.problems += 1
