@@ -424,7 +424,7 @@ OPTIONS: tuple[Option, ...] = (
         "(answer server/discover with 'method not found' so clients fall back to initialize; for servers "
         "whose tools only sample through the handshake-era back-channel)",
         '`handshake` answers `server/discover` with "method not found" so clients fall back to '
-        "`initialize` ([eras](#the-two-protocol-eras))",
+        "`initialize` ([eras](../protocol-eras.md))",
         choices=ERAS,
     ),
     Option(
@@ -489,7 +489,7 @@ OPTIONS: tuple[Option, ...] = (
         "who answers: anthropic (Claude API or a gateway), bedrock (Amazon Bedrock), "
         "vertex (Google Vertex AI) or mock (offline, deterministic)",
         "Claude API (or a gateway), Amazon Bedrock, Google Vertex AI, or the offline deterministic mock "
-        "([Providers](#providers))",
+        "([Providers](../providers.md))",
         choices=PROVIDERS,
     ),
     Option(
@@ -518,7 +518,7 @@ OPTIONS: tuple[Option, ...] = (
         False,
         "let a server's modelPreferences pick an allowed model of a pricier family than --model "
         "(opus over sonnet over haiku); without it they can only pick the same family or a cheaper one",
-        "let `modelPreferences` pick a pricier family than `--model` ([models](#models))",
+        "let `modelPreferences` pick a pricier family than `--model` ([models](../limits.md#models))",
         kind="switch",
     ),
     Option(
@@ -609,7 +609,7 @@ OPTIONS: tuple[Option, ...] = (
         "sampling requests per minute for each client identity (serve); 0 = half of --rate-limit when "
         "clients are told apart (named tokens, forwarded Authorization), else --rate-limit",
         "sampling requests per minute for one client identity; `0` = half of `--rate-limit` when "
-        "clients are told apart, else `--rate-limit` ([identities](#who-pays))",
+        "clients are told apart, else `--rate-limit` ([identities](../limits.md#who-pays))",
         parse=whole_number,
         checks=(at_least(0),),
         metavar="N",
@@ -648,7 +648,7 @@ OPTIONS: tuple[Option, ...] = (
         "tokens this process may spend, e.g. 2000000 (lifetime), 100000/day (per UTC hour, day or "
         "week) or both comma-separated; then sampling is refused",
         "tokens the whole process may spend: `N` (lifetime), `N/hour`, `N/day`, `N/week`, or several "
-        "comma-separated ([budgets](#budgets))",
+        "comma-separated ([budgets](../limits.md#budgets))",
         parse=budget,
         metavar="BUDGET",
         default_note="no limit",
@@ -684,7 +684,7 @@ OPTIONS: tuple[Option, ...] = (
         "redis://[:password@]host:6379/0 (every replica using that server; rediss:// for TLS)",
         "where budgets, rate limits and client slots are counted: `memory`, `sqlite:///path/file.db` "
         "(processes on one machine) or `redis://host:6379/0` (replicas) ([more than one "
-        "replica](docs/replicas.md)); prefer the `_FILE` variable when it holds a password",
+        "replica](../replicas.md)); prefer the `_FILE` variable when it holds a password",
         parse=secret_or_none,
         metavar="URL",
         default_text="memory",
@@ -810,7 +810,7 @@ OPTIONS: tuple[Option, ...] = (
         "seconds one sampling request may take, retries included, inside the 60 s MCP servers usually "
         "wait; 0 = no deadline",
         "deadline for one sampling request, retries included; `0` = none "
-        "([Retries and deadlines](#retries-and-deadlines))",
+        "([Retries and deadlines](../limits.md#retries-and-deadlines))",
         parse=number,
         checks=(not_negative("0 turns the deadline off"),),
         metavar="SECONDS",
@@ -916,7 +916,7 @@ OPTIONS: tuple[Option, ...] = (
         "each client authenticates with its own bearer token and gets its own budget, rate limit and "
         "slots; prefer MCP_BACKFILL_CLIENT_TOKENS_FILE",
         "named client credentials, `name=token` per line: each client its own bearer token and its own "
-        "budget ([who pays](#who-pays)); prefer the `_FILE` variable",
+        "budget ([who pays](../limits.md#who-pays)); prefer the `_FILE` variable",
         parse=client_tokens,
         metavar="ENTRIES",
         command="serve",

@@ -37,10 +37,8 @@ ENV_NAME = re.compile(r"\bMCP_BACKFILL_[A-Z0-9_]+\b")
 
 
 def container_section() -> str:
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("\n## Container\n")
-    end = readme.index("\n## ", start + 1)
-    return readme[start:end]
+    """The container page of the docs (every variable it names must be real)."""
+    return (ROOT / "docs" / "container.md").read_text()
 
 
 def test_every_env_name_the_container_files_use_is_a_real_option() -> None:
