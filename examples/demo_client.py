@@ -9,7 +9,9 @@ weather server's tools fail; with mcp-backfill in between, the proxy answers the
     ANTHROPIC_API_KEY=sk-ant-... python examples/demo_client.py -- \\
         mcp-backfill -- python examples/weather_server.py
 
-Everything after `--` is the command to launch over stdio. Options before it:
+Everything after `--` is the command to launch over stdio. When that command holds a `--` of its
+own (the proxy's, before the server's command), the demo first calls the server directly, without
+the proxy, to show the failure the proxy removes. Options before the first `--`:
 `--question TEXT`, `--text TEXT` (what `summarize` gets), `--city NAME` (for `packing_advice`, called
 in a second session on protocol 2026-07-28), `--timeout SECONDS`.
 Exit status: 0 when every call succeeded, 1 when one failed, 2 on bad usage.
@@ -83,7 +85,22 @@ async def call(client: Client, tool: str, arguments: dict[str, Any], read_timeou
     return True
 
 
+async def without_the_proxy(args: argparse.Namespace, command: list[str]) -> bool:
+    """The server alone, for a client that cannot sample: its sampling tool fails. True if it did."""
+    direct = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+    print(f"Without mcp-backfill: {' '.join(command)}\n")
+    async with Client(direct, mode="legacy") as client:
+        failed = not await call(client, "summarize", {"text": args.text}, args.timeout)
+    print("As expected: a client that cannot sample cannot use this tool.\n" if failed else "")
+    return failed
+
+
 async def run(args: argparse.Namespace, command: list[str]) -> int:
+    if "--" in command:  # the proxy's separator: what follows it is the server alone
+        server_alone = command[len(command) - command[::-1].index("--") :]
+        if not await without_the_proxy(args, server_alone):
+            return 1
+        print(f"With mcp-backfill in between: {' '.join(command)}\n")
     # stdio_client only passes a small safe subset of the environment to the child by default;
     # the proxy needs PATH, ANTHROPIC_API_KEY / ANTHROPIC_BASE_URL and MCP_BACKFILL_*, so pass it all.
     server = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))

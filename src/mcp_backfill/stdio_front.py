@@ -50,7 +50,9 @@ async def run_stdio_proxy(config: Config) -> int:
             budget = sampler.spend.budget
             dropped = sampler.audit.dropped if sampler.audit is not None else 0
             if budget.exchanges or sampler.spend.refused or dropped:  # nothing to say otherwise
-                summary = {"calls": budget.exchanges, "tokens": budget.used, "refused": sampler.spend.refused}
+                summary: dict[str, object] = {"calls": budget.exchanges, "tokens": budget.used}
+                if sampler.spend.refused:
+                    summary["refused"] = sampler.spend.refused  # by the limit that refused
                 if dropped:
                     summary["audit_lines_dropped"] = dropped
                 log.info("sampling summary", extra=summary)

@@ -24,7 +24,12 @@ def test_demo_runs_both_eras_through_the_proxy() -> None:
     ]
     done = subprocess.run(command, capture_output=True, text=True, env=proxy_env(), cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    out = done.stdout
+    without, _, out = done.stdout.partition("With mcp-backfill in between:")
+    # First the server alone: a client that cannot sample cannot use its sampling tool...
+    assert "Without mcp-backfill:" in without
+    assert "summarize FAILED" in without
+    assert "Sampling not supported" in without
+    # ...then the same calls through the proxy work.
     assert "(protocol 2025-11-25)" in out
     assert "(protocol 2026-07-28)" in out
     for tool in ("weather_assistant", "summarize", "packing_advice"):
