@@ -95,7 +95,7 @@ async def test_upstream_that_never_answers(fake_claude: FakeClaude) -> None:
 
 async def test_notification_flood_is_relayed_in_order_with_bounded_memory(fake_claude: FakeClaude) -> None:
     count = 10_000
-    async with echo_session(fake_claude) as session:
+    async with echo_session(fake_claude, warm=True) as session:  # the Claude client is in `before`
         pid = session.process.pid
         before = rss_kib(pid)
         params = {"count": count, "method": "notifications/flood"}
