@@ -27,7 +27,7 @@ TARGETED_TITLES = {
     "10 MB result: call time p50",
     "10 MB result: proxy peak RSS above idle",
     "sampling request p50, raw echo upstream (the proxy's own cost) (direct: the fake alone)",
-    "idle RSS (direct: the SDK upstream; proxied: the proxy process)",
+    "idle RSS (direct: the SDK upstream; proxied: the proxy process, --no-warm-up)",
     "well-behaved client: sampling call p99 (direct: alone; proxied: under attack)",
     "tokens charged (direct: tokens the fake Claude served)",
     "sampling call p50, Redis store (direct: memory store)",
