@@ -57,6 +57,28 @@ def tool_json(result: types.CallToolResult) -> Any:
     return json.loads(block.text)
 
 
+def run_example(
+    client: str, *client_args: str, proxy_options: Sequence[str] = ()
+) -> subprocess.CompletedProcess[str]:
+    """`examples/<client>` in front of the proxy (mock provider) in front of the weather example."""
+    command = [
+        sys.executable,
+        str(EXAMPLES / client),
+        *client_args,
+        "--",
+        sys.executable,
+        "-m",
+        "mcp_backfill",
+        "--provider",
+        "mock",
+        *proxy_options,
+        "--",
+        sys.executable,
+        str(EXAMPLES / "weather_server.py"),
+    ]
+    return subprocess.run(command, capture_output=True, text=True, env=proxy_env(), cwd=ROOT, timeout=120)
+
+
 def stdio_params(argv: Sequence[str], env: Mapping[str, str]) -> StdioServerParameters:
     return StdioServerParameters(command=argv[0], args=list(argv[1:]), env=dict(env), cwd=str(ROOT))
 

@@ -2,27 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-from tests.harness import EXAMPLES, ROOT, proxy_env
+from tests.harness import run_example
 
 
 def test_demo_runs_both_eras_through_the_proxy() -> None:
-    command = [
-        sys.executable,
-        str(EXAMPLES / "demo_client.py"),
-        "--",
-        sys.executable,
-        "-m",
-        "mcp_backfill",
-        "--provider",
-        "mock",
-        "--",
-        sys.executable,
-        str(EXAMPLES / "weather_server.py"),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, env=proxy_env(), cwd=ROOT, timeout=120)
+    done = run_example("demo_client.py")
     assert done.returncode == 0, done.stderr[-3000:]
     without, _, out = done.stdout.partition("With mcp-backfill in between:")
     # First the server alone: a client that cannot sample cannot use its sampling tool...

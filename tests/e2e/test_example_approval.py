@@ -3,33 +3,16 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 
-from tests.harness import EXAMPLES, ROOT, proxy_env
+from tests.harness import run_example
 
 
-def run_example(answers: str, *proxy_options: str) -> subprocess.CompletedProcess[str]:
-    command = [
-        sys.executable,
-        str(EXAMPLES / "approval_client.py"),
-        "--answers",
-        answers,
-        "--",
-        sys.executable,
-        "-m",
-        "mcp_backfill",
-        "--provider",
-        "mock",
-        *proxy_options,
-        "--",
-        sys.executable,
-        str(EXAMPLES / "weather_server.py"),
-    ]
-    return subprocess.run(command, capture_output=True, text=True, env=proxy_env(), cwd=ROOT, timeout=120)
+def run_approval(answers: str, *proxy_options: str) -> subprocess.CompletedProcess[str]:
+    return run_example("approval_client.py", "--answers", answers, proxy_options=proxy_options)
 
 
 def test_scripted_answers_allow_deny_and_allow_for_the_session() -> None:
-    done = run_example("allow_once,deny,decline,allow_session,deny", "--approve", "elicit")
+    done = run_approval("allow_once,deny,decline,allow_session,deny", "--approve", "elicit")
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     out = done.stdout
     assert out.count("asked:") == 4  # nothing is asked after "allow for this session"
@@ -39,7 +22,7 @@ def test_scripted_answers_allow_deny_and_allow_for_the_session() -> None:
 
 
 def test_without_approval_nothing_is_asked_and_the_example_notices() -> None:
-    done = run_example("deny")  # the proxy runs with --approve never: the call is answered
+    done = run_approval("deny")  # the proxy runs with --approve never: the call is answered
     assert done.returncode == 1
     assert "asked:" not in done.stdout
     assert "summarize #1: answered" in done.stdout

@@ -72,13 +72,7 @@ def trace_message(direction: str, message: Any, size: int) -> None:
     """A debug line for each message of `message` (a batch shares its size)."""
     for item in message if isinstance(message, list) else [message]:
         if isinstance(item, dict):
-            kind = (
-                "request"
-                if "id" in item and "method" in item
-                else "notification"
-                if "method" in item
-                else "response"
-            )
+            kind = ("request" if "id" in item else "notification") if "method" in item else "response"
             extra = {"direction": direction, "kind": kind, "method": item.get("method"), "id": item.get("id")}
             log.debug("message", extra={**extra, "bytes": size, "error": "error" in item})
 
@@ -326,7 +320,7 @@ class Relay:
         if len(raw) >= LARGE_MESSAGE and self._plain_response(raw):
             if self._trace_messages:
                 log.debug(
-                    "message", extra={"direction": "from upstream", "bytes": len(raw), "relayed": "whole"}
+                    "message", extra={"direction": "from upstream", "kind": "response", "bytes": len(raw)}
                 )
             await self._send_client(raw, related)
             return
