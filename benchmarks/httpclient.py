@@ -1,4 +1,8 @@
-"""A lean streamable-HTTP MCP client (handshake era) for the HTTP scenarios: raw HTTP/1.1, minimal parsing.
+"""Lean streamable-HTTP MCP clients for the HTTP scenarios: raw HTTP/1.1, minimal parsing.
+
+`HttpSession` is a handshake-era session (initialize, then calls carrying its `Mcp-Session-Id`);
+`StatelessClient` is a 2026-07-28 client (no session: every request carries the protocol version
+and the client's capabilities in `params._meta`, and the routing headers that mirror its body).
 
 The client shares the machine's two cores with the servers it measures, so it must cost little per
 call. The mcp SDK's client costs milliseconds, and even `httpx2.AsyncClient` costs about 1 ms of CPU
@@ -21,6 +25,7 @@ from urllib.parse import urlsplit
 import orjson
 
 PROTOCOL_VERSION = "2025-11-25"
+STATELESS_VERSION = "2026-07-28"
 # Far longer than any answer takes, even while 64 upstream processes start on 2 cores.
 TIMEOUT = 120.0
 # The longest status line and header block accepted.
@@ -107,8 +112,8 @@ def answer(status: int, headers: dict[bytes, bytes], body: bytes, request_id: in
     raise CallFailed(f"no response with id {request_id}: {body[:300]!r}")
 
 
-class HttpSession:
-    """One handshake-era MCP session over streamable HTTP on its own connection."""
+class _Client:
+    """POSTs to one MCP endpoint on one keep-alive connection, reopened when the server drops it."""
 
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
@@ -117,7 +122,7 @@ class HttpSession:
         self.host = parts.hostname
         self.port = parts.port
         self.path = (parts.path or "/").encode()
-        self.session_id: str | None = None
+        self.connections_opened = 0
         self._connection: Connection | None = None
         self._headers = b"accept: application/json, text/event-stream\r\ncontent-type: application/json\r\n"
         self._next_id = 0
@@ -125,6 +130,11 @@ class HttpSession:
     def _id(self) -> int:
         self._next_id += 1
         return self._next_id
+
+    async def _open(self) -> Connection:
+        self._connection = await Connection.open(self.host, self.port)
+        self.connections_opened += 1
+        return self._connection
 
     async def _post(self, body: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
         connection = self._connection
@@ -134,7 +144,7 @@ class HttpSession:
         fresh = connection is None
         async with asyncio.timeout(TIMEOUT):
             if connection is None:
-                connection = self._connection = await Connection.open(self.host, self.port)
+                connection = await self._open()
             try:
                 return await connection.request(b"POST", self.path, self._headers, body)
             except (asyncio.IncompleteReadError, ConnectionResetError) as exc:
@@ -143,8 +153,23 @@ class HttpSession:
                 if fresh or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
                     raise
                 await connection.close()
-                connection = self._connection = await Connection.open(self.host, self.port)
+                connection = await self._open()
                 return await connection.request(b"POST", self.path, self._headers, body)
+
+    async def drop_connection(self) -> None:
+        """Close the connection (after a failed call, whose answer may still be on its way); the
+        next call opens a new one."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await connection.close()
+
+
+class HttpSession(_Client):
+    """One handshake-era MCP session over streamable HTTP on its own connection."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.session_id: str | None = None
 
     async def open(self) -> None:
         """initialize, then notifications/initialized."""
@@ -200,3 +225,49 @@ class HttpSession:
         finally:
             self.session_id = None
             await connection.close()
+
+
+class StatelessClient(_Client):
+    """One 2026-07-28 MCP client on its own keep-alive connection: sessionless `tools/call`s.
+
+    Each request carries `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers matching its
+    body, and `params._meta` with the protocol version, the client's capabilities (none: it cannot
+    sample) and its clientInfo, as the SDK's inbound checks (`mcp.shared.inbound`) require.
+    """
+
+    def __init__(self, url: str, name: str = "mcp-backfill-bench") -> None:
+        super().__init__(url)
+        self._headers += b"mcp-protocol-version: %s\r\nmcp-method: tools/call\r\nmcp-name: echo\r\n" % (
+            STATELESS_VERSION.encode()
+        )
+        meta = orjson.dumps(
+            {
+                "io.modelcontextprotocol/protocolVersion": STATELESS_VERSION,
+                "io.modelcontextprotocol/clientCapabilities": {},
+                "io.modelcontextprotocol/clientInfo": {"name": name, "version": "0"},
+            }
+        )
+        self._body = (
+            b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"echo","arguments":'
+            b'{"text":"%s"},"_meta":' + meta.replace(b"%", b"%%") + b"}}"
+        )
+
+    async def connect(self) -> None:
+        """Open the connection now (else the first call opens it)."""
+        async with asyncio.timeout(TIMEOUT):
+            await self._open()
+
+    async def call_echo(self, text: bytes = b"hello") -> float:
+        """One `tools/call echo`; seconds from sending to holding the checked answer."""
+        request_id = self._id()
+        body = self._body % (request_id, text)
+        started = time.perf_counter()
+        status, headers, raw = await self._post(body)
+        result = answer(status, headers, raw, request_id)
+        elapsed = time.perf_counter() - started
+        if result.get("isError") or result.get("content") != [{"type": "text", "text": text.decode()}]:
+            raise CallFailed(f"echo failed: {result}")
+        return elapsed
+
+    async def close(self) -> None:
+        await self.drop_connection()

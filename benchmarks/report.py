@@ -87,7 +87,9 @@ def fmt(value: float | None, unit: str = "") -> str:
     if value is None or math.isnan(value):
         return "—"
     magnitude = abs(value)
-    if magnitude >= 100:
+    if value == 0:
+        text = "0"
+    elif magnitude >= 100:
         text = f"{value:,.0f}"
     elif magnitude >= 10:
         text = f"{value:.1f}"

@@ -43,6 +43,14 @@ class Settings:
     minute of CPU just to start, and the smoke run checks the rows, not the figures."""
     idle_http_sessions: int
     """Sessions held open (and idle) for the sidecar's RSS with many sessions."""
+    stateless_clients: int
+    """Concurrent 2026-07-28 clients on one sidecar (8), each on its own keep-alive connection."""
+    stateless_warmup: int
+    """Untimed calls per 2026-07-28 client before its timed ones (the lone client's too)."""
+    stateless_calls: int
+    """Timed sequential calls per client, once all the clients are connected."""
+    stateless_solo_calls: int
+    """Timed sequential calls of the lone client measured first (the direct column)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,6 +77,10 @@ FULL = Settings(
     http_warmup=5,
     http_stdio_upstream="sdk",
     idle_http_sessions=100,
+    stateless_clients=1000,
+    stateless_warmup=2,
+    stateless_calls=20,
+    stateless_solo_calls=1000,
 )
 
 QUICK = Settings(
@@ -92,4 +104,8 @@ QUICK = Settings(
     http_warmup=2,
     http_stdio_upstream="raw-echo",
     idle_http_sessions=100,
+    stateless_clients=1000,
+    stateless_warmup=1,
+    stateless_calls=2,
+    stateless_solo_calls=20,
 )

@@ -39,6 +39,7 @@ def all_scenarios() -> list[Scenario]:
         payloads,
         replicas,
         sampling,
+        stateless_clients,
     )
 
     return [
@@ -58,4 +59,7 @@ def all_scenarios() -> list[Scenario]:
             "adversarial", "6", "hostile clients and upstream beside a well-behaved client", adversarial.run
         ),
         Scenario("replicas", "7", "a shared state store, and replicas behind HAProxy", replicas.run),
+        Scenario(
+            "stateless-1000", "8", "1,000 concurrent 2026-07-28 clients on one sidecar", stateless_clients.run
+        ),
     ]

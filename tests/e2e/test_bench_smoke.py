@@ -19,7 +19,7 @@ import pytest
 from tests.harness import ROOT
 
 HEADER = "| scenario | direct | proxied | ratio / added | target | met? |"
-SCENARIOS = {"1a", "1b", "2", "3a", "3b", "4", "5", "6", "7"}
+SCENARIOS = {"1a", "1b", "2", "3a", "3b", "4", "5", "6", "7", "8"}
 HTTP_SESSIONS = (1, 8, 64)
 TARGETED_TITLES = {
     "raw echo: round trip p50",
@@ -31,6 +31,9 @@ TARGETED_TITLES = {
     "well-behaved client: sampling call p99 (direct: alone; proxied: under attack)",
     "tokens charged (direct: tokens the fake Claude served)",
     "sampling call p50, Redis store (direct: memory store)",
+    "1,000 2026-07-28 clients: errors, every call and connection of both phases",
+    "1,000 2026-07-28 clients: sidecar RSS, every client still connected (direct: before the first client)",
+    "1,000 2026-07-28 clients: sidecar peak RSS, VmHWM (direct: before the first client)",
     *(
         f"{n} session{'s' if n > 1 else ''}, stdio upstream: throughput (direct: mcp-proxy)"
         for n in HTTP_SESSIONS
@@ -117,6 +120,10 @@ def test_quick_benchmark_run_writes_a_complete_table(tmp_path: Path) -> None:
             assert row["direct"] > 0, row
             assert row["proxied"] > 0, row
             assert all(calls > 0 for calls in row["detail"]["calls"].values()), row
+        if row["scenario"] == "8" and row["unit"] == "calls/s":
+            # The smoke run too has every client connected at once, each making its timed calls.
+            assert row["detail"]["connected"] == 1000, row
+            assert row["detail"]["timed_calls"] >= 1000, row
 
     # The printed table and the JSON describe the same rows, in the same order.
     assert [cells[0] for cells in printed] == [f"{row['scenario']} {row['title']}" for row in rows]
