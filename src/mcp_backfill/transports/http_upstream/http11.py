@@ -1,0 +1,368 @@
+"""A lean HTTP/1.1 transport for plain-`http://` upstreams: keep-alive connections on asyncio streams.
+
+It sits under `httpx2.AsyncClient`, which keeps doing everything above the wire (cookies, default
+headers, timeouts per request, the error types the upstream code maps). What it replaces is
+httpx2's own transport (httpcore2 over h11 and anyio streams, with a timeout scope around every
+socket operation and a readability probe of each pooled connection): about 0.27 ms of CPU per POST
+on the benchmark machine, against 0.04 ms here, and the client as a whole from 0.38 to 0.13 ms
+(`benchmarks/README.md`, "the HTTP upstream leg"). `settings.make_http_client` uses it for `http://`
+upstreams that no HTTP proxy stands in front of; TLS and proxies stay on httpx2's transport.
+
+What it speaks: one request at a time per connection, the request's headers as httpx2 built them
+(refused if a name or value holds CR, LF or NUL), and answers framed by `Content-Length`, chunked
+transfer coding or the connection's end; interim 1xx answers are skipped. A connection goes back to
+the pool once its answer has been read to the end, unless either side said `Connection: close`;
+one that sat idle longer than `keepalive_expiry` is closed rather than reused (servers drop idle
+connections after a few seconds: uvicorn after 5). A request that finds a reused connection closed
+before any byte of an answer arrived is sent once more on a new connection, as HTTP clients do for
+this race (the server closed the idle connection as the request went out, so it never handled it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import httpx2
+
+# The longest status line plus header block accepted from the upstream.
+HEAD_LIMIT = 64 * 1024
+READ_SIZE = 64 * 1024
+# Idle connections kept per upstream address, and how long one may sit idle before it is dropped
+# (below uvicorn's 5 s keep-alive, so that the server rarely closes one as it is reused).
+MAX_IDLE = 32
+KEEPALIVE_EXPIRY = 4.0
+# Connections open at once (as httpx2's default pool); more requests wait for one (the pool timeout).
+MAX_CONNECTIONS = 100
+
+_FORBIDDEN_IN_HEADERS = (b"\r", b"\n", b"\0")
+
+T = TypeVar("T")
+
+
+class _StaleConnection(Exception):
+    """A reused connection was found closed before any byte of the answer arrived."""
+
+
+@dataclass
+class _Head:
+    version: bytes
+    status: int
+    reason: bytes
+    headers: list[tuple[bytes, bytes]]
+
+
+class _Connection:
+    """One keep-alive connection to the upstream."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.idle_since = time.monotonic()
+        self.reused = False
+
+    def usable(self, now: float) -> bool:
+        """Still open (the server has not closed it) and not idle past the expiry."""
+        return (
+            not self.writer.is_closing()
+            and not self.reader.at_eof()
+            and now - self.idle_since < KEEPALIVE_EXPIRY
+        )
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _timeout(request: httpx2.Request, kind: str) -> float | None:
+    value = request.extensions.get("timeout", {}).get(kind)
+    return value if isinstance(value, int | float) else None
+
+
+def _render_head(request: httpx2.Request, body_length: int) -> bytes:
+    lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), request.url.raw_path)]
+    has_length = False
+    for name, value in request.headers.raw:
+        if any(bad in name or bad in value for bad in _FORBIDDEN_IN_HEADERS):
+            raise httpx2.LocalProtocolError(f"header {name.decode('latin-1')!r} holds CR, LF or NUL")
+        has_length = has_length or name.lower() == b"content-length"
+        lines.append(b"%s: %s\r\n" % (name, value))
+    if not has_length and (body_length or request.method not in ("GET", "HEAD", "DELETE")):
+        lines.append(b"content-length: %d\r\n" % body_length)
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
+def _parse_head(raw: bytes) -> _Head:
+    status_line, *header_lines = raw[:-4].split(b"\r\n")
+    version, _, rest = status_line.partition(b" ")
+    code, _, reason = rest.partition(b" ")
+    if version not in (b"HTTP/1.1", b"HTTP/1.0") or len(code) != 3 or not code.isdigit():
+        raise httpx2.RemoteProtocolError(f"malformed status line {status_line[:100]!r}")
+    headers: list[tuple[bytes, bytes]] = []
+    for line in header_lines:
+        name, colon, value = line.partition(b":")
+        if not colon or not name or name != name.strip() or line[:1] in (b" ", b"\t"):
+            raise httpx2.RemoteProtocolError(f"malformed header line {line[:100]!r}")
+        headers.append((name, value.strip(b" \t")))
+    return _Head(version, int(code), reason, headers)
+
+
+def _values(head: _Head, name: bytes) -> list[bytes]:
+    return [value for key, value in head.headers if key.lower() == name]
+
+
+def _tokens(head: _Head, name: bytes) -> list[bytes]:
+    return [token.strip().lower() for value in _values(head, name) for token in value.split(b",")]
+
+
+class _Body(httpx2.AsyncByteStream):
+    """A response body as it arrives; hands the connection back to the pool once read to its end."""
+
+    def __init__(
+        self,
+        transport: Http11Transport,
+        key: tuple[str, int],
+        connection: _Connection,
+        framing: str,
+        length: int,
+        keep_alive: bool,
+        read_timeout: float | None,
+    ) -> None:
+        self._transport = transport
+        self._key = key
+        self._connection: _Connection | None = connection
+        self._framing = framing  # "length", "chunked" or "close"
+        self._length = length
+        self._keep_alive = keep_alive
+        self._read_timeout = read_timeout
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        connection = self._connection
+        if connection is None:
+            return
+        reader = connection.reader
+        try:
+            if self._framing == "length":
+                remaining = self._length
+                while remaining:
+                    chunk = await self._read(reader.read(min(remaining, READ_SIZE)))
+                    if not chunk:
+                        raise httpx2.RemoteProtocolError("the upstream closed the connection mid-body")
+                    remaining -= len(chunk)
+                    yield chunk
+            elif self._framing == "chunked":
+                async for chunk in self._chunks(reader):
+                    yield chunk
+            else:
+                while chunk := await self._read(reader.read(READ_SIZE)):
+                    yield chunk
+                self._keep_alive = False
+        except (ConnectionError, asyncio.IncompleteReadError) as exc:
+            raise httpx2.ReadError(str(exc) or type(exc).__name__) from exc
+        except asyncio.LimitOverrunError as exc:
+            raise httpx2.RemoteProtocolError("malformed chunked body") from exc
+        self._finish(reusable=self._keep_alive)
+
+    async def _chunks(self, reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+        while True:
+            size_line = await self._read(reader.readuntil(b"\r\n"))
+            try:
+                size = int(size_line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise httpx2.RemoteProtocolError(f"malformed chunk size {size_line[:40]!r}") from None
+            if size < 0:
+                raise httpx2.RemoteProtocolError("negative chunk size")
+            if size == 0:
+                while await self._read(reader.readuntil(b"\r\n")) != b"\r\n":
+                    pass  # trailer fields
+                return
+            while size:
+                chunk = await self._read(reader.read(min(size, READ_SIZE)))
+                if not chunk:
+                    raise httpx2.RemoteProtocolError("the upstream closed the connection mid-chunk")
+                size -= len(chunk)
+                yield chunk
+            if await self._read(reader.readexactly(2)) != b"\r\n":
+                raise httpx2.RemoteProtocolError("chunk not followed by CRLF")
+
+    async def _read(self, operation: Awaitable[T]) -> T:
+        try:
+            async with asyncio.timeout(self._read_timeout):
+                return await operation
+        except TimeoutError:
+            raise httpx2.ReadTimeout("timed out waiting for the upstream's data") from None
+
+    def _finish(self, *, reusable: bool) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            self._transport.release(self._key, connection, reusable=reusable)
+
+    async def aclose(self) -> None:
+        self._finish(reusable=False)  # no-op once read to the end
+
+
+class Http11Transport(httpx2.AsyncBaseTransport):
+    """Keep-alive HTTP/1.1 over asyncio streams, for `http://` URLs (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
+        self._closed = False
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if request.url.scheme != "http":
+            raise httpx2.UnsupportedProtocol(f"this transport speaks http://, not {request.url.scheme}://")
+        if self._closed:
+            raise httpx2.ConnectError("the transport is closed")
+        body = await request.aread()
+        head = _render_head(request, len(body)) + body if len(body) < READ_SIZE else None
+        key = (request.url.host, request.url.port or 80)
+        await self._acquire(request)
+        try:
+            while True:
+                connection = await self._connection(key, request)
+                try:
+                    response = await self._exchange(key, connection, request, head, body)
+                except _StaleConnection:
+                    connection.close()
+                    continue  # a reused connection only: the next one is new, or another idle one
+                except BaseException:
+                    connection.close()
+                    raise
+                return response
+        except BaseException:
+            self._slots.release()
+            raise
+
+    async def _acquire(self, request: httpx2.Request) -> None:
+        if not self._slots.locked():
+            await self._slots.acquire()  # does not yield while a slot is free
+            return
+        try:
+            async with asyncio.timeout(_timeout(request, "pool")):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise httpx2.PoolTimeout("no connection to the upstream came free in time") from None
+
+    async def _connection(self, key: tuple[str, int], request: httpx2.Request) -> _Connection:
+        idle = self._idle.get(key)
+        now = time.monotonic()
+        while idle:
+            connection = idle.pop()
+            if connection.usable(now):
+                connection.reused = True
+                return connection
+            connection.close()
+        try:
+            async with asyncio.timeout(_timeout(request, "connect")):
+                reader, writer = await asyncio.open_connection(key[0], key[1], limit=HEAD_LIMIT)
+        except TimeoutError:
+            raise httpx2.ConnectTimeout("timed out connecting") from None
+        except OSError as exc:
+            raise httpx2.ConnectError(str(exc) or type(exc).__name__) from exc
+        return _Connection(reader, writer)
+
+    async def _exchange(
+        self,
+        key: tuple[str, int],
+        connection: _Connection,
+        request: httpx2.Request,
+        head_and_body: bytes | None,
+        body: bytes,
+    ) -> httpx2.Response:
+        writer = connection.writer
+        try:
+            if head_and_body is not None:
+                writer.write(head_and_body)
+            else:
+                writer.writelines([_render_head(request, len(body)), body])
+            if writer.transport.get_write_buffer_size() > READ_SIZE:
+                async with asyncio.timeout(_timeout(request, "write")):
+                    await writer.drain()
+        except TimeoutError:
+            raise httpx2.WriteTimeout("timed out sending the request") from None
+        except ConnectionError as exc:
+            if connection.reused:
+                raise _StaleConnection from exc
+            raise httpx2.WriteError(str(exc) or type(exc).__name__) from exc
+        read_timeout = _timeout(request, "read")
+        head = await self._read_head(connection, read_timeout)
+        return self._response(key, connection, request, head, read_timeout)
+
+    async def _read_head(self, connection: _Connection, read_timeout: float | None) -> _Head:
+        reader = connection.reader
+        try:
+            async with asyncio.timeout(read_timeout):
+                while True:
+                    raw = await reader.readuntil(b"\r\n\r\n")
+                    head = _parse_head(raw)
+                    if not 100 <= head.status < 200 or head.status == 101:
+                        return head
+        except TimeoutError:
+            raise httpx2.ReadTimeout("timed out waiting for the upstream's answer") from None
+        except asyncio.IncompleteReadError as exc:
+            if not exc.partial and connection.reused:
+                raise _StaleConnection from exc
+            raise httpx2.RemoteProtocolError("the upstream closed the connection without answering") from exc
+        except asyncio.LimitOverrunError:
+            raise httpx2.RemoteProtocolError(f"the answer's head exceeds {HEAD_LIMIT} bytes") from None
+        except ConnectionError as exc:
+            if connection.reused:
+                raise _StaleConnection from exc
+            raise httpx2.ReadError(str(exc) or type(exc).__name__) from exc
+
+    def _response(
+        self,
+        key: tuple[str, int],
+        connection: _Connection,
+        request: httpx2.Request,
+        head: _Head,
+        read_timeout: float | None,
+    ) -> httpx2.Response:
+        keep_alive = (
+            head.version == b"HTTP/1.1"
+            and b"close" not in _tokens(head, b"connection")
+            and "close"
+            not in [t.strip().lower() for t in request.headers.get_list("connection", split_commas=True)]
+        )
+        framing, length = "length", 0
+        if request.method == "HEAD" or head.status in (204, 304):
+            pass
+        elif _tokens(head, b"transfer-encoding"):
+            if _tokens(head, b"transfer-encoding")[-1] != b"chunked":
+                raise httpx2.RemoteProtocolError("unsupported transfer coding")
+            framing = "chunked"
+        elif lengths := {value.strip() for value in _values(head, b"content-length")}:
+            (text,) = lengths if len(lengths) == 1 else (b"",)
+            if not text.isdigit():
+                raise httpx2.RemoteProtocolError("malformed or conflicting Content-Length")
+            length = int(text)
+        else:
+            framing = "close"
+        stream = _Body(self, key, connection, framing, length, keep_alive, read_timeout)
+        return httpx2.Response(
+            head.status,
+            headers=head.headers,
+            stream=stream,
+            extensions={"http_version": head.version, "reason_phrase": head.reason},
+        )
+
+    def release(self, key: tuple[str, int], connection: _Connection, *, reusable: bool) -> None:
+        """A response is done with `connection`: back to the pool, or closed."""
+        self._slots.release()
+        idle = self._idle.setdefault(key, [])
+        if reusable and not self._closed and len(idle) < MAX_IDLE:
+            connection.idle_since = time.monotonic()
+            idle.append(connection)
+        else:
+            connection.close()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for idle in self._idle.values():
+            for connection in idle:
+                connection.close()
+        self._idle.clear()

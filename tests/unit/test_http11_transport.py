@@ -1,0 +1,312 @@
+"""`Http11Transport` against scripted HTTP/1.1 servers on loopback: framing, keep-alive, failures.
+
+Each server here is an asyncio server on 127.0.0.1 whose handler reads one request head (and its
+`Content-Length` body) at a time and writes what the test scripts, so that the transport meets
+exactly the bytes a test is about: odd splits, trailers, early closes, silence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import httpx2
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mcp_backfill.transports.http_upstream import http11
+from mcp_backfill.transports.http_upstream.http11 import Http11Transport
+
+pytestmark = pytest.mark.anyio
+
+Reply = Callable[[int, bytes, asyncio.StreamWriter], Awaitable[bool]]  # False: close the connection
+
+
+@dataclass
+class Server:
+    url: str
+    connections: int = 0
+    requests: list[bytes] = field(default_factory=list)
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    return head + await reader.readexactly(length)
+
+
+@asynccontextmanager
+async def scripted(reply: Reply) -> AsyncIterator[Server]:
+    """A server that answers its n-th request (counted over all connections) with `reply`."""
+    server = Server("")
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        server.connections += 1
+        try:
+            while True:
+                request = await _read_request(reader)
+                server.requests.append(request)
+                if not await reply(len(server.requests), request, writer):
+                    break
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    listener = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    server.url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        yield server
+    finally:
+        listener.close()
+
+
+def json_reply(body: bytes = b'{"ok":true}', extra: bytes = b"") -> Reply:
+    async def reply(_: int, __: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n%scontent-length: %d\r\n\r\n%s"
+            % (extra, len(body), body)
+        )
+        return b"connection: close" not in extra.lower()
+
+    return reply
+
+
+@asynccontextmanager
+async def client(**timeouts: float) -> AsyncIterator[httpx2.AsyncClient]:
+    timeout = httpx2.Timeout(timeouts.get("connect", 5.0), read=timeouts.get("read", 5.0))
+    async with httpx2.AsyncClient(transport=Http11Transport(), timeout=timeout) as http:
+        yield http
+
+
+async def post(http: httpx2.AsyncClient, url: str, body: bytes = b'{"q":1}') -> httpx2.Response:
+    response = await http.post(url, content=body, headers={"content-type": "application/json"})
+    return response
+
+
+async def test_requests_reuse_one_keep_alive_connection() -> None:
+    async with scripted(json_reply()) as server, client() as http:
+        for _ in range(5):
+            response = await post(http, server.url)
+            assert response.status_code == 200
+            assert response.json() == {"ok": True}
+    assert server.connections == 1
+    first = server.requests[0]
+    assert first.startswith(b"POST /mcp HTTP/1.1\r\n")
+    assert b"\r\ncontent-length: 7\r\n" in first.lower()
+    assert first.endswith(b'\r\n\r\n{"q":1}')
+
+
+async def test_connection_close_is_honoured() -> None:
+    async with scripted(json_reply(extra=b"Connection: close\r\n")) as server, client() as http:
+        for _ in range(3):
+            assert (await post(http, server.url)).status_code == 200
+    assert server.connections == 3
+
+
+async def test_chunked_body_with_extensions_and_trailers_streams_in_order() -> None:
+    async def reply(_: int, __: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        await writer.drain()
+        writer.write(b"6;ext=1\r\ndata: \r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)  # the first part reaches the reader before the rest is sent
+        writer.write(b"5\r\nhello\r\n0\r\nx-trailer: yes\r\n\r\n")
+        return True
+
+    async with scripted(reply) as server, client() as http:
+        async with http.stream("POST", server.url, content=b"{}") as response:
+            parts = [part async for part in response.aiter_bytes()]
+        assert b"".join(parts) == b"data: hello"
+        assert len(parts) >= 2  # streamed, not buffered to the end
+        assert (await post(http, server.url)).status_code == 200
+    assert server.connections == 1  # read to its end, the connection went back to the pool
+
+
+async def test_body_delimited_by_the_connection_end() -> None:
+    async def reply(_: int, __: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n{\"a\":1}")
+        return False
+
+    async with scripted(reply) as server, client() as http:
+        assert (await post(http, server.url)).json() == {"a": 1}
+        assert (await post(http, server.url)).json() == {"a": 1}
+    assert server.connections == 2
+
+
+async def test_interim_answers_are_skipped_and_reason_kept() -> None:
+    async def reply(_: int, __: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 404 Not Here\r\ncontent-length: 2\r\n\r\nno")
+        return True
+
+    async with scripted(reply) as server, client() as http:
+        response = await post(http, server.url)
+    assert (response.status_code, response.reason_phrase, response.content) == (404, "Not Here", b"no")
+
+
+async def test_a_stale_reused_connection_is_retried_once_on_a_new_one() -> None:
+    """The keep-alive race: the server closes the idle connection as the next request goes out."""
+
+    async def reply(number: int, _: bytes, writer: asyncio.StreamWriter) -> bool:
+        if number == 2:
+            return False  # read the request, then close without a byte of answer
+        await json_reply()(number, b"", writer)
+        return True
+
+    async with scripted(reply) as server, client() as http:
+        assert (await post(http, server.url)).status_code == 200
+        assert (await post(http, server.url)).status_code == 200
+    assert server.connections == 2
+    assert len(server.requests) == 3
+
+
+async def test_a_new_connection_closed_without_an_answer_is_an_error() -> None:
+    async def reply(*_: object) -> bool:
+        return False
+
+    async with scripted(reply) as server, client() as http:
+        with pytest.raises(httpx2.RemoteProtocolError, match="without answering"):
+            await post(http, server.url)
+    assert len(server.requests) == 1  # not retried: the server may have handled it
+
+
+async def test_idle_connections_past_the_expiry_are_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http11, "KEEPALIVE_EXPIRY", 0.05)
+    async with scripted(json_reply()) as server, client() as http:
+        await post(http, server.url)
+        await asyncio.sleep(0.1)
+        await post(http, server.url)
+    assert server.connections == 2
+
+
+async def test_a_body_cut_short_is_a_read_error_and_the_connection_is_dropped() -> None:
+    async def reply(number: int, _: bytes, writer: asyncio.StreamWriter) -> bool:
+        if number == 1:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nshort")
+            return False
+        await json_reply()(number, b"", writer)
+        return True
+
+    async with scripted(reply) as server, client() as http:
+        with pytest.raises(httpx2.RemoteProtocolError, match="mid-body"):
+            await post(http, server.url)
+        assert (await post(http, server.url)).status_code == 200
+    assert server.connections == 2
+
+
+async def test_an_unread_body_closes_its_connection() -> None:
+    async with scripted(json_reply(b"x" * 1000)) as server, client() as http:
+        async with http.stream("POST", server.url, content=b"{}") as response:
+            assert response.status_code == 200  # closed without reading the body
+        assert (await post(http, server.url)).status_code == 200
+    assert server.connections == 2
+
+
+async def test_silence_is_a_read_timeout() -> None:
+    async def reply(*_: object) -> bool:
+        await asyncio.sleep(5)
+        return False
+
+    async with scripted(reply) as server, client(read=0.2) as http:
+        with pytest.raises(httpx2.ReadTimeout):
+            await post(http, server.url)
+
+
+async def test_nothing_listening_is_a_connect_error() -> None:
+    async with scripted(json_reply()) as server:
+        url = server.url
+    async with client() as http:
+        with pytest.raises(httpx2.ConnectError):
+            await post(http, url)
+
+
+@pytest.mark.parametrize(
+    ("head", "error"),
+    [
+        (b"HTTP/1.1 OK\r\n\r\n", "status line"),
+        (b"HTTP/2 200 OK\r\n\r\n", "status line"),
+        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "header line"),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\nhello", "Content-Length"),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n", "transfer coding"),
+        (b"HTTP/1.1 200 OK\r\n" + b"x-big: " + b"a" * 70_000 + b"\r\n\r\n", "exceeds"),
+    ],
+)
+async def test_malformed_answers_are_protocol_errors(head: bytes, error: str) -> None:
+    async def reply(_: int, __: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(head)
+        return False
+
+    async with scripted(reply) as server, client() as http:
+        with pytest.raises(httpx2.RemoteProtocolError, match=error):
+            await post(http, server.url)
+
+
+async def test_header_injection_is_refused_before_anything_is_sent() -> None:
+    async with scripted(json_reply()) as server, client() as http:
+        with pytest.raises(httpx2.LocalProtocolError, match="CR, LF or NUL"):
+            await http.post(server.url, content=b"{}", headers={"mcp-name": "echo\r\nx-evil: 1"})
+    assert server.requests == []
+
+
+async def test_large_bodies_go_out_whole() -> None:
+    body = b"[" + b"1," * 200_000 + b"1]"
+
+    async def reply(number: int, request: bytes, writer: asyncio.StreamWriter) -> bool:
+        size = str(len(request.partition(b"\r\n\r\n")[2])).encode()
+        return await json_reply(size)(number, request, writer)
+
+    async with scripted(reply) as server, client() as http:
+        assert (await post(http, server.url, body)).json() == len(body)
+
+
+async def test_only_plain_http_is_spoken() -> None:
+    async with client() as http:
+        with pytest.raises(httpx2.UnsupportedProtocol):
+            await http.post("https://127.0.0.1:1/mcp", content=b"{}")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    payload=st.binary(min_size=0, max_size=3000),
+    chunk_sizes=st.lists(st.integers(min_value=1, max_value=700), min_size=1, max_size=8),
+    cuts=st.lists(st.integers(min_value=1, max_value=50), min_size=1, max_size=20),
+)
+def test_any_chunking_and_any_segmenting_give_back_the_body(
+    payload: bytes, chunk_sizes: list[int], cuts: list[int]
+) -> None:
+    """However the body is chunked, and however the bytes are split on the wire, it comes back whole."""
+    encoded = bytearray()
+    rest, sizes = payload, iter(chunk_sizes * 100)
+    while rest:
+        size = next(sizes)
+        encoded += b"%x\r\n%s\r\n" % (size if size <= len(rest) else len(rest), rest[:size])
+        rest = rest[size:]
+    encoded += b"0\r\n\r\n"
+    wire = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + bytes(encoded)
+
+    async def reply(_: int, __: bytes, writer: asyncio.StreamWriter) -> bool:
+        at, pieces = 0, iter(cuts * 1000)
+        while at < len(wire):
+            step = next(pieces)
+            writer.write(wire[at : at + step])
+            await writer.drain()
+            at += step
+        return True
+
+    async def run() -> None:
+        async with scripted(reply) as server, client() as http:
+            response = await post(http, server.url)
+            assert response.content == payload
+            assert (await post(http, server.url)).content == payload  # and the connection was reusable
+            assert server.connections == 1
+
+    asyncio.run(run())
