@@ -31,6 +31,8 @@ from benchmarks.scenarios import RunContext
 from mcp_backfill.cli import event_loop_options
 
 PEER_TARGET = Target("ratio_min", 1.0, "≥ mcp-proxy's")
+UPSTREAM_TARGET = Target("ratio_min", 0.80, "≥ 0.80x direct")
+ONE_SESSION_ADDED_TARGET = Target("added_max", 1.5, "added ≤ 1.5 ms")
 
 Results = dict[int, dict[str, list[Batch]]]
 
@@ -66,7 +68,12 @@ def _cpu_per_call_us(batches: Sequence[Batch]) -> float:
 
 
 def rows(
-    number: str, label: str, results: Results, detail: dict[str, Any], target: Target | None
+    number: str,
+    label: str,
+    results: Results,
+    detail: dict[str, Any],
+    target: Target | None,
+    one_session_p50_target: Target | None = None,
 ) -> list[Row]:
     out: list[Row] = []
     for sessions, arms in results.items():
@@ -100,7 +107,8 @@ def rows(
                     "ms",
                     percentile(latency[DIRECT], q),
                     percentile(latency[PROXIED], q),
-                    detail=counts,
+                    one_session_p50_target if (sessions, q) == (1, 50) else None,
+                    counts,
                 )
             )
     return out
@@ -135,4 +143,4 @@ def run_http(ctx: RunContext) -> list[Row]:
         "upstream": "SDK server (streamable HTTP, uvicorn)",
         "session_opening_s": {arm: round(seconds, 2) for arm, seconds in opening.items()},
     }
-    return rows("3b", "HTTP upstream: {what}", results, detail, None)
+    return rows("3b", "HTTP upstream: {what}", results, detail, UPSTREAM_TARGET, ONE_SESSION_ADDED_TARGET)

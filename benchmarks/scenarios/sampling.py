@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -22,12 +23,18 @@ from benchmarks.rawclient import RawClient, check_answers, tool_call_line
 from benchmarks.report import Row, Target, latency_rows
 from benchmarks.scenarios import RunContext
 
-OVERHEAD_TARGET = Target("added_max", 2.0, "added ≤ 2 ms")
+OVERHEAD_TARGET = Target("added_max", 1.0, "added ≤ 1 ms")
 # The proxy's spending limits off: this scenario measures its machinery, not its limits. With the
 # defaults (600 requests a minute, 4 Claude calls at once) the 100 concurrent calls would queue
 # 4 at a time (12.5 s for 500 ms calls), and a full run's 500-odd requests would near the rate limit.
 UNLIMITED = ("--rate-limit", "0", "--max-concurrent-sampling", "1000")
 CONCURRENT_TARGET = Target("proxied_max", 1.5, "≤ 1.5 s")
+# The first sampling answer of a fresh stdio proxy, against a warm one, when the request comes this
+# long after the spawn (the Claude client has had time to be built in the background).
+COLD_DELAY = 3.0
+COLD_LATE_TARGET = Target("ratio_max", 1.2, "≤ 1.2x a warm answer")
+COLD_AT_ONCE_TARGET = Target("ratio_max", 1.0, "no slower than --no-warm-up")
+WARM_ANSWERS = 5
 
 
 class DirectSampler:
@@ -153,9 +160,67 @@ def measure_concurrency(ctx: RunContext) -> list[Row]:
     ]
 
 
+def _first_answers(ctx: RunContext, api_url: str, *options: str, delay: float) -> tuple[float, float]:
+    """A fresh proxy (raw echo upstream): its first sampling answer, sent `delay` seconds after the
+    spawn (or right after the handshake if that came later), and the median of the warm ones after
+    it; milliseconds, as the upstream saw them."""
+    spawned = time.perf_counter()
+    argv = proxy_command(raw_echo_command(), "--provider", "anthropic", *UNLIMITED, *options)
+    with started(argv, ctx.logs, "4-cold-proxy", env=bench_env(api_url)) as proxy:
+        client = RawClient(proxy)
+        client.initialize()
+        time.sleep(max(0.0, spawned + delay - time.perf_counter()))
+        lines = sample_lines(1 + WARM_ANSWERS)
+        _, answers = client.round_trips(lines)
+        check_answers(answers, lines)
+    times = [sampling_seconds(answer) * 1e3 for answer in answers]
+    return times[0], median(times[1:])
+
+
+def measure_cold_start(ctx: RunContext) -> list[Row]:
+    """The first sampling answer of a new stdio session (each a new process, as clients start them):
+    3 s after the spawn against a warm answer of the same process; and at once, right after the
+    handshake, against a proxy that builds the Claude client only then (`--no-warm-up`)."""
+    s = ctx.settings
+    with started([PYTHON, "-m", "benchmarks.fake_api"], ctx.logs, "4-cold-fake") as fake:
+        assert fake.stdout is not None
+        url = f"http://127.0.0.1:{int(fake.stdout.readline())}"
+        ctx.progress(f"first sampling answer {COLD_DELAY:.0f} s after start")
+        late = [_first_answers(ctx, url, delay=COLD_DELAY) for _ in range(s.startup_repeats)]
+        ctx.progress("first sampling answer right after the handshake")
+
+        def at_once(arm: str) -> Sequence[float]:
+            options = ("--no-warm-up",) if arm == DIRECT else ()
+            return [_first_answers(ctx, url, *options, delay=0.0)[0]]
+
+        immediate = alternate(s.startup_repeats, at_once)
+    detail = {"processes": len(late), "warm_answers_each": WARM_ANSWERS}
+    return [
+        Row(
+            "4",
+            f"cold first sampling answer, {COLD_DELAY:.0f} s after start (direct: a warm answer)",
+            "ms",
+            median([warm for _, warm in late]),
+            median([first for first, _ in late]),
+            COLD_LATE_TARGET,
+            detail,
+        ),
+        Row(
+            "4",
+            "cold first sampling answer, right after the handshake (direct: --no-warm-up)",
+            "ms",
+            median(immediate.direct),
+            median(immediate.proxied),
+            COLD_AT_ONCE_TARGET,
+            {"processes_per_arm": len(immediate.direct)},
+        ),
+    ]
+
+
 def run(ctx: RunContext) -> list[Row]:
     return (
         measure_overhead(ctx, raw_upstream=True)
         + measure_overhead(ctx, raw_upstream=False)
         + measure_concurrency(ctx)
+        + measure_cold_start(ctx)
     )

@@ -23,11 +23,17 @@ SCENARIOS = {"1a", "1b", "2", "3a", "3b", "4", "5", "6", "7", "8"}
 HTTP_SESSIONS = (1, 8, 64)
 TARGETED_TITLES = {
     "raw echo: round trip p50",
+    "raw echo: added p50, the proxy against the bare forwarder (direct: the forwarder's added µs)",
     "SDK: tools/call p50",
     "10 MB result: call time p50",
     "10 MB result: proxy peak RSS above idle",
     "sampling request p50, raw echo upstream (the proxy's own cost) (direct: the fake alone)",
     "idle RSS (direct: the SDK upstream; proxied: the proxy process, --no-warm-up)",
+    "startup to initialize answered, raw echo upstream",
+    "startup to initialize answered, raw echo upstream: warm-up on (direct: --no-warm-up)",
+    "cold first sampling answer, 3 s after start (direct: a warm answer)",
+    "cold first sampling answer, right after the handshake (direct: --no-warm-up)",
+    "1 session, HTTP upstream: tools/call p50",
     "well-behaved client: sampling call p99 (direct: alone; proxied: under attack)",
     "tokens charged (direct: tokens the fake Claude served)",
     "sampling call p50, Redis store (direct: memory store)",
@@ -35,8 +41,9 @@ TARGETED_TITLES = {
     "1,000 2026-07-28 clients: sidecar RSS, every client still connected (direct: before the first client)",
     "1,000 2026-07-28 clients: sidecar peak RSS, VmHWM (direct: before the first client)",
     *(
-        f"{n} session{'s' if n > 1 else ''}, stdio upstream: throughput (direct: mcp-proxy)"
+        f"{n} session{'s' if n > 1 else ''}, {upstream}: throughput{suffix}"
         for n in HTTP_SESSIONS
+        for upstream, suffix in (("stdio upstream", " (direct: mcp-proxy)"), ("HTTP upstream", ""))
     ),
 }
 # The HTTP rows: requests per second and p50/p99 at each concurrency, against mcp-proxy (3a) and

@@ -5,13 +5,23 @@ leaves it to the first request."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
 from tests.fake_claude import FakeClaude, text_reply
-from tests.harness import RawSession, initialize_params, proxy_argv, proxy_env, python_server, raw_proxy
+from tests.harness import (
+    SERVERS,
+    RawSession,
+    initialize_params,
+    proxy_argv,
+    proxy_env,
+    python_server,
+    raw_proxy,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -50,6 +60,8 @@ async def test_the_client_is_ready_before_the_first_sampling_request(
         await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         if built_for == "warm-up":
             ready = await wait_until_ready(session)  # no sampling request has been made
+            # The build primes the SDK with a canned in-memory answer: nothing reached the API.
+            assert fake_claude.requests == []
         outcome = await sample(session)
         ready = await wait_until_ready(session)
         await session.close_stdin()
@@ -73,3 +85,31 @@ async def test_a_client_that_samples_itself_gets_no_warm_up(fake_claude: FakeCla
         unready = readiness(session)
     assert listed["result"]["tools"]
     assert unready == []
+
+
+async def test_the_warm_up_starts_while_the_upstream_is_still_starting(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """From the client's `initialize`: an upstream that answers it only once the Claude client is
+    ready (it waits for a file the test creates after seeing "provider ready") is answered at all
+    only if the warm-up did not wait for the upstream's answer."""
+    gate = tmp_path / "gate"
+    upstream = [
+        "sh",
+        "-c",
+        'while [ ! -e "$0" ]; do sleep 0.05; done; exec "$1" "$2"',
+        str(gate),
+        sys.executable,
+        str(SERVERS / "sampling_server.py"),
+    ]
+    argv = proxy_argv("--log-format", "json", upstream=upstream)
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await session.send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": initialize_params()})
+        ready = await wait_until_ready(session)
+        gate.touch()
+        answer = await session.recv(timeout=60)
+        await session.close_stdin()
+        await session.wait(30)
+    assert ready["built_for"] == "warm-up"
+    assert answer["id"] == 0
+    assert answer["result"]["serverInfo"]

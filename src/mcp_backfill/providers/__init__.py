@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mcp_backfill.logs import get_logger
 from mcp_backfill.providers.lazy import LazyProvider
 from mcp_backfill.providers.retry import RetryingProvider, RetryPolicy
 from mcp_backfill.sampling.provider import AttemptObserver, Provider
+
+log = get_logger("provider")
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,14 @@ def make_provider(settings: ProviderSettings, attempts: AttemptObserver | None =
         return MockProvider()
 
     def build() -> Provider:
-        from mcp_backfill.providers.anthropic import AnthropicProvider
+        from mcp_backfill.providers.anthropic import AnthropicProvider, prime_sdk
         from mcp_backfill.providers.platforms import bedrock_model_id, make_client, vertex_model_id
+
+        if settings.name == "anthropic":
+            try:
+                prime_sdk()  # in the lazy build's worker thread, so never on the event loop
+            except Exception as exc:  # an optimisation only: the first request then pays for it
+                log.debug("priming the anthropic SDK failed", extra={"error": repr(exc)})
 
         model_ids = {"bedrock": bedrock_model_id, "vertex": vertex_model_id}
         provider = AnthropicProvider(

@@ -268,3 +268,77 @@ def retry_after_seconds(headers: Mapping[str, str], now: float | None = None) ->
             return None
         return max(0.0, when - (time.time() if now is None else now))
     return None
+
+
+# One streamed answer with a text block and a tool call, as the Messages API sends it: `prime_sdk`
+# plays it to the SDK so that its deferred work is done before the first real request.
+_PRIMING_EVENTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    (
+        "message_start",
+        {
+            "message": {
+                "id": "msg_priming",
+                "type": "message",
+                "role": "assistant",
+                "model": "priming",
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": 1, "output_tokens": 1},
+            }
+        },
+    ),
+    ("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+    ("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": "ok"}}),
+    ("content_block_stop", {"index": 0}),
+    (
+        "content_block_start",
+        {"index": 1, "content_block": {"type": "tool_use", "id": "toolu_priming", "name": "t", "input": {}}},
+    ),
+    ("content_block_delta", {"index": 1, "delta": {"type": "input_json_delta", "partial_json": "{}"}}),
+    ("content_block_stop", {"index": 1}),
+    (
+        "message_delta",
+        {"delta": {"stop_reason": "tool_use", "stop_sequence": None}, "usage": {"output_tokens": 2}},
+    ),
+    ("message_stop", {}),
+)
+
+
+def prime_sdk() -> None:
+    """Stream one canned answer through a throwaway SDK client, in memory (no network, no key used).
+
+    The SDK defers work to its first request: pydantic builds the schemas of the stream's event and
+    message models on first use, and a few modules are imported then. That took about 30 ms of the
+    first sampling request here; done during the warm-up, the first answer costs what later ones do.
+    Runs its own event loop: call it from a worker thread (as the provider build is).
+    """
+    import asyncio
+    import json
+
+    body = "".join(
+        f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n" for name, data in _PRIMING_EVENTS
+    ).encode()
+
+    def answer(_: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+    async def play() -> None:
+        http = httpx2.AsyncClient(transport=httpx2.MockTransport(answer))
+        client = anthropic.AsyncAnthropic(
+            api_key="priming", base_url="http://priming.invalid", http_client=http
+        )
+        async with (
+            client,
+            client.messages.stream(
+                model="priming",
+                max_tokens=1,
+                messages=[{"role": "user", "content": "priming"}],
+                tools=[{"name": "t", "input_schema": {"type": "object"}}],
+            ) as stream,
+        ):
+            async for _ in stream:
+                pass
+            await stream.get_final_message()
+
+    asyncio.run(play())

@@ -2,12 +2,14 @@
 
 Importing the anthropic SDK takes 1.3-3.6 s and about 54 MB on this project's machines. The SDK is
 imported in a worker thread (the relay keeps moving messages meanwhile), either when the relay
-warms it up — once a session's handshake is answered and the proxy is to answer its sampling
-(`--no-warm-up` turns that off) — or at the latest when the first sampling request arrives.
+warms it up — as soon as it sees that it is to answer a session's sampling, from the client's
+`initialize` (or first 2026-07-28 request) on, while the upstream is still starting (`--no-warm-up`
+turns that off) — or at the latest when the first sampling request arrives.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +19,12 @@ from mcp_backfill.logs import get_logger
 from mcp_backfill.sampling.provider import ProgressCallback, Provider, UsageMeter
 
 log = get_logger("provider")
+
+# The import runs in a worker thread while the event loop's thread relays messages. Each time a
+# message wakes the loop's thread, it waits for the GIL until the importing thread lets go, which
+# is after the interpreter's switch interval: 5 ms by default, so a handshake's few messages could
+# each wait up to 5 ms. During the build the interval is this instead (then set back).
+BUILD_SWITCH_INTERVAL = 0.0005
 
 
 class LazyProvider:
@@ -29,7 +37,12 @@ class LazyProvider:
     async def _get(self, why: str = "first request") -> Provider:
         async with self._lock:  # concurrent first requests build it once
             if self._provider is None:
-                self._provider = await anyio.to_thread.run_sync(self._build)
+                previous = sys.getswitchinterval()
+                sys.setswitchinterval(min(previous, BUILD_SWITCH_INTERVAL))
+                try:
+                    self._provider = await anyio.to_thread.run_sync(self._build)
+                finally:
+                    sys.setswitchinterval(previous)
                 log.info("provider ready", extra={"provider": self.name, "built_for": why})
         return self._provider
 

@@ -285,6 +285,7 @@ class Relay:
         if merged is not None or self.mode == "always":
             merged = with_sampling_tasks(merged if merged is not None else dict(capabilities or {}))
             self.state.declares_tasks = True
+            self._warm_up()  # the proxy answers this session's sampling: build while the upstream starts
         self.approver.check_client()
         log.info(
             "client initialize",
@@ -436,8 +437,6 @@ class Relay:
             self.traces.protocol_version = self.state.protocol_version
             self.state.check_version(self.state.protocol_version)
             log.info("session initialized", extra={"protocol_version": self.state.protocol_version})
-        if self.state.declares_tasks:
-            self._warm_up()  # the proxy answers this session's sampling
 
     def _warm_up(self) -> None:
         """Once per session, get the provider ready in the background (`--no-warm-up`: not at all)."""
