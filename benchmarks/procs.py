@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -76,6 +77,53 @@ def reset_peak_rss(pid: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of `pid` so far (all threads)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# The longest wait for a process to go quiet (the anthropic SDK's import takes 0.8-3.6 s).
+QUIET_TIMEOUT = 30.0
+
+
+def wait_until_quiet(pid: int, timeout: float = QUIET_TIMEOUT) -> None:
+    """Wait until `pid` uses under 10% of a core for half a second (at most `timeout`).
+
+    A proxy whose client cannot sample builds the Claude client in the background from the
+    handshake on (the warm-up); the scenarios that measure steady pass-through wait for that to end,
+    as it would long before a user's steady state (in a `--quick` run it would span every sample).
+    """
+    deadline = time.monotonic() + timeout
+    last = cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = cpu_seconds(pid)
+        if now - last < 0.05:
+            return
+        last = now
+
+
+def proxy_children() -> list[int]:
+    """The pids of this process's children that run mcp_backfill (for clients that spawn it themselves)."""
+    me = str(os.getpid())
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
+                parent = stat.read().rpartition(")")[2].split()[1]
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                command = cmdline.read()
+        except OSError:
+            continue
+        if parent == me and b"mcp_backfill" in command:
+            found.append(int(entry))
+    return found
 
 
 class LogDir:

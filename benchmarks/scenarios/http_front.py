@@ -25,7 +25,7 @@ import anyio
 from benchmarks.httpload import Batch, run_batch, session_pool
 from benchmarks.httpservers import mcp_proxy, ready, sdk_http_server, sidecar
 from benchmarks.measure import DIRECT, PROXIED, median, percentile, turn_order
-from benchmarks.procs import raw_echo_command, sdk_server_command
+from benchmarks.procs import raw_echo_command, sdk_server_command, wait_until_quiet
 from benchmarks.report import Row, Target
 from benchmarks.scenarios import RunContext
 from mcp_backfill.cli import event_loop_options
@@ -37,7 +37,9 @@ ONE_SESSION_ADDED_TARGET = Target("added_max", 1.5, "added ≤ 1.5 ms")
 Results = dict[int, dict[str, list[Batch]]]
 
 
-async def measure(ctx: RunContext, urls: dict[str, str]) -> tuple[Results, dict[str, float]]:
+async def measure(
+    ctx: RunContext, urls: dict[str, str], quiet: Sequence[int]
+) -> tuple[Results, dict[str, float]]:
     """Batches per concurrency and arm, and the seconds each arm took to open its sessions."""
     s = ctx.settings
     results: Results = {sessions: {arm: [] for arm in urls} for sessions in s.http_sessions}
@@ -49,6 +51,8 @@ async def measure(ctx: RunContext, urls: dict[str, str]) -> tuple[Results, dict[
             pools[arm], opening[arm] = await stack.enter_async_context(
                 session_pool(url, max(s.http_sessions), s.http_warmup)
             )
+        for pid in quiet:  # the sidecar's warm-up, started by its first session
+            await anyio.to_thread.run_sync(wait_until_quiet, pid)
         for index in range(s.http_rounds):
             ctx.progress(f"round {index + 1} of {s.http_rounds}")
             for sessions in s.http_sessions:
@@ -59,8 +63,8 @@ async def measure(ctx: RunContext, urls: dict[str, str]) -> tuple[Results, dict[
     return results, opening
 
 
-def _measure(ctx: RunContext, urls: dict[str, str]) -> tuple[Results, dict[str, float]]:
-    return anyio.run(measure, ctx, urls, backend_options=event_loop_options())
+def _measure(ctx: RunContext, urls: dict[str, str], quiet: Sequence[int]) -> tuple[Results, dict[str, float]]:
+    return anyio.run(measure, ctx, urls, quiet, backend_options=event_loop_options())
 
 
 def _cpu_per_call_us(batches: Sequence[Batch]) -> float:
@@ -122,7 +126,7 @@ def run_stdio(ctx: RunContext) -> list[Row]:
         peer = stack.enter_context(mcp_proxy(ctx, "3a-mcp-proxy", upstream))
         ours = stack.enter_context(sidecar(ctx.logs, "3a-sidecar", upstream=upstream))
         ready(peer, ours)
-        results, opening = _measure(ctx, {DIRECT: peer.url, PROXIED: ours.url})
+        results, opening = _measure(ctx, {DIRECT: peer.url, PROXIED: ours.url}, [ours.pid])
     detail = {
         "upstream": "SDK server (stdio)" if s.http_stdio_upstream == "sdk" else "raw echo (stdio)",
         "direct_arm": "mcp-proxy",
@@ -138,7 +142,7 @@ def run_http(ctx: RunContext) -> list[Row]:
         behind = stack.enter_context(sdk_http_server(ctx.logs, "3b-upstream-sdk-http"))
         ready(direct, behind)
         ours = stack.enter_context(sidecar(ctx.logs, "3b-sidecar", "--upstream-url", behind.url)).ready()
-        results, opening = _measure(ctx, {DIRECT: direct.url, PROXIED: ours.url})
+        results, opening = _measure(ctx, {DIRECT: direct.url, PROXIED: ours.url}, [ours.pid])
     detail = {
         "upstream": "SDK server (streamable HTTP, uvicorn)",
         "session_opening_s": {arm: round(seconds, 2) for arm, seconds in opening.items()},

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from benchmarks.measure import DIRECT, PROXIED, Samples, alternate, median
-from benchmarks.procs import forwarder_command, proxy_command, raw_echo_command, started
+from benchmarks.procs import forwarder_command, proxy_command, raw_echo_command, started, wait_until_quiet
 from benchmarks.rawclient import RawClient, check_answers, tool_call_line
 from benchmarks.report import Row, Target, latency_rows
 from benchmarks.scenarios import RunContext
@@ -40,6 +40,7 @@ def raw_echo_arms(ctx: RunContext, tag: str) -> Iterator[tuple[dict[str, RawClie
         }
         for client in clients.values():
             client.initialize()
+        wait_until_quiet(proxy_process.pid)
         yield clients, proxy_process.pid
 
 

@@ -16,7 +16,14 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from benchmarks.measure import DIRECT, PROXIED, Samples, alternate_async, median
-from benchmarks.procs import ROOT, bench_env, proxy_command, sdk_server_command
+from benchmarks.procs import (
+    ROOT,
+    bench_env,
+    proxy_children,
+    proxy_command,
+    sdk_server_command,
+    wait_until_quiet,
+)
 from benchmarks.report import Row, Target, latency_rows
 from benchmarks.scenarios import RunContext
 
@@ -51,6 +58,8 @@ async def measure(ctx: RunContext) -> tuple[Samples, dict[int, Samples]]:
         for client in clients.values():
             for _ in range(s.warmup):
                 await call_echo(client)
+        for pid in proxy_children():
+            await anyio.to_thread.run_sync(wait_until_quiet, pid)
 
         async def latency_batch(arm: str) -> Sequence[float]:
             return [await call_echo(clients[arm]) * 1e3 for _ in range(s.sdk_calls)]

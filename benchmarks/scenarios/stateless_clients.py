@@ -40,7 +40,7 @@ import anyio
 from benchmarks.httpclient import CallFailed, StatelessClient
 from benchmarks.httpservers import HttpServer, sidecar
 from benchmarks.measure import median, percentile
-from benchmarks.procs import proc_status, raw_echo_command
+from benchmarks.procs import cpu_seconds, proc_status, raw_echo_command, wait_until_quiet
 from benchmarks.report import Row, Target
 from benchmarks.scenarios import RunContext
 from benchmarks.scenarios.footprint_http import children
@@ -59,8 +59,6 @@ CONNECT_CONCURRENCY = 100
 # What a failed call can raise: HTTP/JSON-RPC failures, sockets, timeouts, unparsable answers.
 CALL_ERRORS = (CallFailed, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError)
 ERROR_EXAMPLES = 5
-# The longest wait for the sidecar to go quiet (the anthropic SDK's import takes 1.3-1.8 s).
-QUIET_TIMEOUT = 30.0
 
 
 def raise_fd_limit(needed: int) -> tuple[int, int]:
@@ -75,27 +73,12 @@ def raise_fd_limit(needed: int) -> tuple[int, int]:
     return soft, hard
 
 
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU time of `pid` so far (all threads)."""
-    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 async def until_quiet(pid: int) -> None:
-    """Wait until `pid` uses under 10% of a core for half a second (at most `QUIET_TIMEOUT`)."""
-    deadline = time.monotonic() + QUIET_TIMEOUT
-    last = cpu_seconds(pid)
-    while time.monotonic() < deadline:
-        await anyio.sleep(0.5)
-        now = cpu_seconds(pid)
-        if now - last < 0.05:
-            return
-        last = now
+    await anyio.to_thread.run_sync(wait_until_quiet, pid)
 
 
 @dataclass
