@@ -764,10 +764,10 @@ OPTIONS: tuple[Option, ...] = (
         "warm_up",
         "--no-warm-up",
         True,
-        "do not import and build the Claude client in the background once a session's handshake is "
-        "answered; the first sampling request then waits for it (saves about 54 MB in sessions that "
-        "never sample)",
-        "do not get the Claude client ready in the background once a session's handshake is answered "
+        "do not import and build the Claude client in the background from the client's initialize on "
+        "(when the proxy is to answer its sampling); the first sampling request then waits for it "
+        "(saves about 54 MB in sessions that never sample)",
+        "do not get the Claude client ready in the background from a backfilled client's initialize on "
         "(the first sampling request then waits seconds for it; saves about 54 MB where nothing samples)",
         kind="switch",
         negated=True,

@@ -115,7 +115,9 @@ async def test_connection_close_is_honoured() -> None:
 
 async def test_chunked_body_with_extensions_and_trailers_streams_in_order() -> None:
     async def reply(_: int, __: bytes, writer: asyncio.StreamWriter) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
         await writer.drain()
         writer.write(b"6;ext=1\r\ndata: \r\n")
         await writer.drain()
@@ -134,7 +136,7 @@ async def test_chunked_body_with_extensions_and_trailers_streams_in_order() -> N
 
 async def test_body_delimited_by_the_connection_end() -> None:
     async def reply(_: int, __: bytes, writer: asyncio.StreamWriter) -> bool:
-        writer.write(b"HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n{\"a\":1}")
+        writer.write(b'HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n{"a":1}')
         return False
 
     async with scripted(reply) as server, client() as http:

@@ -1,12 +1,17 @@
-"""The HTTP connections the sidecar accepts: uvicorn's h11 protocol with the limits it lacks.
+"""The HTTP connections the sidecar accepts: uvicorn's HTTP/1.1 protocol with the limits it lacks.
 
 uvicorn closes a connection left idle after a response (`timeout_keep_alive`), but not one that
 never finishes sending a request's headers — nor one that sends nothing at all — and it accepts any
 number of connections. Each would hold a socket and memory forever. Here a connection must deliver
 the headers of each request within `header_timeout` seconds (counted from connecting, or from the
-previous response), or it is closed; and a connection beyond `max_connections` is closed as soon as
-it is accepted. Once a request's headers are in, the request is the application's: long-lived SSE
-responses are not cut, and a slow body is the app's `--body-timeout` (408).
+previous response), and in at most `HEAD_LIMIT` bytes, or it is closed; and a connection beyond
+`max_connections` is closed as soon as it is accepted. Once a request's headers are in, the request
+is the application's: long-lived SSE responses are not cut, and a slow body is the app's
+`--body-timeout` (408).
+
+The protocol underneath is uvicorn's httptools one (llhttp, a C parser) when `httptools` is
+installed, as it is with this package: about a third less CPU per request than its pure-Python h11
+one, which is the fallback (`benchmarks/README.md`, "the HTTP front's parser").
 """
 
 from __future__ import annotations
@@ -20,25 +25,33 @@ from uvicorn.server import ServerState
 
 from mcp_backfill.logs import get_logger
 
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # httptools missing (a platform without its wheel): h11
+    HttpToolsProtocol = None  # type: ignore[assignment, misc]
+
 log = get_logger("sidecar")
 
+# The most a request's line and headers may take (h11's own limit is 16 KiB; llhttp has none).
+HEAD_LIMIT = 64 * 1024
 
-class GuardedH11Protocol(H11Protocol):
+
+class _Guard:
+    """The limits, over either uvicorn protocol (which must come after it in the bases)."""
+
     header_timeout: float = 10.0
     max_connections: int = 1000
+    # Provided by the uvicorn protocol class this is mixed into.
+    connections: set[Any]
+    cycle: Any
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
 
-    def __init__(
-        self,
-        config: Config,
-        server_state: ServerState,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        super().__init__(config, server_state, app_state, _loop)
-        self._head_timer: asyncio.TimerHandle | None = None
+    _head_timer: asyncio.TimerHandle | None = None
+    _head_bytes = 0
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
         if len(self.connections) > self.max_connections:
             log.warning(
                 "connection refused: too many open connections (--max-connections)",
@@ -49,21 +62,28 @@ class GuardedH11Protocol(H11Protocol):
         self._arm()
 
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)
+        waiting = self.cycle is None or self.cycle.response_complete
+        super().data_received(data)  # type: ignore[misc]
         if self.cycle is not None and not self.cycle.response_complete:
             self._disarm()  # a request's headers are in: the rest is the application's
+        elif waiting and not self.transport.is_closing():
+            self._head_bytes += len(data)
+            if self._head_bytes > HEAD_LIMIT:
+                log.info("connection closed: request headers over the size limit")
+                self.transport.close()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        super().on_response_complete()  # type: ignore[misc]
         if not self.transport.is_closing():
             self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # type: ignore[misc]
 
     def _arm(self) -> None:
         self._disarm()
+        self._head_bytes = 0
         self._head_timer = self.loop.call_later(self.header_timeout, self._timed_out)
 
     def _disarm(self) -> None:
@@ -78,10 +98,25 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()
 
 
-def guarded_protocol(header_timeout: float, max_connections: int) -> type[GuardedH11Protocol]:
-    """The protocol class for uvicorn's `http=` setting, with these limits."""
+class GuardedH11Protocol(_Guard, H11Protocol):
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+
+
+def guarded_protocol(header_timeout: float, max_connections: int, *, parser: str = "auto") -> type[Any]:
+    """The protocol class for uvicorn's `http=` setting, with these limits; `parser`: "httptools",
+    "h11", or "auto" (httptools when installed)."""
+    base: type[Any] = GuardedH11Protocol
+    if parser != "h11" and HttpToolsProtocol is not None:
+        base = type("GuardedHttpToolsProtocol", (_Guard, HttpToolsProtocol), {})
+    elif parser == "httptools":
+        raise RuntimeError("httptools is not installed")
     return type(
-        "GuardedH11Protocol",
-        (GuardedH11Protocol,),
-        {"header_timeout": header_timeout, "max_connections": max_connections},
+        base.__name__, (base,), {"header_timeout": header_timeout, "max_connections": max_connections}
     )
