@@ -20,7 +20,7 @@ import httpx2
 
 from mcp_backfill.errors import ProviderError
 from mcp_backfill.logs import Redactor
-from mcp_backfill.protocol import INTERNAL_ERROR, INVALID_PARAMS
+from mcp_backfill.protocol import INTERNAL_ERROR, INVALID_PARAMS, SSE_TYPE
 from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress, UsageMeter
 
 # Statuses that mean "this request is wrong", so the server, not the operator, must act.
@@ -321,7 +321,7 @@ def prime_sdk() -> None:
     ).encode()
 
     def answer(_: httpx2.Request) -> httpx2.Response:
-        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+        return httpx2.Response(200, headers={"content-type": SSE_TYPE}, content=body)
 
     async def play() -> None:
         http = httpx2.AsyncClient(transport=httpx2.MockTransport(answer))

@@ -50,7 +50,7 @@ class _Guard:
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = 0
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         if len(self.connections) > self.max_connections:
             log.warning(
