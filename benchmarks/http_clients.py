@@ -18,7 +18,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from benchmarks.httpclient import Connection
 
@@ -31,6 +32,8 @@ HEADERS = {
     "mcp-protocol-version": "2025-11-25",
 }
 Post = Callable[[], Awaitable[None]]
+T = TypeVar("T")
+CLEANUPS: list[Callable[[], Awaitable[None]]] = []  # closes what a client opened, after its run
 
 
 async def serve(port: int, sse: bool) -> None:
@@ -77,6 +80,7 @@ async def make_post(kind: str, url: str, port: int) -> Post:
     if kind == "aiohttp":
         aiohttp = importlib.import_module("aiohttp")  # not a dependency: typed loosely
         session = aiohttp.ClientSession()
+        CLEANUPS.append(session.close)
 
         async def via_aiohttp() -> None:
             async with session.post(url, data=BODY, headers=HEADERS) as response:
@@ -130,7 +134,19 @@ async def cpu_per_post(kind: str, port: int, count: int) -> float:
     cpu = time.process_time()
     for _ in range(count):
         await post()
-    return (time.process_time() - cpu) / count * 1e6
+    spent = (time.process_time() - cpu) / count * 1e6
+    while CLEANUPS:
+        await CLEANUPS.pop()()
+    return spent
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """On uvloop where the proxy uses it (as `mcp_backfill.cli` does), else asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 def main() -> int:
@@ -139,7 +155,7 @@ def main() -> int:
     parser.add_argument("--serve", nargs=2, metavar=("PORT", "KIND"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        asyncio.run(serve(int(args.serve[0]), args.serve[1] == "sse"))
+        run(serve(int(args.serve[0]), args.serve[1] == "sse"))
         return 0
     print("| client | CPU per POST, JSON answer | CPU per POST, SSE answer |\n|---|---|---|")
     results: dict[str, list[str]] = {kind: [] for kind in CLIENTS}
@@ -156,7 +172,8 @@ def main() -> int:
                 if kind == "aiohttp" and importlib.util.find_spec("aiohttp") is None:
                     results[kind].append("not installed")
                     continue
-                results[kind].append(f"{asyncio.run(cpu_per_post(kind, port, args.requests)):.0f} µs")
+                spent = run(cpu_per_post(kind, port, args.requests))
+                results[kind].append(f"{spent:.0f} µs")
         finally:
             server.terminate()
             server.wait()
