@@ -31,7 +31,7 @@ TARGETED_TITLES = {
     "idle RSS (direct: the SDK upstream; proxied: the proxy process, --no-warm-up)",
     "startup to initialize answered, raw echo upstream",
     "startup to initialize answered, raw echo upstream: warm-up on (direct: --no-warm-up)",
-    "cold first sampling answer, 3 s after start (direct: a warm answer)",
+    "cold first sampling answer, 3 s after start (direct: warm, as long idle)",
     "cold first sampling answer, right after the handshake (direct: --no-warm-up)",
     "1 session, HTTP upstream: tools/call p50",
     "well-behaved client: sampling call p99 (direct: alone; proxied: under attack)",

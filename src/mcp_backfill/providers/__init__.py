@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from mcp_backfill.logs import get_logger
 from mcp_backfill.providers.lazy import LazyProvider
@@ -42,6 +43,8 @@ def make_provider(settings: ProviderSettings, attempts: AttemptObserver | None =
 
         return MockProvider()
 
+    built: list[Any] = []  # the AnthropicProvider inside the retrying wrapper, once built
+
     def build() -> Provider:
         from mcp_backfill.providers.anthropic import AnthropicProvider, prime_sdk
         from mcp_backfill.providers.platforms import bedrock_model_id, make_client, vertex_model_id
@@ -59,10 +62,14 @@ def make_provider(settings: ProviderSettings, attempts: AttemptObserver | None =
             model_id=model_ids.get(settings.name, str),
             secrets=settings.secrets,
         )
+        built.append(provider)
         return RetryingProvider(provider, settings.retry, observer=attempts)
+
+    async def prime() -> None:
+        await built[0].prime()
 
     # Bedrock and Vertex are built at once: their clients check regions and credentials, and a
     # mistake there must stop the proxy at startup. The Claude API client cannot fail to build; it
     # is built on the first sampling request, outside that request's --sampling-timeout (the
     # deadline bounds calls to Claude, not the proxy's one-time import of the SDK).
-    return LazyProvider(settings.name, build) if settings.name == "anthropic" else build()
+    return LazyProvider(settings.name, build, prime) if settings.name == "anthropic" else build()

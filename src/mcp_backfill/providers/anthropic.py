@@ -22,6 +22,7 @@ from mcp_backfill.errors import ProviderError
 from mcp_backfill.logs import Redactor
 from mcp_backfill.protocol import INTERNAL_ERROR, INVALID_PARAMS, SSE_TYPE
 from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress, UsageMeter
+from mcp_backfill.transports.http_upstream.settings import goes_through_a_proxy
 
 # Statuses that mean "this request is wrong", so the server, not the operator, must act.
 REQUEST_FAULT_STATUSES = frozenset({400, 413, 422})
@@ -84,6 +85,14 @@ class AnthropicProvider:
         self._client = client
         self._model_id = model_id
         self._redact = Redactor(secrets).redact
+
+    async def prime(self) -> None:
+        """The second half of the priming, on the proxy's own loop: one canned answer through this
+        client's own HTTP client (its connection pool, the loop's socket machinery), from a loopback
+        server on an ephemeral port, with a placeholder key. A few milliseconds (the heavy part was
+        `prime_sdk`'s); what is left for the first real request is its own connection."""
+        if isinstance(self._client, anthropic.AsyncAnthropic):
+            await _stream_canned_answer(self._client)
 
     async def create_message(
         self,
@@ -305,40 +314,74 @@ _PRIMING_EVENTS: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 
 
-def prime_sdk() -> None:
-    """Stream one canned answer through a throwaway SDK client, in memory (no network, no key used).
-
-    The SDK defers work to its first request: pydantic builds the schemas of the stream's event and
-    message models on first use, and a few modules are imported then. That took about 30 ms of the
-    first sampling request here; done during the warm-up, the first answer costs what later ones do.
-    Runs its own event loop: call it from a worker thread (as the provider build is).
-    """
+async def _stream_canned_answer(client: anthropic.AsyncAnthropic) -> None:
+    """Serve `_PRIMING_EVENTS` once on an ephemeral loopback port and stream them through a copy of
+    `client` pointed there, with a placeholder key and none of the configured headers (the real
+    credentials are never sent, not even there); nothing when an HTTP proxy from the environment
+    would carry the request."""
     import asyncio
     import json
 
     body = "".join(
         f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n" for name, data in _PRIMING_EVENTS
     ).encode()
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (
+        SSE_TYPE.encode(),
+        len(body),
+    )
 
-    def answer(_: httpx2.Request) -> httpx2.Response:
-        return httpx2.Response(200, headers={"content-type": SSE_TYPE}, content=body)
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request_head = await reader.readuntil(b"\r\n\r\n")
+            for line in request_head.lower().split(b"\r\n"):
+                if line.startswith(b"content-length:"):
+                    await reader.readexactly(int(line.partition(b":")[2]))
+            writer.write(head + body)
+            await writer.drain()
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    if goes_through_a_proxy(url):  # the environment's HTTP proxy would carry it: not worth that
+        server.close()
+        return
+    primer = client.with_options(api_key="priming", base_url=url, max_retries=0, set_default_headers={})
+    async with (
+        server,
+        primer.messages.stream(
+            model="priming",
+            max_tokens=1,
+            messages=[{"role": "user", "content": "priming"}],
+            tools=[{"name": "t", "input_schema": {"type": "object"}}],
+        ) as stream,
+    ):
+        async for _ in stream:
+            pass
+        await stream.get_final_message()
+
+
+def prime_sdk() -> None:
+    """Stream one canned answer through a throwaway SDK client on a loop of its own (nothing leaves
+    the host, no key is used): the first half of the priming, see `AnthropicProvider.prime`.
+
+    The SDK defers work to its first request: pydantic builds the schemas of the stream's event and
+    message models on first use, and a few modules are imported then (about 30 ms of CPU here, the
+    most of what the first sampling answer used to cost beyond later ones). It runs in the build's
+    worker thread so that this CPU time never holds up the event loop; uvloop when installed, as the
+    proxy's loop.
+    """
+    import asyncio
 
     async def play() -> None:
-        http = httpx2.AsyncClient(transport=httpx2.MockTransport(answer))
-        client = anthropic.AsyncAnthropic(
-            api_key="priming", base_url="http://priming.invalid", http_client=http
-        )
-        async with (
-            client,
-            client.messages.stream(
-                model="priming",
-                max_tokens=1,
-                messages=[{"role": "user", "content": "priming"}],
-                tools=[{"name": "t", "input_schema": {"type": "object"}}],
-            ) as stream,
-        ):
-            async for _ in stream:
-                pass
-            await stream.get_final_message()
+        async with anthropic.AsyncAnthropic(api_key="priming") as client:
+            await _stream_canned_answer(client)
 
-    asyncio.run(play())
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(play())
+    else:
+        uvloop.run(play())

@@ -10,7 +10,7 @@ turns that off) — or at the latest when the first sampling request arrives.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -28,9 +28,12 @@ BUILD_SWITCH_INTERVAL = 0.0005
 
 
 class LazyProvider:
-    def __init__(self, name: str, build: Callable[[], Provider]) -> None:
+    def __init__(
+        self, name: str, build: Callable[[], Provider], prime: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
         self.name = name
         self._build = build
+        self._prime = prime
         self._provider: Provider | None = None
         self._lock = anyio.Lock()
 
@@ -43,11 +46,17 @@ class LazyProvider:
                     self._provider = await anyio.to_thread.run_sync(self._build)
                 finally:
                     sys.setswitchinterval(previous)
+                if why == "warm-up" and self._prime is not None:
+                    try:  # an optimisation only
+                        await self._prime()
+                    except Exception as exc:
+                        log.debug("priming the provider failed", extra={"error": repr(exc)})
                 log.info("provider ready", extra={"provider": self.name, "built_for": why})
         return self._provider
 
     async def warm_up(self) -> None:
-        """Build the provider now, ahead of the first request (a no-op once built)."""
+        """Build the provider now, ahead of the first request (a no-op once built), and `prime` it
+        on this loop."""
         if self._provider is None:
             await self._get("warm-up")
 

@@ -51,7 +51,7 @@ def make_http_client(settings: HttpUpstreamSettings, tls: ssl.SSLContext | None 
     `HTTP_PROXY`/`ALL_PROXY` from the environment) by httpx2's transport.
     """
     timeout = httpx2.Timeout(settings.connect_timeout, read=settings.read_timeout)
-    lean = httpx2.URL(settings.url).scheme == "http" and not _goes_through_a_proxy(settings.url)
+    lean = httpx2.URL(settings.url).scheme == "http" and not goes_through_a_proxy(settings.url)
     return httpx2.AsyncClient(
         timeout=timeout,
         headers={"user-agent": f"mcp-backfill/{__version__}"},
@@ -61,7 +61,7 @@ def make_http_client(settings: HttpUpstreamSettings, tls: ssl.SSLContext | None 
     )
 
 
-def _goes_through_a_proxy(url: str) -> bool:
+def goes_through_a_proxy(url: str) -> bool:
     """Whether the environment's proxy settings (`HTTP_PROXY`, `ALL_PROXY`, `NO_PROXY`) apply to `url`."""
     proxies = urllib.request.getproxies()
     if not (proxies.get("http") or proxies.get("all")):
