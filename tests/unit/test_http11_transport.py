@@ -223,6 +223,37 @@ async def test_silence_is_a_read_timeout() -> None:
             await post(http, server.url)
 
 
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nsome of it",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\na\r\nhel",
+    ],
+)
+async def test_a_body_that_stalls_is_a_read_timeout(head: bytes) -> None:
+    """What was already received is handed over; then silence past the read timeout is an error."""
+
+    async def reply(_: int, __: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(head)
+        await writer.drain()
+        await asyncio.sleep(5)
+        return False
+
+    received: list[bytes] = []
+
+    async def read_all(http: httpx2.AsyncClient, url: str) -> None:
+        async with http.stream("POST", url, content=b"{}") as response:
+            async for part in response.aiter_bytes():
+                received.append(part)
+
+    async with scripted(reply) as server, client(read=0.3) as http:
+        with pytest.raises(httpx2.ReadTimeout):
+            await read_all(http, server.url)
+    assert received  # what came before the stall was handed over
+    assert b"".join(received) in head
+
+
 async def test_nothing_listening_is_a_connect_error() -> None:
     async with scripted(json_reply()) as server:
         url = server.url
