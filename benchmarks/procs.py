@@ -107,22 +107,32 @@ def wait_until_quiet(pid: int, timeout: float = QUIET_TIMEOUT) -> None:
         last = now
 
 
-def proxy_children() -> list[int]:
-    """The pids of this process's children that run mcp_backfill (for clients that spawn it themselves)."""
-    me = str(os.getpid())
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc/<pid>/stat)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
-                parent = stat.read().rpartition(")")[2].split()[1]
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                command = cmdline.read()
+                fields = stat.read().rpartition(")")[2].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def proxy_children() -> list[int]:
+    """The pids of this process's children that run mcp_backfill (for clients that spawn it themselves)."""
+    found = []
+    for pid in children(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                if b"mcp_backfill" in cmdline.read():
+                    found.append(pid)
         except OSError:
             continue
-        if parent == me and b"mcp_backfill" in command:
-            found.append(int(entry))
     return found
 
 

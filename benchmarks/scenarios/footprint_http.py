@@ -13,7 +13,6 @@ The sidecars run with `--no-warm-up`: what is measured is what sessions cost, no
 from __future__ import annotations
 
 import contextlib
-import os
 from contextlib import ExitStack
 from typing import Any
 
@@ -21,27 +20,11 @@ import anyio
 
 from benchmarks.httpload import session_pool
 from benchmarks.httpservers import HttpServer, ready, sdk_http_server, sidecar
-from benchmarks.procs import raw_echo_command, rss
+from benchmarks.procs import children, raw_echo_command, rss
 from benchmarks.report import Row
 from benchmarks.scenarios import RunContext
 from benchmarks.settings import MB
 from mcp_backfill.cli import event_loop_options
-
-
-def children(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (from /proc/<pid>/stat)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
-                fields = stat.read().rpartition(")")[2].split()
-        except OSError:
-            continue  # gone meanwhile
-        if int(fields[1]) == pid:
-            found.append(int(entry))
-    return found
 
 
 def _total_rss(pids: list[int]) -> int:

@@ -40,10 +40,9 @@ import anyio
 from benchmarks.httpclient import CallFailed, StatelessClient
 from benchmarks.httpservers import HttpServer, sidecar
 from benchmarks.measure import median, percentile
-from benchmarks.procs import cpu_seconds, proc_status, raw_echo_command, wait_until_quiet
+from benchmarks.procs import children, cpu_seconds, proc_status, raw_echo_command, wait_until_quiet
 from benchmarks.report import Row, Target
 from benchmarks.scenarios import RunContext
-from benchmarks.scenarios.footprint_http import children
 from benchmarks.settings import MB
 from mcp_backfill.cli import event_loop_options
 
