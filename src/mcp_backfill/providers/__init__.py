@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mcp_backfill.logs import get_logger
 from mcp_backfill.providers.lazy import LazyProvider
 from mcp_backfill.providers.retry import RetryingProvider, RetryPolicy
 from mcp_backfill.sampling.provider import AttemptObserver, Provider
+
+if TYPE_CHECKING:
+    from mcp_backfill.providers.anthropic import AnthropicProvider
 
 log = get_logger("provider")
 
@@ -43,7 +46,7 @@ def make_provider(settings: ProviderSettings, attempts: AttemptObserver | None =
 
         return MockProvider()
 
-    built: list[Any] = []  # the AnthropicProvider inside the retrying wrapper, once built
+    built: list[AnthropicProvider] = []  # the one inside the retrying wrapper, once built
 
     def build() -> Provider:
         from mcp_backfill.providers.anthropic import AnthropicProvider, prime_sdk

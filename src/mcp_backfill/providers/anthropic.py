@@ -316,9 +316,9 @@ _PRIMING_EVENTS: tuple[tuple[str, dict[str, Any]], ...] = (
 
 async def _stream_canned_answer(client: anthropic.AsyncAnthropic) -> None:
     """Serve `_PRIMING_EVENTS` once on an ephemeral loopback port and stream them through a copy of
-    `client` pointed there, with a placeholder key and none of the configured headers (the real
-    credentials are never sent, not even there); nothing when an HTTP proxy from the environment
-    would carry the request."""
+    `client` pointed there, with a placeholder key, none of the configured headers (the real
+    credentials are never sent, not even there) and the SDK's own tracing off (no span for it);
+    nothing when an HTTP proxy from the environment would carry the request."""
     import asyncio
     import json
 
@@ -348,7 +348,9 @@ async def _stream_canned_answer(client: anthropic.AsyncAnthropic) -> None:
     if goes_through_a_proxy(url):  # the environment's HTTP proxy would carry it: not worth that
         server.close()
         return
-    primer = client.with_options(api_key="priming", base_url=url, max_retries=0, set_default_headers={})
+    primer = client.with_options(
+        api_key="priming", base_url=url, max_retries=0, set_default_headers={}, open_telemetry=False
+    )
     async with (
         server,
         primer.messages.stream(
