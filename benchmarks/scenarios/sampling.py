@@ -205,7 +205,12 @@ def measure_cold_start(ctx: RunContext) -> list[Row]:
             return [_first_answers(ctx, url, *options, delay=0.0)[0]]
 
         immediate = alternate(s.startup_repeats, at_once)
-    detail = {"processes": len(late), "warm_answers_after_idle_each": IDLE_REPEATS}
+    detail = {
+        "processes": len(late),
+        "warm_answers_after_idle_each": IDLE_REPEATS,
+        "first_ms": [round(first, 2) for first, _ in late],
+        "warm_after_idle_ms": [round(warm, 2) for _, warm in late],
+    }
     return [
         Row(
             "4",

@@ -317,8 +317,8 @@ _PRIMING_EVENTS: tuple[tuple[str, dict[str, Any]], ...] = (
 async def _stream_canned_answer(client: anthropic.AsyncAnthropic) -> None:
     """Serve `_PRIMING_EVENTS` once on an ephemeral loopback port and stream them through a copy of
     `client` pointed there, with a placeholder key, none of the configured headers (the real
-    credentials are never sent, not even there) and the SDK's own tracing off (no span for it);
-    nothing when an HTTP proxy from the environment would carry the request."""
+    credentials are never sent, not even there) and the SDK's own span sent nowhere; nothing when an
+    HTTP proxy from the environment would carry the request."""
     import asyncio
     import json
 
@@ -348,8 +348,16 @@ async def _stream_canned_answer(client: anthropic.AsyncAnthropic) -> None:
     if goes_through_a_proxy(url):  # the environment's HTTP proxy would carry it: not worth that
         server.close()
         return
+    from opentelemetry.trace import NoOpTracerProvider  # a dependency of the SDK's own tracing
+
+    # The SDK's tracing stays on (its first use imports the propagators: milliseconds the first real
+    # request would pay), but its span goes to a tracer that records nothing.
     primer = client.with_options(
-        api_key="priming", base_url=url, max_retries=0, set_default_headers={}, open_telemetry=False
+        api_key="priming",
+        base_url=url,
+        max_retries=0,
+        set_default_headers={},
+        open_telemetry={"tracer_provider": NoOpTracerProvider()},
     )
     async with (
         server,
