@@ -436,7 +436,9 @@ async def test_upstream_headers_arrive_and_the_api_key_never_does(fake_claude: F
     for entry in entries[1:]:
         assert entry["headers"]["mcp-session-id"] == "rec-session-1"
         assert entry["headers"]["mcp-protocol-version"] == "2025-11-25"
+        assert entry["headers"]["cookie"] == "lb=replica-7"  # the cookie the initialize answer set
     assert "mcp-protocol-version" not in entries[0]["headers"]
+    assert "cookie" not in entries[0]["headers"]
     assert status == 0
     assert "upstream-tok-42" not in log
     assert TEST_API_KEY not in log
