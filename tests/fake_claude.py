@@ -708,7 +708,14 @@ def default_reply(body: JSONObject) -> MessageReply:
         (m for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), {"content": ""}
     )
     summary = _text_of(last_user.get("content"))
-    return text_reply(f"fake-claude says: {len(messages)} messages; last: {summary}")
+    text = f"fake-claude says: {len(messages)} messages; last: {summary}"
+    max_tokens = body.get("max_tokens")
+    if isinstance(max_tokens, int) and _estimate_tokens([{"type": "text", "text": text}]) > max_tokens:
+        # As Claude does: the answer stops at max_tokens (the usage then reports at most that many).
+        while text and _estimate_tokens([{"type": "text", "text": text}]) > max_tokens:
+            text = text[: max(0, len(text) - max(1, len(text) // 8))]
+        return text_reply(text, stop_reason="max_tokens")
+    return text_reply(text)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -163,6 +163,24 @@ async def test_a_shared_stores_leases_lapse_unless_renewed(stores: Factory) -> N
     assert await store.acquire_slot("client:alice", 1, "other")
 
 
+@pytest.mark.parametrize("stores", ["sqlite", "redis"], indirect=True)
+@pytest.mark.parametrize(("cost", "charged"), [(4, 7), (7, 7), (10, 10)])
+async def test_a_late_settlement_after_its_lease_lapsed_is_not_charged_twice(
+    stores: Factory, cost: int, charged: int
+) -> None:
+    """A holder that was only slow (a stalled process, a store it could not reach for a while)
+    settles after its reservation lapsed and was charged whole: the call is charged what it cost
+    or the reservation, whichever is more, never both."""
+    store = stores(lease_seconds=0.3)
+    await store.reserve([DAY], "slow", 7)
+    await anyio.sleep(0.5)
+    standing = await store.reserve([DAY], "", 0)  # collects the lapsed reservation: charged whole
+    assert standing.used == ((7, 7),)
+    await store.settle([DAY], "slow", cost)
+    standing = await store.reserve([DAY], "", 0)
+    assert (standing.reserved, standing.used) == ((0,), ((charged, charged),))
+
+
 async def test_an_unreachable_store_says_so_and_names_itself_without_its_password(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("not a directory")
     sqlite = SqliteStore(str(tmp_path / "file" / "ledger.db"))

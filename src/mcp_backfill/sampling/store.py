@@ -12,7 +12,8 @@ using the same store, so that two replicas cannot both take a budget's last toke
   several rate limits at once, or against none;
 * slots and reservations held by a process are leases: a shared store lets them lapse
   `LEASE_SECONDS` after their holder last renewed them, so a replica that died leaks nothing; a
-  lapsed reservation is charged whole, since its holder never said what the call cost.
+  lapsed reservation is charged whole, since its holder never said what the call cost (should the
+  holder settle after all, it is charged only what the call cost beyond that, never twice).
 
 Three stores implement it: `MemoryStore` here (one process; nothing lapses), and in
 `mcp_backfill.stores` a SQLite file (several processes on one machine) and Redis (many machines).
@@ -31,6 +32,7 @@ from mcp_backfill.errors import StoreUnavailable
 from mcp_backfill.options import BUDGET_WINDOWS, Allowance
 
 __all__ = [
+    "LAPSED_MEMORY_SECONDS",
     "LEASE_SECONDS",
     "RATE_WINDOW_SECONDS",
     "Held",
@@ -48,6 +50,10 @@ __all__ = [
 LEASE_SECONDS = 30.0
 """How long a shared store keeps a reservation or slot its holder stopped renewing (it renews them
 every third of that while it lives)."""
+LAPSED_MEMORY_SECONDS = 86400.0
+"""How long a shared store remembers a reservation it charged whole when it lapsed, so that the
+holder's settlement, if it comes after all (a slow or cut-off holder, not a dead one), charges only
+what the call cost beyond it rather than the call a second time."""
 RATE_WINDOW_SECONDS = 60.0
 
 

@@ -8,6 +8,7 @@ prefix (`mcp-backfill:` by default):
     <p>used:<payer>:<window>:<number>  tokens charged in one window; expires after the next one
     <p>res:<payer>                     sorted set: reservation lease -> expiry (ms)
     <p>resamt:<payer>                  hash: reservation lease -> tokens
+    <p>lapsed:<payer>                  hash: lapsed (and charged) reservation lease -> tokens
     <p>rate:<key>                      sorted set: admissions of the last minute
     <p>slots:<key>                     sorted set: slot holder -> expiry (ms)
 
@@ -29,7 +30,15 @@ from redis.exceptions import RedisError
 
 from mcp_backfill.errors import StoreUnavailable
 from mcp_backfill.options import BUDGET_WINDOWS
-from mcp_backfill.sampling.store import LEASE_SECONDS, Held, Limit, Rate, RateRefusal, Standing
+from mcp_backfill.sampling.store import (
+    LAPSED_MEMORY_SECONDS,
+    LEASE_SECONDS,
+    Held,
+    Limit,
+    Rate,
+    RateRefusal,
+    Standing,
+)
 
 __all__ = ["RedisStore", "display_url"]
 
@@ -38,7 +47,9 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-_LEDGER = """
+_LEDGER = (
+    f"local LAPSED_MEMORY_MS = {round(LAPSED_MEMORY_SECONDS * 1000)}\n"
+    + """
 local function counter(p, payer, window, seconds, now_ms)
   if seconds == 0 then return p .. 'used:' .. payer end
   return p .. 'used:' .. payer .. ':' .. window .. ':' .. math.floor(now_ms / 1000 / seconds)
@@ -67,13 +78,17 @@ local function read_limit(i)
   return payer, allowances, i
 end
 -- What calls in flight hold; a lease whose holder stopped renewing it lapses, and its whole
--- reservation is charged (the holder died before it could say what the call cost).
+-- reservation is charged (the holder died before it could say what the call cost). It is
+-- remembered a while, so that a late settlement charges only what the call cost beyond it.
 local function reserved(p, payer, allowances, now_ms)
-  local zset, amounts = p .. 'res:' .. payer, p .. 'resamt:' .. payer
+  local zset, amounts, lapsed = p .. 'res:' .. payer, p .. 'resamt:' .. payer, p .. 'lapsed:' .. payer
   local gone = redis.call('ZRANGEBYSCORE', zset, '-inf', now_ms)
   for _, lease in ipairs(gone) do
-    charge(p, payer, allowances, tonumber(redis.call('HGET', amounts, lease) or '0'), now_ms)
+    local amount = tonumber(redis.call('HGET', amounts, lease) or '0')
+    charge(p, payer, allowances, amount, now_ms)
     redis.call('HDEL', amounts, lease)
+    redis.call('HSET', lapsed, lease, amount)
+    redis.call('PEXPIRE', lapsed, LAPSED_MEMORY_MS)
   end
   if #gone > 0 then redis.call('ZREMRANGEBYSCORE', zset, '-inf', now_ms) end
   local sum = 0
@@ -81,6 +96,7 @@ local function reserved(p, payer, allowances, now_ms)
   return sum
 end
 """
+)
 
 _STANDING = """
 -- The limits from ARGV[i] on (see read_limit).
@@ -166,9 +182,16 @@ local i = 4
 while i <= #ARGV do
   local payer, allowances
   payer, allowances, i = read_limit(i)
-  redis.call('ZREM', p .. 'res:' .. payer, lease)
+  local due = tokens
+  if redis.call('ZREM', p .. 'res:' .. payer, lease) == 0 then
+    local lapsed = redis.call('HGET', p .. 'lapsed:' .. payer, lease)
+    if lapsed then  -- charged whole when it lapsed: only what the call cost beyond that
+      due = math.max(0, tokens - tonumber(lapsed))
+      redis.call('HDEL', p .. 'lapsed:' .. payer, lease)
+    end
+  end
   redis.call('HDEL', p .. 'resamt:' .. payer, lease)
-  charge(p, payer, allowances, tokens, now_ms)
+  charge(p, payer, allowances, due, now_ms)
 end
 return 1
 """

@@ -19,6 +19,7 @@ import anyio
 
 from mcp_backfill.errors import StoreUnavailable
 from mcp_backfill.sampling.store import (
+    LAPSED_MEMORY_SECONDS,
     LEASE_SECONDS,
     RATE_WINDOW_SECONDS,
     Held,
@@ -120,10 +121,15 @@ class SqliteStore:
 
     def _reserved(self, db: sqlite3.Connection, limit: Limit, now: float) -> int:
         """What calls in flight hold; a lease whose holder stopped renewing it lapses, and its whole
-        reservation is charged (the holder died before it could say what the call cost)."""
+        reservation is charged (the holder died before it could say what the call cost). It stays
+        as a 'lapsed' row a while, so that a late settlement charges only what the call cost beyond."""
+        db.execute("DELETE FROM leases WHERE kind = 'lapsed' AND key = ? AND expires <= ?", (limit.key, now))
         where = "WHERE kind = 'reservation' AND key = ? AND expires <= ?"
         lapsed = db.execute(f"SELECT amount FROM leases {where}", (limit.key, now)).fetchall()  # noqa: S608
-        db.execute(f"DELETE FROM leases {where}", (limit.key, now))  # noqa: S608
+        db.execute(
+            f"UPDATE leases SET kind = 'lapsed', expires = ? {where}",  # noqa: S608
+            (now + LAPSED_MEMORY_SECONDS, limit.key, now),
+        )
         for (amount,) in lapsed:
             self._charge(db, limit, amount, now)
         row = db.execute(
@@ -199,8 +205,16 @@ class SqliteStore:
     async def settle(self, limits: Sequence[Limit], lease: str, tokens: int) -> None:
         def work(db: sqlite3.Connection, now: float) -> None:
             for limit in limits:
-                db.execute(DROP_LEASE, ("reservation", limit.key, lease))
-                self._charge(db, limit, tokens, now)
+                due = tokens
+                if not db.execute(DROP_LEASE, ("reservation", limit.key, lease)).rowcount:
+                    row = db.execute(
+                        "SELECT amount FROM leases WHERE kind = 'lapsed' AND key = ? AND lease = ?",
+                        (limit.key, lease),
+                    ).fetchone()
+                    if row is not None:  # charged whole when it lapsed: only what it cost beyond
+                        due = max(0, tokens - int(row[0]))
+                        db.execute(DROP_LEASE, ("lapsed", limit.key, lease))
+                self._charge(db, limit, due, now)
 
         await self._run(work)
 
