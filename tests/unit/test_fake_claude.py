@@ -373,8 +373,23 @@ async def test_a_configured_key_must_match() -> None:
             with pytest.raises(anthropic.AuthenticationError):
                 await c.messages.create(model=MODEL, max_tokens=5, messages=HELLO)
         async with client(fake, api_key="right-key") as c:
-            message = await c.messages.create(model=MODEL, max_tokens=5, messages=HELLO)
+            message = await c.messages.create(model=MODEL, max_tokens=100, messages=HELLO)
         assert message.stop_reason == "end_turn"
+
+
+@pytest.mark.anyio
+async def test_the_default_answer_stops_at_max_tokens() -> None:
+    """As Claude does: a long answer ends at `max_tokens`, and says so."""
+    long_prompt: list[Any] = [{"role": "user", "content": "word " * 400}]
+    with FakeClaude() as fake:
+        async with client(fake) as c:
+            cut = await c.messages.create(model=MODEL, max_tokens=20, messages=long_prompt)
+            whole = await c.messages.create(model=MODEL, max_tokens=2000, messages=long_prompt)
+    assert (cut.stop_reason, whole.stop_reason) == ("max_tokens", "end_turn")
+    assert cut.usage.output_tokens <= 20 < whole.usage.output_tokens
+    [cut_block], [whole_block] = cut.content, whole.content
+    assert cut_block.type == whole_block.type == "text"
+    assert whole_block.text.startswith(cut_block.text)
 
 
 # ---- cancellation, hangs, delays ------------------------------------------------------------------
@@ -626,7 +641,7 @@ async def test_invalid_requests_are_rejected_like_the_real_api(
 def test_validation_can_be_switched_off() -> None:
     with FakeClaude(validate=False) as fake:
         response = raw_post(
-            fake, "/v1/messages", {"model": MODEL, "max_tokens": 5, "messages": [], "top_k": 3}
+            fake, "/v1/messages", {"model": MODEL, "max_tokens": 100, "messages": [], "top_k": 3}
         )
         assert response.status_code == 200
         assert response.json()["content"][0]["text"].startswith("fake-claude says: 0 messages")
