@@ -301,6 +301,24 @@ async def test_large_bodies_go_out_whole() -> None:
         assert (await post(http, server.url, body)).json() == len(body)
 
 
+async def test_a_streamed_body_goes_out_with_its_length() -> None:
+    """httpx2 frames a body of unknown length as chunked; the transport reads it whole and sends it
+    with `Content-Length` instead (the scripted server reads bodies by length only)."""
+
+    async def parts() -> AsyncIterator[bytes]:
+        yield b'{"a":'
+        yield b"1}"
+
+    async def reply(number: int, request: bytes, writer: asyncio.StreamWriter) -> bool:
+        return await json_reply(request.partition(b"\r\n\r\n")[2])(number, request, writer)
+
+    async with scripted(reply) as server, client() as http:
+        response = await http.post(server.url, content=parts())
+    assert response.json() == {"a": 1}
+    assert b"transfer-encoding" not in server.requests[0].lower()
+    assert b"\r\ncontent-length: 7\r\n" in server.requests[0].lower()
+
+
 async def test_only_plain_http_is_spoken() -> None:
     async with client() as http:
         with pytest.raises(httpx2.UnsupportedProtocol):

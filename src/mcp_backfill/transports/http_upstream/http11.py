@@ -97,6 +97,8 @@ def _render_head(request: httpx2.Request, body_length: int) -> bytes:
     for name, value in request.headers.raw:
         if any(bad in name or bad in value for bad in _FORBIDDEN_IN_HEADERS):
             raise httpx2.LocalProtocolError(f"header {name.decode('latin-1')!r} holds CR, LF or NUL")
+        if name.lower() == b"transfer-encoding":
+            continue  # a streamed body was read whole: it goes out with its length instead
         has_length = has_length or name.lower() == b"content-length"
         lines.append(b"%s: %s\r\n" % (name, value))
     if not has_length and (body_length or request.method not in ("GET", "HEAD", "DELETE")):
