@@ -19,9 +19,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
-from uvicorn.server import ServerState
 
 from mcp_backfill.logs import get_logger
 
@@ -99,24 +97,14 @@ class _Guard:
 
 
 class GuardedH11Protocol(_Guard, H11Protocol):
-    def __init__(
-        self,
-        config: Config,
-        server_state: ServerState,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        super().__init__(config, server_state, app_state, _loop)
+    """The guard over uvicorn's h11 protocol (when httptools is not installed)."""
 
 
-def guarded_protocol(header_timeout: float, max_connections: int, *, parser: str = "auto") -> type[Any]:
-    """The protocol class for uvicorn's `http=` setting, with these limits; `parser`: "httptools",
-    "h11", or "auto" (httptools when installed)."""
+def guarded_protocol(header_timeout: float, max_connections: int) -> type[Any]:
+    """The protocol class for uvicorn's `http=` setting, with these limits (httptools when installed)."""
     base: type[Any] = GuardedH11Protocol
-    if parser != "h11" and HttpToolsProtocol is not None:
+    if HttpToolsProtocol is not None:
         base = type("GuardedHttpToolsProtocol", (_Guard, HttpToolsProtocol), {})
-    elif parser == "httptools":
-        raise RuntimeError("httptools is not installed")
     return type(
         base.__name__, (base,), {"header_timeout": header_timeout, "max_connections": max_connections}
     )
