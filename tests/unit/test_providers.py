@@ -18,7 +18,7 @@ from mcp_backfill.config import Config, Secret
 from mcp_backfill.errors import ConfigError, ProviderError
 from mcp_backfill.protocol import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_backfill.providers import ProviderSettings, make_provider
-from mcp_backfill.providers.anthropic import AnthropicProvider, retry_after_seconds
+from mcp_backfill.providers.anthropic import AnthropicProvider, retry_after_seconds, settle_client
 from mcp_backfill.providers.platforms import (
     bedrock_model_id,
     check_dependencies,
@@ -55,6 +55,28 @@ async def provider(fake_claude: FakeClaude) -> AsyncIterator[AnthropicProvider]:
     provider = AnthropicProvider(client, secrets=[TEST_API_KEY])
     yield provider
     await provider.aclose()
+
+
+async def test_a_settled_client_has_done_its_first_requests_chores(fake_claude: FakeClaude) -> None:
+    """`settle_client` does ahead what the SDK does on a client's first request (its platform, in a
+    worker thread of its own; its tracer; its `messages` resource) and nothing on the wire changes."""
+    seen: list[dict[str, str]] = []
+    for settled in (False, True):
+        client = anthropic.AsyncAnthropic(api_key=TEST_API_KEY, base_url=fake_claude.url, max_retries=0)
+        assert client._platform is None
+        if settled:
+            settle_client(client)
+            assert client._platform is not None
+            assert "messages" in vars(client)
+            assert not isinstance(client._lazy_tracer, anthropic.NotGiven)
+        fake_claude.enqueue(text_reply("ok"))
+        provider = AnthropicProvider(client)
+        assert (await provider.create_message(REQUEST))["content"][0]["text"] == "ok"
+        await provider.aclose()
+        headers = fake_claude.requests[-1].headers
+        seen.append({k: v for k, v in headers.items() if k.startswith("x-stainless")})
+    assert seen[0] == seen[1]
+    assert seen[1]["x-stainless-os"]
 
 
 async def failure(provider: AnthropicProvider) -> ProviderError:

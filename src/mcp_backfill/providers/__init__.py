@@ -49,7 +49,7 @@ def make_provider(settings: ProviderSettings, attempts: AttemptObserver | None =
     built: list[AnthropicProvider] = []  # the one inside the retrying wrapper, once built
 
     def build() -> Provider:
-        from mcp_backfill.providers.anthropic import AnthropicProvider, prime_sdk
+        from mcp_backfill.providers.anthropic import AnthropicProvider, prime_sdk, settle_client
         from mcp_backfill.providers.platforms import bedrock_model_id, make_client, vertex_model_id
 
         if settings.name == "anthropic":
@@ -59,8 +59,10 @@ def make_provider(settings: ProviderSettings, attempts: AttemptObserver | None =
                 log.debug("priming the anthropic SDK failed", extra={"error": repr(exc)})
 
         model_ids = {"bedrock": bedrock_model_id, "vertex": vertex_model_id}
+        client = make_client(settings)
+        settle_client(client)
         provider = AnthropicProvider(
-            make_client(settings),
+            client,
             name=settings.name,
             model_id=model_ids.get(settings.name, str),
             secrets=settings.secrets,

@@ -373,6 +373,25 @@ async def _stream_canned_answer(client: anthropic.AsyncAnthropic) -> None:
         await stream.get_final_message()
 
 
+def settle_client(client: AnyClient) -> None:
+    """Do now, in the build's worker thread, what the SDK leaves to a client's first request.
+
+    - **Its platform** (the `X-Stainless-OS`/`-Arch` headers): the SDK works it out in a worker
+      thread of its own, since on some systems that blocks, so the first sampling answer paid for a
+      thread hop, about half a millisecond here: the largest part of what priming left.
+    - **Its tracer and its `messages` resource**, each made on first use.
+
+    Priming cannot do this: it streams through a copy of the client. Nothing happens with an SDK
+    that keeps these elsewhere.
+    """
+    if getattr(client, "_platform", ...) is None:
+        from anthropic._base_client import get_platform
+
+        client._platform = get_platform()
+    getattr(client, "_tracer", None)
+    client.messages  # noqa: B018 (a cached property, made here)
+
+
 def prime_sdk() -> None:
     """Stream one canned answer through a throwaway SDK client on a loop of its own (nothing leaves
     the host, no key is used): the first half of the priming, see `AnthropicProvider.prime`.
