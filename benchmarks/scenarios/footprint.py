@@ -6,7 +6,9 @@ after the handshake and a `tools/list`; it counts the proxy process alone (not i
 with `--no-warm-up`: by default the proxy imports and builds the Claude client in the background
 once it knows it answers a session's sampling (about 54 MB more), so that the first sampling answer
 does not wait for it. A proxy with `--provider mock` (no anthropic SDK loaded) is measured too, for
-reference. Startup is measured with the defaults, warm-up included.
+reference. Startup is measured with the defaults, warm-up included. So is the longest a message
+waits while the warm-up runs: pings one at a time for a few seconds after the handshake, against the
+same with `--no-warm-up`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 
 from benchmarks.measure import DIRECT, PROXIED, alternate, median
 from benchmarks.procs import proxy_command, raw_echo_command, rss, sdk_server_command, started
-from benchmarks.rawclient import RawClient
+from benchmarks.rawclient import RawClient, check_answers, request_line
 from benchmarks.report import Row, Target
 from benchmarks.scenarios import RunContext
 from benchmarks.settings import MB
@@ -38,6 +40,39 @@ def start_once(ctx: RunContext, argv: list[str], name: str, settle: float) -> tu
         client.request("tools/list")
         time.sleep(settle)
         return startup, rss(process.pid) / MB
+
+
+def longest_wait(ctx: RunContext, options: Sequence[str], window: float) -> float:
+    """Milliseconds: the longest `ping` round trip through a fresh proxy (raw echo upstream) in the
+    `window` seconds after its handshake, one ping at a time, which covers the warm-up's import."""
+    with started(proxy_command(raw_echo_command(), *options), ctx.logs, "5-wait") as process:
+        client = RawClient(process)
+        client.initialize()
+        longest = 0.0
+        ends = time.perf_counter() + window
+        while time.perf_counter() < ends:
+            line = request_line(client.next_id(), "ping")
+            (seconds,), answers = client.round_trips([line])
+            check_answers(answers, [line])
+            longest = max(longest, seconds)
+    return longest * 1e3
+
+
+def warm_up_wait_row(ctx: RunContext) -> Row:
+    window = 1.5 if ctx.settings.quick else 3.0
+    ctx.progress("longest message wait during the warm-up")
+    waits = alternate(
+        ctx.settings.startup_repeats,
+        lambda arm: [longest_wait(ctx, ("--no-warm-up",) if arm == DIRECT else (), window)],
+    )
+    return Row(
+        "5",
+        f"longest ping round trip in the {window:g} s after the handshake: warm-up on (direct: --no-warm-up)",
+        "ms",
+        median(waits.direct),
+        median(waits.proxied),
+        detail={"starts_per_arm": len(waits.direct), "proxied_ms": [round(ms, 2) for ms in waits.proxied]},
+    )
 
 
 def run(ctx: RunContext) -> list[Row]:
@@ -87,6 +122,7 @@ def run(ctx: RunContext) -> list[Row]:
                     {"starts_per_arm": len(startups.proxied)},
                 )
             )
+            rows.append(warm_up_wait_row(ctx))
         if label == "SDK upstream":
             ctx.progress("idle RSS with --no-warm-up")
             cold = [
