@@ -47,7 +47,7 @@ class LazyProvider:
     async def _get(self, why: str = "first request") -> Provider:
         async with self._lock:  # concurrent first requests build it once
             if self._provider is None:
-                previous = sys.getswitchinterval()
+                previous, collecting = sys.getswitchinterval(), gc.isenabled()
                 sys.setswitchinterval(min(previous, BUILD_SWITCH_INTERVAL))
                 gc.disable()
                 try:
@@ -55,7 +55,8 @@ class LazyProvider:
                 finally:
                     sys.setswitchinterval(previous)
                     gc.freeze()
-                    gc.enable()
+                    if collecting:
+                        gc.enable()
                 if why == "warm-up" and self._prime is not None:
                     try:  # an optimisation only
                         await self._prime()
