@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.peers import MCP_PROXY_REQUIREMENT, ensure_peer, mcp_proxy_command
-from benchmarks.procs import PYTHON, ROOT, LogDir, bench_env, sdk_server_command
+from benchmarks.procs import BENCH, PYTHON, ROOT, LogDir, bench_env, python_script, sdk_server_command
 from benchmarks.scenarios import RunContext
 
 SIDECAR_PORT_LINE = re.compile(r"serving streamable HTTP .*\bport=(\d+)")
@@ -161,6 +161,15 @@ def mcp_proxy(ctx: RunContext, name: str, upstream: Sequence[str]) -> ContextMan
     bin_dir = ensure_peer("mcp-proxy", MCP_PROXY_REQUIREMENT, ctx.progress)
     port = free_port()
     return _launched(mcp_proxy_command(bin_dir, port, upstream), ctx.logs, name, lambda *_: _accepting(port))
+
+
+def tcp_forwarder(logs: LogDir, name: str, target: str) -> ContextManager[HttpServer]:
+    """The bare TCP forwarder (benchmarks/servers/tcp_forwarder.py) in front of `target`, an HTTP
+    URL (started; call `ready()`)."""
+    argv = python_script(BENCH / "servers" / "tcp_forwarder.py", target)
+    return _launched(
+        argv, logs, name, lambda process, _: _first_line(process, "listening on "), read_stdout=True
+    )
 
 
 def sdk_http_server(logs: LogDir, name: str) -> ContextManager[HttpServer]:

@@ -5,7 +5,10 @@
     starts one upstream process per client session; mcp-proxy shares one upstream among them all.
     The "direct" column of these rows is mcp-proxy.
 3b. The sidecar in front of an HTTP upstream (the same SDK server over streamable HTTP, uvicorn)
-    against that upstream directly; each client session is one upstream session.
+    against that upstream directly; each client session is one upstream session. At one session a
+    third arm goes to the direct upstream through a bare TCP forwarder
+    (benchmarks/servers/tcp_forwarder.py): the floor, what the extra hop alone costs. (At 8 and 64
+    sessions its batches would load the direct arm's upstream more and slow the next batch.)
 
 Load: 1, 8 and 64 concurrent client sessions, each calling `tools/call echo` one call at a time,
 for a fixed time per batch (benchmarks/httpload.py), from a lean raw-HTTP client
@@ -23,7 +26,7 @@ from typing import Any
 import anyio
 
 from benchmarks.httpload import Batch, run_batch, session_pool
-from benchmarks.httpservers import mcp_proxy, ready, sdk_http_server, sidecar
+from benchmarks.httpservers import mcp_proxy, ready, sdk_http_server, sidecar, tcp_forwarder
 from benchmarks.measure import DIRECT, PROXIED, median, percentile, turn_order
 from benchmarks.procs import raw_echo_command, sdk_server_command, wait_until_quiet
 from benchmarks.report import Row, Target
@@ -34,37 +37,43 @@ PEER_TARGET = Target("ratio_min", 1.0, "≥ mcp-proxy's")
 UPSTREAM_TARGET = Target("ratio_min", 0.80, "≥ 0.80x direct")
 ONE_SESSION_ADDED_TARGET = Target("added_max", 1.5, "added ≤ 1.5 ms")
 
+FLOOR = "tcp-forwarder"
+
 Results = dict[int, dict[str, list[Batch]]]
 
 
 async def measure(
-    ctx: RunContext, urls: dict[str, str], quiet: Sequence[int]
+    ctx: RunContext, urls: dict[str, str], quiet: Sequence[int], one_session: Sequence[str] = ()
 ) -> tuple[Results, dict[str, float]]:
-    """Batches per concurrency and arm, and the seconds each arm took to open its sessions."""
+    """Batches per concurrency and arm, and the seconds each arm took to open its sessions. The arms
+    in `one_session` run at one session only (a reference that must not add load elsewhere)."""
     s = ctx.settings
-    results: Results = {sessions: {arm: [] for arm in urls} for sessions in s.http_sessions}
+    most = max(s.http_sessions)
+    results: Results = {
+        sessions: {arm: [] for arm in urls if sessions == 1 or arm not in one_session}
+        for sessions in s.http_sessions
+    }
     opening: dict[str, float] = {}
     async with AsyncExitStack() as stack:
         pools = {}
         for arm, url in urls.items():
-            ctx.progress(f"{arm}: opening {max(s.http_sessions)} sessions")
-            pools[arm], opening[arm] = await stack.enter_async_context(
-                session_pool(url, max(s.http_sessions), s.http_warmup)
-            )
+            size = 1 if arm in one_session else most
+            ctx.progress(f"{arm}: opening {size} session{'s' if size > 1 else ''}")
+            pools[arm], opening[arm] = await stack.enter_async_context(session_pool(url, size, s.http_warmup))
         for pid in quiet:  # the sidecar's warm-up, started by its first session
             await anyio.to_thread.run_sync(wait_until_quiet, pid)
         for index in range(s.http_rounds):
             ctx.progress(f"round {index + 1} of {s.http_rounds}")
-            for sessions in s.http_sessions:
-                for arm in turn_order(index, list(urls)):
-                    results[sessions][arm].append(
-                        await run_batch(pools[arm][:sessions], s.http_batch_seconds)
-                    )
+            for sessions, arms in results.items():
+                for arm in turn_order(index, list(arms)):
+                    arms[arm].append(await run_batch(pools[arm][:sessions], s.http_batch_seconds))
     return results, opening
 
 
-def _measure(ctx: RunContext, urls: dict[str, str], quiet: Sequence[int]) -> tuple[Results, dict[str, float]]:
-    return anyio.run(measure, ctx, urls, quiet, backend_options=event_loop_options())
+def _measure(
+    ctx: RunContext, urls: dict[str, str], quiet: Sequence[int], one_session: Sequence[str] = ()
+) -> tuple[Results, dict[str, float]]:
+    return anyio.run(measure, ctx, urls, quiet, one_session, backend_options=event_loop_options())
 
 
 def _cpu_per_call_us(batches: Sequence[Batch]) -> float:
@@ -103,6 +112,17 @@ def rows(
                 counts,
             )
         )
+        if FLOOR in arms:
+            out.append(
+                Row(
+                    number,
+                    name.format(what="throughput via a bare TCP forwarder (the floor)"),
+                    "req/s",
+                    median([b.throughput for b in direct]),
+                    median([b.throughput for b in arms[FLOOR]]),
+                    detail=counts,
+                )
+            )
         for q in (50, 99):
             out.append(
                 Row(
@@ -142,7 +162,9 @@ def run_http(ctx: RunContext) -> list[Row]:
         behind = stack.enter_context(sdk_http_server(ctx.logs, "3b-upstream-sdk-http"))
         ready(direct, behind)
         ours = stack.enter_context(sidecar(ctx.logs, "3b-sidecar", "--upstream-url", behind.url)).ready()
-        results, opening = _measure(ctx, {DIRECT: direct.url, PROXIED: ours.url}, [ours.pid])
+        floor = stack.enter_context(tcp_forwarder(ctx.logs, "3b-tcp-forwarder", direct.url)).ready()
+        urls = {DIRECT: direct.url, PROXIED: ours.url, FLOOR: floor.url}
+        results, opening = _measure(ctx, urls, [ours.pid], one_session=[FLOOR])
     detail = {
         "upstream": "SDK server (streamable HTTP, uvicorn)",
         "session_opening_s": {arm: round(seconds, 2) for arm, seconds in opening.items()},

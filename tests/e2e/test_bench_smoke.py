@@ -47,7 +47,8 @@ TARGETED_TITLES = {
     ),
 }
 # The HTTP rows: requests per second and p50/p99 at each concurrency, against mcp-proxy (3a) and
-# against the HTTP upstream directly (3b); the sidecar's RSS with idle HTTP sessions (5).
+# against the HTTP upstream directly (3b), and 3b's floor; the sidecar's RSS with idle HTTP sessions
+# (5); and the longest wait for a message while the warm-up runs (5).
 HTTP_TITLES = {
     (scenario, f"{n} session{'s' if n > 1 else ''}, {upstream}: {what}{suffix}")
     for scenario, upstream, suffix in (
@@ -60,6 +61,8 @@ HTTP_TITLES = {
     ("5", "sidecar RSS, 100 idle HTTP sessions, stdio upstream (direct: no session yet)"),
     ("5", "upstream processes' total RSS, 100 sessions (raw echo children of the sidecar)"),
     ("5", "sidecar RSS, 100 idle HTTP sessions, HTTP upstream (direct: no session yet)"),
+    ("3b", "1 session, HTTP upstream: throughput via a bare TCP forwarder (the floor)"),
+    ("5", "longest ping round trip in the 1.5 s after the handshake: warm-up on (direct: --no-warm-up)"),
 }
 
 
