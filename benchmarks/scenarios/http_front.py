@@ -90,7 +90,7 @@ def rows(
 ) -> list[Row]:
     out: list[Row] = []
     for sessions, arms in results.items():
-        direct, proxied = arms[DIRECT], arms[PROXIED]
+        direct = arms[DIRECT]
         latency = {arm: [lat * 1e3 for b in batches for lat in b.latencies] for arm, batches in arms.items()}
         counts = {
             **detail,
@@ -101,28 +101,22 @@ def rows(
             },
         }
         name = f"{sessions} session{'s' if sessions > 1 else ''}, {label}"
-        out.append(
-            Row(
-                number,
-                name.format(what="throughput"),
-                "req/s",
-                median([b.throughput for b in direct]),
-                median([b.throughput for b in proxied]),
-                target,
-                counts,
-            )
-        )
-        if FLOOR in arms:
-            out.append(
-                Row(
-                    number,
-                    name.format(what="throughput via a bare TCP forwarder (the floor)"),
-                    "req/s",
-                    median([b.throughput for b in direct]),
-                    median([b.throughput for b in arms[FLOOR]]),
-                    detail=counts,
+        for what, arm, row_target in (
+            ("throughput", PROXIED, target),
+            ("throughput via a bare TCP forwarder (the floor)", FLOOR, None),
+        ):
+            if arm in arms:
+                out.append(
+                    Row(
+                        number,
+                        name.format(what=what),
+                        "req/s",
+                        median([b.throughput for b in direct]),
+                        median([b.throughput for b in arms[arm]]),
+                        row_target,
+                        counts,
+                    )
                 )
-            )
         for q in (50, 99):
             out.append(
                 Row(

@@ -158,12 +158,7 @@ class _Body(httpx2.AsyncByteStream):
         reader = connection.reader
         try:
             if self._framing == "length":
-                remaining = self._length
-                while remaining:
-                    chunk = await self._read(reader.read(min(remaining, READ_SIZE)), _holds(reader, 1))
-                    if not chunk:
-                        raise httpx2.RemoteProtocolError("the upstream closed the connection mid-body")
-                    remaining -= len(chunk)
+                async for chunk in self._span(reader, self._length, "mid-body"):
                     yield chunk
             elif self._framing == "chunked":
                 async for chunk in self._chunks(reader):
@@ -178,6 +173,16 @@ class _Body(httpx2.AsyncByteStream):
             raise httpx2.RemoteProtocolError("malformed chunked body") from exc
         self._finish(reusable=self._keep_alive)
 
+    async def _span(self, reader: asyncio.StreamReader, size: int, where: str) -> AsyncIterator[bytes]:
+        """The body's next `size` bytes as they arrive; an error naming `where` if the connection
+        ends before them."""
+        while size:
+            chunk = await self._read(reader.read(min(size, READ_SIZE)), _holds(reader, 1))
+            if not chunk:
+                raise httpx2.RemoteProtocolError(f"the upstream closed the connection {where}")
+            size -= len(chunk)
+            yield chunk
+
     async def _chunks(self, reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
         while True:
             size_line = await self._read(reader.readuntil(b"\r\n"), _holds(reader, b"\r\n"))
@@ -191,11 +196,7 @@ class _Body(httpx2.AsyncByteStream):
                 while await self._read(reader.readuntil(b"\r\n"), _holds(reader, b"\r\n")) != b"\r\n":
                     pass  # trailer fields
                 return
-            while size:
-                chunk = await self._read(reader.read(min(size, READ_SIZE)), _holds(reader, 1))
-                if not chunk:
-                    raise httpx2.RemoteProtocolError("the upstream closed the connection mid-chunk")
-                size -= len(chunk)
+            async for chunk in self._span(reader, size, "mid-chunk"):
                 yield chunk
             if await self._read(reader.readexactly(2), _holds(reader, 2)) != b"\r\n":
                 raise httpx2.RemoteProtocolError("chunk not followed by CRLF")
