@@ -337,21 +337,19 @@ def run(ctx: RunContext) -> list[Row]:
                 "examples": tally.examples,
             },
         ),
-        Row(
-            "8",
-            f"{label}: sidecar RSS, every client still connected (direct: before the first client)",
-            "MB",
-            result["before"]["VmRSS"] / MB,
-            load.status["VmRSS"] / MB,
-            RSS_TARGET,
-            rss_detail,
-        ),
-        Row(
-            "8",
-            f"{label}: sidecar peak RSS, VmHWM (direct: before the first client)",
-            "MB",
-            result["before"]["VmHWM"] / MB,
-            load.status["VmHWM"] / MB,
-            RSS_TARGET,
+        *(
+            Row(
+                "8",
+                f"{label}: {what} (direct: before the first client)",
+                "MB",
+                result["before"][key] / MB,
+                load.status[key] / MB,
+                RSS_TARGET,
+                detail,
+            )
+            for key, what, detail in (
+                ("VmRSS", "sidecar RSS, every client still connected", rss_detail),
+                ("VmHWM", "sidecar peak RSS, VmHWM", {}),
+            )
         ),
     ]
