@@ -241,6 +241,12 @@ def prompts_of(fake: FakeClaude, marker: str) -> list[dict[str, Any]]:
     return [r.body for r in fake.message_requests if marker in json.dumps(r.body["messages"])]
 
 
+async def ledger_ms(ledger: aioredis.Redis) -> float:
+    """The ledger's own clock (Redis `TIME`), in ms: what lease expiries are measured against."""
+    seconds, micros = await ledger.time()
+    return seconds * 1000 + micros / 1000
+
+
 # -- the tests -----------------------------------------------------------------------------------
 
 
@@ -347,9 +353,12 @@ async def test_sessions_stick_to_their_replica_and_recover_when_it_dies(fake_cla
                     prompts_of(fake_claude, "eve") and await c.ledger.hlen("mcp-backfill:resamt:client:eve")
                 ):
                     await anyio.sleep(0.02)
-            [held] = [int(v) for v in (await c.ledger.hgetall("mcp-backfill:resamt:client:eve")).values()]
+            [(lease, held)] = (await c.ledger.hgetall("mcp-backfill:resamt:client:eve")).items()
             os.kill(victim.process.pid, signal.SIGKILL)
         await victim.process.wait()
+        # Nobody renews the lease now: its expiry (the ledger's own clock, ms) is final.
+        expiry = await c.ledger.zscore("mcp-backfill:res:client:eve", lease)
+        assert expiry is not None
 
         # Its sessions are gone: 404, and a new initialize works; the others go on.
         for n, session in enumerate(sessions):
@@ -363,21 +372,18 @@ async def test_sessions_stick_to_their_replica_and_recover_when_it_dies(fake_cla
                 assert echoed(response) == f"again {n}"
                 assert response.headers["x-replica"] == session.replica
 
-        # The dead replica's reservation lapses within its lease, and is charged whole (nobody is
-        # left to say what the call cost); nothing stays reserved.
+        # The dead replica's reservation lapses with its lease, and is charged whole (nobody is left
+        # to say what the call cost); nothing stays reserved. Lapsed reservations are collected by
+        # the payer's next admission, so one probe after the expiry collects it.
         with anyio.fail_after(LEASE + 10):
-            while True:
-                answer = await call_2026(http, c.front, "eve", "e2", "echo", text="tick")
-                assert answer.error is None
-                await anyio.sleep(0.2)
-                probe = await call_2026(http, c.replicas[0].url, "eve", "e3", "summarize", text="eve again")
-                # Lapsed reservations are collected by the next admission for the payer (a probe);
-                # a probe's own reservation is settled just after its answer.
-                lapsed = not await c.ledger.hlen("mcp-backfill:resamt:client:eve")
-                if lapsed and await c.used("client:eve") >= held:
-                    break
+            while await ledger_ms(c.ledger) <= expiry:
+                await anyio.sleep(0.05)
+        assert (await call_2026(http, c.front, "eve", "e2", "echo", text="tick")).error is None
+        probe = await call_2026(http, c.replicas[0].url, "eve", "e3", "summarize", text="eve again")
         assert probe.error is None
+        await c.settled("client:eve")  # the probe's own reservation is settled just after its answer
         assert await c.ledger.zcard("mcp-backfill:res:client:eve") == 0
+        assert await c.used("client:eve") >= int(held)
 
 
 async def test_sampling_is_refused_while_redis_is_down_and_resumes_after(fake_claude: FakeClaude) -> None:
