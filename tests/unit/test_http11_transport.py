@@ -19,6 +19,12 @@ from hypothesis import strategies as st
 
 from mcp_backfill.transports.http_upstream import http11
 from mcp_backfill.transports.http_upstream.http11 import Http11Transport
+from mcp_backfill.transports.http_upstream.settings import (
+    HttpUpstreamSettings,
+    UpstreamClient,
+    make_http_client,
+    post_message,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -361,3 +367,62 @@ def test_any_chunking_and_any_segmenting_give_back_the_body(
             assert server.connections == 1
 
     asyncio.run(run())
+
+
+# -- post_message: the upstream's message POSTs, straight to this transport ---------------------
+
+
+def _upstream_client(url: str, read: float = 5.0) -> httpx2.AsyncClient:
+    settings = HttpUpstreamSettings(url=url, max_message_bytes=1 << 20, read_timeout=read)
+    http = make_http_client(settings)
+    assert isinstance(http, UpstreamClient)
+    assert http.lean is not None
+    return http
+
+
+async def test_a_message_post_is_the_request_the_client_itself_would_send() -> None:
+    """Same bytes on the wire as the client's own `send` (its default headers under the request's,
+    Host, length), and the cookie the first answer set goes back on both."""
+    cookie = b"set-cookie: affinity=node-2; Path=/\r\n"
+
+    async def reply(n: int, request: bytes, writer: asyncio.StreamWriter) -> bool:
+        return await json_reply(extra=cookie if n == 1 else b"")(n, request, writer)
+
+    headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+    async with scripted(reply) as server, _upstream_client(server.url) as http:
+        url = httpx2.URL(server.url)
+        for _ in range(2):
+            response = await post_message(http, url, b'{"q":1}', headers)
+            assert (await response.aread()) == b'{"ok":true}'
+            assert response.request.url == url
+        await http.send(http.build_request("POST", url, content=b'{"q":1}', headers=headers))
+    first, lean, own = server.requests
+    assert b"cookie:" not in first.lower()
+    assert b"\r\ncookie: affinity=node-2\r\n" in lean.lower()
+    assert lean == own
+    assert b"\r\nuser-agent: mcp-backfill/" in lean.lower()
+    assert server.connections == 1
+
+
+async def test_a_message_post_keeps_the_clients_timeouts() -> None:
+    async def reply(*_: object) -> bool:
+        await asyncio.sleep(5)
+        return False
+
+    async with scripted(reply) as server, _upstream_client(server.url, read=0.2) as http:
+        with pytest.raises(httpx2.ReadTimeout):
+            await post_message(http, httpx2.URL(server.url), b"{}", {})
+
+
+async def test_a_client_without_the_lean_transport_posts_through_httpx2() -> None:
+    seen: list[httpx2.Request] = []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        seen.append(request)
+        return httpx2.Response(200, json={"ok": True})
+
+    async with httpx2.AsyncClient(transport=httpx2.MockTransport(handler), headers={"x-a": "1"}) as http:
+        response = await post_message(http, httpx2.URL("http://127.0.0.1:9/mcp"), b"{}", {"x-b": "2"})
+        assert (await response.aread()) == b'{"ok":true}'
+    (request,) = seen
+    assert (request.headers["x-a"], request.headers["x-b"], request.content) == ("1", "2", b"{}")

@@ -32,6 +32,8 @@ from mcp_backfill.sidecar.http_io import (
     HttpCall,
     accepts,
     pump_sse,
+    quick_answer,
+    respond_single,
     single_answer,
     sse_headers,
     wait_for_events,
@@ -164,14 +166,18 @@ class HandshakeFront:
     async def _answer(self, call: HttpCall, session: HttpSession, stream: EventStream, single: bool) -> None:
         """JSON when a single request is answered at once, else SSE (see the module docstring)."""
         headers = _session_header(session)
+        deadline = anyio.current_time() + self.settings.json_window
+        answer = await quick_answer(stream, self.settings.json_window) if single else None
+        if answer is not None:
+            await respond_single(call, stream, answer, headers=headers)
+            return
         with anyio.CancelScope() as scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(call.watch_disconnect, scope)
-                await wait_for_events(stream, self.settings.json_window)
+                await wait_for_events(stream, deadline - anyio.current_time())
                 answer = single_answer(stream) if single else None
                 if answer is not None:
-                    stream.delivered = 1
-                    await call.respond(200, answer, protocol.JSON_TYPE, headers)
+                    await respond_single(call, stream, answer, headers=headers)
                 else:
                     await call.start(200, protocol.SSE_TYPE, sse_headers(headers))
                     if _primes(session):

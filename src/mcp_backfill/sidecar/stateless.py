@@ -38,6 +38,8 @@ from mcp_backfill.sidecar.http_io import (
     HttpCall,
     accepts,
     pump_sse,
+    quick_answer,
+    respond_single,
     single_answer,
     sse_headers,
     wait_for_events,
@@ -278,14 +280,18 @@ class StatelessFront:
 
     async def _answer(self, call: HttpCall, mux: MuxChannel, exchange: MuxedRequest) -> None:
         stream = exchange.stream
+        deadline = anyio.current_time() + self.settings.json_window
+        answer = await quick_answer(stream, self.settings.json_window)
+        if answer is not None:
+            await respond_single(call, stream, answer, _status_of(answer))
+            return
         with anyio.CancelScope() as scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(call.watch_disconnect, scope)
-                await wait_for_events(stream, self.settings.json_window)
+                await wait_for_events(stream, deadline - anyio.current_time())
                 answer = single_answer(stream)
                 if answer is not None:
-                    stream.delivered = 1
-                    await call.respond(_status_of(answer), answer, protocol.JSON_TYPE)
+                    await respond_single(call, stream, answer, _status_of(answer))
                 else:
                     await call.start(200, protocol.SSE_TYPE, sse_headers())
                     await pump_sse(call, stream, 0, with_ids=False, keepalive=self.settings.keepalive)

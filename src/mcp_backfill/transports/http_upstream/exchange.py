@@ -23,6 +23,7 @@ from mcp_backfill.transports.http_upstream.settings import (
     HttpUpstreamSettings,
     describe_transport_error,
     display_url,
+    post_message,
 )
 from mcp_backfill.transports.http_upstream.sse import SseDecoder
 
@@ -143,9 +144,8 @@ class ExchangeReader:
         self, body: bytes, headers: dict[str, str], exchange: PostExchange, head: HeadCheck | None = None
     ) -> None:
         """POST `body` and deliver its answer; `head` sees the response before its body is read."""
-        request = self.http.build_request("POST", self.url, content=body, headers=headers)
         try:
-            response = await self.http.send(request, stream=True)
+            response = await post_message(self.http, self.url, body, headers)
         except httpx2.TransportError as exc:
             exchange.failure = self._unreachable(exc, exchange.method)
             return
