@@ -131,14 +131,18 @@ def _launched(
     name: str,
     locate: Callable[[subprocess.Popen[bytes], Path], Callable[[], str | None]],
     read_stdout: bool = False,
+    source: str | None = None,
 ) -> Iterator[HttpServer]:
+    env = bench_env()
+    if source is not None:  # another tree's code first on the path
+        env["PYTHONPATH"] = source
     with logs.open(name) as stderr:
         process = subprocess.Popen(
             list(argv),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE if read_stdout else subprocess.DEVNULL,
             stderr=stderr,
-            env=bench_env(),
+            env=env,
             cwd=ROOT,
         )
         try:
@@ -149,11 +153,13 @@ def _launched(
 
 
 def sidecar(
-    logs: LogDir, name: str, *options: str, upstream: Sequence[str] = ()
+    logs: LogDir, name: str, *options: str, upstream: Sequence[str] = (), source: str | None = None
 ) -> ContextManager[HttpServer]:
-    """`mcp-backfill serve` (started; call `ready()`)."""
+    """`mcp-backfill serve` (started; call `ready()`), from the `src` directory `source` when given
+    (another tree's code, as `benchmarks/compare_trees.py` runs it) instead of this tree's."""
     argv = sidecar_command(*options, upstream=upstream)
-    return _launched(argv, logs, name, lambda _, log_path: _log_port(log_path, SIDECAR_PORT_LINE))
+    locate = lambda _, log_path: _log_port(log_path, SIDECAR_PORT_LINE)  # noqa: E731
+    return _launched(argv, logs, name, locate, source=source)
 
 
 def mcp_proxy(ctx: RunContext, name: str, upstream: Sequence[str]) -> ContextManager[HttpServer]:

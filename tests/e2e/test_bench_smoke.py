@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,25 @@ def test_quick_benchmark_run_writes_a_complete_table(tmp_path: Path) -> None:
     assert [cells[0] for cells in printed] == [f"{row['scenario']} {row['title']}" for row in rows]
     for cells, row in zip(printed, rows, strict=True):
         assert cells[5] == {None: "—", True: "yes", False: "**no**"}[row["met"]]
+
+
+@pytest.mark.timeout(300)
+def test_two_trees_are_compared_batch_by_batch(tmp_path: Path) -> None:
+    """`benchmarks.compare_trees`: both sidecars served calls, and every figure is there."""
+    argv = [sys.executable, "-m", "benchmarks.compare_trees", "src", "--rounds", "2", "--seconds", "0.3"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-4000:]
+    arms = re.findall(
+        r"^(this tree|other tree) +(\d+) req/s +p50 ([\d.]+) ms +CPU per call: sidecar (\d+) µs, "
+        r"upstream (\d+) µs$",
+        done.stdout,
+        re.MULTILINE,
+    )
+    assert [arm[0] for arm in arms] == ["this tree", "other tree"], done.stdout
+    for _, *figures in arms:
+        assert all(float(figure) > 0 for figure in figures), done.stdout
+    assert re.search(r"^this tree / other tree, throughput: \d+\.\d{3}x$", done.stdout, re.MULTILINE)
+
+    refused = subprocess.run([*argv[:3], str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2
+    assert f"{tmp_path} holds no mcp_backfill package" in refused.stderr

@@ -1,0 +1,95 @@
+"""`python -m benchmarks.compare_trees OTHER_SRC`: this tree's sidecar against another tree's, 3b-style.
+
+For a change to the sidecar's per-request work, whose effect (a few percent) is smaller than what
+separate runs of `scripts/bench` differ by: both sidecars run side by side in front of one SDK
+server over streamable HTTP, each with its own client sessions, and their batches alternate (ABBA)
+so that both meet the same machine. `OTHER_SRC` is the other tree's `src` directory (e.g. of
+`git worktree add /tmp/before <rev>`); it goes first on that sidecar's `PYTHONPATH`. Prints, per
+arm, the medians over batches of throughput, tools/call p50 and the sidecar's CPU time per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+import anyio
+
+from benchmarks.httpload import Batch, run_batch, session_pool
+from benchmarks.httpservers import ready, sdk_http_server, sidecar
+from benchmarks.measure import median, percentile, turn_order
+from benchmarks.procs import LogDir, cpu_seconds, wait_until_quiet
+from mcp_backfill.cli import event_loop_options
+
+THIS, OTHER = "this tree", "other tree"
+
+
+Results = dict[str, list[tuple[Batch, float, float]]]  # per arm: batch, CPU s per call: sidecar, upstream
+
+
+async def compare(
+    urls: dict[str, str], pids: dict[str, int], upstream: int, options: argparse.Namespace
+) -> Results:
+    """Every arm's batches, taking turns."""
+    results: Results = {arm: [] for arm in urls}
+    async with (
+        session_pool(urls[THIS], options.sessions, 20) as (ours, _),
+        session_pool(urls[OTHER], options.sessions, 20) as (theirs, _),
+    ):
+        pools = {THIS: ours, OTHER: theirs}
+        for pid in pids.values():  # the warm-up each sidecar's first session started
+            await anyio.to_thread.run_sync(wait_until_quiet, pid)
+        for index in range(options.rounds):
+            for arm in turn_order(index, [OTHER, THIS]):
+                before = cpu_seconds(pids[arm]), cpu_seconds(upstream)
+                batch = await run_batch(pools[arm], options.seconds)
+                calls = max(batch.calls, 1)
+                sidecar_cpu = (cpu_seconds(pids[arm]) - before[0]) / calls
+                results[arm].append((batch, sidecar_cpu, (cpu_seconds(upstream) - before[1]) / calls))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.compare_trees", description=__doc__)
+    parser.add_argument("other_src", type=Path, help="the other tree's src directory")
+    parser.add_argument("--this", type=Path, help="run 'this tree' from this src directory instead")
+    parser.add_argument("--sessions", type=int, default=1, help="client sessions per arm (default 1)")
+    parser.add_argument("--rounds", type=int, default=6, help="batches per arm (default 6)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="seconds per batch (default 2)")
+    options = parser.parse_args(argv)
+    for source in (options.other_src, options.this):
+        if source is not None and not (source / "mcp_backfill").is_dir():
+            parser.error(f"{source} holds no mcp_backfill package")
+    logs = LogDir()
+    with ExitStack() as stack:
+        upstream = stack.enter_context(sdk_http_server(logs, "compare-upstream-sdk-http"))
+        ready(upstream)
+        option = ("--upstream-url", upstream.url)
+        other_src = str(options.other_src.resolve())
+        servers = {
+            THIS: stack.enter_context(
+                sidecar(logs, "compare-this", *option, source=options.this and str(options.this.resolve()))
+            ),
+            OTHER: stack.enter_context(sidecar(logs, "compare-other", *option, source=other_src)),
+        }
+        ready(*servers.values())
+        urls = {arm: server.url for arm, server in servers.items()}
+        pids = {arm: server.pid for arm, server in servers.items()}
+        results = anyio.run(compare, urls, pids, upstream.pid, options, backend_options=event_loop_options())
+    throughput = {arm: median([batch.throughput for batch, _, _ in rows]) for arm, rows in results.items()}
+    for arm, rows in results.items():
+        p50 = median([percentile(batch.latencies, 50) * 1e3 for batch, _, _ in rows])
+        sidecar_cpu = median([cpu * 1e6 for _, cpu, _ in rows])
+        upstream_cpu = median([cpu * 1e6 for _, _, cpu in rows])
+        print(
+            f"{arm:10}  {throughput[arm]:7.0f} req/s  p50 {p50:.3f} ms  CPU per call: "
+            f"sidecar {sidecar_cpu:.0f} µs, upstream {upstream_cpu:.0f} µs"
+        )
+    print(f"this tree / other tree, throughput: {throughput[THIS] / throughput[OTHER]:.3f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
