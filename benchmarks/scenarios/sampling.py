@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from benchmarks.measure import DIRECT, alternate, median
+from benchmarks.measure import DIRECT, PROXIED, alternate, median
 from benchmarks.procs import PYTHON, bench_env, proxy_command, raw_echo_command, sdk_server_command, started
 from benchmarks.rawclient import RawClient, check_answers, tool_call_line
 from benchmarks.report import Row, Target, latency_rows
@@ -187,6 +187,10 @@ def _first_answers(ctx: RunContext, api_url: str, *options: str, delay: float) -
     return sampling_seconds(answers[0]) * 1e3, median(idle) if idle else float("nan")
 
 
+def _rounded(milliseconds: Iterable[float]) -> list[float]:
+    return [round(value, 2) for value in milliseconds]
+
+
 def measure_cold_start(ctx: RunContext) -> list[Row]:
     """The first sampling answer of a new stdio session (each a new process, as clients start them):
     3 s after the spawn against a warm answer of the same process after 3 s of idleness; and at
@@ -208,8 +212,8 @@ def measure_cold_start(ctx: RunContext) -> list[Row]:
     detail = {
         "processes": len(late),
         "warm_answers_after_idle_each": IDLE_REPEATS,
-        "first_ms": [round(first, 2) for first, _ in late],
-        "warm_after_idle_ms": [round(warm, 2) for _, warm in late],
+        "first_ms": _rounded(first for first, _ in late),
+        "warm_after_idle_ms": _rounded(warm for _, warm in late),
     }
     return [
         Row(
@@ -228,7 +232,10 @@ def measure_cold_start(ctx: RunContext) -> list[Row]:
             median(immediate.direct),
             median(immediate.proxied),
             COLD_AT_ONCE_TARGET,
-            {"processes_per_arm": len(immediate.direct)},
+            {
+                "processes_per_arm": len(immediate.direct),
+                "first_ms": {DIRECT: _rounded(immediate.direct), PROXIED: _rounded(immediate.proxied)},
+            },
         ),
     ]
 
