@@ -4,8 +4,9 @@ For a change to the sidecar's per-request work, whose effect (a few percent) is 
 separate runs of `scripts/bench` differ by: both sidecars run side by side in front of one SDK
 server over streamable HTTP, each with its own client sessions, and their batches alternate (ABBA)
 so that both meet the same machine. `OTHER_SRC` is the other tree's `src` directory (e.g. of
-`git worktree add /tmp/before <rev>`); it goes first on that sidecar's `PYTHONPATH`. Prints, per
-arm, the medians over batches of throughput, tools/call p50 and the sidecar's CPU time per call.
+`git worktree add /tmp/before <rev>`); it goes first on that sidecar's `PYTHONPATH` (`--this` does
+the same for the other arm, which otherwise runs this tree). Prints, per arm, the medians over
+batches of throughput, tools/call p50, and the sidecar's and the upstream's CPU time per call.
 """
 
 from __future__ import annotations
