@@ -158,8 +158,9 @@ def sidecar(
     """`mcp-backfill serve` (started; call `ready()`), from the `src` directory `source` when given
     (another tree's code, as `benchmarks/compare_trees.py` runs it) instead of this tree's."""
     argv = sidecar_command(*options, upstream=upstream)
-    locate = lambda _, log_path: _log_port(log_path, SIDECAR_PORT_LINE)  # noqa: E731
-    return _launched(argv, logs, name, locate, source=source)
+    return _launched(
+        argv, logs, name, lambda _, log_path: _log_port(log_path, SIDECAR_PORT_LINE), source=source
+    )
 
 
 def mcp_proxy(ctx: RunContext, name: str, upstream: Sequence[str]) -> ContextManager[HttpServer]:
