@@ -404,6 +404,97 @@ async def test_a_message_post_is_the_request_the_client_itself_would_send() -> N
     assert server.connections == 1
 
 
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"accept": "application/json, text/event-stream", "content-type": "application/json"},
+        {"Accept": "text/event-stream", "User-Agent": "another/1"},  # the client's own, overridden
+        {"mcp-session-id": "abc", "mcp-protocol-version": "2025-11-25", "x-upstream-token": "t"},
+        {"connection": "close"},
+    ],
+)
+async def test_a_message_post_without_cookies_is_the_request_the_client_itself_would_send(
+    headers: dict[str, str],
+) -> None:
+    """The head rendered once and reused: the same bytes as the client's own `send`, for the first
+    POST and for the next, which reuses it with another body."""
+    async with scripted(json_reply()) as server, _upstream_client(server.url) as http:
+        url = httpx2.URL(server.url)
+        for body in (b'{"q":1}', b'{"q":"longer"}'):
+            response = await post_message(http, url, body, headers)
+            assert (await response.aread()) == b'{"ok":true}'
+            await http.send(http.build_request("POST", url, content=body, headers=headers))
+    assert len(server.requests) == 4
+    assert server.requests[0] == server.requests[1]
+    assert server.requests[2] == server.requests[3]
+    assert server.connections == (4 if "connection" in headers else 1)
+
+
+async def test_a_reused_message_head_follows_changes_to_the_clients_headers() -> None:
+    async with scripted(json_reply()) as server, _upstream_client(server.url) as http:
+        url = httpx2.URL(server.url)
+        await (await post_message(http, url, b"{}", {"a": "1"})).aread()
+        http.headers["x-added"] = "later"
+        await (await post_message(http, url, b"{}", {"a": "1"})).aread()
+        await (await post_message(http, url, b"{}", {"a": "2"})).aread()
+    first, second, third = (request.lower() for request in server.requests)
+    assert b"x-added" not in first
+    assert b"\r\nx-added: later\r\n" in second
+    assert b"\r\na: 2\r\n" in third
+
+
+async def test_a_message_post_with_a_forbidden_header_value_sends_nothing() -> None:
+    async with scripted(json_reply()) as server, _upstream_client(server.url) as http:
+        for _ in range(2):  # and nothing was kept that would let the second through
+            with pytest.raises(httpx2.LocalProtocolError):
+                await post_message(http, httpx2.URL(server.url), b"{}", {"x-evil": "a\r\nx-injected: 1"})
+    assert server.requests == []
+
+
+_TOKEN = st.text(alphabet="abcdefghijklmnopqrstuvwxyz-ABCXYZ0123456789", min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    client_headers=st.dictionaries(_TOKEN, _TOKEN, max_size=4),
+    headers=st.dictionaries(
+        st.one_of(_TOKEN, st.sampled_from(["Accept", "user-agent", "Content-Length", "transfer-encoding"])),
+        _TOKEN,
+        max_size=5,
+    ),
+    bodies=st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=3),
+)
+def test_a_reused_message_head_renders_what_the_client_would(
+    client_headers: dict[str, str], headers: dict[str, str], bodies: list[bytes]
+) -> None:
+    """Any header names and values, overriding the client's or not, and any bodies: a reusable head
+    gives the head the client's own request would go out with; a length among the headers makes it
+    not reusable (and a transfer coding may)."""
+    http = _upstream_client("http://127.0.0.1:9/mcp")
+    http.headers.update(client_headers)
+    url = httpx2.URL("http://127.0.0.1:9/mcp")
+    for body in bodies:
+        head = http.message_head(url, headers)
+        named = {name.lower() for name in headers}
+        if "content-length" in named:
+            assert head is None
+            continue
+        if head is None:  # httpx2 does not put the length last next to a transfer coding: not reused
+            assert "transfer-encoding" in named
+            continue
+        own = http11.Outgoing.of(http.build_request("POST", url, content=body, headers=headers), body)
+        assert head.outgoing(body, {}).head == own.head
+
+
+def test_a_message_head_is_not_reused_when_the_headers_name_a_length() -> None:
+    """Not even one that looks like the probe's own (the last header, saying 1)."""
+    http = _upstream_client("http://127.0.0.1:9/mcp")
+    url = httpx2.URL("http://127.0.0.1:9/mcp")
+    assert http.message_head(url, {"a": "1", "Content-Length": "1"}) is None
+    assert http.message_head(url, {"a": "1"}) is not None
+
+
 async def test_a_message_post_keeps_the_clients_timeouts() -> None:
     async def reply(*_: object) -> bool:
         await asyncio.sleep(5)

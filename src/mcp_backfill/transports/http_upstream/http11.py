@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -87,12 +87,43 @@ def _holds(reader: asyncio.StreamReader, need: bytes | int) -> bool:
     return need in buffered if isinstance(need, bytes) else len(buffered) >= need
 
 
-def _timeout(request: httpx2.Request, kind: str) -> float | None:
-    value = request.extensions.get("timeout", {}).get(kind)
-    return value if isinstance(value, int | float) else None
+@dataclass(frozen=True)
+class Outgoing:
+    """A request as this transport sends it: where to, its rendered head and its body."""
+
+    key: tuple[str, int]  # (host, port)
+    method: str
+    head: bytes  # the request line and header block, blank line included
+    body: bytes
+    timeouts: Mapping[str, float | None]  # httpx2's: connect, read, write, pool
+    close: bool = False  # the request says `Connection: close`
+
+    @classmethod
+    def of(cls, request: httpx2.Request, body: bytes) -> Outgoing:
+        """`request` (its body read whole into `body`) as it goes out."""
+        if request.url.scheme != "http":
+            raise httpx2.UnsupportedProtocol(f"this transport speaks http://, not {request.url.scheme}://")
+        return cls(
+            key=(request.url.host, request.url.port or 80),
+            method=request.method,
+            head=render_head(request, len(body)),
+            body=body,
+            timeouts=request.extensions.get("timeout", {}),
+            close=asks_to_close(request.headers),
+        )
+
+    def timeout(self, kind: str) -> float | None:
+        value = self.timeouts.get(kind)
+        return value if isinstance(value, int | float) else None
 
 
-def _render_head(request: httpx2.Request, body_length: int) -> bytes:
+def asks_to_close(headers: httpx2.Headers) -> bool:
+    return "close" in [t.strip().lower() for t in headers.get_list("connection", split_commas=True)]
+
+
+def render_head(request: httpx2.Request, body_length: int) -> bytes:
+    """The request line and headers of `request` as they go on the wire (refused if a header holds
+    CR, LF or NUL), with `body_length` as its length."""
     lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), request.url.raw_path)]
     has_length = False
     for name, value in request.headers.raw:
@@ -230,19 +261,18 @@ class Http11Transport(httpx2.AsyncBaseTransport):
         self._closed = False
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        if request.url.scheme != "http":
-            raise httpx2.UnsupportedProtocol(f"this transport speaks http://, not {request.url.scheme}://")
+        return await self.send(Outgoing.of(request, await request.aread()))
+
+    async def send(self, outgoing: Outgoing) -> httpx2.Response:
+        """Send `outgoing` and read its answer's head; the body streams from the response."""
         if self._closed:
             raise httpx2.ConnectError("the transport is closed")
-        body = await request.aread()
-        head = _render_head(request, len(body)) + body if len(body) < READ_SIZE else None
-        key = (request.url.host, request.url.port or 80)
-        await self._acquire(request)
+        await self._acquire(outgoing)
         try:
             while True:
-                connection = await self._connection(key, request)
+                connection = await self._connection(outgoing)
                 try:
-                    response = await self._exchange(key, connection, request, head, body)
+                    response = await self._exchange(connection, outgoing)
                 except _StaleConnection:
                     connection.close()
                     continue  # a reused connection only: the next one is new, or another idle one
@@ -254,17 +284,18 @@ class Http11Transport(httpx2.AsyncBaseTransport):
             self._slots.release()
             raise
 
-    async def _acquire(self, request: httpx2.Request) -> None:
+    async def _acquire(self, outgoing: Outgoing) -> None:
         if not self._slots.locked():
             await self._slots.acquire()  # does not yield while a slot is free
             return
         try:
-            async with asyncio.timeout(_timeout(request, "pool")):
+            async with asyncio.timeout(outgoing.timeout("pool")):
                 await self._slots.acquire()
         except TimeoutError:
             raise httpx2.PoolTimeout("no connection to the upstream came free in time") from None
 
-    async def _connection(self, key: tuple[str, int], request: httpx2.Request) -> _Connection:
+    async def _connection(self, outgoing: Outgoing) -> _Connection:
+        key = outgoing.key
         idle = self._idle.get(key)
         now = time.monotonic()
         while idle:
@@ -274,7 +305,7 @@ class Http11Transport(httpx2.AsyncBaseTransport):
                 return connection
             connection.close()
         try:
-            async with asyncio.timeout(_timeout(request, "connect")):
+            async with asyncio.timeout(outgoing.timeout("connect")):
                 reader, writer = await asyncio.open_connection(key[0], key[1], limit=HEAD_LIMIT)
         except TimeoutError:
             raise httpx2.ConnectTimeout("timed out connecting") from None
@@ -282,22 +313,15 @@ class Http11Transport(httpx2.AsyncBaseTransport):
             raise httpx2.ConnectError(str(exc) or type(exc).__name__) from exc
         return _Connection(reader, writer)
 
-    async def _exchange(
-        self,
-        key: tuple[str, int],
-        connection: _Connection,
-        request: httpx2.Request,
-        head_and_body: bytes | None,
-        body: bytes,
-    ) -> httpx2.Response:
+    async def _exchange(self, connection: _Connection, outgoing: Outgoing) -> httpx2.Response:
         writer = connection.writer
         try:
-            if head_and_body is not None:
-                writer.write(head_and_body)
+            if len(outgoing.body) < READ_SIZE:
+                writer.write(outgoing.head + outgoing.body)
             else:
-                writer.writelines([_render_head(request, len(body)), body])
+                writer.writelines([outgoing.head, outgoing.body])
             if writer.transport.get_write_buffer_size() > READ_SIZE:
-                async with asyncio.timeout(_timeout(request, "write")):
+                async with asyncio.timeout(outgoing.timeout("write")):
                     await writer.drain()
         except TimeoutError:
             raise httpx2.WriteTimeout("timed out sending the request") from None
@@ -305,9 +329,9 @@ class Http11Transport(httpx2.AsyncBaseTransport):
             if connection.reused:
                 raise _StaleConnection from exc
             raise httpx2.WriteError(str(exc) or type(exc).__name__) from exc
-        read_timeout = _timeout(request, "read")
+        read_timeout = outgoing.timeout("read")
         head = await self._read_head(connection, read_timeout)
-        return self._response(key, connection, request, head, read_timeout)
+        return self._response(connection, outgoing, head, read_timeout)
 
     async def _read_head(self, connection: _Connection, read_timeout: float | None) -> _Head:
         reader = connection.reader
@@ -332,21 +356,12 @@ class Http11Transport(httpx2.AsyncBaseTransport):
             raise httpx2.ReadError(str(exc) or type(exc).__name__) from exc
 
     def _response(
-        self,
-        key: tuple[str, int],
-        connection: _Connection,
-        request: httpx2.Request,
-        head: _Head,
-        read_timeout: float | None,
+        self, connection: _Connection, outgoing: Outgoing, head: _Head, read_timeout: float | None
     ) -> httpx2.Response:
-        keep_alive = (
-            head.version == b"HTTP/1.1"
-            and b"close" not in _tokens(head, b"connection")
-            and "close"
-            not in [t.strip().lower() for t in request.headers.get_list("connection", split_commas=True)]
-        )
+        said_close = outgoing.close or b"close" in _tokens(head, b"connection")
+        keep_alive = head.version == b"HTTP/1.1" and not said_close
         framing, length = "length", 0
-        if request.method == "HEAD" or head.status in (204, 304):
+        if outgoing.method == "HEAD" or head.status in (204, 304):
             pass
         elif _tokens(head, b"transfer-encoding"):
             if _tokens(head, b"transfer-encoding")[-1] != b"chunked":
@@ -359,7 +374,7 @@ class Http11Transport(httpx2.AsyncBaseTransport):
             length = int(text)
         else:
             framing = "close"
-        stream = _Body(self, key, connection, framing, length, keep_alive, read_timeout)
+        stream = _Body(self, outgoing.key, connection, framing, length, keep_alive, read_timeout)
         return httpx2.Response(
             head.status,
             headers=head.headers,

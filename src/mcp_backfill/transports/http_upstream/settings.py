@@ -11,7 +11,7 @@ from typing import Any
 import httpx2
 
 from mcp_backfill import __version__
-from mcp_backfill.transports.http_upstream.http11 import Http11Transport
+from mcp_backfill.transports.http_upstream.http11 import Http11Transport, Outgoing
 
 
 @dataclass(frozen=True)
@@ -65,11 +65,61 @@ def make_http_client(settings: HttpUpstreamSettings, tls: ssl.SSLContext | None 
 
 class UpstreamClient(httpx2.AsyncClient):
     """httpx2's client, remembering whether it speaks through the lean `Http11Transport` (see
-    `post_message`)."""
+    `post_message`), and the heads of the message POSTs it sent that way."""
 
     def __init__(self, *, transport: Http11Transport | None, **options: Any) -> None:
         super().__init__(transport=transport, **options)
         self.lean = transport
+        self._heads: dict[tuple[Any, ...], tuple[httpx2.URL, _MessageHead | None]] = {}
+
+    def message_head(self, url: httpx2.URL, headers: Mapping[str, str]) -> _MessageHead | None:
+        """How a message POST to `url` with `headers` starts on the wire, up to its length, as this
+        client would send it without cookies; None when that cannot be reused (see `post_message`).
+
+        A session's POSTs all carry the same headers, so the head is rendered once (from the request
+        the client builds) and only the length and body change.
+        """
+        key = (tuple(self.headers.raw), tuple(headers.items()))
+        known = self._heads.get(key)
+        if known is not None and (known[0] is url or known[0] == url):
+            return known[1]
+        if len(self._heads) >= MESSAGE_HEADS:
+            self._heads.clear()  # the session's headers changed many times: start over
+        head = _MessageHead.render(self, url, headers)
+        self._heads[key] = (url, head)
+        return head
+
+
+# Message heads an `UpstreamClient` keeps (a session uses one or two: before and after its id).
+MESSAGE_HEADS = 8
+_LENGTH_PROBE = b"Content-Length: 1\r\n\r\n"
+
+
+@dataclass(frozen=True)
+class _MessageHead:
+    """The start of a message POST's head (everything before its `Content-Length`), rendered once."""
+
+    prefix: bytes
+    key: tuple[str, int]
+    close: bool
+
+    @classmethod
+    def render(
+        cls, http: httpx2.AsyncClient, url: httpx2.URL, headers: Mapping[str, str]
+    ) -> _MessageHead | None:
+        """From the request the client builds for a one-byte body, whose length httpx2 puts last;
+        None when the headers name a length themselves (it would not be the body's)."""
+        merged = _merged(http, headers)
+        if "content-length" in merged:
+            return None
+        outgoing = Outgoing.of(httpx2.Request("POST", url, headers=merged, content=b"-"), b"-")
+        if not outgoing.head.endswith(_LENGTH_PROBE):
+            return None
+        return cls(outgoing.head[: -len(_LENGTH_PROBE)], outgoing.key, outgoing.close)
+
+    def outgoing(self, body: bytes, timeouts: Mapping[str, float | None]) -> Outgoing:
+        head = b"%sContent-Length: %d\r\n\r\n" % (self.prefix, len(body))
+        return Outgoing(self.key, "POST", head, body, timeouts, self.close)
 
 
 async def post_message(
@@ -77,30 +127,44 @@ async def post_message(
 ) -> httpx2.Response:
     """POST a message; the response comes back with its body unread (close it).
 
-    Over the lean transport the request is built as the client would build it (its headers under
-    `headers`, its cookies, its timeouts) and handed straight to the transport, and the answer's
-    cookies go back to the client's jar: what the client's own `send` would do, without the
-    layers these POSTs never use (auth flows, redirects, event hooks). That is about 55 µs of CPU
-    per POST, 7% of the sidecar's CPU per tool call (`benchmarks/README.md`, 3b).
+    Over the lean transport the request goes straight to the transport as the client would send
+    it (its headers under `headers`, its cookies, its timeouts), and the answer's cookies go back
+    to the client's jar: what the client's own `send` would do, without the layers these POSTs
+    never use (auth flows, redirects, event hooks). While the jar is empty (it is, unless the
+    upstream sets cookies), the head is not even built as a request: the client's `message_head`
+    is reused. Together about 130 µs of CPU per POST, a fifth of the sidecar's CPU per tool call
+    (`benchmarks/README.md`, 3b).
     """
     lean = http.lean if isinstance(http, UpstreamClient) else None
     if lean is None:
         return await http.send(http.build_request("POST", url, content=body, headers=headers), stream=True)
+    assert isinstance(http, UpstreamClient)
+    timeouts = http.timeout.as_dict()
+    head = None if http.cookies or not body else http.message_head(url, headers)
+    if head is not None:
+        response = await lean.send(head.outgoing(body, timeouts))
+        if "set-cookie" in response.headers:
+            _keep_cookies(http, response, httpx2.Request("POST", url, headers=_merged(http, headers)))
+        return response
+    request = httpx2.Request(
+        "POST", url, headers=_merged(http, headers), cookies=http.cookies or None, content=body,
+        extensions={"timeout": timeouts},
+    )  # fmt: skip
+    response = await lean.handle_async_request(request)
+    _keep_cookies(http, response, request)
+    return response
+
+
+def _merged(http: httpx2.AsyncClient, headers: Mapping[str, str]) -> httpx2.Headers:
     merged = http.headers.copy()
     merged.update(headers)
-    request = httpx2.Request(
-        "POST",
-        url,
-        headers=merged,
-        cookies=http.cookies or None,
-        content=body,
-        extensions={"timeout": http.timeout.as_dict()},
-    )
-    response = await lean.handle_async_request(request)
+    return merged
+
+
+def _keep_cookies(http: httpx2.AsyncClient, response: httpx2.Response, request: httpx2.Request) -> None:
     response.request = request
     if "set-cookie" in response.headers:
         http.cookies.extract_cookies(response)
-    return response
 
 
 def goes_through_a_proxy(url: str) -> bool:
