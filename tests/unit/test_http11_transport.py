@@ -372,7 +372,7 @@ def test_any_chunking_and_any_segmenting_give_back_the_body(
 # -- post_message: the upstream's message POSTs, straight to this transport ---------------------
 
 
-def _upstream_client(url: str, read: float = 5.0) -> httpx2.AsyncClient:
+def _upstream_client(url: str, read: float = 5.0) -> UpstreamClient:
     settings = HttpUpstreamSettings(url=url, max_message_bytes=1 << 20, read_timeout=read)
     http = make_http_client(settings)
     assert isinstance(http, UpstreamClient)
