@@ -8,6 +8,7 @@ exactly the bytes a test is about: odd splits, trailers, early closes, silence.
 from __future__ import annotations
 
 import asyncio
+import gzip
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -493,6 +494,25 @@ def test_a_message_head_is_not_reused_when_the_headers_name_a_length() -> None:
     url = httpx2.URL("http://127.0.0.1:9/mcp")
     assert http.message_head(url, {"a": "1", "Content-Length": "1"}) is None
     assert http.message_head(url, {"a": "1"}) is not None
+
+
+@pytest.mark.parametrize("encoding", [None, "gzip", "identity"])
+async def test_body_chunks_give_what_aiter_bytes_gives(encoding: str | None) -> None:
+    """Straight from the transport when nothing is encoded; decoded as httpx2 decodes otherwise."""
+    plain = b'{"jsonrpc":"2.0","id":1,"result":{}}' * 20
+    body = gzip.compress(plain) if encoding == "gzip" else plain
+    extra = b"content-encoding: %s\r\n" % encoding.encode() if encoding else b""
+    async with scripted(json_reply(body, extra)) as server, _upstream_client(server.url) as http:
+        for read in ("chunks", "aiter_bytes"):
+            response = await post_message(http, httpx2.URL(server.url), b"{}", {})
+            assert isinstance(response.stream, http11._Body)  # as the sidecar's POSTs get it
+            if read == "chunks":
+                received = b"".join([chunk async for chunk in http11.body_chunks(response)])
+            else:
+                received = b"".join([chunk async for chunk in response.aiter_bytes()])
+            await response.aclose()
+            assert received == plain
+        assert server.connections == 1  # read to its end, the connection went back to the pool
 
 
 async def test_a_message_post_keeps_the_clients_timeouts() -> None:

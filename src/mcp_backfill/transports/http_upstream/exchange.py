@@ -19,6 +19,7 @@ from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import Redactor, get_logger
 from mcp_backfill.transports.http_upstream.headers import ToolHeaderMaps
+from mcp_backfill.transports.http_upstream.http11 import body_chunks
 from mcp_backfill.transports.http_upstream.settings import (
     HttpUpstreamSettings,
     describe_transport_error,
@@ -185,7 +186,7 @@ class ExchangeReader:
         `finish` seconds to the end of the body (what comes then is dropped), so that the connection
         can be reused."""
         decoder = SseDecoder(self.settings.max_message_bytes)
-        chunks = response.aiter_bytes()
+        chunks = body_chunks(response)
         async for chunk in chunks:
             for event in decoder.feed(chunk):
                 if event.id is not None:
@@ -360,7 +361,7 @@ async def read_limited(response: httpx2.Response, limit: int) -> Payload:
     """The body, or (past `limit` bytes) a summary that keeps only its two ends."""
     body = bytearray()
     too_large: MessageTooLarge | None = None
-    async for chunk in response.aiter_bytes():
+    async for chunk in body_chunks(response):
         if too_large is not None:
             too_large.extend(chunk)
             continue

@@ -253,6 +253,16 @@ class _Body(httpx2.AsyncByteStream):
         self._finish(reusable=False)  # no-op once read to the end
 
 
+def body_chunks(response: httpx2.Response) -> AsyncIterator[bytes]:
+    """`response`'s body as it arrives, as `aiter_bytes` gives it: straight from this transport's
+    stream when there is nothing to decode (no `Content-Encoding`), which skips httpx2's decoding
+    and bookkeeping layers (about 15 µs of CPU per answer); through them otherwise."""
+    stream = response.stream
+    if isinstance(stream, _Body) and "content-encoding" not in response.headers:
+        return stream.__aiter__()
+    return response.aiter_bytes()
+
+
 class Http11Transport(httpx2.AsyncBaseTransport):
     """Keep-alive HTTP/1.1 over asyncio streams, for `http://` URLs (see the module docstring)."""
 
