@@ -395,7 +395,6 @@ async def test_a_message_post_is_the_request_the_client_itself_would_send() -> N
         for _ in range(2):
             response = await post_message(http, url, b'{"q":1}', headers)
             assert (await response.aread()) == b'{"ok":true}'
-            assert response.request.url == url
         await http.send(http.build_request("POST", url, content=b'{"q":1}', headers=headers))
     first, lean, own = server.requests
     assert b"cookie:" not in first.lower()

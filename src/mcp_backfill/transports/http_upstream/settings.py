@@ -135,23 +135,26 @@ async def post_message(
     `message_head` rendered for these headers is reused, about 50 µs more (`benchmarks/README.md`,
     3b, both rounds).
     """
-    lean = http.lean if isinstance(http, UpstreamClient) else None
-    if lean is None:
+    if not isinstance(http, UpstreamClient) or http.lean is None:
         return await http.send(http.build_request("POST", url, content=body, headers=headers), stream=True)
-    assert isinstance(http, UpstreamClient)
     timeouts = http.timeout.as_dict()
     head = None if http.cookies or not body else http.message_head(url, headers)
+    request = None
     if head is not None:
-        response = await lean.send(head.outgoing(body, timeouts))
-        if "set-cookie" in response.headers:
-            _keep_cookies(http, response, httpx2.Request("POST", url, headers=_merged(http, headers)))
-        return response
-    request = httpx2.Request(
-        "POST", url, headers=_merged(http, headers), cookies=http.cookies or None, content=body,
-        extensions={"timeout": timeouts},
-    )  # fmt: skip
-    response = await lean.handle_async_request(request)
-    _keep_cookies(http, response, request)
+        response = await http.lean.send(head.outgoing(body, timeouts))
+    else:
+        request = httpx2.Request(
+            "POST",
+            url,
+            headers=_merged(http, headers),
+            cookies=http.cookies or None,
+            content=body,
+            extensions={"timeout": timeouts},
+        )
+        response = await http.lean.handle_async_request(request)
+    if "set-cookie" in response.headers:  # into the jar, as the client's own `send` does
+        response.request = request or httpx2.Request("POST", url, headers=_merged(http, headers))
+        http.cookies.extract_cookies(response)
     return response
 
 
@@ -159,12 +162,6 @@ def _merged(http: httpx2.AsyncClient, headers: Mapping[str, str]) -> httpx2.Head
     merged = http.headers.copy()
     merged.update(headers)
     return merged
-
-
-def _keep_cookies(http: httpx2.AsyncClient, response: httpx2.Response, request: httpx2.Request) -> None:
-    response.request = request
-    if "set-cookie" in response.headers:
-        http.cookies.extract_cookies(response)
 
 
 def goes_through_a_proxy(url: str) -> bool:
