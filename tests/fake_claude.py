@@ -122,6 +122,8 @@ class RecordedRequest:
     body: JSONObject
     """The parsed JSON body; `{}` when the body is empty or not a JSON object."""
     raw_body: bytes
+    peer: tuple[str, int] | None = None
+    """The client's address and port: requests from one port came over one connection."""
 
     @property
     def stream(self) -> bool:
@@ -1123,6 +1125,7 @@ class FakeClaude:
 
     `api_key`: when given, only `Authorization: Bearer <api_key>` is accepted; otherwise any
     non-empty Bearer token. `validate`: reject requests the real API would reject (400).
+    `keep_alive`: seconds an idle connection stays open before the fake closes it.
     """
 
     def __init__(
@@ -1132,8 +1135,11 @@ class FakeClaude:
         validate: bool = True,
         cache_min_tokens: int | None = None,
         cache_ttl: float = 300.0,
+        keep_alive: float = 5.0,
     ) -> None:
         self.api_key = api_key
+        self.keep_alive = keep_alive
+        """Seconds an idle connection is kept open (uvicorn's default, 5)."""
         self.validate = validate
         self.prompt_cache = PromptCache(min_tokens=cache_min_tokens, ttl=cache_ttl)
         self._cache_usages: list[CacheUsage] = []
@@ -1196,6 +1202,7 @@ class FakeClaude:
             loop="asyncio",
             lifespan="on",
             timeout_graceful_shutdown=2,
+            timeout_keep_alive=self.keep_alive,  # type: ignore[arg-type]  # uvicorn takes any number
         )
         server = uvicorn.Server(config)
         thread = threading.Thread(
@@ -1358,6 +1365,7 @@ class FakeClaude:
             headers={k.lower(): v for k, v in request.headers.items()},
             body=parsed if isinstance(parsed, dict) else {},
             raw_body=raw,
+            peer=(request.client.host, request.client.port) if request.client else None,
         )
         with self._lock:
             self._requests.append(recorded)

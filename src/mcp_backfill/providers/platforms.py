@@ -31,6 +31,7 @@ import os
 from collections.abc import Mapping
 
 import anthropic
+import httpx2
 
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.providers import ProviderSettings
@@ -47,6 +48,25 @@ VERTEX_MODEL_IDS: dict[str, str] = {
 }
 
 _NATIVE_MARKERS = (".", ":", "@", "/")
+
+# How long an idle connection to the API is kept for the next request (httpx2's default: 5 s).
+# Sampling requests often come 5-60 s apart (the client's own model takes its turn between tool
+# calls), and a new connection to a remote API costs a DNS lookup and TCP and TLS handshakes, tens
+# to hundreds of milliseconds. httpcore2 notices a connection the API closed meanwhile (its socket
+# reads as ended) before reusing it, and opens a new one instead.
+API_KEEPALIVE_SECONDS = 60.0
+
+
+def api_http_client() -> httpx2.AsyncClient:
+    """The SDK's own HTTP client (its TCP keep-alive probes, proxies from the environment, limits),
+    with idle connections kept `API_KEEPALIVE_SECONDS`."""
+    default = anthropic.DEFAULT_CONNECTION_LIMITS
+    limits = httpx2.Limits(
+        max_connections=default.max_connections,
+        max_keepalive_connections=default.max_keepalive_connections,
+        keepalive_expiry=API_KEEPALIVE_SECONDS,
+    )
+    return anthropic.DefaultAsyncHttpxClient(limits=limits)
 
 
 def is_native_id(model: str) -> bool:
@@ -107,7 +127,7 @@ def make_client(
         check_dependencies("bedrock", environ)
         try:
             return anthropic.AsyncAnthropicBedrock(
-                max_retries=0, timeout=timeout, default_headers=headers or None
+                max_retries=0, timeout=timeout, default_headers=headers or None, http_client=api_http_client()
             )
         except ValueError as exc:  # no region
             raise ConfigError(f"--provider bedrock: {exc}") from None
@@ -116,7 +136,11 @@ def make_client(
         check_dependencies("vertex", environ, vertex_token=token is not None)
         try:
             return anthropic.AsyncAnthropicVertex(
-                access_token=token, max_retries=0, timeout=timeout, default_headers=headers or None
+                access_token=token,
+                max_retries=0,
+                timeout=timeout,
+                default_headers=headers or None,
+                http_client=api_http_client(),
             )
         except ValueError as exc:  # no region
             raise ConfigError(f"--provider vertex: {exc}") from None
@@ -128,4 +152,5 @@ def make_client(
         max_retries=0,
         timeout=timeout,
         default_headers=headers or None,
+        http_client=api_http_client(),
     )
