@@ -104,13 +104,14 @@ class Outgoing:
         """`request` (its body read whole into `body`) as it goes out."""
         if request.url.scheme != "http":
             raise httpx2.UnsupportedProtocol(f"this transport speaks http://, not {request.url.scheme}://")
+        connection = request.headers.get_list("connection", split_commas=True)
         return cls(
             key=(request.url.host, request.url.port or 80),
             method=request.method,
-            head=render_head(request, len(body)),
+            head=_render_head(request, len(body)),
             body=body,
             timeouts=request.extensions.get("timeout", {}),
-            close=asks_to_close(request.headers),
+            close="close" in [token.strip().lower() for token in connection],
         )
 
     def timeout(self, kind: str) -> float | None:
@@ -118,11 +119,7 @@ class Outgoing:
         return value if isinstance(value, int | float) else None
 
 
-def asks_to_close(headers: httpx2.Headers) -> bool:
-    return "close" in [t.strip().lower() for t in headers.get_list("connection", split_commas=True)]
-
-
-def render_head(request: httpx2.Request, body_length: int) -> bytes:
+def _render_head(request: httpx2.Request, body_length: int) -> bytes:
     """The request line and headers of `request` as they go on the wire (refused if a header holds
     CR, LF or NUL), with `body_length` as its length."""
     lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), request.url.raw_path)]
