@@ -3,7 +3,8 @@
 It answers `POST /v1/messages` with a short, precomputed text message (as a server-sent event
 stream when `"stream": true`) over keep-alive HTTP/1.1, after `--delay` seconds. There is no
 validation and nothing is parsed beyond the request head and the `model`, so it is not the
-bottleneck; the scenarios measure its own time anyway (direct SDK calls) as the baseline.
+bottleneck; the scenarios measure its own time anyway (direct SDK calls) as the baseline. Any
+other request is answered 404 (a `HEAD` without a body).
 Binds 127.0.0.1, prints the port on stdout, and exits when its stdin closes.
 """
 
@@ -106,7 +107,10 @@ class FakeApi:
                         length = int(value)
                 body = await reader.readexactly(length) if length else b""
                 if not head.startswith(b"POST ") or b"/v1/messages " not in head.split(b"\r\n", 1)[0]:
-                    writer.write(http_response("404 Not Found", "application/json", b'{"type":"error"}'))
+                    missing = http_response("404 Not Found", "application/json", b'{"type":"error"}')
+                    if head.startswith(b"HEAD "):  # the head alone (the proxy's warm-up connects so)
+                        missing = missing[: missing.index(b"\r\n\r\n") + 4]
+                    writer.write(missing)
                 else:
                     if self.delay:
                         await asyncio.sleep(self.delay)

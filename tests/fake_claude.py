@@ -1309,9 +1309,15 @@ class FakeClaude:
             self.prompt_cache.clear()
 
     def wait_for_requests(self, count: int = 1, timeout: float = 5.0) -> bool:
-        """Block until at least `count` requests were received; False on timeout."""
+        """Block until at least `count` calls (POST requests, whatever their path) were received;
+        False on timeout. A `HEAD` or `GET`, such as the one the proxy's warm-up connects with, is
+        no call."""
+
+        def calls() -> int:
+            return sum(1 for request in self._requests if request.method == "POST")
+
         with self._lock:
-            return self._lock.wait_for(lambda: len(self._requests) >= count, timeout)
+            return self._lock.wait_for(lambda: calls() >= count, timeout)
 
     def wait_for_disconnects(self, count: int = 1, timeout: float = 5.0) -> bool:
         """Block until at least `count` disconnects were recorded; False on timeout."""

@@ -765,10 +765,12 @@ OPTIONS: tuple[Option, ...] = (
         "--no-warm-up",
         True,
         "do not import and build the Claude client in the background from the client's initialize on "
-        "(when the proxy is to answer its sampling); the first sampling request then waits for it "
-        "(saves about 54 MB in sessions that never sample)",
-        "do not get the Claude client ready in the background from a backfilled client's initialize on "
-        "(the first sampling request then waits seconds for it; saves about 54 MB where nothing samples)",
+        "(when the proxy is to answer its sampling), nor open its connection to the API ahead of the "
+        "first request (a HEAD of the base URL, with no credentials); the first sampling request then "
+        "waits for both (saves about 54 MB in sessions that never sample)",
+        "do not get the Claude client ready (built and connected to the API) in the background from a "
+        "backfilled client's initialize on (the first sampling request then waits seconds for it; "
+        "saves about 54 MB where nothing samples)",
         kind="switch",
         negated=True,
         default_note="warm-up on",

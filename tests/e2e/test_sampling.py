@@ -113,8 +113,9 @@ async def test_key_is_sent_as_bearer_and_nowhere_else(fake_claude: FakeClaude) -
 
 @pytest.mark.parametrize("api_keep_alive", [60.0, 2.0])
 async def test_sampling_requests_seconds_apart_reuse_the_api_connection(api_keep_alive: float) -> None:
-    """Two sampling requests 6 s apart, past httpx2's own 5 s keep-alive: one connection to the API
-    while the API keeps it open; a connection the API closed meanwhile is replaced, without an error."""
+    """Two sampling requests 6 s apart, past httpx2's own 5 s keep-alive: the second goes over a
+    connection already open while the API keeps it open; a connection the API closed meanwhile is
+    replaced, without an error."""
     with FakeClaude(api_key=TEST_API_KEY, keep_alive=api_keep_alive) as fake:
         async with client_for(fake) as client:
             for prompt in ("one", "two"):
@@ -122,9 +123,10 @@ async def test_sampling_requests_seconds_apart_reuse_the_api_connection(api_keep
                     await anyio.sleep(6)
                 outcome = tool_json(await client.call_tool("plain", {"prompt": prompt}))
                 assert outcome["text"].startswith("fake-claude says"), outcome
-        first, second = (request.peer for request in fake.message_requests)
-    assert first is not None
-    assert (first == second) is (api_keep_alive > 6)
+        *earlier, second = fake.requests  # the warm-up's HEAD that opened a connection among them
+    assert second == fake.message_requests[1]
+    assert second.peer is not None
+    assert (second.peer in {r.peer for r in earlier}) is (api_keep_alive > 6)
 
 
 async def test_plain_sampling_returns_a_single_block(fake_claude: FakeClaude) -> None:

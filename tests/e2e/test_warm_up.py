@@ -49,26 +49,50 @@ async def sample(session: RawSession) -> dict[str, Any]:
     return outcome
 
 
+def connected_ahead(session: RawSession) -> list[dict[str, Any]]:
+    lines = [json.loads(line) for line in session.stderr().splitlines() if line.startswith("{")]
+    return [line for line in lines if line.get("msg") == "connected ahead to the API"]
+
+
 @pytest.mark.parametrize(("options", "built_for"), [((), "warm-up"), (("--no-warm-up",), "first request")])
 async def test_the_client_is_ready_before_the_first_sampling_request(
     fake_claude: FakeClaude, options: tuple[str, ...], built_for: str
 ) -> None:
+    """Warmed up, the proxy has also opened its connection to the API, with a `HEAD` of the base URL
+    that carries no credentials; the first sampling request then goes over that connection."""
     fake_claude.enqueue(text_reply("warm"))
-    argv = proxy_argv("--log-format", "json", *options, upstream=SAMPLING_SERVER)
+    gateway = ("--api-header", "X-Gateway-Key: gw-secret-1")
+    argv = proxy_argv(
+        "--log-format", "json", "--log-level", "debug", *gateway, *options, upstream=SAMPLING_SERVER
+    )
     async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
         await session.request(0, "initialize", initialize_params())
         await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         if built_for == "warm-up":
             ready = await wait_until_ready(session)  # no sampling request has been made
-            # The build primes the SDK with a canned in-memory answer: nothing reached the API.
-            assert fake_claude.requests == []
+            with anyio.fail_after(30):
+                while not connected_ahead(session):
+                    await anyio.sleep(0.05)
+            # The build primes the SDK with a canned in-memory answer; only the HEAD reached the API.
+            [ahead] = fake_claude.requests
+            assert (ahead.method, ahead.path, ahead.raw_body) == ("HEAD", "/", b"")
+            assert not {"x-api-key", "authorization", "x-gateway-key"} & set(ahead.headers)
+            assert connected_ahead(session)[0]["status"] == 401  # the fake wants a key on every path
         outcome = await sample(session)
         ready = await wait_until_ready(session)
         await session.close_stdin()
         await session.wait(30)
+        logged = session.stderr()
     assert ready["built_for"] == built_for
     assert ready["provider"] == "anthropic"
     assert outcome["result"]["content"]["text"] == "warm"
+    [message] = fake_claude.message_requests
+    assert message.headers["x-gateway-key"] == "gw-secret-1"
+    if built_for == "warm-up":
+        assert [r.peer for r in fake_claude.requests] == [ahead.peer, ahead.peer]  # one connection
+    else:
+        assert fake_claude.requests == [message]  # nothing ahead of the first request
+    assert "gw-secret-1" not in logged
 
 
 async def test_a_client_that_samples_itself_gets_no_warm_up(fake_claude: FakeClaude) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -91,3 +92,41 @@ async def test_the_build_runs_without_the_collector_and_freezes_what_it_made(fai
     assert gc.isenabled()
     assert sys.getswitchinterval() == interval
     assert gc.get_freeze_count() >= frozen + len(seen["made"])  # the build's objects among them
+
+
+@pytest.mark.usefixtures("unfrozen")
+async def test_the_warm_up_connects_outside_the_build_lock_and_survives_a_failed_connection() -> None:
+    """A request that waited for the build goes ahead while the warm-up is still connecting; a
+    connection that fails is only an optimisation lost."""
+    building, connecting, release = threading.Event(), anyio.Event(), anyio.Event()
+    answers: list[dict[str, Any]] = []
+    connections: list[None] = []
+
+    def build() -> Provider:
+        building.wait(10)
+        return Echo()
+
+    async def connect() -> int:
+        connections.append(None)
+        connecting.set()
+        await release.wait()
+        raise OSError("connection refused")
+
+    async def ask() -> None:
+        answers.append(await lazy.create_message({"n": 1}))
+
+    lazy = LazyProvider("anthropic", build, connect=connect)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lazy.warm_up)
+            await anyio.sleep(0.05)  # the warm-up holds the build's lock
+            tg.start_soon(ask)  # and this request waits for it
+            await anyio.sleep(0.05)
+            building.set()
+            await connecting.wait()
+            while not answers:  # answered while the connecting still hangs
+                await anyio.sleep(0.01)
+            release.set()
+    assert answers == [{"echo": {"n": 1}}]
+    await lazy.warm_up()  # built already: nothing more, not even another connection
+    assert len(connections) == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -47,10 +49,17 @@ def make_provider(settings: ProviderSettings, attempts: AttemptObserver | None =
         return MockProvider()
 
     built: list[AnthropicProvider] = []  # the one inside the retrying wrapper, once built
+    connect_ahead: list[Callable[[], Awaitable[int]]] = []  # the anthropic client's, once built
 
     def build() -> Provider:
         from mcp_backfill.providers.anthropic import AnthropicProvider, prime_sdk, settle_client
-        from mcp_backfill.providers.platforms import bedrock_model_id, make_client, vertex_model_id
+        from mcp_backfill.providers.platforms import (
+            api_http_client,
+            bedrock_model_id,
+            make_client,
+            open_api_connection,
+            vertex_model_id,
+        )
 
         if settings.name == "anthropic":
             try:
@@ -59,8 +68,10 @@ def make_provider(settings: ProviderSettings, attempts: AttemptObserver | None =
                 log.debug("priming the anthropic SDK failed", extra={"error": repr(exc)})
 
         model_ids = {"bedrock": bedrock_model_id, "vertex": vertex_model_id}
-        client = make_client(settings)
+        http = api_http_client()
+        client = make_client(settings, http_client=http)
         settle_client(client)
+        connect_ahead.append(functools.partial(open_api_connection, http, str(client.base_url)))
         provider = AnthropicProvider(
             client,
             name=settings.name,
@@ -73,8 +84,11 @@ def make_provider(settings: ProviderSettings, attempts: AttemptObserver | None =
     async def prime() -> None:
         await built[0].prime()
 
+    async def connect() -> int:
+        return await connect_ahead[0]()
+
     # Bedrock and Vertex are built at once: their clients check regions and credentials, and a
     # mistake there must stop the proxy at startup. The Claude API client cannot fail to build; it
     # is built on the first sampling request, outside that request's --sampling-timeout (the
     # deadline bounds calls to Claude, not the proxy's one-time import of the SDK).
-    return LazyProvider(settings.name, build, prime) if settings.name == "anthropic" else build()
+    return LazyProvider(settings.name, build, prime, connect) if settings.name == "anthropic" else build()

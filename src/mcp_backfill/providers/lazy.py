@@ -4,7 +4,8 @@ Importing the anthropic SDK takes 1.3-3.6 s and about 54 MB on this project's ma
 imported in a worker thread (the relay keeps moving messages meanwhile), either when the relay
 warms it up — as soon as it sees that it is to answer a session's sampling, from the client's
 `initialize` (or first 2026-07-28 request) on, while the upstream is still starting (`--no-warm-up`
-turns that off) — or at the latest when the first sampling request arrives.
+turns that off) — or at the latest when the first sampling request arrives. A warm-up also opens the
+client's connection to its API (`connect`), so that the first request finds it ready.
 """
 
 from __future__ import annotations
@@ -36,11 +37,16 @@ BUILD_SWITCH_INTERVAL = 0.0005
 
 class LazyProvider:
     def __init__(
-        self, name: str, build: Callable[[], Provider], prime: Callable[[], Awaitable[None]] | None = None
+        self,
+        name: str,
+        build: Callable[[], Provider],
+        prime: Callable[[], Awaitable[None]] | None = None,
+        connect: Callable[[], Awaitable[int]] | None = None,
     ) -> None:
         self.name = name
         self._build = build
         self._prime = prime
+        self._connect = connect
         self._provider: Provider | None = None
         self._lock = anyio.Lock()
 
@@ -66,10 +72,21 @@ class LazyProvider:
         return self._provider
 
     async def warm_up(self) -> None:
-        """Build the provider now, ahead of the first request (a no-op once built), and `prime` it
-        on this loop."""
-        if self._provider is None:
-            await self._get("warm-up")
+        """Build the provider now, ahead of the first request (a no-op once built), `prime` it on
+        this loop, then `connect` it to its API. The connecting is outside the build's lock: a
+        request that waited for the build goes ahead at once (over a connection of its own, if this
+        one is not open yet)."""
+        if self._provider is not None:
+            return
+        await self._get("warm-up")
+        if self._connect is None:
+            return
+        try:
+            status = await self._connect()
+        except Exception as exc:  # an optimisation only: the first request then connects itself
+            log.debug("connecting ahead to the API failed", extra={"error": type(exc).__name__})
+        else:
+            log.debug("connected ahead to the API", extra={"provider": self.name, "status": status})
 
     async def create_message(
         self,

@@ -69,6 +69,19 @@ def api_http_client() -> httpx2.AsyncClient:
     return anthropic.DefaultAsyncHttpxClient(limits=limits)
 
 
+# How long the warm-up waits for the API to answer the request that opens its first connection.
+CONNECT_AHEAD_TIMEOUT = 10.0
+
+
+async def open_api_connection(http: httpx2.AsyncClient, base_url: str) -> int:
+    """Open the connection the first sampling request will use, ahead of it: a `HEAD` of the API's
+    base URL with no credentials, none of the configured headers and no body, not following a
+    redirect. Whatever the status (the API answers 404), the connection then waits in `http`'s pool,
+    DNS lookup, TCP and TLS handshakes done (unless the API closes it). Returns the status."""
+    response = await http.head(base_url, timeout=CONNECT_AHEAD_TIMEOUT, follow_redirects=False)
+    return response.status_code
+
+
 def is_native_id(model: str) -> bool:
     """Already a Bedrock/Vertex id (or an ARN): send it unchanged."""
     return any(marker in model for marker in _NATIVE_MARKERS)
@@ -116,10 +129,15 @@ def check_dependencies(provider: str, environ: Mapping[str, str], *, vertex_toke
 
 
 def make_client(
-    settings: ProviderSettings, environ: Mapping[str, str] | None = None
+    settings: ProviderSettings,
+    environ: Mapping[str, str] | None = None,
+    *,
+    http_client: httpx2.AsyncClient | None = None,
 ) -> anthropic.AsyncAnthropic | anthropic.AsyncAnthropicBedrock | anthropic.AsyncAnthropicVertex:
-    """The SDK client for `settings.name`, with the SDK's own retries off (the proxy retries)."""
+    """The SDK client for `settings.name`, with the SDK's own retries off (the proxy retries), over
+    `http_client` (default: a new `api_http_client()`)."""
     environ = os.environ if environ is None else environ
+    http_client = api_http_client() if http_client is None else http_client
     headers = dict(settings.headers)
     # The SDK's read timeout is a second line of defence; the sampling deadline normally acts first.
     timeout = settings.retry.deadline or 600.0
@@ -127,7 +145,7 @@ def make_client(
         check_dependencies("bedrock", environ)
         try:
             return anthropic.AsyncAnthropicBedrock(
-                max_retries=0, timeout=timeout, default_headers=headers or None, http_client=api_http_client()
+                max_retries=0, timeout=timeout, default_headers=headers or None, http_client=http_client
             )
         except ValueError as exc:  # no region
             raise ConfigError(f"--provider bedrock: {exc}") from None
@@ -140,7 +158,7 @@ def make_client(
                 max_retries=0,
                 timeout=timeout,
                 default_headers=headers or None,
-                http_client=api_http_client(),
+                http_client=http_client,
             )
         except ValueError as exc:  # no region
             raise ConfigError(f"--provider vertex: {exc}") from None
@@ -152,5 +170,5 @@ def make_client(
         max_retries=0,
         timeout=timeout,
         default_headers=headers or None,
-        http_client=api_http_client(),
+        http_client=http_client,
     )
