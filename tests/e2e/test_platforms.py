@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import anyio
 import pytest
 
 from tests.e2e.faults_support import ask_sampling, echo_session
@@ -19,6 +20,22 @@ from tests.harness import ROOT, TEST_API_KEY, proxy_argv, proxy_env, python_serv
 pytestmark = pytest.mark.anyio
 
 GATEWAY_SECRET = "gw-secret-0123456789"
+
+
+def platform_env(provider: str, fake: FakeClaude, region: str) -> dict[str, str]:
+    """Bedrock (with a Bedrock API key) or Vertex (with a ready token) pointed at the fake."""
+    if provider == "bedrock":
+        return {
+            "ANTHROPIC_BEDROCK_BASE_URL": fake.url,
+            "AWS_REGION": region,
+            "AWS_BEARER_TOKEN_BEDROCK": TEST_API_KEY,
+        }
+    return {
+        "ANTHROPIC_VERTEX_BASE_URL": fake.url,
+        "CLOUD_ML_REGION": region,
+        "ANTHROPIC_VERTEX_PROJECT_ID": "proj-42",
+        "MCP_BACKFILL_VERTEX_ACCESS_TOKEN": TEST_API_KEY,
+    }
 
 
 async def test_gateway_headers_from_flags(fake_claude: FakeClaude) -> None:
@@ -45,11 +62,7 @@ async def test_gateway_headers_from_the_environment(fake_claude: FakeClaude) -> 
 
 async def test_bedrock_through_the_proxy(fake_claude: FakeClaude) -> None:
     fake_claude.enqueue(text_reply("answered on bedrock"))
-    env = {
-        "ANTHROPIC_BEDROCK_BASE_URL": fake_claude.url,
-        "AWS_REGION": "eu-central-1",
-        "AWS_BEARER_TOKEN_BEDROCK": TEST_API_KEY,
-    }
+    env = platform_env("bedrock", fake_claude, "eu-central-1")
     async with echo_session(None, "--provider", "bedrock", env=env) as session:
         answer = await ask_sampling(session)
         log = session.stderr()
@@ -63,11 +76,7 @@ async def test_bedrock_through_the_proxy(fake_claude: FakeClaude) -> None:
 
 
 async def test_bedrock_with_a_native_model_id(fake_claude: FakeClaude) -> None:
-    env = {
-        "ANTHROPIC_BEDROCK_BASE_URL": fake_claude.url,
-        "AWS_REGION": "us-east-1",
-        "AWS_BEARER_TOKEN_BEDROCK": TEST_API_KEY,
-    }
+    env = platform_env("bedrock", fake_claude, "us-east-1")
     native = "us.anthropic.claude-haiku-5-5"
     async with echo_session(None, "--provider", "bedrock", "--model", native, env=env) as session:
         answer = await ask_sampling(session)
@@ -78,12 +87,7 @@ async def test_bedrock_with_a_native_model_id(fake_claude: FakeClaude) -> None:
 
 async def test_vertex_through_the_proxy(fake_claude: FakeClaude) -> None:
     fake_claude.enqueue(text_reply("answered on vertex"))
-    env = {
-        "ANTHROPIC_VERTEX_BASE_URL": fake_claude.url,
-        "CLOUD_ML_REGION": "europe-west1",
-        "ANTHROPIC_VERTEX_PROJECT_ID": "proj-42",
-        "MCP_BACKFILL_VERTEX_ACCESS_TOKEN": TEST_API_KEY,
-    }
+    env = platform_env("vertex", fake_claude, "europe-west1")
     async with echo_session(None, "--provider", "vertex", env=env) as session:
         answer = await ask_sampling(session)
         log = session.stderr()
@@ -94,6 +98,28 @@ async def test_vertex_through_the_proxy(fake_claude: FakeClaude) -> None:
     )
     assert request.headers["authorization"] == f"Bearer {TEST_API_KEY}"
     assert TEST_API_KEY not in log
+
+
+@pytest.mark.parametrize("provider", ["bedrock", "vertex"])
+async def test_bedrock_and_vertex_connect_ahead_in_the_warm_up(
+    fake_claude: FakeClaude, provider: str
+) -> None:
+    """Built at startup, they too open their connection to the API in the warm-up, with a `HEAD`
+    that carries no credentials; the first sampling request goes over it."""
+    async with echo_session(
+        None, "--provider", provider, env=platform_env(provider, fake_claude, "us-east5")
+    ) as session:
+        with anyio.fail_after(30):
+            while "connected ahead to the API" not in session.stderr():
+                await anyio.sleep(0.05)
+        [ahead] = fake_claude.requests
+        answer = await ask_sampling(session)
+    assert "result" in answer
+    assert (ahead.method, ahead.path, ahead.raw_body) == ("HEAD", "/", b"")
+    assert not {"authorization", "x-api-key"} & set(ahead.headers)
+    [request] = fake_claude.platform_requests
+    assert request.headers["authorization"] == f"Bearer {TEST_API_KEY}"
+    assert request.peer == ahead.peer
 
 
 def test_vertex_without_credentials_or_extra_refuses_to_start() -> None:

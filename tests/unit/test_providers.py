@@ -26,7 +26,6 @@ from mcp_backfill.providers.platforms import (
     module_available,
     vertex_model_id,
 )
-from mcp_backfill.providers.retry import RetryingProvider
 from mcp_backfill.sampling.provider import StreamProgress
 from tests.fake_claude import (
     FakeClaude,
@@ -213,7 +212,6 @@ async def test_bedrock_request_and_event_stream(
         message = await provider.create_message(REQUEST, on_progress=record)
     finally:
         await provider.aclose()
-    assert isinstance(provider, RetryingProvider)
     assert message["content"] == [{"type": "text", "text": "hello from bedrock"}]
     assert seen[-1].done
     assert seen[-1].characters == len("hello from bedrock")

@@ -49,7 +49,7 @@ def make_provider(settings: ProviderSettings, attempts: AttemptObserver | None =
         return MockProvider()
 
     built: list[AnthropicProvider] = []  # the one inside the retrying wrapper, once built
-    connect_ahead: list[Callable[[], Awaitable[int]]] = []  # the anthropic client's, once built
+    connect_ahead: list[Callable[[], Awaitable[int]]] = []  # its client's, once built
 
     def build() -> Provider:
         from mcp_backfill.providers.anthropic import AnthropicProvider, prime_sdk, settle_client
@@ -90,5 +90,8 @@ def make_provider(settings: ProviderSettings, attempts: AttemptObserver | None =
     # Bedrock and Vertex are built at once: their clients check regions and credentials, and a
     # mistake there must stop the proxy at startup. The Claude API client cannot fail to build; it
     # is built on the first sampling request, outside that request's --sampling-timeout (the
-    # deadline bounds calls to Claude, not the proxy's one-time import of the SDK).
-    return LazyProvider(settings.name, build, prime, connect) if settings.name == "anthropic" else build()
+    # deadline bounds calls to Claude, not the proxy's one-time import of the SDK). All three
+    # connect to their API in the warm-up.
+    if settings.name == "anthropic":
+        return LazyProvider(settings.name, build, prime, connect)
+    return LazyProvider.built(build(), connect)

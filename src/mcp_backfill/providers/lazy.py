@@ -5,7 +5,8 @@ imported in a worker thread (the relay keeps moving messages meanwhile), either 
 warms it up — as soon as it sees that it is to answer a session's sampling, from the client's
 `initialize` (or first 2026-07-28 request) on, while the upstream is still starting (`--no-warm-up`
 turns that off) — or at the latest when the first sampling request arrives. A warm-up also opens the
-client's connection to its API (`connect`), so that the first request finds it ready.
+client's connection to its API (`connect`), so that the first request finds it ready; Bedrock's and
+Vertex's providers, built at startup, are wrapped for that alone (`LazyProvider.built`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,15 @@ class LazyProvider:
         self._connect = connect
         self._provider: Provider | None = None
         self._lock = anyio.Lock()
+        self._warmed = False
+
+    @classmethod
+    def built(cls, provider: Provider, connect: Callable[[], Awaitable[int]]) -> LazyProvider:
+        """A provider built already (Bedrock's and Vertex's, at startup), whose warm-up only
+        connects it to its API."""
+        lazy = cls(provider.name, lambda: provider, connect=connect)
+        lazy._provider = provider
+        return lazy
 
     async def _get(self, why: str = "first request") -> Provider:
         async with self._lock:  # concurrent first requests build it once
@@ -72,12 +82,13 @@ class LazyProvider:
         return self._provider
 
     async def warm_up(self) -> None:
-        """Build the provider now, ahead of the first request (a no-op once built), `prime` it on
-        this loop, then `connect` it to its API. The connecting is outside the build's lock: a
-        request that waited for the build goes ahead at once (over a connection of its own, if this
-        one is not open yet)."""
-        if self._provider is not None:
+        """Once: build the provider now, ahead of the first request (unless built already),
+        `prime` it on this loop, then `connect` it to its API. The connecting is outside the build's
+        lock: a request that waited for the build goes ahead at once (over a connection of its own,
+        if this one is not open yet)."""
+        if self._warmed:
             return
+        self._warmed = True
         await self._get("warm-up")
         if self._connect is None:
             return
