@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 
 import anyio
@@ -9,6 +10,7 @@ import pytest
 from anyio.abc import ByteReceiveStream
 
 from mcp_backfill.transports.stdio import (
+    READ_CHUNK,
     FdSendStream,
     LineChannel,
     LineSplitter,
@@ -71,3 +73,58 @@ async def test_send_after_close_is_a_closed_resource_error() -> None:
     with pytest.raises(anyio.ClosedResourceError):
         await stream.send(b"x")
     os.close(read_fd)
+
+
+def write_until_full(fd: int, chunk: bytes) -> int:
+    """Write `chunk` to the non-blocking `fd` until the pipe refuses more; how many bytes went in."""
+    os.set_blocking(fd, False)
+    written = 0
+    while True:
+        try:
+            written += os.write(fd, chunk)
+        except BlockingIOError:
+            return written
+
+
+async def test_a_pipe_reader_that_falls_behind_holds_a_bounded_amount_and_loses_nothing() -> None:
+    """Reading pauses once more than `READ_CHUNK` waits unread, so a writer that outpaces the relay
+    is held up by the full pipe instead of filling the proxy's memory; every byte still arrives,
+    in order, in pieces of at most the size asked for."""
+    read_fd, write_fd = os.pipe()
+    source = await open_fd_receive_stream(read_fd, owned=True)
+    pattern = bytes(range(256)) * 256  # 64 KiB, each offset recognisable
+    written = 0
+    for _ in range(50):  # the event loop reads what it can between rounds
+        written += write_until_full(write_fd, pattern[written % len(pattern) :] + pattern)
+        await anyio.sleep(0.01)
+    capacity = fcntl.fcntl(write_fd, fcntl.F_GETPIPE_SZ)
+    assert written <= READ_CHUNK + 2 * len(pattern) + 2 * capacity  # not the 50 rounds' worth
+    os.close(write_fd)
+    received = bytearray()
+    with anyio.fail_after(10):
+        while True:
+            try:
+                piece = await source.receive(1000)
+            except anyio.EndOfStream:
+                break
+            assert len(piece) <= 1000
+            received += piece
+    await source.aclose()
+    assert len(received) == written
+    assert received == (pattern * (written // len(pattern) + 1))[:written]
+
+
+async def test_a_cancelled_pipe_read_loses_nothing() -> None:
+    read_fd, write_fd = os.pipe()
+    source = await open_fd_receive_stream(read_fd, owned=True)
+    with anyio.move_on_after(0.05):
+        await source.receive()  # nothing to read: cancelled while waiting
+    with anyio.fail_after(5):
+        for piece in (b"after the cancel\n", b"and more\n"):
+            os.write(write_fd, piece)
+            await anyio.sleep(0.05)  # it arrives while no read waits for it
+            assert await source.receive() == piece
+    os.close(write_fd)
+    with anyio.fail_after(5), pytest.raises(anyio.EndOfStream):
+        await source.receive()
+    await source.aclose()

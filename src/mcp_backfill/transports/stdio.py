@@ -11,6 +11,7 @@ import os
 import signal
 import stat
 import sys
+from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
@@ -48,6 +49,8 @@ class LineSplitter:
 
     def next_line(self) -> bytes | MessageTooLarge | None:
         """The next complete non-empty line, an oversized line's summary, or None (feed more)."""
+        if not self._buffer:  # all taken (the common case after each line): nothing to scan
+            return None
         while True:
             newline = self._buffer.find(b"\n", self._scanned)
             if newline < 0:
@@ -137,6 +140,43 @@ class LineChannel:
             await self._reader.aclose()
 
 
+class _PipeProtocol(asyncio.Protocol):
+    """The chunks a read pipe delivers, held for one reader; reading pauses while more than
+    `READ_CHUNK` wait (the pipe then fills, and the writer waits)."""
+
+    def __init__(self) -> None:
+        self.chunks: deque[bytes] = deque()
+        self.buffered = 0
+        self.ended = False
+        self.waiter: asyncio.Future[None] | None = None
+        self.transport: asyncio.ReadTransport | None = None
+        self.paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.chunks.append(data)
+        self.buffered += len(data)
+        if self.buffered > READ_CHUNK and not self.paused and self.transport is not None:
+            self.transport.pause_reading()
+            self.paused = True
+        self.wake()
+
+    def eof_received(self) -> None:
+        self.ended = True
+        self.wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.ended = True
+        self.wake()
+
+    def wake(self) -> None:
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
 class PipeReceiveStream(ByteReceiveStream):
     """Reads a pipe or socket through an asyncio read transport.
 
@@ -144,14 +184,25 @@ class PipeReceiveStream(ByteReceiveStream):
     callback, which saves a registration round trip per read on the hot path (every relayed line).
     """
 
-    def __init__(self, reader: asyncio.StreamReader, transport: asyncio.ReadTransport) -> None:
-        self._reader = reader
+    def __init__(self, protocol: _PipeProtocol, transport: asyncio.ReadTransport) -> None:
+        self._protocol = protocol
         self._transport = transport
 
     async def receive(self, max_bytes: int = READ_CHUNK) -> bytes:
-        data = await self._reader.read(max_bytes)
-        if not data:
-            raise anyio.EndOfStream
+        protocol = self._protocol
+        while not protocol.chunks:
+            if protocol.ended:
+                raise anyio.EndOfStream
+            protocol.waiter = asyncio.get_running_loop().create_future()
+            await protocol.waiter
+        data = protocol.chunks.popleft()
+        if len(data) > max_bytes:
+            data, rest = data[:max_bytes], data[max_bytes:]
+            protocol.chunks.appendleft(rest)
+        protocol.buffered -= len(data)
+        if protocol.paused and protocol.buffered <= READ_CHUNK:
+            protocol.paused = False
+            self._transport.resume_reading()
         return data
 
     async def aclose(self) -> None:
@@ -166,10 +217,9 @@ async def open_fd_receive_stream(fd: int, *, owned: bool = False) -> ByteReceive
     mode = os.fstat(fd).st_mode
     if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
         loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=READ_CHUNK)
         pipe = os.fdopen(fd, "rb", buffering=0, closefd=owned)
-        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
-        return PipeReceiveStream(reader, transport)
+        transport, protocol = await loop.connect_read_pipe(_PipeProtocol, pipe)
+        return PipeReceiveStream(protocol, transport)
     return FdReceiveStream(fd)
 
 
@@ -232,6 +282,8 @@ class FdSendStream(ByteSendStream):
             written = 0
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise anyio.BrokenResourceError from exc
+        if written == sum(map(len, parts)):  # all of it (the common case)
+            return []
         return unwritten(parts, written)
 
     async def send_parts(self, parts: Sequence[Chunk]) -> None:
