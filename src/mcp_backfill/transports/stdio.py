@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, Process
@@ -146,47 +146,59 @@ class _PipeProtocol(asyncio.Protocol):
 
     def __init__(self) -> None:
         self.chunks: deque[bytes] = deque()
-        self.buffered = 0
         self.ended = False
         self.waiter: asyncio.Future[None] | None = None
         self.transport: asyncio.ReadTransport | None = None
-        self.paused = False
+        self._buffered = 0
+        self._paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.ReadTransport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.chunks.append(data)
-        self.buffered += len(data)
-        if self.buffered > READ_CHUNK and not self.paused and self.transport is not None:
+        self._buffered += len(data)
+        if self._buffered > READ_CHUNK and not self._paused and self.transport is not None:
             self.transport.pause_reading()
-            self.paused = True
-        self.wake()
+            self._paused = True
+        self._wake()
 
     def eof_received(self) -> None:
         self.ended = True
-        self.wake()
+        self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.ended = True
-        self.wake()
+        self._wake()
 
-    def wake(self) -> None:
+    def take(self, max_bytes: int) -> bytes:
+        """The oldest chunk, at most `max_bytes` of it (there must be one)."""
+        data = self.chunks.popleft()
+        if len(data) > max_bytes:
+            data, rest = data[:max_bytes], data[max_bytes:]
+            self.chunks.appendleft(rest)
+        self._buffered -= len(data)
+        if self._paused and self._buffered <= READ_CHUNK and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return data
+
+    def _wake(self) -> None:
         waiter, self.waiter = self.waiter, None
-        if waiter is not None and not waiter.done():
+        if waiter is not None and not waiter.done():  # a read cancelled while waiting left it done
             waiter.set_result(None)
 
 
 class PipeReceiveStream(ByteReceiveStream):
-    """Reads a pipe or socket through an asyncio read transport.
+    """Reads a pipe or socket through an asyncio read transport and `_PipeProtocol`.
 
     The descriptor stays registered with the event loop for the whole session and data arrives by
-    callback, which saves a registration round trip per read on the hot path (every relayed line).
+    callback, which saves a registration round trip per read on the hot path (every relayed line);
+    the protocol hands each chunk over as it came, without `asyncio.StreamReader`'s buffering.
     """
 
-    def __init__(self, protocol: _PipeProtocol, transport: asyncio.ReadTransport) -> None:
+    def __init__(self, protocol: _PipeProtocol) -> None:
         self._protocol = protocol
-        self._transport = transport
 
     async def receive(self, max_bytes: int = READ_CHUNK) -> bytes:
         protocol = self._protocol
@@ -195,18 +207,11 @@ class PipeReceiveStream(ByteReceiveStream):
                 raise anyio.EndOfStream
             protocol.waiter = asyncio.get_running_loop().create_future()
             await protocol.waiter
-        data = protocol.chunks.popleft()
-        if len(data) > max_bytes:
-            data, rest = data[:max_bytes], data[max_bytes:]
-            protocol.chunks.appendleft(rest)
-        protocol.buffered -= len(data)
-        if protocol.paused and protocol.buffered <= READ_CHUNK:
-            protocol.paused = False
-            self._transport.resume_reading()
-        return data
+        return protocol.take(max_bytes)
 
     async def aclose(self) -> None:
-        self._transport.close()
+        if self._protocol.transport is not None:
+            self._protocol.transport.close()
 
 
 async def open_fd_receive_stream(fd: int, *, owned: bool = False) -> ByteReceiveStream:
@@ -218,8 +223,8 @@ async def open_fd_receive_stream(fd: int, *, owned: bool = False) -> ByteReceive
     if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
         loop = asyncio.get_running_loop()
         pipe = os.fdopen(fd, "rb", buffering=0, closefd=owned)
-        transport, protocol = await loop.connect_read_pipe(_PipeProtocol, pipe)
-        return PipeReceiveStream(protocol, transport)
+        _, protocol = await loop.connect_read_pipe(_PipeProtocol, pipe)
+        return PipeReceiveStream(protocol)
     return FdReceiveStream(fd)
 
 
