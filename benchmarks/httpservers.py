@@ -170,13 +170,21 @@ def mcp_proxy(ctx: RunContext, name: str, upstream: Sequence[str]) -> ContextMan
     return _launched(mcp_proxy_command(bin_dir, port, upstream), ctx.logs, name, lambda *_: _accepting(port))
 
 
-def tcp_forwarder(logs: LogDir, name: str, target: str) -> ContextManager[HttpServer]:
-    """The bare TCP forwarder (benchmarks/servers/tcp_forwarder.py) in front of `target`, an HTTP
-    URL (started; call `ready()`)."""
-    argv = python_script(BENCH / "servers" / "tcp_forwarder.py", target)
+def tcp_forwarder(logs: LogDir, name: str, target: str, *, parse: bool = False) -> ContextManager[HttpServer]:
+    """The TCP forwarder (benchmarks/servers/tcp_forwarder.py) in front of `target`, an HTTP URL,
+    bare or (`parse`) reading every message it forwards (started; call `ready()`)."""
+    argv = python_script(BENCH / "servers" / "tcp_forwarder.py", target, *(["--parse"] if parse else []))
     return _launched(
         argv, logs, name, lambda process, _: _first_line(process, "listening on "), read_stdout=True
     )
+
+
+def asgi_forwarder(logs: LogDir, name: str, target: str) -> ContextManager[HttpServer]:
+    """uvicorn and a bare ASGI forwarder (benchmarks/servers/asgi_forwarder.py) in front of
+    `target`, an HTTP URL (started; call `ready()`)."""
+    port = free_port()
+    argv = [PYTHON, "-m", "benchmarks.servers.asgi_forwarder", target, str(port)]
+    return _launched(argv, logs, name, lambda *_: _accepting(port))
 
 
 def sdk_http_server(logs: LogDir, name: str) -> ContextManager[HttpServer]:

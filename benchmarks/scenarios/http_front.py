@@ -5,10 +5,13 @@
     starts one upstream process per client session; mcp-proxy shares one upstream among them all.
     The "direct" column of these rows is mcp-proxy.
 3b. The sidecar in front of an HTTP upstream (the same SDK server over streamable HTTP, uvicorn)
-    against that upstream directly; each client session is one upstream session. At one session a
-    third arm goes to the direct upstream through a bare TCP forwarder
-    (benchmarks/servers/tcp_forwarder.py): the floor, what the extra hop alone costs. (At 8 and 64
-    sessions its batches would load the direct arm's upstream more and slow the next batch.)
+    against that upstream directly; each client session is one upstream session. At one session
+    three more arms go to the direct upstream through floors, each a layer of what the sidecar is
+    built on: a bare TCP forwarder (benchmarks/servers/tcp_forwarder.py), what the extra hop alone
+    costs; the same forwarder parsing HTTP and decoding every message (`--parse`); and uvicorn with
+    a bare ASGI forwarder (benchmarks/servers/asgi_forwarder.py). (At 8 and 64 sessions their
+    batches would load the direct arm's upstream more and slow the next batch.) The CPU time per
+    call of the process in the middle is recorded for the sidecar and each floor.
 
 Load: 1, 8 and 64 concurrent client sessions, each calling `tools/call echo` one call at a time,
 for a fixed time per batch (benchmarks/httpload.py), from a lean raw-HTTP client
@@ -19,16 +22,16 @@ for the whole scenario; batches take turns (ABBA per round, every concurrency in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack, ExitStack
 from typing import Any
 
 import anyio
 
 from benchmarks.httpload import Batch, run_batch, session_pool
-from benchmarks.httpservers import mcp_proxy, ready, sdk_http_server, sidecar, tcp_forwarder
+from benchmarks.httpservers import asgi_forwarder, mcp_proxy, ready, sdk_http_server, sidecar, tcp_forwarder
 from benchmarks.measure import DIRECT, PROXIED, median, percentile, turn_order
-from benchmarks.procs import raw_echo_command, sdk_server_command, wait_until_quiet
+from benchmarks.procs import cpu_seconds, raw_echo_command, sdk_server_command, wait_until_quiet
 from benchmarks.report import Row, Target
 from benchmarks.scenarios import RunContext
 from mcp_backfill.cli import event_loop_options
@@ -38,15 +41,28 @@ UPSTREAM_TARGET = Target("ratio_min", 0.80, "≥ 0.80x direct")
 ONE_SESSION_ADDED_TARGET = Target("added_max", 1.5, "added ≤ 1.5 ms")
 
 FLOOR = "tcp-forwarder"
+PARSING_FLOOR = "parsing-forwarder"
+ASGI_FLOOR = "asgi-forwarder"
+FLOORS = {
+    FLOOR: "throughput via a bare TCP forwarder (the floor)",
+    PARSING_FLOOR: "throughput via a forwarder that parses HTTP and decodes each message",
+    ASGI_FLOOR: "throughput via uvicorn and a bare ASGI forwarder",
+}
 
 Results = dict[int, dict[str, list[Batch]]]
 
 
 async def measure(
-    ctx: RunContext, urls: dict[str, str], quiet: Sequence[int], one_session: Sequence[str] = ()
+    ctx: RunContext,
+    urls: dict[str, str],
+    middles: dict[str, int],
+    one_session: Sequence[str] = (),
 ) -> tuple[Results, dict[str, float]]:
-    """Batches per concurrency and arm, and the seconds each arm took to open its sessions. The arms
-    in `one_session` run at one session only (a reference that must not add load elsewhere)."""
+    """Batches per concurrency and arm, and the seconds each arm took to open its sessions.
+
+    `middles`: the pid of the process between client and server per arm, whose CPU time each batch
+    records (the sidecar's is waited for first: its warm-up, started by its first session). The
+    arms in `one_session` run at one session only (a reference that must not add load elsewhere)."""
     s = ctx.settings
     most = max(s.http_sessions)
     results: Results = {
@@ -60,24 +76,29 @@ async def measure(
             size = 1 if arm in one_session else most
             ctx.progress(f"{arm}: opening {size} session{'s' if size > 1 else ''}")
             pools[arm], opening[arm] = await stack.enter_async_context(session_pool(url, size, s.http_warmup))
-        for pid in quiet:  # the sidecar's warm-up, started by its first session
+        for pid in middles.values():
             await anyio.to_thread.run_sync(wait_until_quiet, pid)
         for index in range(s.http_rounds):
             ctx.progress(f"round {index + 1} of {s.http_rounds}")
             for sessions, arms in results.items():
                 for arm in turn_order(index, list(arms)):
-                    arms[arm].append(await run_batch(pools[arm][:sessions], s.http_batch_seconds))
+                    middle = middles.get(arm)
+                    before = cpu_seconds(middle) if middle is not None else 0.0
+                    batch = await run_batch(pools[arm][:sessions], s.http_batch_seconds)
+                    if middle is not None:
+                        batch.middle_cpu = cpu_seconds(middle) - before
+                    arms[arm].append(batch)
     return results, opening
 
 
 def _measure(
-    ctx: RunContext, urls: dict[str, str], quiet: Sequence[int], one_session: Sequence[str] = ()
+    ctx: RunContext, urls: dict[str, str], middles: dict[str, int], one_session: Sequence[str] = ()
 ) -> tuple[Results, dict[str, float]]:
-    return anyio.run(measure, ctx, urls, quiet, one_session, backend_options=event_loop_options())
+    return anyio.run(measure, ctx, urls, middles, one_session, backend_options=event_loop_options())
 
 
-def _cpu_per_call_us(batches: Sequence[Batch]) -> float:
-    return sum(b.client_cpu for b in batches) / max(sum(b.calls for b in batches), 1) * 1e6
+def _cpu_per_call_us(batches: Sequence[Batch], cpu: Callable[[Batch], float]) -> float:
+    return sum(cpu(b) for b in batches) / max(sum(b.calls for b in batches), 1) * 1e6
 
 
 def rows(
@@ -97,14 +118,18 @@ def rows(
             "batches_per_arm": len(direct),
             "calls": {arm: sum(b.calls for b in batches) for arm, batches in arms.items()},
             "client_cpu_us_per_call": {
-                arm: round(_cpu_per_call_us(batches), 1) for arm, batches in arms.items()
+                arm: round(_cpu_per_call_us(batches, lambda b: b.client_cpu), 1)
+                for arm, batches in arms.items()
+            },
+            "middle_cpu_us_per_call": {
+                arm: round(_cpu_per_call_us(batches, lambda b: b.middle_cpu), 1)
+                for arm, batches in arms.items()
+                if any(b.middle_cpu for b in batches)
             },
         }
         name = f"{sessions} session{'s' if sessions > 1 else ''}, {label}"
-        for what, arm, row_target in (
-            ("throughput", PROXIED, target),
-            ("throughput via a bare TCP forwarder (the floor)", FLOOR, None),
-        ):
+        for arm, what in {PROXIED: "throughput", **FLOORS}.items():
+            row_target = target if arm == PROXIED else None
             if arm in arms:
                 out.append(
                     Row(
@@ -140,7 +165,7 @@ def run_stdio(ctx: RunContext) -> list[Row]:
         peer = stack.enter_context(mcp_proxy(ctx, "3a-mcp-proxy", upstream))
         ours = stack.enter_context(sidecar(ctx.logs, "3a-sidecar", upstream=upstream))
         ready(peer, ours)
-        results, opening = _measure(ctx, {DIRECT: peer.url, PROXIED: ours.url}, [ours.pid])
+        results, opening = _measure(ctx, {DIRECT: peer.url, PROXIED: ours.url}, {PROXIED: ours.pid})
     detail = {
         "upstream": "SDK server (stdio)" if s.http_stdio_upstream == "sdk" else "raw echo (stdio)",
         "direct_arm": "mcp-proxy",
@@ -156,9 +181,16 @@ def run_http(ctx: RunContext) -> list[Row]:
         behind = stack.enter_context(sdk_http_server(ctx.logs, "3b-upstream-sdk-http"))
         ready(direct, behind)
         ours = stack.enter_context(sidecar(ctx.logs, "3b-sidecar", "--upstream-url", behind.url)).ready()
-        floor = stack.enter_context(tcp_forwarder(ctx.logs, "3b-tcp-forwarder", direct.url)).ready()
-        urls = {DIRECT: direct.url, PROXIED: ours.url, FLOOR: floor.url}
-        results, opening = _measure(ctx, urls, [ours.pid], one_session=[FLOOR])
+        floors = {
+            FLOOR: tcp_forwarder(ctx.logs, "3b-tcp-forwarder", direct.url),
+            PARSING_FLOOR: tcp_forwarder(ctx.logs, "3b-parsing-forwarder", direct.url, parse=True),
+            ASGI_FLOOR: asgi_forwarder(ctx.logs, "3b-asgi-forwarder", direct.url),
+        }
+        middles = {PROXIED: ours} | {arm: stack.enter_context(server) for arm, server in floors.items()}
+        ready(*middles.values())
+        urls = {DIRECT: direct.url} | {arm: server.url for arm, server in middles.items()}
+        pids = {arm: server.pid for arm, server in middles.items()}
+        results, opening = _measure(ctx, urls, pids, one_session=list(floors))
     detail = {
         "upstream": "SDK server (streamable HTTP, uvicorn)",
         "session_opening_s": {arm: round(seconds, 2) for arm, seconds in opening.items()},

@@ -1,1 +1,2 @@
-"""Upstream servers the scenarios put behind the proxy (run as scripts, not imported)."""
+"""Upstream servers and floors the scenarios put behind or in place of the proxy (each run as its own
+process)."""

@@ -48,7 +48,7 @@ TARGETED_TITLES = {
     ),
 }
 # The HTTP rows: requests per second and p50/p99 at each concurrency, against mcp-proxy (3a) and
-# against the HTTP upstream directly (3b), and 3b's floor; the sidecar's RSS with idle HTTP sessions
+# against the HTTP upstream directly (3b), and 3b's floors; the sidecar's RSS with idle HTTP sessions
 # (5); and the longest wait for a message while the warm-up runs (5).
 HTTP_TITLES = {
     (scenario, f"{n} session{'s' if n > 1 else ''}, {upstream}: {what}{suffix}")
@@ -63,6 +63,8 @@ HTTP_TITLES = {
     ("5", "upstream processes' total RSS, 100 sessions (raw echo children of the sidecar)"),
     ("5", "sidecar RSS, 100 idle HTTP sessions, HTTP upstream (direct: no session yet)"),
     ("3b", "1 session, HTTP upstream: throughput via a bare TCP forwarder (the floor)"),
+    ("3b", "1 session, HTTP upstream: throughput via a forwarder that parses HTTP and decodes each message"),
+    ("3b", "1 session, HTTP upstream: throughput via uvicorn and a bare ASGI forwarder"),
     ("5", "longest ping round trip in the 1.5 s after the handshake: warm-up on (direct: --no-warm-up)"),
 }
 
@@ -131,6 +133,10 @@ def test_quick_benchmark_run_writes_a_complete_table(tmp_path: Path) -> None:
             assert row["direct"] > 0, row
             assert row["proxied"] > 0, row
             assert all(calls > 0 for calls in row["detail"]["calls"].values()), row
+            # The CPU time of the process in the middle, for the sidecar and each floor.
+            assert row["detail"]["middle_cpu_us_per_call"].keys() == row["detail"]["calls"].keys() - {
+                "direct"
+            }
         if row["scenario"] == "8" and row["unit"] == "calls/s":
             # The smoke run too has every client connected at once, each making its timed calls.
             assert row["detail"]["connected"] == 1000, row
