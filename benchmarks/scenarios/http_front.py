@@ -186,11 +186,11 @@ def run_http(ctx: RunContext) -> list[Row]:
             PARSING_FLOOR: tcp_forwarder(ctx.logs, "3b-parsing-forwarder", direct.url, parse=True),
             ASGI_FLOOR: asgi_forwarder(ctx.logs, "3b-asgi-forwarder", direct.url),
         }
-        middles = {PROXIED: ours} | {arm: stack.enter_context(server) for arm, server in floors.items()}
-        ready(*middles.values())
-        urls = {DIRECT: direct.url} | {arm: server.url for arm, server in middles.items()}
-        pids = {arm: server.pid for arm, server in middles.items()}
-        results, opening = _measure(ctx, urls, pids, one_session=list(floors))
+        servers = {PROXIED: ours} | {arm: stack.enter_context(server) for arm, server in floors.items()}
+        ready(*servers.values())
+        urls = {DIRECT: direct.url} | {arm: server.url for arm, server in servers.items()}
+        middles = {arm: server.pid for arm, server in servers.items()}
+        results, opening = _measure(ctx, urls, middles, one_session=list(floors))
     detail = {
         "upstream": "SDK server (streamable HTTP, uvicorn)",
         "session_opening_s": {arm: round(seconds, 2) for arm, seconds in opening.items()},

@@ -5,8 +5,8 @@ websockets, no server header), runs a bare ASGI app that forwards each request t
 port over a keep-alive connection of its own (asyncio streams, the answer parsed by httptools) and
 streams the answer back, decoding every JSON-RPC message on the way as `tcp_forwarder.py --parse`
 does. No sessions, no relay, no task of its own per request. Listens on 127.0.0.1:PORT until it
-is stopped. Scenario 3b times it at one session, so that what
-uvicorn and ASGI cost can be told apart from what the sidecar does above them.
+is stopped. Scenario 3b times it at one session, so that what uvicorn and ASGI cost can be told
+apart from what the sidecar does above them.
 """
 
 from __future__ import annotations
