@@ -5,7 +5,8 @@ One `mcp-backfill serve` (two named clients, `good` and `hostile`; an audit log)
 sampling test server, the Claude API being the tests' fake (`tests/fake_claude.py`), which records
 the tokens it served. The well-behaved client makes sequential sampling calls (`sample_raw`, a
 small prompt that the fake answers at once) and its latency is measured alone (direct column) and
-under attack (proxied column), in alternating batches (ABBA). The attack, all at once:
+under attack (proxied column), in alternating batches (ABBA). The attack, all at once, a batch
+under attack starting once each part of it has gone round at least once:
 
 * a cancel storm by a hostile upstream: `slow_sample` calls whose server gives up on the sampling
   request 0.2 s after sending it, while the fake is still streaming (each call is charged);
@@ -27,13 +28,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from statistics import median
 from typing import Any
 
 import anyio
 import httpx2
+from anyio.streams.buffered import BufferedByteReceiveStream
 from tests.fake_claude import FakeClaude, RecordedRequest, Reply, hang_reply, text_reply
 
 from benchmarks.measure import percentile
@@ -48,6 +50,9 @@ GOOD = "good-client-token-0123456789"
 HOSTILE = "hostile-client-token-0123456789"
 HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 ATTACKS = ("cancelled", "oversized", "slow", "churn", "churn_refused")
+# The attacker says this once every attack is under way (at most READY_TIMEOUT seconds after it starts).
+READY = "attacking"
+READY_TIMEOUT = 30.0
 
 
 def _reply(request: RecordedRequest) -> Reply:
@@ -141,7 +146,14 @@ async def _good_batch(
 
 
 async def _attack(url: str, port: int, stop: anyio.Event, counts: dict[str, int]) -> None:
+    """Every attack at once until `stop`; says `READY` on stdout once each has gone round."""
     hostile = {**HEADERS, "authorization": f"Bearer {HOSTILE}"}
+    under_way = anyio.Event()
+
+    def went_round(attack: str) -> None:
+        counts[attack] += 1
+        if _at_full_strength(counts):
+            under_way.set()
 
     async def cancel_storm(worker: int) -> None:
         async with httpx2.AsyncClient(timeout=60) as http:
@@ -157,7 +169,7 @@ async def _attack(url: str, port: int, stop: anyio.Event, counts: dict[str, int]
                         "max_tokens": 200,
                     }
                     await http.post(url, json=_tool_call(n, "slow_sample", arguments), headers=in_session)
-                    counts["cancelled"] += 1
+                    went_round("cancelled")
             finally:
                 with anyio.CancelScope(shield=True):  # the session ends with the attack
                     await http.delete(url, headers=in_session)
@@ -168,7 +180,7 @@ async def _attack(url: str, port: int, stop: anyio.Event, counts: dict[str, int]
             while not stop.is_set():
                 with contextlib.suppress(httpx2.HTTPError):  # refused (413) and cut off mid-upload
                     await http.post(url, content=blob, headers=hostile)
-                counts["oversized"] += 1
+                went_round("oversized")
 
     async def slow_connections() -> None:
         held = []
@@ -178,7 +190,7 @@ async def _attack(url: str, port: int, stop: anyio.Event, counts: dict[str, int]
                     stream = await anyio.connect_tcp("127.0.0.1", port)
                     await stream.send(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1")
                     held.append(stream)
-                    counts["slow"] += 1
+                    went_round("slow")
                 held = held[-100:]
                 await anyio.sleep(0.02)
         finally:
@@ -192,10 +204,10 @@ async def _attack(url: str, port: int, stop: anyio.Event, counts: dict[str, int]
                 try:
                     session = await _session(http, url, HOSTILE)
                 except httpx2.HTTPStatusError:  # 429: over its --client-session-rate; it keeps trying
-                    counts["churn_refused"] += 1
+                    went_round("churn_refused")
                     continue
                 await http.delete(url, headers={**hostile, "mcp-session-id": session})
-                counts["churn"] += 1
+                went_round("churn")
 
     async with anyio.create_task_group() as tg:
         for worker in range(3):
@@ -203,8 +215,18 @@ async def _attack(url: str, port: int, stop: anyio.Event, counts: dict[str, int]
         tg.start_soon(oversized)
         tg.start_soon(slow_connections)
         tg.start_soon(churn)
+        with anyio.move_on_after(READY_TIMEOUT):
+            await under_way.wait()
+        print(READY, flush=True)
         await stop.wait()
         tg.cancel_scope.cancel()
+
+
+def _at_full_strength(counts: dict[str, int]) -> bool:
+    """Has every attack gone round at least once (each cancel-storm worker too, with the session it
+    opened first)?"""
+    churned = counts["churn"] + counts["churn_refused"]
+    return counts["cancelled"] >= 3 and counts["oversized"] > 0 and counts["slow"] > 0 and churned > 0
 
 
 async def _measure(ctx: RunContext, sidecar: _Sidecar, fake: FakeClaude) -> dict[str, Any]:
@@ -225,8 +247,7 @@ async def _measure(ctx: RunContext, sidecar: _Sidecar, fake: FakeClaude) -> dict
                 if arm == "solo":
                     solo += await _good_batch(http, sidecar.url, session, calls, next_id)
                 else:
-                    with _attacker(sidecar, counts):
-                        await anyio.sleep(0.5)  # let the attack get going
+                    async with _attacker(sidecar, counts):
                         attacked += await _good_batch(http, sidecar.url, session, calls, next_id)
                 next_id += calls
         ctx.progress(f"attack done: {counts}; waiting for the sidecar to settle")
@@ -244,23 +265,28 @@ async def _measure(ctx: RunContext, sidecar: _Sidecar, fake: FakeClaude) -> dict
     }
 
 
-@contextlib.contextmanager
-def _attacker(sidecar: _Sidecar, counts: dict[str, int]) -> Iterator[None]:
-    """The attack in a process of its own (its CPU and GIL are not the measuring client's); it
-    stops when its stdin closes and reports what it did."""
+@contextlib.asynccontextmanager
+async def _attacker(sidecar: _Sidecar, counts: dict[str, int]) -> AsyncIterator[None]:
+    """The attack in a process of its own (its CPU and GIL are not the measuring client's), entered
+    once every attack has gone round at least once, so that a batch meets all of them at full
+    strength; it stops when its stdin closes and reports what it did."""
     argv = [sys.executable, "-m", "benchmarks.scenarios.adversarial", sidecar.url, str(sidecar.port)]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}"}
-    attacker = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=ROOT)
-    try:
-        yield
-    finally:
+    async with await anyio.open_process(argv, env=env, cwd=ROOT, stderr=None) as attacker:
         assert attacker.stdin is not None
         assert attacker.stdout is not None
-        attacker.stdin.close()
-        out = attacker.stdout.read()
-        attacker.wait(60)
-        for key, value in json.loads(out or b"{}").items():
-            counts[key] += value
+        said = BufferedByteReceiveStream(attacker.stdout)
+        with anyio.fail_after(READY_TIMEOUT + 30):
+            line = await said.receive_until(b"\n", 1024)
+        if line.strip() != READY.encode():
+            raise RuntimeError(f"the attacker said {line[:300]!r} instead of {READY!r}")
+        yield
+        await attacker.stdin.aclose()
+        with anyio.fail_after(60):
+            report = await said.receive_until(b"\n", 64 * 1024)
+            await attacker.wait()
+    for key, value in json.loads(report).items():
+        counts[key] += value
 
 
 async def _attack_until_stdin_closes(url: str, port: int) -> dict[str, int]:
