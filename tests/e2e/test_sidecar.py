@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +207,54 @@ async def test_body_limit_gives_413_and_the_session_goes_on() -> None:
         reply = response_to(small, 3)
         assert reply["id"] == 3
         assert reply["result"]["echo"]["params"] == {"n": 1}
+
+
+async def test_a_body_too_large_for_the_socket_buffers_still_gets_its_413() -> None:
+    # Refused while the client was still sending, and the connection closed with the rest unread:
+    # the client's kernel took the reset for the answer, and the client saw a broken connection
+    # instead of the 413 (49 times in 50 for 2 MB against a 1 MiB limit).
+    async with (
+        run_sidecar(
+            "--provider",
+            "mock",
+            "--max-message-bytes",
+            str(1024 * 1024),
+            upstream=ECHO_SERVER,
+            env=proxy_env(),
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        session_id = await open_session(http, sidecar.url)
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
+        for attempt in range(5):
+            big = await http.post(
+                sidecar.url, json=call(attempt, "tools/call", {"pad": "x" * 4_000_000}), headers=headers
+            )
+            assert big.status_code == 413
+            assert "--max-message-bytes" in big.json()["error"]["message"]
+        small = await http.post(sidecar.url, json=call(9, "ping/echo", {"n": 1}), headers=headers)
+        assert response_to(small, 9)["result"]["echo"]["params"] == {"n": 1}
+
+
+async def test_a_body_of_undeclared_length_over_the_limit_gives_413_too() -> None:
+    async with (
+        run_sidecar(
+            "--provider", "mock", "--max-message-bytes", "2048", upstream=ECHO_SERVER, env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        session_id = await open_session(http, sidecar.url)
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
+        body = json.dumps(call(2, "tools/call", {"pad": "x" * 4096})).encode()
+
+        async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: sent chunked
+            for start in range(0, len(body), 1024):
+                yield body[start : start + 1024]
+
+        big = await http.post(sidecar.url, content=chunks(), headers=headers)
+        assert "content-length" not in big.request.headers
+        assert big.status_code == 413
+        assert "--max-message-bytes" in big.json()["error"]["message"]
 
 
 async def test_max_sessions_gives_503() -> None:
