@@ -59,6 +59,49 @@ async def test_idle_and_half_sent_requests_are_closed_and_a_slow_body_gets_408()
     assert b"--body-timeout" in answer
 
 
+async def test_a_refused_body_is_dropped_then_the_connection_serves_on_up_to_the_drain_limit() -> None:
+    """A body over --max-message-bytes gets its 413 while the client still sends; the rest is read
+    and dropped so that the client can read the 413 and go on using the connection. A body that
+    keeps coming past the drain limit (4 MiB) has its connection closed, and the sidecar serves on."""
+    options = ("--provider", "mock", "--max-message-bytes", "1024")
+    async with run_sidecar(*options, upstream=ECHO_SERVER, env=proxy_env()) as sidecar:
+
+        def head(length: int) -> bytes:
+            return (
+                f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{sidecar.port}\r\nContent-Type: application/json\r\n"
+                f"Accept: application/json, text/event-stream\r\nContent-Length: {length}\r\n\r\n"
+            ).encode()
+
+        chunk = b" " * 65536
+        stream = await anyio.connect_tcp("127.0.0.1", sidecar.port)
+        async with stream:
+            await stream.send(head(len(chunk) * 16))
+            for _ in range(16):  # 1 MiB: all of it is read, none of it kept
+                await stream.send(chunk)
+            answer = b""
+            with anyio.fail_after(CLOSE_WITHIN):
+                while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
+                    answer += await stream.receive()
+                await stream.send(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{sidecar.port}\r\n\r\n".encode())
+                again = await stream.receive()
+        assert answer.startswith(b"HTTP/1.1 413")
+        assert b"--max-message-bytes" in answer
+        assert again.startswith(b"HTTP/1.1 200")  # the same connection, after the dropped body
+
+        stream = await anyio.connect_tcp("127.0.0.1", sidecar.port)
+        sent = 0
+        async with stream:
+            await stream.send(head(1024 * 1024 * 1024))
+            with anyio.fail_after(CLOSE_WITHIN), contextlib.suppress(*CLOSED):
+                while sent < 64 * 1024 * 1024:  # far past the limit: closed long before
+                    await stream.send(chunk)
+                    sent += len(chunk)
+        async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http:
+            assert (await http.get(f"{sidecar.base}/healthz")).status_code == 200
+    assert sent < 64 * 1024 * 1024
+    assert "over the drain limit" in sidecar.stderr()
+
+
 async def test_endless_request_headers_are_cut_off_at_the_head_limit() -> None:
     """Headers that keep coming (well within --header-timeout) are not buffered without end: the
     connection is closed once they pass 64 KiB, and the sidecar keeps serving."""

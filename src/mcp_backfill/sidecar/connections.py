@@ -7,7 +7,10 @@ the headers of each request within `header_timeout` seconds (counted from connec
 previous response), and in at most `HEAD_LIMIT` bytes, or it is closed; and a connection beyond
 `max_connections` is closed as soon as it is accepted. Once a request's headers are in, the request
 is the application's: long-lived SSE responses are not cut, and a slow body is the app's
-`--body-timeout` (408).
+`--body-timeout` (408). When the application answers before reading a body (a `413`), what is left
+of it is read and dropped (uvicorn does that once the response is out), so that the client, still
+sending, gets to read the answer; at most `DRAIN_LIMIT` bytes, and within `header_timeout` of the
+response, as the next request's headers would be.
 
 The protocol underneath is uvicorn's httptools one (llhttp, a C parser) when `httptools` is
 installed, as it is with this package: about a third less CPU per request than its pure-Python h11
@@ -32,6 +35,9 @@ log = get_logger("sidecar")
 
 # The most a request's line and headers may take (h11's own limit is 16 KiB; llhttp has none).
 HEAD_LIMIT = 64 * 1024
+# The most of a request's body read and dropped after its response went out (a body refused as too
+# large, `413`): beyond it the connection is closed, and a client still sending may get a reset.
+DRAIN_LIMIT = 4 * 1024 * 1024
 
 
 class _Guard:
@@ -47,6 +53,9 @@ class _Guard:
 
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = 0
+    _request_done = True  # the last request was read to its end, body included (httptools only)
+    _draining = False  # its response went out first: the rest of its body is being dropped
+    _drained = 0  # bytes of that rest so far
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
@@ -61,16 +70,35 @@ class _Guard:
 
     def data_received(self, data: bytes) -> None:
         waiting = self.cycle is None or self.cycle.response_complete
+        draining = self._draining
         super().data_received(data)  # type: ignore[misc]
         if self.cycle is not None and not self.cycle.response_complete:
             self._disarm()  # a request's headers are in: the rest is the application's
-        elif waiting and not self.transport.is_closing():
+        elif self.transport.is_closing():
+            pass
+        elif draining:
+            self._drained += len(data)
+            if self._draining and self._drained > DRAIN_LIMIT:
+                log.info("connection closed: the rest of a refused request's body is over the drain limit")
+                self.transport.close()
+        elif waiting:
             self._head_bytes += len(data)
             if self._head_bytes > HEAD_LIMIT:
                 log.info("connection closed: request headers over the size limit")
                 self.transport.close()
 
+    # httptools' parser callbacks (uvicorn's h11 protocol has none: there `_request_done` stays True)
+    def on_message_begin(self) -> None:
+        self._request_done = False
+        super().on_message_begin()  # type: ignore[misc]
+
+    def on_message_complete(self) -> None:
+        self._request_done = True
+        self._draining = False
+        super().on_message_complete()  # type: ignore[misc]
+
     def on_response_complete(self) -> None:
+        self._draining, self._drained = not self._request_done, 0
         super().on_response_complete()  # type: ignore[misc]
         if not self.transport.is_closing():
             self._arm()

@@ -28,11 +28,6 @@ JSON_WINDOW_SECONDS = 15.0
 # client going away (most are, and the task costs about 2% of the sidecar's CPU per tool call);
 # a client that leaves while its answer takes longer is noticed from then on.
 QUICK_ANSWER_SECONDS = 0.05
-# A body found over the limit is still read to its end, up to this many bytes more, and dropped:
-# closing the connection with the rest unsent makes the client's kernel answer the client with a
-# reset, which it gets instead of the 413 that says which option to raise. Past this the connection
-# is closed anyway (the 413 then may not reach the client).
-DRAIN_BYTES = 4 * 1024 * 1024
 
 RawHeaders = Sequence[tuple[bytes, bytes]]
 
@@ -102,26 +97,23 @@ class HttpCall:
         declared = self.headers.get("content-length")
         return declared is not None and declared.isdigit() and int(declared) > limit
 
-    async def read_body(self, limit: int) -> tuple[bytes | None, bool]:
-        """The whole request body, or None when it is larger than `limit` bytes; and whether it was
-        read to its end (the rest of a body over the limit is read and dropped, up to `DRAIN_BYTES`
-        more). Raises `TimeoutError` when the caller's deadline passes first."""
+    async def read_body(self, limit: int) -> bytes | None:
+        """The whole request body, or None when it turns out larger than `limit` bytes (the rest is
+        left unread: the server drops it once the response is out, `connections.DRAIN_LIMIT`).
+        Raises `TimeoutError` when the caller's deadline passes first."""
         chunks: list[bytes] = []
         size = 0
-        over = self.declares_more_than(limit)
         while True:
             message = await self.receive()
             if message["type"] == "http.disconnect":
                 raise ClientGone
             chunk = message.get("body", b"")
             size += len(chunk)
-            over = over or size > limit
-            if not over:
-                chunks.append(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
             if not message.get("more_body", False):
-                return (None if over else b"".join(chunks)), True
-            if size > limit + DRAIN_BYTES:
-                return None, False
+                return b"".join(chunks)
 
     async def read_json_body(self, limit: int, body_timeout: float) -> bytes | None:
         """The body of a JSON POST; None when it was refused here (415 not JSON, 413 too large,
@@ -131,11 +123,11 @@ class HttpCall:
                 415, protocol.INVALID_REQUEST, "Unsupported Media Type: Content-Type must be application/json"
             )
             return None
-        body, complete = None, False
+        body = None
         try:
-            if not self.declares_more_than(limit + DRAIN_BYTES):  # else refused at once
+            if not self.declares_more_than(limit):  # a declared oversize is refused at once
                 with anyio.fail_after(body_timeout):
-                    body, complete = await self.read_body(limit)
+                    body = await self.read_body(limit)
         except TimeoutError:
             await self.respond_error(
                 408,
@@ -145,11 +137,12 @@ class HttpCall:
             )
             return None
         if body is None:
+            # The connection stays open: closing it while the client still sends would make the
+            # client's kernel answer it with a reset, which it would get instead of this 413.
             await self.respond_error(
                 413,
                 protocol.INVALID_REQUEST,
                 f"Request body too large: the limit is {limit} bytes (--max-message-bytes)",
-                headers=[] if complete else [(b"connection", b"close")],  # the rest is not worth reading
             )
         return body
 
