@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -190,71 +191,62 @@ async def test_host_and_origin_are_checked_against_dns_rebinding() -> None:
         assert refused.status_code == 403  # 127.0.0.1:<port> is no longer in the list
 
 
-async def test_body_limit_gives_413_and_the_session_goes_on() -> None:
+@asynccontextmanager
+async def session_with_limit(limit: int) -> AsyncIterator[tuple[httpx2.AsyncClient, str, dict[str, str]]]:
+    """A session through a sidecar started with `--max-message-bytes limit`: the HTTP client, the
+    URL, and the session's headers."""
+    options = ("--provider", "mock", "--max-message-bytes", str(limit))
     async with (
-        run_sidecar(
-            "--provider", "mock", "--max-message-bytes", "2048", upstream=ECHO_SERVER, env=proxy_env()
-        ) as sidecar,
+        run_sidecar(*options, upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
         httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         session_id = await open_session(http, sidecar.url)
-        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
-        big = await http.post(sidecar.url, json=call(2, "tools/call", {"pad": "x" * 4096}), headers=headers)
-        assert big.status_code == 413
-        assert "--max-message-bytes" in big.json()["error"]["message"]
-        small = await http.post(sidecar.url, json=call(3, "ping/echo", {"n": 1}), headers=headers)
-        assert small.status_code == 200
-        reply = response_to(small, 3)
-        assert reply["id"] == 3
-        assert reply["result"]["echo"]["params"] == {"n": 1}
+        yield http, sidecar.url, {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
+
+
+def assert_too_large(response: httpx2.Response) -> None:
+    assert response.status_code == 413
+    assert "--max-message-bytes" in response.json()["error"]["message"]
+
+
+async def assert_session_goes_on(http: httpx2.AsyncClient, url: str, headers: dict[str, str]) -> None:
+    small = await http.post(url, json=call(99, "ping/echo", {"n": 1}), headers=headers)
+    assert small.status_code == 200
+    reply = response_to(small, 99)
+    assert reply["id"] == 99
+    assert reply["result"]["echo"]["params"] == {"n": 1}
+
+
+async def test_body_limit_gives_413_and_the_session_goes_on() -> None:
+    async with session_with_limit(2048) as (http, url, headers):
+        big = await http.post(url, json=call(2, "tools/call", {"pad": "x" * 4096}), headers=headers)
+        assert_too_large(big)
+        await assert_session_goes_on(http, url, headers)
 
 
 async def test_a_body_too_large_for_the_socket_buffers_still_gets_its_413() -> None:
     # Refused while the client was still sending, and the connection closed with the rest unread:
     # the client's kernel took the reset for the answer, and the client saw a broken connection
     # instead of the 413 (49 times in 50 for 2 MB against a 1 MiB limit).
-    async with (
-        run_sidecar(
-            "--provider",
-            "mock",
-            "--max-message-bytes",
-            str(1024 * 1024),
-            upstream=ECHO_SERVER,
-            env=proxy_env(),
-        ) as sidecar,
-        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
-    ):
-        session_id = await open_session(http, sidecar.url)
-        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
+    async with session_with_limit(1024 * 1024) as (http, url, headers):
         for attempt in range(5):
-            big = await http.post(
-                sidecar.url, json=call(attempt, "tools/call", {"pad": "x" * 4_000_000}), headers=headers
-            )
-            assert big.status_code == 413
-            assert "--max-message-bytes" in big.json()["error"]["message"]
-        small = await http.post(sidecar.url, json=call(9, "ping/echo", {"n": 1}), headers=headers)
-        assert response_to(small, 9)["result"]["echo"]["params"] == {"n": 1}
+            body = call(attempt, "tools/call", {"pad": "x" * 4_000_000})
+            assert_too_large(await http.post(url, json=body, headers=headers))
+        await assert_session_goes_on(http, url, headers)
 
 
 async def test_a_body_of_undeclared_length_over_the_limit_gives_413_too() -> None:
-    async with (
-        run_sidecar(
-            "--provider", "mock", "--max-message-bytes", "2048", upstream=ECHO_SERVER, env=proxy_env()
-        ) as sidecar,
-        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
-    ):
-        session_id = await open_session(http, sidecar.url)
-        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
+    async with session_with_limit(2048) as (http, url, headers):
         body = json.dumps(call(2, "tools/call", {"pad": "x" * 4096})).encode()
 
         async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: sent chunked
             for start in range(0, len(body), 1024):
                 yield body[start : start + 1024]
 
-        big = await http.post(sidecar.url, content=chunks(), headers=headers)
+        big = await http.post(url, content=chunks(), headers=headers)
         assert "content-length" not in big.request.headers
-        assert big.status_code == 413
-        assert "--max-message-bytes" in big.json()["error"]["message"]
+        assert_too_large(big)
+        await assert_session_goes_on(http, url, headers)
 
 
 async def test_max_sessions_gives_503() -> None:
