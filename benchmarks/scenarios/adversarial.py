@@ -178,7 +178,7 @@ async def _attack(url: str, port: int, stop: anyio.Event, counts: dict[str, int]
         blob = b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":"' + b"x" * (2 * 1024 * 1024) + b'"}}'
         async with httpx2.AsyncClient(timeout=60) as http:
             while not stop.is_set():
-                with contextlib.suppress(httpx2.HTTPError):  # refused (413) and cut off mid-upload
+                with contextlib.suppress(httpx2.HTTPError):  # refused (413); a cut-off connection raises
                     await http.post(url, content=blob, headers=hostile)
                 went_round("oversized")
 
@@ -231,8 +231,8 @@ def _at_full_strength(counts: dict[str, int]) -> bool:
 
 async def _measure(ctx: RunContext, sidecar: _Sidecar, fake: FakeClaude) -> dict[str, Any]:
     s = ctx.settings
-    # 150 calls a batch and four rounds (ABBA twice): a p99 over 600 calls per arm, which moved by
-    # 1.6x-3.3x between runs at 60 calls and three rounds, 4.2x-4.3x at this.
+    # 150 calls a batch and four rounds (ABBA twice): a p99 over 600 calls per arm. At 60 calls and
+    # three rounds it moved between 1.6x and 3.3x from run to run; at this it held within 4.8x-5.3x.
     calls = 10 if s.quick else 150
     rounds = 1 if s.quick else 4
     counts = dict.fromkeys(ATTACKS, 0)
