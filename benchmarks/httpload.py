@@ -31,7 +31,7 @@ class Batch:
     throughput: float  # calls per second, all sessions together
     latencies: list[float] = field(default_factory=list)  # seconds, every call
     client_cpu: float = 0.0  # seconds of this process's CPU time while the calls ran
-    middle_cpu: float = 0.0  # seconds of CPU time of the process between client and server, if timed
+    middle_cpu: float | None = None  # seconds of CPU time of the process between client and server, if timed
 
     @property
     def calls(self) -> int:

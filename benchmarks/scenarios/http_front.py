@@ -97,8 +97,8 @@ def _measure(
     return anyio.run(measure, ctx, urls, middles, one_session, backend_options=event_loop_options())
 
 
-def _cpu_per_call_us(batches: Sequence[Batch], cpu: Callable[[Batch], float]) -> float:
-    return sum(cpu(b) for b in batches) / max(sum(b.calls for b in batches), 1) * 1e6
+def _cpu_per_call_us(batches: Sequence[Batch], cpu: Callable[[Batch], float | None]) -> float:
+    return sum(cpu(b) or 0.0 for b in batches) / max(sum(b.calls for b in batches), 1) * 1e6
 
 
 def rows(
@@ -124,7 +124,7 @@ def rows(
             "middle_cpu_us_per_call": {
                 arm: round(_cpu_per_call_us(batches, lambda b: b.middle_cpu), 1)
                 for arm, batches in arms.items()
-                if any(b.middle_cpu for b in batches)
+                if all(b.middle_cpu is not None for b in batches)  # timed, even when 0 (10 ms ticks)
             },
         }
         name = f"{sessions} session{'s' if sessions > 1 else ''}, {label}"
