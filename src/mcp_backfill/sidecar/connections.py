@@ -38,6 +38,8 @@ HEAD_LIMIT = 64 * 1024
 # The most of a request's body read and dropped after its response went out (a body refused as too
 # large, `413`): beyond it the connection is closed, and a client still sending may get a reset.
 DRAIN_LIMIT = 4 * 1024 * 1024
+# A body at least this large goes out after a held response head without being copied onto it.
+BIG_WRITE = 64 * 1024
 
 
 class _Guard:
@@ -97,6 +99,11 @@ class _Guard:
         self._draining = False
         super().on_message_complete()  # type: ignore[misc]
 
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()  # type: ignore[misc]
+        if self.cycle is not None and self.cycle.transport is self.transport:
+            self.cycle.transport = OneWriteResponse(self.transport, self.cycle)
+
     def on_response_complete(self) -> None:
         self._draining, self._drained = not self._request_done, 0
         super().on_response_complete()  # type: ignore[misc]
@@ -122,6 +129,51 @@ class _Guard:
         if not self.transport.is_closing():
             log.info("connection closed: no complete request headers within --header-timeout")
             self.transport.close()
+
+
+class OneWriteResponse:
+    """The transport as one response's cycle writes to it: the head of a response of known length
+    is held back until the body's first part, and both go out in one write.
+
+    uvicorn writes a response's head and its body separately: two system calls, and two wake-ups
+    of the client, which reads the head and then waits for the rest, for every JSON answer
+    (`benchmarks/README.md`, 3b). A streamed response (no `Content-Length`: SSE) has its head
+    written at once, so that the client sees the stream open before its first event.
+    """
+
+    __slots__ = ("_cycle", "_head_seen", "_held", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
+        self._transport = transport
+        self._cycle = cycle
+        self._held: bytes | None = None
+        self._head_seen = False
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            if len(data) < BIG_WRITE:
+                self._transport.write(held + data)
+            else:
+                self._transport.writelines((held, data))
+        elif not self._head_seen and self._cycle.response_started:
+            self._head_seen = True  # uvicorn's first write once the response has started: the head
+            if self._cycle.chunked_encoding is False:
+                self._held = data
+            else:
+                self._transport.write(data)
+        else:
+            self._transport.write(data)
+
+    def close(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            self._transport.write(held)
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 class GuardedH11Protocol(_Guard, H11Protocol):

@@ -26,7 +26,8 @@ from mcp_backfill.logs import get_logger
 from mcp_backfill.relay import Relay
 from mcp_backfill.sidecar.upstreams import UpstreamFactory, UpstreamRequest
 from mcp_backfill.transports.base import MessageChannel
-from mcp_backfill.transports.http_server import SessionChannel, SessionRouter, open_inbox
+from mcp_backfill.transports.http_server import INBOX_SIZE, SessionChannel, SessionRouter
+from mcp_backfill.transports.queue import MessageQueue
 
 log = get_logger("sidecar")
 
@@ -86,8 +87,8 @@ class HttpSession:
         self._terminated = False
         self._connections = 0
         self.router = SessionRouter(REPLAY_LIMIT, on_change=self._activity_changed)
-        self._inbox_send, inbox = open_inbox()
-        self.channel = SessionChannel(self.router, inbox, count)
+        self._inbox = MessageQueue[bytes](INBOX_SIZE)
+        self.channel = SessionChannel(self.router, self._inbox, count)
         self.ended = anyio.Event()
         self._activity_changed()
 
@@ -122,7 +123,7 @@ class HttpSession:
             reason = "Internal error in mcp-backfill; the MCP session is closed"
         finally:
             self.router.close(reason)
-            self._inbox_send.close()
+            self._inbox.close()
             self.ended.set()
 
     async def _stop(self) -> None:
@@ -136,8 +137,8 @@ class HttpSession:
     async def deliver(self, raw: bytes) -> None:
         """Hand what the client POSTed to the relay."""
         try:
-            await self._inbox_send.send(raw)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await self._inbox.send(raw)
+        except anyio.ClosedResourceError:
             raise SessionGone from None
 
     @contextmanager

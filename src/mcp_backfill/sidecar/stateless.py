@@ -263,7 +263,7 @@ class StatelessFront:
             return
         exchange, rewritten = mux.open(decoded)
         # If the upstream just ended, `close` has answered the exchange already.
-        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+        with contextlib.suppress(anyio.ClosedResourceError):
             await mux.deliver(rewritten)
         await self._answer(call, mux, exchange)
 

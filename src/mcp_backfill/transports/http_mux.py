@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from anyio.streams.memory import MemoryObjectSendStream
 
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.logs import get_logger
 from mcp_backfill.transports.event_stream import EventStream
-from mcp_backfill.transports.http_server import InboxChannel
+from mcp_backfill.transports.http_server import INBOX_SIZE, InboxChannel
+from mcp_backfill.transports.queue import MessageQueue
 
 log = get_logger("http")
 
@@ -55,9 +55,7 @@ class MuxChannel(InboxChannel):
     """The relay's client side for 2026-07-28 HTTP requests; see the module docstring."""
 
     def __init__(self, on_message: Callable[[str], None] = lambda direction: None) -> None:
-        self._inbox_send: MemoryObjectSendStream[bytes]
-        self._inbox_send, inbox = anyio.create_memory_object_stream[bytes](64)
-        super().__init__(inbox, on_message)
+        super().__init__(MessageQueue[bytes](INBOX_SIZE), on_message)
         self._ids = itertools.count(1)
         self._exchanges: dict[int, MuxedRequest] = {}
         self.closed = False
@@ -89,7 +87,7 @@ class MuxChannel(InboxChannel):
         return exchange, jsonrpc.encode(rewritten)
 
     async def deliver(self, raw: bytes) -> None:
-        await self._inbox_send.send(raw)
+        await self._inbox.send(raw)
 
     async def abandon(self, exchange: MuxedRequest, reason: str) -> None:
         """The client closed its POST before the answer: cancel the request upstream."""
@@ -105,8 +103,8 @@ class MuxChannel(InboxChannel):
             "method": protocol.CANCELLED,
             "params": {"requestId": exchange.mux_id, "reason": reason},
         }
-        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await self._inbox_send.send(jsonrpc.encode(cancel))
+        with contextlib.suppress(anyio.ClosedResourceError):
+            await self._inbox.send(jsonrpc.encode(cancel))
 
     def close(self, reason: str) -> None:
         """The shared upstream is gone: every request still waiting gets an error."""
@@ -114,7 +112,7 @@ class MuxChannel(InboxChannel):
         for exchange in list(self._exchanges.values()):
             error = jsonrpc.error_response(exchange.mux_id, protocol.INTERNAL_ERROR, reason)
             self._route_response(error)
-        self._inbox_send.close()
+        self._inbox.close()
 
     # -- MessageChannel (the relay's side) -------------------------------------------------------
 

@@ -22,13 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import DuplicateRequestId
 from mcp_backfill.logs import get_logger
 from mcp_backfill.transports.event_stream import EventStream
+from mcp_backfill.transports.queue import MessageQueue
 
 log = get_logger("http")
 
@@ -216,17 +214,14 @@ class InboxChannel:
 
     def __init__(
         self,
-        inbox: MemoryObjectReceiveStream[bytes],
+        inbox: MessageQueue[bytes],
         on_message: Callable[[str], None] = lambda direction: None,
     ) -> None:
         self._inbox = inbox
         self._on_message = on_message
 
     async def receive(self) -> bytes:
-        try:
-            message = await self._inbox.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise anyio.EndOfStream from None
+        message = await self._inbox.receive()
         self._on_message("from_client")
         return message
 
@@ -240,7 +235,7 @@ class SessionChannel(InboxChannel):
     def __init__(
         self,
         router: SessionRouter,
-        inbox: MemoryObjectReceiveStream[bytes],
+        inbox: MessageQueue[bytes],
         on_message: Callable[[str], None] = lambda direction: None,
     ) -> None:
         super().__init__(inbox, on_message)
@@ -251,6 +246,5 @@ class SessionChannel(InboxChannel):
         self.router.route(message, related)
 
 
-def open_inbox(size: int = 64) -> tuple[MemoryObjectSendStream[bytes], MemoryObjectReceiveStream[bytes]]:
-    """The queue between a session's POST handlers and its relay."""
-    return anyio.create_memory_object_stream[bytes](size)
+INBOX_SIZE = 64
+"""Messages a front's handlers may queue for the relay before the next one waits."""

@@ -34,8 +34,12 @@ from mcp_backfill.transports.http_upstream.handshake import HandshakeLeg
 from mcp_backfill.transports.http_upstream.headers import stateless_version
 from mcp_backfill.transports.http_upstream.settings import HttpUpstreamSettings, make_http_client
 from mcp_backfill.transports.http_upstream.stateless import StatelessLeg
+from mcp_backfill.transports.queue import MessageQueue
 
 log = get_logger("http")
+
+# Messages read from the upstream that may wait for the relay before the next reader waits.
+INBOX_SIZE = 16
 
 
 class HttpUpstream:
@@ -51,8 +55,8 @@ class HttpUpstream:
     ) -> None:
         self.settings = settings
         self._tg = task_group
-        self._inbox_in, self._inbox = anyio.create_memory_object_stream[Item](16)
-        self._reader = ExchangeReader(settings, http, self._inbox_in)
+        self._inbox = MessageQueue[Item](INBOX_SIZE)
+        self._reader = ExchangeReader(settings, http, self._inbox)
         self._handshake = HandshakeLeg(self._reader, task_group)
         self._stateless = StatelessLeg(self._reader)
         self._era: EraLeg | None = None  # None until a request decides it
@@ -97,10 +101,7 @@ class HttpUpstream:
 
     async def receive_with_origin(self) -> tuple[bytes, Any]:
         """The next message and the id of the request whose POST stream carried it (None: GET stream)."""
-        try:
-            payload, origin = await self._inbox.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise anyio.EndOfStream from None
+        payload, origin = await self._inbox.receive()
         if isinstance(payload, MessageTooLarge):
             raise payload
         return payload, origin
@@ -152,7 +153,7 @@ class HttpUpstream:
                 await self._settled()
             await self._handshake.end(max(grace, 1.0))
         finally:
-            await self._inbox_in.aclose()
+            self._inbox.close()
             self._stopped.set()
         return self.exit_status
 

@@ -13,7 +13,6 @@ from typing import Any, Protocol
 
 import anyio
 import httpx2
-from anyio.streams.memory import MemoryObjectSendStream
 
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import MessageTooLarge
@@ -27,6 +26,7 @@ from mcp_backfill.transports.http_upstream.settings import (
     post_message,
 )
 from mcp_backfill.transports.http_upstream.sse import SseDecoder
+from mcp_backfill.transports.queue import MessageQueue
 
 log = get_logger("http")
 
@@ -112,7 +112,7 @@ class ExchangeReader:
     """
 
     def __init__(
-        self, settings: HttpUpstreamSettings, http: httpx2.AsyncClient, inbox: MemoryObjectSendStream[Item]
+        self, settings: HttpUpstreamSettings, http: httpx2.AsyncClient, inbox: MessageQueue[Item]
     ) -> None:
         self.settings = settings
         self.url = httpx2.URL(settings.url)  # parsed once, not on every POST
@@ -136,7 +136,7 @@ class ExchangeReader:
     async def put(self, payload: Payload, origin: Any) -> None:
         try:
             await self._inbox.send((payload, origin))
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        except anyio.ClosedResourceError:
             log.debug("upstream message after the session ended; dropped")
 
     # -- a request's POST --------------------------------------------------------------------------

@@ -1,0 +1,94 @@
+"""`MessageQueue`: the hand-over between a transport's tasks and the relay, one event loop's FIFO.
+
+A sender waits while the queue is full, the receiver while it is empty; closing it lets the receiver
+take what is left and then tells it the stream ended (`anyio.EndOfStream`), and refuses later sends
+(`anyio.ClosedResourceError`). These are the exceptions anyio's memory object streams raise, which
+this replaces on the message path: a memory object stream passes through the event loop on every
+send and every receive, even when the other side is ready (a checkpoint), which costs a session's
+answer one more trip round the loop at each hand-over, in the time between the upstream's answer
+and the client's (`benchmarks/README.md`, 3b). Here a hand-over to a waiting receiver wakes it and
+goes on, and a receiver that finds a message takes it without waiting.
+
+An item stays queued until a receiver takes it, so a receiver cancelled as it wakes loses nothing.
+asyncio only, like the rest of the transports beneath the relay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Generic, TypeVar
+
+import anyio
+
+T = TypeVar("T")
+
+
+class MessageQueue(Generic[T]):
+    """A bounded FIFO between tasks (see the module docstring)."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError("a queue holds at least one item")
+        self._size = size
+        self._items: deque[T] = deque()
+        self._receivers: deque[asyncio.Future[None]] = deque()  # waiting for an item
+        self._senders: deque[asyncio.Future[None]] = deque()  # waiting for room
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    async def send(self, item: T) -> None:
+        """Queue `item`, once there is room; raises `anyio.ClosedResourceError` once closed."""
+        while len(self._items) >= self._size and not self.closed:
+            await self._wait(self._senders)
+        self.send_nowait(item)
+
+    def send_nowait(self, item: T) -> None:
+        """Queue `item` now, room or not (a message the sender must not wait to hand over)."""
+        if self.closed:
+            raise anyio.ClosedResourceError
+        self._items.append(item)
+        _wake(self._receivers)
+
+    async def receive(self) -> T:
+        """The next item; raises `anyio.EndOfStream` once the queue is closed and empty."""
+        while not self._items:
+            if self.closed:
+                raise anyio.EndOfStream
+            await self._wait(self._receivers)
+        item = self._items.popleft()
+        _wake(self._senders)
+        return item
+
+    def close(self) -> None:
+        """No more items: the receiver takes what is queued, then gets `anyio.EndOfStream`."""
+        self.closed = True
+        for waiters in (self._receivers, self._senders):
+            while waiters:
+                _wake(waiters)
+
+    async def aclose(self) -> None:
+        self.close()
+
+    async def _wait(self, waiters: deque[asyncio.Future[None]]) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                _wake(waiters)  # woken, but cancelled before acting on it: the next one's turn
+            elif waiter in waiters:
+                waiters.remove(waiter)
+            raise
+
+
+def _wake(waiters: deque[asyncio.Future[None]]) -> None:
+    """Wake the longest-waiting of `waiters`, if any."""
+    while waiters:
+        waiter = waiters.popleft()
+        if not waiter.done():
+            waiter.set_result(None)
+            return

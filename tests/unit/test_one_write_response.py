@@ -1,0 +1,98 @@
+"""`OneWriteResponse`: a response of known length goes out in one write, a stream's head at once."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from mcp_backfill.sidecar.connections import BIG_WRITE, OneWriteResponse
+
+
+@dataclass
+class Cycle:
+    """What the wrapper reads of uvicorn's response cycle."""
+
+    response_started: bool = False
+    chunked_encoding: bool | None = None
+
+
+@dataclass
+class Transport:
+    writes: list[bytes] = field(default_factory=list)
+    closed: bool = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def writelines(self, parts: Any) -> None:
+        self.writes.append(b"".join(parts))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str) -> str:
+        return f"extra {name}"
+
+
+def wrapped(cycle: Cycle) -> tuple[OneWriteResponse, Transport]:
+    transport = Transport()
+    return OneWriteResponse(cast(asyncio.Transport, transport), cycle), transport
+
+
+def test_a_response_of_known_length_goes_out_in_one_write() -> None:
+    cycle = Cycle()
+    wrapper, transport = wrapped(cycle)
+    cycle.response_started, cycle.chunked_encoding = True, False
+    wrapper.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
+    assert transport.writes == []
+    wrapper.write(b"{}")
+    assert transport.writes == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"]
+
+
+def test_an_empty_body_still_sends_the_head() -> None:
+    cycle = Cycle(response_started=True, chunked_encoding=False)
+    wrapper, transport = wrapped(cycle)
+    wrapper.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+    wrapper.write(b"")
+    assert transport.writes == [b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n"]
+
+
+def test_a_big_body_follows_the_head_in_the_same_call() -> None:
+    cycle = Cycle(response_started=True, chunked_encoding=False)
+    wrapper, transport = wrapped(cycle)
+    body = b"x" * BIG_WRITE
+    wrapper.write(b"head\r\n\r\n")
+    wrapper.write(body)
+    assert transport.writes == [b"head\r\n\r\n" + body]
+
+
+def test_a_streamed_response_has_its_head_written_at_once() -> None:
+    cycle = Cycle(response_started=True, chunked_encoding=True)
+    wrapper, transport = wrapped(cycle)
+    wrapper.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+    assert len(transport.writes) == 1
+    wrapper.write(b"5\r\nhello\r\n")
+    assert len(transport.writes) == 2
+
+
+def test_writes_before_the_response_starts_go_out_as_they_come() -> None:
+    cycle = Cycle()
+    wrapper, transport = wrapped(cycle)
+    wrapper.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    assert transport.writes == [b"HTTP/1.1 100 Continue\r\n\r\n"]
+    cycle.response_started, cycle.chunked_encoding = True, False
+    wrapper.write(b"head")
+    wrapper.write(b"body")
+    wrapper.write(b"more")
+    assert transport.writes == [b"HTTP/1.1 100 Continue\r\n\r\n", b"headbody", b"more"]
+
+
+def test_closing_sends_a_held_head_first_and_the_rest_passes_through() -> None:
+    cycle = Cycle(response_started=True, chunked_encoding=False)
+    wrapper, transport = wrapped(cycle)
+    wrapper.write(b"head")
+    wrapper.close()
+    assert transport.writes == [b"head"]
+    assert transport.closed
+    assert wrapper.get_extra_info("peername") == "extra peername"
