@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+import anyio
 import httpx2
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,6 +26,7 @@ from mcp_backfill.transports.http_upstream.settings import (
     UpstreamClient,
     make_http_client,
     post_message,
+    write_message_now,
 )
 
 pytestmark = pytest.mark.anyio
@@ -536,3 +538,82 @@ async def test_a_client_without_the_lean_transport_posts_through_httpx2() -> Non
         assert (await response.aread()) == b'{"ok":true}'
     (request,) = seen
     assert (request.headers["x-a"], request.headers["x-b"], request.content) == ("1", "2", b"{}")
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.001)
+
+
+async def test_a_message_post_written_at_once_is_answered_without_being_sent_again() -> None:
+    async with scripted(json_reply()) as server, _upstream_client(server.url) as http:
+        url = httpx2.URL(server.url)
+        assert write_message_now(http, url, b'{"q":1}', {}) is None  # no idle connection yet
+        await asyncio.sleep(0.01)
+        assert server.requests == []
+        await (await post_message(http, url, b'{"q":1}', {})).aread()
+        written = write_message_now(http, url, b'{"q":2}', {})
+        assert written is not None
+        with anyio.fail_after(5):
+            await _until(lambda: len(server.requests) == 2)  # on the wire before anyone awaits it
+        response = await post_message(http, url, b'{"q":2}', {}, written)
+        assert (await response.aread()) == b'{"ok":true}'
+    assert server.requests[1].endswith(b'{"q":2}')
+    assert len(server.requests) == 2
+    assert server.connections == 1
+
+
+async def test_a_post_written_at_once_on_a_stale_connection_goes_again_on_a_new_one() -> None:
+    async def reply(number: int, _: bytes, writer: asyncio.StreamWriter) -> bool:
+        if number == 2:
+            return False  # read the request, then close without a byte of answer
+        await json_reply()(number, b"", writer)
+        return True
+
+    async with scripted(reply) as server, _upstream_client(server.url) as http:
+        url = httpx2.URL(server.url)
+        await (await post_message(http, url, b"{}", {})).aread()
+        written = write_message_now(http, url, b'{"again":1}', {})
+        assert written is not None
+        response = await post_message(http, url, b'{"again":1}', {}, written)
+        assert response.status_code == 200
+    assert [request.endswith(b'{"again":1}') for request in server.requests] == [False, True, True]
+    assert server.connections == 2
+
+
+async def test_a_discarded_post_frees_its_slot_and_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(http11, "MAX_CONNECTIONS", 1)
+    async with scripted(json_reply()) as server, _upstream_client(server.url) as http:
+        url = httpx2.URL(server.url)
+        await (await post_message(http, url, b"{}", {})).aread()
+        written = write_message_now(http, url, b"{}", {})
+        assert written is not None
+        assert write_message_now(http, url, b"{}", {}) is None  # the one slot is taken
+        written.discard(http)
+        with anyio.fail_after(5):
+            await (await post_message(http, url, b"{}", {})).aread()
+    assert server.connections == 2
+
+
+async def test_a_request_waits_for_a_slot_up_to_the_pool_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http11, "MAX_CONNECTIONS", 1)
+    async with scripted(json_reply()) as server:
+        timeout = httpx2.Timeout(5.0, pool=0.05)
+        async with httpx2.AsyncClient(transport=Http11Transport(), timeout=timeout) as http:
+            request = http.build_request("POST", server.url, content=b"{}")
+            holding = await http.send(request, stream=True)  # its body unread: it keeps the slot
+            with pytest.raises(httpx2.PoolTimeout):
+                await http.post(server.url, content=b"{}")
+            async with anyio.create_task_group() as tg:
+                waiting: list[httpx2.Response] = []
+
+                async def second() -> None:
+                    waiting.append(await http.post(server.url, content=b"{}"))
+
+                tg.start_soon(second)
+                await anyio.wait_all_tasks_blocked()
+                assert waiting == []
+                await holding.aread()  # read to its end: the slot goes to the waiting request
+            assert waiting[0].status_code == 200

@@ -203,6 +203,7 @@ class HttpUpstream:
         if self._active == 0:
             self._idle = anyio.Event()
         self._active += 1
+        exchange.leg.write_now(body, exchange)
         self._tg.start_soon(self._run_exchange, body, exchange)
 
     async def _run_exchange(self, body: bytes, exchange: PostExchange) -> None:
@@ -216,6 +217,7 @@ class HttpUpstream:
             if exchange.expected and not exchange.abandoned:
                 await self._reader.fail(exchange, exchange.unanswered_reason())
         finally:
+            self._reader.discard_written(exchange)  # when it never got as far as reading the answer
             for key in exchange.methods:
                 if self._exchanges.get(key) is exchange:
                     del self._exchanges[key]

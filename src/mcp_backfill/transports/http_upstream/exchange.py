@@ -7,7 +7,7 @@ the exact bytes received, notes which requests it answered, resumes a dropped st
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -21,9 +21,11 @@ from mcp_backfill.transports.http_upstream.headers import ToolHeaderMaps
 from mcp_backfill.transports.http_upstream.http11 import body_chunks
 from mcp_backfill.transports.http_upstream.settings import (
     HttpUpstreamSettings,
+    WrittenPost,
     describe_transport_error,
     display_url,
     post_message,
+    write_message_now,
 )
 from mcp_backfill.transports.http_upstream.sse import SseDecoder
 from mcp_backfill.transports.queue import MessageQueue
@@ -49,6 +51,10 @@ class Cursor:
 
 class EraLeg(Protocol):
     """How one protocol era talks to the upstream (`HandshakeLeg`, `StatelessLeg`)."""
+
+    def write_now(self, body: bytes, exchange: PostExchange) -> None:
+        """Write the request's POST at once if that needs no waiting (see `ExchangeReader.write_now`);
+        `carry` then reads its answer."""
 
     async def carry(self, body: bytes, exchange: PostExchange) -> None:
         """POST a request and read its answer; leaves in `exchange` what it still owes and why."""
@@ -81,6 +87,7 @@ class PostExchange:
     failure: str | None = None  # why it cannot be answered, once known
     dropped: str | None = None  # the stream broke off; it may still be resumed
     oversized: bool = False
+    written: WrittenPost | None = None  # its POST went out before its task started (`write_now`)
 
     @property
     def method(self) -> str:
@@ -141,12 +148,28 @@ class ExchangeReader:
 
     # -- a request's POST --------------------------------------------------------------------------
 
-    async def post(
-        self, body: bytes, headers: dict[str, str], exchange: PostExchange, head: HeadCheck | None = None
-    ) -> None:
-        """POST `body` and deliver its answer; `head` sees the response before its body is read."""
+    def write_now(self, body: bytes, headers: dict[str, str], exchange: PostExchange) -> None:
+        """Write the POST of `body` at once when an idle connection is there for it, so that it goes
+        out from the relay's task as soon as the relay hands it on, not once the exchange's own task
+        runs; `post` then reads its answer (`discard_written` when it never does)."""
         try:
-            response = await post_message(self.http, self.url, body, headers)
+            exchange.written = write_message_now(self.http, self.url, body, headers)
+        except httpx2.HTTPError:
+            pass  # a header it cannot send (CR, LF or NUL): `post` meets it again and fails the request
+
+    def discard_written(self, exchange: PostExchange) -> None:
+        written, exchange.written = exchange.written, None
+        if written is not None:
+            written.discard(self.http)
+
+    async def post(
+        self, body: bytes, headers: Mapping[str, str], exchange: PostExchange, head: HeadCheck | None = None
+    ) -> None:
+        """POST `body` and deliver its answer; `head` sees the response before its body is read. A
+        POST `write_now` sent already is not sent again: its answer is read."""
+        written, exchange.written = exchange.written, None
+        try:
+            response = await post_message(self.http, self.url, body, headers, written)
         except httpx2.TransportError as exc:
             exchange.failure = self._unreachable(exc, exchange.method)
             return

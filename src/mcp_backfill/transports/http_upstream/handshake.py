@@ -44,6 +44,10 @@ class HandshakeLeg:
 
     # -- EraLeg --------------------------------------------------------------------------------
 
+    def write_now(self, body: bytes, exchange: PostExchange) -> None:
+        if exchange.method != protocol.INITIALIZE and not self.expired:  # else `carry` has work first
+            self._reader.write_now(body, self._post_headers(initialize=False), exchange)
+
     async def carry(self, body: bytes, exchange: PostExchange) -> None:
         initialize = exchange.method == protocol.INITIALIZE
         if initialize:
@@ -51,8 +55,8 @@ class HandshakeLeg:
         elif self.expired:
             exchange.failure = self._expired_text()
             return
-        headers = self._reader.post_headers()
-        headers.update(self._session_headers(self.session_id, initialize=initialize))
+        written = exchange.written
+        headers = written.headers if written is not None else self._post_headers(initialize=initialize)
         await self._reader.post(body, headers, exchange, self._check_head)
         if exchange.expected and exchange.failure is None and exchange.cursor.last_event_id is not None:
             await self._resume(exchange)
@@ -69,9 +73,7 @@ class HandshakeLeg:
         if self.expired:
             log.warning("upstream session expired; message not delivered", extra={"message": what})
             return
-        headers = self._reader.post_headers()
-        headers.update(self._session_headers(self.session_id))
-        response = await self._reader.post_one_way(body, headers, what)
+        response = await self._reader.post_one_way(body, self._post_headers(initialize=False), what)
         if response is None:
             return
         if response.status_code == 404 and self.session_id is not None:
@@ -93,6 +95,11 @@ class HandshakeLeg:
         self.session_id = None
         self.protocol_version = None
         self.expired = False
+
+    def _post_headers(self, *, initialize: bool) -> dict[str, str]:
+        headers = self._reader.post_headers()
+        headers.update(self._session_headers(self.session_id, initialize=initialize))
+        return headers
 
     def _session_headers(self, session: str | None, *, initialize: bool = False) -> dict[str, str]:
         headers: dict[str, str] = {}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
@@ -250,6 +251,45 @@ class _Body(httpx2.AsyncByteStream):
         self._finish(reusable=False)  # no-op once read to the end
 
 
+class _Slots:
+    """How many connections may be in use at once; a request waits (up to the pool timeout) for one.
+
+    A semaphore that can also be taken without waiting (`take_now`), for `write_now`.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._free = size
+        self._waiting: deque[asyncio.Future[None]] = deque()
+
+    def take_now(self) -> bool:
+        if self._free > 0 and not self._waiting:
+            self._free -= 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        if self.take_now():
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # handed a slot as the wait ended: pass it on
+            elif waiter in self._waiting:
+                self._waiting.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot goes straight to the longest waiting
+                return
+        self._free += 1
+
+
 def body_chunks(response: httpx2.Response) -> AsyncIterator[bytes]:
     """`response`'s body as it arrives, as `aiter_bytes` gives it: straight from this transport's
     stream when there is nothing to decode (no `Content-Encoding`), which skips httpx2's decoding
@@ -265,24 +305,50 @@ class Http11Transport(httpx2.AsyncBaseTransport):
 
     def __init__(self) -> None:
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
-        self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
+        self._slots = _Slots(MAX_CONNECTIONS)
         self._closed = False
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         return await self.send(Outgoing.of(request, await request.aread()))
 
-    async def send(self, outgoing: Outgoing) -> httpx2.Response:
-        """Send `outgoing` and read its answer's head; the body streams from the response."""
-        if self._closed:
-            raise httpx2.ConnectError("the transport is closed")
-        await self._acquire(outgoing)
+    def write_now(self, outgoing: Outgoing) -> _Connection | None:
+        """Write `outgoing` at once on an idle connection, if one is there and a slot is free; the
+        answer is then read by `send(outgoing, written=<the connection returned>)`. None (nothing
+        sent) when the request would have to wait for either: `send` then does it all.
+
+        The caller's task writes the request as soon as it has it, and the task that reads the
+        answer can start while the upstream works on it.
+        """
+        if self._closed or not self._slots.take_now():
+            return None
+        connection = self._reusable(outgoing.key)
+        if connection is not None:
+            try:
+                self._write(connection, outgoing)
+                return connection
+            except (_StaleConnection, httpx2.WriteError):
+                connection.close()  # nothing was sent: `send` starts over
+        self._slots.release()
+        return None
+
+    async def send(self, outgoing: Outgoing, written: _Connection | None = None) -> httpx2.Response:
+        """Send `outgoing` (unless `write_now` did, on `written`) and read its answer's head; the
+        body streams from the response."""
+        if written is None:
+            if self._closed:
+                raise httpx2.ConnectError("the transport is closed")
+            await self._acquire(outgoing)
         try:
             while True:
-                connection = await self._connection(outgoing)
+                connection = written or await self._connection(outgoing)
                 try:
+                    if written is None:
+                        self._write(connection, outgoing)
+                    written = None
                     response = await self._exchange(connection, outgoing)
                 except _StaleConnection:
                     connection.close()
+                    written = None
                     continue  # a reused connection only: the next one is new, or another idle one
                 except BaseException:
                     connection.close()
@@ -293,17 +359,16 @@ class Http11Transport(httpx2.AsyncBaseTransport):
             raise
 
     async def _acquire(self, outgoing: Outgoing) -> None:
-        if not self._slots.locked():
-            await self._slots.acquire()  # does not yield while a slot is free
+        if self._slots.take_now():
             return
         try:
             async with asyncio.timeout(outgoing.timeout("pool")):
-                await self._slots.acquire()
+                await self._slots.take()
         except TimeoutError:
             raise httpx2.PoolTimeout("no connection to the upstream came free in time") from None
 
-    async def _connection(self, outgoing: Outgoing) -> _Connection:
-        key = outgoing.key
+    def _reusable(self, key: tuple[str, int]) -> _Connection | None:
+        """An idle connection to `key` that can be reused, if any (those past it are closed)."""
         idle = self._idle.get(key)
         now = time.monotonic()
         while idle:
@@ -312,6 +377,13 @@ class Http11Transport(httpx2.AsyncBaseTransport):
                 connection.reused = True
                 return connection
             connection.close()
+        return None
+
+    async def _connection(self, outgoing: Outgoing) -> _Connection:
+        key = outgoing.key
+        connection = self._reusable(key)
+        if connection is not None:
+            return connection
         try:
             async with asyncio.timeout(outgoing.timeout("connect")):
                 reader, writer = await asyncio.open_connection(key[0], key[1], limit=HEAD_LIMIT)
@@ -321,13 +393,24 @@ class Http11Transport(httpx2.AsyncBaseTransport):
             raise httpx2.ConnectError(str(exc) or type(exc).__name__) from exc
         return _Connection(reader, writer)
 
-    async def _exchange(self, connection: _Connection, outgoing: Outgoing) -> httpx2.Response:
+    def _write(self, connection: _Connection, outgoing: Outgoing) -> None:
+        """Hand the request to the connection's transport (whatever the socket does not take at
+        once is flushed by `_exchange`)."""
         writer = connection.writer
         try:
             if len(outgoing.body) < READ_SIZE:
                 writer.write(outgoing.head + outgoing.body)
             else:
                 writer.writelines([outgoing.head, outgoing.body])
+        except ConnectionError as exc:
+            if connection.reused:
+                raise _StaleConnection from exc
+            raise httpx2.WriteError(str(exc) or type(exc).__name__) from exc
+
+    async def _exchange(self, connection: _Connection, outgoing: Outgoing) -> httpx2.Response:
+        """The written request's answer: its head read, its body left to stream."""
+        writer = connection.writer
+        try:
             if writer.transport.get_write_buffer_size() > READ_SIZE:
                 async with asyncio.timeout(outgoing.timeout("write")):
                     await writer.drain()

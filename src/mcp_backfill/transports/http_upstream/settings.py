@@ -122,10 +122,45 @@ class _MessageHead:
         return Outgoing(self.key, "POST", head, body, timeouts, self.close)
 
 
-async def post_message(
+@dataclass(frozen=True)
+class WrittenPost:
+    """A message POST already on the wire (`write_message_now`); `post_message` reads its answer."""
+
+    outgoing: Outgoing
+    connection: Any  # the lean transport's connection it went out on
+    headers: Mapping[str, str]
+
+    def discard(self, http: httpx2.AsyncClient) -> None:
+        """Its answer will not be read: the connection cannot be reused."""
+        if isinstance(http, UpstreamClient) and http.lean is not None:
+            http.lean.release(self.outgoing.key, self.connection, reusable=False)
+
+
+def write_message_now(
     http: httpx2.AsyncClient, url: httpx2.URL, body: bytes, headers: Mapping[str, str]
+) -> WrittenPost | None:
+    """Write a message POST at once, without waiting, when the lean transport has an idle connection
+    for it and the client's cookie jar is empty; None (nothing sent) otherwise. Hand the result to
+    `post_message`, or `discard` it."""
+    if not isinstance(http, UpstreamClient) or http.lean is None or http.cookies or not body:
+        return None
+    head = http.message_head(url, headers)
+    if head is None:
+        return None
+    outgoing = head.outgoing(body, http.timeout.as_dict())
+    connection = http.lean.write_now(outgoing)
+    return None if connection is None else WrittenPost(outgoing, connection, headers)
+
+
+async def post_message(
+    http: httpx2.AsyncClient,
+    url: httpx2.URL,
+    body: bytes,
+    headers: Mapping[str, str],
+    written: WrittenPost | None = None,
 ) -> httpx2.Response:
-    """POST a message; the response comes back with its body unread (close it).
+    """POST a message (unless `write_message_now` did: `written`); the response comes back with its
+    body unread (close it).
 
     Over the lean transport the request goes straight to the transport as the client would send
     it (its headers under `headers`, its cookies, its timeouts), and the answer's cookies go back
@@ -138,9 +173,11 @@ async def post_message(
     if not isinstance(http, UpstreamClient) or http.lean is None:
         return await http.send(http.build_request("POST", url, content=body, headers=headers), stream=True)
     timeouts = http.timeout.as_dict()
-    head = None if http.cookies or not body else http.message_head(url, headers)
+    head = None if http.cookies or not body or written else http.message_head(url, headers)
     request = None
-    if head is not None:
+    if written is not None:
+        response = await http.lean.send(written.outgoing, written.connection)
+    elif head is not None:
         response = await http.lean.send(head.outgoing(body, timeouts))
     else:
         request = httpx2.Request(

@@ -48,16 +48,31 @@ class StatelessLeg:
 
     # -- EraLeg --------------------------------------------------------------------------------
 
+    def write_now(self, body: bytes, exchange: PostExchange) -> None:
+        name = _tool_called(exchange)
+        tools = self._reader.tools
+        if name is None or tools.knows(name) or tools.complete:  # else `carry` lists the tools first
+            self._reader.write_now(body, self._post_headers(exchange), exchange)
+
     async def carry(self, body: bytes, exchange: PostExchange) -> None:
+        written = exchange.written
+        if written is None:
+            name = _tool_called(exchange)
+            if name is not None:
+                params = exchange.params
+                await self._learn_tool(name, params, exchange.stateless_version or self.version)
+        headers = written.headers if written is not None else self._post_headers(exchange)
+        await self._reader.post(body, headers, exchange)
+
+    def _post_headers(self, exchange: PostExchange) -> dict[str, str]:
+        """The headers of a request's POST: the era's routing headers and the tool's `Mcp-Param-*`."""
         version = exchange.stateless_version or self.version
         params = exchange.params if isinstance(exchange.params, dict) else {}
-        param_headers: dict[str, str] = {}
-        if exchange.method == protocol.TOOLS_CALL and isinstance(params.get("name"), str):
-            await self._learn_tool(params["name"], params, version)
-            param_headers = self._reader.tools.headers_for(params["name"], params.get("arguments"))
+        name = _tool_called(exchange)
+        param_headers = {} if name is None else self._reader.tools.headers_for(name, params.get("arguments"))
         headers = self._reader.post_headers()
         headers.update(stateless_headers(version, exchange.method, params, param_headers))
-        await self._reader.post(body, headers, exchange)
+        return headers
 
     def cancel(self, exchange: PostExchange | None) -> bool:
         if exchange is not None:
@@ -146,3 +161,12 @@ class StatelessLeg:
             log.warning(f"the proxy's own {method} failed", extra={"error": describe_transport_error(exc)})
         result = found[0].get("result") if found else None
         return result if isinstance(result, dict) else None
+
+
+def _tool_called(exchange: PostExchange) -> str | None:
+    """The tool a `tools/call` names (None for any other request)."""
+    params = exchange.params
+    if exchange.method != protocol.TOOLS_CALL or not isinstance(params, dict):
+        return None
+    name = params.get("name")
+    return name if isinstance(name, str) else None
