@@ -12,9 +12,8 @@ however large, so that a live reader gets it.
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
-
-import anyio
 
 from mcp_backfill.logs import get_logger
 
@@ -50,7 +49,7 @@ class EventStream:
         self._events: deque[tuple[int, bytes]] = deque()
         self.buffered_bytes = 0
         self._next = 1
-        self._changed = anyio.Event()
+        self._waiting: list[asyncio.Future[None]] = []  # those waiting in `changed()`
         self._writer = 0  # generation of the HTTP response writing this stream, 0: none
         self._generations = 0
         self.finished = False
@@ -107,7 +106,13 @@ class EventStream:
 
     async def changed(self) -> None:
         """Wait until a message is appended or the stream finishes (or its writer is replaced)."""
-        await self._changed.wait()
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        try:
+            await waiter
+        finally:
+            if not waiter.done():  # cancelled: nothing woke it
+                self._waiting.remove(waiter)
 
     def attach(self) -> int:
         """A response starts writing this stream; a previous writer, if any, must stop."""
@@ -124,5 +129,9 @@ class EventStream:
             self._writer = 0
 
     def _wake(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
+        """Wake whoever waits in `changed()` (a future each, made only when someone waits: a stream
+        changes two or three times per request, mostly with nobody waiting)."""
+        waiting, self._waiting = self._waiting, []
+        for waiter in waiting:
+            if not waiter.done():
+                waiter.set_result(None)

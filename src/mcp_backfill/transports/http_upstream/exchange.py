@@ -7,6 +7,7 @@ the exact bytes received, notes which requests it answered, resumes a dropped st
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -152,10 +153,9 @@ class ExchangeReader:
         """Write the POST of `body` at once when an idle connection is there for it, so that it goes
         out from the relay's task as soon as the relay hands it on, not once the exchange's own task
         runs; `post` then reads its answer (`discard_written` when it never does)."""
-        try:
+        # A header it cannot send (CR, LF or NUL) is left for `post`, which fails the request with it.
+        with contextlib.suppress(httpx2.HTTPError):
             exchange.written = write_message_now(self.http, self.url, body, headers)
-        except httpx2.HTTPError:
-            pass  # a header it cannot send (CR, LF or NUL): `post` meets it again and fails the request
 
     def discard_written(self, exchange: PostExchange) -> None:
         written, exchange.written = exchange.written, None
