@@ -10,7 +10,8 @@ import pytest
 from mcp_backfill.errors import DuplicateRequestId
 from mcp_backfill.transports.event_stream import EventStream, parse_event_id, sse_event
 from mcp_backfill.transports.http_mux import MuxChannel
-from mcp_backfill.transports.http_server import SessionRouter
+from mcp_backfill.transports.http_server import SessionChannel, SessionRouter
+from mcp_backfill.transports.queue import MessageQueue
 
 pytestmark = pytest.mark.anyio
 
@@ -46,6 +47,50 @@ async def test_responses_go_to_the_post_that_carried_the_request() -> None:
     assert first.finished
     assert second.finished
     assert router.in_flight == 0
+
+
+async def test_routing_names_the_post_stream_a_message_completed_and_no_other() -> None:
+    router = SessionRouter(16)
+    batch = router.open_post([request(1), request(2)])
+    single = router.open_post([request(3)])
+    assert router.route(encode(notification("notifications/message", data="log")), related=3) is None
+    assert router.route(encode(result(1))) is None  # the batch still waits for 2
+    assert router.route(encode(result(2))) is batch
+    assert router.route(encode(result(3))) is single
+    assert router.route(encode(result(3))) is None  # nobody waits for it any more: the GET stream
+
+
+async def test_sending_a_quick_answer_hands_it_to_the_waiting_handler_from_the_sending_task() -> None:
+    router = SessionRouter(16)
+    inbox = MessageQueue[bytes](4)
+    channel = SessionChannel(router, inbox)
+    stream = router.open_post([request(1)])
+    written: list[bytes] = []
+
+    async def answer_now() -> None:
+        written.extend(data for _, data in stream.after(0))
+
+    stream.answer_now = answer_now
+    await channel.send(encode(notification("notifications/message", data="log")))
+    assert written == []  # not complete yet
+    await channel.send(encode(result(1)))
+    assert [json.loads(data) for data in written] == [
+        notification("notifications/message", data="log"),
+        result(1),
+    ]
+
+
+async def test_a_failing_quick_answer_does_not_stop_the_relay() -> None:
+    router = SessionRouter(16)
+    channel = SessionChannel(router, MessageQueue[bytes](4))
+    stream = router.open_post([request(1)])
+
+    async def answer_now() -> None:
+        raise RuntimeError("the client's answer failed")
+
+    stream.answer_now = answer_now
+    await channel.send(encode(result(1)))  # logged, not raised
+    assert stream.finished
 
 
 async def test_related_then_progress_token_then_single_request_then_get_stream() -> None:

@@ -167,7 +167,21 @@ class HandshakeFront:
         """JSON when a single request is answered at once, else SSE (see the module docstring)."""
         headers = _session_header(session)
         deadline = anyio.current_time() + self.settings.json_window
-        answer = await quick_answer(stream, self.settings.json_window) if single else None
+        answer = None
+        if single:
+
+            async def answer_now() -> None:
+                answer = single_answer(stream)
+                if answer is not None and not call.started:
+                    await respond_single(call, stream, answer, headers=headers)
+
+            stream.answer_now = answer_now  # the relay's task writes a quick answer itself
+            try:
+                answer = await quick_answer(stream, self.settings.json_window)
+            finally:
+                stream.answer_now = None
+        if call.started:
+            return
         if answer is not None:
             await respond_single(call, stream, answer, headers=headers)
             return

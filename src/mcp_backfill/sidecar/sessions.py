@@ -9,6 +9,7 @@ with an error, and forgets the id, so later requests with it get 404.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import secrets
 import time
@@ -135,11 +136,13 @@ class HttpSession:
         self._scope.cancel()
 
     async def deliver(self, raw: bytes) -> None:
-        """Hand what the client POSTed to the relay."""
+        """Hand what the client POSTed to the relay, and let the relay take it before going on: the
+        request is then on its way upstream before the handler prepares its answer."""
         try:
             await self._inbox.send(raw)
         except anyio.ClosedResourceError:
             raise SessionGone from None
+        await asyncio.sleep(0)
 
     @contextmanager
     def hold(self) -> Iterator[None]:

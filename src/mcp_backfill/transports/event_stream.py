@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Awaitable, Callable
 
 from mcp_backfill.logs import get_logger
 
@@ -55,6 +56,10 @@ class EventStream:
         self.finished = False
         self.delivered = 0  # highest sequence number handed to an HTTP response
         self._warned = False
+        self.answer_now: Callable[[], Awaitable[None]] | None = None
+        """Set by an HTTP handler waiting for this POST stream's answer: the task that completes the
+        stream calls it, and the answer goes to the client from there, without waiting for the
+        handler's task to be woken and scheduled (see `handshake.py`)."""
 
     def event_id(self, seq: int) -> str:
         return f"{self.key}.{seq}"

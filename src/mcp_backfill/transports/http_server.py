@@ -117,34 +117,36 @@ class SessionRouter:
 
     # -- upstream -> client ----------------------------------------------------------------------
 
-    def route(self, raw: bytes, related: Any = None) -> None:
+    def route(self, raw: bytes, related: Any = None) -> EventStream | None:
+        """Put a server message on its stream; returns the POST stream it completed, if it did."""
         if self.closed:
             log.debug("message for a closed session dropped", extra={"line": jsonrpc.preview(raw)})
-            return
+            return None
         try:
             message = jsonrpc.decode(raw)
         except ValueError:
             message = None
         first = message[0] if isinstance(message, list) and message else message
         if isinstance(first, dict) and "method" not in first and "id" in first:
-            self._route_response(raw, message if isinstance(message, list) else [message])
-            return
+            return self._route_response(raw, message if isinstance(message, list) else [message])
         params = first.get("params") if isinstance(first, dict) else None
         self._target(related, params).append(raw)
+        return None
 
-    def _route_response(self, raw: bytes, responses: list[Any]) -> None:
+    def _route_response(self, raw: bytes, responses: list[Any]) -> EventStream | None:
         keys = [jsonrpc.id_key(r.get("id")) for r in responses if isinstance(r, dict) and "id" in r]
         owner = next((self._requests[key] for key in keys if key in self._requests), None)
         if owner is None:
             if keys and all(key in self._cancelled for key in keys):
                 log.debug("response to a request the client cancelled; dropped", extra={"keys": keys})
-                return
+                return None
             self.get_stream.append(raw)  # an error with a null id, or a response nobody waits for
-            return
+            return None
         for response in responses:
             if isinstance(response, dict) and self._requests.get(jsonrpc.id_key(response.get("id"))):
                 self._note_response(response)
         self._respond_all(keys, raw, owner.stream)
+        return owner.stream if owner.stream.finished else None
 
     def _note_response(self, response: dict[str, Any]) -> None:
         request = self._requests[jsonrpc.id_key(response.get("id"))]
@@ -243,7 +245,13 @@ class SessionChannel(InboxChannel):
 
     async def send(self, message: bytes, related: Any = None) -> None:
         self._on_message("to_client")
-        self.router.route(message, related)
+        completed = self.router.route(message, related)
+        answer_now = completed.answer_now if completed is not None else None
+        if answer_now is not None:
+            try:
+                await answer_now()
+            except Exception:  # the client's answer failed; the relay goes on
+                log.exception("writing an answer to the client failed")
 
 
 INBOX_SIZE = 64

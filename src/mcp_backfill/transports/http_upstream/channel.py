@@ -62,8 +62,7 @@ class HttpUpstream:
         self._era: EraLeg | None = None  # None until a request decides it
         self._exchanges: dict[jsonrpc.IdKey, PostExchange] = {}
         self._active = 0
-        self._idle = anyio.Event()
-        self._idle.set()
+        self._idle: anyio.Event | None = None  # made by `_settled` when it must wait
         self._stop_started = False
         self._stopped = anyio.Event()
 
@@ -159,6 +158,8 @@ class HttpUpstream:
 
     async def _settled(self) -> None:
         while self._active:
+            if self._idle is None:
+                self._idle = anyio.Event()
             await self._idle.wait()
 
     # -- requests --------------------------------------------------------------------------------
@@ -200,8 +201,6 @@ class HttpUpstream:
                 superseded.abandoned = True
                 superseded.scope.cancel()
             self._exchanges[key] = exchange
-        if self._active == 0:
-            self._idle = anyio.Event()
         self._active += 1
         exchange.leg.write_now(body, exchange)
         self._tg.start_soon(self._run_exchange, body, exchange)
@@ -222,8 +221,9 @@ class HttpUpstream:
                 if self._exchanges.get(key) is exchange:
                     del self._exchanges[key]
             self._active -= 1
-            if self._active == 0:
+            if self._active == 0 and self._idle is not None:
                 self._idle.set()
+                self._idle = None
 
     def _cancelled_here(self, message: dict[str, Any], era: EraLeg) -> bool:
         """A `notifications/cancelled`: True when the leg cancels by itself and it must not be POSTed."""
