@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -15,6 +17,7 @@ class Cycle:
 
     response_started: bool = False
     chunked_encoding: bool | None = None
+    transport: Any = None
 
 
 @dataclass
@@ -96,3 +99,17 @@ def test_closing_sends_a_held_head_first_and_the_rest_passes_through() -> None:
     assert transport.writes == [b"head"]
     assert transport.closed
     assert wrapper.get_extra_info("peername") == "extra peername"
+
+
+def test_a_cycle_and_its_wrapped_transport_are_freed_without_the_garbage_collector() -> None:
+    """uvicorn's cycle holds the wrapper as its transport: the wrapper must not hold the cycle back
+    (a reference cycle would keep each request's body until a full collection)."""
+    cycle = Cycle()
+    cycle.transport, _ = wrapped(cycle)
+    probe = weakref.ref(cycle)
+    gc.disable()
+    try:
+        del cycle
+        assert probe() is None
+    finally:
+        gc.enable()

@@ -20,6 +20,7 @@ one, which is the fallback (`benchmarks/README.md`, "the HTTP front's parser").
 from __future__ import annotations
 
 import asyncio
+import weakref
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -145,7 +146,9 @@ class OneWriteResponse:
 
     def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
         self._transport = transport
-        self._cycle = cycle
+        # Weak: the cycle holds this as its transport, and a reference cycle would keep each
+        # request's cycle, its body included, until the garbage collector's next full pass.
+        self._cycle = weakref.ref(cycle)
         self._held: bytes | None = None
         self._head_seen = False
 
@@ -157,14 +160,14 @@ class OneWriteResponse:
                 self._transport.write(held + data)
             else:
                 self._transport.writelines((held, data))
-        elif not self._head_seen and self._cycle.response_started:
+            return
+        cycle = None if self._head_seen else self._cycle()
+        if cycle is not None and cycle.response_started:
             self._head_seen = True  # uvicorn's first write once the response has started: the head
-            if self._cycle.chunked_encoding is False:
+            if cycle.chunked_encoding is False:
                 self._held = data
-            else:
-                self._transport.write(data)
-        else:
-            self._transport.write(data)
+                return
+        self._transport.write(data)
 
     def close(self) -> None:
         held, self._held = self._held, None

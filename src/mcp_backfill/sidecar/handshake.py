@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Mapping
 
@@ -164,24 +165,39 @@ class HandshakeFront:
             log.debug("message for an ended session dropped", extra={"session": session.label})
 
     async def _answer(self, call: HttpCall, session: HttpSession, stream: EventStream, single: bool) -> None:
-        """JSON when a single request is answered at once, else SSE (see the module docstring)."""
+        """JSON when a single request is answered at once, else SSE (see the module docstring).
+
+        A quick answer (within `QUICK_ANSWER_SECONDS`) is written by the relay's task as it routes
+        it (`EventStream.answer_now`), not after this handler's task has been woken and scheduled:
+        about 3% of a call at one session (`benchmarks/README.md`, 3b). A session is one client's,
+        so a client that stops reading its answers holds up only its own session's relay.
+        """
         headers = _session_header(session)
         deadline = anyio.current_time() + self.settings.json_window
         answer = None
         if single:
+            written: asyncio.Future[None] | None = None  # the relay's task is writing the answer
 
             async def answer_now() -> None:
+                nonlocal written
                 answer = single_answer(stream)
-                if answer is not None and not call.started:
+                if answer is None or written is not None:
+                    return
+                written = asyncio.get_running_loop().create_future()
+                try:
                     await respond_single(call, stream, answer, headers=headers)
+                finally:
+                    if not written.done():  # else the handler was cancelled while it waited
+                        written.set_result(None)
 
             stream.answer_now = answer_now  # the relay's task writes a quick answer itself
             try:
                 answer = await quick_answer(stream, self.settings.json_window)
             finally:
                 stream.answer_now = None
-        if call.started:
-            return
+            if written is not None:
+                await written  # done at once unless the client's connection is backed up
+                return
         if answer is not None:
             await respond_single(call, stream, answer, headers=headers)
             return

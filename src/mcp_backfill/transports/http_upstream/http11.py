@@ -18,6 +18,8 @@ one that sat idle longer than `keepalive_expiry` is closed rather than reused (s
 connections after a few seconds: uvicorn after 5). A request that finds a reused connection closed
 before any byte of an answer arrived is sent once more on a new connection, as HTTP clients do for
 this race (the server closed the idle connection as the request went out, so it never handled it).
+A caller may also write a request at once, from its own task, when an idle connection and a free
+slot are there (`write_now`), and have its answer read later, by `send`.
 """
 
 from __future__ import annotations
@@ -348,7 +350,6 @@ class Http11Transport(httpx2.AsyncBaseTransport):
                     response = await self._exchange(connection, outgoing)
                 except _StaleConnection:
                     connection.close()
-                    written = None
                     continue  # a reused connection only: the next one is new, or another idle one
                 except BaseException:
                     connection.close()
