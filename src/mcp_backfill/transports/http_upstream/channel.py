@@ -40,6 +40,9 @@ log = get_logger("http")
 
 # Messages read from the upstream that may wait for the relay before the next reader waits.
 INBOX_SIZE = 16
+# A request's POST is written from the relay's task while at most this many exchanges are in flight
+# in the whole process; under more load it is left to the exchange's own task (see `_start_exchange`).
+EAGER_WRITES_UP_TO = 2
 
 
 class HttpUpstream:
@@ -49,6 +52,9 @@ class HttpUpstream:
     message to the leg of its era: a request to the leg its own body names (see `_leg_for`), a
     notification or response to the era's leg.
     """
+
+    exchanges_everywhere = 0
+    """Exchanges in flight in this process, every upstream together."""
 
     def __init__(
         self, settings: HttpUpstreamSettings, http: httpx2.AsyncClient, task_group: TaskGroup
@@ -202,7 +208,9 @@ class HttpUpstream:
                 superseded.scope.cancel()
             self._exchanges[key] = exchange
         self._active += 1
-        exchange.leg.write_now(body, exchange)
+        HttpUpstream.exchanges_everywhere += 1
+        if HttpUpstream.exchanges_everywhere <= EAGER_WRITES_UP_TO:
+            exchange.leg.write_now(body, exchange)
         self._tg.start_soon(self._run_exchange, body, exchange)
 
     async def _run_exchange(self, body: bytes, exchange: PostExchange) -> None:
@@ -221,6 +229,7 @@ class HttpUpstream:
                 if self._exchanges.get(key) is exchange:
                     del self._exchanges[key]
             self._active -= 1
+            HttpUpstream.exchanges_everywhere -= 1
             if self._active == 0 and self._idle is not None:
                 self._idle.set()
                 self._idle = None
