@@ -617,3 +617,21 @@ async def test_a_request_waits_for_a_slot_up_to_the_pool_timeout(monkeypatch: py
                 assert waiting == []
                 await holding.aread()  # read to its end: the slot goes to the waiting request
             assert waiting[0].status_code == 200
+
+
+async def test_an_immediate_write_that_fails_oddly_leaks_no_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http11, "MAX_CONNECTIONS", 1)
+    async with scripted(json_reply()) as server, _upstream_client(server.url) as http:
+        url = httpx2.URL(server.url)
+        await (await post_message(http, url, b"{}", {})).aread()
+
+        def broken(*_: object) -> None:
+            raise RuntimeError("the handle is closed")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(Http11Transport, "_write", broken)
+            with pytest.raises(RuntimeError):
+                write_message_now(http, url, b"{}", {})
+        with anyio.fail_after(5):  # the one slot is free again, and the connection was dropped
+            await (await post_message(http, url, b"{}", {})).aread()
+    assert server.connections == 2

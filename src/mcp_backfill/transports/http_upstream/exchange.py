@@ -154,8 +154,10 @@ class ExchangeReader:
         """Write the POST of `body` at once when an idle connection is there for it, so that it goes
         out from the relay's task as soon as the relay hands it on, not once the exchange's own task
         runs; `post` then reads its answer (`discard_written` when it never does)."""
-        # A header it cannot send (CR, LF or NUL) is left for `post`, which fails the request with it.
-        with contextlib.suppress(httpx2.HTTPError):
+        # Whatever stops it (a header holding CR, LF or NUL, a connection in a state it did not
+        # expect) is left for `post`, in the exchange's own task, which fails the request with it;
+        # the relay's task, which calls this, must go on.
+        with contextlib.suppress(Exception):
             exchange.written = write_message_now(self.http, self.url, body, headers)
 
     def discard_written(self, exchange: PostExchange) -> None:

@@ -330,6 +330,10 @@ class Http11Transport(httpx2.AsyncBaseTransport):
                 return connection
             except (_StaleConnection, httpx2.WriteError):
                 connection.close()  # nothing was sent: `send` starts over
+            except BaseException:
+                connection.close()
+                self._slots.release()
+                raise
         self._slots.release()
         return None
 
