@@ -164,16 +164,17 @@ async def test_interim_answers_are_skipped_and_reason_kept() -> None:
     assert (response.status_code, response.reason_phrase, response.content) == (404, "Not Here", b"no")
 
 
+async def _closing_on_the_second(number: int, _: bytes, writer: asyncio.StreamWriter) -> bool:
+    """Answers every request but the second, which it reads and then closes the connection on
+    without a byte of answer: the keep-alive race, a reused connection closed as a request went out."""
+    if number == 2:
+        return False
+    await json_reply()(number, b"", writer)
+    return True
+
+
 async def test_a_stale_reused_connection_is_retried_once_on_a_new_one() -> None:
-    """The keep-alive race: the server closes the idle connection as the next request goes out."""
-
-    async def reply(number: int, _: bytes, writer: asyncio.StreamWriter) -> bool:
-        if number == 2:
-            return False  # read the request, then close without a byte of answer
-        await json_reply()(number, b"", writer)
-        return True
-
-    async with scripted(reply) as server, client() as http:
+    async with scripted(_closing_on_the_second) as server, client() as http:
         assert (await post(http, server.url)).status_code == 200
         assert (await post(http, server.url)).status_code == 200
     assert server.connections == 2
@@ -564,13 +565,7 @@ async def test_a_message_post_written_at_once_is_answered_without_being_sent_aga
 
 
 async def test_a_post_written_at_once_on_a_stale_connection_goes_again_on_a_new_one() -> None:
-    async def reply(number: int, _: bytes, writer: asyncio.StreamWriter) -> bool:
-        if number == 2:
-            return False  # read the request, then close without a byte of answer
-        await json_reply()(number, b"", writer)
-        return True
-
-    async with scripted(reply) as server, _upstream_client(server.url) as http:
+    async with scripted(_closing_on_the_second) as server, _upstream_client(server.url) as http:
         url = httpx2.URL(server.url)
         await (await post_message(http, url, b"{}", {})).aread()
         written = write_message_now(http, url, b'{"again":1}', {})
