@@ -40,8 +40,10 @@ log = get_logger("http")
 
 # Messages read from the upstream that may wait for the relay before the next reader waits.
 INBOX_SIZE = 16
-# A request's POST is written from the relay's task while at most this many exchanges are in flight
-# in the whole process; under more load it is left to the exchange's own task (see `_start_exchange`).
+# A request's POST is written from the relay's task, as soon as the relay hands it on, while at most
+# this many exchanges are in flight in the whole process: a lone session's call is answered sooner.
+# Under more load the exchanges' own tasks write them, together, and a busy upstream is woken less
+# often (`benchmarks/README.md`, 3b, "the immediate write under load").
 EAGER_WRITES_UP_TO = 2
 
 
