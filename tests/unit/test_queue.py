@@ -88,7 +88,7 @@ async def test_closing_wakes_a_waiting_receiver_and_a_waiting_sender() -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(send)
         await anyio.wait_all_tasks_blocked()
-        await queue.aclose()
+        queue.close()
     assert outcomes == ["send refused"]
 
     empty = MessageQueue[int](1)

@@ -69,9 +69,6 @@ class MessageQueue(Generic[T]):
             while waiters:
                 _wake(waiters)
 
-    async def aclose(self) -> None:
-        self.close()
-
     async def _wait(self, waiters: deque[asyncio.Future[None]]) -> None:
         waiter = asyncio.get_running_loop().create_future()
         waiters.append(waiter)
