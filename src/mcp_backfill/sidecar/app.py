@@ -15,6 +15,7 @@ a client cannot add series to `/metrics`.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
@@ -142,7 +143,8 @@ class SidecarApp:
         identity = await self._identify(call)
         if identity is None:
             return
-        headers = upstream_headers(call, strip_authorization=self.policy.authenticates)
+        # Built only if this request opens an upstream (a session's first POST, a hub's first call).
+        headers = partial(upstream_headers, call, strip_authorization=self.policy.authenticates)
         version = call.headers.get(protocol.VERSION_HEADER)
         if version is not None and version not in protocol.HANDSHAKE_VERSIONS:
             await self.stateless.handle(call, headers, identity)

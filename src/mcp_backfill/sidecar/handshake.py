@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Mapping
 
 import anyio
 
@@ -31,6 +30,7 @@ from mcp_backfill.logs import get_logger
 from mcp_backfill.sidecar.http_io import (
     FrontSettings,
     HttpCall,
+    UpstreamHeaders,
     accepts,
     pump_sse,
     quick_answer,
@@ -53,7 +53,7 @@ class HandshakeFront:
         self.settings = settings
         self.opening = opening or OpeningRate(0)
 
-    async def handle(self, call: HttpCall, upstream_headers: Mapping[str, str], identity: str) -> None:
+    async def handle(self, call: HttpCall, upstream_headers: UpstreamHeaders, identity: str) -> None:
         if call.method == "POST":
             await self._post(call, upstream_headers, identity)
         elif call.method == "GET":
@@ -70,7 +70,7 @@ class HandshakeFront:
 
     # -- POST ------------------------------------------------------------------------------------
 
-    async def _post(self, call: HttpCall, upstream_headers: Mapping[str, str], identity: str) -> None:
+    async def _post(self, call: HttpCall, upstream_headers: UpstreamHeaders, identity: str) -> None:
         json_ok, sse_ok = accepts(call.headers)
         if not (json_ok and sse_ok):
             await call.respond_error(
@@ -127,7 +127,7 @@ class HandshakeFront:
             await self._answer(call, session, stream, single=isinstance(decoded, dict))
 
     async def _post_session(
-        self, call: HttpCall, opening: bool, upstream_headers: Mapping[str, str], identity: str
+        self, call: HttpCall, opening: bool, upstream_headers: UpstreamHeaders, identity: str
     ) -> HttpSession | None:
         session_id = call.headers.get(protocol.SESSION_HEADER)
         if session_id is None:
@@ -149,7 +149,7 @@ class HandshakeFront:
                     headers=[(b"retry-after", str(seconds).encode())],
                 )
                 return None
-            session = self.sessions.open(upstream_headers, identity)
+            session = self.sessions.open(upstream_headers(), identity)
             if session is None:
                 log.warning("session refused: too many open sessions", extra={"sessions": len(self.sessions)})
                 await call.respond_error(

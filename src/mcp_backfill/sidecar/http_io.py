@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,6 +163,10 @@ class HttpCall:
             pass
         if not self.finished:
             scope.cancel()
+
+
+UpstreamHeaders = Callable[[], dict[str, str]]
+"""The client's request headers as an upstream factory sees them, built when asked for."""
 
 
 def upstream_headers(call: HttpCall, strip_authorization: bool) -> dict[str, str]:

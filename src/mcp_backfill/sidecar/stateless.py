@@ -36,6 +36,7 @@ from mcp_backfill.logs import get_logger
 from mcp_backfill.sidecar.http_io import (
     FrontSettings,
     HttpCall,
+    UpstreamHeaders,
     accepts,
     pump_sse,
     quick_answer,
@@ -85,12 +86,15 @@ class StatelessHub:
     def in_flight(self) -> int:
         return self._mux.in_flight if self._mux is not None else 0
 
-    async def mux(self, headers: dict[str, str]) -> MuxChannel:
+    async def mux(self, headers: UpstreamHeaders) -> MuxChannel:
         """The live mux, starting the upstream first if needed; raises `UpstreamStartError`."""
+        live = self._mux
+        if live is not None and not live.closed:
+            return live  # the common case: no lock to take
         async with self._lock:
             if self._mux is None or self._mux.closed:
                 assert self._tg is not None
-                self._headers = headers
+                self._headers = headers()
                 await self._tg.start(self._run)
             assert self._mux is not None
             return self._mux
@@ -165,7 +169,7 @@ class StatelessHubs:
     def __len__(self) -> int:
         return len(self._hubs)
 
-    async def mux(self, headers: dict[str, str], identity: str) -> MuxChannel | None:
+    async def mux(self, headers: UpstreamHeaders, identity: str) -> MuxChannel | None:
         """The live mux of `identity`'s hub (None: `max_hubs` are all busy with other clients);
         raises `UpstreamStartError`."""
         hub = self._hubs.get(identity)
@@ -209,7 +213,7 @@ class StatelessFront:
         self.hubs = hubs
         self.settings = settings
 
-    async def handle(self, call: HttpCall, upstream_headers: dict[str, str], identity: str) -> None:
+    async def handle(self, call: HttpCall, upstream_headers: UpstreamHeaders, identity: str) -> None:
         if call.method != "POST":
             await call.respond(405, headers=[(b"allow", b"POST")])
             return
