@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
@@ -74,36 +75,32 @@ async def test_after_close_the_receiver_takes_what_is_left_then_the_stream_ends(
         await queue.receive()
 
 
-async def test_closing_wakes_a_waiting_receiver_and_a_waiting_sender() -> None:
-    queue = MessageQueue[int](1)
-    await queue.send(0)
-    outcomes: list[str] = []
+async def raises_once_closed(
+    queue: MessageQueue[int], wait: Callable[[], Awaitable[object]], error: type[Exception]
+) -> bool:
+    """Whether `wait()`, blocked on `queue`, raises `error` once the queue is closed."""
+    raised = False
 
-    async def send() -> None:
+    async def waiting() -> None:
+        nonlocal raised
         try:
-            await queue.send(1)
-        except anyio.ClosedResourceError:
-            outcomes.append("send refused")
+            await wait()
+        except error:
+            raised = True
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(send)
+        tg.start_soon(waiting)
         await anyio.wait_all_tasks_blocked()
         queue.close()
-    assert outcomes == ["send refused"]
+    return raised
 
+
+async def test_closing_wakes_a_waiting_receiver_and_a_waiting_sender() -> None:
+    full = MessageQueue[int](1)
+    await full.send(0)
+    assert await raises_once_closed(full, lambda: full.send(1), anyio.ClosedResourceError)
     empty = MessageQueue[int](1)
-
-    async def receive() -> None:
-        try:
-            await empty.receive()
-        except anyio.EndOfStream:
-            outcomes.append("ended")
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(receive)
-        await anyio.wait_all_tasks_blocked()
-        empty.close()
-    assert outcomes == ["send refused", "ended"]
+    assert await raises_once_closed(empty, empty.receive, anyio.EndOfStream)
 
 
 async def test_a_receiver_cancelled_while_waiting_leaves_the_next_item_for_another() -> None:
