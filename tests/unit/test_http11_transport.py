@@ -586,7 +586,7 @@ async def test_a_discarded_post_frees_its_slot_and_connection(
         written = write_message_now(http, url, b"{}", {})
         assert written is not None
         assert write_message_now(http, url, b"{}", {}) is None  # the one slot is taken
-        written.discard(http)
+        written.discard()
         with anyio.fail_after(5):
             await (await post_message(http, url, b"{}", {})).aread()
     assert server.connections == 2

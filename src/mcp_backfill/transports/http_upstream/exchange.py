@@ -163,7 +163,7 @@ class ExchangeReader:
     def discard_written(self, exchange: PostExchange) -> None:
         written, exchange.written = exchange.written, None
         if written is not None:
-            written.discard(self.http)
+            written.discard()
 
     async def post(
         self, body: bytes, headers: Mapping[str, str], exchange: PostExchange, head: HeadCheck | None = None

@@ -127,13 +127,13 @@ class WrittenPost:
     """A message POST already on the wire (`write_message_now`); `post_message` reads its answer."""
 
     outgoing: Outgoing
-    connection: Any  # the lean transport's connection it went out on
+    transport: Http11Transport
+    connection: Any  # the transport's connection it went out on
     headers: Mapping[str, str]
 
-    def discard(self, http: httpx2.AsyncClient) -> None:
+    def discard(self) -> None:
         """Its answer will not be read: the connection cannot be reused."""
-        if isinstance(http, UpstreamClient) and http.lean is not None:
-            http.lean.release(self.outgoing.key, self.connection, reusable=False)
+        self.transport.release(self.outgoing.key, self.connection, reusable=False)
 
 
 def write_message_now(
@@ -149,7 +149,7 @@ def write_message_now(
         return None
     outgoing = head.outgoing(body, http.timeout.as_dict())
     connection = http.lean.write_now(outgoing)
-    return None if connection is None else WrittenPost(outgoing, connection, headers)
+    return None if connection is None else WrittenPost(outgoing, http.lean, connection, headers)
 
 
 async def post_message(
@@ -176,7 +176,7 @@ async def post_message(
     head = None if http.cookies or not body or written else http.message_head(url, headers)
     request = None
     if written is not None:
-        response = await http.lean.send(written.outgoing, written.connection)
+        response = await written.transport.send(written.outgoing, written.connection)
     elif head is not None:
         response = await http.lean.send(head.outgoing(body, timeouts))
     else:

@@ -59,8 +59,7 @@ class StatelessLeg:
         if written is None:
             name = _tool_called(exchange)
             if name is not None:
-                params = exchange.params
-                await self._learn_tool(name, params, exchange.stateless_version or self.version)
+                await self._learn_tool(name, exchange.params, exchange.stateless_version or self.version)
         headers = written.headers if written is not None else self._post_headers(exchange)
         await self._reader.post(body, headers, exchange)
 
