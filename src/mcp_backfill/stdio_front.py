@@ -28,7 +28,7 @@ from mcp_backfill.sampling.audit import auditing
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.sampling.spend import SamplingSession
 from mcp_backfill.transports.base import MessageChannel
-from mcp_backfill.transports.stdio import own_stdio
+from mcp_backfill.transports.stdio import LineChannel, own_stdio
 
 log = get_logger("proxy")
 
@@ -67,6 +67,9 @@ async def relay_session(
 ) -> int:
     """Relay until the upstream side ends; client EOF and signals stop the upstream first."""
     relay = Relay(relay_options(config), sampler, client, upstream.channel, session=session)
+    for channel in (client, upstream.channel):
+        if isinstance(channel, LineChannel):  # pipes: see transports/pipe_writer.py
+            channel.offload_writes(relay.crowded)
     stopping = anyio.Event()
 
     async def stop_upstream() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anyio
 import pytest
 from mcp import Client
 
@@ -73,6 +74,43 @@ async def test_a_large_response_arrives_byte_for_byte_under_its_id(request_id: A
         again = await session.request(request_id, "ping")
         assert again["result"]["echo"]["method"] == "ping"
         assert "too large" not in session.stderr()
+
+
+async def test_many_requests_in_flight_each_arrive_whole_and_in_order() -> None:
+    """Sixty pipelined calls, large and small, keep the proxy's pipes crowded and slow to write (its
+    writer threads take over then: `transports/pipe_writer.py`); every answer arrives whole, in the
+    order the upstream gave them."""
+    argv = proxy_argv("--provider", "mock", upstream=ECHO)
+    requests = [
+        {
+            "jsonrpc": "2.0",
+            "id": n,
+            "method": "tools/call",
+            "params": {"name": "echo", "arguments": {"text": BIG_TEXT if n % 4 == 0 else f"small {n}"}},
+        }
+        for n in range(100, 160)
+    ]
+    async with raw_proxy(argv, proxy_env()) as session:
+        await session.request(1, "initialize", initialize_params())
+        lines: list[bytes] = []
+
+        async def read_answers() -> None:
+            while len(lines) < len(requests):
+                line = await session.read_line(timeout=60)
+                if json.loads(line).get("method") != "notifications/echo":
+                    lines.append(line)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read_answers)
+            for request in requests:
+                await session.send(request)
+    for line, request in zip(lines, requests, strict=True):
+        expected = json.dumps(
+            {"jsonrpc": "2.0", "id": request["id"], "result": {"echo": request}},
+            ensure_ascii=False,
+            separators=(",", ":"),
+        ).encode()
+        assert first_difference(line, expected) is None
 
 
 async def test_a_large_input_required_round_is_driven_by_the_proxy(fake_claude: FakeClaude) -> None:

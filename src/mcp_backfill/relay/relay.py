@@ -139,6 +139,11 @@ class Relay:
             self.traces.close()
             raise
 
+    def crowded(self) -> bool:
+        """Are several client requests waiting for their answers? (A pipe's writes may then go
+        through a thread of their own: `transports/pipe_writer.py`.)"""
+        return len(self.state.client_requests) > 1
+
     async def fail_pending(self, reason: str) -> None:
         """Answer every client request still waiting for the upstream (or for the proxy) with an error;
         the session's trace spans still open end with it."""

@@ -12,9 +12,10 @@ import signal
 import stat
 import sys
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
+from time import perf_counter_ns
 from typing import Any, cast
 
 import anyio
@@ -22,11 +23,15 @@ from anyio.abc import ByteReceiveStream, ByteSendStream, Process
 
 from mcp_backfill.errors import MessageTooLarge, cannot_start
 from mcp_backfill.logs import get_logger
+from mcp_backfill.transports.pipe_writer import PipeWriter
 
 log = get_logger("stdio")
 
 READ_CHUNK = 256 * 1024
 PIPE_SIZE = 256 * 1024  # what enlarge_pipe asks for
+# A pipe whose writes take this long lately wakes its reader at a cost the event loop should not
+# wait out while other messages wait (see `pipe_writer`); a write to an awake reader takes ~1 µs.
+SLOW_WRITE_NS = 20_000
 
 Chunk = bytes | memoryview
 
@@ -95,6 +100,8 @@ class LineChannel:
         self._lines = LineSplitter(max_message_bytes)
         self._eof = False
         self._send_lock = anyio.Lock(fast_acquire=True)
+        self._crowded: Callable[[], bool] | None = None
+        self._offload: PipeWriter | None = None
 
     async def receive(self) -> bytes:
         while True:
@@ -123,16 +130,38 @@ class LineChannel:
         # The line and its newline go out in one writev, without copying a large message. While
         # no earlier send is still waiting on a full pipe, a message that fits is written at once
         # (nothing can interleave: there is no await); a remainder waits its turn under the lock.
+        # Or the writer thread takes it (`offload_writes`), and every message after it until the
+        # thread has written them all.
         parts: Sequence[Chunk] = (message, b"\n")
         if not self._send_lock.locked():
+            if self._crowded is not None and self._offloading():
+                if self._offload is None:
+                    self._offload = PipeWriter(self._writer, PIPE_SIZE)
+                await self._offload.write(parts)
+                return
             parts = self._writer.write_now(parts)
             if not parts:
                 return
         async with self._send_lock:
             await self._writer.send_parts(parts)
 
+    def offload_writes(self, crowded: Callable[[], bool]) -> None:
+        """Hand writes to a thread while they are slow and `crowded()` says several requests are in
+        flight (see `pipe_writer`); a descriptor writer only, else nothing changes."""
+        if isinstance(self._writer, FdSendStream):
+            self._crowded = crowded
+
+    def _offloading(self) -> bool:
+        assert isinstance(self._writer, FdSendStream)
+        if self._offload is not None and self._offload.holding:
+            return True  # after what the thread holds
+        return self._writer.write_ns > SLOW_WRITE_NS and self._crowded is not None and self._crowded()
+
     async def close_writer(self) -> None:
+        """Close the writing side, once the writer thread (if any) has written what it holds."""
         with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            if self._offload is not None and not await self._offload.aclose():
+                return  # abandoned to a reader that stopped reading: it closes the descriptor itself
             await self._writer.aclose()
 
     async def close_reader(self) -> None:
@@ -274,15 +303,22 @@ class FdSendStream(ByteSendStream):
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
+        self.write_ns = 0
+        """How long a write took lately, in ns (a moving average, each write weighing 1/16)."""
         with suppress(OSError):
             os.set_blocking(fd, False)
+
+    def fileno(self) -> int:
+        return self._fd
 
     def write_now(self, parts: Sequence[Chunk]) -> list[memoryview]:
         """Write as much of `parts` as the pipe takes without waiting (one syscall); return the rest."""
         if self._fd < 0:
             raise anyio.ClosedResourceError
         try:
+            started = perf_counter_ns()
             written = os.writev(self._fd, parts)
+            self.write_ns += (perf_counter_ns() - started - self.write_ns) >> 4
         except BlockingIOError:
             written = 0
         except (BrokenPipeError, ConnectionResetError) as exc:
@@ -302,6 +338,9 @@ class FdSendStream(ByteSendStream):
         await self.send_parts((item,))
 
     async def aclose(self) -> None:
+        self.close_now()
+
+    def close_now(self) -> None:
         fd, self._fd = self._fd, -1
         if fd >= 0:
             with suppress(OSError):
