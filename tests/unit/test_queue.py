@@ -140,6 +140,62 @@ async def test_a_cancelled_sender_does_not_hold_a_place() -> None:
     assert await queue.receive() == 3
 
 
+async def test_a_waiting_sender_is_not_overtaken_by_one_that_comes_later() -> None:
+    """The room a receive frees belongs to the longest-waiting sender, not to whoever sends next.
+
+    Found by scenario 8 of the benchmarks (1,000 clients on one 2026-07-28 upstream): a woken
+    sender that found its room taken went to the back of the line again, and 1% of the calls
+    waited 11-14 s while the median took 85 ms."""
+    queue = MessageQueue[str](1)
+    await queue.send("first")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(queue.send, "waited")
+        await anyio.wait_all_tasks_blocked()
+        assert await queue.receive() == "first"  # wakes the waiting sender ...
+        with anyio.move_on_after(0.2):
+            await queue.send("came later")  # ... whose room this one may not take (it gives up)
+        assert await queue.receive() == "waited"
+
+
+async def test_senders_get_room_in_the_order_they_came() -> None:
+    queue = MessageQueue[int](2)
+    order: list[int] = []
+
+    async def send(item: int) -> None:
+        await queue.send(item)
+        order.append(item)
+
+    async with anyio.create_task_group() as tg:
+        for item in range(40):
+            tg.start_soon(send, item)
+            if item % 3 == 0:
+                await anyio.lowlevel.checkpoint()
+        received = []
+        for _ in range(40):
+            received.append(await queue.receive())
+            if len(received) % 2:  # newcomers arrive between receives
+                await anyio.lowlevel.checkpoint()
+    assert received == sorted(received)
+    assert order == sorted(order)
+
+
+async def test_a_sender_woken_then_cancelled_passes_the_room_on() -> None:
+    queue = MessageQueue[str](1)
+    await queue.send("first")
+    first = asyncio.create_task(queue.send("cancelled"))
+    await anyio.wait_all_tasks_blocked()
+    second = asyncio.create_task(queue.send("next"))
+    await anyio.wait_all_tasks_blocked()
+    assert await queue.receive() == "first"  # wakes the first sender ...
+    first.cancel()  # ... which is cancelled before it runs: the second gets the room
+    with anyio.fail_after(5):
+        await second
+    assert first.cancelled()
+    assert await queue.receive() == "next"
+    assert len(queue) == 0
+
+
 def test_a_queue_holds_at_least_one_item() -> None:
     with pytest.raises(ValueError, match="at least one"):
         MessageQueue[int](0)
