@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mcp_backfill.config import Config, upstream_environment, upstream_header_secrets
 from mcp_backfill.providers import ProviderSettings, make_provider
@@ -25,8 +25,10 @@ from mcp_backfill.sampling.spend import Spend, SpendSettings
 from mcp_backfill.sampling.store import LedgerStore
 from mcp_backfill.stores import open_store
 from mcp_backfill.transports.base import MessageChannel
-from mcp_backfill.transports.http_upstream import HttpUpstreamSettings, display_url, open_http_upstream
 from mcp_backfill.transports.stdio import UpstreamProcess, spawn_upstream
+
+if TYPE_CHECKING:  # imported when used: a child upstream's startup does without httpx2 (~100 ms)
+    from mcp_backfill.transports.http_upstream import HttpUpstreamSettings
 
 
 def make_sampler(
@@ -164,6 +166,8 @@ class UpstreamLeg(Protocol):
 async def open_upstream(config: Config) -> AsyncIterator[tuple[UpstreamLeg, dict[str, Any]]]:
     """The configured upstream (a child process or an HTTP endpoint), and what to log about it."""
     if config.upstream_url is not None:
+        from mcp_backfill.transports.http_upstream import display_url, open_http_upstream
+
         async with open_http_upstream(http_upstream_settings(config)) as http:
             yield http, {"upstream_url": display_url(config.upstream_url)}
         return
@@ -175,6 +179,8 @@ def http_upstream_settings(
     config: Config, extra_headers: tuple[tuple[str, str], ...] = ()
 ) -> HttpUpstreamSettings:
     """How to reach `--upstream-url`; `extra_headers` go after the configured ones."""
+    from mcp_backfill.transports.http_upstream import HttpUpstreamSettings
+
     assert config.upstream_url is not None
     return HttpUpstreamSettings(
         url=config.upstream_url,

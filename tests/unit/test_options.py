@@ -187,6 +187,16 @@ def test_the_command_line_modules_import_nothing_heavy() -> None:
     assert result.stdout.strip() == "[]"
 
 
+def test_the_stdio_wrapper_in_front_of_a_child_imports_no_http_client() -> None:
+    """The HTTP upstream leg (httpx2, about 100 ms of startup) is imported only for --upstream-url."""
+    code = (
+        "import sys, mcp_backfill.cli, mcp_backfill.stdio_front\n"
+        "print(sorted(m for m in ('httpx2', 'httpcore2', 'uvicorn', 'anthropic') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
 def test_every_option_is_in_exactly_one_help_group() -> None:
     from mcp_backfill.options import GROUPS, OPTIONS
 
