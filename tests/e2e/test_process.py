@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
 import anyio
@@ -211,6 +212,38 @@ async def test_stubborn_upstream_is_killed_after_the_grace_period() -> None:
         log = session.stderr()
     assert "SIGTERM" in log
     assert "SIGKILL" in log
+
+
+DEAF = [
+    sys.executable,
+    "-c",
+    "import sys, time\nprint('deaf up', file=sys.stderr, flush=True)\ntime.sleep(120)\n",
+]
+
+
+async def test_an_upstream_that_stops_reading_does_not_hold_up_shutdown() -> None:
+    """Requests that fill the pipe to an upstream that never reads its stdin: the proxy still stops
+    within its grace steps, without a traceback (a writer thread's part in this is in
+    `tests/unit/test_pipe_writer.py`)."""
+    argv = mock_proxy("--shutdown-grace", "0.3", upstream=DEAF)
+    big = "x" * 300_000
+    async with raw_proxy(argv, proxy_env()) as session:
+        await wait_for_log(session.stderr, "deaf up")
+
+        async def flood() -> None:
+            with suppress(anyio.BrokenResourceError):  # the proxy is gone before all of it is sent
+                for n in range(40):  # 12 MB: far more than the pipes between hold
+                    request = {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"text": big}}
+                    await session.send(request)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(flood)
+            await anyio.sleep(1)  # the upstream's pipe is full and the proxy waits on it
+            started = time.monotonic()
+            session.process.send_signal(signal.SIGTERM)
+            assert await session.wait(timeout=15) == 128 + signal.SIGTERM  # the upstream's status
+        assert time.monotonic() - started < 10
+        assert "Traceback" not in session.stderr()
 
 
 async def test_stdout_carries_only_json_rpc() -> None:

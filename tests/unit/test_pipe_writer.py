@@ -186,7 +186,6 @@ async def test_closing_writes_everything_held_first() -> None:
 async def test_closing_abandons_a_reader_that_never_reads_and_the_thread_closes_the_pipe(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(pipe_writer, "CLOSE_SECONDS", 0.3)
     monkeypatch.setattr(pipe_writer, "POLL_SECONDS", 0.02)
     read_fd, write_fd = os.pipe()
     write_until_full(write_fd, b"f" * 4096)
@@ -196,7 +195,7 @@ async def test_closing_abandons_a_reader_that_never_reads_and_the_thread_closes_
     threads = writer_threads()
     await channel.send(b'{"stuck":true}')  # handed to the thread, which waits on the full pipe
     with anyio.fail_after(5):
-        await channel.close_writer()  # gives up after CLOSE_SECONDS instead of hanging
+        await channel.close_writer(flush_timeout=0.3)  # gives up instead of hanging
     with anyio.fail_after(5):
         while writer_threads() > threads:  # the thread notices within a poll and leaves ...
             await anyio.sleep(0.01)

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 # How often a writer blocked on a full pipe looks whether it was abandoned.
 POLL_SECONDS = 0.1
-# How long closing waits for the thread to write what it holds before abandoning it.
+# How long closing waits, by default, for the thread to write what it holds before abandoning it.
 CLOSE_SECONDS = 5.0
 
 
@@ -89,8 +89,8 @@ class PipeWriter:
     def _over_limit(self) -> bool:
         return self._handed - self._written > self._limit and self._error is None
 
-    async def aclose(self) -> bool:
-        """Let the thread write what it holds and end; True when it did within `CLOSE_SECONDS`.
+    async def aclose(self, flush_timeout: float = CLOSE_SECONDS) -> bool:
+        """Let the thread write what it holds and end; True when it did within `flush_timeout` s.
 
         Otherwise (a reader that stopped reading) the thread is abandoned, and it closes the
         descriptor itself as it leaves, so that the number is not reused while it may still write.
@@ -98,7 +98,7 @@ class PipeWriter:
         if not self._closing:
             self._closing = True
             self._items.put(None)
-        with anyio.move_on_after(CLOSE_SECONDS):
+        with anyio.move_on_after(flush_timeout):
             await asyncio.shield(self._finished)
             return True
         self._abandoned = True

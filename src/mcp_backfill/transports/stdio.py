@@ -23,7 +23,7 @@ from anyio.abc import ByteReceiveStream, ByteSendStream, Process
 
 from mcp_backfill.errors import MessageTooLarge, cannot_start
 from mcp_backfill.logs import get_logger
-from mcp_backfill.transports.pipe_writer import PipeWriter
+from mcp_backfill.transports.pipe_writer import CLOSE_SECONDS, PipeWriter
 
 log = get_logger("stdio")
 
@@ -157,10 +157,11 @@ class LineChannel:
             return True  # after what the thread holds
         return self._writer.write_ns > SLOW_WRITE_NS and self._crowded is not None and self._crowded()
 
-    async def close_writer(self) -> None:
-        """Close the writing side, once the writer thread (if any) has written what it holds."""
+    async def close_writer(self, flush_timeout: float = CLOSE_SECONDS) -> None:
+        """Close the writing side, once the writer thread (if any) has written what it holds, or
+        after `flush_timeout` seconds of a reader that does not read."""
         with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            if self._offload is not None and not await self._offload.aclose():
+            if self._offload is not None and not await self._offload.aclose(flush_timeout):
                 return  # abandoned to a reader that stopped reading: it closes the descriptor itself
             await self._writer.aclose()
 
@@ -402,12 +403,14 @@ class UpstreamProcess:
     def pid(self) -> int:
         return self.process.pid
 
-    async def close_stdin(self) -> None:
-        await self.channel.close_writer()
+    async def close_stdin(self, flush_timeout: float = CLOSE_SECONDS) -> None:
+        await self.channel.close_writer(flush_timeout)
 
     async def stop(self, grace: float) -> int:
-        """Close stdin, then SIGTERM, then SIGKILL, each after `grace` seconds; return the exit status."""
-        await self.close_stdin()
+        """Close stdin, then SIGTERM, then SIGKILL, each after `grace` seconds; return the exit status.
+
+        Closing stdin waits up to `grace` too, for messages the writer thread still holds."""
+        await self.close_stdin(grace)
         with anyio.move_on_after(grace):
             return exit_status(await self.process.wait())
         log.warning("upstream did not exit after stdin closed; sending SIGTERM", extra={"pid": self.pid})
