@@ -7,7 +7,7 @@ way the event loop stands still inside `writev` for that long, and every other m
 waits with it. With an mcp SDK server upstream (its stdin read by a worker thread) and 16 calls in
 flight on the benchmark's two cores, a write to the server took 29 µs at the median and 100-450 µs
 at the 99th percentile, 39% of the proxy's wall time went to them, and the server sat idle a
-quarter of the time although 16 requests were waiting (`benchmarks/README.md`, 1b). A thread
+fifth of the time although 16 requests were waiting (`benchmarks/README.md`, 1b). A thread
 blocked in those writes holds up only itself.
 
 A thread costs a hand-over per message, and the write is one the loop pays nothing more for when the
