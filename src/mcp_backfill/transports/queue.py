@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import anyio
@@ -48,7 +49,8 @@ class MessageQueue(Generic[T]):
         """Queue `item`, once there is room and every sender that waited before has had its turn;
         raises `anyio.ClosedResourceError` once closed."""
         if (self._senders or len(self._items) + self._woken_senders >= self._size) and not self.closed:
-            await self._wait_for_room()
+            await _wait(self._senders, self._pass_room_on)
+            self._woken_senders -= 1
         self.send_nowait(item)
 
     def send_nowait(self, item: T) -> None:
@@ -63,7 +65,7 @@ class MessageQueue(Generic[T]):
         while not self._items:
             if self.closed:
                 raise anyio.EndOfStream
-            await self._wait_for_item()
+            await _wait(self._receivers, self._pass_item_on)
         item = self._items.popleft()
         if len(self._items) + self._woken_senders < self._size:
             self._wake_sender()
@@ -82,31 +84,28 @@ class MessageQueue(Generic[T]):
         if _wake(self._senders):
             self._woken_senders += 1
 
-    async def _wait_for_room(self) -> None:
-        waiter = asyncio.get_running_loop().create_future()
-        self._senders.append(waiter)
-        try:
-            await waiter
-        except BaseException:
-            if waiter.done() and not waiter.cancelled():  # woken, but cancelled before acting on it
-                self._woken_senders -= 1
-                self._wake_sender()  # the room passes to the next in line
-            elif waiter in self._senders:
-                self._senders.remove(waiter)
-            raise
+    def _pass_room_on(self) -> None:
+        """A sender woken for room was cancelled before it took it: the next in line gets it."""
         self._woken_senders -= 1
+        self._wake_sender()
 
-    async def _wait_for_item(self) -> None:
-        waiter = asyncio.get_running_loop().create_future()
-        self._receivers.append(waiter)
-        try:
-            await waiter
-        except BaseException:
-            if waiter.done() and not waiter.cancelled():
-                _wake(self._receivers)  # woken, but cancelled before acting on it: the next one's turn
-            elif waiter in self._receivers:
-                self._receivers.remove(waiter)
-            raise
+    def _pass_item_on(self) -> None:
+        """A receiver woken for an item was cancelled before it took it: the next one's turn."""
+        _wake(self._receivers)
+
+
+async def _wait(waiters: deque[asyncio.Future[None]], pass_on: Callable[[], None]) -> None:
+    """Wait in line until woken; `pass_on()` when cancelled after being woken."""
+    waiter = asyncio.get_running_loop().create_future()
+    waiters.append(waiter)
+    try:
+        await waiter
+    except BaseException:
+        if waiter.done() and not waiter.cancelled():
+            pass_on()
+        elif waiter in waiters:
+            waiters.remove(waiter)
+        raise
 
 
 def _wake(waiters: deque[asyncio.Future[None]]) -> bool:

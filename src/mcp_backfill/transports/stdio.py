@@ -134,7 +134,8 @@ class LineChannel:
         # thread has written them all.
         parts: Sequence[Chunk] = (message, b"\n")
         if not self._send_lock.locked():
-            if self._crowded is not None and self._offloading():
+            crowded = self._crowded
+            if crowded is not None and self._offloading(self._writer, crowded):
                 if self._offload is None:
                     self._offload = PipeWriter(self._writer, PIPE_SIZE)
                 await self._offload.write(parts)
@@ -151,11 +152,10 @@ class LineChannel:
         if isinstance(self._writer, FdSendStream):
             self._crowded = crowded
 
-    def _offloading(self) -> bool:
-        assert isinstance(self._writer, FdSendStream)
+    def _offloading(self, writer: FdSendStream, crowded: Callable[[], bool]) -> bool:
         if self._offload is not None and self._offload.holding:
             return True  # after what the thread holds
-        return self._writer.write_ns > SLOW_WRITE_NS and self._crowded is not None and self._crowded()
+        return writer.write_ns > SLOW_WRITE_NS and crowded()
 
     async def close_writer(self, flush_timeout: float = CLOSE_SECONDS) -> None:
         """Close the writing side, once the writer thread (if any) has written what it holds, or
