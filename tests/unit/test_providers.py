@@ -58,7 +58,7 @@ async def provider(fake_claude: FakeClaude) -> AsyncIterator[AnthropicProvider]:
 
 async def test_a_settled_client_has_done_its_first_requests_chores(fake_claude: FakeClaude) -> None:
     """`settle_client` does ahead what the SDK does on a client's first request (its platform, in a
-    worker thread of its own; its tracer; its `messages` resource) and nothing on the wire changes."""
+    worker thread of its own; its tracer) and nothing on the wire changes."""
     seen: list[dict[str, str]] = []
     for settled in (False, True):
         client = anthropic.AsyncAnthropic(api_key=TEST_API_KEY, base_url=fake_claude.url, max_retries=0)
@@ -66,7 +66,6 @@ async def test_a_settled_client_has_done_its_first_requests_chores(fake_claude: 
         if settled:
             settle_client(client)
             assert client._platform is not None
-            assert "messages" in vars(client)
             assert not isinstance(client._lazy_tracer, anthropic.NotGiven)
         fake_claude.enqueue(text_reply("ok"))
         provider = AnthropicProvider(client)

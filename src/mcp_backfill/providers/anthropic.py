@@ -12,15 +12,19 @@ from __future__ import annotations
 import email.utils
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, cast
 
 import anthropic
 import httpx2
+from anthropic.lib._tracing import messages_create_request_attributes
 
 from mcp_backfill.errors import ProviderError
+from mcp_backfill.jsonrpc import decode
 from mcp_backfill.logs import Redactor
 from mcp_backfill.protocol import INTERNAL_ERROR, INVALID_PARAMS, SSE_TYPE
+from mcp_backfill.providers.message_stream import MessageFold
 from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress, UsageMeter
 from mcp_backfill.transports.http_upstream.settings import goes_through_a_proxy
 
@@ -70,6 +74,64 @@ def _name_not_resolved(exc: BaseException) -> bool:
     return False
 
 
+# The options of the SDK's own Messages call that name its tracing span (`messages.stream()` and
+# `messages.create()` pass these), for the same call made through `post` (see `message_stream`).
+MESSAGES_CALL_OPTIONS: dict[str, Any] = {
+    "span_name": "anthropic.messages.create",
+    "span_route": "/v1/messages",
+    "span_attributes": messages_create_request_attributes,
+}
+
+
+class StreamedEvents:
+    """The events of a streamed Messages answer, decoded to JSON, in order (`message_stream`'s).
+
+    An `error` event raises the SDK's own `APIStatusError` for it, as the SDK's stream does."""
+
+    def __init__(self, client: AnyClient, response: httpx2.Response) -> None:
+        self.request_id: str | None = response.headers.get("request-id")
+        self._client = client
+        self._response = response
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        decoder = self._client._make_sse_decoder()  # server-sent events, or Bedrock's event stream
+        async for sse in decoder.aiter_bytes(self._response.aiter_bytes()):
+            if sse.event == "error":
+                raise self._error_event(sse.data)
+            if sse.event is None or sse.event == "ping" or not sse.data:
+                continue
+            yield decode(sse.data.encode())
+
+    def _error_event(self, data: str) -> anthropic.APIStatusError:
+        body: object = data
+        try:
+            body = decode(data.encode())
+            message = f"{body}"
+        except ValueError:
+            message = data or f"Error code: {self._response.status_code}"
+        return self._client._make_status_error(message, body=body, response=self._response)
+
+
+@asynccontextmanager
+async def message_stream(client: AnyClient, request: dict[str, Any]) -> AsyncIterator[StreamedEvents]:
+    """One streamed Messages call, made as `client.messages.stream(**request)` makes it (the same
+    body, auth, headers, platform routing and tracing span) through the SDK's documented `post` with
+    `cast_to=httpx2.Response`, which leaves the answer's bytes to us: `MessageFold` folds its events
+    at a fraction of what the SDK's typed events and snapshot cost (see `message_stream`'s module).
+    A status error raises the SDK's exceptions, as before. The response is closed on the way out."""
+    response = await client.post(
+        "/v1/messages",
+        body={**request, "stream": True},
+        cast_to=httpx2.Response,
+        stream=True,
+        options=cast(Any, MESSAGES_CALL_OPTIONS),
+    )
+    try:
+        yield StreamedEvents(client, response)
+    finally:
+        await response.aclose()
+
+
 class AnthropicProvider:
     """A `Provider` over an anthropic SDK async client (Claude API, Bedrock or Vertex)."""
 
@@ -107,19 +169,18 @@ class AnthropicProvider:
         streaming = False  # a response has started: what goes wrong now is the stream's fault
         meter.begin_attempt()
         try:
-            async with self._client.messages.stream(**request) as stream:
+            async with message_stream(self._client, request) as events:
                 streaming = True
-                request_id = stream.request_id
-                characters, completed = 0, False
-                async for event in stream:
-                    if event.type == "content_block_delta":
-                        characters += _delta_length(event.delta)
+                request_id = events.request_id
+                fold, completed = MessageFold(), False
+                async for event in events:
+                    kind = fold.add(event)
+                    if kind == "content_block_delta":
                         if on_progress is not None:
-                            await on_progress(StreamProgress(characters))
-                    elif event.type in ("message_start", "message_delta"):
-                        # The usage so far (the SDK has folded this event into its snapshot).
-                        meter.report(stream.current_message_snapshot.usage.model_dump(exclude_none=True))
-                    elif event.type == "message_stop":
+                            await on_progress(StreamProgress(fold.characters))
+                    elif kind in ("message_start", "message_delta"):
+                        meter.report(fold.usage())
+                    elif kind == "message_stop":
                         completed = True
                 if not completed:
                     raise self._error(
@@ -128,7 +189,7 @@ class AnthropicProvider:
                         request_id,
                         retryable=True,
                     )
-                message = await stream.get_final_message()
+                result = fold.message()
         except ProviderError:
             raise
         except anthropic.APIStatusError as exc:
@@ -177,13 +238,12 @@ class AnthropicProvider:
             if not streaming:  # the client refused before anything was sent
                 meter.not_billed()
             raise self._client_error(exc) from None
-        result = message.model_dump(mode="json", exclude_none=True)
-        meter.report(result.get("usage") or {}, final=True)
+        meter.report(result["usage"], final=True)
         if request_id:
             result["request_id"] = request_id
         if on_progress is not None:
             await on_progress(
-                StreamProgress(characters, done=True, output_tokens=message.usage.output_tokens)
+                StreamProgress(fold.characters, done=True, output_tokens=result["usage"].get("output_tokens"))
             )
         return result
 
@@ -240,14 +300,6 @@ class _Unmetered:
 
 
 _UNMETERED = _Unmetered()
-
-
-def _delta_length(delta: Any) -> int:
-    for field in ("text", "partial_json", "thinking"):
-        value = getattr(delta, field, None)
-        if isinstance(value, str):
-            return len(value)
-    return 0
 
 
 def _is_retryable(status: int, error_type: str | None, headers: Mapping[str, str]) -> bool:
@@ -359,18 +411,17 @@ async def _stream_canned_answer(client: anthropic.AsyncAnthropic) -> None:
         set_default_headers={},
         open_telemetry={"tracer_provider": NoOpTracerProvider()},
     )
-    async with (
-        server,
-        primer.messages.stream(
-            model="priming",
-            max_tokens=1,
-            messages=[{"role": "user", "content": "priming"}],
-            tools=[{"name": "t", "input_schema": {"type": "object"}}],
-        ) as stream,
-    ):
-        async for _ in stream:
-            pass
-        await stream.get_final_message()
+    request = {
+        "model": "priming",
+        "max_tokens": 1,
+        "messages": [{"role": "user", "content": "priming"}],
+        "tools": [{"name": "t", "input_schema": {"type": "object"}}],
+    }
+    async with server, message_stream(primer, request) as events:
+        fold = MessageFold()
+        async for event in events:
+            fold.add(event)
+        fold.message()
 
 
 def settle_client(client: AnyClient) -> None:
@@ -379,7 +430,7 @@ def settle_client(client: AnyClient) -> None:
     - **Its platform** (the `X-Stainless-OS`/`-Arch` headers): the SDK works it out in a worker
       thread of its own, since on some systems that blocks, so the first sampling answer paid for a
       thread hop, about half a millisecond here: the largest part of what priming left.
-    - **Its tracer and its `messages` resource**, each made on first use.
+    - **Its tracer**, made on first use.
 
     Priming cannot do this: it streams through a copy of the client. Nothing happens with an SDK
     that keeps these elsewhere.
@@ -389,16 +440,16 @@ def settle_client(client: AnyClient) -> None:
 
         client._platform = get_platform()
     getattr(client, "_tracer", None)
-    client.messages  # noqa: B018 (a cached property, made here)
 
 
 def prime_sdk() -> None:
     """Stream one canned answer through a throwaway SDK client on a loop of its own (nothing leaves
     the host, no key is used): the first half of the priming, see `AnthropicProvider.prime`.
 
-    The SDK defers work to its first request: pydantic builds the schemas of the stream's event and
-    message models on first use, and a few modules are imported then (about 30 ms of CPU here, the
-    most of what the first sampling answer used to cost beyond later ones). It runs in the build's
+    The SDK defers work to its first request: pydantic builds the schemas of the models a request
+    goes through on first use, and a few modules are imported then (about 30 ms of CPU here, the
+    most of what the first sampling answer used to cost beyond later ones, when the answer's events
+    were typed models too). It runs in the build's
     worker thread so that this CPU time never holds up the event loop; uvloop when installed, as the
     proxy's loop.
     """

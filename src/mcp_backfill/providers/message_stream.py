@@ -1,0 +1,170 @@
+"""A streamed Messages API answer folded into the message it describes, as plain JSON.
+
+The SDK's stream helper makes a typed event of every server-sent event and folds each into a typed
+snapshot of the message, which the proxy then dumped back to JSON: about a millisecond of CPU per
+answer on the benchmarks' machine, more than all the rest of a sampling exchange. The proxy needs
+only the final message as JSON, the usage as it grows, and how much text has come. `MessageFold`
+folds the events' JSON directly, into the message the SDK's `accumulate_event` builds as
+`model_dump(mode="json", exclude_none=True)` gives it (a property test holds the two together).
+Where a malformed stream makes them differ, the fold raises `ValueError` (the provider's "malformed
+stream", worth a retry):
+
+- a tool block's input is parsed once, when the block stops (the SDK parses the JSON so far at
+  every delta, leniently): input that is not whole, valid JSON by then is an error;
+- an event out of order (a delta before its block's start, anything before `message_start`).
+
+Fields whose value is null are left out of every object in the message, as the SDK's dump leaves
+them out of every object it has a model for, with one exception: a tool's input, free-form JSON the
+model wrote, is kept exactly as it came (as the SDK keeps it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mcp_backfill.jsonrpc import decode
+
+# The blocks whose input arrives as `input_json_delta` pieces (the SDK's `TRACKS_TOOL_INPUT`).
+TOOL_INPUT_BLOCKS = frozenset({"tool_use", "server_tool_use"})
+# What a `content_block_delta` adds to its block: the delta's type -> (the block's type, its field).
+APPENDED = {
+    "text_delta": ("text", "text"),
+    "thinking_delta": ("thinking", "thinking"),
+}
+# The delta fields whose length is the progress a delta reports.
+PROGRESS_FIELDS = ("text", "partial_json", "thinking")
+# The usage counters a `message_delta` carries only when they apply (else the start's stay).
+OPTIONAL_USAGE = (
+    "input_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+    "server_tool_use",
+    "output_tokens_details",
+)
+
+
+class MessageFold:
+    """Folds a stream's events, in order, into the message (see the module's docstring).
+
+    `add` takes each decoded event and returns its type; `characters` counts the text, thinking and
+    tool input received so far; `usage()` is the usage so far; `message()` the message as it stands
+    (complete once `message_stop` was added)."""
+
+    def __init__(self) -> None:
+        self._message: dict[str, Any] | None = None
+        self._content: list[Any] = []
+        self._tool_json: dict[int, list[str]] = {}
+        self.characters = 0
+
+    def add(self, event: Any) -> str:
+        kind = event.get("type") if isinstance(event, dict) else None
+        if not isinstance(kind, str):
+            raise ValueError(f"a stream event without a type: {str(event)[:120]}")
+        try:
+            if kind == "message_start":
+                self._start(event["message"])
+            elif kind in ("ping", "message_stop"):
+                pass
+            elif self._message is None:
+                raise ValueError(f"a {kind} event before message_start")
+            elif kind == "content_block_delta":
+                self._delta(event["index"], event["delta"])
+            elif kind == "content_block_start":
+                self._content.append(event["content_block"])
+            elif kind == "content_block_stop":
+                self._stop(event["index"])
+            elif kind == "message_delta":
+                _message_delta(self._message, event["delta"], event["usage"])
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise ValueError(
+                f"a {kind} event the message cannot take ({type(exc).__name__}: {exc})"
+            ) from None
+        return kind
+
+    def _start(self, message: dict[str, Any]) -> None:
+        self._message = message
+        self._content = message["content"] = list(message.get("content") or [])
+        if not isinstance(message.get("usage"), dict):
+            message["usage"] = {}
+
+    def _delta(self, index: int, delta: dict[str, Any]) -> None:
+        block = self._content[index]
+        kind = delta["type"]
+        for field in PROGRESS_FIELDS:
+            value = delta.get(field)
+            if isinstance(value, str):
+                self.characters += len(value)
+                break
+        if kind in APPENDED:
+            block_type, field = APPENDED[kind]
+            if block["type"] == block_type:
+                block[field] = (block.get(field) or "") + delta[field]
+        elif kind == "input_json_delta":
+            if block["type"] in TOOL_INPUT_BLOCKS:
+                self._tool_json.setdefault(index, []).append(delta["partial_json"])
+        elif kind == "signature_delta":
+            if block["type"] == "thinking":
+                block["signature"] = delta["signature"]
+        elif kind == "citations_delta" and block["type"] == "text":
+            block["citations"] = [*(block.get("citations") or ()), delta["citation"]]
+
+    def _stop(self, index: int) -> None:
+        block = self._content[index]
+        pieces = self._tool_json.pop(index, None)
+        if pieces and (raw := "".join(pieces)):
+            try:
+                block["input"] = decode(raw.encode())
+            except ValueError:
+                raise ValueError(f"the tool input Claude streamed is not valid JSON: {raw[:200]}") from None
+
+    def usage(self) -> dict[str, Any]:
+        """The usage so far, cumulative (what the API said last), without null fields."""
+        usage: dict[str, Any] = self._message["usage"] if self._message is not None else {}
+        return {key: without_nulls(value) for key, value in usage.items() if value is not None}
+
+    def message(self) -> dict[str, Any]:
+        """The message as folded so far, null fields left out (see the module's docstring)."""
+        if self._message is None:
+            raise ValueError("the stream had no message_start")
+        for index in list(self._tool_json):  # a tool block the stream never said was finished
+            self._stop(index)
+        message = {key: value for key, value in self._message.items() if value is not None}
+        for key, value in message.items():
+            if key == "content":
+                message[key] = [_block(block) for block in self._content]
+            elif isinstance(value, dict | list):
+                message[key] = without_nulls(value)
+        return message
+
+
+def _message_delta(message: dict[str, Any], delta: dict[str, Any], usage: dict[str, Any]) -> None:
+    """The message's end: why it stopped, and the usage's final totals (cumulative: they replace
+    the start's, but counters this event leaves out keep the start's value)."""
+    for field in ("stop_reason", "stop_sequence", "stop_details"):
+        message[field] = delta.get(field)
+    if delta.get("container") is not None:
+        message["container"] = delta["container"]
+    totals = message["usage"]
+    totals["output_tokens"] = usage.get("output_tokens")
+    for field in OPTIONAL_USAGE:
+        if usage.get(field) is not None:
+            totals[field] = usage[field]
+
+
+def _block(block: Any) -> Any:
+    if not isinstance(block, dict):
+        return block
+    return {
+        key: value if key == "input" else without_nulls(value)
+        for key, value in block.items()
+        if value is not None
+    }
+
+
+def without_nulls(value: Any) -> Any:
+    """`value` with every null-valued field of every object in it left out."""
+    if isinstance(value, dict):
+        return {key: without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [without_nulls(item) for item in value]
+    return value
