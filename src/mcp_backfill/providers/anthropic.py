@@ -12,7 +12,7 @@ from __future__ import annotations
 import email.utils
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
@@ -92,8 +92,15 @@ class StreamedEvents:
         self.request_id: str | None = response.headers.get("request-id")
         self._client = client
         self._response = response
+        self._events = self._decode()
 
-    async def __aiter__(self) -> AsyncIterator[Any]:
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._events
+
+    async def aclose(self) -> None:
+        await self._events.aclose()
+
+    async def _decode(self) -> AsyncGenerator[Any, None]:
         decoder = self._client._make_sse_decoder()  # server-sent events, or Bedrock's event stream
         async for sse in decoder.aiter_bytes(self._response.aiter_bytes()):
             if sse.event == "error":
@@ -126,10 +133,14 @@ async def message_stream(client: AnyClient, request: dict[str, Any]) -> AsyncIte
         stream=True,
         options=cast(Any, MESSAGES_CALL_OPTIONS),
     )
+    events = StreamedEvents(client, response)
     try:
-        yield StreamedEvents(client, response)
+        yield events
     finally:
-        await response.aclose()
+        try:
+            await events.aclose()
+        finally:
+            await response.aclose()
 
 
 class AnthropicProvider:
