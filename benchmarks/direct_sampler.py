@@ -2,9 +2,12 @@
 
 A separate process, like the proxy, holding one `AsyncAnthropic` client configured as the proxy
 configures its own, on the same event loop (uvloop when installed). It sends the Claude request
-the proxy would build for the scenario's sampling request, streaming, as the proxy does. Commands
-arrive on stdin, one JSON object per line: `{"count": N, "concurrency": C}` runs N calls with C in
-flight and answers `{"times": [seconds per call...], "wall": seconds for all}` on stdout.
+the proxy would build for the scenario's sampling request, streaming, through the SDK's stream
+helper (`messages.stream()`), as a client that samples itself would; or, with `"lean": true`, the
+proxy's own way (the SDK's `post` and `MessageFold`, `providers.anthropic.message_stream`). Commands
+arrive on stdin, one JSON object per line: `{"count": N, "concurrency": C, "lean": false}` runs N
+calls with C in flight and answers `{"times": [seconds per call...], "wall": seconds for all}` on
+stdout.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from benchmarks.servers.raw_echo import SAMPLING_PARAMS
 from mcp_backfill.assembly import conversion_options
 from mcp_backfill.cli import event_loop_options
 from mcp_backfill.config import Config
+from mcp_backfill.providers.anthropic import message_stream
+from mcp_backfill.providers.message_stream import MessageFold
 from mcp_backfill.sampling.convert import to_claude_request
 
 # The proxy's settings with every option at its default (the provider does not shape the request).
@@ -37,16 +42,31 @@ def claude_request() -> dict[str, Any]:
     return dict(converted.kwargs, model=PROXY_CONFIG.model)
 
 
-async def run_batch(client: anthropic.AsyncAnthropic, count: int, concurrency: int) -> dict[str, Any]:
+async def helper_call(client: anthropic.AsyncAnthropic, request: dict[str, Any]) -> None:
+    async with client.messages.stream(**request) as stream:
+        await stream.get_final_message()
+
+
+async def lean_call(client: anthropic.AsyncAnthropic, request: dict[str, Any]) -> None:
+    async with message_stream(client, request) as events:
+        fold = MessageFold()
+        async for event in events:
+            fold.add(event)
+        fold.message()
+
+
+async def run_batch(
+    client: anthropic.AsyncAnthropic, count: int, concurrency: int, lean: bool = False
+) -> dict[str, Any]:
     request = claude_request()
+    call = lean_call if lean else helper_call
     times: list[float] = []
     limiter = anyio.CapacityLimiter(max(concurrency, 1))
 
     async def one() -> None:
         async with limiter:
             started = time.perf_counter()
-            async with client.messages.stream(**request) as stream:
-                await stream.get_final_message()
+            await call(client, request)
             times.append(time.perf_counter() - started)
 
     started = time.perf_counter()
@@ -62,7 +82,9 @@ async def serve(base_url: str) -> None:
     try:
         async for line in stdin:
             command = json.loads(line)
-            answer = await run_batch(client, int(command["count"]), int(command["concurrency"]))
+            answer = await run_batch(
+                client, int(command["count"]), int(command["concurrency"]), bool(command.get("lean"))
+            )
             sys.stdout.write(json.dumps(answer) + "\n")
             sys.stdout.flush()
     finally:

@@ -55,6 +55,16 @@ def _may_hold_long_integer(raw: bytes) -> bool:
     return False
 
 
+# One encoder, made once (`json.dumps` with any option but the defaults builds a new one per call).
+_COMPACT_TEXT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def compact_text(value: Any) -> str:
+    """`value` as compact JSON text, non-ASCII characters as they are and anything JSON has no form
+    for as its `str()`: what a value's size is measured on (the limits, the token estimate)."""
+    return _COMPACT_TEXT.encode(value)
+
+
 def encode(message: Any) -> bytes:
     """Compact UTF-8 JSON, as every MCP SDK writes it."""
     try:

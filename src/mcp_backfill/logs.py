@@ -11,6 +11,9 @@ from typing import Any, TextIO
 
 LOGGER_NAME = "mcp_backfill"
 _RESERVED = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+# The encoders of a line's fields, made once (`json.dumps` with options builds one per call).
+_FIELD = json.JSONEncoder(default=str)
+_LINE = json.JSONEncoder(default=str, ensure_ascii=False)
 
 
 def get_logger(name: str = "") -> logging.Logger:
@@ -29,7 +32,7 @@ class TextFormatter(logging.Formatter):
         line = f"{stamp}Z mcp-backfill {record.levelname} {record.getMessage()}"
         fields = _extra_fields(record)
         if fields:
-            line += " " + " ".join(f"{k}={json.dumps(v, default=str)}" for k, v in fields.items())
+            line += " " + " ".join(f"{k}={_FIELD.encode(v)}" for k, v in fields.items())
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
@@ -48,7 +51,7 @@ class JsonFormatter(logging.Formatter):
         entry.update(_extra_fields(record))
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str, ensure_ascii=False)
+        return _LINE.encode(entry)
 
 
 class Redactor:

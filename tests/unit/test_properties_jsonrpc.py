@@ -241,3 +241,15 @@ def test_deeply_nested_json_fails_with_value_error(depth: int, brackets: tuple[s
     raw = (opening * depth + "1" + closing * depth).encode()
     with contextlib.suppress(ValueError):
         jsonrpc.decode(raw)
+
+
+class _Opaque:
+    def __str__(self) -> str:
+        return "opaque ü"
+
+
+@given(st.one_of(VALUES, st.lists(st.builds(_Opaque), max_size=2)))
+def test_compact_text_is_compact_json_with_everything_else_as_text(value: Any) -> None:
+    """The size the limits and the estimate measure: `json.dumps`' compact, non-ASCII form."""
+    expected = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    assert jsonrpc.compact_text(value) == expected

@@ -16,10 +16,10 @@ usage (the reservation is then what is charged) and while the call is in flight 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
+from mcp_backfill.jsonrpc import compact_text
 from mcp_backfill.sampling.spend import Reservation
 
 __all__ = ["BYTES_PER_TOKEN", "IMAGE_TOKENS", "estimate_input_tokens", "reservation_for"]
@@ -60,7 +60,7 @@ class _Tally:
         self.tokens += -(-size // BYTES_PER_TOKEN)
 
     def json(self, value: Any) -> None:
-        self.text(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str))
+        self.text(compact_text(value))
 
     def any(self, value: Any) -> None:
         """A string, a content block, a list of them, or any other JSON."""

@@ -9,12 +9,12 @@ limit and the option (and environment variable) that raises it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from mcp_backfill.errors import SamplingError, internal_error, invalid_params
+from mcp_backfill.jsonrpc import compact_text
 from mcp_backfill.options import env_var
 from mcp_backfill.sampling.media import decoded_size
 
@@ -141,7 +141,7 @@ class _Tally:
         self.text_bytes += len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
 
     def json(self, value: Any) -> None:
-        self.text(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str))
+        self.text(compact_text(value))
 
     def binary(self, data: str) -> None:
         self.binary_bytes += decoded_size(data)
