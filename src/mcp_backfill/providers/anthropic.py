@@ -458,11 +458,10 @@ def prime_sdk() -> None:
     the host, no key is used): the first half of the priming, see `AnthropicProvider.prime`.
 
     The SDK defers work to its first request: pydantic builds the schemas of the models a request
-    goes through on first use, and a few modules are imported then (about 30 ms of CPU here, the
-    most of what the first sampling answer used to cost beyond later ones, when the answer's events
-    were typed models too). It runs in the build's
-    worker thread so that this CPU time never holds up the event loop; uvloop when installed, as the
-    proxy's loop.
+    goes through on first use, and a few modules are imported then (about 30 ms of CPU here when
+    the answer's events were typed models too, the most of what the first sampling answer cost
+    beyond later ones). It runs in the build's worker thread so that this CPU time never holds up
+    the event loop; uvloop when installed, as the proxy's loop.
     """
     import asyncio
 

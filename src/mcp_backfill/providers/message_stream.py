@@ -1,8 +1,8 @@
 """A streamed Messages API answer folded into the message it describes, as plain JSON.
 
 The SDK's stream helper makes a typed event of every server-sent event and folds each into a typed
-snapshot of the message, which the proxy then dumped back to JSON: about a millisecond of CPU per
-answer on the benchmarks' machine, more than all the rest of a sampling exchange. The proxy needs
+snapshot of the message, which the proxy then dumped back to JSON: about 1.2 ms of CPU per answer
+on the benchmarks' machine, a third of the proxy's CPU per sampling request. The proxy needs
 only the final message as JSON, the usage as it grows, and how much text has come. `MessageFold`
 folds the events' JSON directly, into the message the SDK's `accumulate_event` builds as
 `model_dump(mode="json", exclude_none=True)` gives it (a property test holds the two together).
@@ -54,6 +54,7 @@ class MessageFold:
         self._message: dict[str, Any] | None = None
         self._content: list[Any] = []
         self._tool_json: dict[int, list[str]] = {}
+        self._text: dict[tuple[int, str], list[str]] = {}  # joined once, not copied at every delta
         self.characters = 0
 
     def add(self, event: Any) -> str:
@@ -98,7 +99,7 @@ class MessageFold:
         if kind in APPENDED:
             block_type, field = APPENDED[kind]
             if block["type"] == block_type:
-                block[field] = (block.get(field) or "") + delta[field]
+                self._text.setdefault((index, field), []).append(delta[field])
         elif kind == "input_json_delta":
             if block["type"] in TOOL_INPUT_BLOCKS:
                 self._tool_json.setdefault(index, []).append(delta["partial_json"])
@@ -128,6 +129,10 @@ class MessageFold:
             raise ValueError("the stream had no message_start")
         for index in list(self._tool_json):  # a tool block the stream never said was finished
             self._stop(index)
+        for (index, field), pieces in self._text.items():
+            block = self._content[index]
+            block[field] = (block.get(field) or "") + "".join(pieces)
+        self._text.clear()
         message = {key: value for key, value in self._message.items() if value is not None}
         for key, value in message.items():
             if key == "content":
