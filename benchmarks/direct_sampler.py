@@ -4,7 +4,7 @@ A separate process, like the proxy, holding one `AsyncAnthropic` client configur
 configures its own, on the same event loop (uvloop when installed). It sends the Claude request
 the proxy would build for the scenario's sampling request, streaming, through the SDK's stream
 helper (`messages.stream()`), as a client that samples itself would; or, with `"lean": true`, the
-proxy's own way (the SDK's `post` and `MessageFold`, `providers.anthropic.message_stream`). Commands
+proxy's own way (the SDK's `post` and `MessageFold`, `providers.anthropic.streamed_message`). Commands
 arrive on stdin, one JSON object per line: `{"count": N, "concurrency": C, "lean": false}` runs N
 calls with C in flight and answers `{"times": [seconds per call...], "wall": seconds for all}` on
 stdout.
@@ -27,8 +27,7 @@ from benchmarks.servers.raw_echo import SAMPLING_PARAMS
 from mcp_backfill.assembly import conversion_options
 from mcp_backfill.cli import event_loop_options
 from mcp_backfill.config import Config
-from mcp_backfill.providers.anthropic import message_stream
-from mcp_backfill.providers.message_stream import MessageFold
+from mcp_backfill.providers.anthropic import streamed_message
 from mcp_backfill.sampling.convert import to_claude_request
 
 # The proxy's settings with every option at its default (the provider does not shape the request).
@@ -48,11 +47,7 @@ async def helper_call(client: anthropic.AsyncAnthropic, request: dict[str, Any])
 
 
 async def lean_call(client: anthropic.AsyncAnthropic, request: dict[str, Any]) -> None:
-    async with message_stream(client, request) as events:
-        fold = MessageFold()
-        async for event in events:
-            fold.add(event)
-        fold.message()
+    await streamed_message(client, request)
 
 
 async def run_batch(

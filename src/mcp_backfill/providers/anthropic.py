@@ -143,6 +143,16 @@ async def message_stream(client: AnyClient, request: dict[str, Any]) -> AsyncIte
             await response.aclose()
 
 
+async def streamed_message(client: AnyClient, request: dict[str, Any]) -> dict[str, Any]:
+    """One streamed call and the message its events fold into, with nothing reported on the way
+    (the priming's; `AnthropicProvider.create_message` is the full one)."""
+    async with message_stream(client, request) as events:
+        fold = MessageFold()
+        async for event in events:
+            fold.add(event)
+        return fold.message()
+
+
 class AnthropicProvider:
     """A `Provider` over an anthropic SDK async client (Claude API, Bedrock or Vertex)."""
 
@@ -428,11 +438,8 @@ async def _stream_canned_answer(client: anthropic.AsyncAnthropic) -> None:
         "messages": [{"role": "user", "content": "priming"}],
         "tools": [{"name": "t", "input_schema": {"type": "object"}}],
     }
-    async with server, message_stream(primer, request) as events:
-        fold = MessageFold()
-        async for event in events:
-            fold.add(event)
-        fold.message()
+    async with server:
+        await streamed_message(primer, request)
 
 
 def settle_client(client: AnyClient) -> None:
