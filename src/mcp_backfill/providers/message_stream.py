@@ -120,8 +120,8 @@ class MessageFold:
 
     def usage(self) -> dict[str, Any]:
         """The usage so far, cumulative (what the API said last), without null fields."""
-        usage: dict[str, Any] = self._message["usage"] if self._message is not None else {}
-        return {key: without_nulls(value) for key, value in usage.items() if value is not None}
+        usage: dict[str, Any] = without_nulls(self._message["usage"] if self._message is not None else {})
+        return usage
 
     def message(self) -> dict[str, Any]:
         """The message as folded so far, null fields left out (see the module's docstring)."""
@@ -133,13 +133,11 @@ class MessageFold:
             block = self._content[index]
             block[field] = (block.get(field) or "") + "".join(pieces)
         self._text.clear()
-        message = {key: value for key, value in self._message.items() if value is not None}
-        for key, value in message.items():
-            if key == "content":
-                message[key] = [_block(block) for block in self._content]
-            elif isinstance(value, dict | list):
-                message[key] = without_nulls(value)
-        return message
+        return {
+            key: [_block(block) for block in self._content] if key == "content" else without_nulls(value)
+            for key, value in self._message.items()
+            if value is not None
+        }
 
 
 def _message_delta(message: dict[str, Any], delta: dict[str, Any], usage: dict[str, Any]) -> None:
