@@ -3,7 +3,7 @@ ended, the sliding rate-limit windows and the concurrency slots, per process, cl
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -20,6 +20,7 @@ from mcp_backfill.sampling.spend import (
     Spend,
     normalize_usage,
 )
+from mcp_backfill.sampling.store import Limit, MemoryStore, Rate, RateRefusal, Standing
 from tests.defaults import SPEND
 
 
@@ -403,3 +404,105 @@ def test_refusals_are_counted_by_limit() -> None:
     spend.note_refusal(SamplingError(-32602, "x", {"limit": "max_messages"}))
     spend.note_refusal(SamplingError(-32603, "api", {"status": 500}))
     assert spend.snapshot()["refused"] == {"max_messages": 2}
+
+
+class CountingStore(MemoryStore):
+    """The memory store, noting each operation the ledger asks of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    async def reserve(self, limits: Sequence[Limit], lease: str, amount: int) -> Standing:
+        self.ops.append(f"reserve {amount}")
+        return await super().reserve(limits, lease, amount)
+
+    async def admit(
+        self, limits: Sequence[Limit], rates: Sequence[Rate], member: str, lease: str = "", amount: int = 0
+    ) -> tuple[Standing, RateRefusal | None]:
+        self.ops.append(f"admit {amount}")
+        before = len(self.ops)
+        answer = await super().admit(limits, rates, member, lease, amount)
+        del self.ops[before:]  # its own check is part of it
+        return answer
+
+    async def settle(self, limits: Sequence[Limit], lease: str, tokens: int) -> None:
+        self.ops.append(f"settle {tokens}")
+        await super().settle(limits, lease, tokens)
+
+    async def held(self) -> int:
+        """What reservations hold against the process's budget."""
+        return (await MemoryStore.reserve(self, [Limit("process", (Allowance(10**9),))], "", 0)).reserved[0]
+
+
+def counted_spend(**settings: Any) -> tuple[Spend, CountingStore]:
+    store = CountingStore()
+    return Spend(replace(SPEND, **{"rate_limit": 0, "budget": (Allowance(1000),), **settings}), store), store
+
+
+@pytest.mark.anyio
+async def test_the_admission_reserves_the_first_call_in_the_same_store_operation() -> None:
+    spend, store = counted_spend()
+    async with spend.admit(None, Reservation(10, 90)) as ticket:
+        assert (store.ops, await store.held()) == (["admit 100"], 100)
+        async with ticket.call(Reservation(10, 90)) as charge:
+            charge.begin_attempt()
+            charge.report(usage(7, 3), final=True)
+        async with ticket.call(Reservation(20, 90)) as charge:  # a continuation reserves its own
+            charge.begin_attempt()
+            charge.report(usage(8, 2), final=True)
+    assert store.ops == ["admit 100", "settle 10", "reserve 110", "settle 10"]
+    assert (await store.held(), spend.budget.used, spend.budget.reserved) == (0, 20, 0)
+
+
+@pytest.mark.anyio
+async def test_a_reservation_the_admission_held_and_no_call_took_is_given_back() -> None:
+    spend, store = counted_spend(session_budget=(Allowance(50),))
+    async with spend.admit(None, Reservation(10, 90)):
+        pass  # refused before calling Claude (say, by the response limits)
+    async with spend.admit(None, Reservation(10, 90)) as ticket, ticket.call(Reservation(5, 90)) as charge:
+        charge.begin_attempt()  # a call other than the one it was held for
+        charge.report(usage(4, 1), final=True)
+    session = spend.new_session("s")
+
+    async def refused_by_the_session() -> None:
+        async with spend.admit(session, Reservation(10, 90)) as ticket:
+            await session.store.settle([session.budget.limit], "", 50)  # the session spent it meanwhile
+            async with ticket.call(Reservation(10, 90)):
+                pytest.fail("the session's budget is used up")
+
+    with pytest.raises(SamplingError, match="session token budget is exhausted"):
+        await refused_by_the_session()
+    assert store.ops == [
+        *("admit 100", "settle 0"),
+        *("admit 100", "settle 0", "reserve 95", "settle 5"),
+        *("admit 100", "settle 0"),
+    ]
+    assert (await store.held(), spend.budget.used, spend.budget.reserved) == (0, 5, 0)
+
+
+@pytest.mark.anyio
+async def test_a_request_waiting_for_a_slot_holds_no_reservation_meanwhile() -> None:
+    """Five requests for one slot, each reserving 300 of a 1000 budget and spending 10: every one is
+    served in turn. Were the waiting ones holding their reservations, the fourth would fill the
+    budget and the fifth be refused as "reserved by calls in flight"."""
+    spend, store = counted_spend(max_concurrent=1)
+    served: list[int] = []
+    holding: list[int] = []
+
+    async def request(n: int) -> None:
+        async with spend.admit(None, Reservation(0, 300)) as ticket:
+            holding.append(await store.held())
+            async with ticket.call(Reservation(0, 300)) as charge:
+                charge.begin_attempt()
+                await anyio.sleep(0.01)
+                charge.report(usage(0, 10), final=True)
+        served.append(n)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(5):
+            tg.start_soon(request, n)
+    assert sorted(served) == list(range(5))
+    assert holding == [300, 0, 0, 0, 0]  # the first's own; the others reserve when their call starts
+    assert spend.budget.used == 50
+    assert await store.held() == 0

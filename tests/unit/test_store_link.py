@@ -39,10 +39,10 @@ class SwitchableStore(MemoryStore):
         return await super().reserve(limits, lease, amount)
 
     async def admit(
-        self, limits: Sequence[Limit], rates: Sequence[Rate], member: str
+        self, limits: Sequence[Limit], rates: Sequence[Rate], member: str, lease: str = "", amount: int = 0
     ) -> tuple[Standing, RateRefusal | None]:
         self._check()
-        return await super().admit(limits, rates, member)
+        return await super().admit(limits, rates, member, lease, amount)
 
     async def settle(self, limits: Sequence[Limit], lease: str, tokens: int) -> None:
         self._check()

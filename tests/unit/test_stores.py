@@ -133,6 +133,26 @@ async def test_a_request_its_budget_refuses_takes_no_rate_admission(stores: Fact
     assert await hit(store, [rate], "2") is None  # the refused request took no admission
 
 
+async def test_an_admission_may_hold_its_first_calls_reservation_in_the_same_step(stores: Factory) -> None:
+    store = stores()
+    rate = Rate("client:frank", 1)
+    standing, refusal = await store.admit([DAY, PROCESS], [rate], "1", "a", 30)
+    assert (standing.admitted, refusal, standing.reserved) == (True, None, (0, 0))
+    assert (await store.reserve([DAY, PROCESS], "", 0)).reserved == (30, 30)
+    standing, refusal = await store.admit([DAY, PROCESS], [rate], "2", "b", 40)
+    assert refusal is not None  # the rate refused: nothing more held
+    assert (await store.reserve([DAY, PROCESS], "", 0)).reserved == (30, 30)
+    await store.settle([DAY, PROCESS], "a", 12)  # the lease settles like any reservation
+    standing = await store.reserve([DAY, PROCESS], "", 0)
+    assert (standing.used, standing.reserved) == (((12, 12), (12,)), (0, 0))
+    full = Limit("client:gina", (Allowance(10),))
+    await store.reserve([full], "c", 1)
+    await store.settle([full], "c", 10)
+    standing, refusal = await store.admit([full], [], "3", "d", 5)
+    assert not standing.admitted  # the budget refused: nothing held
+    assert (await store.reserve([full], "", 0)).reserved == (0,)
+
+
 async def test_slots_are_capped_and_released(stores: Factory) -> None:
     first, second = stores(), stores()
     assert await first.acquire_slot("client:alice", 2, "h1")
@@ -147,7 +167,7 @@ async def test_slots_are_capped_and_released(stores: Factory) -> None:
 async def test_a_shared_stores_leases_lapse_unless_renewed(stores: Factory) -> None:
     store = stores(lease_seconds=0.5)
     await store.reserve([DAY], "kept", 5)
-    await store.reserve([DAY], "dropped", 7)
+    await store.admit([DAY], [], "admission", "dropped", 7)  # held by an admission: a lease too
     assert await store.acquire_slot("client:alice", 1, "holder")
     for _ in range(4):
         await anyio.sleep(0.25)

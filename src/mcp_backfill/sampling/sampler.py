@@ -26,7 +26,7 @@ from mcp_backfill.sampling.estimate import reservation_for
 from mcp_backfill.sampling.limits import RequestLimits, check_request, check_response
 from mcp_backfill.sampling.model_choice import select_model
 from mcp_backfill.sampling.provider import ProgressCallback, Provider, WarmsUp
-from mcp_backfill.sampling.spend import SamplingSession, Spend, Ticket, normalize_usage
+from mcp_backfill.sampling.spend import Reservation, SamplingSession, Spend, Ticket, normalize_usage
 from mcp_backfill.telemetry import ChatOutcome, ChatSpan
 
 log = get_logger("sampler")
@@ -181,9 +181,11 @@ class Sampler:
         exchange.model = model
         exchange.tools = len(claude_request.kwargs.get("tools", ()))
         span.request(model, claude_request.kwargs.get("max_tokens"))
-        async with self.spend.admit(session) as ticket:
+        request = dict(claude_request.kwargs, model=model)
+        first = reservation_for(request)
+        async with self.spend.admit(session, first) as ticket:
             exchange.ticket = ticket
-            message = await self._create(ticket, dict(claude_request.kwargs, model=model), progress)
+            message = await self._create(ticket, request, first, progress)
         self._note_answer(message, exchange)
         span.response(message)
         check_response(message, self.settings.limits)
@@ -247,11 +249,15 @@ class Sampler:
             )
 
     async def _create(
-        self, ticket: Ticket, request: dict[str, Any], progress: ProgressCallback | None
+        self,
+        ticket: Ticket,
+        request: dict[str, Any],
+        reservation: Reservation,
+        progress: ProgressCallback | None,
     ) -> dict[str, Any]:
-        """One call, and up to `MAX_PAUSE_CONTINUATIONS` more while Claude pauses its turn and the
-        budgets have room; each call is charged on its own."""
-        message = await self._call(ticket, request, progress)
+        """One call (reserving `reservation`), and up to `MAX_PAUSE_CONTINUATIONS` more while Claude
+        pauses its turn and the budgets have room; each call is charged on its own."""
+        message = await self._call(ticket, request, reservation, progress)
         for _ in range(MAX_PAUSE_CONTINUATIONS):
             if message.get("stop_reason") != "pause_turn":
                 break
@@ -259,14 +265,21 @@ class Sampler:
                 log.info("paused turn returned as it is: a token budget has no room for continuing it")
                 break
             history = [*request["messages"], {"role": "assistant", "content": message.get("content", [])}]
-            follow_up = await self._call(ticket, {**request, "messages": history}, progress)
+            follow_up_request = {**request, "messages": history}
+            follow_up = await self._call(
+                ticket, follow_up_request, reservation_for(follow_up_request), progress
+            )
             message = _continue(message, follow_up)
         return message
 
     async def _call(
-        self, ticket: Ticket, request: dict[str, Any], progress: ProgressCallback | None
+        self,
+        ticket: Ticket,
+        request: dict[str, Any],
+        reservation: Reservation,
+        progress: ProgressCallback | None,
     ) -> dict[str, Any]:
-        async with ticket.call(reservation_for(request)) as charge:
+        async with ticket.call(reservation) as charge:
             return await self.provider.create_message(request, on_progress=progress, meter=charge)
 
 

@@ -35,7 +35,7 @@ import itertools
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -329,12 +329,26 @@ class _Stake:
         return tuple(budget.limit for budget in self.budgets)
 
 
-class Ticket:
-    """An admitted sampling request: its slots are held; each Claude call for it is a `Charge`."""
+@dataclass(frozen=True)
+class _Prepaid:
+    """A reservation the admission held on the shared stake for the request's first call."""
 
-    def __init__(self, spend: Spend, stakes: tuple[_Stake, ...]) -> None:
+    lease: str
+    amount: int
+    store: LedgerStore
+
+
+class Ticket:
+    """An admitted sampling request: its slots are held; each Claude call for it is a `Charge`.
+
+    The shared stake (the process's and the client's budgets) is the last of `stakes`; the
+    admission may have reserved its first call there already (`prepaid`).
+    """
+
+    def __init__(self, spend: Spend, stakes: tuple[_Stake, ...], prepaid: _Prepaid | None = None) -> None:
         self._spend = spend
         self._stakes = stakes
+        self._prepaid = prepaid
         self.charged: dict[str, int] = dict.fromkeys(USAGE_KEYS, 0)
         self.calls = 0
 
@@ -343,10 +357,18 @@ class Ticket:
         """Reserve for one Claude call if every budget has room (else refuse); on leaving, however
         the call ended, charge what it cost."""
         spend = self._spend
-        lease = spend.new_lease()
+        prepaid, self._prepaid = self._prepaid, None
+        if prepaid is not None and prepaid.amount != reservation.total:
+            await self._release(prepaid)  # held for another call than this one
+            prepaid = None
         held: list[tuple[_Stake, LedgerStore]] = []
+        if prepaid is None:
+            lease, to_reserve = spend.new_lease(), self._stakes
+        else:
+            lease, to_reserve = prepaid.lease, self._stakes[:-1]
+            held.append((self._stakes[-1], prepaid.store))
         try:
-            for stake in self._stakes:
+            for stake in to_reserve:
                 held.append((stake, await spend.reserve(stake, lease, reservation.total)))
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -370,6 +392,16 @@ class Ticket:
             for key, value in cost.items():
                 self.charged[key] += value
             self.calls += 1
+
+    async def release_prepaid(self) -> None:
+        """Give back what the admission reserved, if no call took it."""
+        prepaid, self._prepaid = self._prepaid, None
+        if prepaid is not None:
+            await self._release(prepaid)
+
+    async def _release(self, prepaid: _Prepaid) -> None:
+        with anyio.CancelScope(shield=True):
+            await self._spend.settle(prepaid.store, self._stakes[-1], prepaid.lease, {})
 
     async def has_room(self) -> bool:
         """May another call be made for this request (e.g. to continue a paused turn)?"""
@@ -457,12 +489,17 @@ class Spend:
         return SamplingSession(label, budget, client, MemoryStore(self._wall_clock, self._clock))
 
     @asynccontextmanager
-    async def admit(self, session: SamplingSession | None) -> AsyncIterator[Ticket]:
+    async def admit(
+        self, session: SamplingSession | None, first: Reservation | None = None
+    ) -> AsyncIterator[Ticket]:
         """Hold the request's slots for the body, if its budgets and rate limits allow it.
 
         Waiting for a slot has no timeout of its own: the server's request timeout (or its cancel)
         ends the wait. The client's slot is taken before the process's, so that a client at its own
         cap does not hold a slot other clients could use; each call checks the budgets again.
+        `first`: the first call's reservation, held on the shared stake in the admission's own step
+        (one store operation less per request); given back before the request waits for a slot (a
+        request waiting holds nothing; its call reserves anew) or when its call does not take it.
         """
         client = self.client(session.client) if session is not None else None
         accounts = (client, self.process) if client is not None else (self.process,)
@@ -471,22 +508,32 @@ class Spend:
         if session is not None:
             await self.reserve(stakes[0], "", 0)
         member, rates, limits = self.new_lease(), [account.rate for account in accounts], shared.limits
-        (standing, refusal), _ = await self.link.run(
-            "admit", self.store, lambda store: store.admit(limits, rates, member)
+        lease, amount = (self.new_lease(), first.total) if first is not None else ("", 0)
+        (standing, refusal), store = await self.link.run(
+            "admit", self.store, lambda store: store.admit(limits, rates, member, lease, amount)
         )
         self._saw(shared, standing)
         if refusal is not None:
             account = accounts[refusal.index]
             raise account.rate_limited(refusal.retry_after)
-        async with AsyncExitStack() as stack:
-            waited = False
-            for account in accounts:
-                account.admitted += 1
-                waited = await stack.enter_async_context(self._slot(account)) or waited
-            if waited:  # others may have spent meanwhile
-                for stake in stakes:
-                    await self.reserve(stake, "", 0)
-            yield Ticket(self, stakes)
+        prepaid = _Prepaid(lease, amount, store) if amount > 0 else None
+        if prepaid is not None:
+            for limit in limits:
+                self.link.hold(store, "reservation", limit.key, lease)
+        ticket = Ticket(self, stakes, prepaid)
+        try:
+            async with AsyncExitStack() as stack:
+                waited = False
+                for account in accounts:
+                    account.admitted += 1
+                    slot = self._slot(account, before_waiting=ticket.release_prepaid)
+                    waited = await stack.enter_async_context(slot) or waited
+                if waited:  # others may have spent meanwhile
+                    for stake in stakes:
+                        await self.reserve(stake, "", 0)
+                yield ticket
+        finally:
+            await ticket.release_prepaid()
 
     async def reserve(self, stake: _Stake, lease: str, amount: int) -> LedgerStore:
         """Hold `amount` for `lease` on the stake's budgets, or refuse with the first exhausted one's
@@ -527,14 +574,18 @@ class Spend:
         )
 
     @asynccontextmanager
-    async def _slot(self, account: Account) -> AsyncIterator[bool]:
+    async def _slot(
+        self, account: Account, *, before_waiting: Callable[[], Awaitable[None]]
+    ) -> AsyncIterator[bool]:
         """One of the account's slots: this process's limiter, or a lease in the shared store.
-        Yields whether it had to wait for it."""
+        Yields whether it had to wait for it; `before_waiting` runs before a wait."""
         if account.max_concurrent <= 0:
             yield False
             return
         if account.slots is not None:
             waited = account.slots.available_tokens < 1
+            if waited:
+                await before_waiting()
             async with account.slots:
                 account.in_flight += 1
                 try:
@@ -552,6 +603,8 @@ class Spend:
             )
             if got:
                 break
+            if not waited:
+                await before_waiting()
             waited = True
             await anyio.sleep(pause)
             pause = min(pause * 2, SLOT_POLL_SECONDS[1])

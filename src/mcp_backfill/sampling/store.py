@@ -8,8 +8,9 @@ using the same store, so that two replicas cannot both take a budget's last toke
 * `reserve` admits while no allowance of any of its limits is used up or fully reserved, and then
   holds the amount on all of them, in one step (an amount of 0 only checks);
 * `settle` releases a reservation and charges what the call cost, in one step;
-* `admit` checks a request's budgets (reserving nothing) and, if they have room, admits it against
-  several rate limits at once, or against none;
+* `admit` checks a request's budgets and, if they have room, admits it against several rate limits
+  at once, or against none; an admitted request may hold its first call's reservation in the same
+  step (`lease`, `amount`: one round trip to a shared store where a separate `reserve` made two);
 * slots and reservations held by a process are leases: a shared store lets them lapse
   `LEASE_SECONDS` after their holder last renewed them, so a replica that died leaks nothing; a
   lapsed reservation is charged whole, since its holder never said what the call cost (should the
@@ -133,7 +134,7 @@ class LedgerStore(Protocol):
     async def settle(self, limits: Sequence[Limit], lease: str, tokens: int) -> None: ...
 
     async def admit(
-        self, limits: Sequence[Limit], rates: Sequence[Rate], member: str
+        self, limits: Sequence[Limit], rates: Sequence[Rate], member: str, lease: str = "", amount: int = 0
     ) -> tuple[Standing, RateRefusal | None]: ...
 
     async def acquire_slot(self, key: str, limit: int, holder: str) -> bool: ...
@@ -192,10 +193,14 @@ class MemoryStore:
         now = self._wall_clock()
         used, reserved = self._standing(limits, now)
         admitted = exhausted(limits, used, reserved) is None
-        if admitted and amount > 0:
+        if admitted:
+            self._hold(limits, lease, amount)
+        return Standing(tuple(used), tuple(reserved), now, admitted)
+
+    def _hold(self, limits: Sequence[Limit], lease: str, amount: int) -> None:
+        if amount > 0:
             for limit in limits:
                 self._payers.setdefault(limit.key, _Payer()).reservations[lease] = amount
-        return Standing(tuple(used), tuple(reserved), now, admitted)
 
     async def settle(self, limits: Sequence[Limit], lease: str, tokens: int) -> None:
         now = self._wall_clock()
@@ -210,10 +215,15 @@ class MemoryStore:
                 payer.used[(window, number)] = payer.used.get((window, number), 0) + tokens
 
     async def admit(
-        self, limits: Sequence[Limit], rates: Sequence[Rate], member: str
+        self, limits: Sequence[Limit], rates: Sequence[Rate], member: str, lease: str = "", amount: int = 0
     ) -> tuple[Standing, RateRefusal | None]:
         standing = await self.reserve(limits, "", 0)
-        return standing, (self._hit(rates) if standing.admitted else None)
+        if not standing.admitted:
+            return standing, None
+        refusal = self._hit(rates)
+        if refusal is None:
+            self._hold(limits, lease, amount)
+        return standing, refusal
 
     def _hit(self, rates: Sequence[Rate]) -> RateRefusal | None:
         now = self._clock()

@@ -33,6 +33,7 @@ from mcp_backfill.options import BUDGET_WINDOWS
 from mcp_backfill.sampling.store import (
     LAPSED_MEMORY_SECONDS,
     LEASE_SECONDS,
+    RATE_WINDOW_SECONDS,
     Held,
     Limit,
     Rate,
@@ -95,6 +96,14 @@ local function reserved(p, payer, allowances, now_ms)
   for _, value in ipairs(redis.call('HVALS', amounts)) do sum = sum + tonumber(value) end
   return sum
 end
+-- Hold `amount` for `lease` on every payer's budget until `expiry_ms` (renewed while its holder lives).
+local function hold(p, payers, lease, amount, expiry_ms)
+  if amount <= 0 then return end
+  for _, payer in ipairs(payers) do
+    redis.call('ZADD', p .. 'res:' .. payer, expiry_ms, lease)
+    redis.call('HSET', p .. 'resamt:' .. payer, lease, amount)
+  end
+end
 """
 )
 
@@ -128,28 +137,25 @@ RESERVE = (
     + """
 local p, lease, amount, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local admitted, payers, used, reserved_by = standing(p, 5, now_ms)
-if admitted and amount > 0 then
-  for _, payer in ipairs(payers) do
-    redis.call('ZADD', p .. 'res:' .. payer, now_ms + ttl, lease)
-    redis.call('HSET', p .. 'resamt:' .. payer, lease, amount)
-  end
-end
+if admitted then hold(p, payers, lease, amount, now_ms + ttl) end
 return {admitted and 1 or 0, now_ms, cjson.encode(used), cjson.encode(reserved_by)}
 """
 )
 
-# ARGV: prefix, member, window_ms, count, then count times (key, per_minute), then the limits.
+# ARGV: prefix, member, window_ms, lease, amount, ttl_ms, count, then count times (key, per_minute),
+# then the limits.
 ADMIT = (
     _NOW
     + _LEDGER
     + _STANDING
     + """
-local p, member, window, count = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local admitted, _, used, reserved_by = standing(p, 5 + 2 * count, now_ms)
+local p, member, window = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local lease, amount, ttl, count = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local admitted, payers, used, reserved_by = standing(p, 8 + 2 * count, now_ms)
 local refused, retry = -1, 0
 if admitted then
   for index = 0, count - 1 do
-    local key, most = p .. 'rate:' .. ARGV[5 + 2 * index], tonumber(ARGV[6 + 2 * index])
+    local key, most = p .. 'rate:' .. ARGV[8 + 2 * index], tonumber(ARGV[9 + 2 * index])
     if most > 0 then
       redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms - window)
       if refused < 0 and redis.call('ZCARD', key) >= most then
@@ -160,12 +166,13 @@ if admitted then
   end
   if refused < 0 then
     for index = 0, count - 1 do
-      local key, most = p .. 'rate:' .. ARGV[5 + 2 * index], tonumber(ARGV[6 + 2 * index])
+      local key, most = p .. 'rate:' .. ARGV[8 + 2 * index], tonumber(ARGV[9 + 2 * index])
       if most > 0 then
         redis.call('ZADD', key, now_ms, member)
         redis.call('PEXPIRE', key, window)
       end
     end
+    hold(p, payers, lease, amount, now_ms + ttl)
   end
 end
 return {admitted and 1 or 0, now_ms, cjson.encode(used), cjson.encode(reserved_by), refused, retry}
@@ -291,9 +298,17 @@ class RedisStore:
         return _standing(admitted, now_ms, used, reserved)
 
     async def admit(
-        self, limits: Sequence[Limit], rates: Sequence[Rate], member: str
+        self, limits: Sequence[Limit], rates: Sequence[Rate], member: str, lease: str = "", amount: int = 0
     ) -> tuple[Standing, RateRefusal | None]:
-        args: list[Any] = [self._prefix, member, 60_000, len(rates)]
+        args: list[Any] = [
+            self._prefix,
+            member,
+            round(RATE_WINDOW_SECONDS * 1000),
+            lease or "-",
+            amount,
+            self._ttl_ms,
+            len(rates),
+        ]
         for rate in rates:
             args += [rate.key, rate.per_minute]
         admitted, now_ms, used, reserved, index, retry_ms = await self._call(

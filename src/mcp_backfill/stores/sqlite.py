@@ -167,22 +167,33 @@ class SqliteStore:
                 counts.append(int(row[0]) if row else 0)
             used.append(tuple(counts))
         admitted = exhausted(limits, used, reserved) is None
-        if admitted and amount > 0:
+        if admitted:
+            self._hold(db, limits, lease, amount, now)
+        return Standing(tuple(used), tuple(reserved), now, admitted)
+
+    def _hold(
+        self, db: sqlite3.Connection, limits: Sequence[Limit], lease: str, amount: int, now: float
+    ) -> None:
+        if amount > 0:
             db.executemany(
                 "INSERT OR REPLACE INTO leases VALUES ('reservation', ?, ?, ?, ?)",
                 [(limit.key, lease, amount, now + self.lease_seconds) for limit in limits],
             )
-        return Standing(tuple(used), tuple(reserved), now, admitted)
 
     async def reserve(self, limits: Sequence[Limit], lease: str, amount: int) -> Standing:
         return await self._run(lambda db, now: self._standing(db, limits, now, lease, amount))
 
     async def admit(
-        self, limits: Sequence[Limit], rates: Sequence[Rate], member: str
+        self, limits: Sequence[Limit], rates: Sequence[Rate], member: str, lease: str = "", amount: int = 0
     ) -> tuple[Standing, RateRefusal | None]:
         def work(db: sqlite3.Connection, now: float) -> tuple[Standing, RateRefusal | None]:
             standing = self._standing(db, limits, now, "", 0)
-            return standing, (self._hit(db, rates, now) if standing.admitted else None)
+            if not standing.admitted:
+                return standing, None
+            refusal = self._hit(db, rates, now)
+            if refusal is None:
+                self._hold(db, limits, lease, amount, now)
+            return standing, refusal
 
         return await self._run(work)
 
