@@ -67,9 +67,11 @@ async def relay_session(
 ) -> int:
     """Relay until the upstream side ends; client EOF and signals stop the upstream first."""
     relay = Relay(relay_options(config), sampler, client, upstream.channel, session=session)
-    for channel in (client, upstream.channel):
-        if isinstance(channel, LineChannel):  # pipes: see transports/pipe_writer.py
-            channel.offload_writes(relay.crowded)
+    sides = ((client, relay.from_client_now), (upstream.channel, relay.from_upstream_now))
+    for channel, at_once in sides:
+        if isinstance(channel, LineChannel):
+            channel.offload_writes(relay.crowded)  # see transports/pipe_writer.py
+            channel.deliver_at_once(at_once)  # relayed from the read callback when it can be (relay.Relay)
     stopping = anyio.Event()
 
     async def stop_upstream() -> None:

@@ -14,6 +14,12 @@ depend on the protocol era:
 The relay itself routes: it tracks requests in each direction (the two id spaces overlap), maps
 ids back, answers for messages too large to relay, and hands large responses on undecoded. It
 knows the protocol, not the transport: both sides are `MessageChannel`s.
+
+Routing a message is synchronous work that ends in a list of sends (`_Send`); only the sends wait.
+So when both sides can also send without waiting (`SendsAtOnce`: the stdio pipes), a message can be
+relayed straight from the transport's read callback (`from_client_now`, `from_upstream_now`),
+without a task switch per message; otherwise, or when a send would have to wait, the pump tasks
+relay it, as they relay everything else.
 """
 
 from __future__ import annotations
@@ -44,12 +50,15 @@ from mcp_backfill.relay.tasks import SamplingTasks
 from mcp_backfill.relay.tracing import RequestTraces
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.sampling.spend import SamplingSession
-from mcp_backfill.transports.base import MessageChannel
+from mcp_backfill.transports.base import MessageChannel, SendsAtOnce
 
 log = get_logger("relay")
 
 # Upstream responses this large are routed by the id at their head, without decoding them.
 LARGE_MESSAGE = 64 * 1024
+
+_Send = tuple[bool, bytes, Any]
+"""One message to write: (to the upstream? else to the client, the bytes, the related request id)."""
 
 
 def rewrite_each(message: Any, rewrite: Callable[[Any], Any]) -> Any:
@@ -109,6 +118,11 @@ class Relay:
         self._tg: TaskGroup | None = None
         # `--log-level debug`: one line per message (direction, method, id, size; never contents).
         self._trace_messages = log.isEnabledFor(logging.DEBUG)
+        self._at_once = (
+            (client, upstream)
+            if isinstance(client, SendsAtOnce) and isinstance(upstream, SendsAtOnce)
+            else None
+        )
         self._warmed = not options.warm_up
         sample, scope = self.answerer.sample, session.client if session is not None else ""
         self.rounds = RoundDriver(
@@ -138,6 +152,23 @@ class Relay:
         except BaseException:
             self.traces.close()
             raise
+
+    def from_client_now(self, raw: bytes) -> bool:
+        """Relay a client message at once, outside the pump (from a read callback), when every send
+        it leads to can be made without waiting; False leaves it to the pump."""
+        if not self._can_send_now():
+            return False
+        for send in self._client_sends(raw):
+            self._send_now(send)
+        return True
+
+    def from_upstream_now(self, raw: bytes) -> bool:
+        """`from_client_now` for a message from the upstream (one without an origin: a pipe's)."""
+        if not self._can_send_now():
+            return False
+        for send in self._upstream_sends(raw, None):
+            self._send_now(send)
+        return True
 
     def crowded(self) -> bool:
         """Are several client requests waiting for their answers? (A pipe's writes may then go
@@ -212,30 +243,31 @@ class Relay:
     # -- client -> upstream ----------------------------------------------------------------------
 
     async def _from_client(self, raw: bytes) -> None:
+        for send in self._client_sends(raw):
+            await self._send(send)
+
+    def _client_sends(self, raw: bytes) -> list[_Send]:
+        """Route one client message: what to send where, in order."""
         try:
             message = jsonrpc.decode(raw)
         except ValueError as exc:
             log.warning(
                 "malformed message from client", extra={"error": str(exc), "line": jsonrpc.preview(raw)}
             )
-            await self._send_client(
-                jsonrpc.encode(jsonrpc.error_response(None, protocol.PARSE_ERROR, f"Parse error: {exc}"))
-            )
-            return
+            error = jsonrpc.error_response(None, protocol.PARSE_ERROR, f"Parse error: {exc}")
+            return [(False, jsonrpc.encode(error), None)]
         if self._trace_messages:
             trace_message("from client", message, len(raw))
         replies: list[dict[str, Any]] = []
         forwarded = rewrite_each(message, lambda item: self._client_item(item, replies))
-        if forwarded is None:
-            raw = b""
-        elif forwarded is not message:
-            raw = jsonrpc.encode(forwarded)
-        if raw:
-            await self._send_upstream(raw)
+        sends: list[_Send] = []
+        if forwarded is not None:
+            sends.append((True, raw if forwarded is message else jsonrpc.encode(forwarded), None))
         for reply in replies:
             if self.traces.enabled:
                 self.traces.answered(reply, by="server")
-            await self._send_client(jsonrpc.encode(reply))
+            sends.append((False, jsonrpc.encode(reply), None))
+        return sends
 
     def _client_item(self, message: Any, replies: list[dict[str, Any]]) -> Any:
         """Track one client message; return it, a rewritten copy, or None when the proxy consumed it.
@@ -322,14 +354,18 @@ class Relay:
 
     async def _from_upstream(self, raw: bytes, origin: Any = None) -> None:
         """`origin`: the upstream-side id of the request whose response stream carried `raw`."""
+        for send in self._upstream_sends(raw, origin):
+            await self._send(send)
+
+    def _upstream_sends(self, raw: bytes, origin: Any) -> list[_Send]:
+        """Route one upstream message (see `_from_upstream`): what to send where, in order."""
         related = self._client_id_for(origin)
         if len(raw) >= LARGE_MESSAGE and self._plain_response(raw):
             if self._trace_messages:
                 log.debug(
                     "message", extra={"direction": "from upstream", "kind": "response", "bytes": len(raw)}
                 )
-            await self._send_client(raw, related)
-            return
+            return [(False, raw, related)]
         try:
             message = jsonrpc.decode(raw)
         except ValueError as exc:
@@ -337,17 +373,15 @@ class Relay:
                 "malformed message from upstream; dropped",
                 extra={"error": str(exc), "line": jsonrpc.preview(raw)},
             )
-            return
+            return []
         if self._trace_messages:
             trace_message("from upstream", message, len(raw))
         forwarded = rewrite_each(message, lambda item: self._upstream_item(item, related))
         if forwarded is None:
-            return
+            return []
         if self.traces.enabled:
             self.traces.answered(forwarded, by="server")
-        if forwarded is not message:
-            raw = jsonrpc.encode(forwarded)
-        await self._send_client(raw, related)
+        return [(False, raw if forwarded is message else jsonrpc.encode(forwarded), related)]
 
     def _plain_response(self, raw: bytes) -> bool:
         """Is `raw` a response the relay forwards untouched? Then it need not be decoded.
@@ -463,14 +497,42 @@ class Relay:
             self.traces.answered_raw(raw)
         await self._send_client(raw, related)
 
+    async def _send(self, send: _Send) -> None:
+        to_upstream, raw, related = send
+        await (self._send_upstream(raw) if to_upstream else self._send_client(raw, related))
+
+    def _can_send_now(self) -> bool:
+        sides = self._at_once
+        # Only while at most one request is in flight: under load the pumps relay what piled up in
+        # one go, with fewer wake-ups (benchmarks/README.md, the tenth round).
+        return (
+            sides is not None and not self.crowded() and sides[0].can_send_now() and sides[1].can_send_now()
+        )
+
+    def _send_now(self, send: _Send) -> None:
+        to_upstream, raw, related = send
+        try:
+            self._at_once[to_upstream].send_now(raw, related)  # type: ignore[index]  # checked by the caller
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            _dropped(raw, to_upstream=to_upstream)
+
     async def _send_client(self, raw: bytes, related: Any = None) -> None:
         try:
             await self.client.send(raw, related)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            log.debug("client is gone; message dropped", extra={"line": jsonrpc.preview(raw)})
+            _dropped(raw, to_upstream=False)
 
     async def _send_upstream(self, raw: bytes) -> None:
         try:
             await self.upstream.send(raw)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            log.warning("upstream is gone; message dropped", extra={"line": jsonrpc.preview(raw)})
+            _dropped(raw, to_upstream=True)
+
+
+def _dropped(raw: bytes, *, to_upstream: bool) -> None:
+    """A message for a side that is gone: the upstream's loss is worth a warning, a client that
+    left is the normal end of a session."""
+    if to_upstream:
+        log.warning("upstream is gone; message dropped", extra={"line": jsonrpc.preview(raw)})
+    else:
+        log.debug("client is gone; message dropped", extra={"line": jsonrpc.preview(raw)})

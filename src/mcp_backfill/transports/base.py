@@ -6,7 +6,7 @@ that a message the relay does not modify is forwarded exactly as it arrived.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 
 class MessageChannel(Protocol):
@@ -26,3 +26,14 @@ class MessageChannel(Protocol):
     async def receive_with_origin(self) -> tuple[bytes, Any]: ...
 
     async def send(self, message: bytes, related: Any = None) -> None: ...
+
+
+@runtime_checkable
+class SendsAtOnce(Protocol):
+    """A channel that can also write a message without waiting, from outside any task (the stdio
+    pipes: `LineChannel`). `send_now` is called only right after `can_send_now()` said yes, and
+    then sends like `send()` would, in order with the sends before it."""
+
+    def can_send_now(self) -> bool: ...
+
+    def send_now(self, message: bytes, related: Any = None) -> None: ...

@@ -67,8 +67,8 @@ class PipeWriter:
         """Is anything handed over still unwritten? Then later messages must follow it here."""
         return self._handed != self._written
 
-    async def write(self, parts: Sequence[Chunk]) -> None:
-        """Hand `parts` over; waits while more than `limit` bytes are held.
+    def hand(self, parts: Sequence[Chunk]) -> None:
+        """Hand `parts` over without waiting, whatever is held (the caller bounds it).
 
         Raises `anyio.BrokenResourceError` once a write failed, `anyio.ClosedResourceError` once closed.
         """
@@ -78,6 +78,10 @@ class PipeWriter:
             raise anyio.BrokenResourceError from self._error
         self._handed += sum(map(len, parts))
         self._items.put(parts)
+
+    async def write(self, parts: Sequence[Chunk]) -> None:
+        """Hand `parts` over; waits while more than `limit` bytes are held (errors as `hand`)."""
+        self.hand(parts)
         while self._over_limit():
             progress = self._progress
             if progress is None or progress.done():

@@ -2,6 +2,10 @@
 
 Lines are read and written directly (no SDK session, no per-message validation) because every
 relayed message passes through here and the relay only needs the bytes.
+
+A `LineChannel` over a pipe can also hand a message to its owner from the read callback itself
+(`deliver_at_once`) and take one to write without waiting (`can_send_now`, `send_now`): the stdio
+relay's hot path, one message in and one out with no task switch between (see `relay.Relay`).
 """
 
 from __future__ import annotations
@@ -49,6 +53,15 @@ class LineSplitter:
         self._scanned = 0  # bytes of the buffer already known to hold no newline
         self._skipping: MessageTooLarge | None = None
 
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def holding(self) -> bool:
+        """Is part of a line waiting for the rest?"""
+        return bool(self._buffer) or self._skipping is not None
+
     def feed(self, data: bytes) -> None:
         self._buffer += data
 
@@ -71,8 +84,7 @@ class LineSplitter:
                 return skipped
             if len(line) > self._limit:
                 return MessageTooLarge.from_bytes(line, self._limit)
-            if line[:1].isspace() or line[-1:].isspace():
-                line = line.strip()
+            line = trimmed(line)
             if line:
                 return line
 
@@ -91,6 +103,11 @@ class LineSplitter:
         self._scanned = len(self._buffer)
 
 
+def trimmed(line: bytes) -> bytes:
+    """`line` without the whitespace around it (a blank line becomes empty: nothing to relay)."""
+    return line.strip() if line[:1].isspace() or line[-1:].isspace() else line
+
+
 class LineChannel:
     """A `MessageChannel` over a pair of byte streams carrying newline-delimited messages."""
 
@@ -102,6 +119,7 @@ class LineChannel:
         self._send_lock = anyio.Lock(fast_acquire=True)
         self._crowded: Callable[[], bool] | None = None
         self._offload: PipeWriter | None = None
+        self._at_once: Callable[[bytes], bool] | None = None
 
     async def receive(self) -> bytes:
         while True:
@@ -134,8 +152,7 @@ class LineChannel:
         # thread has written them all.
         parts: Sequence[Chunk] = (message, b"\n")
         if not self._send_lock.locked():
-            crowded = self._crowded
-            if crowded is not None and self._offloading(self._writer, crowded):
+            if self._offloading(self._writer):
                 if self._offload is None:
                     self._offload = PipeWriter(self._writer, PIPE_SIZE)
                 await self._offload.write(parts)
@@ -146,16 +163,62 @@ class LineChannel:
         async with self._send_lock:
             await self._writer.send_parts(parts)
 
+    def deliver_at_once(self, handler: Callable[[bytes], bool]) -> None:
+        """While `receive()` waits for data, hand a message that arrives whole in one read to
+        `handler` from the read callback itself, without waking the receiving task; `handler`
+        returns False to leave it to `receive()` after all. An exception it raises is raised by
+        `receive()`. Only over a pipe or socket (else nothing changes).
+
+        A part of a line, several lines in one read, an oversized line, or a read while the
+        receiving task is busy all take the usual way, so messages keep their order.
+        """
+        if isinstance(self._reader, PipeReceiveStream):
+            self._at_once = handler
+            self._reader.at_once = self._line_at_once
+
+    def _line_at_once(self, data: bytes) -> bool:
+        lines, handler = self._lines, self._at_once
+        if (
+            handler is None
+            or lines.holding
+            or len(data) - 1 > lines.limit
+            or data.find(b"\n") != len(data) - 1
+        ):
+            return False
+        line = trimmed(data[:-1])
+        return handler(line) if line else True
+
+    def can_send_now(self) -> bool:
+        """Can `send_now` write a message in its turn? (No earlier send waits on a full pipe, and the
+        writer thread is neither holding messages nor due to take this one.)"""
+        writer = self._writer
+        return (
+            isinstance(writer, FdSendStream) and not self._send_lock.locked() and not self._offloading(writer)
+        )
+
+    def send_now(self, message: bytes, related: Any = None) -> None:
+        """Send `message` without waiting; only right after `can_send_now()` said yes. What the pipe
+        does not take at once goes to the writer thread, and later messages follow it there."""
+        writer = cast(FdSendStream, self._writer)
+        parts: Sequence[Chunk] = (message, b"\n")
+        if self._offload is None or not self._offload.holding:
+            parts = writer.write_now(parts)
+            if not parts:
+                return
+        if self._offload is None:
+            self._offload = PipeWriter(writer, PIPE_SIZE)
+        self._offload.hand(parts)
+
     def offload_writes(self, crowded: Callable[[], bool]) -> None:
         """Hand writes to a thread while they are slow and `crowded()` says several requests are in
         flight (see `pipe_writer`); a descriptor writer only, else nothing changes."""
         if isinstance(self._writer, FdSendStream):
             self._crowded = crowded
 
-    def _offloading(self, writer: FdSendStream, crowded: Callable[[], bool]) -> bool:
+    def _offloading(self, writer: FdSendStream) -> bool:
         if self._offload is not None and self._offload.holding:
             return True  # after what the thread holds
-        return writer.write_ns > SLOW_WRITE_NS and crowded()
+        return self._crowded is not None and writer.write_ns > SLOW_WRITE_NS and self._crowded()
 
     async def close_writer(self, flush_timeout: float = CLOSE_SECONDS) -> None:
         """Close the writing side, once the writer thread (if any) has written what it holds, or
@@ -179,6 +242,10 @@ class _PipeProtocol(asyncio.Protocol):
         self.ended = False
         self.waiter: asyncio.Future[None] | None = None
         self.transport: asyncio.ReadTransport | None = None
+        self.at_once: Callable[[bytes], bool] | None = None
+        """Offered each chunk while the reader waits; True when it took it (`deliver_at_once`)."""
+        self.failure: Exception | None = None
+        """What `at_once` raised, for the reader to raise."""
         self._buffered = 0
         self._paused = False
 
@@ -186,6 +253,15 @@ class _PipeProtocol(asyncio.Protocol):
         self.transport = cast(asyncio.ReadTransport, transport)
 
     def data_received(self, data: bytes) -> None:
+        waiter = self.waiter
+        if self.at_once is not None and waiter is not None and not waiter.done():
+            try:
+                if self.at_once(data):
+                    return
+            except Exception as exc:
+                self.failure = exc
+                self._wake()
+                return
         self.chunks.append(data)
         self._buffered += len(data)
         if self._buffered > READ_CHUNK and not self._paused and self.transport is not None:
@@ -230,9 +306,21 @@ class PipeReceiveStream(ByteReceiveStream):
     def __init__(self, protocol: _PipeProtocol) -> None:
         self._protocol = protocol
 
+    @property
+    def at_once(self) -> Callable[[bytes], bool] | None:
+        """Offered each chunk that arrives while `receive` waits; True when it took it."""
+        return self._protocol.at_once
+
+    @at_once.setter
+    def at_once(self, take: Callable[[bytes], bool] | None) -> None:
+        self._protocol.at_once = take
+
     async def receive(self, max_bytes: int = READ_CHUNK) -> bytes:
         protocol = self._protocol
         while not protocol.chunks:
+            if protocol.failure is not None:
+                failure, protocol.failure = protocol.failure, None
+                raise failure
             if protocol.ended:
                 raise anyio.EndOfStream
             protocol.waiter = asyncio.get_running_loop().create_future()
