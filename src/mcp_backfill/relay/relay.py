@@ -156,18 +156,20 @@ class Relay:
     def from_client_now(self, raw: bytes) -> bool:
         """Relay a client message at once, outside the pump (from a read callback), when every send
         it leads to can be made without waiting; False leaves it to the pump."""
-        if not self._can_send_now():
+        sides = self._sides_now()
+        if sides is None:
             return False
         for send in self._client_sends(raw):
-            self._send_now(send)
+            self._send_now(sides, send)
         return True
 
     def from_upstream_now(self, raw: bytes) -> bool:
         """`from_client_now` for a message from the upstream (one without an origin: a pipe's)."""
-        if not self._can_send_now():
+        sides = self._sides_now()
+        if sides is None:
             return False
         for send in self._upstream_sends(raw, None):
-            self._send_now(send)
+            self._send_now(sides, send)
         return True
 
     def crowded(self) -> bool:
@@ -501,18 +503,19 @@ class Relay:
         to_upstream, raw, related = send
         await (self._send_upstream(raw) if to_upstream else self._send_client(raw, related))
 
-    def _can_send_now(self) -> bool:
+    def _sides_now(self) -> tuple[SendsAtOnce, SendsAtOnce] | None:
+        """(client, upstream) when both can take a message at once, else None."""
         sides = self._at_once
         # Only while at most one request is in flight: under load the pumps relay what piled up in
         # one go, with fewer wake-ups (benchmarks/README.md, the tenth round).
-        return (
-            sides is not None and not self.crowded() and sides[0].can_send_now() and sides[1].can_send_now()
-        )
+        if sides is None or self.crowded() or not (sides[0].can_send_now() and sides[1].can_send_now()):
+            return None
+        return sides
 
-    def _send_now(self, send: _Send) -> None:
+    def _send_now(self, sides: tuple[SendsAtOnce, SendsAtOnce], send: _Send) -> None:
         to_upstream, raw, related = send
         try:
-            self._at_once[to_upstream].send_now(raw, related)  # type: ignore[index]  # checked by the caller
+            sides[to_upstream].send_now(raw, related)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             _dropped(raw, to_upstream=to_upstream)
 
