@@ -25,6 +25,7 @@ from mcp_backfill.sampling.spend import Spend, SpendSettings
 from mcp_backfill.sampling.store import LedgerStore
 from mcp_backfill.stores import open_store
 from mcp_backfill.transports.base import MessageChannel
+from mcp_backfill.transports.child import StartedChild
 from mcp_backfill.transports.stdio import UpstreamProcess, spawn_upstream
 
 if TYPE_CHECKING:  # imported when used: a child upstream's startup does without httpx2 (~100 ms)
@@ -37,7 +38,8 @@ def make_sampler(
     """The sampler with the configured provider, limits, spending controls and audit log;
     `observer` hears of every sampling request, `attempts` of every attempt at a Claude call.
 
-    Raises `ConfigError` when the audit log cannot be opened, before anything else is started.
+    Raises `ConfigError` when the audit log cannot be opened, before anything is relayed (the stdio
+    wrapper's upstream may have started: it is stopped then).
     """
     audit = (
         AuditLog(config.audit_log, include_content=config.audit_content, secrets=config.secrets())
@@ -163,15 +165,18 @@ class UpstreamLeg(Protocol):
 
 
 @asynccontextmanager
-async def open_upstream(config: Config) -> AsyncIterator[tuple[UpstreamLeg, dict[str, Any]]]:
-    """The configured upstream (a child process or an HTTP endpoint), and what to log about it."""
+async def open_upstream(
+    config: Config, started: StartedChild | None = None
+) -> AsyncIterator[tuple[UpstreamLeg, dict[str, Any]]]:
+    """The configured upstream (a child process, `started` already or not, or an HTTP endpoint), and
+    what to log about it."""
     if config.upstream_url is not None:
         from mcp_backfill.transports.http_upstream import display_url, open_http_upstream
 
         async with open_http_upstream(http_upstream_settings(config)) as http:
             yield http, {"upstream_url": display_url(config.upstream_url)}
         return
-    async with spawn_child(config) as process:
+    async with spawn_child(config, started) as process:
         yield process, {"upstream": list(config.upstream_command), "pid": process.pid}
 
 
@@ -191,12 +196,13 @@ def http_upstream_settings(
 
 
 @asynccontextmanager
-async def spawn_child(config: Config) -> AsyncIterator[UpstreamProcess]:
+async def spawn_child(config: Config, started: StartedChild | None = None) -> AsyncIterator[UpstreamProcess]:
     """The upstream command as a child process, without the proxy's credentials in its environment."""
     async with spawn_upstream(
         config.upstream_command,
         upstream_environment(os.environ),
         config.max_message_bytes,
         config.shutdown_grace,
+        started,
     ) as process:
         yield process

@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 import textwrap
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 import anyio
@@ -23,10 +23,12 @@ from mcp_backfill.config import (
     read_secret_files,
     secret_from_env,
     unknown_variables,
+    upstream_environment,
 )
 from mcp_backfill.errors import ConfigError, StartupError
 from mcp_backfill.logs import configure_logging, get_logger
 from mcp_backfill.options import DEFAULTS, GROUPS, OPTIONS, Option, options_for, read_options
+from mcp_backfill.transports.child import start_child
 
 SERVE_USAGE = "mcp-backfill serve [OPTIONS] (--upstream-url URL | -- COMMAND [ARGS...])"
 USAGE = f"mcp-backfill [OPTIONS] (--upstream-url URL | -- COMMAND [ARGS...])\n       {SERVE_USAGE}"
@@ -186,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = parse_config(arguments, os.environ)
         configure_logging(config.log_level, config.log_format, config.secrets())
         _warn_about(config, os.environ)
-        return anyio.run(_front(config), config, backend_options=event_loop_options())
+        return _run(config)
     except ConfigError as exc:  # also found once running: an unusable --audit-log file, a provider setup
         sys.stderr.write(f"mcp-backfill: error: {exc}\n")
         return exc.exit_code
@@ -210,15 +212,25 @@ def _warn_about(config: Config, environ: Mapping[str, str]) -> None:
         )
 
 
-def _front(config: Config) -> Callable[[Config], Awaitable[int]]:
-    """The front `config` asks for, imported only then (the sidecar's server stack is not light)."""
+def _run(config: Config) -> int:
+    """Run the front `config` asks for, imported only then (neither is light to import).
+
+    The stdio wrapper starts its upstream command first, so that the server's own start (an
+    interpreter, `npx`) runs beside the import of the relay and not after it."""
     if config.front == "http":
         from mcp_backfill.sidecar.server import run_sidecar
 
-        return run_sidecar
-    from mcp_backfill.stdio_front import run_stdio_proxy
+        return anyio.run(run_sidecar, config, backend_options=event_loop_options())
+    started = None
+    if config.upstream_command and config.upstream_url is None:
+        started = start_child(config.upstream_command, upstream_environment(os.environ))
+    try:
+        from mcp_backfill.stdio_front import run_stdio_proxy
 
-    return run_stdio_proxy
+        return anyio.run(run_stdio_proxy, config, started, backend_options=event_loop_options())
+    finally:
+        if started is not None:
+            started.discard(config.shutdown_grace)  # unless the front adopted it (and stopped it)
 
 
 if __name__ == "__main__":

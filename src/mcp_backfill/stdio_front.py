@@ -28,13 +28,15 @@ from mcp_backfill.sampling.audit import auditing
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.sampling.spend import SamplingSession
 from mcp_backfill.transports.base import MessageChannel
+from mcp_backfill.transports.child import StartedChild
 from mcp_backfill.transports.stdio import LineChannel, own_stdio
 
 log = get_logger("proxy")
 
 
-async def run_stdio_proxy(config: Config) -> int:
-    """Run one stdio session to completion and return the exit status to use."""
+async def run_stdio_proxy(config: Config, started: StartedChild | None = None) -> int:
+    """Run one stdio session to completion and return the exit status to use; the upstream command
+    may have been `started` already (see `cli`)."""
     sampler = make_sampler(config)
     tracing = telemetry.install_from_environment()
     try:
@@ -42,7 +44,7 @@ async def run_stdio_proxy(config: Config) -> int:
             auditing(sampler.audit),
             sampler.spend.upkeep(),
             own_stdio(config.max_message_bytes) as client,
-            open_upstream(config) as (upstream, about),
+            open_upstream(config, started) as (upstream, about),
         ):
             log.info("relaying", extra={**about, "mode": config.mode, "provider": config.provider})
             session = sampler.spend.new_session("stdio")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -235,13 +236,29 @@ async def test_concurrent_claude_calls_are_capped_and_the_rest_wait(fake_claude:
     assert fake_claude.max_in_flight == 2
 
 
-def test_an_unwritable_audit_log_stops_the_proxy_before_the_upstream_starts(tmp_path: Path) -> None:
-    marker = tmp_path / "upstream-started"
-    upstream = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+def test_an_unwritable_audit_log_stops_the_proxy_before_the_upstream_gets_anything(tmp_path: Path) -> None:
+    """The stdio wrapper starts its upstream before the relay is ready (its start overlaps ours), so
+    an upstream can be running when the proxy finds it cannot start: it is sent nothing and does not
+    outlive the proxy, even when it ignores the end of its stdin."""
+    started, got = tmp_path / "upstream-pid", tmp_path / "upstream-got-a-message"
+    script = (
+        "import os, sys, time\n"
+        f"open({str(started)!r} + '.new', 'w').write(str(os.getpid()))\n"
+        f"os.replace({str(started)!r} + '.new', {str(started)!r})\n"
+        f"if sys.stdin.readline(): open({str(got)!r}, 'w')\n"
+        "time.sleep(60)\n"
+    )
     unwritable = str(tmp_path / "no-such-dir" / "a.jsonl")
-    argv = proxy_argv("--provider", "mock", "--audit-log", unwritable, upstream=upstream)
-    done = subprocess.run(argv, env=proxy_env(), cwd=ROOT, capture_output=True, timeout=60, check=False)
+    argv = proxy_argv(
+        "--provider", "mock", "--audit-log", unwritable, upstream=[sys.executable, "-c", script]
+    )
+    done = subprocess.run(
+        argv, env=proxy_env(), cwd=ROOT, input=b"", capture_output=True, timeout=60, check=False
+    )
     assert done.returncode == 2
     assert b"--audit-log" in done.stderr
     assert done.stdout == b""
-    assert not marker.exists()
+    assert not got.exists()
+    if started.exists():  # it got as far as starting (nearly always: the proxy fails later than that)
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(started.read_text()), 0)

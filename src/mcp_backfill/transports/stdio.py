@@ -14,7 +14,9 @@ import asyncio
 import os
 import signal
 import stat
+import subprocess
 import sys
+import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -23,16 +25,16 @@ from time import perf_counter_ns
 from typing import Any, cast
 
 import anyio
-from anyio.abc import ByteReceiveStream, ByteSendStream, Process
+from anyio.abc import ByteReceiveStream, ByteSendStream
 
-from mcp_backfill.errors import MessageTooLarge, cannot_start
+from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import get_logger
+from mcp_backfill.transports.child import PIPE_SIZE, StartedChild, enlarge_pipe, start_child
 from mcp_backfill.transports.pipe_writer import CLOSE_SECONDS, PipeWriter
 
 log = get_logger("stdio")
 
 READ_CHUNK = 256 * 1024
-PIPE_SIZE = 256 * 1024  # what enlarge_pipe asks for
 # A pipe whose writes take this long lately wakes its reader at a cost the event loop should not
 # wait out while other messages wait (see `pipe_writer`); a write to an awake reader takes ~1 µs.
 SLOW_WRITE_NS = 20_000
@@ -479,11 +481,47 @@ async def own_stdio(max_message_bytes: int) -> AsyncIterator[LineChannel]:
                 os.close(fd)
 
 
+class ChildProcess:
+    """A started child as the event loop sees it. Its exit is awaited by a thread that lives from
+    the first `wait` to the exit (at a session's end): not a pidfd in the event loop, whose closing
+    uvloop does not finish at once (a new descriptor with its number could abort the loop)."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+        self._exited: anyio.Event | None = None
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.poll()
+
+    def send_signal(self, sig: int) -> None:
+        self._popen.send_signal(sig)  # nothing once it has exited
+
+    async def wait(self) -> int:
+        if (code := self._popen.poll()) is not None:
+            return code
+        if self._exited is None:  # one thread, however many wait
+            self._exited = anyio.Event()
+            loop = asyncio.get_running_loop()
+            threading.Thread(target=self._wait_in_thread, args=(loop, self._exited), daemon=True).start()
+        await self._exited.wait()
+        return self._popen.wait()
+
+    def _wait_in_thread(self, loop: asyncio.AbstractEventLoop, exited: anyio.Event) -> None:
+        self._popen.wait()
+        with suppress(RuntimeError):  # the loop has closed: nobody waits any more
+            loop.call_soon_threadsafe(exited.set)
+
+
 @dataclass
 class UpstreamProcess:
     """The upstream server as a child process, with its stdio as a `LineChannel`."""
 
-    process: Process
+    process: ChildProcess
     channel: LineChannel
     command: tuple[str, ...]
 
@@ -527,38 +565,27 @@ def exit_status(returncode: int) -> int:
 
 @asynccontextmanager
 async def spawn_upstream(
-    command: Sequence[str], env: Mapping[str, str], max_message_bytes: int, grace: float
+    command: Sequence[str],
+    env: Mapping[str, str],
+    max_message_bytes: int,
+    grace: float,
+    started: StartedChild | None = None,
 ) -> AsyncIterator[UpstreamProcess]:
-    """Start the upstream; its stderr is inherited so its logs pass straight through to ours.
-
-    Its stdin and stdout are pipes we make ourselves, so that both are read and written like our
-    own stdio (no stream wrapper yielding to the event loop around every write), with room for a
-    large message in one go.
-    """
-    child_stdin, to_child = os.pipe()
-    from_child, child_stdout = os.pipe()
-    for fd in (to_child, from_child):
-        enlarge_pipe(fd)
+    """The upstream as a child process (`child.start_child`, or `started` if it was started already),
+    with its stdio as a `LineChannel`; leaving stops it. Its stderr is inherited, so its logs pass
+    straight through to ours."""
+    child = (started or start_child(command, env)).adopt()
+    process = ChildProcess(child.popen)
     try:
-        process = await anyio.open_process(
-            list(command),
-            stdin=child_stdin,
-            stdout=child_stdout,
-            stderr=None,
-            env=dict(env),
-            start_new_session=True,
+        channel = LineChannel(
+            await open_fd_receive_stream(child.from_child, owned=True),
+            FdSendStream(child.to_child),
+            max_message_bytes,
         )
-    except OSError as exc:
-        for fd in (to_child, from_child):
-            os.close(fd)
-        raise cannot_start(command[0], str(exc.strerror or exc), env.get("PATH")) from exc
-    finally:
-        os.close(child_stdin)
-        os.close(child_stdout)
-    channel = LineChannel(
-        await open_fd_receive_stream(from_child, owned=True), FdSendStream(to_child), max_message_bytes
-    )
-    upstream = UpstreamProcess(process, channel, tuple(command))
+    except BaseException:
+        child.discard(grace, force=True)
+        raise
+    upstream = UpstreamProcess(process, channel, child.command)
     try:
         yield upstream
     finally:
@@ -567,18 +594,3 @@ async def spawn_upstream(
                 await upstream.stop(grace)
             await channel.close_writer()
             await channel.close_reader()
-
-
-def enlarge_pipe(fd: int) -> None:
-    """Let a pipe hold 256 KiB (Linux; 64 KiB by default): fewer wake-ups per large message.
-
-    Never shrinks a pipe. Not more: pipe capacity counts against a per-user quota, and past it
-    every new pipe of the user's (ours and other programs') is cut to one page.
-    """
-    try:
-        import fcntl
-
-        if fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) < PIPE_SIZE:
-            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-    except (ImportError, AttributeError, OSError):
-        pass  # not Linux, not a pipe, or above the user's quota: the size it has works, only slower

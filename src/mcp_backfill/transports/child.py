@@ -1,0 +1,97 @@
+"""Starting the upstream server as a child process: its pipes and the spawn, with the stdlib alone.
+
+Apart from the stdio transport (which needs asyncio and anyio) so that the stdio wrapper can start
+its upstream before it imports the relay: the server's own start (an interpreter, `npx`, a JVM)
+then runs beside the proxy's instead of after it. `stdio.spawn_upstream` adopts the child.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from contextlib import suppress
+
+from mcp_backfill.errors import cannot_start
+
+PIPE_SIZE = 256 * 1024  # what enlarge_pipe asks for
+
+
+class StartedChild:
+    """A running child with pipes for its stdin and stdout (stderr is ours): the parent's ends."""
+
+    __slots__ = ("adopted", "command", "from_child", "popen", "to_child")
+
+    def __init__(
+        self, popen: subprocess.Popen[bytes], to_child: int, from_child: int, command: Sequence[str]
+    ) -> None:
+        self.popen = popen
+        self.to_child = to_child
+        self.from_child = from_child
+        self.command = tuple(command)
+        self.adopted = False
+
+    def adopt(self) -> StartedChild:
+        """Take the child over: from now on its stopping is the adopter's (`discard` leaves it be)."""
+        self.adopted = True
+        return self
+
+    def discard(self, grace: float, force: bool = False) -> None:
+        """Stop a child nobody adopted (the proxy could not start after it), or any if `force`: it has
+        been sent nothing, so at once stdin closed and SIGTERM to its group, SIGKILL after `grace`
+        seconds; then reap it."""
+        if self.adopted and not force:
+            return
+        for fd in (self.to_child, self.from_child):
+            with suppress(OSError):
+                os.close(fd)
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, None)):
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.popen.pid, sig)
+            with suppress(subprocess.TimeoutExpired):
+                self.popen.wait(wait)
+                return
+
+
+def start_child(command: Sequence[str], env: Mapping[str, str]) -> StartedChild:
+    """Start `command` in its own session (a signal to its group reaches its children too), with
+    pipes we make ourselves: read and written like our own stdio, with room for a large message.
+
+    Raises `UpstreamStartError` (with what usually fixes it) when the command cannot be started."""
+    child_stdin, to_child = os.pipe()
+    from_child, child_stdout = os.pipe()
+    for fd in (to_child, from_child):
+        enlarge_pipe(fd)
+    try:
+        popen = subprocess.Popen(
+            list(command),
+            stdin=child_stdin,
+            stdout=child_stdout,
+            stderr=None,
+            env=dict(env),
+            start_new_session=True,
+        )
+    except OSError as exc:
+        for fd in (to_child, from_child):
+            os.close(fd)
+        raise cannot_start(command[0], str(exc.strerror or exc), env.get("PATH")) from exc
+    finally:
+        os.close(child_stdin)
+        os.close(child_stdout)
+    return StartedChild(popen, to_child, from_child, command)
+
+
+def enlarge_pipe(fd: int) -> None:
+    """Let a pipe hold 256 KiB (Linux; 64 KiB by default): fewer wake-ups per large message.
+
+    Never shrinks a pipe. Not more: pipe capacity counts against a per-user quota, and past it
+    every new pipe of the user's (ours and other programs') is cut to one page.
+    """
+    try:
+        import fcntl
+
+        if fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) < PIPE_SIZE:
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    except (ImportError, AttributeError, OSError):
+        pass  # not Linux, not a pipe, or above the user's quota: the size it has works, only slower

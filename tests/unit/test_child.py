@@ -1,0 +1,105 @@
+"""The upstream child: started with the stdlib alone, adopted by the event loop, discarded unadopted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import anyio
+import pytest
+
+from mcp_backfill.errors import UpstreamStartError
+from mcp_backfill.transports.child import StartedChild, start_child
+from mcp_backfill.transports.stdio import ChildProcess, spawn_upstream
+
+pytestmark = pytest.mark.anyio
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+IGNORES_SIGTERM = [
+    sys.executable,
+    "-c",
+    "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+    "time.sleep(60)",
+]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_waiters_see_the_exit_status_and_one_cancelled_waiter_leaves_the_others() -> None:
+    child = start_child(SLEEPER, os.environ)
+    process = ChildProcess(child.popen)
+    statuses: list[int] = []
+
+    async def wait() -> None:
+        statuses.append(await process.wait())
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            tg.start_soon(wait)
+            with anyio.move_on_after(0.05) as scope:
+                await process.wait()
+            assert scope.cancelled_caught
+            assert process.returncode is None
+            process.send_signal(signal.SIGTERM)
+        assert statuses == [-signal.SIGTERM, -signal.SIGTERM]
+        assert process.returncode == -signal.SIGTERM
+        assert await process.wait() == -signal.SIGTERM  # and again, once it has exited
+    finally:
+        child.discard(1.0, force=True)
+
+
+async def test_an_adopted_child_is_stopped_by_its_adopter_and_not_discarded_twice() -> None:
+    child = start_child(["cat"], os.environ)
+    async with spawn_upstream(["cat"], os.environ, 1 << 20, grace=5.0, started=child) as upstream:
+        assert upstream.pid == child.popen.pid
+        await upstream.channel.send(b'{"jsonrpc":"2.0","method":"ping"}\n')
+        assert await upstream.channel.receive() == b'{"jsonrpc":"2.0","method":"ping"}'
+    assert child.popen.returncode == 0  # cat saw its stdin end
+    child.discard(5.0)  # what the front's owner does afterwards: nothing, it was adopted
+
+
+def test_an_unadopted_child_is_terminated_and_reaped() -> None:
+    child = start_child(SLEEPER, os.environ)
+    pid = child.popen.pid
+    child.discard(5.0)
+    assert child.popen.returncode == -signal.SIGTERM
+    assert not alive(pid)
+    for fd in (child.to_child, child.from_child):
+        with pytest.raises(OSError, match="Bad file descriptor"):
+            os.fstat(fd)
+
+
+def test_an_unadopted_child_that_ignores_sigterm_is_killed_after_the_grace() -> None:
+    child = start_child(IGNORES_SIGTERM, os.environ)
+    with os.fdopen(os.dup(child.from_child), "rb") as out:
+        assert out.readline() == b"ready\n"  # its handler is in place
+    child.discard(0.2)
+    assert child.popen.returncode == -signal.SIGKILL
+
+
+def test_a_command_that_cannot_start_says_what_fixes_it_and_leaves_no_descriptor() -> None:
+    before = set(os.listdir("/proc/self/fd"))
+    hint = r"cannot start upstream 'no-such-server-xyz'.*give its absolute path"
+    with pytest.raises(UpstreamStartError, match=hint):
+        start_child(["no-such-server-xyz"], {"PATH": "/nonexistent"})
+    assert set(os.listdir("/proc/self/fd")) == before
+
+
+def test_the_child_gets_its_own_session_and_pipes_for_stdin_and_stdout() -> None:
+    child: StartedChild = start_child(
+        [sys.executable, "-c", "import os, sys; print(os.getsid(0), sys.stdin.read())"], os.environ
+    )
+    os.write(child.to_child, b"hello")
+    os.close(child.to_child)
+    with os.fdopen(child.from_child, "rb") as out:
+        sid, text = out.read().split()
+    assert (int(sid), text) == (child.popen.pid, b"hello")
+    assert child.popen.wait(30) == 0
