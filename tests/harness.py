@@ -195,6 +195,14 @@ async def stop_process(process: Process, grace: float = 10.0) -> None:
         await process.wait()
 
 
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def free_port() -> int:
     """A loopback port nobody listens on right now."""
     with socket.socket() as probe:

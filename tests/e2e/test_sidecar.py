@@ -7,7 +7,6 @@ client (mcp SDK or raw HTTP) --HTTP--> `python -m mcp_backfill serve` --stdio-->
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -23,7 +22,7 @@ import pytest
 from mcp import Client, types
 
 from tests.fake_claude import FakeClaude, text_reply, tool_use_reply
-from tests.harness import proxy_env, python_server, tool_json
+from tests.harness import pid_alive, proxy_env, python_server, tool_json
 from tests.sidecar_harness import (
     HANDSHAKE_HEADERS,
     HTTP_TIMEOUT,
@@ -43,14 +42,6 @@ SAMPLING_SERVER = python_server("sampling_server.py")
 CHATTY_SERVER = python_server("chatty_server.py")
 ECHO_SERVER = python_server("echo_server.py")
 TOKEN = "test-token-0123456789abcdef"
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 async def wait_until(predicate: Any, timeout: float = 10.0) -> None:

@@ -12,6 +12,7 @@ import pytest
 from mcp_backfill.errors import UpstreamStartError
 from mcp_backfill.transports.child import StartedChild, start_child
 from mcp_backfill.transports.stdio import ChildProcess, spawn_upstream
+from tests.harness import pid_alive
 
 pytestmark = pytest.mark.anyio
 
@@ -22,14 +23,6 @@ IGNORES_SIGTERM = [
     "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
     "time.sleep(60)",
 ]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 async def test_waiters_see_the_exit_status_and_one_cancelled_waiter_leaves_the_others() -> None:
@@ -71,7 +64,7 @@ def test_an_unadopted_child_is_terminated_and_reaped() -> None:
     pid = child.popen.pid
     child.discard(5.0)
     assert child.popen.returncode == -signal.SIGTERM
-    assert not alive(pid)
+    assert not pid_alive(pid)
     for fd in (child.to_child, child.from_child):
         with pytest.raises(OSError, match="Bad file descriptor"):
             os.fstat(fd)
