@@ -28,7 +28,7 @@ from mcp_backfill.config import (
 from mcp_backfill.errors import ConfigError, StartupError
 from mcp_backfill.logs import configure_logging, get_logger
 from mcp_backfill.options import DEFAULTS, GROUPS, OPTIONS, Option, options_for, read_options
-from mcp_backfill.transports.child import start_child
+from mcp_backfill.transports.child import HeldSignals, start_child
 
 SERVE_USAGE = "mcp-backfill serve [OPTIONS] (--upstream-url URL | -- COMMAND [ARGS...])"
 USAGE = f"mcp-backfill [OPTIONS] (--upstream-url URL | -- COMMAND [ARGS...])\n       {SERVE_USAGE}"
@@ -216,21 +216,24 @@ def _run(config: Config) -> int:
     """Run the front `config` asks for, imported only then (neither is light to import).
 
     The stdio wrapper starts its upstream command first, so that the server's own start (an
-    interpreter, `npx`) runs beside the import of the relay and not after it."""
+    interpreter, `npx`) runs beside the import of the relay and not after it; a stop signal that
+    comes before the front watches them is held for it (`HeldSignals`)."""
     if config.front == "http":
         from mcp_backfill.sidecar.server import run_sidecar
 
         return anyio.run(run_sidecar, config, backend_options=event_loop_options())
+    held = HeldSignals().install()
     started = None
-    if config.upstream_command and config.upstream_url is None:
-        started = start_child(config.upstream_command, upstream_environment(os.environ))
     try:
+        if config.upstream_command and config.upstream_url is None:
+            started = start_child(config.upstream_command, upstream_environment(os.environ))
         from mcp_backfill.stdio_front import run_stdio_proxy
 
-        return anyio.run(run_stdio_proxy, config, started, backend_options=event_loop_options())
+        return anyio.run(run_stdio_proxy, config, started, held, backend_options=event_loop_options())
     finally:
         if started is not None:
             started.discard(config.shutdown_grace)  # unless the front adopted it (and stopped it)
+        held.restore()
 
 
 if __name__ == "__main__":

@@ -28,15 +28,17 @@ from mcp_backfill.sampling.audit import auditing
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.sampling.spend import SamplingSession
 from mcp_backfill.transports.base import MessageChannel
-from mcp_backfill.transports.child import StartedChild
+from mcp_backfill.transports.child import STOP_SIGNALS, HeldSignals, StartedChild
 from mcp_backfill.transports.stdio import LineChannel, own_stdio
 
 log = get_logger("proxy")
 
 
-async def run_stdio_proxy(config: Config, started: StartedChild | None = None) -> int:
+async def run_stdio_proxy(
+    config: Config, started: StartedChild | None = None, held: HeldSignals | None = None
+) -> int:
     """Run one stdio session to completion and return the exit status to use; the upstream command
-    may have been `started` already (see `cli`)."""
+    may have been `started` already, and stop signals `held` since (see `cli`)."""
     sampler = make_sampler(config)
     tracing = telemetry.install_from_environment()
     try:
@@ -48,7 +50,7 @@ async def run_stdio_proxy(config: Config, started: StartedChild | None = None) -
         ):
             log.info("relaying", extra={**about, "mode": config.mode, "provider": config.provider})
             session = sampler.spend.new_session("stdio")
-            status = await relay_session(config, sampler, session, client, upstream)
+            status = await relay_session(config, sampler, session, client, upstream, held)
             budget = sampler.spend.budget
             dropped = sampler.audit.dropped if sampler.audit is not None else 0
             if budget.exchanges or sampler.spend.refused or dropped:  # nothing to say otherwise
@@ -65,7 +67,12 @@ async def run_stdio_proxy(config: Config, started: StartedChild | None = None) -
 
 
 async def relay_session(
-    config: Config, sampler: Sampler, session: SamplingSession, client: MessageChannel, upstream: UpstreamLeg
+    config: Config,
+    sampler: Sampler,
+    session: SamplingSession,
+    client: MessageChannel,
+    upstream: UpstreamLeg,
+    held: HeldSignals | None = None,
 ) -> int:
     """Relay until the upstream side ends; client EOF and signals stop the upstream first."""
     relay = Relay(relay_options(config), sampler, client, upstream.channel, session=session)
@@ -80,7 +87,7 @@ async def relay_session(
         stopping.set()
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_watch_signals, stopping)
+        tg.start_soon(_watch_signals, stopping, held)
         tg.start_soon(_stop_when_asked, stopping, upstream, config.shutdown_grace)
         await relay.run(on_client_closed=stop_upstream)
         # The upstream side ended: let it exit, or stop it the usual way.
@@ -93,11 +100,17 @@ async def relay_session(
     return status
 
 
-async def _watch_signals(stopping: anyio.Event) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+async def _watch_signals(stopping: anyio.Event, held: HeldSignals | None) -> None:
+    with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        for signum in held.take() if held is not None else ():  # came while the proxy started
+            _stop_for(signum, stopping)
         async for signum in signals:
-            log.info("signal received; shutting down", extra={"signal": signal.Signals(signum).name})
-            stopping.set()
+            _stop_for(signum, stopping)
+
+
+def _stop_for(signum: int, stopping: anyio.Event) -> None:
+    log.info("signal received; shutting down", extra={"signal": signal.Signals(signum).name})
+    stopping.set()
 
 
 async def _stop_when_asked(stopping: anyio.Event, upstream: UpstreamLeg, grace: float) -> None:

@@ -19,6 +19,7 @@ import pytest
 from tests.harness import (
     TEST_API_KEY,
     initialize_params,
+    pid_alive,
     proxy_argv,
     proxy_env,
     python_server,
@@ -245,6 +246,31 @@ async def test_an_upstream_that_stops_reading_does_not_hold_up_shutdown() -> Non
             assert status == 128 + signal.SIGTERM, session.stderr()[-3000:]
         assert time.monotonic() - started < 10
         assert "Traceback" not in session.stderr()
+
+
+DEAF_WITH_PID = [
+    sys.executable,
+    "-c",
+    "import os, sys, time\nprint('deaf up', os.getpid(), file=sys.stderr, flush=True)\ntime.sleep(120)\n",
+]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+async def test_a_signal_while_the_proxy_starts_stops_its_upstream_as_usual(signum: signal.Signals) -> None:
+    """The upstream is started before the proxy has loaded its relay (their starts overlap), so a
+    signal can come while the proxy is still starting: it is held until the proxy watches signals,
+    then the upstream is stopped as always (here one that ignores the end of its stdin: SIGTERM after
+    the grace), and the proxy exits with its status; nothing outlives the proxy."""
+    argv = mock_proxy("--shutdown-grace", "0.3", upstream=DEAF_WITH_PID)
+    async with raw_proxy(argv, proxy_env()) as session:
+        started = re.search(r"deaf up (\d+)", await wait_for_log(session.stderr, r"deaf up \d+", timeout=30))
+        assert started is not None
+        pid = int(started.group(1))
+        session.process.send_signal(signum)  # nearly always before the proxy's own start is over
+        status = await session.wait(timeout=30)
+        assert status == 128 + signal.SIGTERM, session.stderr()[-3000:]
+        assert "signal received; shutting down" in session.stderr()
+        assert not pid_alive(pid)
 
 
 async def test_stdout_carries_only_json_rpc() -> None:

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from mcp_backfill.errors import UpstreamStartError
-from mcp_backfill.transports.child import StartedChild, start_child
+from mcp_backfill.transports.child import HeldSignals, StartedChild, start_child
 from mcp_backfill.transports.stdio import ChildProcess, spawn_upstream
 from tests.harness import pid_alive
 
@@ -96,3 +96,18 @@ def test_the_child_gets_its_own_session_and_pipes_for_stdin_and_stdout() -> None
         sid, text = out.read().split()
     assert (int(sid), text) == (child.popen.pid, b"hello")
     assert child.popen.wait(30) == 0
+
+
+def test_a_stop_signal_is_held_and_a_second_one_acts_as_it_would_have() -> None:
+    before = signal.getsignal(signal.SIGINT)
+    held = HeldSignals().install()
+    try:
+        signal.raise_signal(signal.SIGINT)  # held: no KeyboardInterrupt
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)  # a second one: Ctrl-C as usual
+        assert signal.getsignal(signal.SIGINT) is before  # restored by the second
+        assert held.take() == [signal.SIGINT]
+        assert held.take() == []
+    finally:
+        held.restore()
+    assert signal.getsignal(signal.SIGINT) is before

@@ -2,7 +2,8 @@
 
 Apart from the stdio transport (which needs asyncio and anyio) so that the stdio wrapper can start
 its upstream before it imports the relay: the server's own start (an interpreter, `npx`, a JVM)
-then runs beside the proxy's instead of after it. `stdio.spawn_upstream` adopts the child.
+then runs beside the proxy's instead of after it. `stdio.spawn_upstream` adopts the child, and
+`HeldSignals` keeps a stop signal that comes meanwhile for the front to act on.
 """
 
 from __future__ import annotations
@@ -12,10 +13,44 @@ import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
+from typing import Any
 
 from mcp_backfill.errors import cannot_start
 
 PIPE_SIZE = 256 * 1024  # what enlarge_pipe asks for
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class HeldSignals:
+    """SIGTERM, SIGINT and SIGHUP held while the stdio wrapper starts, before its event loop watches
+    them (`take` hands them to the front, which then stops the upstream the usual way): by default
+    a SIGTERM there would end the proxy at once and leave the child started early running. A second
+    signal while one is held acts as it would have without holding (so a proxy stuck starting
+    still yields to a repeated SIGTERM or Ctrl-C)."""
+
+    def __init__(self) -> None:
+        self._held: list[int] = []
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> HeldSignals:
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._hold)
+        return self
+
+    def take(self) -> list[int]:
+        held, self._held = self._held, []
+        return held
+
+    def restore(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+
+    def _hold(self, signum: int, frame: object) -> None:
+        if not self._held:
+            self._held.append(signum)
+            return
+        self.restore()
+        signal.raise_signal(signum)
 
 
 class StartedChild:
