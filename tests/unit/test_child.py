@@ -46,7 +46,7 @@ async def test_waiters_see_the_exit_status_and_one_cancelled_waiter_leaves_the_o
         assert process.returncode == -signal.SIGTERM
         assert await process.wait() == -signal.SIGTERM  # and again, once it has exited
     finally:
-        child.discard(1.0, force=True)
+        child.discard(1.0)
 
 
 async def test_an_adopted_child_is_stopped_by_its_adopter_and_not_discarded_twice() -> None:

@@ -56,7 +56,7 @@ class HeldSignals:
 class StartedChild:
     """A running child with pipes for its stdin and stdout (stderr is ours): the parent's ends."""
 
-    __slots__ = ("adopted", "command", "from_child", "popen", "to_child")
+    __slots__ = ("_settled", "command", "from_child", "popen", "to_child")
 
     def __init__(
         self, popen: subprocess.Popen[bytes], to_child: int, from_child: int, command: Sequence[str]
@@ -65,19 +65,18 @@ class StartedChild:
         self.to_child = to_child
         self.from_child = from_child
         self.command = tuple(command)
-        self.adopted = False
+        self._settled = False  # adopted or discarded: `discard` has nothing (more) to do
 
-    def adopt(self) -> StartedChild:
+    def adopt(self) -> None:
         """Take the child over: from now on its stopping is the adopter's (`discard` leaves it be)."""
-        self.adopted = True
-        return self
+        self._settled = True
 
-    def discard(self, grace: float, force: bool = False) -> None:
-        """Stop a child nobody adopted (the proxy could not start after it), or any if `force`: it has
-        been sent nothing, so at once stdin closed and SIGTERM to its group, SIGKILL after `grace`
-        seconds; then reap it."""
-        if self.adopted and not force:
+    def discard(self, grace: float) -> None:
+        """Stop the child unless it was adopted (or discarded already): it has been sent nothing, so
+        at once stdin closed and SIGTERM to its group, SIGKILL after `grace` seconds; then reap it."""
+        if self._settled:
             return
+        self._settled = True
         for fd in (self.to_child, self.from_child):
             with suppress(OSError):
                 os.close(fd)

@@ -574,8 +574,7 @@ async def spawn_upstream(
     """The upstream as a child process (`child.start_child`, or `started` if it was started already),
     with its stdio as a `LineChannel`; leaving stops it. Its stderr is inherited, so its logs pass
     straight through to ours."""
-    child = (started or start_child(command, env)).adopt()
-    process = ChildProcess(child.popen)
+    child = started or start_child(command, env)
     try:
         channel = LineChannel(
             await open_fd_receive_stream(child.from_child, owned=True),
@@ -583,8 +582,10 @@ async def spawn_upstream(
             max_message_bytes,
         )
     except BaseException:
-        child.discard(grace, force=True)
+        child.discard(grace)
         raise
+    child.adopt()
+    process = ChildProcess(child.popen)
     upstream = UpstreamProcess(process, channel, child.command)
     try:
         yield upstream
