@@ -15,6 +15,7 @@ import anyio
 import httpx2
 import pytest
 
+from mcp_backfill.sidecar.connections import DRAIN_LIMIT, DRAIN_RATE
 from mcp_backfill.transports.event_stream import REPLAY_BYTES
 from tests.harness import proxy_env, python_server
 from tests.sidecar_harness import HANDSHAKE_HEADERS, HTTP_TIMEOUT, Sidecar, open_session, run_sidecar
@@ -100,6 +101,49 @@ async def test_a_refused_body_is_dropped_then_the_connection_serves_on_up_to_the
             assert (await http.get(f"{sidecar.base}/healthz")).status_code == 200
     assert sent < 64 * 1024 * 1024
     assert "over the drain limit" in sidecar.stderr()
+
+
+async def test_refused_bodies_are_read_no_faster_than_the_drain_rate_whoever_sends_them() -> None:
+    """Four connections send 3 MiB bodies over --max-message-bytes at once: each gets its 413 and its
+    connection serves on, but the 12 MiB are read and dropped no faster than the drain budget
+    allows, all connections together: the 4 MiB burst at once, the rest at 8 MiB a second (loopback
+    alone would take a few milliseconds). A client sending refused bodies back to back cannot make
+    the sidecar spend its CPU reading them."""
+    options = ("--provider", "mock", "--max-message-bytes", "1024", "--header-timeout", "120")
+    size, senders = 3 * 1024 * 1024, 4
+    async with run_sidecar(*options, upstream=ECHO_SERVER, env=proxy_env()) as sidecar:
+        head = (
+            f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{sidecar.port}\r\nContent-Type: application/json\r\n"
+            f"Accept: application/json, text/event-stream\r\nContent-Length: {size}\r\n\r\n"
+        ).encode()
+        health = f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{sidecar.port}\r\n\r\n".encode()
+        answers: list[bytes] = []
+
+        async def refused_then_healthy() -> None:
+            stream = await anyio.connect_tcp("127.0.0.1", sidecar.port)
+            async with stream:
+                await stream.send(head)
+                for _ in range(size // 65536):
+                    await stream.send(b" " * 65536)
+                await stream.send(health)  # read only once the body before it has been dropped
+                received = b""
+                while received.count(b"HTTP/1.1 ") < 2 or not received.endswith(b"}"):
+                    received += await stream.receive()
+                answers.append(received)
+
+        started = anyio.current_time()
+        with anyio.fail_after(CLOSE_WITHIN * 2):
+            async with anyio.create_task_group() as tg:
+                for _ in range(senders):
+                    tg.start_soon(refused_then_healthy)
+        elapsed = anyio.current_time() - started
+    assert len(answers) == senders
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 413")
+        assert b"HTTP/1.1 200" in answer  # the same connection, after the dropped body
+    # At least half the time the budget gives the bodies: what a connection read before its 413 went
+    # out (a read or two of up to 256 KiB) is not charged, and the clocks differ a little.
+    assert elapsed >= 0.5 * (senders * size - DRAIN_LIMIT) / DRAIN_RATE
 
 
 async def test_endless_request_headers_are_cut_off_at_the_head_limit() -> None:

@@ -10,7 +10,10 @@ is the application's: long-lived SSE responses are not cut, and a slow body is t
 `--body-timeout` (408). When the application answers before reading a body (a `413`), what is left
 of it is read and dropped (uvicorn does that once the response is out), so that the client, still
 sending, gets to read the answer; at most `DRAIN_LIMIT` bytes, and within `header_timeout` of the
-response, as the next request's headers would be.
+response, as the next request's headers would be. What all connections together read that way is
+held to `DRAIN_RATE` bytes a second (`DrainBudget`): past it, a draining connection stops reading
+until the budget has room again, so that a client sending refused bodies back to back cannot make
+the sidecar spend its CPU reading them (`benchmarks/README.md`, scenario 6).
 
 The protocol underneath is uvicorn's httptools one (llhttp, a C parser) when `httptools` is
 installed, as it is with this package: about a third less CPU per request than its pure-Python h11
@@ -20,7 +23,9 @@ one, which is the fallback (`benchmarks/README.md`, "the HTTP front's parser").
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -39,8 +44,31 @@ HEAD_LIMIT = 64 * 1024
 # The most of a request's body read and dropped after its response went out (a body refused as too
 # large, `413`): beyond it the connection is closed, and a client still sending may get a reset.
 DRAIN_LIMIT = 4 * 1024 * 1024
+# The most all connections together read and drop of refused bodies in a second (after a burst of
+# `DRAIN_LIMIT`): a refused body under the limit still drains at once when nobody else is draining.
+DRAIN_RATE = 8 * 1024 * 1024
 # A body at least this large goes out after a held response head without being copied onto it.
 BIG_WRITE = 64 * 1024
+
+
+class DrainBudget:
+    """A token bucket for the bytes of refused bodies read and dropped: `rate` a second, `burst` at
+    most in hand. Bytes already read are charged as they come (the budget may go into debt); the
+    connection that read them then waits until the debt is paid."""
+
+    def __init__(self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._rate = rate
+        self._burst = burst
+        self._clock = clock
+        self._level = burst
+        self._at = clock()
+
+    def charge(self, size: int) -> float:
+        """Charge `size` bytes read; returns the seconds to wait before reading more (0: none)."""
+        now = self._clock()
+        self._level = min(self._burst, self._level + (now - self._at) * self._rate) - size
+        self._at = now
+        return 0.0 if self._level >= 0 else -self._level / self._rate
 
 
 class _Guard:
@@ -48,6 +76,7 @@ class _Guard:
 
     header_timeout: float = 10.0
     max_connections: int = 1000
+    drain_budget: DrainBudget  # one per server: every connection's drains share it
     # Provided by the uvicorn protocol class this is mixed into.
     connections: set[Any]
     cycle: Any
@@ -84,6 +113,11 @@ class _Guard:
             if self._draining and self._drained > DRAIN_LIMIT:
                 log.info("connection closed: the rest of a refused request's body is over the drain limit")
                 self.transport.close()
+            elif self._draining:
+                wait = self.drain_budget.charge(len(data))
+                if wait > 0:  # `--header-timeout`, armed at the response, still bounds the whole drain
+                    self.transport.pause_reading()
+                    self.loop.call_later(wait, self._drain_on)
         elif waiting:
             self._head_bytes += len(data)
             if self._head_bytes > HEAD_LIMIT:
@@ -114,6 +148,10 @@ class _Guard:
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)  # type: ignore[misc]
+
+    def _drain_on(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def _arm(self) -> None:
         self._disarm()
@@ -188,6 +226,9 @@ def guarded_protocol(header_timeout: float, max_connections: int) -> type[Any]:
     base: type[Any] = GuardedH11Protocol
     if HttpToolsProtocol is not None:
         base = type("GuardedHttpToolsProtocol", (_Guard, HttpToolsProtocol), {})
-    return type(
-        base.__name__, (base,), {"header_timeout": header_timeout, "max_connections": max_connections}
-    )
+    limits = {
+        "header_timeout": header_timeout,
+        "max_connections": max_connections,
+        "drain_budget": DrainBudget(DRAIN_RATE, DRAIN_LIMIT),
+    }
+    return type(base.__name__, (base,), limits)
