@@ -130,3 +130,35 @@ async def test_the_warm_up_connects_outside_the_build_lock_and_survives_a_failed
     assert answers == [{"echo": {"n": 1}}]
     await lazy.warm_up()  # built already: nothing more, not even another connection
     assert len(connections) == 1
+
+
+@pytest.mark.usefixtures("unfrozen")
+@pytest.mark.parametrize("request_waits", [False, True])
+async def test_the_warm_up_primes_only_when_no_request_is_waiting_for_the_build(request_waits: bool) -> None:
+    """Priming plays a canned answer ahead of the first request; a request that came during the
+    build would only wait longer for it (the first answer right after the handshake, scenario 4)."""
+    building = threading.Event()
+    primed: list[None] = []
+    answers: list[dict[str, Any]] = []
+
+    def build() -> Provider:
+        building.wait(10)
+        return Echo()
+
+    async def prime() -> None:
+        primed.append(None)
+
+    async def ask() -> None:
+        answers.append(await lazy.create_message({"n": 1}))
+
+    lazy = LazyProvider("anthropic", build, prime)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lazy.warm_up)
+            await anyio.sleep(0.05)  # the warm-up holds the build's lock
+            if request_waits:
+                tg.start_soon(ask)
+                await anyio.sleep(0.05)
+            building.set()
+    assert primed == ([] if request_waits else [None])
+    assert answers == ([{"echo": {"n": 1}}] if request_waits else [])

@@ -51,6 +51,7 @@ class LazyProvider:
         self._provider: Provider | None = None
         self._lock = anyio.Lock()
         self._warmed = False
+        self._requests_waiting = 0  # sampling requests waiting for the build
 
     @classmethod
     def built(cls, provider: Provider, connect: Callable[[], Awaitable[int]]) -> LazyProvider:
@@ -61,31 +62,42 @@ class LazyProvider:
         return lazy
 
     async def _get(self, why: str = "first request") -> Provider:
-        async with self._lock:  # concurrent first requests build it once
-            if self._provider is None:
-                previous, collecting = sys.getswitchinterval(), gc.isenabled()
-                sys.setswitchinterval(min(previous, BUILD_SWITCH_INTERVAL))
-                gc.disable()
-                try:
-                    self._provider = await anyio.to_thread.run_sync(self._build)
-                finally:
-                    sys.setswitchinterval(previous)
-                    gc.freeze()
-                    if collecting:
-                        gc.enable()
-                if why == "warm-up" and self._prime is not None:
-                    try:  # an optimisation only
-                        await self._prime()
-                    except Exception as exc:
-                        log.debug("priming the provider failed", extra={"error": repr(exc)})
-                log.info("provider ready", extra={"provider": self.name, "built_for": why})
-        return self._provider
+        request = why != "warm-up"
+        self._requests_waiting += request
+        try:
+            async with self._lock:  # concurrent first requests build it once
+                if self._provider is None:
+                    self._provider = await self._built()
+                    # Priming plays a canned answer so that the first request finds the client's
+                    # machinery ready; a request already waiting would only wait longer for it.
+                    if not request and self._prime is not None and not self._requests_waiting:
+                        try:  # an optimisation only
+                            await self._prime()
+                        except Exception as exc:
+                            log.debug("priming the provider failed", extra={"error": repr(exc)})
+                    log.info("provider ready", extra={"provider": self.name, "built_for": why})
+                return self._provider
+        finally:
+            self._requests_waiting -= request
+
+    async def _built(self) -> Provider:
+        """`build()` in a worker thread, with a short switch interval and no cyclic collector."""
+        previous, collecting = sys.getswitchinterval(), gc.isenabled()
+        sys.setswitchinterval(min(previous, BUILD_SWITCH_INTERVAL))
+        gc.disable()
+        try:
+            return await anyio.to_thread.run_sync(self._build)
+        finally:
+            sys.setswitchinterval(previous)
+            gc.freeze()
+            if collecting:
+                gc.enable()
 
     async def warm_up(self) -> None:
         """Once: build the provider now, ahead of the first request (unless built already),
-        `prime` it on this loop, then `connect` it to its API. The connecting is outside the build's
-        lock: a request that waited for the build goes ahead at once (over a connection of its own,
-        if this one is not open yet)."""
+        `prime` it on this loop unless a request is waiting for it, then `connect` it to its API.
+        The connecting is outside the build's lock: a request that waited for the build goes ahead
+        at once (over a connection of its own, if this one is not open yet)."""
         if self._warmed:
             return
         self._warmed = True
