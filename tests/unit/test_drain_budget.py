@@ -6,16 +6,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mcp_backfill.sidecar.connections import DrainBudget
+from tests.clock import Clock
 
 MIB = 1024 * 1024
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_the_burst_is_free_then_reading_waits_for_the_rate() -> None:

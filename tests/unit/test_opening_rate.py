@@ -4,14 +4,7 @@ identities (forwarded Authorization headers make them as cheap as a header)."""
 from __future__ import annotations
 
 from mcp_backfill.sidecar.sessions import OPENING_IDENTITIES, OpeningRate
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import Clock
 
 
 def test_each_identity_has_its_own_sliding_minute() -> None:

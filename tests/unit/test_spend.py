@@ -21,6 +21,7 @@ from mcp_backfill.sampling.spend import (
     normalize_usage,
 )
 from mcp_backfill.sampling.store import Limit, MemoryStore, Rate, RateRefusal, Standing
+from tests.clock import Clock
 from tests.defaults import SPEND
 
 
@@ -38,14 +39,6 @@ def test_normalize_usage_keeps_the_four_counters_as_ints() -> None:
     assert normalize_usage(raw) == usage(5, 2, 0, 0)
     assert normalize_usage(None) == usage()
     assert normalize_usage({"input_tokens": True, "output_tokens": -3}) == usage()
-
-
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def spend_with(clock: Clock | None = None, **settings: Any) -> Spend:

@@ -15,18 +15,11 @@ from mcp_backfill.relay.task_book import (
     is_own_task,
     iso,
 )
-
-
-class Clock:
-    def __init__(self, now: float = 1_764_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import Clock
 
 
 def book(ttl_max_ms: int = 60_000) -> tuple[TaskBook, Clock]:
-    clock = Clock()
+    clock = Clock(1_764_000_000.0)
     return TaskBook(ttl_max_ms=ttl_max_ms, clock=clock), clock
 
 
