@@ -1,8 +1,11 @@
 """1b. Pass-through over stdio with the mcp SDK on both ends: what a real deployment pays.
 
-Two SDK clients (no sampling callback, handshake era) stay connected for the whole scenario: one
-to the SDK server directly, one to the proxy in front of its own copy of the server. Their
-batches take turns on one event loop (the SDK's default asyncio loop, as SDK clients run it).
+Three SDK clients (no sampling callback, handshake era) stay connected for the whole scenario: one
+to the SDK server directly, one to the proxy in front of its own copy of the server, and (for
+reference) one through the bare byte forwarder of 1a in front of a third copy: the floor for any
+process in between, whose two more pipe hops cost more here than in 1a, because the SDK's client
+and server keep the two cores busier. Their batches take turns on one event loop (the SDK's default
+asyncio loop, as SDK clients run it).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from benchmarks.measure import DIRECT, PROXIED, Samples, alternate_async, median
 from benchmarks.procs import (
     ROOT,
     bench_env,
+    forwarder_command,
     proxy_children,
     proxy_command,
     sdk_server_command,
@@ -29,6 +33,8 @@ from benchmarks.scenarios import RunContext
 
 RATIO_TARGET = Target("ratio_max", 1.10, "≤ 1.10x direct")
 THROUGHPUT_TARGET = Target("ratio_min", 1 / 1.10, "≥ 0.91x direct (≤ 1.10x time)")
+FORWARDER = "forwarder"
+ARMS = (DIRECT, PROXIED, FORWARDER)
 
 
 @asynccontextmanager
@@ -53,8 +59,9 @@ async def measure(ctx: RunContext) -> tuple[Samples, dict[int, Samples]]:
     async with (
         sdk_client(ctx, sdk_server_command(), "1b-direct-sdk-server") as direct,
         sdk_client(ctx, proxy_command(sdk_server_command()), "1b-proxy") as proxied,
+        sdk_client(ctx, forwarder_command(sdk_server_command()), "1b-forwarder") as forwarded,
     ):
-        clients = {DIRECT: direct, PROXIED: proxied}
+        clients = {DIRECT: direct, PROXIED: proxied, FORWARDER: forwarded}
         for client in clients.values():
             for _ in range(s.warmup):
                 await call_echo(client)
@@ -65,7 +72,7 @@ async def measure(ctx: RunContext) -> tuple[Samples, dict[int, Samples]]:
             return [await call_echo(clients[arm]) * 1e3 for _ in range(s.sdk_calls)]
 
         ctx.progress("sequential tools/call")
-        latency = await alternate_async(s.rounds, latency_batch)
+        latency = await alternate_async(s.rounds, latency_batch, ARMS)
 
         throughput: dict[int, Samples] = {}
         for window in s.windows:
@@ -84,13 +91,24 @@ async def measure(ctx: RunContext) -> tuple[Samples, dict[int, Samples]]:
                 return [per_worker * window / (time.perf_counter() - started)]
 
             ctx.progress(f"throughput, {window} in flight")
-            throughput[window] = await alternate_async(s.rounds, throughput_batch)
+            throughput[window] = await alternate_async(s.rounds, throughput_batch, ARMS)
     return latency, throughput
 
 
 def run(ctx: RunContext) -> list[Row]:
     latency, throughput = anyio.run(measure, ctx)
     rows = latency_rows("1b", "SDK: tools/call p50", "SDK: tools/call p99", "ms", latency, RATIO_TARGET)
+    rows.insert(
+        1,
+        Row(
+            "1b",
+            "SDK: tools/call p50 via a bare byte forwarder (the floor)",
+            "ms",
+            median(latency.direct),
+            median(latency.by_arm[FORWARDER]),
+            detail=rows[0].detail,
+        ),
+    )
     for window, samples in throughput.items():
         rows.append(
             Row(
@@ -101,6 +119,16 @@ def run(ctx: RunContext) -> list[Row]:
                 median(samples.proxied),
                 THROUGHPUT_TARGET,
                 {"batches_per_arm": len(samples.direct)},
+            )
+        )
+        rows.append(
+            Row(
+                "1b",
+                f"SDK: throughput, {window} in flight, via a bare byte forwarder (the floor)",
+                "req/s",
+                median(samples.direct),
+                median(samples.by_arm[FORWARDER]),
+                detail={"batches_per_arm": len(samples.direct)},
             )
         )
     return rows

@@ -67,6 +67,14 @@ HTTP_TITLES = {
     ("3b", "1 session, HTTP upstream: throughput via uvicorn and a bare ASGI forwarder"),
     ("5", "longest ping round trip in the 1.5 s after the handshake: warm-up on (direct: --no-warm-up)"),
 }
+# The stdio floors: the same figure through a bare byte forwarder, next to the targeted rows.
+FLOOR_TITLES = {
+    ("1a", "raw echo: round trip p50 via a bare byte forwarder (the floor)"),
+    ("1b", "SDK: tools/call p50 via a bare byte forwarder (the floor)"),
+    ("1b", "SDK: throughput, 1 in flight, via a bare byte forwarder (the floor)"),
+    ("1b", "SDK: throughput, 16 in flight, via a bare byte forwarder (the floor)"),
+    ("2", "10 MB result: call time p50 via a bare byte forwarder (the floor)"),
+}
 
 
 def table_rows(text: str) -> list[list[str]]:
@@ -125,7 +133,7 @@ def test_quick_benchmark_run_writes_a_complete_table(tmp_path: Path) -> None:
     titles = [row["title"] for row in rows]
     assert len(set(titles)) == len(titles)
     assert {row["title"] for row in rows if row["target"] is not None} >= TARGETED_TITLES
-    assert {(row["scenario"], row["title"]) for row in rows} >= HTTP_TITLES
+    assert {(row["scenario"], row["title"]) for row in rows} >= HTTP_TITLES | FLOOR_TITLES
     for row in rows:
         if row["scenario"] in ("3a", "3b"):
             # Both arms were measured at every concurrency, and every call was checked.
