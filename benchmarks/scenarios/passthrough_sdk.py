@@ -3,9 +3,10 @@
 Three SDK clients (no sampling callback, handshake era) stay connected for the whole scenario: one
 to the SDK server directly, one to the proxy in front of its own copy of the server, and (for
 reference) one through the bare byte forwarder of 1a in front of a third copy: the floor for any
-process in between, whose two more pipe hops cost more here than in 1a, because the SDK's client
-and server keep the two cores busier. Their batches take turns on one event loop (the SDK's default
-asyncio loop, as SDK clients run it).
+process in between. With the SDK on both ends it is often faster than direct (the SDK server spends
+less CPU per line when a blocking thread writes its input: `benchmarks/README.md`, the eighth
+round), so read 1b's ratios against it too. Their batches take turns on one event loop (the SDK's
+default asyncio loop, as SDK clients run it).
 """
 
 from __future__ import annotations
