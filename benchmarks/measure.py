@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 DIRECT = "direct"
 PROXIED = "proxied"
 ARMS = (DIRECT, PROXIED)
+# The bare byte forwarder (`servers/forwarder.py`) in front of its own upstream: the floor for any
+# process in between, as a third arm.
+FORWARDER = "forwarder"
+FLOOR_ARMS = (DIRECT, PROXIED, FORWARDER)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

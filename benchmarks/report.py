@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from benchmarks.measure import Samples, median, percentile
+from benchmarks.measure import FORWARDER, Samples, median, percentile
 
 TargetKind = Literal["added_max", "ratio_max", "ratio_min", "proxied_max"]
 
@@ -160,6 +160,20 @@ def write_results(
     document = {"command": command, "machine": machine, "rows": [row.to_json() for row in rows]}
     json_path.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return md_path, json_path
+
+
+def floor_row(
+    scenario: str, title: str, unit: str, samples: Samples, detail: dict[str, Any] | None = None
+) -> Row:
+    """`title` through the bare byte forwarder (the `FORWARDER` arm of `samples`) against direct."""
+    return Row(
+        scenario,
+        f"{title} via a bare byte forwarder (the floor)",
+        unit,
+        median(samples.direct),
+        median(samples.by_arm[FORWARDER]),
+        detail=detail or {},
+    )
 
 
 def latency_rows(

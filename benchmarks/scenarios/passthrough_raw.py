@@ -12,16 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from benchmarks.measure import DIRECT, PROXIED, Samples, alternate, median
+from benchmarks.measure import DIRECT, FLOOR_ARMS, FORWARDER, PROXIED, Samples, alternate, median
 from benchmarks.procs import forwarder_command, proxy_command, raw_echo_command, started, wait_until_quiet
 from benchmarks.rawclient import RawClient, check_answers, tool_call_line
-from benchmarks.report import Row, Target, latency_rows
+from benchmarks.report import Row, Target, floor_row, latency_rows
 from benchmarks.scenarios import RunContext
 
 ADDED_P50_TARGET = Target("added_max", 100.0, "added ≤ 100 µs")
 FLOOR_TARGET = Target("ratio_max", 1.15, "≤ 1.15x the forwarder's")
-FORWARDER = "forwarder"
-ARMS = (DIRECT, PROXIED, FORWARDER)
 
 
 @contextmanager
@@ -62,7 +60,7 @@ def run(ctx: RunContext) -> list[Row]:
             return [t * 1e6 for t in times]
 
         ctx.progress("sequential round trips")
-        latency = alternate(s.rounds, latency_batch, ARMS)
+        latency = alternate(s.rounds, latency_batch, FLOOR_ARMS)
 
         throughput: dict[int, Samples] = {}
         throughput_lines = echo_lines(s.throughput_requests)
@@ -74,22 +72,12 @@ def run(ctx: RunContext) -> list[Row]:
                 return [len(throughput_lines) / wall]
 
             ctx.progress(f"throughput, {window} in flight")
-            throughput[window] = alternate(s.rounds, throughput_batch, ARMS)
+            throughput[window] = alternate(s.rounds, throughput_batch, FLOOR_ARMS)
 
     rows = latency_rows(
         "1a", "raw echo: round trip p50", "raw echo: round trip p99", "µs", latency, ADDED_P50_TARGET
     )
-    rows.insert(
-        1,
-        Row(
-            "1a",
-            "raw echo: round trip p50 via a bare byte forwarder (the floor)",
-            "µs",
-            median(latency.direct),
-            median(latency.by_arm[FORWARDER]),
-            detail=rows[0].detail,
-        ),
-    )
+    rows.insert(1, floor_row("1a", "raw echo: round trip p50", "µs", latency, rows[0].detail))
     direct_p50 = median(latency.direct)
     rows.insert(
         2,

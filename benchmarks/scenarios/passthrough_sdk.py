@@ -19,7 +19,7 @@ import anyio
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from benchmarks.measure import DIRECT, PROXIED, Samples, alternate_async, median
+from benchmarks.measure import DIRECT, FLOOR_ARMS, FORWARDER, PROXIED, Samples, alternate_async, median
 from benchmarks.procs import (
     ROOT,
     bench_env,
@@ -29,13 +29,11 @@ from benchmarks.procs import (
     sdk_server_command,
     wait_until_quiet,
 )
-from benchmarks.report import Row, Target, latency_rows
+from benchmarks.report import Row, Target, floor_row, latency_rows
 from benchmarks.scenarios import RunContext
 
 RATIO_TARGET = Target("ratio_max", 1.10, "≤ 1.10x direct")
 THROUGHPUT_TARGET = Target("ratio_min", 1 / 1.10, "≥ 0.91x direct (≤ 1.10x time)")
-FORWARDER = "forwarder"
-ARMS = (DIRECT, PROXIED, FORWARDER)
 
 
 @asynccontextmanager
@@ -73,7 +71,7 @@ async def measure(ctx: RunContext) -> tuple[Samples, dict[int, Samples]]:
             return [await call_echo(clients[arm]) * 1e3 for _ in range(s.sdk_calls)]
 
         ctx.progress("sequential tools/call")
-        latency = await alternate_async(s.rounds, latency_batch, ARMS)
+        latency = await alternate_async(s.rounds, latency_batch, FLOOR_ARMS)
 
         throughput: dict[int, Samples] = {}
         for window in s.windows:
@@ -92,24 +90,14 @@ async def measure(ctx: RunContext) -> tuple[Samples, dict[int, Samples]]:
                 return [per_worker * window / (time.perf_counter() - started)]
 
             ctx.progress(f"throughput, {window} in flight")
-            throughput[window] = await alternate_async(s.rounds, throughput_batch, ARMS)
+            throughput[window] = await alternate_async(s.rounds, throughput_batch, FLOOR_ARMS)
     return latency, throughput
 
 
 def run(ctx: RunContext) -> list[Row]:
     latency, throughput = anyio.run(measure, ctx)
     rows = latency_rows("1b", "SDK: tools/call p50", "SDK: tools/call p99", "ms", latency, RATIO_TARGET)
-    rows.insert(
-        1,
-        Row(
-            "1b",
-            "SDK: tools/call p50 via a bare byte forwarder (the floor)",
-            "ms",
-            median(latency.direct),
-            median(latency.by_arm[FORWARDER]),
-            detail=rows[0].detail,
-        ),
-    )
+    rows.insert(1, floor_row("1b", "SDK: tools/call p50", "ms", latency, rows[0].detail))
     for window, samples in throughput.items():
         rows.append(
             Row(
@@ -123,13 +111,6 @@ def run(ctx: RunContext) -> list[Row]:
             )
         )
         rows.append(
-            Row(
-                "1b",
-                f"SDK: throughput, {window} in flight, via a bare byte forwarder (the floor)",
-                "req/s",
-                median(samples.direct),
-                median(samples.by_arm[FORWARDER]),
-                detail={"batches_per_arm": len(samples.direct)},
-            )
+            floor_row("1b", f"SDK: throughput, {window} in flight", "req/s", samples, rows[-1].detail)
         )
     return rows

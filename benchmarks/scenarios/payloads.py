@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from benchmarks.measure import PROXIED, alternate, median
+from benchmarks.measure import FLOOR_ARMS, FORWARDER, PROXIED, alternate, median
 from benchmarks.procs import (
     peak_rss,
     reset_peak_rss,
     rss,
 )
 from benchmarks.rawclient import check_answers, tool_call_line
-from benchmarks.report import Row, Target
+from benchmarks.report import Row, Target, floor_row
 from benchmarks.scenarios import RunContext
-from benchmarks.scenarios.passthrough_raw import ARMS, FORWARDER, raw_echo_arms
+from benchmarks.scenarios.passthrough_raw import raw_echo_arms
 from benchmarks.settings import MB
 
 TARGET_SIZE = 10 * MB
@@ -50,7 +50,7 @@ def measure_size(ctx: RunContext, size: int) -> list[Row]:
             return [t * 1e3 for t in times]
 
         ctx.progress(f"{label} results")
-        samples = alternate(s.rounds, batch, ARMS)
+        samples = alternate(s.rounds, batch, FLOOR_ARMS)
         check_answers(clients[PROXIED].round_trips(lines[:1])[1], lines[:1])
         peak = peak_rss(proxy_pid)
 
@@ -88,16 +88,7 @@ def measure_size(ctx: RunContext, size: int) -> list[Row]:
         ),
     ]
     if size == TARGET_SIZE:
-        rows.insert(
-            1,
-            Row(
-                "2",
-                f"{label} result: call time p50 via a bare byte forwarder (the floor)",
-                "ms",
-                median(samples.direct),
-                median(samples.by_arm[FORWARDER]),
-            ),
-        )
+        rows.insert(1, floor_row("2", f"{label} result: call time p50", "ms", samples))
     return rows
 
 

@@ -71,8 +71,8 @@ HTTP_TITLES = {
 FLOOR_TITLES = {
     ("1a", "raw echo: round trip p50 via a bare byte forwarder (the floor)"),
     ("1b", "SDK: tools/call p50 via a bare byte forwarder (the floor)"),
-    ("1b", "SDK: throughput, 1 in flight, via a bare byte forwarder (the floor)"),
-    ("1b", "SDK: throughput, 16 in flight, via a bare byte forwarder (the floor)"),
+    ("1b", "SDK: throughput, 1 in flight via a bare byte forwarder (the floor)"),
+    ("1b", "SDK: throughput, 16 in flight via a bare byte forwarder (the floor)"),
     ("2", "10 MB result: call time p50 via a bare byte forwarder (the floor)"),
 }
 
