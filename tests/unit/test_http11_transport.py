@@ -373,6 +373,68 @@ def test_any_chunking_and_any_segmenting_give_back_the_body(
     asyncio.run(run())
 
 
+# -- Dechunker: the chunked coding undone as the bytes arrive --------------------------------------
+
+
+def _chunked(payload: bytes, sizes: list[int], extension: bytes, trailer: bytes) -> bytes:
+    encoded, rest, cycle = bytearray(), payload, iter(sizes * (len(payload) + 1))
+    while rest:
+        size = min(next(cycle), len(rest))
+        encoded += b"%x%s\r\n%s\r\n" % (size, extension, rest[:size])
+        rest = rest[size:]
+    return bytes(encoded) + b"0%s\r\n%s\r\n" % (extension, trailer)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    payload=st.binary(max_size=2000),
+    sizes=st.lists(st.integers(min_value=1, max_value=300), min_size=1, max_size=6),
+    extension=st.sampled_from([b"", b";ext=1", b" ; name=value"]),
+    trailer=st.sampled_from([b"", b"x-trailer: yes\r\n", b"a: 1\r\nb: 2\r\n"]),
+    after=st.binary(max_size=20),
+    cuts=st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=20),
+)
+def test_the_dechunker_gives_back_the_body_however_the_bytes_arrive(
+    payload: bytes, sizes: list[int], extension: bytes, trailer: bytes, after: bytes, cuts: list[int]
+) -> None:
+    wire = _chunked(payload, sizes, extension, trailer) + after
+    dechunker = http11.Dechunker()
+    body, at, steps = bytearray(), 0, iter(cuts * (len(wire) + 1))
+    while not dechunker.done:
+        assert at < len(wire), "the body's end was not found"
+        step = next(steps)
+        body += dechunker.feed(wire[at : at + step])
+        at += step
+    assert bytes(body) == payload
+    assert dechunker.rest + wire[at:] == after  # nothing of what followed is lost or taken as body
+
+
+@pytest.mark.parametrize(
+    ("wire", "error"),
+    [
+        (b"zz\r\n", "malformed chunk size"),
+        (b"-5\r\nhello\r\n", "negative chunk size"),
+        (b"5\r\nhelloXX", "not followed by CRLF"),
+        (b"5" * (http11.HEAD_LIMIT + 1), "a line without an end"),
+        (b"0\r\n" + b"x" * (http11.HEAD_LIMIT + 1), "a line without an end"),
+    ],
+)
+def test_the_dechunker_refuses_a_malformed_body(wire: bytes, error: str) -> None:
+    with pytest.raises(httpx2.RemoteProtocolError, match=error):
+        http11.Dechunker().feed(wire)
+
+
+async def test_bytes_after_a_chunked_body_keep_its_connection_from_being_reused() -> None:
+    async def reply(_: int, __: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\nstray")
+        return True
+
+    async with scripted(reply) as server, client() as http:
+        assert (await post(http, server.url)).content == b"ok"
+        assert (await post(http, server.url)).content == b"ok"
+    assert server.connections == 2  # the first connection, out of step, was closed
+
+
 # -- post_message: the upstream's message POSTs, straight to this transport ---------------------
 
 
