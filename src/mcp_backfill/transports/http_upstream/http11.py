@@ -170,7 +170,7 @@ class Dechunker:
 
     One read of the socket then yields one piece of the body, however many chunk-size lines, CRLFs
     and trailer lines it holds: an SSE answer (its event's chunk, then the last chunk) is one or two
-    reads, where reading each line and each chunk from the stream was six reads through three
+    reads, where reading each line and each chunk from the stream was five reads through three
     nested generators (`benchmarks/README.md`, the fourteenth round).
     """
 
