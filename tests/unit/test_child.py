@@ -101,16 +101,18 @@ def test_the_child_gets_its_own_session_and_pipes_for_stdin_and_stdout() -> None
 def test_a_stop_signal_is_held_and_a_second_one_acts_as_it_would_have() -> None:
     # Python's own Ctrl-C handler, whatever a test before this one in the same worker left there.
     outer = signal.signal(signal.SIGINT, signal.default_int_handler)
-    before = signal.getsignal(signal.SIGINT)
-    held = HeldSignals().install()
     try:
-        signal.raise_signal(signal.SIGINT)  # held: no KeyboardInterrupt
-        with pytest.raises(KeyboardInterrupt):
-            signal.raise_signal(signal.SIGINT)  # a second one: Ctrl-C as usual
-        assert signal.getsignal(signal.SIGINT) is before  # restored by the second
-        assert held.take() == [signal.SIGINT]
-        assert held.take() == []
+        before = signal.getsignal(signal.SIGINT)
+        held = HeldSignals().install()
+        try:
+            signal.raise_signal(signal.SIGINT)  # held: no KeyboardInterrupt
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGINT)  # a second one: Ctrl-C as usual
+            assert signal.getsignal(signal.SIGINT) is before  # restored by the second
+            assert held.take() == [signal.SIGINT]
+            assert held.take() == []
+        finally:
+            held.restore()
+        assert signal.getsignal(signal.SIGINT) is before
     finally:
-        held.restore()
-    assert signal.getsignal(signal.SIGINT) is before
-    signal.signal(signal.SIGINT, outer)
+        signal.signal(signal.SIGINT, outer)
