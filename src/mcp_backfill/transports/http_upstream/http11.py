@@ -259,7 +259,7 @@ class _Body(httpx2.AsyncByteStream):
         reader = connection.reader
         try:
             if self._framing == "length":
-                async for chunk in self._span(reader, self._length, "mid-body"):
+                async for chunk in self._span(reader, self._length):
                     yield chunk
             elif self._framing == "chunked":
                 dechunker = Dechunker()
@@ -279,13 +279,12 @@ class _Body(httpx2.AsyncByteStream):
             raise httpx2.ReadError(str(exc) or type(exc).__name__) from exc
         self._finish(reusable=self._keep_alive)
 
-    async def _span(self, reader: asyncio.StreamReader, size: int, where: str) -> AsyncIterator[bytes]:
-        """The body's next `size` bytes as they arrive; an error naming `where` if the connection
-        ends before them."""
+    async def _span(self, reader: asyncio.StreamReader, size: int) -> AsyncIterator[bytes]:
+        """The body's next `size` bytes as they arrive; an error if the connection ends before them."""
         while size:
             chunk = await self._read(reader.read(min(size, READ_SIZE)), _holds(reader, 1))
             if not chunk:
-                raise httpx2.RemoteProtocolError(f"the upstream closed the connection {where}")
+                raise httpx2.RemoteProtocolError("the upstream closed the connection mid-body")
             size -= len(chunk)
             yield chunk
 
