@@ -81,14 +81,11 @@ class _Connection:
         self.writer.close()
 
 
-def _holds(reader: asyncio.StreamReader, need: bytes | int) -> bool:
-    """Whether `reader` already holds what the next read needs (that many bytes, or that delimiter),
-    so that the read completes without waiting and needs no timeout (arming and disarming one is
-    about a quarter of this transport's own CPU). Reads asyncio's own buffer; without it, False."""
-    buffered = getattr(reader, "_buffer", None)
-    if not buffered:
-        return False
-    return need in buffered if isinstance(need, bytes) else len(buffered) >= need
+def _buffered(reader: asyncio.StreamReader) -> bool:
+    """Whether `reader` already holds bytes, so that the next read completes without waiting and
+    needs no timeout (arming and disarming one is about a quarter of this transport's own CPU).
+    Reads asyncio's own buffer; without it, False."""
+    return bool(getattr(reader, "_buffer", None))
 
 
 @dataclass(frozen=True)
@@ -264,7 +261,7 @@ class _Body(httpx2.AsyncByteStream):
             elif self._framing == "chunked":
                 dechunker = Dechunker()
                 while not dechunker.done:
-                    data = await self._read(reader.read(READ_SIZE), _holds(reader, 1))
+                    data = await self._read(reader.read(READ_SIZE), _buffered(reader))
                     if not data:
                         raise httpx2.RemoteProtocolError("the upstream closed the connection mid-chunk")
                     if body := dechunker.feed(data):
@@ -272,7 +269,7 @@ class _Body(httpx2.AsyncByteStream):
                 if dechunker.rest:  # bytes after the body: the connection is out of step
                     self._keep_alive = False
             else:
-                while chunk := await self._read(reader.read(READ_SIZE), _holds(reader, 1)):
+                while chunk := await self._read(reader.read(READ_SIZE), _buffered(reader)):
                     yield chunk
                 self._keep_alive = False
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
@@ -282,7 +279,7 @@ class _Body(httpx2.AsyncByteStream):
     async def _span(self, reader: asyncio.StreamReader, size: int) -> AsyncIterator[bytes]:
         """The body's next `size` bytes as they arrive; an error if the connection ends before them."""
         while size:
-            chunk = await self._read(reader.read(min(size, READ_SIZE)), _holds(reader, 1))
+            chunk = await self._read(reader.read(min(size, READ_SIZE)), _buffered(reader))
             if not chunk:
                 raise httpx2.RemoteProtocolError("the upstream closed the connection mid-body")
             size -= len(chunk)
