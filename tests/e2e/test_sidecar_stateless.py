@@ -239,3 +239,45 @@ async def test_a_crashed_2026_upstream_fails_its_requests_and_is_restarted(tmp_p
         second = json.loads((await call_tool(http, sidecar, 3, "pid"))["result"]["content"][0]["text"])["pid"]
         assert second != first
         assert len(list(tmp_path.glob("started-*"))) == 2
+
+
+async def test_a_client_arriving_while_anothers_upstream_starts_waits_its_turn() -> None:
+    """Two named clients, one hub allowed (`--max-sessions 1`). Bob's first request, sent while
+    Alice's upstream was still starting, used to stop her hub as idle: Alice got a bare 500, and the
+    cancelled start closed a descriptor that by then was Bob's upstream's pipe, which made libuv abort
+    the whole sidecar (SIGABRT). Now Alice is served, Bob is served or told to come back, and the
+    sidecar lives on."""
+    tokens = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789"}
+    entries = ",".join(f"{name}={token}" for name, token in tokens.items())
+    answers: dict[str, httpx2.Response] = {}
+
+    async def list_tools(http: httpx2.AsyncClient, sidecar: Sidecar, who: str, request_id: int) -> None:
+        headers = {**stateless_headers("tools/list"), "authorization": f"Bearer {tokens[who]}"}
+        body = stateless_request(request_id, "tools/list")
+        answers[who] = await http.post(sidecar.url, json=body, headers=headers)
+
+    async with (
+        run_sidecar(
+            "--provider",
+            "mock",
+            "--client-tokens",
+            entries,
+            "--max-sessions",
+            "1",
+            upstream=RESOLVE_SERVER,
+            env=proxy_env(),
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(list_tools, http, sidecar, "alice", 1)
+            await anyio.sleep(0.2)  # Alice's first 2026-07-28 request is still setting up
+            tg.start_soon(list_tools, http, sidecar, "bob", 2)
+        assert answers["alice"].status_code == 200, answers["alice"].text
+        assert answers["alice"].json()["result"]["tools"]
+        assert answers["bob"].status_code in (200, 503), answers["bob"].text
+        if answers["bob"].status_code == 503:
+            assert "--max-sessions" in answers["bob"].json()["error"]["message"]
+        assert (await health(http, sidecar))["status"] == "ok"
+        assert sidecar.process.returncode is None
+        assert "Exception in ASGI application" not in sidecar.stderr()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import textwrap
 
 import anyio
 import pytest
@@ -57,6 +59,56 @@ async def test_an_adopted_child_is_stopped_by_its_adopter_and_not_discarded_twic
         assert await upstream.channel.receive() == b'{"jsonrpc":"2.0","method":"ping"}'
     assert child.popen.returncode == 0  # cat saw its stdin end
     child.discard(5.0)  # what the front's owner does afterwards: nothing, it was adopted
+
+
+# An upstream start cancelled while its stdout pipe connects (a 2026-07-28 hub stopped as it
+# starts, a shutdown), then another upstream started at once: its pipes get the descriptor numbers
+# the first gave back. Run as the proxy runs (uvloop) in a process of its own: the descriptor closed
+# under the other session made libuv abort the whole sidecar.
+INTERRUPTED_START = textwrap.dedent(
+    """
+    import gc, os, sys
+    import anyio
+    from mcp_backfill.transports.stdio import spawn_upstream
+
+    SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+    ECHO = [sys.executable, "-c", "import sys; sys.stdout.write(sys.stdin.readline()); sys.stdout.flush()"]
+
+    async def main() -> None:
+        kept: list[BaseException] = []
+        scope = anyio.CancelScope()
+
+        async def first() -> None:
+            with scope:
+                try:
+                    async with spawn_upstream(SLEEPER, dict(os.environ), 1 << 20, 0.5):
+                        await anyio.sleep_forever()
+                except BaseException as exc:
+                    kept.append(exc)  # a logged error's traceback keeps the start's frames a while
+                    raise
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first)
+            await anyio.lowlevel.checkpoint()  # the start now waits for the child's stdout to connect
+            scope.cancel()
+        async with spawn_upstream(ECHO, dict(os.environ), 1 << 20, 0.5) as second:
+            kept.clear()
+            gc.collect()  # whatever the interrupted start left behind goes now
+            await second.channel.send(b'{"jsonrpc":"2.0","method":"ping"}')
+            print(await second.channel.receive(), flush=True)
+
+    anyio.run(main, backend_options={"use_uvloop": sys.argv[1] == "uvloop"})
+    """
+)
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_start_cancelled_while_connecting_leaves_no_descriptor_to_close_later(loop: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_START, loop], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == 'b\'{"jsonrpc":"2.0","method":"ping"}\'\n'
 
 
 def test_an_unadopted_child_is_terminated_and_reaped() -> None:

@@ -77,6 +77,7 @@ class StatelessHub:
         self._lock = anyio.Lock()
         self._tg: TaskGroup | None = None
         self._headers: dict[str, str] = {}
+        self._waiting = 0  # requests in `mux`, waiting for the upstream to start
         self.last_used = anyio.current_time()
 
     def start(self, tg: TaskGroup) -> None:
@@ -84,20 +85,26 @@ class StatelessHub:
 
     @property
     def in_flight(self) -> int:
-        return self._mux.in_flight if self._mux is not None else 0
+        """Requests in flight, counting those that wait for the upstream to start: a hub that is
+        starting is busy, never idle enough to be stopped to make room."""
+        return self._waiting + (self._mux.in_flight if self._mux is not None else 0)
 
     async def mux(self, headers: UpstreamHeaders) -> MuxChannel:
         """The live mux, starting the upstream first if needed; raises `UpstreamStartError`."""
         live = self._mux
         if live is not None and not live.closed:
             return live  # the common case: no lock to take
-        async with self._lock:
-            if self._mux is None or self._mux.closed:
-                assert self._tg is not None
-                self._headers = headers()
-                await self._tg.start(self._run)
-            assert self._mux is not None
-            return self._mux
+        self._waiting += 1
+        try:
+            async with self._lock:
+                if self._mux is None or self._mux.closed:
+                    assert self._tg is not None
+                    self._headers = headers()
+                    await self._tg.start(self._run)
+                assert self._mux is not None
+                return self._mux
+        finally:
+            self._waiting -= 1
 
     async def _run(self, *, task_status: TaskStatus[None]) -> None:
         mux = MuxChannel(self._count)

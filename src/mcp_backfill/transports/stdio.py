@@ -343,7 +343,16 @@ async def open_fd_receive_stream(fd: int, *, owned: bool = False) -> ByteReceive
     if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
         loop = asyncio.get_running_loop()
         pipe = os.fdopen(fd, "rb", buffering=0, closefd=owned)
-        _, protocol = await loop.connect_read_pipe(_PipeProtocol, pipe)
+        try:
+            _, protocol = await loop.connect_read_pipe(_PipeProtocol, pipe)
+        except BaseException:
+            # Interrupted (a cancelled upstream start) or failed: the loop has closed `fd` (uvloop)
+            # or will (asyncio). Left to the collector, `pipe` would close the number again much
+            # later, by then another session's pipe: close it now, while the number is still free
+            # (uvloop's close came first: EBADF, and `pipe` counts as closed all the same).
+            with suppress(OSError):
+                pipe.close()
+            raise
         return PipeReceiveStream(protocol)
     return FdReceiveStream(fd)
 

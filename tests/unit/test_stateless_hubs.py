@@ -1,0 +1,106 @@
+"""The 2026-07-28 hubs: one upstream per client identity, at most `max_hubs`, idle ones make room."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, cast
+
+import anyio
+import pytest
+
+from mcp_backfill.relay import Relay
+from mcp_backfill.sidecar.stateless import StatelessHub, StatelessHubs
+from mcp_backfill.sidecar.upstreams import UpstreamRequest
+from mcp_backfill.transports.base import MessageChannel
+from mcp_backfill.transports.http_mux import MuxChannel
+
+pytestmark = pytest.mark.anyio
+
+
+class IdleRelay:
+    """Stands in for the relay between a hub's mux and its upstream: runs until cancelled."""
+
+    async def run(self, on_client_closed: Callable[[], Any]) -> None:
+        await anyio.sleep_forever()
+
+    async def fail_pending(self, reason: str) -> None:
+        pass
+
+
+class Upstreams:
+    """Opens an upstream per identity (named by the `who` header); those in `slow` wait for `go`."""
+
+    def __init__(self, *slow: str) -> None:
+        self.slow = set(slow)
+        self.starting = anyio.Event()
+        self.go = anyio.Event()
+        self.open: set[str] = set()
+
+    @asynccontextmanager
+    async def __call__(self, request: UpstreamRequest) -> AsyncIterator[MessageChannel]:
+        who = request.client_headers["who"]
+        if who in self.slow:
+            self.starting.set()
+            await self.go.wait()
+        self.open.add(who)
+        try:
+            yield cast(MessageChannel, object())
+        finally:
+            self.open.discard(who)
+
+
+def make_hubs(upstreams: Upstreams, max_hubs: int) -> StatelessHubs:
+    def make_relay(client: MessageChannel, upstream: MessageChannel, identity: str) -> Relay:
+        return cast(Relay, IdleRelay())
+
+    return StatelessHubs(
+        lambda identity: StatelessHub(upstreams, make_relay, lambda direction: None, identity),
+        max_hubs=max_hubs,
+        idle_timeout=0,
+    )
+
+
+async def mux_for(hubs: StatelessHubs, who: str) -> MuxChannel | None:
+    return await hubs.mux(lambda: {"who": who}, who)
+
+
+async def test_an_idle_hub_makes_room_for_a_new_client() -> None:
+    upstreams = Upstreams()
+    hubs = make_hubs(upstreams, max_hubs=1)
+    async with anyio.create_task_group() as tg:
+        hubs.start(tg)
+        assert await mux_for(hubs, "alice") is not None
+        assert await mux_for(hubs, "bob") is not None
+        await anyio.wait_all_tasks_blocked()
+        assert upstreams.open == {"bob"}
+        tg.cancel_scope.cancel()
+
+
+async def test_a_hub_whose_upstream_is_starting_is_busy_not_idle() -> None:
+    """Alice's first request waits for her upstream to start; Bob's, arriving meanwhile with every
+    hub taken, used to stop her hub as idle: her request failed (500) and her half-started upstream
+    was torn down. Now Bob is told to come back (the caller's 503) and Alice gets her upstream."""
+    upstreams = Upstreams("alice")
+    hubs = make_hubs(upstreams, max_hubs=1)
+    alices: list[MuxChannel | None] = []
+
+    async def alice() -> None:
+        alices.append(await mux_for(hubs, "alice"))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            hubs.start(tg)
+            tg.start_soon(alice)
+            await upstreams.starting.wait()
+            assert hubs.in_flight == 1
+            assert await mux_for(hubs, "bob") is None
+            upstreams.go.set()
+            while not alices:
+                await anyio.sleep(0.01)
+            [mux] = alices
+            assert mux is not None
+            assert not mux.closed
+            assert upstreams.open == {"alice"}
+            assert hubs.in_flight == 0  # started: Alice's request is the mux's to count now
+            tg.cancel_scope.cancel()
