@@ -70,3 +70,21 @@ def test_many_small_data_lines_count_towards_the_limit() -> None:
 
 def test_an_incomplete_event_at_the_end_is_not_dispatched() -> None:
     assert SseDecoder(100).feed(b'data: {"partial": true}\n') == []
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 64])
+def test_a_byte_order_mark_at_the_start_is_dropped(size: int) -> None:
+    """The spec's one leading U+FEFF; it used to turn the first line into `\\ufeffdata`, and the
+    first event (often the whole answer) was lost. Only at the start: later it is data."""
+    stream = b'\xef\xbb\xbfdata: {"a":1}\n\ndata: \xef\xbb\xbf\n\n'
+    chunks = [stream[i : i + size] for i in range(0, len(stream), size)]
+    assert [event.data for event in decode_all(SseDecoder(1000), chunks)] == [b'{"a":1}', b"\xef\xbb\xbf"]
+
+
+def test_an_oversized_line_ended_by_a_lone_cr_at_a_read_boundary_still_ends() -> None:
+    """The CR that ends the bytes read so far may be the whole line ending; while an oversized line
+    streamed it used to be dropped with the line's bytes, so the line never ended and swallowed the
+    next event."""
+    events = decode_all(SseDecoder(10), [b"data: " + b"x" * 40, b"yy\r", b"\r", b"data: small\r\r", b":\n"])
+    assert [type(event.data) for event in events] == [MessageTooLarge, bytes]
+    assert events[1].data == b"small"

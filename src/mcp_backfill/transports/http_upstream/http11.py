@@ -14,10 +14,15 @@ What it speaks: one request at a time per connection, the request's headers as h
 (refused if a name or value holds CR, LF or NUL), and answers framed by `Content-Length`, chunked
 transfer coding or the connection's end; interim 1xx answers are skipped. A connection goes back to
 the pool once its answer has been read to the end, unless either side said `Connection: close`;
-one that sat idle longer than `keepalive_expiry` is closed rather than reused (servers drop idle
-connections after a few seconds: uvicorn after 5). A request that finds a reused connection closed
-before any byte of an answer arrived is sent once more on a new connection, as HTTP clients do for
-this race (the server closed the idle connection as the request went out, so it never handled it).
+one that sat idle longer than `keepalive_expiry`, or holds bytes no request asked for (an answer
+longer than its framing said, a `408` sent on an idle connection), is closed rather than reused:
+those bytes would be read as the next request's answer. Servers drop idle connections after a few
+seconds (uvicorn after 5). A request that meets a reused connection reset before any byte of an
+answer arrived is sent once more on a new connection: the reset says the server closed without
+reading it (the keep-alive race, the server closing the idle connection as the request went out).
+A reused connection that ends cleanly without answering is retried only for GET, HEAD, OPTIONS and
+DELETE: a server that read a POST and then closed may have acted on it (RFC 9110 §9.2.2), and a
+`tools/call` must not run twice.
 A caller may also write a request at once, from its own task, when an idle connection and a free
 slot are there (`write_now`), and have its answer read later, by `send`.
 """
@@ -25,6 +30,7 @@ slot are there (`write_now`), and have its answer read later, by `send`.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Mapping
@@ -44,12 +50,21 @@ KEEPALIVE_EXPIRY = 4.0
 MAX_CONNECTIONS = 100
 
 _FORBIDDEN_IN_HEADERS = (b"\r", b"\n", b"\0")
+# A chunk's size line (RFC 9112 §7.1): hex digits only (no sign, `0x` or `_`, which `int` would take),
+# at most 16 of them, then an optional extension after optional blanks.
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;.*)?")
 
 T = TypeVar("T")
 
 
 class _StaleConnection(Exception):
-    """A reused connection was found closed before any byte of the answer arrived."""
+    """A reused connection was found closed before any byte of the answer arrived, in a way that says
+    the server did not act on the request: safe to send it again on a new connection."""
+
+
+# Requests sent again when a reused connection ends cleanly (FIN) without a byte of answer: those a
+# server may have handled without harm (RFC 9110 §9.2.2), as Go's net/http retries.
+REPLAYABLE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
 
 
 @dataclass
@@ -70,10 +85,12 @@ class _Connection:
         self.reused = False
 
     def usable(self, now: float) -> bool:
-        """Still open (the server has not closed it) and not idle past the expiry."""
+        """Still open (the server has not closed it), holding no bytes no request asked for, and not
+        idle past the expiry."""
         return (
             not self.writer.is_closing()
             and not self.reader.at_eof()
+            and not _buffered(self.reader)
             and now - self.idle_since < KEEPALIVE_EXPIRY
         )
 
@@ -82,9 +99,9 @@ class _Connection:
 
 
 def _buffered(reader: asyncio.StreamReader) -> bool:
-    """Whether `reader` already holds bytes, so that the next read completes without waiting and
-    needs no timeout (arming and disarming one is about a quarter of this transport's own CPU).
-    Reads asyncio's own buffer; without it, False."""
+    """Whether `reader` already holds bytes: then the next read completes without waiting and needs
+    no timeout (arming and disarming one is about a quarter of this transport's own CPU), and an idle
+    connection is out of step with its answers. Reads asyncio's own buffer; without it, False."""
     return bool(getattr(reader, "_buffer", None))
 
 
@@ -218,12 +235,10 @@ class Dechunker:
         return body[0] if len(body) == 1 else b"".join(body)
 
     def _take_size(self, line: bytes) -> None:
-        try:
-            size = int(line.split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise httpx2.RemoteProtocolError(f"malformed chunk size {line[:40]!r}") from None
-        if size < 0:
-            raise httpx2.RemoteProtocolError("negative chunk size")
+        match = _CHUNK_SIZE.fullmatch(line)
+        if match is None:
+            raise httpx2.RemoteProtocolError(f"malformed chunk size {line[:40]!r}")
+        size = int(match[1], 16)
         self._left = size
         self._state = "data" if size else "trailer"
 
@@ -477,28 +492,35 @@ class Http11Transport(httpx2.AsyncBaseTransport):
                 raise _StaleConnection from exc
             raise httpx2.WriteError(str(exc) or type(exc).__name__) from exc
         read_timeout = outgoing.timeout("read")
-        head = await self._read_head(connection, read_timeout)
+        head = await self._read_head(connection, read_timeout, outgoing.method in REPLAYABLE_METHODS)
         return self._response(connection, outgoing, head, read_timeout)
 
-    async def _read_head(self, connection: _Connection, read_timeout: float | None) -> _Head:
+    async def _read_head(
+        self, connection: _Connection, read_timeout: float | None, replayable: bool
+    ) -> _Head:
+        """The answer's head (interim 1xx answers skipped). `_StaleConnection` when a reused connection
+        ended before any byte of an answer: reset (the server did not read the request), or closed
+        cleanly and the request is `replayable`."""
         reader = connection.reader
+        answered = False
         try:
             async with asyncio.timeout(read_timeout):
                 while True:
                     raw = await reader.readuntil(b"\r\n\r\n")
+                    answered = True
                     head = _parse_head(raw)
                     if not 100 <= head.status < 200 or head.status == 101:
                         return head
         except TimeoutError:
             raise httpx2.ReadTimeout("timed out waiting for the upstream's answer") from None
         except asyncio.IncompleteReadError as exc:
-            if not exc.partial and connection.reused:
+            if replayable and connection.reused and not answered and not exc.partial:
                 raise _StaleConnection from exc
             raise httpx2.RemoteProtocolError("the upstream closed the connection without answering") from exc
         except asyncio.LimitOverrunError:
             raise httpx2.RemoteProtocolError(f"the answer's head exceeds {HEAD_LIMIT} bytes") from None
         except ConnectionError as exc:
-            if connection.reused:
+            if connection.reused and not answered and not _buffered(reader):
                 raise _StaleConnection from exc
             raise httpx2.ReadError(str(exc) or type(exc).__name__) from exc
 
@@ -533,7 +555,7 @@ class Http11Transport(httpx2.AsyncBaseTransport):
         """A response is done with `connection`: back to the pool, or closed."""
         self._slots.release()
         idle = self._idle.setdefault(key, [])
-        if reusable and not self._closed and len(idle) < MAX_IDLE:
+        if reusable and not _buffered(connection.reader) and not self._closed and len(idle) < MAX_IDLE:
             connection.idle_since = time.monotonic()
             idle.append(connection)
         else:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from mcp_backfill.errors import MessageTooLarge
 
+BOM = b"\xef\xbb\xbf"  # U+FEFF in UTF-8
+
 
 @dataclass(frozen=True)
 class SseEvent:
@@ -26,8 +28,9 @@ class SseEvent:
 class SseDecoder:
     """Feed it the body's bytes as they arrive; it returns the events completed so far.
 
-    Lines end with CRLF, LF or CR (spec: text/event-stream). A `data:` payload larger than `limit`
-    is not buffered: the event still arrives, with a `MessageTooLarge` in place of its data.
+    Lines end with CRLF, LF or CR, and a byte order mark at the stream's start is dropped (spec:
+    text/event-stream). A `data:` payload larger than `limit` is not buffered: the event still
+    arrives, with a `MessageTooLarge` in place of its data.
     """
 
     def __init__(self, limit: int) -> None:
@@ -42,9 +45,16 @@ class SseDecoder:
         self._id: str | None = None
         self._retry: int | None = None
         self._pending = False
+        self._started = False  # past a byte order mark, if the stream began with one
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
         self._line += chunk
+        if not self._started:
+            if len(self._line) < len(BOM) and BOM.startswith(self._line):
+                return []  # perhaps the first bytes of one
+            self._started = True
+            if self._line.startswith(BOM):
+                del self._line[: len(BOM)]
         events: list[SseEvent] = []
         while True:
             end, after = self._line_end()
@@ -76,7 +86,11 @@ class SseDecoder:
         return (cr, cr + 2) if buffer[cr + 1] == 0x0A else (cr, cr + 1)
 
     def _absorb_partial(self) -> None:
-        """An unterminated line longer than the limit is consumed as it arrives instead of buffered."""
+        """An unterminated line longer than the limit is consumed as it arrives instead of buffered;
+        a CR at its end stays, being perhaps its whole ending or the first half of a CRLF."""
+        trailing_cr = self._line.endswith(b"\r")
+        if trailing_cr:
+            del self._line[-1]
         if self._long_line is not None:
             if self._long_line == b"data" and self._too_large is not None:
                 self._too_large.extend(self._line)
@@ -87,8 +101,9 @@ class SseDecoder:
             if name == b"data":
                 self._add_data(value[1:] if value.startswith(b" ") else value)
             self._line.clear()
-        trailing_cr = 1 if self._line.endswith(b"\r") else 0
-        self._scanned = len(self._line) - trailing_cr
+        self._scanned = len(self._line)
+        if trailing_cr:
+            self._line += b"\r"
 
     def _take_line(self, line: bytes) -> SseEvent | None:
         if not line:
