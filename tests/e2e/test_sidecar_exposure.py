@@ -266,3 +266,155 @@ def call(request_id: str, method: str, params: object = None) -> dict[str, objec
     if params is not None:
         message["params"] = params
     return message
+
+
+# -- one connection, several requests: HEAD, pipelining, Expect (the HTTP front's review) ----------
+
+
+async def read_until(stream: anyio.abc.ByteStream, done: bytes, seconds: float = 5) -> tuple[bytes, bool]:
+    """What arrives until `done` is in it, or the server closes, or `seconds` pass; and whether closed."""
+    received = b""
+    with anyio.move_on_after(seconds):
+        while done not in received:
+            try:
+                received += await stream.receive()
+            except CLOSED:
+                return received, True
+    return received, False
+
+
+def sse_get(port: int, session_id: str) -> bytes:
+    return (
+        f"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: text/event-stream\r\n"
+        f"Mcp-Session-Id: {session_id}\r\n\r\n"
+    ).encode()
+
+
+async def test_head_requests_are_answered_and_pipelined_answers_keep_their_order() -> None:
+    """A HEAD's response head, held back for a body uvicorn never writes for HEAD, used never to go
+    out: probes by HEAD hung, and the answer to a request pipelined behind it came first."""
+    async with run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar:
+        host = f"Host: 127.0.0.1:{sidecar.port}\r\n"
+        for path, status in (("/healthz", b"200"), ("/readyz", b"200"), ("/nope", b"404")):
+            async with await anyio.connect_tcp("127.0.0.1", sidecar.port) as stream:
+                await stream.send(f"HEAD {path} HTTP/1.1\r\n{host}\r\n".encode())
+                received, _ = await read_until(stream, b"\r\n\r\n")
+            assert received.startswith(b"HTTP/1.1 " + status), (path, received)
+            assert received.endswith(b"\r\n\r\n"), (path, received)  # a head, no body
+        async with await anyio.connect_tcp("127.0.0.1", sidecar.port) as stream:
+            await stream.send(
+                f"HEAD /healthz HTTP/1.1\r\n{host}\r\nGET /nope HTTP/1.1\r\n{host}\r\n".encode()
+            )
+            received, _ = await read_until(stream, b"Not Found")
+    assert received.startswith(b"HTTP/1.1 200"), received
+    assert received.index(b"HTTP/1.1 404") > 0
+
+
+async def test_a_stream_pipelined_behind_a_request_is_not_cut_by_the_header_timeout() -> None:
+    """The header timer armed as the first answer completed used to close the connection in the
+    middle of the SSE stream uvicorn started right after it."""
+    options = ("--provider", "mock", "--header-timeout", "1")
+    async with run_sidecar(*options, upstream=ECHO_SERVER, env=proxy_env()) as sidecar:
+        async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http:
+            session_id = await open_session(http, sidecar.url)
+        async with await anyio.connect_tcp("127.0.0.1", sidecar.port) as stream:
+            first = f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{sidecar.port}\r\n\r\n".encode()
+            await stream.send(first + sse_get(sidecar.port, session_id))
+            received, closed = await read_until(stream, b"never", seconds=3)  # three header timeouts
+    assert b"text/event-stream" in received, received
+    assert not closed
+
+
+async def test_a_request_pipelined_behind_one_in_flight_gets_the_head_limit_too() -> None:
+    """While a request is in flight the next one's header bytes used to be neither counted nor
+    timed, and llhttp keeps them all: 64 MiB of header lines behind an SSE stream grew the sidecar
+    by 1.9 GiB."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        session_id = await open_session(http, sidecar.url)
+        async with await anyio.connect_tcp("127.0.0.1", sidecar.port) as stream:
+            await stream.send(sse_get(sidecar.port, session_id))  # in flight: the stream
+            await read_until(stream, b"text/event-stream")
+            await stream.send(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{sidecar.port}\r\n".encode())
+            sent = 0
+            with anyio.fail_after(CLOSE_WITHIN), contextlib.suppress(*CLOSED):
+                while sent < 64 * 1024 * 1024:  # closed long before
+                    await stream.send(b"X:\r\n" * 16384)
+                    sent += 4 * 16384
+                await stream.receive()
+        assert (await http.get(f"{sidecar.base}/healthz")).status_code == 200
+    assert sent < 4 * 1024 * 1024
+    assert "request headers over the size limit" in sidecar.stderr()
+
+
+async def test_a_client_that_pipelines_and_leaves_releases_its_stream() -> None:
+    """uvicorn tells only the request it parsed last that its client left: an SSE stream with a
+    request pipelined behind it used to stay attached to the session after its client had gone, and
+    the session's next GET was refused (409)."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        session_id = await open_session(http, sidecar.url)
+        behind = f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{sidecar.port}\r\n\r\n".encode()
+        async with await anyio.connect_tcp("127.0.0.1", sidecar.port) as stream:
+            await stream.send(sse_get(sidecar.port, session_id) + behind)
+            received, _ = await read_until(stream, b"text/event-stream")
+            assert received.startswith(b"HTTP/1.1 200"), received
+        headers = {"accept": "text/event-stream", "mcp-session-id": session_id}
+        # The stream's handler hears that its client left and lets the session go: at once, where it
+        # used to take until its next keep-alive comment failed to go out (15 s).
+        with anyio.fail_after(8):
+            while True:
+                async with http.stream("GET", sidecar.url, headers=headers) as again:
+                    if again.status_code == 200:
+                        break
+                    assert again.status_code == 409
+                await anyio.sleep(0.2)
+
+
+async def test_a_refused_request_that_expected_100_continue_does_not_swallow_the_next_one() -> None:
+    """Refused before its body (413 for its declared size), no `100 Continue` went out, so its client
+    sends no body; the sidecar used to wait for it and take the next request's bytes as that body."""
+    async with run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar:
+        host = f"Host: 127.0.0.1:{sidecar.port}\r\n"
+        refused = (
+            f"POST /mcp HTTP/1.1\r\n{host}Content-Type: application/json\r\n"
+            "Accept: application/json, text/event-stream\r\nExpect: 100-continue\r\n"
+            "Content-Length: 50000000\r\n\r\n"
+        ).encode()
+        async with await anyio.connect_tcp("127.0.0.1", sidecar.port) as stream:
+            await stream.send(refused)
+            received, closed = await read_until(stream, b"}")
+            if not closed:
+                await stream.send(f"GET /healthz HTTP/1.1\r\n{host}\r\n".encode())
+                more, closed = await read_until(stream, b'"version"')
+                received += more
+    assert received.startswith(b"HTTP/1.1 413"), received
+    assert b"100 Continue" not in received
+    assert closed or b"HTTP/1.1 200" in received, received
+
+
+async def test_a_token_with_non_ascii_characters_is_accepted() -> None:
+    """Sent as UTF-8, it used to be compared encoded twice (latin-1 decoding, then UTF-8): 401."""
+    token = "clé-secrète-0123456789"
+    env = {**proxy_env(), "MCP_BACKFILL_AUTH_TOKEN": token}
+    async with run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=env) as sidecar:
+        async with await anyio.connect_tcp("127.0.0.1", sidecar.port) as stream:
+            await stream.send(
+                f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{sidecar.port}\r\nAuthorization: Bearer ".encode()
+                + token.encode()
+                + b"\r\n\r\n"
+            )
+            received, _ = await read_until(stream, b"\r\n\r\n")
+        assert received.startswith(b"HTTP/1.1 200"), received
+        async with await anyio.connect_tcp("127.0.0.1", sidecar.port) as stream:
+            await stream.send(
+                f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{sidecar.port}\r\nAuthorization: Bearer ".encode()
+                + token.encode("latin-1")  # the same characters, other bytes: not the token
+                + b"\r\n\r\n"
+            )
+            received, _ = await read_until(stream, b"\r\n\r\n")
+        assert received.startswith(b"HTTP/1.1 401"), received

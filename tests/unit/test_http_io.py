@@ -5,7 +5,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from mcp_backfill.sidecar.http_io import HttpCall, accepts
+from mcp_backfill.sidecar.http_io import HttpCall, accepts, upstream_headers
+from mcp_backfill.sidecar.security import AccessPolicy
 from mcp_backfill.transports.event_stream import EventStream
 
 pytestmark = pytest.mark.anyio
@@ -55,3 +56,24 @@ async def test_waiting_for_a_stream_ends_when_a_message_arrives_or_it_finishes()
         await anyio.wait_all_tasks_blocked()
         stream.finish()
     assert woken[-1] == "third"
+
+
+def test_the_forwarded_authorization_is_the_one_the_identity_comes_from() -> None:
+    """With `--forward-authorization` the identity (budgets, rate limits, session binding) is a digest
+    of the first `Authorization` line, but the upstream used to get the last: a client could put a
+    fresh value first on every request, and be a new client each time with its real credential."""
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/mcp",
+        "headers": [
+            (b"host", b"127.0.0.1:8000"),
+            (b"authorization", b"Bearer fresh-identity-7f3a"),
+            (b"authorization", b"Bearer the-real-token"),
+        ],
+    }
+    call = HttpCall(scope, _never, _discard)
+    policy = AccessPolicy(allowed_hosts=("*",), allowed_origins=(), forward_authorization=True)
+    forwarded = upstream_headers(call, strip_authorization=False)["authorization"]
+    assert forwarded == "Bearer fresh-identity-7f3a"
+    assert policy.identify(call.headers.get("authorization")) == policy.identify(forwarded)

@@ -4,13 +4,19 @@ uvicorn closes a connection left idle after a response (`timeout_keep_alive`), b
 never finishes sending a request's headers — nor one that sends nothing at all — and it accepts any
 number of connections. Each would hold a socket and memory forever. Here a connection must deliver
 the headers of each request within `header_timeout` seconds (counted from connecting, or from the
-previous response), and in at most `HEAD_LIMIT` bytes, or it is closed; and a connection beyond
+previous response), and in at most `HEAD_LIMIT` bytes, or it is closed — a request pipelined behind
+one in flight too, whose head llhttp would otherwise take without end; and a connection beyond
 `max_connections` is closed as soon as it is accepted. Once a request's headers are in, the request
-is the application's: long-lived SSE responses are not cut, and a slow body is the app's
-`--body-timeout` (408). When the application answers before reading a body (a `413`), what is left
+is the application's: long-lived SSE responses are not cut (nor one pipelined behind another, which
+uvicorn starts as the first completes), and a slow body is the app's `--body-timeout` (408). When the
+connection is lost every unfinished request on it hears of it, not only the last one uvicorn parsed
+(a client that pipelined a request behind an SSE stream and left would otherwise leave the stream's
+handler running). When the application answers before reading a body (a `413`), what is left
 of it is read and dropped (uvicorn does that once the response is out), so that the client, still
 sending, gets to read the answer; at most `DRAIN_LIMIT` bytes, and within `header_timeout` of the
-response, as the next request's headers would be. What all connections together read that way is
+response, as the next request's headers would be. A refused request that asked for
+`Expect: 100-continue` and sent no body byte is not waited for: no `100 Continue` went out, so its
+client sends no body, and the connection is closed instead. What all connections together read that way is
 held to `DRAIN_RATE` bytes a second (`DrainBudget`): past it, a draining connection stops reading
 until the budget has room again, so that a client sending refused bodies back to back cannot make
 the sidecar spend its CPU reading them (`benchmarks/README.md`, scenario 6).
@@ -80,16 +86,21 @@ class _Guard:
     # Provided by the uvicorn protocol class this is mixed into.
     connections: set[Any]
     cycle: Any
+    expect_100_continue: bool  # the request parsed last asked for it (httptools)
     transport: asyncio.Transport
     loop: asyncio.AbstractEventLoop
 
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = 0
+    _head_open = False  # a request's head is being parsed (httptools only)
+    _head_begun = False  # ... and it began in the bytes being parsed now
+    _body_seen = False  # a byte of the last request's body arrived (httptools only)
     _request_done = True  # the last request was read to its end, body included (httptools only)
     _draining = False  # its response went out first: the rest of its body is being dropped
     _drained = 0  # bytes of that rest so far
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._cycles: weakref.WeakSet[Any] = weakref.WeakSet()  # every request's, while it lives
         super().connection_made(transport)  # type: ignore[misc]
         if len(self.connections) > self.max_connections:
             log.warning(
@@ -103,9 +114,15 @@ class _Guard:
     def data_received(self, data: bytes) -> None:
         waiting = self.cycle is None or self.cycle.response_complete
         draining = self._draining
+        self._head_begun = False
         super().data_received(data)  # type: ignore[misc]
         if self.cycle is not None and not self.cycle.response_complete:
             self._disarm()  # a request's headers are in: the rest is the application's
+            if self._head_open and not self._head_begun:  # a request pipelined behind it: its head
+                self._head_bytes += len(data)
+                if self._head_bytes > HEAD_LIMIT and not self.transport.is_closing():
+                    log.info("connection closed: request headers over the size limit")
+                    self.transport.close()
         elif self.transport.is_closing():
             pass
         elif draining:
@@ -127,7 +144,15 @@ class _Guard:
     # httptools' parser callbacks (uvicorn's h11 protocol has none: there `_request_done` stays True)
     def on_message_begin(self) -> None:
         self._request_done = False
+        self._body_seen = False
+        self._head_open = self._head_begun = True
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._head_bytes = 0  # pipelined: counted from here (the bytes it began in, not)
         super().on_message_begin()  # type: ignore[misc]
+
+    def on_body(self, body: bytes) -> None:
+        self._body_seen = True
+        super().on_body(body)  # type: ignore[misc]
 
     def on_message_complete(self) -> None:
         self._request_done = True
@@ -135,18 +160,31 @@ class _Guard:
         super().on_message_complete()  # type: ignore[misc]
 
     def on_headers_complete(self) -> None:
+        self._head_open = False
         super().on_headers_complete()  # type: ignore[misc]
-        if self.cycle is not None and self.cycle.transport is self.transport:
-            self.cycle.transport = OneWriteResponse(self.transport, self.cycle)
+        cycle = self.cycle
+        if cycle is None:
+            return
+        self._cycles.add(cycle)
+        # Not for HEAD: uvicorn writes no body after its head, so a held head would never go out.
+        if cycle.transport is self.transport and cycle.scope["method"] != "HEAD":
+            cycle.transport = OneWriteResponse(self.transport, cycle)
 
     def on_response_complete(self) -> None:
         self._draining, self._drained = not self._request_done, 0
+        if self._draining and self.expect_100_continue and not self._body_seen:
+            log.info("connection closed: a refused request's body was never sent (Expect: 100-continue)")
+            self.transport.close()
         super().on_response_complete()  # type: ignore[misc]
-        if not self.transport.is_closing():
-            self._arm()
+        if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+            self._arm()  # (a pipelined request uvicorn has just started is the application's)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        for cycle in list(self._cycles):
+            if not cycle.response_complete:  # uvicorn tells only the one it parsed last
+                cycle.disconnected = True
+                cycle.message_event.set()
         super().connection_lost(exc)  # type: ignore[misc]
 
     def _drain_on(self) -> None:

@@ -171,11 +171,14 @@ UpstreamHeaders = Callable[[], dict[str, str]]
 
 def upstream_headers(call: HttpCall, strip_authorization: bool) -> dict[str, str]:
     """The client's request headers as an upstream factory sees them (lowercase names)."""
-    return {
-        name: value
-        for name, value in call.header_items()
-        if not (strip_authorization and name == "authorization")
-    }
+    forwarded: dict[str, str] = {}
+    for name, value in call.header_items():
+        if not (strip_authorization and name == "authorization"):
+            # A repeated header's first line, as `HttpCall.headers` has it: with
+            # `--forward-authorization` the client's identity is the first `Authorization`, and the
+            # credential the upstream gets must be that one, not a later line of the client's choice.
+            forwarded.setdefault(name, value)
+    return forwarded
 
 
 def accepts(headers: Mapping[str, str]) -> tuple[bool, bool]:

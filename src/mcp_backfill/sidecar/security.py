@@ -51,12 +51,21 @@ class AccessPolicy:
         scheme, _, presented = (authorization or "").strip().partition(" ")
         if scheme.lower() != "bearer":
             return None
-        candidate = presented.strip().encode("utf-8", "surrogatepass")
+        candidate = _wire_bytes(presented.strip())
         found: str | None = None
         for name, token in self.tokens:  # every token is compared: the time says nothing of which
             if hmac.compare_digest(candidate, token.encode()):
                 found = name
         return found
+
+
+def _wire_bytes(value: str) -> bytes:
+    """A header value's bytes as they arrived: headers reach the app decoded as latin-1, so a token
+    sent as UTF-8 is compared as the UTF-8 bytes it was, not encoded twice."""
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:  # not decoded from the wire
+        return value.encode("utf-8", "surrogatepass")
 
 
 def default_allowed_hosts(port: int) -> tuple[str, ...]:
