@@ -518,6 +518,8 @@ class Relay:
             sides[to_upstream].send_now(raw, related)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             _dropped(raw, to_upstream=to_upstream)
+            if to_upstream and self._tg is not None:
+                self._tg.start_soon(self._undelivered, raw)
 
     async def _send_client(self, raw: bytes, related: Any = None) -> None:
         try:
@@ -530,6 +532,25 @@ class Relay:
             await self.upstream.send(raw)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             _dropped(raw, to_upstream=True)
+            await self._undelivered(raw)
+
+    async def _undelivered(self, raw: bytes) -> None:
+        """A client request the upstream could not be sent (it closed its input but runs on): answered
+        now, not when the upstream exits, which may be never."""
+        try:
+            message = jsonrpc.decode(raw)
+        except ValueError:
+            return
+        if not (isinstance(message, dict) and "method" in message and "id" in message):
+            return
+        pending = self.state.client_requests.pop(jsonrpc.id_key(message["id"]), None)
+        if pending is not None:
+            self.rounds.end(pending)
+            await self._reply_error(
+                pending.request_id,
+                protocol.INTERNAL_ERROR,
+                "Upstream MCP server is not reading its input; the request could not be delivered",
+            )
 
 
 def _dropped(raw: bytes, *, to_upstream: bool) -> None:

@@ -27,6 +27,7 @@ from typing import Any, cast
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream
 
+from mcp_backfill import jsonrpc
 from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import get_logger
 from mcp_backfill.transports.child import PIPE_SIZE, StartedChild, enlarge_pipe, start_child
@@ -38,6 +39,19 @@ READ_CHUNK = 256 * 1024
 # A pipe whose writes take this long lately wakes its reader at a cost the event loop should not
 # wait out while other messages wait (see `pipe_writer`); a write to an awake reader takes ~1 µs.
 SLOW_WRITE_NS = 20_000
+
+
+def _iov_max() -> int:
+    """The most buffers one `writev` takes (Linux: 1024): past it the call fails (EINVAL), writing
+    nothing. POSIX promises at least 16."""
+    try:
+        value = os.sysconf("SC_IOV_MAX")
+    except (AttributeError, ValueError, OSError):
+        value = -1
+    return value if value > 0 else 16
+
+
+IOV_MAX = _iov_max()
 
 Chunk = bytes | memoryview
 
@@ -84,9 +98,9 @@ class LineSplitter:
                 skipped, self._skipping = self._skipping, None
                 skipped.extend(line)
                 return skipped
+            line = trimmed(line)  # the whitespace around a message (a CR before the newline) is framing
             if len(line) > self._limit:
                 return MessageTooLarge.from_bytes(line, self._limit)
-            line = trimmed(line)
             if line:
                 return line
 
@@ -99,7 +113,7 @@ class LineSplitter:
         if self._skipping is not None:
             self._skipping.extend(self._buffer)
             self._buffer.clear()
-        elif len(self._buffer) > self._limit:
+        elif len(self._buffer) > self._limit + 1:  # one more: a CR before the newline is framing
             self._skipping = MessageTooLarge.from_bytes(bytes(self._buffer), self._limit)
             self._buffer.clear()
         self._scanned = len(self._buffer)
@@ -111,9 +125,22 @@ def trimmed(line: bytes) -> bytes:
 
 
 class LineChannel:
-    """A `MessageChannel` over a pair of byte streams carrying newline-delimited messages."""
+    """A `MessageChannel` over a pair of byte streams carrying newline-delimited messages.
 
-    def __init__(self, reader: ByteReceiveStream, writer: ByteSendStream, max_message_bytes: int) -> None:
+    A last line the stream ends without a newline is a message all the same (a client may leave it
+    off), unless `whole_at_end` and it is not JSON: an upstream that died writing a message left only
+    its first part, which must not reach the client as an answer.
+    """
+
+    def __init__(
+        self,
+        reader: ByteReceiveStream,
+        writer: ByteSendStream,
+        max_message_bytes: int,
+        *,
+        whole_at_end: bool = False,
+    ) -> None:
+        self._whole_at_end = whole_at_end
         self._reader = reader
         self._writer = writer
         self._lines = LineSplitter(max_message_bytes)
@@ -129,6 +156,12 @@ class LineChannel:
             if line is None and self._eof:
                 line = self._lines.finish()
                 if line is None:
+                    raise anyio.EndOfStream
+                if self._whole_at_end and isinstance(line, bytes) and not _is_json(line):
+                    log.warning(
+                        "the upstream's output ended in the middle of a message; its first part is dropped",
+                        extra={"bytes": len(line)},
+                    )
                     raise anyio.EndOfStream
             if isinstance(line, MessageTooLarge):
                 raise line
@@ -153,17 +186,16 @@ class LineChannel:
         # Or the writer thread takes it (`offload_writes`), and every message after it until the
         # thread has written them all.
         parts: Sequence[Chunk] = (message, b"\n")
-        if not self._send_lock.locked():
-            if self._offloading(self._writer):
-                if self._offload is None:
-                    self._offload = PipeWriter(self._writer, PIPE_SIZE)
-                await self._offload.write(parts)
-                return
+        if not self._offloading(self._writer):
             parts = self._writer.write_now(parts)
             if not parts:
                 return
-        async with self._send_lock:
-            await self._writer.send_parts(parts)
+        # The writer thread takes the rest of a line once part of it is out: a task waiting for room
+        # in the pipe could be cancelled (its session ending), leaving half a line for the next
+        # message to be glued to. Handed over before any wait, the line goes out whole.
+        if self._offload is None:
+            self._offload = PipeWriter(self._writer, PIPE_SIZE)
+        await self._offload.write(parts)
 
     def deliver_at_once(self, handler: Callable[[bytes], bool]) -> None:
         """While `receive()` waits for data, hand a message that arrives whole in one read to
@@ -191,12 +223,10 @@ class LineChannel:
         return handler(line) if line else True
 
     def can_send_now(self) -> bool:
-        """Can `send_now` write a message in its turn? (No earlier send waits on a full pipe, and the
-        writer thread is neither holding messages nor due to take this one.)"""
+        """Can `send_now` write a message in its turn? (The writer thread is neither holding messages
+        nor due to take this one.)"""
         writer = self._writer
-        return (
-            isinstance(writer, FdSendStream) and not self._send_lock.locked() and not self._offloading(writer)
-        )
+        return isinstance(writer, FdSendStream) and not self._offloading(writer)
 
     def send_now(self, message: bytes, related: Any = None) -> None:
         """Send `message` without waiting; only right after `can_send_now()` said yes. What the pipe
@@ -417,7 +447,9 @@ class FdSendStream(ByteSendStream):
             raise anyio.ClosedResourceError
         try:
             started = perf_counter_ns()
-            written = os.writev(self._fd, parts)
+            # Past IOV_MAX buffers (the writer thread's batch) the rest is left over, as from any
+            # partial write.
+            written = os.writev(self._fd, parts if len(parts) <= IOV_MAX else parts[:IOV_MAX])
             self.write_ns += (perf_counter_ns() - started - self.write_ns) >> 4
         except BlockingIOError:
             written = 0
@@ -444,7 +476,17 @@ class FdSendStream(ByteSendStream):
         fd, self._fd = self._fd, -1
         if fd >= 0:
             with suppress(OSError):
+                os.set_blocking(fd, True)  # its description may be shared (our stdout): as it was
+            with suppress(OSError):
                 os.close(fd)
+
+
+def _is_json(line: bytes) -> bool:
+    try:
+        jsonrpc.decode(line)
+    except ValueError:
+        return False
+    return True
 
 
 def unwritten(parts: Sequence[Chunk], written: int) -> list[memoryview]:
@@ -482,12 +524,15 @@ async def own_stdio(max_message_bytes: int) -> AsyncIterator[LineChannel]:
     try:
         yield channel
     finally:
-        for fd in (protocol_in, protocol_out):
-            # The descriptions are shared with our parent (a terminal, say): leave them blocking.
-            with suppress(OSError):
-                os.set_blocking(fd, True)
-            with suppress(OSError):
-                os.close(fd)
+        # What the writer thread holds goes out first (the last answers, the errors for requests the
+        # upstream left unanswered), up to `CLOSE_SECONDS` of a client that does not read.
+        with anyio.CancelScope(shield=True):
+            await channel.close_writer()
+        # The description is shared with our parent (a terminal, say): leave it blocking.
+        with suppress(OSError):
+            os.set_blocking(protocol_in, True)
+        with suppress(OSError):
+            os.close(protocol_in)
 
 
 class ChildProcess:
@@ -589,6 +634,7 @@ async def spawn_upstream(
             await open_fd_receive_stream(child.from_child, owned=True),
             FdSendStream(child.to_child),
             max_message_bytes,
+            whole_at_end=True,
         )
     except BaseException:
         child.discard(grace)

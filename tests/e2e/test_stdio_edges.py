@@ -1,0 +1,224 @@
+"""The stdio wrapper at its edges: a client that is slow to read, an upstream that stops reading,
+dies mid-message or exits with messages still on their way. Whatever happens, every line on stdout
+is one whole JSON-RPC message, none is lost, and every request gets an answer.
+
+Each test runs the real proxy as a process in front of a small child program written for it (the
+stdio review's findings: each test failed before its fix).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcp_backfill.protocol import INTERNAL_ERROR
+from tests.harness import proxy_argv, proxy_env, python_server
+
+ECHO_SERVER = python_server("echo_server.py")
+
+# Notifications the upstream writes one at a time, each ~30 KB: the client's pipe (256 KiB) fills.
+FILLER = """
+import json, os, time
+def note(kind, n, pad=0):
+    message = {"jsonrpc": "2.0", "method": "notifications/message",
+               "params": {"level": "info", "data": {"kind": kind, "n": n, "pad": "x" * pad}}}
+    return json.dumps(message, separators=(",", ":")).encode() + b"\\n"
+for i in range(12):
+    os.write(1, note("filler", i, 30_000))
+    time.sleep(0.03)
+"""
+
+
+def child(code: str) -> list[str]:
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def start(tmp_path: Path, upstream: list[str], *options: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        proxy_argv("--provider", "mock", *options, upstream=upstream),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=(tmp_path / "stderr").open("wb"),
+        env=proxy_env(),
+    )
+
+
+def whole_messages(out: bytes) -> list[Any]:
+    """Every line of `out` as JSON (each must be one whole message, the last one ended too)."""
+    *lines, rest = out.split(b"\n")
+    assert rest == b"", f"stdout ends in the middle of a line ({len(rest)} bytes)"
+    return [json.loads(line) for line in lines]
+
+
+def test_a_burst_behind_a_full_client_pipe_is_delivered_whole(tmp_path: Path) -> None:
+    """The writer thread wrote all it held in one `writev`; past 1,024 buffers (512 messages) the
+    call failed, and every message it held was dropped without a word."""
+    burst = (
+        FILLER
+        + """
+data = b"".join(note("small", i) for i in range(1500))
+os.write(1, data)
+time.sleep(0.5)
+os.write(1, note("end", 0))
+while os.read(0, 65536):
+    pass
+"""
+    )
+    proxy = start(tmp_path, child(burst))
+    assert proxy.stdout is not None
+    try:
+        time.sleep(3)  # the client reads nothing for a while: its pipe fills, the thread takes over
+        out = b""
+        deadline = time.monotonic() + 60
+        while b'"kind":"end"' not in out and time.monotonic() < deadline:
+            out += os.read(proxy.stdout.fileno(), 1 << 20)
+    finally:
+        assert proxy.stdin is not None
+        proxy.stdin.close()
+        proxy.wait(30)
+    data = [message["params"]["data"] for message in whole_messages(out)]
+    assert [d["n"] for d in data if d["kind"] == "filler"] == list(range(12))
+    assert [d["n"] for d in data if d["kind"] == "small"] == list(range(1500))
+    assert data[-1]["kind"] == "end"
+
+
+def test_messages_on_their_way_when_the_upstream_exits_all_reach_a_slow_client(tmp_path: Path) -> None:
+    """Stdout used to be closed under the writer thread at exit: messages lost, and half a line left."""
+    proxy = start(tmp_path, child(FILLER + "\nraise SystemExit(0)\n"))
+    assert proxy.stdout is not None
+    time.sleep(3)  # the client is busy elsewhere; the upstream is done by then
+    out = proxy.stdout.read()
+    proxy.wait(30)
+    assert [message["params"]["data"]["n"] for message in whole_messages(out)] == list(range(12))
+
+
+def test_a_message_cut_off_as_the_client_send_is_cancelled_still_goes_out_whole(tmp_path: Path) -> None:
+    """The upstream fills the client's pipe, asks for a sample (so the proxy asks the client for
+    approval, a 30 KB question) and dies: the session ends and its tasks are cancelled, one of them in
+    the middle of writing that question. Half of it used to stay on stdout, with the next message
+    (the error for request 2) glued on."""
+    upstream = """
+    import json, os, sys, time
+    def send(message):
+        os.write(1, json.dumps(message, separators=(",", ":")).encode() + b"\\n")
+    stdin = sys.stdin.buffer
+    init = json.loads(stdin.readline())
+    send({"jsonrpc": "2.0", "id": init["id"], "result": {"protocolVersion": "2025-11-25",
+          "capabilities": {}, "serverInfo": {"name": "S" * 30_000, "version": "1"}}})
+    stdin.readline()  # notifications/initialized
+    stdin.readline()  # the request it never answers
+    for i in range(4):
+        send({"jsonrpc": "2.0", "method": "notifications/message",
+              "params": {"level": "info", "data": "f" * 52_000}})
+        time.sleep(0.05)
+    send({"jsonrpc": "2.0", "id": "s1", "method": "sampling/createMessage", "params": {
+          "messages": [{"role": "user", "content": {"type": "text", "text": "hello"}}], "maxTokens": 10}})
+    time.sleep(1.0)
+    os._exit(3)
+    """
+    proxy = start(tmp_path, child(upstream), "--approve", "elicit")
+    assert proxy.stdin is not None
+    assert proxy.stdout is not None
+    initialize = {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {"elicitation": {}},
+        "clientInfo": {"name": "slow-reader", "version": "0"},
+    }
+    for message in (
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": initialize},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "never"}},
+    ):
+        proxy.stdin.write(json.dumps(message).encode() + b"\n")
+    proxy.stdin.flush()
+    time.sleep(4)  # the client is busy; the upstream dies meanwhile
+    out = proxy.stdout.read()
+    assert proxy.wait(30) == 3
+    proxy.stdin.close()
+    assert 2 in [message.get("id") for message in whole_messages(out)]
+
+
+@pytest.mark.parametrize("size", [1000, 100_000])
+def test_an_answer_cut_off_by_the_upstream_dying_is_not_relayed(tmp_path: Path, size: int) -> None:
+    """Its first part, unterminated at the end of the stream, was taken for a whole message; one of
+    64 KiB or more (routed by its first bytes, undecoded) reached the client as the answer."""
+    upstream = f"""
+    import os, sys
+    sys.stdin.buffer.readline()
+    os.write(1, b'{{"jsonrpc":"2.0","id":1,"result":{{"content":[{{"type":"text","text":"' + b"x" * {size})
+    os._exit(3)
+    """
+    proxy = start(tmp_path, child(upstream))
+    assert proxy.stdin is not None
+    assert proxy.stdout is not None
+    request = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "big"}}
+    proxy.stdin.write(json.dumps(request).encode() + b"\n")
+    proxy.stdin.flush()
+    out = proxy.stdout.read()  # to the end: the proxy exits with its upstream
+    assert proxy.wait(30) == 3
+    proxy.stdin.close()
+    [answer] = whole_messages(out)
+    assert answer["id"] == 1
+    assert "Upstream MCP server exited (status 3)" in answer["error"]["message"]
+    assert "ended in the middle of a message" in (tmp_path / "stderr").read_text()
+
+
+def test_a_request_for_an_upstream_that_stopped_reading_is_answered(tmp_path: Path) -> None:
+    """An upstream that closes its input and runs on: the request it cannot be sent was dropped with
+    a log line, and its client waited for as long as the upstream lived."""
+    upstream = """
+    import json, os, sys, time
+    line = sys.stdin.buffer.readline()
+    os.write(1, json.dumps({"jsonrpc": "2.0", "id": json.loads(line)["id"], "result": {}}).encode() + b"\\n")
+    os.close(0)
+    time.sleep(60)
+    """
+    proxy = start(tmp_path, child(upstream))
+    assert proxy.stdin is not None
+    assert proxy.stdout is not None
+    try:
+        proxy.stdin.write(b'{"jsonrpc":"2.0","id":1,"method":"a/b"}\n')
+        proxy.stdin.flush()
+        assert json.loads(proxy.stdout.readline())["id"] == 1
+        time.sleep(0.5)  # it has closed its input by now
+        proxy.stdin.write(b'{"jsonrpc":"2.0","id":2,"method":"a/b"}\n')
+        proxy.stdin.flush()
+        ready, _, _ = select.select([proxy.stdout], [], [], 30)
+        assert ready, "no answer to request 2"
+        answer = json.loads(proxy.stdout.readline())
+    finally:
+        proxy.kill()
+        proxy.wait()
+    assert answer["id"] == 2
+    assert "not reading its input" in answer["error"]["message"]
+
+
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n"])
+def test_a_message_of_exactly_the_limit_is_relayed_whatever_its_line_ending(ending: bytes) -> None:
+    """The CR of a CRLF, framing, used to count against --max-message-bytes: the request was refused
+    as too large (-32600). Relayed, its echo (the request and more) is what is too large, coming back."""
+    limit = 2000
+    request: dict[str, Any] = {"jsonrpc": "2.0", "id": 1, "method": "x/y", "params": {"p": ""}}
+    request["params"]["p"] = "z" * (limit - len(json.dumps(request).encode()))
+    line = json.dumps(request).encode()
+    assert len(line) == limit
+    done = subprocess.run(
+        proxy_argv("--provider", "mock", "--max-message-bytes", str(limit), upstream=ECHO_SERVER),
+        input=line + ending,
+        capture_output=True,
+        env=proxy_env(),
+        timeout=60,
+    )
+    [answer] = whole_messages(done.stdout)
+    assert answer["id"] == 1
+    assert answer["error"]["code"] == INTERNAL_ERROR, answer
+    assert "from the upstream too large" in done.stderr.decode()
