@@ -94,8 +94,10 @@ async def relay_session(
         status = await upstream.stop(config.shutdown_grace)
         if not stopping.is_set():
             log.error("upstream server exited", extra={"status": status})
-            await relay.fail_pending(f"Upstream MCP server exited (status {status})")
-        relay.traces.close()  # requests the client left unanswered when it closed
+        # Every request still waiting gets its answer, also when the client closed its input first:
+        # it may still read its output (`echo request | mcp-backfill -- server`).
+        await relay.fail_pending(f"Upstream MCP server exited (status {status})")
+        relay.traces.close()
         tg.cancel_scope.cancel()
     return status
 

@@ -222,3 +222,24 @@ def test_a_message_of_exactly_the_limit_is_relayed_whatever_its_line_ending(endi
     assert answer["id"] == 1
     assert answer["error"]["code"] == INTERNAL_ERROR, answer
     assert "from the upstream too large" in done.stderr.decode()
+
+
+def test_a_client_that_closes_its_input_still_gets_an_answer_to_every_request(tmp_path: Path) -> None:
+    """`echo request | mcp-backfill -- server` with a server that dies before answering: the client's
+    end of input stopped the upstream, and the request it was still waiting for got nothing."""
+    upstream = """
+    import os, sys
+    sys.stdin.buffer.readline()
+    os._exit(3)
+    """
+    request = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "never"}}
+    done = subprocess.run(
+        proxy_argv("--provider", "mock", upstream=child(upstream)),
+        input=json.dumps(request).encode() + b"\n",
+        capture_output=True,
+        env=proxy_env(),
+        timeout=60,
+    )
+    [answer] = whole_messages(done.stdout)
+    assert answer["id"] == 7
+    assert "Upstream MCP server exited" in answer["error"]["message"]

@@ -797,3 +797,23 @@ async def test_an_immediate_write_that_fails_oddly_leaks_no_slot(monkeypatch: py
         with anyio.fail_after(5):  # the one slot is free again, and the connection was dropped
             await (await post_message(http, url, b"{}", {})).aread()
     assert server.connections == 2
+
+
+async def test_a_cookie_that_is_not_ascii_does_not_break_the_sessions_later_posts() -> None:
+    """The jar took it, and every later request failed to be built (UnicodeEncodeError, not a
+    transport error): each of the session's requests then failed as an internal error."""
+
+    async def reply(number: int, _: bytes, writer: asyncio.StreamWriter) -> bool:
+        cookies = b"set-cookie: caf\xe9=1\r\nset-cookie: plain=1\r\n" if number == 1 else b""
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n%scontent-length: 2\r\n\r\n{}" % cookies
+        )
+        return True
+
+    async with scripted(reply) as server, _upstream_client(server.url) as http:
+        url = httpx2.URL(server.url)
+        for _ in range(3):
+            await (await post_message(http, url, b"{}", {})).aread()
+        await http.get(server.url)  # httpx2's own way too
+    assert len(server.requests) == 4
+    assert all(b"cookie: plain=1" in request.lower() for request in server.requests[1:])

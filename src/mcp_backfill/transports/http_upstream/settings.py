@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.cookiejar
 import ssl
 import urllib.request
 from collections.abc import Mapping
@@ -63,12 +64,22 @@ def make_http_client(settings: HttpUpstreamSettings, tls: ssl.SSLContext | None 
     )
 
 
+class AsciiCookies(http.cookiejar.DefaultCookiePolicy):
+    """The cookies an upstream sets are kept only when ASCII: a `Cookie` header must be, and one
+    holding anything else would make every later request of the session fail to be built."""
+
+    def set_ok(self, cookie: http.cookiejar.Cookie, request: Any) -> bool:
+        text = f"{cookie.name}={cookie.value or ''}"
+        return text.isascii() and super().set_ok(cookie, request)
+
+
 class UpstreamClient(httpx2.AsyncClient):
     """httpx2's client, remembering whether it speaks through the lean `Http11Transport` (see
     `post_message`), and the heads of the message POSTs it sent that way."""
 
     def __init__(self, *, transport: Http11Transport | None, **options: Any) -> None:
         super().__init__(transport=transport, **options)
+        self.cookies.jar.set_policy(AsciiCookies())
         self.lean = transport
         self._heads: dict[tuple[Any, ...], tuple[httpx2.URL, _MessageHead | None]] = {}
 
