@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 Id = int | str | float | None
-IdKey = tuple[bool, Any]
+IdKey = tuple[bool | None, Any]
 
 CODEC = "orjson"  # which JSON library decode/encode use (reported by the benchmarks)
 
@@ -78,8 +78,15 @@ def encode(message: Any) -> bytes:
 
 
 def id_key(request_id: Any) -> IdKey:
-    """A dict key that keeps `1` and `"1"` apart (they are different JSON-RPC ids)."""
-    return (isinstance(request_id, str), request_id)
+    """A dict key that keeps `1` and `"1"` apart (they are different JSON-RPC ids). An id JSON-RPC
+    does not allow (an object, an array, a boolean) is keyed by its JSON text: it can be neither
+    unhashable, which would end the session, nor equal to a valid one (`true` is not `1`)."""
+    kind = type(request_id)
+    if kind is int or kind is str or request_id is None:
+        return (kind is str, request_id)
+    if kind is float:
+        return (False, request_id)
+    return (None, compact_text(request_id))
 
 
 def error_response(request_id: Id, code: int, message: str, data: Any = None) -> dict[str, Any]:

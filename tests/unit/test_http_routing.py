@@ -213,3 +213,20 @@ async def test_mux_turns_an_abandoned_post_into_a_cancel_for_the_relay() -> None
     assert messages(exchange.stream) == []
     mux.close("bye")
     assert mux.in_flight == 0
+
+
+async def test_mux_does_not_give_a_gone_requests_messages_to_the_one_left_in_flight() -> None:
+    """ "The one request in flight" took messages that named another, finished request: a notification
+    of an abandoned subscription, a late progress notification. With clients sharing a hub, another
+    client's."""
+    mux = MuxChannel()
+    listen, _ = mux.open(request("A-listen", "subscriptions/listen"))
+    call, _ = mux.open(request(7, "tools/call"))
+    await mux.abandon(listen, "client A closed its POST")
+    meta = {"io.modelcontextprotocol/subscriptionId": listen.mux_id}
+    await mux.send(encode(notification("notifications/resources/updated", uri="file:///a", _meta=meta)))
+    await mux.send(encode(notification("notifications/progress", progressToken=listen.mux_id, progress=1)))
+    await mux.send(encode(notification("notifications/message", data="x")), related=listen.mux_id)
+    assert messages(call.stream) == []
+    await mux.send(encode(notification("notifications/message", data="whose?")))  # names nobody
+    assert messages(call.stream) == [notification("notifications/message", data="whose?")]

@@ -323,11 +323,11 @@ async def test_a_round_is_answered_and_resent_under_a_proxy_id() -> None:
         assert sent["params"]["_meta"][protocol.META_CLIENT_CAPABILITIES] == {"sampling": {"tools": {}}}
         await r.server.send(result(9, input_required({"s": {"method": protocol.SAMPLING, "params": HELLO}})))
         retry = await r.server.recv()
-        assert retry["id"] == "mcp-backfill:1"
+        assert retry["id"].startswith("mcp-backfill:")
         assert (retry["method"], retry["params"]["name"]) == ("tools/call", "ask")
         assert retry["params"]["requestState"] == "server-state"  # echoed as it was
         assert retry["params"]["inputResponses"]["s"]["model"].startswith("mock/")
-        await r.server.send(result("mcp-backfill:1", {"content": [{"type": "text", "text": "done"}]}))
+        await r.server.send(result(retry["id"], {"content": [{"type": "text", "text": "done"}]}))
         assert await r.client.recv() == result(9, {"content": [{"type": "text", "text": "done"}]})
         assert r.relay.state.driving == {}
 
@@ -382,3 +382,102 @@ async def test_a_round_limit_fails_the_request() -> None:
         assert error["id"] == 1
         assert error["error"]["code"] == protocol.INTERNAL_ERROR
         assert "--max-input-rounds" in error["error"]["message"]
+
+
+# -- the relay's review: ids, re-encoding, tasks, approval ------------------------------------------
+
+# Ids JSON-RPC does not allow: their key used to be unhashable, and the first one ended the session.
+BAD_IDS = [{"x": 1}, [1], True]
+
+
+@pytest.mark.parametrize("bad", BAD_IDS)
+async def test_a_request_with_an_id_json_rpc_does_not_allow_is_relayed_and_the_session_goes_on(
+    bad: Any,
+) -> None:
+    async with relayed() as r:
+        await r.client.send(request(1, "tools/call", {"name": "slow"}))  # something pending
+        await r.server.recv()
+        await r.client.send(request(bad, "ping"))
+        assert (await r.server.recv())["id"] == bad
+        cancel = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": bad}}
+        await r.client.send(cancel)
+        assert await r.server.recv() == cancel
+        await r.server.send(result(bad, {}))
+        assert await r.client.recv() == result(bad, {})
+        await r.server.send(sampling_request(bad))
+        assert is_mock_answer(await r.server.recv(), bad)
+        late_cancel = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": bad}}
+        await r.server.send(late_cancel)  # for a request already answered: not the proxy's, relayed
+        assert await r.client.recv() == late_cancel
+        await r.client.send(request(2, "ping"))
+        assert await r.server.recv() == request(2, "ping")
+        await r.server.send(result(1, {}))
+        assert await r.client.recv() == result(1, {})  # `true` is not `1`
+
+
+@pytest.mark.parametrize("request_id", [1, 1000, "req-1"])
+async def test_an_answer_is_relayed_as_the_bytes_it_came_in_whatever_its_id(request_id: Any) -> None:
+    """A check of identity (`is`) let only small integers through as they came: an answer to id 1000
+    or "req-1" was re-encoded, a float's digits cut and `1e400` turned to null."""
+    async with relayed() as r:
+        await r.client.send(request(request_id, "tools/call", {"name": "x"}))
+        await r.server.recv()
+        body = '{"content":[],"structuredContent":{"pi":3.14159265358979323846264338327950288,"big":1e400}}'
+        raw = (
+            b'{"jsonrpc":"2.0","id":' + json.dumps(request_id).encode() + b',"result":' + body.encode() + b"}"
+        )
+        await r.server.send_raw(raw)
+        with anyio.fail_after(5):
+            assert await r.client.from_relay.receive() == raw
+
+
+async def test_a_sampling_task_the_proxy_declared_is_its_own_when_the_client_runs_no_tasks() -> None:
+    """The client samples without tools and runs no tasks; the proxy declared sampling tasks for it.
+    A tool-less task-augmented request used to go to the client, which answers with a plain result
+    (or an error), not the task the server was promised."""
+    async with relayed() as r:
+        await r.client.send(request(1, "initialize", initialize({"sampling": {}})))
+        assert (await r.server.recv())["params"]["capabilities"]["tasks"] == SAMPLING_TASKS
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        await r.server.send(sampling_request(7, {**HELLO, "task": {"ttl": 60000}}))
+        answer = await r.server.recv()
+        assert answer["id"] == 7
+        assert "task" in answer["result"]
+        assert r.client.nothing_waiting()
+        await r.server.send(sampling_request(8))  # without a task: the client's, as before
+        assert (await r.client.recv())["id"] == 8
+
+
+async def test_a_sampling_request_cancelled_while_the_user_is_asked_withdraws_the_question() -> None:
+    provider = GatedProvider()
+    async with relayed(provider, approve="elicit") as r:
+        await r.client.send(request(1, "initialize", initialize({"elicitation": {}})))
+        await r.server.recv()
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        await r.server.send(sampling_request(3))
+        question = await r.client.recv()
+        assert question["method"] == protocol.ELICIT
+        await r.server.send({"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 3}})
+        withdrawn = await r.client.recv()
+        assert withdrawn["method"] == protocol.CANCELLED
+        assert withdrawn["params"]["requestId"] == question["id"]
+        assert not provider.started.is_set()
+
+
+async def test_a_client_id_like_the_proxys_own_is_not_confused_with_a_round_it_resends() -> None:
+    """The proxy numbered its re-sent rounds `mcp-backfill:1`, `:2`...: a client request with such
+    an id had its answer delivered as the final answer of another request, and got none."""
+    async with relayed() as r:
+        await r.client.send(request("mcp-backfill:1", "tools/call", stateless({"name": "slow"})))
+        await r.server.recv()
+        await r.client.send(request(2, "tools/call", stateless({"name": "ask"})))
+        await r.server.recv()
+        await r.server.send(result(2, input_required({"s": {"method": protocol.SAMPLING, "params": HELLO}})))
+        retry = await r.server.recv()
+        assert retry["id"] != "mcp-backfill:1"
+        await r.server.send(result("mcp-backfill:1", {"content": [{"type": "text", "text": "A"}]}))
+        assert (await r.client.recv())["id"] == "mcp-backfill:1"
+        await r.server.send(result(retry["id"], {"content": [{"type": "text", "text": "B"}]}))
+        assert (await r.client.recv())["id"] == 2

@@ -17,6 +17,7 @@ In the handshake era the question is a request of the proxy's own to the client 
 from __future__ import annotations
 
 import itertools
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -144,6 +145,9 @@ class Approver:
         self.preview = preview
         self._send_client = send_client
         self.session_allowed = False
+        # The questions' ids: none of the server's own requests to the client can share one (the
+        # client's answer to it would be taken for the user's).
+        self._prefix = f"{APPROVAL_ID_PREFIX}{secrets.token_hex(6)}-"
         self._ids = itertools.count(1)
         self._asked: dict[str, _Question] = {}
 
@@ -170,7 +174,7 @@ class Approver:
             return
         if not can_elicit(self.state.client.elicitation):
             raise cannot_elicit(self.policy)
-        question_id = f"{APPROVAL_ID_PREFIX}{next(self._ids)}"
+        question_id = f"{self._prefix}{next(self._ids)}"
         question = _Question(anyio.Event())
         self._asked[question_id] = question
         request = {
@@ -183,14 +187,18 @@ class Approver:
             await self._send_client(jsonrpc.encode(request), related)
             with anyio.move_on_after(self.timeout):
                 await question.event.wait()
+        except anyio.get_cancelled_exc_class():
+            # The sampling request went away (the server cancelled it, its session ended): withdraw
+            # the question, or the user's dialog stays open for a request nobody waits for.
+            with anyio.CancelScope(shield=True):
+                await self._withdraw(question_id, "sampling request cancelled", related)
+            raise
         finally:
             self._asked.pop(question_id, None)
         response = question.response
         if response is None:
             log.warning("approval not answered in time; sampling refused", extra={"timeout": self.timeout})
-            cancel = {"requestId": question_id, "reason": "approval timed out"}
-            note = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": cancel}
-            await self._send_client(jsonrpc.encode(note), related)
+            await self._withdraw(question_id, "approval timed out", related)
             raise rejected("timed out")
         if "error" in response:
             raise rejected("elicitation failed")
@@ -200,10 +208,15 @@ class Approver:
             raise rejected(how)
         self.allow(decision)
 
+    async def _withdraw(self, question_id: str, reason: str, related: Any) -> None:
+        cancel = {"requestId": question_id, "reason": reason}
+        note = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": cancel}
+        await self._send_client(jsonrpc.encode(note), related)
+
     def take(self, message: dict[str, Any]) -> bool:
         """The client's answer to one of the proxy's questions (consumed: True), or not one (False)."""
         message_id = message.get("id")
-        if not (isinstance(message_id, str) and message_id.startswith(APPROVAL_ID_PREFIX)):
+        if not (isinstance(message_id, str) and message_id.startswith(self._prefix)):
             return False
         question = self._asked.get(message_id)
         if question is not None:

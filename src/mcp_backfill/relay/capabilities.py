@@ -77,6 +77,12 @@ class ClientProfile:
             return False
         return not wants_tools(params) or isinstance(self.sampling.get("tools"), dict)
 
+    def runs_sampling_tasks(self) -> bool:
+        """Did the client declare task-augmented sampling itself?"""
+        requests = (self.tasks or {}).get("requests")
+        sampling = requests.get("sampling") if isinstance(requests, dict) else None
+        return isinstance(sampling, dict) and isinstance(sampling.get("createMessage"), dict)
+
     def samples_with_tools(self) -> bool:
         return self.sampling is not None and isinstance(self.sampling.get("tools"), dict)
 

@@ -426,12 +426,17 @@ class Relay:
             return self._upstream_response(message)
         params = message.get("params")
         params = params if isinstance(params, dict) else {}
+        tasked = isinstance(params.get("task"), dict) and self.state.declares_tasks
         if (
             method == protocol.SAMPLING
             and "id" in message
-            and proxy_answers(self.mode, self.state.client, params)
+            # A task the proxy declared it runs, for a client that runs none: the proxy's to answer.
+            and (
+                proxy_answers(self.mode, self.state.client, params)
+                or (tasked and not self.state.client.runs_sampling_tasks())
+            )
         ):
-            if isinstance(params.get("task"), dict) and self.state.declares_tasks:
+            if tasked:
                 self.tasks.create(message["id"], params, related)
             else:
                 span = self.traces.answering(message) if self.traces.enabled else None
@@ -464,8 +469,9 @@ class Relay:
             if ir.is_input_required(result):
                 return self.rounds.take_round(pending, chain, result)
             self.rounds.end(pending)
-        if upstream_id is pending.request_id:
-            return message
+        if jsonrpc.id_key(upstream_id) == jsonrpc.id_key(pending.request_id):
+            return message  # as it came: forwarded as the bytes it came in (an `is` test failed
+            # for all but small integers, and re-encoded the rest: a float's digits, `1e400`)
         return {**message, "id": pending.request_id}
 
     def _note_initialized(self, message: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import random
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -61,6 +62,9 @@ class RoundDriver:
         self._sample = sample
         self._send_client = send_client
         self._send_upstream = send_upstream
+        # Ids no client can guess, so that none of its own requests can share one (the answer to
+        # either would be taken for the other's).
+        self._own_prefix = f"{OWN_ID_PREFIX}{secrets.token_hex(6)}:"
         self._own_ids = itertools.count(1)
         self._traces = traces
         self._tg: TaskGroup | None = None
@@ -244,7 +248,7 @@ class RoundDriver:
             await self._hand_over(pending, chain, result, current, answers)
             return
         chain.rounds += 1
-        upstream_id = f"{OWN_ID_PREFIX}{next(self._own_ids)}"
+        upstream_id = f"{self._own_prefix}{next(self._own_ids)}"
         chain.upstream_id = upstream_id
         self.state.client_requests[jsonrpc.id_key(upstream_id)] = pending
         params = ir.retry_params(chain.base_params, answers, current.has_state, current.state)

@@ -152,11 +152,15 @@ class MuxChannel(InboxChannel):
         if isinstance(related, int) and related in self._exchanges:
             return self._exchanges[related]
         params = message.get("params")
-        if isinstance(params, dict):
-            for candidate in (params.get("progressToken"), _meta(params).get(protocol.META_SUBSCRIPTION_ID)):
-                if isinstance(candidate, int) and candidate in self._exchanges:
-                    return self._exchanges[candidate]
-        if len(self._exchanges) == 1:
+        params = params if isinstance(params, dict) else {}
+        candidates = (params.get("progressToken"), _meta(params).get(protocol.META_SUBSCRIPTION_ID))
+        for candidate in candidates:
+            if isinstance(candidate, int) and candidate in self._exchanges:
+                return self._exchanges[candidate]
+        # "The one request in flight" only for a message nothing attributes: one that names a request
+        # already gone (its stream, its token, its subscription) may belong to another client.
+        attributed = related is not None or any(isinstance(candidate, int) for candidate in candidates)
+        if len(self._exchanges) == 1 and not attributed:
             return next(iter(self._exchanges.values()))
         return None
 
