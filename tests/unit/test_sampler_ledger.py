@@ -13,8 +13,9 @@ import pytest
 from mcp_backfill import assembly
 from mcp_backfill.errors import ProviderError, SamplingError
 from mcp_backfill.options import Allowance
+from mcp_backfill.providers.retry import RetryingProvider, RetryPolicy
 from mcp_backfill.sampling.convert import META_KEY
-from mcp_backfill.sampling.provider import ProgressCallback, UsageMeter
+from mcp_backfill.sampling.provider import ProgressCallback, Provider, UsageMeter
 from mcp_backfill.sampling.sampler import MAX_PAUSE_CONTINUATIONS, Sampler
 from mcp_backfill.sampling.spend import Spend
 from tests.defaults import CONFIG, SPEND
@@ -79,7 +80,7 @@ class Observer:
         self.seen.append((outcome, dict(tokens)))
 
 
-def sampler_for(provider: Scripted, **spend: Any) -> tuple[Sampler, Observer]:
+def sampler_for(provider: Provider, **spend: Any) -> tuple[Sampler, Observer]:
     observer = Observer()
     sampler = Sampler(
         provider,
@@ -184,4 +185,70 @@ async def test_a_cancelled_exchange_is_charged_and_reported_as_cancelled() -> No
     assert outcome == "cancelled"
     assert tokens["output_tokens"] == 100
     assert tokens["input_tokens"] > 0  # the estimate: nothing was reported
+    assert sampler.spend.budget.reserved == 0
+
+
+# -- retries, each admitted as a call of its own ------------------------------------------------------
+
+
+class Failing(Scripted):
+    """Each attempt fails retryably: after Claude's stream reported its input (billed), or with an
+    HTTP error status (not billed); then answers with what is left of the script."""
+
+    def __init__(self, *outcomes: str | dict[str, Any]) -> None:
+        super().__init__()
+        self.outcomes = list(outcomes)
+
+    async def create_message(
+        self,
+        request: dict[str, Any],
+        *,
+        on_progress: ProgressCallback | None = None,
+        meter: UsageMeter | None = None,
+    ) -> dict[str, Any]:
+        assert meter is not None
+        self.requests.append(request)
+        meter.begin_attempt()
+        outcome = self.outcomes.pop(0)
+        if outcome == "billed":
+            meter.report({"input_tokens": 50, "output_tokens": 1})
+        elif outcome == "not billed":
+            meter.not_billed()
+        else:
+            assert isinstance(outcome, dict)
+            meter.report(outcome["usage"], final=True)
+            return outcome
+        raise ProviderError("Claude API error (overloaded_error)", {"provider": "scripted"}, retryable=True)
+
+
+async def _no_sleep(_: float) -> None:
+    return None
+
+
+def retrying(inner: Failing) -> RetryingProvider:
+    return RetryingProvider(
+        inner, RetryPolicy(max_attempts=6, base_delay=0, max_delay=0, deadline=None), sleep=_no_sleep
+    )
+
+
+async def test_retries_are_not_made_once_the_budget_has_no_room() -> None:
+    """Retries used to be made within the first call's one reservation: six billed attempts charged
+    5.5 times a budget that allowed one."""
+    inner = Failing(*["billed"] * 6)
+    sampler, observer = sampler_for(retrying(inner), budget=(Allowance(1000),))
+    params = {**PARAMS, "maxTokens": 900}
+    with pytest.raises(ProviderError, match="not retried: a token budget has no room"):
+        await sampler.sample(params)
+    assert len(inner.requests) == 2  # the first used the budget up; the one it allows to overrun
+    assert sampler.spend.budget.used == 2 * (50 + 900)
+    assert observer.seen[0][0] == "failed"
+
+
+async def test_retries_within_the_budget_are_made_and_each_attempt_charged() -> None:
+    inner = Failing("billed", "not billed", "billed", paused(1, "end_turn"))
+    sampler, _ = sampler_for(retrying(inner), budget=(Allowance(100_000),))
+    result = await sampler.sample(dict(PARAMS))
+    assert len(inner.requests) == 4
+    assert result["stopReason"] == "endTurn"
+    assert sampler.spend.budget.used == 2 * (50 + 100) + (10 + 1 + 1)  # two billed, one free, the answer
     assert sampler.spend.budget.reserved == 0

@@ -313,6 +313,9 @@ class _Unmetered:
     def begin_attempt(self) -> None:
         pass
 
+    async def may_retry(self) -> bool:
+        return True
+
     def report(self, usage: Mapping[str, int], *, final: bool = False) -> None:
         pass
 

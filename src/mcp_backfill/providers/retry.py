@@ -123,6 +123,14 @@ class RetryingProvider:
             if self._clock() + delay >= deadline_at:
                 self._note("failed", last)
                 raise self._deadline_error(attempt, last)
+            if meter is not None and not await meter.may_retry():
+                self._note("failed", last)
+                raise _annotated(
+                    last,
+                    attempts=attempt,
+                    gave_up="budget",
+                    message=f"{last.message} (not retried: a token budget has no room for another attempt)",
+                ) from None
             self._note("retried", last)
             log.info(
                 "Claude API call failed; retrying",

@@ -39,10 +39,13 @@ class UsageMeter(Protocol):
     with `final=True` once the message is complete. `not_billed()` says the attempt certainly cost
     nothing: the API answered it with an HTTP error status, or the request never left this machine
     (the connection could not be made). An attempt about which nothing was said may have been billed
-    in full.
+    in full. `may_retry()` is asked before a retry: False when the budgets have no room for another
+    attempt (the retry is then not made).
     """
 
     def begin_attempt(self) -> None: ...
+
+    async def may_retry(self) -> bool: ...
 
     def report(self, usage: Mapping[str, int], *, final: bool = False) -> None: ...
 

@@ -15,7 +15,9 @@ the reservation is released and what the call may have cost is charged instead (
   before it noticed; if the stream reported nothing, the whole reservation;
 * a call the API refused with an HTTP error status, or that never reached it: nothing.
 
-Each retry, and each continuation of a `pause_turn`, is a call of its own, charged the same way.
+Each retry, and each continuation of a `pause_turn`, is a call of its own, charged the same way
+and admitted the same way: before a retry the attempts so far are charged and a new reservation is
+held, and the retry is not made when a budget has no room for it.
 
 A budget admits a call while some of it is neither used nor reserved by calls in flight, checked
 and reserved in one atomic step of the store, so concurrent requests cannot pile onto the last
@@ -281,9 +283,20 @@ class Charge:
 
     reservation: Reservation
     attempts: list[_Attempt] = field(default_factory=list)
+    # Set by `Ticket.call`: charges the attempts so far and holds a new reservation (False: no room).
+    renewal: Callable[[], Awaitable[bool]] | None = None
 
     def begin_attempt(self) -> None:
         self.attempts.append(_Attempt())
+
+    async def may_retry(self) -> bool:
+        return True if self.renewal is None else await self.renewal()
+
+    def take_cost(self) -> dict[str, int]:
+        """What the attempts so far may have cost; they are forgotten (charged by the caller)."""
+        cost = self.cost()
+        self.attempts.clear()
+        return cost
 
     def report(self, usage: Mapping[str, int], *, final: bool = False) -> None:
         if self.attempts:
@@ -329,6 +342,14 @@ class _Stake:
         return tuple(budget.limit for budget in self.budgets)
 
 
+@dataclass
+class _Hold:
+    """A reservation held for a call: its lease, and the store that holds it for each stake."""
+
+    lease: str
+    held: list[tuple[_Stake, LedgerStore]] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class _Prepaid:
     """A reservation the admission held on the shared stake for the request's first call."""
@@ -355,43 +376,70 @@ class Ticket:
     @asynccontextmanager
     async def call(self, reservation: Reservation) -> AsyncIterator[Charge]:
         """Reserve for one Claude call if every budget has room (else refuse); on leaving, however
-        the call ended, charge what it cost."""
-        spend = self._spend
+        the call ended, charge what it cost. A retry within the call (`Charge.may_retry`) is admitted
+        as a call of its own: what the attempts so far may have cost is charged, and the reservation
+        held again, or the retry refused."""
         prepaid, self._prepaid = self._prepaid, None
         if prepaid is not None and prepaid.amount != reservation.total:
             await self._release(prepaid)  # held for another call than this one
             prepaid = None
-        held: list[tuple[_Stake, LedgerStore]] = []
-        if prepaid is None:
-            lease, to_reserve = spend.new_lease(), self._stakes
-        else:
-            lease, to_reserve = prepaid.lease, self._stakes[:-1]
-            held.append((self._stakes[-1], prepaid.store))
-        try:
-            for stake in to_reserve:
-                held.append((stake, await spend.reserve(stake, lease, reservation.total)))
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                for stake, store in held:
-                    await spend.settle(store, stake, lease, {})
-            raise
-        for stake in self._stakes:
-            for budget in stake.budgets:
-                budget.reserved += reservation.total
+        hold: _Hold | None = await self._hold(reservation.total, prepaid)
+        self._count_reserved(reservation.total)
         charge = Charge(reservation)
+
+        async def renew() -> bool:
+            nonlocal hold
+            cost = charge.take_cost()
+            if not any(cost.values()):
+                return True  # nothing billed yet: the reservation held is still whole
+            spent, hold = hold, None
+            if spent is not None:
+                await self._settle(spent, cost)
+            try:
+                hold = await self._hold(reservation.total, None)
+            except SamplingError:
+                return False
+            return True
+
+        charge.renewal = renew
         try:
             yield charge
         finally:
-            cost = charge.cost()
-            for stake in self._stakes:
-                for budget in stake.budgets:
-                    budget.reserved -= reservation.total
-            with anyio.CancelScope(shield=True):
-                for stake, store in held:
-                    await spend.settle(store, stake, lease, cost, wait=False)
-            for key, value in cost.items():
-                self.charged[key] += value
+            self._count_reserved(-reservation.total)
+            if hold is not None:
+                await self._settle(hold, charge.take_cost())
             self.calls += 1
+
+    async def _hold(self, amount: int, prepaid: _Prepaid | None) -> _Hold:
+        """Reserve `amount` on every stake (the shared one's may be `prepaid` already)."""
+        spend = self._spend
+        if prepaid is None:
+            hold, to_reserve = _Hold(spend.new_lease()), self._stakes
+        else:
+            hold, to_reserve = _Hold(prepaid.lease), self._stakes[:-1]
+            hold.held.append((self._stakes[-1], prepaid.store))
+        try:
+            for stake in to_reserve:
+                hold.held.append((stake, await spend.reserve(stake, hold.lease, amount)))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                for stake, store in hold.held:
+                    await spend.settle(store, stake, hold.lease, {})
+            raise
+        return hold
+
+    async def _settle(self, hold: _Hold, cost: dict[str, int]) -> None:
+        """Release `hold` and charge `cost`, whatever cancels the caller."""
+        with anyio.CancelScope(shield=True):
+            for stake, store in hold.held:
+                await self._spend.settle(store, stake, hold.lease, cost, wait=False)
+        for key, value in cost.items():
+            self.charged[key] += value
+
+    def _count_reserved(self, amount: int) -> None:
+        for stake in self._stakes:
+            for budget in stake.budgets:
+                budget.reserved += amount
 
     async def release_prepaid(self) -> None:
         """Give back what the admission reserved, if no call took it."""
