@@ -240,20 +240,59 @@ async def test_a_body_of_undeclared_length_over_the_limit_gives_413_too() -> Non
         await assert_session_goes_on(http, url, headers)
 
 
-async def test_max_sessions_gives_503() -> None:
+async def test_max_sessions_gives_503_and_a_refused_opening_does_not_count_as_one() -> None:
+    """An opening refused for want of a slot used to count against `--client-session-rate`: a client
+    retrying while the sidecar was full was shut out for a minute (429) once a slot came free."""
+    options = ("--provider", "mock", "--max-sessions", "1", "--client-session-rate", "3")
     async with (
-        run_sidecar(
-            "--provider", "mock", "--max-sessions", "1", upstream=ECHO_SERVER, env=proxy_env()
-        ) as sidecar,
+        run_sidecar(*options, upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
         httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         first = await open_session(http, sidecar.url)
-        refused = await http.post(sidecar.url, json=initialize_body(), headers=HANDSHAKE_HEADERS)
-        assert refused.status_code == 503
-        assert "--max-sessions" in refused.json()["error"]["message"]
+        for _ in range(3):
+            refused = await http.post(sidecar.url, json=initialize_body(), headers=HANDSHAKE_HEADERS)
+            assert refused.status_code == 503
+            assert "--max-sessions" in refused.json()["error"]["message"]
         deleted = await http.delete(sidecar.url, headers={"mcp-session-id": first})
         assert deleted.status_code == 200
-        assert await open_session(http, sidecar.url)
+        assert await open_session(http, sidecar.url)  # the second opening of the minute, of three
+
+
+async def test_a_client_reading_its_stream_gets_every_message_of_a_burst() -> None:
+    """A burst from the upstream used to be routed faster than the POST's stream was written: past
+    the replay limit (1,024 events) the oldest unwritten ones were dropped, from a client reading all
+    along (5,000 notifications: 2,921 lost)."""
+    count = 5000
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=60) as http,
+    ):
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+        flood = {"jsonrpc": "2.0", "id": 1, "method": "test/flood", "params": {"count": count}}
+        response = await http.post(sidecar.url, json=flood, headers=headers)
+        messages = [message for _, message in sse_messages(response.text)]
+        assert messages[-1] == {"jsonrpc": "2.0", "id": 1, "result": {"flooded": count}}
+        notes = [message["params"]["seq"] for message in messages if message.get("method")]
+        assert notes == list(range(count))
+        assert "replay buffer full" not in sidecar.stderr()
+
+
+@pytest.mark.parametrize("seq", [b"\xb2", b"1" * 5000], ids=["superscript-two", "5000-digits"])
+async def test_a_forged_last_event_id_gets_400(seq: bytes) -> None:
+    """A sequence `isdigit` takes but `int` refuses ("²" as latin-1, or 5,000 digits) gave a 500."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        session_id = await open_session(http, sidecar.url)
+        head = b"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAccept: text/event-stream\r\n" % sidecar.port
+        head += b"Mcp-Session-Id: %s\r\nLast-Event-ID: g.%s\r\n\r\n" % (session_id.encode(), seq)
+        async with await anyio.connect_tcp("127.0.0.1", sidecar.port) as stream:
+            await stream.send(head)
+            with anyio.fail_after(10):
+                answer = await stream.receive()
+        assert answer.startswith(b"HTTP/1.1 400"), answer
+        assert "Exception in ASGI application" not in sidecar.stderr()
 
 
 async def test_idle_sessions_are_reaped(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anyio
 import pytest
 
 from mcp_backfill.errors import DuplicateRequestId
@@ -230,3 +231,35 @@ async def test_mux_does_not_give_a_gone_requests_messages_to_the_one_left_in_fli
     assert messages(call.stream) == []
     await mux.send(encode(notification("notifications/message", data="whose?")))  # names nobody
     assert messages(call.stream) == [notification("notifications/message", data="whose?")]
+
+
+async def test_an_event_stream_keeps_no_waiter_of_a_wait_that_timed_out() -> None:
+    """A cancelled wait cancels its future, so `done()` was always true and the cleanup never ran:
+    an idle GET stream kept one dead future per keep-alive period."""
+    stream = EventStream("g", 1024)
+    for _ in range(50):
+        with anyio.move_on_after(0.001):
+            await stream.changed()
+    assert stream._waiting == []
+
+
+async def test_a_sender_waits_for_a_live_reader_far_behind_and_not_for_one_that_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("mcp_backfill.transports.event_stream.STALL_SECONDS", 0.2)
+    stream = EventStream("p1", 8)
+    generation = stream.attach()
+    for n in range(5):
+        stream.append(encode(notification("n", n=n)))
+    assert stream.behind  # 5 of 8 unwritten, with a reader attached
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stream.catch_up)
+        await anyio.sleep(0.05)
+        stream.handed_out(3)  # the reader writes: the sender may go on
+    assert not stream.behind
+    for n in range(5, 12):
+        stream.append(encode(notification("n", n=n)))
+    with anyio.fail_after(5):
+        await stream.catch_up()  # the reader writes nothing more: given up on after STALL_SECONDS
+    assert not stream.behind
+    stream.detach(generation)

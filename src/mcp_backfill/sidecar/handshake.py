@@ -151,6 +151,7 @@ class HandshakeFront:
                 return None
             session = self.sessions.open(upstream_headers(), identity)
             if session is None:
+                self.opening.refused(identity)
                 log.warning("session refused: too many open sessions", extra={"sessions": len(self.sessions)})
                 await call.respond_error(
                     503, protocol.INTERNAL_ERROR, "Too many open sessions (--max-sessions); try again later"

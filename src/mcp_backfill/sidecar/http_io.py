@@ -247,7 +247,7 @@ async def pump_sse(
             for seq, data in stream.after(cursor):
                 await call.body(sse_event(data, stream.event_id(seq) if with_ids else None), more=True)
                 cursor = seq
-                stream.delivered = max(stream.delivered, seq)
+                stream.handed_out(seq)
             if stream.complete_after(cursor):
                 return
             with anyio.move_on_after(keepalive) as idle:

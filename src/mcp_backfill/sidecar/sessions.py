@@ -194,6 +194,12 @@ class OpeningRate:
         opened.append(now)
         return None
 
+    def refused(self, identity: str) -> None:
+        """The opening `admit` just counted did not happen (no slot was free): it counts no more."""
+        opened = self._opened.get(identity)
+        if opened:
+            opened.pop()
+
 
 class SessionTable:
     """The live sessions by id, with the admission limit."""

@@ -8,6 +8,11 @@ get what it missed. What is kept is bounded twice: at most `limit` events and at
 bytes (`REPLAY_BYTES`), oldest dropped first — so a client that never opens its GET stream, or never
 reads, cannot make the proxy hold its messages without bound. The newest event is always kept,
 however large, so that a live reader gets it.
+
+A live reader is not made to lose messages by a burst, though: while a response writes the stream
+and more than half the limit waits to be written, the sender waits (`catch_up`) for as long as the
+response keeps writing, so the burst is held up rather than dropped. A reader that writes nothing for
+`STALL_SECONDS` is taken to have stopped, and the oldest messages are dropped again.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
 
+import anyio
+
 from mcp_backfill.logs import get_logger
 
 log = get_logger("http")
@@ -23,6 +30,8 @@ log = get_logger("http")
 SSE_PING = b": ping\n\n"
 REPLAY_BYTES = 8 * 1024 * 1024
 """Bytes of messages one stream keeps for replay, at most (the newest message is always kept)."""
+STALL_SECONDS = 10.0
+"""How long a sender waits for a live reader that is far behind and writes nothing (`catch_up`)."""
 
 
 def sse_event(data: bytes, event_id: str | None = None) -> bytes:
@@ -35,7 +44,9 @@ def sse_event(data: bytes, event_id: str | None = None) -> bytes:
 def parse_event_id(event_id: str) -> tuple[str, int] | None:
     """`"s3.17"` -> `("s3", 17)`; None for an id this proxy did not mint."""
     key, dot, seq = event_id.strip().rpartition(".")
-    if not dot or not key or not seq.isdigit():
+    # ASCII digits, and not too many: `isdigit` also takes "²", which `int` refuses, as it does
+    # more than 4,300 digits.
+    if not dot or not key or not (seq.isascii() and seq.isdigit()) or len(seq) > 18:
         return None
     return key, int(seq)
 
@@ -55,6 +66,8 @@ class EventStream:
         self._generations = 0
         self.finished = False
         self.delivered = 0  # highest sequence number handed to an HTTP response
+        self._progress: asyncio.Future[None] | None = None  # a sender waits in `catch_up`
+        self._stalled = False  # its reader wrote nothing for STALL_SECONDS while far behind
         self._warned = False
         self.answer_now: Callable[[], Awaitable[None]] | None = None
         """Set by an HTTP handler waiting for this POST stream's answer: the task that completes the
@@ -71,6 +84,36 @@ class EventStream:
     @property
     def attached(self) -> bool:
         return self._writer != 0
+
+    @property
+    def behind(self) -> bool:
+        """Is a response writing this stream, and more than half the limit waiting to be written?"""
+        return self._writer != 0 and not self._stalled and self._next - 1 - self.delivered > self._limit // 2
+
+    async def catch_up(self) -> None:
+        """While `behind`, wait for the response writing this stream to write; give up on it once it
+        has written nothing for `STALL_SECONDS` (then the stream drops its oldest messages again)."""
+        while self.behind:
+            self._progress = asyncio.get_running_loop().create_future()
+            with anyio.move_on_after(STALL_SECONDS) as stall:
+                await self._progress
+            if stall.cancelled_caught:
+                self._stalled = True
+                log.warning(
+                    "SSE reader far behind and not reading; no longer waited for", extra={"stream": self.key}
+                )
+
+    def handed_out(self, seq: int) -> None:
+        """Event `seq` went to the HTTP response writing this stream."""
+        if seq > self.delivered:
+            self.delivered = seq
+            self._stalled = False
+            self._wake_sender()
+
+    def _wake_sender(self) -> None:
+        progress, self._progress = self._progress, None
+        if progress is not None and not progress.done():
+            progress.set_result(None)
 
     def append(self, message: bytes) -> None:
         if self.finished:
@@ -116,7 +159,7 @@ class EventStream:
         try:
             await waiter
         finally:
-            if not waiter.done():  # cancelled: nothing woke it
+            if waiter in self._waiting:  # cancelled (which cancels the future too): nothing woke it
                 self._waiting.remove(waiter)
 
     def attach(self) -> int:
@@ -132,6 +175,7 @@ class EventStream:
     def detach(self, generation: int) -> None:
         if self._writer == generation:
             self._writer = 0
+            self._wake_sender()
 
     def _wake(self) -> None:
         """Wake whoever waits in `changed()` (a future each, made only when someone waits: a stream

@@ -69,6 +69,7 @@ class SessionRouter:
         self._counter = 0
         self.protocol_version: str | None = None
         self.closed = False
+        self.last_target: EventStream | None = None  # the stream `route` put its last notification on
 
     @property
     def in_flight(self) -> int:
@@ -130,7 +131,9 @@ class SessionRouter:
         if isinstance(first, dict) and "method" not in first and "id" in first:
             return self._route_response(raw, message if isinstance(message, list) else [message])
         params = first.get("params") if isinstance(first, dict) else None
-        self._target(related, params).append(raw)
+        target = self._target(related, params)
+        target.append(raw)
+        self.last_target = target
         return None
 
     def _route_response(self, raw: bytes, responses: list[Any]) -> EventStream | None:
@@ -245,13 +248,18 @@ class SessionChannel(InboxChannel):
 
     async def send(self, message: bytes, related: Any = None) -> None:
         self._on_message("to_client")
-        completed = self.router.route(message, related)
+        router = self.router
+        router.last_target = None
+        completed = router.route(message, related)
         answer_now = completed.answer_now if completed is not None else None
         if answer_now is not None:
             try:
                 await answer_now()
             except Exception:  # the client's answer failed; the relay goes on
                 log.exception("writing an answer to the client failed")
+        target = router.last_target
+        if target is not None and target.behind:
+            await target.catch_up()  # a burst its live reader has yet to write: held up, not dropped
 
 
 INBOX_SIZE = 64
