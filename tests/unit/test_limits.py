@@ -55,6 +55,8 @@ def test_text_bytes_count_utf8_of_every_text_part() -> None:
         + 3
         + len(json.dumps(tool, separators=(",", ":")))
         + len('{"a":1}')
+        + len("t") * 2  # the tool use's id, and the tool result's
+        + len("f")  # the tool's name in the tool use
         + 2
         + 3  # "€" is 3 bytes
         + len('{"v":2}')
@@ -168,3 +170,42 @@ def test_a_response_with_too_many_tool_calls_is_an_internal_error() -> None:
     assert "MCP_BACKFILL_MAX_TOOL_CALLS" in caught.value.message
     expected = {"limit": "max_tool_calls", "option": "--max-tool-calls", "max": 2, "actual": 3}
     assert caught.value.data == expected
+
+
+def _tool_result(content: object, tool_use_id: str = "t1") -> dict[str, Any]:
+    return request(
+        {"role": "assistant", "content": [{"type": "tool_use", "id": tool_use_id, "name": "t", "input": {}}]},
+        user([{"type": "tool_result", "toolUseId": tool_use_id, "content": content}]),
+    )
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        _tool_result({"data": "x" * 50_000}),  # a draft-shape tool result: any JSON value
+        _tool_result([{"type": "custom", "blob": "x" * 50_000}]),  # a block of no known type
+        _tool_result([], tool_use_id="i" * 50_000),  # ids go to Claude as they are, twice
+        {**request(user(text("go"))), "stopSequences": ["s" * 50_000]},
+    ],
+    ids=["draft-object-data", "unknown-block-blob", "tool-use-id", "stop-sequences"],
+)
+def test_everything_that_goes_to_claude_as_text_counts_as_text(params: dict[str, Any]) -> None:
+    """Data in a block of no known type was counted as binary (against the larger limit) though it
+    goes to Claude as JSON text; ids and stop sequences were not counted: 50 KB of text passed a
+    10 KB `--max-text-bytes`."""
+    with pytest.raises(SamplingError, match="text bytes"):
+        check_request(params, replace(DEFAULT_LIMITS, max_text_bytes=10_000))
+
+
+def test_a_request_nested_too_deeply_to_measure_is_invalid_params() -> None:
+    """JSON nested ~1,000 levels (the decoder takes 1,024) overflowed the measuring: -32603 and a
+    traceback, instead of the -32602 for a bad request."""
+    from mcp_backfill.jsonrpc import decode
+
+    deep = decode(b'{"x":' + b"[" * 1000 + b"]" * 1000 + b"}")
+    params = request(
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": deep}]}
+    )
+    with pytest.raises(SamplingError, match="nested too deeply") as raised:
+        check_request(params, DEFAULT_LIMITS)
+    assert raised.value.code == INVALID_PARAMS

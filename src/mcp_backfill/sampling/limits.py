@@ -70,12 +70,19 @@ def measure_request(params: Any) -> RequestSize:
     for message in messages:
         if isinstance(message, Mapping):
             tally.content(message.get("content"))
+    stops = params.get("stopSequences")
+    for stop in stops if isinstance(stops, list) else []:
+        if isinstance(stop, str):
+            tally.text(stop)
     return RequestSize(len(messages), tally.text_bytes, tally.binary_bytes, len(tools))
 
 
 def check_request(params: Any, limits: RequestLimits) -> RequestSize:
     """Refuse (-32602) a request above any limit; returns its size for logging."""
-    size = measure_request(params)
+    try:
+        size = measure_request(params)
+    except RecursionError:  # JSON nested deeper than Python's stack (the decoder takes 1,024 levels)
+        raise invalid_params("Sampling request is nested too deeply to measure") from None
     _at_most("messages", size.messages, limits.max_messages, "--max-messages", "messages")
     _at_most("tools", size.tools, limits.max_tools, "--max-tools", "tools")
     _at_most("text bytes", size.text_bytes, limits.max_text_bytes, "--max-text-bytes", "bytes of text")
@@ -164,9 +171,12 @@ class _Tally:
             self.text(block["text"])
         elif kind in ("image", "audio") and isinstance(block.get("data"), str):
             self.binary(block["data"])
-        elif kind == "tool_use":
+        elif kind == "tool_use":  # its id and name go to Claude as they are too
             self.json(block.get("input"))
+            self.text(str(block.get("id", "")))
+            self.text(str(block.get("name", "")))
         elif kind == "tool_result":
+            self.text(str(block.get("toolUseId", "")))
             self.content(block.get("content"))
             if block.get("structuredContent") is not None:
                 self.json(block["structuredContent"])
@@ -177,9 +187,5 @@ class _Tally:
                     self.binary(resource[field])
             if isinstance(resource.get("text"), str):
                 self.text(resource["text"])
-        else:
-            binary = {k: v for k, v in block.items() if k in _BINARY_FIELDS and isinstance(v, str)}
-            for data in binary.values():
-                self.binary(data)
-            rest = {k: v for k, v in block.items() if k not in binary}
-            self.json(rest)
+        else:  # a block of no type converted to binary: it goes to Claude as JSON text
+            self.json(block)
