@@ -7,6 +7,7 @@ renewing them lapse. Two store objects on one file or server stand for two proce
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -239,3 +240,55 @@ def test_exhausted_names_the_first_allowance_with_no_room(
         (i, j) for i, each in enumerate(tokens) for j, t in enumerate(each) if used[i][j] + reserved[i] >= t
     ]
     assert exhausted(limits, used, reserved) == (full[0] if full else None)
+
+
+class LosingReplies:
+    """A TCP relay in front of Redis that, when told to, drops the next reply and the connection: the
+    command ran, its answer was lost (a network hiccup), and the client sends it again."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.lose_next = False
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+
+        async def upwards() -> None:
+            while data := await reader.read(65536):
+                up_writer.write(data)
+                await up_writer.drain()
+
+        task = asyncio.create_task(upwards())
+        try:
+            while data := await up_reader.read(65536):
+                if self.lose_next:
+                    self.lose_next = False
+                    writer.transport.abort()
+                    break
+                writer.write(data)
+                await writer.drain()
+        finally:
+            task.cancel()
+            up_writer.close()
+            writer.close()
+
+
+async def test_a_redis_settlement_sent_again_after_its_reply_was_lost_charges_once() -> None:
+    """redis-py sends a script again when its reply is lost; the second run found no reservation and
+    charged the call in full once more."""
+    async with redis_server() as redis:
+        relay = LosingReplies(redis.port)
+        listener = await asyncio.start_server(relay.serve, "127.0.0.1", 0)
+        port = listener.sockets[0].getsockname()[1]
+        store = RedisStore(f"redis://127.0.0.1:{port}/0")
+        limit = Limit("client:alice", (Allowance(100_000), Allowance(50_000, "day")))
+        try:
+            await store.settle([limit], "warm-up", 0)  # the script is loaded
+            assert (await store.reserve([limit], "lease-1", 5000)).admitted
+            relay.lose_next = True
+            await store.settle([limit], "lease-1", 1000)
+            standing = await store.reserve([limit], "", 0)
+        finally:
+            await store.aclose()
+            listener.close()
+    assert standing.used == ((1000, 1000),)

@@ -9,6 +9,7 @@ prefix (`mcp-backfill:` by default):
     <p>res:<payer>                     sorted set: reservation lease -> expiry (ms)
     <p>resamt:<payer>                  hash: reservation lease -> tokens
     <p>lapsed:<payer>                  hash: lapsed (and charged) reservation lease -> tokens
+    <p>settled:<payer>                 sorted set: settled lease -> when it is forgotten (ms)
     <p>rate:<key>                      sorted set: admissions of the last minute
     <p>slots:<key>                     sorted set: slot holder -> expiry (ms)
 
@@ -43,6 +44,10 @@ from mcp_backfill.sampling.store import (
 
 __all__ = ["RedisStore", "display_url"]
 
+# How long a settled lease is remembered, so that the settlement sent again (its reply lost, then
+# retried by redis-py or, after an outage, by the store link) charges nothing: one entry per call.
+SETTLED_MEMORY_SECONDS = 3600.0
+
 _NOW = """
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -50,6 +55,7 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 _LEDGER = (
     f"local LAPSED_MEMORY_MS = {round(LAPSED_MEMORY_SECONDS * 1000)}\n"
+    + f"local SETTLED_MEMORY_MS = {round(SETTLED_MEMORY_SECONDS * 1000)}\n"
     + """
 local function counter(p, payer, window, seconds, now_ms)
   if seconds == 0 then return p .. 'used:' .. payer end
@@ -190,11 +196,19 @@ while i <= #ARGV do
   local payer, allowances
   payer, allowances, i = read_limit(i)
   local due = tokens
-  if redis.call('ZREM', p .. 'res:' .. payer, lease) == 0 then
-    local lapsed = redis.call('HGET', p .. 'lapsed:' .. payer, lease)
-    if lapsed then  -- charged whole when it lapsed: only what the call cost beyond that
-      due = math.max(0, tokens - tonumber(lapsed))
-      redis.call('HDEL', p .. 'lapsed:' .. payer, lease)
+  -- A settlement sent again (its reply was lost: redis-py's retry, the store link's) charges once.
+  local settled = p .. 'settled:' .. payer
+  redis.call('ZREMRANGEBYSCORE', settled, '-inf', now_ms)
+  if redis.call('ZADD', settled, 'NX', now_ms + SETTLED_MEMORY_MS, lease) == 0 then
+    due = 0
+  else
+    redis.call('PEXPIRE', settled, SETTLED_MEMORY_MS)
+    if redis.call('ZREM', p .. 'res:' .. payer, lease) == 0 then
+      local lapsed = redis.call('HGET', p .. 'lapsed:' .. payer, lease)
+      if lapsed then  -- charged whole when it lapsed: only what the call cost beyond that
+        due = math.max(0, tokens - tonumber(lapsed))
+        redis.call('HDEL', p .. 'lapsed:' .. payer, lease)
+      end
     end
   end
   redis.call('HDEL', p .. 'resamt:' .. payer, lease)
