@@ -612,3 +612,24 @@ async def test_sigterm_drains_requests_in_flight(tmp_path: Path) -> None:
         assert await sidecar.wait() == 0
         assert not pid_alive(pid)
     assert "draining" in sidecar.stderr()
+
+
+async def test_ids_json_rpc_does_not_allow_neither_fail_a_request_nor_end_the_session() -> None:
+    """An object or array id used to be unhashable: a request with one got a 500, and a response
+    POSTed with one ended the session (its next request got 404)."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+        odd = await http.post(sidecar.url, json={"jsonrpc": "2.0", "id": [1], "method": "x"}, headers=headers)
+        assert odd.status_code == 200
+        assert response_to(odd, [1])["result"]["echo"]["method"] == "x"
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": {"a": 1}}}
+        assert (await http.post(sidecar.url, json=cancel, headers=headers)).status_code == 202
+        answer = {"jsonrpc": "2.0", "id": {"a": 1}, "result": {}}
+        assert (await http.post(sidecar.url, json=answer, headers=headers)).status_code == 202
+        after = await http.post(sidecar.url, json={"jsonrpc": "2.0", "id": 2, "method": "x"}, headers=headers)
+        assert after.status_code == 200, after.text
+        assert response_to(after, 2)["result"]["echo"]["method"] == "x"
+        assert "Exception in ASGI application" not in sidecar.stderr()
