@@ -197,6 +197,8 @@ class Config:
             check_upstream_url(self.upstream_url)
         elif self.upstream_headers:
             raise ConfigError("--upstream-header needs --upstream-url (a command upstream gets no headers)")
+        if self.api_base_url is not None and self.provider == "anthropic":
+            check_api_base_url(self.api_base_url)
         for name, header_value in self.upstream_headers:
             check_header("--upstream-header", name, header_value)
             if any(secret in header_value for secret in self._proxy_secrets()):
@@ -319,6 +321,26 @@ def check_upstream_url(url: str) -> None:
         parsed = None
     if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host or url != url.strip():
         raise ConfigError(f"--upstream-url must be an http:// or https:// URL, not {url!r}")
+
+
+def check_api_base_url(url: str) -> None:
+    """`ANTHROPIC_BASE_URL`, checked at startup: a bad one used to fail every sampling request with
+    an internal error, and credentials in it replaced the API key. Its text is not quoted: it may
+    hold a password."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (a port that is not a number raises here)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or url != url.strip():
+        raise ConfigError(
+            "ANTHROPIC_BASE_URL must be an http:// or https:// URL with a host (and a numeric port)"
+        )
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError(
+            "ANTHROPIC_BASE_URL must not carry credentials (user:password@); give a gateway's with "
+            f"--api-header 'Name: value' ({option('api_headers').env})"
+        )
 
 
 def upstream_header_secrets(headers: Sequence[tuple[str, str]]) -> tuple[str, ...]:

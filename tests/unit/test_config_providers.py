@@ -82,3 +82,21 @@ def test_anthropic_custom_headers_values_are_secrets() -> None:
     config = parse_config(["--", "s"], env)
     assert {"gw-0123456789", "other-0123456789"} <= set(config.secrets())
     assert "gw-0123456789" not in repr(config)
+
+
+@pytest.mark.parametrize(
+    ("base_url", "message"),
+    [
+        ("http://127.0.0.1:8O80", "numeric port"),  # a letter O for a zero
+        ("localhost:8080", "http:// or https://"),
+        ("http://[::1", "http:// or https://"),
+        ("https://gw-user:gw-password-123@gateway.example/v1", "must not carry credentials"),
+    ],
+)
+def test_a_base_url_that_cannot_work_is_refused_at_startup(base_url: str, message: str) -> None:
+    """It used to be taken as it was: every sampling request then failed with an internal error, or
+    was retried as unreachable, or (with credentials in it) went without the API key."""
+    with pytest.raises(ConfigError, match=message) as refused:
+        parse_config(["--", "s"], KEY | {"ANTHROPIC_BASE_URL": base_url})
+    assert "gw-password-123" not in str(refused.value)
+    parse_config(["--provider", "mock", "--", "s"], KEY | {"ANTHROPIC_BASE_URL": base_url})  # unused: fine

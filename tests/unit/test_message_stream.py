@@ -315,3 +315,37 @@ def test_without_nulls_leaves_no_null_field(value: Any) -> None:
     cleaned = without_nulls(value)
     assert None not in fields(cleaned)
     assert without_nulls(cleaned) == cleaned
+
+
+def _cut_tool_call(stop_reason: str) -> list[dict[str, Any]]:
+    return [
+        {"type": "message_start", "message": {"content": [], "usage": {"input_tokens": 5}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Writing."}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "input": {}}},
+        {
+            "type": "content_block_delta",
+            "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": '{"path": "a.txt", "content": "lor'},
+        },
+        {"type": "content_block_stop", "index": 1},
+        {"type": "message_delta", "delta": {"stop_reason": stop_reason}, "usage": {"output_tokens": 100}},
+        {"type": "message_stop"},
+    ]
+
+
+def test_a_tool_call_cut_short_by_max_tokens_is_left_out_of_the_message() -> None:
+    """It used to make a well-formed stream "malformed", retried (and billed) again and again; the SDK
+    keeps what it can parse of it, which no server should run."""
+    fold = MessageFold()
+    for event in _cut_tool_call("max_tokens"):
+        fold.add(event)
+    message = fold.message()
+    assert message["stop_reason"] == "max_tokens"
+    assert message["content"] == [{"type": "text", "text": "Writing."}]
+    broken = MessageFold()
+    for event in _cut_tool_call("tool_use"):  # cut short with no reason: still malformed
+        broken.add(event)
+    with pytest.raises(ValueError, match="not valid JSON"):
+        broken.message()

@@ -157,6 +157,15 @@ def test_tool_choice_naming_an_unknown_tool_is_invalid_params() -> None:
     assert caught.value.code == INVALID_PARAMS
 
 
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}])
+def test_a_required_tool_is_called_after_tool_results_too(choice: dict[str, Any]) -> None:
+    """Claude always calls a tool when one is required (`toolChoice: required` is `any`); the mock
+    answered in text once the conversation ended in tool results."""
+    result = mock_message(request(tools=[WEATHER_TOOL], tool_choice=choice, messages=tool_loop_messages()))
+    assert result["stop_reason"] == "tool_use"
+    assert result["content"][-1]["name"] == "get_weather"
+
+
 def test_tool_choice_none_answers_in_text() -> None:
     result = mock_message(request(tools=[WEATHER_TOOL], tool_choice={"type": "none"}))
     assert result["stop_reason"] == "end_turn"

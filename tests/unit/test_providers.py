@@ -26,6 +26,7 @@ from mcp_backfill.providers.platforms import (
     module_available,
     vertex_model_id,
 )
+from mcp_backfill.providers.retry import RetryingProvider, RetryPolicy
 from mcp_backfill.sampling.provider import StreamProgress
 from tests.fake_claude import (
     FakeClaude,
@@ -328,3 +329,69 @@ async def test_a_client_that_cannot_call_is_a_clear_final_error(
     assert error.data == {"provider": "anthropic", "type": "client_error"}
     assert "could not make the call" in error.message
     assert fake_claude.requests == []
+
+
+async def test_a_redirect_is_not_followed_with_the_gateways_headers_and_the_prompt() -> None:
+    """The SDK's client follows redirects; to another origin httpx2 drops `Authorization` but carried
+    the operator's gateway headers and the whole prompt (307 keeps the body) wherever it pointed."""
+    gateway_key = "gw-secret-0123456789"
+    with FakeClaude(api_key=TEST_API_KEY) as gateway, FakeClaude() as elsewhere:
+        elsewhere.enqueue(text_reply("hi from elsewhere"))
+        gateway.enqueue(
+            error_reply(307, "redirect", "moved", headers={"location": f"{elsewhere.url}/v1/messages"})
+        )
+        settings = ProviderSettings(
+            name="anthropic",
+            retry=RetryPolicy(1, 0.01, 0.01, 10.0),
+            secrets=(TEST_API_KEY, gateway_key),
+            api_key=TEST_API_KEY,
+            base_url=gateway.url,
+            headers=(("X-Gateway-Key", gateway_key),),
+            vertex_access_token=None,
+        )
+        provider = AnthropicProvider(make_client(settings), secrets=settings.secrets)
+        try:
+            error = await failure(provider)
+        finally:
+            await provider.aclose()
+        assert elsewhere.requests == []
+    assert "307" in error.message
+    assert error.retryable is False
+
+
+async def test_an_error_page_is_quoted_in_part(fake_claude: FakeClaude, provider: AnthropicProvider) -> None:
+    """A gateway's 256 KB error page used to become the whole error message (and log line)."""
+    fake_claude.enqueue(error_reply(502, "api_error", "<html>" + "x" * 256_000 + "</html>"))
+    error = await failure(provider)
+    assert len(error.message) < 1000
+
+
+async def test_a_temporary_name_resolution_failure_is_retried(
+    fake_claude: FakeClaude, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EAI_AGAIN (a resolver that timed out) was taken for a name that does not resolve: final, with
+    advice to check ANTHROPIC_BASE_URL. The name here resolves (to 127.0.0.1) on the second try."""
+    real = socket.getaddrinfo
+    failures = [socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")]
+
+    def flaky(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host in ("claude-gateway.test", b"claude-gateway.test"):
+            if failures:
+                raise failures.pop()
+            host = "127.0.0.1"
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", flaky)
+    fake_claude.enqueue(text_reply("resolved on the second try"))
+    port = fake_claude.url.rsplit(":", 1)[1]
+    client = anthropic.AsyncAnthropic(
+        api_key=TEST_API_KEY, base_url=f"http://claude-gateway.test:{port}", max_retries=0
+    )
+    provider = RetryingProvider(
+        AnthropicProvider(client, secrets=[TEST_API_KEY]), RetryPolicy(3, 0.0, 0.0, 30.0)
+    )
+    try:
+        message = await provider.create_message(REQUEST)
+    finally:
+        await provider.aclose()
+    assert message["content"][0]["text"] == "resolved on the second try"

@@ -48,6 +48,9 @@ RETRYABLE_STREAM_ERRORS = frozenset(
     }
 )
 
+# The most of an error text the API (or a gateway in front of it) sent that an error message quotes.
+ERROR_TEXT_LIMIT = 500
+
 # Failures that mean the request never reached the API (no connection was made): not billed.
 NEVER_SENT = (httpx2.ConnectError, httpx2.ConnectTimeout)
 
@@ -68,8 +71,8 @@ def _name_not_resolved(exc: BaseException) -> bool:
     for _ in range(8):  # the cause chain: SDK error -> httpx2 error -> OSError
         if seen is None:
             return False
-        if isinstance(seen, socket.gaierror):
-            return True
+        if isinstance(seen, socket.gaierror):  # not EAI_AGAIN ("temporary failure"): worth a retry
+            return seen.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME))
         seen = seen.__cause__ or seen.__context__
     return False
 
@@ -292,7 +295,8 @@ class AnthropicProvider:
             data["error_code"] = exc.error_code
         if exc.request_id:
             data["request_id"] = exc.request_id
-        detail = self._redact(exc.api_message or exc.message)
+        # A gateway's error page may be its whole body: redacted, then cut as every other error text.
+        detail = self._redact(exc.api_message or exc.message)[:ERROR_TEXT_LIMIT]
         if status in (401, 403):
             detail += f"; check {CREDENTIALS.get(self.name, 'ANTHROPIC_API_KEY')}"
         return ProviderError(

@@ -10,7 +10,9 @@ Where a malformed stream makes them differ, the fold raises `ValueError` (the pr
 stream", worth a retry):
 
 - a tool block's input is parsed once, when the block stops (the SDK parses the JSON so far at
-  every delta, leniently): input that is not whole, valid JSON by then is an error;
+  every delta, leniently): input that is not whole, valid JSON by then is an error — unless the
+  message stopped at `max_tokens`, which cut the tool call short: the call is left out of the
+  message (where the SDK keeps what it could parse), as no server should run half of one;
 - an event out of order (a delta before its block's start, anything before `message_start`).
 
 Fields whose value is null are left out of every object in the message, as the SDK's dump leaves
@@ -55,6 +57,7 @@ class MessageFold:
         self._content: list[Any] = []
         self._tool_json: dict[int, list[str]] = {}
         self._text: dict[tuple[int, str], list[str]] = {}  # joined once, not copied at every delta
+        self._unparsed: dict[int, str] = {}  # tool blocks whose input is not whole JSON
         self.characters = 0
 
     def add(self, event: Any) -> str:
@@ -116,7 +119,7 @@ class MessageFold:
             try:
                 block["input"] = decode(raw.encode())
             except ValueError:
-                raise ValueError(f"the tool input Claude streamed is not valid JSON: {raw[:200]}") from None
+                self._unparsed[index] = raw  # an error, unless the message was cut short (`message`)
 
     def usage(self) -> dict[str, Any]:
         """The usage so far, cumulative (what the API said last), without null fields."""
@@ -129,12 +132,16 @@ class MessageFold:
             raise ValueError("the stream had no message_start")
         for index in list(self._tool_json):  # a tool block the stream never said was finished
             self._stop(index)
+        if self._unparsed and self._message.get("stop_reason") != "max_tokens":
+            raw = next(iter(self._unparsed.values()))
+            raise ValueError(f"the tool input Claude streamed is not valid JSON: {raw[:200]}")
         for (index, field), pieces in self._text.items():
             block = self._content[index]
             block[field] = (block.get(field) or "") + "".join(pieces)
         self._text.clear()
+        content = [_block(block) for index, block in enumerate(self._content) if index not in self._unparsed]
         return {
-            key: [_block(block) for block in self._content] if key == "content" else without_nulls(value)
+            key: content if key == "content" else without_nulls(value)
             for key, value in self._message.items()
             if value is not None
         }

@@ -155,8 +155,10 @@ def _tool_to_call(request: Mapping[str, Any], messages: list[dict[str, Any]]) ->
     tools = [t for t in request.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)]
     choice = request.get("tool_choice")
     choice_type = choice.get("type") if isinstance(choice, Mapping) else None
-    if not tools or choice_type == "none" or _ends_with_tool_results(messages):
+    if not tools or choice_type == "none":
         return None
+    if choice_type not in ("any", "tool") and _ends_with_tool_results(messages):
+        return None  # a turn that got its tools' results answers in text, unless a tool is required
     if choice_type == "tool":
         assert isinstance(choice, Mapping)
         wanted = choice.get("name")

@@ -59,14 +59,16 @@ API_KEEPALIVE_SECONDS = 60.0
 
 def api_http_client() -> httpx2.AsyncClient:
     """The SDK's own HTTP client (its TCP keep-alive probes, proxies from the environment, limits),
-    with idle connections kept `API_KEEPALIVE_SECONDS`."""
+    with idle connections kept `API_KEEPALIVE_SECONDS`, and no redirect followed: on one to another
+    origin httpx2 drops `Authorization` but would carry the gateway's own headers (`--api-header`) and
+    the whole prompt there. A redirect is an error like any other status."""
     default = anthropic.DEFAULT_CONNECTION_LIMITS
     limits = httpx2.Limits(
         max_connections=default.max_connections,
         max_keepalive_connections=default.max_keepalive_connections,
         keepalive_expiry=API_KEEPALIVE_SECONDS,
     )
-    return anthropic.DefaultAsyncHttpxClient(limits=limits)
+    return anthropic.DefaultAsyncHttpxClient(limits=limits, follow_redirects=False)
 
 
 # How long the warm-up waits for the API to answer the request that opens its first connection.
