@@ -4,7 +4,10 @@ overwritten, and the layouts follow the variables unless --home is given."""
 from __future__ import annotations
 
 import io
+import os
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,3 +48,29 @@ def test_windows_home_is_the_user_profile() -> None:
     environ = {"HOME": "/c/Users/me", "USERPROFILE": "C:/Users/me"}
     assert layout("windows", None, environ).home == Path("C:/Users/me")
     assert layout("linux", None, environ).home == Path("/c/Users/me")
+
+
+def test_a_new_config_is_never_readable_by_more_people_than_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The temporary file with the new text was created with the umask's mode (0644) and only then
+    given the config's: a 0600 `~/.claude.json` (or a config holding the API key) was readable by
+    everyone for a moment."""
+    config = tmp_path / "mcp.json"
+    config.write_text('{"mcpServers": {}}\n')
+    config.chmod(0o600)
+    modes: list[int] = []
+    copymode = shutil.copymode
+
+    def noting(source: Any, target: Any, *args: Any, **kwargs: Any) -> Any:
+        modes.append(os.stat(target).st_mode & 0o777)
+        return copymode(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "copymode", noting)
+    previous = os.umask(0o022)
+    try:
+        _, temporary, backup = changes._stage(config, '{"mcpServers": {"x": {}}}\n')
+    finally:
+        os.umask(previous)
+    assert modes == [0o600]
+    assert (temporary.stat().st_mode & 0o777, backup.stat().st_mode & 0o777) == (0o600, 0o600)

@@ -11,6 +11,7 @@ import copy
 import difflib
 import os
 import shutil
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -57,27 +58,47 @@ def apply_changes(changes: list[Change], dry_run: bool, environ: Mapping[str, st
                 raise Changed(
                     f"{document.location.path} changed while this ran; nothing was changed: run it again"
                 )
-    for document, text in rendered:
-        path = document.location.path
-        if dry_run:
+    if dry_run:
+        for document, text in rendered:
+            path = document.location.path
             diff = difflib.unified_diff(
                 document.text.splitlines(keepends=True), text.splitlines(keepends=True), str(path), str(path)
             )
             shown = "".join(line if line.endswith("\n") else line + "\n" for line in diff)
             out.write(shown.replace(secret, "***") if secret else shown)
-        else:
-            backup = write_with_backup(path, text)
-            out.write(f"{path}: changed (backup: {backup.name})\n")
+        return len(by_document)
+    # Everything that can fail, for every file, before the first file is replaced: all or nothing.
+    # A symbolic link stays one (the file it points to is written), and the new text goes to a
+    # private temporary file of a name nobody can prepare (a link planted there is not followed).
+    staged: list[tuple[Path, Path, Path, Path]] = []  # (as named, file, temporary, backup)
+    try:
+        for document, text in rendered:
+            named = document.location.path
+            staged.append((named, *_stage(Path(os.path.realpath(named)), text)))
+    except BaseException:
+        for _, _, temporary, backup in staged:
+            temporary.unlink(missing_ok=True)
+            backup.unlink(missing_ok=True)
+        raise
+    for named, path, temporary, backup in staged:
+        os.replace(temporary, path)
+        out.write(f"{named}: changed (backup: {backup.name})\n")
     return len(by_document)
 
 
-def write_with_backup(path: Path, text: str) -> Path:
-    """Backs `path` up, then replaces it with `text` atomically, keeping its permissions."""
+def _stage(path: Path, text: str) -> tuple[Path, Path, Path]:
+    """A backup of `path` and its new content in a private temporary file next to it."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     backup = path.with_name(f"{path.name}{BACKUP_SUFFIX}{stamp}")
     shutil.copy2(path, backup)
-    temporary = path.with_name(f".{path.name}.mcp-backfill-tmp")
-    temporary.write_bytes(text.encode("utf-8"))
-    shutil.copymode(path, temporary)
-    os.replace(temporary, path)
-    return backup
+    descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".mcp-backfill-tmp", dir=path.parent)
+    temporary = Path(name)
+    try:
+        with os.fdopen(descriptor, "wb") as stream:
+            stream.write(text.encode("utf-8"))
+        shutil.copymode(path, temporary)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        backup.unlink(missing_ok=True)
+        raise
+    return path, temporary, backup

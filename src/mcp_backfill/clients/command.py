@@ -25,6 +25,7 @@ from mcp_backfill.clients.entries import (
     KEY_VARIABLE,
     Proxy,
     Skip,
+    is_wrapped,
     unwrap,
     wrap,
 )
@@ -149,6 +150,9 @@ def main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
         return 2
     except Changed as exc:
         sys.stderr.write(f"{PROG}: error: {exc}\n")
+        return 1
+    except (OSError, UnicodeError) as exc:  # a file that cannot be written (or encoded): none is
+        sys.stderr.write(f"{PROG}: error: {exc}; no file was changed\n")
         return 1
 
 
@@ -285,7 +289,13 @@ def _own_command(explicit: str | None) -> tuple[str, tuple[str, ...]]:
     """The mcp-backfill that runs now, as an absolute path (a client's PATH may not have it); on
     this machine, whatever `--os` says about where the configs are."""
     if explicit:
-        return str(Path(explicit).expanduser().absolute()), ()
+        command = str(Path(explicit).expanduser().absolute())
+        if not is_wrapped({"command": command}):
+            raise UsageError(
+                f"--proxy-command {explicit}: its name must be mcp-backfill (or mcp-backfill.exe), "
+                "else `list` and `unwrap` cannot recognise the wrapped entries"
+            )
+        return command, ()
     script = Path(sys.argv[0])
     if script.name.lower().removesuffix(".exe") == "mcp-backfill" and script.is_file():
         return str(script.absolute()), ()

@@ -159,6 +159,7 @@ def _wrap_stdio(
     record: dict[str, Any] = {}
     if resolved != command:
         record["command"] = command
+        record["resolved"] = resolved
     absent = [key for key in ("args", "env") if key not in entry]
     if absent:
         record["absent"] = absent
@@ -277,8 +278,15 @@ def _unwrap_stdio(
     command = upstream[0]
     written = record.get("command")
     found = PureWindowsPath(command).name.lower()
-    if isinstance(written, str) and (found == written.lower() or found.startswith(written.lower() + ".")):
-        command = written  # as it was before `wrap` made it absolute (unless edited since)
+    resolved = record.get("resolved")
+    if isinstance(resolved, str):
+        same_program = command == resolved
+    else:  # a record from before "resolved" was kept
+        same_program = isinstance(written, str) and (
+            found == written.lower() or found.startswith(written.lower() + ".")
+        )
+    if same_program and isinstance(written, str):
+        command = written  # as it was before `wrap` made it absolute (unless pointed elsewhere since)
     for name in record.get("env", []):
         env.pop(name, None)
     absent = record.get("absent", [])

@@ -147,6 +147,8 @@ class _Parser:
             key_start = self.at
             key_node = self.string()
             key = key_node.value
+            if key in value:  # the editor could keep only one of them: refuse, write nothing
+                self.fail(f"duplicate member name {key!r}", key_start)
             self.skip()
             if self.at >= len(self.text) or self.text[self.at] != ":":
                 self.fail(f"expected ':' after the member name {key!r}")

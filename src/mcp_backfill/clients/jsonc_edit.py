@@ -42,7 +42,7 @@ class _Editor:
         self.unit = _indent_unit(text)
         self.inline_arrays = _prefers_inline_arrays(parse(text), text)
         # A file with \u escapes and no raw non-ASCII character escapes what it writes too.
-        self.ascii = text.isascii() and "\\u" in text
+        self.ascii = text.removeprefix("\ufeff").isascii() and "\\u" in text  # a byte order mark is not text
 
     # -- positions -------------------------------------------------------------------------------
 
@@ -87,6 +87,7 @@ class _Editor:
         # `url` -> `command`, `headers` -> `env`, and back again on undo.
         removed = [index for index, member in enumerate(node.members) if member.key not in new]
         previous: int | None = None
+        used: set[int] = set()
         for position, (key, value) in enumerate(new.items()):
             index = old.get(key)
             like = None
@@ -96,8 +97,11 @@ class _Editor:
                     removed.remove(index)
                     like = node.members[index].value
             if position:
-                if index is not None and index > 0 and previous is not None and index == previous + 1:
-                    parts.append(text[node.members[index - 1].value.end : node.members[index].start])
+                # The text after the member written last (its comma and any comment on its line)
+                # goes after it, once, whatever follows; only then the generic separator.
+                if previous is not None and previous + 1 < len(node.members) and previous not in used:
+                    used.add(previous)
+                    parts.append(text[node.members[previous].value.end : node.members[previous + 1].start])
                 else:
                     parts.append(separator)
             if key not in old:

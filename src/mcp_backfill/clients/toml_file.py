@@ -70,7 +70,12 @@ def _apply(table: Any, old: dict[str, Any], new: dict[str, Any]) -> None:
         if key in old:
             if not same(old[key], value):
                 current = table[key]
-                if isinstance(old[key], dict) and isinstance(value, dict) and hasattr(current, "value"):
+                if (
+                    isinstance(old[key], dict)
+                    and isinstance(value, dict)
+                    and hasattr(current, "value")
+                    and not _dotted(current)
+                ):
                     _apply(current, old[key], value)
                 else:
                     table[key] = _inline(value)
@@ -85,3 +90,11 @@ def _apply(table: Any, old: dict[str, Any], new: dict[str, Any]) -> None:
             else:
                 _body(table)._insert_after(previous, key, item)
         previous = key
+
+
+def _dotted(item: Any) -> bool:
+    """Whether a table holds dotted keys (`a.b = 1`): tomlkit cannot insert into or delete from
+    those in place, so such a table is replaced whole."""
+    from tomlkit.items import Table
+
+    return isinstance(item, Table) and any(key is not None and key.is_dotted() for key, _ in item.value.body)

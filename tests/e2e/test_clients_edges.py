@@ -1,0 +1,247 @@
+"""`mcp-backfill clients` on awkward files: comments between kept members, duplicate keys, Codex's
+dotted TOML keys, symbolic links, a planted temporary file, a failure on the second of two files, a
+proxy command of another name, a command the user pointed elsewhere, a byte order mark. The real
+command, in a process, on files in a scratch home (the client review's findings: each test failed
+before its fix)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+
+class Home:
+    def __init__(self, root: Path, rel: str = ".cursor/mcp.json", client: str = "cursor") -> None:
+        self.root = root
+        self.home = root / "home"
+        self.project = root / "project"
+        self.project.mkdir(parents=True, exist_ok=True)
+        self.bin = root / "bin"
+        self.bin.mkdir(exist_ok=True)
+        for name in ("python3", "weather-server"):
+            exe = self.bin / name
+            exe.write_text("#!/bin/sh\nexit 0\n")
+            exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+        self.path = self.home / rel
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.client = client
+        self.key_file = root / "key"
+        self.key_file.write_text("sk-test\n")
+
+    def write(self, data: str | bytes) -> None:
+        self.path.write_bytes(data.encode() if isinstance(data, str) else data)
+
+    def read(self) -> str:
+        return self.path.read_bytes().decode()
+
+    def run(self, *args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        action, *rest = args
+        argv = [
+            sys.executable,
+            "-m",
+            "mcp_backfill",
+            "clients",
+            action,
+            "--home",
+            str(self.home),
+            "--os",
+            "linux",
+            "--project",
+            str(self.project),
+            "--client",
+            self.client,
+            *rest,
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC")}
+        env["PATH"] = f"{self.bin}{os.pathsep}/usr/bin:/bin"
+        env.update(extra_env or {})
+        return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=self.root, timeout=60)
+
+    def backups(self) -> list[Path]:
+        return sorted(self.path.parent.glob(f"{self.path.name}.bak-mcp-backfill-*"))
+
+
+COMMENTED = """{
+  "mcpServers": {
+    "weather": {
+      "command": "python3", // keep: the system interpreter, not the venv one
+      "env": {"CITY": "Paris"}
+    }
+  }
+}
+"""
+
+
+def test_comment_between_kept_members_survives_wrap(tmp_path: Path) -> None:
+    home = Home(tmp_path)
+    home.write(COMMENTED)
+    run = home.run("wrap", "weather", "--key-file", str(home.key_file))
+    assert run.returncode == 0, run.stderr
+    assert "// keep: the system interpreter" in home.read(), home.read()
+
+
+def test_wrap_then_unwrap_gives_back_the_bytes(tmp_path: Path) -> None:
+    home = Home(tmp_path)
+    home.write(COMMENTED)
+    assert home.run("wrap", "weather", "--key-file", str(home.key_file)).returncode == 0
+    run = home.run("unwrap", "weather")
+    assert run.returncode == 0, run.stderr
+    assert home.read() == COMMENTED
+
+
+DUPLICATED = """{
+  "editor.fontSize": 12,
+  "editor.fontSize": 14,
+  "mcpServers": {
+    "weather": {"command": "python3", "args": ["server.py"]}
+  }
+}
+"""
+
+
+def test_wrap_does_not_drop_a_duplicate_member(tmp_path: Path) -> None:
+    home = Home(tmp_path)
+    home.write(DUPLICATED)
+    run = home.run("wrap", "weather", "--key-file", str(home.key_file))
+    # Either refuse the file (nothing written) or keep both members; never drop one silently.
+    if run.returncode == 0:
+        assert home.read().count('"editor.fontSize"') == 2, home.read()
+    else:
+        assert home.read() == DUPLICATED
+
+
+CONFIG = '{\n  "mcpServers": {\n    "weather": {"command": "python3", "args": ["server.py"]}\n  }\n}\n'
+
+
+def test_symlinked_config_stays_a_symlink(tmp_path: Path) -> None:
+    """Dotfile managers (stow, home-manager, chezmoi symlink mode) keep configs as symlinks: `wrap`
+    must write through the link, not replace the link with a regular file."""
+    home = Home(tmp_path)
+    dotfiles = tmp_path / "dotfiles" / "mcp.json"
+    dotfiles.parent.mkdir()
+    dotfiles.write_text(CONFIG)
+    home.path.symlink_to(dotfiles)
+    run = home.run("wrap", "weather", "--key-file", str(home.key_file))
+    assert run.returncode == 0, run.stderr
+    assert home.path.is_symlink(), "the symlink was replaced by a regular file"
+    assert "mcp-backfill" in dotfiles.read_text(), "the real config (link target) was not changed"
+
+
+def test_predictable_temp_name_is_not_followed(tmp_path: Path) -> None:
+    """A project checkout can carry `.vscode/.mcp.json.mcp-backfill-tmp` as a symlink; the temporary
+    file is opened by a fixed name without O_EXCL/O_NOFOLLOW, so wrap writes through that link into
+    any file the user owns (here a stand-in for ~/.bashrc)."""
+    home = Home(tmp_path)
+    home.write('{"mcpServers": {}}\n')  # user file (unrelated)
+    victim = tmp_path / "home" / ".bashrc"
+    victim.write_text("export IMPORTANT=1\n")
+    project_config = home.project / ".cursor" / "mcp.json"
+    project_config.parent.mkdir(parents=True)
+    project_config.write_text(CONFIG)
+    (project_config.parent / ".mcp.json.mcp-backfill-tmp").symlink_to(victim)
+    run = home.run("wrap", "weather", "--key-file", str(home.key_file))
+    assert run.returncode == 0, run.stderr
+    assert victim.read_text() == "export IMPORTANT=1\n", f"victim overwritten: {victim.read_text()[:80]!r}"
+
+
+def test_failure_on_second_file_leaves_first_unchanged(tmp_path: Path) -> None:
+    """'All or nothing': the second file cannot be written (here: its rewritten args hold a lone
+    surrogate escape, which cannot be encoded as UTF-8; a read-only directory or a full disk do the
+    same for a non-root user), but the first file has already been replaced by then."""
+    home = Home(tmp_path)
+    home.write(CONFIG)  # user file, written first
+    user_before = home.read()
+    project_config = home.project / ".cursor" / "mcp.json"
+    project_config.parent.mkdir(parents=True)
+    project_config.write_text(
+        '{"théme": 1, "mcpServers": {"weather": {"command": "python3", "args": ["\\udc80"]}}}\n',
+        encoding="utf-8",
+    )
+    project_before = project_config.read_bytes()
+    run = home.run("wrap", "weather", "--key-file", str(home.key_file))
+    assert run.returncode != 0
+    assert project_config.read_bytes() == project_before
+    assert home.read() == user_before, "first file changed although the command failed"
+    leftovers = [p.name for p in project_config.parent.iterdir() if p.name != "mcp.json"]
+    assert leftovers == [], leftovers
+
+
+CASES = {
+    "dotted-in-servers-table": '[mcp_servers]\nweather.command = "python3"\nweather.args = ["server.py"]\n',
+    "dotted-from-root": 'mcp_servers.weather.command = "python3"\n\n[other]\na = 1\n',
+    "dotted-env": '[mcp_servers.weather]\ncommand = "python3"\nenv.CITY = "Paris"\n',
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_wrap_then_unwrap_dotted_keys(tmp_path: Path, name: str) -> None:
+    home = Home(tmp_path, ".codex/config.toml", "codex")
+    original = CASES[name]
+    home.write(original)
+    wrapped = home.run("wrap", "weather", "--key-file", str(home.key_file))
+    assert wrapped.returncode == 0, wrapped.stderr[-600:]
+    assert "Traceback" not in wrapped.stderr
+    unwrapped = home.run("unwrap", "weather")
+    assert unwrapped.returncode == 0, unwrapped.stderr[-600:]
+    assert "Traceback" not in unwrapped.stderr
+    assert tomllib.loads(home.read()) == tomllib.loads(original)
+
+
+def test_wrap_with_proxy_command_of_another_name_can_be_undone(tmp_path: Path) -> None:
+    """`--proxy-command PATH` accepts any executable (e.g. a pinned copy `mcp-backfill-0.4`, or a
+    `.cmd`/`.bat` shim on Windows), but `is_wrapped` recognises only a file named `mcp-backfill`:
+    `list` says not wrapped, a second wrap double-wraps, and unwrap silently does nothing."""
+    home = Home(tmp_path)
+    home.write('{"mcpServers": {"weather": {"command": "python3", "args": ["server.py"]}}}\n')
+    original = home.read()
+    pinned = tmp_path / "bin" / "mcp-backfill-0.4"
+    pinned.write_text("#!/bin/sh\n")
+    pinned.chmod(pinned.stat().st_mode | stat.S_IXUSR)
+    run = home.run("wrap", "weather", "--key-file", str(home.key_file), "--proxy-command", str(pinned))
+    if run.returncode != 0:  # refusing such a proxy command up front is a fix too
+        assert home.read() == original
+        return
+    assert str(pinned) in home.read()
+    listing = json.loads(home.run("list", "--json").stdout)
+    assert listing["files"][0]["servers"][0]["wrapped"], "list says the wrapped server is not wrapped"
+    run = home.run("unwrap", "weather")
+    assert run.returncode == 0, run.stderr
+    assert home.read() == original, "unwrap did not restore the entry"
+
+
+def test_unwrap_keeps_a_command_the_user_repointed(tmp_path: Path) -> None:
+    """After wrap, the user points the server at another interpreter with the same base name
+    (a venv's python3). Docs: the command goes back to the bare name 'unless you have since pointed
+    it at a different program'. unwrap compares base names only and writes bare `python3` back, so the
+    server silently runs on the system interpreter again."""
+    home = Home(tmp_path)
+    home.write('{"mcpServers": {"weather": {"command": "python3", "args": ["server.py"]}}}\n')
+    assert home.run("wrap", "weather", "--key-file", str(home.key_file)).returncode == 0
+    wrapped = json.loads(home.read())
+    args = wrapped["mcpServers"]["weather"]["args"]
+    venv_python = "/home/me/weather/.venv/bin/python3"
+    args[args.index("--") + 1] = venv_python  # the user's hand edit
+    home.write(json.dumps(wrapped))
+    run = home.run("unwrap", "weather")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(home.read())["mcpServers"]["weather"]["command"] == venv_python
+
+
+WITH_BOM = (
+    '\ufeff{\n  "mcpServers": {\n    "weather": {"command": "python3", "args": ["caf\\u00e9"]}\n  }\n}\n'
+)
+
+
+def test_bom_file_round_trips(tmp_path: Path) -> None:
+    home = Home(tmp_path)
+    home.write(WITH_BOM)
+    assert home.run("wrap", "weather", "--key-file", str(home.key_file)).returncode == 0
+    assert home.run("unwrap", "weather").returncode == 0
+    assert home.read() == WITH_BOM
