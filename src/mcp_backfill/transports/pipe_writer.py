@@ -82,16 +82,26 @@ class PipeWriter:
     async def write(self, parts: Sequence[Chunk]) -> None:
         """Hand `parts` over; waits while more than `limit` bytes are held (errors as `hand`)."""
         self.hand(parts)
-        while self._over_limit():
+        await self._until_held(self._limit)
+
+    async def write_all(self, parts: Sequence[Chunk]) -> None:
+        """Hand `parts` over and wait until the thread has written them (errors as `hand`): the
+        caller holds nothing more, and reads nothing more meanwhile, than if it wrote them itself."""
+        self.hand(parts)
+        await self._until_held(0)
+
+    async def _until_held(self, limit: int) -> None:
+        """Wait while more than `limit` bytes are held (and no write failed)."""
+        while self._held_over(limit):
             progress = self._progress
             if progress is None or progress.done():
                 progress = self._progress = self._loop.create_future()
-                if not self._over_limit():  # the thread moved on before it could see this one
+                if not self._held_over(limit):  # the thread moved on before it could see this one
                     break
             await asyncio.shield(progress)  # shared by every waiting writer: a cancel ends only ours
 
-    def _over_limit(self) -> bool:
-        return self._handed - self._written > self._limit and self._error is None
+    def _held_over(self, limit: int) -> bool:
+        return self._handed - self._written > limit and self._error is None
 
     async def aclose(self, flush_timeout: float = CLOSE_SECONDS) -> bool:
         """Let the thread write what it holds and end; True when it did within `flush_timeout` s.
@@ -124,6 +134,8 @@ class PipeWriter:
                     item = self._items.get_nowait()
                 except queue.Empty:
                     break
+            item = None  # held no longer than `parts`: a large message goes once written, not when
+            # the next one comes (a 10 MB answer was kept alive beside the next, doubling peak memory)
             if parts and self._error is None:
                 try:
                     self._write_all(parts)

@@ -186,16 +186,21 @@ class LineChannel:
         # Or the writer thread takes it (`offload_writes`), and every message after it until the
         # thread has written them all.
         parts: Sequence[Chunk] = (message, b"\n")
-        if not self._offloading(self._writer):
+        offloading = self._offloading(self._writer)
+        if not offloading:
             parts = self._writer.write_now(parts)
             if not parts:
                 return
-        # The writer thread takes the rest of a line once part of it is out: a task waiting for room
-        # in the pipe could be cancelled (its session ending), leaving half a line for the next
-        # message to be glued to. Handed over before any wait, the line goes out whole.
         if self._offload is None:
             self._offload = PipeWriter(self._writer, PIPE_SIZE)
-        await self._offload.write(parts)
+        if offloading:
+            await self._offload.write(parts)
+            return
+        # The writer thread takes the rest of a line once part of it is out: a task waiting for room
+        # in the pipe could be cancelled (its session ending), leaving half a line for the next
+        # message to be glued to. Handed over before any wait, the line goes out whole; the task
+        # waits for it all the same (the next message is not read meanwhile: one in memory at a time).
+        await self._offload.write_all(parts)
 
     def deliver_at_once(self, handler: Callable[[bytes], bool]) -> None:
         """While `receive()` waits for data, hand a message that arrives whole in one read to
