@@ -34,6 +34,15 @@ def proxy_url_argv(*options: str, url: str) -> list[str]:
     return [sys.executable, "-m", "mcp_backfill", *options, "--upstream-url", url]
 
 
+def run_clients(
+    action: str, *args: str, home: Path, project: Path, os_name: str, client: str, env: Mapping[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """`mcp-backfill clients ACTION` for one client, on a scratch home and project, as a user runs it."""
+    place = ["--home", str(home), "--os", os_name, "--project", str(project), "--client", client]
+    argv = [sys.executable, "-m", "mcp_backfill", "clients", action, *place, *args]
+    return subprocess.run(argv, capture_output=True, text=True, env=dict(env), cwd=home.parent, timeout=60)
+
+
 def python_server(name: str, *args: str) -> list[str]:
     return [sys.executable, str(SERVERS / name), *args]
 

@@ -27,7 +27,7 @@ from mcp import Client, StdioServerParameters
 
 from mcp_backfill.clients import jsonc
 from tests.fake_claude import FakeClaude
-from tests.harness import EXAMPLES, ROOT, TEST_API_KEY, proxy_env
+from tests.harness import EXAMPLES, ROOT, TEST_API_KEY, proxy_env, run_clients
 
 FIXTURES = ROOT / "tests" / "client_configs"
 PROXY = str(Path(sys.executable).parent / "mcp-backfill")
@@ -105,23 +105,18 @@ class Home:
         path.write_bytes((FIXTURES / fixture).read_bytes())
         return path
 
-    def run(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        place = ["--home", str(self.home), "--os", self.os_name, "--project", str(self.project)]
-        action, *rest = args
-        argv = [
-            sys.executable,
-            "-m",
-            "mcp_backfill",
-            "clients",
-            action,
-            *place,
-            "--client",
-            self.client,
-            *rest,
-        ]
+    def run(
+        self, action: str, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         environment = env or proxy_env(PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}")
-        return subprocess.run(
-            argv, capture_output=True, text=True, env=environment, cwd=self.root, timeout=60
+        return run_clients(
+            action,
+            *args,
+            home=self.home,
+            project=self.project,
+            os_name=self.os_name,
+            client=self.client,
+            env=environment,
         )
 
     def contents(self) -> dict[Path, bytes]:

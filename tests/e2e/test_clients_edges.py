@@ -10,11 +10,12 @@ import json
 import os
 import stat
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+
+from tests.harness import proxy_env, run_clients
 
 
 class Home:
@@ -41,31 +42,11 @@ class Home:
     def read(self) -> str:
         return self.path.read_bytes().decode()
 
-    def run(self, *args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        action, *rest = args
-        argv = [
-            sys.executable,
-            "-m",
-            "mcp_backfill",
-            "clients",
-            action,
-            "--home",
-            str(self.home),
-            "--os",
-            "linux",
-            "--project",
-            str(self.project),
-            "--client",
-            self.client,
-            *rest,
-        ]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC")}
-        env["PATH"] = f"{self.bin}{os.pathsep}/usr/bin:/bin"
-        env.update(extra_env or {})
-        return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=self.root, timeout=60)
-
-    def backups(self) -> list[Path]:
-        return sorted(self.path.parent.glob(f"{self.path.name}.bak-mcp-backfill-*"))
+    def run(self, action: str, *args: str) -> subprocess.CompletedProcess[str]:
+        env = proxy_env(PATH=f"{self.bin}{os.pathsep}/usr/bin:/bin")
+        return run_clients(
+            action, *args, home=self.home, project=self.project, os_name="linux", client=self.client, env=env
+        )
 
 
 COMMENTED = """{
