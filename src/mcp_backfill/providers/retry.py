@@ -112,25 +112,15 @@ class RetryingProvider:
                 raise self._deadline_error(attempt, None)
             assert last is not None
             if attempt >= policy.max_attempts:
-                self._note("failed", last)
-                raise _annotated(
-                    last,
-                    attempts=attempt,
-                    gave_up="retries_exhausted",
-                    message=f"{last.message} (gave up after {attempt} attempts)",
-                ) from None
+                raise self._give_up(last, attempt, "retries_exhausted", f"gave up after {attempt} attempts")
             delay = policy.delay(attempt, last.retry_after, self._rand())
             if self._clock() + delay >= deadline_at:
                 self._note("failed", last)
                 raise self._deadline_error(attempt, last)
             if meter is not None and not await meter.may_retry():
-                self._note("failed", last)
-                raise _annotated(
-                    last,
-                    attempts=attempt,
-                    gave_up="budget",
-                    message=f"{last.message} (not retried: a token budget has no room for another attempt)",
-                ) from None
+                raise self._give_up(
+                    last, attempt, "budget", "not retried: a token budget has no room for another attempt"
+                )
             self._note("retried", last)
             log.info(
                 "Claude API call failed; retrying",
@@ -143,6 +133,10 @@ class RetryingProvider:
                 },
             )
             await self._sleep(delay)
+
+    def _give_up(self, last: ProviderError, attempts: int, why: str, saying: str) -> ProviderError:
+        self._note("failed", last)
+        return _annotated(last, attempts=attempts, gave_up=why, message=f"{last.message} ({saying})")
 
     def _note(self, outcome: str, error: ProviderError | str | None) -> None:
         if self.observer is None:
