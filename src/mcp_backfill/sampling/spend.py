@@ -393,8 +393,8 @@ class Ticket:
             if not any(cost.values()):
                 return True  # nothing billed yet: the reservation held is still whole
             spent, hold = hold, None
-            if spent is not None:
-                await self._settle(spent, cost)
+            if spent is not None:  # charged before the next reservation is weighed against it
+                await self._settle(spent, cost, wait=True)
             try:
                 hold = await self._hold(reservation.total, None)
             except SamplingError:
@@ -428,11 +428,11 @@ class Ticket:
             raise
         return hold
 
-    async def _settle(self, hold: _Hold, cost: dict[str, int]) -> None:
-        """Release `hold` and charge `cost`, whatever cancels the caller."""
+    async def _settle(self, hold: _Hold, cost: dict[str, int], *, wait: bool = False) -> None:
+        """Release `hold` and charge `cost`, whatever cancels the caller (`wait`: see `Spend.settle`)."""
         with anyio.CancelScope(shield=True):
             for stake, store in hold.held:
-                await self._spend.settle(store, stake, hold.lease, cost, wait=False)
+                await self._spend.settle(store, stake, hold.lease, cost, wait=wait)
         for key, value in cost.items():
             self.charged[key] += value
 
