@@ -41,12 +41,18 @@ def paused(n: int, stop_reason: str = "pause_turn") -> dict[str, Any]:
     }
 
 
+# A retryable failure after Claude's stream reported the input (billed), or with an HTTP error
+# status (not billed): script entries of `Scripted`.
+BILLED, NOT_BILLED = "billed", "not billed"
+
+
 class Scripted:
-    """Answers with the given messages in turn, reporting each one's usage as final."""
+    """Answers with the given messages in turn, reporting each one's usage as final; an exception
+    is raised, and `BILLED` or `NOT_BILLED` fail the attempt retryably."""
 
     name = "scripted"
 
-    def __init__(self, *messages: dict[str, Any] | Exception) -> None:
+    def __init__(self, *messages: dict[str, Any] | Exception | str) -> None:
         self.messages = list(messages)
         self.requests: list[dict[str, Any]] = []
 
@@ -63,6 +69,14 @@ class Scripted:
         outcome = self.messages.pop(0)
         if isinstance(outcome, Exception):
             raise outcome
+        if isinstance(outcome, str):
+            if outcome == BILLED:
+                meter.report({"input_tokens": 50, "output_tokens": 1})
+            else:
+                meter.not_billed()
+            raise ProviderError(
+                "Claude API error (overloaded_error)", {"provider": "scripted"}, retryable=True
+            )
         meter.report(outcome["usage"], final=True)
         return outcome
 
@@ -191,41 +205,11 @@ async def test_a_cancelled_exchange_is_charged_and_reported_as_cancelled() -> No
 # -- retries, each admitted as a call of its own ------------------------------------------------------
 
 
-class Failing(Scripted):
-    """Each attempt fails retryably: after Claude's stream reported its input (billed), or with an
-    HTTP error status (not billed); then answers with what is left of the script."""
-
-    def __init__(self, *outcomes: str | dict[str, Any]) -> None:
-        super().__init__()
-        self.outcomes = list(outcomes)
-
-    async def create_message(
-        self,
-        request: dict[str, Any],
-        *,
-        on_progress: ProgressCallback | None = None,
-        meter: UsageMeter | None = None,
-    ) -> dict[str, Any]:
-        assert meter is not None
-        self.requests.append(request)
-        meter.begin_attempt()
-        outcome = self.outcomes.pop(0)
-        if outcome == "billed":
-            meter.report({"input_tokens": 50, "output_tokens": 1})
-        elif outcome == "not billed":
-            meter.not_billed()
-        else:
-            assert isinstance(outcome, dict)
-            meter.report(outcome["usage"], final=True)
-            return outcome
-        raise ProviderError("Claude API error (overloaded_error)", {"provider": "scripted"}, retryable=True)
-
-
 async def _no_sleep(_: float) -> None:
     return None
 
 
-def retrying(inner: Failing) -> RetryingProvider:
+def retrying(inner: Scripted) -> RetryingProvider:
     return RetryingProvider(
         inner, RetryPolicy(max_attempts=6, base_delay=0, max_delay=0, deadline=None), sleep=_no_sleep
     )
@@ -234,7 +218,7 @@ def retrying(inner: Failing) -> RetryingProvider:
 async def test_retries_are_not_made_once_the_budget_has_no_room() -> None:
     """Retries used to be made within the first call's one reservation: six billed attempts charged
     5.5 times a budget that allowed one."""
-    inner = Failing(*["billed"] * 6)
+    inner = Scripted(*[BILLED] * 6)
     sampler, observer = sampler_for(retrying(inner), budget=(Allowance(1000),))
     params = {**PARAMS, "maxTokens": 900}
     with pytest.raises(ProviderError, match="not retried: a token budget has no room"):
@@ -245,7 +229,7 @@ async def test_retries_are_not_made_once_the_budget_has_no_room() -> None:
 
 
 async def test_retries_within_the_budget_are_made_and_each_attempt_charged() -> None:
-    inner = Failing("billed", "not billed", "billed", paused(1, "end_turn"))
+    inner = Scripted(BILLED, NOT_BILLED, BILLED, paused(1, "end_turn"))
     sampler, _ = sampler_for(retrying(inner), budget=(Allowance(100_000),))
     result = await sampler.sample(dict(PARAMS))
     assert len(inner.requests) == 4

@@ -469,7 +469,7 @@ class Relay:
             if ir.is_input_required(result):
                 return self.rounds.take_round(pending, chain, result)
             self.rounds.end(pending)
-        if jsonrpc.id_key(upstream_id) == jsonrpc.id_key(pending.request_id):
+        if type(upstream_id) is type(pending.request_id) and upstream_id == pending.request_id:
             return message  # as it came: forwarded as the bytes it came in (an `is` test failed
             # for all but small integers, and re-encoded the rest: a float's digits, `1e400`)
         return {**message, "id": pending.request_id}
