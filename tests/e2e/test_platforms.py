@@ -144,3 +144,36 @@ def test_bedrock_without_a_region_refuses_to_start() -> None:
     assert done.returncode == 2
     assert "--provider bedrock" in done.stderr
     assert "AWS_REGION" in done.stderr
+
+
+PROXY_SECRET = "proxy-pass-5150"
+BAD_PROXY = f"http://user:{PROXY_SECRET}@proxy.test:notaport"
+
+
+async def test_an_unusable_proxy_variable_fails_sampling_clearly(fake_claude: FakeClaude) -> None:
+    """The Claude client is built in the warm-up: a proxy variable httpx2 cannot use made every
+    sampling request an internal error with nothing to go on. Now each one is refused with the
+    variable's name (never its value), the log says so too, and the rest of the session goes on."""
+    async with echo_session(fake_claude, env={"HTTPS_PROXY": BAD_PROXY}) as session:
+        first = await ask_sampling(session)
+        second = await ask_sampling(session)
+        ping = await session.request(77, "ping", {})
+        log = session.stderr()
+    for answer in (first, second):
+        message = answer["error"]["message"]
+        assert "HTTPS_PROXY" in message, answer
+        assert PROXY_SECRET not in str(answer)
+    assert "result" in ping
+    assert "HTTPS_PROXY" in log
+    assert PROXY_SECRET not in log
+    assert fake_claude.message_requests == []
+
+
+def test_an_unusable_proxy_variable_stops_bedrock_at_startup() -> None:
+    argv = proxy_argv("--provider", "bedrock", upstream=[sys.executable, "-c", "pass"])
+    env = proxy_env(AWS_BEARER_TOKEN_BEDROCK="tok", AWS_REGION="us-east-1", HTTPS_PROXY=BAD_PROXY)
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "HTTPS_PROXY" in done.stderr
+    assert PROXY_SECRET not in done.stderr
+    assert done.stdout == ""

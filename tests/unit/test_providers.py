@@ -20,6 +20,7 @@ from mcp_backfill.protocol import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_backfill.providers import ProviderSettings, make_provider
 from mcp_backfill.providers.anthropic import AnthropicProvider, retry_after_seconds, settle_client
 from mcp_backfill.providers.platforms import (
+    api_http_client,
     bedrock_model_id,
     check_dependencies,
     make_client,
@@ -395,3 +396,38 @@ async def test_a_temporary_name_resolution_failure_is_retried(
     finally:
         await provider.aclose()
     assert message["content"][0]["text"] == "resolved on the second try"
+
+
+# --------------------------------------------------------------------------------------------------
+# Proxy variables the API's HTTP client cannot use
+# --------------------------------------------------------------------------------------------------
+
+PROXY_SECRET = "proxy-pass-5150"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "reason"),
+    [
+        ("HTTPS_PROXY", f"http://user:{PROXY_SECRET}@proxy.test:notaport", "not a valid proxy URL"),
+        ("https_proxy", f"ftp://user:{PROXY_SECRET}@proxy.test:21", "scheme"),
+        ("ALL_PROXY", f"socks5://user:{PROXY_SECRET}@127.0.0.1:1080", "socksio"),
+    ],
+)
+def test_an_unusable_proxy_variable_is_named_and_not_quoted(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, reason: str
+) -> None:
+    """httpx2 reads the proxy variables when the client is built and fails there with its own
+    error, quoting the URL (credentials and all); the proxy names the variable instead."""
+    if reason == "socksio" and module_available("socksio"):
+        pytest.skip("socksio is installed here")
+    for other in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(other, raising=False)
+        monkeypatch.delenv(other.lower(), raising=False)
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as caught:
+        api_http_client()
+    message = str(caught.value)
+    assert name in message
+    assert reason in message
+    assert PROXY_SECRET not in message
+    assert "proxy.test" not in message

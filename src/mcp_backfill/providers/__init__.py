@@ -88,8 +88,9 @@ def make_provider(settings: ProviderSettings, attempts: AttemptObserver | None =
         return await connect_ahead[0]()
 
     # Bedrock and Vertex are built at once: their clients check regions and credentials, and a
-    # mistake there must stop the proxy at startup. The Claude API client cannot fail to build; it
-    # is built on the first sampling request, outside that request's --sampling-timeout (the
+    # mistake there must stop the proxy at startup. The Claude API client fails to build only on
+    # proxy variables httpx2 cannot use (every sampling request is then told which); it is built on
+    # the first sampling request, outside that request's --sampling-timeout (the
     # deadline bounds calls to Claude, not the proxy's one-time import of the SDK). All three
     # connect to their API in the warm-up.
     if settings.name == "anthropic":

@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 
+from mcp_backfill.errors import ConfigError, SamplingError, internal_error
 from mcp_backfill.logs import get_logger
 from mcp_backfill.sampling.provider import ProgressCallback, Provider, UsageMeter
 
@@ -49,6 +50,7 @@ class LazyProvider:
         self._prime = prime
         self._connect = connect
         self._provider: Provider | None = None
+        self._unusable: str | None = None  # why the build failed on the configuration
         self._lock = anyio.Lock()
         self._warmed = False
         self._requests_waiting = 0  # sampling requests waiting for the build
@@ -66,8 +68,17 @@ class LazyProvider:
         self._requests_waiting += request
         try:
             async with self._lock:  # concurrent first requests build it once
+                if self._unusable is not None:
+                    raise self._refusal()
                 if self._provider is None:
-                    self._provider = await self._built()
+                    try:
+                        self._provider = await self._built()
+                    except ConfigError as exc:  # the environment will not change: every request is told
+                        log.error(
+                            "the provider cannot be built", extra={"provider": self.name, "error": str(exc)}
+                        )
+                        self._unusable = str(exc)
+                        raise self._refusal() from None
                     # Priming plays a canned answer so that the first request finds the client's
                     # machinery ready; a request already waiting would only wait longer for it.
                     if not request and self._prime is not None and not self._requests_waiting:
@@ -79,6 +90,9 @@ class LazyProvider:
                 return self._provider
         finally:
             self._requests_waiting -= request
+
+    def _refusal(self) -> SamplingError:
+        return internal_error(self._unusable or "", provider=self.name)
 
     async def _built(self) -> Provider:
         """`build()` in a worker thread, with a short switch interval and no cyclic collector."""

@@ -61,14 +61,43 @@ def api_http_client() -> httpx2.AsyncClient:
     """The SDK's own HTTP client (its TCP keep-alive probes, proxies from the environment, limits),
     with idle connections kept `API_KEEPALIVE_SECONDS`, and no redirect followed: on one to another
     origin httpx2 drops `Authorization` but would carry the gateway's own headers (`--api-header`) and
-    the whole prompt there. A redirect is an error like any other status."""
+    the whole prompt there. A redirect is an error like any other status.
+
+    Raises `ConfigError` naming the proxy variable httpx2 cannot use (never quoting its value, which
+    may hold credentials)."""
     default = anthropic.DEFAULT_CONNECTION_LIMITS
     limits = httpx2.Limits(
         max_connections=default.max_connections,
         max_keepalive_connections=default.max_keepalive_connections,
         keepalive_expiry=API_KEEPALIVE_SECONDS,
     )
-    return anthropic.DefaultAsyncHttpxClient(limits=limits, follow_redirects=False)
+    try:
+        return anthropic.DefaultAsyncHttpxClient(limits=limits, follow_redirects=False)
+    except (httpx2.InvalidURL, ValueError, ImportError):
+        raise ConfigError(unusable_proxy_variables(os.environ)) from None
+
+
+# The variables httpx2 takes proxies from (through `urllib.request.getproxies`, either case).
+PROXY_VARIABLES = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY")
+
+
+def unusable_proxy_variables(environ: Mapping[str, str]) -> str:
+    """What is wrong with the proxy variables set in `environ`, by name and reason only."""
+    problems: list[str] = []
+    for name in (each for base in PROXY_VARIABLES for each in (base, base.lower())):
+        value = environ.get(name)
+        if not value:
+            continue
+        try:
+            httpx2.AsyncHTTPTransport(proxy=value if "://" in value else f"http://{value}")
+        except ImportError:
+            problems.append(f"{name} names a SOCKS proxy, which needs socksio (`pip install socksio`)")
+        except httpx2.InvalidURL:
+            problems.append(f"{name} is not a valid proxy URL")
+        except ValueError:
+            problems.append(f"{name} has a scheme other than http, https, socks5 or socks5h")
+    found = "; ".join(problems) or f"one of {', '.join(PROXY_VARIABLES)} (either case) cannot be used"
+    return f"The Claude API client cannot use the proxy set in the environment: {found}. Fix or unset it."
 
 
 # How long the warm-up waits for the API to answer the request that opens its first connection.
