@@ -335,17 +335,24 @@ def _cut_tool_call(stop_reason: str) -> list[dict[str, Any]]:
     ]
 
 
-def test_a_tool_call_cut_short_by_max_tokens_is_left_out_of_the_message() -> None:
-    """It used to make a well-formed stream "malformed", retried (and billed) again and again; the SDK
-    keeps what it can parse of it, which no server should run."""
+@pytest.mark.parametrize("stop_reason", ["max_tokens", "refusal", "model_context_window_exceeded"])
+def test_a_tool_call_cut_short_is_left_out_of_the_message(stop_reason: str) -> None:
+    """Each of these stop reasons ends generation wherever it is (the token limit, a streaming refusal,
+    the context window). A half-written tool call used to make a well-formed stream "malformed",
+    retried (and billed) again and again; the SDK keeps what it can parse of it, which no server
+    should run."""
     fold = MessageFold()
-    for event in _cut_tool_call("max_tokens"):
+    for event in _cut_tool_call(stop_reason):
         fold.add(event)
     message = fold.message()
-    assert message["stop_reason"] == "max_tokens"
+    assert message["stop_reason"] == stop_reason
     assert message["content"] == [{"type": "text", "text": "Writing."}]
+
+
+@pytest.mark.parametrize("stop_reason", ["tool_use", "end_turn", "stop_sequence"])
+def test_a_tool_call_cut_short_without_a_reason_is_malformed(stop_reason: str) -> None:
     broken = MessageFold()
-    for event in _cut_tool_call("tool_use"):  # cut short with no reason: still malformed
+    for event in _cut_tool_call(stop_reason):
         broken.add(event)
     with pytest.raises(ValueError, match="not valid JSON"):
         broken.message()

@@ -11,7 +11,8 @@ stream", worth a retry):
 
 - a tool block's input is parsed once, when the block stops (the SDK parses the JSON so far at
   every delta, leniently): input that is not whole, valid JSON by then is an error — unless the
-  message stopped at `max_tokens`, which cut the tool call short: the call is left out of the
+  message stopped for a reason that ends generation wherever it is (`CUT_SHORT`: the token limit,
+  a refusal, the context window), which cut the tool call short: the call is left out of the
   message (where the SDK keeps what it could parse), as no server should run half of one;
 - an event out of order (a delta before its block's start, anything before `message_start`).
 
@@ -33,6 +34,8 @@ APPENDED = {
     "text_delta": ("text", "text"),
     "thinking_delta": ("thinking", "thinking"),
 }
+# The stop reasons that end generation wherever it is, even in the middle of a tool call's input.
+CUT_SHORT = frozenset({"max_tokens", "refusal", "model_context_window_exceeded"})
 # The delta fields whose length is the progress a delta reports.
 PROGRESS_FIELDS = ("text", "partial_json", "thinking")
 # The usage counters a `message_delta` carries only when they apply (else the start's stay).
@@ -132,7 +135,7 @@ class MessageFold:
             raise ValueError("the stream had no message_start")
         for index in list(self._tool_json):  # a tool block the stream never said was finished
             self._stop(index)
-        if self._unparsed and self._message.get("stop_reason") != "max_tokens":
+        if self._unparsed and self._message.get("stop_reason") not in CUT_SHORT:
             raw = next(iter(self._unparsed.values()))
             raise ValueError(f"the tool input Claude streamed is not valid JSON: {raw[:200]}")
         for (index, field), pieces in self._text.items():
