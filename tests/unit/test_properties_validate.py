@@ -102,7 +102,11 @@ SHAPED_PARAMS = st.fixed_dictionaries(
             st.lists(
                 st.fixed_dictionaries(
                     {"name": loose(st.sampled_from(["t", "fs.read"]))},
-                    optional={"inputSchema": loose(st.just({"type": "object"}))},
+                    optional={
+                        "inputSchema": loose(
+                            st.sampled_from([{"type": "object"}, {"type": "array"}, {"anyOf": [{}]}])
+                        )
+                    },
                 ),
                 max_size=2,
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -473,6 +474,37 @@ def test_input_schema_not_an_object(schema: Any) -> None:
         params(user(text()), tools=[{"name": "x", "inputSchema": schema}]),
         "tools[0].inputSchema must be an object",
     )
+
+
+@pytest.mark.parametrize("keyword", ["anyOf", "oneOf", "allOf"])
+def test_input_schema_with_a_top_level_combinator(keyword: str) -> None:
+    """Claude answers 400 "input_schema does not support oneOf, allOf, or anyOf at the top level"
+    (what zod unions produce in MCP servers)."""
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+        keyword: [{"required": ["a"]}, {"required": ["b"]}],
+    }
+    error = rejected(
+        params(user(text()), tools=[WEATHER_TOOL, {"name": "pick", "inputSchema": schema}]),
+        f'tools[1].inputSchema (tool "pick") has a top-level {keyword}',
+        "inside its properties",
+    )
+    assert error.data == {"path": "tools[1]"}
+
+
+@pytest.mark.parametrize("kind", ["string", "array", ["object", "null"], None])
+def test_input_schema_of_a_type_other_than_object(kind: Any) -> None:
+    error = rejected(
+        params(user(text()), tools=[{"name": "pick", "inputSchema": {"type": kind}}]),
+        f'tools[0].inputSchema.type (tool "pick") must be "object", got {json.dumps(kind)}',
+    )
+    assert error.data == {"path": "tools[0]"}
+
+
+@pytest.mark.parametrize("schema", [{}, {"type": "object"}, {"properties": {"anyOf": {"type": "string"}}}])
+def test_object_input_schemas_are_accepted(schema: dict[str, Any]) -> None:
+    validate_params(params(user(text()), tools=[{"name": "x", "inputSchema": schema}]))
 
 
 # --- audio ------------------------------------------------------------------------------------------

@@ -22,6 +22,9 @@ MESSAGE_BLOCK_TYPES = frozenset({"text", "image", "audio", "tool_use", "tool_res
 NESTED_BLOCK_TYPES = frozenset({"text", "image", "audio", "resource_link", "resource"})
 """Block types allowed inside `tool_result.content` (MCP `ContentBlock`)."""
 
+SCHEMA_COMBINATORS = ("anyOf", "oneOf", "allOf")
+"""JSON Schema keywords Claude refuses at the top level of a tool's `input_schema` (400)."""
+
 TOOL_CHOICE_MODES = ("auto", "required", "none")
 _DRAFT_CHOICE_TYPES: Mapping[str, str] = {"auto": "auto", "any": "required", "none": "none"}
 
@@ -155,7 +158,27 @@ def _check_tools(tools: Any) -> bool:
         schema = tool.get("inputSchema")
         if schema is not None and not isinstance(schema, Mapping):
             raise invalid_params(f"{where}.inputSchema must be an object, got {_show(schema)}", path=where)
+        if schema is not None:
+            _check_input_schema(schema, where, name)
     return bool(tools)
+
+
+def _check_input_schema(schema: Mapping[str, Any], where: str, name: str) -> None:
+    """MCP and Claude both want an object schema; Claude also refuses alternatives at its top level."""
+    if "type" in schema and schema["type"] != "object":
+        raise invalid_params(
+            f'{where}.inputSchema.type (tool {_show(name)}) must be "object", got {_show(schema["type"])}: '
+            "MCP and Claude both require a tool's input to be an object",
+            path=where,
+        )
+    for keyword in SCHEMA_COMBINATORS:
+        if keyword in schema:
+            raise invalid_params(
+                f"{where}.inputSchema (tool {_show(name)}) has a top-level {keyword}, which Claude does "
+                'not accept; Claude accepts an object schema ({"type": "object", "properties": …}) '
+                "with any alternatives inside its properties",
+                path=where,
+            )
 
 
 def _check_message(message: Any, index: int, audio: AudioPolicy) -> None:
