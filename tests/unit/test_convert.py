@@ -1010,9 +1010,34 @@ def test_meta_minimal_and_stop_sequence() -> None:
     }
 
 
-def test_an_image_over_claudes_5_mb_is_refused_before_any_call() -> None:
-    big = b64(b"\x89PNG\r\n\x1a\n" + b"\x00" * (5 * 1024 * 1024))
-    rejected(lambda: convert(user(image(big, "image/png"))), "messages[0].content[0]", "at most 5 MB")
+FIVE_MB = 5 * 1024 * 1024
+
+
+def png_of_base64_length(length: int) -> str:
+    """A PNG whose base64 is `length` characters (a multiple of 4): Claude's 5 MB limit is on those."""
+    return b64(b"\x89PNG\r\n\x1a\n" + b"\x00" * (length // 4 * 3 - 8))
+
+
+@pytest.mark.parametrize("length", [FIVE_MB + 4, 6_990_508])  # 3.75 MB and 5 MB decoded
+def test_an_image_over_claudes_5_mb_is_refused_before_any_call(length: int) -> None:
+    """The API measures the base64 string ("image exceeds 5 MB maximum: 5592416 bytes > 5242880
+    bytes"), not the decoded bytes."""
+    big = png_of_base64_length(length)
+    rejected(
+        lambda: convert(user(image(big, "image/png"))),
+        f"messages[0].content[0]: the image's base64 data is {length} bytes",
+        "at most 5 MB",
+    )
+
+
+def test_an_image_of_exactly_5_mb_of_base64_is_sent() -> None:
+    data = png_of_base64_length(FIVE_MB)
+    assert image_source(claude_messages(user(image(data, "image/png")))[0]["content"][0])["data"] == data
+
+
+def test_a_nested_image_over_claudes_5_mb_becomes_a_placeholder() -> None:
+    block = result_of(image(png_of_base64_length(FIVE_MB + 4), "image/png"))
+    assert block["content"] == [text("[image omitted: image/png, ~3932163 bytes, over Claude's 5 MB limit]")]
 
 
 def test_more_images_than_claude_accepts_are_refused_before_any_call() -> None:

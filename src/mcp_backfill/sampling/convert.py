@@ -51,6 +51,7 @@ META_KEY = "io.github.mcp-backfill/claude"
 
 SUPPORTED_IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 # The Messages API refuses larger images and more of them (400): refused here before any call.
+# The size limit is on the base64 string as sent, not on the image's decoded bytes.
 MAX_IMAGE_BYTES = 5 * 1024 * 1024
 MAX_IMAGES = 100
 _IMAGE_ALIASES: Mapping[str, str] = {
@@ -490,14 +491,17 @@ def _image_block(
     media_type = sniffed or declared
     if sniffed and sniffed != declared:
         ctx.warnings.append(f"{where}: image declared as {mime_type!r} is {sniffed}; sent as {sniffed}")
-    size = decoded_size(data)
-    if media_type in SUPPORTED_IMAGE_TYPES and size > MAX_IMAGE_BYTES:
+    if media_type in SUPPORTED_IMAGE_TYPES and len(data) > MAX_IMAGE_BYTES:
         if strict:
             raise invalid_params(
-                f"{where}: the image is {size} bytes; Claude accepts images of at most 5 MB", path=where
+                f"{where}: the image's base64 data is {len(data)} bytes; Claude accepts images of at most "
+                f"5 MB ({MAX_IMAGE_BYTES} bytes) of base64",
+                path=where,
             )
         ctx.warnings.append(f"{where}: an image over 5 MB replaced by a text placeholder")
-        return _text_block(f"[image omitted: {media_type}, ~{size} bytes, over Claude's 5 MB limit]")
+        return _text_block(
+            f"[image omitted: {media_type}, ~{decoded_size(data)} bytes, over Claude's 5 MB limit]"
+        )
     if media_type in SUPPORTED_IMAGE_TYPES:
         return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
     if strict:
