@@ -529,10 +529,41 @@ def test_image_relabel_is_reported() -> None:
     assert any("messages[0].content[0]" in warning and "image/png" in warning for warning in request.warnings)
 
 
-def test_unsniffable_image_keeps_its_declared_supported_type() -> None:
-    data = b64(b"not really an image, but labelled as one")
-    block = claude_messages(user(image(data, "image/webp")))[0]["content"][0]
-    assert image_source(block)["media_type"] == "image/webp"
+# Data that is no PNG, JPEG, GIF or WebP: Claude answers 400 ("invalid base64 data", "image cannot be
+# empty", "Image does not match the provided media type image/png").
+NO_IMAGE = {
+    "not base64": ("!!! not base64 !!!", "image/png", "is not base64"),
+    "empty": ("", "image/png", "is empty"),
+    "bmp bytes labelled png": (BMP, "image/png", "is not a valid image/png"),
+    "text labelled webp": (b64(b"not really an image, but labelled as one"), "image/webp", "image/webp"),
+}
+
+
+@pytest.mark.parametrize(("data", "mime", "problem"), NO_IMAGE.values(), ids=NO_IMAGE.keys())
+def test_image_data_that_is_no_image_claude_reads_is_rejected(data: str, mime: str, problem: str) -> None:
+    error = rejected(
+        lambda: convert(user(text("see"), image(data, mime))),
+        "messages[0].content[1]: ",
+        problem,
+        "Claude accepts image/jpeg, image/png, image/gif, image/webp",
+    )
+    assert error.data == {"path": "messages[0].content[1]"}
+
+
+@pytest.mark.parametrize(("data", "mime", "problem"), NO_IMAGE.values(), ids=NO_IMAGE.keys())
+def test_nested_image_data_that_is_no_image_claude_reads_becomes_a_placeholder(
+    data: str, mime: str, problem: str
+) -> None:
+    request = convert(
+        user(text("go")),
+        assistant(tool_use("toolu_1", "fetch")),
+        user(tool_result("toolu_1", image(data, mime))),
+        tools=[{"name": "fetch"}],
+    )
+    [placeholder] = request.kwargs["messages"][2]["content"][0]["content"]
+    assert placeholder["type"] == "text"
+    assert placeholder["text"].startswith(f"[image omitted: {mime}, ~")
+    assert any(w.startswith("messages[2].content[0].content[0]: ") and problem in w for w in request.warnings)
 
 
 @pytest.mark.parametrize("mime", ["image/bmp", "image/tiff", "image/svg+xml", "image/heic"])

@@ -480,38 +480,55 @@ def _normalise_mime(mime_type: str) -> str:
 def _image_block(
     data: str, mime_type: str, where: str, ctx: _Context, *, strict: bool
 ) -> dict[str, Any] | None:
-    """An image, its media type corrected from the bytes; unsupported types fail (strict) or degrade.
+    """An image, its media type read from the bytes; what Claude cannot take fails (strict) or degrades.
 
-    Top-level images come from the server itself, so an unsupported type is its error (-32602);
-    inside a tool result the server merely relays a tool's output, so a placeholder is kinder.
+    Top-level images come from the server itself, so an image Claude cannot take is its error
+    (-32602); inside a tool result the server merely relays a tool's output, so a placeholder is kinder.
     """
     data = strip_data_url(data)
-    declared = _normalise_mime(mime_type)
     sniffed = sniff_image_type(data)
-    media_type = sniffed or declared
-    if sniffed and sniffed != declared:
+    if sniffed is None:
+        return _unsendable_image(
+            f"{_not_an_image(data, mime_type)}; Claude accepts {', '.join(SUPPORTED_IMAGE_TYPES)}",
+            f"[image omitted: {mime_type}, ~{decoded_size(data)} bytes, not an image Claude can read]",
+            where,
+            ctx,
+            strict=strict,
+        )
+    if sniffed != _normalise_mime(mime_type):
         ctx.warnings.append(f"{where}: image declared as {mime_type!r} is {sniffed}; sent as {sniffed}")
-    if media_type in SUPPORTED_IMAGE_TYPES and len(data) > MAX_IMAGE_BYTES:
-        if strict:
-            raise invalid_params(
-                f"{where}: the image's base64 data is {len(data)} bytes; Claude accepts images of at most "
-                f"5 MB ({MAX_IMAGE_BYTES} bytes) of base64",
-                path=where,
-            )
-        ctx.warnings.append(f"{where}: an image over 5 MB replaced by a text placeholder")
-        return _text_block(
-            f"[image omitted: {media_type}, ~{decoded_size(data)} bytes, over Claude's 5 MB limit]"
+    if len(data) > MAX_IMAGE_BYTES:
+        return _unsendable_image(
+            f"the image's base64 data is {len(data)} bytes; Claude accepts images of at most 5 MB "
+            f"({MAX_IMAGE_BYTES} bytes) of base64",
+            f"[image omitted: {sniffed}, ~{decoded_size(data)} bytes, over Claude's 5 MB limit]",
+            where,
+            ctx,
+            strict=strict,
         )
-    if media_type in SUPPORTED_IMAGE_TYPES:
-        return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+    return {"type": "image", "source": {"type": "base64", "media_type": sniffed, "data": data}}
+
+
+def _not_an_image(data: str, mime_type: str) -> str:
+    """Why data whose bytes match none of Claude's image types cannot be sent."""
+    if not data.strip():
+        return "the image data is empty"
+    if _decode_head(data) is None:
+        return "the image data is not base64"
+    declared = _normalise_mime(mime_type)
+    if declared in SUPPORTED_IMAGE_TYPES:
+        return f"the image data is not a valid {declared} (its bytes match no image type Claude reads)"
+    return f"unsupported image type {mime_type!r}"
+
+
+def _unsendable_image(
+    problem: str, placeholder: str, where: str, ctx: _Context, *, strict: bool
+) -> dict[str, Any] | None:
+    """-32602 for the server's own image (strict), else a text placeholder and a warning saying why."""
     if strict:
-        raise invalid_params(
-            f"{where}: unsupported image type {mime_type!r}; Claude accepts "
-            + ", ".join(SUPPORTED_IMAGE_TYPES),
-            path=where,
-        )
-    ctx.warnings.append(f"{where}: unsupported image type {mime_type!r} replaced by a text placeholder")
-    return _text_block(f"[image omitted: {mime_type}, ~{decoded_size(data)} bytes, unsupported type]")
+        raise invalid_params(f"{where}: {problem}", path=where)
+    ctx.warnings.append(f"{where}: {problem}; replaced by a text placeholder")
+    return _text_block(placeholder)
 
 
 def _check_image_count(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
