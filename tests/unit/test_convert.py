@@ -106,10 +106,19 @@ def test_minimal_request() -> None:
 
 
 def test_system_prompt_and_stop_sequences() -> None:
-    kwargs = convert(user(text()), systemPrompt="Be brief.", stopSequences=["", "END", ""]).kwargs
+    kwargs = convert(
+        user(text()), systemPrompt="Be brief.", stopSequences=["", "END", " ", "\n\t", " x"]
+    ).kwargs
     assert kwargs["system"] == "Be brief."
-    assert kwargs["stop_sequences"] == ["END"]
+    assert kwargs["stop_sequences"] == ["END", " x"]
     assert "model" not in kwargs
+
+
+def test_whitespace_only_stop_sequences_are_reported() -> None:
+    request = convert(user(text()), stopSequences=["", "END", "\n\n"])
+    assert request.warnings == (
+        'stopSequences[2] "\\n\\n" ignored: Claude refuses whitespace-only stop sequences',
+    )
 
 
 @pytest.mark.parametrize("system", ["", "   \n"])
@@ -117,8 +126,10 @@ def test_empty_system_prompt_is_omitted(system: str) -> None:
     assert "system" not in convert(user(text()), systemPrompt=system).kwargs
 
 
-def test_only_empty_stop_sequences_are_omitted() -> None:
-    assert "stop_sequences" not in convert(user(text()), stopSequences=["", ""]).kwargs
+@pytest.mark.parametrize("stops", [["", ""], [" ", "\n\t\r"]])
+def test_only_blank_stop_sequences_are_omitted(stops: list[str]) -> None:
+    """The API refuses them (400 "each stop sequence must contain non-whitespace")."""
+    assert "stop_sequences" not in convert(user(text()), stopSequences=stops).kwargs
 
 
 def test_max_tokens_clamped_with_warning() -> None:

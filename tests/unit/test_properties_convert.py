@@ -193,6 +193,18 @@ def test_only_a_final_assistant_turn_loses_trailing_whitespace(texts: list[str],
     assert sent == [text_block(text) for text in expected]
 
 
+@given(st.lists(TEXTS, max_size=4))
+def test_only_stop_sequences_with_non_whitespace_are_sent(stops: list[str]) -> None:
+    """The API refuses an empty or whitespace-only stop sequence (400); the others keep their order."""
+    params = {
+        "messages": [{"role": "user", "content": text_block("q")}],
+        "maxTokens": 5,
+        "stopSequences": stops,
+    }
+    kwargs = to_claude_request(params, OPTIONS).kwargs
+    assert kwargs.get("stop_sequences", []) == [stop for stop in stops if stop.strip()]
+
+
 @given(tool_name_lists(min_size=1, max_size=25))
 def test_tool_names_are_rewritten_legal_distinct_and_reversible(names: list[str]) -> None:
     request = to_claude_request(

@@ -160,7 +160,7 @@ def to_claude_request(params: dict[str, Any], options: ConversionOptions) -> Cla
     if isinstance(system, str) and system.strip():
         kwargs["system"] = system
     kwargs.update(_tools_kwargs(tools_in, choice, history_names, name_map))
-    stops = [stop for stop in params.get("stopSequences") or [] if stop]
+    stops = _stop_sequences(params.get("stopSequences") or [], ctx.warnings)
     if stops:
         kwargs["stop_sequences"] = stops
     metadata = _metadata(params.get("metadata"), ctx.warnings)
@@ -268,6 +268,17 @@ def _max_tokens(requested: int, cap: int, warnings: list[str]) -> int:
         warnings.append(f"maxTokens {requested} clamped to {cap}")
         return cap
     return requested
+
+
+def _stop_sequences(stops: Sequence[str], warnings: list[str]) -> list[str]:
+    """The API refuses empty and whitespace-only stop sequences (400): dropped, the latter reported."""
+    for index, stop in enumerate(stops):
+        if stop and not stop.strip():
+            warnings.append(
+                f"stopSequences[{index}] {json.dumps(stop)} ignored: "
+                "Claude refuses whitespace-only stop sequences"
+            )
+    return [stop for stop in stops if stop.strip()]
 
 
 def _tools_kwargs(
