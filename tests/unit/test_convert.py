@@ -656,6 +656,28 @@ def test_structured_content_is_not_duplicated() -> None:
     assert block["content"] == [text('{"temp_c":21,  "sky":"sunny"}')]
 
 
+@pytest.mark.parametrize(
+    ("shown", "structured"),
+    [
+        ('{"ok": 1}', {"ok": True}),
+        ('{"flag": 0}', {"flag": False}),
+        ('{"n": [1, 0]}', {"n": [True, False]}),
+        ("1", True),
+    ],
+)
+def test_structured_content_is_kept_next_to_text_only_python_thinks_equal(
+    shown: str, structured: Any
+) -> None:
+    """Python says True == 1 and False == 0; JSON does not."""
+    block = result_of(text(shown), structuredContent=structured)
+    assert block["content"] == [text(shown), text(json.dumps(structured))]
+
+
+def test_structured_content_equal_up_to_number_spelling_is_not_duplicated() -> None:
+    block = result_of(text('{"n": 1.0, "items": [2]}'), structuredContent={"items": [2.0], "n": 1})
+    assert block["content"] == [text('{"n": 1.0, "items": [2]}')]
+
+
 def test_structured_content_alone() -> None:
     block = result_of(structuredContent=[1, 2, 3])
     assert block["content"] == [text("[1, 2, 3]")]

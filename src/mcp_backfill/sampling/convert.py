@@ -595,11 +595,26 @@ def _has_json_text(content: Sequence[Mapping[str, Any]], value: Any) -> bool:
         if block["type"] != "text":
             continue
         try:
-            if json.loads(block["text"]) == value:
+            if _same_json(json.loads(block["text"]), value):
                 return True
         except (ValueError, RecursionError):  # not JSON, or nested too deeply to compare
             continue
     return False
+
+
+def _same_json(left: Any, right: Any) -> bool:
+    """JSON equality: Python's `==` takes true for 1 and false for 0; numbers still compare by value."""
+    if isinstance(left, bool) or isinstance(right, bool):
+        return type(left) is type(right) and left == right
+    if isinstance(left, Mapping):
+        return (
+            isinstance(right, Mapping)
+            and left.keys() == right.keys()
+            and all(_same_json(item, right[key]) for key, item in left.items())
+        )
+    if isinstance(left, list):
+        return isinstance(right, list) and len(left) == len(right) and all(map(_same_json, left, right))
+    return bool(left == right)
 
 
 def _nested_block(item: Mapping[str, Any], where: str, ctx: _Context) -> dict[str, Any] | None:
