@@ -59,6 +59,12 @@ def test_substring_match_takes_first_allowed_in_order() -> None:
     assert pick(hints("opus-4"), allowed=allowed) == "claude-opus-4-8"
 
 
+def test_hint_naming_an_allowed_model_exactly_picks_it_over_longer_names() -> None:
+    allowed = ("claude-sonnet-4-5", "claude-opus-4-1", "claude-opus-4")
+    assert pick(hints("claude-opus-4"), allowed=allowed, default="claude-sonnet-4-5") == "claude-opus-4"
+    assert pick(hints("Claude-Opus-4"), allowed=allowed, default="claude-sonnet-4-5") == "claude-opus-4"
+
+
 def test_generic_claude_hint_keeps_default_even_when_not_listed_first() -> None:
     assert pick(hints("claude")) == DEFAULT
     assert pick(hints("claude"), default=HAIKU) == HAIKU
@@ -68,6 +74,14 @@ def test_family_alias_on_whole_tokens() -> None:
     assert pick(hints("claude-3-opus-20240229")) == OPUS
     assert pick(hints("claude-3-5-haiku-latest")) == HAIKU
     assert pick(hints("sonnet")) == SONNET
+
+
+def test_family_alias_prefers_the_default_then_the_first_listed() -> None:
+    allowed = ("claude-sonnet-4", "claude-sonnet-4-5", "claude-opus-4-1", "claude-opus-4")
+    assert (
+        pick(hints("claude-3-5-sonnet"), allowed=allowed, default="claude-sonnet-4-5") == "claude-sonnet-4-5"
+    )
+    assert pick(hints("claude-3-opus"), allowed=allowed, default="claude-sonnet-4-5") == "claude-opus-4-1"
 
 
 @pytest.mark.parametrize("name", ["gpt-4o-mini", "gemini-2.0-flash", "fast", "small", "cheap", "o4-mini"])

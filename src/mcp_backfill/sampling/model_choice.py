@@ -57,17 +57,21 @@ def _tokens(text: str) -> list[str]:
 
 
 def _match_hint(hint: str, candidates: Sequence[str], default: str) -> str | None:
-    """Substring match first, then family / vendor aliases on whole tokens."""
-    # The default is tried first so that a generic hint ("claude", "4-5") keeps the operator's
-    # default rather than whichever allowed model happens to be listed first.
+    """Substring match first (a model the hint names exactly before any that contains it), then
+    family / vendor aliases on whole tokens."""
+    # The default is tried first so that a generic hint ("claude", "4-5", "sonnet") keeps the
+    # operator's default rather than whichever allowed model happens to be listed first.
     search = [default, *(m for m in candidates if m != default)] if default in candidates else candidates
+    exact = next((m for m in search if m.lower() == hint), None)
+    if exact is not None:
+        return exact
     for model in search:
         if hint in model.lower():
             return model
     tokens = _tokens(hint)
     for family in _FAMILIES:
         if family in tokens:
-            return next((m for m in candidates if family in _tokens(m)), None)
+            return next((m for m in search if family in _tokens(m)), None)
     if _SMALL_TOKENS.intersection(tokens):
         return _smallest(candidates)
     if _VENDOR_TOKENS.intersection(tokens):
