@@ -861,6 +861,24 @@ def test_draft_object_content_becomes_json_text() -> None:
     assert json.loads(block["content"][0]["text"]) == {"temperature": 65, "condition": "cloudy"}
 
 
+@pytest.mark.parametrize(
+    "content",
+    [
+        {"type": "text", "value": "tool output", "score": 3},
+        {"type": "image", "url": "https://a.example/b.png"},
+    ],
+)
+def test_draft_object_content_with_a_block_type_key_becomes_json_text(content: dict[str, Any]) -> None:
+    """Only an object with a block type's fields is that block; any other object is the tool's JSON."""
+    messages = claude_messages(
+        user(text("q")),
+        assistant(tool_use("toolu_1", "fetch")),
+        user({"type": "tool_result", "toolUseId": "toolu_1", "content": content}),
+        tools=[{"name": "fetch"}],
+    )
+    assert messages[2]["content"][0]["content"] == [text(json.dumps(content))]
+
+
 def test_draft_single_block_content_is_used_as_a_block() -> None:
     messages = claude_messages(
         user(text("q")),

@@ -110,8 +110,17 @@ def _tool_choice_field(params: Mapping[str, Any]) -> str:
 
 
 def is_content_block(value: Any, allowed: frozenset[str]) -> bool:
-    """A draft tool result's `content` may be a block or any JSON object; this tells them apart."""
-    return isinstance(value, Mapping) and isinstance(value.get("type"), str) and value["type"] in allowed
+    """A draft tool result's `content` may be a block or any JSON object; this tells them apart.
+
+    A block has one of the `allowed` types and that type's fields: an object such as
+    `{"type": "text", "value": …}` is the tool's own JSON, not a malformed text block.
+    """
+    return (
+        isinstance(value, Mapping)
+        and isinstance(value.get("type"), str)
+        and value["type"] in allowed
+        and _nested_block_problem(value) is None
+    )
 
 
 def _check_max_tokens(params: Mapping[str, Any]) -> None:
@@ -234,14 +243,18 @@ def _audio_rejected(where: str) -> SamplingError:
 
 
 def _check_media_block(block: Mapping[str, Any], where: str) -> None:
+    problem = _media_problem(block)
+    if problem is not None:
+        raise invalid_params(f"{where}: {problem}", path=where)
+
+
+def _media_problem(block: Mapping[str, Any]) -> str | None:
     """text / image / audio: the fields conversion reads must be strings."""
     fields = ("text",) if block["type"] == "text" else ("data", "mimeType")
     for field in fields:
         if not isinstance(block.get(field), str):
-            raise invalid_params(
-                f"{where}: {block['type']} content needs a string {field!r}, got {_show(block.get(field))}",
-                path=where,
-            )
+            return f"{block['type']} content needs a string {field!r}, got {_show(block.get(field))}"
+    return None
 
 
 def _check_tool_use(block: Mapping[str, Any], where: str) -> None:
@@ -269,9 +282,8 @@ def _check_tool_result(block: Mapping[str, Any], where: str) -> None:
     if isinstance(content, list):
         for index, item in enumerate(content):
             _check_nested_block(item, f"{where}.content[{index}]")
-    elif is_content_block(content, NESTED_BLOCK_TYPES):
-        _check_nested_block(content, f"{where}.content")
-    # Anything else (draft: an arbitrary JSON object; absent) is serialised as JSON text.
+    # Draft shapes need no check: one object is a block only when it has all of that block's fields
+    # (`is_content_block`); any other value (the tool's own JSON) is sent as text.
 
 
 def _check_nested_block(block: Any, where: str) -> None:
@@ -279,25 +291,28 @@ def _check_nested_block(block: Any, where: str) -> None:
         raise invalid_params(
             f"{where} must be a content block object with a string 'type', got {_show(block)}", path=where
         )
+    problem = _nested_block_problem(block)
+    if problem is not None:
+        raise invalid_params(f"{where}: {problem}", path=where)
+
+
+def _nested_block_problem(block: Mapping[str, Any]) -> str | None:
+    """What a block in a tool result lacks for conversion to read it, if anything."""
     kind = block["type"]
     if kind in ("text", "image", "audio"):
-        _check_media_block(block, where)
-    elif kind == "resource_link":
-        if not isinstance(block.get("uri"), str):
-            raise invalid_params(f"{where}: resource_link needs a string 'uri'", path=where)
-    elif kind == "resource":
+        return _media_problem(block)
+    if kind == "resource_link" and not isinstance(block.get("uri"), str):
+        return "resource_link needs a string 'uri'"
+    if kind == "resource":
         resource = block.get("resource")
         if (
             not isinstance(resource, Mapping)
             or not isinstance(resource.get("uri"), str)
             or not (isinstance(resource.get("text"), str) or isinstance(resource.get("blob"), str))
         ):
-            raise invalid_params(
-                f"{where}: resource needs a 'resource' object with a string 'uri' and a string "
-                "'text' or 'blob'",
-                path=where,
-            )
+            return "resource needs a 'resource' object with a string 'uri' and a string 'text' or 'blob'"
     # Unknown nested types are kept as JSON text rather than rejected: tool output is open-ended.
+    return None
 
 
 def _check_tool_pairing(messages: Sequence[Mapping[str, Any]]) -> None:
