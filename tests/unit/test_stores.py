@@ -207,12 +207,28 @@ async def test_an_unreachable_store_says_so_and_names_itself_without_its_passwor
     sqlite = SqliteStore(str(tmp_path / "file" / "ledger.db"))
     with pytest.raises(StoreUnavailable, match=r"sqlite:"):
         await sqlite.reserve([DAY], "", 0)
-    closed = RedisStore("redis://:hunter2@127.0.0.1:1/0", timeout=0.5)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:hunter2@127.0.0.1:1/0", "redis://:***@127.0.0.1:1/0"),
+        # redis-py takes the password from the query too (and any connection argument, such as
+        # the TLS key's passphrase)
+        ("redis://127.0.0.1:1/0?password=hunter2", "redis://127.0.0.1:1/0?password=***"),
+        (
+            "rediss://alice:hunter2@127.0.0.1:1/0?ssl_password=hunter2&db=1",
+            "rediss://alice:***@127.0.0.1:1/0?ssl_password=***&db=1",
+        ),
+    ],
+)
+async def test_an_unreachable_redis_store_names_itself_without_its_password(url: str, shown: str) -> None:
+    closed = RedisStore(url, timeout=0.5)
     with pytest.raises(StoreUnavailable) as caught:
         await closed.reserve([DAY], "", 0)
-    assert "hunter2" not in str(caught.value)
-    assert caught.value.store == "redis://:***@127.0.0.1:1/0"
     await closed.aclose()
+    assert "hunter2" not in str(caught.value)
+    assert caught.value.store == closed.description == shown
 
 
 def test_store_urls() -> None:

@@ -22,13 +22,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
 
+from mcp_backfill.config import hide_url_credentials as display_url
 from mcp_backfill.errors import StoreUnavailable
 from mcp_backfill.options import BUDGET_WINDOWS
 from mcp_backfill.sampling.store import (
@@ -244,18 +244,6 @@ end
 return 1
 """
 )
-
-
-def display_url(url: str) -> str:
-    """The URL without its password (for logs and errors)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username + ':***@' if parts.username else ':***@'}{host}"
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class RedisStore:
