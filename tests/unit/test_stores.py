@@ -242,6 +242,24 @@ def test_store_urls() -> None:
     assert display_url("rediss://h:1/0") == "rediss://h:1/0"
 
 
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("redis://:s3cret@redis:abc/0", "Port could not be cast to integer"),
+        ("redis://redis:99999/0", "Port out of range"),
+        ("redis://redis:6379/0?socket_timeout=abc", "Invalid value for 'socket_timeout'"),
+        ("redis://redis:6379/0?password=s3cret&sockettimeout=1", "keyword argument 'sockettimeout'"),
+    ],
+)
+def test_a_redis_url_it_cannot_use_is_a_config_error_without_its_password(url: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        open_store(url, lease_seconds=30, timeout=1)
+    message = str(caught.value)
+    assert message.startswith("--state-store (MCP_BACKFILL_STATE_STORE): ")
+    assert problem in message
+    assert "s3cret" not in message
+
+
 @given(
     st.lists(st.lists(st.integers(1, 50), min_size=0, max_size=3), min_size=1, max_size=3),
     st.data(),

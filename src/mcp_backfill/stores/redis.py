@@ -273,6 +273,9 @@ class RedisStore:
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=2),
             health_check_interval=30,
         )
+        # A connection is built (not connected) now, so that a URL parameter it does not take is
+        # found at startup (`TypeError`), like a bad port or value (`ValueError`), not by a request.
+        self._client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
         self._scripts = {
             name: self._client.register_script(source)
             for name, source in (
