@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -307,22 +308,58 @@ class LosingReplies:
             writer.close()
 
 
-async def test_a_redis_settlement_sent_again_after_its_reply_was_lost_charges_once() -> None:
-    """redis-py sends a script again when its reply is lost; the second run found no reservation and
-    charged the call in full once more."""
+SPENT = Limit("client:alice", (Allowance(100_000), Allowance(50_000, "day")))
+
+
+@asynccontextmanager
+async def losing_replies() -> AsyncIterator[tuple[RedisStore, LosingReplies]]:
+    """A Redis store behind a `LosingReplies` relay, its scripts loaded (a first run of each)."""
     async with redis_server() as redis:
         relay = LosingReplies(redis.port)
         listener = await asyncio.start_server(relay.serve, "127.0.0.1", 0)
         port = listener.sockets[0].getsockname()[1]
         store = RedisStore(f"redis://127.0.0.1:{port}/0")
-        limit = Limit("client:alice", (Allowance(100_000), Allowance(50_000, "day")))
         try:
-            await store.settle([limit], "warm-up", 0)  # the script is loaded
-            assert (await store.reserve([limit], "lease-1", 5000)).admitted
-            relay.lose_next = True
-            await store.settle([limit], "lease-1", 1000)
-            standing = await store.reserve([limit], "", 0)
+            await store.settle([SPENT], "warm-up", 0)
+            await store.reserve([SPENT], "", 0)
+            await store.admit([SPENT], [], "warm-up", "", 0)
+            yield store, relay
         finally:
             await store.aclose()
             listener.close()
+
+
+async def test_a_redis_settlement_sent_again_after_its_reply_was_lost_charges_once() -> None:
+    """redis-py sends a script again when its reply is lost; the second run found no reservation and
+    charged the call in full once more."""
+    async with losing_replies() as (store, relay):
+        assert (await store.reserve([SPENT], "lease-1", 5000)).admitted
+        relay.lose_next = True
+        await store.settle([SPENT], "lease-1", 1000)
+        standing = await store.reserve([SPENT], "", 0)
     assert standing.used == ((1000, 1000),)
+
+
+async def test_a_redis_reservation_sent_again_after_its_reply_was_lost_is_not_refused_by_itself() -> None:
+    """The second run counted the reservation the first had made for the same lease: the call was
+    refused by its own reservation, which nobody settled: it lapsed and was charged whole."""
+    async with losing_replies() as (store, relay):
+        relay.lose_next = True
+        standing = await store.reserve([SPENT], "lease-1", 50_000)  # the whole day's allowance
+        assert (standing.admitted, standing.reserved) == (True, (0,))  # as the first run saw it
+        await store.settle([SPENT], "lease-1", 1000)
+        standing = await store.reserve([SPENT], "", 0)
+    assert (standing.used, standing.reserved) == (((1000, 1000),), (0,))
+
+
+async def test_a_redis_admission_sent_again_after_its_reply_was_lost_is_not_refused_by_itself() -> None:
+    """The second run counted the first's rate admission (and reservation): the request was refused
+    by its own admission, and the reservation the first run held was never settled."""
+    async with losing_replies() as (store, relay):
+        relay.lose_next = True
+        standing, refusal = await store.admit([SPENT], [Rate(SPENT.key, 1)], "member-1", "lease-1", 400)
+        assert (standing.admitted, refusal, standing.reserved) == (True, None, (0,))
+        await store.settle([SPENT], "lease-1", 100)
+        standing, refusal = await store.admit([SPENT], [Rate(SPENT.key, 1)], "member-2")
+        assert refusal is not None  # the first admission counts, once
+    assert (standing.used, standing.reserved) == (((100, 100),), (0,))

@@ -102,6 +102,16 @@ local function reserved(p, payer, allowances, now_ms)
   for _, value in ipairs(redis.call('HVALS', amounts)) do sum = sum + tonumber(value) end
   return sum
 end
+-- Whether `lease` is held already: then this script is one redis-py sent again because the first
+-- run's reply was lost, and it answers as that run did (admitted, its own reservation not counted
+-- in `reserved_by`) rather than be refused by it and leave it to lapse and be charged whole.
+local function held_already(p, payers, lease, reserved_by)
+  if #payers == 0 or not redis.call('ZSCORE', p .. 'res:' .. payers[1], lease) then return false end
+  for i, payer in ipairs(payers) do
+    reserved_by[i] = reserved_by[i] - tonumber(redis.call('HGET', p .. 'resamt:' .. payer, lease) or '0')
+  end
+  return true
+end
 -- Hold `amount` for `lease` on every payer's budget until `expiry_ms` (renewed while its holder lives).
 local function hold(p, payers, lease, amount, expiry_ms)
   if amount <= 0 then return end
@@ -143,7 +153,11 @@ RESERVE = (
     + """
 local p, lease, amount, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local admitted, payers, used, reserved_by = standing(p, 5, now_ms)
-if admitted then hold(p, payers, lease, amount, now_ms + ttl) end
+if amount > 0 and held_already(p, payers, lease, reserved_by) then
+  admitted = true
+elseif admitted then
+  hold(p, payers, lease, amount, now_ms + ttl)
+end
 return {admitted and 1 or 0, now_ms, cjson.encode(used), cjson.encode(reserved_by)}
 """
 )
@@ -155,11 +169,21 @@ ADMIT = (
     + _LEDGER
     + _STANDING
     + """
+-- Whether a rate limit counted `member` already: a script sent again (see held_already).
+local function counted_already(p, count, member)
+  for index = 0, count - 1 do
+    local key, most = p .. 'rate:' .. ARGV[8 + 2 * index], tonumber(ARGV[9 + 2 * index])
+    if most > 0 and redis.call('ZSCORE', key, member) then return true end
+  end
+  return false
+end
 local p, member, window = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local lease, amount, ttl, count = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local admitted, payers, used, reserved_by = standing(p, 8 + 2 * count, now_ms)
 local refused, retry = -1, 0
-if admitted then
+if (amount > 0 and held_already(p, payers, lease, reserved_by)) or counted_already(p, count, member) then
+  admitted = true
+elseif admitted then
   for index = 0, count - 1 do
     local key, most = p .. 'rate:' .. ARGV[8 + 2 * index], tonumber(ARGV[9 + 2 * index])
     if most > 0 then
