@@ -203,6 +203,17 @@ async def test_a_late_settlement_after_its_lease_lapsed_is_not_charged_twice(
     assert (standing.reserved, standing.used) == ((0,), ((charged, charged),))
 
 
+@pytest.mark.parametrize("stores", ["redis"], indirect=True)
+async def test_a_redis_reservation_that_comes_after_its_release_holds_nothing(stores: Factory) -> None:
+    """A request that gave up waiting for its reservation's reply releases it on another connection;
+    should the release overtake the reservation, the reservation would lapse and be charged whole."""
+    store = stores()
+    await store.settle([DAY], "given-up", 0)
+    await store.reserve([DAY], "given-up", 30)
+    standing = await store.reserve([DAY], "", 0)
+    assert (standing.reserved, standing.used) == ((0,), ((0, 0),))
+
+
 async def test_an_unreachable_store_says_so_and_names_itself_without_its_password(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("not a directory")
     sqlite = SqliteStore(str(tmp_path / "file" / "ledger.db"))

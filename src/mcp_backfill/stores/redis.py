@@ -113,8 +113,10 @@ local function held_already(p, payers, lease, reserved_by)
   return true
 end
 -- Hold `amount` for `lease` on every payer's budget until `expiry_ms` (renewed while its holder lives).
+-- A lease settled already is not held: its holder gave up waiting for this script's reply and
+-- released it, on another connection, and that release overtook it.
 local function hold(p, payers, lease, amount, expiry_ms)
-  if amount <= 0 then return end
+  if amount <= 0 or #payers == 0 or redis.call('ZSCORE', p .. 'settled:' .. payers[1], lease) then return end
   for _, payer in ipairs(payers) do
     redis.call('ZADD', p .. 'res:' .. payer, expiry_ms, lease)
     redis.call('HSET', p .. 'resamt:' .. payer, lease, amount)
