@@ -8,6 +8,7 @@ renewing them lapse. Two store objects on one file or server stand for two proce
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,12 +16,21 @@ from typing import Any
 
 import anyio
 import pytest
+import redis.asyncio as aioredis
 from hypothesis import given
 from hypothesis import strategies as st
 
 from mcp_backfill.errors import ConfigError, StoreUnavailable
 from mcp_backfill.options import Allowance
-from mcp_backfill.sampling.store import Held, LedgerStore, Limit, MemoryStore, Rate, exhausted
+from mcp_backfill.sampling.store import (
+    LAPSED_MEMORY_SECONDS,
+    Held,
+    LedgerStore,
+    Limit,
+    MemoryStore,
+    Rate,
+    exhausted,
+)
 from mcp_backfill.stores import open_store
 from mcp_backfill.stores.redis import RedisStore, display_url
 from mcp_backfill.stores.sqlite import SqliteStore
@@ -212,6 +222,48 @@ async def test_a_redis_reservation_that_comes_after_its_release_holds_nothing(st
     await store.reserve([DAY], "given-up", 30)
     standing = await store.reserve([DAY], "", 0)
     assert (standing.reserved, standing.used) == ((0,), ((0, 0),))
+
+
+async def test_redis_remembers_a_settled_lease_as_long_as_a_lapsed_one() -> None:
+    """The store link retries a settlement the store missed until it lands, perhaps after a long
+    outage; if the first try had landed (its reply lost), the retry must still find the lease
+    settled, or it charges the call again. A lapsed lease is remembered a day for the same reason."""
+    async with redis_server() as server:
+        store = RedisStore(server.url)
+        raw = aioredis.Redis.from_url(server.url)
+        try:
+            await store.reserve([DAY], "a", 30)
+            await store.settle([DAY], "a", 12)
+            remembered = await raw.pttl(f"mcp-backfill:settled:{DAY.key}")
+        finally:
+            await raw.aclose()
+            await store.aclose()
+    assert remembered >= (LAPSED_MEMORY_SECONDS - 60) * 1000
+
+
+async def test_a_sqlite_transaction_whose_commit_failed_is_rolled_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Else it stays open, and every later operation fails: "cannot start a transaction within a
+    transaction"."""
+
+    class CommitFailsOnce(sqlite3.Connection):
+        failed = False
+
+        def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+            if sql == "COMMIT" and not CommitFailsOnce.failed:
+                CommitFailsOnce.failed = True
+                raise sqlite3.OperationalError("disk I/O error")
+            return super().execute(sql, *args)
+
+    connect = sqlite3.connect
+    monkeypatch.setattr(sqlite3, "connect", lambda *a, **kw: connect(*a, **kw, factory=CommitFailsOnce))
+    store = SqliteStore(str(tmp_path / "ledger.db"))
+    with pytest.raises(StoreUnavailable, match="disk I/O error"):
+        await store.reserve([DAY], "a", 30)
+    standing = await store.reserve([DAY], "", 0)
+    await store.aclose()
+    assert standing.reserved == (0,)  # the failed transaction held nothing
 
 
 async def test_an_unreachable_store_says_so_and_names_itself_without_its_password(tmp_path: Path) -> None:

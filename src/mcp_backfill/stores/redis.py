@@ -45,8 +45,9 @@ from mcp_backfill.sampling.store import (
 __all__ = ["RedisStore", "display_url"]
 
 # How long a settled lease is remembered, so that the settlement sent again (its reply lost, then
-# retried by redis-py or, after an outage, by the store link) charges nothing: one entry per call.
-SETTLED_MEMORY_SECONDS = 3600.0
+# retried by redis-py or, after an outage, by the store link) charges nothing: one entry per call
+# and payer. As long as a lapsed lease is remembered: a late settlement counts on that memory too.
+SETTLED_MEMORY_SECONDS = LAPSED_MEMORY_SECONDS
 
 _NOW = """
 local t = redis.call('TIME')
