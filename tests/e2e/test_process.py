@@ -316,6 +316,22 @@ def test_a_bad_environment_value_is_refused_naming_the_allowed_values() -> None:
     assert "sometimes" in result.stderr
 
 
+def test_a_state_store_url_it_cannot_use_is_refused_at_startup_without_its_password() -> None:
+    result = subprocess.run(
+        mock_proxy("--state-store", "redis://:s3cret@redis:abc/0", upstream=ECHO),
+        env=proxy_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "--state-store (MCP_BACKFILL_STATE_STORE)" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "s3cret" not in result.stderr
+
+
 def test_unstartable_upstream_is_reported() -> None:
     result = subprocess.run(
         mock_proxy(upstream=["/nonexistent/server-binary"]),

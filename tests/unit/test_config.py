@@ -200,3 +200,18 @@ def test_credential_headers_are_redacted_and_kept_out_of_repr() -> None:
     )
     assert "tok-123" not in repr(config)
     assert set(config.secrets()) == {"sk-ant-unit-secret", "Bearer tok-123", "tok-123"}
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:hunter2@redis:6379/0",
+        "redis://redis:6379/0?password=hunter2",
+        "redis://alice:hunter%32@redis:6379/0",
+        "rediss://redis:6379/0?ssl_password=hunter%32&db=1",
+    ],
+)
+def test_the_state_stores_password_is_redacted_wherever_the_url_gives_it(url: str) -> None:
+    config = parse_config(["--state-store", url, "--", "s"], KEY)
+    assert "hunter2" in config.secrets()  # as redis-py sends it (percent-decoded)
+    assert "hunter2" not in repr(config)

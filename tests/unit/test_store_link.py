@@ -3,6 +3,7 @@ store missed, made once it is back. The store is a `MemoryStore` that can be swi
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -14,13 +15,15 @@ from mcp_backfill.errors import SamplingError, StoreUnavailable
 from mcp_backfill.options import Allowance
 from mcp_backfill.sampling.spend import Reservation, Spend
 from mcp_backfill.sampling.store import Held, Limit, MemoryStore, Rate, RateRefusal, Standing
+from mcp_backfill.sampling.store_link import StoreLink
 from tests.defaults import SPEND
 
 pytestmark = pytest.mark.anyio
 
 
 class SwitchableStore(MemoryStore):
-    """A shared store for the ledger's sake, whose every operation fails while `down`."""
+    """A shared store for the ledger's sake, whose every operation fails while `down`, and whose
+    reservations' replies may come late (`reply_delay`) or be lost (`reply_lost`) after they ran."""
 
     shared = True
     description = "redis://ledger:6379/0"
@@ -29,20 +32,32 @@ class SwitchableStore(MemoryStore):
         super().__init__()
         self.down = False
         self.lease_seconds = 0.3
+        self.reply_delay = 0.0
+        self.reply_lost = False
 
     def _check(self) -> None:
         if self.down:
             raise StoreUnavailable(self.description, "ConnectionError: refused")
 
+    async def _reply(self) -> None:
+        await anyio.sleep(self.reply_delay)
+        if self.reply_lost:
+            raise StoreUnavailable(self.description, "TimeoutError")
+
     async def reserve(self, limits: Sequence[Limit], lease: str, amount: int) -> Standing:
         self._check()
-        return await super().reserve(limits, lease, amount)
+        standing = await super().reserve(limits, lease, amount)
+        if amount > 0:  # not a check (as within an admission)
+            await self._reply()
+        return standing
 
     async def admit(
         self, limits: Sequence[Limit], rates: Sequence[Rate], member: str, lease: str = "", amount: int = 0
     ) -> tuple[Standing, RateRefusal | None]:
         self._check()
-        return await super().admit(limits, rates, member, lease, amount)
+        answer = await super().admit(limits, rates, member, lease, amount)
+        await self._reply()
+        return answer
 
     async def settle(self, limits: Sequence[Limit], lease: str, tokens: int) -> None:
         self._check()
@@ -65,6 +80,11 @@ async def answered(spend: Spend, tokens: int) -> None:
 async def used(store: MemoryStore) -> int:
     """What the store counted for the process (read past a switched-off store's switch)."""
     return (await MemoryStore.reserve(store, [Limit("process", (Allowance(10**9),))], "", 0)).used[0][0]
+
+
+async def held(store: MemoryStore) -> int:
+    """What reservations hold against the process's budget in the store."""
+    return (await MemoryStore.reserve(store, [Limit("process", (Allowance(10**9),))], "", 0)).reserved[0]
 
 
 async def test_by_default_sampling_is_refused_while_the_store_is_down() -> None:
@@ -96,7 +116,9 @@ async def test_the_local_policy_counts_in_this_process_meanwhile() -> None:
         await answered(spend, 1)
     assert await used(spend.link.fallback) == 80
     assert await used(store) == 0
-    assert spend.link.unsettled == 0  # nothing was reserved in the store: nothing to settle there
+    # Each call's reservation may have been held by the store (it did not answer): it is released
+    # when the store is back, or forgotten once it would have lapsed there.
+    assert spend.link.unsettled == 2
 
 
 async def test_a_settlement_the_store_missed_is_made_when_it_is_back() -> None:
@@ -116,3 +138,62 @@ async def test_a_settlement_the_store_missed_is_made_when_it_is_back() -> None:
             while spend.link.unsettled:
                 await anyio.sleep(0.01)
     assert await used(store) == 30
+
+
+@pytest.mark.parametrize("step", ["admission", "call"])
+@pytest.mark.parametrize("reply", ["slow", "lost"])
+async def test_a_reservation_whose_reply_never_came_is_released(step: str, reply: str) -> None:
+    """The store held a reservation (the admission's for the first call, or a call's own), but its
+    reply did not come: the request was cancelled meanwhile (the server's cancel, its timeout), or
+    the reply was lost (`StoreUnavailable`). Nobody would have settled that lease: it would have
+    lapsed and been charged whole, for a call never made."""
+    store = SwitchableStore()
+    spend = ledger(store)
+
+    def fault() -> None:
+        store.reply_delay, store.reply_lost = (5.0, False) if reply == "slow" else (0.0, True)
+
+    async def request() -> None:
+        if step == "admission":
+            fault()
+        async with spend.admit(None, Reservation(0, 100) if step == "admission" else None) as ticket:
+            fault()
+            async with ticket.call(Reservation(0, 100)):
+                raise AssertionError("the reservation was not answered")
+
+    async with spend.upkeep():
+        with anyio.move_on_after(0.5), contextlib.suppress(SamplingError):
+            await request()
+        store.reply_delay, store.reply_lost = 0.0, False
+    assert (await held(store), await used(store), spend.link.unsettled) == (0, 0, 0)
+
+
+async def test_a_reservation_whose_reply_was_lost_is_released_while_counting_locally() -> None:
+    store = SwitchableStore()
+    spend = ledger(store, store_outage="local")
+    async with spend.upkeep():
+        store.reply_lost = True  # the call's reservation is held in the store, then counted locally
+        await answered(spend, 10)
+        store.reply_lost = False
+    assert (await held(store), await used(store)) == (0, 0)
+    assert (await held(spend.link.fallback), await used(spend.link.fallback)) == (0, 10)
+
+
+async def test_a_release_the_store_missed_is_kept_only_while_its_lease_may_be_held() -> None:
+    """A settlement of 0 tokens only releases a reservation; once the lease lapsed (charged whole),
+    a late one charges nothing: it is not worth keeping through a long outage."""
+    store = SwitchableStore()
+    link = StoreLink(store, "refuse", MemoryStore())
+    process = (Limit("process", ()),)
+    store.down = True
+    await link.settle(store, process, "released", 0, wait=True)
+    await link.settle(store, process, "charged", 5, wait=True)
+    await anyio.sleep(store.lease_seconds)
+    await link.settle(store, process, "released later", 0, wait=True)
+    assert link.unsettled == 2  # the first release is forgotten
+    store.down = False
+    async with link.upkeep():
+        with anyio.fail_after(5):
+            while link.unsettled:
+                await anyio.sleep(0.01)
+    assert await used(store) == 5

@@ -8,18 +8,29 @@ renewing them lapse. Two store objects on one file or server stand for two proce
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+import redis.asyncio as aioredis
 from hypothesis import given
 from hypothesis import strategies as st
 
 from mcp_backfill.errors import ConfigError, StoreUnavailable
 from mcp_backfill.options import Allowance
-from mcp_backfill.sampling.store import Held, LedgerStore, Limit, MemoryStore, Rate, exhausted
+from mcp_backfill.sampling.store import (
+    LAPSED_MEMORY_SECONDS,
+    Held,
+    LedgerStore,
+    Limit,
+    MemoryStore,
+    Rate,
+    exhausted,
+)
 from mcp_backfill.stores import open_store
 from mcp_backfill.stores.redis import RedisStore, display_url
 from mcp_backfill.stores.sqlite import SqliteStore
@@ -202,17 +213,86 @@ async def test_a_late_settlement_after_its_lease_lapsed_is_not_charged_twice(
     assert (standing.reserved, standing.used) == ((0,), ((charged, charged),))
 
 
+@pytest.mark.parametrize("stores", ["redis"], indirect=True)
+async def test_a_redis_reservation_that_comes_after_its_release_holds_nothing(stores: Factory) -> None:
+    """A request that gave up waiting for its reservation's reply releases it on another connection;
+    should the release overtake the reservation, the reservation would lapse and be charged whole."""
+    store = stores()
+    await store.settle([DAY], "given-up", 0)
+    await store.reserve([DAY], "given-up", 30)
+    standing = await store.reserve([DAY], "", 0)
+    assert (standing.reserved, standing.used) == ((0,), ((0, 0),))
+
+
+async def test_redis_remembers_a_settled_lease_as_long_as_a_lapsed_one() -> None:
+    """The store link retries a settlement the store missed until it lands, perhaps after a long
+    outage; if the first try had landed (its reply lost), the retry must still find the lease
+    settled, or it charges the call again. A lapsed lease is remembered a day for the same reason."""
+    async with redis_server() as server:
+        store = RedisStore(server.url)
+        raw = aioredis.Redis.from_url(server.url)
+        try:
+            await store.reserve([DAY], "a", 30)
+            await store.settle([DAY], "a", 12)
+            remembered = await raw.pttl(f"mcp-backfill:settled:{DAY.key}")
+        finally:
+            await raw.aclose()
+            await store.aclose()
+    assert remembered >= (LAPSED_MEMORY_SECONDS - 60) * 1000
+
+
+async def test_a_sqlite_transaction_whose_commit_failed_is_rolled_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Else it stays open, and every later operation fails: "cannot start a transaction within a
+    transaction"."""
+
+    class CommitFailsOnce(sqlite3.Connection):
+        failed = False
+
+        def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+            if sql == "COMMIT" and not CommitFailsOnce.failed:
+                CommitFailsOnce.failed = True
+                raise sqlite3.OperationalError("disk I/O error")
+            return super().execute(sql, *args)
+
+    connect = sqlite3.connect
+    monkeypatch.setattr(sqlite3, "connect", lambda *a, **kw: connect(*a, **kw, factory=CommitFailsOnce))
+    store = SqliteStore(str(tmp_path / "ledger.db"))
+    with pytest.raises(StoreUnavailable, match="disk I/O error"):
+        await store.reserve([DAY], "a", 30)
+    standing = await store.reserve([DAY], "", 0)
+    await store.aclose()
+    assert standing.reserved == (0,)  # the failed transaction held nothing
+
+
 async def test_an_unreachable_store_says_so_and_names_itself_without_its_password(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("not a directory")
     sqlite = SqliteStore(str(tmp_path / "file" / "ledger.db"))
     with pytest.raises(StoreUnavailable, match=r"sqlite:"):
         await sqlite.reserve([DAY], "", 0)
-    closed = RedisStore("redis://:hunter2@127.0.0.1:1/0", timeout=0.5)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:hunter2@127.0.0.1:1/0", "redis://:***@127.0.0.1:1/0"),
+        # redis-py takes the password from the query too (and any connection argument, such as
+        # the TLS key's passphrase)
+        ("redis://127.0.0.1:1/0?password=hunter2", "redis://127.0.0.1:1/0?password=***"),
+        (
+            "rediss://alice:hunter2@127.0.0.1:1/0?ssl_password=hunter2&db=1",
+            "rediss://alice:***@127.0.0.1:1/0?ssl_password=***&db=1",
+        ),
+    ],
+)
+async def test_an_unreachable_redis_store_names_itself_without_its_password(url: str, shown: str) -> None:
+    closed = RedisStore(url, timeout=0.5)
     with pytest.raises(StoreUnavailable) as caught:
         await closed.reserve([DAY], "", 0)
-    assert "hunter2" not in str(caught.value)
-    assert caught.value.store == "redis://:***@127.0.0.1:1/0"
     await closed.aclose()
+    assert "hunter2" not in str(caught.value)
+    assert caught.value.store == closed.description == shown
 
 
 def test_store_urls() -> None:
@@ -224,6 +304,24 @@ def test_store_urls() -> None:
         open_store("sqlite://", lease_seconds=30, timeout=1)
     assert display_url("redis://user:pw@h:1/0") == "redis://user:***@h:1/0"
     assert display_url("rediss://h:1/0") == "rediss://h:1/0"
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("redis://:s3cret@redis:abc/0", "Port could not be cast to integer"),
+        ("redis://redis:99999/0", "Port out of range"),
+        ("redis://redis:6379/0?socket_timeout=abc", "Invalid value for 'socket_timeout'"),
+        ("redis://redis:6379/0?password=s3cret&sockettimeout=1", "keyword argument 'sockettimeout'"),
+    ],
+)
+def test_a_redis_url_it_cannot_use_is_a_config_error_without_its_password(url: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        open_store(url, lease_seconds=30, timeout=1)
+    message = str(caught.value)
+    assert message.startswith("--state-store (MCP_BACKFILL_STATE_STORE): ")
+    assert problem in message
+    assert "s3cret" not in message
 
 
 @given(
@@ -273,22 +371,58 @@ class LosingReplies:
             writer.close()
 
 
-async def test_a_redis_settlement_sent_again_after_its_reply_was_lost_charges_once() -> None:
-    """redis-py sends a script again when its reply is lost; the second run found no reservation and
-    charged the call in full once more."""
+SPENT = Limit("client:alice", (Allowance(100_000), Allowance(50_000, "day")))
+
+
+@asynccontextmanager
+async def losing_replies() -> AsyncIterator[tuple[RedisStore, LosingReplies]]:
+    """A Redis store behind a `LosingReplies` relay, its scripts loaded (a first run of each)."""
     async with redis_server() as redis:
         relay = LosingReplies(redis.port)
         listener = await asyncio.start_server(relay.serve, "127.0.0.1", 0)
         port = listener.sockets[0].getsockname()[1]
         store = RedisStore(f"redis://127.0.0.1:{port}/0")
-        limit = Limit("client:alice", (Allowance(100_000), Allowance(50_000, "day")))
         try:
-            await store.settle([limit], "warm-up", 0)  # the script is loaded
-            assert (await store.reserve([limit], "lease-1", 5000)).admitted
-            relay.lose_next = True
-            await store.settle([limit], "lease-1", 1000)
-            standing = await store.reserve([limit], "", 0)
+            await store.settle([SPENT], "warm-up", 0)
+            await store.reserve([SPENT], "", 0)
+            await store.admit([SPENT], [], "warm-up", "", 0)
+            yield store, relay
         finally:
             await store.aclose()
             listener.close()
+
+
+async def test_a_redis_settlement_sent_again_after_its_reply_was_lost_charges_once() -> None:
+    """redis-py sends a script again when its reply is lost; the second run found no reservation and
+    charged the call in full once more."""
+    async with losing_replies() as (store, relay):
+        assert (await store.reserve([SPENT], "lease-1", 5000)).admitted
+        relay.lose_next = True
+        await store.settle([SPENT], "lease-1", 1000)
+        standing = await store.reserve([SPENT], "", 0)
     assert standing.used == ((1000, 1000),)
+
+
+async def test_a_redis_reservation_sent_again_after_its_reply_was_lost_is_not_refused_by_itself() -> None:
+    """The second run counted the reservation the first had made for the same lease: the call was
+    refused by its own reservation, which nobody settled: it lapsed and was charged whole."""
+    async with losing_replies() as (store, relay):
+        relay.lose_next = True
+        standing = await store.reserve([SPENT], "lease-1", 50_000)  # the whole day's allowance
+        assert (standing.admitted, standing.reserved) == (True, (0,))  # as the first run saw it
+        await store.settle([SPENT], "lease-1", 1000)
+        standing = await store.reserve([SPENT], "", 0)
+    assert (standing.used, standing.reserved) == (((1000, 1000),), (0,))
+
+
+async def test_a_redis_admission_sent_again_after_its_reply_was_lost_is_not_refused_by_itself() -> None:
+    """The second run counted the first's rate admission (and reservation): the request was refused
+    by its own admission, and the reservation the first run held was never settled."""
+    async with losing_replies() as (store, relay):
+        relay.lose_next = True
+        standing, refusal = await store.admit([SPENT], [Rate(SPENT.key, 1)], "member-1", "lease-1", 400)
+        assert (standing.admitted, refusal, standing.reserved) == (True, None, (0,))
+        await store.settle([SPENT], "lease-1", 100)
+        standing, refusal = await store.admit([SPENT], [Rate(SPENT.key, 1)], "member-2")
+        assert refusal is not None  # the first admission counts, once
+    assert (standing.used, standing.reserved) == (((100, 100),), (0,))

@@ -558,7 +558,10 @@ class Spend:
         member, rates, limits = self.new_lease(), [account.rate for account in accounts], shared.limits
         lease, amount = (self.new_lease(), first.total) if first is not None else ("", 0)
         (standing, refusal), store = await self.link.run(
-            "admit", self.store, lambda store: store.admit(limits, rates, member, lease, amount)
+            "admit",
+            self.store,
+            lambda store: store.admit(limits, rates, member, lease, amount),
+            holding=(limits, lease),
         )
         self._saw(shared, standing)
         if refusal is not None:
@@ -588,7 +591,10 @@ class Spend:
         error; returns the store that holds it. An amount of 0 only checks."""
         limits = stake.limits
         standing, store = await self.link.run(
-            "reserve", stake.store, lambda store: store.reserve(limits, lease, amount)
+            "reserve",
+            stake.store,
+            lambda store: store.reserve(limits, lease, amount),
+            holding=(limits, lease if amount > 0 else ""),
         )
         self._saw(stake, standing)
         if amount > 0:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TypeVar
@@ -47,22 +48,34 @@ class StoreLink:
         """Told of each operation on a shared store: its name, seconds taken, and whether it worked."""
         self.held: dict[tuple[str, str], Held] = {}
         self._unsettled: list[tuple[tuple[Limit, ...], str, int]] = []
+        self._releases: deque[tuple[float, tuple[Limit, ...], str]] = deque()
+        """Settlements of 0 tokens the store missed, with when they stop mattering (see `_missed`)."""
         self._background: TaskGroup | None = None
 
     @property
     def unsettled(self) -> int:
-        return len(self._unsettled)
+        return len(self._unsettled) + len(self._releases)
 
     async def run(
-        self, name: str, store: LedgerStore, op: Callable[[LedgerStore], Awaitable[T]]
+        self,
+        name: str,
+        store: LedgerStore,
+        op: Callable[[LedgerStore], Awaitable[T]],
+        *,
+        holding: tuple[tuple[Limit, ...], str] = ((), ""),
     ) -> tuple[T, LedgerStore]:
-        """Operation `name` (`op`) on `store`, and the store that answered it."""
+        """Operation `name` (`op`) on `store`, and the store that answered it. An operation that
+        may hold a reservation (`holding`: its limits and lease) and ends without an answer
+        releases it (see `_release_unanswered`)."""
         if not store.shared:
             return await op(store), store
         started = time.perf_counter()
         try:
             result = await op(store)
-        except StoreUnavailable as exc:
+        except BaseException as exc:
+            await self._release_unanswered(store, *holding)
+            if not isinstance(exc, StoreUnavailable):
+                raise
             self._observe(store, name, started, ok=False)
             if self.outage is None:
                 log.error("state store unavailable", extra={"store": exc.store, "error": exc.cause})
@@ -81,6 +94,16 @@ class StoreLink:
             log.info("state store available again", extra={"store": store.description})
             self.outage = None
         return result, store
+
+    async def _release_unanswered(self, store: LedgerStore, limits: tuple[Limit, ...], lease: str) -> None:
+        """Settle `lease` for nothing after its operation ended without an answer (cancelled, or its
+        reply lost): the store may hold it all the same, and nobody else would settle it, so it
+        would lapse and be charged whole for a call never made. Like any settlement: shielded,
+        bounded by `SETTLE_TIMEOUT_SECONDS`, in the background, and retried if the store missed it
+        (see `_missed`); a lease the store never held costs nothing."""
+        if lease:
+            with anyio.CancelScope(shield=True):
+                await self.settle(store, limits, lease, 0, wait=False)
 
     def hold(self, store: LedgerStore, kind: str, key: str, lease: str) -> None:
         """Keep a lease of a shared store alive until `let_go`."""
@@ -111,15 +134,28 @@ class StoreLink:
         except (StoreUnavailable, TimeoutError) as exc:
             self._observe(store, "settle", started, ok=False)
             # Charged later, when the store is back; meanwhile the reservation lapses there.
-            self._unsettled.append((limits, lease, tokens))
-            log.error(
+            self._missed(limits, lease, tokens)
+            (log.error if tokens else log.debug)(
                 "state store missed a settlement; it is retried until the store is back",
                 extra={"store": store.description, "tokens": tokens, "error": str(exc)},
             )
-            if self.policy == "local":
+            if self.policy == "local" and tokens:  # (not a release: the lease may be held here)
                 await self.fallback.settle(limits, lease, tokens)
         else:
             self._observe(store, "settle", started, ok=True)
+
+    def _missed(self, limits: tuple[Limit, ...], lease: str, tokens: int) -> None:
+        """Keep a settlement the store missed for `_flush`. One of 0 tokens (a release) matters only
+        while the store may hold its lease: once that lapsed, the store charged it whole, and a late
+        settlement charges only what the call cost beyond it, nothing. So a release is kept no
+        longer than a lease lasts, and an outage refusing many requests keeps few."""
+        if tokens:
+            self._unsettled.append((limits, lease, tokens))
+            return
+        now = time.monotonic()
+        while self._releases and self._releases[0][0] <= now:
+            self._releases.popleft()
+        self._releases.append((now + self.store.lease_seconds, limits, lease))
 
     async def release_slot(self, store: LedgerStore, key: str, holder: str) -> None:
         """Give a slot back; one the store misses lapses there with its lease."""
@@ -166,6 +202,14 @@ class StoreLink:
                     log.debug("state store upkeep failed", extra={"error": exc.cause})
 
     async def _flush(self) -> None:
+        while self._releases:
+            until, limits, lease = self._releases[0]
+            if until > time.monotonic():
+                try:
+                    await self.store.settle(limits, lease, 0)
+                except StoreUnavailable:
+                    return
+            self._releases.popleft()
         while self._unsettled:
             limits, lease, tokens = self._unsettled[0]
             try:

@@ -22,13 +22,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
 
+from mcp_backfill.config import hide_url_credentials as display_url
 from mcp_backfill.errors import StoreUnavailable
 from mcp_backfill.options import BUDGET_WINDOWS
 from mcp_backfill.sampling.store import (
@@ -45,8 +45,9 @@ from mcp_backfill.sampling.store import (
 __all__ = ["RedisStore", "display_url"]
 
 # How long a settled lease is remembered, so that the settlement sent again (its reply lost, then
-# retried by redis-py or, after an outage, by the store link) charges nothing: one entry per call.
-SETTLED_MEMORY_SECONDS = 3600.0
+# retried by redis-py or, after an outage, by the store link) charges nothing: one entry per call
+# and payer. As long as a lapsed lease is remembered: a late settlement counts on that memory too.
+SETTLED_MEMORY_SECONDS = LAPSED_MEMORY_SECONDS
 
 _NOW = """
 local t = redis.call('TIME')
@@ -102,9 +103,21 @@ local function reserved(p, payer, allowances, now_ms)
   for _, value in ipairs(redis.call('HVALS', amounts)) do sum = sum + tonumber(value) end
   return sum
 end
+-- Whether `lease` is held already: then this script is one redis-py sent again because the first
+-- run's reply was lost, and it answers as that run did (admitted, its own reservation not counted
+-- in `reserved_by`) rather than be refused by it and leave it to lapse and be charged whole.
+local function held_already(p, payers, lease, reserved_by)
+  if #payers == 0 or not redis.call('ZSCORE', p .. 'res:' .. payers[1], lease) then return false end
+  for i, payer in ipairs(payers) do
+    reserved_by[i] = reserved_by[i] - tonumber(redis.call('HGET', p .. 'resamt:' .. payer, lease) or '0')
+  end
+  return true
+end
 -- Hold `amount` for `lease` on every payer's budget until `expiry_ms` (renewed while its holder lives).
+-- A lease settled already is not held: its holder gave up waiting for this script's reply and
+-- released it, on another connection, and that release overtook it.
 local function hold(p, payers, lease, amount, expiry_ms)
-  if amount <= 0 then return end
+  if amount <= 0 or #payers == 0 or redis.call('ZSCORE', p .. 'settled:' .. payers[1], lease) then return end
   for _, payer in ipairs(payers) do
     redis.call('ZADD', p .. 'res:' .. payer, expiry_ms, lease)
     redis.call('HSET', p .. 'resamt:' .. payer, lease, amount)
@@ -143,7 +156,11 @@ RESERVE = (
     + """
 local p, lease, amount, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local admitted, payers, used, reserved_by = standing(p, 5, now_ms)
-if admitted then hold(p, payers, lease, amount, now_ms + ttl) end
+if amount > 0 and held_already(p, payers, lease, reserved_by) then
+  admitted = true
+elseif admitted then
+  hold(p, payers, lease, amount, now_ms + ttl)
+end
 return {admitted and 1 or 0, now_ms, cjson.encode(used), cjson.encode(reserved_by)}
 """
 )
@@ -155,11 +172,21 @@ ADMIT = (
     + _LEDGER
     + _STANDING
     + """
+-- Whether a rate limit counted `member` already: a script sent again (see held_already).
+local function counted_already(p, count, member)
+  for index = 0, count - 1 do
+    local key, most = p .. 'rate:' .. ARGV[8 + 2 * index], tonumber(ARGV[9 + 2 * index])
+    if most > 0 and redis.call('ZSCORE', key, member) then return true end
+  end
+  return false
+end
 local p, member, window = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local lease, amount, ttl, count = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local admitted, payers, used, reserved_by = standing(p, 8 + 2 * count, now_ms)
 local refused, retry = -1, 0
-if admitted then
+if (amount > 0 and held_already(p, payers, lease, reserved_by)) or counted_already(p, count, member) then
+  admitted = true
+elseif admitted then
   for index = 0, count - 1 do
     local key, most = p .. 'rate:' .. ARGV[8 + 2 * index], tonumber(ARGV[9 + 2 * index])
     if most > 0 then
@@ -246,18 +273,6 @@ return 1
 )
 
 
-def display_url(url: str) -> str:
-    """The URL without its password (for logs and errors)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username + ':***@' if parts.username else ':***@'}{host}"
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 class RedisStore:
     """A `LedgerStore` in the Redis server at `url` (`redis://`, `rediss://`, `unix://`).
 
@@ -285,6 +300,9 @@ class RedisStore:
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=2),
             health_check_interval=30,
         )
+        # A connection is built (not connected) now, so that a URL parameter it does not take is
+        # found at startup (`TypeError`), like a bad port or value (`ValueError`), not by a request.
+        self._client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
         self._scripts = {
             name: self._client.register_script(source)
             for name, source in (

@@ -108,16 +108,27 @@ class SqliteStore:
                 db.execute("BEGIN IMMEDIATE")
                 try:
                     result = work(db, self._clock())
+                    db.execute("COMMIT")
                 except BaseException:
-                    db.execute("ROLLBACK")
+                    self._roll_back(db)
                     raise
-                db.execute("COMMIT")
                 return result
 
         try:
             return await anyio.to_thread.run_sync(transaction)
         except (sqlite3.Error, OSError) as exc:
             raise StoreUnavailable(self.description, str(exc)) from None
+
+    def _roll_back(self, db: sqlite3.Connection) -> None:
+        """End a transaction that failed, its COMMIT included: one left open fails every later
+        operation ("cannot start a transaction within a transaction"). A connection that cannot even
+        roll back is closed, and the next operation opens a new one."""
+        try:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+        except sqlite3.Error:
+            db.close()
+            self._db = None
 
     def _reserved(self, db: sqlite3.Connection, limit: Limit, now: float) -> int:
         """What calls in flight hold; a lease whose holder stopped renewing it lapses, and its whole
