@@ -184,7 +184,7 @@ async def run_sidecar(config: Config) -> int:
     if audit is not None:
         metrics.gauge(
             "mcp_backfill_audit_lines_dropped_total",
-            "audit log lines dropped because the disk could not keep up",
+            "audit log lines dropped: the disk could not keep up or refused the write",
             lambda: [((), audit.dropped)],
             kind="counter",
         )
