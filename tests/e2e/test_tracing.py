@@ -20,7 +20,15 @@ from mcp import Client
 from mcp_types import RequestParamsMeta
 
 from tests.fake_claude import FakeClaude, text_reply
-from tests.harness import EXAMPLES, proxy_argv, proxy_env, raw_proxy, stdio_params
+from tests.harness import (
+    EXAMPLES,
+    initialize_params,
+    proxy_argv,
+    proxy_env,
+    python_server,
+    raw_proxy,
+    stdio_params,
+)
 from tests.otlp_receiver import ReceivedSpan, otlp_receiver
 from tests.sidecar_harness import run_sidecar
 
@@ -147,3 +155,23 @@ async def test_the_sidecar_names_the_session_in_its_spans() -> None:
     [chat] = named(spans, "chat ")
     assert chat.parent_span_id == sampling.span_id
     assert chat.attributes["gen_ai.provider.name"] == "mock"
+
+
+async def test_odd_requests_are_relayed_with_tracing_on() -> None:
+    """A `_meta.baggage` with a lone surrogate (valid JSON: "\\ud800") makes the SDK's propagator
+    raise: the request goes on as one without a context (a new trace), and the session with it.
+    Positional `params` have no `_meta` to carry a context: they go on as they came."""
+    with otlp_receiver() as receiver:
+        argv = proxy_argv("--provider", "mock", upstream=python_server("echo_server.py"))
+        async with raw_proxy(argv, otel_env(receiver.endpoint)) as session:
+            await session.request(0, "initialize", initialize_params())
+            await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            meta = {"traceparent": TRACEPARENT, "baggage": "k=\ud800"}
+            odd = await session.request(1, "tools/list", {"_meta": meta})
+            forwarded = odd["result"]["echo"]["params"]["_meta"]
+            assert TRACE_ID not in forwarded["traceparent"]
+            assert forwarded["baggage"] == "k=\ud800"
+            positional = await session.request(2, "x/positional", [1, "two", None])
+            assert positional["result"]["echo"]["params"] == [1, "two", None]
+            await session.close_stdin()
+            assert await session.wait(30) == 0, session.stderr()
