@@ -285,6 +285,7 @@ class Config:
         return (
             tuple(s.value for s in held if s is not None and s.value)
             + tuple(v for v in headers if v)
+            + upstream_header_secrets(self.api_headers)  # `Bearer <token>`: the bare token too
             + self._store_secrets()
         )
 
@@ -344,7 +345,8 @@ def check_api_base_url(url: str) -> None:
 
 
 def upstream_header_secrets(headers: Sequence[tuple[str, str]]) -> tuple[str, ...]:
-    """The values (and bare tokens, as in `Bearer <token>`) of headers that look like credentials."""
+    """The values (and bare tokens, as in `Bearer <token>`) of headers that look like credentials:
+    a server or gateway that refuses one may echo the token alone."""
     found: list[str] = []
     for name, value in headers:
         if _CREDENTIAL_HEADER.search(name) and value:
@@ -408,9 +410,11 @@ def read_secret_files(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def custom_header_secrets(environ: Mapping[str, str]) -> tuple[Secret, ...]:
-    """The values of `ANTHROPIC_CUSTOM_HEADERS` (`Name: value` lines), to be redacted like a key."""
-    raw = environ.get(CUSTOM_HEADERS_ENV_VAR, "")
-    values = (line.partition(":")[2].strip() for line in raw.splitlines())
+    """The values of `ANTHROPIC_CUSTOM_HEADERS` (`Name: value` lines), to be redacted like a key,
+    with the bare tokens of those that look like credentials (as `--upstream-header`'s)."""
+    lines = (line.partition(":") for line in environ.get(CUSTOM_HEADERS_ENV_VAR, "").splitlines())
+    headers = [(name.strip(), value.strip()) for name, _, value in lines]
+    values = (*(value for _, value in headers), *upstream_header_secrets(headers))
     return tuple(Secret(value) for value in values if value)
 
 
