@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,13 +21,17 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from mcp_backfill import protocol, telemetry
-from mcp_backfill.errors import ConfigError, ProviderError
+from mcp_backfill import assembly, protocol, telemetry
+from mcp_backfill.errors import ConfigError, ProviderError, SamplingError
 from mcp_backfill.providers.mock import MockProvider
 from mcp_backfill.relay.tracing import RequestTraces, with_trace_context
+from mcp_backfill.sampling.audit import AuditLog
 from mcp_backfill.sampling.provider import ProgressCallback, UsageMeter
+from mcp_backfill.sampling.sampler import Sampler
+from mcp_backfill.sampling.spend import Spend
 from mcp_backfill.telemetry import ChatOutcome, NoTelemetry, otel, traces_requested
 from mcp_backfill.telemetry.otel import OtelTelemetry
+from tests.defaults import CONFIG, SPEND
 from tests.unit.test_relay_flows import (
     ELICIT,
     HELLO,
@@ -267,6 +272,25 @@ def test_the_sdk_is_not_imported_unless_tracing_is_on() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
     assert done.stdout.strip() == "[]"
+
+
+async def test_a_refused_request_keeps_its_prompt_out_of_the_span_and_the_audit_log(
+    spans: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    """The content as a bare string, a common server mistake: the -32602 that refuses it goes into
+    the span status and the audit log (which holds no contents without --audit-content)."""
+    audit = AuditLog(str(tmp_path / "audit.jsonl"))
+    sampler = Sampler(MockProvider(), assembly.sampler_settings(CONFIG), spend=Spend(SPEND), audit=audit)
+    prompt = {"messages": [{"role": "user", "content": "Patient Jane Roe, diagnosis X"}], "maxTokens": 50}
+    async with audit.running():
+        with pytest.raises(SamplingError):
+            await sampler.sample(prompt, request_id=1)
+    line = (tmp_path / "audit.jsonl").read_text()
+    assert '"refused"' in line
+    [chat] = spans.get_finished_spans()
+    assert chat.status.description is not None
+    assert "<string, 29 characters>" in chat.status.description
+    assert [text for text in (line, chat.status.description) if "Jane" in text] == []
 
 
 class OverloadedProvider(MockProvider):

@@ -168,10 +168,31 @@ def test_content_of_wrong_shape(content: Any) -> None:
     rejected(params({"role": "user", "content": content}), "messages[0].content must be a content block")
 
 
+@pytest.mark.parametrize(
+    ("content", "shown"),
+    [
+        (
+            "Patient Jane Roe, DOB 1970-01-01",
+            "content must be a content block or an array of blocks, got <string, 32 characters>",
+        ),
+        (["Jane Roe"], "content[0] must be a content block object, got <string, 8 characters>"),
+        ({"type": "Jane"}, "unknown content type <string, 4 characters>"),
+        ({"text": "Jane"}, "unknown content type null"),
+        (42, "got 42"),
+        (True, "got true"),
+    ],
+)
+def test_a_bad_value_is_described_not_quoted(content: Any, shown: str) -> None:
+    """The message reaches the server, the logs, the span status and the audit log, and a misplaced
+    string is often the prompt itself: strings are described by their length, never quoted."""
+    error = rejected(params({"role": "user", "content": content}), shown)
+    assert "Jane" not in error.message
+
+
 def test_unknown_block_type_names_the_block() -> None:
     rejected(
         params(user(text()), assistant(text(), {"type": "thinking", "thinking": "hmm"})),
-        'messages[1].content[1]: unknown content type "thinking"',
+        "messages[1].content[1]: unknown content type <string, 8 characters>",
     )
 
 
@@ -240,8 +261,7 @@ def test_tool_results_mixed_with_other_content() -> None:
 def test_tool_use_answered_by_plain_user_message() -> None:
     rejected(
         params(user(text()), assistant(tool_use("a")), user(text("never mind"))),
-        "messages[1]: Tool result missing in request",
-        '"a"',
+        "messages[1]: Tool result missing in request: tool_use id(s) <string, 1 character> must",
         "messages[2] does not answer them all",
     )
 
@@ -265,8 +285,7 @@ def test_tool_use_in_last_message() -> None:
 def test_partially_answered_parallel_tool_uses() -> None:
     rejected(
         params(user(text()), assistant(tool_use("a"), tool_use("b")), user(tool_result("a"))),
-        "Tool result missing in request",
-        '"b"',
+        "Tool result missing in request: tool_use id(s) <string, 1 character> must",
     )
 
 
@@ -280,12 +299,12 @@ def test_tool_result_answered_two_messages_later() -> None:
 def test_tool_result_for_unknown_id() -> None:
     rejected(
         params(user(text()), assistant(tool_use("a")), user(tool_result("a"), tool_result("zzz"))),
-        'messages[2].content[1]: tool_result toolUseId "zzz" matches no preceding tool_use',
+        "messages[2].content[1]: tool_result toolUseId <string, 3 characters> matches no preceding tool_use",
     )
 
 
 def test_tool_result_without_any_tool_use() -> None:
-    rejected(params(user(tool_result("a"))), 'toolUseId "a" matches no preceding tool_use')
+    rejected(params(user(tool_result("a"))), "toolUseId <string, 1 character> matches no preceding tool_use")
 
 
 def test_tool_result_for_an_already_answered_id() -> None:
@@ -297,21 +316,21 @@ def test_tool_result_for_an_already_answered_id() -> None:
             assistant(text("ok")),
             user(tool_result("a")),
         ),
-        'messages[4].content[0]: tool_result toolUseId "a" was answered earlier',
+        "messages[4].content[0]: tool_result toolUseId <string, 1 character> was answered earlier",
     )
 
 
 def test_duplicate_tool_result_in_one_message() -> None:
     rejected(
         params(user(text()), assistant(tool_use("a")), user(tool_result("a"), tool_result("a"))),
-        'messages[2].content[1]: duplicate tool_result for tool_use id "a"',
+        "messages[2].content[1]: duplicate tool_result for tool_use id <string, 1 character>",
     )
 
 
 def test_duplicate_tool_use_ids_in_one_message() -> None:
     rejected(
         params(user(text()), assistant(tool_use("a"), tool_use("a"))),
-        'messages[1].content[1]: duplicate tool_use id "a"',
+        "messages[1].content[1]: duplicate tool_use id <string, 1 character>",
     )
 
 
@@ -324,7 +343,7 @@ def test_duplicate_tool_use_ids_across_turns() -> None:
             assistant(tool_use("a")),
             user(tool_result("a")),
         ),
-        'messages[3].content[0]: duplicate tool_use id "a" (already used in messages[1])',
+        "messages[3].content[0]: duplicate tool_use id <string, 1 character> (already used in messages[1])",
     )
 
 
@@ -463,7 +482,7 @@ def test_tool_without_string_name(tool: dict[str, Any]) -> None:
 def test_duplicate_tool_names() -> None:
     rejected(
         params(user(text()), tools=[WEATHER_TOOL, {"name": "x"}, {"name": "get_weather"}]),
-        'tools[2].name "get_weather" duplicates tools[0].name',
+        "tools[2].name <string, 11 characters> duplicates tools[0].name",
     )
 
 

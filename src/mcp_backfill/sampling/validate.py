@@ -361,6 +361,23 @@ def _missing_results(pending: Mapping[str, int], index: int | None) -> SamplingE
 
 
 def _show(value: Any, limit: int = 60) -> str:
-    """A short JSON rendering of a bad value for an error message."""
-    text = json.dumps(value, ensure_ascii=False, default=repr)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """A bad value for an error message, by its kind and size: `<string, 40 characters>`.
+
+    The message reaches the server, the logs, span statuses and the audit log (which keeps message
+    contents out without `--audit-content`), and a misplaced string is often the prompt itself: no
+    string (nor anything holding one) is quoted. Numbers, booleans and null are shown as they are.
+    """
+    if isinstance(value, str):
+        return f"<string, {_count(len(value), 'character')}>"
+    if isinstance(value, list | tuple):
+        return f"<array, {_count(len(value), 'item')}>"
+    if isinstance(value, Mapping):
+        return f"<object, {_count(len(value), 'key')}>"
+    if value is None or isinstance(value, bool | int | float):
+        text = json.dumps(value)
+        return text if len(text) <= limit else text[: limit - 1] + "…"
+    return f"<{type(value).__name__}>"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
