@@ -10,7 +10,9 @@ the API call below that.
 
 from __future__ import annotations
 
+import socket
 import sys
+import time
 from collections.abc import Sequence
 from typing import cast
 
@@ -175,3 +177,22 @@ async def test_odd_requests_are_relayed_with_tracing_on() -> None:
             assert positional["result"]["echo"]["params"] == [1, "two", None]
             await session.close_stdin()
             assert await session.wait(30) == 0, session.stderr()
+
+
+async def test_a_collector_that_does_not_answer_delays_the_exit_by_two_seconds_at_most() -> None:
+    """The client closes stdin and waits for the proxy to exit; the collector accepts connections
+    and never answers, so the last batch's export would take the exporter's whole timeout."""
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(50)  # the kernel accepts; nobody answers
+        env = otel_env(f"http://127.0.0.1:{hung.getsockname()[1]}")
+        async with raw_proxy(proxy_argv("--provider", "mock", upstream=WEATHER), env) as session:
+            await session.request(0, "initialize", initialize_params())
+            await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            await session.request(1, "tools/list")
+            await anyio.sleep(0.5)  # a batch is on its way to the collector
+            start = time.monotonic()
+            await session.close_stdin()
+            await session.wait(30)
+            took = time.monotonic() - start
+    assert took < 3.5, f"exited {took:.1f} s after stdin closed"

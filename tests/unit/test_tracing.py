@@ -8,6 +8,8 @@ import copy
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
@@ -442,3 +444,26 @@ def test_a_tracestate_goes_with_its_traceparent_only(spans: InMemorySpanExporter
     invalid = traced_meta({"traceparent": "00-not-a-valid-parent", "tracestate": "vendor=stale"})["_meta"]
     assert invalid["traceparent"].startswith("00-")
     assert "tracestate" not in invalid, invalid
+
+
+class StuckProcessor(SpanProcessor):
+    """A processor whose exporter never gets through (a collector that hangs)."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+
+    def shutdown(self) -> None:
+        self.released.wait(30)
+
+
+def test_shutdown_waits_for_the_exporter_a_bounded_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(otel, "SHUTDOWN_SECONDS", 0.2)
+    provider = TracerProvider()
+    stuck = StuckProcessor()
+    provider.add_span_processor(stuck)
+    start = time.monotonic()
+    try:
+        OtelTelemetry(provider).shutdown()
+        assert time.monotonic() - start < 2
+    finally:
+        stuck.released.set()

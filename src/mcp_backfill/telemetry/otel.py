@@ -15,6 +15,7 @@ Spans, with the attribute names of the MCP and generative-AI semantic convention
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -37,6 +38,9 @@ DEFAULT_SERVICE_NAME = "mcp-backfill"
 PROVIDER_NAMES = {"anthropic": "anthropic", "bedrock": "aws.bedrock", "vertex": "gcp.vertex_ai"}
 # Requests whose `params.name` is a low-cardinality target for the span name.
 NAMED_TARGETS = {protocol.TOOLS_CALL: "gen_ai.tool.name", protocol.PROMPTS_GET: "gen_ai.prompt.name"}
+
+SHUTDOWN_SECONDS = 2.0
+"""The longest the exit waits for the spans still buffered to be exported."""
 
 log = get_logger("telemetry")
 
@@ -208,7 +212,17 @@ class OtelTelemetry:
             yield OtelChatSpan(span)
 
     def shutdown(self) -> None:
-        self.provider.shutdown()
+        """Export what is buffered, waiting `SHUTDOWN_SECONDS` at most: a collector that is down or
+        hangs would otherwise hold the exit for the exporter's whole timeout and retries (10 s by
+        default) while the client waits for the proxy to go. Spans still unexported are lost."""
+        flushing = threading.Thread(target=self.provider.shutdown, name="otel-shutdown", daemon=True)
+        flushing.start()
+        flushing.join(SHUTDOWN_SECONDS)
+        if flushing.is_alive():
+            log.warning(
+                "the trace exporter did not finish in time; spans not yet exported are lost",
+                extra={"seconds": SHUTDOWN_SECONDS},
+            )
 
 
 def from_environment(environ: Mapping[str, str], *, make_global: bool = True) -> OtelTelemetry:
