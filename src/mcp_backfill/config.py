@@ -164,6 +164,9 @@ class Config:
     # Cloud credentials and ANTHROPIC_CUSTOM_HEADERS values found in the environment, only so that
     # logs and errors can redact them.
     platform_secrets: tuple[Secret, ...] = ()
+    # Credentials in the OTLP exporter's OTEL_* variables (endpoint URL, headers), only so that logs
+    # can redact them: the SDK's warning about a failed export quotes the URL.
+    telemetry_secrets: tuple[Secret, ...] = ()
     # `mcp-backfill serve`: the streamable-HTTP front and its security and operations settings.
     front: Front = "stdio"
     host: str = DEFAULTS["host"]
@@ -262,7 +265,11 @@ class Config:
 
     def secrets(self) -> tuple[str, ...]:
         """Every secret value, for the log redaction filter."""
-        return self._proxy_secrets() + upstream_header_secrets(self.upstream_headers)
+        return (
+            self._proxy_secrets()
+            + upstream_header_secrets(self.upstream_headers)
+            + tuple(secret.value for secret in self.telemetry_secrets)
+        )
 
     def _store_secrets(self) -> tuple[str, ...]:
         """The state store URL's password (the URL itself is logged without it)."""

@@ -42,6 +42,7 @@ CLIENT_SPAN = "b7ad6b7169203331"
 TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
 # An open map on the wire (`extra_items=Any`), which mypy does not model yet.
 CLIENT_META = cast(RequestParamsMeta, {"traceparent": TRACEPARENT})
+COLLECTOR_KEY = "otlp-ingest-SECRET-9f8e7d6c5b4a"
 
 
 def otel_env(endpoint: str, fake_url: str | None = None) -> dict[str, str]:
@@ -196,3 +197,23 @@ async def test_a_collector_that_does_not_answer_delays_the_exit_by_two_seconds_a
             await session.wait(30)
             took = time.monotonic() - start
     assert took < 3.5, f"exited {took:.1f} s after stdin closed"
+
+
+async def test_a_key_in_the_collector_url_stays_out_of_the_log() -> None:
+    """Some collectors take their key in the URL; the SDK's warning about a failed export quotes
+    the URL it tried (`Max retries exceeded with url: /v1/traces?token=...`)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]  # nothing listens once the socket is closed
+    endpoint = f"http://127.0.0.1:{closed_port}/v1/traces?token={COLLECTOR_KEY}"
+    env = proxy_env(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=endpoint, OTEL_BSP_SCHEDULE_DELAY="50")
+    async with raw_proxy(proxy_argv("--provider", "mock", upstream=WEATHER), env) as session:
+        await session.request(0, "initialize", initialize_params())
+        await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        await session.request(1, "tools/list")
+        await anyio.sleep(1.5)  # the batch is exported, and fails, at least once
+        await session.close_stdin()
+        await session.wait(30)
+        stderr = session.stderr()
+    assert "Transient error" in stderr or "Failed to export" in stderr, stderr
+    assert COLLECTOR_KEY not in stderr, stderr[-800:]
