@@ -14,10 +14,11 @@ from typing import Any, NoReturn
 
 import anyio
 
-from mcp_backfill import __version__
+from mcp_backfill import __version__, telemetry
 from mcp_backfill.config import (
     PLATFORM_SECRET_ENV_VARS,
     Config,
+    Secret,
     custom_header_secrets,
     looks_like_a_placeholder,
     read_secret_files,
@@ -142,6 +143,7 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
             secret for name in PLATFORM_SECRET_ENV_VARS if (secret := secret_from_env(environ, name))
         )
         + custom_header_secrets(environ),
+        telemetry_secrets=tuple(Secret(value) for value in telemetry.export_secrets(environ)),
         front="http" if serve else "stdio",
         **values,
     )

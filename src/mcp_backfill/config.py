@@ -168,6 +168,9 @@ class Config:
     # Cloud credentials and ANTHROPIC_CUSTOM_HEADERS values found in the environment, only so that
     # logs and errors can redact them.
     platform_secrets: tuple[Secret, ...] = ()
+    # Credentials in the OTLP exporter's OTEL_* variables (endpoint URL, headers), only so that logs
+    # can redact them: the SDK's warning about a failed export quotes the URL.
+    telemetry_secrets: tuple[Secret, ...] = ()
     # `mcp-backfill serve`: the streamable-HTTP front and its security and operations settings.
     front: Front = "stdio"
     host: str = DEFAULTS["host"]
@@ -266,7 +269,11 @@ class Config:
 
     def secrets(self) -> tuple[str, ...]:
         """Every secret value, for the log redaction filter."""
-        return self._proxy_secrets() + upstream_header_secrets(self.upstream_headers)
+        return (
+            self._proxy_secrets()
+            + upstream_header_secrets(self.upstream_headers)
+            + tuple(secret.value for secret in self.telemetry_secrets)
+        )
 
     def _store_secrets(self) -> tuple[str, ...]:
         """The state store URL's credentials (the URL itself is logged without them)."""
@@ -286,6 +293,7 @@ class Config:
         return (
             tuple(s.value for s in held if s is not None and s.value)
             + tuple(v for v in headers if v)
+            + upstream_header_secrets(self.api_headers)  # `Bearer <token>`: the bare token too
             + self._store_secrets()
         )
 
@@ -345,7 +353,8 @@ def check_api_base_url(url: str) -> None:
 
 
 def upstream_header_secrets(headers: Sequence[tuple[str, str]]) -> tuple[str, ...]:
-    """The values (and bare tokens, as in `Bearer <token>`) of headers that look like credentials."""
+    """The values (and bare tokens, as in `Bearer <token>`) of headers that look like credentials:
+    a server or gateway that refuses one may echo the token alone."""
     found: list[str] = []
     for name, value in headers:
         if CREDENTIAL_NAME.search(name) and value:
@@ -437,9 +446,11 @@ def read_secret_files(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def custom_header_secrets(environ: Mapping[str, str]) -> tuple[Secret, ...]:
-    """The values of `ANTHROPIC_CUSTOM_HEADERS` (`Name: value` lines), to be redacted like a key."""
-    raw = environ.get(CUSTOM_HEADERS_ENV_VAR, "")
-    values = (line.partition(":")[2].strip() for line in raw.splitlines())
+    """The values of `ANTHROPIC_CUSTOM_HEADERS` (`Name: value` lines), to be redacted like a key,
+    with the bare tokens of those that look like credentials (as `--upstream-header`'s)."""
+    lines = (line.partition(":") for line in environ.get(CUSTOM_HEADERS_ENV_VAR, "").splitlines())
+    headers = [(name.strip(), value.strip()) for name, _, value in lines]
+    values = (*(value for _, value in headers), *upstream_header_secrets(headers))
     return tuple(Secret(value) for value in values if value)
 
 

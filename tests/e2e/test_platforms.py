@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import anyio
 import pytest
 
 from tests.e2e.faults_support import ask_sampling, echo_session
-from tests.fake_claude import FakeClaude, text_reply
+from tests.fake_claude import FakeClaude, error_reply, text_reply
 from tests.harness import ROOT, TEST_API_KEY, proxy_argv, proxy_env, python_server
 
 pytestmark = pytest.mark.anyio
@@ -49,6 +50,27 @@ async def test_gateway_headers_from_flags(fake_claude: FakeClaude) -> None:
     assert request.headers["x-route"] == "team-a, eu"
     assert request.headers["authorization"] == f"Bearer {TEST_API_KEY}"
     assert GATEWAY_SECRET not in log
+
+
+async def test_a_gateway_quoting_the_bare_token_of_a_header_is_redacted(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """The gateway refuses `Bearer <token>` and names the token alone in its error: the error the
+    server gets, the log and the audit log show `***`."""
+    fake_claude.enqueue(error_reply(401, "authentication_error", f"invalid gateway token {GATEWAY_SECRET}"))
+    audit = tmp_path / "audit.jsonl"
+    options = (
+        *("--api-header", f"X-Gateway-Authorization: Bearer {GATEWAY_SECRET}"),
+        *("--retry-max-attempts", "1", "--audit-log", str(audit)),
+    )
+    async with echo_session(fake_claude, *options) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+        log = session.stderr()
+    assert "invalid gateway token ***" in answer["error"]["message"], answer
+    places = {"to the server": answer["error"]["message"], "log": log, "audit": audit.read_text()}
+    assert [where for where, text in places.items() if GATEWAY_SECRET in text] == []
 
 
 async def test_gateway_headers_from_the_environment(fake_claude: FakeClaude) -> None:

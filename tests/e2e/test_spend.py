@@ -37,6 +37,7 @@ from tests.harness import (
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 SAMPLING_SERVER = python_server("sampling_server.py")
+ECHO_SERVER = python_server("echo_server.py")
 
 
 def client_for(fake: FakeClaude, *options: str) -> Client:
@@ -261,3 +262,24 @@ def test_an_unwritable_audit_log_stops_the_proxy_before_the_upstream_gets_anythi
     assert not got.exists()
     if started.exists():  # it got as far as starting (nearly always: the proxy fails later than that)
         assert not pid_alive(int(started.read_text()))
+
+
+async def test_a_sampling_request_id_utf8_cannot_encode_is_audited_and_the_proxy_goes_on(
+    tmp_path: Path,
+) -> None:
+    """A server's JSON-RPC id may be the string `"\\ud800"` (valid JSON): its audit line is written
+    with the escape, and the writer (the proxy with it) goes on to the next exchange."""
+    audit = tmp_path / "audit.jsonl"
+    argv = proxy_argv("--provider", "mock", "--audit-log", str(audit), upstream=ECHO_SERVER)
+    async with raw_proxy(argv, proxy_env()) as session:
+        await session.request(0, "initialize", initialize_params())
+        await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        ask = {"method": "sampling/createMessage", "params": plain_params(), "id": "\ud800"}
+        first = await session.request(1, "test/ask_client", ask)
+        assert "result" in first["result"]["client_response"], first
+        await anyio.sleep(0.5)  # the writer gets the line
+        second = await session.request(2, "test/ask_client", {**ask, "id": "ok-2"})
+        assert "result" in second["result"]["client_response"], second
+        await session.close_stdin()
+        assert await session.wait(30) == 0, session.stderr()
+    assert [line["request_id"] for line in audit_lines(audit)] == ["\ud800", "ok-2"]

@@ -10,7 +10,9 @@ the API call below that.
 
 from __future__ import annotations
 
+import socket
 import sys
+import time
 from collections.abc import Sequence
 from typing import cast
 
@@ -20,7 +22,15 @@ from mcp import Client
 from mcp_types import RequestParamsMeta
 
 from tests.fake_claude import FakeClaude, text_reply
-from tests.harness import EXAMPLES, proxy_argv, proxy_env, raw_proxy, stdio_params
+from tests.harness import (
+    EXAMPLES,
+    initialize_params,
+    proxy_argv,
+    proxy_env,
+    python_server,
+    raw_proxy,
+    stdio_params,
+)
 from tests.otlp_receiver import ReceivedSpan, otlp_receiver
 from tests.sidecar_harness import run_sidecar
 
@@ -32,6 +42,7 @@ CLIENT_SPAN = "b7ad6b7169203331"
 TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
 # An open map on the wire (`extra_items=Any`), which mypy does not model yet.
 CLIENT_META = cast(RequestParamsMeta, {"traceparent": TRACEPARENT})
+COLLECTOR_KEY = "otlp-ingest-SECRET-9f8e7d6c5b4a"
 
 
 def otel_env(endpoint: str, fake_url: str | None = None) -> dict[str, str]:
@@ -147,3 +158,62 @@ async def test_the_sidecar_names_the_session_in_its_spans() -> None:
     [chat] = named(spans, "chat ")
     assert chat.parent_span_id == sampling.span_id
     assert chat.attributes["gen_ai.provider.name"] == "mock"
+
+
+async def test_odd_requests_are_relayed_with_tracing_on() -> None:
+    """A `_meta.baggage` with a lone surrogate (valid JSON: "\\ud800") makes the SDK's propagator
+    raise: the request goes on as one without a context (a new trace), and the session with it.
+    Positional `params` have no `_meta` to carry a context: they go on as they came."""
+    with otlp_receiver() as receiver:
+        argv = proxy_argv("--provider", "mock", upstream=python_server("echo_server.py"))
+        async with raw_proxy(argv, otel_env(receiver.endpoint)) as session:
+            await session.request(0, "initialize", initialize_params())
+            await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            meta = {"traceparent": TRACEPARENT, "baggage": "k=\ud800"}
+            odd = await session.request(1, "tools/list", {"_meta": meta})
+            forwarded = odd["result"]["echo"]["params"]["_meta"]
+            assert TRACE_ID not in forwarded["traceparent"]
+            assert forwarded["baggage"] == "k=\ud800"
+            positional = await session.request(2, "x/positional", [1, "two", None])
+            assert positional["result"]["echo"]["params"] == [1, "two", None]
+            await session.close_stdin()
+            assert await session.wait(30) == 0, session.stderr()
+
+
+async def test_a_collector_that_does_not_answer_delays_the_exit_by_two_seconds_at_most() -> None:
+    """The client closes stdin and waits for the proxy to exit; the collector accepts connections
+    and never answers, so the last batch's export would take the exporter's whole timeout."""
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(50)  # the kernel accepts; nobody answers
+        env = otel_env(f"http://127.0.0.1:{hung.getsockname()[1]}")
+        async with raw_proxy(proxy_argv("--provider", "mock", upstream=WEATHER), env) as session:
+            await session.request(0, "initialize", initialize_params())
+            await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            await session.request(1, "tools/list")
+            await anyio.sleep(0.5)  # a batch is on its way to the collector
+            start = time.monotonic()
+            await session.close_stdin()
+            await session.wait(30)
+            took = time.monotonic() - start
+    assert took < 3.5, f"exited {took:.1f} s after stdin closed"
+
+
+async def test_a_key_in_the_collector_url_stays_out_of_the_log() -> None:
+    """Some collectors take their key in the URL; the SDK's warning about a failed export quotes
+    the URL it tried (`Max retries exceeded with url: /v1/traces?token=...`)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]  # nothing listens once the socket is closed
+    endpoint = f"http://127.0.0.1:{closed_port}/v1/traces?token={COLLECTOR_KEY}"
+    env = proxy_env(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=endpoint, OTEL_BSP_SCHEDULE_DELAY="50")
+    async with raw_proxy(proxy_argv("--provider", "mock", upstream=WEATHER), env) as session:
+        await session.request(0, "initialize", initialize_params())
+        await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        await session.request(1, "tools/list")
+        await anyio.sleep(1.5)  # the batch is exported, and fails, at least once
+        await session.close_stdin()
+        await session.wait(30)
+        stderr = session.stderr()
+    assert "Transient error" in stderr or "Failed to export" in stderr, stderr
+    assert COLLECTOR_KEY not in stderr, stderr[-800:]

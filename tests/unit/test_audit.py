@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -96,3 +98,67 @@ async def test_a_full_queue_drops_and_counts_lines_instead_of_growing(tmp_path: 
     async with audit.running():  # what was queued is still written
         pass
     assert [line["request_id"] for line in lines(path)] == [0, 1, 2]
+
+
+@pytest.mark.anyio
+async def test_a_lone_surrogate_is_written_escaped_and_the_writer_goes_on(tmp_path: Path) -> None:
+    """A server's request id may be `"\\ud800"` (JSON allows it, the relay's decoder accepts it):
+    UTF-8 has no form for it, and its line must not end the writer (and with it the proxy)."""
+    path = tmp_path / "audit.jsonl"
+    audit = AuditLog(str(path), include_content=True, secrets=[SECRET])
+    async with audit.running():
+        audit.record(AuditRecord(request_id=1, session="stdio"))
+        audit.record(AuditRecord(request_id="\ud800", session="stdio"), params={"text": f"\udfff {SECRET}"})
+        await anyio.sleep(0.2)
+        audit.record(AuditRecord(request_id=3, session="stdio"))
+    first, odd, last = lines(path)
+    assert (first["request_id"], odd["request_id"], last["request_id"]) == (1, "\ud800", 3)
+    assert odd["params"] == {"text": "\udfff ***"}
+    assert audit.dropped == 0
+
+
+@pytest.mark.anyio
+async def test_lines_the_file_refuses_are_counted_and_the_writer_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk: the rest of the batch is lost with the line that failed, and counted."""
+    path = tmp_path / "audit.jsonl"
+    audit = AuditLog(str(path))
+    real_write, failing = audit._file.write, [True]
+
+    def write(text: str) -> int:
+        if failing[0]:
+            raise OSError(28, "No space left on device")
+        return real_write(text)
+
+    monkeypatch.setattr(audit._file, "write", write)
+    for n in range(3):  # queued before the writer starts: one batch
+        audit.record(AuditRecord(request_id=n, session="s"))
+    async with audit.running():
+        for _ in range(50):
+            await anyio.sleep(0.02)
+            if audit.dropped == 3:
+                break
+        assert audit.dropped == 3
+        failing[0] = False
+        audit.record(AuditRecord(request_id="after", session="s"))
+    assert [line["request_id"] for line in lines(path)] == ["after"]
+
+
+@pytest.mark.anyio
+async def test_a_new_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    """With `--audit-content` it holds every prompt: not 0644 under the usual umask. A file that
+    exists keeps the mode its owner gave it."""
+    path, shared = tmp_path / "audit.jsonl", tmp_path / "shared.jsonl"
+    shared.touch()
+    shared.chmod(0o640)
+    old = os.umask(0o022)
+    try:
+        audits = [AuditLog(str(path), include_content=True), AuditLog(str(shared), include_content=True)]
+    finally:
+        os.umask(old)
+    for audit in audits:
+        async with audit.running():
+            pass
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o640

@@ -84,6 +84,22 @@ def test_anthropic_custom_headers_values_are_secrets() -> None:
     assert "gw-0123456789" not in repr(config)
 
 
+def test_the_bare_token_of_a_credential_api_header_is_a_secret_too() -> None:
+    """A gateway that refuses `Bearer <token>` may quote the token alone in its error, which reaches
+    the server, the log and the audit log: the token is redacted, as `--upstream-header`'s is."""
+    argv = ["--api-header", "X-Gateway-Authorization: Bearer gw-token-0123", "--", "s"]
+    env = KEY | {"ANTHROPIC_CUSTOM_HEADERS": "Authorization: Bearer custom-token-4567\nX-Route: eu west"}
+    secrets = set(parse_config(argv, env).secrets())
+    assert {
+        "Bearer gw-token-0123",
+        "gw-token-0123",
+        "Bearer custom-token-4567",
+        "custom-token-4567",
+    } <= secrets
+    assert "eu west" in secrets
+    assert "west" not in secrets  # a header that is no credential is a secret whole only
+
+
 @pytest.mark.parametrize(
     ("base_url", "message"),
     [

@@ -41,6 +41,7 @@ NOT_OPTIONS = {
     "api_base_url",
     "vertex_access_token",
     "platform_secrets",
+    "telemetry_secrets",
 }
 
 

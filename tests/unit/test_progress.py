@@ -7,9 +7,12 @@ from typing import Any
 
 import pytest
 
-from mcp_backfill import protocol
+from mcp_backfill import assembly, protocol
 from mcp_backfill.relay.progress import ProgressNotifier, progress_notifier
-from mcp_backfill.sampling.provider import StreamProgress
+from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress, UsageMeter
+from mcp_backfill.sampling.sampler import Sampler
+from mcp_backfill.sampling.spend import Spend
+from tests.defaults import CONFIG, SPEND
 
 pytestmark = pytest.mark.anyio
 
@@ -90,3 +93,73 @@ async def test_nothing_after_the_final_notification() -> None:
     wire.now += 1
     await report(StreamProgress(characters=9))
     assert len(wire.sent) == 1
+
+
+async def test_a_new_call_adds_up_even_when_it_starts_ahead() -> None:
+    """A continued `pause_turn` is another call: its characters add to the first call's, even when
+    its first report is already past where the first call ended."""
+    wire = Wire()
+    report = notifier(wire)
+    await report(StreamProgress(characters=10))
+    wire.now += 1
+    await report(StreamProgress(characters=30, call=2))
+    wire.now += 1
+    await report(StreamProgress(characters=35, call=2, done=True))
+    assert [p["progress"] for p in wire.params()] == [10, 40, 46]
+
+
+class Pausing:
+    """Streams as the anthropic provider does (progress per delta, `done` once its message is
+    complete); its first message pauses the turn, the continuation ends it."""
+
+    name = "pausing"
+
+    def __init__(self) -> None:
+        self.replies = [self.message("a" * 40, "pause_turn"), self.message("b" * 400, "end_turn")]
+
+    @staticmethod
+    def message(text: str, stop_reason: str) -> dict[str, Any]:
+        return {
+            "id": "msg",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-sonnet-5-5",
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": stop_reason,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 10, "output_tokens": 5},
+        }
+
+    async def create_message(
+        self,
+        request: dict[str, Any],
+        *,
+        on_progress: ProgressCallback | None = None,
+        meter: UsageMeter | None = None,
+    ) -> dict[str, Any]:
+        assert meter is not None
+        meter.begin_attempt()
+        reply = self.replies.pop(0)
+        characters = len(reply["content"][0]["text"])
+        if on_progress is not None:
+            await on_progress(StreamProgress(characters // 2))
+            await on_progress(StreamProgress(characters, done=True, output_tokens=5))
+        meter.report(reply["usage"], final=True)
+        return reply
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_the_final_notification_comes_after_a_paused_turn_is_continued() -> None:
+    """ "Claude finished" (progress == total) only once the continuation call has answered too, with
+    the characters and output tokens of both calls."""
+    wire = Wire()
+    sampler = Sampler(Pausing(), assembly.sampler_settings(CONFIG), spend=Spend(SPEND))
+    params = {"messages": [{"role": "user", "content": {"type": "text", "text": "search"}}], "maxTokens": 100}
+    result = await sampler.sample(params, progress=notifier(wire))
+    assert result["stopReason"] == "endTurn"
+    sent = wire.params()
+    assert ["total" in p for p in sent] == [False] * (len(sent) - 1) + [True]
+    assert sent[-1]["progress"] == sent[-1]["total"] == 441
+    assert sent[-1]["message"] == "Claude finished (10 output tokens)"

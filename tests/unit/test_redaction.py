@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mcp_backfill.cli import parse_config
 from mcp_backfill.logs import Redactor, configure_logging, get_logger
 from mcp_backfill.sampling.audit import AuditLog, AuditRecord
 
@@ -82,3 +83,20 @@ async def test_audit_lines_redact_escaped_secrets(tmp_path: Path) -> None:
     assert json.loads(text)["error"]["message"] == "provider echoed ***"
     for form in forms(secret):
         assert form not in text
+
+
+def test_credentials_in_the_otlp_variables_are_secrets() -> None:
+    """The SDK's warning about a failed export quotes the URL it tried, query string included, and
+    a collector's key may sit in the URL or in the exporter's headers."""
+    env = {
+        "ANTHROPIC_API_KEY": "sk-ant-unit-secret",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://otel:pass%2Fword@c.example/v1/traces?token=tok%2B1&x=1",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://[::1",  # unusable: nothing to find, nothing raised
+        "OTEL_EXPORTER_OTLP_HEADERS": "api-key=key-0123,Authorization=Bearer%20bearer-4567",
+    }
+    secrets = set(parse_config(["--", "s"], env).secrets())
+    assert {"otel", "pass%2Fword", "pass/word", "tok%2B1", "tok+1"} <= secrets
+    assert {"key-0123", "Bearer%20bearer-4567", "Bearer bearer-4567", "bearer-4567"} <= secrets
+    line = "Max retries exceeded with url: /v1/traces?token=tok%2B1&x=1"
+    assert Redactor(secrets).redact(line) == "Max retries exceeded with url: /v1/traces?token=***&x=1"
+    assert parse_config(["--", "s"], {"ANTHROPIC_API_KEY": "sk-ant-unit-secret"}).telemetry_secrets == ()

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from mcp_backfill.cli import parse_config
 from mcp_backfill.config import is_loopback
 from mcp_backfill.errors import ConfigError
+from mcp_backfill.options import Allowance
+from mcp_backfill.sampling.spend import Spend
 from mcp_backfill.sidecar.metrics import Metrics
 from mcp_backfill.sidecar.security import (
     AccessPolicy,
@@ -15,6 +19,8 @@ from mcp_backfill.sidecar.security import (
     host_allowed,
     origin_allowed,
 )
+from mcp_backfill.sidecar.server import spend_gauges
+from tests.defaults import SPEND
 
 KEY = {"ANTHROPIC_API_KEY": "sk-ant-unit-secret"}
 TOKEN = "a-long-enough-token-123"
@@ -170,3 +176,22 @@ def test_metrics_text_exposition() -> None:
     assert 'mcp_backfill_claude_latency_seconds_bucket{model="we\\"ird",le="30"} 1' in text
     assert "mcp_backfill_active_sessions 2" in text
     assert text.endswith("\n")
+
+
+def test_forwarded_callers_make_one_budget_series_with_the_most_used() -> None:
+    """`--forward-authorization` with per-client budgets: each credential is its own client, all
+    labelled `forwarded`. One series each (a repeated series is an invalid exposition), holding the
+    most any of them used, so used / limit is the share of one caller's budget."""
+    policy = AccessPolicy(allowed_hosts=(), allowed_origins=(), forward_authorization=True)
+    spend = Spend(replace(SPEND, rate_limit=0, client_budget=(Allowance(1000, "day"),)))
+    for n, used in enumerate((300, 700, 100)):
+        identity = policy.identify(f"Bearer user-token-{n}")
+        assert identity is not None
+        spend.client(identity).budget.charge({"input_tokens": used})
+    metrics = Metrics()
+    spend_gauges(metrics, spend)
+    samples = [line for line in metrics.render().splitlines() if 'client="forwarded"' in line]
+    assert samples == [
+        'mcp_backfill_budget_limit_tokens{budget="client",client="forwarded",window="day"} 1000',
+        'mcp_backfill_budget_used_tokens{budget="client",client="forwarded",window="day"} 700',
+    ]

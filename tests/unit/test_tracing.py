@@ -8,25 +8,32 @@ import copy
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from mcp_backfill import protocol, telemetry
-from mcp_backfill.errors import ConfigError, ProviderError
+from mcp_backfill import assembly, protocol, telemetry
+from mcp_backfill.errors import ConfigError, ProviderError, SamplingError
 from mcp_backfill.providers.mock import MockProvider
-from mcp_backfill.relay.tracing import with_trace_context
+from mcp_backfill.relay.tracing import RequestTraces, with_trace_context
+from mcp_backfill.sampling.audit import AuditLog
 from mcp_backfill.sampling.provider import ProgressCallback, UsageMeter
+from mcp_backfill.sampling.sampler import Sampler
+from mcp_backfill.sampling.spend import Spend
 from mcp_backfill.telemetry import ChatOutcome, NoTelemetry, otel, traces_requested
 from mcp_backfill.telemetry.otel import OtelTelemetry
+from tests.defaults import CONFIG, SPEND
 from tests.unit.test_relay_flows import (
     ELICIT,
     HELLO,
@@ -269,6 +276,25 @@ def test_the_sdk_is_not_imported_unless_tracing_is_on() -> None:
     assert done.stdout.strip() == "[]"
 
 
+async def test_a_refused_request_keeps_its_prompt_out_of_the_span_and_the_audit_log(
+    spans: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    """The content as a bare string, a common server mistake: the -32602 that refuses it goes into
+    the span status and the audit log (which holds no contents without --audit-content)."""
+    audit = AuditLog(str(tmp_path / "audit.jsonl"))
+    sampler = Sampler(MockProvider(), assembly.sampler_settings(CONFIG), spend=Spend(SPEND), audit=audit)
+    prompt = {"messages": [{"role": "user", "content": "Patient Jane Roe, diagnosis X"}], "maxTokens": 50}
+    async with audit.running():
+        with pytest.raises(SamplingError):
+            await sampler.sample(prompt, request_id=1)
+    line = (tmp_path / "audit.jsonl").read_text()
+    assert '"refused"' in line
+    [chat] = spans.get_finished_spans()
+    assert chat.status.description is not None
+    assert "<string, 29 characters>" in chat.status.description
+    assert [text for text in (line, chat.status.description) if "Jane" in text] == []
+
+
 class OverloadedProvider(MockProvider):
     """Claude overloaded for good (the retries are the retry policy's business, not this test's)."""
 
@@ -370,6 +396,9 @@ def test_trace_context_goes_into_a_copy_and_keeps_everything_else(params: Any, m
     before = copy.deepcopy(message)
     traced = with_trace_context(message, FixedSpan())
     assert message == before  # the original (and its bytes) untouched
+    if params is not None and not isinstance(params, dict):  # positional: no `_meta` to write to
+        assert traced == before
+        return
     assert traced["params"]["_meta"]["traceparent"] == TRACEPARENT
     old_params = params if isinstance(params, dict) else {}
     assert {k: v for k, v in traced["params"].items() if k != "_meta"} == {
@@ -378,8 +407,63 @@ def test_trace_context_goes_into_a_copy_and_keeps_everything_else(params: Any, m
     old_meta = old_params.get("_meta")
     old_meta = old_meta if isinstance(old_meta, dict) else {}
     assert {k: v for k, v in traced["params"]["_meta"].items() if k != "traceparent"} == {
-        k: v for k, v in old_meta.items() if k != "traceparent"
+        k: v for k, v in old_meta.items() if k not in ("traceparent", "tracestate")
     }
     assert {k: v for k, v in traced.items() if k != "params"} == {
         k: v for k, v in message.items() if k != "params"
     }
+
+
+def traced_meta(meta: dict[str, Any], params: Any = None) -> Any:
+    """The `params` of a request with `meta` as forwarded with tracing on (the span's context in)."""
+    traces = RequestTraces(telemetry.current())
+    params = {"_meta": meta} if params is None else params
+    message = {"jsonrpc": "2.0", "id": 1, "method": protocol.TOOLS_LIST, "params": params}
+    return traces.relayed(message, sender="client")["params"]
+
+
+def test_a_trace_context_the_propagators_cannot_read_starts_a_new_trace(
+    spans: InMemorySpanExporter,
+) -> None:
+    """`"baggage": "k=\\ud800"` is valid JSON the relay's decoder accepts, and makes the SDK's
+    baggage propagator raise: the request still gets its span (a root) and goes on."""
+    forwarded = traced_meta({"traceparent": TRACEPARENT, "baggage": "k=\ud800"})["_meta"]
+    assert TRACE_ID not in forwarded["traceparent"]
+    assert forwarded["baggage"] == "k=\ud800"  # not ours to rewrite
+
+
+def test_positional_params_are_forwarded_as_they_are(spans: InMemorySpanExporter) -> None:
+    assert traced_meta({}, params=[1, 2, 3]) == [1, 2, 3]
+
+
+def test_a_tracestate_goes_with_its_traceparent_only(spans: InMemorySpanExporter) -> None:
+    """With a valid parent its `tracestate` is passed on; with an invalid one (a new trace) the old
+    `tracestate` belongs to no trace and is dropped (W3C Trace Context)."""
+    valid = traced_meta({"traceparent": TRACEPARENT, "tracestate": "vendor=kept"})["_meta"]
+    assert (valid["traceparent"].split("-")[1], valid["tracestate"]) == (TRACE_ID, "vendor=kept")
+    invalid = traced_meta({"traceparent": "00-not-a-valid-parent", "tracestate": "vendor=stale"})["_meta"]
+    assert invalid["traceparent"].startswith("00-")
+    assert "tracestate" not in invalid, invalid
+
+
+class StuckProcessor(SpanProcessor):
+    """A processor whose exporter never gets through (a collector that hangs)."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+
+    def shutdown(self) -> None:
+        self.released.wait(30)
+
+
+def test_shutdown_waits_for_the_exporter_a_bounded_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(otel, "SHUTDOWN_SECONDS", 0.2)
+    provider = TracerProvider()
+    stuck = StuckProcessor()
+    provider.add_span_processor(stuck)
+    start = time.monotonic()
+    try:
+        OtelTelemetry(provider).shutdown()
+        assert time.monotonic() - start < 2
+    finally:
+        stuck.released.set()

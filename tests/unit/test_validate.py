@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any
 
 import pytest
@@ -186,11 +185,48 @@ def test_content_of_wrong_shape(content: Any) -> None:
     rejected(params({"role": "user", "content": content}), "messages[0].content must be a content block")
 
 
+@pytest.mark.parametrize(
+    ("content", "shown"),
+    [
+        (
+            "Patient Jane Roe, DOB 1970-01-01",
+            "content must be a content block or an array of blocks, got <string, 32 characters>",
+        ),
+        (["Jane Roe"], "content[0] must be a content block object, got <string, 8 characters>"),
+        ({"type": "Jane Roe"}, "unknown content type <string, 8 characters>"),
+        ({"text": "Jane"}, "unknown content type null"),
+        (42, "got 42"),
+        (True, "got true"),
+    ],
+)
+def test_a_bad_value_is_described_not_quoted(content: Any, shown: str) -> None:
+    """The message reaches the server, the logs, the span status and the audit log, and a misplaced
+    string is often the prompt itself: strings are described by their length, never quoted."""
+    error = rejected(params({"role": "user", "content": content}), shown)
+    assert "Jane" not in error.message
+
+
 def test_unknown_block_type_names_the_block() -> None:
     rejected(
         params(user(text()), assistant(text(), {"type": "thinking", "thinking": "hmm"})),
         'messages[1].content[1]: unknown content type "thinking"',
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("get_weather", '"get_weather"'),
+        ("toolu_01A:b/c@d.e-f", '"toolu_01A:b/c@d.e-f"'),
+        ("call the weather tool for Jane", "<string, 30 characters>"),
+        ("x" * 65, "<string, 65 characters>"),
+    ],
+)
+def test_a_name_is_quoted_only_when_it_is_shaped_like_one(value: str, shown: str) -> None:
+    """Tool names and ids tell the server's author which one is wrong; a string with a name's
+    shape is quoted, anything else (prose, which may be the prompt) is described as any value."""
+    tools = [{"name": value, "inputSchema": {"type": "object"}}] * 2
+    rejected({**params(user(text())), "tools": tools}, f"tools[1].name {shown} duplicates tools[0].name")
 
 
 def test_unknown_single_block_type_uses_single_object_path() -> None:
@@ -258,8 +294,7 @@ def test_tool_results_mixed_with_other_content() -> None:
 def test_tool_use_answered_by_plain_user_message() -> None:
     rejected(
         params(user(text()), assistant(tool_use("a")), user(text("never mind"))),
-        "messages[1]: Tool result missing in request",
-        '"a"',
+        'messages[1]: Tool result missing in request: tool_use id(s) "a" must',
         "messages[2] does not answer them all",
     )
 
@@ -283,8 +318,7 @@ def test_tool_use_in_last_message() -> None:
 def test_partially_answered_parallel_tool_uses() -> None:
     rejected(
         params(user(text()), assistant(tool_use("a"), tool_use("b")), user(tool_result("a"))),
-        "Tool result missing in request",
-        '"b"',
+        'Tool result missing in request: tool_use id(s) "b" must',
     )
 
 
@@ -506,11 +540,14 @@ def test_input_schema_with_a_top_level_combinator(keyword: str) -> None:
     assert error.data == {"path": "tools[1]"}
 
 
-@pytest.mark.parametrize("kind", ["string", "array", ["object", "null"], None])
-def test_input_schema_of_a_type_other_than_object(kind: Any) -> None:
+@pytest.mark.parametrize(
+    ("kind", "shown"),
+    [("string", '"string"'), ("array", '"array"'), (["object", "null"], "<array, 2 items>"), (None, "null")],
+)
+def test_input_schema_of_a_type_other_than_object(kind: Any, shown: str) -> None:
     error = rejected(
         params(user(text()), tools=[{"name": "pick", "inputSchema": {"type": kind}}]),
-        f'tools[0].inputSchema.type (tool "pick") must be "object", got {json.dumps(kind)}',
+        f'tools[0].inputSchema.type (tool "pick") must be "object", got {shown}',
     )
     assert error.data == {"path": "tools[0]"}
 

@@ -1,10 +1,11 @@
 """`notifications/progress` for sampling requests that carry `_meta.progressToken`.
 
 While Claude streams, the server hears how far the answer has got. The unit is generated
-characters (text, tool-input JSON, thinking) summed over attempts, so the value only ever grows
-(the spec requires it) even when a failed attempt is retried from scratch. Notifications are
-throttled to one per `interval`; the final one, when the message is complete, counts one more
-unit so it is always the largest value, and carries `total` equal to `progress`.
+characters (text, tool-input JSON, thinking) summed over attempts and calls, so the value only ever
+grows (the spec requires it) even when a failed attempt is retried from scratch or a paused turn is
+continued by another call. Notifications are throttled to one per `interval`; the final one, when
+the answer is complete (after its last call), counts one more unit so it is always the largest
+value, and carries `total` equal to `progress`.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class ProgressNotifier:
         self._clock = clock
         self._earlier = 0  # characters of finished or abandoned attempts
         self._current = 0  # characters of the running attempt
-        self._attempt = 1
+        self._run = (1, 1)  # the running attempt: (call, attempt)
         self._sent = 0
         self._sent_at = -math.inf
         self._done = False
@@ -45,9 +46,10 @@ class ProgressNotifier:
     async def __call__(self, progress: StreamProgress) -> None:
         if self._done:
             return
-        if progress.attempt != self._attempt or progress.characters < self._current:
-            self._earlier += self._current  # a new attempt starts again from zero
-            self._attempt = progress.attempt
+        run = (progress.call, progress.attempt)
+        if run != self._run or progress.characters < self._current:
+            self._earlier += self._current  # a new attempt (or call) starts again from zero
+            self._run = run
         self._current = progress.characters
         value = self._earlier + self._current
         if progress.done:

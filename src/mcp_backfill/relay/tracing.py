@@ -14,13 +14,23 @@ from typing import Any
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.telemetry import RequestSpan, Telemetry
 
+TRACESTATE = "tracestate"
+
 
 def with_trace_context(message: dict[str, Any], span: RequestSpan) -> dict[str, Any]:
-    """A copy of the request `message` whose `params._meta` carries `span`'s trace context."""
+    """A copy of the request `message` whose `params._meta` carries `span`'s trace context.
+
+    Positional `params` (an array) have no `_meta`: such a request goes on as it came. The incoming
+    `tracestate` goes: the span's own (its parent's, when it has one) is written in its place, and
+    with no valid parent the old one belongs to no trace (W3C Trace Context drops it then).
+    """
     params = message.get("params")
+    if params is not None and not isinstance(params, dict):
+        return message
     params = dict(params) if isinstance(params, dict) else {}
     meta = params.get("_meta")
     meta = dict(meta) if isinstance(meta, dict) else {}
+    meta.pop(TRACESTATE, None)
     span.inject(meta)
     params["_meta"] = meta
     return {**message, "params": params}

@@ -7,17 +7,22 @@ or cancelled, with the JSON-RPC error when there is one. Message contents
 are left out unless `--audit-content` is given; known secrets are redacted from every line.
 
 The file is opened when the proxy starts (an unusable path is a `ConfigError` then, not a failure
-mid-session). `record()` never blocks: lines go through an in-memory queue to a writer task that
-appends and flushes them one by one in a worker thread, so a slow disk never stalls the relay. The
-queue holds at most `QUEUE_LINES` lines: when the disk cannot keep up, further lines are dropped
-(and counted in `dropped`, logged, and exported by the sidecar's `/metrics`) rather than held in
-memory without bound. Both fronts run the writer (`auditing`) for as long as they serve; what is
-queued when they stop is written before the file is closed.
+mid-session); a new file is created readable by its owner only (`FILE_MODE`: with `--audit-content`
+it holds every prompt), an existing one keeps its mode. `record()` never blocks: lines go through
+an in-memory queue to a writer task that appends and flushes them one by one in a worker thread, so
+a slow disk never stalls the relay. The queue holds at most `QUEUE_LINES` lines: when the disk
+cannot keep up, further lines are dropped (and counted in `dropped`, logged, and exported by the
+sidecar's `/metrics`) rather than held in memory without bound; so are lines the file refused (a
+full disk), and a line that cannot be written never stops the writer. Both fronts run the writer
+(`auditing`) for as long as they serve; what is queued when they stop is written before the file is
+closed.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -39,6 +44,11 @@ QUEUE_LINES = 10_000
 """Lines waiting for the disk, at most; beyond it lines are dropped and counted."""
 DROP_LOG_EVERY = 1000
 """A dropped line is logged at warning for the first one and then every this many."""
+FILE_MODE = 0o600
+"""A new audit file's permissions: its owner's only (the umask may remove more, never add)."""
+# A character UTF-8 cannot encode: a lone surrogate, which JSON strings (a server's request id, a
+# prompt) may hold as `\ud800`.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 log = get_logger("audit")
 
@@ -130,14 +140,14 @@ class AuditLog:
         self.include_content = include_content
         self._redactor = Redactor(secrets)
         try:
-            self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by `running`
+            self._file: IO[str] = _open_for_appending(path)
         except OSError as exc:
             raise ConfigError(
                 f"--audit-log {path}: cannot open the file for appending ({exc.strerror or exc})"
             ) from None
         self._send, self._receive = anyio.create_memory_object_stream[str](queue_lines)
         self.dropped = 0
-        """Lines dropped because the queue was full."""
+        """Lines lost: the queue was full, or the file refused them."""
 
     def record(self, record: AuditRecord, params: Any = None, result: Any = None) -> None:
         """Queue one exchange's line; returns at once (safe even in a cancelled task)."""
@@ -145,18 +155,13 @@ class AuditLog:
         if self.include_content:
             entry["params"] = params
             entry["result"] = result
-        line = self._redactor.redact(json.dumps(entry, ensure_ascii=False, default=str))
+        line = _writable(self._redactor.redact(json.dumps(entry, ensure_ascii=False, default=str)))
         try:
             self._send.send_nowait(line)
         except anyio.WouldBlock:
-            self.dropped += 1
-            if self.dropped % DROP_LOG_EVERY == 1:
-                log.warning(
-                    "audit log cannot keep up; lines dropped",
-                    extra={"path": self.path, "dropped": self.dropped},
-                )
+            self._lost(1, "the disk cannot keep up")
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self._write([line])  # the writer has stopped (shutdown): write directly, lose nothing
+            self._lost(*self._write([line]))  # the writer has stopped (shutdown): write directly
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[AuditLog]:
@@ -182,18 +187,50 @@ class AuditLog:
                         break
                     except anyio.EndOfStream:
                         break
-                await anyio.to_thread.run_sync(self._write, batch)
+                self._lost(*await anyio.to_thread.run_sync(self._write, batch))
 
-    def _write(self, lines: list[str]) -> None:
+    def _write(self, lines: list[str]) -> tuple[int, str]:
+        """Append `lines`, each flushed (in a worker thread); returns how many were lost and why.
+        Nothing is raised: the writer task, and with it the proxy, outlives a full disk or an odd line."""
         if self._file.closed:
-            log.error("audit log already closed; line dropped", extra={"path": self.path})
-            return
-        try:
-            for line in lines:
+            return len(lines), "the audit log is already closed"
+        lost, error = 0, ""
+        for written, line in enumerate(lines):
+            try:
                 self._file.write(line + "\n")
                 self._file.flush()
-        except OSError as exc:
-            log.error("cannot write the audit log", extra={"path": self.path, "error": str(exc)})
+            except OSError as exc:  # the disk refused: the rest of the batch would fare no better
+                return lost + len(lines) - written, str(exc)
+            except ValueError as exc:  # not expected (`_writable`): this line is lost, not the writer
+                lost, error = lost + 1, str(exc)
+        return lost, error
+
+    def _lost(self, count: int, error: str) -> None:
+        """Count lines that will never reach the file; log the first loss and then every
+        `DROP_LOG_EVERY`."""
+        if not count:
+            return
+        before, self.dropped = self.dropped, self.dropped + count
+        if before == 0 or before // DROP_LOG_EVERY != self.dropped // DROP_LOG_EVERY:
+            log.warning(
+                "audit log lines dropped", extra={"path": self.path, "dropped": self.dropped, "error": error}
+            )
+
+
+def _open_for_appending(path: str) -> IO[str]:
+    """`path` opened for appending, created with `FILE_MODE` if it does not exist."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+    try:
+        return os.fdopen(fd, "a", encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _writable(line: str) -> str:
+    """`line` with each lone surrogate as its JSON escape (`\\ud800`), which UTF-8 can encode and
+    which reads back as the same string (the secrets were redacted before, in the text as it was)."""
+    return _LONE_SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", line)
 
 
 @asynccontextmanager

@@ -24,6 +24,8 @@ class StreamProgress:
     attempt: int = 1
     done: bool = False
     output_tokens: int | None = None
+    call: int = 1
+    """Which Claude call of the request (a continued `pause_turn` is another); the sampler sets it."""
 
 
 ProgressCallback = Callable[[StreamProgress], Awaitable[None]]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import anyio
@@ -25,7 +25,7 @@ from mcp_backfill.sampling.convert import ConversionOptions, to_claude_request, 
 from mcp_backfill.sampling.estimate import reservation_for
 from mcp_backfill.sampling.limits import RequestLimits, check_request, check_response
 from mcp_backfill.sampling.model_choice import select_model
-from mcp_backfill.sampling.provider import ProgressCallback, Provider, WarmsUp
+from mcp_backfill.sampling.provider import ProgressCallback, Provider, StreamProgress, WarmsUp
 from mcp_backfill.sampling.spend import Reservation, SamplingSession, Spend, Ticket, normalize_usage
 from mcp_backfill.telemetry import ChatOutcome, ChatSpan
 
@@ -257,7 +257,8 @@ class Sampler:
     ) -> dict[str, Any]:
         """One call (reserving `reservation`), and up to `MAX_PAUSE_CONTINUATIONS` more while Claude
         pauses its turn and the budgets have room; each call is charged on its own."""
-        message = await self._call(ticket, request, reservation, progress)
+        turn = None if progress is None else _TurnProgress(progress)
+        message = await self._call(ticket, request, reservation, turn)
         for _ in range(MAX_PAUSE_CONTINUATIONS):
             if message.get("stop_reason") != "pause_turn":
                 break
@@ -266,10 +267,12 @@ class Sampler:
                 break
             history = [*request["messages"], {"role": "assistant", "content": message.get("content", [])}]
             follow_up_request = {**request, "messages": history}
-            follow_up = await self._call(
-                ticket, follow_up_request, reservation_for(follow_up_request), progress
-            )
+            if turn is not None:
+                turn.next_call()
+            follow_up = await self._call(ticket, follow_up_request, reservation_for(follow_up_request), turn)
             message = _continue(message, follow_up)
+        if turn is not None:
+            await turn.finish()
         return message
 
     async def _call(
@@ -281,6 +284,35 @@ class Sampler:
     ) -> dict[str, Any]:
         async with ticket.call(reservation) as charge:
             return await self.provider.create_message(request, on_progress=progress, meter=charge)
+
+
+class _TurnProgress:
+    """Progress over every call one request makes. A provider marks `done` when its message is
+    complete, but a paused turn may still be continued: each call's `done` is held back (passed on
+    as plain progress), and `finish` passes on the last one, with the output tokens of every call,
+    once no call follows. Reports carry their call's number, so the values keep adding up."""
+
+    def __init__(self, progress: ProgressCallback) -> None:
+        self._progress = progress
+        self.call = 1
+        self._done: StreamProgress | None = None
+        self._output_tokens: int | None = 0  # None once a call did not say
+
+    async def __call__(self, report: StreamProgress) -> None:
+        if report.done:
+            self._done, total, more = report, self._output_tokens, report.output_tokens
+            self._output_tokens = None if total is None or more is None else total + more
+        await self._progress(replace(report, call=self.call, done=False, output_tokens=None))
+
+    def next_call(self) -> None:
+        """A continuation call starts: the previous call's message was not the end."""
+        self.call += 1
+        self._done = None
+
+    async def finish(self) -> None:
+        """The last call's message completed the answer."""
+        if self._done is not None:
+            await self._progress(replace(self._done, call=self.call, output_tokens=self._output_tokens))
 
 
 def _chat_outcome(exchange: AuditRecord, error_type: str | None) -> ChatOutcome:

@@ -184,7 +184,7 @@ async def run_sidecar(config: Config) -> int:
     if audit is not None:
         metrics.gauge(
             "mcp_backfill_audit_lines_dropped_total",
-            "audit log lines dropped because the disk could not keep up",
+            "audit log lines dropped: the disk could not keep up or refused the write",
             lambda: [((), audit.dropped)],
             kind="counter",
         )
@@ -272,20 +272,26 @@ class Readiness:
 
 def spend_gauges(metrics: Metrics, spend: Spend) -> None:
     """Budgets (each allowance of the process's and every client's, with what this replica last saw
-    used against it) and refusals by limit, read from the ledger when scraped."""
+    used against it) and refusals by limit, read from the ledger when scraped.
+
+    The callers told apart by a forwarded Authorization header share one label (`forwarded`), so
+    their budgets make one series per window: the most any of them has used, beside their common
+    allowance. used / limit then still reads as a share of one caller's budget (the alert on a client
+    nearly out of budget fires for the most spent of them); what they spend together is in
+    `mcp_backfill_sampling_tokens_total{client="forwarded"}`.
+    """
 
     def budgets(read: Callable[[Allowance, int], float]) -> list[tuple[Labels, float]]:
         payers = [("process", "", spend.budget)] + [
             ("client", client_label(name), account.budget) for name, account in spend.clients.items()
         ]
-        return [
-            (
-                (("budget", kind), ("client", client), ("window", allowance.window or "total")),
-                read(allowance, used),
-            )
-            for kind, client, budget in payers
-            for allowance, used in budget.usage()
-        ]
+        series: dict[Labels, float] = {}
+        for kind, client, budget in payers:
+            for allowance, used in budget.usage():
+                labels = (("budget", kind), ("client", client), ("window", allowance.window or "total"))
+                value = read(allowance, used)
+                series[labels] = max(value, series.get(labels, value))
+        return list(series.items())
 
     metrics.gauge(
         "mcp_backfill_budget_limit_tokens",

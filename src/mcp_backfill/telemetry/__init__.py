@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import unquote, urlsplit
 
 from mcp_backfill.logs import get_logger
 
@@ -156,6 +157,8 @@ def install(telemetry: Telemetry) -> Telemetry:
 # -- the standard environment ---------------------------------------------------------------------
 
 TRACE_EXPORTERS = ("otlp", "console", "none")
+OTLP_ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+OTLP_HEADER_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS")
 
 
 def traces_requested(environ: Mapping[str, str]) -> bool:
@@ -171,10 +174,27 @@ def traces_requested(environ: Mapping[str, str]) -> bool:
     exporter = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
     if exporter:
         return exporter != "none"
-    return bool(
-        environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
-        or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
-    )
+    return any(environ.get(name, "").strip() for name in OTLP_ENDPOINT_VARIABLES)
+
+
+def export_secrets(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The credentials the OTLP exporter's variables may hold, for the log redaction: the endpoint
+    URLs' user, password and query values (collectors that take their key in the URL), and every
+    header value (with the bare token of a `Bearer <token>`). Each as written and percent-decoded:
+    the SDK's warning about a failed export quotes the URL it tried."""
+    found: list[str] = []
+    for name in OTLP_ENDPOINT_VARIABLES:
+        try:
+            parts = urlsplit(environ.get(name, "").strip())
+            found += [parts.username or "", parts.password or ""]
+        except ValueError:  # not a URL the exporter can use either
+            continue
+        found += [pair.partition("=")[2] for pair in parts.query.split("&")]
+    for name in OTLP_HEADER_VARIABLES:
+        values = [pair.partition("=")[2].strip() for pair in environ.get(name, "").split(",")]
+        found += values + [unquote(value).partition(" ")[2].strip() for value in values]
+    found += [unquote(value) for value in found]
+    return tuple(dict.fromkeys(value for value in found if value))
 
 
 def install_from_environment(environ: Mapping[str, str] | None = None) -> Telemetry:

@@ -15,6 +15,7 @@ Spans, with the attribute names of the MCP and generative-AI semantic convention
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -28,6 +29,7 @@ from opentelemetry.trace import Span, SpanKind, StatusCode
 
 from mcp_backfill import __version__, protocol
 from mcp_backfill.errors import ConfigError
+from mcp_backfill.logs import get_logger
 from mcp_backfill.telemetry import TRACE_EXPORTERS, ChatOutcome
 
 SCOPE = "mcp_backfill"
@@ -37,14 +39,27 @@ PROVIDER_NAMES = {"anthropic": "anthropic", "bedrock": "aws.bedrock", "vertex": 
 # Requests whose `params.name` is a low-cardinality target for the span name.
 NAMED_TARGETS = {protocol.TOOLS_CALL: "gen_ai.tool.name", protocol.PROMPTS_GET: "gen_ai.prompt.name"}
 
+SHUTDOWN_SECONDS = 2.0
+"""The longest the exit waits for the spans still buffered to be exported."""
+
+log = get_logger("telemetry")
+
 
 def _parent(params: Any) -> Context | None:
-    """The trace context carried in `params._meta`, or None (then the span is a root)."""
+    """The trace context carried in `params._meta`, or None (then the span is a root).
+
+    The peer wrote it: a context the propagators cannot read (a lone surrogate in `baggage` makes
+    the SDK's raise) starts a new trace, as a missing one does, rather than failing the request.
+    """
     meta = params.get("_meta") if isinstance(params, dict) else None
     if not isinstance(meta, dict) or "traceparent" not in meta:
         return None
     carrier = {k: v for k, v in meta.items() if isinstance(v, str)}
-    context = propagate.extract(carrier)
+    try:
+        context = propagate.extract(carrier)
+    except Exception:  # any propagator OTEL_PROPAGATORS names, on any input
+        log.debug("unreadable trace context in _meta; a new trace starts", exc_info=True)
+        return None
     if not trace.get_current_span(context).get_span_context().is_valid:
         return None
     return context
@@ -197,7 +212,17 @@ class OtelTelemetry:
             yield OtelChatSpan(span)
 
     def shutdown(self) -> None:
-        self.provider.shutdown()
+        """Export what is buffered, waiting `SHUTDOWN_SECONDS` at most: a collector that is down or
+        hangs would otherwise hold the exit for the exporter's whole timeout and retries (10 s by
+        default) while the client waits for the proxy to go. Spans still unexported are lost."""
+        flushing = threading.Thread(target=self.provider.shutdown, name="otel-shutdown", daemon=True)
+        flushing.start()
+        flushing.join(SHUTDOWN_SECONDS)
+        if flushing.is_alive():
+            log.warning(
+                "the trace exporter did not finish in time; spans not yet exported are lost",
+                extra={"seconds": SHUTDOWN_SECONDS},
+            )
 
 
 def from_environment(environ: Mapping[str, str], *, make_global: bool = True) -> OtelTelemetry:
