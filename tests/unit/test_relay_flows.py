@@ -108,6 +108,24 @@ class GatedProvider(MockProvider):
         return await super().create_message(request, on_progress=on_progress, meter=meter)
 
 
+class CountingProvider(MockProvider):
+    """The mock provider, counting its calls (each one a paid Claude call with a real provider)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    async def create_message(
+        self,
+        request: dict[str, Any],
+        *,
+        on_progress: ProgressCallback | None = None,
+        meter: UsageMeter | None = None,
+    ) -> dict[str, Any]:
+        self.calls += 1
+        return await super().create_message(request, on_progress=on_progress, meter=meter)
+
+
 @dataclass
 class Relayed:
     client: Peer
@@ -311,6 +329,10 @@ async def test_a_dying_upstream_fails_what_is_pending() -> None:
 # -- 2026-07-28 ------------------------------------------------------------------------------------
 
 
+SAMPLE = {"method": protocol.SAMPLING, "params": HELLO}
+ACCEPTED = {"action": "accept", "content": {}}
+
+
 def input_required(questions: dict[str, Any], state: Any = "server-state") -> dict[str, Any]:
     return {"resultType": "input_required", "inputRequests": questions, "requestState": state}
 
@@ -382,6 +404,28 @@ async def test_a_round_limit_fails_the_request() -> None:
         assert error["id"] == 1
         assert error["error"]["code"] == protocol.INTERNAL_ERROR
         assert "--max-input-rounds" in error["error"]["message"]
+
+
+async def test_mixed_rounds_count_toward_the_round_limit() -> None:
+    """A mixed round left the count as it was: a server answering every retry with one had the proxy
+    sample (and bill) on every retry of the client's, without end."""
+    provider = CountingProvider()
+    call_params = stateless({"name": "ask"}, {"elicitation": {}})
+    mixed = input_required({"s": SAMPLE, "e": ELICIT})
+    async with relayed(provider, max_input_rounds=2) as r:
+        await r.client.send(request(1, "tools/call", call_params))
+        await r.server.recv()
+        await r.server.send(result(1, mixed))
+        for retry_id in (2, 3):
+            token = (await r.client.recv())["result"]["requestState"]
+            params = {**call_params, "inputResponses": {"e": ACCEPTED}, "requestState": token}
+            await r.client.send(request(retry_id, "tools/call", params))
+            assert (await r.server.recv())["id"] == retry_id
+            await r.server.send(result(retry_id, mixed))
+        error = await r.client.recv()
+        assert error["id"] == 3
+        assert "--max-input-rounds" in error.get("error", {}).get("message", ""), error
+        assert provider.calls == 2
 
 
 # -- the relay's review: ids, re-encoding, tasks, approval ------------------------------------------

@@ -268,8 +268,13 @@ class RoundDriver:
         current: ir.Round,
         answers: dict[str, Any],
     ) -> None:
-        """A mixed round: the client answers its questions; the proxy's answers wait in the stash."""
+        """A mixed round: the client answers its questions; the proxy's answers wait in the stash.
+
+        The round counts toward `--max-input-rounds` like one the proxy re-sends: else a server
+        answering every retry with a mixed round would have the proxy sample on each, without end.
+        """
         self.end(pending)
+        chain.rounds += 1
         token = self.stash.put(answers, current.has_state, current.state, chain.rounds)
         log.info(
             "mixed input round: the client answers the rest",
