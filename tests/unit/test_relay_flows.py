@@ -354,6 +354,20 @@ async def test_a_round_is_answered_and_resent_under_a_proxy_id() -> None:
         assert r.relay.state.driving == {}
 
 
+async def test_mode_always_answers_the_rounds_of_a_client_that_samples_with_tools() -> None:
+    """--mode always: the client never sees a sampling request, in this revision as in the handshake
+    era. A client declaring `sampling.tools` (nothing to merge) got the server's questions itself."""
+    call = request(1, "tools/call", stateless({"name": "ask"}, {"sampling": {"tools": {}}}))
+    async with relayed(mode="always") as r:
+        await r.client.send(call)
+        assert await r.server.recv() == call  # its capabilities are left as they are
+        await r.server.send(result(1, input_required({"s": SAMPLE})))
+        retry = await r.server.recv()
+        assert retry["params"]["inputResponses"]["s"]["model"].startswith("mock/")
+        await r.server.send(result(retry["id"], {"content": []}))
+        assert await r.client.recv() == result(1, {"content": []})
+
+
 async def test_a_mixed_round_goes_to_the_client_reduced_and_comes_back_merged() -> None:
     call = request(1, "tools/call", stateless({"name": "ask"}, {"elicitation": {}}))
     questions = {"s": {"method": protocol.SAMPLING, "params": HELLO}, "e": ELICIT}

@@ -93,9 +93,10 @@ class RoundDriver:
             return message  # an unknown revision passes through untouched
         declared = ir.declared_capabilities(meta)
         merged = backfill_capabilities(declared, self.options.mode)
-        if merged is None:
+        if merged is None and self.options.mode != "always":
             return message  # nothing to backfill: every round goes to the client untouched
-        rewritten = ir.with_capabilities(message, merged)
+        # `always` takes the sampling of a client that declared it with tools too (nothing merged).
+        rewritten = message if merged is None else ir.with_capabilities(message, merged)
         if pending.method not in protocol.INPUT_REQUIRED_METHODS:
             return rewritten
         params: dict[str, Any] = rewritten["params"]
