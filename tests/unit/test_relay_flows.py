@@ -126,6 +126,34 @@ class CountingProvider(MockProvider):
         return await super().create_message(request, on_progress=on_progress, meter=meter)
 
 
+class SlowToStopProvider(MockProvider):
+    """The first call waits until cancelled, then takes until `release` to stop (as a settlement
+    shielded from cancellation does with a shared ledger store); later calls answer at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = anyio.Event()
+        self.release = anyio.Event()
+        self.calls = 0
+
+    async def create_message(
+        self,
+        request: dict[str, Any],
+        *,
+        on_progress: ProgressCallback | None = None,
+        meter: UsageMeter | None = None,
+    ) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls == 1:
+            self.started.set()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self.release.wait()
+        return await super().create_message(request, on_progress=on_progress, meter=meter)
+
+
 @dataclass
 class Relayed:
     client: Peer
@@ -404,6 +432,33 @@ async def test_client_cancels_a_request_while_the_proxy_samples_for_it() -> None
         assert provider.cancelled
         assert r.relay.state.driving == {}
         assert r.client.nothing_waiting()
+
+
+async def test_a_cancelled_round_does_not_resume_for_a_new_request_with_its_id() -> None:
+    """Once its sampling stopped, a cancelled round checked only that its client's id was still
+    driven: a new request reusing the id was, so the old round was re-sent too (without answers)
+    and the client got two answers to one id."""
+    provider = SlowToStopProvider()
+    params = stateless({"name": "ask"})
+    async with relayed(provider) as r:
+        await r.client.send(request(4, "tools/call", params))
+        await r.server.recv()
+        await r.server.send(result(4, input_required({"s": SAMPLE})))
+        await provider.started.wait()
+        await r.client.send({"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 4}})
+        await r.client.send(request(4, "tools/call", params))  # the id is free again
+        assert (await r.server.recv())["id"] == 4
+        await r.server.send(result(4, input_required({"s": SAMPLE})))
+        retry = await r.server.recv()
+        assert retry["params"]["inputResponses"]["s"]["model"].startswith("mock/")
+        provider.release.set()
+        with anyio.move_on_after(0.5):
+            stray = await r.server.recv()
+            pytest.fail(f"the cancelled round was re-sent: {stray}")
+        await r.server.send(result(retry["id"], {"content": []}))
+        assert await r.client.recv() == result(4, {"content": []})
+        assert r.client.nothing_waiting()
+        assert r.relay.state.driving == {}
 
 
 async def test_a_round_limit_fails_the_request() -> None:

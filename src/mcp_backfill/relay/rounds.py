@@ -195,7 +195,13 @@ class RoundDriver:
 
     def end(self, pending: PendingRequest) -> None:
         """The request got its final answer (or an error): nothing more is driven for it."""
-        self.state.driving.pop(jsonrpc.id_key(pending.request_id), None)
+        if self._driving(pending):
+            del self.state.driving[jsonrpc.id_key(pending.request_id)]
+
+    def _driving(self, pending: PendingRequest) -> bool:
+        """Is this very request still driven? Its id is not enough: once the client cancelled it, a
+        new request may reuse the id while the old round's sampling is still stopping."""
+        return self.state.driving.get(jsonrpc.id_key(pending.request_id)) is pending
 
     @staticmethod
     def is_own_id(upstream_id: Any) -> bool:
@@ -239,11 +245,12 @@ class RoundDriver:
                 if current.state_only:
                     await anyio.sleep(random.uniform(*self.options.state_only_backoff))
             except SamplingError as exc:
-                self.end(pending)
-                await self._fail(pending.request_id, exc.code, exc.message, exc.data)
+                if self._driving(pending):
+                    self.end(pending)
+                    await self._fail(pending.request_id, exc.code, exc.message, exc.data)
                 return
         chain.scope = None
-        if jsonrpc.id_key(pending.request_id) not in self.state.driving:
+        if not self._driving(pending):
             return  # cancelled by the client, or failed by a dying upstream: it expects nothing more
         if current.theirs:
             await self._hand_over(pending, chain, result, current, answers)
