@@ -562,6 +562,31 @@ async def test_a_sampling_task_the_proxy_declared_is_its_own_when_the_client_run
         assert (await r.client.recv())["id"] == 8
 
 
+async def test_a_task_ttl_of_infinity_gives_a_task_with_the_cap_and_the_session_goes_on() -> None:
+    """`"ttl": 1e400` decodes to infinity, whose `int()` raised in the routing: the session ended."""
+    async with relayed() as r:
+        await r.client.send(request(1, "initialize", initialize({})))
+        await r.server.recv()
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        params = json.dumps(HELLO).encode()[:-1] + b',"task":{"ttl":1e400}}'
+        await r.server.send_raw(
+            b'{"jsonrpc":"2.0","id":7,"method":"sampling/createMessage","params":' + params + b"}"
+        )
+        answer = await r.server.recv()
+        assert answer["id"] == 7
+        task = answer["result"]["task"]
+        assert task["ttl"] == 3_600_000  # --task-ttl-max
+        await r.server.send(request(8, "tasks/get", {"taskId": task["taskId"]}))
+        got = await r.server.recv()
+        while "id" not in got:  # notifications/tasks/status
+            got = await r.server.recv()
+        assert got["id"] == 8
+        assert got["result"]["taskId"] == task["taskId"]
+        await r.client.send(request(2, "ping"))
+        assert await r.server.recv() == request(2, "ping")
+
+
 async def test_a_sampling_request_cancelled_while_the_user_is_asked_withdraws_the_question() -> None:
     provider = GatedProvider()
     async with relayed(provider, approve="elicit") as r:
