@@ -303,21 +303,21 @@ class RoundDriver:
         self, pending: PendingRequest, chain: InputChain, result: dict[str, Any], current: ir.Round
     ) -> None:
         """The user must allow the proxy's sampling first: the client gets a reduced round with the
-        approval question beside its own, and the unanswered questions wait in the stash."""
+        approval question beside its own, and the unanswered questions wait in the stash. The form
+        shows every question that needs approval: a server could put a harmless one first."""
         assert self.approver is not None
         self.end(pending)
         if not can_elicit(chain.client.elicitation):
             refusal = cannot_elicit(self.approver.policy)
             await self._fail(pending.request_id, refusal.code, refusal.message, refusal.data)
             return
+        asked = [params for params in current.mine.values() if self.approver.needed(params)]
         try:
-            previews = [self.approver.preview(params) for params in current.mine.values()]
+            previews = [self.approver.preview(params) for params in asked]
         except SamplingError as exc:
             await self._fail(pending.request_id, exc.code, exc.message, exc.data)
             return
-        question = form(previews[0], None, protocol.STATELESS_VERSION)
-        if len(previews) > 1:
-            question["message"] += f"\n\n(The server asks {len(previews)} such questions; this answers all.)"
+        question = form(previews, None, protocol.STATELESS_VERSION)
         token = self.stash.put({}, current.has_state, current.state, chain.rounds, pending=current.mine)
         theirs = {**current.theirs, APPROVAL_KEY: {"method": protocol.ELICIT, "params": question}}
         log.info("sampling approval asked in the round", extra={"request_id": pending.request_id})
