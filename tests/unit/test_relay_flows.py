@@ -16,7 +16,7 @@ import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from mcp_backfill import assembly, protocol
-from mcp_backfill.config import Config
+from mcp_backfill.config import Config, Secret
 from mcp_backfill.providers.mock import MockProvider
 from mcp_backfill.relay import Relay
 from mcp_backfill.relay.approval import APPROVAL_KEY
@@ -622,6 +622,31 @@ async def test_the_approval_form_of_a_round_shows_every_question_that_needs_appr
         message = reduced["inputRequests"][APPROVAL_KEY]["params"]["message"]
         assert "shell_exec" in message
         assert "RUN rm -rf WITH TOOLS" in message
+
+
+async def test_a_sealed_approval_token_buys_one_sampling() -> None:
+    """With --request-state-key a token could be redeemed again before it expired: replaying the
+    retry that allowed an approval round "once" sampled (and billed) again, each time."""
+    provider = CountingProvider()
+    call_params = stateless({"name": "ask"}, {"elicitation": {}})
+    key = Secret("a secret the replicas share, 32+ characters long")
+    async with relayed(provider, approve="elicit", request_state_key=key) as r:
+        await r.client.send(request(1, "tools/call", call_params))
+        await r.server.recv()
+        await r.server.send(result(1, input_required({"s": SAMPLE})))
+        reduced = (await r.client.recv())["result"]
+        allow = {"action": "accept", "content": {"decision": "allow_once"}}
+        responses = {APPROVAL_KEY: allow}
+        params = {**call_params, "inputResponses": responses, "requestState": reduced["requestState"]}
+        await r.client.send(request(2, "tools/call", params))
+        retry = await r.server.recv()
+        await r.server.send(result(retry["id"], {"content": []}))
+        assert await r.client.recv() == result(2, {"content": []})
+        await r.client.send(request(3, "tools/call", params))  # the same retry, replayed
+        error = await r.client.recv()
+        assert (error["id"], error["error"]["code"]) == (3, protocol.INVALID_PARAMS)
+        assert provider.calls == 1
+        assert r.server.nothing_waiting()
 
 
 async def test_a_client_id_like_the_proxys_own_is_not_confused_with_a_round_it_resends() -> None:

@@ -58,7 +58,9 @@ class RoundDriver:
         self.options = options
         self.state = state
         key, ttl = options.request_state_key, options.input_stash_ttl
-        self.stash: ir.Stash | ir.SealedStash = ir.SealedStash(key, ttl, scope) if key else ir.Stash(ttl)
+        self.stash: ir.Stash | ir.SealedStash = (
+            ir.SealedStash(key, ttl, scope, redeemed=options.redeemed_tokens) if key else ir.Stash(ttl)
+        )
         self._sample = sample
         self._send_client = send_client
         self._send_upstream = send_upstream
