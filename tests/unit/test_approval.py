@@ -72,7 +72,7 @@ def preview(prompt: str = "Hello", tools: tuple[str, ...] = ()) -> SamplingPrevi
 
 
 def test_the_form_says_who_what_and_how_much() -> None:
-    params = form(preview(tools=("lookup", "search")), "weather", "2025-11-25")
+    params = form([preview(tools=("lookup", "search"))], "weather", "2025-11-25")
     assert params["mode"] == "form"
     message = params["message"]
     for part in ("weather", "claude-sonnet-5-5", "up to 100 tokens", "lookup, search", "Hello"):
@@ -82,8 +82,15 @@ def test_the_form_says_who_what_and_how_much() -> None:
     assert params["requestedSchema"]["required"] == ["decision"]
 
 
+def test_one_form_for_several_requests_shows_each() -> None:
+    first, second = preview("Hello"), preview("Run it", tools=("shell_exec",))
+    message = form([first, second], None, "2026-07-28")["message"]
+    assert "2 prompts" in message
+    assert message.index("Hello") < message.index("shell_exec") < message.index("Run it")
+
+
 def test_older_clients_get_the_enum_spelling_they_know() -> None:
-    decision = form(preview(), None, "2025-06-18")["requestedSchema"]["properties"]["decision"]
+    decision = form([preview()], None, "2025-06-18")["requestedSchema"]["properties"]["decision"]
     assert decision["enum"] == ["allow_once", "allow_session", "deny"]
     assert len(decision["enumNames"]) == 3
     assert "oneOf" not in decision
@@ -91,7 +98,7 @@ def test_older_clients_get_the_enum_spelling_they_know() -> None:
 
 @given(st.text(max_size=2 * PROMPT_PREVIEW))
 def test_the_prompt_preview_is_bounded(prompt: str) -> None:
-    message = form(preview(prompt=prompt), "s", None)["message"]
+    message = form([preview(prompt=prompt)], "s", None)["message"]
     shown = prompt if len(prompt) <= PROMPT_PREVIEW else prompt[:PROMPT_PREVIEW] + "…"
     assert shown in message
     assert len(message) < PROMPT_PREVIEW + 300

@@ -16,6 +16,7 @@ KEY = ir.request_state_key("a secret the replicas share, 32+ characters long")
 SCOPE = "client:alice"
 MARKER = "PLAINTEXT-MARKER-7f3a"
 ANSWERS: dict[str, Any] = {"ask": {"model": "claude", "content": {"type": "text", "text": MARKER}}}
+PENDING: dict[str, Any] = {"ask": {"messages": [], "maxTokens": 3}}  # questions awaiting approval
 
 
 def sealed(
@@ -76,12 +77,48 @@ def test_restore_params_works_as_with_the_plain_stash() -> None:
 
 
 def test_a_token_can_be_redeemed_again_before_it_expires() -> None:
+    """A mixed round's answers: a replay re-sends them and spends nothing."""
     stash = sealed()
     token = stash.put(ANSWERS, False, None, rounds=1)
     first, again = stash.take(token), stash.take(token)
     assert first is not None
     assert again is not None
     assert again.answers == first.answers == ANSWERS
+
+
+def test_a_token_with_questions_awaiting_approval_redeems_once() -> None:
+    """Its retry samples (and bills): a replay must not buy a second sampling."""
+    stash = sealed()
+    token = stash.put({}, True, "s", rounds=1, pending=PENDING)
+    first = stash.take(token)
+    assert first is not None
+    assert first.pending == PENDING
+    assert stash.take(token) is None
+    padded = token + "=" * (-len(token) % 4)  # another spelling of the same token
+    assert stash.take(padded) is None
+
+
+def test_replicas_remember_redeemed_tokens_each_for_itself() -> None:
+    """The limit documented in docs/replicas.md: the memory is per process."""
+    one, other = sealed(), sealed()
+    token = one.put({}, False, None, rounds=1, pending=PENDING)
+    assert one.take(token) is not None
+    assert other.take(token) is not None
+
+
+def test_redeemed_tokens_are_remembered_until_they_expire_and_no_more_than_the_cap() -> None:
+    now = [1_000_000.0]
+    redeemed = ir.Redeemed(limit=2)
+    stash = ir.SealedStash(KEY, ttl=30, scope=SCOPE, wall_clock=lambda: now[0], redeemed=redeemed)
+    tokens = [stash.put({}, False, None, rounds=1, pending=PENDING) for _ in range(3)]
+    assert stash.take(tokens[0]) is not None
+    assert stash.take(tokens[1]) is not None
+    assert stash.take(tokens[2]) is None  # full of live tokens: refused, none forgotten
+    assert stash.take(tokens[0]) is None
+    now[0] += 30  # all expired: forgotten, and the memory has room again
+    fresh = stash.put({}, False, None, rounds=1, pending=PENDING)
+    assert stash.take(fresh) is not None
+    assert len(redeemed.expiries) == 1
 
 
 def test_another_replica_with_the_same_key_opens_the_token() -> None:

@@ -34,7 +34,12 @@ def book(ttl_max_ms: int = 60_000) -> tuple[TaskBook, Clock]:
         (-5, 60_000),
         ("1000", 60_000),
         (True, 60_000),
-        (1500.7, 1500),
+        (1500.7, 1501),
+        (0.5, 1),  # rounded up: 0 ms was a task gone before it could be polled
+        (float("inf"), 60_000),  # `1e400` in JSON: `int()` of it raised and ended the session
+        (float("-inf"), 60_000),
+        (float("nan"), 60_000),
+        (1e300, 60_000),
     ],
 )
 def test_ttl_is_the_request_within_the_cap(requested: object, granted: int) -> None:
@@ -42,6 +47,13 @@ def test_ttl_is_the_request_within_the_cap(requested: object, granted: int) -> N
     task, _ = tasks.create(requested)
     assert task.ttl_ms == granted
     assert task.wire()["ttl"] == granted
+
+
+def test_a_task_asking_for_less_than_a_millisecond_is_there_when_created() -> None:
+    """0.5 ms was cut to 0: the task had expired when the server got its id."""
+    tasks, _ = book()
+    task, _ = tasks.create(0.5)
+    assert tasks.get(task.task_id) is task
 
 
 def test_a_task_starts_working_and_shows_what_the_spec_asks() -> None:

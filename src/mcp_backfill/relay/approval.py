@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -75,17 +75,39 @@ def rejected(reason: str) -> SamplingError:
     return SamplingError(protocol.USER_REJECTED, "User rejected sampling request", {"reason": reason})
 
 
-def form(preview: SamplingPreview, server: str | None, protocol_version: str | None) -> dict[str, Any]:
-    """`elicitation/create` params (form mode) asking whether to send this request to Claude."""
+def _terms(preview: SamplingPreview) -> str:
     tools = f"; tools offered: {', '.join(preview.tools)}" if preview.tools else ""
+    return f"model {preview.model}, up to {preview.max_tokens} tokens{tools}"
+
+
+def _prompt(preview: SamplingPreview) -> str:
     prompt = preview.prompt
-    if len(prompt) > PROMPT_PREVIEW:
-        prompt = prompt[:PROMPT_PREVIEW] + "…"
-    message = (
-        f"The MCP server{f' {server}' if server else ''} asks Claude to answer a prompt on your API key "
-        f"(model {preview.model}, up to {preview.max_tokens} tokens{tools}).\n\nPrompt:\n{prompt}\n\n"
-        "Send it to Claude?"
-    )
+    return prompt if len(prompt) <= PROMPT_PREVIEW else prompt[:PROMPT_PREVIEW] + "…"
+
+
+def form(
+    previews: Sequence[SamplingPreview], server: str | None, protocol_version: str | None
+) -> dict[str, Any]:
+    """`elicitation/create` params (form mode) asking whether to send these requests to Claude.
+
+    One answer covers several requests when a 2026-07-28 round holds several: each is shown, its
+    tools and prompt, since any of them could be the one the user would not allow.
+    """
+    who = f"The MCP server{f' {server}' if server else ''}"
+    if len(previews) == 1:
+        (preview,) = previews
+        message = (
+            f"{who} asks Claude to answer a prompt on your API key ({_terms(preview)}).\n\n"
+            f"Prompt:\n{_prompt(preview)}\n\nSend it to Claude?"
+        )
+    else:
+        each = "\n\n".join(
+            f"Prompt {n} ({_terms(preview)}):\n{_prompt(preview)}" for n, preview in enumerate(previews, 1)
+        )
+        message = (
+            f"{who} asks Claude to answer {len(previews)} prompts on your API key; one answer covers "
+            f"them all.\n\n{each}\n\nSend them to Claude?"
+        )
     if protocol_version is not None and protocol_version < "2025-11-25":
         decision: dict[str, Any] = {
             "type": "string",
@@ -181,7 +203,7 @@ class Approver:
             "jsonrpc": "2.0",
             "id": question_id,
             "method": protocol.ELICIT,
-            "params": form(self.preview(params), self.state.server_name, self.state.protocol_version),
+            "params": form([self.preview(params)], self.state.server_name, self.state.protocol_version),
         }
         try:
             await self._send_client(jsonrpc.encode(request), related)

@@ -158,17 +158,59 @@ class Stash:
         return entry
 
 
+MAX_REDEEMED = 100_000
+"""Redeemed sealed tokens one process remembers at once (a few MB). Beyond it such a retry is
+refused until some expire, rather than one forgotten: a forgotten token could be replayed."""
+
+
+@dataclass
+class Redeemed:
+    """The nonces of the sealed tokens already redeemed that carried questions awaiting approval,
+    each until its token expires. The retry of such a token samples (and bills): a replay must find
+    it used. The memory is one process's; replicas do not share it (docs/replicas.md)."""
+
+    limit: int = MAX_REDEEMED
+    expiries: dict[bytes, float] = field(default_factory=dict)
+
+    def claim(self, nonce: bytes, expires: float, now: float) -> bool:
+        """True the first time a token is redeemed; False when it was before, or the memory is full."""
+        self._forget(now)
+        if nonce in self.expiries or len(self.expiries) >= self.limit:
+            return False
+        self.expiries[nonce] = expires
+        return True
+
+    def _forget(self, now: float) -> None:
+        """Drop the expired: from the oldest on (with one TTL they expire in the order they came),
+        and all through when the memory is full (another replica's TTL may differ)."""
+        while self.expiries:
+            nonce, expires = next(iter(self.expiries.items()))
+            if expires > now:
+                break
+            del self.expiries[nonce]
+        if len(self.expiries) >= self.limit:
+            self.expiries = {nonce: expires for nonce, expires in self.expiries.items() if expires > now}
+
+
 class SealedStash:
     """The proxy's own answers to mixed rounds, sealed into the token the client echoes (AES-256-GCM),
-    so that any replica holding the same key can take the retry; nothing is kept in memory.
+    so that any replica holding the same key can take the retry; nothing is kept in memory but the
+    tokens redeemed once (below).
 
     The token names the client identity it was given to (as authenticated data: another client's
-    retry cannot open it) and when it expires. Unlike `Stash`, a token can be redeemed more than
-    once before it expires; a replay re-sends the same answers and spends nothing.
+    retry cannot open it) and when it expires. Unlike `Stash`, a token of a mixed round can be
+    redeemed more than once before it expires; a replay re-sends the same answers and spends
+    nothing. A token carrying questions awaiting approval redeems once (`redeemed`, shared by the
+    process's stashes): its retry samples, and a replay would sample again.
     """
 
     def __init__(
-        self, key: bytes, ttl: float, scope: str, wall_clock: Callable[[], float] = time.time
+        self,
+        key: bytes,
+        ttl: float,
+        scope: str,
+        wall_clock: Callable[[], float] = time.time,
+        redeemed: Redeemed | None = None,
     ) -> None:
         from cryptography.exceptions import InvalidTag
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -178,6 +220,7 @@ class SealedStash:
         self.ttl = ttl
         self._scope = scope.encode()
         self._clock = wall_clock
+        self._redeemed = redeemed if redeemed is not None else Redeemed()
 
     def put(
         self,
@@ -201,11 +244,12 @@ class SealedStash:
             payload = json.loads(self._aead.decrypt(raw[:12], raw[12:], self._scope))
         except self._invalid:
             return None
-        if payload["e"] <= self._clock():
+        now, pending = self._clock(), payload.get("p", {})
+        if payload["e"] <= now:
             return None
-        return StashedRound(
-            payload["a"], payload["h"], payload["s"], payload["r"], payload["e"], payload.get("p", {})
-        )
+        if pending and not self._redeemed.claim(raw[:12], payload["e"], now):
+            return None
+        return StashedRound(payload["a"], payload["h"], payload["s"], payload["r"], payload["e"], pending)
 
 
 def request_state_key(secret: str) -> bytes:

@@ -58,7 +58,9 @@ class RoundDriver:
         self.options = options
         self.state = state
         key, ttl = options.request_state_key, options.input_stash_ttl
-        self.stash: ir.Stash | ir.SealedStash = ir.SealedStash(key, ttl, scope) if key else ir.Stash(ttl)
+        self.stash: ir.Stash | ir.SealedStash = (
+            ir.SealedStash(key, ttl, scope, redeemed=options.redeemed_tokens) if key else ir.Stash(ttl)
+        )
         self._sample = sample
         self._send_client = send_client
         self._send_upstream = send_upstream
@@ -93,9 +95,10 @@ class RoundDriver:
             return message  # an unknown revision passes through untouched
         declared = ir.declared_capabilities(meta)
         merged = backfill_capabilities(declared, self.options.mode)
-        if merged is None:
+        if merged is None and self.options.mode != "always":
             return message  # nothing to backfill: every round goes to the client untouched
-        rewritten = ir.with_capabilities(message, merged)
+        # `always` takes the sampling of a client that declared it with tools too (nothing merged).
+        rewritten = message if merged is None else ir.with_capabilities(message, merged)
         if pending.method not in protocol.INPUT_REQUIRED_METHODS:
             return rewritten
         params: dict[str, Any] = rewritten["params"]
@@ -194,7 +197,13 @@ class RoundDriver:
 
     def end(self, pending: PendingRequest) -> None:
         """The request got its final answer (or an error): nothing more is driven for it."""
-        self.state.driving.pop(jsonrpc.id_key(pending.request_id), None)
+        if self._driving(pending):
+            del self.state.driving[jsonrpc.id_key(pending.request_id)]
+
+    def _driving(self, pending: PendingRequest) -> bool:
+        """Is this very request still driven? Its id is not enough: once the client cancelled it, a
+        new request may reuse the id while the old round's sampling is still stopping."""
+        return self.state.driving.get(jsonrpc.id_key(pending.request_id)) is pending
 
     @staticmethod
     def is_own_id(upstream_id: Any) -> bool:
@@ -238,11 +247,12 @@ class RoundDriver:
                 if current.state_only:
                     await anyio.sleep(random.uniform(*self.options.state_only_backoff))
             except SamplingError as exc:
-                self.end(pending)
-                await self._fail(pending.request_id, exc.code, exc.message, exc.data)
+                if self._driving(pending):
+                    self.end(pending)
+                    await self._fail(pending.request_id, exc.code, exc.message, exc.data)
                 return
         chain.scope = None
-        if jsonrpc.id_key(pending.request_id) not in self.state.driving:
+        if not self._driving(pending):
             return  # cancelled by the client, or failed by a dying upstream: it expects nothing more
         if current.theirs:
             await self._hand_over(pending, chain, result, current, answers)
@@ -268,8 +278,13 @@ class RoundDriver:
         current: ir.Round,
         answers: dict[str, Any],
     ) -> None:
-        """A mixed round: the client answers its questions; the proxy's answers wait in the stash."""
+        """A mixed round: the client answers its questions; the proxy's answers wait in the stash.
+
+        The round counts toward `--max-input-rounds` like one the proxy re-sends: else a server
+        answering every retry with a mixed round would have the proxy sample on each, without end.
+        """
         self.end(pending)
+        chain.rounds += 1
         token = self.stash.put(answers, current.has_state, current.state, chain.rounds)
         log.info(
             "mixed input round: the client answers the rest",
@@ -290,21 +305,21 @@ class RoundDriver:
         self, pending: PendingRequest, chain: InputChain, result: dict[str, Any], current: ir.Round
     ) -> None:
         """The user must allow the proxy's sampling first: the client gets a reduced round with the
-        approval question beside its own, and the unanswered questions wait in the stash."""
+        approval question beside its own, and the unanswered questions wait in the stash. The form
+        shows every question that needs approval: a server could put a harmless one first."""
         assert self.approver is not None
         self.end(pending)
         if not can_elicit(chain.client.elicitation):
             refusal = cannot_elicit(self.approver.policy)
             await self._fail(pending.request_id, refusal.code, refusal.message, refusal.data)
             return
+        asked = [params for params in current.mine.values() if self.approver.needed(params)]
         try:
-            previews = [self.approver.preview(params) for params in current.mine.values()]
+            previews = [self.approver.preview(params) for params in asked]
         except SamplingError as exc:
             await self._fail(pending.request_id, exc.code, exc.message, exc.data)
             return
-        question = form(previews[0], None, protocol.STATELESS_VERSION)
-        if len(previews) > 1:
-            question["message"] += f"\n\n(The server asks {len(previews)} such questions; this answers all.)"
+        question = form(previews, None, protocol.STATELESS_VERSION)
         token = self.stash.put({}, current.has_state, current.state, chain.rounds, pending=current.mine)
         theirs = {**current.theirs, APPROVAL_KEY: {"method": protocol.ELICIT, "params": question}}
         log.info("sampling approval asked in the round", extra={"request_id": pending.request_id})

@@ -11,6 +11,7 @@ from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.logs import get_logger
 from mcp_backfill.options import Approval, Era, Mode
 from mcp_backfill.relay.capabilities import ClientProfile
+from mcp_backfill.relay.input_required import Redeemed
 
 log = get_logger("relay")
 
@@ -29,6 +30,9 @@ class RelayOptions:
     state_only_backoff: tuple[float, float] = (0.05, 0.25)
     # With a key (replicas share it), mixed rounds' answers travel sealed in the requestState.
     request_state_key: bytes | None = None
+    # The sealed tokens redeemed once, shared by every relay built with these options (the process's:
+    # the sidecar's hubs come and go), so that a replay finds them used whichever relay takes it.
+    redeemed_tokens: Redeemed = field(default_factory=Redeemed, compare=False)
     # Handshake era: the longest a task-augmented sampling request is kept (seconds).
     task_ttl_max: float = 3600.0
     # Ask the user (through the client's elicitation) before sampling, and how long to wait.

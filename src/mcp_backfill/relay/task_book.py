@@ -10,6 +10,7 @@ answering the server) lives in `tasks`; this module is pure, with an injectable 
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from collections.abc import Callable
@@ -91,18 +92,26 @@ class TaskBook:
         """A new working task, and the tasks forgotten to make room (still working ones among them
         must be stopped by the caller)."""
         evicted = self.expire()
-        ttl = self.ttl_max_ms
-        numeric = isinstance(requested_ttl, int | float) and not isinstance(requested_ttl, bool)
-        if numeric and requested_ttl > 0:
-            ttl = min(int(requested_ttl), ttl)
         now = self.clock()
-        task = SamplingTask(TASK_ID_PREFIX + secrets.token_urlsafe(16), now, ttl, updated=now)
+        task = SamplingTask(
+            TASK_ID_PREFIX + secrets.token_urlsafe(16), now, self.granted_ttl(requested_ttl), updated=now
+        )
         if len(self.tasks) >= MAX_TASKS:
             finished = next((t for t in self.tasks.values() if t.terminal), None)
             oldest = finished if finished is not None else next(iter(self.tasks.values()))
             evicted.append(self.tasks.pop(oldest.task_id))
         self.tasks[task.task_id] = task
         return task, evicted
+
+    def granted_ttl(self, requested: Any) -> int:
+        """The TTL a task gets (ms): the server's request within the cap, whole milliseconds rounded
+        up, or the cap when it asked for none a task can have (not a positive finite number: JSON's
+        `1e400` is infinity, and 0.5 ms cut to 0 would be a task gone before it could be polled)."""
+        numeric = isinstance(requested, int | float) and not isinstance(requested, bool)
+        if numeric and math.isfinite(requested) and requested > 0:
+            ceiling: int = math.ceil(requested)
+            return min(ceiling, self.ttl_max_ms)
+        return self.ttl_max_ms
 
     def expire(self) -> list[SamplingTask]:
         """Forget the tasks whose TTL has passed; returns them."""
