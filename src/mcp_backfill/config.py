@@ -11,9 +11,10 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
-from urllib.parse import unquote_plus, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from mcp_backfill import protocol
+from mcp_backfill.credentials import CREDENTIAL_NAME, url_credentials
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.options import (
     DEFAULTS,
@@ -32,7 +33,6 @@ from mcp_backfill.options import (
 )
 
 __all__ = [
-    "CREDENTIAL_NAME",
     "PLATFORM_SECRET_ENV_VARS",
     "SECRET_ENV_VARS",
     "AudioPolicy",
@@ -46,13 +46,11 @@ __all__ = [
     "check_header",
     "check_upstream_url",
     "custom_header_secrets",
-    "hide_url_credentials",
     "is_loopback",
     "read_secret_files",
     "secret_from_env",
     "upstream_environment",
     "upstream_header_secrets",
-    "url_credentials",
 ]
 
 # How clients reach the proxy: its own stdin/stdout, or streamable HTTP (`mcp-backfill serve`).
@@ -79,9 +77,6 @@ PLATFORM_SECRET_ENV_VARS = ("AWS_BEARER_TOKEN_BEDROCK", "AWS_SECRET_ACCESS_KEY",
 CUSTOM_HEADERS_ENV_VAR = "ANTHROPIC_CUSTOM_HEADERS"
 # A header name is an HTTP token (RFC 9110 section 5.6.2).
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-# Names of upstream headers and URL query parameters whose values are credentials: kept out of the
-# logs like the API key.
-CREDENTIAL_NAME = re.compile(r"auth|token|key|secret|cookie|session|password", re.IGNORECASE)
 # Headers the proxy sets itself on every upstream request (the MCP ones are computed per message).
 RESERVED_UPSTREAM_HEADERS = frozenset(
     {
@@ -363,34 +358,6 @@ def upstream_header_secrets(headers: Sequence[tuple[str, str]]) -> tuple[str, ..
             if token:
                 found.append(token)
     return tuple(found)
-
-
-def url_credentials(url: str) -> tuple[str, ...]:
-    """The credentials in `url`: its password, and the values of query parameters named like one
-    (redis-py takes `?password=`, and hands any other parameter, e.g. `ssl_password`, to its
-    connection). Each as written and decoded, the form a client library may repeat in an error."""
-    parts = urlsplit(url)
-    found = [parts.password or "", *(_credential_value(piece) for piece in parts.query.split("&"))]
-    return tuple(dict.fromkeys(each for value in found for each in (value, unquote_plus(value)) if each))
-
-
-def hide_url_credentials(url: str) -> str:
-    """`url` with `***` for each credential `url_credentials` finds, for messages and logs. Nothing
-    else is parsed (a port that is not a number is shown as written)."""
-    parts = urlsplit(url)
-    userinfo, at, host = parts.netloc.rpartition("@")
-    user, colon, _ = userinfo.partition(":")
-    query = (
-        f"{piece.partition('=')[0]}=***" if _credential_value(piece) else piece
-        for piece in parts.query.split("&")
-    )
-    return urlunsplit(parts._replace(netloc=f"{user}{colon and ':***'}{at}{host}", query="&".join(query)))
-
-
-def _credential_value(piece: str) -> str:
-    """The value of one `name=value` of a query if the name is a credential's, else ''."""
-    name, _, value = piece.partition("=")
-    return value if CREDENTIAL_NAME.search(unquote_plus(name)) else ""
 
 
 def is_loopback(host: str) -> bool:

@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mcp_backfill.credentials import hide_url_credentials
 from mcp_backfill.errors import ConfigError, StoreUnavailable
 from mcp_backfill.options import Allowance
 from mcp_backfill.sampling.store import (
@@ -32,7 +33,7 @@ from mcp_backfill.sampling.store import (
     exhausted,
 )
 from mcp_backfill.stores import open_store
-from mcp_backfill.stores.redis import RedisStore, display_url
+from mcp_backfill.stores.redis import RedisStore
 from mcp_backfill.stores.sqlite import SqliteStore
 from tests.services import redis_server
 
@@ -302,8 +303,8 @@ def test_store_urls() -> None:
         open_store("postgres://db", lease_seconds=30, timeout=1)
     with pytest.raises(ConfigError, match="needs a file"):
         open_store("sqlite://", lease_seconds=30, timeout=1)
-    assert display_url("redis://user:pw@h:1/0") == "redis://user:***@h:1/0"
-    assert display_url("rediss://h:1/0") == "rediss://h:1/0"
+    assert hide_url_credentials("redis://user:pw@h:1/0") == "redis://user:***@h:1/0"
+    assert hide_url_credentials("rediss://h:1/0") == "rediss://h:1/0"
 
 
 @pytest.mark.parametrize(

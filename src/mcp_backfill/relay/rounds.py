@@ -42,7 +42,12 @@ Send = Callable[[bytes], Awaitable[None]]
 
 
 class RoundDriver:
-    """Drives the `input_required` rounds of one session's 2026-07-28 requests."""
+    """Drives the `input_required` rounds of one session's 2026-07-28 requests.
+
+    Long because a round's life is one story told in order: the client's request rewritten, each
+    round taken from the server's result, answered by Claude (after approval, if asked), handed to
+    the client when it has questions of its own, and ended by an answer, a cancel or the round cap.
+    """
 
     def __init__(
         self,

@@ -9,7 +9,7 @@ Each backend is imported only when it is used (the Redis client is an optional d
 
 from __future__ import annotations
 
-from mcp_backfill.config import url_credentials
+from mcp_backfill.credentials import url_credentials
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.options import option
 from mcp_backfill.sampling.store import LedgerStore, MemoryStore

@@ -28,7 +28,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
 
-from mcp_backfill.config import hide_url_credentials as display_url
+from mcp_backfill.credentials import hide_url_credentials
 from mcp_backfill.errors import StoreUnavailable
 from mcp_backfill.options import BUDGET_WINDOWS
 from mcp_backfill.sampling.store import (
@@ -42,7 +42,7 @@ from mcp_backfill.sampling.store import (
     Standing,
 )
 
-__all__ = ["RedisStore", "display_url"]
+__all__ = ["RedisStore"]
 
 # How long a settled lease is remembered, so that the settlement sent again (its reply lost, then
 # retried by redis-py or, after an outage, by the store link) charges nothing: one entry per call
@@ -290,7 +290,7 @@ class RedisStore:
         timeout: float = 2.0,
         prefix: str = "mcp-backfill:",
     ) -> None:
-        self.description = display_url(url)
+        self.description = hide_url_credentials(url)
         self.lease_seconds = lease_seconds
         self._prefix = prefix
         self._client = aioredis.Redis.from_url(
