@@ -18,6 +18,7 @@ from mcp_backfill.errors import ConfigError
 from mcp_backfill.options import (
     DEFAULTS,
     ENV_PREFIX,
+    NOT_QUOTED,
     OPTIONS,
     Allowance,
     Approval,
@@ -299,8 +300,10 @@ def check_header(flag: str, name: str, value: str) -> None:
 
     Upstream headers must also leave alone the headers the proxy sets itself, and be printable ASCII.
     """
-    if not _HEADER_NAME.fullmatch(name):
-        raise ConfigError(f"{flag}: invalid header {name!r}, not a valid HTTP header name")
+    if not _HEADER_NAME.fullmatch(name):  # not quoted: a mistyped line may have a token there
+        raise ConfigError(
+            f"{flag}: invalid header name (letters, digits and !#$%&'*+.^_`|~- only; {NOT_QUOTED})"
+        )
     if flag != "--upstream-header":
         if "\r" in value or "\n" in value:
             raise ConfigError(f"{flag} {name}: the value must be one line")

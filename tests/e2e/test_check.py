@@ -101,3 +101,13 @@ def test_bad_usage(args: list[str]) -> None:
     done = check(*args, env=proxy_env())
     assert done.returncode == 2
     assert "usage: mcp-backfill check" in done.stderr
+
+
+def test_a_malformed_credential_is_not_printed() -> None:
+    secret = "sk-gateway-SECRET-0123456789"
+    done = check(
+        "--provider", "mock", "--api-header", f"Authorization Bearer {secret}", "--", "x", env=proxy_env()
+    )
+    assert done.returncode == 1
+    assert "configuration: FAILED: --api-header / MCP_BACKFILL_API_HEADERS: invalid header 1" in done.stdout
+    assert secret not in done.stdout + done.stderr

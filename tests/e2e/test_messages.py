@@ -65,6 +65,39 @@ def test_environment_errors_list_the_valid_values() -> None:
     )
 
 
+CREDENTIAL = "alicesupersecrettoken12345"
+
+
+@pytest.mark.anyio(False)
+@pytest.mark.parametrize(
+    ("args", "env", "names"),
+    [
+        (
+            ["serve", "--provider", "mock", "--", "true"],
+            {"MCP_BACKFILL_CLIENT_TOKENS": f"alice={CREDENTIAL},bob"},
+            "--client-tokens / MCP_BACKFILL_CLIENT_TOKENS: invalid entry 2",
+        ),
+        (
+            ["--provider", "mock", "--api-header", f"Authorization Bearer {CREDENTIAL}", "--", "true"],
+            {},
+            "--api-header / MCP_BACKFILL_API_HEADERS: invalid header 1",
+        ),
+        (
+            ["--provider", "mock", "--upstream-url", "http://127.0.0.1:9/mcp"],
+            {"MCP_BACKFILL_UPSTREAM_HEADERS": f"Authorization=Bearer {CREDENTIAL}"},
+            "--upstream-header / MCP_BACKFILL_UPSTREAM_HEADERS: invalid line 1",
+        ),
+    ],
+)
+def test_a_malformed_credential_is_refused_without_being_printed(
+    args: list[str], env: dict[str, str], names: str
+) -> None:
+    done = run(*args, env=proxy_env(**env))
+    assert done.returncode == 2
+    assert names in done.stderr
+    assert CREDENTIAL not in done.stdout + done.stderr
+
+
 @pytest.mark.anyio(False)
 def test_help_is_grouped_and_has_examples() -> None:
     done = run("--help")

@@ -58,7 +58,7 @@ def test_allowed_models_pin_and_default() -> None:
         (["--upstream-url", "h:8000/mcp"], KEY, "http:// or https://"),
         (["--upstream-header", "X-A: 1", "--", "s"], KEY, "needs --upstream-url"),
         (["--upstream-url", "http://h/mcp", "--upstream-header", "no colon"], KEY, "Name: value"),
-        (["--upstream-url", "http://h/mcp", "--upstream-header", "Bad Name: v"], KEY, "not a valid"),
+        (["--upstream-url", "http://h/mcp", "--upstream-header", "Bad Name: v"], KEY, "invalid header name"),
         (["--upstream-url", "http://h/mcp", "--upstream-header", "Mcp-Session-Id: s"], KEY, "itself"),
         (["--upstream-url", "http://h/mcp", "--upstream-header", "Mcp-Param-X: s"], KEY, "itself"),
         (
@@ -200,3 +200,12 @@ def test_credential_headers_are_redacted_and_kept_out_of_repr() -> None:
     )
     assert "tok-123" not in repr(config)
     assert set(config.secrets()) == {"sk-ant-unit-secret", "Bearer tok-123", "tok-123"}
+
+
+@pytest.mark.parametrize("flag", ["--api-header", "--upstream-header"])
+def test_an_invalid_header_name_is_not_quoted(flag: str) -> None:
+    # A mistyped separator puts the credential before the first colon: `X-Api-Key=tok:en`.
+    argv = ["--upstream-url", "http://h/mcp", flag, "X-Api-Key=secret-tok:en"]
+    with pytest.raises(ConfigError, match="invalid header name") as caught:
+        parse_config(argv, KEY)
+    assert "secret-tok" not in str(caught.value)

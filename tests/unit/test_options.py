@@ -203,3 +203,66 @@ def test_every_option_is_in_exactly_one_help_group() -> None:
     grouped = [name for _, names in GROUPS for name in names]
     assert sorted(grouped) == sorted(opt.name for opt in OPTIONS)
     assert len(grouped) == len(set(grouped))
+
+
+# Options whose values may hold a credential: a malformed one is never quoted in the error.
+SECRET_OPTIONS = {
+    "upstream_url",
+    "upstream_headers",
+    "api_headers",
+    "auth_token",
+    "client_tokens",
+    "state_store",
+    "request_state_key",
+}
+CREDENTIAL = "alicesupersecrettoken12345"
+
+
+def test_the_options_that_may_hold_a_credential_are_marked_secret() -> None:
+    assert {option.name for option in OPTIONS if option.secret} == SECRET_OPTIONS
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "option", "where"),
+    [
+        (["serve"], {"MCP_BACKFILL_CLIENT_TOKENS": f"alice={CREDENTIAL},bob"}, "client_tokens", "entry 2"),
+        (
+            ["serve", "--client-tokens", f"# ops\nalice={CREDENTIAL}\nbob {CREDENTIAL[::-1]}"],
+            {},
+            "client_tokens",
+            "line 3",
+        ),
+        ([], {"MCP_BACKFILL_API_HEADERS": f"X-Team: blue\nX-Api-Key {CREDENTIAL}"}, "api_headers", "line 2"),
+        (
+            ["--api-header", "X-Team: blue", "--api-header", f"Bearer {CREDENTIAL}"],
+            {},
+            "api_headers",
+            "header 2",
+        ),
+        (
+            ["--upstream-url", "http://h/mcp"],
+            {"MCP_BACKFILL_UPSTREAM_HEADERS": f"Authorization=Bearer {CREDENTIAL}"},
+            "upstream_headers",
+            "line 1",
+        ),
+    ],
+)
+def test_a_malformed_secret_is_refused_without_being_quoted(
+    argv: list[str], env: dict[str, str], option: str, where: str
+) -> None:
+    upstream = [] if "--upstream-url" in argv else ["--", "s"]
+    with pytest.raises(ConfigError) as caught:
+        parse_config([*argv, *upstream], KEY | env)
+    message = str(caught.value)
+    assert f"{BY_NAME[option].flag} / {BY_NAME[option].env}: invalid {where}" in message
+    assert CREDENTIAL not in message
+    assert CREDENTIAL[::-1] not in message
+
+
+def test_a_malformed_client_tokens_file_is_refused_by_line(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice={CREDENTIAL}\nbob {CREDENTIAL[::-1]}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        parse_config(["serve", "--", "s"], KEY | {"MCP_BACKFILL_CLIENT_TOKENS_FILE": str(tokens)})
+    assert "--client-tokens / MCP_BACKFILL_CLIENT_TOKENS: invalid line 2" in str(caught.value)
+    assert CREDENTIAL[::-1] not in str(caught.value)
