@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from mcp_backfill import protocol
 from mcp_backfill.errors import ConfigError
@@ -51,6 +51,7 @@ __all__ = [
     "secret_from_env",
     "upstream_environment",
     "upstream_header_secrets",
+    "upstream_url_secrets",
 ]
 
 # How clients reach the proxy: its own stdin/stdout, or streamable HTTP (`mcp-backfill serve`).
@@ -263,7 +264,8 @@ class Config:
 
     def secrets(self) -> tuple[str, ...]:
         """Every secret value, for the log redaction filter."""
-        return self._proxy_secrets() + upstream_header_secrets(self.upstream_headers)
+        upstream = upstream_header_secrets(self.upstream_headers) + upstream_url_secrets(self.upstream_url)
+        return self._proxy_secrets() + upstream
 
     def _store_secrets(self) -> tuple[str, ...]:
         """The state store URL's password (the URL itself is logged without it)."""
@@ -323,7 +325,9 @@ def check_upstream_url(url: str) -> None:
     except (httpx2.InvalidURL, ValueError):
         parsed = None
     if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host or url != url.strip():
-        raise ConfigError(f"--upstream-url must be an http:// or https:// URL, not {url!r}")
+        raise ConfigError(
+            f"{option('upstream_url').names}: must be an http:// or https:// URL with a host ({NOT_QUOTED})"
+        )
 
 
 def check_api_base_url(url: str) -> None:
@@ -356,6 +360,18 @@ def upstream_header_secrets(headers: Sequence[tuple[str, str]]) -> tuple[str, ..
             if token:
                 found.append(token)
     return tuple(found)
+
+
+def upstream_url_secrets(url: str | None) -> tuple[str, ...]:
+    """What in `--upstream-url` may be a credential (the URL is logged without userinfo or query): its
+    password, else a user name alone (`https://TOKEN@host`), and the values of query parameters named
+    like credentials (`?api_key=...`)."""
+    if not url:
+        return ()
+    parts = urlsplit(url)
+    found = [parts.password or parts.username or ""]
+    found += [value for name, value in parse_qsl(parts.query) if _CREDENTIAL_HEADER.search(name)]
+    return tuple(each for each in found if each)
 
 
 def is_loopback(host: str) -> bool:

@@ -27,6 +27,7 @@ from mcp_backfill.config import SECRET_FILE_VARIABLES, Config, unknown_variables
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.options import DEFAULTS, Option, Secret, options_for
 from mcp_backfill.relay.capabilities import ClientProfile, proxy_answers
+from mcp_backfill.transports.http_upstream.settings import display_url
 
 CLIENT_CAPABILITIES: Mapping[str, dict[str, Any]] = {
     "none": {},
@@ -103,7 +104,7 @@ def _configuration(report: Report, argv: Sequence[str], config: Config, environ:
         shown = "(not set)" if config.api_key is None else _masked(config.api_key.value)
         report.line(f"ANTHROPIC_API_KEY = {shown}  ({origin})")
         if config.api_base_url:
-            report.line(f"ANTHROPIC_BASE_URL = {config.api_base_url}  (environment)")
+            report.line(f"ANTHROPIC_BASE_URL = {display_url(config.api_base_url)}  (environment)")
     for name, close in unknown_variables(environ):
         hint = f"; did you mean {close}?" if close else ""
         report.fail(f"{name} is not a variable mcp-backfill reads{hint}")
@@ -118,6 +119,8 @@ def _source(opt: Option, flags: set[str], environ: Mapping[str, str]) -> str:
 
 
 def _shown(opt: Option, value: Any) -> str:
+    if opt.name == "upstream_url" and value:
+        return display_url(value)
     if isinstance(value, Secret):
         return _masked(value.value)
     if opt.name in ("api_headers", "upstream_headers", "client_tokens"):
@@ -167,7 +170,7 @@ def _redacted(text: str, config: Config) -> str:
 async def _session(report: Report, argv: Sequence[str], config: Config, declared: str) -> None:
     from mcp import Client, StdioServerParameters
 
-    target = config.upstream_url or " ".join(config.upstream_command)
+    target = display_url(config.upstream_url) if config.upstream_url else " ".join(config.upstream_command)
     report.section(f"session through the proxy: {target}")
     command = [sys.executable, "-m", "mcp_backfill", *argv]
     env = {"MCP_BACKFILL_LOG_LEVEL": "warning", **os.environ}  # its problems, not its progress

@@ -111,3 +111,13 @@ def test_a_malformed_credential_is_not_printed() -> None:
     assert done.returncode == 1
     assert "configuration: FAILED: --api-header / MCP_BACKFILL_API_HEADERS: invalid header 1" in done.stdout
     assert secret not in done.stdout + done.stderr
+
+
+def test_the_upstream_url_is_shown_without_its_credentials() -> None:
+    url = "http://user:TOPSECRETPASS@127.0.0.1:9/mcp?token=QUERYSECRET"
+    done = check("--provider", "mock", "--upstream-url", url, env=proxy_env())
+    assert done.returncode == 1
+    assert "--upstream-url = http://127.0.0.1:9/mcp  (flag)" in done.stdout
+    assert "session through the proxy: http://127.0.0.1:9/mcp\n" in done.stdout
+    assert "TOPSECRETPASS" not in done.stdout + done.stderr
+    assert "QUERYSECRET" not in done.stdout + done.stderr

@@ -209,3 +209,16 @@ def test_an_invalid_header_name_is_not_quoted(flag: str) -> None:
     with pytest.raises(ConfigError, match="invalid header name") as caught:
         parse_config(argv, KEY)
     assert "secret-tok" not in str(caught.value)
+
+
+def test_a_refused_upstream_url_is_not_quoted() -> None:
+    with pytest.raises(ConfigError, match="--upstream-url") as caught:
+        parse_config(["--upstream-url", "ftp://user:TOPSECRETPASS@h.example/mcp"], KEY)
+    assert "TOPSECRETPASS" not in str(caught.value)
+
+
+def test_the_credentials_of_the_upstream_url_are_redacted() -> None:
+    url = "https://user:TOPSECRETPASS@h.example/mcp?api_key=QUERYSECRET&region=eu-west"
+    secrets = parse_config(["--upstream-url", url], KEY).secrets()
+    assert {"TOPSECRETPASS", "QUERYSECRET"} <= set(secrets)
+    assert "eu-west" not in secrets  # a parameter whose name is no credential's
