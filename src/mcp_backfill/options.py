@@ -14,6 +14,7 @@ declares (`AudioPolicy`...), without depending on `config`.
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -87,10 +88,14 @@ def whole_number(raw: str) -> int:
 
 
 def number(raw: str) -> float:
+    """A finite number (`inf` and `nan` are no durations: they would break the timers)."""
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
         raise ValueError("expected a number") from None
+    if not math.isfinite(value):
+        raise ValueError("expected a finite number")
+    return value
 
 
 def parse_bool(raw: str) -> bool:

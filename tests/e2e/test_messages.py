@@ -99,6 +99,21 @@ def test_a_malformed_credential_is_refused_without_being_printed(
 
 
 @pytest.mark.anyio(False)
+@pytest.mark.parametrize(
+    ("args", "env", "names"),
+    [
+        (["--task-ttl-max", "inf"], {}, "--task-ttl-max / MCP_BACKFILL_TASK_TTL_MAX"),
+        (["serve", "--port", "0"], {"MCP_BACKFILL_DRAIN_TIMEOUT": "inf"}, "MCP_BACKFILL_DRAIN_TIMEOUT"),
+    ],
+)
+def test_an_endless_duration_is_refused_at_startup(args: list[str], env: dict[str, str], names: str) -> None:
+    done = run(*args, "--provider", "mock", "--", *ECHO, env=proxy_env(**env))
+    assert done.returncode == 2
+    assert f"{names}: invalid value 'inf' (expected a finite number)" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.anyio(False)
 def test_help_is_grouped_and_has_examples() -> None:
     done = run("--help")
     assert done.returncode == 0

@@ -25,6 +25,7 @@ from mcp_backfill.options import (
     Option,
     env_var,
     main,
+    number,
     options_for,
     sync_tables,
 )
@@ -266,3 +267,12 @@ def test_a_malformed_client_tokens_file_is_refused_by_line(tmp_path: Path) -> No
         parse_config(["serve", "--", "s"], KEY | {"MCP_BACKFILL_CLIENT_TOKENS_FILE": str(tokens)})
     assert "--client-tokens / MCP_BACKFILL_CLIENT_TOKENS: invalid line 2" in str(caught.value)
     assert CREDENTIAL[::-1] not in str(caught.value)
+
+
+@pytest.mark.parametrize("raw", ["inf", "-Infinity", "nan"])
+@pytest.mark.parametrize("option", [option for option in OPTIONS if option.parse is number], ids=str)
+def test_seconds_must_be_finite(option: Option, raw: str) -> None:
+    serve = ["serve"] if option.command == "serve" else []
+    with pytest.raises(ConfigError) as caught:
+        parse_config([*serve, f"{option.flag}={raw}", "--", "s"], KEY)
+    assert f"{option.names}: invalid value '{raw}' (expected a finite number)" in str(caught.value)
