@@ -219,7 +219,7 @@ def secret_or_none(raw: str) -> Secret | None:
 
 
 class Check:
-    """A rule a field value must follow; `problem()` says what is wrong (after the flag), or None.
+    """A rule a field value must follow; `problem()` says what is wrong (after the option), or None.
 
     A plain class with factory functions rather than dataclasses: the proxy imports this module on
     every start, and each dataclass costs a millisecond or more to create.
@@ -386,15 +386,15 @@ class Option:
     # -- checking --------------------------------------------------------------------------------
 
     def problem(self, value: Any) -> str | None:
-        """What is wrong with a field value, as an error message naming the flag; None if nothing."""
+        """What is wrong with a field value, as an error message naming the option; None if nothing."""
         if value is None:
             return None
         if self.choices and value not in self.choices:
-            return f"{self.flag} must be one of {', '.join(self.choices)}, not {value!r}"
+            return f"{self.names}: must be one of {', '.join(self.choices)}, not {value!r}"
         for check in self.checks:
             problem = check.problem(value)
             if problem is not None:
-                return f"{self.flag} {problem}"
+                return f"{self.names}: {problem}"
         return None
 
     # -- describing ------------------------------------------------------------------------------
@@ -1185,6 +1185,11 @@ def option(name: str) -> Option:
 def env_var(flag: str) -> str:
     """The environment variable of `flag`, e.g. to name both in an error message."""
     return BY_FLAG[flag].env
+
+
+def named(flag: str) -> str:
+    """`--flag / MCP_BACKFILL_FLAG`: an option as error messages name it."""
+    return BY_FLAG[flag].names
 
 
 def options_for(serve: bool) -> tuple[Option, ...]:

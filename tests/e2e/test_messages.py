@@ -114,6 +114,23 @@ def test_an_endless_duration_is_refused_at_startup(args: list[str], env: dict[st
 
 
 @pytest.mark.anyio(False)
+@pytest.mark.parametrize(
+    ("serve", "variable", "value", "problem"),
+    [
+        (["serve"], "MCP_BACKFILL_PORT", "70000", "must be between 0 and 65535"),
+        ([], "MCP_BACKFILL_SAMPLING_TIMEOUT", "-1", "must not be negative"),
+        ([], "MCP_BACKFILL_ALLOWED_MODELS", ",", "must name at least one model"),
+    ],
+)
+def test_a_value_out_of_range_names_the_variable(
+    serve: list[str], variable: str, value: str, problem: str
+) -> None:
+    done = run(*serve, "--provider", "mock", "--", "true", env=proxy_env(**{variable: value}))
+    assert done.returncode == 2
+    assert f" / {variable}: {problem}" in done.stderr
+
+
+@pytest.mark.anyio(False)
 def test_help_is_grouped_and_has_examples() -> None:
     done = run("--help")
     assert done.returncode == 0

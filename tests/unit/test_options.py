@@ -76,10 +76,16 @@ def test_every_default_passes_its_own_check() -> None:
             assert option.default in option.choices
 
 
-def test_checks_name_the_flag() -> None:
-    assert BY_NAME["max_tokens_cap"].problem(0) == "--max-tokens-cap must be at least 1, not 0"
-    assert BY_NAME["port"].problem(70000) == "--port must be between 0 and 65535"
-    assert BY_NAME["mode"].problem("x") == "--mode must be one of fallback, always, off, not 'x'"
+def test_checks_name_the_flag_and_the_variable() -> None:
+    assert (
+        BY_NAME["max_tokens_cap"].problem(0)
+        == "--max-tokens-cap / MCP_BACKFILL_MAX_TOKENS_CAP: must be at least 1, not 0"
+    )
+    assert BY_NAME["port"].problem(70000) == "--port / MCP_BACKFILL_PORT: must be between 0 and 65535"
+    assert (
+        BY_NAME["mode"].problem("x")
+        == "--mode / MCP_BACKFILL_MODE: must be one of fallback, always, off, not 'x'"
+    )
 
 
 @pytest.mark.parametrize("serve", [False, True])
