@@ -92,6 +92,7 @@ def build_parser(serve: bool = False) -> argparse.ArgumentParser:
             for part in EPILOG.split("\n\n")
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # one spelling per option: `check` reports where each setting came from
     )
     parser.add_argument("--version", action="version", version=f"mcp-backfill {__version__}")
     offered = {each.name: each for each in options_for(serve)}

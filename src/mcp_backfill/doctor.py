@@ -115,7 +115,7 @@ def _source(opt: Option, flags: set[str], environ: Mapping[str, str]) -> str:
         return "flag"
     if opt.env in SECRET_FILE_VARIABLES and environ.get(f"{opt.env}_FILE"):
         return f"file {opt.env}_FILE"
-    return f"environment {opt.env}" if opt.env in environ else "default"
+    return f"environment {opt.env}" if environ.get(opt.env) else "default"  # empty: not set (`Option.raw`)
 
 
 def _shown(opt: Option, value: Any) -> str:

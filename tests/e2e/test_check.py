@@ -121,3 +121,18 @@ def test_the_upstream_url_is_shown_without_its_credentials() -> None:
     assert "session through the proxy: http://127.0.0.1:9/mcp\n" in done.stdout
     assert "TOPSECRETPASS" not in done.stdout + done.stderr
     assert "QUERYSECRET" not in done.stdout + done.stderr
+
+
+def test_an_abbreviated_flag_is_refused() -> None:
+    done = check("--prov", "mock", "--", *WEATHER, env=proxy_env())
+    assert done.returncode == 2
+    assert "unrecognized arguments: --prov" in done.stderr
+
+
+def test_an_empty_variable_is_not_named_as_a_source() -> None:
+    # An empty variable is not set, for the proxy as for the report.
+    env = proxy_env(MCP_BACKFILL_MODE="", MCP_BACKFILL_MAX_TOKENS_CAP="")
+    done = check("--provider", "mock", "--", *WEATHER, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "--mode = fallback  (default)" in done.stdout
+    assert "MCP_BACKFILL_MAX_TOKENS_CAP" not in done.stdout

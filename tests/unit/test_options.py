@@ -100,6 +100,14 @@ def test_the_parsers_have_exactly_the_tables_flags(serve: bool) -> None:
             assert f"default {option.default_words()}" in helps[option.flag]
 
 
+@pytest.mark.parametrize("argv", [["--prov", "mock"], ["serve", "--max-sess", "3"]])
+def test_abbreviated_flags_are_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    # Every option has a variable too, and `check` reports where each setting came from: one spelling.
+    with pytest.raises(SystemExit):
+        parse_config([*argv, "--", "s"], KEY)
+    assert f"unrecognized arguments: {argv[-2]}" in capsys.readouterr().err
+
+
 def test_serve_options_are_read_by_serve_only() -> None:
     env = KEY | {"MCP_BACKFILL_PORT": "9000", "MCP_BACKFILL_MAX_SESSIONS": "0"}
     assert parse_config(["--", "s"], env).port == DEFAULTS["port"]
