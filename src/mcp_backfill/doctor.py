@@ -3,12 +3,12 @@
 It reads the options exactly as the proxy would (flags, then `MCP_BACKFILL_*` variables, then
 defaults; `*_FILE` variables read from their files) and prints each setting that is not a default
 with where it came from, secrets masked. Then it tries the parts in turn: one cheap authenticated
-call to the provider (counting the tokens of a one-word prompt costs nothing), and a real session
-through the proxy — `mcp-backfill` started with the same options in front of the same upstream,
-an MCP SDK client doing the handshake — which shows the server's name, version and protocol
-revision, and whether the proxy will answer sampling for a client that declares what
-`--client-capabilities` says. Exit status 0 when every part works, 1 when one does not, 2 for
-bad usage.
+call to the provider (counting the tokens of a one-word prompt costs nothing; not with `--mode
+off`, which never calls it), and a real session through the proxy — `mcp-backfill` started with
+the same options in front of the same upstream, an MCP SDK client doing the handshake — which
+shows the server's name, version and protocol revision, and whether the proxy will answer
+sampling for a client that declares what `--client-capabilities` says. Exit status 0 when every
+part works, 1 when one does not, 2 for bad usage.
 """
 
 from __future__ import annotations
@@ -136,6 +136,9 @@ def _masked(secret: str) -> str:
 
 async def _provider(report: Report, config: Config) -> None:
     report.section(f"provider: {config.provider}")
+    if config.mode == "off":  # Config asks for no key then: the provider is never called
+        report.line("not tried: --mode off answers no sampling request (pure pass-through)")
+        return
     if config.provider == "mock":
         report.line("offline mock provider: nothing to reach, no key needed (answers are canned)")
         return

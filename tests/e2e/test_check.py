@@ -136,3 +136,11 @@ def test_an_empty_variable_is_not_named_as_a_source() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "--mode = fallback  (default)" in done.stdout
     assert "MCP_BACKFILL_MAX_TOKENS_CAP" not in done.stdout
+
+
+def test_a_pass_through_setup_needs_no_key() -> None:
+    done = check("--mode", "off", "--", *WEATHER, env=proxy_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "not tried: --mode off answers no sampling request" in done.stdout
+    assert "FAILED" not in done.stdout
+    assert "OK: every part works" in done.stdout
