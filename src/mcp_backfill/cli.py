@@ -27,12 +27,19 @@ from mcp_backfill.config import (
 )
 from mcp_backfill.errors import ConfigError, StartupError
 from mcp_backfill.logs import configure_logging, get_logger
-from mcp_backfill.options import DEFAULTS, GROUPS, OPTIONS, Option, options_for, read_options
+from mcp_backfill.options import (
+    DEFAULTS,
+    GROUPS,
+    OPTIONS,
+    SERVE_COMMAND,
+    Option,
+    options_for,
+    read_options,
+)
 from mcp_backfill.transports.child import HeldSignals, start_child
 
 SERVE_USAGE = "mcp-backfill serve [OPTIONS] (--upstream-url URL | -- COMMAND [ARGS...])"
 USAGE = f"mcp-backfill [OPTIONS] (--upstream-url URL | -- COMMAND [ARGS...])\n       {SERVE_USAGE}"
-SERVE_COMMAND = "serve"
 CHECK_COMMAND = "check"
 CLIENTS_COMMAND = "clients"
 DESCRIPTION = (

@@ -25,7 +25,7 @@ from mcp_backfill import __version__
 from mcp_backfill.assembly import provider_settings
 from mcp_backfill.config import SECRET_FILE_VARIABLES, Config, unknown_variables
 from mcp_backfill.errors import ConfigError
-from mcp_backfill.options import DEFAULTS, Option, Secret, options_for
+from mcp_backfill.options import DEFAULTS, SERVE_COMMAND, Option, Secret, options_for
 from mcp_backfill.relay.capabilities import ClientProfile, proxy_answers
 from mcp_backfill.transports.http_upstream.settings import display_url
 
@@ -37,6 +37,11 @@ CLIENT_CAPABILITIES: Mapping[str, dict[str, Any]] = {
 USAGE = (
     "usage: mcp-backfill check [--client-capabilities none|sampling|sampling-tools] [OPTIONS] "
     "(--upstream-url URL | -- COMMAND [ARGS...])"
+)
+NOT_SERVE = (
+    "mcp-backfill check: error: `check` tries the stdio wrapper, not `serve` (the HTTP front); run it "
+    "without `serve` and its own options (--host, --port, --auth-token...) to check the provider and "
+    "the upstream, then ask the running sidecar: GET /healthz"
 )
 TIMEOUT = 30.0  # seconds for each part that talks to something
 
@@ -55,6 +60,9 @@ def main(argv: Sequence[str], parse_config: ParseConfig, environ: Mapping[str, s
     if declared not in CLIENT_CAPABILITIES or (not args or args in (["-h"], ["--help"])):
         sys.stderr.write(USAGE + "\n")
         return 0 if args in (["-h"], ["--help"]) else 2
+    if args[0] == SERVE_COMMAND:  # its session part would speak stdio to an HTTP server, and wait
+        sys.stderr.write(f"{USAGE}\n{NOT_SERVE}\n")
+        return 2
     try:
         config = parse_config(args, environ)
     except ConfigError as exc:

@@ -45,6 +45,7 @@ NOT_QUOTED = "not quoted: it may hold a secret"
 
 # Which commands have an option: both `mcp-backfill` and `mcp-backfill serve`, or `serve` only.
 Command = Literal["both", "serve"]
+SERVE_COMMAND = "serve"
 # How an option is given: one value, a switch (a flag without a value; `1`/`0`… in the environment),
 # or header lines (a repeatable flag; one per line in the environment).
 Kind = Literal["value", "switch", "lines"]

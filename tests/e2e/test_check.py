@@ -144,3 +144,13 @@ def test_a_pass_through_setup_needs_no_key() -> None:
     assert "not tried: --mode off answers no sampling request" in done.stdout
     assert "FAILED" not in done.stdout
     assert "OK: every part works" in done.stdout
+
+
+def test_serve_is_refused_with_what_to_do_instead() -> None:
+    # `check` speaks stdio to the proxy it starts: a `serve` one would never answer.
+    done = check("serve", "--provider", "mock", "--port", "0", "--", *WEATHER, env=proxy_env())
+    assert done.returncode == 2
+    assert "usage: mcp-backfill check" in done.stderr
+    assert "without `serve` and its own options" in done.stderr
+    assert "/healthz" in done.stderr
+    assert done.stdout == ""
