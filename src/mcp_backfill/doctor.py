@@ -43,6 +43,7 @@ NOT_SERVE = (
     "without `serve` and its own options (--host, --port, --auth-token...) to check the provider and "
     "the upstream, then ask the running sidecar: GET /healthz"
 )
+KEY_PREFIX = "sk-ant-"  # every Anthropic API key's, public: the one part of a secret `check` shows
 TIMEOUT = 30.0  # seconds for each part that talks to something
 
 
@@ -139,7 +140,9 @@ def _shown(opt: Option, value: Any) -> str:
 
 
 def _masked(secret: str) -> str:
-    return f"{secret[:7]}…({len(secret)} characters)" if len(secret) > 16 else "***"
+    """The length only; of an Anthropic key, also its public prefix (which tells a key from a token)."""
+    length = f"({len(secret)} characters)"
+    return f"{KEY_PREFIX}…{length}" if secret.startswith(KEY_PREFIX) else f"***{length}"
 
 
 async def _provider(report: Report, config: Config) -> None:

@@ -154,3 +154,12 @@ def test_serve_is_refused_with_what_to_do_instead() -> None:
     assert "without `serve` and its own options" in done.stderr
     assert "/healthz" in done.stderr
     assert done.stdout == ""
+
+
+def test_only_the_public_prefix_of_a_key_is_shown() -> None:
+    # A gateway's token in ANTHROPIC_API_KEY: any 7 characters of it would be 7 characters of the secret.
+    token = "Zq9v4Lx2Rt7mWp3kHs6dNb8c"
+    done = check("--mode", "off", "--", *WEATHER, env=proxy_env(ANTHROPIC_API_KEY=token))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"ANTHROPIC_API_KEY = ***({len(token)} characters)  (environment)" in done.stdout
+    assert token[:4] not in done.stdout
