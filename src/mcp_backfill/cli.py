@@ -72,12 +72,14 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         unrecognized = message.partition("unrecognized arguments: ")[2].split()
         serve_flags = [arg.split("=")[0] for arg in unrecognized if arg.split("=")[0] in SERVE_ONLY]
-        if serve_flags and not self.prog.endswith(SERVE_COMMAND):
+        serving = self.prog.endswith(SERVE_COMMAND)
+        if unrecognized[:1] == [SERVE_COMMAND] and not serving:
+            message += f"; `{SERVE_COMMAND}` comes first: {SERVE_USAGE}"
+        elif serve_flags and not serving:
             message += f"; {serve_flags[0]} is an option of `mcp-backfill serve` (the HTTP front)"
         elif unrecognized and not unrecognized[0].startswith("-"):
-            message += (
-                f"; put `--` before the server command: mcp-backfill [OPTIONS] -- {' '.join(unrecognized)}"
-            )
+            command = " ".join(unrecognized)
+            message += f"; put `--` before the server command: {self.prog} [OPTIONS] -- {command}"
         super().error(message)
 
 

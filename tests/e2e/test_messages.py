@@ -50,6 +50,27 @@ def test_a_server_command_without_double_dash_gets_a_hint() -> None:
 
 
 @pytest.mark.anyio(False)
+def test_the_double_dash_hint_of_serve_keeps_serve() -> None:
+    done = run("serve", "python", "server.py")
+    assert done.returncode == 2
+    assert (
+        "put `--` before the server command: mcp-backfill serve [OPTIONS] -- python server.py" in done.stderr
+    )
+
+
+@pytest.mark.anyio(False)
+@pytest.mark.parametrize(
+    "args", [["--provider", "mock", "serve", "--", "x"], ["--provider", "mock", "serve", "--port", "0"]]
+)
+def test_serve_after_options_is_said_to_come_first(args: list[str]) -> None:
+    done = run(*args)
+    assert done.returncode == 2
+    assert "unrecognized arguments: serve" in done.stderr
+    assert "`serve` comes first: mcp-backfill serve [OPTIONS]" in done.stderr
+    assert "-- serve" not in done.stderr  # not a server command named serve
+
+
+@pytest.mark.anyio(False)
 def test_a_serve_option_without_serve_says_where_it_belongs() -> None:
     done = run("--port", "9000", "--", "true")
     assert done.returncode == 2
