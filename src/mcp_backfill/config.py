@@ -341,7 +341,7 @@ def check_upstream_url(url: str) -> None:
         parsed = None
     if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host or url != url.strip():
         raise ConfigError(
-            f"{option('upstream_url').names}: must be an http:// or https:// URL with a host ({NOT_QUOTED})"
+            f"{named('--upstream-url')}: must be an http:// or https:// URL with a host ({NOT_QUOTED})"
         )
 
 

@@ -132,7 +132,7 @@ def _shown(opt: Option, value: Any) -> str:
         return display_url(value)
     if isinstance(value, Secret):
         return _masked(value.value)
-    if opt.name in ("api_headers", "upstream_headers", "client_tokens"):
+    if opt.secret and isinstance(value, tuple):  # headers, client tokens
         return f"({len(value)} set, values masked)"
     if isinstance(value, tuple):
         return ",".join(str(each) for each in value) or "(none)"
