@@ -28,12 +28,19 @@ from mcp_backfill.config import (
 )
 from mcp_backfill.errors import ConfigError, StartupError
 from mcp_backfill.logs import configure_logging, get_logger
-from mcp_backfill.options import DEFAULTS, GROUPS, OPTIONS, Option, options_for, read_options
+from mcp_backfill.options import (
+    DEFAULTS,
+    GROUPS,
+    OPTIONS,
+    SERVE_COMMAND,
+    Option,
+    options_for,
+    read_options,
+)
 from mcp_backfill.transports.child import HeldSignals, start_child
 
 SERVE_USAGE = "mcp-backfill serve [OPTIONS] (--upstream-url URL | -- COMMAND [ARGS...])"
 USAGE = f"mcp-backfill [OPTIONS] (--upstream-url URL | -- COMMAND [ARGS...])\n       {SERVE_USAGE}"
-SERVE_COMMAND = "serve"
 CHECK_COMMAND = "check"
 CLIENTS_COMMAND = "clients"
 DESCRIPTION = (
@@ -66,12 +73,14 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         unrecognized = message.partition("unrecognized arguments: ")[2].split()
         serve_flags = [arg.split("=")[0] for arg in unrecognized if arg.split("=")[0] in SERVE_ONLY]
-        if serve_flags and not self.prog.endswith(SERVE_COMMAND):
+        serving = self.prog.endswith(SERVE_COMMAND)
+        if unrecognized[:1] == [SERVE_COMMAND] and not serving:
+            message += f"; `{SERVE_COMMAND}` comes first: {SERVE_USAGE}"
+        elif serve_flags and not serving:
             message += f"; {serve_flags[0]} is an option of `mcp-backfill serve` (the HTTP front)"
         elif unrecognized and not unrecognized[0].startswith("-"):
-            message += (
-                f"; put `--` before the server command: mcp-backfill [OPTIONS] -- {' '.join(unrecognized)}"
-            )
+            command = " ".join(unrecognized)
+            message += f"; put `--` before the server command: {self.prog} [OPTIONS] -- {command}"
         super().error(message)
 
 
@@ -93,6 +102,7 @@ def build_parser(serve: bool = False) -> argparse.ArgumentParser:
             for part in EPILOG.split("\n\n")
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # one spelling per option: `check` reports where each setting came from
     )
     parser.add_argument("--version", action="version", version=f"mcp-backfill {__version__}")
     offered = {each.name: each for each in options_for(serve)}

@@ -19,6 +19,7 @@ from mcp_backfill.errors import ConfigError
 from mcp_backfill.options import (
     DEFAULTS,
     ENV_PREFIX,
+    NOT_QUOTED,
     OPTIONS,
     Allowance,
     Approval,
@@ -29,6 +30,7 @@ from mcp_backfill.options import (
     Mode,
     ProviderName,
     Secret,
+    named,
     option,
 )
 
@@ -51,6 +53,7 @@ __all__ = [
     "secret_from_env",
     "upstream_environment",
     "upstream_header_secrets",
+    "upstream_url_secrets",
 ]
 
 # How clients reach the proxy: its own stdin/stdout, or streamable HTTP (`mcp-backfill serve`).
@@ -189,24 +192,29 @@ class Config:
         if not self.upstream_command and not self.upstream_url:
             raise ConfigError(
                 "no upstream server: give its command after `--`, e.g. `mcp-backfill -- python server.py`, "
-                "or its URL, e.g. `mcp-backfill --upstream-url http://127.0.0.1:8000/mcp`"
+                "or its URL, e.g. `mcp-backfill --upstream-url http://127.0.0.1:8000/mcp` "
+                f"({option('upstream_url').env})"
             )
         if self.upstream_command and self.upstream_url:
             raise ConfigError(
-                "two upstream servers: give either --upstream-url or a command after `--`, not both"
+                f"two upstream servers: give either {named('--upstream-url')} or a command after `--`, "
+                "not both"
             )
         if self.upstream_url is not None:
             check_upstream_url(self.upstream_url)
         elif self.upstream_headers:
-            raise ConfigError("--upstream-header needs --upstream-url (a command upstream gets no headers)")
+            raise ConfigError(
+                f"{named('--upstream-header')} needs {named('--upstream-url')} (a command upstream gets no "
+                "headers)"
+            )
         if self.api_base_url is not None and self.provider == "anthropic":
             check_api_base_url(self.api_base_url)
         for name, header_value in self.upstream_headers:
             check_header("--upstream-header", name, header_value)
             if any(secret in header_value for secret in self._proxy_secrets()):
                 raise ConfigError(
-                    f"--upstream-header {name!r} would send the proxy's Claude credentials to the upstream; "
-                    "refusing"
+                    f"{named('--upstream-header')}: the header {name} would send the proxy's Claude "
+                    "credentials to the upstream; refusing"
                 )
         for name, header_value in self.api_headers:
             check_header("--api-header", name, header_value)
@@ -216,10 +224,11 @@ class Config:
                 raise ConfigError(problem)
         if self.model not in self.allowed_models:
             raise ConfigError(
-                f"--model {self.model!r} is not in --allowed-models ({', '.join(self.allowed_models)})"
+                f"{named('--model')}: {self.model!r} is not in {named('--allowed-models')} "
+                f"({', '.join(self.allowed_models)})"
             )
         if self.audit_content and not self.audit_log:
-            raise ConfigError("--audit-content needs --audit-log FILE")
+            raise ConfigError(f"{named('--audit-content')} needs {named('--audit-log')} (a FILE)")
         if self.front == "http":
             self._check_http_front()
         if self.provider == "anthropic" and self.mode != "off" and self.api_key is None:
@@ -231,21 +240,23 @@ class Config:
     def _check_http_front(self) -> None:
         if self.forward_authorization and self.upstream_url is None:
             raise ConfigError(
-                "--forward-authorization needs --upstream-url (a command upstream gets no headers)"
+                f"{named('--forward-authorization')} needs {named('--upstream-url')} (a command upstream "
+                "gets no headers)"
             )
         if self.forward_authorization and (self.auth_token is not None or self.client_tokens):
             raise ConfigError(
-                "--forward-authorization passes each client's own Authorization header to the upstream, "
-                "so that header cannot also carry a token for mcp-backfill (--auth-token, "
-                "--client-tokens): use one or the other. With forwarding, the upstream authenticates "
-                "clients and each distinct credential is its own client for the budgets."
+                f"{named('--forward-authorization')} passes each client's own Authorization header to the "
+                "upstream, so that header cannot also carry a token for mcp-backfill "
+                f"({named('--auth-token')}, {named('--client-tokens')}): use one or the other. With "
+                "forwarding, the upstream authenticates clients and each distinct credential is its own "
+                "client for the budgets."
             )
         self._check_client_tokens()
         if not is_loopback(self.host) and self.auth_token is None and not self.allow_unauthenticated:
             raise ConfigError(
                 f"refusing to serve on {self.host}, which is not a loopback address, without a bearer "
-                f"token: set {option('auth_token').env} (or --auth-token), or pass --allow-unauthenticated "
-                "if something in front of the proxy authenticates clients"
+                f"token: set {named('--auth-token')}, or {named('--allow-unauthenticated')} if something in "
+                "front of the proxy authenticates clients"
             )
 
     def _check_client_tokens(self) -> None:
@@ -255,18 +266,24 @@ class Config:
             tokens.append(self.auth_token.value)
         duplicate = next((name for name in names if names.count(name) > 1), None)
         if duplicate is not None:
-            raise ConfigError(f"--client-tokens: the client name {duplicate!r} appears twice")
+            raise ConfigError(f"{named('--client-tokens')}: the client name {duplicate!r} appears twice")
         if len(set(tokens)) != len(tokens):
-            raise ConfigError("--client-tokens: two clients (or a client and --auth-token) share a token")
+            raise ConfigError(
+                f"{named('--client-tokens')}: two clients (or a client and {named('--auth-token')}) share a "
+                "token"
+            )
         short = next((entry.name for entry in self.client_tokens if len(entry.token.value) < 16), None)
         if short is not None:
-            raise ConfigError(f"--client-tokens: the token of {short!r} must be at least 16 characters long")
+            raise ConfigError(
+                f"{named('--client-tokens')}: the token of {short!r} must be at least 16 characters long"
+            )
 
     def secrets(self) -> tuple[str, ...]:
         """Every secret value, for the log redaction filter."""
         return (
             self._proxy_secrets()
             + upstream_header_secrets(self.upstream_headers)
+            + upstream_url_secrets(self.upstream_url)
             + tuple(secret.value for secret in self.telemetry_secrets)
         )
 
@@ -303,17 +320,20 @@ def check_header(flag: str, name: str, value: str) -> None:
 
     Upstream headers must also leave alone the headers the proxy sets itself, and be printable ASCII.
     """
-    if not _HEADER_NAME.fullmatch(name):
-        raise ConfigError(f"{flag}: invalid header {name!r}, not a valid HTTP header name")
+    where = named(flag)
+    if not _HEADER_NAME.fullmatch(name):  # not quoted: a mistyped line may have a token there
+        raise ConfigError(
+            f"{where}: invalid header name (letters, digits and !#$%&'*+.^_`|~- only; {NOT_QUOTED})"
+        )
     if flag != "--upstream-header":
         if "\r" in value or "\n" in value:
-            raise ConfigError(f"{flag} {name}: the value must be one line")
+            raise ConfigError(f"{where}: the value of {name} must be one line")
         return
     lowered = name.lower()
     if lowered in RESERVED_UPSTREAM_HEADERS or lowered.startswith(protocol.PARAM_HEADER_PREFIX):
-        raise ConfigError(f"{flag}: the proxy sets {name} itself")
+        raise ConfigError(f"{where}: the proxy sets {name} itself")
     if not all(" " <= ch <= "~" or ch == "\t" for ch in value):
-        raise ConfigError(f"{flag} {name}: the value must be one line of printable ASCII")
+        raise ConfigError(f"{where}: the value of {name} must be one line of printable ASCII")
 
 
 def check_upstream_url(url: str) -> None:
@@ -324,7 +344,9 @@ def check_upstream_url(url: str) -> None:
     except (httpx2.InvalidURL, ValueError):
         parsed = None
     if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host or url != url.strip():
-        raise ConfigError(f"--upstream-url must be an http:// or https:// URL, not {url!r}")
+        raise ConfigError(
+            f"{named('--upstream-url')}: must be an http:// or https:// URL with a host ({NOT_QUOTED})"
+        )
 
 
 def check_api_base_url(url: str) -> None:
@@ -358,6 +380,16 @@ def upstream_header_secrets(headers: Sequence[tuple[str, str]]) -> tuple[str, ..
             if token:
                 found.append(token)
     return tuple(found)
+
+
+def upstream_url_secrets(url: str | None) -> tuple[str, ...]:
+    """What in `--upstream-url` may be a credential (the URL is logged without userinfo or query):
+    `url_credentials`, and a user name given alone (`https://TOKEN@host`)."""
+    if not url:
+        return ()
+    parts = urlsplit(url)
+    alone = parts.username if parts.password is None and parts.username else ""
+    return tuple(dict.fromkeys(each for each in (alone, *url_credentials(url)) if each))
 
 
 def is_loopback(host: str) -> bool:

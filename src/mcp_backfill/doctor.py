@@ -3,12 +3,12 @@
 It reads the options exactly as the proxy would (flags, then `MCP_BACKFILL_*` variables, then
 defaults; `*_FILE` variables read from their files) and prints each setting that is not a default
 with where it came from, secrets masked. Then it tries the parts in turn: one cheap authenticated
-call to the provider (counting the tokens of a one-word prompt costs nothing), and a real session
-through the proxy — `mcp-backfill` started with the same options in front of the same upstream,
-an MCP SDK client doing the handshake — which shows the server's name, version and protocol
-revision, and whether the proxy will answer sampling for a client that declares what
-`--client-capabilities` says. Exit status 0 when every part works, 1 when one does not, 2 for
-bad usage.
+call to the provider (counting the tokens of a one-word prompt costs nothing; not with `--mode
+off`, which never calls it), and a real session through the proxy — `mcp-backfill` started with
+the same options in front of the same upstream, an MCP SDK client doing the handshake — which
+shows the server's name, version and protocol revision, and whether the proxy will answer
+sampling for a client that declares what `--client-capabilities` says. Exit status 0 when every
+part works, 1 when one does not, 2 for bad usage.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from mcp_backfill import __version__
 from mcp_backfill.assembly import provider_settings
 from mcp_backfill.config import SECRET_FILE_VARIABLES, Config, unknown_variables
 from mcp_backfill.errors import ConfigError
-from mcp_backfill.options import DEFAULTS, Option, Secret, options_for
+from mcp_backfill.options import DEFAULTS, SERVE_COMMAND, Option, Secret, options_for
 from mcp_backfill.relay.capabilities import ClientProfile, proxy_answers
+from mcp_backfill.transports.http_upstream.settings import display_url
 
 CLIENT_CAPABILITIES: Mapping[str, dict[str, Any]] = {
     "none": {},
@@ -37,6 +38,12 @@ USAGE = (
     "usage: mcp-backfill check [--client-capabilities none|sampling|sampling-tools] [OPTIONS] "
     "(--upstream-url URL | -- COMMAND [ARGS...])"
 )
+NOT_SERVE = (
+    "mcp-backfill check: error: `check` tries the stdio wrapper, not `serve` (the HTTP front); run it "
+    "without `serve` and its own options (--host, --port, --auth-token...) to check the provider and "
+    "the upstream, then ask the running sidecar: GET /healthz"
+)
+KEY_PREFIX = "sk-ant-"  # every Anthropic API key's, public: the one part of a secret `check` shows
 TIMEOUT = 30.0  # seconds for each part that talks to something
 
 
@@ -54,6 +61,9 @@ def main(argv: Sequence[str], parse_config: ParseConfig, environ: Mapping[str, s
     if declared not in CLIENT_CAPABILITIES or (not args or args in (["-h"], ["--help"])):
         sys.stderr.write(USAGE + "\n")
         return 0 if args in (["-h"], ["--help"]) else 2
+    if args[0] == SERVE_COMMAND:  # its session part would speak stdio to an HTTP server, and wait
+        sys.stderr.write(f"{USAGE}\n{NOT_SERVE}\n")
+        return 2
     try:
         config = parse_config(args, environ)
     except ConfigError as exc:
@@ -103,7 +113,7 @@ def _configuration(report: Report, argv: Sequence[str], config: Config, environ:
         shown = "(not set)" if config.api_key is None else _masked(config.api_key.value)
         report.line(f"ANTHROPIC_API_KEY = {shown}  ({origin})")
         if config.api_base_url:
-            report.line(f"ANTHROPIC_BASE_URL = {config.api_base_url}  (environment)")
+            report.line(f"ANTHROPIC_BASE_URL = {display_url(config.api_base_url)}  (environment)")
     for name, close in unknown_variables(environ):
         hint = f"; did you mean {close}?" if close else ""
         report.fail(f"{name} is not a variable mcp-backfill reads{hint}")
@@ -114,13 +124,15 @@ def _source(opt: Option, flags: set[str], environ: Mapping[str, str]) -> str:
         return "flag"
     if opt.env in SECRET_FILE_VARIABLES and environ.get(f"{opt.env}_FILE"):
         return f"file {opt.env}_FILE"
-    return f"environment {opt.env}" if opt.env in environ else "default"
+    return f"environment {opt.env}" if environ.get(opt.env) else "default"  # empty: not set (`Option.raw`)
 
 
 def _shown(opt: Option, value: Any) -> str:
+    if opt.name == "upstream_url" and value:
+        return display_url(value)
     if isinstance(value, Secret):
         return _masked(value.value)
-    if opt.name in ("api_headers", "upstream_headers", "client_tokens"):
+    if opt.secret and isinstance(value, tuple):  # headers, client tokens
         return f"({len(value)} set, values masked)"
     if isinstance(value, tuple):
         return ",".join(str(each) for each in value) or "(none)"
@@ -128,11 +140,16 @@ def _shown(opt: Option, value: Any) -> str:
 
 
 def _masked(secret: str) -> str:
-    return f"{secret[:7]}…({len(secret)} characters)" if len(secret) > 16 else "***"
+    """The length only; of an Anthropic key, also its public prefix (which tells a key from a token)."""
+    length = f"({len(secret)} characters)"
+    return f"{KEY_PREFIX}…{length}" if secret.startswith(KEY_PREFIX) else f"***{length}"
 
 
 async def _provider(report: Report, config: Config) -> None:
     report.section(f"provider: {config.provider}")
+    if config.mode == "off":  # Config asks for no key then: the provider is never called
+        report.line("not tried: --mode off answers no sampling request (pure pass-through)")
+        return
     if config.provider == "mock":
         report.line("offline mock provider: nothing to reach, no key needed (answers are canned)")
         return
@@ -167,7 +184,7 @@ def _redacted(text: str, config: Config) -> str:
 async def _session(report: Report, argv: Sequence[str], config: Config, declared: str) -> None:
     from mcp import Client, StdioServerParameters
 
-    target = config.upstream_url or " ".join(config.upstream_command)
+    target = display_url(config.upstream_url) if config.upstream_url else " ".join(config.upstream_command)
     report.section(f"session through the proxy: {target}")
     command = [sys.executable, "-m", "mcp_backfill", *argv]
     env = {"MCP_BACKFILL_LOG_LEVEL": "warning", **os.environ}  # its problems, not its progress

@@ -14,6 +14,7 @@ declares (`AudioPolicy`...), without depending on `config`.
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -39,9 +40,12 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 ENV_PREFIX = "MCP_BACKFILL_"
 MIB = 1024 * 1024
+# Said instead of a secret option's malformed value.
+NOT_QUOTED = "not quoted: it may hold a secret"
 
 # Which commands have an option: both `mcp-backfill` and `mcp-backfill serve`, or `serve` only.
 Command = Literal["both", "serve"]
+SERVE_COMMAND = "serve"
 # How an option is given: one value, a switch (a flag without a value; `1`/`0`… in the environment),
 # or header lines (a repeatable flag; one per line in the environment).
 Kind = Literal["value", "switch", "lines"]
@@ -54,7 +58,15 @@ def env_name(flag: str) -> str:
 
 # -- value types and parsers ---------------------------------------------------------------------
 # A parser turns one raw string (from a flag or the environment) into a value, or raises
-# `ValueError` saying what it expected.
+# `ValueError` saying what it expected (`Malformed` when it can say which part of the value is wrong).
+
+
+class Malformed(ValueError):
+    """A value of which one part is wrong; `where` names that part (`line 2`) without quoting it."""
+
+    def __init__(self, expected: str, where: str) -> None:
+        super().__init__(expected)
+        self.where = where
 
 
 @dataclass(frozen=True)
@@ -77,10 +89,14 @@ def whole_number(raw: str) -> int:
 
 
 def number(raw: str) -> float:
+    """A finite number (`inf` and `nan` are no durations: they would break the timers)."""
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
         raise ValueError("expected a number") from None
+    if not math.isfinite(value):
+        raise ValueError("expected a finite number")
+    return value
 
 
 def parse_bool(raw: str) -> bool:
@@ -152,20 +168,32 @@ CLIENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 
 
 def client_tokens(raw: str) -> tuple[ClientToken, ...]:
-    """`name=token` entries, one per line or comma-separated; `#` starts a comment line."""
+    """`name=token` entries, one per line or comma-separated; `#` starts a comment line.
+
+    A malformed entry is named by its place (`entry 2 of line 3`), never quoted: it holds a token."""
     entries: list[ClientToken] = []
-    for line in raw.splitlines():
+    lines = raw.splitlines()
+    for line_number, line in enumerate(lines, 1):
         if line.strip().startswith("#"):
             continue
-        for entry in split_list(line):
+        items = split_list(line)
+        for entry_number, entry in enumerate(items, 1):
             name, equals, token = entry.partition("=")
             if not equals or not CLIENT_NAME.match(name.strip()) or not token.strip():
-                raise ValueError(
+                raise Malformed(
                     "expected name=token entries (a name of letters, digits, _ . @ -), one per line "
-                    "or comma-separated"
+                    "or comma-separated",
+                    _place(line_number if len(lines) > 1 else 0, entry_number if len(items) > 1 else 0),
                 )
             entries.append(ClientToken(name.strip(), Secret(token.strip())))
     return tuple(entries)
+
+
+def _place(line: int, entry: int) -> str:
+    """`entry 2 of line 3`, `line 3`, `entry 2` or `value` (0: the value has one line, or one entry)."""
+    if line and entry:
+        return f"entry {entry} of line {line}"
+    return f"line {line}" if line else f"entry {entry}" if entry else "value"
 
 
 def parse_header(line: str) -> tuple[str, str]:
@@ -192,7 +220,7 @@ def secret_or_none(raw: str) -> Secret | None:
 
 
 class Check:
-    """A rule a field value must follow; `problem()` says what is wrong (after the flag), or None.
+    """A rule a field value must follow; `problem()` says what is wrong (after the option), or None.
 
     A plain class with factory functions rather than dataclasses: the proxy imports this module on
     every start, and each dataclass costs a millisecond or more to create.
@@ -251,9 +279,10 @@ class Option:
     cell (Markdown); `parse` turns one raw string into a value (raising `ValueError` that says what
     it expected); `checks` are the field's own rules (cross-field rules live in `Config`); `env` is
     derived from the flag unless given (a repeatable flag's variable has a plural name);
-    `negated` marks a switch that turns its field off (`--no-prompt-cache`); `default_note` is said
-    after the default (e.g. "no limit"); `default_text` is the default as the docs say it, when
-    the field's own default is resolved elsewhere (e.g. from the bound port).
+    `secret` marks a value that may hold a credential, never quoted in an error; `negated` marks
+    a switch that turns its field off (`--no-prompt-cache`); `default_note` is said after the
+    default (e.g. "no limit"); `default_text` is the default as the docs say it, when the field's
+    own default is resolved elsewhere (e.g. from the bound port).
     """
 
     __slots__ = (
@@ -272,6 +301,7 @@ class Option:
         "name",
         "negated",
         "parse",
+        "secret",
     )
 
     def __init__(
@@ -289,6 +319,7 @@ class Option:
         metavar: str | None = None,
         command: Command = "both",
         negated: bool = False,
+        secret: bool = False,
         env: str = "",
         default_note: str = "",
         default_text: str = "",
@@ -305,12 +336,18 @@ class Option:
         self.metavar = metavar
         self.command = command
         self.negated = negated
+        self.secret = secret
         self.env = env or env_name(flag)
         self.default_note = default_note
         self.default_text = default_text
 
     def __repr__(self) -> str:
         return f"Option({self.name!r}, {self.flag!r}, {self.default!r})"
+
+    @property
+    def names(self) -> str:
+        """`--flag / MCP_BACKFILL_FLAG`: how an error message names the option."""
+        return f"{self.flag} / {self.env}"
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -321,9 +358,13 @@ class Option:
 
     def convert(self, raw: str | list[str]) -> Any:
         """The field's value for a raw flag or environment value; `ConfigError` names both."""
-        if self.kind == "lines":
-            lines = raw.splitlines() if isinstance(raw, str) else raw
-            return tuple(self._convert_one(line) for line in lines if line.strip())
+        if self.kind == "lines":  # a variable's lines, or a repeated flag's headers
+            lines, part = (raw.splitlines(), "line") if isinstance(raw, str) else (raw, "header")
+            return tuple(
+                self._convert_one(line, where=f"{part} {number}")
+                for number, line in enumerate(lines, 1)
+                if line.strip()
+            )
         assert isinstance(raw, str)
         if self.kind == "switch":
             return self._convert_one(raw, parse_bool) != self.negated
@@ -331,27 +372,30 @@ class Option:
             raise self._invalid(raw, f"expected one of {', '.join(self.choices)}")
         return self._convert_one(raw)
 
-    def _convert_one(self, raw: str, parse: Callable[[str], Any] | None = None) -> Any:
+    def _convert_one(self, raw: str, parse: Callable[[str], Any] | None = None, where: str = "value") -> Any:
         try:
             return (parse or self.parse)(raw)
         except ValueError as exc:
-            raise self._invalid(raw, str(exc)) from None
+            raise self._invalid(raw, str(exc), exc.where if isinstance(exc, Malformed) else where) from None
 
-    def _invalid(self, raw: str, expected: str) -> ConfigError:
-        return ConfigError(f"{self.flag} / {self.env}: invalid value {raw!r} ({expected})")
+    def _invalid(self, raw: str, expected: str, where: str = "value") -> ConfigError:
+        """A secret's value is never quoted: `where` says which part of it is wrong."""
+        if self.secret:
+            return ConfigError(f"{self.names}: invalid {where} ({expected}; {NOT_QUOTED})")
+        return ConfigError(f"{self.names}: invalid value {raw!r} ({expected})")
 
     # -- checking --------------------------------------------------------------------------------
 
     def problem(self, value: Any) -> str | None:
-        """What is wrong with a field value, as an error message naming the flag; None if nothing."""
+        """What is wrong with a field value, as an error message naming the option; None if nothing."""
         if value is None:
             return None
         if self.choices and value not in self.choices:
-            return f"{self.flag} must be one of {', '.join(self.choices)}, not {value!r}"
+            return f"{self.names}: must be one of {', '.join(self.choices)}, not {value!r}"
         for check in self.checks:
             problem = check.problem(value)
             if problem is not None:
-                return f"{self.flag} {problem}"
+                return f"{self.names}: {problem}"
         return None
 
     # -- describing ------------------------------------------------------------------------------
@@ -394,6 +438,7 @@ OPTIONS: tuple[Option, ...] = (
         "instead of a command after `--`",
         "a streamable-HTTP upstream instead of a command after `--`",
         parse=text_or_none,
+        secret=True,
         metavar="URL",
     ),
     Option(
@@ -403,6 +448,7 @@ OPTIONS: tuple[Option, ...] = (
         "an HTTP header sent with every request to --upstream-url, e.g. the upstream's own auth; repeatable",
         "sent with every upstream request",
         parse=parse_header,
+        secret=True,
         kind="lines",
         metavar="'NAME: VALUE'",
         env="MCP_BACKFILL_UPSTREAM_HEADERS",
@@ -686,6 +732,7 @@ OPTIONS: tuple[Option, ...] = (
         "(processes on one machine) or `redis://host:6379/0` (replicas) ([more than one "
         "replica](../replicas.md)); prefer the `_FILE` variable when it holds a password",
         parse=secret_or_none,
+        secret=True,
         metavar="URL",
         default_text="memory",
     ),
@@ -729,6 +776,7 @@ OPTIONS: tuple[Option, ...] = (
         "secret shared by replicas: mixed 2026-07-28 rounds carry the proxy's answers sealed in "
         "`requestState`, so any replica can take the retry; prefer the `_FILE` variable",
         parse=secret_or_none,
+        secret=True,
         checks=(min_length(32),),
         metavar="SECRET",
         command="serve",
@@ -855,6 +903,7 @@ OPTIONS: tuple[Option, ...] = (
         "values are redacted from logs",
         "extra HTTP headers on every Claude API call, e.g. for a gateway; values are redacted from logs",
         parse=parse_header,
+        secret=True,
         kind="lines",
         metavar="'NAME: VALUE'",
         env="MCP_BACKFILL_API_HEADERS",
@@ -906,6 +955,7 @@ OPTIONS: tuple[Option, ...] = (
         "bearer token required on `/mcp` and `/metrics` (at least 16 characters); prefer the variable, "
         "command lines are visible to other users",
         parse=secret_or_none,
+        secret=True,
         checks=(min_length(16),),
         metavar="TOKEN",
         command="serve",
@@ -920,6 +970,7 @@ OPTIONS: tuple[Option, ...] = (
         "named client credentials, `name=token` per line: each client its own bearer token and its own "
         "budget ([who pays](../limits.md#who-pays)); prefer the `_FILE` variable",
         parse=client_tokens,
+        secret=True,
         metavar="ENTRIES",
         command="serve",
         default_note="none",
@@ -1135,6 +1186,11 @@ def option(name: str) -> Option:
 def env_var(flag: str) -> str:
     """The environment variable of `flag`, e.g. to name both in an error message."""
     return BY_FLAG[flag].env
+
+
+def named(flag: str) -> str:
+    """`--flag / MCP_BACKFILL_FLAG`: an option as error messages name it."""
+    return BY_FLAG[flag].names
 
 
 def options_for(serve: bool) -> tuple[Option, ...]:

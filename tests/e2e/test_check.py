@@ -101,3 +101,65 @@ def test_bad_usage(args: list[str]) -> None:
     done = check(*args, env=proxy_env())
     assert done.returncode == 2
     assert "usage: mcp-backfill check" in done.stderr
+
+
+def test_a_malformed_credential_is_not_printed() -> None:
+    secret = "sk-gateway-SECRET-0123456789"
+    done = check(
+        "--provider", "mock", "--api-header", f"Authorization Bearer {secret}", "--", "x", env=proxy_env()
+    )
+    assert done.returncode == 1
+    assert "configuration: FAILED: --api-header / MCP_BACKFILL_API_HEADERS: invalid header 1" in done.stdout
+    assert secret not in done.stdout + done.stderr
+
+
+def test_the_upstream_url_is_shown_without_its_credentials() -> None:
+    url = "http://user:TOPSECRETPASS@127.0.0.1:9/mcp?token=QUERYSECRET"
+    done = check("--provider", "mock", "--upstream-url", url, env=proxy_env())
+    assert done.returncode == 1
+    assert "--upstream-url = http://127.0.0.1:9/mcp  (flag)" in done.stdout
+    assert "session through the proxy: http://127.0.0.1:9/mcp\n" in done.stdout
+    assert "TOPSECRETPASS" not in done.stdout + done.stderr
+    assert "QUERYSECRET" not in done.stdout + done.stderr
+
+
+def test_an_abbreviated_flag_is_refused() -> None:
+    done = check("--prov", "mock", "--", *WEATHER, env=proxy_env())
+    assert done.returncode == 2
+    assert "unrecognized arguments: --prov" in done.stderr
+
+
+def test_an_empty_variable_is_not_named_as_a_source() -> None:
+    # An empty variable is not set, for the proxy as for the report.
+    env = proxy_env(MCP_BACKFILL_MODE="", MCP_BACKFILL_MAX_TOKENS_CAP="")
+    done = check("--provider", "mock", "--", *WEATHER, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "--mode = fallback  (default)" in done.stdout
+    assert "MCP_BACKFILL_MAX_TOKENS_CAP" not in done.stdout
+
+
+def test_a_pass_through_setup_needs_no_key() -> None:
+    done = check("--mode", "off", "--", *WEATHER, env=proxy_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "not tried: --mode off answers no sampling request" in done.stdout
+    assert "FAILED" not in done.stdout
+    assert "OK: every part works" in done.stdout
+
+
+def test_serve_is_refused_with_what_to_do_instead() -> None:
+    # `check` speaks stdio to the proxy it starts: a `serve` one would never answer.
+    done = check("serve", "--provider", "mock", "--port", "0", "--", *WEATHER, env=proxy_env())
+    assert done.returncode == 2
+    assert "usage: mcp-backfill check" in done.stderr
+    assert "without `serve` and its own options" in done.stderr
+    assert "/healthz" in done.stderr
+    assert done.stdout == ""
+
+
+def test_only_the_public_prefix_of_a_key_is_shown() -> None:
+    # A gateway's token in ANTHROPIC_API_KEY: any 7 characters of it would be 7 characters of the secret.
+    token = "Zq9v4Lx2Rt7mWp3kHs6dNb8c"
+    done = check("--mode", "off", "--", *WEATHER, env=proxy_env(ANTHROPIC_API_KEY=token))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"ANTHROPIC_API_KEY = ***({len(token)} characters)  (environment)" in done.stdout
+    assert token[:4] not in done.stdout

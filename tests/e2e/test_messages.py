@@ -50,6 +50,27 @@ def test_a_server_command_without_double_dash_gets_a_hint() -> None:
 
 
 @pytest.mark.anyio(False)
+def test_the_double_dash_hint_of_serve_keeps_serve() -> None:
+    done = run("serve", "python", "server.py")
+    assert done.returncode == 2
+    assert (
+        "put `--` before the server command: mcp-backfill serve [OPTIONS] -- python server.py" in done.stderr
+    )
+
+
+@pytest.mark.anyio(False)
+@pytest.mark.parametrize(
+    "args", [["--provider", "mock", "serve", "--", "x"], ["--provider", "mock", "serve", "--port", "0"]]
+)
+def test_serve_after_options_is_said_to_come_first(args: list[str]) -> None:
+    done = run(*args)
+    assert done.returncode == 2
+    assert "unrecognized arguments: serve" in done.stderr
+    assert "`serve` comes first: mcp-backfill serve [OPTIONS]" in done.stderr
+    assert "-- serve" not in done.stderr  # not a server command named serve
+
+
+@pytest.mark.anyio(False)
 def test_a_serve_option_without_serve_says_where_it_belongs() -> None:
     done = run("--port", "9000", "--", "true")
     assert done.returncode == 2
@@ -63,6 +84,71 @@ def test_environment_errors_list_the_valid_values() -> None:
     assert (
         "MCP_BACKFILL_MODE: invalid value 'sometimes' (expected one of fallback, always, off)" in done.stderr
     )
+
+
+CREDENTIAL = "alicesupersecrettoken12345"
+
+
+@pytest.mark.anyio(False)
+@pytest.mark.parametrize(
+    ("args", "env", "names"),
+    [
+        (
+            ["serve", "--provider", "mock", "--", "true"],
+            {"MCP_BACKFILL_CLIENT_TOKENS": f"alice={CREDENTIAL},bob"},
+            "--client-tokens / MCP_BACKFILL_CLIENT_TOKENS: invalid entry 2",
+        ),
+        (
+            ["--provider", "mock", "--api-header", f"Authorization Bearer {CREDENTIAL}", "--", "true"],
+            {},
+            "--api-header / MCP_BACKFILL_API_HEADERS: invalid header 1",
+        ),
+        (
+            ["--provider", "mock", "--upstream-url", "http://127.0.0.1:9/mcp"],
+            {"MCP_BACKFILL_UPSTREAM_HEADERS": f"Authorization=Bearer {CREDENTIAL}"},
+            "--upstream-header / MCP_BACKFILL_UPSTREAM_HEADERS: invalid line 1",
+        ),
+    ],
+)
+def test_a_malformed_credential_is_refused_without_being_printed(
+    args: list[str], env: dict[str, str], names: str
+) -> None:
+    done = run(*args, env=proxy_env(**env))
+    assert done.returncode == 2
+    assert names in done.stderr
+    assert CREDENTIAL not in done.stdout + done.stderr
+
+
+@pytest.mark.anyio(False)
+@pytest.mark.parametrize(
+    ("args", "env", "names"),
+    [
+        (["--task-ttl-max", "inf"], {}, "--task-ttl-max / MCP_BACKFILL_TASK_TTL_MAX"),
+        (["serve", "--port", "0"], {"MCP_BACKFILL_DRAIN_TIMEOUT": "inf"}, "MCP_BACKFILL_DRAIN_TIMEOUT"),
+    ],
+)
+def test_an_endless_duration_is_refused_at_startup(args: list[str], env: dict[str, str], names: str) -> None:
+    done = run(*args, "--provider", "mock", "--", *ECHO, env=proxy_env(**env))
+    assert done.returncode == 2
+    assert f"{names}: invalid value 'inf' (expected a finite number)" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.anyio(False)
+@pytest.mark.parametrize(
+    ("serve", "variable", "value", "problem"),
+    [
+        (["serve"], "MCP_BACKFILL_PORT", "70000", "must be between 0 and 65535"),
+        ([], "MCP_BACKFILL_SAMPLING_TIMEOUT", "-1", "must not be negative"),
+        ([], "MCP_BACKFILL_ALLOWED_MODELS", ",", "must name at least one model"),
+    ],
+)
+def test_a_value_out_of_range_names_the_variable(
+    serve: list[str], variable: str, value: str, problem: str
+) -> None:
+    done = run(*serve, "--provider", "mock", "--", "true", env=proxy_env(**{variable: value}))
+    assert done.returncode == 2
+    assert f" / {variable}: {problem}" in done.stderr
 
 
 @pytest.mark.anyio(False)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from mcp_backfill.cli import parse_config
 from mcp_backfill.config import Secret, upstream_environment
 from mcp_backfill.errors import ConfigError
-from mcp_backfill.options import DEFAULTS, Allowance
+from mcp_backfill.options import BY_FLAG, DEFAULTS, Allowance
 
 KEY = {"ANTHROPIC_API_KEY": "sk-ant-unit-secret"}
 
@@ -58,7 +60,7 @@ def test_allowed_models_pin_and_default() -> None:
         (["--upstream-url", "h:8000/mcp"], KEY, "http:// or https://"),
         (["--upstream-header", "X-A: 1", "--", "s"], KEY, "needs --upstream-url"),
         (["--upstream-url", "http://h/mcp", "--upstream-header", "no colon"], KEY, "Name: value"),
-        (["--upstream-url", "http://h/mcp", "--upstream-header", "Bad Name: v"], KEY, "not a valid"),
+        (["--upstream-url", "http://h/mcp", "--upstream-header", "Bad Name: v"], KEY, "invalid header name"),
         (["--upstream-url", "http://h/mcp", "--upstream-header", "Mcp-Session-Id: s"], KEY, "itself"),
         (["--upstream-url", "http://h/mcp", "--upstream-header", "Mcp-Param-X: s"], KEY, "itself"),
         (
@@ -159,13 +161,17 @@ def test_boolean_switches_from_flags_and_environment() -> None:
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [
-        (["--max-messages", "0", "--", "s"], KEY, "--max-messages must be at least 1"),
-        (["--max-tool-calls", "0", "--", "s"], KEY, "--max-tool-calls must be at least 1"),
+        (
+            ["--max-messages", "0", "--", "s"],
+            KEY,
+            "--max-messages / MCP_BACKFILL_MAX_MESSAGES: must be at least 1",
+        ),
+        (["--max-tool-calls", "0", "--", "s"], KEY, "MCP_BACKFILL_MAX_TOOL_CALLS: must be at least 1"),
         (["--max-concurrent-sampling", "0", "--", "s"], KEY, "--max-concurrent-sampling"),
         (["--budget-tokens", "-5", "--", "s"], KEY, "--budget-tokens / MCP_BACKFILL_BUDGET_TOKENS: invalid"),
         (["serve", "--client-budget-tokens", "9/month", "--", "s"], KEY, "N/hour|per hour, day, week"),
         (["--rate-limit", "fast", "--", "s"], KEY, "--rate-limit"),
-        (["--audit-content", "--", "s"], KEY, "--audit-content needs --audit-log"),
+        (["--audit-content", "--", "s"], KEY, "needs --audit-log / MCP_BACKFILL_AUDIT_LOG"),
         (["--", "s"], KEY | {"MCP_BACKFILL_AUDIT_CONTENT": "maybe"}, "MCP_BACKFILL_AUDIT_CONTENT"),
     ],
 )
@@ -215,3 +221,58 @@ def test_the_state_stores_password_is_redacted_wherever_the_url_gives_it(url: st
     config = parse_config(["--state-store", url, "--", "s"], KEY)
     assert "hunter2" in config.secrets()  # as redis-py sends it (percent-decoded)
     assert "hunter2" not in repr(config)
+
+
+@pytest.mark.parametrize("flag", ["--api-header", "--upstream-header"])
+def test_an_invalid_header_name_is_not_quoted(flag: str) -> None:
+    # A mistyped separator puts the credential before the first colon: `X-Api-Key=tok:en`.
+    argv = ["--upstream-url", "http://h/mcp", flag, "X-Api-Key=secret-tok:en"]
+    with pytest.raises(ConfigError, match="invalid header name") as caught:
+        parse_config(argv, KEY)
+    assert "secret-tok" not in str(caught.value)
+
+
+def test_a_refused_upstream_url_is_not_quoted() -> None:
+    with pytest.raises(ConfigError, match="--upstream-url") as caught:
+        parse_config(["--upstream-url", "ftp://user:TOPSECRETPASS@h.example/mcp"], KEY)
+    assert "TOPSECRETPASS" not in str(caught.value)
+
+
+def test_the_credentials_of_the_upstream_url_are_redacted() -> None:
+    url = "https://user:TOPSECRETPASS@h.example/mcp?api_key=QUERYSECRET&region=eu-west"
+    secrets = parse_config(["--upstream-url", url], KEY).secrets()
+    assert {"TOPSECRETPASS", "QUERYSECRET"} <= set(secrets)
+    assert "eu-west" not in secrets  # a parameter whose name is no credential's
+
+
+TOKEN = "a-long-enough-token-123"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        (["--upstream-url", "http://h/mcp", "--", "s"], KEY),
+        (["--upstream-header", "X-A: 1", "--", "s"], KEY),
+        (["--upstream-url", "http://h/mcp", "--upstream-header", "Bad Name: v"], KEY),
+        (["--upstream-url", "http://h/mcp", "--upstream-header", "Mcp-Session-Id: s"], KEY),
+        (["--upstream-url", "http://h/mcp", "--upstream-header", "X-Api-Key: sk-ant-unit-secret"], KEY),
+        (["--api-header", "X-A: a\nb", "--", "s"], KEY),
+        (["--model", "claude-opus-5-5", "--allowed-models", "claude-haiku-5-5", "--", "s"], KEY),
+        (["--", "s"], KEY | {"MCP_BACKFILL_AUDIT_CONTENT": "1"}),
+        (["serve", "--forward-authorization", "--", "s"], KEY),
+        (["serve", "--forward-authorization", "--auth-token", TOKEN, "--upstream-url", "http://h/mcp"], KEY),
+        (["serve", "--client-tokens", f"a={TOKEN},a={TOKEN}x", "--", "s"], KEY),
+        (["serve", "--client-tokens", f"a={TOKEN},b={TOKEN}", "--", "s"], KEY),
+        (["serve", "--client-tokens", "a=short", "--", "s"], KEY),
+        (["serve", "--host", "10.0.0.5", "--", "s"], KEY),
+        (["serve", "--", "s"], KEY | {"MCP_BACKFILL_PORT": "70000"}),
+    ],
+)
+def test_errors_name_each_option_by_its_flag_and_its_variable(argv: list[str], env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(argv, env)
+    message = str(caught.value)
+    flags = [flag for flag in re.findall(r"--[a-z][a-z-]+", message) if flag in BY_FLAG]
+    assert flags, message
+    for flag in flags:
+        assert f"{flag} / {BY_FLAG[flag].env}" in message, message

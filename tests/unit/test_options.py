@@ -25,6 +25,7 @@ from mcp_backfill.options import (
     Option,
     env_var,
     main,
+    number,
     options_for,
     sync_tables,
 )
@@ -76,10 +77,16 @@ def test_every_default_passes_its_own_check() -> None:
             assert option.default in option.choices
 
 
-def test_checks_name_the_flag() -> None:
-    assert BY_NAME["max_tokens_cap"].problem(0) == "--max-tokens-cap must be at least 1, not 0"
-    assert BY_NAME["port"].problem(70000) == "--port must be between 0 and 65535"
-    assert BY_NAME["mode"].problem("x") == "--mode must be one of fallback, always, off, not 'x'"
+def test_checks_name_the_flag_and_the_variable() -> None:
+    assert (
+        BY_NAME["max_tokens_cap"].problem(0)
+        == "--max-tokens-cap / MCP_BACKFILL_MAX_TOKENS_CAP: must be at least 1, not 0"
+    )
+    assert BY_NAME["port"].problem(70000) == "--port / MCP_BACKFILL_PORT: must be between 0 and 65535"
+    assert (
+        BY_NAME["mode"].problem("x")
+        == "--mode / MCP_BACKFILL_MODE: must be one of fallback, always, off, not 'x'"
+    )
 
 
 @pytest.mark.parametrize("serve", [False, True])
@@ -92,6 +99,14 @@ def test_the_parsers_have_exactly_the_tables_flags(serve: bool) -> None:
         assert option.env in helps[option.flag]
         if option.default_words():
             assert f"default {option.default_words()}" in helps[option.flag]
+
+
+@pytest.mark.parametrize("argv", [["--prov", "mock"], ["serve", "--max-sess", "3"]])
+def test_abbreviated_flags_are_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    # Every option has a variable too, and `check` reports where each setting came from: one spelling.
+    with pytest.raises(SystemExit):
+        parse_config([*argv, "--", "s"], KEY)
+    assert f"unrecognized arguments: {argv[-2]}" in capsys.readouterr().err
 
 
 def test_serve_options_are_read_by_serve_only() -> None:
@@ -204,3 +219,75 @@ def test_every_option_is_in_exactly_one_help_group() -> None:
     grouped = [name for _, names in GROUPS for name in names]
     assert sorted(grouped) == sorted(opt.name for opt in OPTIONS)
     assert len(grouped) == len(set(grouped))
+
+
+# Options whose values may hold a credential: a malformed one is never quoted in the error.
+SECRET_OPTIONS = {
+    "upstream_url",
+    "upstream_headers",
+    "api_headers",
+    "auth_token",
+    "client_tokens",
+    "state_store",
+    "request_state_key",
+}
+CREDENTIAL = "alicesupersecrettoken12345"
+
+
+def test_the_options_that_may_hold_a_credential_are_marked_secret() -> None:
+    assert {option.name for option in OPTIONS if option.secret} == SECRET_OPTIONS
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "option", "where"),
+    [
+        (["serve"], {"MCP_BACKFILL_CLIENT_TOKENS": f"alice={CREDENTIAL},bob"}, "client_tokens", "entry 2"),
+        (
+            ["serve", "--client-tokens", f"# ops\nalice={CREDENTIAL}\nbob {CREDENTIAL[::-1]}"],
+            {},
+            "client_tokens",
+            "line 3",
+        ),
+        ([], {"MCP_BACKFILL_API_HEADERS": f"X-Team: blue\nX-Api-Key {CREDENTIAL}"}, "api_headers", "line 2"),
+        (
+            ["--api-header", "X-Team: blue", "--api-header", f"Bearer {CREDENTIAL}"],
+            {},
+            "api_headers",
+            "header 2",
+        ),
+        (
+            ["--upstream-url", "http://h/mcp"],
+            {"MCP_BACKFILL_UPSTREAM_HEADERS": f"Authorization=Bearer {CREDENTIAL}"},
+            "upstream_headers",
+            "line 1",
+        ),
+    ],
+)
+def test_a_malformed_secret_is_refused_without_being_quoted(
+    argv: list[str], env: dict[str, str], option: str, where: str
+) -> None:
+    upstream = [] if "--upstream-url" in argv else ["--", "s"]
+    with pytest.raises(ConfigError) as caught:
+        parse_config([*argv, *upstream], KEY | env)
+    message = str(caught.value)
+    assert f"{BY_NAME[option].flag} / {BY_NAME[option].env}: invalid {where}" in message
+    assert CREDENTIAL not in message
+    assert CREDENTIAL[::-1] not in message
+
+
+def test_a_malformed_client_tokens_file_is_refused_by_line(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice={CREDENTIAL}\nbob {CREDENTIAL[::-1]}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        parse_config(["serve", "--", "s"], KEY | {"MCP_BACKFILL_CLIENT_TOKENS_FILE": str(tokens)})
+    assert "--client-tokens / MCP_BACKFILL_CLIENT_TOKENS: invalid line 2" in str(caught.value)
+    assert CREDENTIAL[::-1] not in str(caught.value)
+
+
+@pytest.mark.parametrize("raw", ["inf", "-Infinity", "nan"])
+@pytest.mark.parametrize("option", [option for option in OPTIONS if option.parse is number], ids=str)
+def test_seconds_must_be_finite(option: Option, raw: str) -> None:
+    serve = ["serve"] if option.command == "serve" else []
+    with pytest.raises(ConfigError) as caught:
+        parse_config([*serve, f"{option.flag}={raw}", "--", "s"], KEY)
+    assert f"{option.names}: invalid value '{raw}' (expected a finite number)" in str(caught.value)
