@@ -24,7 +24,9 @@ import anyio
 from mcp_backfill import __version__
 from mcp_backfill.assembly import provider_settings
 from mcp_backfill.config import SECRET_FILE_VARIABLES, Config, unknown_variables
+from mcp_backfill.credentials import hide_url_credentials
 from mcp_backfill.errors import ConfigError
+from mcp_backfill.logs import Redactor
 from mcp_backfill.options import DEFAULTS, SERVE_COMMAND, Option, Secret, options_for
 from mcp_backfill.relay.capabilities import ClientProfile, proxy_answers
 from mcp_backfill.transports.http_upstream.settings import display_url
@@ -130,6 +132,8 @@ def _source(opt: Option, flags: set[str], environ: Mapping[str, str]) -> str:
 def _shown(opt: Option, value: Any) -> str:
     if opt.name == "upstream_url" and value:
         return display_url(value)
+    if opt.name == "state_store" and isinstance(value, Secret):  # which store, without its password
+        return hide_url_credentials(value.value)
     if isinstance(value, Secret):
         return _masked(value.value)
     if opt.secret and isinstance(value, tuple):  # headers, client tokens
@@ -176,9 +180,7 @@ async def _provider(report: Report, config: Config) -> None:
 
 
 def _redacted(text: str, config: Config) -> str:
-    for secret in config.secrets():
-        text = text.replace(secret, "***")
-    return text[:300]
+    return Redactor(config.secrets()).redact(text)[:300]
 
 
 async def _session(report: Report, argv: Sequence[str], config: Config, declared: str) -> None:

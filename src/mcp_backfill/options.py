@@ -88,14 +88,21 @@ def whole_number(raw: str) -> int:
         raise ValueError("expected a whole number") from None
 
 
+# The longest duration an option takes, in seconds (about 31 years): `inf`, `nan` and numbers so
+# large that counting them in milliseconds overflows would break the timers and the ledger's leases.
+MAX_SECONDS = 1e9
+
+
 def number(raw: str) -> float:
-    """A finite number (`inf` and `nan` are no durations: they would break the timers)."""
+    """A number of seconds: finite, and at most `MAX_SECONDS`."""
     try:
         value = float(raw)
     except ValueError:
         raise ValueError("expected a number") from None
     if not math.isfinite(value):
         raise ValueError("expected a finite number")
+    if abs(value) > MAX_SECONDS:
+        raise ValueError(f"expected at most {MAX_SECONDS:.0e} seconds (about 31 years)")
     return value
 
 

@@ -123,6 +123,15 @@ def test_the_upstream_url_is_shown_without_its_credentials() -> None:
     assert "QUERYSECRET" not in done.stdout + done.stderr
 
 
+def test_the_state_store_is_shown_without_its_credentials() -> None:
+    """Which store the proxy uses matters to the report; its password does not belong there."""
+    url = "redis://:TOPSECRETPASS@127.0.0.1:9/0?password=QUERYSECRET"
+    done = check("--provider", "mock", "--state-store", url, "--", *WEATHER, env=proxy_env())
+    assert "--state-store = redis://:***@127.0.0.1:9/0?password=***  (flag)" in done.stdout
+    assert "TOPSECRETPASS" not in done.stdout + done.stderr
+    assert "QUERYSECRET" not in done.stdout + done.stderr
+
+
 def test_an_abbreviated_flag_is_refused() -> None:
     done = check("--prov", "mock", "--", *WEATHER, env=proxy_env())
     assert done.returncode == 2

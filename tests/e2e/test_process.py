@@ -327,7 +327,7 @@ def test_a_state_store_url_it_cannot_use_is_refused_at_startup_without_its_passw
     )
     assert result.returncode == 2
     assert result.stdout == ""
-    assert "--state-store (MCP_BACKFILL_STATE_STORE)" in result.stderr
+    assert "--state-store / MCP_BACKFILL_STATE_STORE" in result.stderr
     assert "Traceback" not in result.stderr
     assert "s3cret" not in result.stderr
 

@@ -588,6 +588,13 @@ def test_unsupported_image_type_is_rejected(mime: str) -> None:
     assert error.data == {"path": "messages[0].content[1]"}
 
 
+def test_a_refused_image_does_not_quote_a_mime_type_that_is_prose() -> None:
+    """The refusal reaches logs, spans and the audit log: a misplaced string may be the prompt."""
+    prose = "Please summarise the attached confidential report"
+    error = rejected(lambda: convert(user(text("see"), image(BMP, prose))), "unsupported image type <string")
+    assert "confidential" not in error.message
+
+
 def test_data_url_prefix_is_stripped() -> None:
     block = claude_messages(user(image("data:image/png;base64," + PNG, "image/png")))[0]["content"][0]
     assert image_source(block)["data"] == PNG

@@ -183,11 +183,23 @@ def _tool_result(content: object, tool_use_id: str = "t1") -> dict[str, Any]:
     "params",
     [
         _tool_result({"data": "x" * 50_000}),  # a draft-shape tool result: any JSON value
+        # Objects with a block's type but not its fields: the tool's own JSON, sent as text.
+        _tool_result({"type": "image", "data": "A" * 50_000}),
+        _tool_result({"type": "audio", "data": "A" * 50_000, "mimeType": 7}),
+        _tool_result({"type": "resource", "resource": {"blob": "A" * 50_000}}),
         _tool_result([{"type": "custom", "blob": "x" * 50_000}]),  # a block of no known type
         _tool_result([], tool_use_id="i" * 50_000),  # ids go to Claude as they are, twice
         {**request(user(text("go"))), "stopSequences": ["s" * 50_000]},
     ],
-    ids=["draft-object-data", "unknown-block-blob", "tool-use-id", "stop-sequences"],
+    ids=[
+        "draft-object-data",
+        "draft-image-shaped",
+        "draft-audio-shaped",
+        "draft-resource-shaped",
+        "unknown-block-blob",
+        "tool-use-id",
+        "stop-sequences",
+    ],
 )
 def test_everything_that_goes_to_claude_as_text_counts_as_text(params: dict[str, Any]) -> None:
     """Data in a block of no known type was counted as binary (against the larger limit) though it

@@ -291,3 +291,13 @@ def test_seconds_must_be_finite(option: Option, raw: str) -> None:
     with pytest.raises(ConfigError) as caught:
         parse_config([*serve, f"{option.flag}={raw}", "--", "s"], KEY)
     assert f"{option.names}: invalid value '{raw}' (expected a finite number)" in str(caught.value)
+
+
+@pytest.mark.parametrize("option", [option for option in OPTIONS if option.parse is number], ids=str)
+def test_seconds_too_many_to_count_in_milliseconds_are_refused(option: Option) -> None:
+    """1e306 is finite, and overflowed the moment the proxy counted it in milliseconds (the task
+    book's cap, the ledger's lease): a crash after the upstream had started."""
+    serve = ["serve"] if option.command == "serve" else []
+    with pytest.raises(ConfigError, match=r"expected at most 1e\+09 seconds"):
+        parse_config([*serve, f"{option.flag}=1e306", "--", "s"], KEY)
+    parse_config([*serve, f"{option.flag}=1e9", "--", "s"], KEY)

@@ -431,3 +431,17 @@ def test_an_unusable_proxy_variable_is_named_and_not_quoted(
     assert reason in message
     assert PROXY_SECRET not in message
     assert "proxy.test" not in message
+
+
+def test_an_unusable_no_proxy_is_named_and_not_blamed_on_proxies_that_are_not_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for other in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(other, raising=False)
+        monkeypatch.delenv(other.lower(), raising=False)
+    monkeypatch.setenv("NO_PROXY", "internal.test,http://[::1")
+    with pytest.raises(ConfigError) as caught:
+        api_http_client()
+    message = str(caught.value)
+    assert "NO_PROXY (or no_proxy) lists a host" in message
+    assert "HTTPS_PROXY" not in message

@@ -100,3 +100,17 @@ def test_credentials_in_the_otlp_variables_are_secrets() -> None:
     line = "Max retries exceeded with url: /v1/traces?token=tok%2B1&x=1"
     assert Redactor(secrets).redact(line) == "Max retries exceeded with url: /v1/traces?token=***&x=1"
     assert parse_config(["--", "s"], {"ANTHROPIC_API_KEY": "sk-ant-unit-secret"}).telemetry_secrets == ()
+
+
+def test_only_credential_named_query_values_of_the_otlp_endpoint_are_secrets() -> None:
+    """`?debug=true` is no credential: taken for one, every `true` in a JSON log or audit line
+    became `***` and the line stopped being JSON."""
+    env = {
+        "ANTHROPIC_API_KEY": "sk-ant-unit-secret",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/?debug=true&region=eu-west&token=abcdef123456",
+    }
+    secrets = parse_config(["--", "s"], env).secrets()
+    assert "abcdef123456" in secrets
+    assert not {"true", "eu-west"} & set(secrets)
+    line = json.dumps({"method": "sampling/createMessage", "isError": True})
+    assert json.loads(Redactor(secrets).redact(line)) == {"method": "sampling/createMessage", "isError": True}

@@ -96,8 +96,14 @@ def unusable_proxy_variables(environ: Mapping[str, str]) -> str:
             problems.append(f"{name} is not a valid proxy URL")
         except ValueError:
             problems.append(f"{name} has a scheme other than http, https, socks5 or socks5h")
-    found = "; ".join(problems) or f"one of {', '.join(PROXY_VARIABLES)} (either case) cannot be used"
-    return f"The Claude API client cannot use the proxy set in the environment: {found}. Fix or unset it."
+    if not problems and any(environ.get(name) for name in ("NO_PROXY", "no_proxy")):
+        problems.append("NO_PROXY (or no_proxy) lists a host httpx2 cannot read")
+    found = (
+        "; ".join(problems) or f"one of {', '.join(PROXY_VARIABLES)} or NO_PROXY (either case) cannot be used"
+    )
+    return (
+        f"The Claude API client cannot use the proxy settings in the environment: {found}. Fix or unset it."
+    )
 
 
 # How long the warm-up waits for the API to answer the request that opens its first connection.

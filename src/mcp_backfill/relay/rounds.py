@@ -230,6 +230,8 @@ class RoundDriver:
         `approved`: the round's questions were allowed by the user, whose retry brought these
         answers of the client's own.
         """
+        if not self._driving(pending):
+            return  # cancelled before this task started (and its id perhaps reused since)
         if chain.rounds >= self.options.max_input_rounds:
             self.end(pending)
             await self._fail(

@@ -28,6 +28,7 @@ from mcp_backfill.sampling.validate import (
     block_path,
     is_content_block,
     read_tool_choice,
+    shown_name,
     validate_params,
 )
 
@@ -507,7 +508,9 @@ def _image_block(
             strict=strict,
         )
     if sniffed != _normalise_mime(mime_type):
-        ctx.warnings.append(f"{where}: image declared as {mime_type!r} is {sniffed}; sent as {sniffed}")
+        ctx.warnings.append(
+            f"{where}: image declared as {shown_name(mime_type)} is {sniffed}; sent as {sniffed}"
+        )
     if len(data) > MAX_IMAGE_BYTES:
         return _unsendable_image(
             f"the image's base64 data is {len(data)} bytes; Claude accepts images of at most 5 MB "
@@ -529,7 +532,7 @@ def _not_an_image(data: str, mime_type: str) -> str:
     declared = _normalise_mime(mime_type)
     if declared in SUPPORTED_IMAGE_TYPES:
         return f"the image data is not a valid {declared} (its bytes match no image type Claude reads)"
-    return f"unsupported image type {mime_type!r}"
+    return f"unsupported image type {shown_name(mime_type)}"
 
 
 def _unsendable_image(

@@ -17,6 +17,7 @@ from mcp_backfill.errors import SamplingError, internal_error, invalid_params
 from mcp_backfill.jsonrpc import compact_text
 from mcp_backfill.options import env_var
 from mcp_backfill.sampling.media import decoded_size
+from mcp_backfill.sampling.validate import NESTED_BLOCK_TYPES, is_content_block
 
 __all__ = [
     "RequestLimits",
@@ -177,7 +178,11 @@ class _Tally:
             self.text(str(block.get("name", "")))
         elif kind == "tool_result":
             self.text(str(block.get("toolUseId", "")))
-            self.content(block.get("content"))
+            content = block.get("content")
+            if isinstance(content, Mapping) and not is_content_block(content, NESTED_BLOCK_TYPES):
+                self.json(content)  # a draft's object that is no block goes to Claude as JSON text
+            else:
+                self.content(content)
             if block.get("structuredContent") is not None:
                 self.json(block["structuredContent"])
         elif kind == "resource" and isinstance(block.get("resource"), Mapping):

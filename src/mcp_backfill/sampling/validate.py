@@ -88,14 +88,14 @@ def read_tool_choice(params: Mapping[str, Any]) -> ToolChoice | None:
         kind = raw.get("type")
         if not isinstance(kind, str) or kind not in _DRAFT_CHOICE_TYPES:
             raise invalid_params(
-                f"{field}.type must be one of 'auto', 'any', 'none', got {_name(kind)}", path=field
+                f"{field}.type must be one of 'auto', 'any', 'none', got {shown_name(kind)}", path=field
             )
         mode = _DRAFT_CHOICE_TYPES[kind]
     if mode is None:
         mode = "auto"
     if not isinstance(mode, str) or mode not in TOOL_CHOICE_MODES:
         raise invalid_params(
-            f"{field}.mode must be one of 'auto', 'required', 'none', got {_name(mode)}", path=field
+            f"{field}.mode must be one of 'auto', 'required', 'none', got {shown_name(mode)}", path=field
         )
     disable = raw.get("disable_parallel_tool_use", raw.get("disableParallelToolUse"))
     if disable is not None and not isinstance(disable, bool):
@@ -162,7 +162,7 @@ def _check_tools(tools: Any) -> bool:
             raise invalid_params(f"{where}.name must be a non-empty string, got {_show(name)}", path=where)
         if name in first_index:
             raise invalid_params(
-                f"{where}.name {_name(name)} duplicates tools[{first_index[name]}].name", path=where
+                f"{where}.name {shown_name(name)} duplicates tools[{first_index[name]}].name", path=where
             )
         first_index[name] = index
         schema = tool.get("inputSchema")
@@ -177,14 +177,15 @@ def _check_input_schema(schema: Mapping[str, Any], where: str, name: str) -> Non
     """MCP and Claude both want an object schema; Claude also refuses alternatives at its top level."""
     if "type" in schema and schema["type"] != "object":
         raise invalid_params(
-            f'{where}.inputSchema.type (tool {_name(name)}) must be "object", got {_name(schema["type"])}: '
+            f"{where}.inputSchema.type (tool {shown_name(name)}) must be "
+            f'"object", got {shown_name(schema["type"])}: '
             "MCP and Claude both require a tool's input to be an object",
             path=where,
         )
     for keyword in SCHEMA_COMBINATORS:
         if keyword in schema:
             raise invalid_params(
-                f"{where}.inputSchema (tool {_name(name)}) has a top-level {keyword}, which Claude does "
+                f"{where}.inputSchema (tool {shown_name(name)}) has a top-level {keyword}, which Claude does "
                 'not accept; Claude accepts an object schema ({"type": "object", "properties": …}) '
                 "with any alternatives inside its properties",
                 path=where,
@@ -197,7 +198,9 @@ def _check_message(message: Any, index: int, audio: AudioPolicy) -> None:
         raise invalid_params(f"{where} must be an object, got {_show(message)}", path=where)
     role = message.get("role")
     if role not in ("user", "assistant"):
-        raise invalid_params(f"{where}.role must be 'user' or 'assistant', got {_name(role)}", path=where)
+        raise invalid_params(
+            f"{where}.role must be 'user' or 'assistant', got {shown_name(role)}", path=where
+        )
     if "content" not in message or message["content"] is None:
         raise invalid_params(f"{where}.content is required", path=where)
     content = message["content"]
@@ -217,7 +220,7 @@ def _check_block(block: Any, where: str, role: str, audio: AudioPolicy) -> None:
     kind = block.get("type")
     if not isinstance(kind, str) or kind not in MESSAGE_BLOCK_TYPES:
         raise invalid_params(
-            f"{where}: unknown content type {_name(kind)} (expected one of "
+            f"{where}: unknown content type {shown_name(kind)} (expected one of "
             "'text', 'image', 'audio', 'tool_use', 'tool_result')",
             path=where,
         )
@@ -333,7 +336,7 @@ def _check_tool_pairing(messages: Sequence[Mapping[str, Any]]) -> None:
                 tool_use_id = block["id"]
                 if tool_use_id in seen_ids:
                     raise invalid_params(
-                        f"{where}: duplicate tool_use id {_name(tool_use_id)} "
+                        f"{where}: duplicate tool_use id {shown_name(tool_use_id)} "
                         f"(already used in messages[{seen_ids[tool_use_id]}])",
                         path=where,
                     )
@@ -370,13 +373,13 @@ def _check_user_results(
             del remaining[tool_use_id]
         elif tool_use_id in pending:
             raise invalid_params(
-                f"{where}: duplicate tool_result for tool_use id {_name(tool_use_id)}", path=where
+                f"{where}: duplicate tool_result for tool_use id {shown_name(tool_use_id)}", path=where
             )
         else:
             detail = "was answered earlier" if tool_use_id in seen_ids else "matches no preceding tool_use"
             raise invalid_params(
-                f"{where}: tool_result toolUseId {_name(tool_use_id)} {detail}; a tool_result must answer "
-                "a tool_use of the immediately preceding assistant message",
+                f"{where}: tool_result toolUseId {shown_name(tool_use_id)} {detail}; a tool_result must "
+                "answer a tool_use of the immediately preceding assistant message",
                 path=where,
             )
     if remaining:
@@ -385,7 +388,7 @@ def _check_user_results(
 
 
 def _missing_results(pending: Mapping[str, int], index: int | None) -> SamplingError:
-    ids = ", ".join(_name(tool_use_id) for tool_use_id in pending)
+    ids = ", ".join(shown_name(tool_use_id) for tool_use_id in pending)
     source = next(iter(pending.values()))
     where = f"messages[{source}]"
     if index is None:
@@ -420,10 +423,10 @@ def _show(value: Any, limit: int = 60) -> str:
 
 # A string shaped like a name (a tool's name, a tool_use id, a content type or mode) is quoted: it
 # tells the server's author which one is wrong, and prose does not fit the shape.
-_NAME_SHAPED = re.compile(r"[A-Za-z0-9_.:/@-]{1,64}")
+_NAME_SHAPED = re.compile(r"[A-Za-z0-9_.:/@+-]{1,64}")
 
 
-def _name(value: Any) -> str:
+def shown_name(value: Any) -> str:
     """A value that should be a name, quoted when it has a name's shape, else as `_show` puts it."""
     if isinstance(value, str) and _NAME_SHAPED.fullmatch(value):
         return json.dumps(value)

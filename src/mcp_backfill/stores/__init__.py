@@ -9,15 +9,18 @@ Each backend is imported only when it is used (the Redis client is an optional d
 
 from __future__ import annotations
 
-from mcp_backfill.credentials import url_credentials
+import re
+
 from mcp_backfill.errors import ConfigError
-from mcp_backfill.options import option
+from mcp_backfill.options import named
 from mcp_backfill.sampling.store import LedgerStore, MemoryStore
 
 __all__ = ["open_store"]
 
-_OPTION = f"--state-store ({option('state_store').env})"
+_OPTION = named("--state-store")
 """How errors name the option."""
+# A parameter redis-py's connection does not take, as its TypeError names it.
+_UNKNOWN_PARAMETER = re.compile(r"unexpected keyword argument '([A-Za-z_][A-Za-z0-9_]*)'")
 
 
 def open_store(url: str, *, lease_seconds: float, timeout: float) -> LedgerStore:
@@ -51,11 +54,25 @@ def _redis_store(url: str, *, lease_seconds: float, timeout: float) -> LedgerSto
         ) from None
     try:
         return RedisStore(url, lease_seconds=lease_seconds, timeout=timeout)
-    except (ValueError, TypeError) as exc:  # urllib's or redis-py's word on a port, a parameter
-        reason = str(exc)
-        for secret in url_credentials(url):  # the URL is not repeated: it may hold a password
-            reason = reason.replace(secret, "***")
+    except (ValueError, TypeError) as exc:
         raise ConfigError(
-            f"{_OPTION}: Redis cannot use this URL ({reason}); its form is "
+            f"{_OPTION}: Redis cannot use this URL ({_url_problem(exc)}); its form is "
             "redis://[[user]:password@]host[:port]/db[?option=value&...]"
         ) from None
+
+
+def _url_problem(error: ValueError | TypeError) -> str:
+    """What is wrong with a Redis URL, in words of our own: urllib's and redis-py's quote the part
+    they could not read, and a password with an unencoded `/`, `#` or `?` ends up in that part."""
+    text = str(error)
+    if isinstance(error, TypeError):
+        unknown = _UNKNOWN_PARAMETER.search(text)
+        return (
+            f"Redis takes no parameter {unknown.group(1)!r}" if unknown else "a parameter Redis does not take"
+        )
+    if "port" in text.lower():
+        return (
+            "its port is not a number from 0 to 65535 (a password holding '/', '#' or '?' must be "
+            "percent-encoded)"
+        )
+    return "a parameter's value is not one Redis takes"
