@@ -163,6 +163,17 @@ def test_help_is_grouped_and_has_examples() -> None:
 
 
 @pytest.mark.anyio(False)
+def test_help_and_the_missing_key_error_name_the_key_file_variable() -> None:
+    """The key is best read from a file (the configs the docs show use ANTHROPIC_API_KEY_FILE):
+    `--help` and the error for a missing key both say so."""
+    assert "ANTHROPIC_API_KEY_FILE" in run("--help").stdout
+    done = run("--", *ECHO)
+    assert done.returncode == 2
+    assert "ANTHROPIC_API_KEY is not set" in done.stderr
+    assert "ANTHROPIC_API_KEY_FILE" in done.stderr
+
+
+@pytest.mark.anyio(False)
 def test_a_command_not_on_a_minimal_path_names_path_and_the_fix() -> None:
     env = proxy_env(PATH="/usr/bin:/bin")
     done = run("--provider", "mock", "--", "no-such-server-command", env=env)

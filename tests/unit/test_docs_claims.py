@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import yaml
 
+from mcp_backfill.config import SECRET_FILE_VARIABLES
 from tests.harness import ROOT
 
 
@@ -20,3 +21,9 @@ def test_the_strict_docs_build_fails_on_a_broken_link_or_anchor() -> None:
         assert "--strict" in line
         assert "--quiet" not in line, line
         assert " -q " not in line, line
+
+
+def test_the_container_page_lists_every_variable_read_from_a_file() -> None:
+    page = (ROOT / "docs" / "container.md").read_text()
+    section = page[page.index("**Secrets as files.**") :].split("\n\n", 1)[0]
+    assert [name for name in SECRET_FILE_VARIABLES if f"`{name}`" not in section] == []
