@@ -3,6 +3,8 @@ once already and are cheap to pin down."""
 
 from __future__ import annotations
 
+import re
+
 import yaml
 
 from mcp_backfill.config import SECRET_FILE_VARIABLES
@@ -27,3 +29,12 @@ def test_the_container_page_lists_every_variable_read_from_a_file() -> None:
     page = (ROOT / "docs" / "container.md").read_text()
     section = page[page.index("**Secrets as files.**") :].split("\n\n", 1)[0]
     assert [name for name in SECRET_FILE_VARIABLES if f"`{name}`" not in section] == []
+
+
+def test_the_pages_the_container_files_point_to_exist() -> None:
+    for name in ("Dockerfile", "compose.yaml"):
+        text = (ROOT / name).read_text()
+        assert "README's" not in text, f"{name}: point to a page under docs/, not a README section"
+        for page in re.findall(r"\bdocs/[\w./-]+\.md\b", text):
+            assert (ROOT / page).is_file(), f"{name} points to {page}, which does not exist"
+    assert "docs/container.md" in (ROOT / "Dockerfile").read_text()
