@@ -4,6 +4,7 @@ once already and are cheap to pin down."""
 from __future__ import annotations
 
 import re
+import tomllib
 
 import yaml
 
@@ -38,3 +39,11 @@ def test_the_pages_the_container_files_point_to_exist() -> None:
         for page in re.findall(r"\bdocs/[\w./-]+\.md\b", text):
             assert (ROOT / page).is_file(), f"{name} points to {page}, which does not exist"
     assert "docs/container.md" in (ROOT / "Dockerfile").read_text()
+
+
+def test_getting_started_lists_every_runtime_dependency() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = [re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0] for requirement in project["dependencies"]]
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    listed = page[page.index("Runtime dependencies:") :].split("\n\n", 1)[0]
+    assert [name for name in names if f"`{name}`" not in listed] == []
