@@ -973,7 +973,6 @@ OPTIONS: tuple[Option, ...] = (
         secret=True,
         metavar="ENTRIES",
         command="serve",
-        default_note="none",
     ),
     Option(
         "allow_unauthenticated",

@@ -154,6 +154,16 @@ def test_the_reference_names_every_file_variable() -> None:
     assert [name for name in SECRET_FILE_VARIABLES if f"`{name}_FILE`" not in page] == []
 
 
+@pytest.mark.parametrize("opt", OPTIONS, ids=lambda opt: opt.flag)
+def test_a_default_cell_says_something_once(opt: Option) -> None:
+    """e.g. not "none (none)": a note repeats nothing the default already says."""
+    rows = markdown_table(opt.command).splitlines()
+    row = next(line for line in rows if line.startswith((f"| `{opt.flag} ", f"| `{opt.flag}`")))
+    cell = row.split(" | ")[2]
+    shown = cell.partition(" (")[0].strip("`")
+    assert cell != f"{shown} ({shown})", row
+
+
 def test_the_generator_checks_and_rewrites_a_stale_readme(tmp_path: Path) -> None:
     stale = tmp_path / "options.md"
     fresh = REFERENCE.read_text(encoding="utf-8")
