@@ -47,3 +47,12 @@ def test_getting_started_lists_every_runtime_dependency() -> None:
     page = (ROOT / "docs" / "getting-started.md").read_text()
     listed = page[page.index("Runtime dependencies:") :].split("\n\n", 1)[0]
     assert [name for name in names if f"`{name}`" not in listed] == []
+
+
+def test_the_contributing_source_tree_names_every_module() -> None:
+    page = (ROOT / "docs" / "contributing.md").read_text()
+    tree = page[page.index("```\nsrc/mcp_backfill/") :].split("\n```", 1)[0]
+    package = ROOT / "src" / "mcp_backfill"
+    modules = {path.name for path in package.rglob("*.py")} - {"__init__.py", "__main__.py"}
+    packages = {path.parent.name + "/" for path in package.rglob("__init__.py")} - {"mcp_backfill/"}
+    assert sorted(name for name in modules | packages if name not in tree) == []
