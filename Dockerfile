@@ -1,6 +1,6 @@
 # mcp-backfill as a sidecar: `mcp-backfill serve` in front of an MCP server reached over HTTP.
-# Configured entirely by environment variables (every option has an MCP_BACKFILL_* twin); see the
-# README's "Container" section. Build: docker build -t mcp-backfill .
+# Configured entirely by environment variables (every option has an MCP_BACKFILL_* twin); see
+# docs/container.md. Build: docker build -t mcp-backfill .
 ARG PYTHON_VERSION=3.11
 
 # Build stage: a virtualenv with the package and its runtime dependencies, nothing else; the extras

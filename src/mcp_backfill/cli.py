@@ -17,6 +17,7 @@ import anyio
 from mcp_backfill import __version__, telemetry
 from mcp_backfill.config import (
     PLATFORM_SECRET_ENV_VARS,
+    SECRET_FILE_VARIABLES,
     Config,
     Secret,
     custom_header_secrets,
@@ -51,10 +52,13 @@ DESCRIPTION = (
     "in brackets."
 )
 EPILOG = (
-    "environment: ANTHROPIC_API_KEY (required by --provider anthropic; never logged, never passed to the "
-    "upstream server), ANTHROPIC_BASE_URL (an API gateway or proxy in front of the Claude API). "
+    "environment: ANTHROPIC_API_KEY, or ANTHROPIC_API_KEY_FILE naming a file that holds it (required by "
+    "--provider anthropic; never logged, never passed to the upstream server), ANTHROPIC_BASE_URL (an API "
+    "gateway or proxy in front of the Claude API). "
     "Bedrock: AWS_REGION, AWS_BEARER_TOKEN_BEDROCK or the usual AWS credentials. Vertex: CLOUD_ML_REGION, "
     "ANTHROPIC_VERTEX_PROJECT_ID, MCP_BACKFILL_VERTEX_ACCESS_TOKEN or Application Default Credentials. "
+    "Each variable that holds a secret can instead name a file that holds it, with _FILE added to its name: "
+    f"{', '.join(f'{name}_FILE' for name in SECRET_FILE_VARIABLES)}. "
     "`mcp-backfill serve --help` describes the streamable-HTTP front.\n\n"
     "examples:\n"
     "  mcp-backfill -- /usr/bin/python3 /abs/path/server.py      wrap a stdio server\n"

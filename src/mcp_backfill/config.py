@@ -19,6 +19,7 @@ from mcp_backfill.errors import ConfigError
 from mcp_backfill.options import (
     DEFAULTS,
     ENV_PREFIX,
+    FILE_FORM,
     NOT_QUOTED,
     OPTIONS,
     Allowance,
@@ -234,7 +235,8 @@ class Config:
         if self.provider == "anthropic" and self.mode != "off" and self.api_key is None:
             raise ConfigError(
                 "ANTHROPIC_API_KEY is not set: the anthropic provider needs it to answer sampling requests. "
-                "Set ANTHROPIC_API_KEY, or run with `--provider mock` for the offline mock provider."
+                "Set ANTHROPIC_API_KEY, or ANTHROPIC_API_KEY_FILE to a file that holds it, or run with "
+                "`--provider mock` for the offline mock provider."
             )
 
     def _check_http_front(self) -> None:
@@ -413,13 +415,8 @@ def upstream_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 SECRET_FILE_VARIABLES = (
     "ANTHROPIC_API_KEY",
-    option("auth_token").env,
-    option("client_tokens").env,
-    option("api_headers").env,
-    option("upstream_headers").env,
+    *(opt.env for opt in OPTIONS if opt.name in FILE_FORM),
     "MCP_BACKFILL_VERTEX_ACCESS_TOKEN",
-    option("state_store").env,
-    option("request_state_key").env,
 )
 """Secret-holding variables that may instead name a file: `<NAME>_FILE=/run/secrets/...`."""
 

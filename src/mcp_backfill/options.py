@@ -980,7 +980,6 @@ OPTIONS: tuple[Option, ...] = (
         secret=True,
         metavar="ENTRIES",
         command="serve",
-        default_note="none",
     ),
     Option(
         "allow_unauthenticated",
@@ -1185,6 +1184,13 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+FILE_FORM: frozenset[str] = frozenset(
+    {"upstream_headers", "state_store", "request_state_key", "api_headers", "auth_token", "client_tokens"}
+)
+"""The options whose variable may instead name a file holding the value, `<VARIABLE>_FILE`
+(`config.SECRET_FILE_VARIABLES` adds the credentials that are variables only)."""
+
+
 def option(name: str) -> Option:
     """The option that sets `Config.<name>`."""
     return BY_NAME[name]
@@ -1247,7 +1253,8 @@ def _flag_cell(opt: Option) -> str:
 
 
 def _env_cell(opt: Option) -> str:
-    return f"`{opt.env}` (one header per line)" if opt.kind == "lines" else f"`{opt.env}`"
+    cell = f"`{opt.env}` (one header per line)" if opt.kind == "lines" else f"`{opt.env}`"
+    return f"{cell} or `{opt.env}_FILE` (a file holding the value)" if opt.name in FILE_FORM else cell
 
 
 def _default_cell(opt: Option) -> str:

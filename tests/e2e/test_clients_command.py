@@ -286,6 +286,22 @@ def test_named_servers_only_and_unknown_names(tmp_path: Path) -> None:
     assert "--all" in nothing.stderr
 
 
+@pytest.mark.parametrize("client", list(USER_FILES))
+def test_the_client_pages_dry_run_command_works(tmp_path: Path, client: str) -> None:
+    """docs/clients/<client>.md's "shows the diff first" command, run as written on its client's files."""
+    page = (ROOT / "docs" / "clients" / f"{client}.md").read_text()
+    match = re.search(r"`mcp-backfill clients (wrap [^`]*--dry-run)`", page)
+    assert match, f"docs/clients/{client}.md: no `mcp-backfill clients wrap ... --dry-run` command"
+    action, *args = match.group(1).split()
+    assert args[args.index("--client") + 1] == client
+    home = Home(tmp_path, client, "linux")
+    originals = home.contents()
+    dry = home.run(action, *(os.path.expanduser(arg) for arg in args))
+    assert dry.returncode == 0, f"`{match.group(0)}` -> exit {dry.returncode}: {dry.stderr}"
+    assert f"+++ {home.files[0]}\n" in dry.stdout
+    assert home.contents() == originals
+
+
 def parsed_original(content: bytes) -> Any:
     return jsonc.parse(content.decode()).value
 

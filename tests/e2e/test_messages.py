@@ -6,6 +6,7 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -160,6 +161,26 @@ def test_help_is_grouped_and_has_examples() -> None:
     assert "mcp-backfill -- /usr/bin/python3 /abs/path/server.py" in done.stdout
     assert "HTTP front (serve):" not in done.stdout  # only `serve --help` has those
     assert "HTTP front (serve):" in run("serve", "--help").stdout
+
+
+@pytest.mark.anyio(False)
+def test_help_and_the_missing_key_error_name_the_key_file_variable() -> None:
+    """The key is best read from a file (the configs the docs show use ANTHROPIC_API_KEY_FILE):
+    `--help` and the error for a missing key both say so."""
+    assert "ANTHROPIC_API_KEY_FILE" in run("--help").stdout
+    done = run("--", *ECHO)
+    assert done.returncode == 2
+    assert "ANTHROPIC_API_KEY is not set" in done.stderr
+    assert "ANTHROPIC_API_KEY_FILE" in done.stderr
+
+
+@pytest.mark.anyio(False)
+def test_an_unusable_audit_log_names_the_flag_and_the_variable(tmp_path: Path) -> None:
+    missing = tmp_path / "missing-dir" / "audit.jsonl"
+    done = run("--provider", "mock", "--audit-log", str(missing), "--", *ECHO)
+    assert done.returncode == 2
+    assert "--audit-log / MCP_BACKFILL_AUDIT_LOG: " in done.stderr
+    assert "cannot open " in done.stderr
 
 
 @pytest.mark.anyio(False)

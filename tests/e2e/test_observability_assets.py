@@ -19,6 +19,7 @@ import pytest
 import yaml
 from mcp import Client
 
+from mcp_backfill.options import BUDGET_WINDOWS
 from tests.fake_claude import FakeClaude, error_reply, text_reply
 from tests.harness import ROOT, proxy_env, python_server, tool_json
 from tests.promql_names import family_of, metric_names, scraped
@@ -107,6 +108,18 @@ async def test_every_metric_the_dashboard_and_rules_name_is_scraped(fake_claude:
     assert (
         'mcp_backfill_budget_limit_tokens{budget="client",client="anonymous",window="total"} 10' in exposition
     )
+    # The budget limit gauge's help names the windows a budget has: total and BUDGET_WINDOWS, no others.
+    windows = ", ".join(("total", *BUDGET_WINDOWS))
+    help_line = next(
+        line for line in exposition.splitlines() if "HELP mcp_backfill_budget_limit_tokens" in line
+    )
+    assert f"window: {windows})" in help_line, help_line
+    # The guide's table (docs/sidecar.md sends readers there for the full list) has every metric.
+    guide = (ASSETS / "README.md").read_text()
+    families = {
+        line.split()[2] for line in exposition.splitlines() if line.startswith("# TYPE mcp_backfill_")
+    }
+    assert sorted(name for name in families if f"`{name}`" not in guide) == []
 
 
 def test_the_rules_file_has_the_shape_prometheus_loads() -> None:
@@ -182,6 +195,12 @@ def expr_balanced(expr: str) -> bool:
         elif char in closing and (not stack or stack.pop() != closing[char]):
             return False
     return not stack and quote is None
+
+
+def test_the_guide_names_the_budget_windows_there_are() -> None:
+    guide = (ASSETS / "README.md").read_text()
+    windows = ", ".join(("total", *BUDGET_WINDOWS))
+    assert f"`window`: {windows})" in guide
 
 
 def test_the_assets_are_where_the_docs_say() -> None:

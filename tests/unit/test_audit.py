@@ -23,7 +23,7 @@ def lines(path: Path) -> list[dict[str, Any]]:
 
 
 def test_an_unusable_path_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="--audit-log"):
+    with pytest.raises(ConfigError, match="--audit-log / MCP_BACKFILL_AUDIT_LOG: "):
         AuditLog(str(tmp_path / "missing-dir" / "audit.jsonl"))
     with pytest.raises(ConfigError, match="--audit-log"):
         AuditLog(str(tmp_path))  # a directory

@@ -12,19 +12,21 @@ from pathlib import Path
 import pytest
 
 from mcp_backfill.cli import build_parser, parse_config
-from mcp_backfill.config import Config
+from mcp_backfill.config import SECRET_FILE_VARIABLES, Config
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.options import (
     BY_FLAG,
     BY_NAME,
     DEFAULTS,
     ENV_PREFIX,
+    FILE_FORM,
     MIB,
     OPTIONS,
     Allowance,
     Option,
     env_var,
     main,
+    markdown_table,
     number,
     options_for,
     sync_tables,
@@ -140,6 +142,26 @@ def test_the_reference_tables_are_generated_from_the_table() -> None:
         "the option tables of docs/reference/options.md differ from src/mcp_backfill/options.py; "
         "run .venv/bin/python -m mcp_backfill.options --write docs/reference/options.md"
     )
+
+
+def test_the_reference_names_every_file_variable() -> None:
+    """Each option whose variable has a `_FILE` form says so in its row; the prose names the others."""
+    assert FILE_FORM.issubset(BY_NAME)
+    page = REFERENCE.read_text(encoding="utf-8")
+    for name in FILE_FORM:
+        env = BY_NAME[name].env
+        assert f"`{env}_FILE` (a file holding the value)" in markdown_table(BY_NAME[name].command), name
+    assert [name for name in SECRET_FILE_VARIABLES if f"`{name}_FILE`" not in page] == []
+
+
+@pytest.mark.parametrize("opt", OPTIONS, ids=lambda opt: opt.flag)
+def test_a_default_cell_says_something_once(opt: Option) -> None:
+    """e.g. not "none (none)": a note repeats nothing the default already says."""
+    rows = markdown_table(opt.command).splitlines()
+    row = next(line for line in rows if line.startswith((f"| `{opt.flag} ", f"| `{opt.flag}`")))
+    cell = row.split(" | ")[2]
+    shown = cell.partition(" (")[0].strip("`")
+    assert cell != f"{shown} ({shown})", row
 
 
 def test_the_generator_checks_and_rewrites_a_stale_readme(tmp_path: Path) -> None:

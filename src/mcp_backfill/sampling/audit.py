@@ -34,6 +34,7 @@ import anyio
 
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.logs import Redactor, get_logger
+from mcp_backfill.options import named
 
 if TYPE_CHECKING:
     from mcp_backfill.sampling.spend import Ticket
@@ -143,7 +144,7 @@ class AuditLog:
             self._file: IO[str] = _open_for_appending(path)
         except OSError as exc:
             raise ConfigError(
-                f"--audit-log {path}: cannot open the file for appending ({exc.strerror or exc})"
+                f"{named('--audit-log')}: cannot open {path} for appending ({exc.strerror or exc})"
             ) from None
         self._send, self._receive = anyio.create_memory_object_stream[str](queue_lines)
         self.dropped = 0

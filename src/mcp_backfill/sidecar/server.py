@@ -28,7 +28,7 @@ from mcp_backfill.assembly import client_session_rate, make_sampler, relay_optio
 from mcp_backfill.config import Config
 from mcp_backfill.errors import BindError, StoreUnavailable, cannot_start
 from mcp_backfill.logs import get_logger
-from mcp_backfill.options import Allowance, env_var
+from mcp_backfill.options import BUDGET_WINDOWS, Allowance, env_var
 from mcp_backfill.relay import Relay
 from mcp_backfill.sampling.audit import auditing
 from mcp_backfill.sampling.spend import Spend
@@ -293,9 +293,10 @@ def spend_gauges(metrics: Metrics, spend: Spend) -> None:
                 series[labels] = max(value, series.get(labels, value))
         return list(series.items())
 
+    windows = ", ".join(("total", *BUDGET_WINDOWS))
     metrics.gauge(
         "mcp_backfill_budget_limit_tokens",
-        "token allowance of a budget (budget: process or client; window: total, minute, hour, day...)",
+        f"token allowance of a budget (budget: process or client; window: {windows})",
         lambda: budgets(lambda allowance, _: allowance.tokens),
     )
     metrics.gauge(

@@ -1,0 +1,58 @@
+"""What the docs say about the code and the build, checked against them: the claims that went stale
+once already and are cheap to pin down."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+
+import yaml
+
+from mcp_backfill.config import SECRET_FILE_VARIABLES
+from tests.harness import ROOT
+
+
+def test_the_strict_docs_build_fails_on_a_broken_link_or_anchor() -> None:
+    """docs/contributing.md: a broken link fails `scripts/test`'s build. MkDocs reports a missing
+    anchor only at `info` unless told, and `--quiet` drops warnings before `--strict` counts them."""
+    validation = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["validation"]
+    assert validation["links"]["not_found"] == "warn"
+    assert validation["links"]["anchors"] == "warn"
+    builds = [line for line in (ROOT / "scripts" / "test").read_text().splitlines() if "mkdocs build" in line]
+    assert builds
+    for line in builds:
+        assert "--strict" in line
+        assert "--quiet" not in line, line
+        assert " -q " not in line, line
+
+
+def test_the_container_page_lists_every_variable_read_from_a_file() -> None:
+    page = (ROOT / "docs" / "container.md").read_text()
+    section = page[page.index("**Secrets as files.**") :].split("\n\n", 1)[0]
+    assert [name for name in SECRET_FILE_VARIABLES if f"`{name}`" not in section] == []
+
+
+def test_the_pages_the_container_files_point_to_exist() -> None:
+    for name in ("Dockerfile", "compose.yaml"):
+        text = (ROOT / name).read_text()
+        assert "README's" not in text, f"{name}: point to a page under docs/, not a README section"
+        for page in re.findall(r"\bdocs/[\w./-]+\.md\b", text):
+            assert (ROOT / page).is_file(), f"{name} points to {page}, which does not exist"
+    assert "docs/container.md" in (ROOT / "Dockerfile").read_text()
+
+
+def test_getting_started_lists_every_runtime_dependency() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = [re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0] for requirement in project["dependencies"]]
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    listed = page[page.index("Runtime dependencies:") :].split("\n\n", 1)[0]
+    assert [name for name in names if f"`{name}`" not in listed] == []
+
+
+def test_the_contributing_source_tree_names_every_module() -> None:
+    page = (ROOT / "docs" / "contributing.md").read_text()
+    tree = page[page.index("```\nsrc/mcp_backfill/") :].split("\n```", 1)[0]
+    package = ROOT / "src" / "mcp_backfill"
+    modules = {path.name for path in package.rglob("*.py")} - {"__init__.py", "__main__.py"}
+    packages = {path.parent.name + "/" for path in package.rglob("__init__.py")} - {"mcp_backfill/"}
+    assert sorted(name for name in modules | packages if name not in tree) == []
