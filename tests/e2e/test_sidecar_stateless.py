@@ -184,6 +184,29 @@ async def test_the_2026_path_checks_headers_like_the_sdk_server() -> None:
         )
 
 
+async def test_a_message_that_is_not_jsonrpc_2_0_is_refused_not_left_hanging() -> None:
+    """Without `"jsonrpc": "2.0"` a request was relayed, the stdio upstream dropped the invalid line,
+    and the POST stayed open for ever (SSE keep-alives defeat any read timeout), keeping its hub busy
+    so it was never reaped. Now it is refused as the SDK's server refuses it: 400, -32600."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=CHATTY_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        request = stateless_request(1, "tools/list")
+        note = {"method": "notifications/cancelled", "params": {"requestId": 1}}
+        for body in (
+            {**request, "jsonrpc": "1.0"},
+            {k: v for k, v in request.items() if k != "jsonrpc"},
+            note,
+        ):
+            response = None
+            with anyio.move_on_after(8):
+                response = await http.post(sidecar.url, json=body, headers=stateless_headers(body["method"]))
+            assert response is not None, f"no answer within 8 s to {body}"
+            assert (response.status_code, response.json()["error"]["code"]) == (400, -32600), response.text
+        assert (await health(http, sidecar))["requests_in_flight_2026"] == 0
+
+
 async def test_closing_a_post_cancels_the_request_upstream(tmp_path: Path) -> None:
     async with (
         run_sidecar(

@@ -3,7 +3,7 @@
 A request whose `MCP-Protocol-Version` header is not a handshake-era version takes this path (as in
 the MCP SDK's server). There is no session id and no GET stream (GET and DELETE: 405). A POSTed
 notification is acknowledged (202) and dropped: this revision has no client-to-server notifications
-over HTTP, and a client cancels by closing its POST. A request must be one JSON-RPC request (no
+over HTTP, and a client cancels by closing its POST. A request must be one JSON-RPC 2.0 request (no
 batch) whose `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers match its body, and whose
 `params._meta` carries the protocol version and client capabilities, else 400 with the same
 JSON-RPC error the SDK's server gives (-32020 for a header mismatch, -32602, -32022). `Mcp-Param-*`
@@ -236,14 +236,14 @@ class StatelessFront:
         except (ValueError, RecursionError):
             await call.respond_error(400, protocol.PARSE_ERROR, "Parse error")
             return
-        if isinstance(decoded, dict) and "id" not in decoded and isinstance(decoded.get("method"), str):
+        if _is_notification(decoded):
             await self._notification(call)
             return
-        if not (isinstance(decoded, dict) and isinstance(decoded.get("method"), str) and _valid_id(decoded)):
+        if not (_is_message(decoded) and _valid_id(decoded)):
             await call.respond_error(
                 400,
                 protocol.INVALID_REQUEST,
-                "Body must be a single JSON-RPC request or notification object",
+                "Body must be a single JSON-RPC 2.0 request or notification object",
             )
             return
         rejection = _reject(call, decoded)
@@ -312,6 +312,21 @@ class StatelessFront:
         if scope.cancelled_caught and not stream.finished:
             with anyio.CancelScope(shield=True):
                 await mux.abandon(exchange, "the client closed its HTTP request")
+
+
+def _is_message(decoded: Any) -> bool:
+    """A JSON-RPC 2.0 request or notification. Without `"jsonrpc": "2.0"` the SDK's server refuses
+    it (-32600), and a stdio upstream drops the line unanswered: relayed, it would leave its POST
+    open for ever (and its hub busy, never reaped)."""
+    return (
+        isinstance(decoded, dict)
+        and decoded.get("jsonrpc") == "2.0"
+        and isinstance(decoded.get("method"), str)
+    )
+
+
+def _is_notification(decoded: Any) -> bool:
+    return _is_message(decoded) and "id" not in decoded
 
 
 def _valid_id(message: dict[str, Any]) -> bool:
