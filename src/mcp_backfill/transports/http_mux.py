@@ -14,6 +14,12 @@ never delivered to a client it may not belong to.
 
 A client closing its POST before the answer cancels the request: the mux hands the relay a
 `notifications/cancelled` for it, which stops any Claude call and the upstream round.
+
+A burst of server messages for a POST whose SSE response is being written, more than half its
+buffer ahead of the writer, is held up rather than dropped: `send` waits for the writer to catch up,
+as a handshake session's does. That holds up the hub's relay, shared by every request of one client
+identity, for as long as the writer makes progress; one that writes nothing for `STALL_SECONDS` is
+no longer waited for (its oldest messages are dropped again).
 """
 
 from __future__ import annotations
@@ -117,6 +123,8 @@ class MuxChannel(InboxChannel):
     # -- MessageChannel (the relay's side) -------------------------------------------------------
 
     async def send(self, message: bytes, related: Any = None) -> None:
+        """Put a server message on its POST's stream; waits while that stream's live writer is far
+        behind (see the module docstring), which holds up the hub's relay."""
         self._on_message("to_client")
         try:
             decoded = json.loads(message)
@@ -137,7 +145,10 @@ class MuxChannel(InboxChannel):
             )
             return
         restored = self._restore(decoded, exchange)
-        exchange.stream.append(message if restored is decoded else jsonrpc.encode(restored))
+        stream = exchange.stream
+        stream.append(message if restored is decoded else jsonrpc.encode(restored))
+        if stream.behind:
+            await stream.catch_up()  # a burst its live reader has yet to write: held up, not dropped
 
     def _route_response(self, response: dict[str, Any]) -> None:
         mux_id = response.get("id")
