@@ -7,6 +7,8 @@ client (mcp SDK in its default auto mode, or raw HTTP) --HTTP--> `python -m mcp_
 from __future__ import annotations
 
 import json
+import signal
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -303,4 +305,42 @@ async def test_a_client_arriving_while_anothers_upstream_starts_waits_its_turn()
             assert "--max-sessions" in answers["bob"].json()["error"]["message"]
         assert (await health(http, sidecar))["status"] == "ok"
         assert sidecar.process.returncode is None
+        assert "Exception in ASGI application" not in sidecar.stderr()
+
+
+async def test_sigterm_ends_open_listen_streams_instead_of_waiting_out_the_drain() -> None:
+    """A `subscriptions/listen` POST never ends by itself, like a handshake session's GET stream,
+    which the drain ends. It was left open: the sidecar waited the whole `--drain-timeout`, then
+    uvicorn cancelled the handler (a traceback in the log) and cut the client's response mid-body."""
+    async with (
+        run_sidecar(
+            "--provider", "mock", "--drain-timeout", "20", upstream=RESOLVE_SERVER, env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=60) as http,
+    ):
+        body = stateless_request("L1", "subscriptions/listen", {"notifications": {"toolsListChanged": True}})
+        lines: list[str] = []
+        outcome: list[Any] = []
+
+        async def listen() -> None:
+            headers = stateless_headers("subscriptions/listen")
+            try:
+                async with http.stream("POST", sidecar.url, json=body, headers=headers) as response:
+                    async for line in response.aiter_lines():
+                        lines.append(line)
+                outcome.append("ended")
+            except httpx2.HTTPError as exc:
+                outcome.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(listen)
+            with anyio.fail_after(HTTP_TIMEOUT):
+                while not any("subscriptions/acknowledged" in line for line in lines):
+                    await anyio.sleep(0.05)
+            started = time.monotonic()
+            sidecar.signal(signal.SIGTERM)
+            assert await sidecar.wait(40) == 0
+            took = time.monotonic() - started
+        assert took < 8, f"the sidecar took {took:.1f} s to stop (waited out --drain-timeout 20)"
+        assert outcome == ["ended"], outcome
         assert "Exception in ASGI application" not in sidecar.stderr()

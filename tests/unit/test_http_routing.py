@@ -219,6 +219,20 @@ async def test_mux_turns_an_abandoned_post_into_a_cancel_for_the_relay() -> None
     assert mux.in_flight == 0
 
 
+async def test_mux_ends_listen_streams_on_shutdown_and_cancels_them_upstream() -> None:
+    """A `subscriptions/listen` never ends by itself: the drain ends it, as a GET stream, and the
+    subscription is cancelled upstream; other requests in flight are left to finish."""
+    mux = MuxChannel()
+    listen, _ = mux.open(request("L", "subscriptions/listen"))
+    call, _ = mux.open(request(7, "tools/call"))
+    mux.end_listens("shutting down")
+    assert listen.stream.finished
+    assert not call.stream.finished
+    assert mux.in_flight == 1
+    cancel = json.loads(await mux.receive())
+    assert cancel["params"] == {"requestId": listen.mux_id, "reason": "shutting down"}
+
+
 async def test_mux_does_not_give_a_gone_requests_messages_to_the_one_left_in_flight() -> None:
     """ "The one request in flight" took messages that named another, finished request: a notification
     of an abandoned subscription, a late progress notification. With clients sharing a hub, another

@@ -2,9 +2,10 @@
 
 The listening socket is bound here (so `--port 0` can log the port it got), then handed to uvicorn,
 whose own signal handling is replaced by ours. On SIGTERM or SIGINT the sidecar drains: new sessions
-and requests are refused, the standalone GET streams end, uvicorn stops accepting connections and
-waits up to `--drain-timeout` seconds for the requests in flight to finish; then every session is
-closed and every upstream stopped. A second signal skips the wait.
+and requests are refused, the streams that never end by themselves (standalone GET streams,
+2026-07-28 `subscriptions/listen`) end, uvicorn stops accepting connections and waits up to
+`--drain-timeout` seconds for the requests in flight to finish; then every session is closed and
+every upstream stopped. A second signal skips the wait.
 """
 
 from __future__ import annotations

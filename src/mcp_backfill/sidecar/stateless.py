@@ -144,6 +144,10 @@ class StatelessHub:
         if self._scope is not None:
             self._scope.cancel()
 
+    def end_listens(self) -> None:
+        if self._mux is not None:
+            self._mux.end_listens("mcp-backfill is shutting down")
+
 
 class StatelessHubs:
     """The hubs that serve 2026-07-28 requests: one per client identity.
@@ -214,6 +218,12 @@ class StatelessHubs:
         for hub in self._hubs.values():
             hub.stop()
 
+    def end_listens(self) -> None:
+        """Shutting down: end every open `subscriptions/listen` stream, which would otherwise hold
+        the drain for all of `--drain-timeout` and then be cut off mid-body."""
+        for hub in self._hubs.values():
+            hub.end_listens()
+
 
 class StatelessFront:
     def __init__(self, hubs: StatelessHubs, settings: FrontSettings) -> None:
@@ -276,6 +286,8 @@ class StatelessFront:
         # If the upstream just ended, `close` has answered the exchange already.
         with contextlib.suppress(anyio.ClosedResourceError):
             await mux.deliver(rewritten)
+        if self.settings.draining:  # began while its upstream started: a listen would hold the drain
+            mux.end_listens("mcp-backfill is shutting down")
         await self._answer(call, mux, exchange)
 
     async def _notification(self, call: HttpCall) -> None:

@@ -104,13 +104,17 @@ class MuxChannel(InboxChannel):
             "client closed its request; cancelling it",
             extra={"request_id": exchange.client_id, "method": exchange.method},
         )
-        cancel = {
-            "jsonrpc": "2.0",
-            "method": protocol.CANCELLED,
-            "params": {"requestId": exchange.mux_id, "reason": reason},
-        }
         with contextlib.suppress(anyio.ClosedResourceError):
-            await self._inbox.send(jsonrpc.encode(cancel))
+            await self._inbox.send(_cancel(exchange, reason))
+
+    def end_listens(self, reason: str) -> None:
+        """Shutting down: end the stream of every `subscriptions/listen` (it never ends by itself),
+        as the drain ends a handshake session's GET stream, and cancel the subscription upstream."""
+        for exchange in [e for e in self._exchanges.values() if e.method == protocol.LISTEN]:
+            del self._exchanges[exchange.mux_id]
+            exchange.stream.finish()
+            if not self.closed:
+                self._inbox.send_nowait(_cancel(exchange, reason))  # no waiting: called from a signal
 
     def close(self, reason: str) -> None:
         """The shared upstream is gone: every request still waiting gets an error."""
@@ -187,6 +191,11 @@ class MuxChannel(InboxChannel):
         if _same_id(meta.get(protocol.META_SUBSCRIPTION_ID), exchange.mux_id):
             restored["_meta"] = {**meta, protocol.META_SUBSCRIPTION_ID: exchange.client_id}
         return {**message, "params": restored} if restored != params else message
+
+
+def _cancel(exchange: MuxedRequest, reason: str) -> bytes:
+    params = {"requestId": exchange.mux_id, "reason": reason}
+    return jsonrpc.encode({"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": params})
 
 
 def _same_id(value: Any, mux_id: int) -> bool:
