@@ -25,6 +25,7 @@ from tests.sidecar_harness import (
     HTTP_TIMEOUT,
     Sidecar,
     health,
+    open_session,
     response_messages,
     run_sidecar,
 )
@@ -344,3 +345,27 @@ async def test_sigterm_ends_open_listen_streams_instead_of_waiting_out_the_drain
         assert took < 8, f"the sidecar took {took:.1f} s to stop (waited out --drain-timeout 20)"
         assert outcome == ["ended"], outcome
         assert "Exception in ASGI application" not in sidecar.stderr()
+
+
+async def test_2026_upstreams_and_handshake_sessions_share_max_sessions(tmp_path: Path) -> None:
+    """`--max-sessions` counts upstreams: handshake sessions and 2026-07-28 hubs used to get it each,
+    so `--max-sessions 1` ran two upstream processes. Now a 2026-07-28 client finding the one slot
+    taken by a session gets 503, and an idle hub makes room for a new session."""
+    upstream = [*CHATTY_SERVER, str(tmp_path)]
+    async with (
+        run_sidecar(
+            "--provider", "mock", "--max-sessions", "1", upstream=upstream, env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        session = await open_session(http, sidecar.url)  # the one slot, with its upstream
+        body = stateless_request(1, "tools/call", {"name": "pid", "arguments": {}})
+        refused = await http.post(sidecar.url, json=body, headers=stateless_headers("tools/call", "pid"))
+        assert refused.status_code == 503, refused.text
+        assert "--max-sessions" in refused.json()["error"]["message"]
+        assert len(list(tmp_path.glob("started-*"))) == 1
+
+        assert (await http.delete(sidecar.url, headers={"mcp-session-id": session})).status_code == 200
+        assert "result" in await call_tool(http, sidecar, 2, "pid")  # the slot is the hub's now
+        assert await open_session(http, sidecar.url)  # the idle hub makes room
+        assert "closed to make room" in sidecar.stderr()

@@ -131,17 +131,21 @@ async def run_sidecar(config: Config) -> int:
             "use the upstream and spend on Claude; set MCP_BACKFILL_AUTH_TOKEN (or --auth-token) unless "
             "something in front of the sidecar authenticates clients"
         )
+    # `--max-sessions` counts upstream processes: handshake sessions and 2026-07-28 hubs together.
+    hubs = StatelessHubs(
+        lambda identity: StatelessHub(open_upstream, make_relay, count, identity),
+        max_upstreams=config.max_sessions,
+        idle_timeout=config.session_idle_timeout,
+        others=lambda: len(sessions),
+    )
     sessions = SessionTable(
         config.max_sessions,
         SessionSettings(config.session_idle_timeout, stop_timeout=3 * config.shutdown_grace + 1),
         open_upstream,
         make_relay,
         count,
-    )
-    hubs = StatelessHubs(
-        lambda identity: StatelessHub(open_upstream, make_relay, count, identity),
-        max_hubs=config.max_sessions,
-        idle_timeout=config.session_idle_timeout,
+        others=lambda: len(hubs),
+        make_room=hubs.evict_idlest,
     )
     front = FrontSettings(config.max_message_bytes, body_timeout=config.body_timeout)
     spend = sampler.spend

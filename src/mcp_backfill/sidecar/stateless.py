@@ -152,19 +152,27 @@ class StatelessHub:
 class StatelessHubs:
     """The hubs that serve 2026-07-28 requests: one per client identity.
 
-    At most `max_hubs` exist at once. When a new identity arrives and all are taken, the hub idle
-    the longest (no request in flight) is stopped to make room; only when every hub is busy is the
-    request refused. So credentials that come and go (junk `Authorization` values under
-    `--forward-authorization`, each its own identity) can never lock real clients out for longer
-    than their own requests last. Hubs idle for `idle_timeout` (0: never) are stopped as well.
+    At most `max_upstreams` upstreams exist at once: the hubs' and `others()` (the handshake
+    sessions', which share `--max-sessions`). When a new identity arrives and all are taken, the hub
+    idle the longest (no request in flight) is stopped to make room (`evict_idlest`, which a new
+    session uses too); only when no hub is idle is the request refused. So credentials that come and
+    go (junk `Authorization` values under `--forward-authorization`, each its own identity) can never
+    lock real clients out for longer than their own requests last. Hubs idle for `idle_timeout` (0:
+    never) are stopped as well.
     """
 
     def __init__(
-        self, make_hub: Callable[[str], StatelessHub], *, max_hubs: int, idle_timeout: float
+        self,
+        make_hub: Callable[[str], StatelessHub],
+        *,
+        max_upstreams: int,
+        idle_timeout: float,
+        others: Callable[[], int] = lambda: 0,
     ) -> None:
         self._make_hub = make_hub
-        self._max_hubs = max_hubs
+        self._max_upstreams = max_upstreams
         self._idle_timeout = idle_timeout
+        self._others = others
         self._hubs: dict[str, StatelessHub] = {}
         self._tg: TaskGroup | None = None
 
@@ -181,11 +189,11 @@ class StatelessHubs:
         return len(self._hubs)
 
     async def mux(self, headers: UpstreamHeaders, identity: str) -> MuxChannel | None:
-        """The live mux of `identity`'s hub (None: `max_hubs` are all busy with other clients);
-        raises `UpstreamStartError`."""
+        """The live mux of `identity`'s hub (None: `max_upstreams` are all busy with other clients
+        or sessions); raises `UpstreamStartError`."""
         hub = self._hubs.get(identity)
         if hub is None:
-            if len(self._hubs) >= self._max_hubs and not self._evict_idlest():
+            if len(self._hubs) + self._others() >= self._max_upstreams and not self.evict_idlest():
                 return None
             assert self._tg is not None
             hub = self._hubs[identity] = self._make_hub(identity)
@@ -193,7 +201,8 @@ class StatelessHubs:
         hub.last_used = anyio.current_time()
         return await hub.mux(headers)
 
-    def _evict_idlest(self) -> bool:
+    def evict_idlest(self) -> bool:
+        """Stop the hub idle the longest, to make room for another upstream; False if none is idle."""
         idle = [(hub.last_used, key) for key, hub in self._hubs.items() if not hub.in_flight]
         if not idle:
             return False
@@ -278,7 +287,8 @@ class StatelessFront:
             await call.respond_error(
                 503,
                 protocol.INTERNAL_ERROR,
-                "Too many clients with requests in flight at once (--max-sessions); try again later",
+                "Too many sessions and clients with requests in flight at once (--max-sessions); "
+                "try again later",
                 decoded["id"],
             )
             return
