@@ -1020,8 +1020,9 @@ OPTIONS: tuple[Option, ...] = (
         "max_sessions",
         "--max-sessions",
         100,
-        "concurrent client sessions; more get HTTP 503",
-        "concurrent client sessions (each one an upstream process); more get `503`",
+        "concurrent upstreams: handshake sessions plus 2026-07-28 clients; more get HTTP 503",
+        "concurrent upstreams (each one an upstream process): handshake-era sessions plus 2026-07-28 "
+        "client identities, counted together; more get `503`",
         parse=whole_number,
         checks=(at_least(1),),
         metavar="N",

@@ -30,6 +30,8 @@ INITIALIZED: Final = "notifications/initialized"
 CANCELLED: Final = "notifications/cancelled"
 PROGRESS: Final = "notifications/progress"
 TOOLS_CHANGED: Final = "notifications/tools/list_changed"
+LISTEN: Final = "subscriptions/listen"
+"""2026-07-28: a request whose answer is a stream of notifications that never ends by itself."""
 PROMPTS_GET: Final = "prompts/get"
 INPUT_REQUIRED_METHODS: Final = frozenset({TOOLS_CALL, PROMPTS_GET, "resources/read"})
 """2026-07-28 requests whose result may be `input_required`."""

@@ -7,6 +7,8 @@ client (mcp SDK in its default auto mode, or raw HTTP) --HTTP--> `python -m mcp_
 from __future__ import annotations
 
 import json
+import signal
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from tests.sidecar_harness import (
     HTTP_TIMEOUT,
     Sidecar,
     health,
+    open_session,
     response_messages,
     run_sidecar,
 )
@@ -184,6 +187,29 @@ async def test_the_2026_path_checks_headers_like_the_sdk_server() -> None:
         )
 
 
+async def test_a_message_that_is_not_jsonrpc_2_0_is_refused_not_left_hanging() -> None:
+    """Without `"jsonrpc": "2.0"` a request was relayed, the stdio upstream dropped the invalid line,
+    and the POST stayed open for ever (SSE keep-alives defeat any read timeout), keeping its hub busy
+    so it was never reaped. Now it is refused as the SDK's server refuses it: 400, -32600."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=CHATTY_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        request = stateless_request(1, "tools/list")
+        note = {"method": "notifications/cancelled", "params": {"requestId": 1}}
+        for body in (
+            {**request, "jsonrpc": "1.0"},
+            {k: v for k, v in request.items() if k != "jsonrpc"},
+            note,
+        ):
+            response = None
+            with anyio.move_on_after(8):
+                response = await http.post(sidecar.url, json=body, headers=stateless_headers(body["method"]))
+            assert response is not None, f"no answer within 8 s to {body}"
+            assert (response.status_code, response.json()["error"]["code"]) == (400, -32600), response.text
+        assert (await health(http, sidecar))["requests_in_flight_2026"] == 0
+
+
 async def test_closing_a_post_cancels_the_request_upstream(tmp_path: Path) -> None:
     async with (
         run_sidecar(
@@ -281,3 +307,65 @@ async def test_a_client_arriving_while_anothers_upstream_starts_waits_its_turn()
         assert (await health(http, sidecar))["status"] == "ok"
         assert sidecar.process.returncode is None
         assert "Exception in ASGI application" not in sidecar.stderr()
+
+
+async def test_sigterm_ends_open_listen_streams_instead_of_waiting_out_the_drain() -> None:
+    """A `subscriptions/listen` POST never ends by itself, like a handshake session's GET stream,
+    which the drain ends. It was left open: the sidecar waited the whole `--drain-timeout`, then
+    uvicorn cancelled the handler (a traceback in the log) and cut the client's response mid-body."""
+    async with (
+        run_sidecar(
+            "--provider", "mock", "--drain-timeout", "20", upstream=RESOLVE_SERVER, env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=60) as http,
+    ):
+        body = stateless_request("L1", "subscriptions/listen", {"notifications": {"toolsListChanged": True}})
+        lines: list[str] = []
+        outcome: list[Any] = []
+
+        async def listen() -> None:
+            headers = stateless_headers("subscriptions/listen")
+            try:
+                async with http.stream("POST", sidecar.url, json=body, headers=headers) as response:
+                    async for line in response.aiter_lines():
+                        lines.append(line)
+                outcome.append("ended")
+            except httpx2.HTTPError as exc:
+                outcome.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(listen)
+            with anyio.fail_after(HTTP_TIMEOUT):
+                while not any("subscriptions/acknowledged" in line for line in lines):
+                    await anyio.sleep(0.05)
+            started = time.monotonic()
+            sidecar.signal(signal.SIGTERM)
+            assert await sidecar.wait(40) == 0
+            took = time.monotonic() - started
+        assert took < 8, f"the sidecar took {took:.1f} s to stop (waited out --drain-timeout 20)"
+        assert outcome == ["ended"], outcome
+        assert "Exception in ASGI application" not in sidecar.stderr()
+
+
+async def test_2026_upstreams_and_handshake_sessions_share_max_sessions(tmp_path: Path) -> None:
+    """`--max-sessions` counts upstreams: handshake sessions and 2026-07-28 hubs used to get it each,
+    so `--max-sessions 1` ran two upstream processes. Now a 2026-07-28 client finding the one slot
+    taken by a session gets 503, and an idle hub makes room for a new session."""
+    upstream = [*CHATTY_SERVER, str(tmp_path)]
+    async with (
+        run_sidecar(
+            "--provider", "mock", "--max-sessions", "1", upstream=upstream, env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        session = await open_session(http, sidecar.url)  # the one slot, with its upstream
+        body = stateless_request(1, "tools/call", {"name": "pid", "arguments": {}})
+        refused = await http.post(sidecar.url, json=body, headers=stateless_headers("tools/call", "pid"))
+        assert refused.status_code == 503, refused.text
+        assert "--max-sessions" in refused.json()["error"]["message"]
+        assert len(list(tmp_path.glob("started-*"))) == 1
+
+        assert (await http.delete(sidecar.url, headers={"mcp-session-id": session})).status_code == 200
+        assert "result" in await call_tool(http, sidecar, 2, "pid")  # the slot is the hub's now
+        assert await open_session(http, sidecar.url)  # the idle hub makes room
+        assert "closed to make room" in sidecar.stderr()

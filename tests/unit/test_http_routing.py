@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 import anyio
 import pytest
 
 from mcp_backfill.errors import DuplicateRequestId
+from mcp_backfill.sidecar.http_io import HttpCall, pump_sse
 from mcp_backfill.transports.event_stream import EventStream, parse_event_id, sse_event
-from mcp_backfill.transports.http_mux import MuxChannel
+from mcp_backfill.transports.http_mux import EXCHANGE_BUFFER, MuxChannel
 from mcp_backfill.transports.http_server import SessionChannel, SessionRouter
 from mcp_backfill.transports.queue import MessageQueue
+from tests.sidecar_harness import sse_messages
 
 pytestmark = pytest.mark.anyio
 
@@ -216,6 +219,20 @@ async def test_mux_turns_an_abandoned_post_into_a_cancel_for_the_relay() -> None
     assert mux.in_flight == 0
 
 
+async def test_mux_ends_listen_streams_on_shutdown_and_cancels_them_upstream() -> None:
+    """A `subscriptions/listen` never ends by itself: the drain ends it, as a GET stream, and the
+    subscription is cancelled upstream; other requests in flight are left to finish."""
+    mux = MuxChannel()
+    listen, _ = mux.open(request("L", "subscriptions/listen"))
+    call, _ = mux.open(request(7, "tools/call"))
+    mux.end_listens("shutting down")
+    assert listen.stream.finished
+    assert not call.stream.finished
+    assert mux.in_flight == 1
+    cancel = json.loads(await mux.receive())
+    assert cancel["params"] == {"requestId": listen.mux_id, "reason": "shutting down"}
+
+
 async def test_mux_does_not_give_a_gone_requests_messages_to_the_one_left_in_flight() -> None:
     """ "The one request in flight" took messages that named another, finished request: a notification
     of an abandoned subscription, a late progress notification. With clients sharing a hub, another
@@ -263,3 +280,41 @@ async def test_a_sender_waits_for_a_live_reader_far_behind_and_not_for_one_that_
         await stream.catch_up()  # the reader writes nothing more: given up on after STALL_SECONDS
     assert not stream.behind
     stream.detach(generation)
+
+
+class SlowCall:
+    """An HTTP response whose client reads slowly: each body write takes a little while."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.finished = False
+
+    async def body(self, data: bytes, more: bool = False) -> None:
+        self.chunks.append(data)
+        await anyio.sleep(0.0005)
+
+
+async def test_mux_holds_a_burst_for_a_live_sse_reader_instead_of_dropping_progress() -> None:
+    """More notifications than a POST's stream keeps, ahead of a slow but live SSE writer: the mux
+    dropped the oldest (progress lost); now, as a handshake session does, it waits for the writer."""
+    mux = MuxChannel()
+    exchange, raw = mux.open(request("c1", "tools/call", _meta={"progressToken": "client-token"}))
+    mux_id = json.loads(raw)["id"]
+    call = SlowCall()
+    count = EXCHANGE_BUFFER + 500
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                partial(pump_sse, cast(HttpCall, call), exchange.stream, 0, with_ids=False, keepalive=5)
+            )
+            await anyio.sleep(0.01)  # the SSE response is being written
+            for n in range(count):
+                await mux.send(
+                    encode(notification("notifications/progress", progressToken=mux_id, progress=n))
+                )
+            await mux.send(encode(result(mux_id)))
+    written = [message for _, message in sse_messages(b"".join(call.chunks).decode())]
+    assert written[-1] == result("c1")
+    progress = [m["params"] for m in written if m.get("method") == "notifications/progress"]
+    assert all(params["progressToken"] == "client-token" for params in progress)
+    assert [params["progress"] for params in progress] == list(range(count))

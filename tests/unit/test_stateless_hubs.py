@@ -1,4 +1,5 @@
-"""The 2026-07-28 hubs: one upstream per client identity, at most `max_hubs`, idle ones make room."""
+"""The 2026-07-28 hubs: one upstream per client identity, at most `max_upstreams` with the handshake
+sessions', idle ones make room."""
 
 from __future__ import annotations
 
@@ -50,14 +51,15 @@ class Upstreams:
             self.open.discard(who)
 
 
-def make_hubs(upstreams: Upstreams, max_hubs: int) -> StatelessHubs:
+def make_hubs(upstreams: Upstreams, max_hubs: int, sessions: int = 0) -> StatelessHubs:
     def make_relay(client: MessageChannel, upstream: MessageChannel, identity: str) -> Relay:
         return cast(Relay, IdleRelay())
 
     return StatelessHubs(
         lambda identity: StatelessHub(upstreams, make_relay, lambda direction: None, identity),
-        max_hubs=max_hubs,
+        max_upstreams=max_hubs,
         idle_timeout=0,
+        others=lambda: sessions,
     )
 
 
@@ -104,3 +106,25 @@ async def test_a_hub_whose_upstream_is_starting_is_busy_not_idle() -> None:
             assert upstreams.open == {"alice"}
             assert hubs.in_flight == 0  # started: Alice's request is the mux's to count now
             tg.cancel_scope.cancel()
+
+
+async def test_handshake_sessions_count_against_the_hubs_limit() -> None:
+    """`--max-sessions` counts upstreams of both kinds (each kind used to get all of it): with every
+    slot taken by sessions a 2026-07-28 client is refused (the caller's 503); with one left, new
+    clients take turns in it, and a new session can have an idle hub stopped to make room."""
+    full = make_hubs(Upstreams(), max_hubs=2, sessions=2)
+    upstreams = Upstreams()
+    hubs = make_hubs(upstreams, max_hubs=2, sessions=1)
+    async with anyio.create_task_group() as tg:
+        full.start(tg)
+        hubs.start(tg)
+        assert await mux_for(full, "alice") is None
+        assert len(full) == 0
+        assert await mux_for(hubs, "alice") is not None
+        assert await mux_for(hubs, "bob") is not None  # Alice's hub is idle: it makes room
+        await anyio.wait_all_tasks_blocked()
+        assert upstreams.open == {"bob"}
+        assert hubs.evict_idlest()  # for a new session
+        assert len(hubs) == 0
+        assert not hubs.evict_idlest()
+        tg.cancel_scope.cancel()

@@ -67,11 +67,13 @@ class SidecarApp:
         return self.handshake.settings.draining
 
     def drain(self) -> None:
-        """Shutting down: refuse new sessions and requests, and end the standalone GET streams."""
+        """Shutting down: refuse new sessions and requests, and end the streams that never end by
+        themselves (handshake sessions' standalone GET streams, 2026-07-28 `subscriptions/listen`)."""
         self.handshake.settings.draining = True
         self.stateless.settings.draining = True
         for session in self.handshake.sessions.all():
             session.router.get_stream.finish()
+        self.stateless.hubs.end_listens()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

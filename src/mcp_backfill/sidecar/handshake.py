@@ -154,7 +154,9 @@ class HandshakeFront:
                 self.opening.refused(identity)
                 log.warning("session refused: too many open sessions", extra={"sessions": len(self.sessions)})
                 await call.respond_error(
-                    503, protocol.INTERNAL_ERROR, "Too many open sessions (--max-sessions); try again later"
+                    503,
+                    protocol.INTERNAL_ERROR,
+                    "Too many open sessions and 2026-07-28 clients (--max-sessions); try again later",
                 )
             return session
         return await self._session(call, identity, check_version=not opening)

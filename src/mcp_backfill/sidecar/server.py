@@ -2,9 +2,10 @@
 
 The listening socket is bound here (so `--port 0` can log the port it got), then handed to uvicorn,
 whose own signal handling is replaced by ours. On SIGTERM or SIGINT the sidecar drains: new sessions
-and requests are refused, the standalone GET streams end, uvicorn stops accepting connections and
-waits up to `--drain-timeout` seconds for the requests in flight to finish; then every session is
-closed and every upstream stopped. A second signal skips the wait.
+and requests are refused, the streams that never end by themselves (standalone GET streams,
+2026-07-28 `subscriptions/listen`) end, uvicorn stops accepting connections and waits up to
+`--drain-timeout` seconds for the requests in flight to finish; then every session is closed and
+every upstream stopped. A second signal skips the wait.
 """
 
 from __future__ import annotations
@@ -130,17 +131,21 @@ async def run_sidecar(config: Config) -> int:
             "use the upstream and spend on Claude; set MCP_BACKFILL_AUTH_TOKEN (or --auth-token) unless "
             "something in front of the sidecar authenticates clients"
         )
+    # `--max-sessions` counts upstream processes: handshake sessions and 2026-07-28 hubs together.
+    hubs = StatelessHubs(
+        lambda identity: StatelessHub(open_upstream, make_relay, count, identity),
+        max_upstreams=config.max_sessions,
+        idle_timeout=config.session_idle_timeout,
+        others=lambda: len(sessions),
+    )
     sessions = SessionTable(
         config.max_sessions,
         SessionSettings(config.session_idle_timeout, stop_timeout=3 * config.shutdown_grace + 1),
         open_upstream,
         make_relay,
         count,
-    )
-    hubs = StatelessHubs(
-        lambda identity: StatelessHub(open_upstream, make_relay, count, identity),
-        max_hubs=config.max_sessions,
-        idle_timeout=config.session_idle_timeout,
+        others=lambda: len(hubs),
+        make_room=hubs.evict_idlest,
     )
     front = FrontSettings(config.max_message_bytes, body_timeout=config.body_timeout)
     spend = sampler.spend

@@ -202,21 +202,30 @@ class OpeningRate:
 
 
 class SessionTable:
-    """The live sessions by id, with the admission limit."""
+    """The live sessions by id, with the admission limit.
+
+    `max_upstreams` counts upstreams: the sessions' and `others()` (the 2026-07-28 hubs', which
+    share `--max-sessions`). A new session finding them all taken asks `make_room` to stop an idle
+    hub; when there is none it is refused.
+    """
 
     def __init__(
         self,
-        max_sessions: int,
+        max_upstreams: int,
         settings: SessionSettings,
         open_upstream: UpstreamFactory,
         make_relay: MakeRelay,
         count: CountMessage,
+        others: Callable[[], int] = lambda: 0,
+        make_room: Callable[[], bool] = lambda: False,
     ) -> None:
-        self._max = max_sessions
+        self._max = max_upstreams
         self._settings = settings
         self._open_upstream = open_upstream
         self._make_relay = make_relay
         self._count = count
+        self._others = others
+        self._make_room = make_room
         self._sessions: dict[str, HttpSession] = {}
         self._tg: TaskGroup | None = None
 
@@ -234,9 +243,9 @@ class SessionTable:
 
     def open(self, headers: Mapping[str, str], identity: str) -> HttpSession | None:
         """A new session of client `identity` with its relay starting, or None when
-        `max_sessions` are open."""
+        `max_upstreams` are open and none of them is an idle hub."""
         assert self._tg is not None
-        if len(self._sessions) >= self._max:
+        if len(self._sessions) + self._others() >= self._max and not self._make_room():
             return None
         session = HttpSession(secrets.token_hex(16), self._settings, self._count, identity)
         self._sessions[session.id] = session

@@ -3,7 +3,7 @@
 A request whose `MCP-Protocol-Version` header is not a handshake-era version takes this path (as in
 the MCP SDK's server). There is no session id and no GET stream (GET and DELETE: 405). A POSTed
 notification is acknowledged (202) and dropped: this revision has no client-to-server notifications
-over HTTP, and a client cancels by closing its POST. A request must be one JSON-RPC request (no
+over HTTP, and a client cancels by closing its POST. A request must be one JSON-RPC 2.0 request (no
 batch) whose `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers match its body, and whose
 `params._meta` carries the protocol version and client capabilities, else 400 with the same
 JSON-RPC error the SDK's server gives (-32020 for a header mismatch, -32602, -32022). `Mcp-Param-*`
@@ -144,23 +144,35 @@ class StatelessHub:
         if self._scope is not None:
             self._scope.cancel()
 
+    def end_listens(self) -> None:
+        if self._mux is not None:
+            self._mux.end_listens("mcp-backfill is shutting down")
+
 
 class StatelessHubs:
     """The hubs that serve 2026-07-28 requests: one per client identity.
 
-    At most `max_hubs` exist at once. When a new identity arrives and all are taken, the hub idle
-    the longest (no request in flight) is stopped to make room; only when every hub is busy is the
-    request refused. So credentials that come and go (junk `Authorization` values under
-    `--forward-authorization`, each its own identity) can never lock real clients out for longer
-    than their own requests last. Hubs idle for `idle_timeout` (0: never) are stopped as well.
+    At most `max_upstreams` upstreams exist at once: the hubs' and `others()` (the handshake
+    sessions', which share `--max-sessions`). When a new identity arrives and all are taken, the hub
+    idle the longest (no request in flight) is stopped to make room (`evict_idlest`, which a new
+    session uses too); only when no hub is idle is the request refused. So credentials that come and
+    go (junk `Authorization` values under `--forward-authorization`, each its own identity) can never
+    lock real clients out for longer than their own requests last. Hubs idle for `idle_timeout` (0:
+    never) are stopped as well.
     """
 
     def __init__(
-        self, make_hub: Callable[[str], StatelessHub], *, max_hubs: int, idle_timeout: float
+        self,
+        make_hub: Callable[[str], StatelessHub],
+        *,
+        max_upstreams: int,
+        idle_timeout: float,
+        others: Callable[[], int] = lambda: 0,
     ) -> None:
         self._make_hub = make_hub
-        self._max_hubs = max_hubs
+        self._max_upstreams = max_upstreams
         self._idle_timeout = idle_timeout
+        self._others = others
         self._hubs: dict[str, StatelessHub] = {}
         self._tg: TaskGroup | None = None
 
@@ -177,11 +189,11 @@ class StatelessHubs:
         return len(self._hubs)
 
     async def mux(self, headers: UpstreamHeaders, identity: str) -> MuxChannel | None:
-        """The live mux of `identity`'s hub (None: `max_hubs` are all busy with other clients);
-        raises `UpstreamStartError`."""
+        """The live mux of `identity`'s hub (None: `max_upstreams` are all busy with other clients
+        or sessions); raises `UpstreamStartError`."""
         hub = self._hubs.get(identity)
         if hub is None:
-            if len(self._hubs) >= self._max_hubs and not self._evict_idlest():
+            if len(self._hubs) + self._others() >= self._max_upstreams and not self.evict_idlest():
                 return None
             assert self._tg is not None
             hub = self._hubs[identity] = self._make_hub(identity)
@@ -189,7 +201,8 @@ class StatelessHubs:
         hub.last_used = anyio.current_time()
         return await hub.mux(headers)
 
-    def _evict_idlest(self) -> bool:
+    def evict_idlest(self) -> bool:
+        """Stop the hub idle the longest, to make room for another upstream; False if none is idle."""
         idle = [(hub.last_used, key) for key, hub in self._hubs.items() if not hub.in_flight]
         if not idle:
             return False
@@ -214,6 +227,12 @@ class StatelessHubs:
         for hub in self._hubs.values():
             hub.stop()
 
+    def end_listens(self) -> None:
+        """Shutting down: end every open `subscriptions/listen` stream, which would otherwise hold
+        the drain for all of `--drain-timeout` and then be cut off mid-body."""
+        for hub in self._hubs.values():
+            hub.end_listens()
+
 
 class StatelessFront:
     def __init__(self, hubs: StatelessHubs, settings: FrontSettings) -> None:
@@ -236,14 +255,14 @@ class StatelessFront:
         except (ValueError, RecursionError):
             await call.respond_error(400, protocol.PARSE_ERROR, "Parse error")
             return
-        if isinstance(decoded, dict) and "id" not in decoded and isinstance(decoded.get("method"), str):
+        if _is_notification(decoded):
             await self._notification(call)
             return
-        if not (isinstance(decoded, dict) and isinstance(decoded.get("method"), str) and _valid_id(decoded)):
+        if not (_is_message(decoded) and _valid_id(decoded)):
             await call.respond_error(
                 400,
                 protocol.INVALID_REQUEST,
-                "Body must be a single JSON-RPC request or notification object",
+                "Body must be a single JSON-RPC 2.0 request or notification object",
             )
             return
         rejection = _reject(call, decoded)
@@ -268,7 +287,8 @@ class StatelessFront:
             await call.respond_error(
                 503,
                 protocol.INTERNAL_ERROR,
-                "Too many clients with requests in flight at once (--max-sessions); try again later",
+                "Too many sessions and clients with requests in flight at once (--max-sessions); "
+                "try again later",
                 decoded["id"],
             )
             return
@@ -276,6 +296,8 @@ class StatelessFront:
         # If the upstream just ended, `close` has answered the exchange already.
         with contextlib.suppress(anyio.ClosedResourceError):
             await mux.deliver(rewritten)
+        if self.settings.draining:  # began while its upstream started: a listen would hold the drain
+            mux.end_listens("mcp-backfill is shutting down")
         await self._answer(call, mux, exchange)
 
     async def _notification(self, call: HttpCall) -> None:
@@ -312,6 +334,21 @@ class StatelessFront:
         if scope.cancelled_caught and not stream.finished:
             with anyio.CancelScope(shield=True):
                 await mux.abandon(exchange, "the client closed its HTTP request")
+
+
+def _is_message(decoded: Any) -> bool:
+    """A JSON-RPC 2.0 request or notification. Without `"jsonrpc": "2.0"` the SDK's server refuses
+    it (-32600), and a stdio upstream drops the line unanswered: relayed, it would leave its POST
+    open for ever (and its hub busy, never reaped)."""
+    return (
+        isinstance(decoded, dict)
+        and decoded.get("jsonrpc") == "2.0"
+        and isinstance(decoded.get("method"), str)
+    )
+
+
+def _is_notification(decoded: Any) -> bool:
+    return _is_message(decoded) and "id" not in decoded
 
 
 def _valid_id(message: dict[str, Any]) -> bool:

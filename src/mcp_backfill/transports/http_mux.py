@@ -14,6 +14,12 @@ never delivered to a client it may not belong to.
 
 A client closing its POST before the answer cancels the request: the mux hands the relay a
 `notifications/cancelled` for it, which stops any Claude call and the upstream round.
+
+A burst of server messages for a POST whose SSE response is being written, more than half its
+buffer ahead of the writer, is held up rather than dropped: `send` waits for the writer to catch up,
+as a handshake session's does. That holds up the hub's relay, shared by every request of one client
+identity, for as long as the writer makes progress; one that writes nothing for `STALL_SECONDS` is
+no longer waited for (its oldest messages are dropped again).
 """
 
 from __future__ import annotations
@@ -98,13 +104,17 @@ class MuxChannel(InboxChannel):
             "client closed its request; cancelling it",
             extra={"request_id": exchange.client_id, "method": exchange.method},
         )
-        cancel = {
-            "jsonrpc": "2.0",
-            "method": protocol.CANCELLED,
-            "params": {"requestId": exchange.mux_id, "reason": reason},
-        }
         with contextlib.suppress(anyio.ClosedResourceError):
-            await self._inbox.send(jsonrpc.encode(cancel))
+            await self._inbox.send(_cancel(exchange, reason))
+
+    def end_listens(self, reason: str) -> None:
+        """Shutting down: end the stream of every `subscriptions/listen` (it never ends by itself),
+        as the drain ends a handshake session's GET stream, and cancel the subscription upstream."""
+        for exchange in [e for e in self._exchanges.values() if e.method == protocol.LISTEN]:
+            del self._exchanges[exchange.mux_id]
+            exchange.stream.finish()
+            if not self.closed:
+                self._inbox.send_nowait(_cancel(exchange, reason))  # no waiting: called from a signal
 
     def close(self, reason: str) -> None:
         """The shared upstream is gone: every request still waiting gets an error."""
@@ -117,6 +127,8 @@ class MuxChannel(InboxChannel):
     # -- MessageChannel (the relay's side) -------------------------------------------------------
 
     async def send(self, message: bytes, related: Any = None) -> None:
+        """Put a server message on its POST's stream; waits while that stream's live writer is far
+        behind (see the module docstring), which holds up the hub's relay."""
         self._on_message("to_client")
         try:
             decoded = json.loads(message)
@@ -137,7 +149,10 @@ class MuxChannel(InboxChannel):
             )
             return
         restored = self._restore(decoded, exchange)
-        exchange.stream.append(message if restored is decoded else jsonrpc.encode(restored))
+        stream = exchange.stream
+        stream.append(message if restored is decoded else jsonrpc.encode(restored))
+        if stream.behind:
+            await stream.catch_up()  # a burst its live reader has yet to write: held up, not dropped
 
     def _route_response(self, response: dict[str, Any]) -> None:
         mux_id = response.get("id")
@@ -176,6 +191,11 @@ class MuxChannel(InboxChannel):
         if _same_id(meta.get(protocol.META_SUBSCRIPTION_ID), exchange.mux_id):
             restored["_meta"] = {**meta, protocol.META_SUBSCRIPTION_ID: exchange.client_id}
         return {**message, "params": restored} if restored != params else message
+
+
+def _cancel(exchange: MuxedRequest, reason: str) -> bytes:
+    params = {"requestId": exchange.mux_id, "reason": reason}
+    return jsonrpc.encode({"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": params})
 
 
 def _same_id(value: Any, mux_id: int) -> bool:
