@@ -196,7 +196,8 @@ async def test_a_message_that_is_not_jsonrpc_2_0_is_refused_not_left_hanging() -
         httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         request = stateless_request(1, "tools/list")
-        note = {"method": "notifications/cancelled", "params": {"requestId": 1}}
+        note: dict[str, Any] = {"method": "notifications/cancelled", "params": {"requestId": 1}}
+        body: dict[str, Any]
         for body in (
             {**request, "jsonrpc": "1.0"},
             {k: v for k, v in request.items() if k != "jsonrpc"},
@@ -204,7 +205,8 @@ async def test_a_message_that_is_not_jsonrpc_2_0_is_refused_not_left_hanging() -
         ):
             response = None
             with anyio.move_on_after(8):
-                response = await http.post(sidecar.url, json=body, headers=stateless_headers(body["method"]))
+                headers = stateless_headers(str(body["method"]))
+                response = await http.post(sidecar.url, json=body, headers=headers)
             assert response is not None, f"no answer within 8 s to {body}"
             assert (response.status_code, response.json()["error"]["code"]) == (400, -32600), response.text
         assert (await health(http, sidecar))["requests_in_flight_2026"] == 0
