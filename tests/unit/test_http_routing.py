@@ -282,6 +282,27 @@ async def test_a_sender_waits_for_a_live_reader_far_behind_and_not_for_one_that_
     stream.detach(generation)
 
 
+async def test_a_burst_before_the_handler_writes_is_held_for_it_not_dropped() -> None:
+    """Between a POST's arrival and its SSE response's first write (the quick-answer window, the
+    switch to SSE) no reader was attached, so a burst routed then was not held up: on a loaded
+    machine the oldest messages were dropped (the sidecar test of a 5,000-message burst lost 255)."""
+    stream = EventStream("p1", 8)
+    with stream.expecting_reader():
+        for n in range(5):
+            stream.append(encode(notification("n", n=n)))
+        assert stream.behind  # 5 of 8 unwritten, a handler about to write them
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stream.catch_up)
+            await anyio.sleep(0.05)
+            generation = stream.attach()  # the handler starts its SSE response and writes
+            stream.handed_out(5)
+        assert not stream.behind
+    for n in range(5, 10):
+        stream.append(encode(notification("n", n=n)))
+    stream.detach(generation)
+    assert not stream.behind  # no handler and no response: nobody to wait for
+
+
 class SlowCall:
     """An HTTP response whose client reads slowly: each body write takes a little while."""
 

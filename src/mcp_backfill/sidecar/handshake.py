@@ -168,6 +168,12 @@ class HandshakeFront:
             log.debug("message for an ended session dropped", extra={"session": session.label})
 
     async def _answer(self, call: HttpCall, session: HttpSession, stream: EventStream, single: bool) -> None:
+        with stream.expecting_reader():
+            await self._json_or_sse(call, session, stream, single)
+
+    async def _json_or_sse(
+        self, call: HttpCall, session: HttpSession, stream: EventStream, single: bool
+    ) -> None:
         """JSON when a single request is answered at once, else SSE (see the module docstring).
 
         A quick answer (within `QUICK_ANSWER_SECONDS`) is written by the relay's task as it routes

@@ -312,6 +312,10 @@ class StatelessFront:
         await call.respond(202)
 
     async def _answer(self, call: HttpCall, mux: MuxChannel, exchange: MuxedRequest) -> None:
+        with exchange.stream.expecting_reader():
+            await self._json_or_sse(call, mux, exchange)
+
+    async def _json_or_sse(self, call: HttpCall, mux: MuxChannel, exchange: MuxedRequest) -> None:
         stream = exchange.stream
         deadline = anyio.current_time() + self.settings.json_window
         answer = await quick_answer(stream, self.settings.json_window)

@@ -10,16 +10,18 @@ reads, cannot make the proxy hold its messages without bound. The newest event i
 however large, so that a live reader gets it.
 
 A live reader is not made to lose messages by a burst, though: while a response writes the stream
-and more than half the limit waits to be written, the sender waits (`catch_up`) for as long as the
-response keeps writing, so the burst is held up rather than dropped. A reader that writes nothing for
-`STALL_SECONDS` is taken to have stopped, and the oldest messages are dropped again.
+(or a handler is about to: `expecting_reader`) and more than half the limit waits to be written, the
+sender waits (`catch_up`) for as long as the response keeps writing, so the burst is held up rather
+than dropped. A reader that writes nothing for `STALL_SECONDS` is taken to have stopped, and the
+oldest messages are dropped again.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 
 import anyio
 
@@ -63,6 +65,7 @@ class EventStream:
         self._next = 1
         self._waiting: list[asyncio.Future[None]] = []  # those waiting in `changed()`
         self._writer = 0  # generation of the HTTP response writing this stream, 0: none
+        self._expected = 0  # HTTP handlers about to write it (choosing between JSON and SSE)
         self._generations = 0
         self.finished = False
         self.delivered = 0  # highest sequence number handed to an HTTP response
@@ -87,8 +90,25 @@ class EventStream:
 
     @property
     def behind(self) -> bool:
-        """Is a response writing this stream, and more than half the limit waiting to be written?"""
-        return self._writer != 0 and not self._stalled and self._next - 1 - self.delivered > self._limit // 2
+        """Is a response writing this stream (or about to), and more than half the limit waiting to
+        be written?"""
+        return (
+            (self._writer != 0 or self._expected != 0)
+            and not self._stalled
+            and self._next - 1 - self.delivered > self._limit // 2
+        )
+
+    @contextmanager
+    def expecting_reader(self) -> Iterator[None]:
+        """An HTTP handler will write this stream: while it waits for a quick answer and then starts
+        its response, a burst is held up for it (`catch_up`) as for a response already writing, not
+        dropped before its first write (a burst routed in those milliseconds, on a loaded machine,
+        used to lose its oldest messages)."""
+        self._expected += 1
+        try:
+            yield
+        finally:
+            self._expected -= 1
 
     async def catch_up(self) -> None:
         """While `behind`, wait for the response writing this stream to write; give up on it once it
