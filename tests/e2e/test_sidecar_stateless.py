@@ -27,6 +27,7 @@ from tests.sidecar_harness import (
     health,
     open_session,
     response_messages,
+    response_to,
     run_sidecar,
 )
 
@@ -371,3 +372,46 @@ async def test_2026_upstreams_and_handshake_sessions_share_max_sessions(tmp_path
         assert "result" in await call_tool(http, sidecar, 2, "pid")  # the slot is the hub's now
         assert await open_session(http, sidecar.url)  # the idle hub makes room
         assert "closed to make room" in sidecar.stderr()
+
+
+SAMPLING_SERVER = python_server("sampling_server.py")
+
+
+async def test_mcp_param_headers_must_match_the_body_whatever_the_upstream() -> None:
+    """`Mcp-Param-*` headers were left for the upstream to check, but a stdio upstream never sees
+    them (and an HTTP upstream gets headers the proxy derives from the body): a gateway in front of
+    the sidecar routing on `Mcp-Param-Region: eu` let through a body calling for `us`. The front now
+    checks them as the SDK's server does (400, -32020), listing the tools itself when it must."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=SAMPLING_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        body = stateless_request(
+            1, "tools/call", {"name": "regional", "arguments": {"region": "us", "city": "Reno"}}
+        )
+        headers = stateless_headers("tools/call", "regional")
+        # Before any client listed the tools: the proxy finds the tool's `x-mcp-header` itself.
+        for param_headers, why in (
+            ({"mcp-param-region": "eu"}, "does not match"),
+            ({}, "is missing"),
+        ):
+            refused = await http.post(sidecar.url, json=body, headers={**headers, **param_headers})
+            assert refused.status_code == 400, refused.text
+            error = refused.json()["error"]
+            assert (refused.json()["id"], error["code"]) == (1, -32020)
+            assert "Mcp-Param-Region" in error["message"]
+            assert why in error["message"]
+        good = await http.post(sidecar.url, json=body, headers={**headers, "mcp-param-region": "us"})
+        assert json.loads(response_to(good, 1)["result"]["content"][0]["text"]) == {
+            "region": "us",
+            "city": "Reno",
+        }
+        absent = stateless_request(2, "tools/call", {"name": "regional", "arguments": {"city": "Reno"}})
+        claimed = await http.post(sidecar.url, json=absent, headers={**headers, "mcp-param-region": "us"})
+        assert (claimed.status_code, claimed.json()["error"]["code"]) == (400, -32020)
+        # A tool without annotations, and one the server does not have, pass to the upstream as before.
+        echoed = await call_tool(http, sidecar, 3, "echo", text="hi")
+        assert json.loads(echoed["result"]["content"][0]["text"]) == {"text": "hi"}
+        unknown = await call_tool(http, sidecar, 4, "no-such-tool", x=1)
+        assert unknown["id"] == 4
+        assert "error" in unknown or unknown["result"].get("isError")

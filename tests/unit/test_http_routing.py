@@ -339,3 +339,51 @@ async def test_mux_holds_a_burst_for_a_live_sse_reader_instead_of_dropping_progr
     progress = [m["params"] for m in written if m.get("method") == "notifications/progress"]
     assert all(params["progressToken"] == "client-token" for params in progress)
     assert [params["progress"] for params in progress] == list(range(count))
+
+
+async def test_mux_own_request_gets_its_answer_and_no_client_gets_it() -> None:
+    """A request of the proxy's own (the front's tools listing) is answered to it alone, and never
+    counts as "the one request in flight" that unattributed server messages go to."""
+    mux = MuxChannel()
+    call, _ = mux.open(request(7, "tools/call", name="regional"))
+    listing: list[Any] = []
+
+    async def list_tools() -> None:
+        listing.append(await mux.own_request("tools/list", {}, 5))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(list_tools)
+        sent = json.loads(await mux.receive())
+        assert sent["method"] == "tools/list"
+        assert isinstance(sent["id"], int)
+        await mux.send(encode(notification("notifications/message", data="whose?")))
+        tools = [{"name": "regional", "inputSchema": {"type": "object"}}]
+        await mux.send(encode(result(sent["id"], tools=tools)))
+    assert listing == [{"tools": tools}]
+    assert messages(call.stream) == [notification("notifications/message", data="whose?")]
+    assert mux.tools.schema_of("regional") == {"type": "object"}
+    assert mux.tools.complete
+
+
+async def test_mux_own_request_that_gets_no_answer_is_cancelled() -> None:
+    mux = MuxChannel()
+    with anyio.fail_after(5):
+        assert await mux.own_request("tools/list", {}, 0.05) is None
+    sent, cancel = json.loads(await mux.receive()), json.loads(await mux.receive())
+    assert cancel["method"] == "notifications/cancelled"
+    assert cancel["params"]["requestId"] == sent["id"]
+    assert mux.in_flight == 0
+    mux.close("bye")
+    assert await mux.own_request("tools/list", {}, 5) is None  # upstream gone: an error, at once
+
+
+async def test_mux_learns_tool_schemas_from_client_listings_and_forgets_them_on_list_changed() -> None:
+    mux = MuxChannel()
+    page, raw = mux.open(request(1, "tools/list"))
+    tools = [{"name": "a", "inputSchema": {"type": "object", "properties": {}}}]
+    await mux.send(encode(result(json.loads(raw)["id"], tools=tools, nextCursor="2")))
+    assert messages(page.stream) == [result(1, tools=tools, nextCursor="2")]
+    assert mux.tools.knows("a")
+    assert not mux.tools.complete  # one page of several
+    await mux.send(encode(notification("notifications/tools/list_changed")))
+    assert not mux.tools.knows("a")

@@ -6,8 +6,13 @@ notification is acknowledged (202) and dropped: this revision has no client-to-s
 over HTTP, and a client cancels by closing its POST. A request must be one JSON-RPC 2.0 request (no
 batch) whose `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers match its body, and whose
 `params._meta` carries the protocol version and client capabilities, else 400 with the same
-JSON-RPC error the SDK's server gives (-32020 for a header mismatch, -32602, -32022). `Mcp-Param-*`
-headers are left for the upstream to check (a stdio upstream never sees them).
+JSON-RPC error the SDK's server gives (-32020 for a header mismatch, -32602, -32022). A `tools/call`'s
+`Mcp-Param-*` headers are checked here too, against the called tool's `x-mcp-header` annotations, as
+the SDK's server checks them: a stdio upstream never sees the headers, and an HTTP upstream gets
+ones the proxy derives from the body, so a gateway routing on a header the body contradicts would
+otherwise go unnoticed. The schema comes from the tools listings the hub has carried, or from a
+listing of the proxy's own when no listing has shown the tool yet; when that fails, or the server
+has no such tool, the call goes to the upstream unchecked (as in the SDK's server).
 
 The requests of one client identity (see `security`) share one upstream, started on its first
 request (for `-- CMD`: one child process, a 2026-07-28 stdio server being stateless per request) and
@@ -48,6 +53,7 @@ from mcp_backfill.sidecar.http_io import (
 from mcp_backfill.sidecar.sessions import CountingChannel, CountMessage, MakeRelay
 from mcp_backfill.sidecar.upstreams import UpstreamFactory, UpstreamRequest
 from mcp_backfill.transports.http_mux import MuxChannel, MuxedRequest
+from mcp_backfill.transports.tool_schemas import LIST_PAGE_CAP
 
 if TYPE_CHECKING:
     from mcp.shared.inbound import InboundLadderRejection
@@ -59,6 +65,8 @@ if TYPE_CHECKING:
 log = get_logger("sidecar")
 
 SUPPORTED_STATELESS_VERSIONS = (protocol.STATELESS_VERSION,)
+# How long a tools listing of the proxy's own (for the `Mcp-Param-*` check) may take.
+OWN_LIST_SECONDS = 10.0
 HUB_LABEL = "2026-07-28 requests"
 
 
@@ -292,6 +300,10 @@ class StatelessFront:
                 decoded["id"],
             )
             return
+        rejection = await _param_rejection(call, mux, decoded)
+        if rejection is not None:
+            await _write_rejection(call, rejection, decoded["id"])
+            return
         exchange, rewritten = mux.open(decoded)
         # If the upstream just ended, `close` has answered the exchange already.
         with contextlib.suppress(anyio.ClosedResourceError):
@@ -378,6 +390,46 @@ def _reject(call: HttpCall, request: dict[str, Any]) -> InboundLadderRejection |
         request, headers=dict(items), supported_modern_versions=SUPPORTED_STATELESS_VERSIONS
     )
     return verdict if isinstance(verdict, InboundLadderRejection) else None
+
+
+async def _param_rejection(
+    call: HttpCall, mux: MuxChannel, request: dict[str, Any]
+) -> InboundLadderRejection | None:
+    """The SDK server's check of a `tools/call`'s `Mcp-Param-*` headers against its arguments."""
+    params = request.get("params")
+    if request["method"] != protocol.TOOLS_CALL or not isinstance(params, dict):
+        return None
+    name, arguments = params.get("name"), params.get("arguments")
+    if not isinstance(name, str) or not isinstance(arguments, dict | None):
+        return None
+    if not arguments and not any(key.startswith(protocol.PARAM_HEADER_PREFIX) for key in call.headers):
+        return None  # nothing a declaration could disagree with
+    tools = mux.tools
+    if not (tools.knows(name) or tools.complete):
+        await _list_tools(mux, name, params)
+    schema = tools.schema_of(name)
+    if schema is None:
+        return None
+    from mcp.shared.inbound import validate_mcp_param_headers
+    from starlette.datastructures import Headers  # its `items()` keeps repeated lines, as the SDK's
+
+    return validate_mcp_param_headers(schema, arguments or {}, Headers(scope=call.scope))
+
+
+async def _list_tools(mux: MuxChannel, name: str, params: dict[str, Any]) -> None:
+    """List the upstream's tools (the mux keeps their schemas) until `name` is among them, under the
+    calling request's envelope; gives up quietly, leaving the call unchecked."""
+    meta = params.get("_meta")
+    meta = meta if isinstance(meta, dict) else {}
+    envelope = {k: v for k, v in meta.items() if k.startswith(protocol.ENVELOPE_PREFIX)}
+    list_params: dict[str, Any] = {"_meta": envelope}
+    for _ in range(LIST_PAGE_CAP):
+        result = await mux.own_request(protocol.TOOLS_LIST, list_params, OWN_LIST_SECONDS)
+        cursor = result.get("nextCursor") if isinstance(result, dict) else None
+        if mux.tools.knows(name) or not isinstance(cursor, str):
+            return
+        list_params = {**list_params, "cursor": cursor}
+    log.warning("tools listing without end; Mcp-Param-* headers not checked", extra={"pages": LIST_PAGE_CAP})
 
 
 async def _write_rejection(call: HttpCall, rejection: InboundLadderRejection, request_id: Any) -> None:

@@ -12,6 +12,11 @@ its progress token, its subscription id, or the only request in flight when ther
 Anything else cannot be attributed to a client and is dropped (logged at debug level): a message is
 never delivered to a client it may not belong to.
 
+The mux keeps the input schemas of the upstream's tools from the `tools/list` answers it carries
+(`ToolSchemas`), and can send a request of the proxy's own (`own_request`: the front lists the
+tools itself when it must check a call to a tool no listing has shown yet); the answers to those go
+to no client, and the mux never guesses that a server message belongs to one of them.
+
 A client closing its POST before the answer cancels the request: the mux hands the relay a
 `notifications/cancelled` for it, which stops any Claude call and the upstream round.
 
@@ -38,11 +43,14 @@ from mcp_backfill.logs import get_logger
 from mcp_backfill.transports.event_stream import EventStream
 from mcp_backfill.transports.http_server import INBOX_SIZE, InboxChannel
 from mcp_backfill.transports.queue import MessageQueue
+from mcp_backfill.transports.tool_schemas import ToolSchemas
 
 log = get_logger("http")
 
 # Messages kept for one POST while its response is being written.
 EXCHANGE_BUFFER = 1024
+# Ids of the proxy's own requests (a client's id is never rewritten to a string).
+OWN_ID_PREFIX = "mcp-backfill-own:"
 
 
 @dataclass
@@ -55,6 +63,7 @@ class MuxedRequest:
     stream: EventStream
     client_token: Any = None
     has_token: bool = False
+    own: bool = False  # a request of the proxy's own (`own_request`), for no client
 
 
 class MuxChannel(InboxChannel):
@@ -64,7 +73,9 @@ class MuxChannel(InboxChannel):
         super().__init__(MessageQueue[bytes](INBOX_SIZE), on_message)
         self._ids = itertools.count(1)
         self._exchanges: dict[int, MuxedRequest] = {}
+        self._own_in_flight = 0
         self.closed = False
+        self.tools = ToolSchemas()
 
     @property
     def in_flight(self) -> int:
@@ -72,12 +83,17 @@ class MuxChannel(InboxChannel):
 
     # -- from the HTTP handlers ------------------------------------------------------------------
 
-    def open(self, request: dict[str, Any]) -> tuple[MuxedRequest, bytes]:
+    def open(self, request: dict[str, Any], *, own: bool = False) -> tuple[MuxedRequest, bytes]:
         """Register a POSTed request; returns its exchange and the message to relay (ids rewritten)."""
         mux_id = next(self._ids)
         exchange = MuxedRequest(
-            request["id"], mux_id, str(request.get("method")), EventStream(f"m{mux_id}", EXCHANGE_BUFFER)
+            request["id"],
+            mux_id,
+            str(request.get("method")),
+            EventStream(f"m{mux_id}", EXCHANGE_BUFFER),
+            own=own,
         )
+        self._own_in_flight += own
         rewritten = {**request, "id": mux_id}
         params = request.get("params")
         meta = params.get("_meta") if isinstance(params, dict) else None
@@ -95,9 +111,30 @@ class MuxChannel(InboxChannel):
     async def deliver(self, raw: bytes) -> None:
         await self._inbox.send(raw)
 
+    async def own_request(self, method: str, params: dict[str, Any], seconds: float) -> Any:
+        """Send a request of the proxy's own through the relay; its `result`, or None when it failed
+        or did not come within `seconds` (then it is cancelled)."""
+        request_id = f"{OWN_ID_PREFIX}{next(self._ids)}"
+        message = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+        exchange, raw = self.open(message, own=True)
+        with contextlib.suppress(anyio.ClosedResourceError):
+            await self.deliver(raw)
+        stream = exchange.stream
+        with anyio.move_on_after(seconds):
+            while not stream.finished:
+                await stream.changed()
+        if not stream.finished:
+            await self.abandon(exchange, f"{method} of mcp-backfill's own timed out")
+            return None
+        for _, data in stream.after(0):
+            answer = json.loads(data)
+            if "method" not in answer and answer.get("id") == request_id:
+                return answer.get("result")
+        return None
+
     async def abandon(self, exchange: MuxedRequest, reason: str) -> None:
         """The client closed its POST before the answer: cancel the request upstream."""
-        if self._exchanges.pop(exchange.mux_id, None) is None or self.closed:
+        if self._pop(exchange.mux_id) is None or self.closed:
             return
         exchange.stream.finish()
         log.info(
@@ -111,7 +148,7 @@ class MuxChannel(InboxChannel):
         """Shutting down: end the stream of every `subscriptions/listen` (it never ends by itself),
         as the drain ends a handshake session's GET stream, and cancel the subscription upstream."""
         for exchange in [e for e in self._exchanges.values() if e.method == protocol.LISTEN]:
-            del self._exchanges[exchange.mux_id]
+            self._pop(exchange.mux_id)
             exchange.stream.finish()
             if not self.closed:
                 self._inbox.send_nowait(_cancel(exchange, reason))  # no waiting: called from a signal
@@ -141,6 +178,8 @@ class MuxChannel(InboxChannel):
         if "method" not in decoded and "id" in decoded:
             self._route_response(decoded)
             return
+        if decoded.get("method") == protocol.TOOLS_CHANGED:
+            self.tools.forget()
         exchange = self._owner(decoded, related)
         if exchange is None:
             log.debug(
@@ -156,10 +195,12 @@ class MuxChannel(InboxChannel):
 
     def _route_response(self, response: dict[str, Any]) -> None:
         mux_id = response.get("id")
-        exchange = self._exchanges.pop(mux_id, None) if isinstance(mux_id, int) else None
+        exchange = self._pop(mux_id) if isinstance(mux_id, int) else None
         if exchange is None:
             log.debug("response for a closed request dropped", extra={"id": mux_id})
             return
+        if exchange.method == protocol.TOOLS_LIST and "result" in response:
+            self.tools.learn(response["result"])
         exchange.stream.append(jsonrpc.encode({**response, "id": exchange.client_id}))
         exchange.stream.finish()
 
@@ -175,9 +216,15 @@ class MuxChannel(InboxChannel):
         # "The one request in flight" only for a message nothing attributes: one that names a request
         # already gone (its stream, its token, its subscription) may belong to another client.
         attributed = related is not None or any(isinstance(candidate, int) for candidate in candidates)
-        if len(self._exchanges) == 1 and not attributed:
-            return next(iter(self._exchanges.values()))
+        if len(self._exchanges) - self._own_in_flight == 1 and not attributed:
+            return next(e for e in self._exchanges.values() if not e.own)
         return None
+
+    def _pop(self, mux_id: int) -> MuxedRequest | None:
+        exchange = self._exchanges.pop(mux_id, None)
+        if exchange is not None:
+            self._own_in_flight -= exchange.own
+        return exchange
 
     def _restore(self, message: dict[str, Any], exchange: MuxedRequest) -> dict[str, Any]:
         """The client's own token and subscription id in a message for its request."""

@@ -27,11 +27,10 @@ from mcp_backfill.transports.http_upstream.exchange import (
 )
 from mcp_backfill.transports.http_upstream.headers import stateless_headers
 from mcp_backfill.transports.http_upstream.settings import describe_transport_error
+from mcp_backfill.transports.tool_schemas import LIST_PAGE_CAP
 
 log = get_logger("http")
 
-# Pages of a proxy-initiated tools/list before giving up on finding a tool's header map.
-LIST_PAGE_CAP = 20
 # Ids of the proxy's own requests; never delivered, so they cannot collide with the client's.
 OWN_ID_PREFIX = "mcp-backfill-http:"
 
