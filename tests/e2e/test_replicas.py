@@ -108,8 +108,11 @@ async def haproxy(front_port: int, replicas: Sequence[int]) -> AsyncIterator[Pro
 
 
 @asynccontextmanager
-async def cluster(fake: FakeClaude, *, replicas: int = 3, front: bool = True) -> AsyncIterator[Cluster]:
-    """`replicas` sidecars (each its own port) in front of one HTTP upstream, one Redis, HAProxy."""
+async def cluster(
+    fake: FakeClaude, *options: str, replicas: int = 3, front: bool = True
+) -> AsyncIterator[Cluster]:
+    """`replicas` sidecars (each its own port, with `options`) in front of one HTTP upstream, one
+    Redis, HAProxy."""
     front_port = free_port()
     ports = [free_port() for _ in range(replicas)]
     async with AsyncExitStack() as stack:
@@ -126,7 +129,7 @@ async def cluster(fake: FakeClaude, *, replicas: int = 3, front: bool = True) ->
         for port in ports:
             allowed = f"127.0.0.1:{port},127.0.0.1:{front_port}"
             own = {**env, "MCP_BACKFILL_PORT": str(port), "MCP_BACKFILL_ALLOWED_HOSTS": allowed}
-            sidecars.append(await stack.enter_async_context(run_sidecar(*LIMITS, env=own)))
+            sidecars.append(await stack.enter_async_context(run_sidecar(*LIMITS, *options, env=own)))
         if front:
             await stack.enter_async_context(haproxy(front_port, ports))
         ledger = aioredis.Redis.from_url(redis.url)
@@ -327,6 +330,38 @@ async def test_budgets_rate_limits_slots_and_mixed_rounds_hold_across_replicas(
         # Another client cannot redeem dave's state.
         stolen = await post_2026(http, second, "eve", {**retry, "id": "m3"})
         assert "requestState expired or unknown" in str(stolen.error)
+
+
+async def test_an_allow_once_buys_one_sampling_whichever_replica_the_replay_reaches(
+    fake_claude: FakeClaude,
+) -> None:
+    """A sealed approval token was single-use per replica only: replaying the retry that allowed
+    sampling "once" to another replica sampled, and billed, again. The ledger store now claims
+    each such token once for all the replicas sharing it."""
+    async with (
+        cluster(fake_claude, "--approve", "elicit", replicas=2, front=False) as c,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        first, second = (replica.url for replica in c.replicas)
+        asked = await call_2026(http, first, "dave", "q1", "summarize", text="approve me")
+        result = asked.reply["result"]
+        assert result["resultType"] == "input_required"
+        assert list(result["inputRequests"]) == ["mcp-backfill-approval"]
+        allow = {"action": "accept", "content": {"decision": "allow_once"}}
+        retry = stateless(
+            "q2",
+            "summarize",
+            {"text": "approve me"},
+            inputResponses={"mcp-backfill-approval": allow},
+            requestState=result["requestState"],
+        )
+        fake_claude.enqueue(text_reply("Summary."))
+        assert (await post_2026(http, first, "dave", retry)).tool()["text"] == "Summary."
+        for replica in (second, first):
+            fake_claude.enqueue(text_reply("Summary again."))
+            replayed = await post_2026(http, replica, "dave", {**retry, "id": "q3"})
+            assert "requestState expired or unknown" in str(replayed.error)
+        assert len(prompts_of(fake_claude, "approve me")) == 1
 
 
 async def test_sessions_stick_to_their_replica_and_recover_when_it_dies(fake_claude: FakeClaude) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -112,6 +113,27 @@ async def test_two_processes_cannot_both_take_the_last_tokens(stores: Factory) -
         for n in range(40):
             tg.start_soon(reserve, (first, second)[n % 2], f"lease-{n}")
     assert len(admitted) == 10  # 10 x 10 reserved fill the budget: nobody got past it
+
+
+async def test_a_key_is_claimed_once_among_all_who_share_the_store_until_its_time(stores: Factory) -> None:
+    """A sealed approval token redeems once whichever replica takes the retry (`Spend.claim_once`)."""
+    first, second = stores(), stores()
+    until = time.time() + 0.6
+    claimed: list[str] = []
+
+    async def claim(store: LedgerStore, claimant: str) -> None:
+        if await store.claim("sealed:n1", claimant, until):
+            claimed.append(claimant)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(20):
+            tg.start_soon(claim, (first, second)[n % 2], f"replica-{n}")
+    assert len(claimed) == 1
+    # The winner asking again (a reply lost, the claim re-sent) is still the winner.
+    assert await second.claim("sealed:n1", claimed[0], until)
+    assert await first.claim("sealed:n2", "replica-0", until)  # another key: its own claim
+    await anyio.sleep(max(0.0, until - time.time()) + 0.2)
+    assert await second.claim("sealed:n1", "replica-1", time.time() + 60)  # expired: claimable again
 
 
 async def hit(store: LedgerStore, rates: list[Rate], member: str, limits: Sequence[Limit] = ()) -> Any:

@@ -125,6 +125,8 @@ class StashedRound:
     expires: float
     # Sampling questions the proxy has not answered yet: they wait for the user's approval.
     pending: dict[str, Any] = field(default_factory=dict)
+    # A sealed token's nonce (hex), by which replicas sharing a ledger store claim it once.
+    nonce: str = ""
 
 
 @dataclass
@@ -167,7 +169,8 @@ refused until some expire, rather than one forgotten: a forgotten token could be
 class Redeemed:
     """The nonces of the sealed tokens already redeemed that carried questions awaiting approval,
     each until its token expires. The retry of such a token samples (and bills): a replay must find
-    it used. The memory is one process's; replicas do not share it (docs/replicas.md)."""
+    it used. The memory is one process's; with a shared ledger store the relay claims the token
+    there as well (`RoundDriver`), for the replicas sharing it."""
 
     limit: int = MAX_REDEEMED
     expiries: dict[bytes, float] = field(default_factory=dict)
@@ -249,7 +252,8 @@ class SealedStash:
             return None
         if pending and not self._redeemed.claim(raw[:12], payload["e"], now):
             return None
-        return StashedRound(payload["a"], payload["h"], payload["s"], payload["r"], payload["e"], pending)
+        answers, has_state, state, rounds = payload["a"], payload["h"], payload["s"], payload["r"]
+        return StashedRound(answers, has_state, state, rounds, payload["e"], pending, raw[:12].hex())
 
 
 def request_state_key(secret: str) -> bytes:

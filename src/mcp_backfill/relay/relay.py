@@ -134,6 +134,7 @@ class Relay:
             scope,
             traces=self.traces,
             approver=self.approver,
+            claim=sampler.spend.claim_once,
         )
 
     # -- lifecycle -------------------------------------------------------------------------------

@@ -39,6 +39,8 @@ OWN_ID_PREFIX = "mcp-backfill:"
 Sample = Callable[[dict[str, Any], Any], Awaitable[dict[str, Any]]]
 """The sampler's answer to one question: `(params, request id for the logs) -> result`."""
 Send = Callable[[bytes], Awaitable[None]]
+Claim = Callable[[str, float], Awaitable[bool]]
+"""Claims a key once among the replicas sharing the ledger store, until a time (`Spend.claim_once`)."""
 
 
 class RoundDriver:
@@ -59,6 +61,7 @@ class RoundDriver:
         scope: str = "",
         traces: RequestTraces | None = None,
         approver: Approver | None = None,
+        claim: Claim | None = None,
     ) -> None:
         self.options = options
         self.state = state
@@ -76,6 +79,7 @@ class RoundDriver:
         self._traces = traces
         self._tg: TaskGroup | None = None
         self.approver = approver
+        self._claim = claim
 
     def start(self, task_group: TaskGroup) -> None:
         """Rounds are driven in tasks of `task_group` (the relay's)."""
@@ -113,12 +117,7 @@ class RoundDriver:
             stashed = self.stash.take(token)
             if stashed is None:
                 replies.append(
-                    jsonrpc.error_response(
-                        message["id"],
-                        protocol.INVALID_PARAMS,
-                        "requestState expired or unknown: mcp-backfill keeps its answers to a round "
-                        f"for {self.options.input_stash_ttl:g} s; retry the request from the start",
-                    )
+                    jsonrpc.error_response(message["id"], protocol.INVALID_PARAMS, self._unknown_state())
                 )
                 return None
             if stashed.pending:
@@ -161,7 +160,39 @@ class RoundDriver:
         self.state.driving[jsonrpc.id_key(pending.request_id)] = pending
         resumed = ir.Round(stashed.pending, {}, stashed.has_state, stashed.state)
         assert self._tg is not None
-        self._tg.start_soon(self._drive, pending, chain, {}, resumed, given)
+        if stashed.nonce and self._claim is not None:
+            self._tg.start_soon(self._redeem, pending, chain, stashed, resumed, given)
+        else:
+            self._tg.start_soon(self._drive, pending, chain, {}, resumed, given)
+
+    async def _redeem(
+        self,
+        pending: PendingRequest,
+        chain: InputChain,
+        stashed: ir.StashedRound,
+        resumed: ir.Round,
+        given: dict[str, Any],
+    ) -> None:
+        """Claim a sealed approval token in the shared ledger store before sampling for it: the
+        same retry may have been redeemed on another replica already."""
+        assert self._claim is not None
+        try:
+            claimed = await self._claim(f"sealed:{stashed.nonce}", stashed.expires)
+        except SamplingError as exc:
+            self.end(pending)
+            await self._fail(pending.request_id, exc.code, exc.message, exc.data)
+            return
+        if not claimed:
+            self.end(pending)
+            await self._fail(pending.request_id, protocol.INVALID_PARAMS, self._unknown_state())
+            return
+        await self._drive(pending, chain, {}, resumed, given)
+
+    def _unknown_state(self) -> str:
+        return (
+            "requestState expired or unknown: mcp-backfill keeps its answers to a round "
+            f"for {self.options.input_stash_ttl:g} s; retry the request from the start"
+        )
 
     def client_cancelled(self, message: dict[str, Any], params: dict[str, Any]) -> dict[str, Any] | None:
         """The client gave up on a request the proxy drives: stop, and cancel what is in flight upstream.

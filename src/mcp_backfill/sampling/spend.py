@@ -670,6 +670,17 @@ class Spend:
             account.in_flight -= 1
             await self.link.release_slot(store, key, holder)
 
+    async def claim_once(self, key: str, until: float) -> bool:
+        """Whether this process is the first to claim `key` (until `until`, wall-clock seconds)
+        among those sharing the store; always True with a store nobody shares (the caller keeps
+        its own memory). Raises `SamplingError` while the store is unavailable, unless
+        `--state-store-outage local` (then this process's memory answers)."""
+        if not self.store.shared:
+            return True
+        claimant = self.new_lease()
+        claimed, _ = await self.link.run("claim", self.store, lambda store: store.claim(key, claimant, until))
+        return claimed
+
     def upkeep(self) -> AbstractAsyncContextManager[None]:
         """Must surround the use of a shared store (see `StoreLink.upkeep`)."""
         return self.link.upkeep()

@@ -15,6 +15,8 @@ using the same store, so that two replicas cannot both take a budget's last toke
   `LEASE_SECONDS` after their holder last renewed them, so a replica that died leaks nothing; a
   lapsed reservation is charged whole, since its holder never said what the call cost (should the
   holder settle after all, it is charged only what the call cost beyond that, never twice).
+* `claim` takes a key once among all who share the store, until a given time: a sealed approval
+  token redeems once whichever replica the retry reaches.
 
 Three stores implement it: `MemoryStore` here (one process; nothing lapses), and in
 `mcp_backfill.stores` a SQLite file (several processes on one machine) and Redis (many machines).
@@ -56,6 +58,8 @@ LAPSED_MEMORY_SECONDS = 86400.0
 holder's settlement, if it comes after all (a slow or cut-off holder, not a dead one), charges only
 what the call cost beyond it rather than the call a second time."""
 RATE_WINDOW_SECONDS = 60.0
+CLAIM_SWEEP = 1024
+"""Claims `MemoryStore` keeps before it drops the expired ones."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,12 @@ class LedgerStore(Protocol):
 
     async def renew(self, held: Sequence[Held]) -> None: ...
 
+    async def claim(self, key: str, claimant: str, until: float) -> bool:
+        """True for the first `claimant` of `key` among all who share the store (and for the same
+        claimant asking again: a claim re-sent after its reply was lost); remembered until `until`
+        (wall-clock seconds)."""
+        ...
+
     async def ping(self) -> None: ...
 
     async def aclose(self) -> None: ...
@@ -174,6 +184,7 @@ class MemoryStore:
         self._payers: dict[str, _Payer] = {}
         self._hits: dict[str, deque[float]] = {}
         self._slots: dict[str, set[str]] = {}
+        self._claims: dict[str, tuple[str, float]] = {}
 
     def _standing(self, limits: Sequence[Limit], now: float) -> tuple[list[tuple[int, ...]], list[int]]:
         used: list[tuple[int, ...]] = []
@@ -252,6 +263,16 @@ class MemoryStore:
 
     async def renew(self, held: Sequence[Held]) -> None:
         return None  # nothing lapses in one process's memory
+
+    async def claim(self, key: str, claimant: str, until: float) -> bool:
+        now = self._wall_clock()
+        if len(self._claims) >= CLAIM_SWEEP:
+            self._claims = {k: claim for k, claim in self._claims.items() if claim[1] > now}
+        held = self._claims.get(key)
+        if held is not None and held[1] > now:
+            return held[0] == claimant
+        self._claims[key] = (claimant, until)
+        return True
 
     async def ping(self) -> None:
         return None

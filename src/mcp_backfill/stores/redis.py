@@ -12,6 +12,7 @@ prefix (`mcp-backfill:` by default):
     <p>settled:<payer>                 sorted set: settled lease -> when it is forgotten (ms)
     <p>rate:<key>                      sorted set: admissions of the last minute
     <p>slots:<key>                     sorted set: slot holder -> expiry (ms)
+    <p>claim:<key>                     who claimed the key; expires when the claim does
 
 The scripts build key names themselves, so they need one Redis server (or a primary with
 replicas/Sentinel), not Redis Cluster.
@@ -20,6 +21,7 @@ replicas/Sentinel), not Redis Cluster.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -273,6 +275,16 @@ return 1
 )
 
 
+# ARGV: prefix, key, claimant, ttl_ms. The claimant asking again (its reply lost) is answered yes.
+CLAIM = """
+local key = ARGV[1] .. 'claim:' .. ARGV[2]
+local held = redis.call('GET', key)
+if held then return (held == ARGV[3]) and 1 or 0 end
+redis.call('SET', key, ARGV[3], 'PX', tonumber(ARGV[4]))
+return 1
+"""
+
+
 class RedisStore:
     """A `LedgerStore` in the Redis server at `url` (`redis://`, `rediss://`, `unix://`).
 
@@ -311,6 +323,7 @@ class RedisStore:
                 ("admit", ADMIT),
                 ("acquire", ACQUIRE),
                 ("renew", RENEW),
+                ("claim", CLAIM),
             )
         }
 
@@ -368,6 +381,10 @@ class RedisStore:
         for each in held:
             args += [each.kind, each.key, each.lease]
         await self._call("renew", args)
+
+    async def claim(self, key: str, claimant: str, until: float) -> bool:
+        ttl_ms = max(1, round((until - time.time()) * 1000))  # the claim's life, on Redis's clock
+        return bool(await self._call("claim", [self._prefix, key, claimant, ttl_ms]))
 
     async def ping(self) -> None:
         try:

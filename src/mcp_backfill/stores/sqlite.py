@@ -272,6 +272,17 @@ class SqliteStore:
         if held:
             await self._run(work)
 
+    async def claim(self, key: str, claimant: str, until: float) -> bool:
+        def work(db: sqlite3.Connection, now: float) -> bool:
+            db.execute("DELETE FROM leases WHERE kind = 'claim' AND expires <= ?", (now,))
+            row = db.execute("SELECT lease FROM leases WHERE kind = 'claim' AND key = ?", (key,)).fetchone()
+            if row is not None:
+                return bool(row[0] == claimant)
+            db.execute("INSERT INTO leases VALUES ('claim', ?, ?, 0, ?)", (key, claimant, until))
+            return True
+
+        return await self._run(work)
+
     async def ping(self) -> None:
         await self._run(lambda db, now: db.execute("SELECT 1").fetchone())
 
