@@ -9,8 +9,10 @@ the id of the `subscriptions/listen` request it belongs to).
 
 A server message reaches the POST it belongs to by, first match wins: its id (responses), `related`,
 its progress token, its subscription id, or the only request in flight when there is exactly one.
-Anything else cannot be attributed to a client and is dropped (logged at debug level): a message is
-never delivered to a client it may not belong to.
+Anything else cannot be attributed to a client and is dropped (logged at debug level). The one
+guess is the last: a stdio upstream never says which request a log line belongs to, so one written
+just after its request ended reaches the request in flight, of the same client identity (a hub
+serves one identity; tokenless clients are one).
 
 The mux keeps the input schemas of the upstream's tools from the `tools/list` answers it carries
 (`ToolSchemas`), and can send a request of the proxy's own (`own_request`: the front lists the
