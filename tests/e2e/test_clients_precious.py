@@ -1,0 +1,40 @@
+"""`mcp-backfill clients` with a user's precious files and secrets: what `list` and `--dry-run`
+print hides credentials, and a change keeps the file's owner, private backups, comments inside the
+arguments. The real command, in a process, on files in a scratch home (each test failed before its
+fix)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.e2e.test_clients_edges import Home
+
+SECRETS = ("ghp_SECRET1", "SECRET2", "ghp_SECRET3", "sk-ant-SECRET4", "SECRET5", "SECRET6", "SECRET7")
+WITH_SECRETS = """{
+  "mcpServers": {
+    "gh": {
+      "command": "python3",
+      "args": ["-y", "server-github", "--api-key", "ghp_SECRET1", "--token=SECRET2"],
+      "env": {"GITHUB_TOKEN": "ghp_SECRET3", "ANTHROPIC_API_KEY": "sk-ant-SECRET4"}
+    },
+    "remote": {
+      "url": "https://me:SECRET5@mcp.example/mcp?key=SECRET6",
+      "headers": {"Authorization": "Bearer SECRET7"}
+    }
+  }
+}
+"""
+
+
+def test_list_does_not_print_credentials(tmp_path: Path) -> None:
+    """`list` hid a URL's query but showed its password (`https://me:PASSWORD@host`), and showed a
+    server's command line with the values of `--api-key`-like options."""
+    home = Home(tmp_path)
+    home.write(WITH_SECRETS)
+    for args in ((), ("--json",)):
+        run = home.run("list", *args)
+        assert run.returncode == 0, run.stderr
+        leaked = [secret for secret in SECRETS if secret in run.stdout + run.stderr]
+        assert not leaked, run.stdout
+        assert "server-github" in run.stdout
+        assert "mcp.example/mcp" in run.stdout
