@@ -38,3 +38,23 @@ def test_list_does_not_print_credentials(tmp_path: Path) -> None:
         assert not leaked, run.stdout
         assert "server-github" in run.stdout
         assert "mcp.example/mcp" in run.stdout
+
+
+def test_dry_run_does_not_print_credentials(tmp_path: Path) -> None:
+    """`--dry-run` masked only the shell's ANTHROPIC_API_KEY: the diff showed the entries' own
+    tokens, API keys, header values and URL passwords, on both its sides, for wrap and unwrap."""
+    home = Home(tmp_path)
+    home.write(WITH_SECRETS)
+    run = home.run("wrap", "--all", "--key-file", str(home.key_file), "--dry-run")
+    assert run.returncode == 0, run.stderr
+    assert "MCP_BACKFILL_UPSTREAM_HEADERS" in run.stdout, run.stdout
+    assert str(home.key_file) in run.stdout  # a path, not a secret
+    leaked = [secret for secret in SECRETS if secret in run.stdout + run.stderr]
+    assert not leaked, run.stdout
+    assert home.read() == WITH_SECRETS
+    assert home.run("wrap", "--all", "--key-file", str(home.key_file)).returncode == 0
+    run = home.run("unwrap", "--all", "--dry-run")
+    assert run.returncode == 0, run.stderr
+    assert '"headers"' in run.stdout, run.stdout
+    leaked = [secret for secret in SECRETS if secret in run.stdout + run.stderr]
+    assert not leaked, run.stdout

@@ -1,4 +1,5 @@
-"""Writing entry changes into their files: a diff for `--dry-run`, else a backup and an atomic write.
+"""Writing entry changes into their files: a diff for `--dry-run` (credentials masked), else a
+backup and an atomic write.
 
 Every changed file is rendered, and every file is checked to still hold what was read, before the
 first one is written: a client that rewrote a file meanwhile (Claude Code rewrites ~/.claude.json
@@ -21,6 +22,7 @@ from typing import Any, TextIO
 from mcp_backfill.clients.documents import Document
 from mcp_backfill.clients.entries import KEY_VARIABLE
 from mcp_backfill.clients.listing import at
+from mcp_backfill.clients.masking import masked
 
 __all__ = ["BACKUP_SUFFIX", "Change", "Changed", "apply_changes"]
 
@@ -59,11 +61,13 @@ def apply_changes(changes: list[Change], dry_run: bool, environ: Mapping[str, st
                     f"{document.location.path} changed while this ran; nothing was changed: run it again"
                 )
     if dry_run:
-        for document, text in rendered:
+        # Both sides with their credentials masked (the entries' tokens and keys, header values, URL
+        # passwords), each rendered into the file's text like the change itself.
+        for document, new in by_document.values():
             path = document.location.path
-            diff = difflib.unified_diff(
-                document.text.splitlines(keepends=True), text.splitlines(keepends=True), str(path), str(path)
-            )
+            before = document.render(masked(document.value)).splitlines(keepends=True)
+            after = document.render(masked(new)).splitlines(keepends=True)
+            diff = difflib.unified_diff(before, after, str(path), str(path))
             shown = "".join(line if line.endswith("\n") else line + "\n" for line in diff)
             out.write(shown.replace(secret, "***") if secret else shown)
         return len(by_document)
