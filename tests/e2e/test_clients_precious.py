@@ -5,9 +5,12 @@ fix)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from tests.e2e.test_clients_edges import Home
+import pytest
+
+from tests.e2e.test_clients_edges import CONFIG, Home
 
 SECRETS = ("ghp_SECRET1", "SECRET2", "ghp_SECRET3", "sk-ant-SECRET4", "SECRET5", "SECRET6", "SECRET7")
 WITH_SECRETS = """{
@@ -58,3 +61,24 @@ def test_dry_run_does_not_print_credentials(tmp_path: Path) -> None:
     assert '"headers"' in run.stdout, run.stdout
     leaked = [secret for secret in SECRETS if secret in run.stdout + run.stderr]
     assert not leaked, run.stdout
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown needs root")
+def test_a_change_keeps_the_files_owner(tmp_path: Path) -> None:
+    """`sudo mcp-backfill clients wrap` replaced the user's 0600 config with one owned by root: the
+    client, running as the user, could no longer read its own config (nor the backup)."""
+    home = Home(tmp_path)
+    home.write(CONFIG)
+    os.chown(home.path, 4321, 4322)
+    home.path.chmod(0o600)
+    run = home.run("wrap", "weather", "--key-file", str(home.key_file))
+    assert run.returncode == 0, run.stderr
+    assert "mcp-backfill" in home.read()
+    for path in home.path.parent.iterdir():
+        status = path.stat()
+        assert (path.name, status.st_uid, status.st_gid, status.st_mode & 0o777) == (
+            path.name,
+            4321,
+            4322,
+            0o600,
+        )

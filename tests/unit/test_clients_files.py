@@ -74,3 +74,33 @@ def test_a_new_config_is_never_readable_by_more_people_than_the_old_one(
         os.umask(previous)
     assert modes == [0o600]
     assert (temporary.stat().st_mode & 0o777, backup.stat().st_mode & 0o777) == (0o600, 0o600)
+
+
+def test_a_backup_is_never_readable_by_more_people_than_the_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backup was made with `shutil.copy2`: created with the umask's mode (0644), filled with the
+    config (a 0600 `~/.claude.json`, or one holding keys), and only then given the config's mode."""
+    config = tmp_path / "mcp.json"
+    config.write_text('{"mcpServers": {}, "primaryApiKey": "sk-ant-secret"}\n')
+    config.chmod(0o600)
+    seen: list[tuple[str, int, int]] = []
+    chmod = os.chmod
+
+    def noting(target: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(target, (str, Path)) and changes.BACKUP_SUFFIX in str(target):
+            status = os.stat(target)
+            seen.append((str(target), status.st_mode & 0o777, status.st_size))
+        return chmod(target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "chmod", noting)
+    previous = os.umask(0o022)
+    try:
+        _, temporary, backup = changes._stage(config, '{"mcpServers": {"x": {}}}\n')
+    finally:
+        os.umask(previous)
+    exposed = [(name, oct(mode)) for name, mode, size in seen if size and mode & 0o077]
+    assert exposed == []
+    assert backup.read_bytes() == config.read_bytes()
+    assert backup.stat().st_mode & 0o777 == 0o600
+    temporary.unlink()

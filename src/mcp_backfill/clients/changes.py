@@ -91,18 +91,44 @@ def apply_changes(changes: list[Change], dry_run: bool, environ: Mapping[str, st
 
 
 def _stage(path: Path, text: str) -> tuple[Path, Path, Path]:
-    """A backup of `path` and its new content in a private temporary file next to it."""
+    """A backup of `path` and its new content in a private temporary file next to it, both with
+    the file's owner and mode (never readable by more people than it, even for a moment)."""
+    status = path.stat()
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     backup = path.with_name(f"{path.name}{BACKUP_SUFFIX}{stamp}")
-    shutil.copy2(path, backup)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+    descriptor = os.open(backup, flags, 0o600)  # a link planted at the name is not followed
+    try:
+        _fill(descriptor, path.read_bytes(), path, status)
+        shutil.copystat(path, backup)
+    except BaseException:
+        backup.unlink(missing_ok=True)
+        raise
     descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".mcp-backfill-tmp", dir=path.parent)
     temporary = Path(name)
     try:
-        with os.fdopen(descriptor, "wb") as stream:
-            stream.write(text.encode("utf-8"))
+        _fill(descriptor, text.encode("utf-8"), path, status)
         shutil.copymode(path, temporary)
     except BaseException:
         temporary.unlink(missing_ok=True)
         backup.unlink(missing_ok=True)
         raise
     return path, temporary, backup
+
+
+def _fill(descriptor: int, data: bytes, path: Path, status: os.stat_result) -> None:
+    """Gives a new private (0600) file the owner of `path` (`sudo` must not leave the user a config
+    owned by root), and writes `data` to it."""
+    with os.fdopen(descriptor, "wb") as stream:
+        made = os.fstat(descriptor)
+        if hasattr(os, "fchown") and (made.st_uid, made.st_gid) != (status.st_uid, status.st_gid):
+            try:
+                os.fchown(descriptor, status.st_uid, status.st_gid)
+            except PermissionError as exc:
+                raise PermissionError(
+                    exc.errno,
+                    f"cannot give the new {path.name} its owner (uid {status.st_uid}, "
+                    f"gid {status.st_gid}): run this as that user",
+                    str(path),
+                ) from None
+        stream.write(data)
