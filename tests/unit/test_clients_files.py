@@ -104,3 +104,36 @@ def test_a_backup_is_never_readable_by_more_people_than_the_config(
     assert backup.read_bytes() == config.read_bytes()
     assert backup.stat().st_mode & 0o777 == 0o600
     temporary.unlink()
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name a descriptor's file")
+def test_the_new_text_is_on_disk_before_it_replaces_the_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The temporary file was moved over the config without an fsync: a crash (or power loss) soon
+    after could leave an empty or partial config in place of the old one, which is gone."""
+    desktop = CLIENTS[0]
+    path = tmp_path / "claude_desktop_config.json"
+    path.write_text('{"mcpServers": {"a": {"command": "/bin/a"}}}\n')
+    document = load(Location(desktop, path, "user"))
+    entry, _ = wrap(
+        document.value["mcpServers"]["a"], desktop.dialect, Proxy("/opt/mcp-backfill"), lambda n: None
+    )
+    synced: set[str] = set()
+    replaced: list[tuple[str, bool]] = []
+    fsync, replace = os.fsync, os.replace
+
+    def noting_fsync(descriptor: int) -> None:
+        synced.add(os.readlink(f"/proc/self/fd/{descriptor}"))
+        fsync(descriptor)
+
+    def noting_replace(source: Any, target: Any, *args: Any, **kwargs: Any) -> None:
+        replaced.append((str(source), str(source) in synced))
+        replace(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", noting_fsync)
+    monkeypatch.setattr(os, "replace", noting_replace)
+    changes.apply_changes([changes.Change(document, ("mcpServers",), "a", entry)], False, {}, io.StringIO())
+    assert "mcp-backfill" in path.read_text()
+    assert len(replaced) == 1
+    assert replaced[0][1], f"{replaced[0][0]} was not synced to disk before it replaced the config"

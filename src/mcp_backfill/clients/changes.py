@@ -86,13 +86,15 @@ def apply_changes(changes: list[Change], dry_run: bool, environ: Mapping[str, st
         raise
     for named, path, temporary, backup in staged:
         os.replace(temporary, path)
+        _sync_directory(path.parent)
         out.write(f"{named}: changed (backup: {backup.name})\n")
     return len(by_document)
 
 
 def _stage(path: Path, text: str) -> tuple[Path, Path, Path]:
     """A backup of `path` and its new content in a private temporary file next to it, both with
-    the file's owner and mode (never readable by more people than it, even for a moment)."""
+    the file's owner and mode (never readable by more people than it, even for a moment) and
+    on disk before the file is replaced (a crash leaves the old file or the new one, whole)."""
     status = path.stat()
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     backup = path.with_name(f"{path.name}{BACKUP_SUFFIX}{stamp}")
@@ -118,7 +120,7 @@ def _stage(path: Path, text: str) -> tuple[Path, Path, Path]:
 
 def _fill(descriptor: int, data: bytes, path: Path, status: os.stat_result) -> None:
     """Gives a new private (0600) file the owner of `path` (`sudo` must not leave the user a config
-    owned by root), and writes `data` to it."""
+    owned by root), writes `data` to it, and syncs it to disk."""
     with os.fdopen(descriptor, "wb") as stream:
         made = os.fstat(descriptor)
         if hasattr(os, "fchown") and (made.st_uid, made.st_gid) != (status.st_uid, status.st_gid):
@@ -132,3 +134,19 @@ def _fill(descriptor: int, data: bytes, path: Path, status: os.stat_result) -> N
                     str(path),
                 ) from None
         stream.write(data)
+        stream.flush()
+        os.fsync(descriptor)
+
+
+def _sync_directory(directory: Path) -> None:
+    """Makes a rename in `directory` durable (POSIX; elsewhere, and on failure, a no-op)."""
+    try:
+        descriptor = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
