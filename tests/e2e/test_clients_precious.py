@@ -82,3 +82,55 @@ def test_a_change_keeps_the_files_owner(tmp_path: Path) -> None:
             4322,
             0o600,
         )
+
+
+COMMENTED_ARGS = """{
+  "mcpServers": {
+    "files": {
+      "command": "python3",
+      "args": [
+        "-y",
+        "@modelcontextprotocol/server-filesystem",
+        // "/home/me/Desktop",
+        "/home/me/Downloads", /* for now */
+      ],
+    }
+  }
+}
+"""
+COMMENTED_TOML_ARGS = """[mcp_servers.files]
+command = "python3"
+args = [
+  "-y",
+  "@modelcontextprotocol/server-filesystem",
+  # "/home/me/Desktop",
+  '/home/me/Downloads', # for now
+]
+"""
+
+
+@pytest.mark.parametrize(
+    ("rel", "client", "original"),
+    [
+        (".cursor/mcp.json", "cursor", COMMENTED_ARGS),
+        (".codex/config.toml", "codex", COMMENTED_TOML_ARGS),
+        (".cursor/mcp.json", "cursor", '{"mcpServers": {"files": {"command": "python3", "args": ["a",]}}}\n'),
+    ],
+)
+def test_comments_inside_the_arguments_survive_wrap_and_unwrap(
+    tmp_path: Path, rel: str, client: str, original: str
+) -> None:
+    """`wrap` rewrote the whole `args` array: an argument the user had commented out (a common way
+    to switch one off), a comment after one, a trailing comma were gone, and `unwrap` did not bring
+    them back."""
+    home = Home(tmp_path, rel, client)
+    home.write(original)
+    run = home.run("wrap", "files", "--key-file", str(home.key_file))
+    assert run.returncode == 0, run.stderr
+    wrapped = home.read()
+    assert "mcp-backfill" in wrapped
+    for comment in ("/home/me/Desktop", "for now"):
+        assert (comment in wrapped) == (comment in original), wrapped
+    run = home.run("unwrap", "files")
+    assert run.returncode == 0, run.stderr
+    assert home.read() == original
