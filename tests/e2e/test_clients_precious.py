@@ -6,6 +6,7 @@ fix)."""
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,32 @@ def test_comments_inside_the_arguments_survive_wrap_and_unwrap(
     run = home.run("unwrap", "files")
     assert run.returncode == 0, run.stderr
     assert home.read() == original
+
+
+CRLF_TOML = (
+    "# Codex on Windows\r\n"
+    "[mcp_servers.files]\r\n"
+    'command = "python3"\r\n'
+    'args = ["server.py"]\r\n'
+    "\r\n"
+    "[mcp_servers.remote]\r\n"
+    'url = "https://mcp.example/mcp"\r\n'
+    'http_headers = { "X-Team" = "blue" }\r\n'
+)
+
+
+def test_a_crlf_codex_config_keeps_its_line_endings(tmp_path: Path) -> None:
+    """tomlkit ends the lines it adds with a bare LF: a Windows config came back with mixed line
+    endings from `wrap`, and from `unwrap` of a URL entry too."""
+    home = Home(tmp_path, ".codex/config.toml", "codex")
+    home.write(CRLF_TOML)
+    run = home.run("wrap", "--all", "--key-file", str(home.key_file))
+    assert run.returncode == 0, run.stderr
+    wrapped = home.path.read_bytes()
+    assert b"mcp-backfill" in wrapped
+    assert wrapped.count(b"\n") == wrapped.count(b"\r\n"), wrapped
+    run = home.run("unwrap", "--all")
+    assert run.returncode == 0, run.stderr
+    unwrapped = home.path.read_bytes()
+    assert unwrapped.count(b"\n") == unwrapped.count(b"\r\n"), unwrapped
+    assert tomllib.loads(unwrapped.decode()) == tomllib.loads(CRLF_TOML)

@@ -2,12 +2,13 @@
 
 The same contract as `jsonc_edit.rewrite`: the text changed so that it holds `new`, with members
 that did not change left alone, changed ones replaced in place and new ones inserted after the
-member that precedes them in `new` (so undoing a change restores the order). tomlkit is imported
-here only, on first use: the proxy never pays for it.
+member that precedes them in `new` (so undoing a change restores the order), and the file's line
+endings. tomlkit is imported here only, on first use: the proxy never pays for it.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from mcp_backfill.clients.jsonc import ParseError
@@ -26,7 +27,12 @@ def rewrite(text: str, new: Any) -> str:
 
     document = _parse(text)
     _apply(document, document.unwrap(), new)
-    return tomlkit.dumps(document)
+    rewritten = tomlkit.dumps(document)
+    if "\r\n" in text and "\n" not in text.replace("\r\n", ""):
+        # A CRLF file (Windows) stays one: tomlkit ends the lines it adds with a bare LF. Only lines
+        # end that way (a new string's newline is written as the escape `\n`).
+        rewritten = re.sub(r"(?<!\r)\n", "\r\n", rewritten)
+    return rewritten
 
 
 def _parse(text: str) -> Any:
