@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +138,30 @@ def test_the_new_text_is_on_disk_before_it_replaces_the_config(
     assert "mcp-backfill" in path.read_text()
     assert len(replaced) == 1
     assert replaced[0][1], f"{replaced[0][0]} was not synced to disk before it replaced the config"
+
+
+def test_a_file_changed_while_the_new_one_is_staged_is_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file was compared with what was read only before the backup and the new text were
+    written (and synced) beside it: a client that rewrote it in that time lost its change."""
+    desktop = CLIENTS[0]
+    path = tmp_path / "claude_desktop_config.json"
+    path.write_text('{"mcpServers": {"a": {"command": "/bin/a"}}}\n')
+    document = load(Location(desktop, path, "user"))
+    entry, _ = wrap(
+        document.value["mcpServers"]["a"], desktop.dialect, Proxy("/opt/mcp-backfill"), lambda n: None
+    )
+    mkstemp = tempfile.mkstemp
+
+    def client_writes_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        path.write_text('{"mcpServers": {"a": {"command": "/bin/a"}}, "written": "by the client"}\n')
+        return mkstemp(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", client_writes_meanwhile)
+    with pytest.raises(changes.Changed):
+        changes.apply_changes(
+            [changes.Change(document, ("mcpServers",), "a", entry)], False, {}, io.StringIO()
+        )
+    assert "by the client" in path.read_text()
+    assert list(tmp_path.iterdir()) == [path]  # no backup, no temporary file either

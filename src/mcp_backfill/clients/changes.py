@@ -2,8 +2,9 @@
 backup and an atomic write.
 
 Every changed file is rendered, and every file is checked to still hold what was read, before the
-first one is written: a client that rewrote a file meanwhile (Claude Code rewrites ~/.claude.json
-while it runs) keeps its change, and the command changes nothing.
+new files are staged beside them and again once they are, just before the first one replaces its
+file: a client that rewrote a file meanwhile (Claude Code rewrites ~/.claude.json while it runs)
+keeps its change, and the command changes nothing.
 """
 
 from __future__ import annotations
@@ -55,11 +56,7 @@ def apply_changes(changes: list[Change], dry_run: bool, environ: Mapping[str, st
     secret = environ.get(KEY_VARIABLE, "")
     rendered = [(document, document.render(new)) for document, new in by_document.values()]
     if not dry_run:
-        for document, _ in rendered:  # a client may have rewritten a file since it was read
-            if document.location.path.read_bytes() != document.text.encode("utf-8"):
-                raise Changed(
-                    f"{document.location.path} changed while this ran; nothing was changed: run it again"
-                )
+        _check_unchanged([document for document, _ in rendered])
     if dry_run:
         # Both sides with their credentials masked (the entries' tokens and keys, header values, URL
         # passwords), each rendered into the file's text like the change itself.
@@ -79,6 +76,7 @@ def apply_changes(changes: list[Change], dry_run: bool, environ: Mapping[str, st
         for document, text in rendered:
             named = document.location.path
             staged.append((named, *_stage(Path(os.path.realpath(named)), text)))
+        _check_unchanged([document for document, _ in rendered])  # again, once all is staged
     except BaseException:
         for _, _, temporary, backup in staged:
             temporary.unlink(missing_ok=True)
@@ -89,6 +87,15 @@ def apply_changes(changes: list[Change], dry_run: bool, environ: Mapping[str, st
         _sync_directory(path.parent)
         out.write(f"{named}: changed (backup: {backup.name})\n")
     return len(by_document)
+
+
+def _check_unchanged(documents: list[Document]) -> None:
+    """`Changed` if a client rewrote one of the files since it was read."""
+    for document in documents:
+        if document.location.path.read_bytes() != document.text.encode("utf-8"):
+            raise Changed(
+                f"{document.location.path} changed while this ran; nothing was changed: run it again"
+            )
 
 
 def _stage(path: Path, text: str) -> tuple[Path, Path, Path]:
