@@ -6,12 +6,15 @@ fix)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.test_clients_edges import CONFIG, Home
+from tests.harness import proxy_env
 
 SECRETS = ("ghp_SECRET1", "SECRET2", "ghp_SECRET3", "sk-ant-SECRET4", "SECRET5", "SECRET6", "SECRET7")
 WITH_SECRETS = """{
@@ -164,3 +167,28 @@ def test_a_crlf_codex_config_keeps_its_line_endings(tmp_path: Path) -> None:
     unwrapped = home.path.read_bytes()
     assert unwrapped.count(b"\n") == unwrapped.count(b"\r\n"), unwrapped
     assert tomllib.loads(unwrapped.decode()) == tomllib.loads(CRLF_TOML)
+
+
+def test_write_key_does_not_put_the_key_in_a_project_config(tmp_path: Path) -> None:
+    """`wrap --all --write-key`, run in a repository (the project is the current directory), wrote
+    the API key in plain text into its `.cursor/mcp.json` (and `.mcp.json`, `.vscode/mcp.json`),
+    files made to be committed and shared."""
+    home = Home(tmp_path)
+    home.write(CONFIG)
+    project_config = home.project / ".cursor" / "mcp.json"
+    project_config.parent.mkdir(parents=True)
+    project_config.write_text(CONFIG)
+    key = "sk-ant-api03-" + "k" * 40
+    env = proxy_env(PATH=f"{home.bin}{os.pathsep}/usr/bin:/bin", ANTHROPIC_API_KEY=key)
+    place = ["--home", str(home.home), "--os", "linux", "--project", str(home.project), "--client", "cursor"]
+    run = subprocess.run(
+        [sys.executable, "-m", "mcp_backfill", "clients", "wrap", *place, "--all", "--write-key"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert key not in project_config.read_text()
+    assert "--key-file" in run.stderr, run.stderr
+    assert key in home.read()  # the user's own file, as asked

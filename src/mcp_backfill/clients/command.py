@@ -193,7 +193,8 @@ def _run(
     else:
         proxy = None
         change = unwrap
-    changes, unknown = _changes(documents, args.names, change, err)
+    writes_key = proxy is not None and KEY_VARIABLE in proxy.env
+    changes, unknown = _changes(documents, args.names, change, err, writes_key)
     if unknown:
         err.write(
             f"{PROG}: error: no server named {', '.join(unknown)} in the files found "
@@ -224,7 +225,10 @@ def _changes(
     names: list[str],
     change: Callable[..., tuple[dict[str, Any], list[str]]],
     err: TextIO,
+    writes_key: bool = False,
 ) -> tuple[list[Change], list[str]]:
+    """The entries to rewrite, and the names not found. With `writes_key` (--write-key), a project's
+    configs are left alone: they are made to be committed and shared, and the key would be in them."""
     changes: list[Change] = []
     seen: set[str] = set()
     for document in documents:
@@ -243,6 +247,12 @@ def _changes(
                     new, warnings = change(entry, dialect)
                 except Skip as exc:
                     err.write(f"skipped {where}: {exc}\n")
+                    continue
+                if writes_key and document.location.scope == "project" and new is not entry:
+                    err.write(
+                        f"skipped {where}: --write-key would put the API key in a project's config, "
+                        "which is often committed and shared; wrap it with --key-file PATH\n"
+                    )
                     continue
                 for warning in warnings:
                     err.write(f"warning: {where}: {warning}\n")
