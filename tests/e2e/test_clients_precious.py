@@ -192,3 +192,23 @@ def test_write_key_does_not_put_the_key_in_a_project_config(tmp_path: Path) -> N
     assert key not in project_config.read_text()
     assert "--key-file" in run.stderr, run.stderr
     assert key in home.read()  # the user's own file, as asked
+
+
+HOSTILE = (
+    '{"mcpServers": {"evil\\u001b]0;owned\\u0007": {"command": "python3", "args": ["\\u001b[2Jx", 7]},\n'
+    '  "fine": {"command": "python3", "args": ["\\u009b31m"]}}} // \x1b[5m blinking\n'
+)
+
+
+def test_control_characters_from_a_config_do_not_reach_the_terminal(tmp_path: Path) -> None:
+    """A project's configs come with the repository cloned: `list`, `--dry-run` and the `skipped`
+    lines printed a server name, arguments and comments as they were, terminal escape sequences
+    (retitle the window, clear the screen, recolour) included."""
+    home = Home(tmp_path)
+    home.write(HOSTILE)
+    for args in (("list",), ("wrap", "--all", "--dry-run"), ("wrap", "--all")):
+        run = home.run(*args)
+        assert run.returncode == 0, run.stderr
+        shown = run.stdout + run.stderr
+        assert "evil" in shown, shown
+        assert not any(char in shown for char in "\x1b\x07\x9b"), (args, shown)

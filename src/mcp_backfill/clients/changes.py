@@ -23,7 +23,7 @@ from typing import Any, TextIO
 from mcp_backfill.clients.documents import Document
 from mcp_backfill.clients.entries import KEY_VARIABLE
 from mcp_backfill.clients.listing import at
-from mcp_backfill.clients.masking import masked
+from mcp_backfill.clients.masking import masked, printable
 
 __all__ = ["BACKUP_SUFFIX", "Change", "Changed", "apply_changes"]
 
@@ -65,7 +65,7 @@ def apply_changes(changes: list[Change], dry_run: bool, environ: Mapping[str, st
             before = document.render(masked(document.value)).splitlines(keepends=True)
             after = document.render(masked(new)).splitlines(keepends=True)
             diff = difflib.unified_diff(before, after, str(path), str(path))
-            shown = "".join(line if line.endswith("\n") else line + "\n" for line in diff)
+            shown = "".join(_printable_line(line) for line in diff)
             out.write(shown.replace(secret, "***") if secret else shown)
         return len(by_document)
     # Everything that can fail, for every file, before the first file is replaced: all or nothing.
@@ -85,8 +85,16 @@ def apply_changes(changes: list[Change], dry_run: bool, environ: Mapping[str, st
     for named, path, temporary, backup in staged:
         os.replace(temporary, path)
         _sync_directory(path.parent)
-        out.write(f"{named}: changed (backup: {backup.name})\n")
+        out.write(f"{printable(str(named))}: changed (backup: {printable(backup.name)})\n")
     return len(by_document)
+
+
+def _printable_line(line: str) -> str:
+    """A diff line with its control characters escaped (a comment may hold any), ending in one
+    newline (CRLF lines keep their CR)."""
+    body = line.removesuffix("\n")
+    ending = "\r\n" if body.endswith("\r") else "\n"
+    return printable(body.removesuffix("\r")) + ending
 
 
 def _check_unchanged(documents: list[Document]) -> None:

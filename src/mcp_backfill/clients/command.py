@@ -30,6 +30,7 @@ from mcp_backfill.clients.entries import (
     wrap,
 )
 from mcp_backfill.clients.listing import at, write_listing
+from mcp_backfill.clients.masking import printable
 from mcp_backfill.clients.platforms import OS_NAMES, OsName, current_os, layout
 
 __all__ = ["main"]
@@ -174,7 +175,7 @@ def _run(
     if args.action == "list":
         write_listing(documents, problems, args.json, out)
         for problem in problems:
-            err.write(f"{PROG}: error: {problem}\n")
+            err.write(f"{PROG}: error: {printable(problem)}\n")
         return 1 if problems else 0
     if not args.names and not args.all:
         raise UsageError(f"name the servers to {args.action}, or pass --all")
@@ -182,7 +183,7 @@ def _run(
         raise UsageError("give server names or --all, not both")
     if problems:
         for problem in problems:
-            err.write(f"{PROG}: error: {problem}\n")
+            err.write(f"{PROG}: error: {printable(problem)}\n")
         err.write(f"{PROG}: error: fix the file above (or leave it out with --client); nothing was changed\n")
         return 1
     if args.action == "wrap":
@@ -239,7 +240,7 @@ def _changes(
                 if names and name not in names:
                     continue
                 seen.add(name)
-                where = f"{document.location.client.name} {name} ({document.location.path})"
+                where = printable(f"{document.location.client.name} {name} ({document.location.path})")
                 if not isinstance(entry, dict):
                     err.write(f"skipped {where}: it is not an object\n")
                     continue

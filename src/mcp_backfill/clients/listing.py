@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 from mcp_backfill.clients.documents import Document
 from mcp_backfill.clients.entries import describe
-from mcp_backfill.clients.masking import shown_args, shown_url
+from mcp_backfill.clients.masking import printable, shown_args, shown_url
 
 __all__ = ["at", "write_listing"]
 
@@ -55,12 +55,15 @@ def write_listing(documents: list[Document], problems: list[str], as_json: bool,
         return
     if not report and not problems:
         out.write("no client config found\n")
-    for entry in report:
-        where = " ".join(entry["table"][:-1]) if len(entry["table"]) > 1 else ""
-        out.write(f"{entry['client']} ({entry['scope']}{': ' + where if where else ''}): {entry['path']}\n")
+    for entry in report:  # (JSON escapes control characters; here `printable` does)
+        where = printable(" ".join(entry["table"][:-1])) if len(entry["table"]) > 1 else ""
+        path = printable(entry["path"])
+        out.write(f"{entry['client']} ({entry['scope']}{': ' + where if where else ''}): {path}\n")
         if not entry["servers"]:
             out.write("  (no servers)\n")
-        width = max((len(server["name"]) for server in entry["servers"]), default=0)
-        for server in entry["servers"]:
+        names = [printable(server["name"]) for server in entry["servers"]]
+        width = max((len(name) for name in names), default=0)
+        for name, server in zip(names, entry["servers"], strict=True):
             state = "wrapped" if server["wrapped"] else "not wrapped"
-            out.write(f"  {server['name']:<{width}}  {server['kind']:<7} {state:<11}  {server['target']}\n")
+            target = printable(server["target"])
+            out.write(f"  {name:<{width}}  {server['kind']:<7} {state:<11}  {target}\n")

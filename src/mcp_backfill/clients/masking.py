@@ -1,4 +1,6 @@
-"""What `list` and `--dry-run` print of an entry, with its credentials replaced by `***`.
+"""What `list` and `--dry-run` print of an entry, with its credentials replaced by `***`, and
+with no control character (`printable`): a project's configs come with a cloned repository, and
+what they hold must not drive the terminal (retitle it, clear it, hide text).
 
 A config holds secrets in plain text: `env` values (`GITHUB_TOKEN`), headers (`Authorization`), a
 URL's password or query, a server's `--api-key VALUE` or `--token=VALUE` argument. They stay in the
@@ -16,7 +18,7 @@ from urllib.parse import urlsplit
 from mcp_backfill.clients.entries import HEADERS_VARIABLE
 from mcp_backfill.credentials import hide_url_credentials
 
-__all__ = ["MASK", "is_secret_name", "masked", "shown_args", "shown_url", "url_target"]
+__all__ = ["MASK", "is_secret_name", "masked", "printable", "shown_args", "shown_url", "url_target"]
 
 MASK = "***"
 _WORDS = {
@@ -39,7 +41,14 @@ _WORDS = {
 _NOT_SECRET = {"dir", "file", "id", "name", "path", "url"}
 _ASSIGNMENT = re.compile(r"^(-{0,2}[A-Za-z0-9_.-]+)=(.+)$", re.DOTALL)
 _HEADER = re.compile(r"^([A-Za-z0-9_-]+):\s*(.+)$", re.DOTALL)
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _REFERENCE = re.compile(r"\$\{[^}]*\}|\$[A-Za-z_][A-Za-z0-9_]*|\bBearer\b|\bBasic\b")
+
+
+def printable(text: str) -> str:
+    """`text` with each control character (but tab and newline) and bidirectional override written
+    as an escape (`\\x1b`), so printing it cannot drive the terminal."""
+    return _CONTROLS.sub(lambda match: ascii(match.group())[1:-1], text)
 
 
 def _literal(value: str) -> bool:
