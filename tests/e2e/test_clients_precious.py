@@ -212,3 +212,35 @@ def test_control_characters_from_a_config_do_not_reach_the_terminal(tmp_path: Pa
         shown = run.stdout + run.stderr
         assert "evil" in shown, shown
         assert not any(char in shown for char in "\x1b\x07\x9b"), (args, shown)
+
+
+def _immutable(path: Path, on: bool) -> bool:
+    flag = "+i" if on else "-i"
+    try:
+        return subprocess.run(["chattr", flag, str(path)], capture_output=True, timeout=10).returncode == 0
+    except OSError:
+        return False
+
+
+def test_a_file_that_cannot_be_replaced_leaves_the_others_unchanged(tmp_path: Path) -> None:
+    """All or nothing, to the last step: the second file could not be replaced (on Windows, a
+    client or a virus scanner holding it open does this; here it is immutable) after the first had
+    been, and the command said `no file was changed`, leaving the first changed and the second's
+    temporary file behind."""
+    home = Home(tmp_path)
+    home.write(CONFIG)  # the user's file, replaced first
+    project_config = home.project / ".cursor" / "mcp.json"
+    project_config.parent.mkdir(parents=True)
+    project_config.write_text(CONFIG)
+    if not _immutable(project_config, True):
+        pytest.skip("needs chattr (and root) to make a file that cannot be replaced")
+    try:
+        run = home.run("wrap", "weather", "--key-file", str(home.key_file))
+    finally:
+        _immutable(project_config, False)
+    assert run.returncode == 1, run.stdout
+    assert "no file was changed" in run.stderr, run.stderr
+    assert home.read() == CONFIG, "the first file stayed changed"
+    assert project_config.read_text() == CONFIG
+    for directory in (home.path.parent, project_config.parent):
+        assert sorted(p.name for p in directory.iterdir()) == ["mcp.json"]

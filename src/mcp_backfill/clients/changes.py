@@ -25,7 +25,7 @@ from mcp_backfill.clients.entries import KEY_VARIABLE
 from mcp_backfill.clients.listing import at
 from mcp_backfill.clients.masking import masked, printable
 
-__all__ = ["BACKUP_SUFFIX", "Change", "Changed", "apply_changes"]
+__all__ = ["BACKUP_SUFFIX", "Change", "Changed", "Unrestored", "apply_changes"]
 
 BACKUP_SUFFIX = ".bak-mcp-backfill-"
 
@@ -33,6 +33,11 @@ BACKUP_SUFFIX = ".bak-mcp-backfill-"
 class Changed(Exception):
     """A file changed on disk between reading and writing it (Claude Code rewrites ~/.claude.json
     while it runs): its change must not be lost. Exit status 1."""
+
+
+class Unrestored(Exception):
+    """A file could not be replaced after others had been, and one of those could not be given its
+    backup back: the message names them. Exit status 1."""
 
 
 @dataclass
@@ -82,11 +87,38 @@ def apply_changes(changes: list[Change], dry_run: bool, environ: Mapping[str, st
             temporary.unlink(missing_ok=True)
             backup.unlink(missing_ok=True)
         raise
-    for named, path, temporary, backup in staged:
-        os.replace(temporary, path)
-        _sync_directory(path.parent)
+    _replace_all(staged)
+    for named, _, _, backup in staged:
         out.write(f"{printable(str(named))}: changed (backup: {printable(backup.name)})\n")
     return len(by_document)
+
+
+def _replace_all(staged: list[tuple[Path, Path, Path, Path]]) -> None:
+    """Moves each temporary file over its file; if one cannot be (on Windows, a file another
+    program holds open), those already replaced get their backups (exact copies, owner and mode
+    included) back, so that no file is changed, and the error is raised."""
+    done: list[tuple[Path, Path]] = []
+    try:
+        for _, path, temporary, backup in staged:
+            os.replace(temporary, path)
+            done.append((path, backup))
+            _sync_directory(path.parent)
+    except BaseException:
+        stuck: list[str] = []
+        for path, backup in reversed(done):
+            try:
+                os.replace(backup, path)
+            except OSError:
+                stuck.append(f"{path} (its backup: {backup.name})")
+        for _, path, temporary, backup in staged:
+            temporary.unlink(missing_ok=True)
+            if (path, backup) not in done:
+                backup.unlink(missing_ok=True)
+        if stuck:
+            raise Unrestored(
+                f"a file could not be replaced, and these stay changed: {', '.join(stuck)}"
+            ) from None
+        raise
 
 
 def _printable_line(line: str) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mcp_backfill.clients.catalog import client_names
-from mcp_backfill.clients.changes import Change, Changed, apply_changes
+from mcp_backfill.clients.changes import Change, Changed, Unrestored, apply_changes
 from mcp_backfill.clients.documents import Document, Malformed, discover, load
 from mcp_backfill.clients.entries import (
     KEY_FILE_VARIABLE,
@@ -149,7 +149,7 @@ def main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         sys.stderr.write(f"{PROG}: error: {exc}\n")
         return 2
-    except Changed as exc:
+    except (Changed, Unrestored) as exc:
         sys.stderr.write(f"{PROG}: error: {exc}\n")
         return 1
     except (OSError, UnicodeError) as exc:  # a file that cannot be written (or encoded): none is
