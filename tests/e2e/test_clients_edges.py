@@ -133,16 +133,17 @@ def test_predictable_temp_name_is_not_followed(tmp_path: Path) -> None:
 
 
 def test_failure_on_second_file_leaves_first_unchanged(tmp_path: Path) -> None:
-    """'All or nothing': the second file cannot be written (here: its rewritten args hold a lone
-    surrogate escape, which cannot be encoded as UTF-8; a read-only directory or a full disk do the
-    same for a non-root user), but the first file has already been replaced by then."""
+    """'All or nothing': the second file cannot be written (here: its command, moved into the
+    rewritten args, holds a lone surrogate escape, which cannot be encoded as UTF-8; a read-only
+    directory or a full disk do the same for a non-root user), but the first file has already been
+    replaced by then."""
     home = Home(tmp_path)
     home.write(CONFIG)  # user file, written first
     user_before = home.read()
     project_config = home.project / ".cursor" / "mcp.json"
     project_config.parent.mkdir(parents=True)
     project_config.write_text(
-        '{"théme": 1, "mcpServers": {"weather": {"command": "python3", "args": ["\\udc80"]}}}\n',
+        '{"théme": 1, "mcpServers": {"weather": {"command": "python3\\udc80", "args": ["x"]}}}\n',
         encoding="utf-8",
     )
     project_before = project_config.read_bytes()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mcp_backfill.clients.catalog import client_names
-from mcp_backfill.clients.changes import Change, Changed, apply_changes
+from mcp_backfill.clients.changes import Change, Changed, Unrestored, apply_changes
 from mcp_backfill.clients.documents import Document, Malformed, discover, load
 from mcp_backfill.clients.entries import (
     KEY_FILE_VARIABLE,
@@ -30,6 +30,7 @@ from mcp_backfill.clients.entries import (
     wrap,
 )
 from mcp_backfill.clients.listing import at, write_listing
+from mcp_backfill.clients.masking import printable
 from mcp_backfill.clients.platforms import OS_NAMES, OsName, current_os, layout
 
 __all__ = ["main"]
@@ -148,7 +149,7 @@ def main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         sys.stderr.write(f"{PROG}: error: {exc}\n")
         return 2
-    except Changed as exc:
+    except (Changed, Unrestored) as exc:
         sys.stderr.write(f"{PROG}: error: {exc}\n")
         return 1
     except (OSError, UnicodeError) as exc:  # a file that cannot be written (or encoded): none is
@@ -174,7 +175,7 @@ def _run(
     if args.action == "list":
         write_listing(documents, problems, args.json, out)
         for problem in problems:
-            err.write(f"{PROG}: error: {problem}\n")
+            err.write(f"{PROG}: error: {printable(problem)}\n")
         return 1 if problems else 0
     if not args.names and not args.all:
         raise UsageError(f"name the servers to {args.action}, or pass --all")
@@ -182,7 +183,7 @@ def _run(
         raise UsageError("give server names or --all, not both")
     if problems:
         for problem in problems:
-            err.write(f"{PROG}: error: {problem}\n")
+            err.write(f"{PROG}: error: {printable(problem)}\n")
         err.write(f"{PROG}: error: fix the file above (or leave it out with --client); nothing was changed\n")
         return 1
     if args.action == "wrap":
@@ -193,7 +194,8 @@ def _run(
     else:
         proxy = None
         change = unwrap
-    changes, unknown = _changes(documents, args.names, change, err)
+    writes_key = proxy is not None and KEY_VARIABLE in proxy.env
+    changes, unknown = _changes(documents, args.names, change, err, writes_key)
     if unknown:
         err.write(
             f"{PROG}: error: no server named {', '.join(unknown)} in the files found "
@@ -224,7 +226,10 @@ def _changes(
     names: list[str],
     change: Callable[..., tuple[dict[str, Any], list[str]]],
     err: TextIO,
+    writes_key: bool = False,
 ) -> tuple[list[Change], list[str]]:
+    """The entries to rewrite, and the names not found. With `writes_key` (--write-key), a project's
+    configs are left alone: they are made to be committed and shared, and the key would be in them."""
     changes: list[Change] = []
     seen: set[str] = set()
     for document in documents:
@@ -235,7 +240,7 @@ def _changes(
                 if names and name not in names:
                     continue
                 seen.add(name)
-                where = f"{document.location.client.name} {name} ({document.location.path})"
+                where = printable(f"{document.location.client.name} {name} ({document.location.path})")
                 if not isinstance(entry, dict):
                     err.write(f"skipped {where}: it is not an object\n")
                     continue
@@ -243,6 +248,12 @@ def _changes(
                     new, warnings = change(entry, dialect)
                 except Skip as exc:
                     err.write(f"skipped {where}: {exc}\n")
+                    continue
+                if writes_key and document.location.scope == "project" and new is not entry:
+                    err.write(
+                        f"skipped {where}: --write-key would put the API key in a project's config, "
+                        "which is often committed and shared; wrap it with --key-file PATH\n"
+                    )
                     continue
                 for warning in warnings:
                     err.write(f"warning: {where}: {warning}\n")

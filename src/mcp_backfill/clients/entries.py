@@ -70,7 +70,7 @@ class Proxy:
 class Summary:
     kind: str  # "stdio", "url" or "unknown"
     wrapped: bool
-    target: str  # the command line or URL the entry reaches, behind the proxy if wrapped
+    target: tuple[str, ...]  # the command line or (the) URL the entry reaches, behind the proxy if wrapped
 
 
 def is_wrapped(entry: Mapping[str, Any]) -> bool:
@@ -86,19 +86,19 @@ def is_wrapped(entry: Mapping[str, Any]) -> bool:
 
 def describe(entry: Any, dialect: Dialect) -> Summary:
     if not isinstance(entry, dict):
-        return Summary("unknown", False, "")
+        return Summary("unknown", False, ())
     args = [str(arg) for arg in entry.get("args") or []] if isinstance(entry.get("args"), list) else []
     if isinstance(entry.get("command"), str):
         wrapped = is_wrapped(entry)
         if wrapped and _UPSTREAM_URL in args[:-1]:
-            return Summary("url", True, args[args.index(_UPSTREAM_URL) + 1])
+            return Summary("url", True, (args[args.index(_UPSTREAM_URL) + 1],))
         if wrapped and _SEPARATOR in args:
-            return Summary("stdio", True, " ".join(args[args.index(_SEPARATOR) + 1 :]))
-        return Summary("stdio", wrapped, " ".join([entry["command"], *args]))
+            return Summary("stdio", True, tuple(args[args.index(_SEPARATOR) + 1 :]))
+        return Summary("stdio", wrapped, (entry["command"], *args))
     for key in (*dialect.url_keys, *dialect.sse_url_keys, *_ANY_URL_KEYS):
         if isinstance(entry.get(key), str):
-            return Summary("url", False, entry[key])
-    return Summary("unknown", False, "")
+            return Summary("url", False, (entry[key],))
+    return Summary("unknown", False, ())
 
 
 # -- wrap ----------------------------------------------------------------------------------------

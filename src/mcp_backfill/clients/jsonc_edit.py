@@ -70,7 +70,34 @@ class _Editor:
             return self.text[node.start : node.end]
         if node.kind == "object" and isinstance(new, dict) and node.members and new:
             return self._object(node, new, indent)
+        if node.kind == "array" and isinstance(new, list) and node.items and new:
+            kept = self._array(node, new, indent)
+            if kept is not None:
+                return kept
         return self.serialize(new, indent, node, flat)
+
+    def _array(self, node: Node, new: list[Any], indent: str) -> str | None:
+        """An array whose last items stay (`wrap` puts the proxy's arguments before a server's,
+        `unwrap` takes them away again): those keep their text, comments between them and a
+        trailing comma included; only the items before them are written. None if no item stays."""
+        text, items = self.text, node.items
+        kept = 0
+        while kept < min(len(items), len(new)) and same(items[-1 - kept].value, new[-1 - kept]):
+            kept += 1
+        if not kept:
+            return None
+        first = items[0]
+        on_lines = self.starts_line(first.start)
+        inner = self.line_indent(first.start) if on_lines else indent + self.unit
+        separator = "," + (self.eol + inner if on_lines else " ")
+        if len(items) > 1 and text[first.end : items[1].start].strip() == ",":
+            separator = text[first.end : items[1].start]
+        added = [
+            self.serialize(item, inner, None, not on_lines) + separator for item in new[: len(new) - kept]
+        ]
+        return (
+            text[node.start : first.start] + "".join(added) + text[items[len(items) - kept].start : node.end]
+        )
 
     def _object(self, node: Node, new: dict[str, Any], indent: str) -> str:
         text = self.text

@@ -1,17 +1,18 @@
 """`mcp-backfill clients list`: each config file found, its servers, and which are wrapped.
 
-A table for people, or JSON (`--json`) for scripts and tests. A URL's query is not shown: some
-servers take their key there.
+A table for people, or JSON (`--json`) for scripts and tests. No credential is shown (`masking`):
+not a URL's user information or query (some servers take their key there), not the value of a
+server's `--api-key`-like option.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any, TextIO
-from urllib.parse import urlsplit
 
 from mcp_backfill.clients.documents import Document
 from mcp_backfill.clients.entries import describe
+from mcp_backfill.clients.masking import printable, shown_args, shown_url
 
 __all__ = ["at", "write_listing"]
 
@@ -21,12 +22,6 @@ def at(value: Any, path: tuple[str, ...]) -> Any:
     for key in path:
         value = value[key]
     return value
-
-
-def _shown_url(url: str) -> str:
-    """A URL without its query (which may hold a key)."""
-    parts = urlsplit(url)
-    return parts._replace(query="…" if parts.query else "", fragment="").geturl()
 
 
 def write_listing(documents: list[Document], problems: list[str], as_json: bool, out: TextIO) -> None:
@@ -39,7 +34,10 @@ def write_listing(documents: list[Document], problems: list[str], as_json: bool,
             servers = []
             for name, entry in (at(document.value, table) if table else {}).items():
                 summary = describe(entry, location.client.dialect)
-                target = _shown_url(summary.target) if summary.kind == "url" else summary.target
+                if summary.kind == "url":
+                    target = shown_url(summary.target[0])
+                else:
+                    target = " ".join(shown_args(list(summary.target)))
                 servers.append(
                     {"name": name, "kind": summary.kind, "wrapped": summary.wrapped, "target": target}
                 )
@@ -57,12 +55,15 @@ def write_listing(documents: list[Document], problems: list[str], as_json: bool,
         return
     if not report and not problems:
         out.write("no client config found\n")
-    for entry in report:
-        where = " ".join(entry["table"][:-1]) if len(entry["table"]) > 1 else ""
-        out.write(f"{entry['client']} ({entry['scope']}{': ' + where if where else ''}): {entry['path']}\n")
+    for entry in report:  # (JSON escapes control characters; here `printable` does)
+        where = printable(" ".join(entry["table"][:-1])) if len(entry["table"]) > 1 else ""
+        path = printable(entry["path"])
+        out.write(f"{entry['client']} ({entry['scope']}{': ' + where if where else ''}): {path}\n")
         if not entry["servers"]:
             out.write("  (no servers)\n")
-        width = max((len(server["name"]) for server in entry["servers"]), default=0)
-        for server in entry["servers"]:
+        names = [printable(server["name"]) for server in entry["servers"]]
+        width = max((len(name) for name in names), default=0)
+        for name, server in zip(names, entry["servers"], strict=True):
             state = "wrapped" if server["wrapped"] else "not wrapped"
-            out.write(f"  {server['name']:<{width}}  {server['kind']:<7} {state:<11}  {server['target']}\n")
+            target = printable(server["target"])
+            out.write(f"  {name:<{width}}  {server['kind']:<7} {state:<11}  {target}\n")

@@ -2,12 +2,13 @@
 
 The same contract as `jsonc_edit.rewrite`: the text changed so that it holds `new`, with members
 that did not change left alone, changed ones replaced in place and new ones inserted after the
-member that precedes them in `new` (so undoing a change restores the order). tomlkit is imported
-here only, on first use: the proxy never pays for it.
+member that precedes them in `new` (so undoing a change restores the order), and the file's line
+endings. tomlkit is imported here only, on first use: the proxy never pays for it.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from mcp_backfill.clients.jsonc import ParseError
@@ -26,7 +27,12 @@ def rewrite(text: str, new: Any) -> str:
 
     document = _parse(text)
     _apply(document, document.unwrap(), new)
-    return tomlkit.dumps(document)
+    rewritten = tomlkit.dumps(document)
+    if "\r\n" in text and "\n" not in text.replace("\r\n", ""):
+        # A CRLF file (Windows) stays one: tomlkit ends the lines it adds with a bare LF. Only lines
+        # end that way (a new string's newline is written as the escape `\n`).
+        rewritten = re.sub(r"(?<!\r)\n", "\r\n", rewritten)
+    return rewritten
 
 
 def _parse(text: str) -> Any:
@@ -77,7 +83,7 @@ def _apply(table: Any, old: dict[str, Any], new: dict[str, Any]) -> None:
                     and not _dotted(current)
                 ):
                     _apply(current, old[key], value)
-                else:
+                elif not _edit_array(current, old[key], value):
                     table[key] = _inline(value)
         elif isinstance(table, InlineTable):
             table[key] = value
@@ -90,6 +96,28 @@ def _apply(table: Any, old: dict[str, Any], new: dict[str, Any]) -> None:
             else:
                 _body(table)._insert_after(previous, key, item)
         previous = key
+
+
+def _edit_array(array: Any, old: Any, new: Any) -> bool:
+    """Changes a multi-line array in place when its last items stay (`wrap` puts the proxy's
+    arguments before a server's, `unwrap` takes them away): those keep their comments. False when
+    it is not such an array (a one-line array, which holds no comment, is written anew)."""
+    from tomlkit.items import Array
+
+    if not (isinstance(array, Array) and isinstance(old, list) and isinstance(new, list)):
+        return False
+    if "\n" not in array.as_string():
+        return False
+    kept = 0
+    while kept < min(len(old), len(new)) and same(old[-1 - kept], new[-1 - kept]):
+        kept += 1
+    if not kept:
+        return False
+    for _ in range(len(old) - kept):
+        del array[0]
+    for index, item in enumerate(new[: len(new) - kept]):
+        array.insert(index, _inline(item))
+    return True
 
 
 def _dotted(item: Any) -> bool:
