@@ -545,6 +545,24 @@ async def test_an_answer_is_relayed_as_the_bytes_it_came_in_whatever_its_id(requ
             assert await r.client.from_relay.receive() == raw
 
 
+@pytest.mark.parametrize("size", [100, 100_000])
+async def test_an_answer_under_an_id_equal_to_the_clients_but_of_another_type_gets_the_clients_id(
+    size: int,
+) -> None:
+    """A JavaScript server answers `"id":1.0` with `"id":1`. A small answer got the client's id
+    back; a large one (routed by the id at its head, undecoded) went out under the server's `1`."""
+    async with relayed() as r:
+        await r.client.send_raw(b'{"jsonrpc":"2.0","id":1.0,"method":"tools/call","params":{"name":"x"}}')
+        await r.server.recv()
+        text = "a" * size
+        await r.server.send_raw(b'{"jsonrpc":"2.0","id":1,"result":{"text":"' + text.encode() + b'"}}')
+        with anyio.fail_after(5):
+            raw = await r.client.from_relay.receive()
+        answer = json.loads(raw)
+        assert (answer["id"], type(answer["id"])) == (1.0, float)
+        assert answer["result"] == {"text": text}
+
+
 async def test_a_sampling_task_the_proxy_declared_is_its_own_when_the_client_runs_no_tasks() -> None:
     """The client samples without tools and runs no tasks; the proxy declared sampling tasks for it.
     A tool-less task-augmented request used to go to the client, which answers with a plain result

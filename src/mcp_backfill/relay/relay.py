@@ -400,8 +400,8 @@ class Relay:
         pending = self.state.client_requests.get(key)
         if pending is None or pending.chain is not None or pending.method == protocol.INITIALIZE:
             return False
-        if jsonrpc.id_key(pending.request_id) != key:
-            return False
+        if not _same_id(upstream_id, pending.request_id):
+            return False  # answered under an id equal to the client's but not the same (1 for 1.0)
         del self.state.client_requests[key]
         if self.traces.enabled:
             self.traces.answered({"id": pending.request_id}, by="server")
@@ -469,7 +469,7 @@ class Relay:
             if ir.is_input_required(result):
                 return self.rounds.take_round(pending, chain, result)
             self.rounds.end(pending)
-        if type(upstream_id) is type(pending.request_id) and upstream_id == pending.request_id:
+        if _same_id(upstream_id, pending.request_id):
             return message  # as it came: forwarded as the bytes it came in (an `is` test failed
             # for all but small integers, and re-encoded the rest: a float's digits, `1e400`)
         return {**message, "id": pending.request_id}
@@ -557,6 +557,12 @@ class Relay:
                 protocol.INTERNAL_ERROR,
                 "Upstream MCP server is not reading its input; the request could not be delivered",
             )
+
+
+def _same_id(upstream_id: Any, client_id: Any) -> bool:
+    """Is the id an answer came under the client's own, as the client wrote it? (`1` is keyed like
+    `1.0`, but an answer to `1.0` must carry `1.0`.)"""
+    return type(upstream_id) is type(client_id) and upstream_id == client_id
 
 
 def _dropped(raw: bytes, *, to_upstream: bool) -> None:
