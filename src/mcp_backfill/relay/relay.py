@@ -12,8 +12,9 @@ depend on the protocol era:
   the final result (or a reduced round holding only the questions the client answers itself).
 
 The relay itself routes: it tracks requests in each direction (the two id spaces overlap), maps
-ids back, answers for messages too large to relay, and hands large responses on undecoded. It
-knows the protocol, not the transport: both sides are `MessageChannel`s.
+ids back, answers for messages too large or too malformed to relay (from the id at one of their
+ends), and hands large responses on undecoded. It knows the protocol, not the transport: both
+sides are `MessageChannel`s.
 
 Routing a message is synchronous work that ends in a list of sends (`_Send`); only the sends wait.
 So when both sides can also send without waiting (`SendsAtOnce`: the stdio pipes), a message can be
@@ -217,30 +218,46 @@ class Relay:
             del raw  # do not hold a large message while waiting for the next one
 
     async def _too_large(self, exc: MessageTooLarge, *, from_client: bool) -> None:
-        """A message was too large to relay: answer for it so that no request waits forever.
-
-        A dropped request is refused to its sender; a dropped response becomes an error response
-        for the side that is waiting for it.
-        """
+        """A message was too large to relay: answer for it so that no request waits forever."""
         sender = "client" if from_client else "upstream"
-        found, request_id, is_request = jsonrpc.salvage_envelope(exc.head, exc.tail)
+        found, request_id, _ = jsonrpc.salvage_envelope(exc.head, exc.tail)
         log.warning(
             f"message from the {sender} too large; dropped",
             extra={"size": exc.size, "limit": exc.limit, "request_id": request_id if found else None},
         )
         hint = f"Message too large: {exc}; raise --max-message-bytes to allow it"
+        sends = self._answer_for(exc.head, exc.tail, from_client, (protocol.INVALID_REQUEST, hint), hint)
+        for send in sends:
+            await self._send(send)
+
+    def _answer_for(
+        self, head: bytes, tail: bytes, from_client: bool, refusal: tuple[int, str], failure: str
+    ) -> list[_Send]:
+        """The answers for a message the relay could not relay (too large, or not JSON), from the
+        id at one of its ends (`head`, `tail`), so that no request waits forever.
+
+        A request is refused to its sender with `refusal` (code, message), as is a client message
+        whose id cannot be read; a response becomes the error `failure` for the side waiting for it.
+        """
+        found, request_id, is_request = jsonrpc.salvage_envelope(head, tail)
         if is_request or (from_client and not found):
-            reply = jsonrpc.encode(jsonrpc.error_response(request_id, protocol.INVALID_REQUEST, hint))
-            await (self._send_client(reply) if from_client else self._send_upstream(reply))
-        elif found and from_client:
-            await self._send_upstream(
-                jsonrpc.encode(jsonrpc.error_response(request_id, protocol.INTERNAL_ERROR, hint))
-            )
-        elif found:
-            pending = self.state.client_requests.pop(jsonrpc.id_key(request_id), None)
-            if pending is not None:
-                self.rounds.end(pending)
-                await self._reply_error(pending.request_id, protocol.INTERNAL_ERROR, hint)
+            reply = jsonrpc.error_response(request_id, *refusal)
+            return [(not from_client, jsonrpc.encode(reply), None)]
+        if not found:
+            return []
+        error = jsonrpc.error_response(request_id, protocol.INTERNAL_ERROR, failure)
+        if from_client:
+            if self.approver.take(error):
+                return []  # the answer to the proxy's own approval question: it fails, as asked
+            return [(True, jsonrpc.encode(error), None)]
+        pending = self.state.client_requests.pop(jsonrpc.id_key(request_id), None)
+        if pending is None:
+            return []
+        self.rounds.end(pending)
+        reply = jsonrpc.error_response(pending.request_id, protocol.INTERNAL_ERROR, failure)
+        if self.traces.enabled:
+            self.traces.answered(reply, by="server")
+        return [(False, jsonrpc.encode(reply), None)]
 
     # -- client -> upstream ----------------------------------------------------------------------
 
@@ -256,8 +273,8 @@ class Relay:
             log.warning(
                 "malformed message from client", extra={"error": str(exc), "line": jsonrpc.preview(raw)}
             )
-            error = jsonrpc.error_response(None, protocol.PARSE_ERROR, f"Parse error: {exc}")
-            return [(False, jsonrpc.encode(error), None)]
+            problem = f"Parse error: {exc}"
+            return self._answer_for(*_ends(raw), True, (protocol.PARSE_ERROR, problem), problem)
         if self._trace_messages:
             trace_message("from client", message, len(raw))
         replies: list[dict[str, Any]] = []
@@ -375,7 +392,10 @@ class Relay:
                 "malformed message from upstream; dropped",
                 extra={"error": str(exc), "line": jsonrpc.preview(raw)},
             )
-            return []
+            failure = f"Upstream MCP server sent an answer that is not valid JSON ({exc}); it was dropped"
+            return self._answer_for(
+                *_ends(raw), False, (protocol.PARSE_ERROR, f"Parse error: {exc}"), failure
+            )
         if self._trace_messages:
             trace_message("from upstream", message, len(raw))
         forwarded = rewrite_each(message, lambda item: self._upstream_item(item, related))
@@ -557,6 +577,11 @@ class Relay:
                 protocol.INTERNAL_ERROR,
                 "Upstream MCP server is not reading its input; the request could not be delivered",
             )
+
+
+def _ends(raw: bytes) -> tuple[bytes, bytes]:
+    """The two ends of a message where its id may be read (see `jsonrpc.salvage_envelope`)."""
+    return raw[: MessageTooLarge.EDGE], raw[-MessageTooLarge.EDGE :]
 
 
 def _same_id(upstream_id: Any, client_id: Any) -> bool:
