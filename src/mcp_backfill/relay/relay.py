@@ -567,16 +567,17 @@ class Relay:
             message = jsonrpc.decode(raw)
         except ValueError:
             return
-        if not (isinstance(message, dict) and "method" in message and "id" in message):
-            return
-        pending = self.state.client_requests.pop(jsonrpc.id_key(message["id"]), None)
-        if pending is not None:
-            self.rounds.end(pending)
-            await self._reply_error(
-                pending.request_id,
-                protocol.INTERNAL_ERROR,
-                "Upstream MCP server is not reading its input; the request could not be delivered",
-            )
+        for item in message if isinstance(message, list) else [message]:  # each request of a batch
+            if not (isinstance(item, dict) and "method" in item and "id" in item):
+                continue
+            pending = self.state.client_requests.pop(jsonrpc.id_key(item["id"]), None)
+            if pending is not None:
+                self.rounds.end(pending)
+                await self._reply_error(
+                    pending.request_id,
+                    protocol.INTERNAL_ERROR,
+                    "Upstream MCP server is not reading its input; the request could not be delivered",
+                )
 
 
 def _ends(raw: bytes) -> tuple[bytes, bytes]:
