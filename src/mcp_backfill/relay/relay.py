@@ -220,26 +220,30 @@ class Relay:
     async def _too_large(self, exc: MessageTooLarge, *, from_client: bool) -> None:
         """A message was too large to relay: answer for it so that no request waits forever."""
         sender = "client" if from_client else "upstream"
-        found, request_id, _ = jsonrpc.salvage_envelope(exc.head, exc.tail)
+        found, request_id, is_request = jsonrpc.salvage_envelope(exc.head, exc.tail)
         log.warning(
             f"message from the {sender} too large; dropped",
             extra={"size": exc.size, "limit": exc.limit, "request_id": request_id if found else None},
         )
         hint = f"Message too large: {exc}; raise --max-message-bytes to allow it"
-        sends = self._answer_for(exc.head, exc.tail, from_client, (protocol.INVALID_REQUEST, hint), hint)
-        for send in sends:
+        salvaged = (found, request_id, is_request)
+        for send in self._answer_for(salvaged, from_client, (protocol.INVALID_REQUEST, hint), hint):
             await self._send(send)
 
     def _answer_for(
-        self, head: bytes, tail: bytes, from_client: bool, refusal: tuple[int, str], failure: str
+        self,
+        salvaged: tuple[bool, jsonrpc.Id, bool],
+        from_client: bool,
+        refusal: tuple[int, str],
+        failure: str,
     ) -> list[_Send]:
-        """The answers for a message the relay could not relay (too large, or not JSON), from the
-        id at one of its ends (`head`, `tail`), so that no request waits forever.
+        """The answers for a message the relay could not relay (too large, or not JSON), from what
+        `jsonrpc.salvage_envelope` read at its ends, so that no request waits forever.
 
         A request is refused to its sender with `refusal` (code, message), as is a client message
         whose id cannot be read; a response becomes the error `failure` for the side waiting for it.
         """
-        found, request_id, is_request = jsonrpc.salvage_envelope(head, tail)
+        found, request_id, is_request = salvaged
         if is_request or (from_client and not found):
             reply = jsonrpc.error_response(request_id, *refusal)
             return [(not from_client, jsonrpc.encode(reply), None)]
@@ -274,7 +278,8 @@ class Relay:
                 "malformed message from client", extra={"error": str(exc), "line": jsonrpc.preview(raw)}
             )
             problem = f"Parse error: {exc}"
-            return self._answer_for(*_ends(raw), True, (protocol.PARSE_ERROR, problem), problem)
+            salvaged = jsonrpc.salvage_unparsed(raw)
+            return self._answer_for(salvaged, True, (protocol.PARSE_ERROR, problem), problem)
         if self._trace_messages:
             trace_message("from client", message, len(raw))
         replies: list[dict[str, Any]] = []
@@ -393,9 +398,8 @@ class Relay:
                 extra={"error": str(exc), "line": jsonrpc.preview(raw)},
             )
             failure = f"Upstream MCP server sent an answer that is not valid JSON ({exc}); it was dropped"
-            return self._answer_for(
-                *_ends(raw), False, (protocol.PARSE_ERROR, f"Parse error: {exc}"), failure
-            )
+            salvaged = jsonrpc.salvage_unparsed(raw)  # the HTTP upstream leaves it to this answer too
+            return self._answer_for(salvaged, False, (protocol.PARSE_ERROR, f"Parse error: {exc}"), failure)
         if self._trace_messages:
             trace_message("from upstream", message, len(raw))
         forwarded = rewrite_each(message, lambda item: self._upstream_item(item, related))
@@ -578,11 +582,6 @@ class Relay:
                     protocol.INTERNAL_ERROR,
                     "Upstream MCP server is not reading its input; the request could not be delivered",
                 )
-
-
-def _ends(raw: bytes) -> tuple[bytes, bytes]:
-    """The two ends of a message where its id may be read (see `jsonrpc.salvage_envelope`)."""
-    return raw[: MessageTooLarge.EDGE], raw[-MessageTooLarge.EDGE :]
 
 
 def _same_id(upstream_id: Any, client_id: Any) -> bool:
