@@ -128,6 +128,14 @@ def salvage_envelope(head: bytes, tail: bytes) -> tuple[bool, Id, bool]:
     return True, request_id, _HEAD_METHOD.search(head) is not None
 
 
+_EDGE = 1024  # bytes read at each end of a message that is not JSON (as `MessageTooLarge.EDGE`)
+
+
+def salvage_unparsed(raw: bytes) -> tuple[bool, Id, bool]:
+    """`salvage_envelope` for a whole message that is not JSON, read at its two ends."""
+    return salvage_envelope(raw[:_EDGE], raw[-_EDGE:])
+
+
 # `{"jsonrpc":"2.0","id":<id>,"result":` (or `"error":`), the head every common serializer writes.
 _RESPONSE_HEAD = re.compile(
     rb'\A\{\s*"jsonrpc"\s*:\s*"2\.0"\s*,\s*"id"\s*:\s*' + _ID_VALUE + rb'\s*,\s*"(?:result|error)"\s*:'

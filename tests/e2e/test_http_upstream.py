@@ -385,6 +385,22 @@ async def test_oversized_upstream_answers_become_errors_for_their_requests() -> 
     assert small["result"] == {"padding": "x" * 10}
 
 
+async def test_an_upstream_answer_that_is_not_json_gets_its_request_one_error() -> None:
+    """The relay answers for an event it cannot parse, from the id it reads; the exchange, still
+    owing that answer when the stream ended, answered it a second time."""
+    async with recorder() as (upstream, _):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            bad = await session.request(2, "bad/sse", {})
+            await session.send({"jsonrpc": "2.0", "id": 3, "method": "x/y"})
+            after, seen = await session.recv_until(lambda m: m.get("id") == 3)
+    assert bad["error"]["code"] == -32603
+    assert "not valid JSON" in bad["error"]["message"]
+    assert after["result"] == {"method": "x/y"}
+    assert [m for m in seen if m.get("id") == 2] == []
+
+
 async def test_sse_answers_leave_the_upstream_connection_reusable() -> None:
     """After a request's answer the proxy reads its SSE stream to the end, which hands the connection
     back to the pool: SSE-answered requests in a row reach the upstream over one TCP connection

@@ -135,6 +135,20 @@ async def test_garbage_from_the_upstream_is_logged_not_forwarded() -> None:
     assert "malformed message from upstream" in log
 
 
+async def test_a_malformed_message_with_a_readable_id_is_answered_under_that_id() -> None:
+    """A request that is not JSON got a parse error with a null id, and an answer that is not JSON
+    was dropped: either way the request it was, or answered, waited for ever."""
+    async with raw_proxy(mock_proxy(), proxy_env()) as session:
+        await session.send_raw(b'{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"\xff"}}\n')
+        error = await session.recv()
+        assert (error["id"], error["error"]["code"]) == (4, -32700)
+        error = await session.request(5, "test/malformed_answer", {})
+        assert error["error"]["code"] == -32603
+        assert "not valid JSON" in error["error"]["message"]
+        response = await session.request(6, "small", {})
+        assert response["result"]["echo"]["method"] == "small"
+
+
 async def test_upstream_stderr_passes_through() -> None:
     async with raw_proxy(mock_proxy(), proxy_env()) as session:
         await session.request(1, "test/stderr", {"text": "hello from the upstream's stderr"})

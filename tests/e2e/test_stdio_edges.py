@@ -172,17 +172,29 @@ def test_an_answer_cut_off_by_the_upstream_dying_is_not_relayed(tmp_path: Path, 
     assert "ended in the middle of a message" in (tmp_path / "stderr").read_text()
 
 
-def test_a_request_for_an_upstream_that_stopped_reading_is_answered(tmp_path: Path) -> None:
+STOPS_READING = """
+import json, os, sys, time
+line = sys.stdin.buffer.readline()
+os.write(1, json.dumps({"jsonrpc": "2.0", "id": json.loads(line)["id"], "result": {}}).encode() + b"\\n")
+os.close(0)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize(
+    ("line", "ids"),
+    [
+        (b'{"jsonrpc":"2.0","id":2,"method":"a/b"}', [2]),
+        # A batch (2025-03-26): its requests waited for as long as the upstream lived.
+        (b'[{"jsonrpc":"2.0","id":2,"method":"a/b"},{"jsonrpc":"2.0","id":"3","method":"a/b"}]', [2, "3"]),
+    ],
+)
+def test_a_request_for_an_upstream_that_stopped_reading_is_answered(
+    tmp_path: Path, line: bytes, ids: list[Any]
+) -> None:
     """An upstream that closes its input and runs on: the request it cannot be sent was dropped with
     a log line, and its client waited for as long as the upstream lived."""
-    upstream = """
-    import json, os, sys, time
-    line = sys.stdin.buffer.readline()
-    os.write(1, json.dumps({"jsonrpc": "2.0", "id": json.loads(line)["id"], "result": {}}).encode() + b"\\n")
-    os.close(0)
-    time.sleep(60)
-    """
-    proxy = start(tmp_path, child(upstream))
+    proxy = start(tmp_path, child(STOPS_READING))
     assert proxy.stdin is not None
     assert proxy.stdout is not None
     try:
@@ -190,16 +202,19 @@ def test_a_request_for_an_upstream_that_stopped_reading_is_answered(tmp_path: Pa
         proxy.stdin.flush()
         assert json.loads(proxy.stdout.readline())["id"] == 1
         time.sleep(0.5)  # it has closed its input by now
-        proxy.stdin.write(b'{"jsonrpc":"2.0","id":2,"method":"a/b"}\n')
+        proxy.stdin.write(line + b"\n")
         proxy.stdin.flush()
-        ready, _, _ = select.select([proxy.stdout], [], [], 30)
-        assert ready, "no answer to request 2"
-        answer = json.loads(proxy.stdout.readline())
+        out, deadline = b"", time.monotonic() + 30
+        while out.count(b"\n") < len(ids):  # read from the descriptor: `readline` buffers past a line
+            ready, _, _ = select.select([proxy.stdout], [], [], max(deadline - time.monotonic(), 0))
+            assert ready, f"answers to {ids} expected, got {out!r}"
+            out += os.read(proxy.stdout.fileno(), 65536)
+        answers = whole_messages(out)
     finally:
         proxy.kill()
         proxy.wait()
-    assert answer["id"] == 2
-    assert "not reading its input" in answer["error"]["message"]
+    assert [answer["id"] for answer in answers] == ids
+    assert all("not reading its input" in answer["error"]["message"] for answer in answers)
 
 
 @pytest.mark.parametrize("ending", [b"\n", b"\r\n"])

@@ -29,6 +29,7 @@ Test-control requests (the result is always sent after the action):
 * `test/notifications`: answers `{"notifications": [<every notification received so far>]}`.
 * `test/exit` `{"code": N}`: answers `{"echo": …}`, then exits with status N (default 0).
 * `test/garbage`: writes a non-JSON line to stdout, then answers `{"echo": …}`.
+* `test/malformed_answer`: answers with a line that is no JSON (a byte that is no UTF-8 in a string).
 * `test/stderr` `{"text": T}`: writes T to stderr, then answers `{"echo": …}`.
 
 Fault helpers:
@@ -192,6 +193,11 @@ class EchoServer:
             raise SystemExit(code if isinstance(code, int) else 3)
         if method == "test/sample_many":
             return result_response(request_id, self.sample_many(args))
+        if method == "test/malformed_answer":
+            head = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {"text": ""}})[:-3]
+            self._stdout.write(head.encode() + b'"\xff"}}\n')
+            self._stdout.flush()
+            return None
         if method == "test/garbage":
             self.write_line(GARBAGE_LINE)
         elif method == "test/stderr":

@@ -18,6 +18,7 @@ these methods (by the JSON-RPC method of the POSTed request):
 * `fail/hang-up`: closes the connection without answering;
 * `big/json` and `big/sse` (`params.size`): a result padded to about that many bytes, as a JSON body
   or as the data of one SSE event after a notification;
+* `bad/sse`: an SSE stream whose one event is the answer with a byte that is no UTF-8 (not JSON);
 * `session/forget`: result `{}`, then the session is unknown (every later request gets HTTP 404);
 * anything else: result `{"method": <method>}`.
 
@@ -136,6 +137,9 @@ class Handler(BaseHTTPRequestHandler):
             )
             stream = f"data: {note}\n\n".encode() + b"data: " + body + b"\n\n"
             self._reply(200, stream, "text/event-stream")
+        elif method == "bad/sse":
+            head = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {"text": ""}})[:-3]
+            self._reply(200, b"data: " + head.encode() + b'"\xff"}}\n\n', "text/event-stream")
         elif method == "session/forget":
             self._result(request_id, {})
             self.state.session_alive = False

@@ -545,6 +545,87 @@ async def test_an_answer_is_relayed_as_the_bytes_it_came_in_whatever_its_id(requ
             assert await r.client.from_relay.receive() == raw
 
 
+@pytest.mark.parametrize("size", [100, 100_000])
+async def test_an_answer_under_an_id_equal_to_the_clients_but_of_another_type_gets_the_clients_id(
+    size: int,
+) -> None:
+    """A JavaScript server answers `"id":1.0` with `"id":1`. A small answer got the client's id
+    back; a large one (routed by the id at its head, undecoded) went out under the server's `1`."""
+    async with relayed() as r:
+        await r.client.send_raw(b'{"jsonrpc":"2.0","id":1.0,"method":"tools/call","params":{"name":"x"}}')
+        await r.server.recv()
+        text = "a" * size
+        await r.server.send_raw(b'{"jsonrpc":"2.0","id":1,"result":{"text":"' + text.encode() + b'"}}')
+        with anyio.fail_after(5):
+            raw = await r.client.from_relay.receive()
+        answer = json.loads(raw)
+        assert (answer["id"], type(answer["id"])) == (1.0, float)
+        assert answer["result"] == {"text": text}
+
+
+# A message that is not JSON (here: a byte that is no UTF-8) but whose id can still be read.
+def malformed(head: str, tail: str = "}") -> bytes:
+    return head.encode() + b'"x\xff"' + tail.encode()
+
+
+async def test_a_malformed_request_with_a_readable_id_is_refused_under_its_id() -> None:
+    """The parse error went out with a null id, which no client can match to its request: the
+    request waited for ever."""
+    async with relayed() as r:
+        await r.client.send_raw(
+            malformed('{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":', "}}")
+        )
+        error = await r.client.recv()
+        assert (error["id"], error["error"]["code"]) == (7, protocol.PARSE_ERROR)
+        assert r.server.nothing_waiting()
+        await r.server.send_raw(
+            malformed('{"jsonrpc":"2.0","id":"s-1","method":"sampling/createMessage","params":')
+        )
+        error = await r.server.recv()
+        assert (error["id"], error["error"]["code"]) == ("s-1", protocol.PARSE_ERROR)
+        assert r.client.nothing_waiting()
+        await r.client.send(request(8, "ping"))
+        assert await r.server.recv() == request(8, "ping")
+
+
+async def test_a_malformed_answer_with_a_readable_id_fails_the_request_it_answers() -> None:
+    """An answer the relay cannot decode was dropped: the request it answered waited for ever."""
+    async with relayed() as r:
+        await r.client.send(request(3, "tools/call", {"name": "x"}))
+        await r.server.recv()
+        await r.server.send_raw(malformed('{"jsonrpc":"2.0","id":3,"result":{"text":', "}}"))
+        error = await r.client.recv()
+        assert (error["id"], error["error"]["code"]) == (3, protocol.INTERNAL_ERROR)
+        assert "not valid JSON" in error["error"]["message"]
+        assert r.relay.state.client_requests == {}
+        ask = request("roots-1", "roots/list")
+        await r.server.send(ask)
+        assert await r.client.recv() == ask
+        await r.client.send_raw(
+            malformed('{"jsonrpc":"2.0","id":"roots-1","result":{"roots":[{"uri":', "}]}}")
+        )
+        error = await r.server.recv()
+        assert (error["id"], error["error"]["code"]) == ("roots-1", protocol.INTERNAL_ERROR)
+        assert r.client.nothing_waiting()  # the client is not told about its own answer
+
+
+async def test_a_malformed_answer_to_the_approval_question_refuses_the_sampling() -> None:
+    """The proxy's own question is answered, not the server's: its id must not reach the server."""
+    provider = CountingProvider()
+    async with relayed(provider, approve="elicit") as r:
+        await r.client.send(request(1, "initialize", initialize({"elicitation": {}})))
+        await r.server.recv()
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        await r.server.send(sampling_request(3))
+        question = await r.client.recv()
+        head = '{"jsonrpc":"2.0","id":' + json.dumps(question["id"]) + ',"result":{"action":'
+        await r.client.send_raw(malformed(head, "}"))
+        refusal = await r.server.recv()
+        assert (refusal["id"], refusal["error"]["code"]) == (3, protocol.USER_REJECTED)
+        assert provider.calls == 0
+
+
 async def test_a_sampling_task_the_proxy_declared_is_its_own_when_the_client_runs_no_tasks() -> None:
     """The client samples without tools and runs no tasks; the proxy declared sampling tasks for it.
     A tool-less task-augmented request used to go to the client, which answers with a plain result

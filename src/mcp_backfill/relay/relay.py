@@ -12,8 +12,9 @@ depend on the protocol era:
   the final result (or a reduced round holding only the questions the client answers itself).
 
 The relay itself routes: it tracks requests in each direction (the two id spaces overlap), maps
-ids back, answers for messages too large to relay, and hands large responses on undecoded. It
-knows the protocol, not the transport: both sides are `MessageChannel`s.
+ids back, answers for messages too large or too malformed to relay (from the id at one of their
+ends), and hands large responses on undecoded. It knows the protocol, not the transport: both
+sides are `MessageChannel`s.
 
 Routing a message is synchronous work that ends in a list of sends (`_Send`); only the sends wait.
 So when both sides can also send without waiting (`SendsAtOnce`: the stdio pipes), a message can be
@@ -218,11 +219,7 @@ class Relay:
             del raw  # do not hold a large message while waiting for the next one
 
     async def _too_large(self, exc: MessageTooLarge, *, from_client: bool) -> None:
-        """A message was too large to relay: answer for it so that no request waits forever.
-
-        A dropped request is refused to its sender; a dropped response becomes an error response
-        for the side that is waiting for it.
-        """
+        """A message was too large to relay: answer for it so that no request waits forever."""
         sender = "client" if from_client else "upstream"
         found, request_id, is_request = jsonrpc.salvage_envelope(exc.head, exc.tail)
         log.warning(
@@ -230,18 +227,42 @@ class Relay:
             extra={"size": exc.size, "limit": exc.limit, "request_id": request_id if found else None},
         )
         hint = f"Message too large: {exc}; raise --max-message-bytes to allow it"
+        salvaged = (found, request_id, is_request)
+        for send in self._answer_for(salvaged, from_client, (protocol.INVALID_REQUEST, hint), hint):
+            await self._send(send)
+
+    def _answer_for(
+        self,
+        salvaged: tuple[bool, jsonrpc.Id, bool],
+        from_client: bool,
+        refusal: tuple[int, str],
+        failure: str,
+    ) -> list[_Send]:
+        """The answers for a message the relay could not relay (too large, or not JSON), from what
+        `jsonrpc.salvage_envelope` read at its ends, so that no request waits forever.
+
+        A request is refused to its sender with `refusal` (code, message), as is a client message
+        whose id cannot be read; a response becomes the error `failure` for the side waiting for it.
+        """
+        found, request_id, is_request = salvaged
         if is_request or (from_client and not found):
-            reply = jsonrpc.encode(jsonrpc.error_response(request_id, protocol.INVALID_REQUEST, hint))
-            await (self._send_client(reply) if from_client else self._send_upstream(reply))
-        elif found and from_client:
-            await self._send_upstream(
-                jsonrpc.encode(jsonrpc.error_response(request_id, protocol.INTERNAL_ERROR, hint))
-            )
-        elif found:
-            pending = self.state.client_requests.pop(jsonrpc.id_key(request_id), None)
-            if pending is not None:
-                self.rounds.end(pending)
-                await self._reply_error(pending.request_id, protocol.INTERNAL_ERROR, hint)
+            reply = jsonrpc.error_response(request_id, *refusal)
+            return [(not from_client, jsonrpc.encode(reply), None)]
+        if not found:
+            return []
+        error = jsonrpc.error_response(request_id, protocol.INTERNAL_ERROR, failure)
+        if from_client:
+            if self.approver.take(error):
+                return []  # the answer to the proxy's own approval question: it fails, as asked
+            return [(True, jsonrpc.encode(error), None)]
+        pending = self.state.client_requests.pop(jsonrpc.id_key(request_id), None)
+        if pending is None:
+            return []
+        self.rounds.end(pending)
+        reply = jsonrpc.error_response(pending.request_id, protocol.INTERNAL_ERROR, failure)
+        if self.traces.enabled:
+            self.traces.answered(reply, by="server")
+        return [(False, jsonrpc.encode(reply), None)]
 
     # -- client -> upstream ----------------------------------------------------------------------
 
@@ -257,8 +278,9 @@ class Relay:
             log.warning(
                 "malformed message from client", extra={"error": str(exc), "line": jsonrpc.preview(raw)}
             )
-            error = jsonrpc.error_response(None, protocol.PARSE_ERROR, f"Parse error: {exc}")
-            return [(False, jsonrpc.encode(error), None)]
+            problem = f"Parse error: {exc}"
+            salvaged = jsonrpc.salvage_unparsed(raw)
+            return self._answer_for(salvaged, True, (protocol.PARSE_ERROR, problem), problem)
         if self._trace_messages:
             trace_message("from client", message, len(raw))
         replies: list[dict[str, Any]] = []
@@ -376,7 +398,9 @@ class Relay:
                 "malformed message from upstream; dropped",
                 extra={"error": str(exc), "line": jsonrpc.preview(raw)},
             )
-            return []
+            failure = f"Upstream MCP server sent an answer that is not valid JSON ({exc}); it was dropped"
+            salvaged = jsonrpc.salvage_unparsed(raw)  # the HTTP upstream leaves it to this answer too
+            return self._answer_for(salvaged, False, (protocol.PARSE_ERROR, f"Parse error: {exc}"), failure)
         if self._trace_messages:
             trace_message("from upstream", message, len(raw))
         forwarded = rewrite_each(message, lambda item: self._upstream_item(item, related))
@@ -401,8 +425,8 @@ class Relay:
         pending = self.state.client_requests.get(key)
         if pending is None or pending.chain is not None or pending.method == protocol.INITIALIZE:
             return False
-        if jsonrpc.id_key(pending.request_id) != key:
-            return False
+        if not _same_id(upstream_id, pending.request_id):
+            return False  # answered under an id equal to the client's but not the same (1 for 1.0)
         del self.state.client_requests[key]
         if self.traces.enabled:
             self.traces.answered({"id": pending.request_id}, by="server")
@@ -470,7 +494,7 @@ class Relay:
             if ir.is_input_required(result):
                 return self.rounds.take_round(pending, chain, result)
             self.rounds.end(pending)
-        if type(upstream_id) is type(pending.request_id) and upstream_id == pending.request_id:
+        if _same_id(upstream_id, pending.request_id):
             return message  # as it came: forwarded as the bytes it came in (an `is` test failed
             # for all but small integers, and re-encoded the rest: a float's digits, `1e400`)
         return {**message, "id": pending.request_id}
@@ -548,16 +572,23 @@ class Relay:
             message = jsonrpc.decode(raw)
         except ValueError:
             return
-        if not (isinstance(message, dict) and "method" in message and "id" in message):
-            return
-        pending = self.state.client_requests.pop(jsonrpc.id_key(message["id"]), None)
-        if pending is not None:
-            self.rounds.end(pending)
-            await self._reply_error(
-                pending.request_id,
-                protocol.INTERNAL_ERROR,
-                "Upstream MCP server is not reading its input; the request could not be delivered",
-            )
+        for item in message if isinstance(message, list) else [message]:  # each request of a batch
+            if not (isinstance(item, dict) and "method" in item and "id" in item):
+                continue
+            pending = self.state.client_requests.pop(jsonrpc.id_key(item["id"]), None)
+            if pending is not None:
+                self.rounds.end(pending)
+                await self._reply_error(
+                    pending.request_id,
+                    protocol.INTERNAL_ERROR,
+                    "Upstream MCP server is not reading its input; the request could not be delivered",
+                )
+
+
+def _same_id(upstream_id: Any, client_id: Any) -> bool:
+    """Is the id an answer came under the client's own, as the client wrote it? (`1` is keyed like
+    `1.0`, but an answer to `1.0` must carry `1.0`.)"""
+    return type(upstream_id) is type(client_id) and upstream_id == client_id
 
 
 def _dropped(raw: bytes, *, to_upstream: bool) -> None:

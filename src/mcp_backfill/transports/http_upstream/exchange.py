@@ -270,7 +270,10 @@ class ExchangeReader:
             try:
                 message = jsonrpc.decode(data)
             except ValueError:
-                pass  # handed on as it is: the relay reports what it cannot parse
+                # Handed on as it is: the relay answers for a response whose id it can read.
+                found, request_id, is_request = jsonrpc.salvage_unparsed(data)
+                if found and not is_request:
+                    exchange.expected.discard(jsonrpc.id_key(request_id))
             else:
                 self._settle(exchange, message)
         if exchange.expected:
