@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from mcp_backfill.sampling.estimate import (
     MAX_IMAGE_TOKENS,
     OVERHEAD_TOKENS,
+    PDF_PAGE_TOKENS,
     TOOL_SYSTEM_PROMPT_TOKENS,
     estimate_input_tokens,
     image_tokens,
@@ -147,3 +148,45 @@ def test_the_size_of_wrapped_base64_or_a_data_url_is_read() -> None:
     wrapped = base64.encodebytes(base64.b64decode(jpeg(300, 200))).decode()
     for data in (wrapped, "data:image/png;base64," + png(300, 200)):
         assert image_tokens({"type": "base64", "data": data}) == 11 * 8
+
+
+def pdf(pages: int, *, object_stream: bool = False) -> str:
+    """A small PDF of `pages` empty pages, its page objects plain or packed in a compressed object
+    stream (as PDF 1.5 writers pack them)."""
+    kids = " ".join(f"{3 + n} 0 R" for n in range(pages))
+    page_objects = [b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] >>"] * pages
+    body = b"1 0 obj << /Type /Catalog /Pages 2 0 R >> endobj\n"
+    body += f"2 0 obj << /Type /Pages /Kids [{kids}] /Count {pages} >> endobj\n".encode()
+    if object_stream:
+        offsets, packed = [], b""
+        for n, page in enumerate(page_objects):
+            offsets.append(f"{3 + n} {len(packed)}")
+            packed += page + b"\n"
+        head = (" ".join(offsets) + " ").encode()
+        stream = zlib.compress(head + packed)
+        body += (
+            (
+                f"{3 + pages} 0 obj << /Type /ObjStm /N {pages} /First {len(head)} /Filter /FlateDecode "
+                f"/Length {len(stream)} >>\nstream\n"
+            ).encode()
+            + stream
+            + b"\nendstream\nendobj\n"
+        )
+    else:
+        for n, page in enumerate(page_objects):
+            body += f"{3 + n} 0 obj ".encode() + page + b" endobj\n"
+    return base64.b64encode(b"%PDF-1.7\n" + body + b"trailer << /Root 1 0 R >>\n%%EOF\n").decode()
+
+
+@pytest.mark.parametrize("object_stream", [False, True], ids=["plain", "object-stream"])
+def test_a_pdf_reserves_every_page_claude_reads(object_stream: bool) -> None:
+    """Claude reads each page of a PDF as an image and as its text: a page costs 1,500 to 3,000
+    tokens, at least what its image does (1,600 for a scanned page). A PDF reserved a token per 3
+    base64 characters, some 300 tokens for this 3-page PDF of 700 bytes (about 7,000 billed), so a
+    call cancelled before Claude's stream began was charged a twentieth of what it may have cost."""
+    data = pdf(3, object_stream=object_stream)
+    source = {"type": "base64", "media_type": "application/pdf", "data": data}
+    document = {"type": "document", "source": source}
+    tokens = estimate_input_tokens({"messages": [user(document)]}) - OVERHEAD_TOKENS
+    assert tokens >= 3 * 1600
+    assert tokens == 3 * PDF_PAGE_TOKENS

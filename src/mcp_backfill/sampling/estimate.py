@@ -12,8 +12,10 @@ usage (the reservation is then what is charged) and while the call is in flight 
   up to 2576 pixels on the long edge, `MAX_IMAGE_TOKENS` at most) or width x height / 750 tokens
   (earlier models, reading them at up to 1568 pixels); an image whose size cannot be read counts
   `MAX_IMAGE_TOKENS`;
-* a document counts 1 token per 3 base64 characters of its data (PDF pages cost 1,500 to 3,000
-  tokens each, which stays below this for ordinary PDFs) or per 3 bytes of its text;
+* a document counts 1 token per 3 bytes of its text, or per 3 base64 characters of its data; a PDF
+  at least `PDF_PAGE_TOKENS` per page (Claude reads each page as an image and as its text: 1,500
+  to 3,000 tokens a page, whatever the file's size), its pages counted from its page objects, plain
+  or in compressed object streams (at least one);
 * every message and tool adds `OVERHEAD_TOKENS`, and tools add Claude's tool-use system prompt.
 """
 
@@ -23,15 +25,24 @@ from collections.abc import Mapping
 from typing import Any
 
 from mcp_backfill.jsonrpc import compact_text
-from mcp_backfill.sampling.media import image_size
+from mcp_backfill.sampling.media import image_size, pdf_pages
 from mcp_backfill.sampling.spend import Reservation
 
-__all__ = ["BYTES_PER_TOKEN", "MAX_IMAGE_TOKENS", "estimate_input_tokens", "image_tokens", "reservation_for"]
+__all__ = [
+    "BYTES_PER_TOKEN",
+    "MAX_IMAGE_TOKENS",
+    "PDF_PAGE_TOKENS",
+    "estimate_input_tokens",
+    "image_tokens",
+    "reservation_for",
+]
 
 BYTES_PER_TOKEN = 3
 MAX_IMAGE_TOKENS = 4784
 """The most Claude bills for one image: a 2576x1456 image (or any scaled down to fit that many
 28x28-pixel patches) on the models that read images at up to 2576 pixels on the long edge."""
+PDF_PAGE_TOKENS = 3000
+"""The most a PDF page costs as Claude reads it (its image and its text), as Claude's PDF guide says."""
 PATCH_PIXELS = 28
 PIXELS_PER_TOKEN = 750
 """Earlier models' rule: an image of width x height pixels is about width x height / 750 tokens."""
@@ -100,11 +111,15 @@ class _Tally:
         if kind == "image":
             self.tokens += image_tokens(source)
         elif kind == "document" and isinstance(source, Mapping):
+            before = self.tokens
             for key in ("data", "text"):
                 if isinstance(source.get(key), str):
                     self.text(source[key])
             if isinstance(source.get("content"), list):
                 self.any(source["content"])
+            if source.get("media_type") == "application/pdf" and isinstance(source.get("data"), str):
+                pages = max(1, pdf_pages(source["data"]))
+                self.tokens = max(self.tokens, before + pages * PDF_PAGE_TOKENS)
         elif kind == "text" and isinstance(block.get("text"), str):
             self.text(block["text"])
         elif kind == "tool_result":

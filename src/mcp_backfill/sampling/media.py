@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import binascii
+import re
+import zlib
 
 _WHITESPACE = ("\n", "\r", " ", "\t")
 
@@ -107,3 +109,37 @@ def _jpeg_size(read: _Base64Reader) -> tuple[int, int] | None:
                 return None
             at += 2 + length
     return None
+
+
+# A page object of a PDF (`/Type /Page`, not the page tree's `/Type /Pages`).
+_PDF_PAGE = re.compile(rb"/Type\s*/Page(?![A-Za-z0-9])")
+# How much of one compressed object stream is inflated to look for page objects in it.
+PDF_OBJECT_STREAM_BYTES = 4 * 1024 * 1024
+
+
+def pdf_pages(data: str) -> int:
+    """How many pages a PDF given as base64 has, as far as its page objects can be counted: plain
+    ones, and those packed in compressed object streams (PDF 1.5 and later); 0 if none was found
+    (not a PDF, or one this cannot read)."""
+    data = strip_data_url(data)
+    if any(c in data[:128] for c in _WHITESPACE):
+        data = "".join(data.split())
+    try:
+        raw = binascii.a2b_base64(data[: len(data) - len(data) % 4])
+    except (binascii.Error, ValueError):
+        return 0
+    pages, view = len(_PDF_PAGE.findall(raw)), memoryview(raw)
+    at = raw.find(b"/ObjStm")
+    while at != -1:  # each object stream's data follows the `stream` keyword after its dictionary
+        begin = raw.find(b"stream", at)
+        if begin == -1:
+            break
+        begin += len(b"stream")
+        begin += 2 if raw[begin : begin + 2] == b"\r\n" else 1
+        try:
+            inflated = zlib.decompressobj().decompress(view[begin:], PDF_OBJECT_STREAM_BYTES)
+        except zlib.error:
+            inflated = b""
+        pages += len(_PDF_PAGE.findall(inflated))
+        at = raw.find(b"/ObjStm", begin)
+    return pages
