@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import struct
+import zlib
 from typing import Any
 
 import pytest
@@ -9,10 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mcp_backfill.sampling.estimate import (
-    IMAGE_TOKENS,
+    MAX_IMAGE_TOKENS,
     OVERHEAD_TOKENS,
+    PDF_PAGE_TOKENS,
     TOOL_SYSTEM_PROMPT_TOKENS,
     estimate_input_tokens,
+    image_tokens,
     reservation_for,
 )
 from mcp_backfill.sampling.spend import Reservation
@@ -33,7 +38,7 @@ def user(*content: Any) -> dict[str, Any]:
                 "max_tokens": 10,
                 "messages": [user({"type": "image", "source": {"type": "base64", "data": "x" * 10**6}})],
             },
-            Reservation(OVERHEAD_TOKENS + IMAGE_TOKENS, 10),
+            Reservation(OVERHEAD_TOKENS + MAX_IMAGE_TOKENS, 10),
         ),
         (
             {
@@ -66,3 +71,122 @@ def test_the_input_estimate_is_at_least_a_token_per_four_bytes_and_grows_with_th
     assert estimate >= size / 4
     longer = estimate_input_tokens({"messages": [*messages, user({"type": "text", "text": more})]})
     assert longer >= estimate + OVERHEAD_TOKENS
+
+
+def png(width: int, height: int) -> str:
+    """The head of a PNG of that size (signature and IHDR: what a size is read from)."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = struct.pack(">I", len(ihdr)) + b"IHDR" + ihdr + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
+    return base64.b64encode(b"\x89PNG\r\n\x1a\n" + chunk + b"\0" * 64).decode()
+
+
+def jpeg(width: int, height: int) -> str:
+    """The head of a baseline JPEG of that size, an EXIF segment before its frame header (SOF0)."""
+    exif = b"Exif\0\0" + b"\0" * 60_000  # a thumbnail in the EXIF data: the frame header comes later
+    app1 = b"\xff\xe1" + struct.pack(">H", 2 + len(exif)) + exif
+    sof0 = (
+        b"\xff\xc0" + struct.pack(">HBHHB", 17, 8, height, width, 3) + b"\x01\x22\x00\x02\x11\x01\x03\x11\x01"
+    )
+    return base64.b64encode(b"\xff\xd8" + app1 + sof0 + b"\xff\xda" + b"\0" * 64).decode()
+
+
+def gif(width: int, height: int) -> str:
+    return base64.b64encode(b"GIF89a" + struct.pack("<HH", width, height) + b"\0" * 64).decode()
+
+
+def webp(width: int, height: int) -> str:
+    """An extended-format WebP (VP8X) head of that size."""
+    vp8x = b"VP8X" + struct.pack("<I", 10) + b"\0" * 4 + (width - 1).to_bytes(3, "little")
+    vp8x += (height - 1).to_bytes(3, "little")
+    return base64.b64encode(b"RIFF" + struct.pack("<I", 1000) + b"WEBP" + vp8x + b"\0" * 64).decode()
+
+
+def image_request(data: str, media_type: str = "image/png") -> dict[str, Any]:
+    block = {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+    return {"max_tokens": 1, "messages": [user(block)]}
+
+
+@pytest.mark.parametrize(
+    ("data", "media_type"),
+    [
+        (png(2576, 1456), "image/png"),
+        (jpeg(2576, 1456), "image/jpeg"),
+        (gif(2576, 1456), "image/gif"),
+        (webp(2576, 1456), "image/webp"),
+        (png(8000, 8000), "image/png"),  # scaled down to the same most
+        ("not an image Claude could read the size of", "image/png"),
+    ],
+    ids=["png", "jpeg", "gif", "webp", "over-8000px", "unreadable"],
+)
+def test_an_image_reserves_what_claudes_largest_vision_bills_for_it(data: str, media_type: str) -> None:
+    """Claude models since Opus 4.7 read an image at up to 2576 px on its long edge, a token per
+    28x28-px patch, up to 4,784 tokens (earlier ones at 1568 px, about 1,600 tokens): a 2576x1456
+    screenshot is billed 92 x 52 = 4,784 input tokens. It reserved 1,600, so a call cancelled before
+    Claude's stream began was charged a third of what it may have cost."""
+    assert estimate_input_tokens(image_request(data, media_type)) == OVERHEAD_TOKENS + MAX_IMAGE_TOKENS
+    assert MAX_IMAGE_TOKENS >= 92 * 52
+
+
+@pytest.mark.parametrize("encode", [png, jpeg, gif, webp])
+def test_a_small_image_reserves_what_its_size_is_billed(encode: Any) -> None:
+    """Not the most an image can cost: a request of many icons still fits a budget it fits."""
+    media_type = f"image/{encode.__name__}"
+    tokens = estimate_input_tokens(image_request(encode(300, 200), media_type)) - OVERHEAD_TOKENS
+    assert tokens == max(11 * 8, -(-300 * 200 // 750))  # patches, or the older models' pixels / 750
+
+
+def test_lossy_and_lossless_webp_sizes_are_read() -> None:
+    lossy = b"VP8 " + struct.pack("<I", 100) + b"\0\0\0\x9d\x01\x2a" + struct.pack("<HH", 300, 200)
+    bits = (300 - 1) | (200 - 1) << 14
+    lossless = b"VP8L" + struct.pack("<I", 100) + b"\x2f" + struct.pack("<I", bits)
+    for chunk in (lossy, lossless):
+        data = base64.b64encode(b"RIFF" + struct.pack("<I", 1000) + b"WEBP" + chunk + b"\0" * 16).decode()
+        assert image_tokens({"type": "base64", "data": data}) == 11 * 8
+
+
+def test_the_size_of_wrapped_base64_or_a_data_url_is_read() -> None:
+    wrapped = base64.encodebytes(base64.b64decode(jpeg(300, 200))).decode()
+    for data in (wrapped, "data:image/png;base64," + png(300, 200)):
+        assert image_tokens({"type": "base64", "data": data}) == 11 * 8
+
+
+def pdf(pages: int, *, object_stream: bool = False) -> str:
+    """A small PDF of `pages` empty pages, its page objects plain or packed in a compressed object
+    stream (as PDF 1.5 writers pack them)."""
+    kids = " ".join(f"{3 + n} 0 R" for n in range(pages))
+    page_objects = [b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] >>"] * pages
+    body = b"1 0 obj << /Type /Catalog /Pages 2 0 R >> endobj\n"
+    body += f"2 0 obj << /Type /Pages /Kids [{kids}] /Count {pages} >> endobj\n".encode()
+    if object_stream:
+        offsets, packed = [], b""
+        for n, page in enumerate(page_objects):
+            offsets.append(f"{3 + n} {len(packed)}")
+            packed += page + b"\n"
+        head = (" ".join(offsets) + " ").encode()
+        stream = zlib.compress(head + packed)
+        body += (
+            (
+                f"{3 + pages} 0 obj << /Type /ObjStm /N {pages} /First {len(head)} /Filter /FlateDecode "
+                f"/Length {len(stream)} >>\nstream\n"
+            ).encode()
+            + stream
+            + b"\nendstream\nendobj\n"
+        )
+    else:
+        for n, page in enumerate(page_objects):
+            body += f"{3 + n} 0 obj ".encode() + page + b" endobj\n"
+    return base64.b64encode(b"%PDF-1.7\n" + body + b"trailer << /Root 1 0 R >>\n%%EOF\n").decode()
+
+
+@pytest.mark.parametrize("object_stream", [False, True], ids=["plain", "object-stream"])
+def test_a_pdf_reserves_every_page_claude_reads(object_stream: bool) -> None:
+    """Claude reads each page of a PDF as an image and as its text: a page costs 1,500 to 3,000
+    tokens, at least what its image does (1,600 for a scanned page). A PDF reserved a token per 3
+    base64 characters, some 300 tokens for this 3-page PDF of 700 bytes (about 7,000 billed), so a
+    call cancelled before Claude's stream began was charged a twentieth of what it may have cost."""
+    data = pdf(3, object_stream=object_stream)
+    source = {"type": "base64", "media_type": "application/pdf", "data": data}
+    document = {"type": "document", "source": source}
+    tokens = estimate_input_tokens({"messages": [user(document)]}) - OVERHEAD_TOKENS
+    assert tokens >= 3 * 1600
+    assert tokens == 3 * PDF_PAGE_TOKENS

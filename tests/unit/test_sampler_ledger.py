@@ -236,3 +236,39 @@ async def test_retries_within_the_budget_are_made_and_each_attempt_charged() -> 
     assert result["stopReason"] == "endTurn"
     assert sampler.spend.budget.used == 2 * (50 + 100) + (10 + 1 + 1)  # two billed, one free, the answer
     assert sampler.spend.budget.reserved == 0
+
+
+async def test_a_retry_nothing_was_heard_of_is_charged_the_input_the_call_is_known_to_cost() -> None:
+    """The first attempt's stream reported the prompt's 5,000 input tokens before it broke; the
+    retry, cancelled before Claude's stream began, was charged the estimate (a few tokens) for the
+    same prompt, which Claude may have read in full."""
+    started = anyio.Event()
+
+    class BreaksThenHangs(Scripted):
+        async def create_message(
+            self,
+            request: dict[str, Any],
+            *,
+            on_progress: ProgressCallback | None = None,
+            meter: UsageMeter | None = None,
+        ) -> dict[str, Any]:
+            assert meter is not None
+            self.requests.append(request)
+            meter.begin_attempt()
+            if len(self.requests) == 1:  # message_start, then an overloaded_error
+                meter.report({"input_tokens": 4000, "cache_read_input_tokens": 1000, "output_tokens": 1})
+                raise ProviderError("Claude API error (overloaded_error)", {"provider": "s"}, retryable=True)
+            started.set()  # sent; nothing heard back yet
+            await anyio.sleep_forever()
+            raise AssertionError
+
+    sampler, observer = sampler_for(retrying(BreaksThenHangs()), budget=(Allowance(100_000),))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sampler.sample, dict(PARAMS))
+        await started.wait()
+        tg.cancel_scope.cancel()
+    outcome, tokens = observer.seen[0]
+    assert outcome == "cancelled"
+    assert tokens["output_tokens"] == 2 * 100
+    assert tokens["input_tokens"] + tokens["cache_read_input_tokens"] == 2 * 5000
+    assert sampler.spend.budget.used == 2 * 5100

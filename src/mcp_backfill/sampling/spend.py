@@ -12,7 +12,8 @@ the reservation is released and what the call may have cost is charged instead (
 * a complete message: the usage Claude reported;
 * a call that ended early (cancelled, timed out, a broken stream): the input usage the stream
   reported, plus its whole output reservation, since Claude may have generated up to `max_tokens`
-  before it noticed; if the stream reported nothing, the whole reservation;
+  before it noticed; if the stream reported nothing, the whole reservation — its input side the
+  input an earlier attempt at the same request reported, when that is more than the estimate;
 * a call the API refused with an HTTP error status, or that never reached it: nothing.
 
 Each retry, and each continuation of a `pause_turn`, is a call of its own, charged the same way
@@ -73,6 +74,8 @@ __all__ = [
 
 USAGE_KEYS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 """The usage counters Claude reports; all of them count against a budget."""
+INPUT_KEYS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+"""The counters of what Claude read (the prompt): the same for every attempt at one request."""
 
 PROCESS = "process"
 """The client identity of the stdio front's one client, and the process's own ledger key."""
@@ -285,6 +288,8 @@ class Charge:
     attempts: list[_Attempt] = field(default_factory=list)
     # Set by `Ticket.call`: charges the attempts so far and holds a new reservation (False: no room).
     renewal: Callable[[], Awaitable[bool]] | None = None
+    # The input an attempt reported (what reading the prompt costs), kept across `take_cost`.
+    known_input: dict[str, int] = field(default_factory=dict)
 
     def begin_attempt(self) -> None:
         self.attempts.append(_Attempt())
@@ -300,8 +305,10 @@ class Charge:
 
     def report(self, usage: Mapping[str, int], *, final: bool = False) -> None:
         if self.attempts:
-            self.attempts[-1].usage = normalize_usage(usage)
+            counts = self.attempts[-1].usage = normalize_usage(usage)
             self.attempts[-1].final = final
+            if sum(counts[key] for key in INPUT_KEYS) > sum(self.known_input.values()):
+                self.known_input = {key: counts[key] for key in INPUT_KEYS}
 
     def not_billed(self) -> None:
         if self.attempts:
@@ -318,11 +325,11 @@ class Charge:
     def _attempt_cost(self, attempt: _Attempt) -> dict[str, int]:
         if not attempt.billed:
             return {}
-        if attempt.usage is None:
-            return {
-                "input_tokens": self.reservation.input_tokens,
-                "output_tokens": self.reservation.output_tokens,
-            }
+        if attempt.usage is None:  # Claude may have read the whole prompt, and written max_tokens
+            read: dict[str, int] = {"input_tokens": self.reservation.input_tokens}
+            if sum(self.known_input.values()) > self.reservation.input_tokens:
+                read = dict(self.known_input)  # what an attempt reported reading the same prompt
+            return {**read, "output_tokens": self.reservation.output_tokens}
         if attempt.final:
             return attempt.usage
         output = max(attempt.usage["output_tokens"], self.reservation.output_tokens)
