@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mcp_backfill.sampling import media
 from mcp_backfill.sampling.estimate import (
     MAX_IMAGE_TOKENS,
     OVERHEAD_TOKENS,
@@ -190,3 +191,31 @@ def test_a_pdf_reserves_every_page_claude_reads(object_stream: bool) -> None:
     tokens = estimate_input_tokens({"messages": [user(document)]}) - OVERHEAD_TOKENS
     assert tokens >= 3 * 1600
     assert tokens == 3 * PDF_PAGE_TOKENS
+
+
+def test_a_pdf_of_many_compressed_streams_inflates_a_bounded_amount() -> None:
+    """Each object stream was inflated up to 4 MiB, with no bound on their number: 200 streams of a
+    few kilobytes (deflate packs 4 MiB of one byte into 4 KB) had the event loop inflate 800 MiB to
+    count pages. All of a PDF's streams together now inflate at most `PDF_INFLATE_BUDGET`."""
+    bomb = zlib.compress(b" " * media.PDF_OBJECT_STREAM_BYTES, 9)
+    body = b"".join(
+        f"{n} 0 obj << /Type /ObjStm /Filter /FlateDecode >>\nstream\n".encode() + bomb + b"\nendstream\n"
+        for n in range(200)
+    )
+    data = base64.b64encode(b"%PDF-1.7\n" + body).decode()
+    inflated: list[int] = []
+    real = zlib.decompressobj
+
+    class Counting:
+        def __init__(self) -> None:
+            self._inner = real()
+
+        def decompress(self, data: Any, max_length: int = 0) -> bytes:
+            out = self._inner.decompress(data, max_length)
+            inflated.append(len(out))
+            return out
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(media.zlib, "decompressobj", Counting)
+        assert media.pdf_pages(data) == 0
+    assert sum(inflated) <= media.PDF_INFLATE_BUDGET

@@ -113,8 +113,11 @@ def _jpeg_size(read: _Base64Reader) -> tuple[int, int] | None:
 
 # A page object of a PDF (`/Type /Page`, not the page tree's `/Type /Pages`).
 _PDF_PAGE = re.compile(rb"/Type\s*/Page(?![A-Za-z0-9])")
-# How much of one compressed object stream is inflated to look for page objects in it.
+# How much of one compressed object stream is inflated to look for page objects in it, and of all
+# of one PDF's together (a small PDF of many highly compressed streams would otherwise have the
+# event loop inflate gigabytes: a thousand to one is deflate's ratio for runs of one byte).
 PDF_OBJECT_STREAM_BYTES = 4 * 1024 * 1024
+PDF_INFLATE_BUDGET = 16 * 1024 * 1024
 
 
 def pdf_pages(data: str) -> int:
@@ -129,17 +132,19 @@ def pdf_pages(data: str) -> int:
     except (binascii.Error, ValueError):
         return 0
     pages, view = len(_PDF_PAGE.findall(raw)), memoryview(raw)
+    budget = PDF_INFLATE_BUDGET
     at = raw.find(b"/ObjStm")
-    while at != -1:  # each object stream's data follows the `stream` keyword after its dictionary
+    while at != -1 and budget > 0:  # each object stream's data follows `stream` after its dictionary
         begin = raw.find(b"stream", at)
         if begin == -1:
             break
         begin += len(b"stream")
         begin += 2 if raw[begin : begin + 2] == b"\r\n" else 1
         try:
-            inflated = zlib.decompressobj().decompress(view[begin:], PDF_OBJECT_STREAM_BYTES)
+            inflated = zlib.decompressobj().decompress(view[begin:], min(budget, PDF_OBJECT_STREAM_BYTES))
         except zlib.error:
             inflated = b""
+        budget -= len(inflated)
         pages += len(_PDF_PAGE.findall(inflated))
         at = raw.find(b"/ObjStm", begin)
     return pages
