@@ -216,6 +216,6 @@ def test_a_pdf_of_many_compressed_streams_inflates_a_bounded_amount() -> None:
             return out
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(media.zlib, "decompressobj", Counting)
+        patch.setattr(zlib, "decompressobj", Counting)
         assert media.pdf_pages(data) == 0
     assert sum(inflated) <= media.PDF_INFLATE_BUDGET
