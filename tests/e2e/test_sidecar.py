@@ -272,7 +272,7 @@ async def test_a_client_reading_its_stream_gets_every_message_of_a_burst() -> No
         response = await http.post(sidecar.url, json=flood, headers=headers)
         messages = [message for _, message in sse_messages(response.text)]
         assert messages[-1] == {"jsonrpc": "2.0", "id": 1, "result": {"flooded": count}}
-        notes = [message["params"]["seq"] for message in messages if message.get("method")]
+        notes = [m["params"]["seq"] for m in messages if m.get("method") == "notifications/message"]
         assert notes == list(range(count))
         assert "replay buffer full" not in sidecar.stderr()
 
@@ -633,3 +633,36 @@ async def test_ids_json_rpc_does_not_allow_neither_fail_a_request_nor_end_the_se
         assert after.status_code == 200, after.text
         assert response_to(after, 2)["result"]["echo"]["method"] == "x"
         assert "Exception in ASGI application" not in sidecar.stderr()
+
+
+async def test_a_message_that_is_not_jsonrpc_2_0_is_refused_not_left_hanging(tmp_path: Path) -> None:
+    """A request without `"jsonrpc": "2.0"` (or whose method is no string) was relayed; the SDK's
+    stdio upstream dropped the invalid line, and the POST was never answered (SSE keep-alives defeat
+    any read timeout) while the request, in flight for ever, kept the session from being reaped.
+    Now every such message is refused as the SDK's own HTTP server refuses it: 400, nothing relayed."""
+    upstream = [*CHATTY_SERVER, str(tmp_path)]
+    options = ("--provider", "mock", "--session-idle-timeout", "2")
+    async with (
+        run_sidecar(*options, upstream=upstream, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+        request = call(5, "tools/list")
+        for body in (
+            {k: v for k, v in request.items() if k != "jsonrpc"},
+            {**request, "jsonrpc": "1.0"},
+            {**request, "method": 7},
+            [call(6, "tools/list"), {"id": 7, "method": "tools/list"}],
+            {"method": "notifications/roots/list_changed"},
+            {"jsonrpc": "2.0", "id": 8},
+        ):
+            response = None
+            with anyio.move_on_after(8):
+                response = await http.post(sidecar.url, json=body, headers=headers)
+            assert response is not None, f"no answer within 8 s to {body}"
+            assert (response.status_code, response.json()["error"]["code"]) == (400, -32600), response.text
+        listed = await http.post(sidecar.url, json=call(9, "tools/list"), headers=headers)
+        assert "tools" in response_to(listed, 9)["result"]  # the session goes on
+        [marker] = list(tmp_path.glob("started-*"))
+        pid = int(marker.name.removeprefix("started-"))
+        await wait_until(lambda: not pid_alive(pid), timeout=15)  # and, idle, is reaped

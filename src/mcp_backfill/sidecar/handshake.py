@@ -8,6 +8,7 @@
   answer, or a batch) with an SSE stream carrying the messages for those requests and then the
   responses. SSE events have ids; the last 1024 of each stream are kept, so a client can resume a
   dropped stream with GET and `Last-Event-ID`. A POST of notifications or responses only gets 202.
+  A POST holding anything but JSON-RPC 2.0 messages gets 400 and nothing of it is relayed.
 * GET opens the session's standalone SSE stream (one at a time: 409 for a second one), which carries
   the server messages that belong to no request in flight, including those buffered before it opened.
 * DELETE ends the session and stops its upstream.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Any
 
 import anyio
 
@@ -88,11 +90,12 @@ class HandshakeFront:
             await call.respond_error(400, protocol.PARSE_ERROR, f"Parse error: {exc}")
             return
         messages = decoded if isinstance(decoded, list) else [decoded]
-        if not messages or not all(isinstance(message, dict) for message in messages):
+        if not messages or not all(_is_message(message) for message in messages):
             await call.respond_error(
                 400,
                 protocol.INVALID_REQUEST,
-                "Invalid Request: expected a JSON-RPC message or a batch of them",
+                'Invalid Request: expected a JSON-RPC 2.0 message ("jsonrpc": "2.0", a string method '
+                "or a result or error) or a batch of them",
             )
             return
         opening = isinstance(decoded, dict) and decoded.get("method") == "initialize" and "id" in decoded
@@ -317,6 +320,17 @@ class HandshakeFront:
             )
             return None
         return session
+
+
+def _is_message(message: Any) -> bool:
+    """A JSON-RPC 2.0 request, notification or response. Anything else the SDK's server refuses, and
+    a stdio upstream drops the line unanswered: relayed, a request would leave its POST open for ever
+    (and its session busy, never reaped)."""
+    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+        return False
+    if "method" in message:
+        return isinstance(message["method"], str)
+    return "id" in message and ("result" in message or "error" in message)
 
 
 def _session_header(session: HttpSession) -> list[tuple[bytes, bytes]]:
