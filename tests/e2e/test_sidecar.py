@@ -295,6 +295,33 @@ async def test_a_forged_last_event_id_gets_400(seq: bytes) -> None:
         assert "Exception in ASGI application" not in sidecar.stderr()
 
 
+async def test_a_last_event_id_beyond_the_stream_gets_400() -> None:
+    """An id past the last event of a stream (`g.1000` where 1 was sent) was taken: the GET got 200
+    and then silently skipped every message until the stream reached that number."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        session_id = await open_session(http, sidecar.url)
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
+        note = {"jsonrpc": "2.0", "method": "notifications/for-the-get-stream"}
+        assert (await http.post(sidecar.url, json=note, headers=headers)).status_code == 202
+        get_headers = {"accept": "text/event-stream", "mcp-session-id": session_id}
+        for bogus in ("g.1000", "s1.1000"):
+            response = None
+            with anyio.move_on_after(8):
+                response = await http.get(sidecar.url, headers={**get_headers, "last-event-id": bogus})
+            assert response is not None, f"no answer within 8 s to Last-Event-ID {bogus}"
+            assert response.status_code == 400, response.text
+        async with http.stream("GET", sidecar.url, headers=get_headers) as get:
+            assert get.status_code == 200
+            text = ""
+            chunks = get.aiter_text()
+            with anyio.fail_after(10):
+                while "notifications/for-the-get-stream" not in text:
+                    text += await anext(chunks)
+
+
 async def test_idle_sessions_are_reaped(tmp_path: Path) -> None:
     upstream = [*CHATTY_SERVER, str(tmp_path)]
     async with (

@@ -351,6 +351,8 @@ def _resumable(session: HttpSession, last_event_id: str) -> tuple[EventStream, i
     if stream is None or parsed is None:
         return None
     after = parsed[1]
+    if after > stream.last_seq:  # never minted: taken, it would skip every event up to it
+        return None
     if stream.first_kept() > after + 1:
         log.warning(
             "resumed stream lost events beyond its replay buffer",
