@@ -643,15 +643,15 @@ async def test_sigterm_drains_requests_in_flight(tmp_path: Path) -> None:
 
 async def test_ids_json_rpc_does_not_allow_neither_fail_a_request_nor_end_the_session() -> None:
     """An object or array id used to be unhashable: a request with one got a 500, and a response
-    POSTed with one ended the session (its next request got 404)."""
+    POSTed with one ended the session (its next request got 404). Such a request now gets 400 (see
+    the test below); a cancellation or a response naming such an id is relayed."""
     async with (
         run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
         httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
         odd = await http.post(sidecar.url, json={"jsonrpc": "2.0", "id": [1], "method": "x"}, headers=headers)
-        assert odd.status_code == 200
-        assert response_to(odd, [1])["result"]["echo"]["method"] == "x"
+        assert (odd.status_code, odd.json()["error"]["code"]) == (400, -32600), odd.text
         cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": {"a": 1}}}
         assert (await http.post(sidecar.url, json=cancel, headers=headers)).status_code == 202
         answer = {"jsonrpc": "2.0", "id": {"a": 1}, "result": {}}
@@ -693,3 +693,24 @@ async def test_a_message_that_is_not_jsonrpc_2_0_is_refused_not_left_hanging(tmp
         [marker] = list(tmp_path.glob("started-*"))
         pid = int(marker.name.removeprefix("started-"))
         await wait_until(lambda: not pid_alive(pid), timeout=15)  # and, idle, is reaped
+
+
+async def test_a_request_whose_id_is_no_string_or_integer_is_refused_not_left_hanging() -> None:
+    """MCP ids are strings or integers. The SDK's server takes a request with any other id (null, a
+    float, a boolean, an array, an object) for a notification: relayed, it was never answered, its
+    POST stayed open for ever and kept the session busy. Now it gets 400, -32600."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=CHATTY_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+        for request_id in (None, 1.5, 2.0, True, [1], {"a": 1}):
+            for body in (call(request_id, "tools/list"), [call(request_id, "tools/list"), call(3, "ping")]):
+                response = None
+                with anyio.move_on_after(8):
+                    response = await http.post(sidecar.url, json=body, headers=headers)
+                assert response is not None, f"no answer within 8 s to {body}"
+                error = response.json()["error"]
+                assert (response.status_code, error["code"]) == (400, -32600), response.text
+        listed = await http.post(sidecar.url, json=call("4", "tools/list"), headers=headers)
+        assert "tools" in response_to(listed, "4")["result"]

@@ -95,7 +95,7 @@ class HandshakeFront:
                 400,
                 protocol.INVALID_REQUEST,
                 'Invalid Request: expected a JSON-RPC 2.0 message ("jsonrpc": "2.0", a string method '
-                "or a result or error) or a batch of them",
+                "and a string or integer id, or a result or error) or a batch of them",
             )
             return
         opening = isinstance(decoded, dict) and decoded.get("method") == "initialize" and "id" in decoded
@@ -323,13 +323,20 @@ class HandshakeFront:
 
 
 def _is_message(message: Any) -> bool:
-    """A JSON-RPC 2.0 request, notification or response. Anything else the SDK's server refuses, and
-    a stdio upstream drops the line unanswered: relayed, a request would leave its POST open for ever
-    (and its session busy, never reaped)."""
+    """A JSON-RPC 2.0 request (its id a string or an integer, as MCP has it), notification or
+    response. Anything else the SDK's server refuses or, for a request with another id (null, a
+    float, a boolean, an array...), takes for a notification; and a stdio upstream drops what it
+    refuses unanswered: relayed, a request would leave its POST open for ever (and its session busy,
+    never reaped)."""
     if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
         return False
     if "method" in message:
-        return isinstance(message["method"], str)
+        request_id = message.get("id")
+        return isinstance(message["method"], str) and (
+            "id" not in message
+            or isinstance(request_id, str)
+            or (isinstance(request_id, int) and not isinstance(request_id, bool))
+        )
     return "id" in message and ("result" in message or "error" in message)
 
 
