@@ -682,6 +682,8 @@ async def test_a_message_that_is_not_jsonrpc_2_0_is_refused_not_left_hanging(tmp
             [call(6, "tools/list"), {"id": 7, "method": "tools/list"}],
             {"method": "notifications/roots/list_changed"},
             {"jsonrpc": "2.0", "id": 8},
+            call(10, "tools/list", [1]),  # MCP's params are an object: the SDK drops the line
+            {"jsonrpc": "2.0", "method": "notifications/roots/list_changed", "params": "all"},
         ):
             response = None
             with anyio.move_on_after(8):

@@ -94,8 +94,8 @@ class HandshakeFront:
             await call.respond_error(
                 400,
                 protocol.INVALID_REQUEST,
-                'Invalid Request: expected a JSON-RPC 2.0 message ("jsonrpc": "2.0", a string method '
-                "and a string or integer id, or a result or error) or a batch of them",
+                'Invalid Request: expected a JSON-RPC 2.0 message ("jsonrpc": "2.0", a string method, '
+                "object params and a string or integer id, or a result or error) or a batch of them",
             )
             return
         opening = isinstance(decoded, dict) and decoded.get("method") == "initialize" and "id" in decoded
@@ -324,20 +324,22 @@ class HandshakeFront:
 
 def _is_message(message: Any) -> bool:
     """A JSON-RPC 2.0 request (its id a string or an integer, as MCP has it), notification or
-    response. Anything else the SDK's server refuses or, for a request with another id (null, a
-    float, a boolean, an array...), takes for a notification; and a stdio upstream drops what it
-    refuses unanswered: relayed, a request would leave its POST open for ever (and its session busy,
-    never reaped)."""
+    response, whose params, if any, are an object. Anything else the SDK's server refuses or, for a
+    request with another id (null, a float, a boolean, an array...), takes for a notification; and a
+    stdio upstream drops what it refuses unanswered: relayed, a request would leave its POST open
+    for ever (and its session busy, never reaped)."""
     if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
         return False
-    if "method" in message:
-        request_id = message.get("id")
-        return isinstance(message["method"], str) and (
-            "id" not in message
-            or isinstance(request_id, str)
-            or (isinstance(request_id, int) and not isinstance(request_id, bool))
-        )
-    return "id" in message and ("result" in message or "error" in message)
+    if "method" not in message:
+        return "id" in message and ("result" in message or "error" in message)
+    params, request_id = message.get("params"), message.get("id")
+    if not isinstance(message["method"], str) or not (params is None or isinstance(params, dict)):
+        return False
+    return (
+        "id" not in message
+        or isinstance(request_id, str)
+        or (isinstance(request_id, int) and not isinstance(request_id, bool))
+    )
 
 
 def _session_header(session: HttpSession) -> list[tuple[bytes, bytes]]:
