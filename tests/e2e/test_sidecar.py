@@ -353,6 +353,30 @@ async def test_idle_sessions_are_reaped(tmp_path: Path) -> None:
     assert "idle session closed" in sidecar.stderr()
 
 
+async def test_a_session_ended_for_idleness_answers_404_while_its_upstream_stops() -> None:
+    """Once the idle timeout ended a session, a request naming it waited for the upstream to stop
+    (seconds, for a server slow to exit) and got a JSON-RPC error, not the 404 that tells a client
+    to open a new session (the spec's MUST for a terminated session)."""
+    linger = (
+        "import runpy, sys, time\n"
+        "try:\n"
+        f"    sys.argv = [{ECHO_SERVER[1]!r}]; runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        "finally:\n"
+        "    time.sleep(6)\n"  # exits 6 s after its stdin closes
+    )
+    options = ("--provider", "mock", "--session-idle-timeout", "1", "--shutdown-grace", "10")
+    async with (
+        run_sidecar(*options, upstream=[sys.executable, "-c", linger], env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+        await wait_until(lambda: "stopping upstream process" in sidecar.stderr())
+        with anyio.fail_after(3):  # well before the upstream has stopped
+            late = await http.post(sidecar.url, json=call(2, "x"), headers=headers)
+        assert late.status_code == 404, late.text
+        assert "idle session closed" not in sidecar.stderr()  # the upstream was still stopping
+
+
 async def test_concurrent_sessions_only_see_their_own_messages() -> None:
     async def chat(sidecar: Sidecar, tag: str, seen: dict[str, list[str]]) -> Any:
         logs: list[str] = []
