@@ -322,6 +322,28 @@ async def test_a_last_event_id_beyond_the_stream_gets_400() -> None:
                     text += await anext(chunks)
 
 
+async def test_accept_sent_on_two_lines_is_one_list() -> None:
+    """`Accept: application/json` and `Accept: text/event-stream` on two lines (as Go's `Header.Add`
+    sends them) are one list in HTTP (RFC 9110, 5.3); only the first line was read, and every
+    request of such a client got 406."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        two_lines = [
+            ("content-type", "application/json"),
+            ("accept", "application/json"),
+            ("accept", "text/event-stream"),
+        ]
+        opened = await http.post(sidecar.url, json=initialize_body(), headers=two_lines)
+        assert opened.status_code == 200, opened.text
+        session = [("mcp-session-id", opened.headers["mcp-session-id"])]
+        listed = await http.post(sidecar.url, json=call(2, "x"), headers=two_lines + session)
+        assert response_to(listed, 2)["result"]["echo"]["method"] == "x"
+        one_kind = [("content-type", "application/json"), ("accept", "application/json"), *session]
+        assert (await http.post(sidecar.url, json=call(3, "x"), headers=one_kind)).status_code == 406
+
+
 async def test_idle_sessions_are_reaped(tmp_path: Path) -> None:
     upstream = [*CHATTY_SERVER, str(tmp_path)]
     async with (
