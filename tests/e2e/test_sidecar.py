@@ -272,7 +272,7 @@ async def test_a_client_reading_its_stream_gets_every_message_of_a_burst() -> No
         response = await http.post(sidecar.url, json=flood, headers=headers)
         messages = [message for _, message in sse_messages(response.text)]
         assert messages[-1] == {"jsonrpc": "2.0", "id": 1, "result": {"flooded": count}}
-        notes = [message["params"]["seq"] for message in messages if message.get("method")]
+        notes = [m["params"]["seq"] for m in messages if m.get("method") == "notifications/message"]
         assert notes == list(range(count))
         assert "replay buffer full" not in sidecar.stderr()
 
@@ -293,6 +293,55 @@ async def test_a_forged_last_event_id_gets_400(seq: bytes) -> None:
                 answer = await stream.receive()
         assert answer.startswith(b"HTTP/1.1 400"), answer
         assert "Exception in ASGI application" not in sidecar.stderr()
+
+
+async def test_a_last_event_id_beyond_the_stream_gets_400() -> None:
+    """An id past the last event of a stream (`g.1000` where 1 was sent) was taken: the GET got 200
+    and then silently skipped every message until the stream reached that number."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        session_id = await open_session(http, sidecar.url)
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
+        note = {"jsonrpc": "2.0", "method": "notifications/for-the-get-stream"}
+        assert (await http.post(sidecar.url, json=note, headers=headers)).status_code == 202
+        get_headers = {"accept": "text/event-stream", "mcp-session-id": session_id}
+        for bogus in ("g.1000", "s1.1000"):
+            response = None
+            with anyio.move_on_after(8):
+                response = await http.get(sidecar.url, headers={**get_headers, "last-event-id": bogus})
+            assert response is not None, f"no answer within 8 s to Last-Event-ID {bogus}"
+            assert response.status_code == 400, response.text
+        async with http.stream("GET", sidecar.url, headers=get_headers) as get:
+            assert get.status_code == 200
+            text = ""
+            chunks = get.aiter_text()
+            with anyio.fail_after(10):
+                while "notifications/for-the-get-stream" not in text:
+                    text += await anext(chunks)
+
+
+async def test_accept_sent_on_two_lines_is_one_list() -> None:
+    """`Accept: application/json` and `Accept: text/event-stream` on two lines (as Go's `Header.Add`
+    sends them) are one list in HTTP (RFC 9110, 5.3); only the first line was read, and every
+    request of such a client got 406."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        two_lines = [
+            ("content-type", "application/json"),
+            ("accept", "application/json"),
+            ("accept", "text/event-stream"),
+        ]
+        opened = await http.post(sidecar.url, json=initialize_body(), headers=two_lines)
+        assert opened.status_code == 200, opened.text
+        session = [("mcp-session-id", opened.headers["mcp-session-id"])]
+        listed = await http.post(sidecar.url, json=call(2, "x"), headers=two_lines + session)
+        assert response_to(listed, 2)["result"]["echo"]["method"] == "x"
+        one_kind = [("content-type", "application/json"), ("accept", "application/json"), *session]
+        assert (await http.post(sidecar.url, json=call(3, "x"), headers=one_kind)).status_code == 406
 
 
 async def test_idle_sessions_are_reaped(tmp_path: Path) -> None:
@@ -324,6 +373,30 @@ async def test_idle_sessions_are_reaped(tmp_path: Path) -> None:
         gone = await http.post(sidecar.url, json=call(3, "tools/list"), headers=headers)
         assert gone.status_code == 404
     assert "idle session closed" in sidecar.stderr()
+
+
+async def test_a_session_ended_for_idleness_answers_404_while_its_upstream_stops() -> None:
+    """Once the idle timeout ended a session, a request naming it waited for the upstream to stop
+    (seconds, for a server slow to exit) and got a JSON-RPC error, not the 404 that tells a client
+    to open a new session (the spec's MUST for a terminated session)."""
+    linger = (
+        "import runpy, sys, time\n"
+        "try:\n"
+        f"    sys.argv = [{ECHO_SERVER[1]!r}]; runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        "finally:\n"
+        "    time.sleep(6)\n"  # exits 6 s after its stdin closes
+    )
+    options = ("--provider", "mock", "--session-idle-timeout", "1", "--shutdown-grace", "10")
+    async with (
+        run_sidecar(*options, upstream=[sys.executable, "-c", linger], env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+        await wait_until(lambda: "stopping upstream process" in sidecar.stderr())
+        with anyio.fail_after(3):  # well before the upstream has stopped
+            late = await http.post(sidecar.url, json=call(2, "x"), headers=headers)
+        assert late.status_code == 404, late.text
+        assert "idle session closed" not in sidecar.stderr()  # the upstream was still stopping
 
 
 async def test_concurrent_sessions_only_see_their_own_messages() -> None:
@@ -616,15 +689,15 @@ async def test_sigterm_drains_requests_in_flight(tmp_path: Path) -> None:
 
 async def test_ids_json_rpc_does_not_allow_neither_fail_a_request_nor_end_the_session() -> None:
     """An object or array id used to be unhashable: a request with one got a 500, and a response
-    POSTed with one ended the session (its next request got 404)."""
+    POSTed with one ended the session (its next request got 404). Such a request now gets 400 (see
+    the test below); a cancellation or a response naming such an id is relayed."""
     async with (
         run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
         httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
         odd = await http.post(sidecar.url, json={"jsonrpc": "2.0", "id": [1], "method": "x"}, headers=headers)
-        assert odd.status_code == 200
-        assert response_to(odd, [1])["result"]["echo"]["method"] == "x"
+        assert (odd.status_code, odd.json()["error"]["code"]) == (400, -32600), odd.text
         cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": {"a": 1}}}
         assert (await http.post(sidecar.url, json=cancel, headers=headers)).status_code == 202
         answer = {"jsonrpc": "2.0", "id": {"a": 1}, "result": {}}
@@ -633,3 +706,59 @@ async def test_ids_json_rpc_does_not_allow_neither_fail_a_request_nor_end_the_se
         assert after.status_code == 200, after.text
         assert response_to(after, 2)["result"]["echo"]["method"] == "x"
         assert "Exception in ASGI application" not in sidecar.stderr()
+
+
+async def test_a_message_that_is_not_jsonrpc_2_0_is_refused_not_left_hanging(tmp_path: Path) -> None:
+    """A request without `"jsonrpc": "2.0"` (or whose method is no string) was relayed; the SDK's
+    stdio upstream dropped the invalid line, and the POST was never answered (SSE keep-alives defeat
+    any read timeout) while the request, in flight for ever, kept the session from being reaped.
+    Now every such message is refused as the SDK's own HTTP server refuses it: 400, nothing relayed."""
+    upstream = [*CHATTY_SERVER, str(tmp_path)]
+    options = ("--provider", "mock", "--session-idle-timeout", "2")
+    async with (
+        run_sidecar(*options, upstream=upstream, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+        request = call(5, "tools/list")
+        for body in (
+            {k: v for k, v in request.items() if k != "jsonrpc"},
+            {**request, "jsonrpc": "1.0"},
+            {**request, "method": 7},
+            [call(6, "tools/list"), {"id": 7, "method": "tools/list"}],
+            {"method": "notifications/roots/list_changed"},
+            {"jsonrpc": "2.0", "id": 8},
+            call(10, "tools/list", [1]),  # MCP's params are an object: the SDK drops the line
+            {"jsonrpc": "2.0", "method": "notifications/roots/list_changed", "params": "all"},
+        ):
+            response = None
+            with anyio.move_on_after(8):
+                response = await http.post(sidecar.url, json=body, headers=headers)
+            assert response is not None, f"no answer within 8 s to {body}"
+            assert (response.status_code, response.json()["error"]["code"]) == (400, -32600), response.text
+        listed = await http.post(sidecar.url, json=call(9, "tools/list"), headers=headers)
+        assert "tools" in response_to(listed, 9)["result"]  # the session goes on
+        [marker] = list(tmp_path.glob("started-*"))
+        pid = int(marker.name.removeprefix("started-"))
+        await wait_until(lambda: not pid_alive(pid), timeout=15)  # and, idle, is reaped
+
+
+async def test_a_request_whose_id_is_no_string_or_integer_is_refused_not_left_hanging() -> None:
+    """MCP ids are strings or integers. The SDK's server takes a request with any other id (null, a
+    float, a boolean, an array, an object) for a notification: relayed, it was never answered, its
+    POST stayed open for ever and kept the session busy. Now it gets 400, -32600."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=CHATTY_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+        for request_id in (None, 1.5, 2.0, True, [1], {"a": 1}):
+            for body in (call(request_id, "tools/list"), [call(request_id, "tools/list"), call(3, "ping")]):
+                response = None
+                with anyio.move_on_after(8):
+                    response = await http.post(sidecar.url, json=body, headers=headers)
+                assert response is not None, f"no answer within 8 s to {body}"
+                error = response.json()["error"]
+                assert (response.status_code, error["code"]) == (400, -32600), response.text
+        listed = await http.post(sidecar.url, json=call("4", "tools/list"), headers=headers)
+        assert "tools" in response_to(listed, "4")["result"]

@@ -91,6 +91,9 @@ class SidecarApp:
             await self._route(call)
         except ClientGone:
             status = status or 499
+        except Exception:
+            status = status or 500  # uvicorn answers it with a 500 (the 5xx alert must see it)
+            raise
         finally:
             method = call.method if call.method in LABELLED_METHODS else "OTHER"
             self.metrics.http_requests.inc(method=method, status=str(status or 499))

@@ -8,6 +8,7 @@
   answer, or a batch) with an SSE stream carrying the messages for those requests and then the
   responses. SSE events have ids; the last 1024 of each stream are kept, so a client can resume a
   dropped stream with GET and `Last-Event-ID`. A POST of notifications or responses only gets 202.
+  A POST holding anything but JSON-RPC 2.0 messages gets 400 and nothing of it is relayed.
 * GET opens the session's standalone SSE stream (one at a time: 409 for a second one), which carries
   the server messages that belong to no request in flight, including those buffered before it opened.
 * DELETE ends the session and stops its upstream.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Any
 
 import anyio
 
@@ -88,11 +90,12 @@ class HandshakeFront:
             await call.respond_error(400, protocol.PARSE_ERROR, f"Parse error: {exc}")
             return
         messages = decoded if isinstance(decoded, list) else [decoded]
-        if not messages or not all(isinstance(message, dict) for message in messages):
+        if not messages or not all(_is_message(message) for message in messages):
             await call.respond_error(
                 400,
                 protocol.INVALID_REQUEST,
-                "Invalid Request: expected a JSON-RPC message or a batch of them",
+                'Invalid Request: expected a JSON-RPC 2.0 message ("jsonrpc": "2.0", a string method, '
+                "object params and a string or integer id, or a result or error) or a batch of them",
             )
             return
         opening = isinstance(decoded, dict) and decoded.get("method") == "initialize" and "id" in decoded
@@ -319,6 +322,26 @@ class HandshakeFront:
         return session
 
 
+def _is_message(message: Any) -> bool:
+    """A JSON-RPC 2.0 request (its id a string or an integer, as MCP has it), notification or
+    response, whose params, if any, are an object. Anything else the SDK's server refuses or, for a
+    request with another id (null, a float, a boolean, an array...), takes for a notification; and a
+    stdio upstream drops what it refuses unanswered: relayed, a request would leave its POST open
+    for ever (and its session busy, never reaped)."""
+    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+        return False
+    if "method" not in message:
+        return "id" in message and ("result" in message or "error" in message)
+    params, request_id = message.get("params"), message.get("id")
+    if not isinstance(message["method"], str) or not (params is None or isinstance(params, dict)):
+        return False
+    return (
+        "id" not in message
+        or isinstance(request_id, str)
+        or (isinstance(request_id, int) and not isinstance(request_id, bool))
+    )
+
+
 def _session_header(session: HttpSession) -> list[tuple[bytes, bytes]]:
     return [(protocol.SESSION_HEADER.encode(), session.id.encode())]
 
@@ -337,6 +360,8 @@ def _resumable(session: HttpSession, last_event_id: str) -> tuple[EventStream, i
     if stream is None or parsed is None:
         return None
     after = parsed[1]
+    if after > stream.last_seq:  # never minted: taken, it would skip every event up to it
+        return None
     if stream.first_kept() > after + 1:
         log.warning(
             "resumed stream lost events beyond its replay buffer",

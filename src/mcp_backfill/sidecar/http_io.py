@@ -51,16 +51,20 @@ class HttpCall:
     receive: Receive
     send: Send
     headers: Mapping[str, str] = field(init=False)
-    """Each header's first value by its lowercase name (`header_items` has every line)."""
+    """Each header's first value by its lowercase name (`header_items` has every line); `accept`
+    holds every line of it, joined with commas (one list in HTTP, however many lines it takes)."""
     started: bool = False
     finished: bool = False  # the whole response has been handed to the server
 
     def __post_init__(self) -> None:
         # Reversed, so that the first line of a repeated header wins, as in starlette's `Headers`;
         # one dict for the ten or so lookups a request makes, instead of a scan of the list each.
-        self.headers = {
-            name.decode("latin-1"): value.decode("latin-1") for name, value in reversed(self.scope["headers"])
-        }
+        raw = self.scope["headers"]
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in reversed(raw)}
+        accept = [value for name, value in raw if name == b"accept"]
+        if len(accept) > 1:  # as Go's `Header.Add` sends a list, one value a line
+            headers["accept"] = b", ".join(accept).decode("latin-1")
+        self.headers = headers
 
     @property
     def method(self) -> str:

@@ -38,6 +38,8 @@ REPLAY_LIMIT = 1024
 # (forwarded Authorization headers make identities as cheap as a header).
 OPENING_IDENTITIES = 4096
 
+IDLE_REASON = "MCP session closed after being idle"
+
 MakeRelay = Callable[[MessageChannel, MessageChannel, str], Relay]
 """(client side, upstream side, client identity) -> the relay between them."""
 CountMessage = Callable[[str], None]
@@ -108,14 +110,20 @@ class HttpSession:
                     counted = CountingChannel(upstream, self._count, "from_upstream", "to_upstream")
                     relay = make_relay(self.channel, counted, self.identity)
                     relay.traces.session_id = self.id
-                    await relay.run(on_client_closed=self._stop)
+                    try:
+                        await relay.run(on_client_closed=self._stop)
+                    finally:
+                        if self._scope.cancel_called and not self._terminated:
+                            # Ended for idleness: later requests get 404 from now on, not once the
+                            # upstream has stopped (seconds, for one slow to exit).
+                            self.router.close(IDLE_REASON)
                     reason = "Upstream MCP server closed the connection (it exited or crashed)"
                     log.warning("upstream ended the session", extra={"session": self.label})
                     await relay.fail_pending(reason)
                     self.router.close(reason)  # later requests get 404 while the upstream stops
             if self._scope.cancelled_caught and not self._terminated:
                 log.info("idle session closed", extra={"session": self.label})
-                reason = "MCP session closed after being idle"
+                reason = IDLE_REASON
         except UpstreamStartError as exc:
             log.error(str(exc), extra={"session": self.label})
             reason = f"Upstream MCP server could not be started: {exc}"
