@@ -762,3 +762,26 @@ async def test_a_request_whose_id_is_no_string_or_integer_is_refused_not_left_ha
                 assert (response.status_code, error["code"]) == (400, -32600), response.text
         listed = await http.post(sidecar.url, json=call("4", "tools/list"), headers=headers)
         assert "tools" in response_to(listed, "4")["result"]
+
+
+async def test_an_upstream_that_cannot_start_is_explained_to_the_operator_not_to_the_client(
+    tmp_path: Path,
+) -> None:
+    """A session whose upstream could not be started told the client why, in the words meant for
+    the operator: the command's path on the sidecar's machine and the reason the system gave. The
+    client is told that the upstream could not be started; the log says why."""
+    server = tmp_path / "secret-dir" / "server.sh"
+    server.parent.mkdir()
+    server.write_text("#!/bin/sh\nexec cat\n")
+    server.chmod(0o755)
+    async with (
+        run_sidecar("--provider", "mock", upstream=[str(server)], env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        server.unlink()  # found at startup, gone when the first session starts it
+        response = await http.post(sidecar.url, json=initialize_body(), headers=HANDSHAKE_HEADERS)
+        text = response.text
+        assert "could not be started" in text, text
+        assert "secret-dir" not in text
+        assert "No such file" not in text
+        assert "secret-dir" in sidecar.stderr()  # the operator's log says which command, and why

@@ -25,7 +25,7 @@ from anyio.abc import TaskGroup
 from mcp_backfill.errors import SessionGone, UpstreamStartError
 from mcp_backfill.logs import get_logger
 from mcp_backfill.relay import Relay
-from mcp_backfill.sidecar.upstreams import UpstreamFactory, UpstreamRequest
+from mcp_backfill.sidecar.upstreams import UPSTREAM_START_FAILED, UpstreamFactory, UpstreamRequest
 from mcp_backfill.transports.base import MessageChannel
 from mcp_backfill.transports.http_server import INBOX_SIZE, SessionChannel, SessionRouter
 from mcp_backfill.transports.queue import MessageQueue
@@ -126,7 +126,7 @@ class HttpSession:
                 reason = IDLE_REASON
         except UpstreamStartError as exc:
             log.error(str(exc), extra={"session": self.label})
-            reason = f"Upstream MCP server could not be started: {exc}"
+            reason = UPSTREAM_START_FAILED
         except Exception:
             log.exception("session failed", extra={"session": self.label})
             reason = "Internal error in mcp-backfill; the MCP session is closed"

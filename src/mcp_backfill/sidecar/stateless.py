@@ -51,7 +51,7 @@ from mcp_backfill.sidecar.http_io import (
     wait_for_events,
 )
 from mcp_backfill.sidecar.sessions import CountingChannel, CountMessage, MakeRelay
-from mcp_backfill.sidecar.upstreams import UpstreamFactory, UpstreamRequest
+from mcp_backfill.sidecar.upstreams import UPSTREAM_START_FAILED, UpstreamFactory, UpstreamRequest
 from mcp_backfill.transports.http_mux import MuxChannel, MuxedRequest
 from mcp_backfill.transports.tool_schemas import LIST_PAGE_CAP
 
@@ -287,7 +287,7 @@ class StatelessFront:
             await call.respond_error(
                 200,
                 protocol.INTERNAL_ERROR,
-                f"Upstream MCP server could not be started: {exc}",
+                UPSTREAM_START_FAILED,
                 decoded["id"],
             )
             return

@@ -18,6 +18,10 @@ from mcp_backfill.logs import get_logger
 from mcp_backfill.transports.base import MessageChannel
 from mcp_backfill.transports.http_upstream import display_url, open_http_upstream, tls_context
 
+UPSTREAM_START_FAILED = "Upstream MCP server could not be started; the sidecar's log says why"
+"""What a client is told when its session's upstream cannot be started: the reason (the command's
+path, what the system said, the sidecar's PATH) is for the operator, in the log."""
+
 log = get_logger("sidecar")
 
 
