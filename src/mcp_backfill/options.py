@@ -1007,9 +1007,10 @@ OPTIONS: tuple[Option, ...] = (
         "allowed_origins",
         "--allowed-origins",
         (),
-        "comma-separated Origin header values accepted on /mcp; 'scheme://name:*' allows any port, "
-        "'*' any origin; requests without Origin are always accepted",
-        "`Origin` values accepted on `/mcp`; requests without `Origin` are always accepted",
+        "comma-separated Origin header values accepted on /mcp (and given CORS, for browser pages); "
+        "'scheme://name:*' allows any port, '*' any origin; requests without Origin are always accepted",
+        "`Origin` values accepted on `/mcp` (and given CORS, for browser pages); requests without "
+        "`Origin` are always accepted",
         parse=split_list,
         metavar="LIST",
         command="serve",

@@ -785,3 +785,47 @@ async def test_an_upstream_that_cannot_start_is_explained_to_the_operator_not_to
         assert "secret-dir" not in text
         assert "No such file" not in text
         assert "secret-dir" in sidecar.stderr()  # the operator's log says which command, and why
+
+
+async def test_a_page_the_allowed_origins_admit_can_call_the_sidecar_from_a_browser() -> None:
+    """`--allowed-origins` admitted local pages, but a browser asks first (an `OPTIONS` preflight)
+    before a JSON POST or one with `Authorization`, and that got 405; nor did any response name the
+    page's origin or expose `Mcp-Session-Id`. A server that serves browsers stopped doing so once
+    the sidecar was put in front of it."""
+    page = "http://localhost:5173"
+    async with (
+        run_sidecar(
+            "--provider", "mock", "--auth-token", TOKEN, upstream=ECHO_SERVER, env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        asking = {
+            "origin": page,
+            "access-control-request-method": "POST",
+            "access-control-request-headers": "authorization, content-type, mcp-session-id",
+        }
+        preflight = await http.options(sidecar.url, headers=asking)  # no token: a browser sends none
+        assert preflight.status_code == 204, preflight.text
+        assert preflight.headers["access-control-allow-origin"] == page
+        assert "POST" in preflight.headers["access-control-allow-methods"]
+        assert "DELETE" in preflight.headers["access-control-allow-methods"]
+        assert "mcp-session-id" in preflight.headers["access-control-allow-headers"]
+
+        bearer = {"authorization": f"Bearer {TOKEN}"}
+        opened = await http.post(
+            sidecar.url, json=initialize_body(), headers={**HANDSHAKE_HEADERS, **bearer, "origin": page}
+        )
+        assert opened.status_code == 200, opened.text
+        assert opened.headers["access-control-allow-origin"] == page
+        assert "mcp-session-id" in opened.headers["access-control-expose-headers"]
+        refused = await http.post(
+            sidecar.url, json=initialize_body(), headers={**HANDSHAKE_HEADERS, "origin": page}
+        )
+        assert refused.status_code == 401
+        assert refused.headers["access-control-allow-origin"] == page  # the page can read why
+
+        plain = await http.post(sidecar.url, json=initialize_body(), headers={**HANDSHAKE_HEADERS, **bearer})
+        assert "access-control-allow-origin" not in plain.headers  # not from a browser: no CORS
+        evil = await http.options(sidecar.url, headers={**asking, "origin": "https://evil.example.com"})
+        assert evil.status_code == 403
+        assert "access-control-allow-origin" not in evil.headers

@@ -1,12 +1,13 @@
 """The sidecar's ASGI application: `/mcp`, `/healthz`, `/readyz` and `/metrics`.
 
 Every request, whatever its path, is checked first for Host and Origin (403: DNS-rebinding
-protection covers `/metrics` and `/healthz` too); `/mcp` and `/metrics` then need the bearer token
-when one is configured (401 with `WWW-Authenticate`), and the upstream is never touched by a request
-that fails. The `MCP-Protocol-Version` header then picks the protocol path: absent or a
-handshake-era version goes to the session front (`handshake.py`), anything else to the 2026-07-28
-front (`stateless.py`). `/healthz` (liveness: the process serves) and `/readyz` (readiness: it is not
-draining and its state store answers) need no credentials.
+protection covers `/metrics` and `/healthz` too); a browser's page the Origin check admits gets
+CORS on `/mcp` (`cors`: its preflight answered, its origin named on each response). `/mcp` and
+`/metrics` then need the bearer token when one is configured (401 with `WWW-Authenticate`), and the
+upstream is never touched by a request that fails. The `MCP-Protocol-Version` header then picks the
+protocol path: absent or a handshake-era version goes to the session front (`handshake.py`),
+anything else to the 2026-07-28 front (`stateless.py`). `/healthz` (liveness: the process serves)
+and `/readyz` (readiness: it is not draining and its state store answers) need no credentials.
 
 The HTTP method becomes a metrics label only from a fixed set (anything else counts as `OTHER`), so
 a client cannot add series to `/metrics`.
@@ -23,6 +24,7 @@ from starlette.types import Message, Receive, Scope, Send
 from mcp_backfill import __version__, protocol
 from mcp_backfill.errors import ClientGone
 from mcp_backfill.logs import get_logger
+from mcp_backfill.sidecar import cors
 from mcp_backfill.sidecar import metrics as prometheus
 from mcp_backfill.sidecar.handshake import HandshakeFront
 from mcp_backfill.sidecar.http_io import HttpCall, json_bytes, upstream_headers
@@ -103,6 +105,12 @@ class SidecarApp:
             return
         path = call.scope["path"]
         if path in MCP_PATHS:
+            origin = call.headers.get("origin")
+            if origin is not None:  # a browser's page the allow-list admits: CORS (see `cors`)
+                if cors.is_preflight(call):
+                    await cors.answer_preflight(call, origin)
+                    return
+                call.response_headers = cors.response_headers(origin)
             await self._mcp(call)
         elif path == "/healthz" and call.method in ("GET", "HEAD"):
             await self._healthz(call)

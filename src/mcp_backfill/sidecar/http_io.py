@@ -55,6 +55,8 @@ class HttpCall:
     holds every line of it, joined with commas (one list in HTTP, however many lines it takes)."""
     started: bool = False
     finished: bool = False  # the whole response has been handed to the server
+    response_headers: RawHeaders = ()
+    """Headers every response to this request carries (CORS, for a browser's page: see `cors`)."""
 
     def __post_init__(self) -> None:
         # Reversed, so that the first line of a repeated header wins, as in starlette's `Headers`;
@@ -76,7 +78,8 @@ class HttpCall:
 
     async def start(self, status: int, content_type: str | None, headers: RawHeaders = ()) -> None:
         raw = [(b"content-type", content_type.encode())] if content_type else []
-        await self.send({"type": "http.response.start", "status": status, "headers": [*raw, *headers]})
+        all_headers = [*raw, *headers, *self.response_headers]
+        await self.send({"type": "http.response.start", "status": status, "headers": all_headers})
         self.started = True
 
     async def body(self, data: bytes, more: bool = False) -> None:
