@@ -7,6 +7,7 @@ tests/servers/http_recorder.py (scriptable failures, and a record of every HTTP 
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 import tempfile
@@ -442,3 +443,24 @@ async def test_upstream_headers_arrive_and_the_api_key_never_does(fake_claude: F
     assert status == 0
     assert "upstream-tok-42" not in log
     assert TEST_API_KEY not in log
+
+
+async def test_credentials_in_the_upstream_url_go_with_every_request() -> None:
+    """`--upstream-url http://user:password@host/mcp` is sent as Basic authentication on every request,
+    the message POSTs too (the lean transport's POSTs went without it: every one got a 401), and the
+    password reaches neither the log nor the client."""
+    async with recorder() as (upstream, recorded):
+        url = upstream.url.replace("http://", "http://alice:url-pass-0123456789@")
+        argv = proxy_url_argv("--provider", "mock", "--log-level", "debug", url=url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            answer = await session.request(2, "tools/list")
+            await session.close_stdin()
+            await session.wait()
+            log = session.stderr()
+        entries = recorded()
+    assert answer["result"] == {"method": "tools/list"}
+    expected = "Basic " + base64.b64encode(b"alice:url-pass-0123456789").decode()
+    assert sorted(entry["verb"] for entry in entries) == ["DELETE", "GET", "POST", "POST", "POST"]
+    assert [entry["headers"].get("authorization") for entry in entries] == [expected] * len(entries)
+    assert "url-pass-0123456789" not in log

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import http.cookiejar
 import ssl
 import urllib.request
@@ -120,7 +121,7 @@ class _MessageHead:
     ) -> _MessageHead | None:
         """From the request the client builds for a one-byte body, whose length httpx2 puts last;
         None when the headers name a length themselves (it would not be the body's)."""
-        merged = _merged(http, headers)
+        merged = _merged(http, url, headers)
         if "content-length" in merged:
             return None
         outgoing = Outgoing.of(httpx2.Request("POST", url, headers=merged, content=b"-"), b"-")
@@ -194,21 +195,26 @@ async def post_message(
         request = httpx2.Request(
             "POST",
             url,
-            headers=_merged(http, headers),
+            headers=_merged(http, url, headers),
             cookies=http.cookies or None,
             content=body,
             extensions={"timeout": timeouts},
         )
         response = await http.lean.handle_async_request(request)
     if "set-cookie" in response.headers:  # into the jar, as the client's own `send` does
-        response.request = request or httpx2.Request("POST", url, headers=_merged(http, headers))
+        response.request = request or httpx2.Request("POST", url, headers=_merged(http, url, headers))
         http.cookies.extract_cookies(response)
     return response
 
 
-def _merged(http: httpx2.AsyncClient, headers: Mapping[str, str]) -> httpx2.Headers:
+def _merged(http: httpx2.AsyncClient, url: httpx2.URL, headers: Mapping[str, str]) -> httpx2.Headers:
+    """The headers the client's own `send` would put on a request to `url`: its defaults, `headers`,
+    and the Basic credentials of a URL that carries them (`user:password@`), as its auth flow does."""
     merged = http.headers.copy()
     merged.update(headers)
+    if url.username or url.password:
+        userpass = f"{url.username}:{url.password}".encode()
+        merged["authorization"] = f"Basic {base64.b64encode(userpass).decode()}"
     return merged
 
 
