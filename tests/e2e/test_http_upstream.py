@@ -464,3 +464,25 @@ async def test_credentials_in_the_upstream_url_go_with_every_request() -> None:
     assert sorted(entry["verb"] for entry in entries) == ["DELETE", "GET", "POST", "POST", "POST"]
     assert [entry["headers"].get("authorization") for entry in entries] == [expected] * len(entries)
     assert "url-pass-0123456789" not in log
+
+
+async def test_a_redirect_names_its_target_without_the_urls_credentials() -> None:
+    """A redirect keeps the request's query (Starlette's `/mcp` -> `/mcp/`): the error the client gets
+    names where it points without the token given in the query, or a password."""
+    secret = "query-secret-0123456789"
+    async with recorder() as (upstream, _):
+        url = upstream.url.replace("http://", "http://alice:url-pass-0123456789@") + f"?api_key={secret}"
+        argv = proxy_url_argv("--provider", "mock", url=url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            redirected = await session.request(2, "fail/redirect")
+            await session.close_stdin()
+            await session.wait()
+            log = session.stderr()
+    message = redirected["error"]["message"]
+    assert "HTTP 307" in message
+    assert upstream.url + "/" in message
+    assert "--upstream-url" in message
+    for leaked in (secret, "url-pass-0123456789"):
+        assert leaked not in message
+        assert leaked not in log

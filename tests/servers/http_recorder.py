@@ -16,6 +16,8 @@ these methods (by the JSON-RPC method of the POSTed request):
   servers do);
 * `fail/jsonrpc-400`: HTTP 400 with a JSON-RPC error `-32602 bad params from server` as the body;
 * `fail/hang-up`: closes the connection without answering;
+* `fail/redirect`: HTTP 307 to the same URL with a slash after its path (its query kept), as
+  Starlette's `redirect_slashes` answers;
 * `big/json` and `big/sse` (`params.size`): a result padded to about that many bytes, as a JSON body
   or as the data of one SSE event after a notification;
 * `session/forget`: result `{}`, then the session is unknown (every later request gets HTTP 404);
@@ -122,6 +124,10 @@ class Handler(BaseHTTPRequestHandler):
         elif method == "fail/jsonrpc-400":
             error = {"code": -32602, "message": "bad params from server"}
             self._reply(400, json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode())
+        elif method == "fail/redirect":
+            path, mark, query = self.path.partition("?")
+            location = f"http://{self.headers['host']}{path}/{mark}{query}"
+            self._reply(307, b"", "text/plain", Location=location)
         elif method == "fail/hang-up":
             self.close_connection = True
             self.connection.shutdown(2)

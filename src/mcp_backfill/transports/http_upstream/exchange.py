@@ -17,6 +17,7 @@ import anyio
 import httpx2
 
 from mcp_backfill import jsonrpc, protocol
+from mcp_backfill.credentials import hide_url_credentials
 from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import Redactor, get_logger
 from mcp_backfill.transports.http_upstream.headers import ToolHeaderMaps
@@ -321,9 +322,9 @@ class ExchangeReader:
             return exchange.failure
         where = display_url(self.url)
         if 300 <= status < 400:
-            location = response.headers.get("location", "")
+            location = self._redirect_target(response.headers.get("location", ""))
             return (
-                f"The upstream redirected the request (HTTP {status}) to {location or 'nowhere'}; "
+                f"The upstream redirected the request (HTTP {status}) to {location}; "
                 "give that URL as --upstream-url"
             )
         log.warning(
@@ -334,6 +335,17 @@ class ExchangeReader:
             return f"Upstream server error: HTTP {status} {response.reason_phrase} from {where}: {text}"
         hint = " (check --upstream-header)" if status in (401, 403) else ""
         return f"The upstream refused the request: HTTP {status} {response.reason_phrase}{hint}: {text}"
+
+    def _redirect_target(self, location: str) -> str:
+        """Where a redirect points, for the error: resolved against the upstream URL, its credentials
+        (a password, a token in the query, which a redirect keeps) hidden."""
+        if not location:
+            return "nowhere"
+        try:
+            target = str(self.url.join(location))
+        except httpx2.InvalidURL:
+            return "an invalid location"
+        return self._redact(hide_url_credentials(target))
 
     def _unreachable(self, exc: httpx2.TransportError, method: str) -> str:
         reason = describe_transport_error(exc)
