@@ -486,3 +486,20 @@ async def test_a_redirect_names_its_target_without_the_urls_credentials() -> Non
     for leaked in (secret, "url-pass-0123456789"):
         assert leaked not in message
         assert leaked not in log
+
+
+async def test_a_request_the_upstream_has_polled_for_is_answered_however_many_polls_it_takes() -> None:
+    """A server may close a request's stream after a priming event and have the client poll with
+    `Last-Event-ID`, each poll another priming event (2025-11-25, as the SDK's `close_sse_stream`):
+    every poll that reopens the stream counts as one that worked, so a long request is not given up
+    after three of them (`reconnect_attempts` counts failed reconnections)."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            answer = await session.request(2, "poll/answer", {"polls": 6})
+        polls = [
+            entry for entry in recorded() if entry["headers"].get("last-event-id", "").startswith("poll-")
+        ]
+    assert answer.get("result") == {"polls": 6}, answer
+    assert len(polls) == 6

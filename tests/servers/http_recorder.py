@@ -20,6 +20,10 @@ these methods (by the JSON-RPC method of the POSTed request):
   Starlette's `redirect_slashes` answers;
 * `big/json` and `big/sse` (`params.size`): a result padded to about that many bytes, as a JSON body
   or as the data of one SSE event after a notification;
+* `poll/answer` (`params.polls`): an SSE stream holding only a priming event (an id, `retry: 20`,
+  empty data), then its end, as a server that has the client poll for a long-running request
+  (2025-11-25); each GET resuming it with `Last-Event-ID` gets the next priming event and its end,
+  and the `polls`-th one the result `{"polls": <polls>}`;
 * `session/forget`: result `{}`, then the session is unknown (every later request gets HTTP 404);
 * anything else: result `{"method": <method>}`.
 
@@ -83,6 +87,15 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self._record(None)
+        resumed = self.headers.get("last-event-id", "")
+        if resumed.startswith("poll-"):
+            _, polls, done, request_id = resumed.split("-", 3)
+            if int(done) + 1 < int(polls):
+                self._reply(200, _priming(int(polls), int(done) + 1, request_id), "text/event-stream")
+            else:
+                answer = {"jsonrpc": "2.0", "id": json.loads(request_id), "result": {"polls": int(polls)}}
+                self._reply(200, f"data: {json.dumps(answer)}\n\n".encode(), "text/event-stream")
+            return
         self._reply(405, b"", Allow="POST, DELETE")
 
     def do_DELETE(self) -> None:
@@ -142,11 +155,19 @@ class Handler(BaseHTTPRequestHandler):
             )
             stream = f"data: {note}\n\n".encode() + b"data: " + body + b"\n\n"
             self._reply(200, stream, "text/event-stream")
+        elif method == "poll/answer":
+            priming = _priming(int(message["params"]["polls"]), 0, json.dumps(request_id))
+            self._reply(200, priming, "text/event-stream")
         elif method == "session/forget":
             self._result(request_id, {})
             self.state.session_alive = False
         else:
             self._result(request_id, {"method": method})
+
+
+def _priming(polls: int, done: int, request_id: str) -> bytes:
+    """A priming event of `poll/answer`: its id says how far the polling got, and for which request."""
+    return f"id: poll-{polls}-{done}-{request_id}\nretry: 20\ndata:\n\n".encode()
 
 
 def main() -> None:

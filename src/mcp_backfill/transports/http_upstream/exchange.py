@@ -370,6 +370,10 @@ class ExchangeReader:
         """Reconnect a request's stream with `Last-Event-ID` until it answers or attempts run out.
 
         `open_stream` GETs the stream from the exchange's cursor; False when it found the session gone.
+        A reconnection that brought a message or a new event id worked: a server that has the client
+        poll (2025-11-25) sends a priming event on each reconnection and closes the stream again
+        until the answer is ready. Only reconnections in a row that brought neither count against
+        `reconnect_attempts`.
         """
         attempts = 0
         while exchange.expected and attempts < self.settings.reconnect_attempts:
@@ -384,7 +388,9 @@ class ExchangeReader:
             log.info(
                 "resuming an upstream stream", extra={"request_id": exchange.origin, "attempt": attempts + 1}
             )
+            resumed_from = exchange.cursor.last_event_id
             outcome = await open_stream(exchange.cursor, on_event)
+            progress = progress or exchange.cursor.last_event_id != resumed_from
             if outcome == "expired":
                 return False
             if outcome == "unsupported":
