@@ -503,3 +503,22 @@ async def test_a_request_the_upstream_has_polled_for_is_answered_however_many_po
         ]
     assert answer.get("result") == {"polls": 6}, answer
     assert len(polls) == 6
+
+
+async def test_a_garbled_compressed_answer_to_the_sessions_end_is_a_warning_not_a_crash() -> None:
+    """An answer whose `Content-Encoding` does not decode is the upstream's failure like a broken
+    connection (httpx2 raises it as no transport error): the DELETE ending the session only warns,
+    and the proxy exits cleanly instead of with a traceback."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            assert (await session.request(2, "session/garble-close"))["result"] == {}
+            await session.close_stdin()
+            status = await session.wait()
+            log = session.stderr()
+        verbs = [entry["verb"] for entry in recorded()]
+    assert verbs[-1] == "DELETE"
+    assert "Traceback" not in log
+    assert "could not end the upstream session" in log
+    assert status == 0

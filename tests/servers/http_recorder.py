@@ -24,6 +24,8 @@ these methods (by the JSON-RPC method of the POSTed request):
   empty data), then its end, as a server that has the client poll for a long-running request
   (2025-11-25); each GET resuming it with `Last-Event-ID` gets the next priming event and its end,
   and the `polls`-th one the result `{"polls": <polls>}`;
+* `session/garble-close`: result `{}`; the DELETE that ends the session is then answered with a body
+  that says `Content-Encoding: gzip` and is not;
 * `session/forget`: result `{}`, then the session is unknown (every later request gets HTTP 404);
 * anything else: result `{"method": <method>}`.
 
@@ -49,6 +51,7 @@ class State:
         self.lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
         self.session_alive = True
+        self.garble_close = False
 
     def record(self, entry: dict[str, Any]) -> None:
         with self.lock:
@@ -101,6 +104,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._record(None)
         self.state.session_alive = False
+        if self.state.garble_close:
+            self._reply(200, b"not gzip", Content_Encoding="gzip")
+            return
         self._reply(200, b"{}")
 
     def do_POST(self) -> None:
@@ -158,6 +164,9 @@ class Handler(BaseHTTPRequestHandler):
         elif method == "poll/answer":
             priming = _priming(int(message["params"]["polls"]), 0, json.dumps(request_id))
             self._reply(200, priming, "text/event-stream")
+        elif method == "session/garble-close":
+            self.state.garble_close = True
+            self._result(request_id, {})
         elif method == "session/forget":
             self._result(request_id, {})
             self.state.session_alive = False

@@ -191,7 +191,7 @@ class ExchangeReader:
         try:
             if head is None or head(response, exchange):
                 await self._take_response(response, exchange)
-        except httpx2.TransportError as exc:
+        except httpx2.RequestError as exc:  # a broken connection, or a body that does not decode
             exchange.dropped = describe_transport_error(exc)
             log.info("upstream response stream broke off", extra={"error": exchange.dropped})
         finally:
@@ -407,6 +407,12 @@ class ExchangeReader:
         timeout = httpx2.Timeout(self.settings.connect_timeout, read=self.settings.one_way_timeout)
         try:
             return await self.http.post(self.url, content=body, headers=headers, timeout=timeout)
+        except httpx2.DecodingError as exc:
+            log.warning(
+                "the upstream's answer to a message does not decode",
+                extra={"message": what, "error": describe_transport_error(exc)},
+            )
+            return None
         except httpx2.TransportError as exc:
             self.failed = True
             log.error(

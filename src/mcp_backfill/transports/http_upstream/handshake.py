@@ -156,7 +156,7 @@ class HandshakeLeg:
         headers.update(self._session_headers(session))
         try:
             response = await self._reader.http.delete(self._reader.url, headers=headers, timeout=wait)
-        except httpx2.TransportError as exc:
+        except httpx2.RequestError as exc:
             log.warning("could not end the upstream session", extra={"error": describe_transport_error(exc)})
             return
         if response.status_code == 405:
@@ -192,7 +192,7 @@ class HandshakeLeg:
                 opened = True
                 await self._reader.read_events(response, cursor, on_event)
                 return "ended"
-        except httpx2.TransportError as exc:
+        except httpx2.RequestError as exc:
             log.debug(
                 "upstream stream failed", extra={"error": describe_transport_error(exc), "opened": opened}
             )

@@ -239,7 +239,9 @@ def display_url(url: httpx2.URL | str) -> str:
     return f"{parsed.scheme}://{parsed.host}{port}{parsed.path}"
 
 
-def describe_transport_error(exc: httpx2.TransportError) -> str:
+def describe_transport_error(exc: httpx2.RequestError) -> str:
+    """What went wrong on the way to or from the upstream: a transport error, or an answer whose
+    `Content-Encoding` does not decode (which httpx2 raises as no transport error)."""
     if isinstance(exc, httpx2.ConnectTimeout):
         return "timed out connecting"
     if isinstance(exc, httpx2.ReadTimeout):
@@ -247,6 +249,8 @@ def describe_transport_error(exc: httpx2.TransportError) -> str:
     if isinstance(exc, httpx2.TimeoutException):
         return f"timed out ({type(exc).__name__})"
     reason = str(exc) or type(exc).__name__
+    if isinstance(exc, httpx2.DecodingError):
+        return f"the answer's Content-Encoding does not decode ({reason})"
     if isinstance(exc, httpx2.ConnectError):
         return f"cannot connect ({reason})"
     return reason
