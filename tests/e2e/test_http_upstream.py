@@ -522,3 +522,24 @@ async def test_a_garbled_compressed_answer_to_the_sessions_end_is_a_warning_not_
     assert "Traceback" not in log
     assert "could not end the upstream session" in log
     assert status == 0
+
+
+async def test_a_session_id_mcp_does_not_allow_fails_the_initialize_with_a_clear_error() -> None:
+    """A session id must be visible ASCII (0x21-0x7E); one that is not cannot be sent back (every
+    later request failed as an internal error, and the DELETE ending the session ended the proxy
+    with a traceback): the `initialize` gets an error naming it, and the proxy exits cleanly."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            params = initialize_params()
+            params["clientInfo"]["name"] = "bad-session-id"
+            refused = await session.request(1, "initialize", params)
+            await session.close_stdin()
+            status = await session.wait()
+            log = session.stderr()
+        verbs = [entry["verb"] for entry in recorded()]
+    assert refused["error"]["code"] == -32603
+    assert "Mcp-Session-Id" in refused["error"]["message"]
+    assert "Traceback" not in log
+    assert verbs == ["POST"]
+    assert status == 0

@@ -6,8 +6,9 @@ line per HTTP request to RECORD_FILE: `{"verb", "headers", "body", "peer"}` (hea
 `peer`: the client's port, which tells the TCP connections apart).
 
 It speaks just enough of the handshake era for a client to get through `initialize` (session
-`rec-session-1`, with a `Set-Cookie: lb=replica-7` as a sticky load balancer sends), and answers
-these methods (by the JSON-RPC method of the POSTed request):
+`rec-session-1`, with a `Set-Cookie: lb=replica-7` as a sticky load balancer sends; a client named
+`bad-session-id` gets one MCP does not allow, `rec-\u00e9`, not visible ASCII), and answers these
+methods (by the JSON-RPC method of the POSTed request):
 
 * `recorder/requests`: result `{"requests": [...]}`, everything recorded so far;
 * `fail/500`: HTTP 500, text body `database on fire`;
@@ -129,7 +130,9 @@ class Handler(BaseHTTPRequestHandler):
                 "serverInfo": {"name": "http-recorder", "version": "0"},
             }
             # As a load balancer pinning the session to a replica would (each later request must carry it).
-            self._result(request_id, result, Mcp_Session_Id=SESSION, Set_Cookie=f"{AFFINITY}; Path=/")
+            client = message["params"].get("clientInfo", {}).get("name")
+            session = "rec-\u00e9" if client == "bad-session-id" else SESSION
+            self._result(request_id, result, Mcp_Session_Id=session, Set_Cookie=f"{AFFINITY}; Path=/")
         elif method == "recorder/requests":
             with self.state.lock:
                 self._result(request_id, {"requests": list(self.state.requests)})

@@ -7,6 +7,7 @@ response stream is resumed; a 404 means the server forgot the session; DELETE en
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import anyio
@@ -28,6 +29,9 @@ from mcp_backfill.transports.http_upstream.exchange import (
 from mcp_backfill.transports.http_upstream.settings import describe_transport_error, display_url
 
 log = get_logger("http")
+
+# What a session id may hold (visible ASCII, 0x21-0x7E): anything else cannot go back in a header.
+_VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
 
 
 class HandshakeLeg:
@@ -118,6 +122,14 @@ class HandshakeLeg:
             return False
         if exchange.method == protocol.INITIALIZE and response.is_success:
             session = response.headers.get(protocol.SESSION_HEADER)
+            if session and not _VISIBLE_ASCII.fullmatch(session):
+                exchange.failure = (
+                    f"The upstream ({display_url(self._reader.url)}) opened a session whose "
+                    "Mcp-Session-Id is not visible ASCII (0x21-0x7E, as MCP requires), "
+                    "so it cannot be sent back"
+                )
+                log.error("upstream sent an invalid session id", extra={"url": display_url(self._reader.url)})
+                return False
             if session:
                 self.session_id = session
                 log.info("upstream session opened", extra={"url": display_url(self._reader.url)})
