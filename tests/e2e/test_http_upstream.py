@@ -543,3 +543,18 @@ async def test_a_session_id_mcp_does_not_allow_fails_the_initialize_with_a_clear
     assert "Traceback" not in log
     assert verbs == ["POST"]
     assert status == 0
+
+
+async def test_a_stream_whose_event_ids_are_not_ascii_is_resumed() -> None:
+    """An SSE event id is any text; resuming sends it back in `Last-Event-ID` as UTF-8 (as browsers
+    do) instead of failing the request with an internal error (a header cannot hold it as text)."""
+    async with recorder() as (upstream, _):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            answer = await session.request(2, "poll/answer", {"polls": 2, "label": "poll\u00e9\u2603"})
+            await session.close_stdin()
+            await session.wait()
+            log = session.stderr()
+    assert answer.get("result") == {"polls": 2}, answer
+    assert "Traceback" not in log

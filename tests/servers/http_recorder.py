@@ -24,7 +24,8 @@ methods (by the JSON-RPC method of the POSTed request):
 * `poll/answer` (`params.polls`): an SSE stream holding only a priming event (an id, `retry: 20`,
   empty data), then its end, as a server that has the client poll for a long-running request
   (2025-11-25); each GET resuming it with `Last-Event-ID` gets the next priming event and its end,
-  and the `polls`-th one the result `{"polls": <polls>}`;
+  and the `polls`-th one the result `{"polls": <polls>}` (with `params.label`, the event ids start
+  with it instead of `poll`: any text, which travels back in `Last-Event-ID` as UTF-8);
 * `session/garble-close`: result `{}`; the DELETE that ends the session is then answered with a body
   that says `Content-Encoding: gzip` and is not;
 * `session/forget`: result `{}`, then the session is unknown (every later request gets HTTP 404);
@@ -91,11 +92,13 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self._record(None)
-        resumed = self.headers.get("last-event-id", "")
-        if resumed.startswith("poll-"):
-            _, polls, done, request_id = resumed.split("-", 3)
+        # http.server reads a header's bytes as Latin-1; an event id goes back as UTF-8.
+        resumed = self.headers.get("last-event-id", "").encode("latin-1").decode("utf-8", "replace")
+        if resumed.startswith("poll"):
+            label, polls, done, request_id = resumed.split("-", 3)
             if int(done) + 1 < int(polls):
-                self._reply(200, _priming(int(polls), int(done) + 1, request_id), "text/event-stream")
+                priming = _priming(label, int(polls), int(done) + 1, request_id)
+                self._reply(200, priming, "text/event-stream")
             else:
                 answer = {"jsonrpc": "2.0", "id": json.loads(request_id), "result": {"polls": int(polls)}}
                 self._reply(200, f"data: {json.dumps(answer)}\n\n".encode(), "text/event-stream")
@@ -165,7 +168,8 @@ class Handler(BaseHTTPRequestHandler):
             stream = f"data: {note}\n\n".encode() + b"data: " + body + b"\n\n"
             self._reply(200, stream, "text/event-stream")
         elif method == "poll/answer":
-            priming = _priming(int(message["params"]["polls"]), 0, json.dumps(request_id))
+            label = message["params"].get("label", "poll")
+            priming = _priming(label, int(message["params"]["polls"]), 0, json.dumps(request_id))
             self._reply(200, priming, "text/event-stream")
         elif method == "session/garble-close":
             self.state.garble_close = True
@@ -177,9 +181,9 @@ class Handler(BaseHTTPRequestHandler):
             self._result(request_id, {"method": method})
 
 
-def _priming(polls: int, done: int, request_id: str) -> bytes:
+def _priming(label: str, polls: int, done: int, request_id: str) -> bytes:
     """A priming event of `poll/answer`: its id says how far the polling got, and for which request."""
-    return f"id: poll-{polls}-{done}-{request_id}\nretry: 20\ndata:\n\n".encode()
+    return f"id: {label}-{polls}-{done}-{request_id}\nretry: 20\ndata:\n\n".encode()
 
 
 def main() -> None:

@@ -186,10 +186,13 @@ class HandshakeLeg:
         "ended" (it was open, then closed or broke off), "failed" or "refused" (it never opened),
         "unsupported" (405: the server has no GET stream), "expired" (404: the session is gone).
         """
-        headers = self._reader.base_headers(protocol.SSE_TYPE)
-        headers.update(self._session_headers(self.session_id))
+        fields = self._reader.base_headers(protocol.SSE_TYPE)
+        fields.update(self._session_headers(self.session_id))
+        headers = [(name.encode("ascii"), value.encode("ascii")) for name, value in fields.items()]
         if cursor.last_event_id is not None:
-            headers[protocol.LAST_EVENT_ID_HEADER] = cursor.last_event_id
+            # An event id is any text: it goes back as UTF-8, as browsers send it (a header given
+            # as text must be ASCII, which failed the request for an id that is not).
+            headers.append((protocol.LAST_EVENT_ID_HEADER.encode(), cursor.last_event_id.encode()))
         opened = False
         try:
             async with self._reader.http.stream("GET", self._reader.url, headers=headers) as response:
