@@ -558,3 +558,16 @@ async def test_a_stream_whose_event_ids_are_not_ascii_is_resumed() -> None:
             log = session.stderr()
     assert answer.get("result") == {"polls": 2}, answer
     assert "Traceback" not in log
+
+
+async def test_a_notification_answered_with_an_endless_stream_does_not_hold_up_what_follows() -> None:
+    """A notification is acknowledged by its answer's head: a server answering one with an SSE stream
+    that never ends (pings keep it within the read timeout) held every later client message back
+    for as long as it lasted, the body being read to its end."""
+    async with recorder() as (upstream, _):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            await session.send({"jsonrpc": "2.0", "method": "notifications/stream-forever"})
+            after = await session.request(2, "anything/else")
+    assert after["result"] == {"method": "anything/else"}

@@ -31,7 +31,9 @@ methods (by the JSON-RPC method of the POSTed request):
 * `session/forget`: result `{}`, then the session is unknown (every later request gets HTTP 404);
 * anything else: result `{"method": <method>}`.
 
-Notifications and responses get 202; GET gets 405; DELETE ends the session (200).
+Notifications and responses get 202, except the notification `notifications/stream-forever`: an
+SSE stream of pings that does not end (for a minute) as a broken server may answer one; GET gets
+405; DELETE ends the session (200).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -113,6 +116,20 @@ class Handler(BaseHTTPRequestHandler):
             return
         self._reply(200, b"{}")
 
+    def _ping_for_a_minute(self) -> None:
+        self.close_connection = True
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        deadline = time.monotonic() + 60
+        try:
+            while time.monotonic() < deadline:
+                self.wfile.write(b": ping\n\n")
+                self.wfile.flush()
+                time.sleep(0.2)
+        except OSError:
+            pass  # the client closed the stream
+
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", "0"))
         message = json.loads(self.rfile.read(length))
@@ -122,6 +139,9 @@ class Handler(BaseHTTPRequestHandler):
             self._reply(404, b"Session not found", "text/plain")
             return
         if "id" not in message or method is None:
+            if method == "notifications/stream-forever":
+                self._ping_for_a_minute()
+                return
             self._reply(202)
             return
         request_id = message["id"]

@@ -401,12 +401,17 @@ class ExchangeReader:
 
     # -- notifications and responses -------------------------------------------------------------
 
-    async def post_one_way(self, body: bytes, headers: dict[str, str], what: str) -> httpx2.Response | None:
+    async def post_one_way(self, body: bytes, headers: dict[str, str], what: str) -> Acknowledgement | None:
         """POST a notification or response (the server acknowledges it with 202 and no body); None
         (logged) when the upstream cannot be reached."""
         timeout = httpx2.Timeout(self.settings.connect_timeout, read=self.settings.one_way_timeout)
+        request = self.http.build_request("POST", self.url, content=body, headers=headers, timeout=timeout)
         try:
-            return await self.http.post(self.url, content=body, headers=headers, timeout=timeout)
+            response = await self.http.send(request, stream=True)
+            try:
+                return await acknowledgement(response, self.settings.one_way_timeout)
+            finally:
+                await response.aclose()
         except httpx2.DecodingError as exc:
             log.warning(
                 "the upstream's answer to a message does not decode",
@@ -420,6 +425,35 @@ class ExchangeReader:
                 extra={"message": what, "error": describe_transport_error(exc)},
             )
             return None
+
+
+@dataclass(frozen=True)
+class Acknowledgement:
+    """How the upstream answered a notification or response: its status, and the start of its body."""
+
+    status_code: int
+    body: bytes = b""
+
+    @property
+    def is_success(self) -> bool:
+        return 200 <= self.status_code < 300
+
+
+async def acknowledgement(response: httpx2.Response, wait: float) -> Acknowledgement:
+    """The acknowledgement `response` makes, once its head is in: its body is read (for the error it
+    may explain, or to reuse the connection) up to `ERROR_BODY_LIMIT` bytes and `wait` seconds, and
+    an SSE stream, which nothing here is owed on, not at all. The message's sender waits for this:
+    a body that does not end (a stream of pings) held every later message back for as long as it
+    lasted."""
+    if response.is_success and media_type(response) == protocol.SSE_TYPE:
+        return Acknowledgement(response.status_code)
+    body = bytearray()
+    with anyio.move_on_after(wait):
+        async for chunk in body_chunks(response):
+            body += chunk
+            if len(body) > ERROR_BODY_LIMIT:
+                break
+    return Acknowledgement(response.status_code, bytes(body[:ERROR_BODY_LIMIT]))
 
 
 async def read_limited(response: httpx2.Response, limit: int) -> Payload:
@@ -452,10 +486,10 @@ def describe_one_way(items: list[Any]) -> str:
     return "message"
 
 
-def log_refused(response: httpx2.Response, what: str) -> None:
+def log_refused(answer: Acknowledgement, what: str) -> None:
     log.warning(
         "upstream refused a message",
-        extra={"message": what, "status": response.status_code, "body": preview(response.content)},
+        extra={"message": what, "status": answer.status_code, "body": preview(answer.body)},
     )
 
 
