@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2
 import pytest
 from mcp import Client, types
@@ -571,3 +572,30 @@ async def test_a_notification_answered_with_an_endless_stream_does_not_hold_up_w
             await session.send({"jsonrpc": "2.0", "method": "notifications/stream-forever"})
             after = await session.request(2, "anything/else")
     assert after["result"] == {"method": "anything/else"}
+
+
+async def test_a_cancelled_request_is_no_longer_polled_for() -> None:
+    """Once the client cancels a request, nothing is owed for it: a server having the proxy poll for
+    it (a new priming event on every reconnection) is not polled any more."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            await session.send(
+                {"jsonrpc": "2.0", "id": 2, "method": "poll/answer", "params": {"polls": 100000}}
+            )
+
+            def polls() -> int:
+                resumed = [entry["headers"].get("last-event-id", "") for entry in recorded()]
+                return sum(1 for event_id in resumed if event_id.startswith("poll"))
+
+            with anyio.fail_after(15):
+                while polls() < 3:
+                    await anyio.sleep(0.05)
+            cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}}
+            await session.send(cancel)
+            assert (await session.request(3, "anything/else"))["result"] == {"method": "anything/else"}
+            await anyio.sleep(0.5)  # a poll under way when the cancellation came ends
+            settled = polls()
+            await anyio.sleep(0.5)  # 25 more polls, were they still made (`retry: 20`)
+            assert polls() == settled

@@ -373,10 +373,10 @@ class ExchangeReader:
         A reconnection that brought a message or a new event id worked: a server that has the client
         poll (2025-11-25) sends a priming event on each reconnection and closes the stream again
         until the answer is ready. Only reconnections in a row that brought neither count against
-        `reconnect_attempts`.
+        `reconnect_attempts`. A request the client cancelled is owed nothing: it is not resumed.
         """
         attempts = 0
-        while exchange.expected and attempts < self.settings.reconnect_attempts:
+        while exchange.expected and not exchange.abandoned and attempts < self.settings.reconnect_attempts:
             await anyio.sleep(exchange.cursor.retry or self.settings.reconnect_delay)
             progress = False
 
