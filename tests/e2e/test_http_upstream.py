@@ -599,3 +599,20 @@ async def test_a_cancelled_request_is_no_longer_polled_for() -> None:
             settled = polls()
             await anyio.sleep(0.5)  # 25 more polls, were they still made (`retry: 20`)
             assert polls() == settled
+
+
+@pytest.mark.parametrize("digits", [400, 5000])
+async def test_an_sse_retry_of_any_size_is_taken(digits: int) -> None:
+    """`retry:` is any run of digits: one too large for a float (400 of them), or for Python to read
+    as a number (5,000), is taken as the longest wait the proxy allows, not an internal error for
+    the request whose stream carried it."""
+    async with recorder() as (upstream, _):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            answer = await session.request(2, "sse/retry", {"retry": "9" * digits})
+            await session.close_stdin()
+            await session.wait()
+            log = session.stderr()
+    assert answer.get("result") == {}, answer
+    assert "Traceback" not in log

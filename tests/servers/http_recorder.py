@@ -26,6 +26,7 @@ methods (by the JSON-RPC method of the POSTed request):
   (2025-11-25); each GET resuming it with `Last-Event-ID` gets the next priming event and its end,
   and the `polls`-th one the result `{"polls": <polls>}` (with `params.label`, the event ids start
   with it instead of `poll`: any text, which travels back in `Last-Event-ID` as UTF-8);
+* `sse/retry` (`params.retry`, a string): result `{}` as an SSE event whose `retry:` field is that;
 * `session/garble-close`: result `{}`; the DELETE that ends the session is then answered with a body
   that says `Content-Encoding: gzip` and is not;
 * `session/forget`: result `{}`, then the session is unknown (every later request gets HTTP 404);
@@ -191,6 +192,10 @@ class Handler(BaseHTTPRequestHandler):
             label = message["params"].get("label", "poll")
             priming = _priming(label, int(message["params"]["polls"]), 0, json.dumps(request_id))
             self._reply(200, priming, "text/event-stream")
+        elif method == "sse/retry":
+            answer = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {}})
+            stream = f"retry: {message['params']['retry']}\ndata: {answer}\n\n".encode()
+            self._reply(200, stream, "text/event-stream")
         elif method == "session/garble-close":
             self.state.garble_close = True
             self._result(request_id, {})

@@ -229,8 +229,8 @@ class ExchangeReader:
             for event in decoder.feed(chunk):
                 if event.id is not None:
                     cursor.last_event_id = event.id or None
-                if event.retry is not None:
-                    cursor.retry = event.retry / 1000
+                if event.retry is not None:  # waited out up to the longest silence a stream may keep
+                    cursor.retry = min(event.retry / 1000, self.settings.read_timeout)
                 if event.event != "message" or event.data == b"":
                     continue  # priming events carry only an id
                 if await on_event(event.data):
