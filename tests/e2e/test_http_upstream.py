@@ -616,3 +616,27 @@ async def test_an_sse_retry_of_any_size_is_taken(digits: int) -> None:
             log = session.stderr()
     assert answer.get("result") == {}, answer
     assert "Traceback" not in log
+
+
+async def test_a_protocol_version_that_cannot_be_a_header_is_not_sent_back() -> None:
+    """The version `initialize` negotiated goes back in `MCP-Protocol-Version`: one that cannot be a
+    header (not visible ASCII) is relayed for the client to judge but not sent back, instead of
+    failing every later request as an internal error and ending the proxy with a traceback."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            params = initialize_params()
+            params["clientInfo"]["name"] = "bad-version"
+            init = await session.request(1, "initialize", params)
+            await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            after = await session.request(2, "anything/else")
+            await session.close_stdin()
+            status = await session.wait()
+            log = session.stderr()
+        entries = recorded()
+    assert init["result"]["protocolVersion"] == "2025-11-25\u00e9"
+    assert after["result"] == {"method": "anything/else"}
+    assert "Traceback" not in log
+    assert status == 0
+    assert entries[-1]["verb"] == "DELETE"
+    assert all("mcp-protocol-version" not in entry["headers"] for entry in entries)

@@ -7,8 +7,9 @@ line per HTTP request to RECORD_FILE: `{"verb", "headers", "body", "peer"}` (hea
 
 It speaks just enough of the handshake era for a client to get through `initialize` (session
 `rec-session-1`, with a `Set-Cookie: lb=replica-7` as a sticky load balancer sends; a client named
-`bad-session-id` gets one MCP does not allow, `rec-\u00e9`, not visible ASCII), and answers these
-methods (by the JSON-RPC method of the POSTed request):
+`bad-session-id` gets one MCP does not allow, `rec-\u00e9`, not visible ASCII; one named
+`bad-version` the protocol version `2025-11-25\u00e9`), and answers these methods (by the JSON-RPC
+method of the POSTed request):
 
 * `recorder/requests`: result `{"requests": [...]}`, everything recorded so far;
 * `fail/500`: HTTP 500, text body `database on fire`;
@@ -148,13 +149,14 @@ class Handler(BaseHTTPRequestHandler):
         request_id = message["id"]
         if method == "initialize":
             self.state.session_alive = True
+            client = message["params"].get("clientInfo", {}).get("name")
+            version = message["params"]["protocolVersion"]
             result = {
-                "protocolVersion": message["params"]["protocolVersion"],
+                "protocolVersion": version + "\u00e9" if client == "bad-version" else version,
                 "capabilities": {"tools": {}},
                 "serverInfo": {"name": "http-recorder", "version": "0"},
             }
             # As a load balancer pinning the session to a replica would (each later request must carry it).
-            client = message["params"].get("clientInfo", {}).get("name")
             session = "rec-\u00e9" if client == "bad-session-id" else SESSION
             self._result(request_id, result, Mcp_Session_Id=session, Set_Cookie=f"{AFFINITY}; Path=/")
         elif method == "recorder/requests":

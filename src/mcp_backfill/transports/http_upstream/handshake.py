@@ -30,7 +30,8 @@ from mcp_backfill.transports.http_upstream.settings import describe_transport_er
 
 log = get_logger("http")
 
-# What a session id may hold (visible ASCII, 0x21-0x7E): anything else cannot go back in a header.
+# What a session id may hold (visible ASCII, 0x21-0x7E): anything else cannot go back in a header
+# (nor can a protocol version that holds it).
 _VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
 
 
@@ -69,8 +70,11 @@ class HandshakeLeg:
         return False  # the server learns of it from the `notifications/cancelled` POSTed as it is
 
     def answered(self, method: str, result: dict[str, Any]) -> None:
-        if method == protocol.INITIALIZE and isinstance(result.get("protocolVersion"), str):
-            self.protocol_version = result["protocolVersion"]
+        """The version `initialize` negotiated goes back in a header on every later request: kept
+        only when it can be one (else the client, which gets it too, is left to judge it)."""
+        version = result.get("protocolVersion")
+        if method == protocol.INITIALIZE and isinstance(version, str) and _VISIBLE_ASCII.fullmatch(version):
+            self.protocol_version = version
 
     async def post_one_way(self, body: bytes, items: list[Any]) -> None:
         what = describe_one_way(items)
