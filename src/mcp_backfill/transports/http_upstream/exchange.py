@@ -322,7 +322,7 @@ class ExchangeReader:
             return exchange.failure
         where = display_url(self.url)
         if 300 <= status < 400:
-            location = self._redirect_target(response.headers.get("location", ""))
+            location = self._redact(redirect_target(self.url, response.headers.get("location", "")))
             return (
                 f"The upstream redirected the request (HTTP {status}) to {location}; "
                 "give that URL as --upstream-url"
@@ -335,17 +335,6 @@ class ExchangeReader:
             return f"Upstream server error: HTTP {status} {response.reason_phrase} from {where}: {text}"
         hint = " (check --upstream-header)" if status in (401, 403) else ""
         return f"The upstream refused the request: HTTP {status} {response.reason_phrase}{hint}: {text}"
-
-    def _redirect_target(self, location: str) -> str:
-        """Where a redirect points, for the error: resolved against the upstream URL, its credentials
-        (a password, a token in the query, which a redirect keeps) hidden."""
-        if not location:
-            return "nowhere"
-        try:
-            target = str(self.url.join(location))
-        except httpx2.InvalidURL:
-            return "an invalid location"
-        return self._redact(hide_url_credentials(target))
 
     def _unreachable(self, exc: httpx2.TransportError, method: str) -> str:
         reason = describe_transport_error(exc)
@@ -405,18 +394,13 @@ class ExchangeReader:
         """POST a notification or response (the server acknowledges it with 202 and no body); None
         (logged) when the upstream cannot be reached."""
         timeout = httpx2.Timeout(self.settings.connect_timeout, read=self.settings.one_way_timeout)
-        request = self.http.build_request("POST", self.url, content=body, headers=headers, timeout=timeout)
         try:
-            response = await self.http.send(request, stream=True)
-            try:
-                return await acknowledgement(response, self.settings.one_way_timeout)
-            finally:
-                await response.aclose()
-        except httpx2.DecodingError as exc:
-            log.warning(
-                "the upstream's answer to a message does not decode",
-                extra={"message": what, "error": describe_transport_error(exc)},
-            )
+            async with self.http.stream(
+                "POST", self.url, content=body, headers=headers, timeout=timeout
+            ) as answer:
+                return await acknowledgement(answer, self.settings.one_way_timeout)
+        except httpx2.DecodingError as exc:  # delivered; only its acknowledgement does not decode
+            log.warning("upstream acknowledgement garbled", extra={"error": describe_transport_error(exc)})
             return None
         except httpx2.TransportError as exc:
             self.failed = True
@@ -469,6 +453,17 @@ async def read_limited(response: httpx2.Response, limit: int) -> Payload:
             too_large = MessageTooLarge.from_bytes(bytes(body), limit)
             body.clear()
     return too_large or bytes(body)
+
+
+def redirect_target(url: httpx2.URL, location: str) -> str:
+    """Where a redirect from `url` points, for an error: resolved against it, with its credentials
+    (a password, a token in the query, which a redirect keeps) hidden."""
+    if not location:
+        return "nowhere"
+    try:
+        return hide_url_credentials(str(url.join(location)))
+    except httpx2.InvalidURL:
+        return "an invalid location"
 
 
 def media_type(response: httpx2.Response) -> str:
