@@ -7,6 +7,7 @@ tests/servers/http_recorder.py (scriptable failures, and a record of every HTTP 
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 import tempfile
@@ -15,6 +16,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2
 import pytest
 from mcp import Client, types
@@ -458,3 +460,199 @@ async def test_upstream_headers_arrive_and_the_api_key_never_does(fake_claude: F
     assert status == 0
     assert "upstream-tok-42" not in log
     assert TEST_API_KEY not in log
+
+
+async def test_credentials_in_the_upstream_url_go_with_every_request() -> None:
+    """`--upstream-url http://user:password@host/mcp` is sent as Basic authentication on every request,
+    the message POSTs too (the lean transport's POSTs went without it: every one got a 401), and the
+    password reaches neither the log nor the client."""
+    async with recorder() as (upstream, recorded):
+        url = upstream.url.replace("http://", "http://alice:url-pass-0123456789@")
+        argv = proxy_url_argv("--provider", "mock", "--log-level", "debug", url=url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            answer = await session.request(2, "tools/list")
+            await session.close_stdin()
+            await session.wait()
+            log = session.stderr()
+        entries = recorded()
+    assert answer["result"] == {"method": "tools/list"}
+    expected = "Basic " + base64.b64encode(b"alice:url-pass-0123456789").decode()
+    assert sorted(entry["verb"] for entry in entries) == ["DELETE", "GET", "POST", "POST", "POST"]
+    assert [entry["headers"].get("authorization") for entry in entries] == [expected] * len(entries)
+    assert "url-pass-0123456789" not in log
+
+
+async def test_a_redirect_names_its_target_without_the_urls_credentials() -> None:
+    """A redirect keeps the request's query (Starlette's `/mcp` -> `/mcp/`): the error the client gets
+    names where it points without the token given in the query, or a password."""
+    secret = "query-secret-0123456789"
+    async with recorder() as (upstream, _):
+        url = upstream.url.replace("http://", "http://alice:url-pass-0123456789@") + f"?api_key={secret}"
+        argv = proxy_url_argv("--provider", "mock", url=url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            redirected = await session.request(2, "fail/redirect")
+            await session.close_stdin()
+            await session.wait()
+            log = session.stderr()
+    message = redirected["error"]["message"]
+    assert "HTTP 307" in message
+    assert upstream.url + "/" in message
+    assert "--upstream-url" in message
+    for leaked in (secret, "url-pass-0123456789"):
+        assert leaked not in message
+        assert leaked not in log
+
+
+async def test_a_request_the_upstream_has_polled_for_is_answered_however_many_polls_it_takes() -> None:
+    """A server may close a request's stream after a priming event and have the client poll with
+    `Last-Event-ID`, each poll another priming event (2025-11-25, as the SDK's `close_sse_stream`):
+    every poll that reopens the stream counts as one that worked, so a long request is not given up
+    after three of them (`reconnect_attempts` counts failed reconnections)."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            answer = await session.request(2, "poll/answer", {"polls": 6})
+        polls = [
+            entry for entry in recorded() if entry["headers"].get("last-event-id", "").startswith("poll-")
+        ]
+    assert answer.get("result") == {"polls": 6}, answer
+    assert len(polls) == 6
+
+
+async def test_a_garbled_compressed_answer_to_the_sessions_end_is_a_warning_not_a_crash() -> None:
+    """An answer whose `Content-Encoding` does not decode is the upstream's failure like a broken
+    connection (httpx2 raises it as no transport error): the DELETE ending the session only warns,
+    and the proxy exits cleanly instead of with a traceback."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            assert (await session.request(2, "session/garble-close"))["result"] == {}
+            await session.close_stdin()
+            status = await session.wait()
+            log = session.stderr()
+        verbs = [entry["verb"] for entry in recorded()]
+    assert verbs[-1] == "DELETE"
+    assert "Traceback" not in log
+    assert "could not end the upstream session" in log
+    assert status == 0
+
+
+async def test_a_session_id_mcp_does_not_allow_fails_the_initialize_with_a_clear_error() -> None:
+    """A session id must be visible ASCII (0x21-0x7E); one that is not cannot be sent back (every
+    later request failed as an internal error, and the DELETE ending the session ended the proxy
+    with a traceback): the `initialize` gets an error naming it, and the proxy exits cleanly."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            params = initialize_params()
+            params["clientInfo"]["name"] = "bad-session-id"
+            refused = await session.request(1, "initialize", params)
+            await session.close_stdin()
+            status = await session.wait()
+            log = session.stderr()
+        verbs = [entry["verb"] for entry in recorded()]
+    assert refused["error"]["code"] == -32603
+    assert "Mcp-Session-Id" in refused["error"]["message"]
+    assert "Traceback" not in log
+    assert verbs == ["POST"]
+    assert status == 0
+
+
+async def test_a_stream_whose_event_ids_are_not_ascii_is_resumed() -> None:
+    """An SSE event id is any text; resuming sends it back in `Last-Event-ID` as UTF-8 (as browsers
+    do) instead of failing the request with an internal error (a header cannot hold it as text)."""
+    async with recorder() as (upstream, _):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            answer = await session.request(2, "poll/answer", {"polls": 2, "label": "poll\u00e9\u2603"})
+            await session.close_stdin()
+            await session.wait()
+            log = session.stderr()
+    assert answer.get("result") == {"polls": 2}, answer
+    assert "Traceback" not in log
+
+
+async def test_a_notification_answered_with_an_endless_stream_does_not_hold_up_what_follows() -> None:
+    """A notification is acknowledged by its answer's head: a server answering one with an SSE stream
+    that never ends (pings keep it within the read timeout) held every later client message back
+    for as long as it lasted, the body being read to its end."""
+    async with recorder() as (upstream, _):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            await session.send({"jsonrpc": "2.0", "method": "notifications/stream-forever"})
+            after = await session.request(2, "anything/else")
+    assert after["result"] == {"method": "anything/else"}
+
+
+async def test_a_cancelled_request_is_no_longer_polled_for() -> None:
+    """Once the client cancels a request, nothing is owed for it: a server having the proxy poll for
+    it (a new priming event on every reconnection) is not polled any more."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            await session.send(
+                {"jsonrpc": "2.0", "id": 2, "method": "poll/answer", "params": {"polls": 100000}}
+            )
+
+            def polls() -> int:
+                resumed = [entry["headers"].get("last-event-id", "") for entry in recorded()]
+                return sum(1 for event_id in resumed if event_id.startswith("poll"))
+
+            with anyio.fail_after(15):
+                while polls() < 3:
+                    await anyio.sleep(0.05)
+            cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}}
+            await session.send(cancel)
+            assert (await session.request(3, "anything/else"))["result"] == {"method": "anything/else"}
+            await anyio.sleep(0.5)  # a poll under way when the cancellation came ends
+            settled = polls()
+            await anyio.sleep(0.5)  # 25 more polls, were they still made (`retry: 20`)
+            assert polls() == settled
+
+
+@pytest.mark.parametrize("digits", [400, 5000])
+async def test_an_sse_retry_of_any_size_is_taken(digits: int) -> None:
+    """`retry:` is any run of digits: one too large for a float (400 of them), or for Python to read
+    as a number (5,000), is taken as the longest wait the proxy allows, not an internal error for
+    the request whose stream carried it."""
+    async with recorder() as (upstream, _):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            answer = await session.request(2, "sse/retry", {"retry": "9" * digits})
+            await session.close_stdin()
+            await session.wait()
+            log = session.stderr()
+    assert answer.get("result") == {}, answer
+    assert "Traceback" not in log
+
+
+async def test_a_protocol_version_that_cannot_be_a_header_is_not_sent_back() -> None:
+    """The version `initialize` negotiated goes back in `MCP-Protocol-Version`: one that cannot be a
+    header (not visible ASCII) is relayed for the client to judge but not sent back, instead of
+    failing every later request as an internal error and ending the proxy with a traceback."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            params = initialize_params()
+            params["clientInfo"]["name"] = "bad-version"
+            init = await session.request(1, "initialize", params)
+            await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            after = await session.request(2, "anything/else")
+            await session.close_stdin()
+            status = await session.wait()
+            log = session.stderr()
+        entries = recorded()
+    assert init["result"]["protocolVersion"] == "2025-11-25\u00e9"
+    assert after["result"] == {"method": "anything/else"}
+    assert "Traceback" not in log
+    assert status == 0
+    assert entries[-1]["verb"] == "DELETE"
+    assert all("mcp-protocol-version" not in entry["headers"] for entry in entries)

@@ -6,8 +6,10 @@ line per HTTP request to RECORD_FILE: `{"verb", "headers", "body", "peer"}` (hea
 `peer`: the client's port, which tells the TCP connections apart).
 
 It speaks just enough of the handshake era for a client to get through `initialize` (session
-`rec-session-1`, with a `Set-Cookie: lb=replica-7` as a sticky load balancer sends), and answers
-these methods (by the JSON-RPC method of the POSTed request):
+`rec-session-1`, with a `Set-Cookie: lb=replica-7` as a sticky load balancer sends; a client named
+`bad-session-id` gets one MCP does not allow, `rec-\u00e9`, not visible ASCII; one named
+`bad-version` the protocol version `2025-11-25\u00e9`), and answers these methods (by the JSON-RPC
+method of the POSTed request):
 
 * `recorder/requests`: result `{"requests": [...]}`, everything recorded so far;
 * `fail/500`: HTTP 500, text body `database on fire`;
@@ -16,13 +18,25 @@ these methods (by the JSON-RPC method of the POSTed request):
   servers do);
 * `fail/jsonrpc-400`: HTTP 400 with a JSON-RPC error `-32602 bad params from server` as the body;
 * `fail/hang-up`: closes the connection without answering;
+* `fail/redirect`: HTTP 307 to the same URL with a slash after its path (its query kept), as
+  Starlette's `redirect_slashes` answers;
 * `big/json` and `big/sse` (`params.size`): a result padded to about that many bytes, as a JSON body
   or as the data of one SSE event after a notification;
 * `bad/sse`: an SSE stream whose one event is the answer with a byte that is no UTF-8 (not JSON);
+* `poll/answer` (`params.polls`): an SSE stream holding only a priming event (an id, `retry: 20`,
+  empty data), then its end, as a server that has the client poll for a long-running request
+  (2025-11-25); each GET resuming it with `Last-Event-ID` gets the next priming event and its end,
+  and the `polls`-th one the result `{"polls": <polls>}` (with `params.label`, the event ids start
+  with it instead of `poll`: any text, which travels back in `Last-Event-ID` as UTF-8);
+* `sse/retry` (`params.retry`, a string): result `{}` as an SSE event whose `retry:` field is that;
+* `session/garble-close`: result `{}`; the DELETE that ends the session is then answered with a body
+  that says `Content-Encoding: gzip` and is not;
 * `session/forget`: result `{}`, then the session is unknown (every later request gets HTTP 404);
 * anything else: result `{"method": <method>}`.
 
-Notifications and responses get 202; GET gets 405; DELETE ends the session (200).
+Notifications and responses get 202, except the notification `notifications/stream-forever`: an
+SSE stream of pings that does not end (for a minute) as a broken server may answer one; GET gets
+405; DELETE ends the session (200).
 """
 
 from __future__ import annotations
@@ -30,6 +44,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -44,6 +59,7 @@ class State:
         self.lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
         self.session_alive = True
+        self.garble_close = False
 
     def record(self, entry: dict[str, Any]) -> None:
         with self.lock:
@@ -82,12 +98,40 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self._record(None)
+        # http.server reads a header's bytes as Latin-1; an event id goes back as UTF-8.
+        resumed = self.headers.get("last-event-id", "").encode("latin-1").decode("utf-8", "replace")
+        if resumed.startswith("poll"):
+            label, polls, done, request_id = resumed.split("-", 3)
+            if int(done) + 1 < int(polls):
+                priming = _priming(label, int(polls), int(done) + 1, request_id)
+                self._reply(200, priming, "text/event-stream")
+            else:
+                answer = {"jsonrpc": "2.0", "id": json.loads(request_id), "result": {"polls": int(polls)}}
+                self._reply(200, f"data: {json.dumps(answer)}\n\n".encode(), "text/event-stream")
+            return
         self._reply(405, b"", Allow="POST, DELETE")
 
     def do_DELETE(self) -> None:
         self._record(None)
         self.state.session_alive = False
+        if self.state.garble_close:
+            self._reply(200, b"not gzip", Content_Encoding="gzip")
+            return
         self._reply(200, b"{}")
+
+    def _ping_for_a_minute(self) -> None:
+        self.close_connection = True
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        deadline = time.monotonic() + 60
+        try:
+            while time.monotonic() < deadline:
+                self.wfile.write(b": ping\n\n")
+                self.wfile.flush()
+                time.sleep(0.2)
+        except OSError:
+            pass  # the client closed the stream
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", "0"))
@@ -98,18 +142,24 @@ class Handler(BaseHTTPRequestHandler):
             self._reply(404, b"Session not found", "text/plain")
             return
         if "id" not in message or method is None:
+            if method == "notifications/stream-forever":
+                self._ping_for_a_minute()
+                return
             self._reply(202)
             return
         request_id = message["id"]
         if method == "initialize":
             self.state.session_alive = True
+            client = message["params"].get("clientInfo", {}).get("name")
+            version = message["params"]["protocolVersion"]
             result = {
-                "protocolVersion": message["params"]["protocolVersion"],
+                "protocolVersion": version + "\u00e9" if client == "bad-version" else version,
                 "capabilities": {"tools": {}},
                 "serverInfo": {"name": "http-recorder", "version": "0"},
             }
             # As a load balancer pinning the session to a replica would (each later request must carry it).
-            self._result(request_id, result, Mcp_Session_Id=SESSION, Set_Cookie=f"{AFFINITY}; Path=/")
+            session = "rec-\u00e9" if client == "bad-session-id" else SESSION
+            self._result(request_id, result, Mcp_Session_Id=session, Set_Cookie=f"{AFFINITY}; Path=/")
         elif method == "recorder/requests":
             with self.state.lock:
                 self._result(request_id, {"requests": list(self.state.requests)})
@@ -123,6 +173,10 @@ class Handler(BaseHTTPRequestHandler):
         elif method == "fail/jsonrpc-400":
             error = {"code": -32602, "message": "bad params from server"}
             self._reply(400, json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode())
+        elif method == "fail/redirect":
+            path, mark, query = self.path.partition("?")
+            location = f"http://{self.headers['host']}{path}/{mark}{query}"
+            self._reply(307, b"", "text/plain", Location=location)
         elif method == "fail/hang-up":
             self.close_connection = True
             self.connection.shutdown(2)
@@ -140,11 +194,27 @@ class Handler(BaseHTTPRequestHandler):
         elif method == "bad/sse":
             head = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {"text": ""}})[:-3]
             self._reply(200, b"data: " + head.encode() + b'"\xff"}}\n\n', "text/event-stream")
+        elif method == "poll/answer":
+            label = message["params"].get("label", "poll")
+            priming = _priming(label, int(message["params"]["polls"]), 0, json.dumps(request_id))
+            self._reply(200, priming, "text/event-stream")
+        elif method == "sse/retry":
+            answer = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {}})
+            stream = f"retry: {message['params']['retry']}\ndata: {answer}\n\n".encode()
+            self._reply(200, stream, "text/event-stream")
+        elif method == "session/garble-close":
+            self.state.garble_close = True
+            self._result(request_id, {})
         elif method == "session/forget":
             self._result(request_id, {})
             self.state.session_alive = False
         else:
             self._result(request_id, {"method": method})
+
+
+def _priming(label: str, polls: int, done: int, request_id: str) -> bytes:
+    """A priming event of `poll/answer`: its id says how far the polling got, and for which request."""
+    return f"id: {label}-{polls}-{done}-{request_id}\nretry: 20\ndata:\n\n".encode()
 
 
 def main() -> None:

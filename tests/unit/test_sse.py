@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mcp_backfill.errors import MessageTooLarge
-from mcp_backfill.transports.http_upstream.sse import SseDecoder, SseEvent
+from mcp_backfill.transports.http_upstream.sse import RETRY_LIMIT, SseDecoder, SseEvent
 
 STREAM = (
     b": ping\r\n\r\n"
@@ -88,3 +88,9 @@ def test_an_oversized_line_ended_by_a_lone_cr_at_a_read_boundary_still_ends() ->
     events = decode_all(SseDecoder(10), [b"data: " + b"x" * 40, b"yy\r", b"\r", b"data: small\r\r", b":\n"])
     assert [type(event.data) for event in events] == [MessageTooLarge, bytes]
     assert events[1].data == b"small"
+
+
+@pytest.mark.parametrize("digits", [b"86400001", b"9" * 400, b"9" * 5000])
+def test_a_retry_past_a_day_counts_as_a_day(digits: bytes) -> None:
+    [event] = SseDecoder(100).feed(b"retry: " + digits + b"\ndata: x\n\n")
+    assert (event.data, event.retry) == (b"x", RETRY_LIMIT)

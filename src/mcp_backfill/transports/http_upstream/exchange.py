@@ -17,6 +17,7 @@ import anyio
 import httpx2
 
 from mcp_backfill import jsonrpc, protocol
+from mcp_backfill.credentials import hide_url_credentials
 from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import Redactor, get_logger
 from mcp_backfill.transports.http_upstream.headers import ToolHeaderMaps
@@ -190,7 +191,7 @@ class ExchangeReader:
         try:
             if head is None or head(response, exchange):
                 await self._take_response(response, exchange)
-        except httpx2.TransportError as exc:
+        except httpx2.RequestError as exc:  # a broken connection, or a body that does not decode
             exchange.dropped = describe_transport_error(exc)
             log.info("upstream response stream broke off", extra={"error": exchange.dropped})
         finally:
@@ -228,8 +229,8 @@ class ExchangeReader:
             for event in decoder.feed(chunk):
                 if event.id is not None:
                     cursor.last_event_id = event.id or None
-                if event.retry is not None:
-                    cursor.retry = event.retry / 1000
+                if event.retry is not None:  # waited out up to the longest silence a stream may keep
+                    cursor.retry = min(event.retry / 1000, self.settings.read_timeout)
                 if event.event != "message" or event.data == b"":
                     continue  # priming events carry only an id
                 if await on_event(event.data):
@@ -324,9 +325,9 @@ class ExchangeReader:
             return exchange.failure
         where = display_url(self.url)
         if 300 <= status < 400:
-            location = response.headers.get("location", "")
+            location = self._redact(redirect_target(self.url, response.headers.get("location", "")))
             return (
-                f"The upstream redirected the request (HTTP {status}) to {location or 'nowhere'}; "
+                f"The upstream redirected the request (HTTP {status}) to {location}; "
                 "give that URL as --upstream-url"
             )
         log.warning(
@@ -361,9 +362,13 @@ class ExchangeReader:
         """Reconnect a request's stream with `Last-Event-ID` until it answers or attempts run out.
 
         `open_stream` GETs the stream from the exchange's cursor; False when it found the session gone.
+        A reconnection that brought a message or a new event id worked: a server that has the client
+        poll (2025-11-25) sends a priming event on each reconnection and closes the stream again
+        until the answer is ready. Only reconnections in a row that brought neither count against
+        `reconnect_attempts`. A request the client cancelled is owed nothing: it is not resumed.
         """
         attempts = 0
-        while exchange.expected and attempts < self.settings.reconnect_attempts:
+        while exchange.expected and not exchange.abandoned and attempts < self.settings.reconnect_attempts:
             await anyio.sleep(exchange.cursor.retry or self.settings.reconnect_delay)
             progress = False
 
@@ -375,7 +380,9 @@ class ExchangeReader:
             log.info(
                 "resuming an upstream stream", extra={"request_id": exchange.origin, "attempt": attempts + 1}
             )
+            resumed_from = exchange.cursor.last_event_id
             outcome = await open_stream(exchange.cursor, on_event)
+            progress = progress or exchange.cursor.last_event_id != resumed_from
             if outcome == "expired":
                 return False
             if outcome == "unsupported":
@@ -386,12 +393,18 @@ class ExchangeReader:
 
     # -- notifications and responses -------------------------------------------------------------
 
-    async def post_one_way(self, body: bytes, headers: dict[str, str], what: str) -> httpx2.Response | None:
+    async def post_one_way(self, body: bytes, headers: dict[str, str], what: str) -> Acknowledgement | None:
         """POST a notification or response (the server acknowledges it with 202 and no body); None
         (logged) when the upstream cannot be reached."""
         timeout = httpx2.Timeout(self.settings.connect_timeout, read=self.settings.one_way_timeout)
         try:
-            return await self.http.post(self.url, content=body, headers=headers, timeout=timeout)
+            async with self.http.stream(
+                "POST", self.url, content=body, headers=headers, timeout=timeout
+            ) as answer:
+                return await acknowledgement(answer, self.settings.one_way_timeout)
+        except httpx2.DecodingError as exc:  # delivered; only its acknowledgement does not decode
+            log.warning("upstream acknowledgement garbled", extra={"error": describe_transport_error(exc)})
+            return None
         except httpx2.TransportError as exc:
             self.failed = True
             log.error(
@@ -399,6 +412,35 @@ class ExchangeReader:
                 extra={"message": what, "error": describe_transport_error(exc)},
             )
             return None
+
+
+@dataclass(frozen=True)
+class Acknowledgement:
+    """How the upstream answered a notification or response: its status, and the start of its body."""
+
+    status_code: int
+    body: bytes = b""
+
+    @property
+    def is_success(self) -> bool:
+        return 200 <= self.status_code < 300
+
+
+async def acknowledgement(response: httpx2.Response, wait: float) -> Acknowledgement:
+    """The acknowledgement `response` makes, once its head is in: its body is read (for the error it
+    may explain, or to reuse the connection) up to `ERROR_BODY_LIMIT` bytes and `wait` seconds, and
+    an SSE stream, which nothing here is owed on, not at all. The message's sender waits for this:
+    a body that does not end (a stream of pings) held every later message back for as long as it
+    lasted."""
+    if response.is_success and media_type(response) == protocol.SSE_TYPE:
+        return Acknowledgement(response.status_code)
+    body = bytearray()
+    with anyio.move_on_after(wait):
+        async for chunk in body_chunks(response):
+            body += chunk
+            if len(body) > ERROR_BODY_LIMIT:
+                break
+    return Acknowledgement(response.status_code, bytes(body[:ERROR_BODY_LIMIT]))
 
 
 async def read_limited(response: httpx2.Response, limit: int) -> Payload:
@@ -416,6 +458,17 @@ async def read_limited(response: httpx2.Response, limit: int) -> Payload:
     return too_large or bytes(body)
 
 
+def redirect_target(url: httpx2.URL, location: str) -> str:
+    """Where a redirect from `url` points, for an error: resolved against it, with its credentials
+    (a password, a token in the query, which a redirect keeps) hidden."""
+    if not location:
+        return "nowhere"
+    try:
+        return hide_url_credentials(str(url.join(location)))
+    except httpx2.InvalidURL:
+        return "an invalid location"
+
+
 def media_type(response: httpx2.Response) -> str:
     return response.headers.get("content-type", "").partition(";")[0].strip().lower()
 
@@ -431,10 +484,10 @@ def describe_one_way(items: list[Any]) -> str:
     return "message"
 
 
-def log_refused(response: httpx2.Response, what: str) -> None:
+def log_refused(answer: Acknowledgement, what: str) -> None:
     log.warning(
         "upstream refused a message",
-        extra={"message": what, "status": response.status_code, "body": preview(response.content)},
+        extra={"message": what, "status": answer.status_code, "body": preview(answer.body)},
     )
 
 

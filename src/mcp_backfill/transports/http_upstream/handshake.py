@@ -7,6 +7,7 @@ response stream is resumed; a 404 means the server forgot the session; DELETE en
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import anyio
@@ -28,6 +29,10 @@ from mcp_backfill.transports.http_upstream.exchange import (
 from mcp_backfill.transports.http_upstream.settings import describe_transport_error, display_url
 
 log = get_logger("http")
+
+# What a session id may hold (visible ASCII, 0x21-0x7E): anything else cannot go back in a header
+# (nor can a protocol version that holds it).
+_VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
 
 
 class HandshakeLeg:
@@ -65,8 +70,11 @@ class HandshakeLeg:
         return False  # the server learns of it from the `notifications/cancelled` POSTed as it is
 
     def answered(self, method: str, result: dict[str, Any]) -> None:
-        if method == protocol.INITIALIZE and isinstance(result.get("protocolVersion"), str):
-            self.protocol_version = result["protocolVersion"]
+        """The version `initialize` negotiated goes back in a header on every later request: kept
+        only when it can be one (else the client, which gets it too, is left to judge it)."""
+        version = result.get("protocolVersion")
+        if method == protocol.INITIALIZE and isinstance(version, str) and _VISIBLE_ASCII.fullmatch(version):
+            self.protocol_version = version
 
     async def post_one_way(self, body: bytes, items: list[Any]) -> None:
         what = describe_one_way(items)
@@ -118,6 +126,14 @@ class HandshakeLeg:
             return False
         if exchange.method == protocol.INITIALIZE and response.is_success:
             session = response.headers.get(protocol.SESSION_HEADER)
+            if session and not _VISIBLE_ASCII.fullmatch(session):
+                exchange.failure = (
+                    f"The upstream ({display_url(self._reader.url)}) opened a session whose "
+                    "Mcp-Session-Id is not visible ASCII (0x21-0x7E, as MCP requires), "
+                    "so it cannot be sent back"
+                )
+                log.error("upstream sent an invalid session id", extra={"url": display_url(self._reader.url)})
+                return False
             if session:
                 self.session_id = session
                 log.info("upstream session opened", extra={"url": display_url(self._reader.url)})
@@ -156,7 +172,7 @@ class HandshakeLeg:
         headers.update(self._session_headers(session))
         try:
             response = await self._reader.http.delete(self._reader.url, headers=headers, timeout=wait)
-        except httpx2.TransportError as exc:
+        except httpx2.RequestError as exc:
             log.warning("could not end the upstream session", extra={"error": describe_transport_error(exc)})
             return
         if response.status_code == 405:
@@ -174,10 +190,13 @@ class HandshakeLeg:
         "ended" (it was open, then closed or broke off), "failed" or "refused" (it never opened),
         "unsupported" (405: the server has no GET stream), "expired" (404: the session is gone).
         """
-        headers = self._reader.base_headers(protocol.SSE_TYPE)
-        headers.update(self._session_headers(self.session_id))
+        fields = self._reader.base_headers(protocol.SSE_TYPE)
+        fields.update(self._session_headers(self.session_id))
+        headers = [(name.encode("ascii"), value.encode("ascii")) for name, value in fields.items()]
         if cursor.last_event_id is not None:
-            headers[protocol.LAST_EVENT_ID_HEADER] = cursor.last_event_id
+            # An event id is any text: it goes back as UTF-8, as browsers send it (a header given
+            # as text must be ASCII, which failed the request for an id that is not).
+            headers.append((protocol.LAST_EVENT_ID_HEADER.encode(), cursor.last_event_id.encode()))
         opened = False
         try:
             async with self._reader.http.stream("GET", self._reader.url, headers=headers) as response:
@@ -192,7 +211,7 @@ class HandshakeLeg:
                 opened = True
                 await self._reader.read_events(response, cursor, on_event)
                 return "ended"
-        except httpx2.TransportError as exc:
+        except httpx2.RequestError as exc:
             log.debug(
                 "upstream stream failed", extra={"error": describe_transport_error(exc), "opened": opened}
             )

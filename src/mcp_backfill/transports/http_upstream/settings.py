@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import http.cookiejar
 import ssl
 import urllib.request
@@ -120,7 +121,7 @@ class _MessageHead:
     ) -> _MessageHead | None:
         """From the request the client builds for a one-byte body, whose length httpx2 puts last;
         None when the headers name a length themselves (it would not be the body's)."""
-        merged = _merged(http, headers)
+        merged = _merged(http, url, headers)
         if "content-length" in merged:
             return None
         outgoing = Outgoing.of(httpx2.Request("POST", url, headers=merged, content=b"-"), b"-")
@@ -194,21 +195,26 @@ async def post_message(
         request = httpx2.Request(
             "POST",
             url,
-            headers=_merged(http, headers),
+            headers=_merged(http, url, headers),
             cookies=http.cookies or None,
             content=body,
             extensions={"timeout": timeouts},
         )
         response = await http.lean.handle_async_request(request)
     if "set-cookie" in response.headers:  # into the jar, as the client's own `send` does
-        response.request = request or httpx2.Request("POST", url, headers=_merged(http, headers))
+        response.request = request or httpx2.Request("POST", url, headers=_merged(http, url, headers))
         http.cookies.extract_cookies(response)
     return response
 
 
-def _merged(http: httpx2.AsyncClient, headers: Mapping[str, str]) -> httpx2.Headers:
+def _merged(http: httpx2.AsyncClient, url: httpx2.URL, headers: Mapping[str, str]) -> httpx2.Headers:
+    """The headers the client's own `send` would put on a request to `url`: its defaults, `headers`,
+    and the Basic credentials of a URL that carries them (`user:password@`), as its auth flow does."""
     merged = http.headers.copy()
     merged.update(headers)
+    if url.username or url.password:
+        userpass = f"{url.username}:{url.password}".encode()
+        merged["authorization"] = f"Basic {base64.b64encode(userpass).decode()}"
     return merged
 
 
@@ -233,7 +239,9 @@ def display_url(url: httpx2.URL | str) -> str:
     return f"{parsed.scheme}://{parsed.host}{port}{parsed.path}"
 
 
-def describe_transport_error(exc: httpx2.TransportError) -> str:
+def describe_transport_error(exc: httpx2.RequestError) -> str:
+    """What went wrong on the way to or from the upstream: a transport error, or an answer whose
+    `Content-Encoding` does not decode (which httpx2 raises as no transport error)."""
     if isinstance(exc, httpx2.ConnectTimeout):
         return "timed out connecting"
     if isinstance(exc, httpx2.ReadTimeout):
@@ -241,6 +249,8 @@ def describe_transport_error(exc: httpx2.TransportError) -> str:
     if isinstance(exc, httpx2.TimeoutException):
         return f"timed out ({type(exc).__name__})"
     reason = str(exc) or type(exc).__name__
+    if isinstance(exc, httpx2.DecodingError):
+        return f"the answer's Content-Encoding does not decode ({reason})"
     if isinstance(exc, httpx2.ConnectError):
         return f"cannot connect ({reason})"
     return reason

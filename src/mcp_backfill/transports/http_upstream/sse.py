@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from mcp_backfill.errors import MessageTooLarge
 
 BOM = b"\xef\xbb\xbf"  # U+FEFF in UTF-8
+# The longest `retry:` reported, in milliseconds (a day): a longer one, however many digits it has
+# (Python reads no more than 4,300 as a number), counts as this.
+RETRY_LIMIT = 86_400_000
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,7 @@ class SseDecoder:
                 self._id = value.decode("utf-8", errors="replace")
                 self._pending = True
         elif name == b"retry" and value.isdigit():
-            self._retry = int(value)
+            self._retry = min(int(value), RETRY_LIMIT) if len(value) <= 9 else RETRY_LIMIT
             self._pending = True
         return None
 

@@ -155,7 +155,7 @@ class StatelessLeg:
                         await on_event(payload)
                 else:
                     log.warning(f"the proxy's own {method} failed", extra={"status": response.status_code})
-        except httpx2.TransportError as exc:
+        except httpx2.RequestError as exc:
             log.warning(f"the proxy's own {method} failed", extra={"error": describe_transport_error(exc)})
         result = found[0].get("result") if found else None
         return result if isinstance(result, dict) else None
