@@ -373,6 +373,23 @@ async def test_an_upstream_error_page_quoting_the_credential_reaches_the_client_
     assert secret not in stderr
 
 
+async def test_an_upstream_jsonrpc_error_quoting_the_credential_reaches_the_client_redacted() -> None:
+    """A 4xx answer shaped as a JSON-RPC error was relayed as the upstream sent it: one quoting the
+    `--upstream-header` credential handed the operator's secret to the client (text error pages
+    were redacted already)."""
+    secret = "upstream-credential-0123456789"
+    async with recorder() as (upstream, _):
+        header = f"Authorization: Bearer {secret}"
+        argv = proxy_url_argv("--provider", "mock", "--upstream-header", header, url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            refused = await session.request(2, "fail/echo-auth-jsonrpc")
+            plain = await session.request(3, "fail/jsonrpc-400")
+    assert refused["error"]["code"] == -32001
+    assert refused["error"]["message"] == "bad credentials: ***"
+    assert plain["error"] == {"code": -32602, "message": "bad params from server"}  # as sent
+
+
 async def test_oversized_upstream_answers_become_errors_for_their_requests() -> None:
     async with recorder() as (upstream, _):
         argv = proxy_url_argv("--provider", "mock", "--max-message-bytes", "4096", url=upstream.url)

@@ -16,6 +16,8 @@ method of the POSTed request):
 * `fail/teapot`: HTTP 418, text body `short and stout`;
 * `fail/echo-auth`: HTTP 401, a text body quoting the `Authorization` header it was sent (as careless
   servers do);
+* `fail/echo-auth-jsonrpc`: HTTP 401 with a JSON-RPC error whose message quotes the `Authorization`
+  header it was sent;
 * `fail/jsonrpc-400`: HTTP 400 with a JSON-RPC error `-32602 bad params from server` as the body;
 * `fail/hang-up`: closes the connection without answering;
 * `fail/redirect`: HTTP 307 to the same URL with a slash after its path (its query kept), as
@@ -170,6 +172,9 @@ class Handler(BaseHTTPRequestHandler):
         elif method == "fail/echo-auth":
             quoted = f"bad credentials: {self.headers.get('authorization')}"
             self._reply(401, quoted.encode(), "text/plain")
+        elif method == "fail/echo-auth-jsonrpc":
+            error = {"code": -32001, "message": f"bad credentials: {self.headers.get('authorization')}"}
+            self._reply(401, json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode())
         elif method == "fail/jsonrpc-400":
             error = {"code": -32602, "message": "bad params from server"}
             self._reply(400, json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode())
