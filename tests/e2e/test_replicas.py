@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -457,3 +458,88 @@ async def test_sampling_is_refused_while_redis_is_down_and_resumes_after(fake_cl
         assert after.error is None
         assert after.tool()["text"]
     assert "state store available again" in replica.stderr()
+
+
+async def _fake_replica(
+    port: int, seen: list[bytes], *, answer: bool
+) -> Callable[[], Coroutine[Any, Any, None]]:
+    """A listener, bound now and served by what this returns. It answers `/readyz` (so HAProxy keeps it
+    up) and reads every other request whole; then answers it (`answer`), or closes the connection
+    without an answer, like a replica killed while it ran the request."""
+
+    async def serve(stream: Any) -> None:
+        async with stream:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                try:
+                    data += await stream.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    return
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = re.search(rb"(?im)^content-length: *(\d+)", head)
+            while length and len(body) < int(length[1]):  # the whole request, as a replica reads it
+                try:
+                    body += await stream.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    return
+            line = head.split(b"\r\n", 1)[0]
+            if line.startswith(b"GET /readyz ") or answer:
+                await stream.send(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+            if not line.startswith(b"GET /readyz "):
+                seen.append(line)
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port)
+
+    async def run() -> None:
+        await listener.serve(serve)
+
+    return run
+
+
+async def _post_in_one_write(port: int, body: bytes) -> bytes:
+    """A POST to /mcp sent in one write (as a client sending a small request does; HAProxy can only
+    retry a request it holds whole), and the answer, read until the connection closes."""
+    head = f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+    head += f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    answer = b""
+    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+        await stream.send(head.encode() + body)
+        with anyio.fail_after(HTTP_TIMEOUT):
+            while True:
+                try:
+                    answer += await stream.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    return answer
+
+
+async def test_a_request_a_replica_took_then_died_on_is_not_sent_to_another() -> None:
+    """HAProxy retries on another replica only a request no replica got (connection refused): one
+    that a replica read and then died on may have run a tool and been billed by Claude, so sending
+    it again would run and bill it twice."""
+    front_port, ports = free_port(), [free_port() for _ in range(3)]
+    seen: list[bytes] = []
+    async with anyio.create_task_group() as tg:
+        for port in ports:
+            tg.start_soon(await _fake_replica(port, seen, answer=False))
+        async with haproxy(front_port, ports):
+            call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "bill_me"}}
+            for n in range(3):  # one request per replica, whichever comes first in the round robin
+                answer = await _post_in_one_write(front_port, json.dumps(call).encode())
+                assert answer.startswith(b"HTTP/1.1 502 "), answer
+                assert seen == [b"POST /mcp HTTP/1.1"] * (n + 1), seen
+        tg.cancel_scope.cancel()
+
+
+async def test_a_request_goes_to_another_replica_when_one_refuses_the_connection() -> None:
+    """The retry that stays: a replica that is gone (nothing listens) costs the client nothing."""
+    front_port, gone, *ports = [free_port() for _ in range(4)]
+    seen: list[bytes] = []
+    async with anyio.create_task_group() as tg:
+        for port in ports:
+            tg.start_soon(await _fake_replica(port, seen, answer=True))
+        async with haproxy(front_port, [gone, *ports]), httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http:
+            for _ in range(6):  # round robin: two of them are first sent to the replica that is gone
+                response = await http.post(f"http://127.0.0.1:{front_port}/mcp", json={})
+                assert response.status_code == 200, response.text
+        tg.cancel_scope.cancel()
+    assert seen == [b"POST /mcp HTTP/1.1"] * 6
