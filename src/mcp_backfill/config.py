@@ -254,11 +254,13 @@ class Config:
                 "client for the budgets."
             )
         self._check_client_tokens()
-        if not is_loopback(self.host) and self.auth_token is None and not self.allow_unauthenticated:
+        authenticates = self.auth_token is not None or bool(self.client_tokens)
+        if not is_loopback(self.host) and not authenticates and not self.allow_unauthenticated:
             raise ConfigError(
                 f"refusing to serve on {self.host}, which is not a loopback address, without a bearer "
-                f"token: set {named('--auth-token')}, or {named('--allow-unauthenticated')} if something in "
-                "front of the proxy authenticates clients"
+                f"token: set {named('--auth-token')} (or named tokens, {named('--client-tokens')}), or "
+                f"{named('--allow-unauthenticated')} if something in front of the proxy authenticates "
+                "clients"
             )
 
     def _check_client_tokens(self) -> None:

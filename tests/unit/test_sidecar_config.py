@@ -85,6 +85,23 @@ def test_non_loopback_is_allowed_with_a_token_or_the_explicit_flag() -> None:
     )
 
 
+def test_non_loopback_is_allowed_with_named_client_tokens_alone() -> None:
+    """Named tokens authenticate every caller as well as the shared one does (and `--auth-token` may
+    stay beside them, docs/limits.md): refusing to serve without the shared one forced a token
+    nobody is charged by name for, or `--allow-unauthenticated`."""
+    env = KEY | {"MCP_BACKFILL_CLIENT_TOKENS": f"alice={TOKEN}"}
+    config = parse_config(["serve", "--host", "0.0.0.0", "--", "s"], env)
+    assert (config.host, config.auth_token, config.allow_unauthenticated) == ("0.0.0.0", None, False)
+    assert [entry.name for entry in config.client_tokens] == ["alice"]
+
+
+def test_the_refusal_to_serve_unauthenticated_names_every_way_out() -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_config(["serve", "--host", "0.0.0.0", "--", "s"], KEY)
+    for name in ("--auth-token", "--client-tokens", "MCP_BACKFILL_CLIENT_TOKENS", "--allow-unauthenticated"):
+        assert name in str(refused.value)
+
+
 @pytest.mark.parametrize(
     ("host", "loopback"),
     [
