@@ -687,6 +687,70 @@ async def test_sigterm_drains_requests_in_flight(tmp_path: Path) -> None:
     assert "draining" in sidecar.stderr()
 
 
+async def test_a_request_in_flight_that_waits_for_the_client_finishes_during_the_drain() -> None:
+    """A request in flight may need the client's answer (sampling the client does itself, an
+    elicitation): the client POSTs it on a new connection. The listening socket closed at the
+    first signal, so that answer was refused and the request, which the drain was meant to let
+    finish, failed; it stays open now while requests are in flight (new sessions get 503)."""
+    capabilities: dict[str, Any] = {"sampling": {}}
+    async with (
+        run_sidecar(
+            "--provider", "mock", "--mode", "fallback", upstream=SAMPLING_SERVER, env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        opened = await http.post(
+            sidecar.url, json=initialize_body(capabilities=capabilities), headers=HANDSHAKE_HEADERS
+        )
+        assert opened.status_code == 200, opened.text
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": opened.headers["mcp-session-id"]}
+        ack = await http.post(
+            sidecar.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers
+        )
+        assert ack.status_code == 202, ack.text
+        params = {"messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}], "maxTokens": 5}
+        tool_call = call(
+            2, "tools/call", {"name": "sample_raw", "arguments": {"params_json": json.dumps(params)}}
+        )
+        messages: list[Any] = []
+        async with http.stream("POST", sidecar.url, json=tool_call, headers=headers) as stream:
+            assert stream.status_code == 200
+            data: list[str] = []
+            async for line in stream.aiter_lines():
+                if line.startswith("data:"):
+                    data.append(line[5:].strip())
+                elif not line and data and "".join(data):
+                    message = json.loads("\n".join(data))
+                    data = []
+                    messages.append(message)
+                    if message.get("method") == "sampling/createMessage":
+                        sidecar.signal(signal.SIGTERM)
+                        await wait_until(lambda: "draining" in sidecar.stderr())
+                        await anyio.sleep(1)  # (the socket used to close within 0.1 s)
+                        answer = {
+                            "role": "assistant",
+                            "content": {"type": "text", "text": "the client's own answer"},
+                            "model": "client-model",
+                        }
+                        async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as fresh:  # a new connection
+                            refused = await fresh.post(
+                                sidecar.url, json=initialize_body(), headers=HANDSHAKE_HEADERS
+                            )
+                            assert refused.status_code == 503
+                            answered = await fresh.post(
+                                sidecar.url,
+                                json={"jsonrpc": "2.0", "id": message["id"], "result": answer},
+                                headers=headers,
+                            )
+                            assert answered.status_code == 202, answered.text
+                    if message.get("id") == 2 and "method" not in message:
+                        break
+        assert await sidecar.wait() == 0
+    [result] = [m for m in messages if m.get("id") == 2 and "method" not in m]
+    sampled = json.loads(result["result"]["content"][0]["text"])
+    assert sampled["result"]["content"]["text"] == "the client's own answer"
+
+
 async def test_ids_json_rpc_does_not_allow_neither_fail_a_request_nor_end_the_session() -> None:
     """An object or array id used to be unhashable: a request with one got a 500, and a response
     POSTed with one ended the session (its next request got 404). Such a request now gets 400 (see

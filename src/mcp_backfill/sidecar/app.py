@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+import anyio
 from starlette.types import Message, Receive, Scope, Send
 
 from mcp_backfill import __version__, protocol
@@ -63,6 +64,8 @@ class SidecarApp:
         self.stateless = stateless
         self.metrics = metrics
         self.readiness = readiness
+        self._in_flight = 0
+        self._idle: anyio.Event | None = None
 
     @property
     def draining(self) -> bool:
@@ -77,9 +80,24 @@ class SidecarApp:
             session.router.get_stream.finish()
         self.stateless.hubs.end_listens()
 
+    async def wait_idle(self) -> None:
+        """Until no HTTP request is being answered (while draining: none is left in flight)."""
+        while self._in_flight:
+            self._idle = anyio.Event()
+            await self._idle.wait()
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
+        self._in_flight += 1
+        try:
+            await self._answer(scope, receive, send)
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight and self._idle is not None:
+                self._idle.set()
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> None:
         status = 0
 
         async def recording_send(message: Message) -> None:

@@ -2,10 +2,13 @@
 
 The listening socket is bound here (so `--port 0` can log the port it got), then handed to uvicorn,
 whose own signal handling is replaced by ours. On SIGTERM or SIGINT the sidecar drains: new sessions
-and requests are refused, the streams that never end by themselves (standalone GET streams,
-2026-07-28 `subscriptions/listen`) end, uvicorn stops accepting connections and waits up to
-`--drain-timeout` seconds for the requests in flight to finish; then every session is closed and
-every upstream stopped. A second signal skips the wait.
+and 2026-07-28 requests are refused (503, and `/readyz` says so), the streams that never end by
+themselves (standalone GET streams, 2026-07-28 `subscriptions/listen`) end, and the requests in flight
+get up to `--drain-timeout` seconds to finish. Meanwhile connections are still accepted: a request in
+flight may wait for its client's answer (sampling the client does itself, an elicitation), which the
+client POSTs on a new connection. Once nothing is in flight (or the time is up) uvicorn stops
+accepting connections and cancels what is left; then every session is closed and every upstream
+stopped. A second signal skips the wait.
 """
 
 from __future__ import annotations
@@ -197,7 +200,7 @@ async def run_sidecar(config: Config) -> int:
         async with auditing(audit), spend.upkeep(), anyio.create_task_group() as tg:
             sessions.start(tg)
             hubs.start(tg)
-            tg.start_soon(_watch_signals, server, app)
+            tg.start_soon(_watch_signals, server, app, config.drain_timeout)
             url = f"http://{_url_host(config.host)}:{port}/mcp"
             log.info(
                 "serving streamable HTTP",
@@ -227,19 +230,31 @@ async def run_sidecar(config: Config) -> int:
     return 0
 
 
-async def _watch_signals(server: _Server, app: SidecarApp) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-        async for signum in signals:
-            if app.draining:
-                log.info("second signal: not waiting for requests in flight")
-                server.force_exit = True
-                continue
-            log.info(
-                "signal received; draining requests in flight",
-                extra={"signal": signal.Signals(signum).name},
-            )
-            app.drain()
-            server.should_exit = True
+async def _watch_signals(server: _Server, app: SidecarApp, drain_timeout: float) -> None:
+    async with anyio.create_task_group() as tg:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async for signum in signals:
+                if app.draining:
+                    log.info("second signal: not waiting for requests in flight")
+                    server.force_exit = True
+                    server.should_exit = True
+                    continue
+                log.info(
+                    "signal received; draining requests in flight",
+                    extra={"signal": signal.Signals(signum).name},
+                )
+                app.drain()
+                tg.start_soon(_stop_when_idle, server, app, drain_timeout)
+
+
+async def _stop_when_idle(server: _Server, app: SidecarApp, drain_timeout: float) -> None:
+    """Stop accepting connections once no request is in flight, or `drain_timeout` is over; uvicorn
+    then cancels the requests still running when the rest of the time is up."""
+    deadline = anyio.current_time() + drain_timeout
+    with anyio.move_on_after(drain_timeout):
+        await app.wait_idle()
+    server.config.timeout_graceful_shutdown = math.ceil(max(0.0, deadline - anyio.current_time()))
+    server.should_exit = True
 
 
 class Readiness:
