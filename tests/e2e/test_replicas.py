@@ -461,11 +461,11 @@ async def test_sampling_is_refused_while_redis_is_down_and_resumes_after(fake_cl
 
 
 async def _fake_replica(
-    port: int, seen: list[bytes], *, answer: bool
+    port: int, seen: list[bytes], *, status: int | None
 ) -> Callable[[], Coroutine[Any, Any, None]]:
     """A listener, bound now and served by what this returns. It answers `/readyz` (so HAProxy keeps it
-    up) and reads every other request whole; then answers it (`answer`), or closes the connection
-    without an answer, like a replica killed while it ran the request."""
+    up) and reads every other request whole; then answers it with `status`, or (None) closes the
+    connection without an answer, like a replica killed while it ran the request."""
 
     async def serve(stream: Any) -> None:
         async with stream:
@@ -483,10 +483,12 @@ async def _fake_replica(
                 except (anyio.EndOfStream, anyio.BrokenResourceError):
                     return
             line = head.split(b"\r\n", 1)[0]
-            if line.startswith(b"GET /readyz ") or answer:
-                await stream.send(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+            code = 200 if line.startswith(b"GET /readyz ") else status
+            if code is not None:
+                await stream.send(b"HTTP/1.1 %d -\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok" % code)
             if not line.startswith(b"GET /readyz "):
-                seen.append(line)
+                session = re.search(rb"(?im)^mcp-session-id: *(\S+)", head)
+                seen.append(line + (b" in " + session[1] if session else b""))
 
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port)
 
@@ -496,10 +498,11 @@ async def _fake_replica(
     return run
 
 
-async def _post_in_one_write(port: int, body: bytes) -> bytes:
+async def _post_in_one_write(port: int, body: bytes, session: str = "") -> bytes:
     """A POST to /mcp sent in one write (as a client sending a small request does; HAProxy can only
     retry a request it holds whole), and the answer, read until the connection closes."""
     head = f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+    head += f"Mcp-Session-Id: {session}\r\n" if session else ""
     head += f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     answer = b""
     async with await anyio.connect_tcp("127.0.0.1", port) as stream:
@@ -520,7 +523,7 @@ async def test_a_request_a_replica_took_then_died_on_is_not_sent_to_another() ->
     seen: list[bytes] = []
     async with anyio.create_task_group() as tg:
         for port in ports:
-            tg.start_soon(await _fake_replica(port, seen, answer=False))
+            tg.start_soon(await _fake_replica(port, seen, status=None))
         async with haproxy(front_port, ports):
             call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "bill_me"}}
             for n in range(3):  # one request per replica, whichever comes first in the round robin
@@ -536,10 +539,38 @@ async def test_a_request_goes_to_another_replica_when_one_refuses_the_connection
     seen: list[bytes] = []
     async with anyio.create_task_group() as tg:
         for port in ports:
-            tg.start_soon(await _fake_replica(port, seen, answer=True))
+            tg.start_soon(await _fake_replica(port, seen, status=200))
         async with haproxy(front_port, [gone, *ports]), httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http:
             for _ in range(6):  # round robin: two of them are first sent to the replica that is gone
                 response = await http.post(f"http://127.0.0.1:{front_port}/mcp", json={})
                 assert response.status_code == 200, response.text
         tg.cancel_scope.cancel()
     assert seen == [b"POST /mcp HTTP/1.1"] * 6
+
+
+async def test_a_request_a_draining_replica_refused_goes_to_another() -> None:
+    """A replica answers 503 only for what it refused before doing anything: a new session or a
+    2026-07-28 request while it drains (it keeps accepting connections for the requests in flight),
+    a full `--max-sessions`. HAProxy sends such a request to another replica, as it does one whose
+    connection was refused, instead of failing it during the second before the health check sees
+    the replica go."""
+    front_port, refusing, *ports = [free_port() for _ in range(4)]
+    refused: list[bytes] = []
+    served: list[bytes] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(await _fake_replica(refusing, refused, status=503))
+        for port in ports:
+            tg.start_soon(await _fake_replica(port, served, status=200))
+        async with haproxy(front_port, [refusing, *ports]):
+            for _ in range(6):  # round robin: two of them are first sent to the refusing replica
+                answer = await _post_in_one_write(front_port, b"{}")
+                assert answer.startswith(b"HTTP/1.1 200 "), answer
+            assert refused
+            assert served == [b"POST /mcp HTTP/1.1"] * 6
+            # A session's request stays where the session is: another replica would answer 404 and
+            # end the session, whose requests in flight the draining replica is finishing.
+            refused.clear()
+            answers = [await _post_in_one_write(front_port, b"{}", f"s{n}") for n in range(6)]
+        tg.cancel_scope.cancel()
+    assert sorted(refused + served[6:]) == sorted(f"POST /mcp HTTP/1.1 in s{n}".encode() for n in range(6))
+    assert sum(answer.startswith(b"HTTP/1.1 503 ") for answer in answers) == len(refused) > 0
