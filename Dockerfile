@@ -39,8 +39,9 @@ USER 10001:10001
 EXPOSE 8080
 
 # Only what the image has: the standard library's urllib. Non-2xx or no answer -> exit 1 -> unhealthy.
+# Never through an HTTP_PROXY the container's egress may use: a proxy cannot reach our loopback.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=10s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('MCP_BACKFILL_PORT', '8080') + '/healthz', timeout=4)"]
+    CMD ["python", "-c", "import os, urllib.request as u; u.build_opener(u.ProxyHandler({})).open('http://127.0.0.1:' + os.environ.get('MCP_BACKFILL_PORT', '8080') + '/healthz', timeout=4)"]
 
 ENTRYPOINT ["mcp-backfill"]
 CMD ["serve"]

@@ -57,8 +57,8 @@ def status_server(status: int) -> Iterator[tuple[int, list[str]]]:
         server.server_close()
 
 
-def run_healthcheck(port: int) -> int:
-    env = {"PATH": os.environ["PATH"], "MCP_BACKFILL_PORT": str(port)}
+def run_healthcheck(port: int, **more: str) -> int:
+    env = {"PATH": os.environ["PATH"], "MCP_BACKFILL_PORT": str(port), **more}
     return subprocess.run(
         image_healthcheck(), env=env, capture_output=True, timeout=30, check=False
     ).returncode
@@ -78,6 +78,16 @@ def test_healthcheck_fails_on_an_unhealthy_answer() -> None:
 
 def test_healthcheck_fails_when_nothing_listens() -> None:
     assert run_healthcheck(free_port()) != 0
+
+
+def test_healthcheck_asks_the_sidecar_itself_whatever_the_proxy_variables_say() -> None:
+    """A container whose egress goes through an HTTP proxy (`HTTP_PROXY`, without `127.0.0.1` in
+    `NO_PROXY`) had its healthcheck sent to that proxy, which cannot reach the container's loopback:
+    the sidecar was reported unhealthy while it served."""
+    with status_server(503) as (proxy_port, proxied), status_server(200) as (port, paths):
+        proxy = f"http://127.0.0.1:{proxy_port}"
+        assert run_healthcheck(port, http_proxy=proxy, HTTP_PROXY=proxy, ALL_PROXY=proxy) == 0
+    assert (paths, proxied) == (["/healthz"], [])
 
 
 @contextmanager
