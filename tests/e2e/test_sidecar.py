@@ -751,6 +751,40 @@ async def test_a_request_in_flight_that_waits_for_the_client_finishes_during_the
     assert sampled["result"]["content"]["text"] == "the client's own answer"
 
 
+async def test_a_second_signal_stops_waiting_for_requests_in_flight(tmp_path: Path) -> None:
+    upstream = [*CHATTY_SERVER, str(tmp_path)]
+    async with (
+        run_sidecar(
+            "--provider", "mock", "--drain-timeout", "120", upstream=upstream, env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+        long_call = call(2, "tools/call", {"name": "sleep", "arguments": {"seconds": 600, "note": "long"}})
+
+        ended: list[Any] = []
+
+        async def long() -> None:
+            try:
+                response = await http.post(sidecar.url, json=long_call, headers=headers)
+                ended.append(response_to(response, 2))
+            except httpx2.HTTPError as exc:  # cut off
+                ended.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(long)
+            await wait_until(lambda: (tmp_path / "sleeping-long").exists())
+            sidecar.signal(signal.SIGTERM)
+            await wait_until(lambda: "draining" in sidecar.stderr())
+            # Draining, and still accepting connections for the request in flight.
+            assert (await http.get(f"{sidecar.base}/readyz")).status_code == 503
+            sidecar.signal(signal.SIGTERM)
+            assert await sidecar.wait() == 0
+        [outcome] = ended
+        assert not isinstance(outcome, dict) or "error" in outcome, outcome  # not answered by the tool
+    assert "second signal" in sidecar.stderr()
+
+
 async def test_ids_json_rpc_does_not_allow_neither_fail_a_request_nor_end_the_session() -> None:
     """An object or array id used to be unhashable: a request with one got a 500, and a response
     POSTed with one ended the session (its next request got 404). Such a request now gets 400 (see
