@@ -40,8 +40,10 @@ EXPOSE 8080
 
 # Only what the image has: the standard library's urllib. Non-2xx or no answer -> exit 1 -> unhealthy.
 # Never through an HTTP_PROXY the container's egress may use: a proxy cannot reach our loopback.
+# /healthz is Host-checked too: it sends the first name of MCP_BACKFILL_ALLOWED_HOSTS when that is
+# set (the list replaces the loopback names), `name:*` with the port.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=10s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request as u; u.build_opener(u.ProxyHandler({})).open('http://127.0.0.1:' + os.environ.get('MCP_BACKFILL_PORT', '8080') + '/healthz', timeout=4)"]
+    CMD ["python", "-c", "import os, urllib.request as u; p = os.environ.get('MCP_BACKFILL_PORT', '8080'); h = [n.strip() for n in os.environ.get('MCP_BACKFILL_ALLOWED_HOSTS', '').split(',') if n.strip() not in ('', '*')] or ['127.0.0.1:' + p]; h = h[0][:-1] + p if h[0].endswith(':*') else h[0]; u.build_opener(u.ProxyHandler({})).open(u.Request('http://127.0.0.1:' + p + '/healthz', headers={'Host': h}), timeout=4)"]
 
 ENTRYPOINT ["mcp-backfill"]
 CMD ["serve"]

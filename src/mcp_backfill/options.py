@@ -995,9 +995,10 @@ OPTIONS: tuple[Option, ...] = (
         "allowed_hosts",
         "--allowed-hosts",
         (),
-        "comma-separated Host header values accepted on /mcp (DNS-rebinding protection); 'name:*' allows "
-        "any port, '*' any host",
-        "`Host` values accepted on `/mcp`; `name:*` allows any port, `*` any host",
+        "comma-separated Host header values accepted on every path, /mcp, /healthz, /readyz and /metrics "
+        "(DNS-rebinding protection); 'name:*' allows any port, '*' any host",
+        "`Host` values accepted on every path (`/mcp`, `/healthz`, `/readyz`, `/metrics`); `name:*` allows "
+        "any port, `*` any host",
         parse=split_list,
         metavar="LIST",
         command="serve",
@@ -1007,10 +1008,11 @@ OPTIONS: tuple[Option, ...] = (
         "allowed_origins",
         "--allowed-origins",
         (),
-        "comma-separated Origin header values accepted on /mcp (and given CORS, for browser pages); "
-        "'scheme://name:*' allows any port, '*' any origin; requests without Origin are always accepted",
-        "`Origin` values accepted on `/mcp` (and given CORS, for browser pages); requests without "
-        "`Origin` are always accepted",
+        "comma-separated Origin header values accepted on every path (and given CORS on /mcp, for browser "
+        "pages); 'scheme://name:*' allows any port, '*' any origin; requests without Origin are always "
+        "accepted",
+        "`Origin` values accepted on every path (and given CORS on `/mcp`, for browser pages); requests "
+        "without `Origin` are always accepted",
         parse=split_list,
         metavar="LIST",
         command="serve",

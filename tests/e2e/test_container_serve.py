@@ -74,12 +74,13 @@ def sidecar_env(fake_url: str, port: int, upstream_url: str, secrets: Path) -> d
     return env
 
 
-def healthcheck(port: int) -> int:
+def healthcheck(port: int, **more: str) -> int:
+    """The image's HEALTHCHECK, in the container's environment (`more`: what else it sets)."""
     [instruction] = [
         i for i in final_stage(parse_dockerfile(DOCKERFILE.read_text())) if i.keyword == "HEALTHCHECK"
     ]
     command = [sys.executable, *healthcheck_command(instruction)[1:]]
-    env = {"PATH": "/usr/bin:/bin", "MCP_BACKFILL_PORT": str(port)}
+    env = {"PATH": "/usr/bin:/bin", "MCP_BACKFILL_PORT": str(port), **more}
     return subprocess.run(command, env=env, capture_output=True, timeout=30, check=False).returncode
 
 
@@ -116,6 +117,20 @@ async def test_the_image_command_serves_the_compose_stack(fake_claude: FakeClaud
     assert len(fake_claude.message_requests) == 1
     assert TEST_API_KEY not in log
     assert TOKEN not in log
+
+
+@pytest.mark.parametrize("allowed", ["mcp-backfill:{port}", "mcp-backfill:*", "gateway.example:{port},*"])
+async def test_the_healthcheck_passes_the_host_check_the_operator_configured(allowed: str) -> None:
+    """Clients of a container reach it by a name (compose service, network alias), which the
+    operator lists in MCP_BACKFILL_ALLOWED_HOSTS as docs/container.md says; that list replaces the
+    loopback names, and the healthcheck's `Host: 127.0.0.1:8080` got 403: unhealthy while serving."""
+    port = free_port()
+    hosts = allowed.format(port=port)
+    env = proxy_env(MCP_BACKFILL_PORT=str(port), MCP_BACKFILL_ALLOWED_HOSTS=hosts)
+    async with run_sidecar("--provider", "mock", "--upstream-url", "http://127.0.0.1:9/mcp", env=env):
+        assert (
+            await anyio.to_thread.run_sync(lambda: healthcheck(port, MCP_BACKFILL_ALLOWED_HOSTS=hosts)) == 0
+        )
 
 
 def can_unshare_network() -> bool:
