@@ -321,7 +321,7 @@ class ExchangeReader:
         body = await read_limited(response, ERROR_BODY_LIMIT)
         text = self._redact(preview(body.head if isinstance(body, MessageTooLarge) else body))
         if 400 <= status < 500 and not isinstance(body, MessageTooLarge) and _is_jsonrpc_answer(body):
-            await self._take_answer(exchange, self._redact_answer(body))
+            await self._take_answer(exchange, _redacted(self._redact, body))
             return exchange.failure
         where = display_url(self.url)
         if 300 <= status < 400:
@@ -338,13 +338,6 @@ class ExchangeReader:
             return f"Upstream server error: HTTP {status} {response.reason_phrase} from {where}: {text}"
         hint = " (check --upstream-header)" if status in (401, 403) else ""
         return f"The upstream refused the request: HTTP {status} {response.reason_phrase}{hint}: {text}"
-
-    def _redact_answer(self, body: bytes) -> bytes:
-        """A refusal's JSON-RPC answer, the proxy's secrets (an `--upstream-header` credential it
-        may quote) masked; its bytes as sent when it holds none."""
-        text = body.decode("utf-8", "replace")
-        redacted = self._redact(text)
-        return body if redacted == text else redacted.encode()
 
     def _unreachable(self, exc: httpx2.TransportError, method: str) -> str:
         reason = describe_transport_error(exc)
@@ -510,3 +503,11 @@ def _is_jsonrpc_answer(body: bytes) -> bool:
     return (
         isinstance(message, dict) and "method" not in message and ("error" in message or "result" in message)
     )
+
+
+def _redacted(redact: Callable[[str], str], body: bytes) -> bytes:
+    """A refusal's JSON-RPC answer with the proxy's secrets (an `--upstream-header` credential it
+    may quote) masked; its bytes as sent when it holds none."""
+    text = body.decode("utf-8", "replace")
+    masked = redact(text)
+    return body if masked == text else masked.encode()
