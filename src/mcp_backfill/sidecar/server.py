@@ -126,6 +126,7 @@ async def run_sidecar(config: Config) -> int:
         allowed_origins=config.allowed_origins or default_allowed_origins(),
         tokens=client_credentials(config),
         forward_authorization=config.forward_authorization,
+        metrics_token=config.metrics_token.value if config.metrics_token is not None else None,
     )
     if not policy.authenticates:
         reason = "--allow-unauthenticated" if config.allow_unauthenticated else "no --auth-token"
