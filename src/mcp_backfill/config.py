@@ -65,6 +65,7 @@ SECRET_ENV_VARS = (
     "ANTHROPIC_API_KEY",
     "ANTHROPIC_AUTH_TOKEN",
     option("auth_token").env,
+    option("metrics_token").env,
     "MCP_BACKFILL_VERTEX_ACCESS_TOKEN",
     "AWS_BEARER_TOKEN_BEDROCK",
 )
@@ -176,6 +177,7 @@ class Config:
     port: int = DEFAULTS["port"]  # 0: any free port (logged at startup)
     auth_token: Secret | None = DEFAULTS["auth_token"]
     client_tokens: tuple[ClientToken, ...] = field(default=DEFAULTS["client_tokens"], repr=False)
+    metrics_token: Secret | None = DEFAULTS["metrics_token"]
     allow_unauthenticated: bool = DEFAULTS["allow_unauthenticated"]
     # Empty: the defaults for the bound address (loopback names with the bound port).
     allowed_hosts: tuple[str, ...] = DEFAULTS["allowed_hosts"]
@@ -268,13 +270,15 @@ class Config:
         tokens = [entry.token.value for entry in self.client_tokens]
         if self.auth_token is not None:
             tokens.append(self.auth_token.value)
+        if self.metrics_token is not None:
+            tokens.append(self.metrics_token.value)
         duplicate = next((name for name in names if names.count(name) > 1), None)
         if duplicate is not None:
             raise ConfigError(f"{named('--client-tokens')}: the client name {duplicate!r} appears twice")
         if len(set(tokens)) != len(tokens):
             raise ConfigError(
-                f"{named('--client-tokens')}: two clients (or a client and {named('--auth-token')}) share a "
-                "token"
+                f"{named('--client-tokens')}: two clients (or a client and {named('--auth-token')} or "
+                f"{named('--metrics-token')}) share a token"
             )
         short = next((entry.name for entry in self.client_tokens if len(entry.token.value) < 16), None)
         if short is not None:
@@ -300,6 +304,7 @@ class Config:
         held = (
             self.api_key,
             self.auth_token,
+            self.metrics_token,
             self.vertex_access_token,
             *self.platform_secrets,
             *(entry.token for entry in self.client_tokens),

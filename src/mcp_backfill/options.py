@@ -968,6 +968,20 @@ OPTIONS: tuple[Option, ...] = (
         command="serve",
     ),
     Option(
+        "metrics_token",
+        "--metrics-token",
+        None,
+        "bearer token /metrics needs instead of a client's: /metrics names every client and what it "
+        "spent, which no client then reads; prefer the environment variable",
+        "bearer token `/metrics` needs instead of a client's (at least 16 characters): `/metrics` names "
+        "every client and what it spent, which no client then reads",
+        parse=secret_or_none,
+        secret=True,
+        checks=(min_length(16),),
+        metavar="TOKEN",
+        command="serve",
+    ),
+    Option(
         "client_tokens",
         "--client-tokens",
         (),
@@ -1173,6 +1187,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "port",
             "auth_token",
             "client_tokens",
+            "metrics_token",
             "allow_unauthenticated",
             "forward_authorization",
             "allowed_hosts",
@@ -1189,7 +1204,15 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 FILE_FORM: frozenset[str] = frozenset(
-    {"upstream_headers", "state_store", "request_state_key", "api_headers", "auth_token", "client_tokens"}
+    {
+        "upstream_headers",
+        "state_store",
+        "request_state_key",
+        "api_headers",
+        "auth_token",
+        "client_tokens",
+        "metrics_token",
+    }
 )
 """The options whose variable may instead name a file holding the value, `<VARIABLE>_FILE`
 (`config.SECRET_FILE_VARIABLES` adds the credentials that are variables only)."""

@@ -190,3 +190,32 @@ async def test_one_client_cannot_churn_sessions_for_everyone(tmp_path: Path) -> 
         assert "at most 3 a minute for client 'alice' (--client-session-rate)" in refused.text
         assert await open_session(http, sidecar.url, {"authorization": f"Bearer {BOB}"})
     assert sidecar.stderr().count("session opened") == 4  # the refused one started no upstream
+
+
+async def test_with_a_metrics_token_no_client_reads_the_others_names_and_spend(tmp_path: Path) -> None:
+    """`/metrics` took any client's token, and it names every client and what each has spent: one
+    client could watch all the others. With `--metrics-token` only that token reads it (and it is
+    no client token: `/mcp` refuses it)."""
+    scraper = "prometheus-token-0123456789abcdef"
+    env = proxy_env(
+        MCP_BACKFILL_CLIENT_TOKENS_FILE=str(token_file(tmp_path)), MCP_BACKFILL_METRICS_TOKEN=scraper
+    )
+    options = ("--provider", "mock", "--client-budget-tokens", "1000")
+    async with (
+        run_sidecar(*options, upstream=SAMPLING_SERVER, env=env) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        bobs = await open_session(http, sidecar.url, {"authorization": f"Bearer {BOB}"})
+        await plain(http, sidecar, BOB, bobs, 1)
+        metrics = f"{sidecar.base}/metrics"
+        as_alice = await http.get(metrics, headers={"authorization": f"Bearer {ALICE}"})
+        assert as_alice.status_code == 401
+        assert "--metrics-token" in as_alice.text
+        assert "bob" not in as_alice.text
+        scraped = await http.get(metrics, headers={"authorization": f"Bearer {scraper}"})
+        assert scraped.status_code == 200
+        assert 'client="bob"' in scraped.text
+        as_client_of_mcp = await http.post(sidecar.url, json=initialize_body(), headers=as_client(scraper))
+        assert as_client_of_mcp.status_code == 401
+        stderr = sidecar.stderr()
+    assert scraper not in stderr

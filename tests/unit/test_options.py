@@ -250,6 +250,7 @@ SECRET_OPTIONS = {
     "api_headers",
     "auth_token",
     "client_tokens",
+    "metrics_token",
     "state_store",
     "request_state_key",
 }

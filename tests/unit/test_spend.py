@@ -186,6 +186,16 @@ def test_a_call_that_ended_early_is_charged_its_input_and_its_whole_output_reser
     assert charged(attempt, lambda c: c.report(usage(10, 1500))) == usage(10, 1500)
 
 
+def test_a_counter_the_end_of_the_stream_lowers_keeps_its_highest_value() -> None:
+    """Claude's counters are cumulative: `message_delta` repeats or raises `message_start`'s. Some
+    gateways in front of Claude send `input_tokens: 0` at the end, and the call was charged no input
+    at all; a counter now never goes down within an attempt."""
+    ended = usage(0, 20, 0, 0)
+    assert charged(
+        attempt, lambda c: c.report(usage(5000, 1, 30, 40)), lambda c: c.report(ended, final=True)
+    ) == (usage(5000, 20, 30, 40))
+
+
 def test_a_call_nothing_was_heard_of_is_charged_its_whole_reservation() -> None:
     assert charged(attempt) == usage(100, 1000)
 

@@ -197,3 +197,27 @@ async def test_a_release_the_store_missed_is_kept_only_while_its_lease_may_be_he
             while link.unsettled:
                 await anyio.sleep(0.01)
     assert await used(store) == 5
+
+
+async def test_settlements_still_missed_at_exit_are_told_to_the_operator(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A process ending while the store is down dropped the settlements it had missed without a
+    word: their reservations lapse and are charged whole, but what the calls cost beyond that is
+    lost, and the operator never knew."""
+    store = SwitchableStore()
+    spend = ledger(store)
+    with caplog.at_level("ERROR", logger="mcp_backfill"):
+        async with spend.upkeep():
+            async with spend.admit(None) as ticket, ticket.call(Reservation(0, 100)) as charge:
+                charge.begin_attempt()
+                charge.report({"input_tokens": 130}, final=True)
+                store.down = True
+            with anyio.fail_after(5):
+                while spend.link.unsettled == 0:
+                    await anyio.sleep(0.01)
+    [record] = [r for r in caplog.records if hasattr(r, "unsettled")]
+    assert record.levelname == "ERROR"
+    assert getattr(record, "unsettled", None) == 1
+    assert getattr(record, "tokens", None) == 130
+    assert getattr(record, "store", None) == "redis://ledger:6379/0"

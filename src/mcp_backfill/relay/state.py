@@ -80,11 +80,13 @@ class RelayState:
     warned_versions: set[str] = field(default_factory=set)
 
     def check_version(self, version: str) -> None:
-        """Warn once per session about a revision this proxy does not know (its traffic passes untouched)."""
+        """Warn once per session about a revision this proxy does not know: an `initialize` of it still
+        gets sampling declared; a stateless request of it passes untouched."""
         if version in protocol.SUPPORTED_VERSIONS or version in self.warned_versions:
             return
         self.warned_versions.add(version)
         log.warning(
-            "protocol revision not supported by this proxy version; its traffic passes through untouched",
+            "protocol revision not known to this proxy version; sampling is still declared at "
+            "initialize, and its stateless requests pass through untouched",
             extra={"protocol_version": version},
         )

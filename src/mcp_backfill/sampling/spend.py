@@ -305,8 +305,10 @@ class Charge:
 
     def report(self, usage: Mapping[str, int], *, final: bool = False) -> None:
         if self.attempts:
-            counts = self.attempts[-1].usage = normalize_usage(usage)
-            self.attempts[-1].final = final
+            attempt, counts = self.attempts[-1], normalize_usage(usage)
+            if attempt.usage is not None:  # cumulative counters: one that went down is not believed
+                counts = {key: max(value, attempt.usage[key]) for key, value in counts.items()}
+            attempt.usage, attempt.final = counts, final
             if sum(counts[key] for key in INPUT_KEYS) > sum(self.known_input.values()):
                 self.known_input = {key: counts[key] for key in INPUT_KEYS}
 

@@ -188,6 +188,16 @@ class StoreLink:
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(SETTLE_TIMEOUT_SECONDS):
                 await self._flush()
+            if self._unsettled:
+                log.error(
+                    "state store unavailable at exit: settlements lost; their reservations lapse and "
+                    "are charged whole, what the calls cost beyond that is not counted",
+                    extra={
+                        "unsettled": len(self._unsettled),
+                        "tokens": sum(tokens for _, _, tokens in self._unsettled),
+                        "store": self.store.description,
+                    },
+                )
             with anyio.CancelScope(shield=True):
                 await self.store.aclose()
 

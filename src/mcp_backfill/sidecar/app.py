@@ -40,6 +40,11 @@ MCP_PATHS = ("/mcp", "/mcp/")
 LABELLED_METHODS = frozenset({"GET", "HEAD", "POST", "DELETE", "OPTIONS", "PUT", "PATCH"})
 UNAUTHORIZED_HEADERS = [(b"www-authenticate", b'Bearer realm="mcp-backfill"')]
 BAD_TOKEN_HEADERS = [(b"www-authenticate", b'Bearer realm="mcp-backfill", error="invalid_token"')]
+REFUSED = "Unauthorized: this mcp-backfill needs 'Authorization: Bearer <token>' (MCP_BACKFILL_AUTH_TOKEN)"
+REFUSED_METRICS = (
+    "Unauthorized: /metrics needs 'Authorization: Bearer <token>' with the --metrics-token "
+    "(MCP_BACKFILL_METRICS_TOKEN)"
+)
 
 
 Readiness = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
@@ -135,9 +140,11 @@ class SidecarApp:
         elif path == "/readyz" and call.method in ("GET", "HEAD"):
             await self._readyz(call)
         elif path == "/metrics" and call.method in ("GET", "HEAD"):
-            if await self._identify(call) is not None:
+            if self.policy.reads_metrics(call.headers.get("authorization")):
                 data = self.metrics.render().encode()
                 await call.respond(200, data, prometheus.CONTENT_TYPE)
+            else:
+                await self._refuse(call, REFUSED_METRICS if self.policy.metrics_token else REFUSED)
         else:
             await call.respond(404, b"Not Found", "text/plain; charset=utf-8")
 
@@ -189,17 +196,22 @@ class SidecarApp:
         identity = self.policy.identify(authorization)
         if identity is not None:
             return identity
+        await self._refuse(call, REFUSED)
+        return None
+
+    async def _refuse(self, call: HttpCall, message: str) -> None:
+        """401: the bearer token is missing or wrong."""
         log.warning(
             "request refused: missing or wrong bearer token",
             extra={"path": call.scope["path"], "client": _peer(call)},
         )
+        authorization = call.headers.get("authorization")
         await call.respond_error(
             401,
             protocol.INVALID_REQUEST,
-            "Unauthorized: this mcp-backfill needs 'Authorization: Bearer <token>' (MCP_BACKFILL_AUTH_TOKEN)",
+            message,
             headers=BAD_TOKEN_HEADERS if authorization else UNAUTHORIZED_HEADERS,
         )
-        return None
 
 
 def _peer(call: HttpCall) -> str | None:

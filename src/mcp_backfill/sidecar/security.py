@@ -36,10 +36,20 @@ class AccessPolicy:
     tokens: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     """(client identity, bearer token) pairs; none: no authentication."""
     forward_authorization: bool = False
+    metrics_token: str | None = field(default=None, repr=False)
+    """The one token `/metrics` takes, when set (else any client's)."""
 
     @property
     def authenticates(self) -> bool:
         return bool(self.tokens)
+
+    def reads_metrics(self, authorization: str | None) -> bool:
+        """May this caller read `/metrics`? With a metrics token, only its holder; else any client."""
+        if self.metrics_token is None:
+            return self.identify(authorization) is not None
+        scheme, _, presented = (authorization or "").strip().partition(" ")
+        candidate = _wire_bytes(presented.strip())
+        return scheme.lower() == "bearer" and hmac.compare_digest(candidate, self.metrics_token.encode())
 
     def identify(self, authorization: str | None) -> str | None:
         """The caller's client identity, or None when a token is required and this is not one."""

@@ -126,6 +126,7 @@ async def run_sidecar(config: Config) -> int:
         allowed_origins=config.allowed_origins or default_allowed_origins(),
         tokens=client_credentials(config),
         forward_authorization=config.forward_authorization,
+        metrics_token=config.metrics_token.value if config.metrics_token is not None else None,
     )
     if not policy.authenticates:
         reason = "--allow-unauthenticated" if config.allow_unauthenticated else "no --auth-token"
@@ -258,36 +259,55 @@ async def _stop_when_idle(server: _Server, app: SidecarApp, drain_timeout: float
 
 
 class Readiness:
-    """`/readyz`: can this replica sample? Asks a shared store (a good answer holds for a second,
-    unless sampling has found the store unavailable since)."""
+    """`/readyz`: can this replica sample? Asks a shared store, one request at a time; an answer
+    holds for a second, unless sampling has found the store unavailable since it was given (then
+    the next request asks again). `/readyz` needs no credentials: however many come, the store is
+    asked at most once a second, outage or not."""
 
     def __init__(self, spend: Spend, timeout: float) -> None:
         self._spend = spend
         self._timeout = timeout
-        self._last: tuple[float, bool, dict[str, Any]] | None = None
+        # When, the answer, and whether the ledger knew of an outage then.
+        self._last: tuple[float, bool, dict[str, Any], bool] | None = None
+        self._asking = anyio.Lock()
+
+    def _cached(self) -> tuple[bool, dict[str, Any]] | None:
+        last = self._last
+        if last is None or anyio.current_time() - last[0] >= 1.0:
+            return None
+        if self._spend.link.outage is not None and not last[3]:
+            return None  # sampling found the store unavailable since
+        return last[1], last[2]
 
     async def check(self) -> tuple[bool, dict[str, Any]]:
         store = self._spend.store
         if not store.shared:
             return True, {"store": store.description}
-        now, last = anyio.current_time(), self._last
-        if last is not None and now - last[0] < 1.0 and self._spend.link.outage is None:
-            return last[1], last[2]
-        ready, about = True, {"store": store.description, "store_status": "ok"}
+        cached = self._cached()
+        if cached is not None:
+            return cached
+        async with self._asking:
+            cached = self._cached()
+            if cached is not None:
+                return cached
+            ready, about = await self._ask()
+            self._last = (anyio.current_time(), ready, about, self._spend.link.outage is not None)
+            return ready, about
+
+    async def _ask(self) -> tuple[bool, dict[str, Any]]:
+        store = self._spend.store
         try:
             with anyio.fail_after(self._timeout):
                 await store.ping()
         except (StoreUnavailable, TimeoutError) as exc:
             local = self._spend.settings.store_outage == "local"
-            ready = local
-            about = {
+            return local, {
                 "store": store.description,
                 "store_status": "unavailable",
                 "error": exc.cause if isinstance(exc, StoreUnavailable) else "timed out",
                 "sampling": "counted locally" if local else "refused",
             }
-        self._last = (now, ready, about)
-        return ready, about
+        return True, {"store": store.description, "store_status": "ok"}
 
 
 def spend_gauges(metrics: Metrics, spend: Spend) -> None:
