@@ -355,7 +355,9 @@ async def test_http_errors_become_json_rpc_errors_and_the_session_goes_on() -> N
     assert posts[-1]["id"] == 8  # and request 9 was not even sent
 
 
-async def test_an_upstream_error_page_quoting_the_credential_reaches_the_client_redacted() -> None:
+async def test_an_upstream_error_quoting_the_credential_reaches_the_client_redacted() -> None:
+    """A text error page, and a 4xx answer shaped as a JSON-RPC error (which was relayed as the
+    upstream sent it, handing the operator's `--upstream-header` credential to the client)."""
     secret = "upstream-credential-0123456789"
     async with recorder() as (upstream, _):
         header = f"Authorization: Bearer {secret}"
@@ -363,6 +365,8 @@ async def test_an_upstream_error_page_quoting_the_credential_reaches_the_client_
         async with raw_proxy(argv, proxy_env()) as session:
             await handshake(session)
             refused = await session.request(2, "fail/echo-auth")
+            as_jsonrpc = await session.request(3, "fail/echo-auth-jsonrpc")
+            plain = await session.request(4, "fail/jsonrpc-400")
             await session.close_stdin()
             await session.wait()
             stderr = session.stderr()
@@ -371,22 +375,7 @@ async def test_an_upstream_error_page_quoting_the_credential_reaches_the_client_
     assert "bad credentials: ***" in message
     assert secret not in message
     assert secret not in stderr
-
-
-async def test_an_upstream_jsonrpc_error_quoting_the_credential_reaches_the_client_redacted() -> None:
-    """A 4xx answer shaped as a JSON-RPC error was relayed as the upstream sent it: one quoting the
-    `--upstream-header` credential handed the operator's secret to the client (text error pages
-    were redacted already)."""
-    secret = "upstream-credential-0123456789"
-    async with recorder() as (upstream, _):
-        header = f"Authorization: Bearer {secret}"
-        argv = proxy_url_argv("--provider", "mock", "--upstream-header", header, url=upstream.url)
-        async with raw_proxy(argv, proxy_env()) as session:
-            await handshake(session)
-            refused = await session.request(2, "fail/echo-auth-jsonrpc")
-            plain = await session.request(3, "fail/jsonrpc-400")
-    assert refused["error"]["code"] == -32001
-    assert refused["error"]["message"] == "bad credentials: ***"
+    assert as_jsonrpc["error"] == {"code": -32001, "message": "bad credentials: ***"}
     assert plain["error"] == {"code": -32602, "message": "bad params from server"}  # as sent
 
 
