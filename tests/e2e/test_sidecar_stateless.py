@@ -415,3 +415,29 @@ async def test_mcp_param_headers_must_match_the_body_whatever_the_upstream() -> 
         unknown = await call_tool(http, sidecar, 4, "no-such-tool", x=1)
         assert unknown["id"] == 4
         assert "error" in unknown or unknown["result"].get("isError")
+
+
+PAGED_TOOLS_SERVER = python_server("paged_tools_server.py")
+
+
+async def test_a_tools_listing_seen_from_its_second_page_leaves_no_tool_unchecked() -> None:
+    """The front took any last page of a tools listing it carried for the end of a whole listing:
+    a client that listed only the second page (with a cursor it had kept) had every tool of the
+    first taken for one the server does not have, and its calls went on unchecked, `Mcp-Param-*`
+    headers contradicting the body and all. Only a listing followed from its first page is whole;
+    until one is, the front lists the tools itself."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=PAGED_TOOLS_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        page = stateless_request(1, "tools/list", {"cursor": "page-2"})
+        listed = await http.post(sidecar.url, json=page, headers=stateless_headers("tools/list"))
+        assert [tool["name"] for tool in response_to(listed, 1)["result"]["tools"]] == ["echo"]
+        body = stateless_request(
+            2, "tools/call", {"name": "regional", "arguments": {"region": "us", "city": "Reno"}}
+        )
+        headers = {**stateless_headers("tools/call", "regional"), "mcp-param-region": "eu"}
+        refused = await http.post(sidecar.url, json=body, headers=headers)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["code"] == -32020
+        assert "Mcp-Param-Region" in refused.json()["error"]["message"]

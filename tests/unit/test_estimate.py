@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import struct
 import zlib
 from typing import Any
@@ -145,6 +146,37 @@ def test_lossy_and_lossless_webp_sizes_are_read() -> None:
         assert image_tokens({"type": "base64", "data": data}) == 11 * 8
 
 
+@pytest.mark.parametrize(
+    "walk",
+    [b"\xff" * (1024 * 1024), b"\xff\x01" * (512 * 1024), b"\xff\xe0\x00\x02" * (256 * 1024)],
+    ids=["fill-bytes", "standalone-markers", "empty-segments"],
+)
+def test_a_jpeg_of_countless_markers_is_not_walked_to_the_end(walk: bytes) -> None:
+    """A JPEG's segments were walked a marker at a time for up to 1 MiB: a megabyte of fill bytes
+    (or of markers with no segment, or of empty segments) before the frame header took a million
+    steps, 0.6 s of the event loop for one image of 1.4 MB, 14 s for a 32 MiB request of them. No
+    encoder writes more than a few dozen segments before the frame header; past `JPEG_STEPS`, the
+    size counts as unreadable (the most an image is billed is reserved)."""
+    data = base64.b64encode(b"\xff\xd8" + walk + b"\xff\xc0\x00\x11\x08\x00\x10\x00\x10\x03").decode()
+    decoded: list[int] = []
+    real = binascii.a2b_base64
+
+    def counting(chunk: Any, **kwargs: Any) -> bytes:
+        decoded.append(len(chunk))
+        return real(chunk, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(binascii, "a2b_base64", counting)
+        assert image_tokens({"type": "base64", "data": data}) == MAX_IMAGE_TOKENS
+    assert sum(decoded) <= 64 * 1024
+
+
+def test_a_jpeg_with_some_fill_bytes_is_read() -> None:
+    head = base64.b64decode(jpeg(300, 200))
+    data = base64.b64encode(head[:2] + b"\xff" * 100 + head[2:]).decode()
+    assert image_tokens({"type": "base64", "data": data}) == 11 * 8
+
+
 def test_the_size_of_wrapped_base64_or_a_data_url_is_read() -> None:
     wrapped = base64.encodebytes(base64.b64decode(jpeg(300, 200))).decode()
     for data in (wrapped, "data:image/png;base64," + png(300, 200)):
@@ -210,6 +242,9 @@ def test_a_pdf_of_many_compressed_streams_inflates_a_bounded_amount() -> None:
         def __init__(self) -> None:
             self._inner = real()
 
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
         def decompress(self, data: Any, max_length: int = 0) -> bytes:
             out = self._inner.decompress(data, max_length)
             inflated.append(len(out))
@@ -219,3 +254,64 @@ def test_a_pdf_of_many_compressed_streams_inflates_a_bounded_amount() -> None:
         patch.setattr(zlib, "decompressobj", Counting)
         assert media.pdf_pages(data) == 0
     assert sum(inflated) <= media.PDF_INFLATE_BUDGET
+
+
+def _corrupt_streams() -> bytes:
+    """Streams that inflate to just under the per-stream cap, then turn out corrupt (an invalid
+    block type): the inflater raises, and what it inflated went uncounted."""
+    inflater = zlib.compressobj(9)
+    bomb = inflater.compress(b" " * (media.PDF_OBJECT_STREAM_BYTES - 1)) + inflater.flush(zlib.Z_SYNC_FLUSH)
+    return b"".join(
+        f"{n} 0 obj << /Type /ObjStm >>\nstream\n".encode() + bomb + b"\x06\xff\xff\nendstream\n"
+        for n in range(40)
+    )
+
+
+def _unending_streams() -> bytes:
+    """Streams of empty stored deflate blocks that never end: each inflates nothing and reads on
+    through the rest of the file, past every later `/ObjStm` (quadratic reading, no output)."""
+    marker = b"/ObjStm\nstream\n\x78\x01"  # a zlib header right after `stream`
+    empty = b"\x00\x00\x00\xff\xff" * 2000  # non-final stored blocks of no bytes
+    header = b"\x00" + struct.pack("<HH", len(marker), len(marker) ^ 0xFFFF)  # stored: the next marker
+    return marker + empty + (header + marker + empty) * 150
+
+
+@pytest.mark.parametrize("streams", [_corrupt_streams, _unending_streams], ids=["corrupt", "unending"])
+def test_a_pdf_of_crafted_compressed_streams_costs_a_bounded_amount(streams: Any) -> None:
+    """The inflate budget counted only what a stream gave back: a corrupt stream, which raises
+    after inflating nearly 4 MiB, was charged nothing (40 such streams: 160 MiB inflated), and one
+    of empty blocks that never ends reads through the rest of the file inflating nothing (a 20 MB
+    PDF: 7 s of the event loop). What the inflater reads and writes is now charged, whatever the
+    stream turns out to be."""
+    data = base64.b64encode(b"%PDF-1.7\n" + streams()).decode()
+    work: list[int] = []
+    real = zlib.decompressobj
+
+    class Measured:
+        """A real inflater that records what it reads and writes, in steps, so that what a call
+        does before it raises is counted too."""
+
+        def __init__(self) -> None:
+            self._inner = real()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+        def decompress(self, data: Any, max_length: int = 0) -> bytes:
+            pending, pieces, produced = memoryview(data), [], 0
+            while True:
+                room = 65536 if not max_length else min(65536, max_length - produced)
+                unused = len(self._inner.unused_data)
+                piece = self._inner.decompress(pending, room)
+                tail = self._inner.unconsumed_tail
+                work.append(len(pending) - len(tail) - (len(self._inner.unused_data) - unused) + len(piece))
+                pieces.append(piece)
+                produced += len(piece)
+                pending = memoryview(tail)
+                if self._inner.eof or not tail or (max_length and produced >= max_length):
+                    return b"".join(pieces)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(zlib, "decompressobj", Measured)
+        media.pdf_pages(data)
+    assert sum(work) <= media.PDF_INFLATE_BUDGET + 2 * media.PDF_INFLATE_STEP

@@ -39,3 +39,20 @@ def test_learn(results: list[Any], known: dict[str, Any], complete: bool) -> Non
     tools.forget()
     assert not any(tools.knows(name) for name in known)
     assert not tools.complete
+
+
+def test_a_last_page_ends_a_listing_only_when_it_was_followed_from_the_first() -> None:
+    """A page asked for with a cursor the listings seen did not announce (a client's kept cursor)
+    leaves the pages before it unseen: its end is not the end of a whole listing."""
+    page_one = {"tools": [{"name": "a", "inputSchema": SCHEMA}], "nextCursor": "p2"}
+    page_two = {"tools": [{"name": "b"}]}
+    tools = ToolSchemas()
+    tools.learn(page_two, "p2")
+    assert tools.knows("b")
+    assert not tools.complete
+    tools.learn(page_one)
+    tools.learn(page_two, "p2")
+    assert tools.complete
+    tools.forget()
+    tools.learn(page_two, "p2")  # the cursor went with the schemas
+    assert not tools.complete

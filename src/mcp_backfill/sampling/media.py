@@ -32,6 +32,10 @@ def decoded_size(data: str) -> int:
 # How far into an image its size is looked for: a JPEG's frame header may follow an EXIF segment of
 # up to 64 KiB (a thumbnail), an ICC profile and a few more.
 SIZE_SEARCH_BYTES = 1024 * 1024
+# How many markers (fill bytes included) of a JPEG are walked to find its frame header: encoders
+# write a few dozen segments before it; a crafted file of a megabyte of fill bytes, a step each,
+# took a million steps (0.6 s of the event loop for one image).
+JPEG_STEPS = 1024
 # JPEG markers whose segment is a frame header (SOF0-SOF15 but DHT, JPG and DAC) and holds the size.
 _JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
@@ -86,9 +90,12 @@ def _webp_size(head: bytes) -> tuple[int, int] | None:
 
 
 def _jpeg_size(read: _Base64Reader) -> tuple[int, int] | None:
-    """The size in a JPEG's frame header, found by walking its segments from the start."""
+    """The size in a JPEG's frame header, found by walking its segments from the start (at most
+    `JPEG_STEPS` markers, within its first `SIZE_SEARCH_BYTES`)."""
     at = 2
-    while at < SIZE_SEARCH_BYTES:
+    for _ in range(JPEG_STEPS):
+        if at >= SIZE_SEARCH_BYTES:
+            return None
         segment = read(at, 9)
         if len(segment) < 4 or segment[0] != 0xFF:
             return None
@@ -113,11 +120,15 @@ def _jpeg_size(read: _Base64Reader) -> tuple[int, int] | None:
 
 # A page object of a PDF (`/Type /Page`, not the page tree's `/Type /Pages`).
 _PDF_PAGE = re.compile(rb"/Type\s*/Page(?![A-Za-z0-9])")
-# How much of one compressed object stream is inflated to look for page objects in it, and of all
-# of one PDF's together (a small PDF of many highly compressed streams would otherwise have the
-# event loop inflate gigabytes: a thousand to one is deflate's ratio for runs of one byte).
+# How much of one compressed object stream is inflated to look for page objects in it, and how many
+# bytes the inflater may read and write for all of one PDF's together (a small PDF of many highly
+# compressed streams would otherwise have the event loop inflate gigabytes: a thousand to one is
+# deflate's ratio for runs of one byte; a stream that turns out corrupt raises after inflating all
+# it could, and one of empty blocks reads on through the rest of the file, writing nothing).
 PDF_OBJECT_STREAM_BYTES = 4 * 1024 * 1024
 PDF_INFLATE_BUDGET = 16 * 1024 * 1024
+PDF_INFLATE_STEP = 64 * 1024
+"""The inflater is fed and emptied this many bytes at a time, each step charged to the budget."""
 
 
 def pdf_pages(data: str) -> int:
@@ -140,11 +151,34 @@ def pdf_pages(data: str) -> int:
             break
         begin += len(b"stream")
         begin += 2 if raw[begin : begin + 2] == b"\r\n" else 1
-        try:
-            inflated = zlib.decompressobj().decompress(view[begin:], min(budget, PDF_OBJECT_STREAM_BYTES))
-        except zlib.error:
-            inflated = b""
-        budget -= len(inflated)
+        inflated, spent = _inflate(view[begin:], budget)
+        budget -= spent
         pages += len(_PDF_PAGE.findall(inflated))
         at = raw.find(b"/ObjStm", begin)
     return pages
+
+
+def _inflate(data: memoryview, budget: int) -> tuple[bytes, int]:
+    """Up to `PDF_OBJECT_STREAM_BYTES` inflated from the start of `data` (what came before an error
+    included), and the bytes the inflater read and wrote for it, at most about `budget`."""
+    inflater, pieces = zlib.decompressobj(), []
+    spent = produced = fed = 0
+    pending = data[:0]
+    while spent < budget and produced < PDF_OBJECT_STREAM_BYTES and not inflater.eof:
+        if not pending:
+            if fed >= len(data):
+                break
+            pending = data[fed : fed + PDF_INFLATE_STEP]
+            fed += len(pending)
+        room = min(PDF_INFLATE_STEP, PDF_OBJECT_STREAM_BYTES - produced)
+        try:
+            piece = inflater.decompress(pending, room)
+        except zlib.error:  # corrupt: what it inflated before is counted, and searched
+            spent += len(pending)
+            break
+        tail = inflater.unconsumed_tail
+        spent += len(pending) - len(tail) + len(piece)
+        produced += len(piece)
+        pieces.append(piece)
+        pending = memoryview(tail)
+    return b"".join(pieces), spent

@@ -66,6 +66,7 @@ class MuxedRequest:
     client_token: Any = None
     has_token: bool = False
     own: bool = False  # a request of the proxy's own (`own_request`), for no client
+    cursor: Any = None  # a `tools/list`'s cursor: the page it asked for (see `ToolSchemas.learn`)
 
 
 class MuxChannel(InboxChannel):
@@ -98,6 +99,8 @@ class MuxChannel(InboxChannel):
         self._own_in_flight += own
         rewritten = {**request, "id": mux_id}
         params = request.get("params")
+        if exchange.method == protocol.TOOLS_LIST and isinstance(params, dict):
+            exchange.cursor = params.get("cursor")
         meta = params.get("_meta") if isinstance(params, dict) else None
         if isinstance(params, dict) and isinstance(meta, dict) and "progressToken" in meta:
             exchange.client_token = meta["progressToken"]
@@ -202,7 +205,7 @@ class MuxChannel(InboxChannel):
             log.debug("response for a closed request dropped", extra={"id": mux_id})
             return
         if exchange.method == protocol.TOOLS_LIST and "result" in response:
-            self.tools.learn(response["result"])
+            self.tools.learn(response["result"], exchange.cursor)
         exchange.stream.append(jsonrpc.encode({**response, "id": exchange.client_id}))
         exchange.stream.finish()
 

@@ -12,6 +12,9 @@ from typing import Any
 
 LIST_PAGE_CAP = 20
 """Pages of a tools listing of the proxy's own before it gives up looking for a tool."""
+CURSORS_KEPT = 256
+"""Next-page cursors remembered (a server may mint new ones for every listing): past that, they are
+forgotten, and a listing must be followed from its first page again to be whole."""
 
 
 class ToolSchemas:
@@ -19,20 +22,30 @@ class ToolSchemas:
 
     def __init__(self) -> None:
         self._schemas: dict[str, Any] = {}
+        self._cursors: set[str] = set()  # the next pages of the listings followed from their first
         self.complete = False
-        """A listing's last page was seen since the schemas were last forgotten: a tool missing
-        now is one the server does not have."""
+        """A whole listing, followed from its first page to its last, was seen since the schemas
+        were last forgotten: a tool missing now is one the server does not have."""
 
-    def learn(self, result: Any) -> None:
-        """Keep the schemas of one `tools/list` result (one page)."""
+    def learn(self, result: Any, cursor: Any = None) -> None:
+        """Keep the schemas of one `tools/list` result (one page), asked for with `cursor`. A last
+        page ends a whole listing only when its listing was followed from the first page (a
+        client may ask for any page with a cursor it kept: the pages before it are unseen)."""
         tools = result.get("tools") if isinstance(result, dict) else None
         if not isinstance(tools, list):
             return
         for tool in tools:
             if isinstance(tool, dict) and isinstance(tool.get("name"), str):
                 self._schemas[tool["name"]] = tool.get("inputSchema")
-        if not isinstance(result.get("nextCursor"), str):
+        if cursor is not None and cursor not in self._cursors:
+            return  # a page of a listing not followed from its start
+        next_cursor = result.get("nextCursor")
+        if not isinstance(next_cursor, str):
             self.complete = True
+            return
+        if len(self._cursors) >= CURSORS_KEPT:
+            self._cursors.clear()
+        self._cursors.add(next_cursor)
 
     def knows(self, name: str) -> bool:
         return name in self._schemas
@@ -43,4 +56,5 @@ class ToolSchemas:
 
     def forget(self) -> None:
         self._schemas.clear()
+        self._cursors.clear()
         self.complete = False
