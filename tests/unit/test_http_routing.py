@@ -387,3 +387,31 @@ async def test_mux_learns_tool_schemas_from_client_listings_and_forgets_them_on_
     assert not mux.tools.complete  # one page of several
     await mux.send(encode(notification("notifications/tools/list_changed")))
     assert not mux.tools.knows("a")
+
+
+async def test_the_fronts_own_tools_listing_holds_a_call_for_its_time_in_all_not_per_page(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each page of the listing had the whole time: an upstream answering every page just in time
+    (or none) held the `tools/call` waiting for it 20 times over."""
+    from mcp_backfill.sidecar import stateless
+
+    monkeypatch.setattr(stateless, "OWN_LIST_SECONDS", 0.2)
+    mux = MuxChannel()
+    sent: list[Any] = []
+
+    async def upstream() -> None:  # answers each page with a next one, just before its time is up
+        while True:
+            page = json.loads(await mux.receive())
+            if page.get("method") != "tools/list":
+                continue
+            sent.append(page)
+            await anyio.sleep(0.15)
+            await mux.send(encode(result(page["id"], tools=[], nextCursor=f"p{len(sent)}")))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(upstream)
+            await stateless._list_tools(mux, "regional", {"_meta": {}})
+            tg.cancel_scope.cancel()
+    assert len(sent) <= 2  # 0.15 s each: the second page ends past the 0.2 s the listing may take

@@ -65,7 +65,8 @@ if TYPE_CHECKING:
 log = get_logger("sidecar")
 
 SUPPORTED_STATELESS_VERSIONS = (protocol.STATELESS_VERSION,)
-# How long a tools listing of the proxy's own (for the `Mcp-Param-*` check) may take.
+# How long a tools listing of the proxy's own (for the `Mcp-Param-*` check), all its pages, may
+# hold the call that needs it.
 OWN_LIST_SECONDS = 10.0
 HUB_LABEL = "2026-07-28 requests"
 
@@ -423,8 +424,13 @@ async def _list_tools(mux: MuxChannel, name: str, params: dict[str, Any]) -> Non
     meta = meta if isinstance(meta, dict) else {}
     envelope = {k: v for k, v in meta.items() if k.startswith(protocol.ENVELOPE_PREFIX)}
     list_params: dict[str, Any] = {"_meta": envelope}
+    deadline = anyio.current_time() + OWN_LIST_SECONDS
     for _ in range(LIST_PAGE_CAP):
-        result = await mux.own_request(protocol.TOOLS_LIST, list_params, OWN_LIST_SECONDS)
+        left = deadline - anyio.current_time()
+        if left <= 0:
+            log.warning("tools listing too slow; Mcp-Param-* headers not checked")
+            return
+        result = await mux.own_request(protocol.TOOLS_LIST, list_params, left)
         cursor = result.get("nextCursor") if isinstance(result, dict) else None
         if mux.tools.knows(name) or not isinstance(cursor, str):
             return
