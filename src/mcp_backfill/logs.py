@@ -58,8 +58,9 @@ class Redactor:
     """Replaces every secret value with `***` in finished text, whatever its source.
 
     A secret can reach text escaped: as a JSON string (a `"` becomes `\\"`, a non-ASCII character
-    `\\uXXXX` when ASCII is forced) or as a Python repr. Every such form of each secret is replaced,
-    longest first, so a secret with quotes or backslashes cannot slip past in an encoded line.
+    `\\uXXXX` when ASCII is forced, a `/` perhaps `\\/`) or as a Python repr. Every such form of
+    each secret is replaced, longest first, so a secret with quotes or backslashes cannot slip past
+    in an encoded line.
     """
 
     def __init__(self, secrets: Iterable[str]) -> None:
@@ -77,10 +78,11 @@ class Redactor:
 
 
 def _encoded_forms(secret: str) -> set[str]:
+    as_json = {json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}
     return {
         secret,
-        json.dumps(secret)[1:-1],
-        json.dumps(secret, ensure_ascii=False)[1:-1],
+        *as_json,
+        *(form.replace("/", "\\/") for form in as_json),  # `\/`, as some encoders (PHP's) write `/`
         repr(secret)[1:-1],
         ascii(secret)[1:-1],
     }

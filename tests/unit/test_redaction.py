@@ -114,3 +114,12 @@ def test_only_credential_named_query_values_of_the_otlp_endpoint_are_secrets() -
     assert not {"true", "eu-west"} & set(secrets)
     line = json.dumps({"method": "sampling/createMessage", "isError": True})
     assert json.loads(Redactor(secrets).redact(line)) == {"method": "sampling/createMessage", "isError": True}
+
+
+@given(secrets)
+def test_a_secret_in_json_with_escaped_slashes_is_redacted(secret: str) -> None:
+    """JSON may escape `/` as `\\/` (PHP's `json_encode` does, by default): a server quoting a
+    credential that holds a slash (a base64 token) in such an error reached the client whole."""
+    line = json.dumps({"error": f"bad credentials: {secret}"}).replace("/", "\\/")
+    redacted = Redactor([secret]).redact(line)
+    assert secret not in json.loads(redacted)["error"]
