@@ -110,22 +110,29 @@ _ID_VALUE = rb'(-?\d+(?:\.\d+)?|"(?:[^"\\]|\\.)*"|null)'
 # A top-level "id" is the first key (optionally after "jsonrpc") or the last one: both ends of the object.
 _HEAD_ID = re.compile(rb'\A\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*' + _ID_VALUE)
 _TAIL_ID = re.compile(rb',\s*"id"\s*:\s*' + _ID_VALUE + rb"\s*\}\s*\Z")
-_HEAD_METHOD = re.compile(rb'\A\s*\{(?:\s*"(?:jsonrpc|id)"\s*:\s*' + _ID_VALUE + rb"\s*,)*\s*\"method\"")
+_HEAD_ENVELOPE = rb'\A\s*\{(?:\s*"(?:jsonrpc|id)"\s*:\s*' + _ID_VALUE + rb"\s*,)*\s*"
+_HEAD_METHOD = re.compile(_HEAD_ENVELOPE + rb'"method"')
+_HEAD_ANSWER = re.compile(_HEAD_ENVELOPE + rb'"(?:result|error)"')
 
 
 def salvage_envelope(head: bytes, tail: bytes) -> tuple[bool, Id, bool]:
     """From the two ends of a message too large to parse: (id found, the id, is it a request?).
 
-    Lets the relay answer for a message it had to drop, so that no request waits forever.
+    Lets the relay answer for a message it had to drop, so that no request waits forever. What it
+    is must show at its head (`method`, or `result`/`error`, after at most its envelope): one that
+    shows neither is not salvaged, since answering a request as an answer fails another request.
     """
     match = _HEAD_ID.search(head) or _TAIL_ID.search(tail)
     if match is None:
+        return False, None, False
+    request = _HEAD_METHOD.search(head) is not None
+    if not request and _HEAD_ANSWER.search(head) is None:
         return False, None, False
     try:
         request_id = json.loads(match.group(1))
     except ValueError:
         return False, None, False
-    return True, request_id, _HEAD_METHOD.search(head) is not None
+    return True, request_id, request
 
 
 _EDGE = 1024  # bytes read at each end of a message that is not JSON (as `MessageTooLarge.EDGE`)

@@ -86,6 +86,11 @@ PAD = {"blob": "x" * 5000, "nested": {"id": "not-this-one", "method": "nor/this"
         # No top-level id to be found: a notification, or an id buried in the middle.
         (big({"jsonrpc": "2.0", "method": "notifications/x", "params": PAD}), (False, None, False)),
         (big({"result": PAD, "id": 5, "jsonrpc": "2.0"}), (False, None, False)),
+        # Neither a method nor a result at its head: which it is cannot be told, so nothing is
+        # answered for it (a request read as an answer failed another request with its id).
+        (big({"id": 7, "params": PAD, "method": "tools/call", "jsonrpc": "2.0"}), (False, None, False)),
+        (big({"jsonrpc": "2.0", "id": 7, "params": PAD, "method": "tools/call"}), (False, None, False)),
+        (big({"jsonrpc": "2.0", "id": 7, "error": {"code": 1, "message": "x" * 5000}}), (True, 7, False)),
     ],
 )
 def test_salvage_envelope(raw: bytes, expected: tuple[bool, Any, bool]) -> None:
