@@ -17,12 +17,14 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from mcp_backfill import assembly, protocol
 from mcp_backfill.config import Config, Secret
+from mcp_backfill.errors import StoreUnavailable
 from mcp_backfill.providers.mock import MockProvider
 from mcp_backfill.relay import Relay
 from mcp_backfill.relay.approval import APPROVAL_KEY
 from mcp_backfill.sampling.provider import ProgressCallback, UsageMeter
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.sampling.spend import Spend
+from mcp_backfill.sampling.store import LedgerStore, MemoryStore
 
 pytestmark = pytest.mark.anyio
 
@@ -163,12 +165,14 @@ class Relayed:
 
 
 @asynccontextmanager
-async def relayed(provider: MockProvider | None = None, **options: Any) -> AsyncIterator[Relayed]:
+async def relayed(
+    provider: MockProvider | None = None, store: LedgerStore | None = None, **options: Any
+) -> AsyncIterator[Relayed]:
     config = Config(upstream_command=("server",), provider="mock", **options)
     sampler = Sampler(
         provider or MockProvider(),
         assembly.sampler_settings(config),
-        spend=Spend(assembly.spend_settings(config)),
+        spend=Spend(assembly.spend_settings(config), store),
     )
     client_side, client = channel_pair()
     upstream_side, server = channel_pair()
@@ -728,6 +732,50 @@ async def test_a_sealed_approval_token_buys_one_sampling() -> None:
         assert (error["id"], error["error"]["code"]) == (3, protocol.INVALID_PARAMS)
         assert provider.calls == 1
         assert r.server.nothing_waiting()
+
+
+class ClaimsDownStore(MemoryStore):
+    """A store shared with other replicas whose claims fail while `down`."""
+
+    shared = True
+    description = "redis://ledger:6379/0"
+    down = False
+
+    async def claim(self, key: str, claimant: str, until: float) -> bool:
+        if self.down:
+            raise StoreUnavailable(self.description, "ConnectionError: refused")
+        return await super().claim(key, claimant, until)
+
+
+async def test_a_sealed_approval_whose_claim_met_a_store_outage_can_be_retried() -> None:
+    """The replica's own memory took the token before the shared store was asked; when the store
+    was down the retry was refused, and so was every later one (`requestState expired or
+    unknown`), though nothing had been sampled: the user had to be asked again."""
+    provider, store = CountingProvider(), ClaimsDownStore()
+    call_params = stateless({"name": "ask"}, {"elicitation": {}})
+    key = Secret("a secret the replicas share, 32+ characters long")
+    async with relayed(provider, store, approve="elicit", request_state_key=key) as r:
+        await r.client.send(request(1, "tools/call", call_params))
+        await r.server.recv()
+        await r.server.send(result(1, input_required({"s": SAMPLE})))
+        reduced = (await r.client.recv())["result"]
+        allow = {"action": "accept", "content": {"decision": "allow_once"}}
+        params = {
+            **call_params,
+            "inputResponses": {APPROVAL_KEY: allow},
+            "requestState": reduced["requestState"],
+        }
+        store.down = True
+        await r.client.send(request(2, "tools/call", params))
+        refused = await r.client.recv()
+        assert refused["id"] == 2
+        assert "state store" in refused["error"]["message"]
+        store.down = False
+        await r.client.send(request(3, "tools/call", params))  # the same retry, once the store is back
+        retry = await r.server.recv()
+        await r.server.send(result(retry["id"], {"content": []}))
+        assert await r.client.recv() == result(3, {"content": []})
+        assert provider.calls == 1
 
 
 async def test_a_client_id_like_the_proxys_own_is_not_confused_with_a_round_it_resends() -> None:

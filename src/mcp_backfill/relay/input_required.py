@@ -183,6 +183,10 @@ class Redeemed:
         self.expiries[nonce] = expires
         return True
 
+    def release(self, nonce: bytes) -> None:
+        """Forget a claim whose redemption did not go ahead (the shared store could not be asked)."""
+        self.expiries.pop(nonce, None)
+
     def _forget(self, now: float) -> None:
         """Drop the expired: from the oldest on (with one TTL they expire in the order they came),
         and all through when the memory is full (another replica's TTL may differ)."""
@@ -254,6 +258,10 @@ class SealedStash:
             return None
         answers, has_state, state, rounds = payload["a"], payload["h"], payload["s"], payload["r"]
         return StashedRound(answers, has_state, state, rounds, payload["e"], pending, raw[:12].hex())
+
+    def give_back(self, stashed: StashedRound) -> None:
+        """A taken token whose redemption did not go ahead may be redeemed again."""
+        self._redeemed.release(bytes.fromhex(stashed.nonce))
 
 
 def request_state_key(secret: str) -> bytes:

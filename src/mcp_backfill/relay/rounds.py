@@ -178,7 +178,9 @@ class RoundDriver:
         assert self._claim is not None
         try:
             claimed = await self._claim(f"sealed:{stashed.nonce}", stashed.expires)
-        except SamplingError as exc:
+        except SamplingError as exc:  # the store could not be asked: the client may retry later
+            if isinstance(self.stash, ir.SealedStash):
+                self.stash.give_back(stashed)
             self.end(pending)
             await self._fail(pending.request_id, exc.code, exc.message, exc.data)
             return
