@@ -81,10 +81,13 @@ SSE_TYPE: Final = "text/event-stream"
 POST_ACCEPT: Final = f"{JSON_TYPE}, {SSE_TYPE}"
 
 
+def string_or_integer(value: object) -> bool:
+    """What MCP allows as a request id or a progress token: a string or an integer (not a boolean)."""
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
 def progress_token(params: object) -> str | int | None:
     """The `_meta.progressToken` a request asked for notifications with (a string or an integer)."""
     meta = params.get("_meta") if isinstance(params, dict) else None
     token = meta.get("progressToken") if isinstance(meta, dict) else None
-    if isinstance(token, str) or (isinstance(token, int) and not isinstance(token, bool)):
-        return token
-    return None
+    return token if string_or_integer(token) else None

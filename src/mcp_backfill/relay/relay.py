@@ -259,10 +259,7 @@ class Relay:
         if pending is None:
             return []
         self.rounds.end(pending)
-        reply = jsonrpc.error_response(pending.request_id, protocol.INTERNAL_ERROR, failure)
-        if self.traces.enabled:
-            self.traces.answered(reply, by="server")
-        return [(False, jsonrpc.encode(reply), None)]
+        return [self._error_to_client(pending.request_id, protocol.INTERNAL_ERROR, failure)]
 
     # -- client -> upstream ----------------------------------------------------------------------
 
@@ -519,10 +516,14 @@ class Relay:
     # -- writing ---------------------------------------------------------------------------------
 
     async def _reply_error(self, request_id: Any, code: int, message: str, data: Any = None) -> None:
+        await self._send(self._error_to_client(request_id, code, message, data))
+
+    def _error_to_client(self, request_id: Any, code: int, message: str, data: Any = None) -> _Send:
+        """The proxy's error answer to a client request (its trace told), as a send."""
         reply = jsonrpc.error_response(request_id, code, message, data)
         if self.traces.enabled:
             self.traces.answered(reply, by="server")
-        await self._send_client(jsonrpc.encode(reply))
+        return (False, jsonrpc.encode(reply), None)
 
     async def _send_client_answer(self, raw: bytes, related: Any = None) -> None:
         """The proxy's own final answer to a client request (from the round driver)."""

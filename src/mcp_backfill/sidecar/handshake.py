@@ -332,14 +332,10 @@ def _is_message(message: Any) -> bool:
         return False
     if "method" not in message:
         return "id" in message and ("result" in message or "error" in message)
-    params, request_id = message.get("params"), message.get("id")
+    params = message.get("params")
     if not isinstance(message["method"], str) or not (params is None or isinstance(params, dict)):
         return False
-    return (
-        "id" not in message
-        or isinstance(request_id, str)
-        or (isinstance(request_id, int) and not isinstance(request_id, bool))
-    )
+    return "id" not in message or protocol.string_or_integer(message["id"])
 
 
 def _session_header(session: HttpSession) -> list[tuple[bytes, bytes]]:

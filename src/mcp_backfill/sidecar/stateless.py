@@ -267,7 +267,7 @@ class StatelessFront:
         if _is_notification(decoded):
             await self._notification(call)
             return
-        if not (_is_message(decoded) and _valid_id(decoded)):
+        if not (_is_message(decoded) and protocol.string_or_integer(decoded.get("id"))):
             await call.respond_error(
                 400,
                 protocol.INVALID_REQUEST,
@@ -366,11 +366,6 @@ def _is_message(decoded: Any) -> bool:
 
 def _is_notification(decoded: Any) -> bool:
     return _is_message(decoded) and "id" not in decoded
-
-
-def _valid_id(message: dict[str, Any]) -> bool:
-    request_id = message.get("id")
-    return isinstance(request_id, str) or (isinstance(request_id, int) and not isinstance(request_id, bool))
 
 
 def _reject(call: HttpCall, request: dict[str, Any]) -> InboundLadderRejection | None:
