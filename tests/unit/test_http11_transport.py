@@ -166,6 +166,57 @@ async def test_interim_answers_are_skipped_and_reason_kept() -> None:
     assert (response.status_code, response.reason_phrase, response.content) == (404, "Not Here", b"no")
 
 
+@pytest.mark.parametrize(
+    "wire",
+    [
+        # RFC 9112 §2.2: a recipient may take a lone LF for a line's end; h11 (httpx2's own transport,
+        # which `https://` upstreams use) does, so a server writing them worked there and timed out here.
+        b"HTTP/1.1 100 Continue\n\nHTTP/1.1 201 Made\ncontent-length: 2\nx-a: 1\n\nok",
+        b"HTTP/1.1 201 Made\r\ncontent-length: 2\nx-a: 1\r\n\r\nok",
+        b"HTTP/1.1 201 Made\r\n\r\n",
+        b"HTTP/1.1 201 Made\r\nx-a: 1\r\n\r\n",
+    ],
+)
+async def test_heads_whose_lines_end_in_a_lone_lf_are_read(wire: bytes) -> None:
+    async def reply(_: int, __: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(wire)
+        return False
+
+    async with scripted(reply) as server, client(read=5) as http:
+        response = await post(http, server.url)
+    assert response.status_code == 201
+    assert response.reason_phrase == "Made"
+    assert response.content == (b"ok" if b"content-length" in wire else b"")
+
+
+async def test_a_status_line_alone_is_no_stale_connection() -> None:
+    """A reused connection that ends after the answer's status line was answered, if only in part: the
+    request is not sent again (it was read), and the error says the answer broke off."""
+
+    async def reply(n: int, _: bytes, writer: asyncio.StreamWriter) -> bool:
+        if n == 1:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            return True
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        return False
+
+    async with scripted(reply) as server, client(read=5) as http:
+        await http.delete(server.url)
+        with pytest.raises(httpx2.RemoteProtocolError, match="without answering"):
+            await http.delete(server.url)
+    assert len(server.requests) == 2
+
+
+async def test_a_head_of_many_short_lines_is_held_to_the_limit() -> None:
+    async def reply(_: int, __: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\n" + b"a: b\n" * 20_000)
+        return True
+
+    async with scripted(reply) as server, client(read=5) as http:
+        with pytest.raises(httpx2.RemoteProtocolError, match="exceeds"):
+            await post(http, server.url)
+
+
 def reset(writer: asyncio.StreamWriter) -> None:
     """Close with a reset (RST), as a kernel does for a socket closed with unread data in it."""
     sock = writer.get_extra_info("socket")
@@ -375,6 +426,10 @@ async def test_nothing_listening_is_a_connect_error() -> None:
         (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "header line"),
         (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\nhello", "Content-Length"),
         (b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n", "transfer coding"),
+        # A coding under the chunked one would hand its coded bytes on as the body (h11 refuses it too).
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n0\r\n\r\n", "transfer coding"),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\n", "coding"),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked, chunked\r\n\r\n0\r\n\r\n", "transfer coding"),
         (b"HTTP/1.1 200 OK\r\n" + b"x-big: " + b"a" * 70_000 + b"\r\n\r\n", "exceeds"),
     ],
 )
