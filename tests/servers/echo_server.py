@@ -27,6 +27,10 @@ Test-control requests (the result is always sent after the action):
 * `test/notify_client` `{"method": M, "params": P}`: sends that notification, answers
   `{"sent": true}`.
 * `test/notifications`: answers `{"notifications": [<every notification received so far>]}`.
+* `test/lines`: answers `{"lines": [<every line received so far, as text, without its newline>]}`:
+  the bytes themselves, for what a parsed message cannot show (a number's digits, key order).
+* `test/answer_raw` `{"result": T}`: answers with the JSON text T written as it is as its result
+  (numbers a parsed value cannot carry, key order, duplicate keys).
 * `test/exit` `{"code": N}`: answers `{"echo": …}`, then exits with status N (default 0).
 * `test/garbage`: writes a non-JSON line to stdout, then answers `{"echo": …}`.
 * `test/malformed_answer`: answers with a line that is no JSON (a byte that is no UTF-8 in a string).
@@ -66,6 +70,7 @@ class EchoServer:
         self._ask_counter = 0
         self._bulk_batches = 0
         self._deferred: list[Any] | None = None  # announcements held back while answering a batch
+        self.lines: list[str] = []  # every line received, as text (`test/lines`)
 
     # -- I/O ----------------------------------------------------------------------------------
 
@@ -95,6 +100,7 @@ class EchoServer:
             return False
         if not raw.strip():
             return True
+        self.lines.append(raw.rstrip(b"\r\n").decode("utf-8", errors="backslashreplace"))
         try:
             message = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
@@ -173,6 +179,12 @@ class EchoServer:
             return result_response(request_id, {"sent": True})
         if method == "test/notifications":
             return result_response(request_id, {"notifications": self.notifications})
+        if method == "test/lines":
+            return result_response(request_id, {"lines": self.lines})
+        if method == "test/answer_raw":
+            head = json.dumps({"jsonrpc": "2.0", "id": request_id})[:-1]
+            self.write_line(f'{head},"result":{args.get("result", "{}")}}}')
+            return None
         if method == "test/exit":
             code = args.get("code", 0)
             self.send(result_response(request_id, {"echo": request}))

@@ -1,0 +1,74 @@
+"""Faithfulness of what the proxy rewrites: beyond the one change it makes, a rewritten message keeps
+the sender's numbers as written (digits a double cannot hold), checked on the bytes the upstream got.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.harness import RawSession, proxy_argv, proxy_env, python_server, raw_proxy
+
+pytestmark = pytest.mark.anyio
+
+ECHO = python_server("echo_server.py")
+
+# Numbers a double cannot hold (beyond its range, below its smallest, more digits than it keeps)
+# and an integer beyond 64 bits: each must reach the upstream as written.
+NUMBERS = ("1e400", "-1e400", "1E-400", "1.00000000000000000000001", "123456789012345678901234567890")
+
+
+async def lines_seen(session: RawSession) -> list[str]:
+    answer = await session.request("lines", "test/lines")
+    lines: list[str] = answer["result"]["lines"]
+    return lines
+
+
+@pytest.mark.parametrize("numbers", [",".join(NUMBERS), "1e400", "-1e400,1E-400"])
+async def test_initialize_keeps_numbers_a_double_cannot_hold(numbers: str) -> None:
+    raw = (
+        '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25",'
+        f'"capabilities":{{"experimental":{{"x":[{numbers}]}}}},'
+        f'"clientInfo":{{"name":"c","version":"0","n":[{numbers}]}},"_meta":{{"m":[{numbers}]}}}}}}\n'
+    )
+    async with raw_proxy(proxy_argv("--provider", "mock", upstream=ECHO), proxy_env()) as session:
+        await session.send_raw(raw.encode())
+        await session.recv_until(lambda m: m.get("id") == 1)
+        seen = (await lines_seen(session))[0]
+    assert '"sampling":{"tools":{}}' in seen  # it was rewritten
+    for key in ("x", "n", "m"):
+        assert f'"{key}":[{numbers}]' in seen, seen
+
+
+MODERN = "2026-07-28"
+ENVELOPE = (
+    '"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",'
+    '"io.modelcontextprotocol/clientInfo":{"name":"raw","version":"0"},'
+    '"io.modelcontextprotocol/clientCapabilities":{}}'
+)
+EXACT = ",".join(NUMBERS)
+
+
+def modern_request(request_id: int, method: str, params: str) -> bytes:
+    """A 2026-07-28 request as raw text; `params` is the text inside `params`, before its `_meta`."""
+    inner = f"{params},{ENVELOPE}" if params else ENVELOPE
+    return f'{{"jsonrpc":"2.0","id":{request_id},"method":"{method}","params":{{{inner}}}}}'.encode()
+
+
+def raw_answer_request(request_id: int) -> bytes:
+    result = json.dumps(f'{{"content":[],"n":[{EXACT}]}}')
+    return modern_request(request_id, "test/answer_raw", f'"result":{result}')
+
+
+async def test_a_2026_request_and_its_answer_keep_numbers_a_double_cannot_hold() -> None:
+    call = modern_request(1, "tools/call", f'"name":"t","arguments":{{"n":[{EXACT}]}}')
+    async with raw_proxy(proxy_argv("--provider", "mock", upstream=ECHO), proxy_env()) as session:
+        await session.send_raw(call + b"\n")
+        await session.recv_until(lambda m: m.get("id") == 1)
+        seen = (await lines_seen(session))[0]
+        await session.send_raw(raw_answer_request(2) + b"\n")
+        answer = await session.read_line()
+    assert '"sampling":{"tools":{}}' in seen  # it was rewritten
+    assert f'"arguments":{{"n":[{EXACT}]}}' in seen, seen
+    assert f'"n":[{EXACT}]'.encode() in answer, answer
