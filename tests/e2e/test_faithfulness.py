@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 
+import httpx2
 import pytest
 
 from tests.harness import RawSession, proxy_argv, proxy_env, python_server, raw_proxy
+from tests.sidecar_harness import HANDSHAKE_HEADERS, HTTP_TIMEOUT, response_to, run_sidecar
 
 pytestmark = pytest.mark.anyio
 
@@ -72,3 +74,29 @@ async def test_a_2026_request_and_its_answer_keep_numbers_a_double_cannot_hold()
     assert '"sampling":{"tools":{}}' in seen  # it was rewritten
     assert f'"arguments":{{"n":[{EXACT}]}}' in seen, seen
     assert f'"n":[{EXACT}]'.encode() in answer, answer
+
+
+async def test_the_sidecars_2026_front_keeps_numbers_a_double_cannot_hold() -> None:
+    """The 2026-07-28 front of `serve` parsed requests and answers with `json` and wrote them again
+    (the id is the mux's): 1e400 reached the upstream, and the client, as null."""
+    headers = {**HANDSHAKE_HEADERS, "mcp-protocol-version": MODERN}
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        call = modern_request(1, "tools/call", f'"name":"t","arguments":{{"n":[{EXACT}]}}')
+        sent = await http.post(
+            sidecar.url, content=call, headers={**headers, "mcp-method": "tools/call", "mcp-name": "t"}
+        )
+        assert sent.status_code == 200, sent.text
+        answered = await http.post(
+            sidecar.url, content=raw_answer_request(2), headers={**headers, "mcp-method": "test/answer_raw"}
+        )
+        listed = await http.post(
+            sidecar.url,
+            content=modern_request(3, "test/lines", ""),
+            headers={**headers, "mcp-method": "test/lines"},
+        )
+    [seen] = [line for line in response_to(listed, 3)["result"]["lines"] if '"tools/call"' in line]
+    assert f'"arguments":{{"n":[{EXACT}]}}' in seen, seen
+    assert f'"n":[{EXACT}]' in answered.text, answered.text
