@@ -100,3 +100,19 @@ async def test_the_sidecars_2026_front_keeps_numbers_a_double_cannot_hold() -> N
     [seen] = [line for line in response_to(listed, 3)["result"]["lines"] if '"tools/call"' in line]
     assert f'"arguments":{{"n":[{EXACT}]}}' in seen, seen
     assert f'"n":[{EXACT}]' in answered.text, answered.text
+
+
+async def test_a_rewritten_message_nested_deeper_than_orjson_writes_is_relayed() -> None:
+    """orjson writes 255 levels at most: deeper, `json.dumps` wrote the message, recursing, and at
+    about a thousand levels (orjson reads 1,024) its RecursionError ended the stdio session."""
+    deep = "[" * 1000 + "1" + "]" * 1000
+    raw = (
+        '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25",'
+        f'"capabilities":{{"experimental":{{"x":{deep}}}}},"clientInfo":{{"name":"c","version":"0"}}}}}}\n'
+    )
+    async with raw_proxy(proxy_argv("--provider", "mock", upstream=ECHO), proxy_env()) as session:
+        await session.send_raw(raw.encode())
+        assert (await session.recv())["error"]["code"] == -32700  # too deep for the echo server
+        seen = (await lines_seen(session))[0]
+        assert (await session.request(2, "ping"))["result"]["echo"]["id"] == 2
+    assert f'"experimental":{{"x":{deep}}},"sampling":{{"tools":{{}}}}' in seen

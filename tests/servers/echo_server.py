@@ -15,7 +15,8 @@ Client → server messages:
   `{"unsolicited_response": <the response>}`.
 * a batch (JSON array): every element handled as above; the replies go out as one array, followed
   by the `notifications/echo` announcements for the batch's notifications.
-* a line that is not JSON: error `-32700` with id `null`; a JSON value that is not a message:
+* a line that is not JSON (or nested deeper than `json` reads): error `-32700` with id `null`; a
+  JSON value that is not a message:
   error `-32600`.
 
 Test-control requests (the result is always sent after the action):
@@ -103,7 +104,7 @@ class EchoServer:
         self.lines.append(raw.rstrip(b"\r\n").decode("utf-8", errors="backslashreplace"))
         try:
             message = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):  # nested deeper than json reads
             self.send(error_response(None, -32700, "Parse error"))
             return True
         if isinstance(message, list):
