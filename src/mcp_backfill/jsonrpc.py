@@ -235,7 +235,7 @@ def salvage_envelope(head: bytes, tail: bytes) -> tuple[bool, Id, bool]:
     if not request and _HEAD_ANSWER.search(head) is None:
         return False, None, False
     try:
-        request_id = json.loads(match.group(1))
+        request_id = decode(match.group(1))  # exact: a long decimal id keeps its digits
     except ValueError:
         return False, None, False
     return True, request_id, request
@@ -261,6 +261,6 @@ def response_head_id(raw: bytes) -> tuple[bool, Id]:
     if match is None:
         return False, None
     try:
-        return True, json.loads(match.group(1))
+        return True, decode(match.group(1))
     except ValueError:
         return False, None

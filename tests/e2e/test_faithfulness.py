@@ -116,3 +116,15 @@ async def test_a_rewritten_message_nested_deeper_than_orjson_writes_is_relayed()
         seen = (await lines_seen(session))[0]
         assert (await session.request(2, "ping"))["result"]["echo"]["id"] == 2
     assert f'"experimental":{{"x":{deep}}},"sampling":{{"tools":{{}}}}' in seen
+
+
+async def test_a_refused_oversized_request_is_answered_under_its_id_as_written() -> None:
+    """The id of a message too large to parse is read from its head: it was read with `json`, and
+    a decimal id of more digits than a double keeps came back changed (1.0), matching no request."""
+    exact_id = "1.00000000000000000000001"
+    raw = f'{{"jsonrpc":"2.0","id":{exact_id},"method":"pad","params":{{"p":"{"y" * 10_000}"}}}}\n'
+    argv = proxy_argv("--provider", "mock", "--max-message-bytes", "4096", upstream=ECHO)
+    async with raw_proxy(argv, proxy_env()) as session:
+        await session.send_raw(raw.encode())
+        refusal = await session.read_line()
+    assert refusal.startswith(f'{{"jsonrpc":"2.0","id":{exact_id},"error":'.encode()), refusal
