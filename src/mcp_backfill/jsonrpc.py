@@ -34,8 +34,8 @@ def _exact(text: str, value: float) -> float:
 
 def _parse_float(text: str) -> float:
     value = float(text)
-    if math.isfinite(value) and Decimal(text) == Decimal(repr(value)):
-        return value  # written back as `repr(value)`, the same number
+    if math.isfinite(value) and (repr(value) == text or Decimal(text) == Decimal(repr(value))):
+        return value  # what encode writes for it is the same number
     return _exact(text, value)
 
 
@@ -134,11 +134,18 @@ _COMMA, _CLOSE_OBJECT, _CLOSE_ARRAY = _Text(","), _Text("}"), _Text("]")
 
 def _encode_slowly(message: Any, string: Callable[[str], str]) -> str:
     """`encode` for what orjson refuses, as compact as `json.dumps` writes it, with each
-    `ExactNumber` as it came, and without recursion (at any depth `decode` returned)."""
+    `ExactNumber` as it came, and without recursion (at any depth `decode` returned). Each object
+    or array inside is given to orjson first: only those holding what it refuses are written here."""
     parts: list[str] = []
     stack: list[Any] = [message]
     while stack:
         item = stack.pop()
+        if item is not message and isinstance(item, dict | list):
+            try:
+                parts.append(orjson.dumps(item, default=_fragment).decode())
+                continue
+            except TypeError:
+                pass
         if type(item) is _Text:
             parts.append(item.text)
         elif isinstance(item, str):
