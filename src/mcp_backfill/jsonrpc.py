@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import re
+from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -14,14 +17,41 @@ IdKey = tuple[bool | None, Any]
 CODEC = "orjson"  # which JSON library decode/encode use (reported by the benchmarks)
 
 
+class ExactNumber(float):
+    """A number a double cannot hold as written (`1e400`, `1e-400`, more digits than it keeps, or
+    the `NaN`/`Infinity` some senders write): the nearest double for whoever reads its value, its
+    text for `encode` to write back, so that a message the relay rewrites keeps it as it came."""
+
+    __slots__ = ("text",)
+    text: str
+
+
+def _exact(text: str, value: float) -> float:
+    number = ExactNumber(value)
+    number.text = text
+    return number
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if math.isfinite(value) and (repr(value) == text or Decimal(text) == Decimal(repr(value))):
+        return value  # what encode writes for it is the same number
+    return _exact(text, value)
+
+
+def _parse_constant(text: str) -> float:
+    return _exact(text, float(text))
+
+
 def decode(raw: bytes) -> Any:
     """Parse one message; raises `ValueError` (incl. `UnicodeDecodeError`) on malformed input.
 
     orjson parses the messages the relay routes 2-5x faster than `json`. Inputs it refuses but
-    `json` accepts (lone surrogates, NaN) get `json`, and so do integers that may not fit in 64
-    bits, which orjson would turn into floats: ids and rewritten messages stay exact.
+    `json` accepts (lone surrogates, NaN) get `json`, and so do numbers that may not fit in a 64-bit
+    integer or a double, which orjson would change: ids and rewritten messages stay exact (a number
+    a double cannot hold is an `ExactNumber`, written back as it came).
     """
-    if _may_hold_long_integer(raw):
+    if _may_hold_inexact_number(raw):
         return _json_loads(raw)
     try:
         return orjson.loads(raw)
@@ -31,26 +61,29 @@ def decode(raw: bytes) -> Any:
 
 def _json_loads(raw: bytes) -> Any:
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_float=_parse_float, parse_constant=_parse_constant)
     except RecursionError:  # orjson refuses it too: nesting beyond its 1024 levels
         raise ValueError("JSON nested too deeply") from None
 
 
 # Every digit becomes "0", so a run of 19 zeros marks 19 digits in a row: the shortest number that
-# can overflow orjson's 64-bit integers (-9223372036854775809). Strings with such runs only cost speed.
-_DIGITS_AS_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
+# can overflow orjson's 64-bit integers (-9223372036854775809), or a fraction of more digits than a
+# double keeps. Strings with such runs only cost speed. orjson refuses a number beyond a double's
+# range (`1e400`); shorter numbers it reads inexactly (`1e-400` as 0, a 17-digit fraction written
+# by no shortest-form serializer) are kept as they came only when the message takes this path.
+_NUMBER_MARKS = bytes.maketrans(b"0123456789", b"0" * 10)
 _LONG_RUN = b"0" * 19
 _SCAN_CHUNK = 1 << 20
 
 
-def _may_hold_long_integer(raw: bytes) -> bool:
+def _may_hold_inexact_number(raw: bytes) -> bool:
     if len(raw) <= _SCAN_CHUNK:
-        return _LONG_RUN in raw.translate(_DIGITS_AS_ZERO)
+        return _LONG_RUN in raw.translate(_NUMBER_MARKS)
     overlap = len(_LONG_RUN) - 1
     with memoryview(raw) as view:
         for start in range(0, len(raw), _SCAN_CHUNK):
             window = bytes(view[max(start - overlap, 0) : start + _SCAN_CHUNK])
-            if _LONG_RUN in window.translate(_DIGITS_AS_ZERO):
+            if _LONG_RUN in window.translate(_NUMBER_MARKS):
                 return True
     return False
 
@@ -66,15 +99,95 @@ def compact_text(value: Any) -> str:
 
 
 def encode(message: Any) -> bytes:
-    """Compact UTF-8 JSON, as every MCP SDK writes it."""
+    """Compact UTF-8 JSON, as every MCP SDK writes it; an `ExactNumber` as it came."""
     try:
-        return orjson.dumps(message)
-    except TypeError:  # beyond orjson: integers over 64 bits, non-string keys, lone surrogates
-        text = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+        return orjson.dumps(message, default=_fragment)
+    except TypeError:  # beyond orjson: integers over 64 bits, non-string keys, lone surrogates, depth
+        pass
     try:
-        return text.encode()
+        return _encode_slowly(message, _STRING).encode()
     except UnicodeEncodeError:  # a lone surrogate has no UTF-8 form; its \u escape is valid JSON
-        return json.dumps(message, separators=(",", ":")).encode()
+        return _encode_slowly(message, _ASCII_STRING).encode()
+
+
+def _fragment(value: Any) -> orjson.Fragment:
+    if type(value) is ExactNumber:
+        return orjson.Fragment(value.text)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+_STRING: Callable[[str], str] = json.encoder.encode_basestring
+_ASCII_STRING: Callable[[str], str] = json.encoder.encode_basestring_ascii
+
+
+class _Text:
+    """JSON text already written, on `_encode_slowly`'s stack (punctuation, an object's keys)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+_COMMA, _CLOSE_OBJECT, _CLOSE_ARRAY = _Text(","), _Text("}"), _Text("]")
+
+
+def _encode_slowly(message: Any, string: Callable[[str], str]) -> str:
+    """`encode` for what orjson refuses, as compact as `json.dumps` writes it, with each
+    `ExactNumber` as it came, and without recursion (at any depth `decode` returned). Each object
+    or array inside is given to orjson first: only those holding what it refuses are written here."""
+    parts: list[str] = []
+    stack: list[Any] = [message]
+    while stack:
+        item = stack.pop()
+        if item is not message and isinstance(item, dict | list):
+            try:
+                parts.append(orjson.dumps(item, default=_fragment).decode())
+                continue
+            except TypeError:
+                pass
+        if type(item) is _Text:
+            parts.append(item.text)
+        elif isinstance(item, str):
+            parts.append(string(item))
+        elif item is None or item is True or item is False:
+            parts.append("null" if item is None else "true" if item else "false")
+        elif type(item) is ExactNumber:
+            parts.append(item.text)
+        elif isinstance(item, int):
+            parts.append(int.__repr__(item))
+        elif isinstance(item, float):
+            parts.append(float.__repr__(item) if math.isfinite(item) else "null")  # as orjson
+        elif isinstance(item, dict):
+            parts.append("{")
+            following: list[Any] = []
+            for key, value in item.items():
+                following += (_COMMA, _Text(_key(key, string) + ":"), value)
+            stack.append(_CLOSE_OBJECT)
+            stack.extend(reversed(following[1:]))
+        elif isinstance(item, list | tuple):
+            parts.append("[")
+            following = []
+            for value in item:
+                following += (_COMMA, value)
+            stack.append(_CLOSE_ARRAY)
+            stack.extend(reversed(following[1:]))
+        else:
+            raise TypeError(f"Object of type {type(item).__name__} is not JSON serializable")
+    return "".join(parts)
+
+
+def _key(key: Any, string: Callable[[str], str]) -> str:
+    """An object's key as `json.dumps` writes it (a number, boolean or null as its text)."""
+    if isinstance(key, str):
+        return string(key)
+    if key is None or key is True or key is False:
+        return string("null" if key is None else "true" if key else "false")
+    if isinstance(key, int):
+        return string(int.__repr__(key))
+    if isinstance(key, float):
+        return string(key.text if type(key) is ExactNumber else float.__repr__(key))
+    raise TypeError(f"keys must be str, int, float, bool or None, not {type(key).__name__}")
 
 
 def id_key(request_id: Any) -> IdKey:
@@ -84,7 +197,7 @@ def id_key(request_id: Any) -> IdKey:
     kind = type(request_id)
     if kind is int or kind is str or request_id is None:
         return (kind is str, request_id)
-    if kind is float:
+    if kind is float or kind is ExactNumber:
         return (False, request_id)
     return (None, compact_text(request_id))
 
@@ -129,7 +242,7 @@ def salvage_envelope(head: bytes, tail: bytes) -> tuple[bool, Id, bool]:
     if not request and _HEAD_ANSWER.search(head) is None:
         return False, None, False
     try:
-        request_id = json.loads(match.group(1))
+        request_id = decode(match.group(1))  # exact: a long decimal id keeps its digits
     except ValueError:
         return False, None, False
     return True, request_id, request
@@ -155,6 +268,6 @@ def response_head_id(raw: bytes) -> tuple[bool, Id]:
     if match is None:
         return False, None
     try:
-        return True, json.loads(match.group(1))
+        return True, decode(match.group(1))
     except ValueError:
         return False, None

@@ -15,7 +15,8 @@ Client → server messages:
   `{"unsolicited_response": <the response>}`.
 * a batch (JSON array): every element handled as above; the replies go out as one array, followed
   by the `notifications/echo` announcements for the batch's notifications.
-* a line that is not JSON: error `-32700` with id `null`; a JSON value that is not a message:
+* a line that is not JSON (or nested deeper than `json` reads): error `-32700` with id `null`; a
+  JSON value that is not a message:
   error `-32600`.
 
 Test-control requests (the result is always sent after the action):
@@ -27,6 +28,10 @@ Test-control requests (the result is always sent after the action):
 * `test/notify_client` `{"method": M, "params": P}`: sends that notification, answers
   `{"sent": true}`.
 * `test/notifications`: answers `{"notifications": [<every notification received so far>]}`.
+* `test/lines`: answers `{"lines": [<every line received so far, as text, without its newline>]}`:
+  the bytes themselves, for what a parsed message cannot show (a number's digits, key order).
+* `test/answer_raw` `{"result": T}`: answers with the JSON text T written as it is as its result
+  (numbers a parsed value cannot carry, key order, duplicate keys).
 * `test/exit` `{"code": N}`: answers `{"echo": …}`, then exits with status N (default 0).
 * `test/garbage`: writes a non-JSON line to stdout, then answers `{"echo": …}`.
 * `test/malformed_answer`: answers with a line that is no JSON (a byte that is no UTF-8 in a string).
@@ -66,6 +71,7 @@ class EchoServer:
         self._ask_counter = 0
         self._bulk_batches = 0
         self._deferred: list[Any] | None = None  # announcements held back while answering a batch
+        self.lines: list[str] = []  # every line received, as text (`test/lines`)
 
     # -- I/O ----------------------------------------------------------------------------------
 
@@ -95,9 +101,10 @@ class EchoServer:
             return False
         if not raw.strip():
             return True
+        self.lines.append(raw.rstrip(b"\r\n").decode("utf-8", errors="backslashreplace"))
         try:
             message = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):  # nested deeper than json reads
             self.send(error_response(None, -32700, "Parse error"))
             return True
         if isinstance(message, list):
@@ -173,6 +180,12 @@ class EchoServer:
             return result_response(request_id, {"sent": True})
         if method == "test/notifications":
             return result_response(request_id, {"notifications": self.notifications})
+        if method == "test/lines":
+            return result_response(request_id, {"lines": self.lines})
+        if method == "test/answer_raw":
+            head = json.dumps({"jsonrpc": "2.0", "id": request_id})[:-1]
+            self.write_line(f'{head},"result":{args.get("result", "{}")}}}')
+            return None
         if method == "test/exit":
             code = args.get("code", 0)
             self.send(result_response(request_id, {"echo": request}))

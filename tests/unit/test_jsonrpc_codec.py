@@ -85,3 +85,35 @@ def test_encode_is_compact_utf8_like_the_sdks(message: Any) -> None:
 )
 def test_response_head_id_reads_only_plain_responses(raw: bytes, expected: tuple[bool, object]) -> None:
     assert jsonrpc.response_head_id(raw) == expected
+
+
+@pytest.mark.parametrize(
+    "number",
+    ["1e400", "-1e400", "1.00000000000000000000001", "-0.1234567890123456789012e-5", "NaN", "-Infinity"],
+)
+def test_numbers_a_double_cannot_hold_are_written_back_as_they_came(number: str) -> None:
+    raw = f'{{"jsonrpc":"2.0","id":1,"params":{{"a":[{number}],"b":{{"c":{number}}}}}}}'.encode()
+    message = jsonrpc.decode(raw)
+    value = message["params"]["b"]["c"]
+    assert isinstance(value, float)  # read as the nearest double
+    assert value == float(number) or math.isnan(value)
+    message["method"] = "rewritten"
+    assert jsonrpc.encode(message) == raw[:-1] + b',"method":"rewritten"}'
+
+
+def test_numbers_a_double_holds_stay_plain_floats() -> None:
+    message = jsonrpc.decode(b'{"a":[1.5,0.1,1E2,-0.0],"n":"' + b"1" * 19 + b'"}')  # the exact path
+    assert [type(v) for v in message["a"]] == [float] * 4
+    assert jsonrpc.encode(message["a"]) == b"[1.5,0.1,100.0,-0.0]"
+    slow = b'[1E-400,"' + b"1" * 19 + b'"]'  # 1e-400 is kept when the message takes the exact path
+    assert jsonrpc.encode(jsonrpc.decode(slow)) == slow
+
+
+def test_what_orjson_refuses_is_written_as_json_writes_it_with_exact_numbers() -> None:
+    value: Any = {"s": "caf\u00e9 \ud800", "big": 2**70, "x": [None, True, False, 1.5, {}, [], (1, 2)]}
+    value[3] = "a key json.dumps writes as text"
+    value["n"] = jsonrpc.decode(b"1e400")
+    expected = json.dumps(value, separators=(",", ":")).replace("Infinity", "1e400")
+    assert jsonrpc.encode(value) == expected.encode()
+    deep = jsonrpc.decode(b"[" * 900 + b"1e400," + b"1" * 30 + b"]" * 900)
+    assert jsonrpc.encode(deep) == b"[" * 900 + b"1e400," + b"1" * 30 + b"]" * 900

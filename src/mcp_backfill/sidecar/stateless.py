@@ -260,8 +260,8 @@ class StatelessFront:
         if body is None:
             return
         try:
-            decoded = json.loads(body)
-        except (ValueError, RecursionError):
+            decoded = jsonrpc.decode(body)
+        except ValueError:  # malformed, or nested too deeply
             await call.respond_error(400, protocol.PARSE_ERROR, "Parse error")
             return
         if _is_notification(decoded):

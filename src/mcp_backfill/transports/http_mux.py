@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -132,7 +131,7 @@ class MuxChannel(InboxChannel):
             await self.abandon(exchange, f"{method} of mcp-backfill's own timed out")
             return None
         for _, data in stream.after(0):
-            answer = json.loads(data)
+            answer = jsonrpc.decode(data)
             if "method" not in answer and answer.get("id") == request_id:
                 return answer.get("result")
         return None
@@ -173,7 +172,7 @@ class MuxChannel(InboxChannel):
         behind (see the module docstring), which holds up the hub's relay."""
         self._on_message("to_client")
         try:
-            decoded = json.loads(message)
+            decoded = jsonrpc.decode(message)
         except ValueError:
             log.debug("undecodable message dropped", extra={"line": jsonrpc.preview(message)})
             return
