@@ -236,3 +236,19 @@ def test_any_json_answers_round_trip(
     assert json.dumps(taken.answers, sort_keys=True) == json.dumps(answers, sort_keys=True)
     assert json.dumps(taken.state) == json.dumps(state)
     assert (taken.has_state, taken.rounds) == (has_state, rounds)
+
+
+def test_numbers_a_double_cannot_hold_keep_their_text_through_the_seal() -> None:
+    """The server's state and the questions awaiting approval come back out of the token as they went
+    in: `1e400` in them was `Infinity` (not JSON) or `null` once the round was re-sent."""
+    from mcp_backfill import jsonrpc
+
+    raw = b'{"state": {"n": 1e400}, "pending": {"ask": {"messages": [], "maxTokens": 3, "x": -1e400}}}'
+    held = jsonrpc.decode(raw)
+    stash = sealed()
+    token = stash.put(ANSWERS, True, held["state"], 1, held["pending"])
+    taken = stash.take(token)
+    assert taken is not None
+    assert jsonrpc.encode({"state": taken.state, "pending": taken.pending}) == (
+        b'{"state":{"n":1e400},"pending":{"ask":{"messages":[],"maxTokens":3,"x":-1e400}}}'
+    )

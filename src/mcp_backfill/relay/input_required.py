@@ -12,14 +12,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import itertools
-import json
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-from mcp_backfill import protocol
+from mcp_backfill import jsonrpc, protocol
 
 # A `requestState` the proxy hands to the client when it keeps some answers of a round itself.
 STATE_PREFIX = "mcp-backfill.v1."
@@ -238,17 +237,17 @@ class SealedStash:
         pending: dict[str, Any] | None = None,
     ) -> str:
         expires = self._clock() + self.ttl
-        payload = json.dumps(
+        payload = jsonrpc.encode(  # keeps the text of numbers a double cannot hold (`1e400`)
             {"a": answers, "h": has_state, "s": state, "r": rounds, "e": expires, "p": pending or {}}
         )
         nonce = secrets.token_bytes(12)
-        sealed = self._aead.encrypt(nonce, payload.encode(), self._scope)
+        sealed = self._aead.encrypt(nonce, payload, self._scope)
         return base64.urlsafe_b64encode(nonce + sealed).decode().rstrip("=")
 
     def take(self, token: str) -> StashedRound | None:
         try:
             raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-            payload = json.loads(self._aead.decrypt(raw[:12], raw[12:], self._scope))
+            payload = jsonrpc.decode(self._aead.decrypt(raw[:12], raw[12:], self._scope))
         except self._invalid:
             return None
         now, pending = self._clock(), payload.get("p", {})
