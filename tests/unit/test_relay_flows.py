@@ -793,3 +793,41 @@ async def test_a_client_id_like_the_proxys_own_is_not_confused_with_a_round_it_r
         assert (await r.client.recv())["id"] == "mcp-backfill:1"
         await r.server.send(result(retry["id"], {"content": [{"type": "text", "text": "B"}]}))
         assert (await r.client.recv())["id"] == 2
+
+
+async def test_a_sampling_request_reusing_the_id_of_one_in_flight_is_refused_and_the_first_goes_on() -> None:
+    """A server that sent a second sampling request under the id of one the proxy was still answering
+    had both sampled (billed twice) and answered under the same id, and the first one's end forgot
+    the second: a cancel of that id no longer reached it. The duplicate is refused at once, with no
+    Claude call, and the first request is answered (or cancelled) as before."""
+    provider = GatedProvider()
+    async with relayed(provider) as r:
+        await r.server.send(sampling_request(3))
+        await provider.started.wait()
+        provider.started = anyio.Event()
+        await r.server.send(sampling_request(3, {**HELLO, "maxTokens": 20}))
+        refused = await r.server.recv()
+        assert refused["id"] == 3
+        assert refused["error"]["code"] == protocol.INVALID_REQUEST
+        assert "already in flight" in refused["error"]["message"]
+        assert not provider.started.is_set()  # the duplicate was never sampled
+        provider.gate.set()
+        assert is_mock_answer(await r.server.recv(), 3)  # the first one, answered once
+        await r.server.send(sampling_request(3))  # the id is free again once answered
+        assert is_mock_answer(await r.server.recv(), 3)
+        assert r.client.nothing_waiting()
+
+
+async def test_a_cancel_reaches_a_sampling_request_whose_id_an_earlier_one_used() -> None:
+    """Two sampling requests, the second under a reused id: with the duplicate refused, the id's
+    cancel stops the one in flight and is not forwarded to the client."""
+    provider = GatedProvider()
+    async with relayed(provider) as r:
+        await r.server.send(sampling_request(3))
+        await provider.started.wait()
+        await r.server.send(sampling_request(3))
+        assert (await r.server.recv())["error"]["code"] == protocol.INVALID_REQUEST
+        await r.server.send({"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 3}})
+        await r.server.send(request(4, "ping"))
+        assert await r.client.recv() == request(4, "ping")  # the cancel was the proxy's, not forwarded
+        assert provider.cancelled

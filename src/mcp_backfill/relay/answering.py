@@ -71,6 +71,18 @@ class Answerer:
         assert self._tg is not None
         self._tg.start_soon(self._answer, request_id, params, scope, related, span)
 
+    def answering(self, request_id: Any) -> bool:
+        """Is the proxy still answering the server's request `request_id`?"""
+        return jsonrpc.id_key(request_id) in self._answering
+
+    def refuse(self, request_id: Any, code: int, message: str) -> None:
+        """Answer the server's request `request_id` with an error, in the background."""
+        assert self._tg is not None
+        self._tg.start_soon(self._refuse, jsonrpc.encode(jsonrpc.error_response(request_id, code, message)))
+
+    async def _refuse(self, reply: bytes) -> None:
+        await self._send_upstream(reply)
+
     def cancel(self, request_id: Any) -> bool:
         """The server cancelled `request_id`: stop answering it. False if the proxy is not answering it."""
         scope = self._answering.get(jsonrpc.id_key(request_id))

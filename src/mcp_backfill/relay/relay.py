@@ -58,6 +58,11 @@ log = get_logger("relay")
 # Upstream responses this large are routed by the id at their head, without decoding them.
 LARGE_MESSAGE = 64 * 1024
 
+DUPLICATE_ID = (
+    "Invalid Request: a sampling request under this id is already in flight (mcp-backfill is still "
+    "answering it); a request's id must not be reused while its answer is awaited"
+)
+
 _Send = tuple[bool, bytes, Any]
 """One message to write: (to the upstream? else to the client, the bytes, the related request id)."""
 
@@ -458,7 +463,13 @@ class Relay:
                 or (tasked and not self.state.client.runs_sampling_tasks())
             )
         ):
-            if tasked:
+            if self.answerer.answering(message["id"]) or self.tasks.waiting(message["id"]):
+                # Two requests under one id: neither the answers nor a cancel could be told apart.
+                log.warning(
+                    "upstream reused the id of a request in flight; refused", extra={"id": message["id"]}
+                )
+                self.answerer.refuse(message["id"], protocol.INVALID_REQUEST, DUPLICATE_ID)
+            elif tasked:
                 self.tasks.create(message["id"], params, related)
             else:
                 span = self.traces.answering(message) if self.traces.enabled else None

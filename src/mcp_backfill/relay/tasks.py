@@ -179,6 +179,10 @@ class SamplingTasks:
             reply = jsonrpc.result_response(request_id, {**body, "_meta": meta})
         await self._send_upstream(jsonrpc.encode(reply))
 
+    def waiting(self, request_id: Any) -> bool:
+        """Is `request_id` a `tasks/result` of the server's still waiting for its task?"""
+        return jsonrpc.id_key(request_id) in self._waiting
+
     def cancel_waiting(self, request_id: Any) -> bool:
         """The server cancelled a `tasks/result` it was waiting on; False if it is not one."""
         scope = self._waiting.get(jsonrpc.id_key(request_id))
