@@ -831,3 +831,39 @@ async def test_a_cancel_reaches_a_sampling_request_whose_id_an_earlier_one_used(
         await r.server.send(request(4, "ping"))
         assert await r.client.recv() == request(4, "ping")  # the cancel was the proxy's, not forwarded
         assert provider.cancelled
+
+
+class PlaceholderCaller(MockProvider):
+    """Claude calling the last tool of the request: the placeholder of a tool only the history names."""
+
+    async def create_message(
+        self,
+        request: dict[str, Any],
+        *,
+        on_progress: ProgressCallback | None = None,
+        meter: UsageMeter | None = None,
+    ) -> dict[str, Any]:
+        message = await super().create_message(request, on_progress=on_progress, meter=meter)
+        call = {"type": "tool_use", "id": "toolu_x", "name": request["tools"][-1]["name"], "input": {}}
+        return {**message, "content": [call], "stop_reason": "tool_use"}
+
+
+async def test_claude_calling_a_tool_the_request_does_not_offer_is_an_error_and_is_charged() -> None:
+    history = {
+        "messages": [
+            {"role": "user", "content": {"type": "text", "text": "weather?"}},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "gone", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "toolUseId": "a", "content": []}]},
+        ],
+        "maxTokens": 10,
+        "tools": [{"name": "kept", "inputSchema": {"type": "object"}}],
+        "toolChoice": {"mode": "required"},
+    }
+    async with relayed(PlaceholderCaller()) as r:
+        await r.server.send(sampling_request(3, history))
+        answer = await r.server.recv()
+        assert answer["id"] == 3
+        assert answer["error"]["code"] == protocol.INTERNAL_ERROR
+        assert '"gone"' in answer["error"]["message"]
+        assert r.relay.answerer.session is not None
+        assert r.relay.answerer.session.budget.used > 0  # the call was made: it is charged
