@@ -867,3 +867,25 @@ async def test_claude_calling_a_tool_the_request_does_not_offer_is_an_error_and_
         assert '"gone"' in answer["error"]["message"]
         assert r.relay.answerer.session is not None
         assert r.relay.answerer.session.budget.used > 0  # the call was made: it is charged
+
+
+async def test_a_tasks_result_reusing_the_id_of_a_sampling_request_in_flight_is_refused() -> None:
+    """The proxy answers both; under one id, the sampling's cancel would have stopped the wrong one."""
+    provider = GatedProvider()
+    async with relayed(provider) as r:
+        await r.client.send(request(1, "initialize", initialize({})))
+        await r.server.recv()
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        await r.server.send(sampling_request(9, {**HELLO, "task": {"ttl": 60000}}))
+        task = (await r.server.recv())["result"]["task"]
+        await r.server.send(sampling_request(3))
+        await provider.started.wait()
+        await r.server.send(request(3, "tasks/result", {"taskId": task["taskId"]}))
+        refused = await r.server.recv()
+        assert refused["id"] == 3
+        assert refused["error"]["code"] == protocol.INVALID_REQUEST
+        await r.server.send({"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 3}})
+        await r.server.send(request(4, "ping"))
+        assert await r.client.recv() == request(4, "ping")
+        assert provider.cancelled  # the sampling request 3 was the one cancelled

@@ -115,10 +115,7 @@ class SamplingTasks:
     ) -> dict[str, Any] | None:
         """One of the server's `tasks/*` requests: None when the proxy answers it (in the
         background: tasks/result waits), else the message, for the client."""
-        if method == protocol.TASKS_LIST:
-            mine = not client.lists_tasks()
-        else:
-            mine = is_own_task(params.get("taskId")) or client.tasks is None
+        mine = self.answers(method, params, client)
         if not mine:
             if method == protocol.TASKS_LIST:  # the proxy's tasks join the client's last page
                 self._client_lists.add(jsonrpc.id_key(message["id"]))
@@ -127,6 +124,13 @@ class SamplingTasks:
         assert self._tg is not None
         self._tg.start_soon(self._answer, message["id"], method, params)
         return None
+
+    @staticmethod
+    def answers(method: str, params: dict[str, Any], client: ClientProfile) -> bool:
+        """Is the server's `tasks/*` request the proxy's to answer (else the client's)?"""
+        if method == protocol.TASKS_LIST:
+            return not client.lists_tasks()
+        return is_own_task(params.get("taskId")) or client.tasks is None
 
     async def _answer(self, request_id: Any, method: str, params: dict[str, Any]) -> None:
         try:
