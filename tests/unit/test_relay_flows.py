@@ -889,3 +889,22 @@ async def test_a_tasks_result_reusing_the_id_of_a_sampling_request_in_flight_is_
         await r.server.send(request(4, "ping"))
         assert await r.client.recv() == request(4, "ping")
         assert provider.cancelled  # the sampling request 3 was the one cancelled
+
+
+async def test_an_id_the_server_cancelled_is_free_at_once_though_its_call_is_still_stopping() -> None:
+    """The server cancelled request 3 and then used 3 again while the cancelled call was still
+    stopping (settling its charge): that is no duplicate, the new request is answered, and the old
+    one's end does not forget it (a cancel of 3 still reaches it)."""
+    provider = SlowToStopProvider()
+    async with relayed(provider) as r:
+        await r.server.send(sampling_request(3))
+        await provider.started.wait()
+        await r.server.send({"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 3}})
+        await r.server.send(sampling_request(3))
+        try:
+            assert is_mock_answer(await r.server.recv(), 3)
+        finally:
+            provider.release.set()  # else a failure would hang: the cancelled call waits for it
+        await r.server.send(request(4, "ping"))
+        assert await r.client.recv() == request(4, "ping")
+        assert r.server.nothing_waiting()  # the cancelled request got no answer

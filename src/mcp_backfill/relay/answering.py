@@ -85,7 +85,8 @@ class Answerer:
 
     def cancel(self, request_id: Any) -> bool:
         """The server cancelled `request_id`: stop answering it. False if the proxy is not answering it."""
-        scope = self._answering.get(jsonrpc.id_key(request_id))
+        # Forgotten now: the server expects no answer, and may use the id again while this stops.
+        scope = self._answering.pop(jsonrpc.id_key(request_id), None)
         if scope is None:
             return False
         log.info("upstream cancelled a sampling request", extra={"request_id": request_id})
@@ -115,7 +116,8 @@ class Answerer:
                 except SamplingError as exc:
                     response = jsonrpc.error_response(request_id, exc.code, exc.message, exc.data)
         finally:
-            self._answering.pop(jsonrpc.id_key(request_id), None)
+            if self._answering.get(jsonrpc.id_key(request_id)) is scope:  # not a later request's
+                del self._answering[jsonrpc.id_key(request_id)]
             if span is not None:
                 if response is None:
                     span.cancel()

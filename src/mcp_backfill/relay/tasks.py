@@ -171,7 +171,8 @@ class SamplingTasks:
                 with scope:
                     await done.wait()
             finally:
-                self._waiting.pop(jsonrpc.id_key(request_id), None)
+                if self._waiting.get(jsonrpc.id_key(request_id)) is scope:  # not a later request's
+                    del self._waiting[jsonrpc.id_key(request_id)]
             if scope.cancelled_caught:
                 return  # the server cancelled its tasks/result: it expects no answer
         assert task.outcome is not None
@@ -189,7 +190,7 @@ class SamplingTasks:
 
     def cancel_waiting(self, request_id: Any) -> bool:
         """The server cancelled a `tasks/result` it was waiting on; False if it is not one."""
-        scope = self._waiting.get(jsonrpc.id_key(request_id))
+        scope = self._waiting.pop(jsonrpc.id_key(request_id), None)  # its id is free again
         if scope is None:
             return False
         scope.cancel()
