@@ -908,3 +908,54 @@ async def test_an_id_the_server_cancelled_is_free_at_once_though_its_call_is_sti
         await r.server.send(request(4, "ping"))
         assert await r.client.recv() == request(4, "ping")
         assert r.server.nothing_waiting()  # the cancelled request got no answer
+
+
+class StopsSlowlyThenGated(SlowToStopProvider):
+    """The first call as `SlowToStopProvider`'s; the second waits for `gate`, noting a cancellation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = anyio.Event()
+        self.second_started = anyio.Event()
+        self.second_cancelled = False
+
+    async def create_message(
+        self,
+        request: dict[str, Any],
+        *,
+        on_progress: ProgressCallback | None = None,
+        meter: UsageMeter | None = None,
+    ) -> dict[str, Any]:
+        if self.calls == 1:
+            self.calls += 1
+            self.second_started.set()
+            try:
+                await self.gate.wait()
+            except anyio.get_cancelled_exc_class():
+                self.second_cancelled = True
+                raise
+        return await super().create_message(request, on_progress=on_progress, meter=meter)
+
+
+async def test_a_cancel_reaches_a_request_reusing_the_id_of_a_cancelled_one_that_ended_since() -> None:
+    """The cancelled request's end removed the new request's entry under their shared id: the
+    server's cancel of the new one went to the client, and its Claude call ran (and billed) on."""
+    provider = StopsSlowlyThenGated()
+    cancel = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 3}}
+    async with relayed(provider) as r:
+        await r.server.send(sampling_request(3))
+        await provider.started.wait()
+        await r.server.send(cancel)
+        await r.server.send(sampling_request(3))
+        try:
+            await provider.second_started.wait()
+        finally:
+            provider.release.set()
+        await anyio.wait_all_tasks_blocked()  # the cancelled request has ended
+        await r.server.send(cancel)
+        await r.server.send(request(4, "ping"))
+        try:
+            assert await r.client.recv() == request(4, "ping")  # the cancel was the proxy's
+            assert provider.second_cancelled
+        finally:
+            provider.gate.set()
