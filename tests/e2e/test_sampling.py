@@ -369,3 +369,30 @@ async def test_always_mode_never_asks_the_client(fake_claude: FakeClaude) -> Non
         outcome = tool_json(await client.call_tool("plain", {"prompt": "p"}))
     assert outcome["text"] == "from claude"
     assert asked == []
+
+
+async def test_claude_calling_a_tool_only_the_history_names_is_an_error_naming_it(
+    fake_claude: FakeClaude,
+) -> None:
+    """The request offers `kept`; `gone` is only in the history, so Claude gets a placeholder for it.
+    A call of it is not handed to the server (a tool call MUST name one of the request's tools)."""
+    fake_claude.enqueue(tool_use_reply("gone", {"city": "Rome"}, id="toolu_again"))
+    params = {
+        "messages": [
+            {"role": "user", "content": {"type": "text", "text": "weather?"}},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "gone", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "toolUseId": "a", "content": []}]},
+        ],
+        "maxTokens": 10,
+        "tools": [{"name": "kept", "inputSchema": {"type": "object"}}],
+        "toolChoice": {"mode": "required"},
+    }
+    async with client_for(fake_claude) as client:
+        outcome = tool_json(await client.call_tool("sample_raw", {"params_json": json.dumps(params)}))
+    assert "result" not in outcome
+    error = outcome["error"]
+    assert error["code"] == -32603
+    assert '"gone"' in error["message"]
+    assert error["data"] == {"tool": "gone", "reason": "tool_not_offered"}
+    sent = fake_claude.message_requests[-1].body
+    assert [tool["name"] for tool in sent["tools"]] == ["kept", "gone"]

@@ -13,7 +13,7 @@ from mcp_types import CreateMessageResult, CreateMessageResultWithTools
 from mcp_types.methods import validate_client_result
 
 from mcp_backfill.errors import SamplingError
-from mcp_backfill.protocol import INVALID_PARAMS
+from mcp_backfill.protocol import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_backfill.sampling.convert import (
     META_KEY,
     ClaudeRequest,
@@ -331,6 +331,36 @@ def test_history_tool_missing_from_given_tools_gets_a_placeholder() -> None:
     request = convert(*HISTORY, tools=[{"name": "other"}], toolChoice={"mode": "required"})
     assert [tool["name"] for tool in request.kwargs["tools"]] == ["other", "get_weather"]
     assert request.kwargs["tool_choice"] == {"type": "any"}
+
+
+def test_a_call_claude_makes_to_a_placeholder_tool_is_refused_naming_it() -> None:
+    """The placeholder stands for a tool only the history names; the spec says a tool_use MUST name
+    a tool of the request's `tools`. Claude calling it (tool_choice `any` may make it) was passed to
+    the server as a call of a tool it never offered, with arguments no schema had shaped."""
+    request = convert(*HISTORY, tools=[{"name": "other"}], toolChoice={"mode": "required"})
+    answer = claude_message(tool_use("toolu_9", "get_weather", city="Rome"), stop_reason="tool_use")
+    with pytest.raises(SamplingError) as caught:
+        to_mcp_result(answer, request)
+    assert caught.value.code == INTERNAL_ERROR
+    assert '"get_weather"' in caught.value.message
+    assert "does not offer" in caught.value.message
+    assert caught.value.data == {"tool": "get_weather", "reason": "tool_not_offered"}
+    # A call of a tool the request offers is the server's, as before.
+    offered = to_mcp_result(claude_message(tool_use("toolu_9", "other"), stop_reason="tool_use"), request)
+    assert offered["content"] == [tool_use("toolu_9", "other")]
+
+
+def test_a_placeholder_call_is_named_as_the_server_spelled_the_tool() -> None:
+    history = (
+        user(text("weather?")),
+        assistant(tool_use("toolu_1", "weather.get", city="Paris")),
+        user(tool_result("toolu_1", text("sunny"))),
+    )
+    request = convert(*history, tools=[{"name": "other"}])
+    claude_name = next(tool["name"] for tool in request.kwargs["tools"] if tool["name"] != "other")
+    with pytest.raises(SamplingError) as caught:
+        to_mcp_result(claude_message(tool_use("toolu_9", claude_name), stop_reason="tool_use"), request)
+    assert '"weather.get"' in caught.value.message
 
 
 def test_history_with_matching_tools_gets_no_placeholder() -> None:

@@ -793,3 +793,169 @@ async def test_a_client_id_like_the_proxys_own_is_not_confused_with_a_round_it_r
         assert (await r.client.recv())["id"] == "mcp-backfill:1"
         await r.server.send(result(retry["id"], {"content": [{"type": "text", "text": "B"}]}))
         assert (await r.client.recv())["id"] == 2
+
+
+async def test_a_sampling_request_reusing_the_id_of_one_in_flight_is_refused_and_the_first_goes_on() -> None:
+    """A server that sent a second sampling request under the id of one the proxy was still answering
+    had both sampled (billed twice) and answered under the same id, and the first one's end forgot
+    the second: a cancel of that id no longer reached it. The duplicate is refused at once, with no
+    Claude call, and the first request is answered (or cancelled) as before."""
+    provider = GatedProvider()
+    async with relayed(provider) as r:
+        await r.server.send(sampling_request(3))
+        await provider.started.wait()
+        provider.started = anyio.Event()
+        await r.server.send(sampling_request(3, {**HELLO, "maxTokens": 20}))
+        refused = await r.server.recv()
+        assert refused["id"] == 3
+        assert refused["error"]["code"] == protocol.INVALID_REQUEST
+        assert "already in flight" in refused["error"]["message"]
+        assert not provider.started.is_set()  # the duplicate was never sampled
+        provider.gate.set()
+        assert is_mock_answer(await r.server.recv(), 3)  # the first one, answered once
+        await r.server.send(sampling_request(3))  # the id is free again once answered
+        assert is_mock_answer(await r.server.recv(), 3)
+        assert r.client.nothing_waiting()
+
+
+async def test_a_cancel_reaches_a_sampling_request_whose_id_an_earlier_one_used() -> None:
+    """Two sampling requests, the second under a reused id: with the duplicate refused, the id's
+    cancel stops the one in flight and is not forwarded to the client."""
+    provider = GatedProvider()
+    async with relayed(provider) as r:
+        await r.server.send(sampling_request(3))
+        await provider.started.wait()
+        await r.server.send(sampling_request(3))
+        assert (await r.server.recv())["error"]["code"] == protocol.INVALID_REQUEST
+        await r.server.send({"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 3}})
+        await r.server.send(request(4, "ping"))
+        assert await r.client.recv() == request(4, "ping")  # the cancel was the proxy's, not forwarded
+        assert provider.cancelled
+
+
+class PlaceholderCaller(MockProvider):
+    """Claude calling the last tool of the request: the placeholder of a tool only the history names."""
+
+    async def create_message(
+        self,
+        request: dict[str, Any],
+        *,
+        on_progress: ProgressCallback | None = None,
+        meter: UsageMeter | None = None,
+    ) -> dict[str, Any]:
+        message = await super().create_message(request, on_progress=on_progress, meter=meter)
+        call = {"type": "tool_use", "id": "toolu_x", "name": request["tools"][-1]["name"], "input": {}}
+        return {**message, "content": [call], "stop_reason": "tool_use"}
+
+
+async def test_claude_calling_a_tool_the_request_does_not_offer_is_an_error_and_is_charged() -> None:
+    history = {
+        "messages": [
+            {"role": "user", "content": {"type": "text", "text": "weather?"}},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "gone", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "toolUseId": "a", "content": []}]},
+        ],
+        "maxTokens": 10,
+        "tools": [{"name": "kept", "inputSchema": {"type": "object"}}],
+        "toolChoice": {"mode": "required"},
+    }
+    async with relayed(PlaceholderCaller()) as r:
+        await r.server.send(sampling_request(3, history))
+        answer = await r.server.recv()
+        assert answer["id"] == 3
+        assert answer["error"]["code"] == protocol.INTERNAL_ERROR
+        assert '"gone"' in answer["error"]["message"]
+        assert r.relay.answerer.session is not None
+        assert r.relay.answerer.session.budget.used > 0  # the call was made: it is charged
+
+
+async def test_a_tasks_result_reusing_the_id_of_a_sampling_request_in_flight_is_refused() -> None:
+    """The proxy answers both; under one id, the sampling's cancel would have stopped the wrong one."""
+    provider = GatedProvider()
+    async with relayed(provider) as r:
+        await r.client.send(request(1, "initialize", initialize({})))
+        await r.server.recv()
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        await r.server.send(sampling_request(9, {**HELLO, "task": {"ttl": 60000}}))
+        task = (await r.server.recv())["result"]["task"]
+        await r.server.send(sampling_request(3))
+        await provider.started.wait()
+        await r.server.send(request(3, "tasks/result", {"taskId": task["taskId"]}))
+        refused = await r.server.recv()
+        assert refused["id"] == 3
+        assert refused["error"]["code"] == protocol.INVALID_REQUEST
+        await r.server.send({"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 3}})
+        await r.server.send(request(4, "ping"))
+        assert await r.client.recv() == request(4, "ping")
+        assert provider.cancelled  # the sampling request 3 was the one cancelled
+
+
+async def test_an_id_the_server_cancelled_is_free_at_once_though_its_call_is_still_stopping() -> None:
+    """The server cancelled request 3 and then used 3 again while the cancelled call was still
+    stopping (settling its charge): that is no duplicate, the new request is answered, and the old
+    one's end does not forget it (a cancel of 3 still reaches it)."""
+    provider = SlowToStopProvider()
+    async with relayed(provider) as r:
+        await r.server.send(sampling_request(3))
+        await provider.started.wait()
+        await r.server.send({"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 3}})
+        await r.server.send(sampling_request(3))
+        try:
+            assert is_mock_answer(await r.server.recv(), 3)
+        finally:
+            provider.release.set()  # else a failure would hang: the cancelled call waits for it
+        await r.server.send(request(4, "ping"))
+        assert await r.client.recv() == request(4, "ping")
+        assert r.server.nothing_waiting()  # the cancelled request got no answer
+
+
+class StopsSlowlyThenGated(SlowToStopProvider):
+    """The first call as `SlowToStopProvider`'s; the second waits for `gate`, noting a cancellation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = anyio.Event()
+        self.second_started = anyio.Event()
+        self.second_cancelled = False
+
+    async def create_message(
+        self,
+        request: dict[str, Any],
+        *,
+        on_progress: ProgressCallback | None = None,
+        meter: UsageMeter | None = None,
+    ) -> dict[str, Any]:
+        if self.calls == 1:
+            self.calls += 1
+            self.second_started.set()
+            try:
+                await self.gate.wait()
+            except anyio.get_cancelled_exc_class():
+                self.second_cancelled = True
+                raise
+        return await super().create_message(request, on_progress=on_progress, meter=meter)
+
+
+async def test_a_cancel_reaches_a_request_reusing_the_id_of_a_cancelled_one_that_ended_since() -> None:
+    """The cancelled request's end removed the new request's entry under their shared id: the
+    server's cancel of the new one went to the client, and its Claude call ran (and billed) on."""
+    provider = StopsSlowlyThenGated()
+    cancel = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 3}}
+    async with relayed(provider) as r:
+        await r.server.send(sampling_request(3))
+        await provider.started.wait()
+        await r.server.send(cancel)
+        await r.server.send(sampling_request(3))
+        try:
+            await provider.second_started.wait()
+        finally:
+            provider.release.set()
+        await anyio.wait_all_tasks_blocked()  # the cancelled request has ended
+        await r.server.send(cancel)
+        await r.server.send(request(4, "ping"))
+        try:
+            assert await r.client.recv() == request(4, "ping")  # the cancel was the proxy's
+            assert provider.second_cancelled
+        finally:
+            provider.gate.set()

@@ -71,9 +71,22 @@ class Answerer:
         assert self._tg is not None
         self._tg.start_soon(self._answer, request_id, params, scope, related, span)
 
+    def answering(self, request_id: Any) -> bool:
+        """Is the proxy still answering the server's request `request_id`?"""
+        return jsonrpc.id_key(request_id) in self._answering
+
+    def refuse(self, request_id: Any, code: int, message: str) -> None:
+        """Answer the server's request `request_id` with an error, in the background."""
+        assert self._tg is not None
+        self._tg.start_soon(self._refuse, jsonrpc.encode(jsonrpc.error_response(request_id, code, message)))
+
+    async def _refuse(self, reply: bytes) -> None:
+        await self._send_upstream(reply)
+
     def cancel(self, request_id: Any) -> bool:
         """The server cancelled `request_id`: stop answering it. False if the proxy is not answering it."""
-        scope = self._answering.get(jsonrpc.id_key(request_id))
+        # Forgotten now: the server expects no answer, and may use the id again while this stops.
+        scope = self._answering.pop(jsonrpc.id_key(request_id), None)
         if scope is None:
             return False
         log.info("upstream cancelled a sampling request", extra={"request_id": request_id})
@@ -103,7 +116,8 @@ class Answerer:
                 except SamplingError as exc:
                     response = jsonrpc.error_response(request_id, exc.code, exc.message, exc.data)
         finally:
-            self._answering.pop(jsonrpc.id_key(request_id), None)
+            if self._answering.get(jsonrpc.id_key(request_id)) is scope:  # not a later request's
+                del self._answering[jsonrpc.id_key(request_id)]
             if span is not None:
                 if response is None:
                     span.cancel()

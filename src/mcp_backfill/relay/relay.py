@@ -58,6 +58,11 @@ log = get_logger("relay")
 # Upstream responses this large are routed by the id at their head, without decoding them.
 LARGE_MESSAGE = 64 * 1024
 
+DUPLICATE_ID = (
+    "Invalid Request: a request under this id is already in flight (mcp-backfill is still answering "
+    "it); a request's id must not be reused while its answer is awaited"
+)
+
 _Send = tuple[bool, bytes, Any]
 """One message to write: (to the upstream? else to the client, the bytes, the related request id)."""
 
@@ -458,13 +463,21 @@ class Relay:
                 or (tasked and not self.state.client.runs_sampling_tasks())
             )
         ):
-            if tasked:
+            if self._refused_as_duplicate(message["id"]):
+                pass
+            elif tasked:
                 self.tasks.create(message["id"], params, related)
             else:
                 span = self.traces.answering(message) if self.traces.enabled else None
                 self.answerer.answer_request(message["id"], params, related, span)
             return None
         tasks = method in protocol.TASK_METHODS and "id" in message and self.state.declares_tasks
+        if (
+            tasks
+            and SamplingTasks.answers(method, params, self.state.client)
+            and self._refused_as_duplicate(message["id"])
+        ):
+            return None
         if tasks and self.tasks.take_request(message, method, params, self.state.client) is None:
             return None  # the proxy answers it
         if self.traces.enabled and "id" in message:
@@ -474,6 +487,15 @@ class Relay:
             if self.answerer.cancel(request_id) or self.tasks.cancel_waiting(request_id):
                 return None
         return message
+
+    def _refused_as_duplicate(self, request_id: Any) -> bool:
+        """A server request the proxy answers, under the id of one it is still answering, is refused:
+        the two answers could not be told apart, nor could a cancel of that id."""
+        if not (self.answerer.answering(request_id) or self.tasks.waiting(request_id)):
+            return False
+        log.warning("upstream reused the id of a request in flight; refused", extra={"id": request_id})
+        self.answerer.refuse(request_id, protocol.INVALID_REQUEST, DUPLICATE_ID)
+        return True
 
     def _upstream_response(self, message: dict[str, Any]) -> Any:
         upstream_id = message.get("id")

@@ -115,10 +115,7 @@ class SamplingTasks:
     ) -> dict[str, Any] | None:
         """One of the server's `tasks/*` requests: None when the proxy answers it (in the
         background: tasks/result waits), else the message, for the client."""
-        if method == protocol.TASKS_LIST:
-            mine = not client.lists_tasks()
-        else:
-            mine = is_own_task(params.get("taskId")) or client.tasks is None
+        mine = self.answers(method, params, client)
         if not mine:
             if method == protocol.TASKS_LIST:  # the proxy's tasks join the client's last page
                 self._client_lists.add(jsonrpc.id_key(message["id"]))
@@ -127,6 +124,13 @@ class SamplingTasks:
         assert self._tg is not None
         self._tg.start_soon(self._answer, message["id"], method, params)
         return None
+
+    @staticmethod
+    def answers(method: str, params: dict[str, Any], client: ClientProfile) -> bool:
+        """Is the server's `tasks/*` request the proxy's to answer (else the client's)?"""
+        if method == protocol.TASKS_LIST:
+            return not client.lists_tasks()
+        return is_own_task(params.get("taskId")) or client.tasks is None
 
     async def _answer(self, request_id: Any, method: str, params: dict[str, Any]) -> None:
         try:
@@ -167,7 +171,8 @@ class SamplingTasks:
                 with scope:
                     await done.wait()
             finally:
-                self._waiting.pop(jsonrpc.id_key(request_id), None)
+                if self._waiting.get(jsonrpc.id_key(request_id)) is scope:  # not a later request's
+                    del self._waiting[jsonrpc.id_key(request_id)]
             if scope.cancelled_caught:
                 return  # the server cancelled its tasks/result: it expects no answer
         assert task.outcome is not None
@@ -179,9 +184,13 @@ class SamplingTasks:
             reply = jsonrpc.result_response(request_id, {**body, "_meta": meta})
         await self._send_upstream(jsonrpc.encode(reply))
 
+    def waiting(self, request_id: Any) -> bool:
+        """Is `request_id` a `tasks/result` of the server's still waiting for its task?"""
+        return jsonrpc.id_key(request_id) in self._waiting
+
     def cancel_waiting(self, request_id: Any) -> bool:
         """The server cancelled a `tasks/result` it was waiting on; False if it is not one."""
-        scope = self._waiting.get(jsonrpc.id_key(request_id))
+        scope = self._waiting.pop(jsonrpc.id_key(request_id), None)  # its id is free again
         if scope is None:
             return False
         scope.cancel()

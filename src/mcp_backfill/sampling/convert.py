@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mcp_backfill.errors import invalid_params
+from mcp_backfill.errors import internal_error, invalid_params
 from mcp_backfill.options import AudioPolicy
 from mcp_backfill.sampling.media import decoded_size, strip_data_url
 from mcp_backfill.sampling.validate import (
@@ -125,6 +125,9 @@ class ClaudeRequest:
     """The request carried `tools`/`toolChoice`, so the result may hold an array and tool_use blocks."""
     warnings: tuple[str, ...]
     """Parts of the request that could not be honoured; reported in the result `_meta`."""
+    placeholders: frozenset[str] = frozenset()
+    """Claude-side names of the placeholder tools (named by the history, not offered): Claude's
+    answer must not call them."""
 
 
 @dataclass
@@ -177,6 +180,7 @@ def to_claude_request(params: dict[str, Any], options: ConversionOptions) -> Cla
         tool_ids={claude: mcp for mcp, claude in id_map.items() if claude != mcp},
         has_tools=params.get("tools") is not None or choice is not None,
         warnings=tuple(ctx.warnings),
+        placeholders=frozenset(name_map[name] for name in _unoffered(tools_in, history_names)),
     )
 
 
@@ -294,15 +298,19 @@ def _tools_kwargs(
     mentions tools the request no longer offers gets inert definitions for them.
     """
     tools = [_convert_tool(tool, name_map) for tool in tools_in]
-    offered = {tool["name"] for tool in tools_in}
-    missing = [name for name in dict.fromkeys(history_names) if name not in offered]
-    tools.extend(_placeholder_tool(name_map[name]) for name in missing)
+    tools.extend(_placeholder_tool(name_map[name]) for name in _unoffered(tools_in, history_names))
     if not tools:
         return {}
     if not tools_in:
         return {"tools": tools, "tool_choice": {"type": "none"}}
     tool_choice = _convert_tool_choice(choice)
     return {"tools": tools, "tool_choice": tool_choice} if tool_choice else {"tools": tools}
+
+
+def _unoffered(tools_in: Sequence[Mapping[str, Any]], history_names: Sequence[str]) -> list[str]:
+    """The tools the history names that the request does not offer (they get placeholders)."""
+    offered = {tool["name"] for tool in tools_in}
+    return [name for name in dict.fromkeys(history_names) if name not in offered]
 
 
 def _convert_tool(tool: Mapping[str, Any], name_map: Mapping[str, str]) -> dict[str, Any]:
@@ -719,6 +727,7 @@ def to_mcp_result(
         if kind == "text" and isinstance(block.get("text"), str):
             blocks.append({"type": "text", "text": block["text"]})
         elif kind == "tool_use" and request.has_tools:
+            _check_offered(block, request)
             blocks.append(_mcp_tool_use(block, request))
         elif str(kind) not in dropped:
             dropped.append(str(kind))
@@ -738,6 +747,22 @@ def to_mcp_result(
 def _single_text(blocks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Servers that sent no tools only accept one content block: all text, joined."""
     return {"type": "text", "text": "".join(block["text"] for block in blocks if block["type"] == "text")}
+
+
+def _check_offered(block: Mapping[str, Any], request: ClaudeRequest) -> None:
+    """A call of a placeholder is refused: a tool_use MUST name a tool of the request's `tools`,
+    and the server never offered this one here (nor shaped its arguments with a schema)."""
+    name = block.get("name")
+    if name not in request.placeholders:
+        return
+    mcp_name = request.tool_names.get(str(name), str(name))
+    raise internal_error(
+        f"Claude called the tool {shown_name(mcp_name)}, which this request does not offer (only an "
+        "earlier turn of the conversation used it; it was given to Claude as unavailable, and the "
+        "call was charged); offer the tool in `tools` to let Claude call it, or answer again",
+        tool=mcp_name,
+        reason="tool_not_offered",
+    )
 
 
 def _mcp_tool_use(block: Mapping[str, Any], request: ClaudeRequest) -> dict[str, Any]:
