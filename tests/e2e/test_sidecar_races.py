@@ -4,7 +4,9 @@ test (a body held back, a Claude answer that hangs), never with sleeps that assu
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import anyio
 import httpx2
@@ -15,6 +17,7 @@ from tests.sidecar_harness import (
     HANDSHAKE_HEADERS,
     HTTP_TIMEOUT,
     health,
+    initialize_body,
     open_session,
     response_to,
     run_sidecar,
@@ -62,3 +65,59 @@ async def test_a_session_is_not_reaped_while_a_post_body_of_it_is_arriving() -> 
         response = answer["a"]
         assert response.status_code == 200, response.text
         assert "tools" in response_to(response, 5)["result"]
+
+
+# An upstream slow to stop: once its input is closed it stays until the test creates `release`.
+LINGERING_SERVER = r"""
+import json, os, sys, time
+from pathlib import Path
+here = Path(sys.argv[1])
+(here / f"started-{os.getpid()}").touch()
+for line in sys.stdin:
+    message = json.loads(line)
+    if "id" in message and "method" in message:
+        info = {"name": "linger", "version": "0"}
+        result = {"protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": info}
+        print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
+(here / f"eof-{os.getpid()}").touch()
+while not (here / "release").exists():
+    time.sleep(0.05)
+"""
+
+
+async def test_a_deleted_session_counts_against_max_sessions_until_its_upstream_stopped(
+    tmp_path: Path,
+) -> None:
+    """DELETE took its session off `--max-sessions` at once, while its upstream process was still
+    stopping (up to 3 x `--shutdown-grace`): a client deleting and reopening sessions ran more
+    upstream processes than the limit. Now the slot is free once the process is gone."""
+    script = tmp_path / "linger.py"
+    script.write_text(LINGERING_SERVER)
+    options = ("--provider", "mock", "--max-sessions", "1", "--shutdown-grace", "60")
+    async with (
+        run_sidecar(
+            *options, upstream=[sys.executable, str(script), str(tmp_path)], env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        first = await open_session(http, sidecar.url)
+        deleted: dict[str, httpx2.Response] = {}
+
+        async def delete() -> None:
+            deleted["first"] = await http.delete(
+                sidecar.url, headers={**HANDSHAKE_HEADERS, "mcp-session-id": first}
+            )
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(delete)
+            with anyio.fail_after(HTTP_TIMEOUT):
+                while not list(tmp_path.glob("eof-*")):  # its upstream is stopping
+                    await anyio.sleep(0.05)
+            meanwhile = await http.post(sidecar.url, json=initialize_body(), headers=HANDSHAKE_HEADERS)
+            (tmp_path / "release").touch()
+        after = await http.post(sidecar.url, json=initialize_body(), headers=HANDSHAKE_HEADERS)
+    assert deleted["first"].status_code == 200
+    assert meanwhile.status_code == 503, meanwhile.text
+    assert "--max-sessions" in meanwhile.text
+    assert after.status_code == 200, after.text
+    assert len(list(tmp_path.glob("started-*"))) == 2

@@ -140,7 +140,7 @@ async def run_sidecar(config: Config) -> int:
         lambda identity: StatelessHub(open_upstream, make_relay, count, identity),
         max_upstreams=config.max_sessions,
         idle_timeout=config.session_idle_timeout,
-        others=lambda: len(sessions),
+        others=lambda: sessions.upstreams,
     )
     sessions = SessionTable(
         config.max_sessions,
