@@ -4,14 +4,18 @@ test (a body held back, a Claude answer that hangs), never with sleeps that assu
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx2
 import pytest
 
+from tests.e2e.test_sidecar_stateless import stateless_headers, stateless_request
+from tests.fake_claude import FakeClaude, hang_reply
 from tests.harness import proxy_env, python_server
 from tests.sidecar_harness import (
     HANDSHAKE_HEADERS,
@@ -19,6 +23,7 @@ from tests.sidecar_harness import (
     health,
     initialize_body,
     open_session,
+    response_messages,
     response_to,
     run_sidecar,
 )
@@ -26,6 +31,7 @@ from tests.sidecar_harness import (
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 SAMPLING_SERVER = python_server("sampling_server.py")
+RESOLVE_SERVER = python_server("resolve_server.py")
 
 
 async def test_a_session_is_not_reaped_while_a_post_body_of_it_is_arriving() -> None:
@@ -121,3 +127,47 @@ async def test_a_deleted_session_counts_against_max_sessions_until_its_upstream_
     assert "--max-sessions" in meanwhile.text
     assert after.status_code == 200, after.text
     assert len(list(tmp_path.glob("started-*"))) == 2
+
+
+@pytest.mark.parametrize("era", ["handshake", "2026-07-28"])
+async def test_a_request_still_running_when_the_drain_ends_is_answered(
+    fake_claude: FakeClaude, era: str
+) -> None:
+    """A request still in flight when `--drain-timeout` was up was cancelled by uvicorn in its
+    handler: its client got a bare `500 Internal Server Error` (no JSON-RPC answer, and one for the
+    5xx alert) and the log an "Exception in ASGI application" traceback. Now it is answered with a
+    JSON-RPC error saying the sidecar is shutting down, and its Claude call is cancelled and charged."""
+    fake_claude.enqueue(hang_reply("thinking..."))
+    upstream = SAMPLING_SERVER if era == "handshake" else RESOLVE_SERVER
+    answer: dict[str, httpx2.Response] = {}
+    async with (
+        run_sidecar("--drain-timeout", "1", upstream=upstream, env=proxy_env(fake_claude.url)) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        request: dict[str, Any]
+        if era == "handshake":
+            headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+            arguments = {"prompt": "a long essay", "max_tokens": 50}
+            request = {"jsonrpc": "2.0", "id": 7, "method": "tools/call"}
+            request["params"] = {"name": "plain", "arguments": arguments}
+        else:
+            headers = stateless_headers("tools/call", "summarize")
+            request = stateless_request(7, "tools/call", {"name": "summarize", "arguments": {"text": "x"}})
+
+        async def post() -> None:
+            answer["post"] = await http.post(sidecar.url, json=request, headers=headers)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(post)
+            assert await fake_claude.await_requests(1, timeout=30)  # Claude is streaming
+            sidecar.signal(signal.SIGTERM)
+            assert await sidecar.wait() == 0
+        stderr = sidecar.stderr()
+    response = answer["post"]
+    assert response.status_code == 200, response.text
+    replies = [m for m in response_messages(response) if m.get("id") == 7]
+    assert [reply["error"]["message"] for reply in replies] == ["mcp-backfill is shutting down"]
+    assert "Exception in ASGI application" not in stderr
+    assert "Traceback" not in stderr
+    assert "charged_tokens=" in stderr
+    assert fake_claude.disconnects == 1

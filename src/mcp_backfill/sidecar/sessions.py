@@ -138,6 +138,12 @@ class HttpSession:
     async def _stop(self) -> None:
         self.terminate()
 
+    def shut_down(self, reason: str) -> None:
+        """End the session now, its requests still waiting answered with `reason` at once (not once
+        its upstream has stopped): the sidecar's drain is over."""
+        self.router.close(reason)
+        self.terminate()
+
     def terminate(self) -> None:
         """End the session now (DELETE, shutdown); `ended` is set once its upstream has stopped."""
         self._terminated = True
