@@ -26,12 +26,14 @@ from tests.sidecar_harness import (
     response_messages,
     response_to,
     run_sidecar,
+    sse_messages,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 SAMPLING_SERVER = python_server("sampling_server.py")
 RESOLVE_SERVER = python_server("resolve_server.py")
+ECHO_SERVER = python_server("echo_server.py")
 
 
 async def test_a_session_is_not_reaped_while_a_post_body_of_it_is_arriving() -> None:
@@ -171,3 +173,42 @@ async def test_a_request_still_running_when_the_drain_ends_is_answered(
     assert "Traceback" not in stderr
     assert "charged_tokens=" in stderr
     assert fake_claude.disconnects == 1
+
+
+async def test_a_dropped_post_stream_outlives_answers_already_read(tmp_path: Path) -> None:
+    """A POST's SSE stream whose client dropped the connection is kept for it to resume
+    (`Last-Event-ID`), but only the last 8 finished streams of a session were kept, oldest out: 8
+    other requests of the session answered meanwhile pushed it out, and its answer was lost (400),
+    though every one of theirs had been read whole. Now the streams read whole go first."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+        ask = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "test/ask_client",
+            "params": {"method": "ping", "id": "q"},
+        }
+        async with http.stream("POST", sidecar.url, json=ask, headers=headers) as response:
+            seen = ""
+            async for chunk in response.aiter_text():  # until the server's question has come
+                seen += chunk
+                if '"q"' in seen and seen.endswith("\n\n"):
+                    break
+        # The client dropped the stream; it answers the question, which lets request 1 finish unread.
+        [(last_id, question)] = [(i, m) for i, m in sse_messages(seen) if m.get("id") == "q"]
+        assert last_id is not None
+        assert question["method"] == "ping"
+        answered = await http.post(
+            sidecar.url, json={"jsonrpc": "2.0", "id": "q", "result": {}}, headers=headers
+        )
+        assert answered.status_code == 202
+        for n in range(2, 11):  # nine more requests, each answer read whole
+            echo = {"jsonrpc": "2.0", "id": n, "method": "test/echo"}
+            assert "result" in response_to(await http.post(sidecar.url, json=echo, headers=headers), n)
+        resumed = await http.get(sidecar.url, headers={**headers, "last-event-id": last_id})
+    assert resumed.status_code == 200, resumed.text
+    assert [m.get("id") for _, m in sse_messages(resumed.text)] == [1]
+    assert "client_response" in sse_messages(resumed.text)[0][1]["result"]
