@@ -172,7 +172,7 @@ async def test_a_request_still_running_when_the_drain_ends_is_answered(
     assert "Exception in ASGI application" not in stderr
     assert "Traceback" not in stderr
     assert "charged_tokens=" in stderr
-    assert fake_claude.disconnects == 1
+    assert await fake_claude.await_disconnects(1, timeout=10)
 
 
 async def test_a_dropped_post_stream_outlives_answers_already_read(tmp_path: Path) -> None:
