@@ -221,3 +221,44 @@ async def test_settlements_still_missed_at_exit_are_told_to_the_operator(
     assert getattr(record, "unsettled", None) == 1
     assert getattr(record, "tokens", None) == 130
     assert getattr(record, "store", None) == "redis://ledger:6379/0"
+
+
+class SlotReplyStore(SwitchableStore):
+    """A shared store whose slot acquisitions run, then never answer (`taken` tells when the slot
+    is held), or their reply is lost (`StoreUnavailable`) when `slot_reply_lost`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.taken = anyio.Event()
+        self.slot_reply_lost = False
+
+    async def acquire_slot(self, key: str, limit: int, holder: str) -> bool:
+        got = await super().acquire_slot(key, limit, holder)
+        self.taken.set()
+        if self.slot_reply_lost:
+            raise StoreUnavailable(self.description, "TimeoutError")
+        await anyio.sleep_forever()
+        return got
+
+
+@pytest.mark.parametrize("reply", ["cancelled", "lost"])
+async def test_a_slot_whose_reply_never_came_is_released(reply: str) -> None:
+    """The store gave a client's request its concurrency slot, but the reply did not come: the
+    request was cancelled meanwhile (the client's cancel, a DELETE of its session), or the reply was
+    lost. Nobody released that slot: the client had one slot fewer until its lease lapsed (30 s),
+    every slot after as many such cancels. A reservation in the same case was released already."""
+    store = SlotReplyStore()
+    store.slot_reply_lost = reply == "lost"
+    spend = ledger(store, client_max_concurrent=1)
+    session = spend.new_session("s1", client="alice")
+    async with spend.upkeep(), anyio.create_task_group() as tg:
+
+        async def request() -> None:
+            with contextlib.suppress(SamplingError):
+                async with spend.admit(session):
+                    raise AssertionError("the slot was not answered")
+
+        tg.start_soon(request)
+        await store.taken.wait()
+        tg.cancel_scope.cancel()
+    assert await MemoryStore.acquire_slot(store, "client:alice", 1, "another request")

@@ -659,11 +659,17 @@ class Spend:
         key, holder = account.budget.limit.key, self.new_lease()
         pause, waited = SLOT_POLL_SECONDS[0], False
         while True:
-            got, store = await self.link.run(
-                "acquire_slot",
-                self.store,
-                lambda store: store.acquire_slot(key, account.max_concurrent, holder),
-            )
+            try:
+                got, store = await self.link.run(
+                    "acquire_slot",
+                    self.store,
+                    lambda store: store.acquire_slot(key, account.max_concurrent, holder),
+                )
+            except BaseException:
+                # Cancelled, or the reply lost: the store may have given the slot all the same, and
+                # nobody else would give it back (it would be taken until its lease lapsed).
+                await self.link.release_slot(self.store, key, holder)
+                raise
             if got:
                 break
             if not waited:

@@ -45,6 +45,7 @@ REFUSED_METRICS = (
     "Unauthorized: /metrics needs 'Authorization: Bearer <token>' with the --metrics-token "
     "(MCP_BACKFILL_METRICS_TOKEN)"
 )
+SHUTTING_DOWN = "mcp-backfill is shutting down"
 
 
 Readiness = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
@@ -84,6 +85,19 @@ class SidecarApp:
         for session in self.handshake.sessions.all():
             session.router.get_stream.finish()
         self.stateless.hubs.end_listens()
+
+    @property
+    def busy(self) -> bool:
+        """Is an HTTP request being answered?"""
+        return self._in_flight > 0
+
+    def end_requests(self) -> None:
+        """The drain is over: every session and 2026-07-28 upstream answers the requests still in
+        flight with a JSON-RPC error and stops (its Claude calls are cancelled, and charged), so that
+        their handlers end with an answer instead of being cancelled by uvicorn (a bare `500`)."""
+        for session in self.handshake.sessions.all():
+            session.shut_down(SHUTTING_DOWN)
+        self.stateless.hubs.shut_down(SHUTTING_DOWN)
 
     async def wait_idle(self) -> None:
         """Until no HTTP request is being answered (while draining: none is left in flight)."""

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from typing import Any
 
@@ -81,7 +82,8 @@ class HandshakeFront:
                 "Not Acceptable: Client must accept both application/json and text/event-stream",
             )
             return
-        body = await call.read_json_body(self.settings.max_body, self.settings.body_timeout)
+        with self._held_while_reading(call, identity):
+            body = await call.read_json_body(self.settings.max_body, self.settings.body_timeout)
         if body is None:
             return
         try:
@@ -128,6 +130,15 @@ class HandshakeFront:
                 return
             await self._deliver(call, session, body)
             await self._answer(call, session, stream, single=isinstance(decoded, dict))
+
+    def _held_while_reading(self, call: HttpCall, identity: str) -> contextlib.AbstractContextManager[None]:
+        """The session a POST names is busy while its body arrives: a session whose next request
+        was still uploading when `--session-idle-timeout` came would be closed under it (404)."""
+        session_id = call.headers.get(protocol.SESSION_HEADER)
+        session = self.sessions.get(session_id) if session_id is not None else None
+        if session is None or session.identity != identity or session.router.closed:
+            return contextlib.nullcontext()
+        return session.hold()
 
     async def _post_session(
         self, call: HttpCall, opening: bool, upstream_headers: UpstreamHeaders, identity: str

@@ -6,9 +6,11 @@ and 2026-07-28 requests are refused (503, and `/readyz` says so), the streams th
 themselves (standalone GET streams, 2026-07-28 `subscriptions/listen`) end, and the requests in flight
 get up to `--drain-timeout` seconds to finish. Meanwhile connections are still accepted: a request in
 flight may wait for its client's answer (sampling the client does itself, an elicitation), which the
-client POSTs on a new connection. Once nothing is in flight (or the time is up) uvicorn stops
-accepting connections and cancels what is left; then every session is closed and every upstream
-stopped. A second signal skips the wait.
+client POSTs on a new connection. When the time is up, the requests still in flight are answered
+with a JSON-RPC error by their sessions and hubs, which stop (`SidecarApp.end_requests`). Once
+nothing is in flight (or `ANSWER_SECONDS` later) uvicorn stops accepting connections and cancels
+what is left; then every session is closed and every upstream stopped. A second signal skips the
+wait.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ from mcp_backfill.transports.base import MessageChannel
 from mcp_backfill.transports.http_upstream import display_url
 
 log = get_logger("sidecar")
+
+# Once `--drain-timeout` is over, how long the requests still in flight, answered with an error, get
+# to write their answers before uvicorn cancels what is left.
+ANSWER_SECONDS = 1.0
 
 
 class _Server(uvicorn.Server):
@@ -140,7 +146,7 @@ async def run_sidecar(config: Config) -> int:
         lambda identity: StatelessHub(open_upstream, make_relay, count, identity),
         max_upstreams=config.max_sessions,
         idle_timeout=config.session_idle_timeout,
-        others=lambda: len(sessions),
+        others=lambda: sessions.upstreams,
     )
     sessions = SessionTable(
         config.max_sessions,
@@ -254,6 +260,11 @@ async def _stop_when_idle(server: _Server, app: SidecarApp, drain_timeout: float
     deadline = anyio.current_time() + drain_timeout
     with anyio.move_on_after(drain_timeout):
         await app.wait_idle()
+    if app.busy:  # the time is up: what is still in flight is answered, as far as it can be
+        log.info("drain timeout over; ending the requests still in flight")
+        app.end_requests()
+        with anyio.move_on_after(ANSWER_SECONDS):
+            await app.wait_idle()
     server.config.timeout_graceful_shutdown = math.ceil(max(0.0, deadline - anyio.current_time()))
     server.should_exit = True
 

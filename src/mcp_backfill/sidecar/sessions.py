@@ -138,6 +138,12 @@ class HttpSession:
     async def _stop(self) -> None:
         self.terminate()
 
+    def shut_down(self, reason: str) -> None:
+        """End the session now, its requests still waiting answered with `reason` at once (not once
+        its upstream has stopped): the sidecar's drain is over."""
+        self.router.close(reason)
+        self.terminate()
+
     def terminate(self) -> None:
         """End the session now (DELETE, shutdown); `ended` is set once its upstream has stopped."""
         self._terminated = True
@@ -235,6 +241,9 @@ class SessionTable:
         self._others = others
         self._make_room = make_room
         self._sessions: dict[str, HttpSession] = {}
+        # Ended by DELETE and gone from `_sessions` (their id gets 404), their upstream still
+        # stopping: they hold their place under `max_upstreams` until it has.
+        self._stopping: set[HttpSession] = set()
         self._tg: TaskGroup | None = None
 
     def start(self, tg: TaskGroup) -> None:
@@ -242,6 +251,11 @@ class SessionTable:
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    @property
+    def upstreams(self) -> int:
+        """The sessions' upstreams: the open sessions' and those still stopping."""
+        return len(self._sessions) + len(self._stopping)
 
     def all(self) -> list[HttpSession]:
         return list(self._sessions.values())
@@ -253,7 +267,7 @@ class SessionTable:
         """A new session of client `identity` with its relay starting, or None when
         `max_upstreams` are open and none of them is an idle hub."""
         assert self._tg is not None
-        if len(self._sessions) + self._others() >= self._max and not self._make_room():
+        if self.upstreams + self._others() >= self._max and not self._make_room():
             return None
         session = HttpSession(secrets.token_hex(16), self._settings, self._count, identity)
         self._sessions[session.id] = session
@@ -269,18 +283,20 @@ class SessionTable:
             await session.run(self._open_upstream, self._make_relay, headers)
         finally:
             self._sessions.pop(session.id, None)
+            self._stopping.discard(session)
             log.info("session ended", extra={"session": session.label, "sessions": len(self._sessions)})
 
     async def close(self, session: HttpSession) -> None:
         """End a session (DELETE) and wait, within reason, for its upstream to stop."""
-        self._sessions.pop(session.id, None)
+        if self._sessions.pop(session.id, None) is not None and not session.ended.is_set():
+            self._stopping.add(session)
         session.terminate()
         with anyio.move_on_after(self._settings.stop_timeout):
             await session.ended.wait()
 
     async def close_all(self) -> None:
         """End every session and wait for their upstreams to stop."""
-        sessions = list(self._sessions.values())
+        sessions = [*self._sessions.values(), *self._stopping]
         self._sessions.clear()
         for session in sessions:
             session.terminate()

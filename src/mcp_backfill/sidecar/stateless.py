@@ -153,6 +153,12 @@ class StatelessHub:
         if self._scope is not None:
             self._scope.cancel()
 
+    def shut_down(self, reason: str) -> None:
+        """Stop, the requests still waiting answered with `reason` at once (the drain is over)."""
+        if self._mux is not None:
+            self._mux.close(reason)
+        self.stop()
+
     def end_listens(self) -> None:
         if self._mux is not None:
             self._mux.end_listens("mcp-backfill is shutting down")
@@ -235,6 +241,11 @@ class StatelessHubs:
     def stop(self) -> None:
         for hub in self._hubs.values():
             hub.stop()
+
+    def shut_down(self, reason: str) -> None:
+        """The drain is over: every hub answers its requests still waiting with `reason`, and stops."""
+        for hub in self._hubs.values():
+            hub.shut_down(reason)
 
     def end_listens(self) -> None:
         """Shutting down: end every open `subscriptions/listen` stream, which would otherwise hold

@@ -31,7 +31,8 @@ from mcp_backfill.transports.queue import MessageQueue
 log = get_logger("http")
 
 GET_STREAM_KEY = "g"
-# Finished POST streams kept for a client that reconnects to read the end of one.
+# Finished POST streams kept for a client that reconnects to read the end of one (those not handed
+# out whole are the last to go).
 FINISHED_STREAMS_KEPT = 8
 # Ids of requests the client cancelled, remembered so that a late response is not misrouted.
 CANCELLED_IDS_KEPT = 256
@@ -183,7 +184,15 @@ class SessionRouter:
         post.stream.finish()
         self._finished.append(key)
         while len(self._finished) > FINISHED_STREAMS_KEPT:
-            self._streams.pop(self._finished.popleft(), None)
+            # The oldest stream handed out whole goes first: one its client dropped before the end
+            # is kept for it to resume, however many other requests finish meanwhile.
+            read = next((k for k in self._finished if self._handed_out_whole(k)), self._finished[0])
+            self._finished.remove(read)
+            self._streams.pop(read, None)
+
+    def _handed_out_whole(self, key: str) -> bool:
+        stream = self._streams.get(key)
+        return stream is None or stream.complete_after(stream.delivered)
 
     def _target(self, related: Any, params: Any) -> EventStream:
         if related is not None:
