@@ -263,6 +263,26 @@ MALFORMED = {
         },
         {"type": "content_block_stop", "index": 0},
     ],
+    "a second message_start": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x"}},
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+    ],
+    "delta of a negative index": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": -1, "delta": {"type": "text_delta", "text": "x"}},
+    ],
+    "a block started twice": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    ],
+    "a block started past the next index": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
+    ],
     "message_delta without usage": [
         {"type": "message_start", "message": {"content": [], "usage": {}}},
         {"type": "message_delta", "delta": {"stop_reason": "end_turn"}},

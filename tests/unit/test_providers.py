@@ -29,11 +29,14 @@ from mcp_backfill.providers.platforms import (
 )
 from mcp_backfill.providers.retry import RetryingProvider, RetryPolicy
 from mcp_backfill.sampling.provider import StreamProgress
+from mcp_backfill.sampling.spend import Charge, Reservation
 from tests.fake_claude import (
     FakeClaude,
     error_reply,
     garbage_stream_reply,
     hang_reply,
+    raw_reply,
+    sse_event,
     stream_error_reply,
     text_reply,
     tool_use_reply,
@@ -445,3 +448,60 @@ def test_an_unusable_no_proxy_is_named_and_not_blamed_on_proxies_that_are_not_se
     message = str(caught.value)
     assert "NO_PROXY (or no_proxy) lists a host" in message
     assert "HTTPS_PROXY" not in message
+
+
+# --------------------------------------------------------------------------------------------------
+# Streams no real API sends (a gateway's, a broken proxy's): a clear error, and the call charged
+# --------------------------------------------------------------------------------------------------
+
+
+def started(usage: dict[str, int] | None = None) -> bytes:
+    message: dict[str, Any] = {
+        "id": "msg_raw",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-5-5",
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": usage or {"input_tokens": 50, "output_tokens": 1},
+    }
+    return sse_event("message_start", {"type": "message_start", "message": message})
+
+
+def text_block(index: int, text: str) -> list[bytes]:
+    start = {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
+    delta = {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text}}
+    return [sse_event("content_block_start", start), sse_event("content_block_delta", delta)]
+
+
+def ended(output_tokens: int = 7) -> list[bytes]:
+    delta = {"stop_reason": "end_turn", "stop_sequence": None}
+    return [
+        sse_event(
+            "message_delta",
+            {"type": "message_delta", "delta": delta, "usage": {"output_tokens": output_tokens}},
+        ),
+        sse_event("message_stop", {"type": "message_stop"}),
+    ]
+
+
+async def metered_failure(provider: AnthropicProvider) -> tuple[ProviderError, dict[str, int]]:
+    charge = Charge(Reservation(60, 100))
+    with pytest.raises(ProviderError) as caught:
+        await provider.create_message(REQUEST, meter=charge)
+    return caught.value, charge.cost()
+
+
+async def test_a_second_message_start_is_a_malformed_stream_and_charged(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    """A `message_start` after the content began was taken for an error of the client before the
+    call ("could not make the call", not retried) instead of a malformed stream Claude billed."""
+    fake_claude.enqueue(raw_reply(started(), *text_block(0, "Hello"), started(), *ended()))
+    error, cost = await metered_failure(provider)
+    assert error.data is not None
+    assert error.data["type"] == "malformed_response"
+    assert "message_start" in error.message
+    assert error.retryable
+    assert cost == {**cost, "input_tokens": 50, "output_tokens": 100}

@@ -14,7 +14,9 @@ stream", worth a retry):
   message stopped for a reason that ends generation wherever it is (`CUT_SHORT`: the token limit,
   a refusal, the context window), which cut the tool call short: the call is left out of the
   message (where the SDK keeps what it could parse), as no server should run half of one;
-- an event out of order (a delta before its block's start, anything before `message_start`).
+- an event out of order (a delta before its block's start or for an index never started, a block
+  started at another index than the next, anything before `message_start`, a second
+  `message_start`).
 
 Fields whose value is null are left out of every object in the message, as the SDK's dump leaves
 them out of every object it has a model for, with one exception: a tool's input, free-form JSON the
@@ -69,17 +71,23 @@ class MessageFold:
             raise ValueError(f"a stream event without a type: {str(event)[:120]}")
         try:
             if kind == "message_start":
+                if self._message is not None:
+                    raise ValueError("a second message_start event")
                 self._start(event["message"])
             elif kind in ("ping", "message_stop"):
                 pass
             elif self._message is None:
                 raise ValueError(f"a {kind} event before message_start")
             elif kind == "content_block_delta":
-                self._delta(event["index"], event["delta"])
+                self._delta(self._index(event), event["delta"])
             elif kind == "content_block_start":
+                if event["index"] != len(self._content) or isinstance(event["index"], bool):
+                    raise ValueError(
+                        f"a content_block_start of index {event['index']!r}, not {len(self._content)}"
+                    )
                 self._content.append(event["content_block"])
             elif kind == "content_block_stop":
-                self._stop(event["index"])
+                self._stop(self._index(event))
             elif kind == "message_delta":
                 _message_delta(self._message, event["delta"], event["usage"])
         except (KeyError, IndexError, TypeError, AttributeError) as exc:
@@ -87,6 +95,13 @@ class MessageFold:
                 f"a {kind} event the message cannot take ({type(exc).__name__}: {exc})"
             ) from None
         return kind
+
+    def _index(self, event: dict[str, Any]) -> int:
+        """The event's block index, which must be one started (a negative one would be another's)."""
+        index = event["index"]
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(self._content):
+            raise ValueError(f"a {event['type']} event for a block never started (index {index!r})")
+        return index
 
     def _start(self, message: dict[str, Any]) -> None:
         self._message = message
