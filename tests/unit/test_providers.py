@@ -505,3 +505,66 @@ async def test_a_second_message_start_is_a_malformed_stream_and_charged(
     assert "message_start" in error.message
     assert error.retryable
     assert cost == {**cost, "input_tokens": 50, "output_tokens": 100}
+
+
+JSON = {"content-type": "application/json"}
+
+
+async def test_an_error_in_a_200_json_body_is_that_error(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    """A gateway answering the stream with a JSON error body and 200 was reported as a stream that
+    "ended before the message was complete", the error itself (here a final one) never said."""
+    body = {"type": "error", "error": {"type": "invalid_request_error", "message": "model: not allowed"}}
+    fake_claude.enqueue(
+        raw_reply(json.dumps(body), headers=JSON),
+        raw_reply(
+            json.dumps({**body, "error": {"type": "overloaded_error", "message": "Overloaded"}}), headers=JSON
+        ),
+    )
+    final, transient = await failure(provider), await failure(provider)
+    assert final.data is not None
+    assert transient.data is not None
+    assert (final.data["type"], final.retryable) == ("invalid_request_error", False)
+    assert "model: not allowed" in final.message
+    assert (transient.data["type"], transient.retryable) == ("overloaded_error", True)
+
+
+async def test_a_whole_message_instead_of_a_stream_is_the_answer(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    """A gateway that ignores `stream: true` and answers the message as JSON: that is the answer
+    (and what it reports is charged), not a broken stream retried and billed again."""
+    message = {
+        "id": "msg_whole",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-5-5",
+        "content": [{"type": "text", "text": "Hi", "citations": None}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 5, "output_tokens": 2, "cache_read_input_tokens": None},
+    }
+    fake_claude.enqueue(raw_reply(json.dumps(message), headers=JSON))
+    charge = Charge(Reservation(60, 100))
+    answer = await provider.create_message(REQUEST, meter=charge)
+    assert answer["content"] == [{"type": "text", "text": "Hi"}]
+    assert answer["stop_reason"] == "end_turn"
+    assert answer["usage"] == {"input_tokens": 5, "output_tokens": 2}
+    assert charge.cost() == {**charge.cost(), "input_tokens": 5, "output_tokens": 2}
+    assert len(fake_claude.message_requests) == 1
+
+
+async def test_a_page_instead_of_a_stream_is_named(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    fake_claude.enqueue(
+        raw_reply(f"<html>Sign in {TEST_API_KEY}</html>", headers={"content-type": "text/html"})
+    )
+    error, cost = await metered_failure(provider)
+    assert error.data is not None
+    assert error.data["type"] == "malformed_response"
+    assert "text/html" in error.message
+    assert "Sign in" in error.message
+    assert TEST_API_KEY not in error.message
+    assert cost["output_tokens"] == 100  # the gateway may have had Claude answer it

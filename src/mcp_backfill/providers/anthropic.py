@@ -50,6 +50,10 @@ RETRYABLE_STREAM_ERRORS = frozenset(
 
 # The most of an error text the API (or a gateway in front of it) sent that an error message quotes.
 ERROR_TEXT_LIMIT = 500
+# The content types of a streamed answer: server-sent events, and Bedrock's event stream.
+STREAM_TYPES = frozenset({SSE_TYPE, "application/vnd.amazon.eventstream"})
+# The most of a JSON answer instead of a stream (a gateway's message or error) that is read.
+WHOLE_BODY_LIMIT = 64 * 1024 * 1024
 
 # Failures that mean the request never reached the API (no connection was made): not billed.
 NEVER_SENT = (httpx2.ConnectError, httpx2.ConnectTimeout)
@@ -89,7 +93,10 @@ MESSAGES_CALL_OPTIONS: dict[str, Any] = {
 class StreamedEvents:
     """The events of a streamed Messages answer, decoded to JSON, in order (`message_stream`'s).
 
-    An `error` event raises the SDK's own `APIStatusError` for it, as the SDK's stream does."""
+    An `error` event raises the SDK's own `APIStatusError` for it, as the SDK's stream does. A JSON
+    answer instead of a stream (a gateway's) is taken for what it is: an error body raises that
+    error, a whole message gives the events of its stream; a body of another type without a single
+    event is a `ValueError` that names the type and quotes the body's start."""
 
     def __init__(self, client: AnyClient, response: httpx2.Response) -> None:
         self.request_id: str | None = response.headers.get("request-id")
@@ -104,13 +111,56 @@ class StreamedEvents:
         await self._events.aclose()
 
     async def _decode(self) -> AsyncGenerator[Any, None]:
+        media_type = self._response.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media_type.endswith("json"):  # no stream: a gateway's answer as one JSON value
+            async for event in self._whole_body(media_type):
+                yield event
+            return
+        head = bytearray()  # the body's first bytes, quoted if it holds no event at all
+
+        async def body() -> AsyncIterator[bytes]:
+            async for chunk in self._response.aiter_bytes():
+                if len(head) < ERROR_TEXT_LIMIT:
+                    head.extend(chunk[: ERROR_TEXT_LIMIT - len(head)])
+                yield chunk
+
         decoder = self._client._make_sse_decoder()  # server-sent events, or Bedrock's event stream
-        async for sse in decoder.aiter_bytes(self._response.aiter_bytes()):
+        events = 0
+        async for sse in decoder.aiter_bytes(body()):
             if sse.event == "error":
                 raise self._error_event(sse.data)
             if sse.event is None or sse.event == "ping" or not sse.data:
                 continue
+            events += 1
             yield decode(sse.data.encode())
+        if not events and media_type not in STREAM_TYPES and head:
+            excerpt = bytes(head).decode(errors="replace")
+            raise ValueError(f"a {media_type or 'untyped'} answer, not an event stream: {excerpt}")
+
+    async def _whole_body(self, media_type: str) -> AsyncGenerator[Any, None]:
+        """A JSON body, not a stream: an error is that error; a message, the events of its stream;
+        anything else a `ValueError` that quotes its start."""
+        raw = bytearray()
+        async for chunk in self._response.aiter_bytes():
+            raw += chunk
+            if len(raw) > WHOLE_BODY_LIMIT:
+                raise ValueError(f"a {media_type} answer of more than {WHOLE_BODY_LIMIT} bytes, not a stream")
+        try:
+            body = decode(bytes(raw))
+        except ValueError:
+            body = None
+        kind = body.get("type") if isinstance(body, dict) else None
+        if kind == "error":
+            raise self._error_event(bytes(raw).decode())
+        if kind == "message" and isinstance(body, dict):
+            usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+            ending = {field: body.get(field) for field in ("stop_reason", "stop_sequence", "stop_details")}
+            yield {"type": "message_start", "message": {**body, **dict.fromkeys(ending)}}
+            yield {"type": "message_delta", "delta": ending, "usage": usage}
+            yield {"type": "message_stop"}
+            return
+        excerpt = bytes(raw[:ERROR_TEXT_LIMIT]).decode(errors="replace")
+        raise ValueError(f"a {media_type} answer, not an event stream: {excerpt}")
 
     def _error_event(self, data: str) -> anthropic.APIStatusError:
         body: object = data
