@@ -568,3 +568,23 @@ async def test_a_page_instead_of_a_stream_is_named(
     assert "Sign in" in error.message
     assert TEST_API_KEY not in error.message
     assert cost["output_tokens"] == 100  # the gateway may have had Claude answer it
+
+
+async def test_a_message_stopped_without_its_delta_is_not_charged_the_starts_placeholder(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    """`message_start` reports 1 output token, a placeholder `message_delta` replaces with the
+    real count: a stream that stopped without one was answered (with no stop reason) and charged
+    that 1 token, whatever Claude wrote."""
+    fake_claude.enqueue(
+        raw_reply(
+            started(),
+            *text_block(0, "A long essay" * 200),
+            sse_event("message_stop", {"type": "message_stop"}),
+        )
+    )
+    error, cost = await metered_failure(provider)
+    assert error.data is not None
+    assert error.data["type"] == "malformed_response"
+    assert "message_delta" in error.message
+    assert cost == {**cost, "input_tokens": 50, "output_tokens": 100}

@@ -16,7 +16,8 @@ stream", worth a retry):
   message (where the SDK keeps what it could parse), as no server should run half of one;
 - an event out of order (a delta before its block's start or for an index never started, a block
   started at another index than the next, anything before `message_start`, a second
-  `message_start`).
+  `message_start`, a `message_stop` before `message_delta`, which alone reports the output's
+  tokens: `message_start`'s are a placeholder).
 
 Fields whose value is null are left out of every object in the message, as the SDK's dump leaves
 them out of every object it has a model for, with one exception: a tool's input, free-form JSON the
@@ -63,6 +64,7 @@ class MessageFold:
         self._tool_json: dict[int, list[str]] = {}
         self._text: dict[tuple[int, str], list[str]] = {}  # joined once, not copied at every delta
         self._unparsed: dict[int, str] = {}  # tool blocks whose input is not whole JSON
+        self._ended = False  # a message_delta said why the message stopped, and its final usage
         self.characters = 0
 
     def add(self, event: Any) -> str:
@@ -74,8 +76,11 @@ class MessageFold:
                 if self._message is not None:
                     raise ValueError("a second message_start event")
                 self._start(event["message"])
-            elif kind in ("ping", "message_stop"):
+            elif kind == "ping":
                 pass
+            elif kind == "message_stop":
+                if self._message is not None and not self._ended:  # its usage is message_start's guess
+                    raise ValueError("a message_stop event before message_delta")
             elif self._message is None:
                 raise ValueError(f"a {kind} event before message_start")
             elif kind == "content_block_delta":
@@ -90,6 +95,7 @@ class MessageFold:
                 self._stop(self._index(event))
             elif kind == "message_delta":
                 _message_delta(self._message, event["delta"], event["usage"])
+                self._ended = True
         except (KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ValueError(
                 f"a {kind} event the message cannot take ({type(exc).__name__}: {exc})"
