@@ -588,3 +588,22 @@ async def test_a_message_stopped_without_its_delta_is_not_charged_the_starts_pla
     assert error.data["type"] == "malformed_response"
     assert "message_delta" in error.message
     assert cost == {**cost, "input_tokens": 50, "output_tokens": 100}
+
+
+async def test_a_redirect_costs_nothing(fake_claude: FakeClaude) -> None:
+    """A redirect (say a gateway's `http://` sending every request to its `https://`) is not
+    followed and nothing answered the prompt; it was charged the whole reservation all the same,
+    so a misconfigured gateway URL ran the budgets down without a token spent."""
+    moved = {"location": "https://gateway.test/v1/messages", "content-type": "text/html"}
+    fake_claude.enqueue(raw_reply("<html>Moved</html>", status=301, headers=moved))
+    client = anthropic.AsyncAnthropic(
+        api_key=TEST_API_KEY, base_url=fake_claude.url, max_retries=0, http_client=api_http_client()
+    )
+    provider = AnthropicProvider(client, secrets=[TEST_API_KEY])
+    try:
+        error, cost = await metered_failure(provider)
+    finally:
+        await provider.aclose()
+    assert "301" in error.message
+    assert error.retryable is False
+    assert cost == dict.fromkeys(cost, 0)

@@ -267,7 +267,7 @@ class AnthropicProvider:
         except ProviderError:
             raise
         except anthropic.APIStatusError as exc:
-            if exc.response.status_code >= 400:  # refused before any message: nothing is billed
+            if exc.response.status_code >= 300:  # refused or redirected: no message, nothing billed
                 meter.not_billed()
             raise self._status_error(exc) from None
         except anthropic.APITimeoutError as exc:

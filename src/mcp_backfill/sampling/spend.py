@@ -14,7 +14,7 @@ the reservation is released and what the call may have cost is charged instead (
   reported, plus its whole output reservation, since Claude may have generated up to `max_tokens`
   before it noticed; if the stream reported nothing, the whole reservation — its input side the
   input an earlier attempt at the same request reported, when that is more than the estimate;
-* a call the API refused with an HTTP error status, or that never reached it: nothing.
+* a call the API refused with an HTTP error status or redirected, or that never reached it: nothing.
 
 Each retry, and each continuation of a `pause_turn`, is a call of its own, charged the same way
 and admitted the same way: before a retry the attempts so far are charged and a new reservation is
