@@ -464,7 +464,7 @@ def started(usage: dict[str, int] | None = None) -> bytes:
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": usage or {"input_tokens": 50, "output_tokens": 1},
+        "usage": {"input_tokens": 50, "output_tokens": 1} if usage is None else usage,
     }
     return sse_event("message_start", {"type": "message_start", "message": message})
 
@@ -607,3 +607,24 @@ async def test_a_redirect_costs_nothing(fake_claude: FakeClaude) -> None:
     assert "301" in error.message
     assert error.retryable is False
     assert cost == dict.fromkeys(cost, 0)
+
+
+async def test_an_answer_whose_usage_was_stripped_is_charged_its_reservation(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    """A gateway that strips `usage` (`{}` in `message_start` and `message_delta`): the complete
+    answer was charged 0 tokens."""
+    ending = {"stop_reason": "end_turn", "stop_sequence": None}
+    fake_claude.enqueue(
+        raw_reply(
+            started({}),
+            *text_block(0, "Hello"),
+            sse_event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            sse_event("message_delta", {"type": "message_delta", "delta": ending, "usage": {}}),
+            sse_event("message_stop", {"type": "message_stop"}),
+        )
+    )
+    charge = Charge(Reservation(60, 100))
+    answer = await provider.create_message(REQUEST, meter=charge)
+    assert answer["content"] == [{"type": "text", "text": "Hello"}]
+    assert charge.cost() == {**charge.cost(), "input_tokens": 60, "output_tokens": 100}
