@@ -628,3 +628,18 @@ async def test_an_answer_whose_usage_was_stripped_is_charged_its_reservation(
     answer = await provider.create_message(REQUEST, meter=charge)
     assert answer["content"] == [{"type": "text", "text": "Hello"}]
     assert charge.cost() == {**charge.cost(), "input_tokens": 60, "output_tokens": 100}
+
+
+async def test_a_stream_opening_with_a_byte_order_mark_is_read(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    """An event stream may start with a UTF-8 byte order mark, which readers must drop: it made the
+    first field `\\ufeffevent`, so `message_start` was lost and the stream taken for malformed."""
+    stream = [started(), *text_block(0, "Hello"), *ended()]
+    fake_claude.enqueue(
+        raw_reply(b"\xef\xbb\xbf" + stream[0], *stream[1:]),
+        raw_reply(b"\xef", b"\xbb", b"\xbf" + stream[0], *stream[1:]),  # in pieces
+    )
+    for _ in range(2):
+        answer = await provider.create_message(REQUEST)
+        assert answer["content"] == [{"type": "text", "text": "Hello"}]

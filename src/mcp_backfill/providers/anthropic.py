@@ -51,7 +51,9 @@ RETRYABLE_STREAM_ERRORS = frozenset(
 # The most of an error text the API (or a gateway in front of it) sent that an error message quotes.
 ERROR_TEXT_LIMIT = 500
 # The content types of a streamed answer: server-sent events, and Bedrock's event stream.
-STREAM_TYPES = frozenset({SSE_TYPE, "application/vnd.amazon.eventstream"})
+BEDROCK_STREAM_TYPE = "application/vnd.amazon.eventstream"
+STREAM_TYPES = frozenset({SSE_TYPE, BEDROCK_STREAM_TYPE})
+UTF8_BOM = b"\xef\xbb\xbf"
 # The most of a JSON answer instead of a stream (a gateway's message or error) that is read.
 WHOLE_BODY_LIMIT = 64 * 1024 * 1024
 
@@ -117,12 +119,23 @@ class StreamedEvents:
                 yield event
             return
         head = bytearray()  # the body's first bytes, quoted if it holds no event at all
+        # Server-sent events may open with a UTF-8 byte order mark, which is not the first field's.
+        bom = b"" if media_type == BEDROCK_STREAM_TYPE else UTF8_BOM
 
         async def body() -> AsyncIterator[bytes]:
+            opening: bytes | None = b""
             async for chunk in self._response.aiter_bytes():
                 if len(head) < ERROR_TEXT_LIMIT:
                     head.extend(chunk[: ERROR_TEXT_LIMIT - len(head)])
+                if opening is not None:  # the opening bytes, until there are enough to tell
+                    opening += chunk
+                    if len(opening) < len(bom) and bom.startswith(opening):
+                        continue
+                    chunk = opening.removeprefix(bom)
+                    opening = None
                 yield chunk
+            if opening:
+                yield opening
 
         decoder = self._client._make_sse_decoder()  # server-sent events, or Bedrock's event stream
         events = 0
