@@ -283,6 +283,21 @@ MALFORMED = {
         {"type": "message_start", "message": {"content": [], "usage": {}}},
         {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
     ],
+    "a delta of a block already stopped": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use", "input": {}}},
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": "{}"},
+        },
+        {"type": "content_block_stop", "index": 0},
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": '{"path": "/"}'},
+        },
+    ],
     "message_delta without usage": [
         {"type": "message_start", "message": {"content": [], "usage": {}}},
         {"type": "message_delta", "delta": {"stop_reason": "end_turn"}},

@@ -14,10 +14,10 @@ stream", worth a retry):
   message stopped for a reason that ends generation wherever it is (`CUT_SHORT`: the token limit,
   a refusal, the context window), which cut the tool call short: the call is left out of the
   message (where the SDK keeps what it could parse), as no server should run half of one;
-- an event out of order (a delta before its block's start or for an index never started, a block
-  started at another index than the next, anything before `message_start`, a second
-  `message_start`, a `message_stop` before `message_delta`, which alone reports the output's
-  tokens: `message_start`'s are a placeholder).
+- an event out of order (a delta before its block's start, after its stop — a tool's input would
+  be what came after — or for an index never started, a block started at another index than the
+  next, anything before `message_start`, a second `message_start`, a `message_stop` before
+  `message_delta`, which alone reports the output's tokens: `message_start`'s are a placeholder).
 
 Fields whose value is null are left out of every object in the message, as the SDK's dump leaves
 them out of every object it has a model for, with one exception: a tool's input, free-form JSON the
@@ -64,6 +64,7 @@ class MessageFold:
         self._tool_json: dict[int, list[str]] = {}
         self._text: dict[tuple[int, str], list[str]] = {}  # joined once, not copied at every delta
         self._unparsed: dict[int, str] = {}  # tool blocks whose input is not whole JSON
+        self._stopped: set[int] = set()  # blocks a content_block_stop finished
         self._ended = False  # a message_delta said why the message stopped, and its final usage
         self.characters = 0
 
@@ -116,6 +117,8 @@ class MessageFold:
             message["usage"] = {}
 
     def _delta(self, index: int, delta: dict[str, Any]) -> None:
+        if index in self._stopped:  # a tool's input would be replaced by what came after its stop
+            raise ValueError(f"a content_block_delta for block {index}, stopped already")
         block = self._content[index]
         kind = delta["type"]
         for field in PROGRESS_FIELDS:
@@ -137,6 +140,7 @@ class MessageFold:
             block["citations"] = [*(block.get("citations") or ()), delta["citation"]]
 
     def _stop(self, index: int) -> None:
+        self._stopped.add(index)
         block = self._content[index]
         pieces = self._tool_json.pop(index, None)
         if pieces and (raw := "".join(pieces)):
