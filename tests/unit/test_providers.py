@@ -643,3 +643,20 @@ async def test_a_stream_opening_with_a_byte_order_mark_is_read(
     for _ in range(2):
         answer = await provider.create_message(REQUEST)
         assert answer["content"] == [{"type": "text", "text": "Hello"}]
+
+
+async def test_a_stream_that_ends_after_message_delta_without_message_stop_is_the_answer(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    """`message_delta` is the message's end (why it stopped, the final usage); `message_stop` only
+    says so again. A gateway that leaves it out had every answer retried as incomplete, and billed
+    each time, where the SDK's own stream takes the message."""
+    block_stop = sse_event("content_block_stop", {"type": "content_block_stop", "index": 0})
+    delta, _ = ended(7)
+    fake_claude.enqueue(raw_reply(started(), *text_block(0, "Hello"), block_stop, delta))
+    charge = Charge(Reservation(60, 100))
+    answer = await provider.create_message(REQUEST, meter=charge)
+    assert answer["content"] == [{"type": "text", "text": "Hello"}]
+    assert answer["stop_reason"] == "end_turn"
+    assert charge.cost() == {**charge.cost(), "input_tokens": 50, "output_tokens": 7}
+    assert len(fake_claude.message_requests) == 1

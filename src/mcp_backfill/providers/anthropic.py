@@ -269,7 +269,7 @@ class AnthropicProvider:
                         meter.report(fold.usage())
                     elif kind == "message_stop":
                         completed = True
-                if not completed:
+                if not completed and not fold.ended:  # `message_stop` only says again it ended
                     raise self._error(
                         "Claude API stream ended before the message was complete",
                         "incomplete_stream",

@@ -65,7 +65,8 @@ class MessageFold:
         self._text: dict[tuple[int, str], list[str]] = {}  # joined once, not copied at every delta
         self._unparsed: dict[int, str] = {}  # tool blocks whose input is not whole JSON
         self._stopped: set[int] = set()  # blocks a content_block_stop finished
-        self._ended = False  # a message_delta said why the message stopped, and its final usage
+        self.ended = False
+        """A `message_delta` said why the message stopped and gave its final usage: all of it came."""
         self.characters = 0
 
     def add(self, event: Any) -> str:
@@ -80,7 +81,7 @@ class MessageFold:
             elif kind == "ping":
                 pass
             elif kind == "message_stop":
-                if self._message is not None and not self._ended:  # its usage is message_start's guess
+                if self._message is not None and not self.ended:  # its usage is message_start's guess
                     raise ValueError("a message_stop event before message_delta")
             elif self._message is None:
                 raise ValueError(f"a {kind} event before message_start")
@@ -96,7 +97,7 @@ class MessageFold:
                 self._stop(self._index(event))
             elif kind == "message_delta":
                 _message_delta(self._message, event["delta"], event["usage"])
-                self._ended = True
+                self.ended = True
         except (KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ValueError(
                 f"a {kind} event the message cannot take ({type(exc).__name__}: {exc})"
