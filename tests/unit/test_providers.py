@@ -660,3 +660,32 @@ async def test_a_stream_that_ends_after_message_delta_without_message_stop_is_th
     assert answer["stop_reason"] == "end_turn"
     assert charge.cost() == {**charge.cost(), "input_tokens": 50, "output_tokens": 7}
     assert len(fake_claude.message_requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("reply", "status"),
+    [
+        (raw_reply(started(), sse_event("error", {"type": "error", "error": {"type": {"a": 1}}})), 200),
+        (
+            raw_reply(
+                json.dumps({"type": "error", "error": {"type": ["x"], "message": {"m": 1}}}),
+                status=529,
+                headers=JSON,
+            ),
+            529,
+        ),
+    ],
+    ids=["mid-stream-type-object", "529-type-and-message-objects"],
+)
+async def test_an_error_body_of_the_wrong_shape_is_a_provider_error(
+    fake_claude: FakeClaude, provider: AnthropicProvider, reply: Any, status: int
+) -> None:
+    """An error whose `type` or `message` is no string (a gateway's) made the proxy fail with a
+    TypeError of its own ("Internal error in mcp-backfill"), the API's status and retry lost."""
+    fake_claude.enqueue(reply)
+    error = await failure(provider)
+    assert error.data is not None
+    assert error.data["status"] == status
+    assert error.data["type"] is None
+    assert error.retryable is (status == 529)
+    assert f"Claude API error ({status} error)" in error.message

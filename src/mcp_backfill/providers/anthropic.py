@@ -353,20 +353,25 @@ class AnthropicProvider:
     def _status_error(self, exc: anthropic.APIStatusError) -> ProviderError:
         status = exc.status_code
         headers = exc.response.headers
-        data: dict[str, Any] = {"provider": self.name, "status": status, "type": exc.type}
-        if exc.error_code:
-            data["error_code"] = exc.error_code
-        if exc.request_id:
-            data["request_id"] = exc.request_id
+        # The body's fields as the SDK read them, strings only: a gateway's may be any JSON.
+        error_type, error_code, request_id, api_message = (
+            value if isinstance(value, str) else None
+            for value in (exc.type, exc.error_code, exc.request_id, exc.api_message)
+        )
+        data: dict[str, Any] = {"provider": self.name, "status": status, "type": error_type}
+        if error_code:
+            data["error_code"] = error_code
+        if request_id:
+            data["request_id"] = request_id
         # A gateway's error page may be its whole body: redacted, then cut as every other error text.
-        detail = self._redact(exc.api_message or exc.message)[:ERROR_TEXT_LIMIT]
+        detail = self._redact(api_message or str(exc.message))[:ERROR_TEXT_LIMIT]
         if status in (401, 403):
             detail += f"; check {CREDENTIALS.get(self.name, 'ANTHROPIC_API_KEY')}"
         return ProviderError(
-            f"Claude API error ({status} {exc.type or 'error'}): {detail}",
+            f"Claude API error ({status} {error_type or 'error'}): {detail}",
             data,
             code=INVALID_PARAMS if status in REQUEST_FAULT_STATUSES else INTERNAL_ERROR,
-            retryable=_is_retryable(status, exc.type, headers),
+            retryable=_is_retryable(status, error_type, headers),
             retry_after=retry_after_seconds(headers),
         )
 
