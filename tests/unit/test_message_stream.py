@@ -298,6 +298,26 @@ MALFORMED = {
             "delta": {"type": "input_json_delta", "partial_json": '{"path": "/"}'},
         },
     ],
+    "a text delta that is no string": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": 123}},
+    ],
+    "a block's text that is no string": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": 5}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x"}},
+    ],
+    "tool input pieces that are no strings": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use", "input": {}}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": 5}},
+    ],
+    "content that is no list": [{"type": "message_start", "message": {"content": "abc", "usage": {}}}],
+    "a stop reason that is no string": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "message_delta", "delta": {"stop_reason": {"x": 1}}, "usage": {"output_tokens": 1}},
+    ],
     "message_delta without usage": [
         {"type": "message_start", "message": {"content": [], "usage": {}}},
         {"type": "message_delta", "delta": {"stop_reason": "end_turn"}},
@@ -307,6 +327,9 @@ MALFORMED = {
 
 @pytest.mark.parametrize("events", MALFORMED.values(), ids=MALFORMED.keys())
 def test_a_malformed_stream_is_a_value_error(events: list[Any]) -> None:
+    """A `ValueError` (the provider's "malformed stream", retried), never another exception (the
+    provider's "the client could not make the call", not retried, for a call Claude billed)."""
+
     def fold_all() -> None:
         fold = MessageFold()
         for event in events:

@@ -689,3 +689,25 @@ async def test_an_error_body_of_the_wrong_shape_is_a_provider_error(
     assert error.data["type"] is None
     assert error.retryable is (status == 529)
     assert f"Claude API error ({status} error)" in error.message
+
+
+async def test_an_event_field_of_the_wrong_type_is_a_malformed_stream(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    """A text delta that is no string failed the fold with a TypeError, reported as "the client
+    could not make the call" (not retried) for a call Claude had billed."""
+    start = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+    bad = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": 42}}
+    fake_claude.enqueue(
+        raw_reply(
+            started(),
+            sse_event("content_block_start", start),
+            sse_event("content_block_delta", bad),
+            *ended(),
+        )
+    )
+    error, cost = await metered_failure(provider)
+    assert error.data is not None
+    assert error.data["type"] == "malformed_response"
+    assert error.retryable
+    assert cost == {**cost, "input_tokens": 50, "output_tokens": 100}

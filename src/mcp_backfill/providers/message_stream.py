@@ -112,8 +112,11 @@ class MessageFold:
         return index
 
     def _start(self, message: dict[str, Any]) -> None:
+        content = message.get("content") or []
+        if not isinstance(content, list):
+            raise ValueError(f"a message_start whose content is no list: {str(content)[:120]}")
         self._message = message
-        self._content = message["content"] = list(message.get("content") or [])
+        self._content = message["content"] = list(content)
         if not isinstance(message.get("usage"), dict):
             message["usage"] = {}
 
@@ -130,10 +133,10 @@ class MessageFold:
         if kind in APPENDED:
             block_type, field = APPENDED[kind]
             if block["type"] == block_type:
-                self._text.setdefault((index, field), []).append(delta[field])
+                self._text.setdefault((index, field), []).append(_string(delta[field], kind))
         elif kind == "input_json_delta":
             if block["type"] in TOOL_INPUT_BLOCKS:
-                self._tool_json.setdefault(index, []).append(delta["partial_json"])
+                self._tool_json.setdefault(index, []).append(_string(delta["partial_json"], kind))
         elif kind == "signature_delta":
             if block["type"] == "thinking":
                 block["signature"] = delta["signature"]
@@ -166,7 +169,9 @@ class MessageFold:
             raise ValueError(f"the tool input Claude streamed is not valid JSON: {raw[:200]}")
         for (index, field), pieces in self._text.items():
             block = self._content[index]
-            block[field] = (block.get(field) or "") + "".join(pieces)
+            block[field] = _string(block.get(field) or "", f"a {block['type']} block's {field}") + "".join(
+                pieces
+            )
         self._text.clear()
         content = [_block(block) for index, block in enumerate(self._content) if index not in self._unparsed]
         return {
@@ -181,6 +186,9 @@ def _message_delta(message: dict[str, Any], delta: dict[str, Any], usage: dict[s
     the start's, but counters this event leaves out keep the start's value)."""
     for field in ("stop_reason", "stop_sequence", "stop_details"):
         message[field] = delta.get(field)
+    for field in ("stop_reason", "stop_sequence"):
+        if message[field] is not None:
+            _string(message[field], field)
     if delta.get("container") is not None:
         message["container"] = delta["container"]
     totals = message["usage"]
@@ -188,6 +196,12 @@ def _message_delta(message: dict[str, Any], delta: dict[str, Any], usage: dict[s
     for field in OPTIONAL_USAGE:
         if usage.get(field) is not None:
             totals[field] = usage[field]
+
+
+def _string(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} that is no string: {str(value)[:120]}")
+    return value
 
 
 def _block(block: Any) -> Any:
