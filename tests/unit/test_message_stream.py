@@ -318,6 +318,16 @@ MALFORMED = {
         {"type": "message_start", "message": {"content": [], "usage": {}}},
         {"type": "message_delta", "delta": {"stop_reason": {"x": 1}}, "usage": {"output_tokens": 1}},
     ],
+    "tool input that is no object": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use", "input": {}}},
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": "[1, 2]"},
+        },
+        {"type": "content_block_stop", "index": 0},
+    ],
     "message_delta without usage": [
         {"type": "message_start", "message": {"content": [], "usage": {}}},
         {"type": "message_delta", "delta": {"stop_reason": "end_turn"}},

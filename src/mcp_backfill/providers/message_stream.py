@@ -10,7 +10,7 @@ Where a malformed stream makes them differ, the fold raises `ValueError` (the pr
 stream", worth a retry):
 
 - a tool block's input is parsed once, when the block stops (the SDK parses the JSON so far at
-  every delta, leniently): input that is not whole, valid JSON by then is an error — unless the
+  every delta, leniently): input that is not a whole, valid JSON object by then is an error — unless the
   message stopped for a reason that ends generation wherever it is (`CUT_SHORT`: the token limit,
   a refusal, the context window), which cut the tool call short: the call is left out of the
   message (where the SDK keeps what it could parse), as no server should run half of one;
@@ -149,8 +149,12 @@ class MessageFold:
         pieces = self._tool_json.pop(index, None)
         if pieces and (raw := "".join(pieces)):
             try:
-                block["input"] = decode(raw.encode())
+                value = decode(raw.encode())
             except ValueError:
+                value = None
+            if isinstance(value, dict):  # a tool's arguments are an object (else the call is lost)
+                block["input"] = value
+            else:
                 self._unparsed[index] = raw  # an error, unless the message was cut short (`message`)
 
     def usage(self) -> dict[str, Any]:
@@ -166,7 +170,7 @@ class MessageFold:
             self._stop(index)
         if self._unparsed and self._message.get("stop_reason") not in CUT_SHORT:
             raw = next(iter(self._unparsed.values()))
-            raise ValueError(f"the tool input Claude streamed is not valid JSON: {raw[:200]}")
+            raise ValueError(f"the tool input Claude streamed is not valid JSON, or no object: {raw[:200]}")
         for (index, field), pieces in self._text.items():
             block = self._content[index]
             block[field] = _string(block.get(field) or "", f"a {block['type']} block's {field}") + "".join(
