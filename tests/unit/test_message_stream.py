@@ -328,6 +328,12 @@ MALFORMED = {
         },
         {"type": "content_block_stop", "index": 0},
     ],
+    "a block after message_stop": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}},
+        {"type": "message_stop"},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use", "input": {}}},
+    ],
     "message_delta without usage": [
         {"type": "message_start", "message": {"content": [], "usage": {}}},
         {"type": "message_delta", "delta": {"stop_reason": "end_turn"}},

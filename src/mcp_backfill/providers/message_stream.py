@@ -17,7 +17,8 @@ stream", worth a retry):
 - an event out of order (a delta before its block's start, after its stop — a tool's input would
   be what came after — or for an index never started, a block started at another index than the
   next, anything before `message_start`, a second `message_start`, a `message_stop` before
-  `message_delta`, which alone reports the output's tokens: `message_start`'s are a placeholder).
+  `message_delta`, which alone reports the output's tokens: `message_start`'s are a placeholder,
+  anything but a `ping` after `message_stop`).
 
 Fields whose value is null are left out of every object in the message, as the SDK's dump leaves
 them out of every object it has a model for, with one exception: a tool's input, free-form JSON the
@@ -65,6 +66,7 @@ class MessageFold:
         self._text: dict[tuple[int, str], list[str]] = {}  # joined once, not copied at every delta
         self._unparsed: dict[int, str] = {}  # tool blocks whose input is not whole JSON
         self._stopped: set[int] = set()  # blocks a content_block_stop finished
+        self._stopped_message = False
         self.ended = False
         """A `message_delta` said why the message stopped and gave its final usage: all of it came."""
         self.characters = 0
@@ -73,6 +75,8 @@ class MessageFold:
         kind = event.get("type") if isinstance(event, dict) else None
         if not isinstance(kind, str):
             raise ValueError(f"a stream event without a type: {str(event)[:120]}")
+        if self._stopped_message and kind != "ping":  # a gateway's second answer, say: not this one's
+            raise ValueError(f"a {kind} event after message_stop")
         try:
             if kind == "message_start":
                 if self._message is not None:
@@ -83,6 +87,7 @@ class MessageFold:
             elif kind == "message_stop":
                 if self._message is not None and not self.ended:  # its usage is message_start's guess
                     raise ValueError("a message_stop event before message_delta")
+                self._stopped_message = True
             elif self._message is None:
                 raise ValueError(f"a {kind} event before message_start")
             elif kind == "content_block_delta":
