@@ -711,3 +711,13 @@ async def test_an_event_field_of_the_wrong_type_is_a_malformed_stream(
     assert error.data["type"] == "malformed_response"
     assert error.retryable
     assert cost == {**cost, "input_tokens": 50, "output_tokens": 100}
+
+
+async def test_an_event_stream_labelled_json_is_still_read(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    """A gateway that labels the event stream `application/json`: its events are what they are."""
+    block_stop = sse_event("content_block_stop", {"type": "content_block_stop", "index": 0})
+    fake_claude.enqueue(raw_reply(started(), *text_block(0, "Hello"), block_stop, *ended(), headers=JSON))
+    answer = await provider.create_message(REQUEST)
+    assert answer["content"] == [{"type": "text", "text": "Hello"}]

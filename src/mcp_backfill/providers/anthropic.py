@@ -97,8 +97,8 @@ class StreamedEvents:
 
     An `error` event raises the SDK's own `APIStatusError` for it, as the SDK's stream does. A JSON
     answer instead of a stream (a gateway's) is taken for what it is: an error body raises that
-    error, a whole message gives the events of its stream; a body of another type without a single
-    event is a `ValueError` that names the type and quotes the body's start."""
+    error, a whole message gives the events of its stream (other JSON-labelled bodies are read as
+    events); a body without a single event is a `ValueError` that names its type and quotes it."""
 
     def __init__(self, client: AnyClient, response: httpx2.Response) -> None:
         self.request_id: str | None = response.headers.get("request-id")
@@ -114,17 +114,22 @@ class StreamedEvents:
 
     async def _decode(self) -> AsyncGenerator[Any, None]:
         media_type = self._response.headers.get("content-type", "").partition(";")[0].strip().lower()
-        if media_type.endswith("json"):  # no stream: a gateway's answer as one JSON value
-            async for event in self._whole_body(media_type):
-                yield event
-            return
+        chunks: AsyncIterator[bytes] = self._response.aiter_bytes()
+        if media_type.endswith("json"):  # a gateway's answer as one JSON value, or a mislabelled stream
+            raw = await _read_whole(chunks, media_type)
+            whole = self._whole_message(raw)
+            if whole is not None:
+                for event in whole:
+                    yield event
+                return
+            chunks = _once(raw)
         head = bytearray()  # the body's first bytes, quoted if it holds no event at all
         # Server-sent events may open with a UTF-8 byte order mark, which is not the first field's.
         bom = b"" if media_type == BEDROCK_STREAM_TYPE else UTF8_BOM
 
         async def body() -> AsyncIterator[bytes]:
             opening: bytes | None = b""
-            async for chunk in self._response.aiter_bytes():
+            async for chunk in chunks:
                 if len(head) < ERROR_TEXT_LIMIT:
                     head.extend(chunk[: ERROR_TEXT_LIMIT - len(head)])
                 if opening is not None:  # the opening bytes, until there are enough to tell
@@ -150,30 +155,25 @@ class StreamedEvents:
             excerpt = bytes(head).decode(errors="replace")
             raise ValueError(f"a {media_type or 'untyped'} answer, not an event stream: {excerpt}")
 
-    async def _whole_body(self, media_type: str) -> AsyncGenerator[Any, None]:
-        """A JSON body, not a stream: an error is that error; a message, the events of its stream;
-        anything else a `ValueError` that quotes its start."""
-        raw = bytearray()
-        async for chunk in self._response.aiter_bytes():
-            raw += chunk
-            if len(raw) > WHOLE_BODY_LIMIT:
-                raise ValueError(f"a {media_type} answer of more than {WHOLE_BODY_LIMIT} bytes, not a stream")
+    def _whole_message(self, raw: bytes) -> list[dict[str, Any]] | None:
+        """A JSON body that is an error raises that error; a message gives the events of its
+        stream; anything else None (it may be a stream labelled JSON)."""
         try:
-            body = decode(bytes(raw))
+            body = decode(raw)
         except ValueError:
-            body = None
+            return None
         kind = body.get("type") if isinstance(body, dict) else None
         if kind == "error":
-            raise self._error_event(bytes(raw).decode())
-        if kind == "message" and isinstance(body, dict):
-            usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-            ending = {field: body.get(field) for field in ("stop_reason", "stop_sequence", "stop_details")}
-            yield {"type": "message_start", "message": {**body, **dict.fromkeys(ending)}}
-            yield {"type": "message_delta", "delta": ending, "usage": usage}
-            yield {"type": "message_stop"}
-            return
-        excerpt = bytes(raw[:ERROR_TEXT_LIMIT]).decode(errors="replace")
-        raise ValueError(f"a {media_type} answer, not an event stream: {excerpt}")
+            raise self._error_event(raw.decode())
+        if kind != "message" or not isinstance(body, dict):
+            return None
+        usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+        ending = {field: body.get(field) for field in ("stop_reason", "stop_sequence", "stop_details")}
+        return [
+            {"type": "message_start", "message": {**body, **dict.fromkeys(ending)}},
+            {"type": "message_delta", "delta": ending, "usage": usage},
+            {"type": "message_stop"},
+        ]
 
     def _error_event(self, data: str) -> anthropic.APIStatusError:
         body: object = data
@@ -183,6 +183,19 @@ class StreamedEvents:
         except ValueError:
             message = data or f"Error code: {self._response.status_code}"
         return self._client._make_status_error(message, body=body, response=self._response)
+
+
+async def _read_whole(chunks: AsyncIterator[bytes], media_type: str) -> bytes:
+    raw = bytearray()
+    async for chunk in chunks:
+        raw += chunk
+        if len(raw) > WHOLE_BODY_LIMIT:
+            raise ValueError(f"a {media_type} answer of more than {WHOLE_BODY_LIMIT} bytes, not a stream")
+    return bytes(raw)
+
+
+async def _once(raw: bytes) -> AsyncIterator[bytes]:
+    yield raw
 
 
 @asynccontextmanager
