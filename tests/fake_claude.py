@@ -91,6 +91,7 @@ __all__ = [
     "HangReply",
     "MessageReply",
     "PromptCache",
+    "RawReply",
     "RecordedRequest",
     "Reply",
     "ReplyFactory",
@@ -100,6 +101,8 @@ __all__ = [
     "garbage_stream_reply",
     "hang_reply",
     "message_reply",
+    "raw_reply",
+    "sse_event",
     "stream_error_reply",
     "text_reply",
     "tool_use_reply",
@@ -211,8 +214,34 @@ class TruncatedStreamReply:
     abrupt: bool = False
 
 
+@dataclass(frozen=True)
+class RawReply:
+    """Whatever bytes a test scripts: `parts` sent one by one as the body of a `status` response
+    with `headers` (`content-type` defaults to server-sent events). For streams no real API sends:
+    events out of order, an error in a 200's JSON body, a wrong content type... `abort` drops the
+    connection after the parts instead of ending the body."""
+
+    parts: tuple[bytes, ...]
+    status: int = 200
+    headers: Mapping[str, str] = field(default_factory=dict)
+    abort: bool = False
+
+
+def raw_reply(
+    *parts: bytes | str, status: int = 200, headers: Mapping[str, str] | None = None, abort: bool = False
+) -> RawReply:
+    encoded = tuple(part.encode() if isinstance(part, str) else part for part in parts)
+    return RawReply(encoded, status, dict(headers or {}), abort)
+
+
+def sse_event(event: str, data: JSONObject | str) -> bytes:
+    """One server-sent event (`data` a JSON object, or any text as it is)."""
+    text = data if isinstance(data, str) else json.dumps(data)
+    return f"event: {event}\ndata: {text}\n\n".encode()
+
+
 FaultReply = GarbageStreamReply | TruncatedStreamReply
-Reply = MessageReply | ErrorReply | StreamErrorReply | HangReply | FaultReply
+Reply = MessageReply | ErrorReply | StreamErrorReply | HangReply | FaultReply | RawReply
 ReplyFactory = Callable[[RecordedRequest], Reply]
 """A queued callable is called with the request and returns the reply to send."""
 
@@ -1401,7 +1430,7 @@ class FakeClaude:
         if item is None:
             fallback = self.fallback
             return default_reply(recorded.body) if fallback is None else fallback(recorded)
-        if isinstance(item, MessageReply | ErrorReply | StreamErrorReply | HangReply | FaultReply):
+        if isinstance(item, MessageReply | ErrorReply | StreamErrorReply | HangReply | FaultReply | RawReply):
             return item
         return item(recorded)
 
@@ -1488,6 +1517,13 @@ class FakeClaude:
 
         if isinstance(reply, ErrorReply):
             return self._error(reply.status, reply.error_type, reply.message, reply.headers, reply.details)
+        if isinstance(reply, RawReply):
+            headers = {
+                "content-type": "text/event-stream; charset=utf-8",
+                "request-id": f"req_fake_{self._next_number():06d}",
+                **reply.headers,
+            }
+            return _ScriptedResponse(self, reply.status, headers, list(reply.parts), abort=reply.abort)
         if isinstance(reply, StreamErrorReply):
             if not streaming:
                 return self._error(

@@ -19,7 +19,15 @@ import httpx2
 import pytest
 from mcp import Client
 
-from tests.fake_claude import FakeClaude, error_reply, hang_reply, text_reply, truncated_stream_reply
+from tests.fake_claude import (
+    FakeClaude,
+    error_reply,
+    hang_reply,
+    raw_reply,
+    sse_event,
+    text_reply,
+    truncated_stream_reply,
+)
 from tests.harness import (
     RawSession,
     free_port,
@@ -323,3 +331,71 @@ async def test_nothing_the_api_served_goes_uncharged(fake_claude: FakeClaude, tm
     assert len(fake_claude.served) == 5
     assert served > 0
     assert served <= charged
+
+
+def gateway_stream(text: str, *, delta: bool) -> list[bytes]:
+    """A stream as a broken gateway may pass it on: `message_delta` (the real output count) left
+    out unless `delta`."""
+    message: dict[str, Any] = {
+        "id": "msg_gateway",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-5-5",
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 12, "output_tokens": 1},
+    }
+    block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+    piece = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}
+    events = [
+        sse_event("message_start", {"type": "message_start", "message": message}),
+        sse_event("content_block_start", block),
+        sse_event("content_block_delta", piece),
+        sse_event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+    ]
+    if delta:
+        ending = {"stop_reason": "end_turn", "stop_sequence": None}
+        usage = {"output_tokens": max(1, len(text) // 4)}
+        events.append(sse_event("message_delta", {"type": "message_delta", "delta": ending, "usage": usage}))
+    return [*events, sse_event("message_stop", {"type": "message_stop"})]
+
+
+async def test_what_a_broken_gateway_served_is_charged(fake_claude: FakeClaude, tmp_path: Path) -> None:
+    """Streams no real API sends, through the proxy: one that stops without `message_delta` (it was
+    answered and charged `message_start`'s placeholder of 1 output token) is retried and charged its
+    reservation; a whole JSON message instead of a stream (it was retried as a broken stream, and
+    billed again) is the answer. The fake never served more than was charged."""
+    audit = tmp_path / "audit.jsonl"
+    essay = "All work and no play. " * 40
+    whole = {
+        "id": "msg_whole",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-5-5",
+        "content": [{"type": "text", "text": "whole"}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 12, "output_tokens": 3},
+    }
+    fake_claude.enqueue(
+        raw_reply(*gateway_stream(essay, delta=False)),
+        raw_reply(*gateway_stream("streamed", delta=True)),
+        raw_reply(json.dumps(whole), headers={"content-type": "application/json"}),
+    )
+    argv = proxy_argv("--retry-base-delay", "0.01", "--audit-log", str(audit), upstream=SAMPLING_SERVER)
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await initialize(session)
+        streamed = await raw_sample(session, 1, plain_params("an essay", max_tokens=400))
+        answered = await raw_sample(session, 2, plain_params("in one piece", max_tokens=30))
+        await session.close_stdin()
+        await session.wait(SLOW)
+    assert streamed["result"]["content"]["text"] == "streamed"
+    assert answered["result"]["content"]["text"] == "whole"
+    assert answered["result"]["stopReason"] == "endTurn"
+    first, second = audit_lines(audit)
+    assert first["charged"]["output_tokens"] == 400 + 2  # the essay's attempt: its whole reservation
+    assert second["charged"] == {**second["charged"], "input_tokens": 12, "output_tokens": 3}
+    assert len(fake_claude.message_requests) == 3
+    charged = sum(sum(line["charged"].values()) for line in (first, second))
+    assert fake_claude.served_tokens() <= charged

@@ -263,6 +263,77 @@ MALFORMED = {
         },
         {"type": "content_block_stop", "index": 0},
     ],
+    "a second message_start": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x"}},
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+    ],
+    "delta of a negative index": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": -1, "delta": {"type": "text_delta", "text": "x"}},
+    ],
+    "a block started twice": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    ],
+    "a block started past the next index": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
+    ],
+    "a delta of a block already stopped": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use", "input": {}}},
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": "{}"},
+        },
+        {"type": "content_block_stop", "index": 0},
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": '{"path": "/"}'},
+        },
+    ],
+    "a text delta that is no string": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": 123}},
+    ],
+    "a block's text that is no string": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": 5}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x"}},
+    ],
+    "tool input pieces that are no strings": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use", "input": {}}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": 5}},
+    ],
+    "content that is no list": [{"type": "message_start", "message": {"content": "abc", "usage": {}}}],
+    "a stop reason that is no string": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "message_delta", "delta": {"stop_reason": {"x": 1}}, "usage": {"output_tokens": 1}},
+    ],
+    "tool input that is no object": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use", "input": {}}},
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": "[1, 2]"},
+        },
+        {"type": "content_block_stop", "index": 0},
+    ],
+    "a block after message_stop": [
+        {"type": "message_start", "message": {"content": [], "usage": {}}},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}},
+        {"type": "message_stop"},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use", "input": {}}},
+    ],
     "message_delta without usage": [
         {"type": "message_start", "message": {"content": [], "usage": {}}},
         {"type": "message_delta", "delta": {"stop_reason": "end_turn"}},
@@ -272,6 +343,9 @@ MALFORMED = {
 
 @pytest.mark.parametrize("events", MALFORMED.values(), ids=MALFORMED.keys())
 def test_a_malformed_stream_is_a_value_error(events: list[Any]) -> None:
+    """A `ValueError` (the provider's "malformed stream", retried), never another exception (the
+    provider's "the client could not make the call", not retried, for a call Claude billed)."""
+
     def fold_all() -> None:
         fold = MessageFold()
         for event in events:

@@ -29,11 +29,14 @@ from mcp_backfill.providers.platforms import (
 )
 from mcp_backfill.providers.retry import RetryingProvider, RetryPolicy
 from mcp_backfill.sampling.provider import StreamProgress
+from mcp_backfill.sampling.spend import Charge, Reservation
 from tests.fake_claude import (
     FakeClaude,
     error_reply,
     garbage_stream_reply,
     hang_reply,
+    raw_reply,
+    sse_event,
     stream_error_reply,
     text_reply,
     tool_use_reply,
@@ -445,3 +448,276 @@ def test_an_unusable_no_proxy_is_named_and_not_blamed_on_proxies_that_are_not_se
     message = str(caught.value)
     assert "NO_PROXY (or no_proxy) lists a host" in message
     assert "HTTPS_PROXY" not in message
+
+
+# --------------------------------------------------------------------------------------------------
+# Streams no real API sends (a gateway's, a broken proxy's): a clear error, and the call charged
+# --------------------------------------------------------------------------------------------------
+
+
+def started(usage: dict[str, int] | None = None) -> bytes:
+    message: dict[str, Any] = {
+        "id": "msg_raw",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-5-5",
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 50, "output_tokens": 1} if usage is None else usage,
+    }
+    return sse_event("message_start", {"type": "message_start", "message": message})
+
+
+def text_block(index: int, text: str) -> list[bytes]:
+    start = {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
+    delta = {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text}}
+    return [sse_event("content_block_start", start), sse_event("content_block_delta", delta)]
+
+
+def ended(output_tokens: int = 7) -> list[bytes]:
+    delta = {"stop_reason": "end_turn", "stop_sequence": None}
+    return [
+        sse_event(
+            "message_delta",
+            {"type": "message_delta", "delta": delta, "usage": {"output_tokens": output_tokens}},
+        ),
+        sse_event("message_stop", {"type": "message_stop"}),
+    ]
+
+
+async def metered_failure(provider: AnthropicProvider) -> tuple[ProviderError, dict[str, int]]:
+    charge = Charge(Reservation(60, 100))
+    with pytest.raises(ProviderError) as caught:
+        await provider.create_message(REQUEST, meter=charge)
+    return caught.value, charge.cost()
+
+
+async def test_a_second_message_start_is_a_malformed_stream_and_charged(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    """A `message_start` after the content began was taken for an error of the client before the
+    call ("could not make the call", not retried) instead of a malformed stream Claude billed."""
+    fake_claude.enqueue(raw_reply(started(), *text_block(0, "Hello"), started(), *ended()))
+    error, cost = await metered_failure(provider)
+    assert error.data is not None
+    assert error.data["type"] == "malformed_response"
+    assert "message_start" in error.message
+    assert error.retryable
+    assert cost == {**cost, "input_tokens": 50, "output_tokens": 100}
+
+
+JSON = {"content-type": "application/json"}
+
+
+async def test_an_error_in_a_200_json_body_is_that_error(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    """A gateway answering the stream with a JSON error body and 200 was reported as a stream that
+    "ended before the message was complete", the error itself (here a final one) never said."""
+    body = {"type": "error", "error": {"type": "invalid_request_error", "message": "model: not allowed"}}
+    fake_claude.enqueue(
+        raw_reply(json.dumps(body), headers=JSON),
+        raw_reply(
+            json.dumps({**body, "error": {"type": "overloaded_error", "message": "Overloaded"}}), headers=JSON
+        ),
+    )
+    final, transient = await failure(provider), await failure(provider)
+    assert final.data is not None
+    assert transient.data is not None
+    assert (final.data["type"], final.retryable) == ("invalid_request_error", False)
+    assert "model: not allowed" in final.message
+    assert (transient.data["type"], transient.retryable) == ("overloaded_error", True)
+
+
+async def test_a_whole_message_instead_of_a_stream_is_the_answer(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    """A gateway that ignores `stream: true` and answers the message as JSON: that is the answer
+    (and what it reports is charged), not a broken stream retried and billed again."""
+    message = {
+        "id": "msg_whole",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-5-5",
+        "content": [{"type": "text", "text": "Hi", "citations": None}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 5, "output_tokens": 2, "cache_read_input_tokens": None},
+    }
+    fake_claude.enqueue(raw_reply(json.dumps(message), headers=JSON))
+    charge = Charge(Reservation(60, 100))
+    answer = await provider.create_message(REQUEST, meter=charge)
+    assert answer["content"] == [{"type": "text", "text": "Hi"}]
+    assert answer["stop_reason"] == "end_turn"
+    assert answer["usage"] == {"input_tokens": 5, "output_tokens": 2}
+    assert charge.cost() == {**charge.cost(), "input_tokens": 5, "output_tokens": 2}
+    assert len(fake_claude.message_requests) == 1
+
+
+async def test_a_page_instead_of_a_stream_is_named(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    fake_claude.enqueue(
+        raw_reply(f"<html>Sign in {TEST_API_KEY}</html>", headers={"content-type": "text/html"})
+    )
+    error, cost = await metered_failure(provider)
+    assert error.data is not None
+    assert error.data["type"] == "malformed_response"
+    assert "text/html" in error.message
+    assert "Sign in" in error.message
+    assert TEST_API_KEY not in error.message
+    assert cost["output_tokens"] == 100  # the gateway may have had Claude answer it
+
+
+async def test_a_message_stopped_without_its_delta_is_not_charged_the_starts_placeholder(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    """`message_start` reports 1 output token, a placeholder `message_delta` replaces with the
+    real count: a stream that stopped without one was answered (with no stop reason) and charged
+    that 1 token, whatever Claude wrote."""
+    fake_claude.enqueue(
+        raw_reply(
+            started(),
+            *text_block(0, "A long essay" * 200),
+            sse_event("message_stop", {"type": "message_stop"}),
+        )
+    )
+    error, cost = await metered_failure(provider)
+    assert error.data is not None
+    assert error.data["type"] == "malformed_response"
+    assert "message_delta" in error.message
+    assert cost == {**cost, "input_tokens": 50, "output_tokens": 100}
+
+
+async def test_a_redirect_costs_nothing(fake_claude: FakeClaude) -> None:
+    """A redirect (say a gateway's `http://` sending every request to its `https://`) is not
+    followed and nothing answered the prompt; it was charged the whole reservation all the same,
+    so a misconfigured gateway URL ran the budgets down without a token spent."""
+    moved = {"location": "https://gateway.test/v1/messages", "content-type": "text/html"}
+    fake_claude.enqueue(raw_reply("<html>Moved</html>", status=301, headers=moved))
+    client = anthropic.AsyncAnthropic(
+        api_key=TEST_API_KEY, base_url=fake_claude.url, max_retries=0, http_client=api_http_client()
+    )
+    provider = AnthropicProvider(client, secrets=[TEST_API_KEY])
+    try:
+        error, cost = await metered_failure(provider)
+    finally:
+        await provider.aclose()
+    assert "301" in error.message
+    assert error.retryable is False
+    assert cost == dict.fromkeys(cost, 0)
+
+
+async def test_an_answer_whose_usage_was_stripped_is_charged_its_reservation(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    """A gateway that strips `usage` (`{}` in `message_start` and `message_delta`): the complete
+    answer was charged 0 tokens."""
+    ending = {"stop_reason": "end_turn", "stop_sequence": None}
+    fake_claude.enqueue(
+        raw_reply(
+            started({}),
+            *text_block(0, "Hello"),
+            sse_event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            sse_event("message_delta", {"type": "message_delta", "delta": ending, "usage": {}}),
+            sse_event("message_stop", {"type": "message_stop"}),
+        )
+    )
+    charge = Charge(Reservation(60, 100))
+    answer = await provider.create_message(REQUEST, meter=charge)
+    assert answer["content"] == [{"type": "text", "text": "Hello"}]
+    assert charge.cost() == {**charge.cost(), "input_tokens": 60, "output_tokens": 100}
+
+
+async def test_a_stream_opening_with_a_byte_order_mark_is_read(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    """An event stream may start with a UTF-8 byte order mark, which readers must drop: it made the
+    first field `\\ufeffevent`, so `message_start` was lost and the stream taken for malformed."""
+    stream = [started(), *text_block(0, "Hello"), *ended()]
+    fake_claude.enqueue(
+        raw_reply(b"\xef\xbb\xbf" + stream[0], *stream[1:]),
+        raw_reply(b"\xef", b"\xbb", b"\xbf" + stream[0], *stream[1:]),  # in pieces
+    )
+    for _ in range(2):
+        answer = await provider.create_message(REQUEST)
+        assert answer["content"] == [{"type": "text", "text": "Hello"}]
+
+
+async def test_a_stream_that_ends_after_message_delta_without_message_stop_is_the_answer(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    """`message_delta` is the message's end (why it stopped, the final usage); `message_stop` only
+    says so again. A gateway that leaves it out had every answer retried as incomplete, and billed
+    each time, where the SDK's own stream takes the message."""
+    block_stop = sse_event("content_block_stop", {"type": "content_block_stop", "index": 0})
+    delta, _ = ended(7)
+    fake_claude.enqueue(raw_reply(started(), *text_block(0, "Hello"), block_stop, delta))
+    charge = Charge(Reservation(60, 100))
+    answer = await provider.create_message(REQUEST, meter=charge)
+    assert answer["content"] == [{"type": "text", "text": "Hello"}]
+    assert answer["stop_reason"] == "end_turn"
+    assert charge.cost() == {**charge.cost(), "input_tokens": 50, "output_tokens": 7}
+    assert len(fake_claude.message_requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("reply", "status"),
+    [
+        (raw_reply(started(), sse_event("error", {"type": "error", "error": {"type": {"a": 1}}})), 200),
+        (
+            raw_reply(
+                json.dumps({"type": "error", "error": {"type": ["x"], "message": {"m": 1}}}),
+                status=529,
+                headers=JSON,
+            ),
+            529,
+        ),
+    ],
+    ids=["mid-stream-type-object", "529-type-and-message-objects"],
+)
+async def test_an_error_body_of_the_wrong_shape_is_a_provider_error(
+    fake_claude: FakeClaude, provider: AnthropicProvider, reply: Any, status: int
+) -> None:
+    """An error whose `type` or `message` is no string (a gateway's) made the proxy fail with a
+    TypeError of its own ("Internal error in mcp-backfill"), the API's status and retry lost."""
+    fake_claude.enqueue(reply)
+    error = await failure(provider)
+    assert error.data is not None
+    assert error.data["status"] == status
+    assert error.data["type"] is None
+    assert error.retryable is (status == 529)
+    assert f"Claude API error ({status} error)" in error.message
+
+
+async def test_an_event_field_of_the_wrong_type_is_a_malformed_stream(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    """A text delta that is no string failed the fold with a TypeError, reported as "the client
+    could not make the call" (not retried) for a call Claude had billed."""
+    start = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+    bad = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": 42}}
+    fake_claude.enqueue(
+        raw_reply(
+            started(),
+            sse_event("content_block_start", start),
+            sse_event("content_block_delta", bad),
+            *ended(),
+        )
+    )
+    error, cost = await metered_failure(provider)
+    assert error.data is not None
+    assert error.data["type"] == "malformed_response"
+    assert error.retryable
+    assert cost == {**cost, "input_tokens": 50, "output_tokens": 100}
+
+
+async def test_an_event_stream_labelled_json_is_still_read(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    """A gateway that labels the event stream `application/json`: its events are what they are."""
+    block_stop = sse_event("content_block_stop", {"type": "content_block_stop", "index": 0})
+    fake_claude.enqueue(raw_reply(started(), *text_block(0, "Hello"), block_stop, *ended(), headers=JSON))
+    answer = await provider.create_message(REQUEST)
+    assert answer["content"] == [{"type": "text", "text": "Hello"}]

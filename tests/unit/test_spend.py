@@ -196,6 +196,18 @@ def test_a_counter_the_end_of_the_stream_lowers_keeps_its_highest_value() -> Non
     ) == (usage(5000, 20, 30, 40))
 
 
+def test_a_stream_that_reported_no_usage_is_charged_as_one_nothing_was_heard_of() -> None:
+    """A stream whose usage says nothing (a gateway that strips it: `usage: {}`) was charged as if
+    Claude had read no prompt and, once complete, written nothing: a whole answer for 0 tokens."""
+    silent = usage()
+    assert charged(attempt, lambda c: c.report(silent)) == usage(100, 1000)  # it broke off
+    assert charged(attempt, lambda c: c.report(silent), lambda c: c.report(silent, final=True)) == usage(
+        100, 1000
+    )
+    # The input side unknown, the output reported: the output is taken as reported.
+    assert charged(attempt, lambda c: c.report(usage(0, 30), final=True)) == usage(100, 30)
+
+
 def test_a_call_nothing_was_heard_of_is_charged_its_whole_reservation() -> None:
     assert charged(attempt) == usage(100, 1000)
 

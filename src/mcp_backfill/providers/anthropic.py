@@ -50,6 +50,12 @@ RETRYABLE_STREAM_ERRORS = frozenset(
 
 # The most of an error text the API (or a gateway in front of it) sent that an error message quotes.
 ERROR_TEXT_LIMIT = 500
+# The content types of a streamed answer: server-sent events, and Bedrock's event stream.
+BEDROCK_STREAM_TYPE = "application/vnd.amazon.eventstream"
+STREAM_TYPES = frozenset({SSE_TYPE, BEDROCK_STREAM_TYPE})
+UTF8_BOM = b"\xef\xbb\xbf"
+# The most of a JSON answer instead of a stream (a gateway's message or error) that is read.
+WHOLE_BODY_LIMIT = 64 * 1024 * 1024
 
 # Failures that mean the request never reached the API (no connection was made): not billed.
 NEVER_SENT = (httpx2.ConnectError, httpx2.ConnectTimeout)
@@ -89,7 +95,10 @@ MESSAGES_CALL_OPTIONS: dict[str, Any] = {
 class StreamedEvents:
     """The events of a streamed Messages answer, decoded to JSON, in order (`message_stream`'s).
 
-    An `error` event raises the SDK's own `APIStatusError` for it, as the SDK's stream does."""
+    An `error` event raises the SDK's own `APIStatusError` for it, as the SDK's stream does. A JSON
+    answer instead of a stream (a gateway's) is taken for what it is: an error body raises that
+    error, a whole message gives the events of its stream (other JSON-labelled bodies are read as
+    events); a body without a single event is a `ValueError` that names its type and quotes it."""
 
     def __init__(self, client: AnyClient, response: httpx2.Response) -> None:
         self.request_id: str | None = response.headers.get("request-id")
@@ -104,13 +113,67 @@ class StreamedEvents:
         await self._events.aclose()
 
     async def _decode(self) -> AsyncGenerator[Any, None]:
+        media_type = self._response.headers.get("content-type", "").partition(";")[0].strip().lower()
+        chunks: AsyncIterator[bytes] = self._response.aiter_bytes()
+        if media_type.endswith("json"):  # a gateway's answer as one JSON value, or a mislabelled stream
+            raw = await _read_whole(chunks, media_type)
+            whole = self._whole_message(raw)
+            if whole is not None:
+                for event in whole:
+                    yield event
+                return
+            chunks = _once(raw)
+        head = bytearray()  # the body's first bytes, quoted if it holds no event at all
+        # Server-sent events may open with a UTF-8 byte order mark, which is not the first field's.
+        bom = b"" if media_type == BEDROCK_STREAM_TYPE else UTF8_BOM
+
+        async def body() -> AsyncIterator[bytes]:
+            opening: bytes | None = b""
+            async for chunk in chunks:
+                if len(head) < ERROR_TEXT_LIMIT:
+                    head.extend(chunk[: ERROR_TEXT_LIMIT - len(head)])
+                if opening is not None:  # the opening bytes, until there are enough to tell
+                    opening += chunk
+                    if len(opening) < len(bom) and bom.startswith(opening):
+                        continue
+                    chunk = opening.removeprefix(bom)
+                    opening = None
+                yield chunk
+            if opening:
+                yield opening
+
         decoder = self._client._make_sse_decoder()  # server-sent events, or Bedrock's event stream
-        async for sse in decoder.aiter_bytes(self._response.aiter_bytes()):
+        events = 0
+        async for sse in decoder.aiter_bytes(body()):
             if sse.event == "error":
                 raise self._error_event(sse.data)
             if sse.event is None or sse.event == "ping" or not sse.data:
                 continue
+            events += 1
             yield decode(sse.data.encode())
+        if not events and media_type not in STREAM_TYPES and head:
+            excerpt = bytes(head).decode(errors="replace")
+            raise ValueError(f"a {media_type or 'untyped'} answer, not an event stream: {excerpt}")
+
+    def _whole_message(self, raw: bytes) -> list[dict[str, Any]] | None:
+        """A JSON body that is an error raises that error; a message gives the events of its
+        stream; anything else None (it may be a stream labelled JSON)."""
+        try:
+            body = decode(raw)
+        except ValueError:
+            return None
+        kind = body.get("type") if isinstance(body, dict) else None
+        if kind == "error":
+            raise self._error_event(raw.decode())
+        if kind != "message" or not isinstance(body, dict):
+            return None
+        usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+        ending = {field: body.get(field) for field in ("stop_reason", "stop_sequence", "stop_details")}
+        return [
+            {"type": "message_start", "message": {**body, **dict.fromkeys(ending)}},
+            {"type": "message_delta", "delta": ending, "usage": usage},
+            {"type": "message_stop"},
+        ]
 
     def _error_event(self, data: str) -> anthropic.APIStatusError:
         body: object = data
@@ -120,6 +183,19 @@ class StreamedEvents:
         except ValueError:
             message = data or f"Error code: {self._response.status_code}"
         return self._client._make_status_error(message, body=body, response=self._response)
+
+
+async def _read_whole(chunks: AsyncIterator[bytes], media_type: str) -> bytes:
+    raw = bytearray()
+    async for chunk in chunks:
+        raw += chunk
+        if len(raw) > WHOLE_BODY_LIMIT:
+            raise ValueError(f"a {media_type} answer of more than {WHOLE_BODY_LIMIT} bytes, not a stream")
+    return bytes(raw)
+
+
+async def _once(raw: bytes) -> AsyncIterator[bytes]:
+    yield raw
 
 
 @asynccontextmanager
@@ -206,7 +282,7 @@ class AnthropicProvider:
                         meter.report(fold.usage())
                     elif kind == "message_stop":
                         completed = True
-                if not completed:
+                if not completed and not fold.ended:  # `message_stop` only says again it ended
                     raise self._error(
                         "Claude API stream ended before the message was complete",
                         "incomplete_stream",
@@ -217,7 +293,7 @@ class AnthropicProvider:
         except ProviderError:
             raise
         except anthropic.APIStatusError as exc:
-            if exc.response.status_code >= 400:  # refused before any message: nothing is billed
+            if exc.response.status_code >= 300:  # refused or redirected: no message, nothing billed
                 meter.not_billed()
             raise self._status_error(exc) from None
         except anthropic.APITimeoutError as exc:
@@ -290,20 +366,25 @@ class AnthropicProvider:
     def _status_error(self, exc: anthropic.APIStatusError) -> ProviderError:
         status = exc.status_code
         headers = exc.response.headers
-        data: dict[str, Any] = {"provider": self.name, "status": status, "type": exc.type}
-        if exc.error_code:
-            data["error_code"] = exc.error_code
-        if exc.request_id:
-            data["request_id"] = exc.request_id
+        # The body's fields as the SDK read them, strings only: a gateway's may be any JSON.
+        error_type, error_code, request_id, api_message = (
+            value if isinstance(value, str) else None
+            for value in (exc.type, exc.error_code, exc.request_id, exc.api_message)
+        )
+        data: dict[str, Any] = {"provider": self.name, "status": status, "type": error_type}
+        if error_code:
+            data["error_code"] = error_code
+        if request_id:
+            data["request_id"] = request_id
         # A gateway's error page may be its whole body: redacted, then cut as every other error text.
-        detail = self._redact(exc.api_message or exc.message)[:ERROR_TEXT_LIMIT]
+        detail = self._redact(api_message or str(exc.message))[:ERROR_TEXT_LIMIT]
         if status in (401, 403):
             detail += f"; check {CREDENTIALS.get(self.name, 'ANTHROPIC_API_KEY')}"
         return ProviderError(
-            f"Claude API error ({status} {exc.type or 'error'}): {detail}",
+            f"Claude API error ({status} {error_type or 'error'}): {detail}",
             data,
             code=INVALID_PARAMS if status in REQUEST_FAULT_STATUSES else INTERNAL_ERROR,
-            retryable=_is_retryable(status, exc.type, headers),
+            retryable=_is_retryable(status, error_type, headers),
             retry_after=retry_after_seconds(headers),
         )
 

@@ -10,11 +10,15 @@ Where a malformed stream makes them differ, the fold raises `ValueError` (the pr
 stream", worth a retry):
 
 - a tool block's input is parsed once, when the block stops (the SDK parses the JSON so far at
-  every delta, leniently): input that is not whole, valid JSON by then is an error — unless the
+  every delta, leniently): input that is not a whole, valid JSON object by then is an error — unless the
   message stopped for a reason that ends generation wherever it is (`CUT_SHORT`: the token limit,
   a refusal, the context window), which cut the tool call short: the call is left out of the
   message (where the SDK keeps what it could parse), as no server should run half of one;
-- an event out of order (a delta before its block's start, anything before `message_start`).
+- an event out of order (a delta before its block's start, after its stop — a tool's input would
+  be what came after — or for an index never started, a block started at another index than the
+  next, anything before `message_start`, a second `message_start`, a `message_stop` before
+  `message_delta`, which alone reports the output's tokens: `message_start`'s are a placeholder,
+  anything but a `ping` after `message_stop`).
 
 Fields whose value is null are left out of every object in the message, as the SDK's dump leaves
 them out of every object it has a model for, with one exception: a tool's input, free-form JSON the
@@ -61,40 +65,69 @@ class MessageFold:
         self._tool_json: dict[int, list[str]] = {}
         self._text: dict[tuple[int, str], list[str]] = {}  # joined once, not copied at every delta
         self._unparsed: dict[int, str] = {}  # tool blocks whose input is not whole JSON
+        self._stopped: set[int] = set()  # blocks a content_block_stop finished
+        self._stopped_message = False
+        self.ended = False
+        """A `message_delta` said why the message stopped and gave its final usage: all of it came."""
         self.characters = 0
 
     def add(self, event: Any) -> str:
         kind = event.get("type") if isinstance(event, dict) else None
         if not isinstance(kind, str):
             raise ValueError(f"a stream event without a type: {str(event)[:120]}")
+        if self._stopped_message and kind != "ping":  # a gateway's second answer, say: not this one's
+            raise ValueError(f"a {kind} event after message_stop")
         try:
             if kind == "message_start":
+                if self._message is not None:
+                    raise ValueError("a second message_start event")
                 self._start(event["message"])
-            elif kind in ("ping", "message_stop"):
+            elif kind == "ping":
                 pass
+            elif kind == "message_stop":
+                if self._message is not None and not self.ended:  # its usage is message_start's guess
+                    raise ValueError("a message_stop event before message_delta")
+                self._stopped_message = True
             elif self._message is None:
                 raise ValueError(f"a {kind} event before message_start")
             elif kind == "content_block_delta":
-                self._delta(event["index"], event["delta"])
+                self._delta(self._index(event), event["delta"])
             elif kind == "content_block_start":
+                if event["index"] != len(self._content) or isinstance(event["index"], bool):
+                    raise ValueError(
+                        f"a content_block_start of index {event['index']!r}, not {len(self._content)}"
+                    )
                 self._content.append(event["content_block"])
             elif kind == "content_block_stop":
-                self._stop(event["index"])
+                self._stop(self._index(event))
             elif kind == "message_delta":
                 _message_delta(self._message, event["delta"], event["usage"])
+                self.ended = True
         except (KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ValueError(
                 f"a {kind} event the message cannot take ({type(exc).__name__}: {exc})"
             ) from None
         return kind
 
+    def _index(self, event: dict[str, Any]) -> int:
+        """The event's block index, which must be one started (a negative one would be another's)."""
+        index = event["index"]
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(self._content):
+            raise ValueError(f"a {event['type']} event for a block never started (index {index!r})")
+        return index
+
     def _start(self, message: dict[str, Any]) -> None:
+        content = message.get("content") or []
+        if not isinstance(content, list):
+            raise ValueError(f"a message_start whose content is no list: {str(content)[:120]}")
         self._message = message
-        self._content = message["content"] = list(message.get("content") or [])
+        self._content = message["content"] = list(content)
         if not isinstance(message.get("usage"), dict):
             message["usage"] = {}
 
     def _delta(self, index: int, delta: dict[str, Any]) -> None:
+        if index in self._stopped:  # a tool's input would be replaced by what came after its stop
+            raise ValueError(f"a content_block_delta for block {index}, stopped already")
         block = self._content[index]
         kind = delta["type"]
         for field in PROGRESS_FIELDS:
@@ -105,10 +138,10 @@ class MessageFold:
         if kind in APPENDED:
             block_type, field = APPENDED[kind]
             if block["type"] == block_type:
-                self._text.setdefault((index, field), []).append(delta[field])
+                self._text.setdefault((index, field), []).append(_string(delta[field], kind))
         elif kind == "input_json_delta":
             if block["type"] in TOOL_INPUT_BLOCKS:
-                self._tool_json.setdefault(index, []).append(delta["partial_json"])
+                self._tool_json.setdefault(index, []).append(_string(delta["partial_json"], kind))
         elif kind == "signature_delta":
             if block["type"] == "thinking":
                 block["signature"] = delta["signature"]
@@ -116,12 +149,17 @@ class MessageFold:
             block["citations"] = [*(block.get("citations") or ()), delta["citation"]]
 
     def _stop(self, index: int) -> None:
+        self._stopped.add(index)
         block = self._content[index]
         pieces = self._tool_json.pop(index, None)
         if pieces and (raw := "".join(pieces)):
             try:
-                block["input"] = decode(raw.encode())
+                value = decode(raw.encode())
             except ValueError:
+                value = None
+            if isinstance(value, dict):  # a tool's arguments are an object (else the call is lost)
+                block["input"] = value
+            else:
                 self._unparsed[index] = raw  # an error, unless the message was cut short (`message`)
 
     def usage(self) -> dict[str, Any]:
@@ -137,10 +175,12 @@ class MessageFold:
             self._stop(index)
         if self._unparsed and self._message.get("stop_reason") not in CUT_SHORT:
             raw = next(iter(self._unparsed.values()))
-            raise ValueError(f"the tool input Claude streamed is not valid JSON: {raw[:200]}")
+            raise ValueError(f"the tool input Claude streamed is not valid JSON, or no object: {raw[:200]}")
         for (index, field), pieces in self._text.items():
             block = self._content[index]
-            block[field] = (block.get(field) or "") + "".join(pieces)
+            block[field] = _string(block.get(field) or "", f"a {block['type']} block's {field}") + "".join(
+                pieces
+            )
         self._text.clear()
         content = [_block(block) for index, block in enumerate(self._content) if index not in self._unparsed]
         return {
@@ -155,6 +195,9 @@ def _message_delta(message: dict[str, Any], delta: dict[str, Any], usage: dict[s
     the start's, but counters this event leaves out keep the start's value)."""
     for field in ("stop_reason", "stop_sequence", "stop_details"):
         message[field] = delta.get(field)
+    for field in ("stop_reason", "stop_sequence"):
+        if message[field] is not None:
+            _string(message[field], field)
     if delta.get("container") is not None:
         message["container"] = delta["container"]
     totals = message["usage"]
@@ -162,6 +205,12 @@ def _message_delta(message: dict[str, Any], delta: dict[str, Any], usage: dict[s
     for field in OPTIONAL_USAGE:
         if usage.get(field) is not None:
             totals[field] = usage[field]
+
+
+def _string(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} that is no string: {str(value)[:120]}")
+    return value
 
 
 def _block(block: Any) -> Any:

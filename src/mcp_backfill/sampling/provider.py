@@ -39,10 +39,10 @@ class UsageMeter(Protocol):
     continued `pause_turn`, is another attempt), then `report()` with the attempt's usage so far,
     cumulative, whenever the API reports it (Claude's `message_start` and `message_delta` events),
     with `final=True` once the message is complete. `not_billed()` says the attempt certainly cost
-    nothing: the API answered it with an HTTP error status, or the request never left this machine
-    (the connection could not be made). An attempt about which nothing was said may have been billed
-    in full. `may_retry()` is asked before a retry: False when the budgets have no room for another
-    attempt (the retry is then not made).
+    nothing: the API answered it with an HTTP error status or a redirect, or the request never left
+    this machine (the connection could not be made). An attempt about which nothing was said may
+    have been billed in full. `may_retry()` is asked before a retry: False when the budgets have no
+    room for another attempt (the retry is then not made).
     """
 
     def begin_attempt(self) -> None: ...

@@ -9,12 +9,13 @@ Every Claude call is charged, however it ends. Before a call, its `Reservation` 
 `max_tokens` plus an estimate of the input) is held against every budget of the request; after it,
 the reservation is released and what the call may have cost is charged instead (`Charge`):
 
-* a complete message: the usage Claude reported;
+* a complete message: the usage Claude reported; counters it left out (a gateway may strip them)
+  are taken as for a call nothing was heard of, since no prompt, nor answer, costs 0 tokens;
 * a call that ended early (cancelled, timed out, a broken stream): the input usage the stream
   reported, plus its whole output reservation, since Claude may have generated up to `max_tokens`
   before it noticed; if the stream reported nothing, the whole reservation — its input side the
   input an earlier attempt at the same request reported, when that is more than the estimate;
-* a call the API refused with an HTTP error status, or that never reached it: nothing.
+* a call the API refused with an HTTP error status or redirected, or that never reached it: nothing.
 
 Each retry, and each continuation of a `pause_turn`, is a call of its own, charged the same way
 and admitted the same way: before a retry the attempts so far are charged and a new reservation is
@@ -327,15 +328,22 @@ class Charge:
     def _attempt_cost(self, attempt: _Attempt) -> dict[str, int]:
         if not attempt.billed:
             return {}
-        if attempt.usage is None:  # Claude may have read the whole prompt, and written max_tokens
-            read: dict[str, int] = {"input_tokens": self.reservation.input_tokens}
-            if sum(self.known_input.values()) > self.reservation.input_tokens:
-                read = dict(self.known_input)  # what an attempt reported reading the same prompt
-            return {**read, "output_tokens": self.reservation.output_tokens}
-        if attempt.final:
-            return attempt.usage
-        output = max(attempt.usage["output_tokens"], self.reservation.output_tokens)
-        return {**attempt.usage, "output_tokens": output}
+        usage = attempt.usage
+        if usage is None:  # Claude may have read the whole prompt, and written max_tokens
+            return {**self._prompt_read(), "output_tokens": self.reservation.output_tokens}
+        if not any(usage[key] for key in INPUT_KEYS):  # no prompt is 0 tokens: the usage was left out
+            usage = {**usage, **dict.fromkeys(INPUT_KEYS, 0), **self._prompt_read()}
+        if attempt.final and usage["output_tokens"] > 0:
+            return usage
+        output = max(usage["output_tokens"], self.reservation.output_tokens)
+        return {**usage, "output_tokens": output}
+
+    def _prompt_read(self) -> dict[str, int]:
+        """What reading the prompt may have cost, when the attempt did not say: the estimate, or
+        what an attempt reported reading the same prompt when that is more."""
+        if sum(self.known_input.values()) > self.reservation.input_tokens:
+            return dict(self.known_input)
+        return {"input_tokens": self.reservation.input_tokens}
 
 
 @dataclass(frozen=True)
