@@ -171,6 +171,24 @@ def test_retry_after_forms() -> None:
     assert retry_after_seconds({"retry-after": date}, now=when.timestamp() + 5) == 0.0
 
 
+def test_a_retry_after_date_in_minus_zero_is_utc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RFC 5322's `-0000` is UTC with no source zone named: Python reads it as a naive datetime,
+    which `timestamp()` took for the machine's local time (hours off, the retry waiting the cap)."""
+    import time
+
+    when = datetime(2026, 10, 21, 7, 28, 10, tzinfo=UTC)
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        wait = retry_after_seconds(
+            {"retry-after": "Wed, 21 Oct 2026 07:28:10 -0000"}, now=when.timestamp() - 100
+        )
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert wait == pytest.approx(100.0)
+
+
 async def test_connection_refused_is_retryable() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -9,6 +9,7 @@ SDK's own retries are off: `RetryingProvider` owns retrying, against a deadline.
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import socket
 import time
@@ -433,9 +434,11 @@ def retry_after_seconds(headers: Mapping[str, str], now: float | None = None) ->
     raw = headers.get("retry-after")
     if raw:
         try:
-            when = email.utils.parsedate_to_datetime(raw).timestamp()
+            date = email.utils.parsedate_to_datetime(raw)
         except (TypeError, ValueError):
             return None
+        # `-0000` (UTC, no source zone named) comes back naive: local time to `timestamp()`.
+        when = (date if date.tzinfo else date.replace(tzinfo=datetime.UTC)).timestamp()
         return max(0.0, when - (time.time() if now is None else now))
     return None
 
