@@ -29,7 +29,7 @@ IGNORES_SIGTERM = [
 
 async def test_waiters_see_the_exit_status_and_one_cancelled_waiter_leaves_the_others() -> None:
     child = start_child(SLEEPER, os.environ)
-    process = ChildProcess(child.popen)
+    process = ChildProcess(child.popen, grace=1.0)
     statuses: list[int] = []
 
     async def wait() -> None:

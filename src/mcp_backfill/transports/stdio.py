@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -269,6 +270,11 @@ class LineChannel:
         with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             await self._reader.aclose()
 
+    def stop_reading(self) -> None:
+        """End the reading side now, over a pipe: `receive()` takes what was read, then ends."""
+        if isinstance(self._reader, PipeReceiveStream):
+            self._reader.close_now()
+
 
 class _PipeProtocol(asyncio.Protocol):
     """The chunks a read pipe delivers, held for one reader; reading pauses while more than
@@ -365,6 +371,9 @@ class PipeReceiveStream(ByteReceiveStream):
         return protocol.take(max_bytes)
 
     async def aclose(self) -> None:
+        self.close_now()
+
+    def close_now(self) -> None:
         if self._protocol.transport is not None:
             self._protocol.transport.close()
 
@@ -541,13 +550,20 @@ async def own_stdio(max_message_bytes: int) -> AsyncIterator[LineChannel]:
 
 
 class ChildProcess:
-    """A started child as the event loop sees it. Its exit is awaited by a thread that lives from
-    the first `wait` to the exit (at a session's end): not a pidfd in the event loop, whose closing
-    uvloop does not finish at once (a new descriptor with its number could abort the loop)."""
+    """A started child as the event loop sees it. A thread awaits its exit from the start (not a pidfd
+    in the event loop, whose closing uvloop does not finish at once: a new descriptor with its number
+    could abort the loop), and then stops what is left of its process group (`end_group`): helpers
+    it started, which may hold its stdout open and would otherwise outlive it, and the session with
+    them. `on_group_ended` runs on the event loop after that."""
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(
+        self, popen: subprocess.Popen[bytes], grace: float, on_group_ended: Callable[[], None] | None = None
+    ) -> None:
         self._popen = popen
-        self._exited: anyio.Event | None = None
+        self._exited = anyio.Event()
+        loop = asyncio.get_running_loop()
+        args = (loop, grace, on_group_ended)
+        threading.Thread(target=self._watch, args=args, name="mcp-backfill-child", daemon=True).start()
 
     @property
     def pid(self) -> int:
@@ -563,17 +579,37 @@ class ChildProcess:
     async def wait(self) -> int:
         if (code := self._popen.poll()) is not None:
             return code
-        if self._exited is None:  # one thread, however many wait
-            self._exited = anyio.Event()
-            loop = asyncio.get_running_loop()
-            threading.Thread(target=self._wait_in_thread, args=(loop, self._exited), daemon=True).start()
         await self._exited.wait()
         return self._popen.wait()
 
-    def _wait_in_thread(self, loop: asyncio.AbstractEventLoop, exited: anyio.Event) -> None:
+    def _watch(
+        self, loop: asyncio.AbstractEventLoop, grace: float, on_group_ended: Callable[[], None] | None
+    ) -> None:
         self._popen.wait()
         with suppress(RuntimeError):  # the loop has closed: nobody waits any more
-            loop.call_soon_threadsafe(exited.set)
+            loop.call_soon_threadsafe(self._exited.set)
+        end_group(self._popen.pid, grace)
+        if on_group_ended is not None:
+            with suppress(RuntimeError):
+                loop.call_soon_threadsafe(on_group_ended)
+
+
+def end_group(pgid: int, grace: float) -> None:
+    """Stop what is left of the process group `pgid` once its leader has exited: SIGTERM, then SIGKILL
+    to what is still there after `grace` seconds. (Its members keep the number from being reused.)"""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return  # nothing left (the usual case)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 @dataclass
@@ -645,11 +681,24 @@ async def spawn_upstream(
         child.discard(grace)
         raise
     child.adopt()
-    process = ChildProcess(child.popen)
+    loop = asyncio.get_running_loop()
+    late: list[asyncio.TimerHandle] = []
+    left = False
+
+    def group_ended() -> None:
+        # What still holds the child's stdout now is no process of its group (a helper that left it
+        # with a session of its own): the output's end is not waited for beyond `grace` seconds more.
+        if not left:
+            late.append(loop.call_later(grace, channel.stop_reading))
+
+    process = ChildProcess(child.popen, grace, group_ended)
     upstream = UpstreamProcess(process, channel, child.command)
     try:
         yield upstream
     finally:
+        left = True
+        for handle in late:
+            handle.cancel()
         with anyio.CancelScope(shield=True):
             if process.returncode is None:
                 await upstream.stop(grace)
