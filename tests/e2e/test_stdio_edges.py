@@ -258,3 +258,29 @@ def test_a_client_that_closes_its_input_still_gets_an_answer_to_every_request(tm
     [answer] = whole_messages(done.stdout)
     assert answer["id"] == 7
     assert "Upstream MCP server exited" in answer["error"]["message"]
+
+
+@pytest.mark.parametrize("size", [1000, 100_000])
+def test_an_answer_that_is_not_utf8_does_not_reach_the_client(size: int) -> None:
+    """A line on the wire must be UTF-8 (a client reading it as text, as the mcp SDK's does, fails
+    on the first bad byte and ends its whole session). One of 64 KiB or more, routed by its first
+    bytes without being decoded, went out as it came; a smaller one became an error for its request."""
+    upstream = f"""
+    import os, sys
+    sys.stdin.buffer.readline()
+    os.write(1, b'{{"jsonrpc":"2.0","id":1,"result":{{"text":"caf\\xe9 ' + b"x" * {size} + b'"}}}}\\n')
+    sys.stdin.buffer.readline()
+    """
+    request = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "big"}}
+    done = subprocess.run(
+        proxy_argv("--provider", "mock", upstream=child(upstream)),
+        input=json.dumps(request).encode() + b"\n",
+        capture_output=True,
+        env=proxy_env(),
+        timeout=60,
+    )
+    done.stdout.decode("utf-8")  # all of it
+    [answer] = whole_messages(done.stdout)
+    assert answer["id"] == 1
+    assert answer["error"]["code"] == INTERNAL_ERROR
+    assert "not valid JSON" in answer["error"]["message"]
