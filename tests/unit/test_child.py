@@ -168,3 +168,43 @@ def test_a_stop_signal_is_held_and_a_second_one_acts_as_it_would_have() -> None:
         assert signal.getsignal(signal.SIGINT) is before
     finally:
         signal.signal(signal.SIGINT, outer)
+
+
+# A start refused for want of descriptors (`serve` at its open-files limit): the first pipe made,
+# the second refused. Run in a process of its own, whose limit it lowers.
+OUT_OF_DESCRIPTORS = textwrap.dedent(
+    """
+    import os, resource, sys
+    from mcp_backfill.errors import UpstreamStartError
+    from mcp_backfill.transports.child import start_child
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    fillers = []
+    while True:  # every descriptor taken ...
+        try:
+            fillers.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            break
+    for fd in fillers[-3:]:  # ... but three: room for one pipe (and a look at /proc), not two
+        os.close(fd)
+    del fillers[-3:]
+    before = sorted(os.listdir("/proc/self/fd"))
+    try:
+        start_child(["true"], os.environ)
+    except UpstreamStartError as exc:
+        print("refused:", exc)
+    after = sorted(os.listdir("/proc/self/fd"))
+    print("leaked:", len(after) - len(before))
+    """
+)
+
+
+def test_a_start_refused_for_want_of_descriptors_says_so_and_leaves_none_behind() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", OUT_OF_DESCRIPTORS], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "refused: cannot start upstream" in done.stdout
+    assert "Too many open files" in done.stdout
+    assert "PATH" not in done.stdout  # no hint that does not apply
+    assert "leaked: 0" in done.stdout

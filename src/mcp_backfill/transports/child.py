@@ -93,8 +93,14 @@ def start_child(command: Sequence[str], env: Mapping[str, str]) -> StartedChild:
     pipes we make ourselves: read and written like our own stdio, with room for a large message.
 
     Raises `UpstreamStartError` (with what usually fixes it) when the command cannot be started."""
-    child_stdin, to_child = os.pipe()
-    from_child, child_stdout = os.pipe()
+    made: list[int] = []
+    try:
+        child_stdin, to_child = _pipe(made)
+        from_child, child_stdout = _pipe(made)
+    except OSError as exc:  # out of descriptors (`serve` at its open-files limit)
+        for fd in made:
+            os.close(fd)
+        raise cannot_start(command[0], str(exc.strerror or exc), None, not_found=False) from exc
     for fd in (to_child, from_child):
         enlarge_pipe(fd)
     try:
@@ -109,11 +115,20 @@ def start_child(command: Sequence[str], env: Mapping[str, str]) -> StartedChild:
     except OSError as exc:
         for fd in (to_child, from_child):
             os.close(fd)
-        raise cannot_start(command[0], str(exc.strerror or exc), env.get("PATH")) from exc
+        not_found = isinstance(exc, FileNotFoundError | NotADirectoryError | PermissionError)
+        reason = str(exc.strerror or exc)
+        raise cannot_start(command[0], reason, env.get("PATH"), not_found=not_found) from exc
     finally:
         os.close(child_stdin)
         os.close(child_stdout)
     return StartedChild(popen, to_child, from_child, command)
+
+
+def _pipe(made: list[int]) -> tuple[int, int]:
+    """`os.pipe()`, its ends also added to `made` (to close them all if a later one fails)."""
+    ends = os.pipe()
+    made.extend(ends)
+    return ends
 
 
 def enlarge_pipe(fd: int) -> None:
