@@ -208,3 +208,61 @@ def test_a_start_refused_for_want_of_descriptors_says_so_and_leaves_none_behind(
     assert "Too many open files" in done.stdout
     assert "PATH" not in done.stdout  # no hint that does not apply
     assert "leaked: 0" in done.stdout
+
+
+# The same interrupted start, of a child that ignores SIGTERM (inherited: ignored from its first
+# instruction): stopping it takes the grace, which must not be spent with the event loop standing
+# still (in `serve`, every other session's).
+INTERRUPTED_START_OF_A_STUBBORN_CHILD = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import anyio
+    from mcp_backfill.transports.stdio import spawn_upstream
+
+    SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the child inherits it
+
+    async def main() -> None:
+        gaps = []
+
+        async def tick() -> None:
+            last = time.monotonic()
+            while True:
+                await anyio.sleep(0.02)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        scope = anyio.CancelScope()
+
+        async def first() -> None:
+            with scope:
+                async with spawn_upstream(SLEEPER, dict(os.environ), 1 << 20, 1.0):
+                    await anyio.sleep_forever()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(tick)
+            await anyio.sleep(0.1)
+            async with anyio.create_task_group() as starting:
+                starting.start_soon(first)
+                await anyio.lowlevel.checkpoint()  # the start waits for the child's stdout to connect
+                scope.cancel()
+            tg.cancel_scope.cancel()
+        print(f"longest stall: {max(gaps):.2f}", flush=True)
+
+    anyio.run(main, backend_options={"use_uvloop": sys.argv[1] == "uvloop"})
+    """
+)
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_cancelled_start_stops_its_child_without_stalling_the_event_loop(loop: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_START_OF_A_STUBBORN_CHILD, loop],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    stall = float(done.stdout.split(":")[1])
+    assert stall < 0.5, done.stdout  # the grace (1 s) then SIGKILL were waited out in a thread

@@ -74,18 +74,31 @@ class StartedChild:
     def discard(self, grace: float) -> None:
         """Stop the child unless it was adopted (or discarded already): it has been sent nothing, so
         at once stdin closed and SIGTERM to its group, SIGKILL after `grace` seconds; then reap it."""
+        if self.let_go():
+            self.reap(grace)
+
+    def let_go(self) -> bool:
+        """`discard`'s first step, which does not wait: close our ends of its pipes (now, while their
+        numbers cannot have been reused) and SIGTERM its group; False if adopted or discarded."""
         if self._settled:
-            return
+            return False
         self._settled = True
         for fd in (self.to_child, self.from_child):
             with suppress(OSError):
                 os.close(fd)
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, None)):
-            with suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.popen.pid, sig)
-            with suppress(subprocess.TimeoutExpired):
-                self.popen.wait(wait)
-                return
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        return True
+
+    def reap(self, grace: float) -> None:
+        """`discard`'s second step, after `let_go`: SIGKILL after `grace` seconds, and reap it (it
+        waits: from an event loop, call it in a thread)."""
+        with suppress(subprocess.TimeoutExpired):
+            self.popen.wait(grace)
+            return
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait()
 
 
 def start_child(command: Sequence[str], env: Mapping[str, str]) -> StartedChild:

@@ -678,7 +678,9 @@ async def spawn_upstream(
             whole_at_end=True,
         )
     except BaseException:
-        child.discard(grace)
+        if child.let_go():  # in a thread, the wait: the event loop serves others meanwhile (`serve`)
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(child.reap, grace)
         raise
     child.adopt()
     loop = asyncio.get_running_loop()
