@@ -390,11 +390,14 @@ def running(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
-def leaving_a_helper(*, own_session: bool) -> list[str]:
+def leaving_a_helper(*, own_session: bool = False, stubborn: bool = False) -> list[str]:
     """The echo server, started by a shell that first leaves a helper behind holding the server's
     stdout (as a server's background helper, a language server or a browser, does): in the server's
-    process group, or (`own_session`) out of it, beyond the reach of a signal to that group."""
+    process group, or (`own_session`) out of it, beyond the reach of a signal to that group; or
+    (`stubborn`) one that ignores SIGTERM and holds no pipe of the server's."""
     helper = "setsid sleep 60" if own_session else "sleep 60"
+    if stubborn:
+        helper = "(trap '' TERM; exec sleep 60) >/dev/null"
     server = " ".join(ECHO)
     return ["sh", "-c", f"{helper} & echo helper $! >&2; exec {server}"]
 
@@ -439,6 +442,24 @@ async def test_a_crashed_upstreams_helper_does_not_leave_requests_waiting() -> N
             error, _ = await session.recv_until(lambda m: m.get("id") == 2)
             assert error["error"]["code"] == -32603
             assert await session.wait() == 128 + signal.SIGKILL
+            assert not running(helper)
+        finally:
+            with suppress(ProcessLookupError):
+                os.kill(helper, signal.SIGKILL)
+
+
+async def test_a_helper_that_ignores_sigterm_does_not_outlive_the_proxy() -> None:
+    """The server's process group is stopped as the proxy stops (SIGTERM, then SIGKILL after the
+    grace) before the proxy exits, even when nothing it relays waits for it."""
+    argv = mock_proxy("--shutdown-grace", "0.5", upstream=leaving_a_helper(stubborn=True))
+    async with raw_proxy(argv, proxy_env()) as session:
+        found = re.search(r"helper (\d+)", await wait_for_log(session.stderr, r"helper \d+"))
+        assert found is not None
+        helper = int(found.group(1))
+        try:
+            await session.request(1, "initialize", initialize_params())
+            await session.close_stdin()
+            assert await session.wait(timeout=15) == 0, session.stderr()[-3000:]
             assert not running(helper)
         finally:
             with suppress(ProcessLookupError):

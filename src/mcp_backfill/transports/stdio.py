@@ -561,6 +561,7 @@ class ChildProcess:
     ) -> None:
         self._popen = popen
         self._exited = anyio.Event()
+        self._group_ended = anyio.Event()
         loop = asyncio.get_running_loop()
         args = (loop, grace, on_group_ended)
         threading.Thread(target=self._watch, args=args, name="mcp-backfill-child", daemon=True).start()
@@ -582,6 +583,10 @@ class ChildProcess:
         await self._exited.wait()
         return self._popen.wait()
 
+    async def wait_group(self) -> None:
+        """Until the child has exited and what was left of its group is gone (or SIGKILLed)."""
+        await self._group_ended.wait()
+
     def _watch(
         self, loop: asyncio.AbstractEventLoop, grace: float, on_group_ended: Callable[[], None] | None
     ) -> None:
@@ -589,8 +594,9 @@ class ChildProcess:
         with suppress(RuntimeError):  # the loop has closed: nobody waits any more
             loop.call_soon_threadsafe(self._exited.set)
         end_group(self._popen.pid, grace)
-        if on_group_ended is not None:
-            with suppress(RuntimeError):
+        with suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._group_ended.set)
+            if on_group_ended is not None:
                 loop.call_soon_threadsafe(on_group_ended)
 
 
@@ -704,5 +710,7 @@ async def spawn_upstream(
         with anyio.CancelScope(shield=True):
             if process.returncode is None:
                 await upstream.stop(grace)
+            with anyio.move_on_after(grace + 1):  # its group's stop ends with SIGKILL after `grace`
+                await process.wait_group()
             await channel.close_writer()
             await channel.close_reader()
