@@ -464,3 +464,29 @@ async def test_a_helper_that_ignores_sigterm_does_not_outlive_the_proxy() -> Non
         finally:
             with suppress(ProcessLookupError):
                 os.kill(helper, signal.SIGKILL)
+
+
+# Credentials a server is often given on its command line (a config's `args`): an option's value, a
+# URL's password, a variable set for a container.
+CREDENTIAL_ARGS = [
+    "--api-key",
+    "sk-upstream-SECRET-1",
+    "--db=postgres://app:pw-SECRET-2@db/app",
+    "-e",
+    "GITHUB_TOKEN=ghp_SECRET3",
+]
+
+
+async def test_the_upstreams_credentials_on_its_command_line_are_not_logged() -> None:
+    """The log line naming the upstream command (its stderr often ends up in a client's log file and
+    from there in a bug report) showed every argument as given, credentials included."""
+    argv = mock_proxy(upstream=[*ECHO, *CREDENTIAL_ARGS])
+    async with raw_proxy(argv, proxy_env()) as session:
+        await session.request(1, "initialize", initialize_params())
+        await session.close_stdin()
+        assert await session.wait() == 0
+        log = session.stderr()
+    assert "relaying" in log
+    assert "--api-key" in log  # the command is still recognisable
+    assert "GITHUB_TOKEN=***" in log
+    assert "SECRET" not in log
