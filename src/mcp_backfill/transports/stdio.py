@@ -10,6 +10,7 @@ relay's hot path, one message in and one out with no task switch between (see `r
 
 from __future__ import annotations
 
+import array
 import asyncio
 import os
 import signal
@@ -275,6 +276,10 @@ class LineChannel:
         if isinstance(self._reader, PipeReceiveStream):
             self._reader.close_now()
 
+    def unread(self) -> int:
+        """Bytes waiting in the pipe that were not read yet (0 once it ended, or not a pipe)."""
+        return self._reader.unread() if isinstance(self._reader, PipeReceiveStream) else 0
+
 
 class _PipeProtocol(asyncio.Protocol):
     """The chunks a read pipe delivers, held for one reader; reading pauses while more than
@@ -346,8 +351,9 @@ class PipeReceiveStream(ByteReceiveStream):
     the protocol hands each chunk over as it came, without `asyncio.StreamReader`'s buffering.
     """
 
-    def __init__(self, protocol: _PipeProtocol) -> None:
+    def __init__(self, protocol: _PipeProtocol, fd: int = -1) -> None:
         self._protocol = protocol
+        self._fd = fd
 
     @property
     def at_once(self) -> Callable[[bytes], bool] | None:
@@ -377,6 +383,21 @@ class PipeReceiveStream(ByteReceiveStream):
         if self._protocol.transport is not None:
             self._protocol.transport.close()
 
+    def unread(self) -> int:
+        """Bytes the pipe holds that were not read yet (FIONREAD); 0 once it ended (its descriptor
+        may be closed then, and the number reused) or where that cannot be told."""
+        if self._protocol.ended or self._fd < 0:
+            return 0
+        try:
+            import fcntl
+            import termios
+
+            count = array.array("i", [0])
+            fcntl.ioctl(self._fd, termios.FIONREAD, count)
+        except (ImportError, AttributeError, OSError):
+            return 0
+        return count[0]
+
 
 async def open_fd_receive_stream(fd: int, *, owned: bool = False) -> ByteReceiveStream:
     """The fastest way to read `fd` that works for what it is (pipe, tty, file, /dev/null).
@@ -397,7 +418,7 @@ async def open_fd_receive_stream(fd: int, *, owned: bool = False) -> ByteReceive
             with suppress(OSError):
                 pipe.close()
             raise
-        return PipeReceiveStream(protocol)
+        return PipeReceiveStream(protocol, fd)
     return FdReceiveStream(fd)
 
 
@@ -695,9 +716,18 @@ async def spawn_upstream(
 
     def group_ended() -> None:
         # What still holds the child's stdout now is no process of its group (a helper that left it
-        # with a session of its own): the output's end is not waited for beyond `grace` seconds more.
+        # with a session of its own): the output's end is not waited for beyond `grace` seconds more,
+        # nor for longer than there is output to read (a slow client holds up its reading).
         if not left:
-            late.append(loop.call_later(grace, channel.stop_reading))
+            late.append(loop.call_later(grace, stop_reading_once_read))
+
+    def stop_reading_once_read() -> None:
+        if left:
+            return
+        if channel.unread():
+            late.append(loop.call_later(max(grace, 0.1), stop_reading_once_read))
+        else:
+            channel.stop_reading()
 
     process = ChildProcess(child.popen, grace, group_ended)
     upstream = UpstreamProcess(process, channel, child.command)
