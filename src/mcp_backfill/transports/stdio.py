@@ -611,10 +611,17 @@ class ChildProcess:
     def _watch(
         self, loop: asyncio.AbstractEventLoop, grace: float, on_group_ended: Callable[[], None] | None
     ) -> None:
+        pid = self._popen.pid
+        try:  # until it exits, but not reaped yet: its number, its group's too, cannot be reused
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        except (AttributeError, OSError):  # no waitid here, or reaped already (`returncode`)
+            self._popen.wait()
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)  # what is left of its group
         self._popen.wait()
         with suppress(RuntimeError):  # the loop has closed: nobody waits any more
             loop.call_soon_threadsafe(self._exited.set)
-        end_group(self._popen.pid, grace)
+        end_group(pid, grace)
         with suppress(RuntimeError):
             loop.call_soon_threadsafe(self._group_ended.set)
             if on_group_ended is not None:
@@ -622,19 +629,17 @@ class ChildProcess:
 
 
 def end_group(pgid: int, grace: float) -> None:
-    """Stop what is left of the process group `pgid` once its leader has exited: SIGTERM, then SIGKILL
-    to what is still there after `grace` seconds. (Its members keep the number from being reused.)"""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        return  # nothing left (the usual case)
+    """SIGKILL what is still left, `grace` seconds on, of the process group `pgid`, which was sent
+    SIGTERM as its leader exited. (Its members keep the number from being reused meanwhile.)"""
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
+    while True:
         try:
             os.killpg(pgid, 0)
         except (ProcessLookupError, PermissionError):
-            return
+            return  # nothing left (the usual case)
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
     with suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
 
