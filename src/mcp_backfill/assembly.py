@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mcp_backfill.config import Config, upstream_environment, upstream_header_secrets
+from mcp_backfill.credentials import shown_args
 from mcp_backfill.providers import ProviderSettings, make_provider
 from mcp_backfill.providers.retry import RetryPolicy
 from mcp_backfill.relay import RelayOptions
@@ -177,7 +178,7 @@ async def open_upstream(
             yield http, {"upstream_url": display_url(config.upstream_url)}
         return
     async with spawn_child(config, started) as process:
-        yield process, {"upstream": list(config.upstream_command), "pid": process.pid}
+        yield process, {"upstream": shown_args(config.upstream_command), "pid": process.pid}
 
 
 def http_upstream_settings(

@@ -2,16 +2,46 @@
 
 Credentials are found by name (`CREDENTIAL_NAME`): an upstream header, or a URL query parameter,
 named like one holds one. Every credential found is kept out of logs and errors like the API key.
+
+A command's arguments are shown with their credentials masked (`shown_args`): the upstream command
+in the proxy's log and `check`, and a config's entries in `mcp-backfill clients`. There a name counts
+as a credential's when one of its words (`api_key`, `apiKey`, `X-Api-Key` all have `key`) is a
+credential word and its last word does not say it names a file or an identifier
+(`ANTHROPIC_API_KEY_FILE` is a path, shown).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 # Names of upstream headers and URL query parameters whose values are credentials: kept out of the
 # logs like the API key.
 CREDENTIAL_NAME = re.compile(r"auth|token|key|secret|cookie|session|password", re.IGNORECASE)
+
+MASK = "***"
+_WORDS = {
+    "apikey",
+    "auth",
+    "authorization",
+    "bearer",
+    "cookie",
+    "credential",
+    "credentials",
+    "key",
+    "pass",
+    "passwd",
+    "password",
+    "pat",
+    "pwd",
+    "secret",
+    "token",
+}
+_NOT_SECRET = {"dir", "file", "id", "name", "path", "url"}
+_ASSIGNMENT = re.compile(r"^(-{0,2}[A-Za-z0-9_.-]+)=(.+)$", re.DOTALL)
+_HEADER = re.compile(r"^([A-Za-z0-9_-]+):\s*(.+)$", re.DOTALL)
+_REFERENCE = re.compile(r"\$\{[^}]*\}|\$[A-Za-z_][A-Za-z0-9_]*|\bBearer\b|\bBasic\b")
 
 
 def url_credentials(url: str) -> tuple[str, ...]:
@@ -40,3 +70,51 @@ def _credential_value(piece: str) -> str:
     """The value of one `name=value` of a query if the name is a credential's, else ''."""
     name, _, value = piece.partition("=")
     return value if CREDENTIAL_NAME.search(unquote_plus(name)) else ""
+
+
+def literal(value: str) -> bool:
+    """Whether a credential's value holds the credential itself, not only references to where the
+    client finds it (`${input:token}`, `Bearer ${GITHUB_TOKEN}`), which are shown."""
+    return bool(_REFERENCE.sub("", value).strip())
+
+
+def is_secret_name(name: str) -> bool:
+    words = [
+        word for word in re.split(r"[^a-z0-9]+", re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()) if word
+    ]
+    return bool(words) and words[-1] not in _NOT_SECRET and any(word in _WORDS for word in words)
+
+
+def url_target(url: str) -> str:
+    """A URL value masked where it may hold a credential: its user information, and the values of
+    query parameters named like one."""
+    hidden = hide_url_credentials(url)
+    parts = urlsplit(hidden)
+    if "@" in parts.netloc:
+        hidden = parts._replace(netloc=f"{MASK}@{parts.netloc.rpartition('@')[2]}").geturl()
+    return hidden
+
+
+def masked_arg(arg: str) -> str:
+    """One argument, masked where it holds a credential: a URL's, or a `name=value` (`Name: value`)
+    whose name is a credential's."""
+    for pattern in (_ASSIGNMENT, _HEADER):
+        match = pattern.match(arg)
+        if match and is_secret_name(match.group(1)) and literal(match.group(2)):
+            return arg[: match.start(2)] + MASK
+    match = _ASSIGNMENT.match(arg)
+    if match and "://" in match.group(2):  # `--db=postgres://user:password@host/db`
+        return arg[: match.start(2)] + url_target(match.group(2))
+    return url_target(arg) if "://" in arg else arg
+
+
+def shown_args(args: Sequence[str]) -> list[str]:
+    """A command's arguments with the value of each credential option masked: `--api-key VALUE`,
+    `--token=VALUE`, `-e GITHUB_TOKEN=VALUE`, `--header 'Authorization: Bearer VALUE'`, a URL's
+    password."""
+    shown: list[str] = []
+    for index, arg in enumerate(args):
+        previous = args[index - 1] if index else ""
+        flag = previous.startswith("-") and "=" not in previous and is_secret_name(previous)
+        shown.append(MASK if flag and not arg.startswith("-") and literal(arg) else masked_arg(arg))
+    return shown

@@ -24,7 +24,7 @@ import anyio
 from mcp_backfill import __version__
 from mcp_backfill.assembly import provider_settings
 from mcp_backfill.config import SECRET_FILE_VARIABLES, Config, unknown_variables
-from mcp_backfill.credentials import hide_url_credentials
+from mcp_backfill.credentials import hide_url_credentials, shown_args
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.logs import Redactor
 from mcp_backfill.options import DEFAULTS, SERVE_COMMAND, Option, Secret, options_for
@@ -186,7 +186,11 @@ def _redacted(text: str, config: Config) -> str:
 async def _session(report: Report, argv: Sequence[str], config: Config, declared: str) -> None:
     from mcp import Client, StdioServerParameters
 
-    target = display_url(config.upstream_url) if config.upstream_url else " ".join(config.upstream_command)
+    target = (
+        display_url(config.upstream_url)
+        if config.upstream_url
+        else " ".join(shown_args(config.upstream_command))
+    )
     report.section(f"session through the proxy: {target}")
     command = [sys.executable, "-m", "mcp_backfill", *argv]
     env = {"MCP_BACKFILL_LOG_LEVEL": "warning", **os.environ}  # its problems, not its progress

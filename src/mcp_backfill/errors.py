@@ -164,10 +164,13 @@ class DuplicateRequestId(SessionError):
     """The client reused the id of a request still in flight in this session."""
 
 
-def cannot_start(command: str, reason: str, path: str | None) -> UpstreamStartError:
-    """The error for an upstream command that cannot be started, with what usually fixes it."""
+def cannot_start(
+    command: str, reason: str, path: str | None, *, not_found: bool = True
+) -> UpstreamStartError:
+    """The error for an upstream command that cannot be started, with what usually fixes it (when
+    `not_found`: it was not found on PATH; else, out of descriptors or processes, say, no hint)."""
     hint = ""
-    if "/" not in command and "\\" not in command:
+    if not_found and "/" not in command and "\\" not in command:
         hint = (
             f"; it was looked up on PATH={path or ''} (desktop apps start servers with a minimal PATH): "
             "give its absolute path (`which " + command + "` shows it)"

@@ -172,3 +172,12 @@ def test_only_the_public_prefix_of_a_key_is_shown() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"ANTHROPIC_API_KEY = ***({len(token)} characters)  (environment)" in done.stdout
     assert token[:4] not in done.stdout
+
+
+def test_the_upstreams_credentials_on_its_command_line_are_not_printed() -> None:
+    """`check` printed the upstream command with every argument as given, credentials included."""
+    server = [*WEATHER, "--api-key", "sk-upstream-SECRET-1", "--db=postgres://app:pw-SECRET-2@db/app"]
+    done = check("--provider", "mock", "--", *server, env=proxy_env())
+    assert "session through the proxy:" in done.stdout
+    assert "--api-key ***" in done.stdout
+    assert "SECRET" not in done.stdout + done.stderr

@@ -379,3 +379,114 @@ async def test_api_key_is_not_passed_to_the_upstream_nor_logged() -> None:
     entries = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     assert {"ts", "level", "logger", "msg"} <= entries[0].keys()
     assert any(entry["msg"] == "relaying" and entry["provider"] == "anthropic" for entry in entries)
+
+
+def running(pid: int) -> bool:
+    """Is `pid` alive, not a zombie? (An orphan is reaped by PID 1, which in a container may never.)"""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def leaving_a_helper(*, own_session: bool = False, stubborn: bool = False) -> list[str]:
+    """The echo server, started by a shell that first leaves a helper behind holding the server's
+    stdout (as a server's background helper, a language server or a browser, does): in the server's
+    process group, or (`own_session`) out of it, beyond the reach of a signal to that group; or
+    (`stubborn`) one that ignores SIGTERM and holds no pipe of the server's."""
+    helper = "setsid sleep 60" if own_session else "sleep 60"
+    if stubborn:
+        helper = "(trap '' TERM; exec sleep 60) >/dev/null"
+    server = " ".join(ECHO)
+    return ["sh", "-c", f"{helper} & echo helper $! >&2; exec {server}"]
+
+
+@pytest.mark.parametrize("own_session", [False, True], ids=["in-its-group", "in-its-own-session"])
+async def test_a_helper_holding_the_upstreams_stdout_does_not_keep_the_proxy_up(own_session: bool) -> None:
+    """The client leaves and the server exits, but a helper it left behind still holds its stdout:
+    the proxy ends all the same (it waited for the end of that output as long as the helper lived,
+    and ignored SIGTERM meanwhile), and a helper in the server's process group is stopped with the
+    server instead of being left running."""
+    argv = mock_proxy("--shutdown-grace", "0.5", upstream=leaving_a_helper(own_session=own_session))
+    async with raw_proxy(argv, proxy_env()) as session:
+        found = re.search(r"helper (\d+)", await wait_for_log(session.stderr, r"helper \d+"))
+        assert found is not None
+        helper = int(found.group(1))
+        try:
+            await session.request(1, "initialize", initialize_params())
+            await session.close_stdin()
+            assert await session.wait(timeout=15) == 0, session.stderr()[-3000:]
+            if not own_session:
+                assert not running(helper)
+        finally:
+            with suppress(ProcessLookupError):
+                os.kill(helper, signal.SIGKILL)
+
+
+async def test_a_crashed_upstreams_helper_does_not_leave_requests_waiting() -> None:
+    """The server dies with a request in flight while a helper it left holds its stdout: the request
+    is answered with an error and the proxy ends with the server's status, as without the helper."""
+    argv = mock_proxy("--shutdown-grace", "0.5", upstream=leaving_a_helper(own_session=False))
+    async with raw_proxy(argv, proxy_env()) as session:
+        found = re.search(r"helper (\d+)", await wait_for_log(session.stderr, r"helper \d+"))
+        assert found is not None
+        helper = int(found.group(1))
+        try:
+            await session.request(1, "initialize", initialize_params())
+            pid = upstream_pid(await wait_for_log(session.stderr, r"relaying .*pid="))
+            ask = {"method": "roots/list", "id": 9}
+            await session.send({"jsonrpc": "2.0", "id": 2, "method": "test/ask_client", "params": ask})
+            await session.recv_until(lambda m: m.get("method") == "roots/list")
+            os.kill(pid, signal.SIGKILL)
+            error, _ = await session.recv_until(lambda m: m.get("id") == 2)
+            assert error["error"]["code"] == -32603
+            assert await session.wait() == 128 + signal.SIGKILL
+            assert not running(helper)
+        finally:
+            with suppress(ProcessLookupError):
+                os.kill(helper, signal.SIGKILL)
+
+
+async def test_a_helper_that_ignores_sigterm_does_not_outlive_the_proxy() -> None:
+    """The server's process group is stopped as the proxy stops (SIGTERM, then SIGKILL after the
+    grace) before the proxy exits, even when nothing it relays waits for it."""
+    argv = mock_proxy("--shutdown-grace", "0.5", upstream=leaving_a_helper(stubborn=True))
+    async with raw_proxy(argv, proxy_env()) as session:
+        found = re.search(r"helper (\d+)", await wait_for_log(session.stderr, r"helper \d+"))
+        assert found is not None
+        helper = int(found.group(1))
+        try:
+            await session.request(1, "initialize", initialize_params())
+            await session.close_stdin()
+            assert await session.wait(timeout=15) == 0, session.stderr()[-3000:]
+            assert not running(helper)
+        finally:
+            with suppress(ProcessLookupError):
+                os.kill(helper, signal.SIGKILL)
+
+
+# Credentials a server is often given on its command line (a config's `args`): an option's value, a
+# URL's password, a variable set for a container.
+CREDENTIAL_ARGS = [
+    "--api-key",
+    "sk-upstream-SECRET-1",
+    "--db=postgres://app:pw-SECRET-2@db/app",
+    "-e",
+    "GITHUB_TOKEN=ghp_SECRET3",
+]
+
+
+async def test_the_upstreams_credentials_on_its_command_line_are_not_logged() -> None:
+    """The log line naming the upstream command (its stderr often ends up in a client's log file and
+    from there in a bug report) showed every argument as given, credentials included."""
+    argv = mock_proxy(upstream=[*ECHO, *CREDENTIAL_ARGS])
+    async with raw_proxy(argv, proxy_env()) as session:
+        await session.request(1, "initialize", initialize_params())
+        await session.close_stdin()
+        assert await session.wait() == 0
+        log = session.stderr()
+    assert "relaying" in log
+    assert "--api-key" in log  # the command is still recognisable
+    assert "GITHUB_TOKEN=***" in log
+    assert "SECRET" not in log

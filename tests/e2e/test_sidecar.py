@@ -927,3 +927,17 @@ async def test_a_page_the_allowed_origins_admit_can_call_the_sidecar_from_a_brow
         evil = await http.options(sidecar.url, headers={**asking, "origin": "https://evil.example.com"})
         assert evil.status_code == 403
         assert "access-control-allow-origin" not in evil.headers
+
+
+async def test_the_upstreams_credentials_on_its_command_line_are_not_logged() -> None:
+    """`serve` logged the upstream command with every argument as given, credentials included."""
+    secrets = ["--token", "tok-SECRET-1", "--url=https://user:pw-SECRET-2@example.com/x"]
+    async with (
+        run_sidecar("--provider", "mock", upstream=[*ECHO_SERVER, *secrets], env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        await open_session(http, sidecar.url)
+        log = sidecar.stderr()
+    assert "serving streamable HTTP" in log
+    assert "--token" in log
+    assert "SECRET" not in log

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -258,3 +259,63 @@ def test_a_client_that_closes_its_input_still_gets_an_answer_to_every_request(tm
     [answer] = whole_messages(done.stdout)
     assert answer["id"] == 7
     assert "Upstream MCP server exited" in answer["error"]["message"]
+
+
+@pytest.mark.parametrize("size", [1000, 100_000])
+def test_an_answer_that_is_not_utf8_does_not_reach_the_client(size: int) -> None:
+    """A line on the wire must be UTF-8 (a client reading it as text, as the mcp SDK's does, fails
+    on the first bad byte and ends its whole session). One of 64 KiB or more, routed by its first
+    bytes without being decoded, went out as it came; a smaller one became an error for its request."""
+    upstream = f"""
+    import os, sys
+    sys.stdin.buffer.readline()
+    os.write(1, b'{{"jsonrpc":"2.0","id":1,"result":{{"text":"caf\\xe9 ' + b"x" * {size} + b'"}}}}\\n')
+    sys.stdin.buffer.readline()
+    """
+    request = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "big"}}
+    done = subprocess.run(
+        proxy_argv("--provider", "mock", upstream=child(upstream)),
+        input=json.dumps(request).encode() + b"\n",
+        capture_output=True,
+        env=proxy_env(),
+        timeout=60,
+    )
+    done.stdout.decode("utf-8")  # all of it
+    [answer] = whole_messages(done.stdout)
+    assert answer["id"] == 1
+    assert answer["error"]["code"] == INTERNAL_ERROR
+    assert "not valid JSON" in answer["error"]["message"]
+
+
+def test_what_the_upstream_wrote_before_it_exited_reaches_a_slow_client(tmp_path: Path) -> None:
+    """The upstream fills every pipe and buffer between it and a client that reads nothing for now,
+    then exits; the client reads seconds later, long past --shutdown-grace: all of it is relayed
+    (the end of the upstream's output is waited for as long as there is output left to read)."""
+    fill = """
+import json, os, sys, time
+os.set_blocking(1, False)
+sent = full = 0
+while full < 20:  # until the pipe has stayed full for a second: all between is full too
+    message = {"jsonrpc": "2.0", "method": "notifications/message",
+               "params": {"level": "info", "data": {"n": sent, "pad": "x" * 3000}}}
+    try:
+        os.write(1, json.dumps(message).encode() + b"\\n")  # under PIPE_BUF: all or nothing
+    except BlockingIOError:
+        full += 1
+        time.sleep(0.05)
+        continue
+    sent, full = sent + 1, 0
+print("sent", sent, file=sys.stderr, flush=True)
+"""
+    proxy = start(tmp_path, child(fill), "--shutdown-grace", "0.2")
+    assert proxy.stdout is not None
+    deadline = time.monotonic() + 30
+    while not re.search(r"sent \d+", (tmp_path / "stderr").read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1)  # the upstream has exited, its last output still in the pipe, the grace over
+    found = re.search(r"sent (\d+)", (tmp_path / "stderr").read_text())
+    assert found is not None
+    out = proxy.stdout.read()
+    proxy.wait(30)
+    numbers = [message["params"]["data"]["n"] for message in whole_messages(out)]
+    assert numbers == list(range(int(found.group(1))))

@@ -29,7 +29,7 @@ IGNORES_SIGTERM = [
 
 async def test_waiters_see_the_exit_status_and_one_cancelled_waiter_leaves_the_others() -> None:
     child = start_child(SLEEPER, os.environ)
-    process = ChildProcess(child.popen)
+    process = ChildProcess(child.popen, grace=1.0)
     statuses: list[int] = []
 
     async def wait() -> None:
@@ -168,3 +168,101 @@ def test_a_stop_signal_is_held_and_a_second_one_acts_as_it_would_have() -> None:
         assert signal.getsignal(signal.SIGINT) is before
     finally:
         signal.signal(signal.SIGINT, outer)
+
+
+# A start refused for want of descriptors (`serve` at its open-files limit): the first pipe made,
+# the second refused. Run in a process of its own, whose limit it lowers.
+OUT_OF_DESCRIPTORS = textwrap.dedent(
+    """
+    import os, resource, sys
+    from mcp_backfill.errors import UpstreamStartError
+    from mcp_backfill.transports.child import start_child
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    fillers = []
+    while True:  # every descriptor taken ...
+        try:
+            fillers.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            break
+    for fd in fillers[-3:]:  # ... but three: room for one pipe (and a look at /proc), not two
+        os.close(fd)
+    del fillers[-3:]
+    before = sorted(os.listdir("/proc/self/fd"))
+    try:
+        start_child(["true"], os.environ)
+    except UpstreamStartError as exc:
+        print("refused:", exc)
+    after = sorted(os.listdir("/proc/self/fd"))
+    print("leaked:", len(after) - len(before))
+    """
+)
+
+
+def test_a_start_refused_for_want_of_descriptors_says_so_and_leaves_none_behind() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", OUT_OF_DESCRIPTORS], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "refused: cannot start upstream" in done.stdout
+    assert "Too many open files" in done.stdout
+    assert "PATH" not in done.stdout  # no hint that does not apply
+    assert "leaked: 0" in done.stdout
+
+
+# The same interrupted start, of a child that ignores SIGTERM (inherited: ignored from its first
+# instruction): stopping it takes the grace, which must not be spent with the event loop standing
+# still (in `serve`, every other session's).
+INTERRUPTED_START_OF_A_STUBBORN_CHILD = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import anyio
+    from mcp_backfill.transports.stdio import spawn_upstream
+
+    SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the child inherits it
+
+    async def main() -> None:
+        gaps = []
+
+        async def tick() -> None:
+            last = time.monotonic()
+            while True:
+                await anyio.sleep(0.02)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        scope = anyio.CancelScope()
+
+        async def first() -> None:
+            with scope:
+                async with spawn_upstream(SLEEPER, dict(os.environ), 1 << 20, 1.0):
+                    await anyio.sleep_forever()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(tick)
+            await anyio.sleep(0.1)
+            async with anyio.create_task_group() as starting:
+                starting.start_soon(first)
+                await anyio.lowlevel.checkpoint()  # the start waits for the child's stdout to connect
+                scope.cancel()
+            tg.cancel_scope.cancel()
+        print(f"longest stall: {max(gaps):.2f}", flush=True)
+
+    anyio.run(main, backend_options={"use_uvloop": sys.argv[1] == "uvloop"})
+    """
+)
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_cancelled_start_stops_its_child_without_stalling_the_event_loop(loop: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_START_OF_A_STUBBORN_CHILD, loop],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    stall = float(done.stdout.split(":")[1])
+    assert stall < 0.5, done.stdout  # the grace (1 s) then SIGKILL were waited out in a thread

@@ -387,7 +387,7 @@ class Relay:
     def _upstream_sends(self, raw: bytes, origin: Any) -> list[_Send]:
         """Route one upstream message (see `_from_upstream`): what to send where, in order."""
         related = self._client_id_for(origin)
-        if len(raw) >= LARGE_MESSAGE and self._plain_response(raw):
+        if len(raw) >= LARGE_MESSAGE and is_utf8(raw) and self._plain_response(raw):
             if self._trace_messages:
                 log.debug(
                     "message", extra={"direction": "from upstream", "kind": "response", "bytes": len(raw)}
@@ -606,6 +606,19 @@ class Relay:
                     protocol.INTERNAL_ERROR,
                     "Upstream MCP server is not reading its input; the request could not be delivered",
                 )
+
+
+def is_utf8(raw: bytes) -> bool:
+    """Is `raw` UTF-8, as every message on the wire must be? (A large answer is forwarded undecoded:
+    a bad byte in it would end a client that reads its input as text, as the mcp SDK's does, instead
+    of failing the one request.) ASCII, the usual case, is told without a copy."""
+    if raw.isascii():
+        return True
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _same_id(upstream_id: Any, client_id: Any) -> bool:

@@ -32,6 +32,7 @@ import uvicorn
 from mcp_backfill import telemetry
 from mcp_backfill.assembly import client_session_rate, make_sampler, relay_options
 from mcp_backfill.config import Config
+from mcp_backfill.credentials import shown_args
 from mcp_backfill.errors import BindError, StoreUnavailable, cannot_start
 from mcp_backfill.logs import get_logger
 from mcp_backfill.options import BUDGET_WINDOWS, Allowance, env_var
@@ -216,7 +217,7 @@ async def run_sidecar(config: Config) -> int:
                     "port": port,
                     "upstream": display_url(config.upstream_url)
                     if config.upstream_url
-                    else list(config.upstream_command),
+                    else shown_args(config.upstream_command),
                     "auth": policy.authenticates,
                     "clients": len(policy.tokens),
                     "mode": config.mode,

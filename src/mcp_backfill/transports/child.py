@@ -74,18 +74,31 @@ class StartedChild:
     def discard(self, grace: float) -> None:
         """Stop the child unless it was adopted (or discarded already): it has been sent nothing, so
         at once stdin closed and SIGTERM to its group, SIGKILL after `grace` seconds; then reap it."""
+        if self.let_go():
+            self.reap(grace)
+
+    def let_go(self) -> bool:
+        """`discard`'s first step, which does not wait: close our ends of its pipes (now, while their
+        numbers cannot have been reused) and SIGTERM its group; False if adopted or discarded."""
         if self._settled:
-            return
+            return False
         self._settled = True
         for fd in (self.to_child, self.from_child):
             with suppress(OSError):
                 os.close(fd)
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, None)):
-            with suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.popen.pid, sig)
-            with suppress(subprocess.TimeoutExpired):
-                self.popen.wait(wait)
-                return
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        return True
+
+    def reap(self, grace: float) -> None:
+        """`discard`'s second step, after `let_go`: SIGKILL after `grace` seconds, and reap it (it
+        waits: from an event loop, call it in a thread)."""
+        with suppress(subprocess.TimeoutExpired):
+            self.popen.wait(grace)
+            return
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait()
 
 
 def start_child(command: Sequence[str], env: Mapping[str, str]) -> StartedChild:
@@ -93,8 +106,14 @@ def start_child(command: Sequence[str], env: Mapping[str, str]) -> StartedChild:
     pipes we make ourselves: read and written like our own stdio, with room for a large message.
 
     Raises `UpstreamStartError` (with what usually fixes it) when the command cannot be started."""
-    child_stdin, to_child = os.pipe()
-    from_child, child_stdout = os.pipe()
+    made: list[int] = []
+    try:
+        child_stdin, to_child = _pipe(made)
+        from_child, child_stdout = _pipe(made)
+    except OSError as exc:  # out of descriptors (`serve` at its open-files limit)
+        for fd in made:
+            os.close(fd)
+        raise cannot_start(command[0], str(exc.strerror or exc), None, not_found=False) from exc
     for fd in (to_child, from_child):
         enlarge_pipe(fd)
     try:
@@ -109,11 +128,20 @@ def start_child(command: Sequence[str], env: Mapping[str, str]) -> StartedChild:
     except OSError as exc:
         for fd in (to_child, from_child):
             os.close(fd)
-        raise cannot_start(command[0], str(exc.strerror or exc), env.get("PATH")) from exc
+        not_found = isinstance(exc, FileNotFoundError | NotADirectoryError | PermissionError)
+        reason = str(exc.strerror or exc)
+        raise cannot_start(command[0], reason, env.get("PATH"), not_found=not_found) from exc
     finally:
         os.close(child_stdin)
         os.close(child_stdout)
     return StartedChild(popen, to_child, from_child, command)
+
+
+def _pipe(made: list[int]) -> tuple[int, int]:
+    """`os.pipe()`, its ends also added to `made` (to close them all if a later one fails)."""
+    ends = os.pipe()
+    made.extend(ends)
+    return ends
 
 
 def enlarge_pipe(fd: int) -> None:

@@ -10,6 +10,7 @@ relay's hot path, one message in and one out with no task switch between (see `r
 
 from __future__ import annotations
 
+import array
 import asyncio
 import os
 import signal
@@ -17,6 +18,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -269,6 +271,15 @@ class LineChannel:
         with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             await self._reader.aclose()
 
+    def stop_reading(self) -> None:
+        """End the reading side now, over a pipe: `receive()` takes what was read, then ends."""
+        if isinstance(self._reader, PipeReceiveStream):
+            self._reader.close_now()
+
+    def unread(self) -> int:
+        """Bytes waiting in the pipe that were not read yet (0 once it ended, or not a pipe)."""
+        return self._reader.unread() if isinstance(self._reader, PipeReceiveStream) else 0
+
 
 class _PipeProtocol(asyncio.Protocol):
     """The chunks a read pipe delivers, held for one reader; reading pauses while more than
@@ -340,8 +351,9 @@ class PipeReceiveStream(ByteReceiveStream):
     the protocol hands each chunk over as it came, without `asyncio.StreamReader`'s buffering.
     """
 
-    def __init__(self, protocol: _PipeProtocol) -> None:
+    def __init__(self, protocol: _PipeProtocol, fd: int = -1) -> None:
         self._protocol = protocol
+        self._fd = fd
 
     @property
     def at_once(self) -> Callable[[bytes], bool] | None:
@@ -365,8 +377,26 @@ class PipeReceiveStream(ByteReceiveStream):
         return protocol.take(max_bytes)
 
     async def aclose(self) -> None:
+        self.close_now()
+
+    def close_now(self) -> None:
         if self._protocol.transport is not None:
             self._protocol.transport.close()
+
+    def unread(self) -> int:
+        """Bytes the pipe holds that were not read yet (FIONREAD); 0 once it ended (its descriptor
+        may be closed then, and the number reused) or where that cannot be told."""
+        if self._protocol.ended or self._fd < 0:
+            return 0
+        try:
+            import fcntl
+            import termios
+
+            count = array.array("i", [0])
+            fcntl.ioctl(self._fd, termios.FIONREAD, count)
+        except (ImportError, AttributeError, OSError):
+            return 0
+        return count[0]
 
 
 async def open_fd_receive_stream(fd: int, *, owned: bool = False) -> ByteReceiveStream:
@@ -388,7 +418,7 @@ async def open_fd_receive_stream(fd: int, *, owned: bool = False) -> ByteReceive
             with suppress(OSError):
                 pipe.close()
             raise
-        return PipeReceiveStream(protocol)
+        return PipeReceiveStream(protocol, fd)
     return FdReceiveStream(fd)
 
 
@@ -541,13 +571,21 @@ async def own_stdio(max_message_bytes: int) -> AsyncIterator[LineChannel]:
 
 
 class ChildProcess:
-    """A started child as the event loop sees it. Its exit is awaited by a thread that lives from
-    the first `wait` to the exit (at a session's end): not a pidfd in the event loop, whose closing
-    uvloop does not finish at once (a new descriptor with its number could abort the loop)."""
+    """A started child as the event loop sees it. A thread awaits its exit from the start (not a pidfd
+    in the event loop, whose closing uvloop does not finish at once: a new descriptor with its number
+    could abort the loop), and then stops what is left of its process group (`end_group`): helpers
+    it started, which may hold its stdout open and would otherwise outlive it, and the session with
+    them. `on_group_ended` runs on the event loop after that."""
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(
+        self, popen: subprocess.Popen[bytes], grace: float, on_group_ended: Callable[[], None] | None = None
+    ) -> None:
         self._popen = popen
-        self._exited: anyio.Event | None = None
+        self._exited = anyio.Event()
+        self._group_ended = anyio.Event()
+        loop = asyncio.get_running_loop()
+        args = (loop, grace, on_group_ended)
+        threading.Thread(target=self._watch, args=args, name="mcp-backfill-child", daemon=True).start()
 
     @property
     def pid(self) -> int:
@@ -563,17 +601,47 @@ class ChildProcess:
     async def wait(self) -> int:
         if (code := self._popen.poll()) is not None:
             return code
-        if self._exited is None:  # one thread, however many wait
-            self._exited = anyio.Event()
-            loop = asyncio.get_running_loop()
-            threading.Thread(target=self._wait_in_thread, args=(loop, self._exited), daemon=True).start()
         await self._exited.wait()
         return self._popen.wait()
 
-    def _wait_in_thread(self, loop: asyncio.AbstractEventLoop, exited: anyio.Event) -> None:
+    async def wait_group(self) -> None:
+        """Until the child has exited and what was left of its group is gone (or SIGKILLed)."""
+        await self._group_ended.wait()
+
+    def _watch(
+        self, loop: asyncio.AbstractEventLoop, grace: float, on_group_ended: Callable[[], None] | None
+    ) -> None:
+        pid = self._popen.pid
+        try:  # until it exits, but not reaped yet: its number, its group's too, cannot be reused
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        except (AttributeError, OSError):  # no waitid here, or reaped already (`returncode`)
+            self._popen.wait()
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)  # what is left of its group
         self._popen.wait()
         with suppress(RuntimeError):  # the loop has closed: nobody waits any more
-            loop.call_soon_threadsafe(exited.set)
+            loop.call_soon_threadsafe(self._exited.set)
+        end_group(pid, grace)
+        with suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._group_ended.set)
+            if on_group_ended is not None:
+                loop.call_soon_threadsafe(on_group_ended)
+
+
+def end_group(pgid: int, grace: float) -> None:
+    """SIGKILL what is still left, `grace` seconds on, of the process group `pgid`, which was sent
+    SIGTERM as its leader exited. (Its members keep the number from being reused meanwhile.)"""
+    deadline = time.monotonic() + grace
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return  # nothing left (the usual case)
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 @dataclass
@@ -642,16 +710,42 @@ async def spawn_upstream(
             whole_at_end=True,
         )
     except BaseException:
-        child.discard(grace)
+        if child.let_go():  # in a thread, the wait: the event loop serves others meanwhile (`serve`)
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(child.reap, grace)
         raise
     child.adopt()
-    process = ChildProcess(child.popen)
+    loop = asyncio.get_running_loop()
+    late: list[asyncio.TimerHandle] = []
+    left = False
+
+    def group_ended() -> None:
+        # What still holds the child's stdout now is no process of its group (a helper that left it
+        # with a session of its own): the output's end is not waited for beyond `grace` seconds more,
+        # nor for longer than there is output to read (a slow client holds up its reading).
+        if not left:
+            late.append(loop.call_later(grace, stop_reading_once_read))
+
+    def stop_reading_once_read() -> None:
+        if left:
+            return
+        if channel.unread():
+            late.append(loop.call_later(max(grace, 0.1), stop_reading_once_read))
+        else:
+            channel.stop_reading()
+
+    process = ChildProcess(child.popen, grace, group_ended)
     upstream = UpstreamProcess(process, channel, child.command)
     try:
         yield upstream
     finally:
+        left = True
+        for handle in late:
+            handle.cancel()
         with anyio.CancelScope(shield=True):
             if process.returncode is None:
                 await upstream.stop(grace)
+            with anyio.move_on_after(grace + 1):  # its group's stop ends with SIGKILL after `grace`
+                await process.wait_group()
             await channel.close_writer()
             await channel.close_reader()
