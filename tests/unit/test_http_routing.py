@@ -415,3 +415,19 @@ async def test_the_fronts_own_tools_listing_holds_a_call_for_its_time_in_all_not
             await stateless._list_tools(mux, "regional", {"_meta": {}})
             tg.cancel_scope.cancel()
     assert len(sent) <= 2  # 0.15 s each: the second page ends past the 0.2 s the listing may take
+
+
+async def test_mux_takes_no_boolean_or_float_for_one_of_its_ids() -> None:
+    """The mux numbers its requests 1, 2, ...; `true` and `1.0` equal 1 in Python, so an upstream
+    answering under `"id": true` (or a notification naming `progressToken: true`) reached the client
+    of mux request 1 as its answer."""
+    mux = MuxChannel()
+    first, raw = mux.open(request("mine", "tools/call"))
+    assert json.loads(raw)["id"] == 1
+    await mux.send(encode({"jsonrpc": "2.0", "id": True, "result": {"forged": True}}))
+    await mux.send(encode({"jsonrpc": "2.0", "id": 1.0, "result": {"forged": True}}))
+    _ = mux.open(request("other", "tools/call"))  # two in flight: no "the one request" guess
+    await mux.send(encode(notification("notifications/progress", progressToken=True, progress=1)))
+    await mux.send(encode(notification("notifications/message", data="x")), related=True)
+    assert messages(first.stream) == []
+    assert not first.stream.finished

@@ -35,7 +35,7 @@ import contextlib
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import anyio
 
@@ -199,7 +199,7 @@ class MuxChannel(InboxChannel):
 
     def _route_response(self, response: dict[str, Any]) -> None:
         mux_id = response.get("id")
-        exchange = self._pop(mux_id) if isinstance(mux_id, int) else None
+        exchange = self._pop(mux_id) if _is_mux_id(mux_id) else None
         if exchange is None:
             log.debug("response for a closed request dropped", extra={"id": mux_id})
             return
@@ -209,17 +209,17 @@ class MuxChannel(InboxChannel):
         exchange.stream.finish()
 
     def _owner(self, message: dict[str, Any], related: Any) -> MuxedRequest | None:
-        if isinstance(related, int) and related in self._exchanges:
+        if _is_mux_id(related) and related in self._exchanges:
             return self._exchanges[related]
         params = message.get("params")
         params = params if isinstance(params, dict) else {}
         candidates = (params.get("progressToken"), _meta(params).get(protocol.META_SUBSCRIPTION_ID))
         for candidate in candidates:
-            if isinstance(candidate, int) and candidate in self._exchanges:
+            if _is_mux_id(candidate) and candidate in self._exchanges:
                 return self._exchanges[candidate]
         # "The one request in flight" only for a message nothing attributes: one that names a request
         # already gone (its stream, its token, its subscription) may belong to another client.
-        attributed = related is not None or any(isinstance(candidate, int) for candidate in candidates)
+        attributed = related is not None or any(_is_mux_id(candidate) for candidate in candidates)
         if len(self._exchanges) - self._own_in_flight == 1 and not attributed:
             return next(e for e in self._exchanges.values() if not e.own)
         return None
@@ -249,8 +249,14 @@ def _cancel(exchange: MuxedRequest, reason: str) -> bytes:
     return jsonrpc.encode({"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": params})
 
 
+def _is_mux_id(value: Any) -> TypeGuard[int]:
+    """Whether `value` can be one of the mux's ids: an integer, not `true` nor `1.0` (equal to 1 in
+    Python, and so a key of `_exchanges`)."""
+    return type(value) is int
+
+
 def _same_id(value: Any, mux_id: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value == mux_id
+    return _is_mux_id(value) and value == mux_id
 
 
 def _meta(params: dict[str, Any]) -> dict[str, Any]:
