@@ -573,6 +573,28 @@ async def test_a_whole_message_instead_of_a_stream_is_the_answer(
     assert len(fake_claude.message_requests) == 1
 
 
+@pytest.mark.parametrize("tool_input", [[1, 2], "{}", None, 3])
+async def test_a_whole_message_whose_tool_input_is_no_object_is_malformed(
+    fake_claude: FakeClaude, provider: AnthropicProvider, tool_input: Any
+) -> None:
+    """As in a stream: a tool call's input that is no object would reach the server as `{}`."""
+    block = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": tool_input}
+    message = {
+        "id": "msg_whole",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-5-5",
+        "content": [block],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 5, "output_tokens": 2},
+    }
+    fake_claude.enqueue(raw_reply(json.dumps(message), headers=JSON))
+    error, cost = await metered_failure(provider)
+    assert error.data is not None
+    assert error.data["type"] == "malformed_response"
+    assert cost == {**cost, "input_tokens": 5, "output_tokens": 100}  # a malformed answer: all of it
+
+
 async def test_a_page_instead_of_a_stream_is_named(
     fake_claude: FakeClaude, provider: AnthropicProvider
 ) -> None:

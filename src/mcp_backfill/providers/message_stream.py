@@ -173,6 +173,9 @@ class MessageFold:
             raise ValueError("the stream had no message_start")
         for index in list(self._tool_json):  # a tool block the stream never said was finished
             self._stop(index)
+        for index, block in enumerate(self._content):  # a whole message's blocks came as they are
+            if _is_tool_block(block) and not isinstance(block.get("input"), dict):
+                self._unparsed.setdefault(index, str(block.get("input")))
         if self._unparsed and self._message.get("stop_reason") not in CUT_SHORT:
             raw = next(iter(self._unparsed.values()))
             raise ValueError(f"the tool input Claude streamed is not valid JSON, or no object: {raw[:200]}")
@@ -205,6 +208,10 @@ def _message_delta(message: dict[str, Any], delta: dict[str, Any], usage: dict[s
     for field in OPTIONAL_USAGE:
         if usage.get(field) is not None:
             totals[field] = usage[field]
+
+
+def _is_tool_block(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") in TOOL_INPUT_BLOCKS
 
 
 def _string(value: Any, what: str) -> str:
