@@ -673,6 +673,25 @@ async def test_a_task_ttl_of_infinity_gives_a_task_with_the_cap_and_the_session_
         assert await r.server.recv() == request(2, "ping")
 
 
+async def test_a_working_task_whose_ttl_passes_is_cancelled_though_nothing_else_comes_in() -> None:
+    """A task is forgotten when its TTL is up; its Claude call ran on (billed) until some later
+    request of the session happened to look at the book, for an answer nobody could fetch."""
+    provider = GatedProvider()
+    async with relayed(provider) as r:
+        await r.client.send(request(1, "initialize", initialize({})))
+        await r.server.recv()
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        await r.server.send(sampling_request(7, {**HELLO, "task": {"ttl": 300}}))
+        assert "task" in (await r.server.recv())["result"]
+        await provider.started.wait()
+        with anyio.fail_after(30):
+            status = await r.server.recv()
+        assert status["method"] == "notifications/tasks/status"
+        assert status["params"]["status"] == "cancelled"
+        assert provider.cancelled
+
+
 async def test_a_sampling_request_cancelled_while_the_user_is_asked_withdraws_the_question() -> None:
     provider = GatedProvider()
     async with relayed(provider, approve="elicit") as r:

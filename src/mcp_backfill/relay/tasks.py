@@ -56,7 +56,9 @@ class SamplingTasks:
         requested = params["task"].get("ttl")
         task, evicted = self.book.create(requested)
         self._forget(evicted)
-        scope = anyio.CancelScope()
+        # The call ends with the task's TTL: a task forgotten keeps no call running (and billed) for
+        # an answer nobody can fetch, whether or not a later request of the session looks at the book.
+        scope = anyio.CancelScope(deadline=anyio.current_time() + task.expires() - self.book.clock())
         self._scopes[task.task_id] = scope
         self._done[task.task_id] = anyio.Event()
         log.info("sampling task created", extra={"request_id": request_id, "task_id": task.task_id})
