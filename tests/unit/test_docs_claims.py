@@ -56,3 +56,24 @@ def test_the_contributing_source_tree_names_every_module() -> None:
     modules = {path.name for path in package.rglob("*.py")} - {"__init__.py", "__main__.py"}
     packages = {path.parent.name + "/" for path in package.rglob("__init__.py")} - {"mcp_backfill/"}
     assert sorted(name for name in modules | packages if name not in tree) == []
+
+
+def test_the_drain_option_names_every_signal_serve_drains_on() -> None:
+    """`serve` drains on the signals `_watch_signals` receives (SIGHUP too, since it reloads
+    nothing); `--drain-timeout`'s help, its reference cell and the sidecar page name each of them."""
+    import inspect
+
+    from mcp_backfill.options import OPTIONS
+    from mcp_backfill.sidecar import server
+
+    source = inspect.getsource(server._watch_signals)
+    receiver = source[source.index("open_signal_receiver(") :].split(")", 1)[0]
+    signals = re.findall(r"signal\.(SIG[A-Z]+)", receiver)
+    assert set(signals) >= {"SIGTERM", "SIGINT"}
+    drain = next(option for option in OPTIONS if option.flag == "--drain-timeout")
+    sidecar = (ROOT / "docs" / "sidecar.md").read_text()
+    drains = next(line for line in sidecar.splitlines() if " drains (" in line)
+    for name in signals:
+        assert name in drain.help, (name, drain.help)
+        assert name in drain.doc, (name, drain.doc)
+        assert name in drains, (name, drains)
