@@ -77,3 +77,13 @@ def test_the_drain_option_names_every_signal_serve_drains_on() -> None:
         assert name in drain.help, (name, drain.help)
         assert name in drain.doc, (name, drain.doc)
         assert name in drains, (name, drains)
+
+
+def test_the_readme_names_the_node_the_conformance_suite_needs() -> None:
+    """`scripts/test` runs the conformance suite (required, not skipped), which needs a Node that
+    npm brings only on x86-64 Linux: the README's requirement line names that Node."""
+    from tests.conformance import NODE_MIN
+
+    readme = (ROOT / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if line.startswith("scripts/test "))
+    assert f"Node {NODE_MIN}" in line, line
