@@ -87,3 +87,19 @@ def test_the_readme_names_the_node_the_conformance_suite_needs() -> None:
     readme = (ROOT / "README.md").read_text()
     line = next(line for line in readme.splitlines() if line.startswith("scripts/test "))
     assert f"Node {NODE_MIN}" in line, line
+
+
+def test_the_eras_page_shows_the_proxys_own_ids_as_they_are_made() -> None:
+    """The ids of the rounds the proxy re-sends carry a random part after the prefix (so that
+    neither side can guess them): the page shows that shape, not a bare counter."""
+    import inspect
+
+    from mcp_backfill.relay.rounds import OWN_ID_PREFIX, RoundDriver
+
+    made = inspect.getsource(RoundDriver.__init__)
+    assert 'f"{OWN_ID_PREFIX}{secrets.token_hex(6)}:"' in made
+    page = (ROOT / "docs" / "protocol-eras.md").read_text()
+    shown = re.findall(r"`(" + re.escape(OWN_ID_PREFIX) + r"[^`]*)`", page)
+    assert shown
+    for text in shown:
+        assert re.fullmatch(re.escape(OWN_ID_PREFIX) + r"<random>:N", text), text
