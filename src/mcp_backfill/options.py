@@ -1096,8 +1096,9 @@ OPTIONS: tuple[Option, ...] = (
         "drain_timeout",
         "--drain-timeout",
         10.0,
-        "on SIGTERM/SIGINT, seconds to let requests in flight finish before the upstreams are stopped",
-        "on SIGTERM/SIGINT, how long requests in flight may take to finish",
+        "on SIGTERM, SIGINT or SIGHUP, seconds to let requests in flight finish before the upstreams "
+        "are stopped",
+        "on SIGTERM, SIGINT or SIGHUP, how long requests in flight may take to finish",
         parse=number,
         checks=(not_negative(),),
         metavar="SECONDS",

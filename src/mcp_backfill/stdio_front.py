@@ -3,7 +3,7 @@
 The upstream is a child process or a streamable-HTTP endpoint (`--upstream-url`); the lifecycle is
 the same for both, only what "stopping the upstream" means differs.
 
-* Child: client EOF or SIGTERM/SIGINT close the upstream (stdin close -> SIGTERM -> SIGKILL); the
+* Child: client EOF, SIGTERM, SIGINT or SIGHUP close the upstream (stdin close -> SIGTERM -> SIGKILL); the
   upstream exiting ends the session, pending client requests are answered with errors, and the
   proxy exits with the upstream's status.
 * HTTP: client EOF or a signal let requests in flight finish (up to --shutdown-grace; the rest are

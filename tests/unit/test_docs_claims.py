@@ -56,3 +56,50 @@ def test_the_contributing_source_tree_names_every_module() -> None:
     modules = {path.name for path in package.rglob("*.py")} - {"__init__.py", "__main__.py"}
     packages = {path.parent.name + "/" for path in package.rglob("__init__.py")} - {"mcp_backfill/"}
     assert sorted(name for name in modules | packages if name not in tree) == []
+
+
+def test_the_drain_option_names_every_signal_serve_drains_on() -> None:
+    """`serve` drains on the signals `_watch_signals` receives (SIGHUP too, since it reloads
+    nothing); `--drain-timeout`'s help, its reference cell and the sidecar page name each of them."""
+    import inspect
+
+    from mcp_backfill.options import OPTIONS
+    from mcp_backfill.sidecar import server
+
+    source = inspect.getsource(server._watch_signals)
+    receiver = source[source.index("open_signal_receiver(") :].split(")", 1)[0]
+    signals = re.findall(r"signal\.(SIG[A-Z]+)", receiver)
+    assert set(signals) >= {"SIGTERM", "SIGINT"}
+    drain = next(option for option in OPTIONS if option.flag == "--drain-timeout")
+    sidecar = (ROOT / "docs" / "sidecar.md").read_text()
+    drains = next(line for line in sidecar.splitlines() if " drains (" in line)
+    for name in signals:
+        assert name in drain.help, (name, drain.help)
+        assert name in drain.doc, (name, drain.doc)
+        assert name in drains, (name, drains)
+
+
+def test_the_readme_names_the_node_the_conformance_suite_needs() -> None:
+    """`scripts/test` runs the conformance suite (required, not skipped), which needs a Node that
+    npm brings only on x86-64 Linux: the README's requirement line names that Node."""
+    from tests.conformance import NODE_MIN
+
+    readme = (ROOT / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if line.startswith("scripts/test "))
+    assert f"Node {NODE_MIN}" in line, line
+
+
+def test_the_eras_page_shows_the_proxys_own_ids_as_they_are_made() -> None:
+    """The ids of the rounds the proxy re-sends carry a random part after the prefix (so that
+    neither side can guess them): the page shows that shape, not a bare counter."""
+    import inspect
+
+    from mcp_backfill.relay.rounds import OWN_ID_PREFIX, RoundDriver
+
+    made = inspect.getsource(RoundDriver.__init__)
+    assert 'f"{OWN_ID_PREFIX}{secrets.token_hex(6)}:"' in made
+    page = (ROOT / "docs" / "protocol-eras.md").read_text()
+    shown = re.findall(r"`(" + re.escape(OWN_ID_PREFIX) + r"[^`]*)`", page)
+    assert shown
+    for text in shown:
+        assert re.fullmatch(re.escape(OWN_ID_PREFIX) + r"<random>:N", text), text

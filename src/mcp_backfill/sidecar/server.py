@@ -1,7 +1,7 @@
 """`mcp-backfill serve`: uvicorn serving the sidecar app, inside the proxy's anyio task group.
 
 The listening socket is bound here (so `--port 0` can log the port it got), then handed to uvicorn,
-whose own signal handling is replaced by ours. On SIGTERM or SIGINT the sidecar drains: new sessions
+whose own signal handling is replaced by ours. On SIGTERM, SIGINT or SIGHUP the sidecar drains: new sessions
 and 2026-07-28 requests are refused (503, and `/readyz` says so), the streams that never end by
 themselves (standalone GET streams, 2026-07-28 `subscriptions/listen`) end, and the requests in flight
 get up to `--drain-timeout` seconds to finish. Meanwhile connections are still accepted: a request in
@@ -101,7 +101,7 @@ def upstream_factory(config: Config) -> UpstreamFactory:
 
 
 async def run_sidecar(config: Config) -> int:
-    """Serve until SIGTERM/SIGINT; returns the exit status."""
+    """Serve until SIGTERM, SIGINT or SIGHUP; returns the exit status."""
     metrics = Metrics()
     sampler = make_sampler(config, metrics, metrics)
     tracing = telemetry.install_from_environment()
