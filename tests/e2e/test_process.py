@@ -9,8 +9,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
 import anyio
@@ -18,6 +18,7 @@ import pytest
 
 from tests.harness import (
     TEST_API_KEY,
+    RawSession,
     initialize_params,
     pid_alive,
     proxy_argv,
@@ -402,6 +403,19 @@ def leaving_a_helper(*, own_session: bool = False, stubborn: bool = False) -> li
     return ["sh", "-c", f"{helper} & echo helper $! >&2; exec {server}"]
 
 
+@asynccontextmanager
+async def the_helper(session: RawSession) -> AsyncIterator[int]:
+    """The pid of the helper `leaving_a_helper`'s server says it started, killed when the test ends."""
+    found = re.search(r"helper (\d+)", await wait_for_log(session.stderr, r"helper \d+"))
+    assert found is not None
+    helper = int(found.group(1))
+    try:
+        yield helper
+    finally:
+        with suppress(ProcessLookupError):
+            os.kill(helper, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("own_session", [False, True], ids=["in-its-group", "in-its-own-session"])
 async def test_a_helper_holding_the_upstreams_stdout_does_not_keep_the_proxy_up(own_session: bool) -> None:
     """The client leaves and the server exits, but a helper it left behind still holds its stdout:
@@ -409,61 +423,40 @@ async def test_a_helper_holding_the_upstreams_stdout_does_not_keep_the_proxy_up(
     and ignored SIGTERM meanwhile), and a helper in the server's process group is stopped with the
     server instead of being left running."""
     argv = mock_proxy("--shutdown-grace", "0.5", upstream=leaving_a_helper(own_session=own_session))
-    async with raw_proxy(argv, proxy_env()) as session:
-        found = re.search(r"helper (\d+)", await wait_for_log(session.stderr, r"helper \d+"))
-        assert found is not None
-        helper = int(found.group(1))
-        try:
-            await session.request(1, "initialize", initialize_params())
-            await session.close_stdin()
-            assert await session.wait(timeout=15) == 0, session.stderr()[-3000:]
-            if not own_session:
-                assert not running(helper)
-        finally:
-            with suppress(ProcessLookupError):
-                os.kill(helper, signal.SIGKILL)
+    async with raw_proxy(argv, proxy_env()) as session, the_helper(session) as helper:
+        await session.request(1, "initialize", initialize_params())
+        await session.close_stdin()
+        assert await session.wait(timeout=15) == 0, session.stderr()[-3000:]
+        if not own_session:
+            assert not running(helper)
 
 
 async def test_a_crashed_upstreams_helper_does_not_leave_requests_waiting() -> None:
     """The server dies with a request in flight while a helper it left holds its stdout: the request
     is answered with an error and the proxy ends with the server's status, as without the helper."""
     argv = mock_proxy("--shutdown-grace", "0.5", upstream=leaving_a_helper(own_session=False))
-    async with raw_proxy(argv, proxy_env()) as session:
-        found = re.search(r"helper (\d+)", await wait_for_log(session.stderr, r"helper \d+"))
-        assert found is not None
-        helper = int(found.group(1))
-        try:
-            await session.request(1, "initialize", initialize_params())
-            pid = upstream_pid(await wait_for_log(session.stderr, r"relaying .*pid="))
-            ask = {"method": "roots/list", "id": 9}
-            await session.send({"jsonrpc": "2.0", "id": 2, "method": "test/ask_client", "params": ask})
-            await session.recv_until(lambda m: m.get("method") == "roots/list")
-            os.kill(pid, signal.SIGKILL)
-            error, _ = await session.recv_until(lambda m: m.get("id") == 2)
-            assert error["error"]["code"] == -32603
-            assert await session.wait() == 128 + signal.SIGKILL
-            assert not running(helper)
-        finally:
-            with suppress(ProcessLookupError):
-                os.kill(helper, signal.SIGKILL)
+    async with raw_proxy(argv, proxy_env()) as session, the_helper(session) as helper:
+        await session.request(1, "initialize", initialize_params())
+        pid = upstream_pid(await wait_for_log(session.stderr, r"relaying .*pid="))
+        ask = {"method": "roots/list", "id": 9}
+        await session.send({"jsonrpc": "2.0", "id": 2, "method": "test/ask_client", "params": ask})
+        await session.recv_until(lambda m: m.get("method") == "roots/list")
+        os.kill(pid, signal.SIGKILL)
+        error, _ = await session.recv_until(lambda m: m.get("id") == 2)
+        assert error["error"]["code"] == -32603
+        assert await session.wait() == 128 + signal.SIGKILL
+        assert not running(helper)
 
 
 async def test_a_helper_that_ignores_sigterm_does_not_outlive_the_proxy() -> None:
     """The server's process group is stopped as the proxy stops (SIGTERM, then SIGKILL after the
     grace) before the proxy exits, even when nothing it relays waits for it."""
     argv = mock_proxy("--shutdown-grace", "0.5", upstream=leaving_a_helper(stubborn=True))
-    async with raw_proxy(argv, proxy_env()) as session:
-        found = re.search(r"helper (\d+)", await wait_for_log(session.stderr, r"helper \d+"))
-        assert found is not None
-        helper = int(found.group(1))
-        try:
-            await session.request(1, "initialize", initialize_params())
-            await session.close_stdin()
-            assert await session.wait(timeout=15) == 0, session.stderr()[-3000:]
-            assert not running(helper)
-        finally:
-            with suppress(ProcessLookupError):
-                os.kill(helper, signal.SIGKILL)
+    async with raw_proxy(argv, proxy_env()) as session, the_helper(session) as helper:
+        await session.request(1, "initialize", initialize_params())
+        await session.close_stdin()
+        assert await session.wait(timeout=15) == 0, session.stderr()[-3000:]
+        assert not running(helper)
 
 
 # Credentials a server is often given on its command line (a config's `args`): an option's value, a
