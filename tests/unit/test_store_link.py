@@ -71,10 +71,16 @@ def ledger(store: SwitchableStore, **settings: Any) -> Spend:
     return Spend(replace(SPEND, **{"rate_limit": 0, "budget": (Allowance(1000),), **settings}), store)
 
 
+def usage(tokens: int) -> dict[str, int]:
+    """A complete answer's usage of `tokens` in all (an answer reports some output: one that says 0
+    is charged as one whose usage a gateway stripped)."""
+    return {"input_tokens": tokens - 1, "output_tokens": 1}
+
+
 async def answered(spend: Spend, tokens: int) -> None:
     async with spend.admit(None) as ticket, ticket.call(Reservation(0, 100)) as charge:
         charge.begin_attempt()
-        charge.report({"input_tokens": tokens}, final=True)
+        charge.report(usage(tokens), final=True)
 
 
 async def used(store: MemoryStore) -> int:
@@ -127,7 +133,7 @@ async def test_a_settlement_the_store_missed_is_made_when_it_is_back() -> None:
     async with spend.upkeep():
         async with spend.admit(None) as ticket, ticket.call(Reservation(0, 100)) as charge:
             charge.begin_attempt()
-            charge.report({"input_tokens": 30}, final=True)
+            charge.report(usage(30), final=True)
             store.down = True  # the call is answered, but its settlement cannot land
         with anyio.fail_after(5):
             while spend.link.unsettled == 0:
@@ -211,7 +217,7 @@ async def test_settlements_still_missed_at_exit_are_told_to_the_operator(
         async with spend.upkeep():
             async with spend.admit(None) as ticket, ticket.call(Reservation(0, 100)) as charge:
                 charge.begin_attempt()
-                charge.report({"input_tokens": 130}, final=True)
+                charge.report(usage(130), final=True)
                 store.down = True
             with anyio.fail_after(5):
                 while spend.link.unsettled == 0:
