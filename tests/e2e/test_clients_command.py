@@ -11,6 +11,7 @@ desktop app starts it, with a minimal PATH, and answers a tool call through a re
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -26,8 +27,9 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from mcp_backfill.clients import jsonc
+from tests.e2e.test_http_upstream import handshake, recorder
 from tests.fake_claude import FakeClaude
-from tests.harness import EXAMPLES, ROOT, TEST_API_KEY, proxy_env, run_clients
+from tests.harness import EXAMPLES, ROOT, TEST_API_KEY, proxy_env, raw_proxy, run_clients
 
 FIXTURES = ROOT / "tests" / "client_configs"
 PROXY = str(Path(sys.executable).parent / "mcp-backfill")
@@ -64,7 +66,7 @@ FIXTURE_NAMES = {
 }
 # Entries the proxy cannot front, left alone with a reason: legacy SSE, a header from the environment.
 SKIPPED = {"claude-code": {"events"}, "gemini": {"legacy"}, "codex": {"private"}}
-# The servers reached by URL (wrapped with --upstream-url), the rest are commands.
+# The servers reached by URL (wrapped with the URL in MCP_BACKFILL_UPSTREAM_URL), the rest are commands.
 REMOTE = {"docs", "remote", "github"}
 # Secrets in the fixtures that must stay where they were and not show up anywhere else.
 KEY_FILE_CONTENT = TEST_API_KEY
@@ -210,13 +212,9 @@ def test_wrap_and_unwrap_every_client_config(tmp_path: Path, client: str, os_nam
                 assert args[:2] == ["--provider", "mock"]
                 assert entry["env"]["ANTHROPIC_API_KEY_FILE"] == str(home.key_file)
                 if name in REMOTE:
-                    assert args[2:] == [
-                        "--upstream-url",
-                        old_table[name].get("url")
-                        or next(
-                            old_table[name][key] for key in ("httpUrl", "serverUrl") if key in old_table[name]
-                        ),
-                    ]
+                    assert args[2:] == []  # the URL is in env: the process list shows the arguments
+                    url_key = next(key for key in ("url", "httpUrl", "serverUrl") if key in old_table[name])
+                    assert entry["env"]["MCP_BACKFILL_UPSTREAM_URL"] == old_table[name][url_key]
                     assert "MCP_BACKFILL_UPSTREAM_HEADERS" in entry["env"]
                     continue
                 upstream = args[args.index("--") + 1 :]
@@ -382,3 +380,70 @@ def test_a_wrapped_desktop_entry_runs_with_a_minimal_path(tmp_path: Path, fake_c
 
     assert "fake-claude says" in anyio.run(call)
     assert fake_claude.message_requests  # answered with the key read from the file
+
+
+def test_a_wrapped_url_entry_keeps_its_credentials_out_of_the_process_list(tmp_path: Path) -> None:
+    """A remote entry whose URL holds a password (or a key in its query) is wrapped with the URL in
+    `env`, where the headers go, not in `args`: the running proxy's command line (what `ps` shows
+    every local user) holds no credential, and the proxy still reaches the URL with them (the
+    password as Basic authentication). `list` and `--dry-run` show the URL masked."""
+    password, query_key = "url-pass-0123456789", "query-key-0123456789"
+    home_dir, project = tmp_path / "home", tmp_path / "project"
+    project.mkdir()
+    config = home_dir / ".claude.json"
+    config.parent.mkdir(parents=True)
+
+    def clients(action: str, *args: str) -> subprocess.CompletedProcess[str]:
+        done = run_clients(
+            action,
+            *args,
+            home=home_dir,
+            project=project,
+            os_name="linux",
+            client="claude-code",
+            env=proxy_env(),
+        )
+        assert done.returncode == 0, done.stderr
+        for secret in (password, query_key):
+            assert secret not in done.stdout + done.stderr
+        return done
+
+    async def scenario() -> None:
+        async with recorder() as (upstream, recorded):
+            url = upstream.url.replace("http://", f"http://alice:{password}@") + f"?api_key={query_key}"
+            entry = {"type": "http", "url": url, "headers": {"X-Team": "blue"}}
+            config.write_text(json.dumps({"mcpServers": {"remote": entry}}, indent=2) + "\n")
+            dry = clients("wrap", "remote", "--dry-run", "--", "--provider", "mock")
+            assert "***@127.0.0.1" in dry.stdout
+            clients("wrap", "remote", "--", "--provider", "mock")
+            wrapped = json.loads(config.read_text())["mcpServers"]["remote"]
+            assert wrapped["command"] == PROXY
+            for secret in (password, query_key):
+                assert not any(secret in arg for arg in wrapped["args"]), wrapped["args"]
+            listed = json.loads(clients("list", "--json").stdout)["files"][0]["servers"][0]
+            assert (listed["kind"], listed["wrapped"]) == ("url", True)
+            assert listed["target"].startswith("http://***@127.0.0.1:")
+
+            argv = [wrapped["command"], *wrapped["args"]]
+            async with raw_proxy(argv, {**proxy_env(), **wrapped["env"]}) as session:
+                await handshake(session)
+                answer = await session.request(2, "tools/list")
+                cmdline = Path(f"/proc/{session.process.pid}/cmdline")
+                if cmdline.exists():
+                    for secret in (password, query_key):
+                        assert secret.encode() not in cmdline.read_bytes()
+                await session.close_stdin()
+                await session.wait()
+                log = session.stderr()
+            requests = recorded()
+            assert answer["result"] == {"method": "tools/list"}, answer
+            basic = "Basic " + base64.b64encode(f"alice:{password}".encode()).decode()
+            assert {request["headers"].get("authorization") for request in requests} == {basic}
+            assert {request["headers"].get("x-team") for request in requests} == {"blue"}
+            assert password not in log
+            assert query_key not in log
+
+            clients("unwrap", "remote")
+            assert json.loads(config.read_text())["mcpServers"]["remote"] == entry
+
+    anyio.run(scenario)

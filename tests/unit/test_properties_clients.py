@@ -19,8 +19,11 @@ from mcp_backfill.clients.catalog import CLIENTS, Client
 from mcp_backfill.clients.entries import (
     KEY_FILE_VARIABLE,
     UNWRAP_VARIABLE,
+    URL_VARIABLE,
     Proxy,
     Skip,
+    Summary,
+    describe,
     is_wrapped,
     unwrap,
     wrap,
@@ -79,7 +82,9 @@ def stdio_entries(draw: st.DrawFn) -> dict[str, Any]:
 
 @st.composite
 def url_entries(draw: st.DrawFn, client: Client) -> dict[str, Any]:
-    url = "https://" + draw(NAMES) + ".example/mcp"
+    userinfo = draw(st.sampled_from(["", "alice:pass-0123@", "tok-0123@"]))
+    query = draw(st.sampled_from(["", "?api_key=key-0123", "?team=a&token=t-0123"]))
+    url = "https://" + userinfo + draw(NAMES) + ".example/mcp" + query
     members: dict[str, Any] = {draw(st.sampled_from(client.dialect.url_keys)): url}
     if draw(st.booleans()):
         members["type"] = "http"
@@ -142,9 +147,65 @@ def test_a_remote_entry_becomes_a_stdio_wrapper_with_its_headers_in_the_environm
     wrapped, _ = wrap(entry, vscode.dialect, Proxy("/opt/mcp-backfill"), lambda name: None)
     assert list(wrapped) == ["type", "command", "args", "env"]
     assert wrapped["type"] == "stdio"
-    assert wrapped["args"] == ["--upstream-url", "https://x.example/mcp"]
+    assert wrapped["args"] == []
+    assert wrapped["env"]["MCP_BACKFILL_UPSTREAM_URL"] == "https://x.example/mcp"
     assert wrapped["env"]["MCP_BACKFILL_UPSTREAM_HEADERS"] == "Authorization: Bearer t"
     assert json.loads(wrapped["env"][UNWRAP_VARIABLE]) == {"url": "url", "type": "http", "headers": "headers"}
+
+
+@pytest.mark.parametrize(
+    ("url", "secret"),
+    [
+        ("https://alice:url-pass-0123@x.example/mcp", "url-pass-0123"),
+        ("https://tok-0123456789@x.example/mcp", "tok-0123456789"),
+        ("https://x.example/mcp?api_key=query-key-0123", "query-key-0123"),
+        ("https://mcp.example/api/s/path-secret-0123/mcp", "path-secret-0123"),
+    ],
+)
+@pytest.mark.parametrize("client", CLIENTS, ids=lambda client: client.name)
+def test_a_wrapped_url_is_in_the_environment_not_the_process_list(
+    client: Client, url: str, secret: str
+) -> None:
+    """The wrapped entry's `args` are the proxy's command line, which every local user sees in
+    `ps`: a password, token or key in the URL goes in `env`, as the headers do, and nowhere in
+    `args` (the URL's path may be the credential, so every URL goes there)."""
+    entry = {client.dialect.url_keys[0]: url, "type": "http"}
+    proxy = Proxy("/usr/bin/python3", ("-m", "mcp_backfill"), ("--provider", "mock"))
+    wrapped, _ = wrap(entry, client.dialect, proxy, lambda name: None)
+    assert not any(secret in arg for arg in wrapped["args"]), wrapped["args"]
+    assert wrapped["args"] == ["-m", "mcp_backfill", "--provider", "mock"]
+    assert wrapped["env"][URL_VARIABLE] == url
+    assert describe(wrapped, client.dialect) == Summary("url", True, (url,))
+    assert unwrap(wrapped, client.dialect)[0] == entry
+
+
+@given(client_entries(), PROXIES)
+def test_an_entry_wrapped_by_an_earlier_version_still_unwraps(
+    case: tuple[Client, dict[str, Any]], proxy: Proxy
+) -> None:
+    """Earlier versions of `wrap` put the URL in `args`, as `--upstream-url URL`: such an entry is
+    still recognised as a wrapped URL entry, and unwraps to what it was."""
+    client, entry = case
+    wrapped, _ = wrap(entry, client.dialect, proxy, lambda name: None)
+    if URL_VARIABLE not in wrapped.get("env", {}):
+        return  # a command entry
+    url = wrapped["env"].pop(URL_VARIABLE)
+    wrapped["args"] = [*wrapped["args"], "--upstream-url", url]
+    assert is_wrapped(wrapped)
+    assert describe(wrapped, client.dialect) == Summary("url", True, (url,))
+    assert same(unwrap(wrapped, client.dialect)[0], entry)
+    assert same(wrap(wrapped, client.dialect, proxy, lambda name: None)[0], wrapped)
+
+
+def test_a_servers_own_upstream_url_argument_is_not_taken_for_the_proxys() -> None:
+    """A wrapped command whose server takes an `--upstream-url` of its own is a command entry."""
+    dialect = CLIENTS[0].dialect
+    entry = {"command": "/usr/bin/gateway", "args": ["--upstream-url", "https://x.example/mcp"]}
+    wrapped, _ = wrap(entry, dialect, Proxy("/opt/mcp-backfill"), lambda name: None)
+    assert describe(wrapped, dialect) == Summary(
+        "stdio", True, ("/usr/bin/gateway", "--upstream-url", "https://x.example/mcp")
+    )
+    assert unwrap(wrapped, dialect)[0] == entry
 
 
 @pytest.mark.parametrize(
@@ -278,5 +339,5 @@ def test_gemini_url_is_streamable_http_only_when_its_type_says_so() -> None:
     gemini = next(client for client in CLIENTS if client.name == "gemini")
     entry = {"url": "https://x.example/mcp", "type": "http"}
     wrapped, _ = wrap(entry, gemini.dialect, Proxy("/opt/mcp-backfill"), lambda name: None)
-    assert wrapped["args"] == ["--upstream-url", "https://x.example/mcp"]
+    assert wrapped["env"][URL_VARIABLE] == "https://x.example/mcp"
     assert unwrap(wrapped, gemini.dialect)[0] == entry

@@ -7,13 +7,18 @@ The wrapped form of a stdio entry keeps every key in place and changes only
     command: <absolute mcp-backfill>    args: [<proxy options>..., "--", <absolute command>, <args>...]
 and adds to `env` what the proxy needs (ANTHROPIC_API_KEY_FILE with `--key-file`). A remote entry
 (`url`/`httpUrl`/`serverUrl`) becomes a stdio one at the URL key's place:
-    command: <absolute mcp-backfill>    args: [<proxy options>..., "--upstream-url", <url>]
-with its headers moved, at the headers key's place, to `env` as MCP_BACKFILL_UPSTREAM_HEADERS (in
-the environment, not the arguments, so a token is not in the process list). What cannot be read
-back from that (the command as it was written before it was made absolute, the URL's key and
-`type`, which keys did not exist) is kept in one more variable of `env`, MCP_BACKFILL_UNWRAP, as
-compact JSON; it is written only when needed. The proxy drops every MCP_BACKFILL_* variable from
-the environment it passes to the server, so none of this reaches it.
+    command: <absolute mcp-backfill>    args: [<proxy options>...]
+with the URL in `env` as MCP_BACKFILL_UPSTREAM_URL and its headers moved, at the headers key's
+place, to `env` as MCP_BACKFILL_UPSTREAM_HEADERS: in the environment, not the arguments, because the
+arguments are in the process list, which every local user can read, and a URL may hold a password
+(`user:password@`), a key in its query or a token in its path. Every URL goes there, not only those
+that look like they hold one. An entry wrapped by an earlier version has the URL in `args`
+(`--upstream-url <url>` after the proxy options); it is still recognised and unwrapped.
+
+What cannot be read back from that (the command as it was written before it was made absolute, the
+URL's key and `type`, which keys did not exist) is kept in one more variable of `env`,
+MCP_BACKFILL_UNWRAP, as compact JSON; it is written only when needed. The proxy drops every
+MCP_BACKFILL_* variable from the environment it passes to the server, so none of this reaches it.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ __all__ = [
     "KEY_FILE_VARIABLE",
     "KEY_VARIABLE",
     "UNWRAP_VARIABLE",
+    "URL_VARIABLE",
     "Proxy",
     "Skip",
     "Summary",
@@ -45,6 +51,7 @@ UNWRAP_VARIABLE = "MCP_BACKFILL_UNWRAP"
 KEY_VARIABLE = "ANTHROPIC_API_KEY"
 KEY_FILE_VARIABLE = f"{KEY_VARIABLE}_FILE"
 HEADERS_VARIABLE = option("upstream_headers").env
+URL_VARIABLE = option("upstream_url").env
 _SEPARATOR = "--"
 _UPSTREAM_URL = option("upstream_url").flag
 _ANY_URL_KEYS = ("url", "httpUrl", "serverUrl")
@@ -84,14 +91,28 @@ def is_wrapped(entry: Mapping[str, Any]) -> bool:
     return name == "mcp-backfill" or by_module
 
 
+def _wrapped_url(args: list[str], env: Mapping[str, Any]) -> str | None:
+    """The URL a wrapped entry's proxy reaches: from `env`, or (as earlier versions of `wrap` wrote
+    it) the value of `--upstream-url` among the proxy's own arguments; None for a command entry."""
+    if _SEPARATOR in args:
+        return None
+    url = env.get(URL_VARIABLE)
+    if isinstance(url, str):
+        return url
+    if _UPSTREAM_URL in args[:-1]:
+        return args[args.index(_UPSTREAM_URL) + 1]
+    return None
+
+
 def describe(entry: Any, dialect: Dialect) -> Summary:
     if not isinstance(entry, dict):
         return Summary("unknown", False, ())
     args = [str(arg) for arg in entry.get("args") or []] if isinstance(entry.get("args"), list) else []
     if isinstance(entry.get("command"), str):
         wrapped = is_wrapped(entry)
-        if wrapped and _UPSTREAM_URL in args[:-1]:
-            return Summary("url", True, (args[args.index(_UPSTREAM_URL) + 1],))
+        env = entry["env"] if isinstance(entry.get("env"), dict) else {}
+        if wrapped and (url := _wrapped_url(args, env)) is not None:
+            return Summary("url", True, (url,))
         if wrapped and _SEPARATOR in args:
             return Summary("stdio", True, tuple(args[args.index(_SEPARATOR) + 1 :]))
         return Summary("stdio", wrapped, (entry["command"], *args))
@@ -222,11 +243,11 @@ def _wrap_url(entry: dict[str, Any], dialect: Dialect, proxy: Proxy) -> dict[str
         record["type"] = kind
     if dialect.headers_key in entry:
         record["headers"] = dialect.headers_key
-    env = dict(proxy.env)
+    env = {**proxy.env, URL_VARIABLE: url}
     if headers:
         env[HEADERS_VARIABLE] = "\n".join(f"{name}: {value}" for name, value in headers.items())
     env[UNWRAP_VARIABLE] = _encode(record)
-    args = [*proxy.prefix, *proxy.options, _UPSTREAM_URL, url]
+    args = [*proxy.prefix, *proxy.options]
     wrapped: dict[str, Any] = {}
     for key, value in entry.items():
         if key == "type":
@@ -264,9 +285,11 @@ def unwrap(entry: dict[str, Any], dialect: Dialect) -> tuple[dict[str, Any], lis
         raise Skip(f"its {UNWRAP_VARIABLE} is not a JSON object")
     if _SEPARATOR in args:
         return _unwrap_stdio(entry, args, env, record)
-    if _UPSTREAM_URL in args[:-1]:
-        return _unwrap_url(entry, args, env, record, dialect)
-    raise Skip(f"its args have neither {_SEPARATOR!r} nor {_UPSTREAM_URL}")
+    url = _wrapped_url(args, env)
+    if url is not None:
+        env.pop(URL_VARIABLE, None)
+        return _unwrap_url(entry, url, env, record, dialect)
+    raise Skip(f"neither {_SEPARATOR!r} nor {_UPSTREAM_URL} in its args, nor {URL_VARIABLE} in its env")
 
 
 def _unwrap_stdio(
@@ -307,9 +330,8 @@ def _unwrap_stdio(
 
 
 def _unwrap_url(
-    entry: dict[str, Any], args: list[str], env: dict[str, str], record: dict[str, Any], dialect: Dialect
+    entry: dict[str, Any], url: str, env: dict[str, str], record: dict[str, Any], dialect: Dialect
 ) -> tuple[dict[str, Any], list[str]]:
-    url = args[args.index(_UPSTREAM_URL) + 1]
     url_key = record.get("url", dialect.url_keys[0])
     headers_key = record.get("headers", dialect.headers_key)
     headers = {}
