@@ -244,3 +244,31 @@ def test_a_file_that_cannot_be_replaced_leaves_the_others_unchanged(tmp_path: Pa
     assert project_config.read_text() == CONFIG
     for directory in (home.path.parent, project_config.parent):
         assert sorted(p.name for p in directory.iterdir()) == ["mcp.json"]
+
+
+def test_write_key_leaves_the_key_readable_by_its_owner_only(tmp_path: Path) -> None:
+    """`wrap --write-key` wrote the API key into a user's config that other users could read (0644,
+    as editors and most clients create it: Cursor's, VS Code's, Claude Desktop's): on a shared
+    machine every user could read the key. The config and its backup are then its owner's only."""
+    home = Home(tmp_path)
+    home.write(CONFIG)
+    home.path.chmod(0o644)
+    key = "sk-ant-api03-" + "k" * 40
+    env = proxy_env(PATH=f"{home.bin}{os.pathsep}/usr/bin:/bin", ANTHROPIC_API_KEY=key)
+    place = ["--home", str(home.home), "--os", "linux", "--project", str(home.project), "--client", "cursor"]
+    run = subprocess.run(
+        [sys.executable, "-m", "mcp_backfill", "clients", "wrap", *place, "weather", "--write-key"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    assert key in home.read()
+    assert home.path.stat().st_mode & 0o777 == 0o600
+    assert "0600" in run.stderr, run.stderr  # the user is told why the mode changed
+    # No file next to it holds the key where others can read it (the backup never held it).
+    for path in home.path.parent.iterdir():
+        if key in path.read_text():
+            assert path.stat().st_mode & 0o077 == 0, path.name

@@ -13,6 +13,7 @@ import copy
 import difflib
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,8 +51,19 @@ class Change:
     new: Any
 
 
-def apply_changes(changes: list[Change], dry_run: bool, environ: Mapping[str, str], out: TextIO) -> int:
-    """Renders each changed file; prints its diff (dry run) or backs it up and writes it."""
+def apply_changes(
+    changes: list[Change],
+    dry_run: bool,
+    environ: Mapping[str, str],
+    out: TextIO,
+    writes_key: bool = False,
+    err: TextIO | None = None,
+) -> int:
+    """Renders each changed file; prints its diff (dry run) or backs it up and writes it.
+
+    With `writes_key` (`--write-key`), a file the key is written into is made its owner's only
+    (0600 from 0644, say, as editors and most clients create their configs): on a shared machine
+    every user could otherwise read the key. `err` is told of each such change."""
     by_document: dict[int, tuple[Document, Any]] = {}
     for change in changes:
         document, new = by_document.setdefault(
@@ -80,7 +92,8 @@ def apply_changes(changes: list[Change], dry_run: bool, environ: Mapping[str, st
     try:
         for document, text in rendered:
             named = document.location.path
-            staged.append((named, *_stage(Path(os.path.realpath(named)), text)))
+            private = writes_key and bool(secret) and secret in text
+            staged.append((named, *_stage(Path(os.path.realpath(named)), text, private, err)))
         _check_unchanged([document for document, _ in rendered])  # again, once all is staged
     except BaseException:
         for _, _, temporary, backup in staged:
@@ -138,10 +151,13 @@ def _check_unchanged(documents: list[Document]) -> None:
             )
 
 
-def _stage(path: Path, text: str) -> tuple[Path, Path, Path]:
+def _stage(
+    path: Path, text: str, private: bool = False, err: TextIO | None = None
+) -> tuple[Path, Path, Path]:
     """A backup of `path` and its new content in a private temporary file next to it, both with
     the file's owner and mode (never readable by more people than it, even for a moment) and
-    on disk before the file is replaced (a crash leaves the old file or the new one, whole)."""
+    on disk before the file is replaced (a crash leaves the old file or the new one, whole).
+    `private`: the new content holds the API key, and gets no permission for group or others."""
     status = path.stat()
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     backup = path.with_name(f"{path.name}{BACKUP_SUFFIX}{stamp}")
@@ -157,7 +173,16 @@ def _stage(path: Path, text: str) -> tuple[Path, Path, Path]:
     temporary = Path(name)
     try:
         _fill(descriptor, text.encode("utf-8"), path, status)
-        shutil.copymode(path, temporary)
+        mode = stat.S_IMODE(status.st_mode)
+        if not (private and mode & 0o077):
+            shutil.copymode(path, temporary)
+        else:  # never, even for a moment, readable by others with the key in it
+            os.chmod(temporary, mode & 0o700)
+            if err is not None:
+                err.write(
+                    f"note: {printable(str(path))} now holds the API key (--write-key): made readable by "
+                    f"its owner only ({mode & 0o700:04o}, was {mode:04o})\n"
+                )
     except BaseException:
         temporary.unlink(missing_ok=True)
         backup.unlink(missing_ok=True)

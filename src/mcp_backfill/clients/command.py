@@ -208,7 +208,14 @@ def _run(
             "(docs/clients-command.md lists each client's files)\n"
         )
         return 1
-    written = apply_changes(changes, args.dry_run, environ, out)
+    written = apply_changes(
+        changes,
+        args.dry_run,
+        environ,
+        out,
+        writes_key=bool(getattr(args, "write_key", False)),
+        err=sys.stderr,
+    )
     verb = "wrapped" if args.action == "wrap" else "unwrapped"
     if not args.dry_run:
         out.write(f"{verb} {len(changes)} server(s) in {written} file(s)\n")
