@@ -20,6 +20,7 @@ closed.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -35,6 +36,7 @@ import anyio
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.logs import Redactor, get_logger
 from mcp_backfill.options import named
+from mcp_backfill.shared_dirs import NOFOLLOW, foreign_file, in_shared_directory, link_refused
 
 if TYPE_CHECKING:
     from mcp_backfill.sampling.spend import Ticket
@@ -142,6 +144,8 @@ class AuditLog:
         self._redactor = Redactor(secrets)
         try:
             self._file: IO[str] = _open_for_appending(path)
+        except _Refused as exc:
+            raise ConfigError(f"{named('--audit-log')}: {exc}") from None
         except OSError as exc:
             raise ConfigError(
                 f"{named('--audit-log')}: cannot open {path} for appending ({exc.strerror or exc})"
@@ -218,10 +222,30 @@ class AuditLog:
             )
 
 
+class _Refused(Exception):
+    """The audit path is not to be used: another user's file or link (`shared_dirs`)."""
+
+
 def _open_for_appending(path: str) -> IO[str]:
-    """`path` opened for appending, created with `FILE_MODE` if it does not exist."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+    """`path` opened for appending, created with `FILE_MODE` if it does not exist. In a directory
+    every user can write to, a link there is not followed and a file another user owns is refused
+    (`shared_dirs`): they would read every line (with `--audit-content`, every prompt)."""
+    shared = in_shared_directory(path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    if shared is not None:  # and not blocking on a FIFO planted there
+        flags |= NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
     try:
+        fd = os.open(path, flags, FILE_MODE)
+    except OSError as exc:
+        if shared is not None and exc.errno == errno.ELOOP:
+            raise _Refused(link_refused(path)) from None
+        raise
+    try:
+        problem = foreign_file(fd, shared) if shared is not None else None
+        if problem is not None:
+            raise _Refused(f"{path}: {problem}")
+        if shared is not None:
+            os.set_blocking(fd, True)
         return os.fdopen(fd, "a", encoding="utf-8")
     except BaseException:
         os.close(fd)

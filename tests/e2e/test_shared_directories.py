@@ -1,0 +1,83 @@
+"""Files the proxy writes in a directory every user can write to (`/tmp`, on a shared machine): the
+audit log (`--audit-log`, which `--audit-content` fills with prompts) is never another user's file
+or a link another user planted there. Real processes; the other user is played by `chown`, so these
+run as root (each test failed before its fix)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness import ROOT, proxy_env
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0, reason="playing another user needs chown (root)"
+)
+
+OTHER_USER = 4321
+ECHO = [sys.executable, "-m", "tests.servers.echo_server"]
+
+
+def shared_directory(tmp_path: Path) -> Path:
+    """A directory like /tmp: anyone may create files in it, only their owner may remove them."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    return shared
+
+
+def run_wrapper(*options: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mcp_backfill", "--provider", "mock", *options, "--", *ECHO],
+        input="",
+        capture_output=True,
+        text=True,
+        env=proxy_env(),
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+def test_an_audit_log_another_user_planted_is_refused(tmp_path: Path) -> None:
+    """Another user created the audit file first (0666, theirs): the proxy appended to it, so they
+    read every exchange (and with --audit-content every prompt) and could rewrite the record."""
+    shared = shared_directory(tmp_path)
+    planted = shared / "audit.jsonl"
+    planted.write_text("")
+    os.chown(planted, OTHER_USER, OTHER_USER)
+    planted.chmod(0o666)
+    done = run_wrapper("--audit-log", str(planted))
+    assert done.returncode == 2, done.stderr
+    assert "--audit-log / MCP_BACKFILL_AUDIT_LOG" in done.stderr
+    assert "another user" in done.stderr, done.stderr
+
+
+def test_an_audit_log_link_another_user_planted_is_not_followed(tmp_path: Path) -> None:
+    """A link planted at the audit path, pointing at a file of the proxy's user: the proxy created
+    (or appended to) whatever the link named."""
+    shared = shared_directory(tmp_path)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    target = victim / "created-by-the-proxy"
+    link = shared / "audit.jsonl"
+    link.symlink_to(target)
+    os.lchown(link, OTHER_USER, OTHER_USER)
+    done = run_wrapper("--audit-log", str(link))
+    assert done.returncode == 2, done.stderr
+    assert "--audit-log / MCP_BACKFILL_AUDIT_LOG" in done.stderr
+    assert not target.exists()
+
+
+def test_an_audit_log_of_its_own_in_a_shared_directory_is_used(tmp_path: Path) -> None:
+    shared = shared_directory(tmp_path)
+    mine = shared / "audit.jsonl"
+    done = run_wrapper("--audit-log", str(mine))
+    assert done.returncode == 0, done.stderr
+    assert mine.stat().st_mode & 0o777 == 0o600
+    again = run_wrapper("--audit-log", str(mine))  # existing, and the proxy's user's
+    assert again.returncode == 0, again.stderr
+
