@@ -81,3 +81,35 @@ def test_an_audit_log_of_its_own_in_a_shared_directory_is_used(tmp_path: Path) -
     again = run_wrapper("--audit-log", str(mine))  # existing, and the proxy's user's
     assert again.returncode == 0, again.stderr
 
+
+def test_a_sqlite_ledger_in_a_directory_others_can_write_to_is_refused(tmp_path: Path) -> None:
+    """`--state-store sqlite:///tmp/ledger.db`: another user could create the ledger (or the `-wal`
+    and `-shm` files SQLite keeps beside it) first, 0666, and then rewrite what every budget has
+    used (erase the spend, or fill the budget); the proxy used their file."""
+    shared = shared_directory(tmp_path)
+    planted = shared / "ledger.db"
+    planted.write_bytes(b"")
+    os.chown(planted, OTHER_USER, OTHER_USER)
+    planted.chmod(0o666)
+    done = run_wrapper("--state-store", f"sqlite://{planted}", "--budget-tokens", "1000")
+    assert done.returncode == 2, done.stderr
+    assert "--state-store / MCP_BACKFILL_STATE_STORE" in done.stderr
+    assert "every user can write to" in done.stderr, done.stderr
+    assert planted.read_bytes() == b""
+
+
+def test_a_sqlite_ledger_in_another_users_directory_is_refused(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, OTHER_USER, OTHER_USER)
+    done = run_wrapper("--state-store", f"sqlite://{theirs / 'ledger.db'}", "--budget-tokens", "1000")
+    assert done.returncode == 2, done.stderr
+    assert "--state-store / MCP_BACKFILL_STATE_STORE" in done.stderr
+    assert f"uid {OTHER_USER}" in done.stderr, done.stderr
+    assert not (theirs / "ledger.db").exists()
+
+
+def test_a_sqlite_ledger_in_a_directory_of_its_own_is_used(tmp_path: Path) -> None:
+    ledger = tmp_path / "private" / "ledger.db"  # created, as its directory is
+    done = run_wrapper("--state-store", f"sqlite://{ledger}", "--budget-tokens", "1000")
+    assert done.returncode == 0, done.stderr

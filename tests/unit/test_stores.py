@@ -318,9 +318,11 @@ async def test_an_unreachable_redis_store_names_itself_without_its_password(url:
     assert caught.value.store == closed.description == shown
 
 
-def test_store_urls() -> None:
+def test_store_urls(tmp_path: Path) -> None:
     assert isinstance(open_store("memory", lease_seconds=30, timeout=1), MemoryStore)
-    assert isinstance(open_store("sqlite:///tmp/x.db", lease_seconds=30, timeout=1), SqliteStore)
+    assert isinstance(open_store(f"sqlite://{tmp_path}/x.db", lease_seconds=30, timeout=1), SqliteStore)
+    with pytest.raises(ConfigError, match="every user can write to"):  # /tmp: another user's files
+        open_store("sqlite:///tmp/x.db", lease_seconds=30, timeout=1)
     with pytest.raises(ConfigError, match="MCP_BACKFILL_STATE_STORE"):
         open_store("postgres://db", lease_seconds=30, timeout=1)
     with pytest.raises(ConfigError, match="needs a file"):

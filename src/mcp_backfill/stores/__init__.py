@@ -34,8 +34,11 @@ def open_store(url: str, *, lease_seconds: float, timeout: float) -> LedgerStore
                 f"{_OPTION}: a SQLite store needs a file, e.g. sqlite:///var/lib/mcp-backfill/ledger.db "
                 "(three slashes and an absolute path) or sqlite://ledger.db (relative)"
             )
-        from mcp_backfill.stores.sqlite import SqliteStore
+        from mcp_backfill.stores.sqlite import SqliteStore, unsafe_place
 
+        problem = unsafe_place(path)
+        if problem is not None:
+            raise ConfigError(f"{_OPTION}: {problem}")
         return SqliteStore(path, lease_seconds=lease_seconds, timeout=timeout)
     if url.startswith(("redis://", "rediss://", "unix://")):
         return _redis_store(url, lease_seconds=lease_seconds, timeout=timeout)

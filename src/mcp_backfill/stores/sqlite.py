@@ -8,6 +8,7 @@ process that dies mid-transaction leaves nothing half-written. Time is this mach
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -30,6 +31,7 @@ from mcp_backfill.sampling.store import (
     exhausted,
     window_number,
 )
+from mcp_backfill.shared_dirs import unsafe_directory
 
 __all__ = ["SqliteStore"]
 
@@ -49,6 +51,21 @@ CREATE TABLE IF NOT EXISTS hits (key TEXT NOT NULL, at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS hits_by_key ON hits (key, at);
 """
 DROP_LEASE = "DELETE FROM leases WHERE kind = ? AND key = ? AND lease = ?"
+
+
+def unsafe_place(path: str) -> str | None:
+    """Why the ledger must not be kept at `path` (None: it may). SQLite creates the file and its
+    `-wal` and `-shm` beside it, following links: in a directory another user can write to (`/tmp`)
+    or owns, they could create them first and then rewrite what every budget has used."""
+    directory = os.path.dirname(os.path.abspath(path))
+    problem = unsafe_directory(directory)
+    if problem is None:
+        return None
+    return (
+        f"{problem}: another user could create the SQLite ledger (or its -wal and -shm files) there "
+        "first, and rewrite the budgets; keep it in a directory only its users can write to, e.g. "
+        "sqlite:///var/lib/mcp-backfill/ledger.db"
+    )
 
 
 class SqliteStore:
@@ -75,6 +92,9 @@ class SqliteStore:
     def _connect(self) -> sqlite3.Connection:
         if self._db is None:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            problem = unsafe_place(self.path)  # again: the directory may have been made meanwhile
+            if problem is not None:
+                raise OSError(problem)
             db = sqlite3.connect(
                 self.path, timeout=self._timeout, isolation_level=None, check_same_thread=False
             )
