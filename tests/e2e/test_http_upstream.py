@@ -489,6 +489,27 @@ async def test_credentials_in_the_upstream_url_go_with_every_request() -> None:
     assert "url-pass-0123456789" not in log
 
 
+async def test_an_upstream_error_quoting_the_urls_basic_credentials_reaches_the_client_redacted() -> None:
+    """The password of `--upstream-url http://user:password@host` goes as `Authorization: Basic
+    base64(user:password)`: an error page quoting that header handed the client (and the log) the
+    password, one base64 decoding away; only the password as written was redacted."""
+    basic = base64.b64encode(b"alice:url-pass-0123456789").decode()
+    async with recorder() as (upstream, _):
+        url = upstream.url.replace("http://", "http://alice:url-pass-0123456789@")
+        argv = proxy_url_argv("--provider", "mock", url=url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            refused = await session.request(2, "fail/echo-auth")
+            as_jsonrpc = await session.request(3, "fail/echo-auth-jsonrpc")
+            await session.close_stdin()
+            await session.wait()
+            log = session.stderr()
+    assert "HTTP 401" in refused["error"]["message"]
+    for text in (refused["error"]["message"], as_jsonrpc["error"]["message"], log):
+        assert basic not in text, text
+    assert as_jsonrpc["error"]["message"] == "bad credentials: Basic ***"
+
+
 async def test_a_redirect_names_its_target_without_the_urls_credentials() -> None:
     """A redirect keeps the request's query (Starlette's `/mcp` -> `/mcp/`): the error the client gets
     names where it points without the token given in the query, or a password."""
