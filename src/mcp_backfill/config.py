@@ -23,6 +23,7 @@ from mcp_backfill.options import (
     FILE_FORM,
     NOT_QUOTED,
     OPTIONS,
+    SHARED_CLIENT,
     Allowance,
     Approval,
     AudioPolicy,
@@ -276,6 +277,12 @@ class Config:
         duplicate = next((name for name in names if names.count(name) > 1), None)
         if duplicate is not None:
             raise ConfigError(f"{named('--client-tokens')}: the client name {duplicate!r} appears twice")
+        if self.auth_token is not None and SHARED_CLIENT in names:
+            # Else the shared token's holders would be that client: its sessions, budget, upstream.
+            raise ConfigError(
+                f"{named('--client-tokens')}: the client name {SHARED_CLIENT!r} is the identity of every "
+                f"holder of {named('--auth-token')}; give that client another name"
+            )
         if len(set(tokens)) != len(tokens):
             raise ConfigError(
                 f"{named('--client-tokens')}: two clients (or a client and {named('--auth-token')} or "

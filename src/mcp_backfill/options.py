@@ -172,6 +172,8 @@ class ClientToken(NamedTuple):
 
 
 CLIENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+SHARED_CLIENT = "default"
+"""The client identity of every holder of the shared `--auth-token`: no named client may have it."""
 
 
 def client_tokens(raw: str) -> tuple[ClientToken, ...]:

@@ -219,3 +219,29 @@ async def test_with_a_metrics_token_no_client_reads_the_others_names_and_spend(t
         assert as_client_of_mcp.status_code == 401
         stderr = sidecar.stderr()
     assert scraper not in stderr
+
+
+async def test_no_named_client_shares_the_shared_tokens_identity() -> None:
+    """A client named `default` in `--client-tokens` had the identity of every holder of the shared
+    `--auth-token` (`default`): any of them could use its sessions (the 403 for another client's
+    session did not apply), spend its budget, redeem its sealed request state and share its
+    2026-07-28 upstream. The name is refused while `--auth-token` is set."""
+    shared = "shared-token-0123456789abcdef"
+    env = proxy_env(MCP_BACKFILL_AUTH_TOKEN=shared, MCP_BACKFILL_CLIENT_TOKENS=f"default={ALICE},bob={BOB}")
+    argv = sidecar_argv("--provider", "mock", upstream=SAMPLING_SERVER, env=env)
+    process = await anyio.open_process(argv, env=env)
+    try:
+        with anyio.move_on_after(30):
+            await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 2, "the sidecar started with a client named like the shared token's"
+    assert process.stderr is not None
+    stderr = (await process.stderr.receive()).decode()
+    assert "--client-tokens / MCP_BACKFILL_CLIENT_TOKENS" in stderr, stderr
+    assert "'default'" in stderr, stderr
+    assert "--auth-token" in stderr, stderr
+    assert ALICE not in stderr
+    assert shared not in stderr

@@ -20,10 +20,12 @@ import hmac
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from mcp_backfill.options import SHARED_CLIENT
+
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 
 
-SHARED_IDENTITY = "default"
+SHARED_IDENTITY = SHARED_CLIENT
 ANONYMOUS = "anonymous"
 FORWARDED_PREFIX = "authorization:"
 """Identities from a forwarded Authorization header: this prefix and a digest."""
