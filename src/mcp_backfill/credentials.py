@@ -97,13 +97,16 @@ def url_target(url: str) -> str:
 
 def masked_arg(arg: str) -> str:
     """One argument, masked where it holds a credential: a URL's, or a `name=value` (`Name: value`)
-    whose name is a credential's."""
+    whose name is a credential's; each also as the value of an option (`--db=postgres://user:pw@…`,
+    `--header=Authorization: Bearer VALUE`, `--env=GITHUB_TOKEN=VALUE`)."""
     for pattern in (_ASSIGNMENT, _HEADER):
         match = pattern.match(arg)
         if match and is_secret_name(match.group(1)) and literal(match.group(2)):
             return arg[: match.start(2)] + MASK
     match = _ASSIGNMENT.match(arg)
-    if match and "://" in match.group(2):  # `--db=postgres://user:password@host/db`
+    if match and match.group(1).startswith("-"):  # an option's value: masked as an argument of its own
+        return arg[: match.start(2)] + masked_arg(match.group(2))
+    if match and "://" in match.group(2):  # `DATABASE_URL=postgres://user:password@host/db`
         return arg[: match.start(2)] + url_target(match.group(2))
     return url_target(arg) if "://" in arg else arg
 
