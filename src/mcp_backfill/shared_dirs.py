@@ -5,7 +5,8 @@ link at its name: the proxy would then write into a file they read and rewrite, 
 file of the proxy's user the link names. The kernel refuses both in sticky directories only when
 `fs.protected_regular` and `fs.protected_symlinks` are set, which many systems (containers above
 all) do not do. So there, the proxy opens its files without following a link, and uses a file only
-when it is its user's (or the directory owner's, as the kernel allows).
+when it is its user's (or the directory owner's, as the kernel allows). Elsewhere than POSIX
+(Windows: a mode says nothing of other users) nothing is checked.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ import stat
 __all__ = ["NOFOLLOW", "foreign_file", "in_shared_directory", "link_refused", "unsafe_directory"]
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_POSIX = hasattr(os, "geteuid")
 
 
 def in_shared_directory(path: str) -> os.stat_result | None:
     """The status of `path`'s directory when every user may write to it, else None."""
+    if not _POSIX:
+        return None
     try:
         status = os.stat(os.path.dirname(os.path.abspath(path)))
     except OSError:
@@ -52,6 +56,8 @@ def link_refused(path: str) -> str:
 def unsafe_directory(directory: str) -> str | None:
     """Why files in `directory` could be another user's to create, read or replace (None: they
     could not, or it does not exist yet): every user can write to it, or another user owns it."""
+    if not _POSIX:
+        return None
     try:
         status = os.stat(directory)
     except OSError:
