@@ -64,6 +64,12 @@ def unsafe_directory(directory: str) -> str | None:
         return None
     if status.st_mode & stat.S_IWOTH:
         return f"{directory} is a directory every user can write to"
-    if status.st_uid not in (os.geteuid(), 0):
+    if status.st_uid not in (os.geteuid(), 0) and not _shared_with_a_group_of_ours(status):
         return f"{directory} belongs to another user (uid {status.st_uid})"
     return None
+
+
+def _shared_with_a_group_of_ours(status: os.stat_result) -> bool:
+    """A directory another user owns but lets a group the proxy's user is in write to: shared on
+    purpose (several users' processes counting against one ledger), not planted."""
+    return bool(status.st_mode & stat.S_IWGRP) and status.st_gid in {os.getegid(), *os.getgroups()}

@@ -109,6 +109,16 @@ def test_a_sqlite_ledger_in_another_users_directory_is_refused(tmp_path: Path) -
     assert not (theirs / "ledger.db").exists()
 
 
+def test_a_sqlite_ledger_in_a_directory_shared_with_its_group_is_used(tmp_path: Path) -> None:
+    """Another user's directory that a group of the proxy's user may write to: shared on purpose."""
+    group = tmp_path / "group"
+    group.mkdir()
+    os.chown(group, OTHER_USER, os.getegid())
+    group.chmod(0o2775)
+    done = run_wrapper("--state-store", f"sqlite://{group / 'ledger.db'}", "--budget-tokens", "1000")
+    assert done.returncode == 0, done.stderr
+
+
 def test_a_sqlite_ledger_in_a_directory_of_its_own_is_used(tmp_path: Path) -> None:
     ledger = tmp_path / "private" / "ledger.db"  # created, as its directory is
     done = run_wrapper("--state-store", f"sqlite://{ledger}", "--budget-tokens", "1000")
