@@ -6,16 +6,15 @@ the environment only and kept out of `repr()` so a logged config can never leak 
 
 from __future__ import annotations
 
-import base64
 import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from mcp_backfill import protocol
-from mcp_backfill.credentials import CREDENTIAL_NAME, url_credentials
+from mcp_backfill.credentials import CREDENTIAL_NAME, url_credentials, url_secrets
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.options import (
     DEFAULTS,
@@ -56,7 +55,6 @@ __all__ = [
     "secret_from_env",
     "upstream_environment",
     "upstream_header_secrets",
-    "upstream_url_secrets",
 ]
 
 # How clients reach the proxy: its own stdin/stdout, or streamable HTTP (`mcp-backfill serve`).
@@ -299,7 +297,7 @@ class Config:
         return (
             self._proxy_secrets()
             + upstream_header_secrets(self.upstream_headers)
-            + upstream_url_secrets(self.upstream_url)
+            + url_secrets(self.upstream_url)
             + tuple(secret.value for secret in self.telemetry_secrets)
         )
 
@@ -397,22 +395,6 @@ def upstream_header_secrets(headers: Sequence[tuple[str, str]]) -> tuple[str, ..
             if token:
                 found.append(token)
     return tuple(found)
-
-
-def upstream_url_secrets(url: str | None) -> tuple[str, ...]:
-    """What in `--upstream-url` may be a credential (the URL is logged without userinfo or query):
-    `url_credentials`, a user name given alone (`https://TOKEN@host`), and the user information as
-    it goes on the wire, `Authorization: Basic base64(user:password)`, which an upstream's error page
-    may quote (the password is one decoding away)."""
-    if not url:
-        return ()
-    parts = urlsplit(url)
-    alone = parts.username if parts.password is None and parts.username else ""
-    basic = ""
-    if parts.username or parts.password:  # as httpx2 and the lean transport encode it
-        userpass = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
-        basic = base64.b64encode(userpass.encode("utf-8", "surrogatepass")).decode()
-    return tuple(dict.fromkeys(each for each in (alone, *url_credentials(url), basic) if each))
 
 
 def is_loopback(host: str) -> bool:

@@ -12,9 +12,10 @@ credential word and its last word does not say it names a file or an identifier
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Sequence
-from urllib.parse import unquote_plus, urlsplit, urlunsplit
+from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
 
 # Names of upstream headers and URL query parameters whose values are credentials: kept out of the
 # logs like the API key.
@@ -51,6 +52,22 @@ def url_credentials(url: str) -> tuple[str, ...]:
     parts = urlsplit(url)
     found = [parts.password or "", *(_credential_value(piece) for piece in parts.query.split("&"))]
     return tuple(dict.fromkeys(each for value in found for each in (value, unquote_plus(value)) if each))
+
+
+def url_secrets(url: str | None) -> tuple[str, ...]:
+    """What in a URL the proxy connects to may be a credential (`--upstream-url`, an OTLP endpoint):
+    `url_credentials`, a user name given alone (`https://TOKEN@host`), and the user information as
+    it goes on the wire, `Authorization: Basic base64(user:password)`, which the server's error page
+    may quote (the password is one decoding away)."""
+    if not url:
+        return ()
+    parts = urlsplit(url)
+    alone = parts.username if parts.password is None and parts.username else ""
+    basic = ""
+    if parts.username or parts.password:  # as httpx2 and the lean transport encode it
+        userpass = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
+        basic = base64.b64encode(userpass.encode("utf-8", "surrogatepass")).decode()
+    return tuple(dict.fromkeys(each for each in (alone, *url_credentials(url), basic) if each))
 
 
 def hide_url_credentials(url: str) -> str:

@@ -3,6 +3,7 @@ characters is replaced in every form it takes in a log line (JSON or text), an a
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import logging
@@ -97,6 +98,8 @@ def test_credentials_in_the_otlp_variables_are_secrets() -> None:
     secrets = set(parse_config(["--", "s"], env).secrets())
     assert {"otel", "pass%2Fword", "pass/word", "tok%2B1", "tok+1"} <= secrets
     assert {"key-0123", "Bearer%20bearer-4567", "Bearer bearer-4567", "bearer-4567"} <= secrets
+    # The exporter sends the user information as `Authorization: Basic base64(user:password)`.
+    assert base64.b64encode(b"otel:pass/word").decode() in secrets
     line = "Max retries exceeded with url: /v1/traces?token=tok%2B1&x=1"
     assert Redactor(secrets).redact(line) == "Max retries exceeded with url: /v1/traces?token=***&x=1"
     assert parse_config(["--", "s"], {"ANTHROPIC_API_KEY": "sk-ant-unit-secret"}).telemetry_secrets == ()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
-from mcp_backfill.credentials import url_credentials
+from mcp_backfill.credentials import url_secrets
 from mcp_backfill.logs import get_logger
 
 log = get_logger("telemetry")
@@ -180,15 +180,16 @@ def traces_requested(environ: Mapping[str, str]) -> bool:
 
 def export_secrets(environ: Mapping[str, str]) -> tuple[str, ...]:
     """The credentials the OTLP exporter's variables may hold, for the log redaction: the endpoint
-    URLs' user, password and credential-named query values (collectors that take their key in the
-    URL; `?debug=true` is no secret, and redacting `true` would spoil every JSON log line), and
+    URLs' user, password, their Basic form and credential-named query values (collectors that take
+    their key in the URL; `?debug=true` is no secret, and redacting `true` would spoil every JSON log
+    line), and
     every header value (with the bare token of a `Bearer <token>`). Each as written and
     percent-decoded: the SDK's warning about a failed export quotes the URL it tried."""
     found: list[str] = []
     for name in OTLP_ENDPOINT_VARIABLES:
         url = environ.get(name, "").strip()
         try:
-            found += [urlsplit(url).username or "", *url_credentials(url)]
+            found += [urlsplit(url).username or "", *url_secrets(url)]
         except ValueError:  # not a URL the exporter can use either
             continue
     for name in OTLP_HEADER_VARIABLES:
