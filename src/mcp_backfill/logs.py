@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Iterable
@@ -14,6 +15,13 @@ _RESERVED = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime
 # The encoders of a line's fields, made once (`json.dumps` with options builds one per call).
 _FIELD = json.JSONEncoder(default=str)
 _LINE = json.JSONEncoder(default=str, ensure_ascii=False)
+# What a JSON line escapes beyond JSON's own C0 controls: C1 controls (U+009B is a terminal's CSI)
+# and bidirectional overrides and isolates, which a terminal or a log viewer would act on.
+_UNSHOWN = re.compile("[\u007f-\u009f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
 
 
 def get_logger(name: str = "") -> logging.Logger:
@@ -51,7 +59,7 @@ class JsonFormatter(logging.Formatter):
         entry.update(_extra_fields(record))
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return _LINE.encode(entry)
+        return _UNSHOWN.sub(_escaped, _LINE.encode(entry))
 
 
 class Redactor:

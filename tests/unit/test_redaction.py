@@ -126,3 +126,19 @@ def test_a_secret_in_json_with_escaped_slashes_is_redacted(secret: str) -> None:
     line = json.dumps({"error": f"bad credentials: {secret}"}).replace("/", "\\/")
     redacted = Redactor([secret]).redact(line)
     assert secret not in json.loads(redacted)["error"]
+
+
+@pytest.mark.parametrize("text", ["\u009b31mred", "\u202eevil\u202c", "\u2066x\u2069", "\x1b[2J", "a\u0085b"])
+def test_json_log_lines_carry_no_raw_control_or_direction_characters(text: str) -> None:
+    """A value a client controls (a client or tool name, a model hint) logged as JSON: C0 controls
+    were escaped, but C1 ones (U+009B is a terminal's CSI) and bidi overrides went out raw, for a
+    terminal or a log viewer to act on."""
+    from mcp_backfill.logs import JsonFormatter
+
+    record = logging.makeLogRecord({"msg": "sampling answered", "levelname": "INFO", "tool": text})
+    line = JsonFormatter().format(record)
+    assert json.loads(line)["tool"] == text
+    assert not any(
+        0x80 <= ord(c) <= 0x9F or 0x202A <= ord(c) <= 0x202E or 0x2066 <= ord(c) <= 0x2069 for c in line
+    )
+    assert "\x1b" not in line
