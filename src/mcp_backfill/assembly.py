@@ -98,6 +98,7 @@ def spend_settings(config: Config) -> SpendSettings:
         client_max_concurrent=config.client_max_concurrent_sampling
         or (-(-config.max_concurrent_sampling // 2) if several else 0),
         store_outage=config.state_store_outage,
+        max_waiting=config.max_waiting_sampling,
     )
 
 

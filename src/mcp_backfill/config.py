@@ -135,6 +135,7 @@ class Config:
     max_tool_calls: int = DEFAULTS["max_tool_calls"]
     rate_limit: int = DEFAULTS["rate_limit"]
     max_concurrent_sampling: int = DEFAULTS["max_concurrent_sampling"]
+    max_waiting_sampling: int = DEFAULTS["max_waiting_sampling"]
     client_rate_limit: int = DEFAULTS["client_rate_limit"]
     client_max_concurrent_sampling: int = DEFAULTS["client_max_concurrent_sampling"]
     client_session_rate: int = DEFAULTS["client_session_rate"]

@@ -656,6 +656,18 @@ OPTIONS: tuple[Option, ...] = (
         metavar="N",
     ),
     Option(
+        "max_waiting_sampling",
+        "--max-waiting-sampling",
+        100,
+        "sampling requests waiting for a Claude call slot, for the process and for each client "
+        "identity; more are refused with -32603 at once",
+        "sampling requests waiting for a Claude call slot, for the process and for each client "
+        "identity; more are refused with `-32603` at once",
+        parse=whole_number,
+        checks=(at_least(1),),
+        metavar="N",
+    ),
+    Option(
         "client_rate_limit",
         "--client-rate-limit",
         0,
@@ -1161,6 +1173,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "rate_limit",
             "max_concurrent_sampling",
+            "max_waiting_sampling",
             "client_rate_limit",
             "client_max_concurrent_sampling",
             "client_session_rate",
