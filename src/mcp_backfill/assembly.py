@@ -81,6 +81,7 @@ def request_limits(config: Config) -> RequestLimits:
         max_binary_bytes=config.max_binary_bytes,
         max_tools=config.max_tools,
         max_tool_calls=config.max_tool_calls,
+        max_content_blocks=config.max_content_blocks,
     )
 
 

@@ -133,6 +133,7 @@ class Config:
     max_binary_bytes: int = DEFAULTS["max_binary_bytes"]
     max_tools: int = DEFAULTS["max_tools"]
     max_tool_calls: int = DEFAULTS["max_tool_calls"]
+    max_content_blocks: int = DEFAULTS["max_content_blocks"]
     rate_limit: int = DEFAULTS["rate_limit"]
     max_concurrent_sampling: int = DEFAULTS["max_concurrent_sampling"]
     max_waiting_sampling: int = DEFAULTS["max_waiting_sampling"]

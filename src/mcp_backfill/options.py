@@ -636,6 +636,16 @@ OPTIONS: tuple[Option, ...] = (
         metavar="N",
     ),
     Option(
+        "max_content_blocks",
+        "--max-content-blocks",
+        10_000,
+        "most content blocks in one sampling request, those inside tool results included",
+        "most content blocks in one sampling request, those inside tool results included",
+        parse=whole_number,
+        checks=(at_least(1),),
+        metavar="N",
+    ),
+    Option(
         "rate_limit",
         "--rate-limit",
         600,
@@ -1166,6 +1176,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "max_binary_bytes",
             "max_tools",
             "max_tool_calls",
+            "max_content_blocks",
         ),
     ),
     (
