@@ -173,7 +173,7 @@ class Relay:
     def from_upstream_now(self, raw: bytes) -> bool:
         """`from_client_now` for a message from the upstream (one without an origin: a pipe's)."""
         sides = self._sides_now()
-        if sides is None:
+        if sides is None or self.answerer.full:  # the pump waits for room first
             return False
         for send in self._upstream_sends(raw, None):
             self._send_now(sides, send)
@@ -220,6 +220,8 @@ class Relay:
             except MessageTooLarge as exc:
                 await self._too_large(exc, from_client=False)
                 continue
+            if self.answerer.full:
+                await self.answerer.room()  # the upstream's next requests wait: nothing piles up here
             await self._from_upstream(raw, origin)
             del raw  # do not hold a large message while waiting for the next one
 
