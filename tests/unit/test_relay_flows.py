@@ -981,7 +981,7 @@ async def test_an_upstream_flooding_sampling_requests_is_read_only_as_fast_as_th
 
         tg.start_soon(flood)
         await anyio.wait_all_tasks_blocked()
-        assert r.relay.answerer.running <= ANSWERING_LIMIT
+        assert r.relay.answerer.hand.running <= ANSWERING_LIMIT
         assert sent < total
         provider.gate.set()
         answered: set[Any] = set()
@@ -989,3 +989,35 @@ async def test_an_upstream_flooding_sampling_requests_is_read_only_as_fast_as_th
             message = await r.server.recv()
             answered.add(message["id"])
         assert answered == set(range(total))
+
+
+async def test_an_upstream_flooding_task_augmented_sampling_is_read_only_as_fast_as_it_is_answered() -> None:
+    """The same with sampling tasks, and `tasks/result` requests for them: each was a task of the
+    relay's, held while its answer waited for an upstream not reading."""
+    total = 1500
+    provider = GatedProvider()
+    sent = 0
+    async with relayed(provider=provider, rate_limit=0) as r, anyio.create_task_group() as tg:
+        await r.client.send(request(1, "initialize", initialize({})))
+        await r.server.recv()
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+
+        async def flood() -> None:
+            nonlocal sent
+            for n in range(total):
+                await r.server.send(sampling_request(f"t{n}", {**HELLO, "task": {"ttl": 60000}}))
+                sent += 1
+
+        tg.start_soon(flood)
+        await anyio.wait_all_tasks_blocked()
+        assert r.relay.answerer.hand.running <= ANSWERING_LIMIT
+        assert sent < total
+        provider.gate.set()
+        created: set[Any] = set()
+        while len(created) < total:
+            message = await r.server.recv()
+            if "id" in message:
+                assert "task" in message["result"]
+                created.add(message["id"])
+        assert created == {f"t{n}" for n in range(total)}
