@@ -82,6 +82,7 @@ def request_limits(config: Config) -> RequestLimits:
         max_binary_bytes=config.max_binary_bytes,
         max_tools=config.max_tools,
         max_tool_calls=config.max_tool_calls,
+        max_content_blocks=config.max_content_blocks,
     )
 
 
@@ -99,6 +100,7 @@ def spend_settings(config: Config) -> SpendSettings:
         client_max_concurrent=config.client_max_concurrent_sampling
         or (-(-config.max_concurrent_sampling // 2) if several else 0),
         store_outage=config.state_store_outage,
+        max_waiting=config.max_waiting_sampling,
     )
 
 

@@ -638,6 +638,16 @@ OPTIONS: tuple[Option, ...] = (
         metavar="N",
     ),
     Option(
+        "max_content_blocks",
+        "--max-content-blocks",
+        10_000,
+        "most content blocks in one sampling request, those inside tool results included",
+        "most content blocks in one sampling request, those inside tool results included",
+        parse=whole_number,
+        checks=(at_least(1),),
+        metavar="N",
+    ),
+    Option(
         "rate_limit",
         "--rate-limit",
         600,
@@ -653,6 +663,18 @@ OPTIONS: tuple[Option, ...] = (
         4,
         "Claude calls in flight at once; more wait their turn",
         "Claude calls in flight at once; more wait their turn",
+        parse=whole_number,
+        checks=(at_least(1),),
+        metavar="N",
+    ),
+    Option(
+        "max_waiting_sampling",
+        "--max-waiting-sampling",
+        100,
+        "sampling requests waiting for a Claude call slot, for the process and for each client "
+        "identity; more are refused with -32603 at once",
+        "sampling requests waiting for a Claude call slot, for the process and for each client "
+        "identity; more are refused with `-32603` at once",
         parse=whole_number,
         checks=(at_least(1),),
         metavar="N",
@@ -1157,6 +1179,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "max_binary_bytes",
             "max_tools",
             "max_tool_calls",
+            "max_content_blocks",
         ),
     ),
     (
@@ -1164,6 +1187,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "rate_limit",
             "max_concurrent_sampling",
+            "max_waiting_sampling",
             "client_rate_limit",
             "client_max_concurrent_sampling",
             "client_session_rate",

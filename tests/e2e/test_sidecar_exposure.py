@@ -418,3 +418,27 @@ async def test_a_token_with_non_ascii_characters_is_accepted() -> None:
             )
             received, _ = await read_until(stream, b"\r\n\r\n")
         assert received.startswith(b"HTTP/1.1 401"), received
+
+
+async def test_answers_given_as_json_are_not_kept_for_a_resumption_that_cannot_come() -> None:
+    """A single request answered in time gets its answer as JSON, with no event id to resume from;
+    the session kept it all the same among its last eight finished streams (eight 2 MiB tool results
+    held 16 MiB a session, up to --max-sessions times, after the client had read them)."""
+    blob = "x" * (2 * 1024 * 1024)
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        session = await open_session(http, sidecar.url)
+        headers = {"accept": "application/json, text/event-stream", "mcp-session-id": session}
+        json_answers = 0
+        for n in range(8):
+            response = await http.post(
+                sidecar.url, json=call(f"big{n}", "x/big", {"blob": blob}), headers=headers
+            )
+            assert response.status_code == 200
+            json_answers += response.headers["content-type"].startswith("application/json")
+        metrics = (await http.get(f"{sidecar.base}/metrics")).text
+        [buffered] = map(int, re.findall(r"^mcp_backfill_replay_buffer_bytes (\d+)$", metrics, re.MULTILINE))
+    assert json_answers >= 1
+    assert buffered <= (8 - json_answers) * (len(blob) + 1024) + 4096  # + the GET stream's notes

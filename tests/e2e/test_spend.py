@@ -19,7 +19,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from tests.fake_claude import FakeClaude, message_reply, text_reply
+from tests.fake_claude import FakeClaude, hang_reply, message_reply, text_reply
 from tests.harness import (
     ROOT,
     TEST_API_KEY,
@@ -235,6 +235,34 @@ async def test_concurrent_claude_calls_are_capped_and_the_rest_wait(fake_claude:
     assert sorted(result["text"] for result in results) == [f"slow {n}" for n in range(count)]
     assert len(fake_claude.message_requests) == count
     assert fake_claude.max_in_flight == 2
+
+
+async def test_requests_waiting_for_a_slot_are_bounded_and_the_rest_refused_at_once(
+    fake_claude: FakeClaude,
+) -> None:
+    """A server sending sampling requests faster than Claude answers them, never cancelling one:
+    one call in flight (it never ends), one waiting, and the rest refused at once, naming the option,
+    instead of waiting, each holding its params, without end."""
+    fake_claude.enqueue(hang_reply())
+    outcomes: list[dict[str, Any]] = []
+    done = anyio.Event()
+    argv = ("--max-concurrent-sampling", "1", "--max-waiting-sampling", "1")
+    async with client_for(fake_claude, *argv) as client, anyio.create_task_group() as tg:
+
+        async def one(n: int) -> None:
+            outcomes.append(await sample_raw(client, plain_params(f"n{n}")))
+            if len(outcomes) == 2:
+                done.set()
+
+        for n in range(4):
+            tg.start_soon(one, n)
+        with anyio.fail_after(60):
+            await done.wait()
+        assert await anyio.to_thread.run_sync(fake_claude.wait_for_requests, 1, 30.0)
+        tg.cancel_scope.cancel()
+    assert [outcome["error"]["data"]["limit"] for outcome in outcomes] == ["max_waiting_sampling"] * 2
+    assert all("--max-waiting-sampling" in outcome["error"]["message"] for outcome in outcomes)
+    assert len(fake_claude.message_requests) == 1
 
 
 def test_an_unwritable_audit_log_stops_the_proxy_before_the_upstream_gets_anything(tmp_path: Path) -> None:

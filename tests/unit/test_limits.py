@@ -221,3 +221,37 @@ def test_a_request_nested_too_deeply_to_measure_is_invalid_params() -> None:
     with pytest.raises(SamplingError, match="nested too deeply") as raised:
         check_request(params, DEFAULT_LIMITS)
     assert raised.value.code == INVALID_PARAMS
+
+
+def test_content_blocks_are_bounded_before_any_conversion() -> None:
+    """One message of a million one-letter text blocks (26 MiB, under `--max-message-bytes`) passed
+    every limit and was converted (1.6 s of the event loop's CPU, every session waiting) and sent;
+    past `--max-content-blocks` it is refused, counting blocks inside tool results too."""
+    limits = replace(DEFAULT_LIMITS, max_content_blocks=10)
+    text = {"type": "text", "text": "a"}
+    check_request({"messages": [{"role": "user", "content": [text] * 10}]}, limits)
+    for params in (
+        {"messages": [{"role": "user", "content": [text] * 11}]},
+        {"messages": [{"role": "user", "content": [text] * 6}, {"role": "user", "content": [text] * 5}]},
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "toolUseId": "t", "content": [text] * 10}],
+                }
+            ]
+        },
+    ):
+        with pytest.raises(SamplingError) as caught:
+            check_request(params, limits)
+        assert caught.value.code == INVALID_PARAMS
+        assert "--max-content-blocks" in caught.value.message
+        assert "MCP_BACKFILL_MAX_CONTENT_BLOCKS" in caught.value.message
+        assert caught.value.data is not None
+        assert caught.value.data["limit"] == "max_content_blocks"
+
+
+def test_the_default_content_block_limit_refuses_a_million_blocks() -> None:
+    params = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 1_000_000}]}
+    with pytest.raises(SamplingError, match="--max-content-blocks"):
+        check_request(params, DEFAULT_LIMITS)

@@ -20,6 +20,7 @@ from mcp_backfill.config import Config, Secret
 from mcp_backfill.errors import StoreUnavailable
 from mcp_backfill.providers.mock import MockProvider
 from mcp_backfill.relay import Relay
+from mcp_backfill.relay.answering import ANSWERING_LIMIT
 from mcp_backfill.relay.approval import APPROVAL_KEY
 from mcp_backfill.sampling.provider import ProgressCallback, UsageMeter
 from mcp_backfill.sampling.sampler import Sampler
@@ -978,3 +979,64 @@ async def test_a_cancel_reaches_a_request_reusing_the_id_of_a_cancelled_one_that
             assert provider.second_cancelled
         finally:
             provider.gate.set()
+
+
+async def test_an_upstream_flooding_sampling_requests_is_read_only_as_fast_as_they_are_answered() -> None:
+    """An upstream writing sampling requests and not reading the answers (here: Claude never answers,
+    and the upstream's input fills up) had the relay read on without end, each request a task holding
+    its params: 1 GB of requests grew the proxy by 1.2 GB. The relay reads no further while
+    `ANSWERING_LIMIT` are being answered (the upstream's writes wait), and nothing is lost: once
+    Claude answers, every request gets its answer."""
+    total = 2000
+    provider = GatedProvider()
+    sent = 0
+    async with relayed(provider=provider, rate_limit=0) as r, anyio.create_task_group() as tg:
+
+        async def flood() -> None:
+            nonlocal sent
+            for n in range(total):
+                await r.server.send(sampling_request(n))
+                sent += 1
+
+        tg.start_soon(flood)
+        await anyio.wait_all_tasks_blocked()
+        assert r.relay.answerer.hand.running <= ANSWERING_LIMIT
+        assert sent < total
+        provider.gate.set()
+        answered: set[Any] = set()
+        while len(answered) < total:
+            message = await r.server.recv()
+            answered.add(message["id"])
+        assert answered == set(range(total))
+
+
+async def test_an_upstream_flooding_task_augmented_sampling_is_read_only_as_fast_as_it_is_answered() -> None:
+    """The same with sampling tasks, and `tasks/result` requests for them: each was a task of the
+    relay's, held while its answer waited for an upstream not reading."""
+    total = 1500
+    provider = GatedProvider()
+    sent = 0
+    async with relayed(provider=provider, rate_limit=0) as r, anyio.create_task_group() as tg:
+        await r.client.send(request(1, "initialize", initialize({})))
+        await r.server.recv()
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+
+        async def flood() -> None:
+            nonlocal sent
+            for n in range(total):
+                await r.server.send(sampling_request(f"t{n}", {**HELLO, "task": {"ttl": 60000}}))
+                sent += 1
+
+        tg.start_soon(flood)
+        await anyio.wait_all_tasks_blocked()
+        assert r.relay.answerer.hand.running <= ANSWERING_LIMIT
+        assert sent < total
+        provider.gate.set()
+        created: set[Any] = set()
+        while len(created) < total:
+            message = await r.server.recv()
+            if "id" in message:
+                assert "task" in message["result"]
+                created.add(message["id"])
+        assert created == {f"t{n}" for n in range(total)}

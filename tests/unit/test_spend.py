@@ -521,3 +521,60 @@ async def test_a_request_waiting_for_a_slot_holds_no_reservation_meanwhile() -> 
     assert holding == [300, 0, 0, 0, 0]  # the first's own; the others reserve when their call starts
     assert spend.budget.used == 50
     assert await store.held() == 0
+
+
+@pytest.mark.anyio
+async def test_requests_waiting_for_a_slot_are_bounded_and_the_rest_refused_at_once() -> None:
+    """An upstream that sends sampling requests faster than they complete, and never cancels one,
+    had every one wait for a slot, holding its params, without end: past `max_waiting` a request
+    is refused at once naming the option, and it counts against no rate limit."""
+    spend = Spend(replace(SPEND, rate_limit=100, max_concurrent=1, max_waiting=2))
+    release = anyio.Event()
+    refused: list[SamplingError] = []
+
+    async def call() -> None:
+        try:
+            async with spend.admit(None):
+                await release.wait()
+        except SamplingError as exc:
+            refused.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(6):
+            tg.start_soon(call)
+        await anyio.wait_all_tasks_blocked()
+        assert spend.snapshot()["concurrency"] == {"limit": 1, "in_flight": 1, "waiting": 2}
+        assert len(refused) == 3
+        release.set()
+    assert spend.snapshot()["rate_limit"]["admitted"] == 3
+    error = refused[0]
+    assert error.code == INTERNAL_ERROR
+    assert "--max-waiting-sampling" in error.message
+    assert "MCP_BACKFILL_MAX_WAITING_SAMPLING" in error.message
+    assert error.data == {"limit": "max_waiting_sampling", "option": "--max-waiting-sampling", "max": 2}
+
+
+@pytest.mark.anyio
+async def test_a_clients_waiting_requests_are_bounded_by_its_own_count() -> None:
+    """One client's flood fills its own waiting line, not the process's: another client still waits."""
+    spend = Spend(replace(SPEND, rate_limit=0, max_concurrent=2, client_max_concurrent=1, max_waiting=1))
+    alice, bob = spend.new_session("a", "alice"), spend.new_session("b", "bob")
+    release = anyio.Event()
+    refused: list[str] = []
+
+    async def call(session: SamplingSession, name: str) -> None:
+        try:
+            async with spend.admit(session):
+                await release.wait()
+        except SamplingError:
+            refused.append(name)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(call, alice, "alice")
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(call, bob, "bob")
+        await anyio.wait_all_tasks_blocked()
+        assert refused == ["alice", "alice"]
+        release.set()
+    assert refused == ["alice", "alice"]

@@ -25,6 +25,9 @@ from mcp_backfill.telemetry import RequestSpan
 
 log = get_logger("relay")
 
+ANSWERING_LIMIT = 256
+"""Server requests one session answers itself at once, answers still being sent included (`InHand`)."""
+
 Approve = Callable[[dict[str, Any], Any], Awaitable[None]]
 """Returns when the user allows a sampling request (`params`, the related client request id), or
 raises the refusal."""
@@ -32,6 +35,53 @@ raises the refusal."""
 
 async def _always(params: dict[str, Any], related: Any) -> None:
     return None
+
+
+class InHand:
+    """The server's requests a session answers itself (sampling, sampling tasks, their `tasks/*`,
+    refusals), each counted from the moment it is read until its answer is sent.
+
+    The relay reads nothing more from the upstream while `ANSWERING_LIMIT` are in hand (`room()`):
+    each holds its params, and an upstream writing requests faster than they are answered, or not
+    reading the answers, would have them pile up without end.
+    """
+
+    def __init__(self, limit: int = ANSWERING_LIMIT) -> None:
+        self.limit = limit
+        self.running = 0
+        self._room: anyio.Event | None = None
+        self._held = False
+
+    @property
+    def full(self) -> bool:
+        return self.running >= self.limit
+
+    def start(self, task_group: TaskGroup, work: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Run `work(*args)` in `task_group`, counted as in hand until it returns."""
+        self.running += 1
+        task_group.start_soon(self._counted, work, args)
+
+    async def _counted(self, work: Callable[..., Awaitable[None]], args: tuple[Any, ...]) -> None:
+        try:
+            await work(*args)
+        finally:
+            self.running -= 1
+            if self._room is not None and not self.full:
+                self._room.set()
+                self._room = None
+
+    async def room(self) -> None:
+        """Wait until fewer than the limit are in hand."""
+        while self.full:
+            if not self._held:
+                self._held = True
+                log.warning(
+                    "upstream sends requests faster than they are answered; reading from it waits",
+                    extra={"in_hand": self.running},
+                )
+            if self._room is None:
+                self._room = anyio.Event()
+            await self._room.wait()
 
 
 class Answerer:
@@ -51,6 +101,8 @@ class Answerer:
         # The server's sampling requests being answered, by their id: cancelling one stops it.
         self._answering: dict[jsonrpc.IdKey, anyio.CancelScope] = {}
         self._tg: TaskGroup | None = None
+        self.hand = InHand()
+        """The server's requests this session answers, counted until their answers are sent."""
 
     def start(self, task_group: TaskGroup) -> None:
         """Requests are answered in tasks of `task_group` (the relay's)."""
@@ -69,7 +121,7 @@ class Answerer:
         scope = anyio.CancelScope()
         self._answering[jsonrpc.id_key(request_id)] = scope
         assert self._tg is not None
-        self._tg.start_soon(self._answer, request_id, params, scope, related, span)
+        self.hand.start(self._tg, self._answer, request_id, params, scope, related, span)
 
     def answering(self, request_id: Any) -> bool:
         """Is the proxy still answering the server's request `request_id`?"""
@@ -78,10 +130,8 @@ class Answerer:
     def refuse(self, request_id: Any, code: int, message: str) -> None:
         """Answer the server's request `request_id` with an error, in the background."""
         assert self._tg is not None
-        self._tg.start_soon(self._refuse, jsonrpc.encode(jsonrpc.error_response(request_id, code, message)))
-
-    async def _refuse(self, reply: bytes) -> None:
-        await self._send_upstream(reply)
+        reply = jsonrpc.encode(jsonrpc.error_response(request_id, code, message))
+        self.hand.start(self._tg, self._send_upstream, reply)
 
     def cancel(self, request_id: Any) -> bool:
         """The server cancelled `request_id`: stop answering it. False if the proxy is not answering it."""

@@ -120,7 +120,9 @@ class Relay:
         self.approver = Approver(approve, timeout, sampler.preview, self.state, self._send_client)
         self.answerer = Answerer(sampler, session, self._send_upstream, self.approver.approve)
         book = TaskBook(ttl_max_ms=round(options.task_ttl_max * 1000))
-        self.tasks = SamplingTasks(book, self.answerer.sample_approved, self._send_upstream)
+        self.tasks = SamplingTasks(
+            book, self.answerer.sample_approved, self._send_upstream, hand=self.answerer.hand
+        )
         self._tg: TaskGroup | None = None
         # `--log-level debug`: one line per message (direction, method, id, size; never contents).
         self._trace_messages = log.isEnabledFor(logging.DEBUG)
@@ -173,7 +175,7 @@ class Relay:
     def from_upstream_now(self, raw: bytes) -> bool:
         """`from_client_now` for a message from the upstream (one without an origin: a pipe's)."""
         sides = self._sides_now()
-        if sides is None:
+        if sides is None or self.answerer.hand.full:  # the pump waits for room first
             return False
         for send in self._upstream_sends(raw, None):
             self._send_now(sides, send)
@@ -220,6 +222,8 @@ class Relay:
             except MessageTooLarge as exc:
                 await self._too_large(exc, from_client=False)
                 continue
+            if self.answerer.hand.full:
+                await self.answerer.hand.room()  # the upstream's next requests wait: nothing piles up here
             await self._from_upstream(raw, origin)
             del raw  # do not hold a large message while waiting for the next one
 

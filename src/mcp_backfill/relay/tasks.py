@@ -24,6 +24,7 @@ from anyio.abc import TaskGroup
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import SamplingError
 from mcp_backfill.logs import get_logger
+from mcp_backfill.relay.answering import InHand
 from mcp_backfill.relay.capabilities import ClientProfile
 from mcp_backfill.relay.task_book import SamplingTask, TaskBook, TaskError, is_own_task
 
@@ -36,8 +37,17 @@ Run = Callable[[dict[str, Any], Any, Any], Awaitable[dict[str, Any]]]
 class SamplingTasks:
     """The proxy's sampling tasks for one session, and its answers to the server's `tasks/*`."""
 
-    def __init__(self, book: TaskBook, run: Run, send_upstream: Callable[[bytes], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        book: TaskBook,
+        run: Run,
+        send_upstream: Callable[[bytes], Awaitable[None]],
+        *,
+        hand: InHand | None = None,
+    ) -> None:
         self.book = book
+        # The server's requests answered here count with the session's others (see `InHand`).
+        self._hand = hand if hand is not None else InHand()
         self._run = run
         self._send_upstream = send_upstream
         self._scopes: dict[str, anyio.CancelScope] = {}  # working tasks' Claude calls
@@ -64,7 +74,7 @@ class SamplingTasks:
         log.info("sampling task created", extra={"request_id": request_id, "task_id": task.task_id})
         untasked = {key: value for key, value in params.items() if key != "task"}
         assert self._tg is not None
-        self._tg.start_soon(self._work, request_id, untasked, related, task, scope)
+        self._hand.start(self._tg, self._work, request_id, untasked, related, task, scope)
 
     async def _work(
         self,
@@ -124,7 +134,7 @@ class SamplingTasks:
             return message
         self._forget(self.book.expire())
         assert self._tg is not None
-        self._tg.start_soon(self._answer, message["id"], method, params)
+        self._hand.start(self._tg, self._answer, message["id"], method, params)
         return None
 
     @staticmethod

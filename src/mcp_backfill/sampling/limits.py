@@ -42,6 +42,8 @@ class RequestLimits:
     max_tools: int
     max_tool_calls: int
     """tool_use blocks in one Claude response."""
+    max_content_blocks: int = 10_000
+    """Content blocks of all messages, those inside tool results included."""
 
 
 @dataclass(frozen=True)
@@ -52,40 +54,65 @@ class RequestSize:
     text_bytes: int
     binary_bytes: int
     tools: int
+    blocks: int = 0
 
 
-def measure_request(params: Any) -> RequestSize:
-    """Count messages, text bytes, binary bytes and tools; parts of the wrong shape are skipped."""
+def measure_request(params: Any, max_blocks: int | None = None) -> RequestSize:
+    """Count messages, text bytes, binary bytes, tools and content blocks; parts of the wrong shape
+    are skipped. Past `max_blocks` blocks it stops, with `blocks` one over it."""
     if not isinstance(params, Mapping):
         return RequestSize(0, 0, 0, 0)
     messages = params.get("messages")
     messages = messages if isinstance(messages, list) else []
     tools = params.get("tools")
     tools = tools if isinstance(tools, list) else []
-    tally = _Tally()
+    tally = _Tally(max_blocks)
     system = params.get("systemPrompt")
     if isinstance(system, str):
         tally.text(system)
     for tool in tools:
         tally.json(tool)
-    for message in messages:
-        if isinstance(message, Mapping):
-            tally.content(message.get("content"))
+    try:
+        for message in messages:
+            if isinstance(message, Mapping):
+                tally.content(message.get("content"))
+    except _TooManyBlocks:
+        pass
     stops = params.get("stopSequences")
     for stop in stops if isinstance(stops, list) else []:
         if isinstance(stop, str):
             tally.text(stop)
-    return RequestSize(len(messages), tally.text_bytes, tally.binary_bytes, len(tools))
+    return RequestSize(len(messages), tally.text_bytes, tally.binary_bytes, len(tools), tally.blocks)
 
 
 def check_request(params: Any, limits: RequestLimits) -> RequestSize:
     """Refuse (-32602) a request above any limit; returns its size for logging."""
+    if isinstance(params, Mapping):  # counted before anything is measured: no work on a huge list
+        for key, limit, option in (
+            ("messages", limits.max_messages, "--max-messages"),
+            ("tools", limits.max_tools, "--max-tools"),
+        ):
+            items = params.get(key)
+            if isinstance(items, list):
+                _at_most(key, len(items), limit, option, key)
     try:
-        size = measure_request(params)
+        # Blocks are counted as they are measured, and measuring stops past the limit: a million
+        # tiny blocks within --max-message-bytes cost seconds of the event loop to measure and convert.
+        size = measure_request(params, limits.max_content_blocks)
     except RecursionError:  # JSON nested deeper than Python's stack (the decoder takes 1,024 levels)
         raise invalid_params("Sampling request is nested too deeply to measure") from None
     _at_most("messages", size.messages, limits.max_messages, "--max-messages", "messages")
     _at_most("tools", size.tools, limits.max_tools, "--max-tools", "tools")
+    if size.blocks > limits.max_content_blocks:
+        raise _limit_error(
+            invalid_params,
+            "Sampling request exceeds the limit on content blocks: it has more than "
+            f"{limits.max_content_blocks} (those inside tool results included)",
+            "max_content_blocks",
+            "--max-content-blocks",
+            limits.max_content_blocks,
+            size.blocks,
+        )
     _at_most("text bytes", size.text_bytes, limits.max_text_bytes, "--max-text-bytes", "bytes of text")
     _at_most(
         "binary bytes",
@@ -138,12 +165,18 @@ def _limit_error(
     )
 
 
-class _Tally:
-    """Accumulates text and binary sizes over arbitrarily nested content."""
+class _TooManyBlocks(Exception):
+    """More content blocks than the tally counts (`_Tally.max_blocks`)."""
 
-    def __init__(self) -> None:
+
+class _Tally:
+    """Accumulates text and binary sizes, and counts blocks, over arbitrarily nested content."""
+
+    def __init__(self, max_blocks: int | None = None) -> None:
         self.text_bytes = 0
         self.binary_bytes = 0
+        self.blocks = 0
+        self.max_blocks = max_blocks
 
     def text(self, value: str) -> None:
         self.text_bytes += len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
@@ -167,6 +200,9 @@ class _Tally:
             self.json(content)
 
     def block(self, block: Mapping[str, Any]) -> None:
+        self.blocks += 1
+        if self.max_blocks is not None and self.blocks > self.max_blocks:
+            raise _TooManyBlocks
         kind = block.get("type")
         if kind == "text" and isinstance(block.get("text"), str):
             self.text(block["text"])

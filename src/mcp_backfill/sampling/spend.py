@@ -111,6 +111,10 @@ class SpendSettings:
     client_rate_limit: int = 0
     client_max_concurrent: int = 0
     store_outage: str = "refuse"
+    max_waiting: int = 100
+    """Requests waiting for one payer's slot at most (the process's, each client's); more are
+    refused at once (`--max-waiting-sampling`), so that a server never cancelling its requests
+    cannot have them pile up without end."""
 
 
 @dataclass(frozen=True)
@@ -224,6 +228,7 @@ class Account:
         rate_option: str,
         rate_name: str,
         local_slots: bool,
+        max_waiting: int = 0,
     ) -> None:
         self.budget = budget
         self.rate = Rate(budget.limit.key, per_minute)
@@ -233,6 +238,32 @@ class Account:
         self.slots = anyio.CapacityLimiter(max_concurrent) if max_concurrent > 0 and local_slots else None
         self.admitted = 0
         self.in_flight = 0
+        self.max_waiting = max_waiting  # 0: no bound
+        self.waiting = 0
+
+    @property
+    def full(self) -> bool:
+        """Would one more request have to wait for a slot, and may none more wait? (A shared store's
+        slots are known only by asking it: then only those already waiting are counted.)"""
+        if self.max_concurrent <= 0 or self.max_waiting <= 0 or self.waiting < self.max_waiting:
+            return False
+        return self.slots is None or self.slots.available_tokens < 1
+
+    def too_many_waiting(self) -> SamplingError:
+        option = "--max-waiting-sampling"
+        return internal_error(
+            f"Too many sampling requests waiting for a Claude call slot ({self.max_waiting} wait for "
+            f"{self.max_concurrent} calls in flight{self._whose}); retry later, or raise {option} "
+            f"(or {env_var(option)})",
+            limit="max_waiting_sampling",
+            option=option,
+            max=self.max_waiting,
+        )
+
+    @property
+    def _whose(self) -> str:
+        key = self.budget.limit.key
+        return f" of client {key.removeprefix('client:')!r}" if key.startswith("client:") else ""
 
     def rate_limited(self, retry_after: float) -> SamplingError:
         seconds = max(1, math.ceil(retry_after))
@@ -512,6 +543,7 @@ class Spend:
             rate_option="--rate-limit",
             rate_name="Sampling rate limit",
             local_slots=True,
+            max_waiting=settings.max_waiting,
         )
         self.clients: dict[str, Account] = {}
         self.refused: dict[str, int] = {}
@@ -542,6 +574,7 @@ class Spend:
                 rate_option="--client-rate-limit",
                 rate_name=f"Sampling rate limit of client {identity!r}",
                 local_slots=not self.store.shared,
+                max_waiting=settings.max_waiting,
             )
         return account
 
@@ -572,6 +605,9 @@ class Spend:
         stakes = (_Stake(session.store, (session.budget,)), shared) if session is not None else (shared,)
         if session is not None:
             await self.reserve(stakes[0], "", 0)
+        for account in accounts:
+            if account.full:  # refused before the rate window counts it (`_slot` holds the bound)
+                raise account.too_many_waiting()
         member, rates, limits = self.new_lease(), [account.rate for account in accounts], shared.limits
         lease, amount = (self.new_lease(), first.total) if first is not None else ("", 0)
         (standing, refusal), store = await self.link.run(
@@ -656,35 +692,47 @@ class Spend:
         if account.slots is not None:
             waited = account.slots.available_tokens < 1
             if waited:
-                await before_waiting()
-            async with account.slots:
-                account.in_flight += 1
+                self._start_waiting(account)
                 try:
-                    yield waited
+                    await before_waiting()
+                    await account.slots.acquire()
                 finally:
-                    account.in_flight -= 1
+                    account.waiting -= 1
+            else:
+                await account.slots.acquire()
+            account.in_flight += 1
+            try:
+                yield waited
+            finally:
+                account.in_flight -= 1
+                account.slots.release()
             return
         key, holder = account.budget.limit.key, self.new_lease()
         pause, waited = SLOT_POLL_SECONDS[0], False
-        while True:
-            try:
-                got, store = await self.link.run(
-                    "acquire_slot",
-                    self.store,
-                    lambda store: store.acquire_slot(key, account.max_concurrent, holder),
-                )
-            except BaseException:
-                # Cancelled, or the reply lost: the store may have given the slot all the same, and
-                # nobody else would give it back (it would be taken until its lease lapsed).
-                await self.link.release_slot(self.store, key, holder)
-                raise
-            if got:
-                break
-            if not waited:
-                await before_waiting()
-            waited = True
-            await anyio.sleep(pause)
-            pause = min(pause * 2, SLOT_POLL_SECONDS[1])
+        try:
+            while True:
+                try:
+                    got, store = await self.link.run(
+                        "acquire_slot",
+                        self.store,
+                        lambda store: store.acquire_slot(key, account.max_concurrent, holder),
+                    )
+                except BaseException:
+                    # Cancelled, or the reply lost: the store may have given the slot all the same,
+                    # and nobody else would give it back (it would be taken until its lease lapsed).
+                    await self.link.release_slot(self.store, key, holder)
+                    raise
+                if got:
+                    break
+                if not waited:
+                    self._start_waiting(account)
+                    waited = True
+                    await before_waiting()
+                await anyio.sleep(pause)
+                pause = min(pause * 2, SLOT_POLL_SECONDS[1])
+        finally:
+            if waited:
+                account.waiting -= 1
         self.link.hold(store, "slot", key, holder)
         account.in_flight += 1
         try:
@@ -692,6 +740,13 @@ class Spend:
         finally:
             account.in_flight -= 1
             await self.link.release_slot(store, key, holder)
+
+    @staticmethod
+    def _start_waiting(account: Account) -> None:
+        """Count a request in the account's waiting line, or refuse it when the line is full."""
+        if account.max_waiting > 0 and account.waiting >= account.max_waiting:
+            raise account.too_many_waiting()
+        account.waiting += 1
 
     async def claim_once(self, key: str, until: float) -> bool:
         """Whether this process is the first to claim `key` (until `until`, wall-clock seconds)

@@ -182,8 +182,12 @@ class HandshakeFront:
             log.debug("message for an ended session dropped", extra={"session": session.label})
 
     async def _answer(self, call: HttpCall, session: HttpSession, stream: EventStream, single: bool) -> None:
-        with stream.expecting_reader():
-            await self._json_or_sse(call, session, stream, single)
+        try:
+            with stream.expecting_reader():
+                await self._json_or_sse(call, session, stream, single)
+        finally:
+            if stream.answered_as_json:
+                session.router.forget(stream)
 
     async def _json_or_sse(
         self, call: HttpCall, session: HttpSession, stream: EventStream, single: bool

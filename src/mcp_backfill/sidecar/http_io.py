@@ -228,6 +228,7 @@ async def respond_single(
 ) -> None:
     """Write the stream's single answer as a JSON response (see `single_answer`)."""
     stream.delivered = 1
+    stream.answered_as_json = True
     await call.respond(status, answer, protocol.JSON_TYPE, headers)
 
 

@@ -190,6 +190,14 @@ class SessionRouter:
             self._finished.remove(read)
             self._streams.pop(read, None)
 
+    def forget(self, stream: EventStream) -> None:
+        """A finished POST stream nobody can resume (answered as JSON: the client has no event id of
+        it) is not kept among the finished ones: a session would hold its last eight answers,
+        however large, after the client had read them."""
+        if stream.finished and self._streams.get(stream.key) is stream and stream.key in self._finished:
+            self._finished.remove(stream.key)
+            del self._streams[stream.key]
+
     def _handed_out_whole(self, key: str) -> bool:
         stream = self._streams.get(key)
         return stream is None or stream.complete_after(stream.delivered)
