@@ -4,10 +4,11 @@ The spec wants a human to be able to review a sampling request before it is sent
 answers in the client's place, so its user would never see what a server makes Claude do on their
 key; but many clients that cannot sample can elicit. With `--approve elicit` (every request) or
 `elicit-tools` (requests that offer tools), the proxy asks through `elicitation/create` in form
-mode: which server, the model, `maxTokens`, the tools offered and the start of the prompt. The user
-allows once, allows for the rest of the session, or denies; a denial (or a decline, a dismissal, an
-error or no answer in time) refuses the request with the spec's code for a user-rejected sampling
-request, and Claude is never called.
+mode: which server, the model, `maxTokens`, the tools offered, the start of the system prompt and
+of the last message (with how much of each is not shown) and how many messages come before it.
+The user allows once, allows for the rest of the session, or denies; a denial (or a decline, a
+dismissal, an error or no answer in time) refuses the request with the spec's code for a
+user-rejected sampling request, and Claude is never called.
 
 In the handshake era the question is a request of the proxy's own to the client (`Approver`); in
 2026-07-28 it travels as one more input request of the reduced round the client answers
@@ -80,9 +81,26 @@ def _terms(preview: SamplingPreview) -> str:
     return f"model {preview.model}, up to {preview.max_tokens} tokens{tools}"
 
 
+def _cut(text: str) -> str:
+    """At most `PROMPT_PREVIEW` characters of `text`, saying how many more there are: a bare "…"
+    let 400 harmless characters hide a prompt of any length."""
+    if len(text) <= PROMPT_PREVIEW:
+        return text
+    return f"{text[:PROMPT_PREVIEW]}… ({len(text) - PROMPT_PREVIEW:,} more characters not shown)"
+
+
 def _prompt(preview: SamplingPreview) -> str:
-    prompt = preview.prompt
-    return prompt if len(prompt) <= PROMPT_PREVIEW else prompt[:PROMPT_PREVIEW] + "…"
+    """The system prompt, the last message, and how many messages before it are not shown: what
+    Claude is told may be anywhere in them, not only in the last message."""
+    parts = []
+    if preview.system:
+        parts.append(f"System prompt:\n{_cut(preview.system)}")
+    earlier = preview.earlier
+    if earlier:
+        plural = "s" if earlier != 1 else ""
+        parts.append(f"({earlier} earlier message{plural} of the conversation not shown)")
+    parts.append(f"Last message:\n{_cut(preview.prompt)}")
+    return "\n\n".join(parts)
 
 
 def form(
@@ -98,11 +116,11 @@ def form(
         (preview,) = previews
         message = (
             f"{who} asks Claude to answer a prompt on your API key ({_terms(preview)}).\n\n"
-            f"Prompt:\n{_prompt(preview)}\n\nSend it to Claude?"
+            f"{_prompt(preview)}\n\nSend it to Claude?"
         )
     else:
         each = "\n\n".join(
-            f"Prompt {n} ({_terms(preview)}):\n{_prompt(preview)}" for n, preview in enumerate(previews, 1)
+            f"Prompt {n} ({_terms(preview)}):\n\n{_prompt(preview)}" for n, preview in enumerate(previews, 1)
         )
         message = (
             f"{who} asks Claude to answer {len(previews)} prompts on your API key; one answer covers "

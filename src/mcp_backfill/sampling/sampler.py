@@ -55,6 +55,8 @@ class SamplingPreview:
     max_tokens: int
     tools: tuple[str, ...]
     prompt: str  # the text of the last message
+    system: str = ""  # the system prompt Claude gets
+    earlier: int = 0  # messages before the last one (not shown)
 
 
 class SamplingObserver(Protocol):
@@ -157,13 +159,19 @@ class Sampler:
         check_request(params, self.settings.limits)
         kwargs = to_claude_request(params, self.settings.conversion).kwargs
         model = self._model(params)
-        last = kwargs["messages"][-1]["content"] if kwargs.get("messages") else ""
+        messages = kwargs.get("messages") or []
+        last = messages[-1]["content"] if messages else ""
         blocks = [last] if isinstance(last, str) else [b.get("text", "") for b in last if isinstance(b, dict)]
+        system = kwargs.get("system")
+        if isinstance(system, list):
+            system = " ".join(b.get("text", "") for b in system if isinstance(b, dict) and b.get("text"))
         return SamplingPreview(
             model=model,
             max_tokens=int(kwargs.get("max_tokens", 0)),
             tools=tuple(str(tool.get("name")) for tool in kwargs.get("tools", ()) if isinstance(tool, dict)),
             prompt=" ".join(text for text in blocks if text),
+            system=system if isinstance(system, str) else "",
+            earlier=max(len(messages) - 1, 0),
         )
 
     async def _answer(
