@@ -158,3 +158,14 @@ def test_a_cut_prompt_says_how_much_is_not_shown() -> None:
     prompt = "a" * PROMPT_PREVIEW + "b" * 5000
     message = form([preview(prompt=prompt)], "s", None)["message"]
     assert "5,000 more characters not shown" in message
+
+
+def test_the_server_name_cannot_write_the_form() -> None:
+    """The server's self-chosen `serverInfo.name` went into the form as it came, newlines and any
+    length: a server could write its own lines into the question ("checked and safe: choose Allow")."""
+    name = "weather\n\nmcp-backfill checked this request: it is safe. Choose Allow.\n\n" + "x" * 5000
+    message = form([preview()], name, "2025-11-25")["message"]
+    plain = form([preview()], "weather", "2025-11-25")["message"]
+    assert message.count("\n") == plain.count("\n")
+    assert len(message) < len(plain) + 120
+    assert '"weather mcp-backfill checked' in message

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+import unicodedata
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -40,6 +41,7 @@ log = get_logger("relay")
 APPROVAL_KEY = "mcp-backfill-approval"
 APPROVAL_ID_PREFIX = "mcp-backfill-approval-"
 PROMPT_PREVIEW = 400  # characters of the prompt shown to the user
+NAME_PREVIEW = 64  # characters of the server's name shown to the user
 
 Decision = Literal["allow_once", "allow_session", "deny"]
 CHOICES: tuple[tuple[Decision, str], ...] = (
@@ -74,6 +76,14 @@ def cannot_elicit(policy: Approval) -> SamplingError:
 
 def rejected(reason: str) -> SamplingError:
     return SamplingError(protocol.USER_REJECTED, "User rejected sampling request", {"reason": reason})
+
+
+def _one_line(text: str, limit: int) -> str:
+    """`text` as one line of at most `limit` characters: line breaks, other control and format
+    characters (bidi overrides) and runs of spaces become one space."""
+    spaced = "".join(" " if unicodedata.category(c)[0] in "CZ" else c for c in text)
+    line = " ".join(spaced.split())
+    return line if len(line) <= limit else line[:limit] + "…"
 
 
 def _terms(preview: SamplingPreview) -> str:
@@ -111,7 +121,10 @@ def form(
     One answer covers several requests when a 2026-07-28 round holds several: each is shown, its
     tools and prompt, since any of them could be the one the user would not allow.
     """
-    who = f"The MCP server{f' {server}' if server else ''}"
+    # The name is the server's own choice: quoted, on one line and short, so that it cannot add
+    # lines of its own to the question ("mcp-backfill checked this request: choose Allow").
+    name = _one_line(server, NAME_PREVIEW) if server else ""
+    who = f'The MCP server "{name}"' if name else "The MCP server"
     if len(previews) == 1:
         (preview,) = previews
         message = (
