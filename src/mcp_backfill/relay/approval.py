@@ -91,12 +91,25 @@ def _terms(preview: SamplingPreview) -> str:
     return f"model {preview.model}, up to {preview.max_tokens} tokens{tools}"
 
 
+def _quoted(text: str) -> str:
+    """`text` as lines quoted with "> ", so that none passes for one of the form's own ("Send it to
+    Claude?"): every line break (`splitlines`' kind) starts a quoted line, other control and format
+    characters (bidi overrides) become spaces, and runs of blank lines become one."""
+    lines: list[str] = []
+    for raw in text.splitlines() or [""]:
+        line = "".join(" " if unicodedata.category(c)[0] == "C" else c for c in raw).rstrip()
+        if line or (lines and lines[-1]):
+            lines.append(line)
+    return "\n".join(f"> {line}" if line else ">" for line in lines or [""])
+
+
 def _cut(text: str) -> str:
-    """At most `PROMPT_PREVIEW` characters of `text`, saying how many more there are: a bare "…"
-    let 400 harmless characters hide a prompt of any length."""
+    """At most `PROMPT_PREVIEW` characters of `text`, quoted, saying how many more there are: a
+    bare "…" let 400 harmless characters hide a prompt of any length."""
     if len(text) <= PROMPT_PREVIEW:
-        return text
-    return f"{text[:PROMPT_PREVIEW]}… ({len(text) - PROMPT_PREVIEW:,} more characters not shown)"
+        return _quoted(text)
+    more = len(text) - PROMPT_PREVIEW
+    return f"{_quoted(text[:PROMPT_PREVIEW] + '…')}\n({more:,} more characters not shown)"
 
 
 def _prompt(preview: SamplingPreview) -> str:
