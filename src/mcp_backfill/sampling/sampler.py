@@ -59,6 +59,25 @@ class SamplingPreview:
     earlier: int = 0  # messages before the last one (not shown)
 
 
+def _shown_text(content: Any) -> str:
+    """The text of a Claude message's content for a person to read: its text blocks, the text of
+    tool results (in a tool loop, the last message is one), and the kind of what is not text."""
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for block in content if isinstance(content, list) else ():
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text":
+            parts.append(str(block.get("text", "")))
+        elif kind == "tool_result":
+            parts.append(f"[tool result] {_shown_text(block.get('content', ''))}".rstrip())
+        else:
+            parts.append(f"[{kind}]")
+    return " ".join(part for part in parts if part)
+
+
 class SamplingObserver(Protocol):
     """Told once per sampling request, whatever its outcome (e.g. to keep metrics); `tokens` are
     what was charged to the budgets for it, by usage counter; `client` is the client identity that
@@ -161,7 +180,6 @@ class Sampler:
         model = self._model(params)
         messages = kwargs.get("messages") or []
         last = messages[-1]["content"] if messages else ""
-        blocks = [last] if isinstance(last, str) else [b.get("text", "") for b in last if isinstance(b, dict)]
         system = kwargs.get("system")
         if isinstance(system, list):
             system = " ".join(b.get("text", "") for b in system if isinstance(b, dict) and b.get("text"))
@@ -169,7 +187,7 @@ class Sampler:
             model=model,
             max_tokens=int(kwargs.get("max_tokens", 0)),
             tools=tuple(str(tool.get("name")) for tool in kwargs.get("tools", ()) if isinstance(tool, dict)),
-            prompt=" ".join(text for text in blocks if text),
+            prompt=_shown_text(last),
             system=system if isinstance(system, str) else "",
             earlier=max(len(messages) - 1, 0),
         )
