@@ -4,11 +4,11 @@ The spec wants a human to be able to review a sampling request before it is sent
 answers in the client's place, so its user would never see what a server makes Claude do on their
 key; but many clients that cannot sample can elicit. With `--approve elicit` (every request) or
 `elicit-tools` (requests that offer tools), the proxy asks through `elicitation/create` in form
-mode: which server, the model, `maxTokens`, the tools offered, the start of the system prompt and
-of the last message (with how much of each is not shown) and how many messages come before it.
-The user allows once, allows for the rest of the session, or denies; a denial (or a decline, a
-dismissal, an error or no answer in time) refuses the request with the spec's code for a
-user-rejected sampling request, and Claude is never called.
+mode: which server, the model, `maxTokens`, the tools offered, the start of the system prompt, of
+the tools' descriptions and of the last message (with how much of each is not shown) and how many
+messages come before it. The user allows once, allows for the rest of the session, or denies; a
+denial (or a decline, a dismissal, an error or no answer in time) refuses the request with the
+spec's code for a user-rejected sampling request, and Claude is never called.
 
 In the handshake era the question is a request of the proxy's own to the client (`Approver`); in
 2026-07-28 it travels as one more input request of the reduced round the client answers
@@ -118,6 +118,8 @@ def _prompt(preview: SamplingPreview) -> str:
     parts = []
     if preview.system:
         parts.append(f"System prompt:\n{_cut(preview.system)}")
+    if preview.tool_text:  # what the tools' descriptions tell Claude is part of the prompt
+        parts.append(f"Tool descriptions:\n{_cut(preview.tool_text)}")
     earlier = preview.earlier
     if earlier:
         plural = "s" if earlier != 1 else ""

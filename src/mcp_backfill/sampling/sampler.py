@@ -57,6 +57,7 @@ class SamplingPreview:
     prompt: str  # the text of the last message
     system: str = ""  # the system prompt Claude gets
     earlier: int = 0  # messages before the last one (not shown)
+    tool_text: str = ""  # the tools' descriptions, one line each ("name: description")
 
 
 def _shown_text(content: Any) -> str:
@@ -180,16 +181,19 @@ class Sampler:
         model = self._model(params)
         messages = kwargs.get("messages") or []
         last = messages[-1]["content"] if messages else ""
+        tools = [tool for tool in kwargs.get("tools", ()) if isinstance(tool, dict)]
+        described = [f"{tool.get('name')}: {tool['description']}" for tool in tools if "description" in tool]
         system = kwargs.get("system")
         if isinstance(system, list):
             system = " ".join(b.get("text", "") for b in system if isinstance(b, dict) and b.get("text"))
         return SamplingPreview(
             model=model,
             max_tokens=int(kwargs.get("max_tokens", 0)),
-            tools=tuple(str(tool.get("name")) for tool in kwargs.get("tools", ()) if isinstance(tool, dict)),
+            tools=tuple(str(tool.get("name")) for tool in tools),
             prompt=_shown_text(last),
             system=system if isinstance(system, str) else "",
             earlier=max(len(messages) - 1, 0),
+            tool_text="\n".join(described),
         )
 
     async def _answer(
