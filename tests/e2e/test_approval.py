@@ -78,7 +78,7 @@ async def test_allow_once_asks_every_time_and_shows_what_is_asked(fake_claude: F
     assert second["result"]["content"]["text"] == "two"
     assert len(user.asked) == 2
     question = user.asked[0]
-    assert question.message.startswith("The MCP server sampling-test-server asks Claude")
+    assert question.message.startswith('The MCP server "sampling-test-server" asks Claude')
     assert "Tell me a secret" in question.message
     assert "up to 25 tokens" in question.message
     assert "claude-" in question.message

@@ -16,7 +16,7 @@ def test_scripted_answers_allow_deny_and_allow_for_the_session() -> None:
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     out = done.stdout
     assert out.count("asked:") == 4  # nothing is asked after "allow for this session"
-    assert "The MCP server weather-example asks Claude" in out
+    assert 'The MCP server "weather-example" asks Claude' in out
     outcomes = [line.split(":")[1].strip() for line in out.splitlines() if line.startswith("summarize #")]
     assert outcomes == ["answered", "refused", "refused", "answered", "answered"]
 

@@ -1040,3 +1040,30 @@ async def test_an_upstream_flooding_task_augmented_sampling_is_read_only_as_fast
                 assert "task" in message["result"]
                 created.add(message["id"])
         assert created == {f"t{n}" for n in range(total)}
+
+
+@pytest.mark.parametrize("sealed", [False, True])
+async def test_an_approval_answered_after_approve_timeout_samples_nothing(sealed: bool) -> None:
+    """2026-07-28: the approval question of a round waited for `--input-stash-ttl` (300 s), not
+    `--approve-timeout`: with `--approve-timeout 0.1` an "Allow" given long after still sampled."""
+    provider = CountingProvider()
+    call_params = stateless({"name": "ask"}, {"elicitation": {}})
+    key = Secret("a secret the replicas share, 32+ characters long") if sealed else None
+    async with relayed(provider, approve="elicit", approve_timeout=0.1, request_state_key=key) as r:
+        await r.client.send(request(1, "tools/call", call_params))
+        await r.server.recv()
+        await r.server.send(result(1, input_required({"s": SAMPLE})))
+        reduced = (await r.client.recv())["result"]
+        await anyio.sleep(0.3)  # the user answers after --approve-timeout
+        allow = {"action": "accept", "content": {"decision": "allow_once"}}
+        params = {
+            **call_params,
+            "inputResponses": {APPROVAL_KEY: allow},
+            "requestState": reduced["requestState"],
+        }
+        await r.client.send(request(2, "tools/call", params))
+        refused = await r.client.recv()
+        assert refused["id"] == 2
+        assert "--approve-timeout" in refused["error"]["message"]
+        assert provider.calls == 0
+        assert r.server.nothing_waiting()

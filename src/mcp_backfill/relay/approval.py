@@ -4,10 +4,11 @@ The spec wants a human to be able to review a sampling request before it is sent
 answers in the client's place, so its user would never see what a server makes Claude do on their
 key; but many clients that cannot sample can elicit. With `--approve elicit` (every request) or
 `elicit-tools` (requests that offer tools), the proxy asks through `elicitation/create` in form
-mode: which server, the model, `maxTokens`, the tools offered and the start of the prompt. The user
-allows once, allows for the rest of the session, or denies; a denial (or a decline, a dismissal, an
-error or no answer in time) refuses the request with the spec's code for a user-rejected sampling
-request, and Claude is never called.
+mode: which server, the model, `maxTokens`, the tools offered, the start of the system prompt, of
+the tools' descriptions and of the last message (with how much of each is not shown) and how many
+messages come before it. The user allows once, allows for the rest of the session, or denies; a
+denial (or a decline, a dismissal, an error or no answer in time) refuses the request with the
+spec's code for a user-rejected sampling request, and Claude is never called.
 
 In the handshake era the question is a request of the proxy's own to the client (`Approver`); in
 2026-07-28 it travels as one more input request of the reduced round the client answers
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+import unicodedata
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -39,6 +41,7 @@ log = get_logger("relay")
 APPROVAL_KEY = "mcp-backfill-approval"
 APPROVAL_ID_PREFIX = "mcp-backfill-approval-"
 PROMPT_PREVIEW = 400  # characters of the prompt shown to the user
+NAME_PREVIEW = 64  # characters of the server's name shown to the user
 
 Decision = Literal["allow_once", "allow_session", "deny"]
 CHOICES: tuple[tuple[Decision, str], ...] = (
@@ -75,14 +78,54 @@ def rejected(reason: str) -> SamplingError:
     return SamplingError(protocol.USER_REJECTED, "User rejected sampling request", {"reason": reason})
 
 
+def _one_line(text: str, limit: int) -> str:
+    """`text` as one line of at most `limit` characters: line breaks, other control and format
+    characters (bidi overrides) and runs of spaces become one space."""
+    spaced = "".join(" " if unicodedata.category(c)[0] in "CZ" else c for c in text)
+    line = " ".join(spaced.split())
+    return line if len(line) <= limit else line[:limit] + "…"
+
+
 def _terms(preview: SamplingPreview) -> str:
     tools = f"; tools offered: {', '.join(preview.tools)}" if preview.tools else ""
     return f"model {preview.model}, up to {preview.max_tokens} tokens{tools}"
 
 
+def _quoted(text: str) -> str:
+    """`text` as lines quoted with "> ", so that none passes for one of the form's own ("Send it to
+    Claude?"): every line break (`splitlines`' kind) starts a quoted line, other control and format
+    characters (bidi overrides) become spaces, and runs of blank lines become one."""
+    lines: list[str] = []
+    for raw in text.splitlines() or [""]:
+        line = "".join(" " if unicodedata.category(c)[0] == "C" else c for c in raw).rstrip()
+        if line or (lines and lines[-1]):
+            lines.append(line)
+    return "\n".join(f"> {line}" if line else ">" for line in lines or [""])
+
+
+def _cut(text: str) -> str:
+    """At most `PROMPT_PREVIEW` characters of `text`, quoted, saying how many more there are: a
+    bare "…" let 400 harmless characters hide a prompt of any length."""
+    if len(text) <= PROMPT_PREVIEW:
+        return _quoted(text)
+    more = len(text) - PROMPT_PREVIEW
+    return f"{_quoted(text[:PROMPT_PREVIEW] + '…')}\n({more:,} more characters not shown)"
+
+
 def _prompt(preview: SamplingPreview) -> str:
-    prompt = preview.prompt
-    return prompt if len(prompt) <= PROMPT_PREVIEW else prompt[:PROMPT_PREVIEW] + "…"
+    """The system prompt, the last message, and how many messages before it are not shown: what
+    Claude is told may be anywhere in them, not only in the last message."""
+    parts = []
+    if preview.system:
+        parts.append(f"System prompt:\n{_cut(preview.system)}")
+    if preview.tool_text:  # what the tools' descriptions tell Claude is part of the prompt
+        parts.append(f"Tool descriptions:\n{_cut(preview.tool_text)}")
+    earlier = preview.earlier
+    if earlier:
+        plural = "s" if earlier != 1 else ""
+        parts.append(f"({earlier} earlier message{plural} of the conversation not shown)")
+    parts.append(f"Last message:\n{_cut(preview.prompt)}")
+    return "\n\n".join(parts)
 
 
 def form(
@@ -93,16 +136,19 @@ def form(
     One answer covers several requests when a 2026-07-28 round holds several: each is shown, its
     tools and prompt, since any of them could be the one the user would not allow.
     """
-    who = f"The MCP server{f' {server}' if server else ''}"
+    # The name is the server's own choice: quoted, on one line and short, so that it cannot add
+    # lines of its own to the question ("mcp-backfill checked this request: choose Allow").
+    name = _one_line(server, NAME_PREVIEW) if server else ""
+    who = f'The MCP server "{name}"' if name else "The MCP server"
     if len(previews) == 1:
         (preview,) = previews
         message = (
             f"{who} asks Claude to answer a prompt on your API key ({_terms(preview)}).\n\n"
-            f"Prompt:\n{_prompt(preview)}\n\nSend it to Claude?"
+            f"{_prompt(preview)}\n\nSend it to Claude?"
         )
     else:
         each = "\n\n".join(
-            f"Prompt {n} ({_terms(preview)}):\n{_prompt(preview)}" for n, preview in enumerate(previews, 1)
+            f"Prompt {n} ({_terms(preview)}):\n\n{_prompt(preview)}" for n, preview in enumerate(previews, 1)
         )
         message = (
             f"{who} asks Claude to answer {len(previews)} prompts on your API key; one answer covers "

@@ -144,12 +144,15 @@ class Stash:
         state: Any,
         rounds: int,
         pending: dict[str, Any] | None = None,
+        ttl: float | None = None,
     ) -> str:
+        """`ttl`: this entry's, when shorter than the stash's (an approval question's)."""
         now = self.clock()
         self.entries = {k: v for k, v in self.entries.items() if v.expires > now}
         # Unguessable, so one client cannot redeem another's answers on a shared proxy.
         token = f"{next(self._serial)}.{secrets.token_urlsafe(12)}"
-        self.entries[token] = StashedRound(answers, has_state, state, rounds, now + self.ttl, pending or {})
+        expires = now + (self.ttl if ttl is None else ttl)
+        self.entries[token] = StashedRound(answers, has_state, state, rounds, expires, pending or {})
         return token
 
     def take(self, token: str) -> StashedRound | None:
@@ -235,8 +238,9 @@ class SealedStash:
         state: Any,
         rounds: int,
         pending: dict[str, Any] | None = None,
+        ttl: float | None = None,
     ) -> str:
-        expires = self._clock() + self.ttl
+        expires = self._clock() + (self.ttl if ttl is None else ttl)
         payload = jsonrpc.encode(  # keeps the text of numbers a double cannot hold (`1e400`)
             {"a": answers, "h": has_state, "s": state, "r": rounds, "e": expires, "p": pending or {}}
         )

@@ -191,9 +191,13 @@ class RoundDriver:
         await self._drive(pending, chain, {}, resumed, given)
 
     def _unknown_state(self) -> str:
+        approval = ""
+        if self.approver is not None and self.approver.policy != "never":
+            approval = f", and a round's approval question for --approve-timeout {self.approver.timeout:g} s"
         return (
             "requestState expired or unknown: mcp-backfill keeps its answers to a round "
-            f"for {self.options.input_stash_ttl:g} s; retry the request from the start"
+            f"for --input-stash-ttl {self.options.input_stash_ttl:g} s{approval}; retry the request "
+            "from the start"
         )
 
     def client_cancelled(self, message: dict[str, Any], params: dict[str, Any]) -> dict[str, Any] | None:
@@ -360,7 +364,10 @@ class RoundDriver:
             await self._fail(pending.request_id, exc.code, exc.message, exc.data)
             return
         question = form(previews, None, protocol.STATELESS_VERSION)
-        token = self.stash.put({}, current.has_state, current.state, chain.rounds, pending=current.mine)
+        # The question is open for `--approve-timeout`, as in the handshake era: an answer given
+        # later (a dialog left open for hours) finds the round gone and samples nothing.
+        ttl = min(self.options.input_stash_ttl, self.approver.timeout)
+        token = self.stash.put({}, current.has_state, current.state, chain.rounds, current.mine, ttl)
         theirs = {**current.theirs, APPROVAL_KEY: {"method": protocol.ELICIT, "params": question}}
         log.info("sampling approval asked in the round", extra={"request_id": pending.request_id})
         reduced = ir.reduced_result(result, theirs, token)

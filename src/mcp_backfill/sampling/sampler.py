@@ -55,6 +55,28 @@ class SamplingPreview:
     max_tokens: int
     tools: tuple[str, ...]
     prompt: str  # the text of the last message
+    system: str = ""  # the system prompt Claude gets
+    earlier: int = 0  # messages before the last one (not shown)
+    tool_text: str = ""  # the tools' descriptions, one line each ("name: description")
+
+
+def _shown_text(content: Any) -> str:
+    """The text of a Claude message's content for a person to read: its text blocks, the text of
+    tool results (in a tool loop, the last message is one), and the kind of what is not text."""
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for block in content if isinstance(content, list) else ():
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text":
+            parts.append(str(block.get("text", "")))
+        elif kind == "tool_result":
+            parts.append(f"[tool result] {_shown_text(block.get('content', ''))}".rstrip())
+        else:
+            parts.append(f"[{kind}]")
+    return " ".join(part for part in parts if part)
 
 
 class SamplingObserver(Protocol):
@@ -157,13 +179,21 @@ class Sampler:
         check_request(params, self.settings.limits)
         kwargs = to_claude_request(params, self.settings.conversion).kwargs
         model = self._model(params)
-        last = kwargs["messages"][-1]["content"] if kwargs.get("messages") else ""
-        blocks = [last] if isinstance(last, str) else [b.get("text", "") for b in last if isinstance(b, dict)]
+        messages = kwargs.get("messages") or []
+        last = messages[-1]["content"] if messages else ""
+        tools = [tool for tool in kwargs.get("tools", ()) if isinstance(tool, dict)]
+        described = [f"{tool.get('name')}: {tool['description']}" for tool in tools if "description" in tool]
+        system = kwargs.get("system")
+        if isinstance(system, list):
+            system = " ".join(b.get("text", "") for b in system if isinstance(b, dict) and b.get("text"))
         return SamplingPreview(
             model=model,
             max_tokens=int(kwargs.get("max_tokens", 0)),
-            tools=tuple(str(tool.get("name")) for tool in kwargs.get("tools", ()) if isinstance(tool, dict)),
-            prompt=" ".join(text for text in blocks if text),
+            tools=tuple(str(tool.get("name")) for tool in tools),
+            prompt=_shown_text(last),
+            system=system if isinstance(system, str) else "",
+            earlier=max(len(messages) - 1, 0),
+            tool_text="\n".join(described),
         )
 
     async def _answer(
