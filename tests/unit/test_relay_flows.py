@@ -798,6 +798,36 @@ async def test_a_sealed_approval_whose_claim_met_a_store_outage_can_be_retried()
         assert provider.calls == 1
 
 
+async def test_allow_for_the_session_counts_only_once_its_sealed_token_was_claimed() -> None:
+    """ "Allow for this session" was applied before the token was claimed: a retry whose claim failed
+    (the store down, or the token redeemed on another replica) still left every later round of the
+    session approved without the user being asked there."""
+    provider, store = CountingProvider(), ClaimsDownStore()
+    call_params = stateless({"name": "ask"}, {"elicitation": {}})
+    key = Secret("a secret the replicas share, 32+ characters long")
+    async with relayed(provider, store, approve="elicit", request_state_key=key) as r:
+        await r.client.send(request(1, "tools/call", call_params))
+        await r.server.recv()
+        await r.server.send(result(1, input_required({"s": SAMPLE})))
+        reduced = (await r.client.recv())["result"]
+        allow = {"action": "accept", "content": {"decision": "allow_session"}}
+        params = {
+            **call_params,
+            "inputResponses": {APPROVAL_KEY: allow},
+            "requestState": reduced["requestState"],
+        }
+        store.down = True
+        await r.client.send(request(2, "tools/call", params))
+        assert "state store" in (await r.client.recv())["error"]["message"]
+        store.down = False
+        await r.client.send(request(3, "tools/call", call_params))  # a new round: the user is asked
+        await r.server.recv()
+        await r.server.send(result(3, input_required({"s": SAMPLE})))
+        asked = (await r.client.recv())["result"]
+        assert APPROVAL_KEY in asked["inputRequests"]
+        assert provider.calls == 0
+
+
 async def test_a_client_id_like_the_proxys_own_is_not_confused_with_a_round_it_resends() -> None:
     """The proxy numbered its re-sent rounds `mcp-backfill:1`, `:2`...: a client request with such
     an id had its answer delivered as the final answer of another request, and got none."""

@@ -26,7 +26,15 @@ from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import SamplingError
 from mcp_backfill.logs import get_logger
 from mcp_backfill.relay import input_required as ir
-from mcp_backfill.relay.approval import APPROVAL_KEY, Approver, can_elicit, cannot_elicit, decision_of, form
+from mcp_backfill.relay.approval import (
+    APPROVAL_KEY,
+    Approver,
+    Decision,
+    can_elicit,
+    cannot_elicit,
+    decision_of,
+    form,
+)
 from mcp_backfill.relay.capabilities import ClientProfile, backfill_capabilities, proxy_answers
 from mcp_backfill.relay.state import InputChain, PendingRequest, RelayOptions, RelayState
 from mcp_backfill.relay.tracing import RequestTraces
@@ -150,8 +158,6 @@ class RoundDriver:
             )
             replies.append(error)
             return
-        if self.approver is not None:
-            self.approver.allow(decision)
         given = {key: value for key, value in given.items() if key != APPROVAL_KEY}
         client = ClientProfile.from_capabilities(declared)
         base = ir.base_params(params)
@@ -161,9 +167,14 @@ class RoundDriver:
         resumed = ir.Round(stashed.pending, {}, stashed.has_state, stashed.state)
         assert self._tg is not None
         if stashed.nonce and self._claim is not None:
-            self._tg.start_soon(self._redeem, pending, chain, stashed, resumed, given)
+            self._tg.start_soon(self._redeem, pending, chain, stashed, resumed, given, decision)
         else:
+            self._allow(decision)
             self._tg.start_soon(self._drive, pending, chain, {}, resumed, given)
+
+    def _allow(self, decision: Decision) -> None:
+        if self.approver is not None:
+            self.approver.allow(decision)
 
     async def _redeem(
         self,
@@ -172,9 +183,11 @@ class RoundDriver:
         stashed: ir.StashedRound,
         resumed: ir.Round,
         given: dict[str, Any],
+        decision: Decision,
     ) -> None:
         """Claim a sealed approval token in the shared ledger store before sampling for it: the
-        same retry may have been redeemed on another replica already."""
+        same retry may have been redeemed on another replica already. The user's decision counts
+        (an "Allow for this session" included) only once the token is this replica's."""
         assert self._claim is not None
         try:
             claimed = await self._claim(f"sealed:{stashed.nonce}", stashed.expires)
@@ -188,6 +201,7 @@ class RoundDriver:
             self.end(pending)
             await self._fail(pending.request_id, protocol.INVALID_PARAMS, self._unknown_state())
             return
+        self._allow(decision)
         await self._drive(pending, chain, {}, resumed, given)
 
     def _unknown_state(self) -> str:
