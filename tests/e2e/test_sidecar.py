@@ -240,6 +240,21 @@ async def test_a_body_of_undeclared_length_over_the_limit_gives_413_too() -> Non
         await assert_session_goes_on(http, url, headers)
 
 
+async def test_a_batch_whose_answer_is_too_large_gets_an_error_for_each_request() -> None:
+    """The upstream's answer to a batch (one array) over the limit was answered for none of its
+    requests (at most one): the POST stayed open for ever, and its requests stayed in the session."""
+    async with session_with_limit(4096) as (http, url, headers):
+        # The echo server answers test/lines with every line it read, this batch's among them.
+        batch = [call(1, "ping/echo", {"pad": "x" * 1800}), call(2, "test/lines"), call("three", "ping/echo")]
+        with anyio.fail_after(20):
+            answer = await http.post(url, json=batch, headers=headers)
+        assert answer.status_code == 200
+        for request_id in (1, 2, "three"):
+            error = response_to(answer, request_id)["error"]
+            assert "--max-message-bytes" in error["message"], error
+        await assert_session_goes_on(http, url, headers)
+
+
 async def test_max_sessions_gives_503_and_a_refused_opening_does_not_count_as_one() -> None:
     """An opening refused for want of a slot used to count against `--client-session-rate`: a client
     retrying while the sidecar was full was shut out for a minute (429) once a slot came free."""

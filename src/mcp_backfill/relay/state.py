@@ -62,6 +62,8 @@ class PendingRequest:
     method: str
     request_id: Any  # the client's own id
     chain: InputChain | None = None
+    # The upstream ids of the requests of the client's batch that carried it (this one's among them).
+    batch: frozenset[jsonrpc.IdKey] | None = None
 
 
 @dataclass
