@@ -255,6 +255,23 @@ async def test_a_batch_whose_answer_is_too_large_gets_an_error_for_each_request(
         await assert_session_goes_on(http, url, headers)
 
 
+async def test_a_batch_of_more_messages_than_the_limit_gets_400_and_the_session_goes_on() -> None:
+    """A POST of 300,000 pings held the event loop for seconds (every session waited, /healthz too)."""
+    options = ("--provider", "mock", "--max-batch-messages", "3")
+    async with (
+        run_sidecar(*options, upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+        refused = await http.post(sidecar.url, json=[call(n, "ping") for n in range(4)], headers=headers)
+        assert refused.status_code == 400
+        error = refused.json()["error"]
+        assert error["code"] == -32600
+        assert "--max-batch-messages" in error["message"], error
+        answer = await http.post(sidecar.url, json=[call(n, "ping") for n in range(3)], headers=headers)
+        assert [reply["id"] for reply in response_messages(answer)[-1]] == [0, 1, 2]  # one array
+
+
 async def test_max_sessions_gives_503_and_a_refused_opening_does_not_count_as_one() -> None:
     """An opening refused for want of a slot used to count against `--client-session-rate`: a client
     retrying while the sidecar was full was shut out for a minute (429) once a slot came free."""

@@ -647,6 +647,25 @@ async def test_every_request_of_a_batch_whose_answer_is_lost_gets_an_error(broke
         assert (await r.client.recv())["id"] == 9
 
 
+async def test_a_batch_of_more_messages_than_the_limit_is_refused_as_a_whole() -> None:
+    """A batch of 300,000 pings (13 MB, under the size limit) held the event loop for seconds while
+    the relay went through it: every other session waited."""
+    async with relayed(max_batch_messages=3) as r:
+        await r.client.send([request(n, "ping") for n in range(4)])
+        error = await r.client.recv()
+        assert (error["id"], error["error"]["code"]) == (None, protocol.INVALID_REQUEST)
+        message = error["error"]["message"]
+        assert "4 messages" in message
+        assert "--max-batch-messages" in message, message
+        assert r.relay.state.client_requests == {}
+        raw = b'[{"jsonrpc":"2.0","id":1,"method":"ping"}, {"jsonrpc":"2.0","method":"x"},'
+        raw += b'{"jsonrpc":"2.0","id":2,"method":"ping"}]'
+        await r.client.send_raw(raw)
+        assert await r.server.from_relay.receive() == raw  # a batch within the limit: as it came
+        assert r.server.nothing_waiting()
+        assert r.client.nothing_waiting()
+
+
 async def test_a_malformed_answer_to_the_approval_question_refuses_the_sampling() -> None:
     """The proxy's own question is answered, not the server's: its id must not reach the server."""
     provider = CountingProvider()

@@ -301,6 +301,8 @@ class Relay:
             problem = f"Parse error: {exc}"
             salvaged = jsonrpc.salvage_unparsed(raw)
             return self._answer_for(salvaged, True, (protocol.PARSE_ERROR, problem), problem)
+        if type(message) is list and len(message) > self.options.max_batch_messages:
+            return [self._batch_refused(len(message))]
         if self._trace_messages:
             trace_message("from client", message, len(raw))
         replies: list[dict[str, Any]] = []
@@ -315,6 +317,14 @@ class Relay:
                 self.traces.answered(reply, by="server")
             sends.append((False, jsonrpc.encode(reply), None))
         return sends
+
+    def _batch_refused(self, count: int) -> _Send:
+        """A client batch over `--max-batch-messages`, refused as a whole before any of it is relayed:
+        going through a batch of 300,000 messages held the event loop (every session) for seconds."""
+        limit = self.options.max_batch_messages
+        log.warning("client batch over the limit; refused", extra={"messages": count, "limit": limit})
+        message = protocol.batch_too_large(count, limit)
+        return (False, jsonrpc.encode(jsonrpc.error_response(None, protocol.INVALID_REQUEST, message)), None)
 
     def _note_batch(self, batch: list[Any]) -> None:
         """Each request of a client's batch now waiting for the upstream knows its batch: an answer

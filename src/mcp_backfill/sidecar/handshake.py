@@ -91,6 +91,11 @@ class HandshakeFront:
         except ValueError as exc:
             await call.respond_error(400, protocol.PARSE_ERROR, f"Parse error: {exc}")
             return
+        if isinstance(decoded, list) and len(decoded) > self.settings.max_batch:
+            count, limit = len(decoded), self.settings.max_batch
+            log.warning("client batch over the limit; refused", extra={"messages": count, "limit": limit})
+            await call.respond_error(400, protocol.INVALID_REQUEST, protocol.batch_too_large(count, limit))
+            return
         messages = decoded if isinstance(decoded, list) else [decoded]
         if not messages or not all(_is_message(message) for message in messages):
             await call.respond_error(
