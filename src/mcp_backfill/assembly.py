@@ -147,6 +147,7 @@ def relay_options(config: Config) -> RelayOptions:
         mode=config.mode,
         era=config.era,
         max_input_rounds=config.max_input_rounds,
+        max_batch_messages=config.max_batch_messages,
         input_stash_ttl=config.input_stash_ttl,
         task_ttl_max=config.task_ttl_max,
         approve=config.approve,

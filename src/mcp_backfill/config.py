@@ -152,6 +152,7 @@ class Config:
     audit_content: bool = DEFAULTS["audit_content"]
     prompt_cache: bool = DEFAULTS["prompt_cache"]
     max_message_bytes: int = DEFAULTS["max_message_bytes"]
+    max_batch_messages: int = DEFAULTS["max_batch_messages"]
     shutdown_grace: float = DEFAULTS["shutdown_grace"]
     log_level: str = DEFAULTS["log_level"]
     log_format: LogFormat = DEFAULTS["log_format"]

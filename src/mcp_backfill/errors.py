@@ -164,6 +164,10 @@ class DuplicateRequestId(SessionError):
     """The client reused the id of a request still in flight in this session."""
 
 
+class TooManyPosts(SessionError):
+    """The session already has as many POSTs waiting for their answers as it may hold."""
+
+
 def cannot_start(
     command: str, reason: str, path: str | None, *, not_found: bool = True
 ) -> UpstreamStartError:

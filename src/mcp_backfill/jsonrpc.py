@@ -248,12 +248,28 @@ def salvage_envelope(head: bytes, tail: bytes) -> tuple[bool, Id, bool]:
     return True, request_id, request
 
 
+_BATCH_HEAD = re.compile(rb"\A\s*\[\s*")
+_BATCH_TAIL = re.compile(rb"\s*\]\s*\Z")
+
+
+def is_batch(head: bytes) -> bool:
+    """Does a message start as a batch (a JSON array)?"""
+    return _BATCH_HEAD.match(head) is not None
+
+
+def salvage_batch(head: bytes, tail: bytes) -> tuple[bool, Id, bool]:
+    """`salvage_envelope` for a batch, from the messages at its two ends (its first one's head, its
+    last one's tail): what one of them is, and its id."""
+    return salvage_envelope(_BATCH_HEAD.sub(b"", head, count=1), _BATCH_TAIL.sub(b"", tail, count=1))
+
+
 _EDGE = 1024  # bytes read at each end of a message that is not JSON (as `MessageTooLarge.EDGE`)
 
 
-def salvage_unparsed(raw: bytes) -> tuple[bool, Id, bool]:
-    """`salvage_envelope` for a whole message that is not JSON, read at its two ends."""
-    return salvage_envelope(raw[:_EDGE], raw[-_EDGE:])
+def salvage_unparsed(raw: bytes, *, batch: bool = False) -> tuple[bool, Id, bool]:
+    """`salvage_envelope` for a whole message that is not JSON, read at its two ends (`batch`:
+    `salvage_batch`)."""
+    return (salvage_batch if batch else salvage_envelope)(raw[:_EDGE], raw[-_EDGE:])
 
 
 # `{"jsonrpc":"2.0","id":<id>,"result":` (or `"error":`), the head every common serializer writes.

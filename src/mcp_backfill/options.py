@@ -873,6 +873,17 @@ OPTIONS: tuple[Option, ...] = (
         metavar="N",
     ),
     Option(
+        "max_batch_messages",
+        "--max-batch-messages",
+        1000,
+        "most messages in one JSON-RPC batch from the client; a larger batch is refused whole",
+        "most messages in one JSON-RPC batch (an array, 2025-03-26) from the client; a larger batch "
+        "is refused as a whole with `-32600` (over HTTP: `400`), before any of it is relayed",
+        parse=whole_number,
+        checks=(at_least(1),),
+        metavar="N",
+    ),
+    Option(
         "shutdown_grace",
         "--shutdown-grace",
         2.0,
@@ -1150,7 +1161,10 @@ DEFAULTS: Mapping[str, Any] = {each.name: each.default for each in OPTIONS}
 
 # `--help` shows the options in these groups, in this order; every option is in exactly one.
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("upstream", ("upstream_url", "upstream_headers", "shutdown_grace", "max_message_bytes")),
+    (
+        "upstream",
+        ("upstream_url", "upstream_headers", "shutdown_grace", "max_message_bytes", "max_batch_messages"),
+    ),
     ("protocol", ("mode", "era", "max_input_rounds", "input_stash_ttl", "task_ttl_max")),
     ("approval", ("approve", "approve_timeout")),
     (

@@ -81,6 +81,14 @@ SSE_TYPE: Final = "text/event-stream"
 POST_ACCEPT: Final = f"{JSON_TYPE}, {SSE_TYPE}"
 
 
+def batch_too_large(count: int, limit: int) -> str:
+    """The refusal of a client batch of `count` messages, over `--max-batch-messages`."""
+    return (
+        f"Invalid Request: a batch of {count} messages is over the limit of {limit}; send smaller "
+        "batches, or raise --max-batch-messages / MCP_BACKFILL_MAX_BATCH_MESSAGES"
+    )
+
+
 def string_or_integer(value: object) -> bool:
     """What MCP allows as a request id or a progress token: a string or an integer (not a boolean)."""
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))

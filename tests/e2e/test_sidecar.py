@@ -240,6 +240,38 @@ async def test_a_body_of_undeclared_length_over_the_limit_gives_413_too() -> Non
         await assert_session_goes_on(http, url, headers)
 
 
+async def test_a_batch_whose_answer_is_too_large_gets_an_error_for_each_request() -> None:
+    """The upstream's answer to a batch (one array) over the limit was answered for none of its
+    requests (at most one): the POST stayed open for ever, and its requests stayed in the session."""
+    async with session_with_limit(4096) as (http, url, headers):
+        # The echo server answers test/lines with every line it read, this batch's among them.
+        batch = [call(1, "ping/echo", {"pad": "x" * 1800}), call(2, "test/lines"), call("three", "ping/echo")]
+        with anyio.fail_after(20):
+            answer = await http.post(url, json=batch, headers=headers)
+        assert answer.status_code == 200
+        for request_id in (1, 2, "three"):
+            error = response_to(answer, request_id)["error"]
+            assert "--max-message-bytes" in error["message"], error
+        await assert_session_goes_on(http, url, headers)
+
+
+async def test_a_batch_of_more_messages_than_the_limit_gets_400_and_the_session_goes_on() -> None:
+    """A POST of 300,000 pings held the event loop for seconds (every session waited, /healthz too)."""
+    options = ("--provider", "mock", "--max-batch-messages", "3")
+    async with (
+        run_sidecar(*options, upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+        refused = await http.post(sidecar.url, json=[call(n, "ping") for n in range(4)], headers=headers)
+        assert refused.status_code == 400
+        error = refused.json()["error"]
+        assert error["code"] == -32600
+        assert "--max-batch-messages" in error["message"], error
+        answer = await http.post(sidecar.url, json=[call(n, "ping") for n in range(3)], headers=headers)
+        assert [reply["id"] for reply in response_messages(answer)[-1]] == [0, 1, 2]  # one array
+
+
 async def test_max_sessions_gives_503_and_a_refused_opening_does_not_count_as_one() -> None:
     """An opening refused for want of a slot used to count against `--client-session-rate`: a client
     retrying while the sidecar was full was shut out for a minute (429) once a slot came free."""

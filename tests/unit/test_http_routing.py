@@ -9,11 +9,11 @@ from typing import Any, cast
 import anyio
 import pytest
 
-from mcp_backfill.errors import DuplicateRequestId
+from mcp_backfill.errors import DuplicateRequestId, TooManyPosts
 from mcp_backfill.sidecar.http_io import HttpCall, pump_sse
 from mcp_backfill.transports.event_stream import EventStream, parse_event_id, sse_event
 from mcp_backfill.transports.http_mux import EXCHANGE_BUFFER, MuxChannel
-from mcp_backfill.transports.http_server import SessionChannel, SessionRouter
+from mcp_backfill.transports.http_server import MAX_OPEN_POSTS, SessionChannel, SessionRouter
 from mcp_backfill.transports.queue import MessageQueue
 from tests.sidecar_harness import sse_messages
 
@@ -431,3 +431,16 @@ async def test_mux_takes_no_boolean_or_float_for_one_of_its_ids() -> None:
     await mux.send(encode(notification("notifications/message", data="x")), related=True)
     assert messages(first.stream) == []
     assert not first.stream.finished
+
+
+async def test_a_session_holds_a_bounded_number_of_post_streams_waiting_for_answers() -> None:
+    """Each POST whose requests are in flight keeps a stream (with its replay buffer) after its client
+    has gone: a client could leave a session any number of them."""
+    router = SessionRouter(16)
+    streams = [router.open_post([request(n)]) for n in range(MAX_OPEN_POSTS)]
+    with pytest.raises(TooManyPosts):
+        router.open_post([request("one more")])
+    assert router.in_flight == MAX_OPEN_POSTS  # the refused one is not kept
+    router.route(encode(result(0, n=0)))
+    assert streams[0].finished
+    assert not router.open_post([request("one more")]).finished  # an answer made room

@@ -17,7 +17,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from mcp_backfill import assembly, protocol
 from mcp_backfill.config import Config, Secret
-from mcp_backfill.errors import StoreUnavailable
+from mcp_backfill.errors import MessageTooLarge, StoreUnavailable
 from mcp_backfill.providers.mock import MockProvider
 from mcp_backfill.relay import Relay
 from mcp_backfill.relay.answering import ANSWERING_LIMIT
@@ -41,6 +41,10 @@ WITH_TOOLS = {
 ELICIT = {"method": "elicitation/create", "params": {"message": "ok?", "requestedSchema": {"type": "object"}}}
 
 
+TOO_LARGE = b"\0too large:"
+"""A message sent with this prefix reaches the relay as `MessageTooLarge`, as one over the limit."""
+
+
 class MemoryChannel:
     """One side of the relay as a `MessageChannel`, over anyio memory streams."""
 
@@ -51,10 +55,13 @@ class MemoryChannel:
         self._outbox = outbox
 
     async def receive(self) -> bytes:
-        return await self._inbox.receive()
+        raw = await self._inbox.receive()
+        if raw.startswith(TOO_LARGE):  # what a transport raises for a message over its limit
+            raise MessageTooLarge.from_bytes(raw[len(TOO_LARGE) :], 1024)
+        return raw
 
     async def receive_with_origin(self) -> tuple[bytes, Any]:
-        return await self._inbox.receive(), None
+        return await self.receive(), None
 
     async def send(self, message: bytes, related: Any = None) -> None:
         await self._outbox.send(message)
@@ -612,6 +619,51 @@ async def test_a_malformed_answer_with_a_readable_id_fails_the_request_it_answer
         error = await r.server.recv()
         assert (error["id"], error["error"]["code"]) == ("roots-1", protocol.INTERNAL_ERROR)
         assert r.client.nothing_waiting()  # the client is not told about its own answer
+
+
+@pytest.mark.parametrize("broken", ["too large", "malformed"])
+async def test_every_request_of_a_batch_whose_answer_is_lost_gets_an_error(broken: str) -> None:
+    """A batch's answer (one array) too large or not JSON was answered for at most one id: the other
+    requests of the batch waited for ever, and stayed in the relay's state for the session's life."""
+    batch = [request(1, "tools/call", {"name": "x"}), request("b", "tools/list"), request(3, "ping")]
+    note = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": 1}}
+    async with relayed() as r:
+        await r.client.send([*batch, note])
+        assert len(await r.server.recv()) == 4
+        await r.client.send(request(9, "tools/list"))  # not in the batch: it stays waiting
+        await r.server.recv()
+        answers = ",".join(json.dumps(result(item["id"], {"text": "y" * 3000})) for item in batch)
+        lost = f"[{answers}]".encode()
+        if broken == "too large":
+            await r.server.send_raw(TOO_LARGE + lost)
+        else:
+            await r.server.send_raw(lost[:-20] + b"\xff" + lost[-20:])
+        errors = [await r.client.recv() for _ in batch]
+        assert sorted(str(error["id"]) for error in errors) == ["1", "3", "b"]
+        assert all(error["error"]["code"] == protocol.INTERNAL_ERROR for error in errors)
+        assert [*r.relay.state.client_requests] == [(False, 9)]
+        assert r.client.nothing_waiting()
+        await r.server.send(result(9, {"tools": []}))
+        assert (await r.client.recv())["id"] == 9
+
+
+async def test_a_batch_of_more_messages_than_the_limit_is_refused_as_a_whole() -> None:
+    """A batch of 300,000 pings (13 MB, under the size limit) held the event loop for seconds while
+    the relay went through it: every other session waited."""
+    async with relayed(max_batch_messages=3) as r:
+        await r.client.send([request(n, "ping") for n in range(4)])
+        error = await r.client.recv()
+        assert (error["id"], error["error"]["code"]) == (None, protocol.INVALID_REQUEST)
+        message = error["error"]["message"]
+        assert "4 messages" in message
+        assert "--max-batch-messages" in message, message
+        assert r.relay.state.client_requests == {}
+        raw = b'[{"jsonrpc":"2.0","id":1,"method":"ping"}, {"jsonrpc":"2.0","method":"x"},'
+        raw += b'{"jsonrpc":"2.0","id":2,"method":"ping"}]'
+        await r.client.send_raw(raw)
+        assert await r.server.from_relay.receive() == raw  # a batch within the limit: as it came
+        assert r.server.nothing_waiting()
+        assert r.client.nothing_waiting()
 
 
 async def test_a_malformed_answer_to_the_approval_question_refuses_the_sampling() -> None:

@@ -230,14 +230,17 @@ class Relay:
     async def _too_large(self, exc: MessageTooLarge, *, from_client: bool) -> None:
         """A message was too large to relay: answer for it so that no request waits forever."""
         sender = "client" if from_client else "upstream"
-        found, request_id, is_request = jsonrpc.salvage_envelope(exc.head, exc.tail)
+        batch = not from_client and jsonrpc.is_batch(exc.head)
+        salvage = jsonrpc.salvage_batch if batch else jsonrpc.salvage_envelope
+        found, request_id, is_request = salvage(exc.head, exc.tail)
         log.warning(
             f"message from the {sender} too large; dropped",
             extra={"size": exc.size, "limit": exc.limit, "request_id": request_id if found else None},
         )
         hint = f"Message too large: {exc}; raise --max-message-bytes to allow it"
         salvaged = (found, request_id, is_request)
-        for send in self._answer_for(salvaged, from_client, (protocol.INVALID_REQUEST, hint), hint):
+        refusal = (protocol.INVALID_REQUEST, hint)
+        for send in self._answer_for(salvaged, from_client, refusal, hint, batch=batch):
             await self._send(send)
 
     def _answer_for(
@@ -246,12 +249,16 @@ class Relay:
         from_client: bool,
         refusal: tuple[int, str],
         failure: str,
+        *,
+        batch: bool = False,
     ) -> list[_Send]:
         """The answers for a message the relay could not relay (too large, or not JSON), from what
         `jsonrpc.salvage_envelope` read at its ends, so that no request waits forever.
 
         A request is refused to its sender with `refusal` (code, message), as is a client message
         whose id cannot be read; a response becomes the error `failure` for the side waiting for it.
+        An upstream `batch` of responses fails every request still waiting of the client's batch
+        that the one whose id was read came in: a batch is answered as one array.
         """
         found, request_id, is_request = salvaged
         if is_request or (from_client and not found):
@@ -267,8 +274,15 @@ class Relay:
         pending = self.state.client_requests.pop(jsonrpc.id_key(request_id), None)
         if pending is None:
             return []
-        self.rounds.end(pending)
-        return [self._error_to_client(pending.request_id, protocol.INTERNAL_ERROR, failure)]
+        lost = [pending]
+        if batch and pending.batch is not None:
+            for key in pending.batch:
+                mate = self.state.client_requests.get(key)
+                if mate is not None and mate.batch is pending.batch:
+                    lost.append(self.state.client_requests.pop(key))
+        for request in lost:
+            self.rounds.end(request)
+        return [self._error_to_client(r.request_id, protocol.INTERNAL_ERROR, failure) for r in lost]
 
     # -- client -> upstream ----------------------------------------------------------------------
 
@@ -287,10 +301,14 @@ class Relay:
             problem = f"Parse error: {exc}"
             salvaged = jsonrpc.salvage_unparsed(raw)
             return self._answer_for(salvaged, True, (protocol.PARSE_ERROR, problem), problem)
+        if type(message) is list and len(message) > self.options.max_batch_messages:
+            return [self._batch_refused(len(message))]
         if self._trace_messages:
             trace_message("from client", message, len(raw))
         replies: list[dict[str, Any]] = []
         forwarded = rewrite_each(message, lambda item: self._client_item(item, replies))
+        if isinstance(message, list):
+            self._note_batch(message)
         sends: list[_Send] = []
         if forwarded is not None:
             sends.append((True, raw if forwarded is message else jsonrpc.encode(forwarded), None))
@@ -299,6 +317,24 @@ class Relay:
                 self.traces.answered(reply, by="server")
             sends.append((False, jsonrpc.encode(reply), None))
         return sends
+
+    def _batch_refused(self, count: int) -> _Send:
+        """A client batch over `--max-batch-messages`, refused as a whole before any of it is relayed:
+        going through a batch of 300,000 messages held the event loop (every session) for seconds."""
+        limit = self.options.max_batch_messages
+        log.warning("client batch over the limit; refused", extra={"messages": count, "limit": limit})
+        message = protocol.batch_too_large(count, limit)
+        return (False, jsonrpc.encode(jsonrpc.error_response(None, protocol.INVALID_REQUEST, message)), None)
+
+    def _note_batch(self, batch: list[Any]) -> None:
+        """Each request of a client's batch now waiting for the upstream knows its batch: an answer
+        to the batch (one array) that is lost fails them all."""
+        requests = self.state.client_requests
+        keys = (jsonrpc.id_key(m["id"]) for m in batch if isinstance(m, dict) and "method" in m and "id" in m)
+        group = frozenset(key for key in keys if key in requests)
+        if len(group) > 1:
+            for key in group:
+                requests[key].batch = group
 
     def _client_item(self, message: Any, replies: list[dict[str, Any]]) -> Any:
         """Track one client message; return it, a rewritten copy, or None when the proxy consumed it.
@@ -405,8 +441,10 @@ class Relay:
                 extra={"error": str(exc), "line": jsonrpc.preview(raw)},
             )
             failure = f"Upstream MCP server sent an answer that is not valid JSON ({exc}); it was dropped"
-            salvaged = jsonrpc.salvage_unparsed(raw)  # the HTTP upstream leaves it to this answer too
-            return self._answer_for(salvaged, False, (protocol.PARSE_ERROR, f"Parse error: {exc}"), failure)
+            batch = jsonrpc.is_batch(raw[:1024])
+            salvaged = jsonrpc.salvage_unparsed(raw, batch=batch)  # the HTTP upstream leaves it to this too
+            refusal = (protocol.PARSE_ERROR, f"Parse error: {exc}")
+            return self._answer_for(salvaged, False, refusal, failure, batch=batch)
         if self._trace_messages:
             trace_message("from upstream", message, len(raw))
         forwarded = rewrite_each(message, lambda item: self._upstream_item(item, related))

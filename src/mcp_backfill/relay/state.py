@@ -38,6 +38,8 @@ class RelayOptions:
     # Ask the user (through the client's elicitation) before sampling, and how long to wait.
     approve: Approval = "never"
     approve_timeout: float = 300.0
+    # Most messages in one client batch; a larger one is refused as a whole.
+    max_batch_messages: int = 1000
     # Get the provider ready in the background once the proxy knows it answers this session's sampling.
     warm_up: bool = True
 
@@ -62,6 +64,8 @@ class PendingRequest:
     method: str
     request_id: Any  # the client's own id
     chain: InputChain | None = None
+    # The upstream ids of the requests of the client's batch that carried it (this one's among them).
+    batch: frozenset[jsonrpc.IdKey] | None = None
 
 
 @dataclass

@@ -28,7 +28,7 @@ from typing import Any
 import anyio
 
 from mcp_backfill import jsonrpc, protocol
-from mcp_backfill.errors import DuplicateRequestId, SessionGone
+from mcp_backfill.errors import DuplicateRequestId, SessionGone, TooManyPosts
 from mcp_backfill.logs import get_logger
 from mcp_backfill.sidecar.http_io import (
     FrontSettings,
@@ -44,6 +44,7 @@ from mcp_backfill.sidecar.http_io import (
 )
 from mcp_backfill.sidecar.sessions import HttpSession, OpeningRate, SessionTable
 from mcp_backfill.transports.event_stream import EventStream, parse_event_id, sse_event
+from mcp_backfill.transports.http_server import MAX_OPEN_POSTS
 
 log = get_logger("sidecar")
 
@@ -91,6 +92,11 @@ class HandshakeFront:
         except ValueError as exc:
             await call.respond_error(400, protocol.PARSE_ERROR, f"Parse error: {exc}")
             return
+        if isinstance(decoded, list) and len(decoded) > self.settings.max_batch:
+            count, limit = len(decoded), self.settings.max_batch
+            log.warning("client batch over the limit; refused", extra={"messages": count, "limit": limit})
+            await call.respond_error(400, protocol.INVALID_REQUEST, protocol.batch_too_large(count, limit))
+            return
         messages = decoded if isinstance(decoded, list) else [decoded]
         if not messages or not all(_is_message(message) for message in messages):
             await call.respond_error(
@@ -120,6 +126,9 @@ class HandshakeFront:
                 return
             try:
                 stream = session.router.open_post(requests)
+            except TooManyPosts:
+                await _refuse_too_many_posts(call, session)
+                return
             except DuplicateRequestId:
                 await call.respond_error(
                     409,
@@ -335,6 +344,17 @@ class HandshakeFront:
             )
             return None
         return session
+
+
+async def _refuse_too_many_posts(call: HttpCall, session: HttpSession) -> None:
+    log.warning("POST refused: too many waiting for answers", extra={"posts": MAX_OPEN_POSTS})
+    await call.respond_error(
+        429,
+        protocol.INVALID_REQUEST,
+        f"Too many requests in flight: this session already has {MAX_OPEN_POSTS} POSTs waiting for "
+        "their answers; wait for some to be answered (or cancel them)",
+        headers=_session_header(session),
+    )
 
 
 def _is_message(message: Any) -> bool:

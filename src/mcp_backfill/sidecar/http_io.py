@@ -38,6 +38,7 @@ class FrontSettings:
 
     max_body: int
     body_timeout: float = 30.0
+    max_batch: int = 1000  # messages in one POSTed batch (--max-batch-messages)
     json_window: float = JSON_WINDOW_SECONDS
     keepalive: float = KEEPALIVE_SECONDS
     draining: bool = False  # shutting down: no new sessions or requests

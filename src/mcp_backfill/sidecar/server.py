@@ -158,7 +158,9 @@ async def run_sidecar(config: Config) -> int:
         others=lambda: len(hubs),
         make_room=hubs.evict_idlest,
     )
-    front = FrontSettings(config.max_message_bytes, body_timeout=config.body_timeout)
+    front = FrontSettings(
+        config.max_message_bytes, body_timeout=config.body_timeout, max_batch=config.max_batch_messages
+    )
     spend = sampler.spend
     spend.link.observer = metrics.store_call
     readiness = Readiness(spend, config.state_store_timeout)

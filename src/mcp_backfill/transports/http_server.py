@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mcp_backfill import jsonrpc, protocol
-from mcp_backfill.errors import DuplicateRequestId
+from mcp_backfill.errors import DuplicateRequestId, TooManyPosts
 from mcp_backfill.logs import get_logger
 from mcp_backfill.transports.event_stream import EventStream
 from mcp_backfill.transports.queue import MessageQueue
@@ -34,6 +34,9 @@ GET_STREAM_KEY = "g"
 # Finished POST streams kept for a client that reconnects to read the end of one (those not handed
 # out whole are the last to go).
 FINISHED_STREAMS_KEPT = 8
+# POSTs of one session waiting for their answers, at most: each keeps its stream (and what it buffers
+# for replay) after its client has gone, until its requests are answered.
+MAX_OPEN_POSTS = 256
 # Ids of requests the client cancelled, remembered so that a late response is not misrouted.
 CANCELLED_IDS_KEPT = 256
 
@@ -87,7 +90,10 @@ class SessionRouter:
     # -- client -> upstream ----------------------------------------------------------------------
 
     def open_post(self, requests: list[dict[str, Any]]) -> EventStream:
-        """A stream for a POST carrying these requests; raises `DuplicateRequestId`."""
+        """A stream for a POST carrying these requests; raises `DuplicateRequestId`, and
+        `TooManyPosts` when `MAX_OPEN_POSTS` are waiting for their answers."""
+        if len(self._posts) >= MAX_OPEN_POSTS:
+            raise TooManyPosts
         keys = [jsonrpc.id_key(request["id"]) for request in requests]
         if len(set(keys)) != len(keys) or any(key in self._requests for key in keys):
             raise DuplicateRequestId
