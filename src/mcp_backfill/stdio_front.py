@@ -41,6 +41,8 @@ async def run_stdio_proxy(
     may have been `started` already, and stop signals `held` since (see `cli`)."""
     sampler = make_sampler(config)
     tracing = telemetry.install_from_environment()
+    own_held = held is None  # run without `cli`: the shutdown's signals are held all the same
+    held = HeldSignals() if held is None else held
     try:
         async with (
             auditing(sampler.audit),
@@ -51,6 +53,7 @@ async def run_stdio_proxy(
             log.info("relaying", extra={**about, "mode": config.mode, "provider": config.provider})
             session = sampler.spend.new_session("stdio")
             status = await relay_session(config, sampler, session, client, upstream, held)
+            log.debug("relay ended; finishing the shutdown", extra={"status": status})
             budget = sampler.spend.budget
             dropped = sampler.audit.dropped if sampler.audit is not None else 0
             if budget.exchanges or sampler.spend.refused or dropped:  # nothing to say otherwise
@@ -64,6 +67,8 @@ async def run_stdio_proxy(
     finally:
         await sampler.provider.aclose()
         tracing.shutdown()
+        if own_held:
+            held.restore()
 
 
 async def relay_session(
@@ -103,11 +108,20 @@ async def relay_session(
 
 
 async def _watch_signals(stopping: anyio.Event, held: HeldSignals | None) -> None:
-    with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
-        for signum in held.take() if held is not None else ():  # came while the proxy started
-            _stop_for(signum, stopping)
-        async for signum in signals:
-            _stop_for(signum, stopping)
+    """Stop for a signal while the relay runs. Once it has ended, the signals are `held` again for
+    the rest of the shutdown (the last answers flushed to the client, the store settlements, the
+    audit log's close, each bounded): leaving the receiver puts the default handlers back, and a
+    SIGTERM then (the mcp SDK's client sends one 2 s after closing our stdin) cut all that short.
+    A second signal there still acts as it would have by default."""
+    try:
+        with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
+            for signum in held.take() if held is not None else ():  # came while the proxy started
+                _stop_for(signum, stopping)
+            async for signum in signals:
+                _stop_for(signum, stopping)
+    finally:
+        if held is not None:
+            held.install()
 
 
 def _stop_for(signum: int, stopping: anyio.Event) -> None:

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import textwrap
@@ -319,3 +320,70 @@ print("sent", sent, file=sys.stderr, flush=True)
     proxy.wait(30)
     numbers = [message["params"]["data"]["n"] for message in whole_messages(out)]
     assert numbers == list(range(int(found.group(1))))
+
+
+# Two notifications of 200 KB, each written once the proxy has read the one before: each comes in
+# one read and is relayed from the read callback (`deliver_at_once`). The first fills most of the
+# client's pipe (256 KiB), the rest of the second waits in the writer thread, and the relay never
+# waits for it; then the upstream exits, with the client's request unanswered.
+TWO_LARGE_NOTES = """
+import fcntl, json, os, sys, termios, time
+def note(n):
+    message = {"jsonrpc": "2.0", "method": "notifications/message",
+               "params": {"level": "info", "data": {"n": n, "pad": "x" * 200_000}}}
+    return json.dumps(message, separators=(",", ":")).encode() + b"\\n"
+def unread():
+    return int.from_bytes(fcntl.ioctl(1, termios.FIONREAD, bytes(4)), sys.byteorder)
+sys.stdin.buffer.readline()  # the relay runs: its reader of our stdout is waiting
+for n in range(2):
+    os.write(1, note(n))
+    while unread():
+        time.sleep(0.01)
+"""
+
+
+def in_the_shutdown_tail(tmp_path: Path) -> subprocess.Popen[bytes]:
+    """A proxy whose session is over (its upstream exited) and that is still flushing its last
+    messages to a client that has not read them yet (for up to `CLOSE_SECONDS`)."""
+    proxy = start(tmp_path, child(TWO_LARGE_NOTES), "--log-level", "debug")
+    assert proxy.stdin is not None
+    proxy.stdin.write(b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"}}\n')
+    proxy.stdin.flush()
+    deadline = time.monotonic() + 30
+    while "relay ended" not in (tmp_path / "stderr").read_text() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert "relay ended" in (tmp_path / "stderr").read_text()
+    return proxy
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_while_the_proxy_finishes_its_shutdown_does_not_cut_it(tmp_path: Path, signum: int) -> None:
+    """Once the relay had ended, the default handlers were back: a SIGTERM then (the mcp SDK's
+    client sends one 2 s after closing the proxy's stdin) killed the proxy in the middle of its last
+    flush to the client (and before its store settlements and audit log's close). A first signal
+    there is held now: the proxy is stopping already, and the rest is bounded."""
+    proxy = in_the_shutdown_tail(tmp_path)
+    assert proxy.stdin is not None
+    assert proxy.stdout is not None
+    proxy.send_signal(signum)
+    out = proxy.stdout.read()
+    proxy.stdin.close()
+    assert proxy.wait(30) == 0, (tmp_path / "stderr").read_text()[-3000:]
+    first, second, answer = whole_messages(out)
+    assert [first["params"]["data"]["n"], second["params"]["data"]["n"]] == [0, 1]
+    assert len(second["params"]["data"]["pad"]) == 200_000
+    assert answer["id"] == 1
+    assert "Upstream MCP server exited" in answer["error"]["message"]
+
+
+def test_a_second_signal_while_the_proxy_finishes_its_shutdown_ends_it(tmp_path: Path) -> None:
+    """A proxy stuck in its shutdown still yields to a repeated signal. (Two different ones, which
+    the kernel cannot merge into one; which of them the proxy sees first is not certain.)"""
+    proxy = in_the_shutdown_tail(tmp_path)
+    proxy.send_signal(signal.SIGHUP)
+    proxy.send_signal(signal.SIGTERM)
+    assert proxy.wait(30) in (-signal.SIGHUP, -signal.SIGTERM)
+    assert proxy.stdin is not None
+    assert proxy.stdout is not None
+    proxy.stdin.close()
+    proxy.stdout.close()

@@ -170,6 +170,25 @@ def test_a_stop_signal_is_held_and_a_second_one_acts_as_it_would_have() -> None:
         signal.signal(signal.SIGINT, outer)
 
 
+def test_held_signals_installed_again_restore_the_handlers_from_before_the_first_install() -> None:
+    """The stdio front installs them again once its relay has ended, over the handlers its event
+    loop left behind (SIG_DFL): `restore`, and a second signal, go back to the ones from before."""
+    outer = signal.getsignal(signal.SIGHUP)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under `nohup`
+    try:
+        held = HeldSignals().install()
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # what an event loop's signal receiver leaves
+        held.install()
+        held.restore()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        held.install()
+        signal.raise_signal(signal.SIGHUP)  # held
+        signal.raise_signal(signal.SIGHUP)  # a second: as it would have been, ignored
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, outer)
+
+
 # A start refused for want of descriptors (`serve` at its open-files limit): the first pipe made,
 # the second refused. Run in a process of its own, whose limit it lowers.
 OUT_OF_DESCRIPTORS = textwrap.dedent(

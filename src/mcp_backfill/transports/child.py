@@ -24,17 +24,21 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 class HeldSignals:
     """SIGTERM, SIGINT and SIGHUP held while the stdio wrapper starts, before its event loop watches
     them (`take` hands them to the front, which then stops the upstream the usual way): by default
-    a SIGTERM there would end the proxy at once and leave the child started early running. A second
-    signal while one is held acts as it would have without holding (so a proxy stuck starting
-    still yields to a repeated SIGTERM or Ctrl-C)."""
+    a SIGTERM there would end the proxy at once and leave the child started early running. Held
+    again (`install` once more) once the relay has ended, while the front finishes its shutdown:
+    the proxy is stopping already. A second signal while one is held acts as it would have without
+    holding (so a proxy stuck starting or stopping still yields to a repeated SIGTERM or Ctrl-C)."""
 
     def __init__(self) -> None:
         self._held: list[int] = []
         self._previous: dict[int, Any] = {}
 
     def install(self) -> HeldSignals:
+        """Hold the signals from now on; `restore` puts back the handlers there were before the
+        first `install` (not those an event loop left in between)."""
         for sig in STOP_SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._hold)
+            previous = signal.signal(sig, self._hold)
+            self._previous.setdefault(sig, previous)
         return self
 
     def take(self) -> list[int]:
