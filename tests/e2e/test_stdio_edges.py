@@ -46,12 +46,25 @@ def child(code: str) -> list[str]:
 
 def start(tmp_path: Path, upstream: list[str], *options: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        proxy_argv("--provider", "mock", *options, upstream=upstream),
+        [*DEFAULT_STOP_SIGNALS, *proxy_argv("--provider", "mock", *options, upstream=upstream)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=(tmp_path / "stderr").open("wb"),
         env=proxy_env(),
     )
+
+
+# The proxy starts with the stop signals' default dispositions, whatever the test runner was started
+# with (`nohup` ignores SIGHUP; a background job of a non-interactive shell, SIGINT), set before an
+# `exec` (which keeps them): what a held signal is given back to decides whether a second one ends
+# the proxy.
+DEFAULT_STOP_SIGNALS = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys\n"
+    "for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP): signal.signal(s, signal.SIG_DFL)\n"
+    "os.execv(sys.argv[1], sys.argv[1:])",
+]
 
 
 def whole_messages(out: bytes) -> list[Any]:
