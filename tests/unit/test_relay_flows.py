@@ -781,20 +781,27 @@ async def test_the_approval_form_of_a_round_shows_every_question_that_needs_appr
         assert "RUN rm -rf WITH TOOLS" in message
 
 
+SHARED_KEY = Secret("a secret the replicas share, 32+ characters long")
+ASKING = stateless({"name": "ask"}, {"elicitation": {}})
+
+
+async def approving_retry(r: Relayed, decision: str) -> dict[str, Any]:
+    """A sealed approval round opened by `tools/call` 1, and the params of its retry that answers
+    the approval question with `decision`."""
+    await r.client.send(request(1, "tools/call", ASKING))
+    await r.server.recv()
+    await r.server.send(result(1, input_required({"s": SAMPLE})))
+    reduced = (await r.client.recv())["result"]
+    answer = {"action": "accept", "content": {"decision": decision}}
+    return {**ASKING, "inputResponses": {APPROVAL_KEY: answer}, "requestState": reduced["requestState"]}
+
+
 async def test_a_sealed_approval_token_buys_one_sampling() -> None:
     """With --request-state-key a token could be redeemed again before it expired: replaying the
     retry that allowed an approval round "once" sampled (and billed) again, each time."""
     provider = CountingProvider()
-    call_params = stateless({"name": "ask"}, {"elicitation": {}})
-    key = Secret("a secret the replicas share, 32+ characters long")
-    async with relayed(provider, approve="elicit", request_state_key=key) as r:
-        await r.client.send(request(1, "tools/call", call_params))
-        await r.server.recv()
-        await r.server.send(result(1, input_required({"s": SAMPLE})))
-        reduced = (await r.client.recv())["result"]
-        allow = {"action": "accept", "content": {"decision": "allow_once"}}
-        responses = {APPROVAL_KEY: allow}
-        params = {**call_params, "inputResponses": responses, "requestState": reduced["requestState"]}
+    async with relayed(provider, approve="elicit", request_state_key=SHARED_KEY) as r:
+        params = await approving_retry(r, "allow_once")
         await r.client.send(request(2, "tools/call", params))
         retry = await r.server.recv()
         await r.server.send(result(retry["id"], {"content": []}))
@@ -824,19 +831,8 @@ async def test_a_sealed_approval_whose_claim_met_a_store_outage_can_be_retried()
     was down the retry was refused, and so was every later one (`requestState expired or
     unknown`), though nothing had been sampled: the user had to be asked again."""
     provider, store = CountingProvider(), ClaimsDownStore()
-    call_params = stateless({"name": "ask"}, {"elicitation": {}})
-    key = Secret("a secret the replicas share, 32+ characters long")
-    async with relayed(provider, store, approve="elicit", request_state_key=key) as r:
-        await r.client.send(request(1, "tools/call", call_params))
-        await r.server.recv()
-        await r.server.send(result(1, input_required({"s": SAMPLE})))
-        reduced = (await r.client.recv())["result"]
-        allow = {"action": "accept", "content": {"decision": "allow_once"}}
-        params = {
-            **call_params,
-            "inputResponses": {APPROVAL_KEY: allow},
-            "requestState": reduced["requestState"],
-        }
+    async with relayed(provider, store, approve="elicit", request_state_key=SHARED_KEY) as r:
+        params = await approving_retry(r, "allow_once")
         store.down = True
         await r.client.send(request(2, "tools/call", params))
         refused = await r.client.recv()
@@ -855,24 +851,13 @@ async def test_allow_for_the_session_counts_only_once_its_sealed_token_was_claim
     (the store down, or the token redeemed on another replica) still left every later round of the
     session approved without the user being asked there."""
     provider, store = CountingProvider(), ClaimsDownStore()
-    call_params = stateless({"name": "ask"}, {"elicitation": {}})
-    key = Secret("a secret the replicas share, 32+ characters long")
-    async with relayed(provider, store, approve="elicit", request_state_key=key) as r:
-        await r.client.send(request(1, "tools/call", call_params))
-        await r.server.recv()
-        await r.server.send(result(1, input_required({"s": SAMPLE})))
-        reduced = (await r.client.recv())["result"]
-        allow = {"action": "accept", "content": {"decision": "allow_session"}}
-        params = {
-            **call_params,
-            "inputResponses": {APPROVAL_KEY: allow},
-            "requestState": reduced["requestState"],
-        }
+    async with relayed(provider, store, approve="elicit", request_state_key=SHARED_KEY) as r:
+        params = await approving_retry(r, "allow_session")
         store.down = True
         await r.client.send(request(2, "tools/call", params))
         assert "state store" in (await r.client.recv())["error"]["message"]
         store.down = False
-        await r.client.send(request(3, "tools/call", call_params))  # a new round: the user is asked
+        await r.client.send(request(3, "tools/call", ASKING))  # a new round: the user is asked
         await r.server.recv()
         await r.server.send(result(3, input_required({"s": SAMPLE})))
         asked = (await r.client.recv())["result"]
@@ -1129,20 +1114,10 @@ async def test_an_approval_answered_after_approve_timeout_samples_nothing(sealed
     """2026-07-28: the approval question of a round waited for `--input-stash-ttl` (300 s), not
     `--approve-timeout`: with `--approve-timeout 0.1` an "Allow" given long after still sampled."""
     provider = CountingProvider()
-    call_params = stateless({"name": "ask"}, {"elicitation": {}})
-    key = Secret("a secret the replicas share, 32+ characters long") if sealed else None
+    key = SHARED_KEY if sealed else None
     async with relayed(provider, approve="elicit", approve_timeout=0.1, request_state_key=key) as r:
-        await r.client.send(request(1, "tools/call", call_params))
-        await r.server.recv()
-        await r.server.send(result(1, input_required({"s": SAMPLE})))
-        reduced = (await r.client.recv())["result"]
+        params = await approving_retry(r, "allow_once")
         await anyio.sleep(0.3)  # the user answers after --approve-timeout
-        allow = {"action": "accept", "content": {"decision": "allow_once"}}
-        params = {
-            **call_params,
-            "inputResponses": {APPROVAL_KEY: allow},
-            "requestState": reduced["requestState"],
-        }
         await r.client.send(request(2, "tools/call", params))
         refused = await r.client.recv()
         assert refused["id"] == 2
