@@ -11,6 +11,7 @@ import sys
 import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 import anyio
 
@@ -21,6 +22,7 @@ from mcp_backfill.config import (
     Config,
     Secret,
     custom_header_secrets,
+    is_loopback,
     looks_like_a_placeholder,
     read_secret_files,
     secret_from_env,
@@ -225,6 +227,12 @@ def _warn_about(config: Config, environ: Mapping[str, str]) -> None:
         log.warning(
             "ANTHROPIC_API_KEY looks like a placeholder, not a key from console.anthropic.com; "
             "sampling requests will be refused with an authentication error"
+        )
+    base = urlsplit(config.api_base_url or "")
+    if config.provider == "anthropic" and base.scheme == "http" and not is_loopback(base.hostname or ""):
+        log.warning(
+            "ANTHROPIC_BASE_URL is a plain http:// URL on another machine: the API key and every "
+            "prompt cross the network unencrypted; use https:// unless that network is trusted"
         )
 
 

@@ -217,6 +217,25 @@ def test_misspelled_variables_and_placeholder_keys_are_warned_about() -> None:
 
 
 @pytest.mark.anyio(False)
+@pytest.mark.parametrize(
+    ("base_url", "warned"),
+    [
+        ("http://gateway.internal:8080", True),
+        ("http://10.1.2.3", True),
+        ("http://127.0.0.1:9999", False),
+        ("http://localhost:9999", False),
+        ("https://gateway.internal", False),
+    ],
+)
+def test_a_plain_http_api_url_to_another_machine_is_warned_about(base_url: str, warned: bool) -> None:
+    """The API key and every prompt cross the network unencrypted to a plain-`http://` gateway on
+    another machine: accepted (a gateway on a private network may be meant), but said."""
+    env = proxy_env(ANTHROPIC_API_KEY="sk-ant-" + "a" * 90, ANTHROPIC_BASE_URL=base_url)
+    done = run("--", *ECHO, env=env)
+    assert ("unencrypted" in done.stderr) is warned, done.stderr[-2000:]
+
+
+@pytest.mark.anyio(False)
 def test_known_variables_are_not_warned_about() -> None:
     env = proxy_env(
         MCP_BACKFILL_MAX_TOKENS_CAP="100", MCP_BACKFILL_UNWRAP="{}", ANTHROPIC_API_KEY="sk-ant-" + "a" * 90
