@@ -71,6 +71,13 @@ EPILOG = (
     "  mcp-backfill check -- /abs/path/server                    check a setup"
 )
 SERVE_ONLY = {opt.flag for opt in OPTIONS if opt.command == "serve"}
+SERVE_ONLY_VARIABLES = {
+    name
+    for opt in OPTIONS
+    if opt.command == "serve"
+    for name in (opt.env, f"{opt.env}_FILE" if opt.env in SECRET_FILE_VARIABLES else "")
+    if name
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -228,6 +235,9 @@ def _warn_about(config: Config, environ: Mapping[str, str]) -> None:
             "ANTHROPIC_API_KEY looks like a placeholder, not a key from console.anthropic.com; "
             "sampling requests will be refused with an authentication error"
         )
+    if config.front != "http":
+        for name in sorted(SERVE_ONLY_VARIABLES & environ.keys()):
+            log.warning(f"{name} is read by `mcp-backfill serve` only; the stdio wrapper ignores it")
     base = urlsplit(config.api_base_url or "")
     if config.provider == "anthropic" and base.scheme == "http" and not is_loopback(base.hostname or ""):
         log.warning(

@@ -236,6 +236,22 @@ def test_a_plain_http_api_url_to_another_machine_is_warned_about(base_url: str, 
 
 
 @pytest.mark.anyio(False)
+def test_variables_only_serve_reads_are_warned_about_by_the_stdio_wrapper() -> None:
+    """A flag of `serve` given to the stdio wrapper gets a hint; its variable was ignored without a
+    word (a shared `.env` setting the port, say, or a request-state key expected to be in force)."""
+    env = proxy_env(
+        MCP_BACKFILL_PORT="9000",
+        MCP_BACKFILL_REQUEST_STATE_KEY="a secret the replicas share, 32+ characters long",
+        MCP_BACKFILL_MAX_TOKENS_CAP="100",
+    )
+    done = run("--provider", "mock", "--", *ECHO, env=env)
+    assert "MCP_BACKFILL_PORT is read by `mcp-backfill serve` only" in done.stderr
+    assert "MCP_BACKFILL_REQUEST_STATE_KEY is read by `mcp-backfill serve` only" in done.stderr
+    assert "MCP_BACKFILL_MAX_TOKENS_CAP is read" not in done.stderr
+    assert "32+ characters" not in done.stderr
+
+
+@pytest.mark.anyio(False)
 def test_known_variables_are_not_warned_about() -> None:
     env = proxy_env(
         MCP_BACKFILL_MAX_TOKENS_CAP="100", MCP_BACKFILL_UNWRAP="{}", ANTHROPIC_API_KEY="sk-ant-" + "a" * 90
