@@ -11,6 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anthropic
+import anyio
+import httpx2
 import pytest
 
 from mcp_backfill.assembly import provider_settings
@@ -761,3 +763,32 @@ async def test_an_event_stream_labelled_json_is_still_read(
     fake_claude.enqueue(raw_reply(started(), *text_block(0, "Hello"), block_stop, *ended(), headers=JSON))
     answer = await provider.create_message(REQUEST)
     assert answer["content"] == [{"type": "text", "text": "Hello"}]
+
+
+async def test_a_call_that_never_got_a_connection_is_not_charged(fake_claude: FakeClaude) -> None:
+    """`PoolTimeout`: no connection of the pool came free in time, so nothing was sent (a
+    `WriteTimeout`, by contrast, leaves the request in the socket's buffer, flushed on close: it
+    may have reached the API). It was charged the whole reservation, as a call that may have been
+    billed."""
+    http_client = httpx2.AsyncClient(limits=httpx2.Limits(max_connections=1))
+    client = anthropic.AsyncAnthropic(
+        api_key=TEST_API_KEY,
+        base_url=fake_claude.url,
+        max_retries=0,
+        http_client=http_client,
+        timeout=httpx2.Timeout(30.0, pool=0.2),
+    )
+    provider = AnthropicProvider(client, secrets=[TEST_API_KEY])
+    fake_claude.enqueue(hang_reply("still thinking"))
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(provider.create_message, REQUEST)  # holds the pool's one connection
+            assert await fake_claude.await_requests(1)
+            error, cost = await metered_failure(provider)
+            tg.cancel_scope.cancel()
+    finally:
+        await provider.aclose()
+    assert error.data is not None
+    assert error.data["type"] == "timeout"
+    assert len(fake_claude.requests) == 1  # the second call never reached the API
+    assert not any(cost.values()), cost
