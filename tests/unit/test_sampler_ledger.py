@@ -3,7 +3,7 @@ exchange, and what the observer hears."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -18,6 +18,7 @@ from mcp_backfill.sampling.convert import META_KEY
 from mcp_backfill.sampling.provider import ProgressCallback, Provider, UsageMeter
 from mcp_backfill.sampling.sampler import MAX_PAUSE_CONTINUATIONS, Sampler
 from mcp_backfill.sampling.spend import Spend
+from mcp_backfill.sampling.store import Limit, MemoryStore, Standing
 from tests.defaults import CONFIG, SPEND
 
 pytestmark = pytest.mark.anyio
@@ -147,6 +148,41 @@ async def test_a_budget_used_up_by_a_paused_turn_stops_the_continuations() -> No
     with pytest.raises(SamplingError, match="process token budget is exhausted"):
         await sampler.sample(dict(PARAMS))
     assert observer.seen[1] == ("refused", {})
+
+
+class RacedStore(MemoryStore):
+    """Another request (or replica) reserves the rest of the budget right after this request found
+    room for continuing its paused turn."""
+
+    armed = False
+
+    async def settle(self, limits: Sequence[Limit], lease: str, tokens: int) -> None:
+        await super().settle(limits, lease, tokens)
+        self.armed = tokens > 0  # the paused call was charged: `has_room` comes next
+
+    async def reserve(self, limits: Sequence[Limit], lease: str, amount: int) -> Standing:
+        standing = await super().reserve(limits, lease, amount)
+        if self.armed and amount == 0:  # lost between `has_room` and the continuation's reservation
+            self.armed = False
+            await super().reserve(limits, "another-request", 1_000)
+        return standing
+
+
+async def test_a_paused_turn_whose_continuation_loses_a_budget_race_is_answered_as_paused() -> None:
+    """The first call (paid for) paused; the budget had room when checked, none when the
+    continuation reserved. The request failed with "budget exhausted" and the paused answer, charged,
+    was lost; it is the answer now, as when the budget had no room to begin with."""
+    provider = Scripted(paused(1), paused(2, "end_turn"))
+    observer = Observer()
+    spend = Spend(replace(SPEND, rate_limit=0, budget=(Allowance(1_000),)), RacedStore())
+    sampler = Sampler(provider, assembly.sampler_settings(CONFIG), spend=spend, observer=observer)
+    result = await sampler.sample(dict(PARAMS))
+    assert len(provider.requests) == 1
+    assert result["stopReason"] == "pauseTurn"
+    assert result["content"] == {"type": "text", "text": "part 1. "}
+    charged = {"input_tokens": 10, "output_tokens": 1, "cache_read_input_tokens": 1}
+    assert observer.seen == [("answered", {"cache_creation_input_tokens": 0, **charged})]
+    assert spend.budget.used == 12  # the paused call stays charged
 
 
 async def test_a_failed_call_is_charged_and_reported_as_failed() -> None:

@@ -297,9 +297,18 @@ class Sampler:
                 break
             history = [*request["messages"], {"role": "assistant", "content": message.get("content", [])}]
             follow_up_request = {**request, "messages": history}
-            if turn is not None:
-                turn.next_call()
-            follow_up = await self._call(ticket, follow_up_request, reservation_for(follow_up_request), turn)
+            try:
+                follow_up = await self._call(
+                    ticket, follow_up_request, reservation_for(follow_up_request), turn, continuing=True
+                )
+            except _NotMade as refused:
+                # The budget had room when checked and none when reserved (another request took
+                # it): the paused turn, paid for, is the answer, as when there was no room at all.
+                log.info(
+                    "paused turn returned as it is: its continuation was refused",
+                    extra={"error": refused.error.message},
+                )
+                break
             message = _continue(message, follow_up)
         if turn is not None:
             await turn.finish()
@@ -310,10 +319,30 @@ class Sampler:
         ticket: Ticket,
         request: dict[str, Any],
         reservation: Reservation,
-        progress: ProgressCallback | None,
+        progress: _TurnProgress | None,
+        *,
+        continuing: bool = False,
     ) -> dict[str, Any]:
-        async with ticket.call(reservation) as charge:
-            return await self.provider.create_message(request, on_progress=progress, meter=charge)
+        """One call; `continuing` a paused turn, a refusal of its reservation raises `_NotMade`."""
+        made = False
+        try:
+            async with ticket.call(reservation) as charge:
+                made = True
+                if continuing and progress is not None:
+                    progress.next_call()
+                return await self.provider.create_message(request, on_progress=progress, meter=charge)
+        except SamplingError as exc:
+            if continuing and not made:
+                raise _NotMade(exc) from exc
+            raise
+
+
+class _NotMade(Exception):
+    """A continuation's call was refused before it was made (nothing of it was sent or charged)."""
+
+    def __init__(self, error: SamplingError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 class _TurnProgress:
