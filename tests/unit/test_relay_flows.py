@@ -781,6 +781,32 @@ async def test_the_approval_form_of_a_round_shows_every_question_that_needs_appr
         assert "RUN rm -rf WITH TOOLS" in message
 
 
+@pytest.mark.parametrize("sealed", [False, True])
+async def test_a_server_question_under_the_proxys_approval_key_is_kept_and_answered(sealed: bool) -> None:
+    """A server question keyed `mcp-backfill-approval` was overwritten by the proxy's approval
+    question: the client never saw it, and its "allow" went to the server as the answer to it."""
+    questions = {"s": SAMPLE, APPROVAL_KEY: ELICIT}
+    allow = {"action": "accept", "content": {"decision": "allow_once"}}
+    theirs = {"action": "accept", "content": {"name": "the server's answer"}}
+    sealing: dict[str, Any] = {"request_state_key": SHARED_KEY} if sealed else {}
+    async with relayed(approve="elicit", **sealing) as r:
+        await r.client.send(request(1, "tools/call", ASKING))
+        await r.server.recv()
+        await r.server.send(result(1, input_required(questions)))
+        reduced = (await r.client.recv())["result"]
+        asked = reduced["inputRequests"]
+        assert asked[APPROVAL_KEY] == ELICIT  # the server's own question, as it sent it
+        (proxy_key,) = (key for key in asked if key != APPROVAL_KEY)
+        assert "Send it to Claude?" in asked[proxy_key]["params"]["message"]
+        answers = {APPROVAL_KEY: theirs, proxy_key: allow}
+        retry = {**ASKING, "inputResponses": answers, "requestState": reduced["requestState"]}
+        await r.client.send(request(2, "tools/call", retry))
+        resent = (await r.server.recv())["params"]
+        assert resent["inputResponses"][APPROVAL_KEY] == theirs
+        assert set(resent["inputResponses"]) == {APPROVAL_KEY, "s"}
+        assert resent["requestState"] == "server-state"
+
+
 SHARED_KEY = Secret("a secret the replicas share, 32+ characters long")
 ASKING = stateless({"name": "ask"}, {"elicitation": {}})
 

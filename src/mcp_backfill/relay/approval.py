@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import secrets
 import unicodedata
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -72,6 +72,17 @@ def cannot_elicit(policy: Approval) -> SamplingError:
         "elicit, or run with --approve never",
         {"reason": "client cannot elicit"},
     )
+
+
+def approval_key(taken: Collection[str]) -> str:
+    """The key of the approval question in a 2026-07-28 round: `APPROVAL_KEY`, or with a number
+    after it, whichever no question of the server's (`taken`) has. The server's own question stays
+    as it sent it, and its answer goes back to it under its key."""
+    key, number = APPROVAL_KEY, 1
+    while key in taken:
+        number += 1
+        key = f"{APPROVAL_KEY}-{number}"
+    return key
 
 
 def rejected(reason: str) -> SamplingError:

@@ -126,6 +126,8 @@ class StashedRound:
     pending: dict[str, Any] = field(default_factory=dict)
     # A sealed token's nonce (hex), by which replicas sharing a ledger store claim it once.
     nonce: str = ""
+    # The key of the approval question among the round's (one no question of the server's has).
+    approval_key: str = ""
 
 
 @dataclass
@@ -145,14 +147,18 @@ class Stash:
         rounds: int,
         pending: dict[str, Any] | None = None,
         ttl: float | None = None,
+        approval_key: str = "",
     ) -> str:
-        """`ttl`: this entry's, when shorter than the stash's (an approval question's)."""
+        """`ttl`: this entry's, when shorter than the stash's (an approval question's);
+        `approval_key`: the key the approval question of `pending` was asked under."""
         now = self.clock()
         self.entries = {k: v for k, v in self.entries.items() if v.expires > now}
         # Unguessable, so one client cannot redeem another's answers on a shared proxy.
         token = f"{next(self._serial)}.{secrets.token_urlsafe(12)}"
         expires = now + (self.ttl if ttl is None else ttl)
-        self.entries[token] = StashedRound(answers, has_state, state, rounds, expires, pending or {})
+        self.entries[token] = StashedRound(
+            answers, has_state, state, rounds, expires, pending or {}, approval_key=approval_key
+        )
         return token
 
     def take(self, token: str) -> StashedRound | None:
@@ -239,11 +245,13 @@ class SealedStash:
         rounds: int,
         pending: dict[str, Any] | None = None,
         ttl: float | None = None,
+        approval_key: str = "",
     ) -> str:
         expires = self._clock() + (self.ttl if ttl is None else ttl)
-        payload = jsonrpc.encode(  # keeps the text of numbers a double cannot hold (`1e400`)
-            {"a": answers, "h": has_state, "s": state, "r": rounds, "e": expires, "p": pending or {}}
-        )
+        fields = {"a": answers, "h": has_state, "s": state, "r": rounds, "e": expires, "p": pending or {}}
+        if approval_key:
+            fields["k"] = approval_key
+        payload = jsonrpc.encode(fields)  # keeps the text of numbers a double cannot hold (`1e400`)
         nonce = secrets.token_bytes(12)
         sealed = self._aead.encrypt(nonce, payload, self._scope)
         return base64.urlsafe_b64encode(nonce + sealed).decode().rstrip("=")
@@ -260,7 +268,8 @@ class SealedStash:
         if pending and not self._redeemed.claim(raw[:12], payload["e"], now):
             return None
         answers, has_state, state, rounds = payload["a"], payload["h"], payload["s"], payload["r"]
-        return StashedRound(answers, has_state, state, rounds, payload["e"], pending, raw[:12].hex())
+        key = payload.get("k", "")
+        return StashedRound(answers, has_state, state, rounds, payload["e"], pending, raw[:12].hex(), key)
 
     def give_back(self, stashed: StashedRound) -> None:
         """A taken token whose redemption did not go ahead may be redeemed again."""

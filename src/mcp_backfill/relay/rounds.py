@@ -30,6 +30,7 @@ from mcp_backfill.relay.approval import (
     APPROVAL_KEY,
     Approver,
     Decision,
+    approval_key,
     can_elicit,
     cannot_elicit,
     decision_of,
@@ -150,7 +151,8 @@ class RoundDriver:
         """The client's retry of a round that asked the user to approve the proxy's sampling: on
         a yes, the proxy samples now and re-sends the request; otherwise the request is refused."""
         given = ir.client_answers(params)
-        decision, how = decision_of(given.get(APPROVAL_KEY))
+        key = stashed.approval_key or APPROVAL_KEY  # a token sealed before the key was kept
+        decision, how = decision_of(given.get(key))
         log.info("sampling approval answered", extra={"decision": decision, "how": how})
         if decision == "deny":
             error = jsonrpc.error_response(
@@ -158,7 +160,7 @@ class RoundDriver:
             )
             replies.append(error)
             return
-        given = {key: value for key, value in given.items() if key != APPROVAL_KEY}
+        given = {name: value for name, value in given.items() if name != key}
         client = ClientProfile.from_capabilities(declared)
         base = ir.base_params(params)
         chain = InputChain(pending.method, base, client, stashed.rounds, None, anyio.CancelScope())
@@ -381,8 +383,9 @@ class RoundDriver:
         # The question is open for `--approve-timeout`, as in the handshake era: an answer given
         # later (a dialog left open for hours) finds the round gone and samples nothing.
         ttl = min(self.options.input_stash_ttl, self.approver.timeout)
-        token = self.stash.put({}, current.has_state, current.state, chain.rounds, current.mine, ttl)
-        theirs = {**current.theirs, APPROVAL_KEY: {"method": protocol.ELICIT, "params": question}}
+        key = approval_key(current.mine.keys() | current.theirs.keys())
+        token = self.stash.put({}, current.has_state, current.state, chain.rounds, current.mine, ttl, key)
+        theirs = {**current.theirs, key: {"method": protocol.ELICIT, "params": question}}
         log.info("sampling approval asked in the round", extra={"request_id": pending.request_id})
         reduced = ir.reduced_result(result, theirs, token)
         await self._send_client(jsonrpc.encode(jsonrpc.result_response(pending.request_id, reduced)))
