@@ -21,7 +21,7 @@ from mcp_backfill.errors import MessageTooLarge, StoreUnavailable
 from mcp_backfill.providers.mock import MockProvider
 from mcp_backfill.relay import Relay
 from mcp_backfill.relay.answering import ANSWERING_LIMIT
-from mcp_backfill.relay.approval import APPROVAL_KEY
+from mcp_backfill.relay.approval import APPROVAL_KEY, MAX_APPROVAL_PROMPTS
 from mcp_backfill.sampling.provider import ProgressCallback, UsageMeter
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.sampling.spend import Spend
@@ -805,6 +805,32 @@ async def test_a_server_question_under_the_proxys_approval_key_is_kept_and_answe
         assert resent["inputResponses"][APPROVAL_KEY] == theirs
         assert set(resent["inputResponses"]) == {APPROVAL_KEY, "s"}
         assert resent["requestState"] == "server-state"
+
+
+async def test_a_round_asking_approval_for_more_prompts_than_a_form_shows_is_refused() -> None:
+    """A round could hold any number of sampling questions, and the approval form listed them all:
+    a server could make the question the user must read as long as it liked."""
+    many = {f"s{n}": SAMPLE for n in range(MAX_APPROVAL_PROMPTS + 1)}
+    provider = CountingProvider()
+    async with relayed(provider, approve="elicit") as r:
+        await r.client.send(request(1, "tools/call", ASKING))
+        await r.server.recv()
+        await r.server.send(result(1, input_required(many)))
+        refused = await r.client.recv()
+        assert refused["id"] == 1
+        assert refused["error"]["code"] == protocol.INTERNAL_ERROR
+        message = refused["error"]["message"]
+        assert f"{MAX_APPROVAL_PROMPTS + 1} sampling requests" in message
+        assert "--approve" in message
+        assert "MCP_BACKFILL_APPROVE" in message
+        assert provider.calls == 0
+        # As many as a form shows are asked about in one form.
+        await r.client.send(request(2, "tools/call", ASKING))
+        await r.server.recv()
+        some = {f"s{n}": SAMPLE for n in range(MAX_APPROVAL_PROMPTS)}
+        await r.server.send(result(2, input_required(some)))
+        asked = (await r.client.recv())["result"]["inputRequests"]
+        assert f"answer {MAX_APPROVAL_PROMPTS} prompts" in asked[APPROVAL_KEY]["params"]["message"]
 
 
 SHARED_KEY = Secret("a secret the replicas share, 32+ characters long")

@@ -42,6 +42,9 @@ APPROVAL_KEY = "mcp-backfill-approval"
 APPROVAL_ID_PREFIX = "mcp-backfill-approval-"
 PROMPT_PREVIEW = 400  # characters of the prompt shown to the user
 NAME_PREVIEW = 64  # characters of the server's name shown to the user
+# Prompts one approval form shows at most: a form is for a person to read, and a 2026-07-28 round
+# may hold any number of sampling questions. A round that needs more is refused (see `too_many`).
+MAX_APPROVAL_PROMPTS = 8
 
 Decision = Literal["allow_once", "allow_session", "deny"]
 CHOICES: tuple[tuple[Decision, str], ...] = (
@@ -71,6 +74,17 @@ def cannot_elicit(policy: Approval) -> SamplingError:
         "client's elicitation (form mode), and this client declared none; use a client that can "
         "elicit, or run with --approve never",
         {"reason": "client cannot elicit"},
+    )
+
+
+def too_many(count: int, policy: Approval) -> SamplingError:
+    """The refusal of a 2026-07-28 round whose sampling questions one approval form cannot show."""
+    return SamplingError(
+        protocol.INTERNAL_ERROR,
+        f"The server asked for {count} sampling requests in one input round, and --approve {policy} "
+        f"({env_var('--approve')}) asks the user about at most {MAX_APPROVAL_PROMPTS} in one approval "
+        "form; none was sent to Claude. The server may ask for fewer per round",
+        {"reason": "too many sampling requests to approve", "requests": count, "limit": MAX_APPROVAL_PROMPTS},
     )
 
 

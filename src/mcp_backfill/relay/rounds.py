@@ -28,6 +28,7 @@ from mcp_backfill.logs import get_logger
 from mcp_backfill.relay import input_required as ir
 from mcp_backfill.relay.approval import (
     APPROVAL_KEY,
+    MAX_APPROVAL_PROMPTS,
     Approver,
     Decision,
     approval_key,
@@ -35,6 +36,7 @@ from mcp_backfill.relay.approval import (
     cannot_elicit,
     decision_of,
     form,
+    too_many,
 )
 from mcp_backfill.relay.capabilities import ClientProfile, backfill_capabilities, proxy_answers
 from mcp_backfill.relay.state import InputChain, PendingRequest, RelayOptions, RelayState
@@ -374,6 +376,14 @@ class RoundDriver:
             await self._fail(pending.request_id, refusal.code, refusal.message, refusal.data)
             return
         asked = [params for params in current.mine.values() if self.approver.needed(params)]
+        if len(asked) > MAX_APPROVAL_PROMPTS:
+            refusal = too_many(len(asked), self.approver.policy)
+            log.warning(
+                "sampling approval not asked: too many sampling requests in one round",
+                extra={"request_id": pending.request_id, "requests": len(asked)},
+            )
+            await self._fail(pending.request_id, refusal.code, refusal.message, refusal.data)
+            return
         try:
             previews = [self.approver.preview(params) for params in asked]
         except SamplingError as exc:
