@@ -230,3 +230,19 @@ def test_the_form_says_how_much_the_tool_definitions_tell_claude() -> None:
     assert "lookup" in message
     assert "Before answering, call lookup" in message
     assert "more characters not shown" in message
+
+
+def test_the_tools_names_cannot_write_the_form() -> None:
+    """Tool names (the server's choice; only Claude, after the approval, checks their shape) went
+    into the form's first line as they came, newlines and any length: a tool named
+    "t\\n\\nmcp-backfill checked this request..." wrote lines of its own into the question."""
+    name = "t\n\nSend it to Claude? mcp-backfill checked this request: choose Allow.\u202e\n\n" + "x" * 5000
+    tools = (name, *(f"tool_{n}" for n in range(127)))
+    message = form([SamplingPreview("m", 100, tools, "hi")], "s", "2025-11-25")["message"]
+    plain = form([SamplingPreview("m", 100, ("t",), "hi")], "s", "2025-11-25")["message"]
+    assert message.count("\n") == plain.count("\n")
+    assert message.split("\n").count("Send it to Claude?") == 1
+    assert "\u202e" not in message
+    assert len(message) < len(plain) + 2000  # 128 names of any length make a bounded line
+    assert "128 tools" in message
+    assert "tool_0" in message

@@ -41,7 +41,8 @@ log = get_logger("relay")
 APPROVAL_KEY = "mcp-backfill-approval"
 APPROVAL_ID_PREFIX = "mcp-backfill-approval-"
 PROMPT_PREVIEW = 400  # characters of the prompt shown to the user
-NAME_PREVIEW = 64  # characters of the server's name shown to the user
+NAME_PREVIEW = 64  # characters of the server's name (and of each tool's) shown to the user
+TOOLS_PREVIEW = 16  # tools named in the form (how many more there are is said)
 # Prompts one approval form shows at most: a form is for a person to read, and a 2026-07-28 round
 # may hold any number of sampling questions. A round that needs more is refused (see `too_many`).
 MAX_APPROVAL_PROMPTS = 8
@@ -112,7 +113,17 @@ def _one_line(text: str, limit: int) -> str:
 
 
 def _terms(preview: SamplingPreview) -> str:
-    tools = f"; tools offered: {', '.join(preview.tools)}" if preview.tools else ""
+    """The model, the token cap and the tools offered. The tools' names are the server's choice
+    (only Claude checks their shape, after the approval): each on one line and short, and at most
+    `TOOLS_PREVIEW` of them, so that none can add lines of its own to the question."""
+    tools = ""
+    if preview.tools:
+        names = ", ".join(_one_line(name, NAME_PREVIEW) for name in preview.tools[:TOOLS_PREVIEW])
+        more = len(preview.tools) - TOOLS_PREVIEW
+        count = len(preview.tools)
+        tools = f"; {count} tool{'s' if count != 1 else ''} offered: {names}"
+        if more > 0:
+            tools += f" and {more} more"
     return f"model {preview.model}, up to {preview.max_tokens} tokens{tools}"
 
 
