@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from mcp_backfill import assembly, protocol
+from mcp_backfill.options import Allowance
 from mcp_backfill.relay.progress import ProgressNotifier, progress_notifier
 from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress, UsageMeter
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.sampling.spend import Spend
 from tests.defaults import CONFIG, SPEND
+from tests.unit.test_sampler_ledger import RacedStore
 
 pytestmark = pytest.mark.anyio
 
@@ -163,3 +166,17 @@ async def test_the_final_notification_comes_after_a_paused_turn_is_continued() -
     assert ["total" in p for p in sent] == [False] * (len(sent) - 1) + [True]
     assert sent[-1]["progress"] == sent[-1]["total"] == 441
     assert sent[-1]["message"] == "Claude finished (10 output tokens)"
+
+
+async def test_a_paused_turn_whose_continuation_is_refused_still_says_claude_finished() -> None:
+    """The continuation lost a budget race: the paused turn is the answer, and its call's final
+    notification goes out (the continuation, never made, did not count as a new call)."""
+    wire = Wire()
+    spend = Spend(replace(SPEND, rate_limit=0, budget=(Allowance(1_000),)), RacedStore())
+    sampler = Sampler(Pausing(), assembly.sampler_settings(CONFIG), spend=spend)
+    params = {"messages": [{"role": "user", "content": {"type": "text", "text": "search"}}], "maxTokens": 100}
+    result = await sampler.sample(params, progress=notifier(wire))
+    assert result["stopReason"] == "pauseTurn"
+    sent = wire.params()
+    assert sent[-1]["progress"] == sent[-1]["total"] == 41
+    assert sent[-1]["message"] == "Claude finished (5 output tokens)"
