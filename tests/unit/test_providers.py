@@ -12,6 +12,7 @@ from typing import Any
 
 import anthropic
 import anyio
+import anyio.abc
 import httpx2
 import pytest
 
@@ -791,4 +792,37 @@ async def test_a_call_that_never_got_a_connection_is_not_charged(fake_claude: Fa
     assert error.data is not None
     assert error.data["type"] == "timeout"
     assert len(fake_claude.requests) == 1  # the second call never reached the API
+    assert not any(cost.values()), cost
+
+
+async def test_a_call_a_proxy_refused_to_tunnel_is_not_charged() -> None:
+    """An HTTPS proxy (`HTTPS_PROXY`) that refuses the `CONNECT` (407, 403): the tunnel to the API
+    was never opened, so the request was never sent; it was charged the whole reservation."""
+    seen: list[bytes] = []
+
+    async def refuse(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += await stream.receive()
+            seen.append(head.split(b" ", 1)[0])
+            await stream.send(b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n")
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    http_client = httpx2.AsyncClient(proxy=f"http://127.0.0.1:{port}")
+    client = anthropic.AsyncAnthropic(
+        api_key=TEST_API_KEY, base_url="https://claude.test", max_retries=0, http_client=http_client
+    )
+    provider = AnthropicProvider(client, secrets=[TEST_API_KEY])
+    try:
+        async with listener, anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, refuse)
+            error, cost = await metered_failure(provider)
+            tg.cancel_scope.cancel()
+    finally:
+        await provider.aclose()
+    assert seen == [b"CONNECT"]
+    assert error.data is not None
+    assert error.data["type"] == "connection_error"
     assert not any(cost.values()), cost

@@ -58,10 +58,12 @@ UTF8_BOM = b"\xef\xbb\xbf"
 # The most of a JSON answer instead of a stream (a gateway's message or error) that is read.
 WHOLE_BODY_LIMIT = 64 * 1024 * 1024
 
-# Failures that mean the request never reached the API, not billed: no connection was made, or
-# none of the pool's came free in time. Not a `WriteTimeout`: the request was handed to the socket,
-# whose buffer is still flushed when the connection closes, so it may have reached the API.
-NEVER_SENT = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)
+# Failures that mean the request never reached the API, not billed: no connection was made, none
+# of the pool's came free in time, or the proxy refused to open the tunnel to the API (httpcore2
+# raises `ProxyError` only then, and for a SOCKS handshake). Not a `WriteTimeout`: the request was
+# handed to the socket, whose buffer is still flushed when the connection closes, so it may have
+# reached the API.
+NEVER_SENT = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout, httpx2.ProxyError)
 
 AnyClient = anthropic.AsyncAnthropic | anthropic.AsyncAnthropicBedrock | anthropic.AsyncAnthropicVertex
 
