@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -87,6 +87,7 @@ class StatelessHub:
         self._tg: TaskGroup | None = None
         self._headers: dict[str, str] = {}
         self._waiting = 0  # requests in `mux`, waiting for the upstream to start
+        self._held = 0  # requests of this client whose body is arriving (`StatelessHubs.held`)
         self.last_used = anyio.current_time()
 
     def start(self, tg: TaskGroup) -> None:
@@ -97,6 +98,21 @@ class StatelessHub:
         """Requests in flight, counting those that wait for the upstream to start: a hub that is
         starting is busy, never idle enough to be stopped to make room."""
         return self._waiting + (self._mux.in_flight if self._mux is not None else 0)
+
+    @property
+    def busy(self) -> bool:
+        """Requests in flight, or a request of this client whose body is still arriving: the hub is
+        not idle, to be stopped to make room or for idleness."""
+        return self._held > 0 or self.in_flight > 0
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        self._held += 1
+        try:
+            yield
+        finally:
+            self._held -= 1
+            self.last_used = anyio.current_time()
 
     async def mux(self, headers: UpstreamHeaders) -> MuxChannel:
         """The live mux, starting the upstream first if needed; raises `UpstreamStartError`."""
@@ -169,11 +185,11 @@ class StatelessHubs:
 
     At most `max_upstreams` upstreams exist at once: the hubs' and `others()` (the handshake
     sessions', which share `--max-sessions`). When a new identity arrives and all are taken, the hub
-    idle the longest (no request in flight) is stopped to make room (`evict_idlest`, which a new
-    session uses too); only when no hub is idle is the request refused. So credentials that come and
-    go (junk `Authorization` values under `--forward-authorization`, each its own identity) can never
-    lock real clients out for longer than their own requests last. Hubs idle for `idle_timeout` (0:
-    never) are stopped as well.
+    idle the longest (no request in flight, none arriving) is stopped to make room (`evict_idlest`,
+    which a new session uses too); only when no hub is idle is the request refused. So credentials
+    that come and go (junk `Authorization` values under `--forward-authorization`, each its own
+    identity) can never lock real clients out for longer than their own requests last. Hubs idle for
+    `idle_timeout` (0: never) are stopped as well.
     """
 
     def __init__(
@@ -216,9 +232,16 @@ class StatelessHubs:
         hub.last_used = anyio.current_time()
         return await hub.mux(headers)
 
+    def held(self, identity: str) -> contextlib.AbstractContextManager[None]:
+        """`identity`'s hub, if it has one, is busy while a request's body arrives: else, with every
+        upstream taken, a newcomer could have it stopped as idle under the request (then refused,
+        503), and `--session-idle-timeout` could stop it too (as `HandshakeFront` holds a session)."""
+        hub = self._hubs.get(identity)
+        return hub.hold() if hub is not None else contextlib.nullcontext()
+
     def evict_idlest(self) -> bool:
         """Stop the hub idle the longest, to make room for another upstream; False if none is idle."""
-        idle = [(hub.last_used, key) for key, hub in self._hubs.items() if not hub.in_flight]
+        idle = [(hub.last_used, key) for key, hub in self._hubs.items() if not hub.busy]
         if not idle:
             return False
         _, key = min(idle)
@@ -231,7 +254,7 @@ class StatelessHubs:
             await anyio.sleep(min(self._idle_timeout / 2, 30.0))
             now = anyio.current_time()
             for key, hub in list(self._hubs.items()):
-                if hub.in_flight:
+                if hub.busy:
                     hub.last_used = now
                 elif now - hub.last_used >= self._idle_timeout:
                     del self._hubs[key]
@@ -267,7 +290,8 @@ class StatelessFront:
         if not (json_ok and sse_ok):
             await call.respond(406)
             return
-        body = await call.read_json_body(self.settings.max_body, self.settings.body_timeout)
+        with self.hubs.held(identity):
+            body = await call.read_json_body(self.settings.max_body, self.settings.body_timeout)
         if body is None:
             return
         try:
