@@ -444,3 +444,37 @@ async def test_a_session_holds_a_bounded_number_of_post_streams_waiting_for_answ
     router.route(encode(result(0, n=0)))
     assert streams[0].finished
     assert not router.open_post([request("one more")]).finished  # an answer made room
+
+
+async def test_a_sessions_replay_memory_is_bounded_over_all_its_streams_oldest_first() -> None:
+    """Replay memory was bounded per stream only (`REPLAY_BYTES`, 1,024 events): a session's GET
+    stream and its 256 open POSTs could each hold the maximum, 2 GiB for one session. Now the
+    session's streams together keep at most its byte limit, the oldest events of any stream going
+    first, and the newest event is still always kept."""
+    limit = 10_000
+    router = SessionRouter(1024, replay_bytes=limit)
+    posts = [router.open_post([request(n)]) for n in range(8)]
+    chunk = "x" * 900
+
+    def note(n: int) -> bytes:
+        return encode(notification("notifications/message", data=f"{n:04d}{chunk}"))
+
+    for n in range(40):  # round-robin over the POSTs and the GET stream, ~1 KB each
+        related = n % 9 if n % 9 < 8 else None
+        router.route(note(n), related=related)
+        assert router.buffered_bytes <= limit
+    assert router.buffered_bytes == sum(s.buffered_bytes for s in [*posts, router.get_stream])
+    kept = sorted(
+        int(json.loads(data)["params"]["data"][:4])
+        for stream in [*posts, router.get_stream]
+        for _, data in stream.after(0)
+    )
+    assert kept == list(range(40 - len(kept), 40))  # the newest, whichever stream they are on
+    assert len(kept) == limit // len(note(0))
+    huge = encode(notification("notifications/message", data="y" * 3 * limit))
+    router.route(huge, related=0)
+    assert messages(posts[0])[-1]["params"]["data"] == "y" * 3 * limit  # kept, however large
+    assert router.buffered_bytes == len(huge)  # and everything older went
+    router.route(encode(result(0)))
+    router.forget(posts[0])  # a finished stream the session lets go of gives its bytes back
+    assert router.buffered_bytes == sum(s.buffered_bytes for s in [*posts[1:], router.get_stream])
