@@ -283,3 +283,84 @@ async def test_a_hub_is_not_evicted_while_a_request_body_of_its_client_is_arrivi
     alice = answers["alice"]
     assert alice.status_code == 200, alice.text
     assert alice.json()["result"]["tools"]
+
+
+# A 2026-07-28 upstream slow to stop: answers every request with an empty tools list; once its
+# input is closed it stays until the test creates `release`.
+LINGERING_2026_SERVER = r"""
+import json, os, sys, time
+from pathlib import Path
+here = Path(sys.argv[1])
+(here / f"started-{os.getpid()}").touch()
+for line in sys.stdin:
+    message = json.loads(line)
+    if "id" in message and "method" in message:
+        print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": {"tools": []}}), flush=True)
+(here / f"eof-{os.getpid()}").touch()
+while not (here / "release").exists():
+    time.sleep(0.05)
+(here / f"gone-{os.getpid()}").touch()
+"""
+
+
+@pytest.mark.parametrize("newcomer", ["2026-07-28", "handshake"])
+async def test_an_evicted_hub_counts_against_max_sessions_until_its_upstream_stopped(
+    tmp_path: Path, newcomer: str
+) -> None:
+    """An idle 2026-07-28 hub stopped to make room (or for idleness) left `--max-sessions` at once,
+    while its upstream process was still stopping (up to 3 x `--shutdown-grace`): the newcomer's
+    upstream started beside it, more upstream processes than the limit. Now the newcomer waits for
+    the evicted upstream to be gone before its own starts."""
+    script = tmp_path / "linger.py"
+    script.write_text(LINGERING_2026_SERVER)
+    tokens = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789"}
+    entries = ",".join(f"{name}={token}" for name, token in tokens.items())
+    options = (
+        "--provider",
+        "mock",
+        "--client-tokens",
+        entries,
+        "--max-sessions",
+        "1",
+        "--shutdown-grace",
+        "60",
+    )
+
+    def headers_of(who: str, method: str) -> dict[str, str]:
+        return {**stateless_headers(method), "authorization": f"Bearer {tokens[who]}"}
+
+    async with (
+        run_sidecar(
+            *options, upstream=[sys.executable, str(script), str(tmp_path)], env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        first = await http.post(
+            sidecar.url, json=stateless_request(1, "tools/list"), headers=headers_of("alice", "tools/list")
+        )
+        assert first.status_code == 200, first.text  # Alice's hub: the one slot, idle from now on
+        answer: dict[str, httpx2.Response] = {}
+
+        async def bob() -> None:
+            if newcomer == "2026-07-28":
+                body = stateless_request(2, "tools/list")
+                answer["bob"] = await http.post(
+                    sidecar.url, json=body, headers=headers_of("bob", "tools/list")
+                )
+            else:
+                headers = {**HANDSHAKE_HEADERS, "authorization": f"Bearer {tokens['bob']}"}
+                answer["bob"] = await http.post(sidecar.url, json=initialize_body(), headers=headers)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(bob)
+            with anyio.fail_after(HTTP_TIMEOUT):
+                while not list(tmp_path.glob("eof-*")):  # Alice's upstream is stopping
+                    await anyio.sleep(0.05)
+            for _ in range(20):  # a while for a second upstream to start, if it is going to
+                await anyio.sleep(0.1)
+            started_while_stopping = len(list(tmp_path.glob("started-*")))
+            assert "bob" not in answer  # waiting for the slot, neither served nor refused
+            (tmp_path / "release").touch()
+        assert started_while_stopping == 1
+        assert answer["bob"].status_code == 200, answer["bob"].text
+        assert len(list(tmp_path.glob("started-*"))) == 2

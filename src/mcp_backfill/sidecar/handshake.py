@@ -173,7 +173,7 @@ class HandshakeFront:
                     headers=[(b"retry-after", str(seconds).encode())],
                 )
                 return None
-            session = self.sessions.open(upstream_headers(), identity)
+            session = await self.sessions.open(upstream_headers(), identity)
             if session is None:
                 self.opening.refused(identity)
                 log.warning("session refused: too many open sessions", extra={"sessions": len(self.sessions)})
