@@ -478,3 +478,23 @@ async def test_a_sessions_replay_memory_is_bounded_over_all_its_streams_oldest_f
     router.route(encode(result(0)))
     router.forget(posts[0])  # a finished stream the session lets go of gives its bytes back
     assert router.buffered_bytes == sum(s.buffered_bytes for s in [*posts[1:], router.get_stream])
+
+
+async def test_mux_routes_each_message_of_an_upstream_batch() -> None:
+    """A batch from the upstream (a JSON array) was dropped whole by the 2026-07-28 mux: the
+    requests it answered waited for ever (their POSTs open, their client's hub never idle, never
+    stopped to make room nor for idleness). Each of its messages now goes where it would alone."""
+    mux = MuxChannel()
+    a, raw_a = mux.open(request("a", _meta={"progressToken": "pa"}))
+    b, raw_b = mux.open(request("b"))
+    id_a, id_b = json.loads(raw_a)["id"], json.loads(raw_b)["id"]
+    progress = notification("notifications/progress", progressToken=id_a, progress=1)
+    await mux.send(encode([progress, result(id_a, ok=1), result(id_b, ok=2)]))
+    assert messages(a.stream) == [
+        notification("notifications/progress", progressToken="pa", progress=1),
+        result("a", ok=1),
+    ]
+    assert messages(b.stream) == [result("b", ok=2)]
+    assert a.stream.finished
+    assert b.stream.finished
+    assert mux.in_flight == 0
