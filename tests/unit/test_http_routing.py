@@ -498,3 +498,29 @@ async def test_mux_routes_each_message_of_an_upstream_batch() -> None:
     assert a.stream.finished
     assert b.stream.finished
     assert mux.in_flight == 0
+
+
+async def test_a_2026_stream_keeps_nothing_it_has_written() -> None:
+    """A 2026-07-28 POST's stream is never resumed (its events have no ids), yet it kept its last
+    1,024 events, up to 8 MiB, while it lasted: every open `subscriptions/listen` held that much of
+    notifications its client had long read, as many as there are connections. Now what has been
+    written is let go."""
+    mux = MuxChannel()
+    listen, raw = mux.open(request("L1", "subscriptions/listen"))
+    meta = {"io.modelcontextprotocol/subscriptionId": json.loads(raw)["id"]}
+    call = SlowCall()
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                partial(pump_sse, cast(HttpCall, call), listen.stream, 0, with_ids=False, keepalive=5)
+            )
+            for n in range(50):
+                note = notification("notifications/resources/updated", uri=f"x://{n}", _meta=meta)
+                await mux.send(encode(note))
+            while listen.stream.delivered < 50:
+                await anyio.sleep(0.01)
+            assert listen.stream.buffered_bytes == 0
+            assert listen.stream.after(0) == []
+            tg.cancel_scope.cancel()
+    written = [message for _, message in sse_messages(b"".join(call.chunks).decode())]
+    assert [m["params"]["uri"] for m in written] == [f"x://{n}" for n in range(50)]

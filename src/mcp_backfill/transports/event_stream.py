@@ -98,12 +98,20 @@ class ReplayBudget:
 
 class EventStream:
     """The messages of one SSE stream, numbered, with the last `limit` kept for replay (and, with a
-    `budget`, within what its session keeps in all)."""
+    `budget`, within what its session keeps in all). A stream without `replay` (2026-07-28, whose
+    events have no ids) keeps only what is still to be written."""
 
     def __init__(
-        self, key: str, limit: int, byte_limit: int = REPLAY_BYTES, budget: ReplayBudget | None = None
+        self,
+        key: str,
+        limit: int,
+        byte_limit: int = REPLAY_BYTES,
+        budget: ReplayBudget | None = None,
+        *,
+        replay: bool = True,
     ) -> None:
         self.key = key
+        self._replay = replay  # False: never resumed, so an event written is let go at once
         self._limit = limit
         self._byte_limit = byte_limit
         self._budget = budget
@@ -178,6 +186,9 @@ class EventStream:
             self.delivered = seq
             self._stalled = False
             self._wake_sender()
+        if not self._replay:
+            while self._events and self._events[0][0] <= seq:
+                self.drop_oldest()
 
     def _wake_sender(self) -> None:
         progress, self._progress = self._progress, None

@@ -93,7 +93,7 @@ class MuxChannel(InboxChannel):
             request["id"],
             mux_id,
             str(request.get("method")),
-            EventStream(f"m{mux_id}", EXCHANGE_BUFFER),
+            EventStream(f"m{mux_id}", EXCHANGE_BUFFER, replay=False),
             own=own,
         )
         self._own_in_flight += own
