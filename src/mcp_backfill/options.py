@@ -876,9 +876,11 @@ OPTIONS: tuple[Option, ...] = (
         "max_batch_messages",
         "--max-batch-messages",
         1000,
-        "most messages in one JSON-RPC batch from the client; a larger batch is refused whole",
-        "most messages in one JSON-RPC batch (an array, 2025-03-26) from the client; a larger batch "
-        "is refused as a whole with `-32600` (over HTTP: `400`), before any of it is relayed",
+        "most messages in one JSON-RPC batch from either side; a larger batch is refused whole",
+        "most messages in one JSON-RPC batch (an array, 2025-03-26) from either side; a larger batch "
+        "from the client is refused as a whole with `-32600` (over HTTP: `400`), before any of it is "
+        "relayed; one from the upstream is dropped as a whole, each request it answers failed with "
+        "`-32603` and each request of the server's in it refused",
         parse=whole_number,
         checks=(at_least(1),),
         metavar="N",

@@ -89,6 +89,15 @@ def batch_too_large(count: int, limit: int) -> str:
     )
 
 
+def upstream_batch_too_large(count: int, limit: int) -> str:
+    """What the requests answered in an upstream batch of `count` messages, over
+    `--max-batch-messages`, get instead (the batch is dropped as a whole)."""
+    return (
+        f"Upstream MCP server sent a batch of {count} messages, over the limit of {limit}; it was "
+        "dropped (raise --max-batch-messages / MCP_BACKFILL_MAX_BATCH_MESSAGES to allow it)"
+    )
+
+
 def string_or_integer(value: object) -> bool:
     """What MCP allows as a request id or a progress token: a string or an integer (not a boolean)."""
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))

@@ -4,6 +4,7 @@ test (a body held back, a Claude answer that hangs), never with sleeps that assu
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -212,3 +213,154 @@ async def test_a_dropped_post_stream_outlives_answers_already_read(tmp_path: Pat
     assert resumed.status_code == 200, resumed.text
     assert [m.get("id") for _, m in sse_messages(resumed.text)] == [1]
     assert "client_response" in sse_messages(resumed.text)[0][1]["result"]
+
+
+async def test_a_hub_is_not_evicted_while_a_request_body_of_its_client_is_arriving() -> None:
+    """A 2026-07-28 POST held its client's hub only once its body was read: with `--max-sessions`
+    full, a newcomer's request had the hub stopped as idle while a request of its client was still
+    uploading, and that request then got 503. Alice's POST sends its head and holds its body back
+    while Bob's request arrives: Bob, finding no idle hub, is told to come back; Alice is served."""
+    tokens = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789"}
+    entries = ",".join(f"{name}={token}" for name, token in tokens.items())
+
+    def headers_of(who: str, method: str) -> dict[str, str]:
+        return {**stateless_headers(method), "authorization": f"Bearer {tokens[who]}"}
+
+    options = ("--provider", "mock", "--client-tokens", entries, "--max-sessions", "1")
+    async with (
+        run_sidecar(*options, upstream=RESOLVE_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        first = await http.post(
+            sidecar.url, json=stateless_request(1, "tools/list"), headers=headers_of("alice", "tools/list")
+        )
+        assert first.status_code == 200, first.text  # Alice's hub: the one slot, idle from now on
+        body = json.dumps(stateless_request(2, "tools/list")).encode()
+        release, started = anyio.Event(), anyio.Event()
+
+        async def held_body() -> AsyncIterator[bytes]:
+            yield body[:10]
+            started.set()
+            await release.wait()
+            yield body[10:]
+
+        answers: dict[str, Any] = {}
+
+        async def post_alice() -> None:
+            headers = {**headers_of("alice", "tools/list"), "content-length": str(len(body))}
+            answers["alice"] = await http.post(sidecar.url, content=held_body(), headers=headers)
+
+        async def listen_bob(bob_ready: anyio.Event, done: anyio.Event) -> None:
+            # A request that stays in flight once it has its hub, until Alice's answer is in.
+            params = {"notifications": {"toolsListChanged": True}}
+            listen = stateless_request("L", "subscriptions/listen", params)
+            headers = headers_of("bob", "subscriptions/listen")
+            async with http.stream("POST", sidecar.url, json=listen, headers=headers) as response:
+                answers["bob"] = response.status_code
+                if response.status_code == 200:
+                    async for line in response.aiter_lines():
+                        if "subscriptions/acknowledged" in line:
+                            break  # Bob holds the slot: Alice's body may come now
+                else:
+                    await response.aread()
+                    answers["bob_text"] = response.text
+                bob_ready.set()
+                await done.wait()
+
+        bob_ready, done = anyio.Event(), anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(post_alice)
+            await started.wait()
+            tg.start_soon(listen_bob, bob_ready, done)
+            with anyio.fail_after(HTTP_TIMEOUT):
+                await bob_ready.wait()
+                release.set()
+                while "alice" not in answers:
+                    await anyio.sleep(0.05)
+            done.set()
+    assert answers["bob"] == 503, answers
+    assert "--max-sessions" in answers["bob_text"]
+    alice = answers["alice"]
+    assert alice.status_code == 200, alice.text
+    assert alice.json()["result"]["tools"]
+
+
+# A 2026-07-28 upstream slow to stop: answers every request with an empty tools list; once its
+# input is closed it stays until the test creates `release`.
+LINGERING_2026_SERVER = r"""
+import json, os, sys, time
+from pathlib import Path
+here = Path(sys.argv[1])
+(here / f"started-{os.getpid()}").touch()
+for line in sys.stdin:
+    message = json.loads(line)
+    if "id" in message and "method" in message:
+        print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": {"tools": []}}), flush=True)
+(here / f"eof-{os.getpid()}").touch()
+while not (here / "release").exists():
+    time.sleep(0.05)
+(here / f"gone-{os.getpid()}").touch()
+"""
+
+
+@pytest.mark.parametrize("newcomer", ["2026-07-28", "handshake"])
+async def test_an_evicted_hub_counts_against_max_sessions_until_its_upstream_stopped(
+    tmp_path: Path, newcomer: str
+) -> None:
+    """An idle 2026-07-28 hub stopped to make room (or for idleness) left `--max-sessions` at once,
+    while its upstream process was still stopping (up to 3 x `--shutdown-grace`): the newcomer's
+    upstream started beside it, more upstream processes than the limit. Now the newcomer waits for
+    the evicted upstream to be gone before its own starts."""
+    script = tmp_path / "linger.py"
+    script.write_text(LINGERING_2026_SERVER)
+    tokens = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789"}
+    entries = ",".join(f"{name}={token}" for name, token in tokens.items())
+    options = (
+        "--provider",
+        "mock",
+        "--client-tokens",
+        entries,
+        "--max-sessions",
+        "1",
+        "--shutdown-grace",
+        "60",
+    )
+
+    def headers_of(who: str, method: str) -> dict[str, str]:
+        return {**stateless_headers(method), "authorization": f"Bearer {tokens[who]}"}
+
+    async with (
+        run_sidecar(
+            *options, upstream=[sys.executable, str(script), str(tmp_path)], env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        first = await http.post(
+            sidecar.url, json=stateless_request(1, "tools/list"), headers=headers_of("alice", "tools/list")
+        )
+        assert first.status_code == 200, first.text  # Alice's hub: the one slot, idle from now on
+        answer: dict[str, httpx2.Response] = {}
+
+        async def bob() -> None:
+            if newcomer == "2026-07-28":
+                body = stateless_request(2, "tools/list")
+                answer["bob"] = await http.post(
+                    sidecar.url, json=body, headers=headers_of("bob", "tools/list")
+                )
+            else:
+                headers = {**HANDSHAKE_HEADERS, "authorization": f"Bearer {tokens['bob']}"}
+                answer["bob"] = await http.post(sidecar.url, json=initialize_body(), headers=headers)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(bob)
+            with anyio.fail_after(HTTP_TIMEOUT):
+                while not list(tmp_path.glob("eof-*")):  # Alice's upstream is stopping
+                    await anyio.sleep(0.05)
+            for _ in range(20):  # a while for a second upstream to start, if it is going to
+                await anyio.sleep(0.1)
+            started_while_stopping = len(list(tmp_path.glob("started-*")))
+            assert "bob" not in answer  # waiting for the slot, neither served nor refused
+            (tmp_path / "release").touch()
+        assert started_while_stopping == 1
+        assert answer["bob"].status_code == 200, answer["bob"].text
+        assert len(list(tmp_path.glob("started-*"))) == 2

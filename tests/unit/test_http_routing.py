@@ -444,3 +444,83 @@ async def test_a_session_holds_a_bounded_number_of_post_streams_waiting_for_answ
     router.route(encode(result(0, n=0)))
     assert streams[0].finished
     assert not router.open_post([request("one more")]).finished  # an answer made room
+
+
+async def test_a_sessions_replay_memory_is_bounded_over_all_its_streams_oldest_first() -> None:
+    """Replay memory was bounded per stream only (`REPLAY_BYTES`, 1,024 events): a session's GET
+    stream and its 256 open POSTs could each hold the maximum, 2 GiB for one session. Now the
+    session's streams together keep at most its byte limit, the oldest events of any stream going
+    first, and the newest event is still always kept."""
+    limit = 10_000
+    router = SessionRouter(1024, replay_bytes=limit)
+    posts = [router.open_post([request(n)]) for n in range(8)]
+    chunk = "x" * 900
+
+    def note(n: int) -> bytes:
+        return encode(notification("notifications/message", data=f"{n:04d}{chunk}"))
+
+    for n in range(40):  # round-robin over the POSTs and the GET stream, ~1 KB each
+        related = n % 9 if n % 9 < 8 else None
+        router.route(note(n), related=related)
+        assert router.buffered_bytes <= limit
+    assert router.buffered_bytes == sum(s.buffered_bytes for s in [*posts, router.get_stream])
+    kept = sorted(
+        int(json.loads(data)["params"]["data"][:4])
+        for stream in [*posts, router.get_stream]
+        for _, data in stream.after(0)
+    )
+    assert kept == list(range(40 - len(kept), 40))  # the newest, whichever stream they are on
+    assert len(kept) == limit // len(note(0))
+    huge = encode(notification("notifications/message", data="y" * 3 * limit))
+    router.route(huge, related=0)
+    assert messages(posts[0])[-1]["params"]["data"] == "y" * 3 * limit  # kept, however large
+    assert router.buffered_bytes == len(huge)  # and everything older went
+    router.route(encode(result(0)))
+    router.forget(posts[0])  # a finished stream the session lets go of gives its bytes back
+    assert router.buffered_bytes == sum(s.buffered_bytes for s in [*posts[1:], router.get_stream])
+
+
+async def test_mux_routes_each_message_of_an_upstream_batch() -> None:
+    """A batch from the upstream (a JSON array) was dropped whole by the 2026-07-28 mux: the
+    requests it answered waited for ever (their POSTs open, their client's hub never idle, never
+    stopped to make room nor for idleness). Each of its messages now goes where it would alone."""
+    mux = MuxChannel()
+    a, raw_a = mux.open(request("a", _meta={"progressToken": "pa"}))
+    b, raw_b = mux.open(request("b"))
+    id_a, id_b = json.loads(raw_a)["id"], json.loads(raw_b)["id"]
+    progress = notification("notifications/progress", progressToken=id_a, progress=1)
+    await mux.send(encode([progress, result(id_a, ok=1), result(id_b, ok=2)]))
+    assert messages(a.stream) == [
+        notification("notifications/progress", progressToken="pa", progress=1),
+        result("a", ok=1),
+    ]
+    assert messages(b.stream) == [result("b", ok=2)]
+    assert a.stream.finished
+    assert b.stream.finished
+    assert mux.in_flight == 0
+
+
+async def test_a_2026_stream_keeps_nothing_it_has_written() -> None:
+    """A 2026-07-28 POST's stream is never resumed (its events have no ids), yet it kept its last
+    1,024 events, up to 8 MiB, while it lasted: every open `subscriptions/listen` held that much of
+    notifications its client had long read, as many as there are connections. Now what has been
+    written is let go."""
+    mux = MuxChannel()
+    listen, raw = mux.open(request("L1", "subscriptions/listen"))
+    meta = {"io.modelcontextprotocol/subscriptionId": json.loads(raw)["id"]}
+    call = SlowCall()
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                partial(pump_sse, cast(HttpCall, call), listen.stream, 0, with_ids=False, keepalive=5)
+            )
+            for n in range(50):
+                note = notification("notifications/resources/updated", uri=f"x://{n}", _meta=meta)
+                await mux.send(encode(note))
+            while listen.stream.delivered < 50:
+                await anyio.sleep(0.01)
+            assert listen.stream.buffered_bytes == 0
+            assert listen.stream.after(0) == []
+            tg.cancel_scope.cancel()
+    written = [message for _, message in sse_messages(b"".join(call.chunks).decode())]
+    assert [m["params"]["uri"] for m in written] == [f"x://{n}" for n in range(50)]

@@ -666,6 +666,38 @@ async def test_a_batch_of_more_messages_than_the_limit_is_refused_as_a_whole() -
         assert r.client.nothing_waiting()
 
 
+async def test_an_upstream_batch_of_more_messages_than_the_limit_is_refused_as_a_whole() -> None:
+    """Client batches were bounded in count (`--max-batch-messages`), the upstream's only in bytes: a
+    batch of 300,000 messages from the server held the event loop (every session) for seconds.
+    Now it is dropped as a whole: each client request it answered gets an error under its own id
+    that names the option, so does each request of the server's in it, and the requests it did not
+    answer wait on."""
+    async with relayed(max_batch_messages=3) as r:
+        for n in (1, 2, 9):
+            await r.client.send(request(n, "tools/list"))
+            await r.server.recv()
+        flood = [result(1, {"tools": []}), result(2, {"tools": []})]
+        flood += [{"jsonrpc": "2.0", "method": "notifications/message", "params": {}}] * 2
+        flood.append(request("srv-1", "roots/list"))
+        await r.server.send(flood)
+        errors = [await r.client.recv() for _ in range(2)]
+        assert sorted(error["id"] for error in errors) == [1, 2]
+        for error in errors:
+            assert error["error"]["code"] == protocol.INTERNAL_ERROR
+            message = error["error"]["message"]
+            assert "batch of 5 messages" in message, message
+            assert "--max-batch-messages" in message, message
+        [refusal] = await r.server.recv()  # the server's request: answered, as a batch is
+        assert (refusal["id"], refusal["error"]["code"]) == ("srv-1", protocol.INVALID_REQUEST)
+        assert "--max-batch-messages" in refusal["error"]["message"]
+        assert [*r.relay.state.client_requests] == [(False, 9)]
+        assert r.client.nothing_waiting()
+        assert r.server.nothing_waiting()
+        within = [result(9, {"tools": []}), {"jsonrpc": "2.0", "method": "notifications/message"}]
+        await r.server.send(within)
+        assert await r.client.recv() == within  # a batch within the limit: relayed as before
+
+
 async def test_a_malformed_answer_to_the_approval_question_refuses_the_sampling() -> None:
     """The proxy's own question is answered, not the server's: its id must not reach the server."""
     provider = CountingProvider()

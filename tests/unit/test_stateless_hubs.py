@@ -124,7 +124,7 @@ async def test_handshake_sessions_count_against_the_hubs_limit() -> None:
         assert await mux_for(hubs, "bob") is not None  # Alice's hub is idle: it makes room
         await anyio.wait_all_tasks_blocked()
         assert upstreams.open == {"bob"}
-        assert hubs.evict_idlest()  # for a new session
+        assert await hubs.make_room()  # for a new session
         assert len(hubs) == 0
-        assert not hubs.evict_idlest()
+        assert not await hubs.make_room()
         tg.cancel_scope.cancel()

@@ -445,6 +445,8 @@ class Relay:
             salvaged = jsonrpc.salvage_unparsed(raw, batch=batch)  # the HTTP upstream leaves it to this too
             refusal = (protocol.PARSE_ERROR, f"Parse error: {exc}")
             return self._answer_for(salvaged, False, refusal, failure, batch=batch)
+        if type(message) is list and len(message) > self.options.max_batch_messages:
+            return self._upstream_batch_refused(message)
         if self._trace_messages:
             trace_message("from upstream", message, len(raw))
         forwarded = rewrite_each(message, lambda item: self._upstream_item(item, related))
@@ -453,6 +455,31 @@ class Relay:
         if self.traces.enabled:
             self.traces.answered(forwarded, by="server")
         return [(False, raw if forwarded is message else jsonrpc.encode(forwarded), related)]
+
+    def _upstream_batch_refused(self, batch: list[Any]) -> list[_Send]:
+        """An upstream batch over `--max-batch-messages`, dropped as a whole (going through 300,000
+        messages held the event loop, every session's, for seconds): each client request it answers
+        gets an error under its own id, and each of the server's requests in it an error back (in
+        one array, as a batch is answered); its notifications are lost."""
+        limit = self.options.max_batch_messages
+        log.warning("upstream batch over the limit; dropped", extra={"messages": len(batch), "limit": limit})
+        problem = protocol.upstream_batch_too_large(len(batch), limit)
+        sends: list[_Send] = []
+        refusals: list[dict[str, Any]] = []
+        requests = self.state.client_requests
+        for item in batch:
+            if not isinstance(item, dict) or "id" not in item:
+                continue
+            if "method" in item:
+                refusals.append(jsonrpc.error_response(item["id"], protocol.INVALID_REQUEST, problem))
+                continue
+            pending = requests.pop(jsonrpc.id_key(item["id"]), None)
+            if pending is not None:
+                self.rounds.end(pending)
+                sends.append(self._error_to_client(pending.request_id, protocol.INTERNAL_ERROR, problem))
+        if refusals:
+            sends.append((True, jsonrpc.encode(refusals), None))
+        return sends
 
     def _plain_response(self, raw: bytes) -> bool:
         """Is `raw` a response the relay forwards untouched? Then it need not be decoded.

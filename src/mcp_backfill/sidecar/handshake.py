@@ -6,8 +6,9 @@
 * A POST that carries requests is answered with `application/json` when the single request's
   response comes within 15 s with nothing before it; otherwise (server messages first, a slow
   answer, or a batch) with an SSE stream carrying the messages for those requests and then the
-  responses. SSE events have ids; the last 1024 of each stream are kept, so a client can resume a
-  dropped stream with GET and `Last-Event-ID`. A POST of notifications or responses only gets 202.
+  responses. SSE events have ids; the last 1024 of each stream are kept (within 8 MiB a stream and
+  32 MiB a session, see `event_stream`), so a client can resume a dropped stream with GET and
+  `Last-Event-ID`. A POST of notifications or responses only gets 202.
   A POST holding anything but JSON-RPC 2.0 messages gets 400 and nothing of it is relayed.
 * GET opens the session's standalone SSE stream (one at a time: 409 for a second one), which carries
   the server messages that belong to no request in flight, including those buffered before it opened.
@@ -172,7 +173,7 @@ class HandshakeFront:
                     headers=[(b"retry-after", str(seconds).encode())],
                 )
                 return None
-            session = self.sessions.open(upstream_headers(), identity)
+            session = await self.sessions.open(upstream_headers(), identity)
             if session is None:
                 self.opening.refused(identity)
                 log.warning("session refused: too many open sessions", extra={"sessions": len(self.sessions)})

@@ -143,20 +143,22 @@ async def run_sidecar(config: Config) -> int:
             "something in front of the sidecar authenticates clients"
         )
     # `--max-sessions` counts upstream processes: handshake sessions and 2026-07-28 hubs together.
+    stop_timeout = 3 * config.shutdown_grace + 1  # how long an upstream may take to stop
     hubs = StatelessHubs(
         lambda identity: StatelessHub(open_upstream, make_relay, count, identity),
         max_upstreams=config.max_sessions,
         idle_timeout=config.session_idle_timeout,
         others=lambda: sessions.upstreams,
+        stop_timeout=stop_timeout,
     )
     sessions = SessionTable(
         config.max_sessions,
-        SessionSettings(config.session_idle_timeout, stop_timeout=3 * config.shutdown_grace + 1),
+        SessionSettings(config.session_idle_timeout, stop_timeout=stop_timeout),
         open_upstream,
         make_relay,
         count,
-        others=lambda: len(hubs),
-        make_room=hubs.evict_idlest,
+        others=lambda: hubs.upstreams,
+        make_room=hubs.make_room,
     )
     front = FrontSettings(
         config.max_message_bytes, body_timeout=config.body_timeout, max_batch=config.max_batch_messages

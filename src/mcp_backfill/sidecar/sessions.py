@@ -14,7 +14,7 @@ import math
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -215,12 +215,16 @@ class OpeningRate:
             opened.pop()
 
 
+async def _no_room() -> bool:
+    return False
+
+
 class SessionTable:
     """The live sessions by id, with the admission limit.
 
     `max_upstreams` counts upstreams: the sessions' and `others()` (the 2026-07-28 hubs', which
     share `--max-sessions`). A new session finding them all taken asks `make_room` to stop an idle
-    hub; when there is none it is refused.
+    hub (and waits for its upstream to be gone); when there is none it is refused.
     """
 
     def __init__(
@@ -231,7 +235,7 @@ class SessionTable:
         make_relay: MakeRelay,
         count: CountMessage,
         others: Callable[[], int] = lambda: 0,
-        make_room: Callable[[], bool] = lambda: False,
+        make_room: Callable[[], Awaitable[bool]] = _no_room,
     ) -> None:
         self._max = max_upstreams
         self._settings = settings
@@ -263,12 +267,13 @@ class SessionTable:
     def get(self, session_id: str) -> HttpSession | None:
         return self._sessions.get(session_id)
 
-    def open(self, headers: Mapping[str, str], identity: str) -> HttpSession | None:
+    async def open(self, headers: Mapping[str, str], identity: str) -> HttpSession | None:
         """A new session of client `identity` with its relay starting, or None when
         `max_upstreams` are open and none of them is an idle hub."""
         assert self._tg is not None
-        if self.upstreams + self._others() >= self._max and not self._make_room():
-            return None
+        while self.upstreams + self._others() >= self._max:
+            if not await self._make_room():
+                return None
         session = HttpSession(secrets.token_hex(16), self._settings, self._count, identity)
         self._sessions[session.id] = session
         log.info(

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -87,6 +87,9 @@ class StatelessHub:
         self._tg: TaskGroup | None = None
         self._headers: dict[str, str] = {}
         self._waiting = 0  # requests in `mux`, waiting for the upstream to start
+        self._held = 0  # requests of this client whose body is arriving (`StatelessHubs.held`)
+        self._stopped = anyio.Event()  # set while no upstream of this hub runs (or is stopping)
+        self._stopped.set()
         self.last_used = anyio.current_time()
 
     def start(self, tg: TaskGroup) -> None:
@@ -97,6 +100,21 @@ class StatelessHub:
         """Requests in flight, counting those that wait for the upstream to start: a hub that is
         starting is busy, never idle enough to be stopped to make room."""
         return self._waiting + (self._mux.in_flight if self._mux is not None else 0)
+
+    @property
+    def busy(self) -> bool:
+        """Requests in flight, or a request of this client whose body is still arriving: the hub is
+        not idle, to be stopped to make room or for idleness."""
+        return self._held > 0 or self.in_flight > 0
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        self._held += 1
+        try:
+            yield
+        finally:
+            self._held -= 1
+            self.last_used = anyio.current_time()
 
     async def mux(self, headers: UpstreamHeaders) -> MuxChannel:
         """The live mux, starting the upstream first if needed; raises `UpstreamStartError`."""
@@ -115,10 +133,19 @@ class StatelessHub:
         finally:
             self._waiting -= 1
 
+    @property
+    def stopped(self) -> bool:
+        """No upstream of this hub runs, nor is still stopping."""
+        return self._stopped.is_set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
     async def _run(self, *, task_status: TaskStatus[None]) -> None:
         mux = MuxChannel(self._count)
         reason = "Upstream MCP server closed the connection (it exited or crashed)"
         started = False
+        stopped = self._stopped = anyio.Event()
         try:
             with anyio.CancelScope() as self._scope:
                 async with self._open_upstream(UpstreamRequest(HUB_LABEL, self._headers)) as upstream:
@@ -145,6 +172,7 @@ class StatelessHub:
                 raise
         finally:
             mux.close(reason)
+            stopped.set()
 
     async def _stop(self) -> None:
         self.stop()
@@ -169,11 +197,12 @@ class StatelessHubs:
 
     At most `max_upstreams` upstreams exist at once: the hubs' and `others()` (the handshake
     sessions', which share `--max-sessions`). When a new identity arrives and all are taken, the hub
-    idle the longest (no request in flight) is stopped to make room (`evict_idlest`, which a new
-    session uses too); only when no hub is idle is the request refused. So credentials that come and
-    go (junk `Authorization` values under `--forward-authorization`, each its own identity) can never
-    lock real clients out for longer than their own requests last. Hubs idle for `idle_timeout` (0:
-    never) are stopped as well.
+    idle the longest (no request in flight, none arriving) is stopped to make room (`make_room`,
+    which a new session uses too; the newcomer waits for its upstream to be gone); only when no hub
+    is idle is the request refused. So credentials
+    that come and go (junk `Authorization` values under `--forward-authorization`, each its own
+    identity) can never lock real clients out for longer than their own requests last. Hubs idle for
+    `idle_timeout` (0: never) are stopped as well.
     """
 
     def __init__(
@@ -183,12 +212,17 @@ class StatelessHubs:
         max_upstreams: int,
         idle_timeout: float,
         others: Callable[[], int] = lambda: 0,
+        stop_timeout: float = 10.0,
     ) -> None:
         self._make_hub = make_hub
         self._max_upstreams = max_upstreams
         self._idle_timeout = idle_timeout
         self._others = others
+        self._stop_timeout = stop_timeout
         self._hubs: dict[str, StatelessHub] = {}
+        # Stopped (to make room, or for idleness) and gone from `_hubs`, their upstream still
+        # stopping: they hold their place under `max_upstreams` until it has.
+        self._stopping: set[StatelessHub] = set()
         self._tg: TaskGroup | None = None
 
     def start(self, tg: TaskGroup) -> None:
@@ -203,39 +237,67 @@ class StatelessHubs:
     def __len__(self) -> int:
         return len(self._hubs)
 
+    @property
+    def upstreams(self) -> int:
+        """The hubs' upstreams: the hubs' and those still stopping."""
+        self._stopping = {hub for hub in self._stopping if not hub.stopped}
+        return len(self._hubs) + len(self._stopping)
+
     async def mux(self, headers: UpstreamHeaders, identity: str) -> MuxChannel | None:
         """The live mux of `identity`'s hub (None: `max_upstreams` are all busy with other clients
         or sessions); raises `UpstreamStartError`."""
         hub = self._hubs.get(identity)
-        if hub is None:
-            if len(self._hubs) + self._others() >= self._max_upstreams and not self.evict_idlest():
+        while hub is None:
+            if self.upstreams + self._others() < self._max_upstreams:
+                assert self._tg is not None
+                hub = self._hubs[identity] = self._make_hub(identity)
+                hub.start(self._tg)
+            elif not await self.make_room():
                 return None
-            assert self._tg is not None
-            hub = self._hubs[identity] = self._make_hub(identity)
-            hub.start(self._tg)
+            else:  # another request of this client may have made its hub meanwhile
+                hub = self._hubs.get(identity)
         hub.last_used = anyio.current_time()
         return await hub.mux(headers)
 
-    def evict_idlest(self) -> bool:
-        """Stop the hub idle the longest, to make room for another upstream; False if none is idle."""
-        idle = [(hub.last_used, key) for key, hub in self._hubs.items() if not hub.in_flight]
+    def held(self, identity: str) -> contextlib.AbstractContextManager[None]:
+        """`identity`'s hub, if it has one, is busy while a request's body arrives: else, with every
+        upstream taken, a newcomer could have it stopped as idle under the request (then refused,
+        503), and `--session-idle-timeout` could stop it too (as `HandshakeFront` holds a session)."""
+        hub = self._hubs.get(identity)
+        return hub.hold() if hub is not None else contextlib.nullcontext()
+
+    async def make_room(self) -> bool:
+        """Stop the hub idle the longest, to make room for another upstream, and wait (up to
+        `stop_timeout`) for its upstream to be gone: False if no hub is idle, or it is still
+        stopping. (A newcomer's upstream started beside one still stopping would make one more
+        upstream process than `--max-sessions`.)"""
+        idle = [(hub.last_used, key) for key, hub in self._hubs.items() if not hub.busy]
         if not idle:
             return False
         _, key = min(idle)
-        self._hubs.pop(key).stop()
+        hub = self._retire(key)
         log.info("upstream for 2026-07-28 requests of an idle client closed to make room")
-        return True
+        with anyio.move_on_after(self._stop_timeout):
+            await hub.wait_stopped()
+        return hub.stopped
+
+    def _retire(self, key: str) -> StatelessHub:
+        """Stop a hub, which counts among `upstreams` until its upstream has stopped."""
+        hub = self._hubs.pop(key)
+        hub.stop()
+        if not hub.stopped:
+            self._stopping.add(hub)
+        return hub
 
     async def _reap_idle(self) -> None:
         while True:
             await anyio.sleep(min(self._idle_timeout / 2, 30.0))
             now = anyio.current_time()
             for key, hub in list(self._hubs.items()):
-                if hub.in_flight:
+                if hub.busy:
                     hub.last_used = now
                 elif now - hub.last_used >= self._idle_timeout:
-                    del self._hubs[key]
-                    hub.stop()
+                    self._retire(key)
                     log.info("idle upstream for 2026-07-28 requests closed")
 
     def stop(self) -> None:
@@ -267,7 +329,8 @@ class StatelessFront:
         if not (json_ok and sse_ok):
             await call.respond(406)
             return
-        body = await call.read_json_body(self.settings.max_body, self.settings.body_timeout)
+        with self.hubs.held(identity):
+            body = await call.read_json_body(self.settings.max_body, self.settings.body_timeout)
         if body is None:
             return
         try:

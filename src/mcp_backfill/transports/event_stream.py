@@ -6,8 +6,10 @@ HTTP response is writing it at the moment; each gets an event id (`<stream key>.
 last of them are kept, so a client whose connection dropped can reconnect with `Last-Event-ID` and
 get what it missed. What is kept is bounded twice: at most `limit` events and at most `byte_limit`
 bytes (`REPLAY_BYTES`), oldest dropped first — so a client that never opens its GET stream, or never
-reads, cannot make the proxy hold its messages without bound. The newest event is always kept,
-however large, so that a live reader gets it.
+reads, cannot make the proxy hold its messages without bound. All the streams of a session together
+keep at most `SESSION_REPLAY_BYTES` (`ReplayBudget`): past it the oldest events of any of them go
+first, whichever stream they are on, so a session's many POST streams cannot each hold the
+per-stream maximum. The newest event is always kept, however large, so that a live reader gets it.
 
 A live reader is not made to lose messages by a burst, though: while a response writes the stream
 (or a handler is about to: `expecting_reader`) and more than half the limit waits to be written, the
@@ -32,6 +34,8 @@ log = get_logger("http")
 SSE_PING = b": ping\n\n"
 REPLAY_BYTES = 8 * 1024 * 1024
 """Bytes of messages one stream keeps for replay, at most (the newest message is always kept)."""
+SESSION_REPLAY_BYTES = 32 * 1024 * 1024
+"""Bytes of messages all the streams of one session keep for replay, at most (`ReplayBudget`)."""
 STALL_SECONDS = 10.0
 """How long a sender waits for a live reader that is far behind and writes nothing (`catch_up`)."""
 
@@ -53,14 +57,66 @@ def parse_event_id(event_id: str) -> tuple[str, int] | None:
     return key, int(seq)
 
 
-class EventStream:
-    """The messages of one SSE stream, numbered, with the last `limit` kept for replay."""
+class ReplayBudget:
+    """What the streams of one session keep for replay, together: at most `limit` bytes. Past it the
+    oldest events of any of its streams go first (each event is stamped in the order it came), but
+    never the newest event. A stream counts from `add` until `remove` (which gives its bytes back)."""
 
-    def __init__(self, key: str, limit: int, byte_limit: int = REPLAY_BYTES) -> None:
+    def __init__(self, limit: int = SESSION_REPLAY_BYTES) -> None:
+        self.limit = limit
+        self.total = 0
+        self._clock = 0
+        self._streams: set[EventStream] = set()
+
+    def stamp(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def add(self, stream: EventStream) -> None:
+        self._streams.add(stream)
+        self.total += stream.buffered_bytes
+
+    def remove(self, stream: EventStream) -> None:
+        if stream in self._streams:
+            self._streams.remove(stream)
+            self.total -= stream.buffered_bytes
+
+    def trim(self, newest: EventStream) -> None:
+        """Drop the oldest events of the session's streams until the total is within the limit;
+        `newest` holds the event just appended, which stays."""
+        while self.total > self.limit:
+            oldest: EventStream | None = None
+            first = 0
+            for stream in self._streams:
+                stamp = stream.oldest_stamp(keep_last=stream is newest)
+                if stamp is not None and (oldest is None or stamp < first):
+                    oldest, first = stream, stamp
+            if oldest is None:
+                return
+            oldest.drop_oldest(session_limit=self.limit)
+
+
+class EventStream:
+    """The messages of one SSE stream, numbered, with the last `limit` kept for replay (and, with a
+    `budget`, within what its session keeps in all). A stream without `replay` (2026-07-28, whose
+    events have no ids) keeps only what is still to be written."""
+
+    def __init__(
+        self,
+        key: str,
+        limit: int,
+        byte_limit: int = REPLAY_BYTES,
+        budget: ReplayBudget | None = None,
+        *,
+        replay: bool = True,
+    ) -> None:
         self.key = key
+        self._replay = replay  # False: never resumed, so an event written is let go at once
         self._limit = limit
         self._byte_limit = byte_limit
+        self._budget = budget
         self._events: deque[tuple[int, bytes]] = deque()
+        self._stamps: deque[int] = deque()  # with a budget: each kept event's stamp, in step
         self.buffered_bytes = 0
         self._next = 1
         self._waiting: list[asyncio.Future[None]] = []  # those waiting in `changed()`
@@ -130,6 +186,9 @@ class EventStream:
             self.delivered = seq
             self._stalled = False
             self._wake_sender()
+        if not self._replay:
+            while self._events and self._events[0][0] <= seq:
+                self.drop_oldest()
 
     def _wake_sender(self) -> None:
         progress, self._progress = self._progress, None
@@ -143,18 +202,44 @@ class EventStream:
         self._events.append((self._next, message))
         self.buffered_bytes += len(message)
         self._next += 1
+        budget = self._budget
+        if budget is not None:
+            self._stamps.append(budget.stamp())
+            budget.total += len(message)
         while len(self._events) > 1 and (
             len(self._events) > self._limit or self.buffered_bytes > self._byte_limit
         ):
-            seq, dropped = self._events.popleft()
-            self.buffered_bytes -= len(dropped)
-            if seq > self.delivered and not self._warned:
-                self._warned = True
+            self.drop_oldest()
+        if budget is not None and budget.total > budget.limit:
+            budget.trim(self)
+        self._wake()
+
+    def drop_oldest(self, session_limit: int | None = None) -> None:
+        """Drop the oldest kept event: for this stream's limits, or for its session's
+        (`session_limit`, the bytes all its streams may keep)."""
+        seq, dropped = self._events.popleft()
+        self.buffered_bytes -= len(dropped)
+        if self._budget is not None:
+            self._stamps.popleft()
+            self._budget.total -= len(dropped)
+        if seq > self.delivered and not self._warned:
+            self._warned = True
+            if session_limit is not None:
+                log.warning(
+                    "SSE replay memory of the session full; the oldest undelivered messages are dropped",
+                    extra={"stream": self.key, "session_byte_limit": session_limit},
+                )
+            else:
                 log.warning(
                     "SSE replay buffer full; the oldest undelivered messages are dropped",
                     extra={"stream": self.key, "limit": self._limit, "byte_limit": self._byte_limit},
                 )
-        self._wake()
+
+    def oldest_stamp(self, *, keep_last: bool = False) -> int | None:
+        """The stamp of the oldest kept event (None: none, or only the last one, if `keep_last`)."""
+        if not self._stamps or (keep_last and len(self._stamps) == 1):
+            return None
+        return self._stamps[0]
 
     def finish(self) -> None:
         """No more messages will come (a POST's requests are all answered, or the session ended)."""

@@ -5,7 +5,8 @@ relay. Clients choose their JSON-RPC ids independently, so each POSTed request g
 the mux's own (an integer; the relay's own ids are strings), and its `_meta.progressToken` becomes
 that same integer. On the way back the mux restores the client's id in the response, the client's
 token in `notifications/progress`, and the client's id in `_meta.subscriptionId` (whose value is
-the id of the `subscriptions/listen` request it belongs to).
+the id of the `subscriptions/listen` request it belongs to). Each message of a batch from the
+upstream (which this revision does not have) is routed as if it came alone.
 
 A server message reaches the POST it belongs to by, first match wins: its id (responses), `related`,
 its progress token, its subscription id, or the only request in flight when there is exactly one.
@@ -92,7 +93,7 @@ class MuxChannel(InboxChannel):
             request["id"],
             mux_id,
             str(request.get("method")),
-            EventStream(f"m{mux_id}", EXCHANGE_BUFFER),
+            EventStream(f"m{mux_id}", EXCHANGE_BUFFER, replay=False),
             own=own,
         )
         self._own_in_flight += own
@@ -176,9 +177,17 @@ class MuxChannel(InboxChannel):
         except ValueError:
             log.debug("undecodable message dropped", extra={"line": jsonrpc.preview(message)})
             return
-        if not isinstance(decoded, dict):
-            log.debug("batch for 2026 clients dropped", extra={"line": jsonrpc.preview(message)})
+        if isinstance(decoded, list):  # this revision has no batches, but nothing may wait for ever
+            for item in decoded:
+                if isinstance(item, dict):
+                    await self._send_one(item, jsonrpc.encode(item), related)
             return
+        if not isinstance(decoded, dict):
+            log.debug("message that is no JSON-RPC object dropped", extra={"line": jsonrpc.preview(message)})
+            return
+        await self._send_one(decoded, message, related)
+
+    async def _send_one(self, decoded: dict[str, Any], message: bytes, related: Any) -> None:
         if "method" not in decoded and "id" in decoded:
             self._route_response(decoded)
             return

@@ -25,7 +25,7 @@ from typing import Any
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import DuplicateRequestId, TooManyPosts
 from mcp_backfill.logs import get_logger
-from mcp_backfill.transports.event_stream import EventStream
+from mcp_backfill.transports.event_stream import SESSION_REPLAY_BYTES, EventStream, ReplayBudget
 from mcp_backfill.transports.queue import MessageQueue
 
 log = get_logger("http")
@@ -60,10 +60,17 @@ class PostStream:
 class SessionRouter:
     """Which SSE stream each server message goes to; see the module docstring."""
 
-    def __init__(self, replay_limit: int, on_change: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        replay_limit: int,
+        on_change: Callable[[], None] = lambda: None,
+        replay_bytes: int = SESSION_REPLAY_BYTES,
+    ) -> None:
         self._replay_limit = replay_limit
         self._on_change = on_change
-        self.get_stream = EventStream(GET_STREAM_KEY, replay_limit)
+        self._budget = ReplayBudget(replay_bytes)
+        self.get_stream = EventStream(GET_STREAM_KEY, replay_limit, budget=self._budget)
+        self._budget.add(self.get_stream)
         self._streams: dict[str, EventStream] = {GET_STREAM_KEY: self.get_stream}
         self._posts: dict[str, PostStream] = {}
         self._finished: deque[str] = deque()
@@ -82,7 +89,7 @@ class SessionRouter:
     @property
     def buffered_bytes(self) -> int:
         """Bytes kept for replay by every stream of the session."""
-        return sum(stream.buffered_bytes for stream in self._streams.values())
+        return self._budget.total
 
     def stream(self, key: str) -> EventStream | None:
         return self._streams.get(key)
@@ -98,7 +105,8 @@ class SessionRouter:
         if len(set(keys)) != len(keys) or any(key in self._requests for key in keys):
             raise DuplicateRequestId
         self._counter += 1
-        stream = EventStream(f"s{self._counter}", self._replay_limit)
+        stream = EventStream(f"s{self._counter}", self._replay_limit, budget=self._budget)
+        self._budget.add(stream)
         self._streams[stream.key] = stream
         self._posts[stream.key] = PostStream(stream, set(keys))
         for key, request in zip(keys, requests, strict=True):
@@ -194,7 +202,9 @@ class SessionRouter:
             # is kept for it to resume, however many other requests finish meanwhile.
             read = next((k for k in self._finished if self._handed_out_whole(k)), self._finished[0])
             self._finished.remove(read)
-            self._streams.pop(read, None)
+            stream = self._streams.pop(read, None)
+            if stream is not None:
+                self._budget.remove(stream)
 
     def forget(self, stream: EventStream) -> None:
         """A finished POST stream nobody can resume (answered as JSON: the client has no event id of
@@ -203,6 +213,7 @@ class SessionRouter:
         if stream.finished and self._streams.get(stream.key) is stream and stream.key in self._finished:
             self._finished.remove(stream.key)
             del self._streams[stream.key]
+            self._budget.remove(stream)
 
     def _handed_out_whole(self, key: str) -> bool:
         stream = self._streams.get(key)
