@@ -354,6 +354,22 @@ async def test_malformed_json_from_either_side() -> None:
         assert r.client.nothing_waiting()
 
 
+async def test_a_null_message_is_relayed_like_any_other_message_the_relay_does_not_know() -> None:
+    """`null` (alone, or in a batch) is no JSON-RPC message, but it is the receiver's to refuse, as
+    `42` or `{}` are: the relay took it for a message it had consumed itself and dropped it, so the
+    client was never told its message was invalid, and a batch lost one of its items."""
+    ping = request(1, "ping")
+    async with relayed() as r:
+        await r.client.send_raw(b"null")
+        assert await r.server.recv() is None
+        await r.client.send([None, ping])
+        assert await r.server.recv() == [None, ping]
+        await r.server.send_raw(b"null")
+        assert await r.client.recv() is None
+        await r.server.send([None, result(1, {})])
+        assert await r.client.recv() == [None, result(1, {})]
+
+
 async def test_a_dying_upstream_fails_what_is_pending() -> None:
     async with relayed() as r:
         await r.client.send(request("a", "tools/call", {"name": "x"}))

@@ -72,12 +72,16 @@ def rewrite_each(message: Any, rewrite: Callable[[Any], Any]) -> Any:
 
     `rewrite` returns its item, a rewritten copy, or None when the proxy consumed it. The result is
     `message` itself when nothing changed (so its original bytes can be forwarded), None when
-    nothing is left to forward, else what to encode and forward.
+    nothing is left to forward, else what to encode and forward. A JSON `null` is no message the
+    relay tracks, nor one it consumed: it is kept, for the receiver to refuse (the result is then
+    `message` itself, even when that is `null`).
     """
+    if message is None:
+        return message
     if not isinstance(message, list):
         return rewrite(message)
-    items = [rewrite(item) for item in message]
-    kept = [item for item in items if item is not None]
+    items = [item if item is None else rewrite(item) for item in message]
+    kept = [item for item, was in zip(items, message, strict=True) if item is not None or was is None]
     if len(kept) == len(message) and all(a is b for a, b in zip(items, message, strict=True)):
         return message
     return kept or None
@@ -310,8 +314,10 @@ class Relay:
         if isinstance(message, list):
             self._note_batch(message)
         sends: list[_Send] = []
-        if forwarded is not None:
-            sends.append((True, raw if forwarded is message else jsonrpc.encode(forwarded), None))
+        if forwarded is message:
+            sends.append((True, raw, None))
+        elif forwarded is not None:
+            sends.append((True, jsonrpc.encode(forwarded), None))
         for reply in replies:
             if self.traces.enabled:
                 self.traces.answered(reply, by="server")
@@ -448,7 +454,7 @@ class Relay:
         if self._trace_messages:
             trace_message("from upstream", message, len(raw))
         forwarded = rewrite_each(message, lambda item: self._upstream_item(item, related))
-        if forwarded is None:
+        if forwarded is None and message is not None:
             return []
         if self.traces.enabled:
             self.traces.answered(forwarded, by="server")
