@@ -275,15 +275,21 @@ class Relay:
             if self.approver.take(error):
                 return []  # the answer to the proxy's own approval question: it fails, as asked
             return [(True, jsonrpc.encode(error), None)]
-        pending = self.state.client_requests.pop(jsonrpc.id_key(request_id), None)
-        if pending is None:
-            return []
-        lost = [pending]
-        if batch and pending.batch is not None:
-            for key in pending.batch:
-                mate = self.state.client_requests.get(key)
-                if mate is not None and mate.batch is pending.batch:
-                    lost.append(self.state.client_requests.pop(key))
+        key = jsonrpc.id_key(request_id)
+        pending = self.state.client_requests.pop(key, None)
+        lost = [] if pending is None else [pending]
+        group = pending.batch if pending is not None else None
+        if batch and pending is None:
+            # The request whose id was read is no longer waiting (the client cancelled it): the
+            # rest of its batch, answered in the same array, still is.
+            group = next(
+                (p.batch for p in self.state.client_requests.values() if p.batch and key in p.batch), None
+            )
+        if batch and group is not None:
+            for mate_key in group:
+                mate = self.state.client_requests.get(mate_key)
+                if mate is not None and mate.batch is group:
+                    lost.append(self.state.client_requests.pop(mate_key))
         for request in lost:
             self.rounds.end(request)
         return [self._error_to_client(r.request_id, protocol.INTERNAL_ERROR, failure) for r in lost]
