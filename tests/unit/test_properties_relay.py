@@ -18,6 +18,7 @@ still waiting, and the invariants are checked:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from dataclasses import dataclass, field
@@ -105,6 +106,9 @@ steps = st.one_of(
     st.tuples(st.just("s_bad"), st.sampled_from(MALFORMED)),
     st.tuples(st.just("s_answer"), st.integers(0, 7), st.sampled_from(("result", "error", "malformed"))),
     st.tuples(st.just("s_answer_batch"), st.integers(1, 4)),
+    st.tuples(st.just("s_lost_batch"), st.sampled_from(("too large", "not JSON")), st.integers(0, 3)),
+    st.tuples(st.just("s_mixed_batch"), st.sampled_from(SERVER_METHODS)),
+    st.tuples(st.just("c_answer_batch"), st.integers(1, 4)),
     st.tuples(st.just("settle")),
 )
 
@@ -115,6 +119,7 @@ class Sent:
 
     id: Any
     method: str
+    params: Any = None
     cancelled: bool = False
     answered_by_sender: bool = False  # the other side answered it (as far as the fake knows)
 
@@ -149,7 +154,12 @@ class World:
     # Answers the client's side relayed to the server that the server did not ask for.
     stray_at_server: list[Any] = field(default_factory=list)
     stray_at_client: list[Any] = field(default_factory=list)
-    task_ids: list[str] = field(default_factory=list)  # the proxy's sampling tasks, as the server knows them
+    task_ids: list[str] = field(default_factory=list)
+    server_got_batches: list[list[dict[str, Any]]] = field(default_factory=list)  # requests that came as one
+    # 2026-07-28: the rounds the client got (its request's method and params, the round), to retry.
+    rounds: list[tuple[str, dict[str, Any], dict[str, Any]]] = field(
+        default_factory=list
+    )  # the proxy's sampling tasks, as the server knows them
 
     def fresh(self) -> int:
         return next(self.counter)
@@ -189,6 +199,9 @@ async def _read_client(world: World) -> None:
                     world.stray_at_client.append(item)
                     continue
                 world.client_got_answers.setdefault(key, []).append(item)
+                answer = item.get("result")
+                if isinstance(answer, dict) and answer.get("resultType") == "input_required":
+                    world.rounds.append((sent.method, sent.params, answer))
 
 
 async def _read_server(world: World) -> None:
@@ -200,6 +213,12 @@ async def _read_server(world: World) -> None:
             message = json.loads(raw)
         except ValueError:
             raise AssertionError(f"the relay sent the server a line that is not JSON: {raw!r}") from None
+        if isinstance(message, list):
+            group = [
+                m for m in message if isinstance(m, dict) and isinstance(m.get("method"), str) and "id" in m
+            ]
+            if len(group) > 1:
+                world.server_got_batches.append(group)
         for item in message if isinstance(message, list) else [message]:
             if not isinstance(item, dict) or not isinstance(item.get("method", ""), str):
                 continue  # an odd message of the client's, relayed as it was
@@ -322,6 +341,23 @@ async def _answer_as_server(world: World, request: dict[str, Any], how: str) -> 
 
 
 def _server_answer(request: dict[str, Any], how: str) -> dict[str, Any]:
+    if how.startswith("input_") and request["method"] in protocol.INPUT_REQUIRED_METHODS:
+        questions: dict[str, Any] = {}
+        if how in ("input_sampling", "input_mixed"):
+            questions["s"] = {"method": protocol.SAMPLING, "params": HELLO}
+        if how in ("input_client", "input_mixed"):
+            questions["e"] = {
+                "method": "elicitation/create",
+                "params": {"message": "ok?", "requestedSchema": {}},
+            }
+        round_ = {
+            "resultType": "input_required",
+            "inputRequests": questions,
+            "requestState": f"st-{request['id']}",
+        }
+        return {"jsonrpc": "2.0", "id": request["id"], "result": round_}
+    if how.startswith("input_"):
+        how = "result"
     if how == "error":
         return {"jsonrpc": "2.0", "id": request["id"], "error": {"code": -32000, "message": "no"}}
     if request["method"] == "initialize":
@@ -347,25 +383,24 @@ async def _answer_as_client(world: World, request: dict[str, Any], how: str) -> 
             "id": request["id"],
             "error": {"code": -1, "message": "no"},
         }
+    elif request["method"] == "elicitation/create":  # the proxy's approval questions among them
+        allowed = {"action": "accept", "content": {"decision": "allow_once"}}
+        answer = {"jsonrpc": "2.0", "id": request["id"], "result": allowed}
     else:
         answer = {"jsonrpc": "2.0", "id": request["id"], "result": {"from": "client"}}
     await world.client.send(answer)
 
 
-async def run_script(script: list[tuple[Any, ...]], mode: str, client_samples: bool, approve: str) -> None:
+async def run_script(
+    script: list[tuple[Any, ...]], mode: str, client_samples: bool, approve: str, *, handshake: bool = True
+) -> None:
     async with relayed(mode=mode, approve=approve) as r:
         world = World(r.client, r.server, client_samples, mode)
         async with anyio.create_task_group() as readers:
             readers.start_soon(_read_client, world)
             readers.start_soon(_read_server, world)
-            capabilities: dict[str, Any] = {"roots": {}, "elicitation": {}}
-            if client_samples:
-                capabilities["sampling"] = {}
-            world.client_sent[_key(0)] = Sent(0, "initialize")
-            await r.client.send(
-                {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": initialize(capabilities)}
-            )
-            await settle()
+            if handshake:
+                await _initialize(world, client_samples)
             for step in script:
                 await _step(world, step)
             # The end: both sides answer what still waits, until nothing does.
@@ -382,9 +417,75 @@ async def run_script(script: list[tuple[Any, ...]], mode: str, client_samples: b
             readers.cancel_scope.cancel()
 
 
+async def _initialize(world: World, client_samples: bool) -> None:
+    capabilities: dict[str, Any] = {"roots": {}, "elicitation": {"form": {}}}
+    if client_samples:
+        capabilities["sampling"] = {}
+    world.client_sent[_key(0)] = Sent(0, "initialize")
+    await world.client.send(
+        {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": initialize(capabilities)}
+    )
+    await settle()
+
+
+CAPABILITIES_2026: dict[str, dict[str, Any]] = {
+    "none": {},
+    "elicit": {"elicitation": {"form": {}}},
+    "sampling": {"sampling": {}, "elicitation": {"form": {}}},
+    "sampling-tools": {"sampling": {"tools": {}}},
+}
+
+
+def _client_request_2026(
+    world: World, method: str, style: str, declared: str, **extra: Any
+) -> dict[str, Any]:
+    request_id = make_id(style, world.fresh())
+    meta = {
+        protocol.META_PROTOCOL_VERSION: protocol.STATELESS_VERSION,
+        protocol.META_CLIENT_CAPABILITIES: CAPABILITIES_2026[declared],
+    }
+    params: dict[str, Any] = {"name": "x", **extra, "_meta": meta}
+    world.client_sent[_key(request_id)] = Sent(request_id, method, params)
+    return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+
+
+def _retry(world: World, index: int) -> dict[str, Any] | None:
+    """The client's retry of a round it got: its answers to its questions, the state echoed."""
+    picked = _pick(world.rounds, index)
+    if picked is None:
+        return None
+    world.rounds.remove(picked)
+    method, params, round_ = picked
+    answers = {
+        key: {"action": "accept", "content": {"decision": "allow_once"}} for key in round_["inputRequests"]
+    }
+    base = {k: v for k, v in params.items() if k not in ("inputResponses", "requestState", "_meta")}
+    declared = "elicit"
+    request = _client_request_2026(
+        world,
+        method,
+        "int",
+        declared,
+        **base,
+        inputResponses=answers,
+        requestState=round_.get("requestState"),
+    )
+    request["params"]["_meta"] = params["_meta"]
+    return request
+
+
 async def _step(world: World, step: tuple[Any, ...]) -> None:
     kind = step[0]
-    if kind == "c_req":
+    if kind == "c_req2":
+        await world.client.send(_client_request_2026(world, step[1], step[2], step[3]))
+    elif kind == "c_batch2":
+        batch = [_client_request_2026(world, m, "str", d) for m, d in step[1]]
+        await world.client.send(batch)
+    elif kind == "c_retry":
+        retry = _retry(world, step[1])
+        if retry is not None:
+            await world.client.send(retry)
+    elif kind == "c_req":
         await world.client.send(_client_request(world, step[1], step[2]))
     elif kind == "c_batch":
         batch = [_client_note(world) if m == "note" else _client_request(world, m, "int") for m in step[1]]
@@ -456,6 +557,29 @@ async def _step(world: World, step: tuple[Any, ...]) -> None:
         request = _pick(world.server_got_requests, step[1])
         if request is not None:
             await _answer_as_server(world, request, step[2])
+    elif kind == "s_lost_batch":
+        # The server answers a batch of the client's as one array, which does not arrive whole.
+        batches = [b for b in world.server_got_batches if all(r in world.server_got_requests for r in b)]
+        chosen = _pick(batches, step[2])
+        if chosen is not None:
+            world.server_got_batches.remove(chosen)
+            for request in chosen:
+                world.server_got_requests.remove(request)
+            array = json.dumps([_server_answer(request, "result") for request in chosen]).encode()
+            if step[1] == "too large":
+                await world.server.send_raw(TOO_LARGE + array[:-2] + b" " * 3000 + array[-2:])
+            else:
+                await world.server.send_raw(array[:-3])
+    elif kind == "s_mixed_batch":
+        answers = [_server_answer(request, "result") for request in world.server_got_requests[:2]]
+        world.server_got_requests = world.server_got_requests[len(answers) :]
+        await world.server.send([*answers, _server_request(world, step[1], "int"), _server_note(world)])
+    elif kind == "c_answer_batch":
+        chosen = world.client_got_requests[: step[1]]
+        if chosen:
+            world.client_got_requests = world.client_got_requests[len(chosen) :]
+            answers = [{"jsonrpc": "2.0", "id": r["id"], "result": {"from": "client"}} for r in chosen]
+            await world.client.send(answers)
     elif kind == "s_answer_batch":
         chosen = world.server_got_requests[: step[1]]
         if chosen:
@@ -550,6 +674,35 @@ def _check(world: World, relay: Any) -> None:
     assert not problems, "\n".join(problems)
 
 
+METHODS_2026 = ("tools/call", "prompts/get", "resources/read", "tools/list", "ping")
+ANSWERS_2026 = ("result", "error", "malformed", "input_sampling", "input_client", "input_mixed")
+steps_2026 = st.one_of(
+    st.tuples(
+        st.just("c_req2"),
+        st.sampled_from(METHODS_2026),
+        st.sampled_from(ID_STYLES),
+        st.sampled_from(tuple(CAPABILITIES_2026)),
+    ),
+    st.tuples(
+        st.just("c_batch2"),
+        st.lists(
+            st.tuples(st.sampled_from(METHODS_2026), st.sampled_from(tuple(CAPABILITIES_2026))),
+            min_size=1,
+            max_size=3,
+        ),
+    ),
+    st.tuples(st.just("c_retry"), st.integers(0, 7)),
+    st.tuples(st.just("c_note")),
+    st.tuples(st.just("c_cancel"), st.sampled_from(("pending", "answered", "unknown")), st.integers(0, 7)),
+    st.tuples(st.just("c_bad"), st.sampled_from(MALFORMED)),
+    st.tuples(st.just("s_note")),
+    st.tuples(st.just("s_bad"), st.sampled_from(MALFORMED)),
+    st.tuples(st.just("s_answer"), st.integers(0, 7), st.sampled_from(ANSWERS_2026)),
+    st.tuples(st.just("s_answer_batch"), st.integers(1, 4)),
+    st.tuples(st.just("s_lost_batch"), st.sampled_from(("too large", "not JSON")), st.integers(0, 3)),
+    st.tuples(st.just("settle")),
+)
+
 PROFILES = [
     ("fallback", False, "never"),
     ("fallback", True, "never"),
@@ -565,3 +718,14 @@ def test_the_relay_loses_and_duplicates_nothing_under_random_traffic(
     script: list[tuple[Any, ...]], mode: str, client_samples: bool, approve: str
 ) -> None:
     anyio.run(run_script, script, mode, client_samples, approve)
+
+
+PROFILES_2026 = [("fallback", "never"), ("always", "never"), ("fallback", "elicit")]
+
+
+@pytest.mark.parametrize(("mode", "approve"), PROFILES_2026)
+@given(script=st.lists(steps_2026, max_size=25))
+def test_the_relay_loses_and_duplicates_nothing_under_random_2026_traffic(
+    script: list[tuple[Any, ...]], mode: str, approve: str
+) -> None:
+    anyio.run(functools.partial(run_script, script, mode, False, approve, handshake=False))
