@@ -21,6 +21,8 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,11 +31,101 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mcp_backfill import jsonrpc, protocol
+from mcp_backfill import assembly, jsonrpc, protocol
+from mcp_backfill.config import Config
+from mcp_backfill.providers.mock import MockProvider
+from mcp_backfill.relay import Relay
 from mcp_backfill.relay.approval import APPROVAL_ID_PREFIX
-from tests.unit.test_relay_flows import HELLO, TOO_LARGE, WITH_TOOLS, Peer, initialize, relayed
+from mcp_backfill.sampling.sampler import Sampler
+from mcp_backfill.sampling.spend import Spend
+from tests.unit.test_relay_flows import (
+    HELLO,
+    TOO_LARGE,
+    WITH_TOOLS,
+    MemoryChannel,
+    Peer,
+    Relayed,
+    initialize,
+    relayed,
+)
 
 IdKey = Any
+
+
+class AtOnceChannel(MemoryChannel):
+    """A `MemoryChannel` that is also `SendsAtOnce`, and hands a message to the relay from the
+    peer's send while its receiver waits, as the stdio pipes do from their read callback."""
+
+    handler: Callable[[bytes], bool] | None = None
+    waiting = False  # the receiving task waits for a message, and none is on its way to it
+
+    async def receive(self) -> bytes:
+        self.waiting = True
+        try:
+            return await super().receive()
+        finally:
+            self.waiting = False
+
+    def can_send_now(self) -> bool:
+        stats = self._outbox.statistics()
+        return stats.tasks_waiting_send == 0 and stats.current_buffer_used < stats.max_buffer_size
+
+    def send_now(self, message: bytes, related: Any = None) -> None:
+        self._outbox.send_nowait(message)
+
+
+@dataclass
+class AtOncePeer(Peer):
+    """The far end of an `AtOnceChannel`."""
+
+    channel: AtOnceChannel | None = None
+
+    async def send(self, message: Any) -> None:
+        await self.send_raw(json.dumps(message).encode())
+
+    async def send_raw(self, raw: bytes) -> None:
+        channel = self.channel
+        assert channel is not None
+        idle = channel.waiting and self.to_relay.statistics().current_buffer_used == 0
+        if idle and channel.handler is not None and not raw.startswith(TOO_LARGE) and channel.handler(raw):
+            return
+        channel.waiting = False  # the receiver has a message coming: later ones queue behind it
+        await self.to_relay.send(raw)
+
+
+def _at_once_pair() -> tuple[AtOnceChannel, AtOncePeer]:
+    to_relay, relay_inbox = anyio.create_memory_object_stream[bytes](100)
+    relay_outbox, from_relay = anyio.create_memory_object_stream[bytes](100)
+    channel = AtOnceChannel(relay_inbox, relay_outbox)
+    return channel, AtOncePeer(to_relay, from_relay, channel)
+
+
+@asynccontextmanager
+async def relayed_at_once(**options: Any) -> AsyncIterator[Relayed]:
+    """`relayed`, over channels that relay from the peer's send when they can (`from_client_now`)."""
+    config = Config(upstream_command=("server",), provider="mock", **options)
+    sampler = Sampler(
+        MockProvider(), assembly.sampler_settings(config), spend=Spend(assembly.spend_settings(config))
+    )
+    client_side, client = _at_once_pair()
+    upstream_side, server = _at_once_pair()
+    relay = Relay(
+        assembly.relay_options(config),
+        sampler,
+        client_side,
+        upstream_side,
+        session=sampler.spend.new_session("t"),
+    )
+    client_side.handler, upstream_side.handler = relay.from_client_now, relay.from_upstream_now
+
+    async def client_closed() -> None:
+        await server.to_relay.aclose()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run, client_closed)
+        yield Relayed(client, server, relay)
+        await server.to_relay.aclose()
+
 
 # Ids are made from a counter per side, in one of these styles: the two sides' ids collide, and
 # some look like the proxy's own (`mcp-backfill:` rounds, `mcp-backfill-approval-` questions).
@@ -392,9 +484,15 @@ async def _answer_as_client(world: World, request: dict[str, Any], how: str) -> 
 
 
 async def run_script(
-    script: list[tuple[Any, ...]], mode: str, client_samples: bool, approve: str, *, handshake: bool = True
+    script: list[tuple[Any, ...]],
+    mode: str,
+    client_samples: bool,
+    approve: str,
+    *,
+    handshake: bool = True,
+    at_once: bool = False,
 ) -> None:
-    async with relayed(mode=mode, approve=approve) as r:
+    async with (relayed_at_once if at_once else relayed)(mode=mode, approve=approve) as r:
         world = World(r.client, r.server, client_samples, mode)
         async with anyio.create_task_group() as readers:
             readers.start_soon(_read_client, world)
@@ -704,28 +802,30 @@ steps_2026 = st.one_of(
 )
 
 PROFILES = [
-    ("fallback", False, "never"),
-    ("fallback", True, "never"),
-    ("always", True, "never"),
-    ("off", False, "never"),
-    ("fallback", False, "elicit"),
+    ("fallback", False, "never", False),
+    ("fallback", True, "never", False),
+    ("always", True, "never", False),
+    ("off", False, "never", False),
+    ("fallback", False, "elicit", False),
+    ("fallback", False, "never", True),
+    ("fallback", True, "elicit", True),
 ]
 
 
-@pytest.mark.parametrize(("mode", "client_samples", "approve"), PROFILES)
+@pytest.mark.parametrize(("mode", "client_samples", "approve", "at_once"), PROFILES)
 @given(script=st.lists(steps, max_size=25))
 def test_the_relay_loses_and_duplicates_nothing_under_random_traffic(
-    script: list[tuple[Any, ...]], mode: str, client_samples: bool, approve: str
+    script: list[tuple[Any, ...]], mode: str, client_samples: bool, approve: str, at_once: bool
 ) -> None:
-    anyio.run(run_script, script, mode, client_samples, approve)
+    anyio.run(functools.partial(run_script, script, mode, client_samples, approve, at_once=at_once))
 
 
-PROFILES_2026 = [("fallback", "never"), ("always", "never"), ("fallback", "elicit")]
+PROFILES_2026 = [("fallback", "never", False), ("always", "never", False), ("fallback", "elicit", True)]
 
 
-@pytest.mark.parametrize(("mode", "approve"), PROFILES_2026)
+@pytest.mark.parametrize(("mode", "approve", "at_once"), PROFILES_2026)
 @given(script=st.lists(steps_2026, max_size=25))
 def test_the_relay_loses_and_duplicates_nothing_under_random_2026_traffic(
-    script: list[tuple[Any, ...]], mode: str, approve: str
+    script: list[tuple[Any, ...]], mode: str, approve: str, at_once: bool
 ) -> None:
-    anyio.run(functools.partial(run_script, script, mode, False, approve, handshake=False))
+    anyio.run(functools.partial(run_script, script, mode, False, approve, handshake=False, at_once=at_once))
