@@ -100,12 +100,34 @@ def _at_once_pair() -> tuple[AtOnceChannel, AtOncePeer]:
     return channel, AtOncePeer(to_relay, from_relay, channel)
 
 
+class HeldProvider(MockProvider):
+    """The mock provider, answering only when the script says so (`release`): sampling stays in
+    flight across steps, so that cancellations and answers can come while it runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = anyio.Event()
+        self.held = 0
+
+    def release(self) -> None:
+        self.gate.set()
+        self.gate = anyio.Event()
+
+    async def create_message(self, request: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        self.held += 1
+        try:
+            await self.gate.wait()
+        finally:
+            self.held -= 1
+        return await super().create_message(request, **kwargs)
+
+
 @asynccontextmanager
-async def relayed_at_once(**options: Any) -> AsyncIterator[Relayed]:
+async def relayed_at_once(provider: MockProvider, **options: Any) -> AsyncIterator[Relayed]:
     """`relayed`, over channels that relay from the peer's send when they can (`from_client_now`)."""
     config = Config(upstream_command=("server",), provider="mock", **options)
     sampler = Sampler(
-        MockProvider(), assembly.sampler_settings(config), spend=Spend(assembly.spend_settings(config))
+        provider, assembly.sampler_settings(config), spend=Spend(assembly.spend_settings(config))
     )
     client_side, client = _at_once_pair()
     upstream_side, server = _at_once_pair()
@@ -201,6 +223,7 @@ steps = st.one_of(
     st.tuples(st.just("s_lost_batch"), st.sampled_from(("too large", "not JSON")), st.integers(0, 3)),
     st.tuples(st.just("s_mixed_batch"), st.sampled_from(SERVER_METHODS)),
     st.tuples(st.just("c_answer_batch"), st.integers(1, 4)),
+    st.tuples(st.just("release")),
     st.tuples(st.just("settle")),
 )
 
@@ -224,6 +247,7 @@ class World:
     server: Peer
     client_samples: bool
     mode: str
+    provider: HeldProvider
     counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     # What the client sent, and what it got.
     client_sent: dict[IdKey, Sent] = field(default_factory=dict)
@@ -492,8 +516,9 @@ async def run_script(
     handshake: bool = True,
     at_once: bool = False,
 ) -> None:
-    async with (relayed_at_once if at_once else relayed)(mode=mode, approve=approve) as r:
-        world = World(r.client, r.server, client_samples, mode)
+    provider = HeldProvider()
+    async with (relayed_at_once if at_once else relayed)(provider, mode=mode, approve=approve) as r:
+        world = World(r.client, r.server, client_samples, mode, provider)
         async with anyio.create_task_group() as readers:
             readers.start_soon(_read_client, world)
             readers.start_soon(_read_server, world)
@@ -503,8 +528,9 @@ async def run_script(
                 await _step(world, step)
             # The end: both sides answer what still waits, until nothing does.
             for _ in range(10):
+                world.provider.release()
                 await settle()
-                if not world.server_got_requests and not world.client_got_requests:
+                if not (world.server_got_requests or world.client_got_requests or world.provider.held):
                     break
                 for request in list(world.server_got_requests):
                     await _answer_as_server(world, request, "result")
@@ -683,6 +709,8 @@ async def _step(world: World, step: tuple[Any, ...]) -> None:
         if chosen:
             world.server_got_requests = world.server_got_requests[len(chosen) :]
             await world.server.send([_server_answer(request, "result") for request in chosen])
+    elif kind == "release":
+        world.provider.release()
     elif kind == "settle":
         await settle()
 
@@ -798,6 +826,7 @@ steps_2026 = st.one_of(
     st.tuples(st.just("s_answer"), st.integers(0, 7), st.sampled_from(ANSWERS_2026)),
     st.tuples(st.just("s_answer_batch"), st.integers(1, 4)),
     st.tuples(st.just("s_lost_batch"), st.sampled_from(("too large", "not JSON")), st.integers(0, 3)),
+    st.tuples(st.just("release")),
     st.tuples(st.just("settle")),
 )
 
