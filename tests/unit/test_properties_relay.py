@@ -151,7 +151,7 @@ async def relayed_at_once(provider: MockProvider, **options: Any) -> AsyncIterat
 
 # Ids are made from a counter per side, in one of these styles: the two sides' ids collide, and
 # some look like the proxy's own (`mcp-backfill:` rounds, `mcp-backfill-approval-` questions).
-ID_STYLES = ("int", "str", "own", "approval")
+ID_STYLES = ("int", "str", "own", "approval", "big", "negative", "unicode")
 
 
 def make_id(style: str, n: int) -> Any:
@@ -161,6 +161,12 @@ def make_id(style: str, n: int) -> Any:
         return str(n)
     if style == "own":
         return f"mcp-backfill:{n}"
+    if style == "big":
+        return 10**30 + n
+    if style == "negative":
+        return -n
+    if style == "unicode":
+        return f'é\u2028"{n}'
     return f"{APPROVAL_ID_PREFIX}{n}"
 
 
@@ -213,7 +219,7 @@ steps = st.one_of(
     st.tuples(
         st.just("s_batch"), st.lists(st.sampled_from((*SERVER_METHODS, "note")), min_size=1, max_size=4)
     ),
-    st.tuples(st.just("c_large"), st.sampled_from(("request", "answer"))),
+    st.tuples(st.just("c_large"), st.sampled_from(("request", "answer", "batch"))),
     st.tuples(st.just("s_large"), st.sampled_from(("request", "answer", "big"))),
     st.tuples(st.just("s_note")),
     st.tuples(st.just("s_cancel"), st.sampled_from(("pending", "answered", "unknown")), st.integers(0, 7)),
@@ -645,6 +651,13 @@ async def _step(world: World, step: tuple[Any, ...]) -> None:
         await world.server.send(
             [_server_note(world) if m == "note" else _server_request(world, m, "int") for m in step[1]]
         )
+    elif kind == "c_large" and step[1] == "batch":  # refused as one, under null: its ids are not read
+        world.client_bad.append(("", b"batch"))
+        batch = [_client_request(world, "ping", "int"), _client_request(world, "ping", "int")]
+        for request in batch:
+            world.client_sent[_key(request["id"])].cancelled = True  # no answer expected
+        raw = json.dumps(batch).encode()
+        await world.client.send_raw(TOO_LARGE + raw[:-1] + b" " * 3000 + b"]")
     elif kind == "c_large" and step[1] == "request":
         await world.client.send_raw(_head(_client_request(world, "tools/call", "int")))
     elif kind == "c_large":
