@@ -234,6 +234,64 @@ steps = st.one_of(
 )
 
 
+def _identities(raw: bytes) -> list[tuple[str, str]]:
+    """What a line holds, item by item, as the other side will know it: for the order check."""
+    try:
+        message = json.loads(raw)
+    except ValueError:
+        return []
+    found = []
+    for item in message if isinstance(message, list) else [message]:
+        if not isinstance(item, dict):
+            continue
+        if isinstance(item.get("method"), str):
+            kind = "request" if "id" in item else "note"
+            found.append((kind, _note_name(item) if kind == "note" else json.dumps(item["id"])))
+        elif "result" in item or "error" in item:  # whole: an answer the relay rewrote is another
+            found.append(("answer", json.dumps(item, sort_keys=True)))
+    return found
+
+
+@dataclass
+class Side:
+    """One fake end: sends through its peer, and notes the order of what it sent."""
+
+    peer: Peer
+    sent: list[tuple[str, str]] = field(default_factory=list)
+    received: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def from_relay(self) -> Any:
+        return self.peer.from_relay
+
+    async def send(self, message: Any) -> None:
+        await self.send_raw(json.dumps(message).encode())
+
+    async def send_raw(self, raw: bytes) -> None:
+        self.sent.extend(_identities(raw))
+        await self.peer.send_raw(raw)
+
+
+def _out_of_order(sent: list[tuple[str, str]], received: list[tuple[str, str]]) -> list[str]:
+    """Messages that reached the other side in another order than they were sent."""
+    queues: dict[tuple[str, str], list[int]] = {}
+    for index, identity in enumerate(sent):
+        queues.setdefault(identity, []).append(index)
+    last, problems = -1, []
+    for identity in received:
+        indices = queues.get(identity)
+        if not indices:
+            continue  # made by the relay, or rewritten by it
+        # The same message may be sent twice, and one of them consumed by the relay: the earliest
+        # one sent since the last arrival is taken for it.
+        index = next((i for i in indices if i >= last), indices[0])
+        indices.remove(index)
+        if index < last:
+            problems.append(f"{identity} (sent {index}th) arrived after the {last}th message")
+        last = max(last, index)
+    return problems
+
+
 @dataclass
 class Sent:
     """A request one side sent, and what became of it."""
@@ -249,8 +307,8 @@ class Sent:
 class World:
     """Both fakes' records."""
 
-    client: Peer
-    server: Peer
+    client: Side
+    server: Side
     client_samples: bool
     mode: str
     provider: HeldProvider
@@ -299,6 +357,7 @@ async def _read_client(world: World) -> None:
     """The fake client's reader: records answers, requests (to answer later) and notifications."""
     while True:
         raw = await world.client.from_relay.receive()
+        world.client.received.extend(_identities(raw))
         message = json.loads(raw)
         for item in message if isinstance(message, list) else [message]:
             assert isinstance(item, dict), item
@@ -330,6 +389,7 @@ async def _read_server(world: World) -> None:
     """The fake server's reader."""
     while True:
         raw = await world.server.from_relay.receive()
+        world.server.received.extend(_identities(raw))
         world.server_got_raw.append(raw)
         try:
             message = json.loads(raw)
@@ -524,7 +584,7 @@ async def run_script(
 ) -> None:
     provider = HeldProvider()
     async with (relayed_at_once if at_once else relayed)(provider, mode=mode, approve=approve) as r:
-        world = World(r.client, r.server, client_samples, mode, provider)
+        world = World(Side(r.client), Side(r.server), client_samples, mode, provider)
         async with anyio.create_task_group() as readers:
             readers.start_soon(_read_client, world)
             readers.start_soon(_read_server, world)
@@ -806,6 +866,8 @@ def _check(world: World, relay: Any) -> None:
     for item in world.stray_at_server:
         if not str(item.get("id")).startswith(("bad-", "sbad-")):
             problems.append(f"the server got an answer to no request of its own: {item}")
+    problems += [f"client to server: {p}" for p in _out_of_order(world.client.sent, world.server.received)]
+    problems += [f"server to client: {p}" for p in _out_of_order(world.server.sent, world.client.received)]
     if relay.state.client_requests or relay.state.driving:
         problems.append(
             f"the relay still tracks requests: {relay.state.client_requests} {relay.state.driving}"
