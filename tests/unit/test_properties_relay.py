@@ -108,12 +108,14 @@ class HeldProvider(MockProvider):
         super().__init__()
         self.gate = anyio.Event()
         self.held = 0
+        self.calls = 0  # each one a Claude call, billed
 
     def release(self) -> None:
         self.gate.set()
         self.gate = anyio.Event()
 
     async def create_message(self, request: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        self.calls += 1
         self.held += 1
         try:
             await self.gate.wait()
@@ -335,6 +337,7 @@ class World:
     stray_at_server: list[Any] = field(default_factory=list)
     stray_at_client: list[Any] = field(default_factory=list)
     task_ids: list[str] = field(default_factory=list)
+    questions: int = 0  # 2026-07-28: the sampling questions of the rounds the server asked
     server_got_batches: list[list[dict[str, Any]]] = field(default_factory=list)  # requests that came as one
     # 2026-07-28: the rounds the client got (its request's method and params, the round), to retry.
     rounds: list[tuple[str, dict[str, Any], dict[str, Any]]] = field(
@@ -519,7 +522,10 @@ async def _answer_as_server(world: World, request: dict[str, Any], how: str) -> 
         raw = json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": {"x": 1}}).encode()[:-3]
         await world.server.send_raw(raw)
         return
-    await world.server.send(_server_answer(request, how))
+    answer = _server_answer(request, how)
+    if how in ("input_sampling", "input_mixed") and "inputRequests" in answer.get("result", {}):
+        world.questions += 1
+    await world.server.send(answer)
 
 
 def _server_answer(request: dict[str, Any], how: str) -> dict[str, Any]:
@@ -868,6 +874,16 @@ def _check(world: World, relay: Any) -> None:
             problems.append(f"the server got an answer to no request of its own: {item}")
     problems += [f"client to server: {p}" for p in _out_of_order(world.client.sent, world.server.received)]
     problems += [f"server to client: {p}" for p in _out_of_order(world.server.sent, world.client.received)]
+    # Claude is called at most once for each sampling request or question the proxy takes on.
+    takes = sum(
+        1
+        for s in world.server_sent.values()
+        if s.method.startswith("sampling") and _proxy_answers(world, s.method)
+    )
+    if world.provider.calls > takes + world.questions:
+        problems.append(
+            f"{world.provider.calls} Claude calls for {takes} + {world.questions} sampling requests"
+        )
     if relay.state.client_requests or relay.state.driving:
         problems.append(
             f"the relay still tracks requests: {relay.state.client_requests} {relay.state.driving}"
