@@ -337,6 +337,9 @@ class World:
     stray_at_server: list[Any] = field(default_factory=list)
     stray_at_client: list[Any] = field(default_factory=list)
     task_ids: list[str] = field(default_factory=list)
+    asked: dict[str, set[str]] = field(default_factory=dict)  # each round's questions, by its state
+    round_problems: list[str] = field(default_factory=list)
+    retries_seen: int = 0
     questions: int = 0  # 2026-07-28: the sampling questions of the rounds the server asked
     server_got_batches: list[list[dict[str, Any]]] = field(default_factory=list)  # requests that came as one
     # 2026-07-28: the rounds the client got (its request's method and params, the round), to retry.
@@ -388,6 +391,22 @@ async def _read_client(world: World) -> None:
                     world.rounds.append((sent.method, sent.params, answer))
 
 
+def _check_round_answers(world: World, request: dict[str, Any]) -> None:
+    """A retried 2026-07-28 request brings an answer to each question of its round, whoever gave it
+    (the proxy, the client, or both through the proxy's stash), and the server's state as it was."""
+    params = request.get("params")
+    if not isinstance(params, dict):
+        return
+    state = params.get("requestState")
+    if not isinstance(state, str) or not state.startswith("st-"):
+        return
+    world.retries_seen += 1
+    asked = world.asked.get(state)
+    given = params.get("inputResponses")
+    if asked is None or not isinstance(given, dict) or set(given) != asked:
+        world.round_problems.append(f"a retry of the round {state} asking {asked} answered {given}")
+
+
 async def _read_server(world: World) -> None:
     """The fake server's reader."""
     while True:
@@ -410,6 +429,7 @@ async def _read_server(world: World) -> None:
             if "method" not in item and "result" not in item and "error" not in item:
                 continue  # as `{}`
             if "method" in item and "id" in item:
+                _check_round_answers(world, item)
                 world.server_got_requests.append(item)
                 key = _key(item["id"])
                 world.server_got_request_count[key] = world.server_got_request_count.get(key, 0) + 1
@@ -523,8 +543,10 @@ async def _answer_as_server(world: World, request: dict[str, Any], how: str) -> 
         await world.server.send_raw(raw)
         return
     answer = _server_answer(request, how)
-    if how in ("input_sampling", "input_mixed") and "inputRequests" in answer.get("result", {}):
-        world.questions += 1
+    round_ = answer.get("result", {})
+    if "inputRequests" in round_:
+        world.asked[round_["requestState"]] = set(round_["inputRequests"])
+        world.questions += "s" in round_["inputRequests"]
     await world.server.send(answer)
 
 
@@ -884,6 +906,7 @@ def _check(world: World, relay: Any) -> None:
         problems.append(
             f"{world.provider.calls} Claude calls for {takes} + {world.questions} sampling requests"
         )
+    problems += world.round_problems
     if relay.state.client_requests or relay.state.driving:
         problems.append(
             f"the relay still tracks requests: {relay.state.client_requests} {relay.state.driving}"
