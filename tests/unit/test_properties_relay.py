@@ -13,7 +13,14 @@ still waiting, and the invariants are checked:
   server exactly once, under the server's id;
 * every notification reaches the other side exactly once (a cancellation at most once);
 * a line that is not JSON is answered or dropped, and the relay serves the rest;
+* what each side sends reaches the other in the order it was sent;
+* Claude is called at most once per sampling request (or 2026-07-28 question) the proxy takes on,
+  and a retried round brings an answer to each of its questions;
 * nothing escapes the relay's task group, and it keeps no request in its tables at the end.
+
+Both eras are driven (the handshake one after `initialize`, 2026-07-28 with its `input_required`
+rounds), with sampling held in flight across steps until the script releases it, over plain
+channels and over channels that relay from the transport's read callback (`SendsAtOnce`).
 """
 
 from __future__ import annotations
@@ -620,11 +627,14 @@ async def run_script(
                 await _initialize(world, client_samples)
             for step in script:
                 await _step(world, step)
-            # The end: both sides answer what still waits, until nothing does.
-            for _ in range(10):
+            # The end: both sides answer what still waits, until nothing does twice in a row.
+            quiet = 0
+            for _ in range(20):
                 world.provider.release()
                 await settle()
-                if not (world.server_got_requests or world.client_got_requests or world.provider.held):
+                if world.server_got_requests or world.client_got_requests or world.provider.held:
+                    quiet = 0
+                elif (quiet := quiet + 1) == 2:
                     break
                 for request in list(world.server_got_requests):
                     await _answer_as_server(world, request, "result")
