@@ -39,7 +39,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mcp_backfill import assembly, jsonrpc, protocol
-from mcp_backfill.config import Config
+from mcp_backfill.config import Config, Secret
 from mcp_backfill.providers.mock import MockProvider
 from mcp_backfill.relay import Relay
 from mcp_backfill.relay.approval import APPROVAL_ID_PREFIX
@@ -616,9 +616,12 @@ async def run_script(
     *,
     handshake: bool = True,
     at_once: bool = False,
+    **options: Any,
 ) -> None:
     provider = HeldProvider()
-    async with (relayed_at_once if at_once else relayed)(provider, mode=mode, approve=approve) as r:
+    async with (relayed_at_once if at_once else relayed)(
+        provider, mode=mode, approve=approve, **options
+    ) as r:
         world = World(Side(r.client), Side(r.server), client_samples, mode, provider)
         async with anyio.create_task_group() as readers:
             readers.start_soon(_read_client, world)
@@ -973,12 +976,21 @@ def test_the_relay_loses_and_duplicates_nothing_under_random_traffic(
     anyio.run(functools.partial(run_script, script, mode, client_samples, approve, at_once=at_once))
 
 
-PROFILES_2026 = [("fallback", "never", False), ("always", "never", False), ("fallback", "elicit", True)]
+# The last: whether mixed rounds' answers travel sealed in the requestState (`--request-state-key`).
+PROFILES_2026 = [
+    ("fallback", "never", False, False),
+    ("always", "never", False, False),
+    ("fallback", "elicit", True, False),
+    ("fallback", "elicit", False, True),
+]
+SEALING_KEY = Secret("a secret the replicas share, 32+ characters long")
 
 
-@pytest.mark.parametrize(("mode", "approve", "at_once"), PROFILES_2026)
+@pytest.mark.parametrize(("mode", "approve", "at_once", "sealed"), PROFILES_2026)
 @given(script=st.lists(steps_2026, max_size=25))
 def test_the_relay_loses_and_duplicates_nothing_under_random_2026_traffic(
-    script: list[tuple[Any, ...]], mode: str, approve: str, at_once: bool
+    script: list[tuple[Any, ...]], mode: str, approve: str, at_once: bool, sealed: bool
 ) -> None:
-    anyio.run(functools.partial(run_script, script, mode, False, approve, handshake=False, at_once=at_once))
+    key = {"request_state_key": SEALING_KEY} if sealed else {}
+    run = functools.partial(run_script, script, mode, False, approve, handshake=False, at_once=at_once, **key)
+    anyio.run(run)
