@@ -920,6 +920,8 @@ def _check(world: World, relay: Any) -> None:
             f"{world.provider.calls} Claude calls for {takes} + {world.questions} sampling requests"
         )
     problems += world.round_problems
+    if relay.answerer.hand.running:
+        problems.append(f"the relay still answers {relay.answerer.hand.running} of the server's requests")
     if relay.state.client_requests or relay.state.driving:
         problems.append(
             f"the relay still tracks requests: {relay.state.client_requests} {relay.state.driving}"
