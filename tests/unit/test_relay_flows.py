@@ -354,6 +354,22 @@ async def test_malformed_json_from_either_side() -> None:
         assert r.client.nothing_waiting()
 
 
+async def test_a_null_message_is_relayed_like_any_other_message_the_relay_does_not_know() -> None:
+    """`null` (alone, or in a batch) is no JSON-RPC message, but it is the receiver's to refuse, as
+    `42` or `{}` are: the relay took it for a message it had consumed itself and dropped it, so the
+    client was never told its message was invalid, and a batch lost one of its items."""
+    ping = request(1, "ping")
+    async with relayed() as r:
+        await r.client.send_raw(b"null")
+        assert await r.server.recv() is None
+        await r.client.send([None, ping])
+        assert await r.server.recv() == [None, ping]
+        await r.server.send_raw(b"null")
+        assert await r.client.recv() is None
+        await r.server.send([None, result(1, {})])
+        assert await r.client.recv() == [None, result(1, {})]
+
+
 async def test_a_dying_upstream_fails_what_is_pending() -> None:
     async with relayed() as r:
         await r.client.send(request("a", "tools/call", {"name": "x"}))
@@ -645,6 +661,33 @@ async def test_every_request_of_a_batch_whose_answer_is_lost_gets_an_error(broke
         assert r.client.nothing_waiting()
         await r.server.send(result(9, {"tools": []}))
         assert (await r.client.recv())["id"] == 9
+
+
+@pytest.mark.parametrize("broken", ["too large", "malformed"])
+async def test_a_lost_batch_answer_whose_first_request_was_cancelled_still_fails_the_rest(
+    broken: str,
+) -> None:
+    """The client cancelled the first request of its batch, but the server, which had not read the
+    cancel yet, answered the whole batch as one array, which did not arrive whole: the relay looked
+    for the batch through the id it read at the array's head, found nothing (the cancelled request
+    was forgotten), and the rest of the batch waited for ever (found by test_properties_relay.py)."""
+    batch = [request(1, "tools/call", {"name": "x"}), request(2, "tools/list")]
+    async with relayed() as r:
+        await r.client.send(batch)
+        await r.server.recv()
+        cancel = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 1}}
+        await r.client.send(cancel)
+        assert await r.server.recv() == cancel
+        answers = ",".join(json.dumps(result(item["id"], {"text": "y" * 3000})) for item in batch)
+        lost = f"[{answers}]".encode()
+        if broken == "too large":
+            await r.server.send_raw(TOO_LARGE + lost)
+        else:
+            await r.server.send_raw(lost[:-20] + b"\xff" + lost[-20:])
+        error = await r.client.recv()
+        assert (error["id"], error["error"]["code"]) == (2, protocol.INTERNAL_ERROR)
+        assert r.relay.state.client_requests == {}
+        assert r.client.nothing_waiting()
 
 
 async def test_a_batch_of_more_messages_than_the_limit_is_refused_as_a_whole() -> None:

@@ -72,12 +72,16 @@ def rewrite_each(message: Any, rewrite: Callable[[Any], Any]) -> Any:
 
     `rewrite` returns its item, a rewritten copy, or None when the proxy consumed it. The result is
     `message` itself when nothing changed (so its original bytes can be forwarded), None when
-    nothing is left to forward, else what to encode and forward.
+    nothing is left to forward, else what to encode and forward. A JSON `null` is no message the
+    relay tracks, nor one it consumed: it is kept, for the receiver to refuse (the result is then
+    `message` itself, even when that is `null`).
     """
+    if message is None:
+        return message
     if not isinstance(message, list):
         return rewrite(message)
-    items = [rewrite(item) for item in message]
-    kept = [item for item in items if item is not None]
+    items = [item if item is None else rewrite(item) for item in message]
+    kept = [item for item, was in zip(items, message, strict=True) if item is not None or was is None]
     if len(kept) == len(message) and all(a is b for a, b in zip(items, message, strict=True)):
         return message
     return kept or None
@@ -271,15 +275,21 @@ class Relay:
             if self.approver.take(error):
                 return []  # the answer to the proxy's own approval question: it fails, as asked
             return [(True, jsonrpc.encode(error), None)]
-        pending = self.state.client_requests.pop(jsonrpc.id_key(request_id), None)
-        if pending is None:
-            return []
-        lost = [pending]
-        if batch and pending.batch is not None:
-            for key in pending.batch:
-                mate = self.state.client_requests.get(key)
-                if mate is not None and mate.batch is pending.batch:
-                    lost.append(self.state.client_requests.pop(key))
+        key = jsonrpc.id_key(request_id)
+        pending = self.state.client_requests.pop(key, None)
+        lost = [] if pending is None else [pending]
+        group = pending.batch if pending is not None else None
+        if batch and pending is None:
+            # The request whose id was read is no longer waiting (the client cancelled it): the
+            # rest of its batch, answered in the same array, still is.
+            group = next(
+                (p.batch for p in self.state.client_requests.values() if p.batch and key in p.batch), None
+            )
+        if batch and group is not None:
+            for mate_key in group:
+                mate = self.state.client_requests.get(mate_key)
+                if mate is not None and mate.batch is group:
+                    lost.append(self.state.client_requests.pop(mate_key))
         for request in lost:
             self.rounds.end(request)
         return [self._error_to_client(r.request_id, protocol.INTERNAL_ERROR, failure) for r in lost]
@@ -310,8 +320,10 @@ class Relay:
         if isinstance(message, list):
             self._note_batch(message)
         sends: list[_Send] = []
-        if forwarded is not None:
-            sends.append((True, raw if forwarded is message else jsonrpc.encode(forwarded), None))
+        if forwarded is message:
+            sends.append((True, raw, None))
+        elif forwarded is not None:
+            sends.append((True, jsonrpc.encode(forwarded), None))
         for reply in replies:
             if self.traces.enabled:
                 self.traces.answered(reply, by="server")
@@ -450,7 +462,7 @@ class Relay:
         if self._trace_messages:
             trace_message("from upstream", message, len(raw))
         forwarded = rewrite_each(message, lambda item: self._upstream_item(item, related))
-        if forwarded is None:
+        if forwarded is None and message is not None:
             return []
         if self.traces.enabled:
             self.traces.answered(forwarded, by="server")
