@@ -1,0 +1,155 @@
+"""Hostile HTTP on both legs: odd but valid (or malformed) bytes from a client of `serve`, and from an
+HTTP upstream behind the stdio wrapper's `--upstream-url`.
+
+The upstream here is a small asyncio server in the test's own event loop, on 127.0.0.1, that
+answers `initialize` properly and every other request with the bytes its test scripts for its
+method (`Script`), so that the proxy meets exactly the framing a test is about. Each test checks
+that the waiting client gets its answer (or a clear JSON-RPC error), and that the next request
+still works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+
+from tests.harness import initialize_params, proxy_env, proxy_url_argv, python_server, raw_proxy
+from tests.sidecar_harness import HANDSHAKE_HEADERS, HTTP_TIMEOUT, initialize_body, run_sidecar
+
+pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+ECHO_SERVER = python_server("echo_server.py")
+TOKEN = "hostile-test-token-0123456789"
+
+# What the upstream writes for a request: given the request's id, the whole answer's bytes.
+Script = Callable[[Any], bytes]
+
+
+def answer(request_id: Any, result: Any = None) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result or {"ok": True}}).encode()
+
+
+def json_answer(body: bytes, head: bytes = b"HTTP/1.1 200 OK\r\n", line_end: bytes = b"\r\n") -> bytes:
+    lines = [b"content-type: application/json", b"content-length: %d" % len(body)]
+    return head + b"".join(line + line_end for line in lines) + line_end + body
+
+
+def sse_answer(events: bytes) -> bytes:
+    """An SSE body framed by the connection's end (the upstream closes after it)."""
+    return b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n" + events
+
+
+@asynccontextmanager
+async def hostile_upstream(scripts: dict[str, Script]) -> AsyncIterator[str]:
+    """A handshake-era upstream at the URL yielded: `initialize` is answered properly, a method named
+    in `scripts` with its bytes (the connection then closed if they say `connection: close`),
+    anything else with `{"method": M}`; notifications and responses get 202, GET and DELETE 405."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                body = json.loads(await reader.readexactly(length)) if length else None
+                if not head.startswith(b"POST"):
+                    writer.write(b"HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\n\r\n")
+                elif not (isinstance(body, dict) and "method" in body and "id" in body):
+                    writer.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+                elif body["method"] == "initialize":
+                    result = {
+                        "protocolVersion": "2025-06-18",
+                        "capabilities": {},
+                        "serverInfo": {"name": "hostile", "version": "0"},
+                    }
+                    writer.write(json_answer(answer(body["id"], result)))
+                elif body["method"] in scripts:
+                    wire = scripts[body["method"]](body["id"])
+                    writer.write(wire)
+                    if b"connection: close" in wire.partition(b"\r\n\r\n")[0].lower():
+                        await writer.drain()
+                        break
+                else:
+                    writer.write(json_answer(answer(body["id"], {"method": body["method"]})))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    listener = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        listener.close()
+
+
+async def through_the_wrapper(scripts: dict[str, Script], method: str) -> tuple[Any, Any, str]:
+    """The stdio wrapper's answer to a request of `method`, to the one after it, and its stderr;
+    every line it writes must be one JSON message."""
+    async with (
+        hostile_upstream(scripts) as url,
+        raw_proxy(proxy_url_argv("--provider", "mock", url=url), proxy_env()) as session,
+    ):
+        first = await session.request(1, "initialize", initialize_params())
+        assert "result" in first, first
+        await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        hostile = await session.request(2, method)
+        after = await session.request(3, "anything/else")
+        await session.close_stdin()
+        await session.wait()
+        return hostile, after, session.stderr()
+
+
+# -- messages that are JSON over several lines ------------------------------------------------------
+
+
+async def test_a_pretty_printed_answer_reaches_a_stdio_client_as_one_line() -> None:
+    """Raw newlines in JSON text are whitespace: an upstream answering with indented JSON (or an SSE
+    event whose `data:` is split over lines) is valid, but written as it came, each of its lines
+    reached the stdio client as a message of its own (none of them JSON), and the request was
+    never answered."""
+    scripts: dict[str, Script] = {
+        "pretty/json": lambda rid: json_answer(json.dumps(json.loads(answer(rid)), indent=2).encode()),
+        "split/sse": lambda rid: sse_answer(
+            b"data: " + answer(rid)[:10] + b"\r\ndata: " + answer(rid)[10:] + b"\n\n"
+        ),
+    }
+    for method in scripts:
+        hostile, after, log = await through_the_wrapper(scripts, method)
+        assert hostile == {"jsonrpc": "2.0", "id": 2, "result": {"ok": True}}, (method, log)
+        assert after["result"] == {"method": "anything/else"}
+
+
+async def test_a_pretty_printed_post_reaches_a_stdio_upstream_as_one_line() -> None:
+    """A client of `serve` may POST indented JSON (as `curl -d @file.json` sends it): relayed as it
+    came, each of its lines reached the child upstream as a message of its own, and the POST waited
+    for an answer for ever."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        with anyio.fail_after(2 * HTTP_TIMEOUT):  # (unanswered, the POST's SSE stream never ended)
+            await _post_pretty(http, sidecar.url)
+
+
+async def _post_pretty(http: httpx2.AsyncClient, url: str) -> None:
+    opened = await http.post(url, content=json.dumps(initialize_body(), indent=2), headers=HANDSHAKE_HEADERS)
+    assert opened.status_code == 200, opened.text
+    assert opened.json()["result"]["serverInfo"]["name"] == "echo-server"
+    session = {**HANDSHAKE_HEADERS, "mcp-session-id": opened.headers["mcp-session-id"]}
+    ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+    pretty = await http.post(url, content=json.dumps(ping, indent=2) + "\r\n", headers=session)
+    assert pretty.status_code == 200, pretty.text
+    assert pretty.json()["result"] == {"echo": ping}
