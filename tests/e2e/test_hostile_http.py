@@ -153,3 +153,16 @@ async def _post_pretty(http: httpx2.AsyncClient, url: str) -> None:
     pretty = await http.post(url, content=json.dumps(ping, indent=2) + "\r\n", headers=session)
     assert pretty.status_code == 200, pretty.text
     assert pretty.json()["result"] == {"echo": ping}
+
+
+# -- SSE framing ------------------------------------------------------------------------------------
+
+
+async def test_an_sse_answer_whose_lines_end_in_a_lone_cr_is_delivered() -> None:
+    """A lone CR ends an SSE line (the spec allows CRLF, LF or CR). The CR that ended the answer's
+    event was held as perhaps half of a CRLF until another byte came; none came before the stream
+    ended, and the request got "ended the response stream without answering" instead of its answer."""
+    scripts: dict[str, Script] = {"cr/sse": lambda rid: sse_answer(b"id: 1\rdata: " + answer(rid) + b"\r\r")}
+    hostile, after, log = await through_the_wrapper(scripts, "cr/sse")
+    assert hostile == {"jsonrpc": "2.0", "id": 2, "result": {"ok": True}}, log
+    assert after["result"] == {"method": "anything/else"}
