@@ -26,7 +26,7 @@ from tests.sidecar_harness import HANDSHAKE_HEADERS, HTTP_TIMEOUT, initialize_bo
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 ECHO_SERVER = python_server("echo_server.py")
-TOKEN = "hostile-test-token-0123456789"
+HEADER_BYTES = [(name.encode(), value.encode()) for name, value in HANDSHAKE_HEADERS.items()]
 
 # What the upstream writes for a request: given the request's id, the whole answer's bytes.
 Script = Callable[[Any], bytes]
@@ -166,3 +166,35 @@ async def test_an_sse_answer_whose_lines_end_in_a_lone_cr_is_delivered() -> None
     hostile, after, log = await through_the_wrapper(scripts, "cr/sse")
     assert hostile == {"jsonrpc": "2.0", "id": 2, "result": {"ok": True}}, log
     assert after["result"] == {"method": "anything/else"}
+
+
+# -- the front of `serve` -----------------------------------------------------------------------------
+
+
+async def test_a_forwarded_authorization_that_is_not_ascii_is_refused_at_the_door() -> None:
+    """With `--forward-authorization` a client's `Authorization` goes upstream as a header, which
+    cannot hold a byte past ASCII as text: one that did opened a session whose every request failed
+    with "Internal error ... UnicodeEncodeError" (a traceback in the log). It gets a 400 naming the
+    option, no session, and the next client is served."""
+    async with (
+        hostile_upstream({}) as url,
+        run_sidecar(
+            "--provider", "mock", "--forward-authorization", "--upstream-url", url, env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        body = initialize_body()
+        refused = await http.post(
+            sidecar.url, json=body, headers=[*HEADER_BYTES, (b"authorization", b"Bearer caf\xc3\xa9")]
+        )
+        fine = await http.post(
+            sidecar.url, json=body, headers={**HANDSHAKE_HEADERS, "authorization": "Bearer cafe"}
+        )
+        healthz = (await http.get(f"{sidecar.base}/healthz")).json()
+    assert refused.status_code == 400, refused.text
+    assert "mcp-session-id" not in refused.headers
+    assert "--forward-authorization" in refused.json()["error"]["message"]
+    assert fine.status_code == 200, fine.text
+    assert fine.json()["result"]["serverInfo"]["name"] == "hostile"
+    assert healthz["sessions"] == 1
+    assert "Traceback" not in sidecar.stderr()
