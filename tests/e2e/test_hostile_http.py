@@ -198,3 +198,52 @@ async def test_a_forwarded_authorization_that_is_not_ascii_is_refused_at_the_doo
     assert fine.json()["result"]["serverInfo"]["name"] == "hostile"
     assert healthz["sessions"] == 1
     assert "Traceback" not in sidecar.stderr()
+
+
+async def read_to_close(port: int, send: bytes) -> bytes:
+    """Connect, send `send`, and read until the sidecar closes the connection."""
+    received = b""
+    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+        await stream.send(send)
+        with anyio.fail_after(HTTP_TIMEOUT):
+            while True:
+                try:
+                    received += await stream.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionError):
+                    return received
+
+
+async def test_bytes_that_are_no_request_after_a_request_leave_its_answer_first() -> None:
+    """A request followed by bytes that are no HTTP request (a body longer than its Content-Length)
+    is relayed, and must be answered before the 400 for what came after it: the 400 went out at
+    once, in place of the answer, while the request still went upstream (a client retrying what it
+    was told failed would run a tool twice)."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        opened = await http.post(sidecar.url, json=initialize_body(), headers=HANDSHAKE_HEADERS)
+        session_id = opened.headers["mcp-session-id"]
+        body = json.dumps({"jsonrpc": "2.0", "id": 5, "method": "ping"}).encode()
+        head = (
+            f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{sidecar.port}\r\nMcp-Session-Id: {session_id}\r\n"
+            f"Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        received = await read_to_close(sidecar.port, head.encode() + body + b"GARBAGE GARBAGE\r\n\r\n")
+        health = f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{sidecar.port}\r\n\r\n".encode()
+        health_first = await read_to_close(sidecar.port, health + b"\x00\x01 nonsense\r\n\r\n")
+        after = await http.post(
+            sidecar.url,
+            json={"jsonrpc": "2.0", "id": 6, "method": "ping"},
+            headers={**HANDSHAKE_HEADERS, "mcp-session-id": session_id},
+        )
+    answer, _, rest = received.partition(b"HTTP/1.1 400")
+    assert answer.startswith(b"HTTP/1.1 200"), received
+    assert answer.endswith(
+        b'{"jsonrpc":"2.0","id":5,"result":{"echo":{"jsonrpc":"2.0","id":5,"method":"ping"}}}'
+    )
+    assert b"Invalid HTTP request" in rest
+    assert health_first.startswith(b"HTTP/1.1 200"), health_first
+    assert b"HTTP/1.1 400" in health_first
+    assert after.json()["id"] == 6
