@@ -247,3 +247,48 @@ async def test_bytes_that_are_no_request_after_a_request_leave_its_answer_first(
     assert health_first.startswith(b"HTTP/1.1 200"), health_first
     assert b"HTTP/1.1 400" in health_first
     assert after.json()["id"] == 6
+
+
+# -- what a stdio client's request puts in the 2026-07-28 routing headers -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "version", "header"),
+    [
+        ("tools/list", "2026-07-28\u00e9", "MCP-Protocol-Version"),
+        ("tools/\u00e9", "2026-07-28", "Mcp-Method"),
+        ("tools/x\ny", "2026-07-28", "Mcp-Method"),
+        ("tools/list", "2026-07-28\r\nx-injected: 1", "MCP-Protocol-Version"),
+    ],
+)
+async def test_a_request_whose_routing_header_cannot_be_sent_gets_a_clear_error(
+    method: str, version: str, header: str
+) -> None:
+    """A 2026-07-28 request repeats its method and protocol version in headers. One holding a byte
+    past ASCII failed with "Internal error ... UnicodeEncodeError" (a traceback in the log), one
+    holding a line break with "Upstream unreachable", which also made the proxy exit with status 1
+    as if the upstream had failed; and the version, kept for later notifications, broke each of
+    theirs. The request gets an error naming the header; nothing else is affected."""
+    envelope = {
+        "io.modelcontextprotocol/protocolVersion": version,
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    fine_envelope = {**envelope, "io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+    async with (
+        hostile_upstream({}) as url,
+        raw_proxy(proxy_url_argv("--provider", "mock", url=url), proxy_env()) as session,
+    ):
+        refused = await session.request(1, method, {"_meta": envelope})
+        await session.send(
+            {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"_meta": envelope}}
+        )
+        fine = await session.request(2, "tools/list", {"_meta": fine_envelope})
+        await session.close_stdin()
+        status = await session.wait()
+        log = session.stderr()
+    assert refused["error"]["code"] == -32600, refused
+    assert header in refused["error"]["message"]
+    assert "unreachable" not in refused["error"]["message"]
+    assert fine["result"] == {"method": "tools/list"}
+    assert "Traceback" not in log
+    assert status == 0, log
