@@ -173,6 +173,10 @@ async def test_interim_answers_are_skipped_and_reason_kept() -> None:
         # which `https://` upstreams use) does, so a server writing them worked there and timed out here.
         b"HTTP/1.1 100 Continue\n\nHTTP/1.1 201 Made\ncontent-length: 2\nx-a: 1\n\nok",
         b"HTTP/1.1 201 Made\r\ncontent-length: 2\nx-a: 1\r\n\r\nok",
+        # The status line in CRLF, the rest in LF: the head was awaited up to a CRLF CRLF that never
+        # came (the read timeout), or taken up to one in the body.
+        b"HTTP/1.1 201 Made\r\ncontent-length: 2\nx-a: 1\n\nok",
+        b"HTTP/1.1 201 Made\r\nx-a: 1\ncontent-length: 2\n\nok\n\r\n",
         b"HTTP/1.1 201 Made\r\n\r\n",
         b"HTTP/1.1 201 Made\r\nx-a: 1\r\n\r\n",
     ],
