@@ -292,3 +292,19 @@ async def test_a_request_whose_routing_header_cannot_be_sent_gets_a_clear_error(
     assert fine["result"] == {"method": "tools/list"}
     assert "Traceback" not in log
     assert status == 0, log
+
+
+async def test_a_request_with_two_host_headers_is_refused() -> None:
+    """RFC 9112 §3.2: a request with more than one Host line gets 400. The first was checked against
+    `--allowed-hosts` and the others ignored, so `Host: 127.0.0.1:PORT` then `Host: evil.example`
+    passed, where a proxy in front that reads the last one routes by another host than was checked."""
+    async with run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar:
+        good = f"Host: 127.0.0.1:{sidecar.port}\r\n"
+        both = f"GET /healthz HTTP/1.1\r\n{good}Host: evil.example\r\nConnection: close\r\n\r\n"
+        refused = await read_to_close(sidecar.port, both.encode())
+        fine = await read_to_close(
+            sidecar.port, f"GET /healthz HTTP/1.1\r\n{good}Connection: close\r\n\r\n".encode()
+        )
+    assert refused.startswith(b"HTTP/1.1 400"), refused
+    assert b"Host" in refused
+    assert fine.startswith(b"HTTP/1.1 200"), fine

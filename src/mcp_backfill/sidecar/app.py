@@ -182,7 +182,12 @@ class SidecarApp:
         await call.respond(200 if ready else 503, json_bytes(body))
 
     async def _origin_checked(self, call: HttpCall) -> bool:
-        """Host and Origin against the allow-lists; answers 403 itself when either is refused."""
+        """Host and Origin against the allow-lists; answers 403 itself when either is refused (400
+        for more than one Host line, RFC 9112 §3.2: another than the one checked may be used)."""
+        if sum(1 for name, _ in call.scope["headers"] if name == b"host") > 1:
+            log.warning("request refused: more than one Host header")
+            await call.respond_error(400, protocol.INVALID_REQUEST, "Bad Request: more than one Host header")
+            return False
         host = call.headers.get("host")
         if not host_allowed(host, self.policy):
             log.warning("request refused: Host not allowed (--allowed-hosts)", extra={"host": host})
