@@ -13,16 +13,17 @@ upstreams that no HTTP proxy stands in front of; TLS and proxies stay on httpx2'
 What it speaks: one request at a time per connection, the request's headers as httpx2 built them
 (refused if a name or value holds CR, LF or NUL), and answers framed by `Content-Length`, the
 chunked transfer coding alone (as h11 requires) or the connection's end; interim 1xx answers are
-skipped. A connection goes back to the pool once its answer has been read to the end, unless either
-side said `Connection: close`; one that sat idle longer than `keepalive_expiry`, or holds bytes no
-request asked for (an answer longer than its framing said, a `408` sent on an idle connection), is
-closed rather than reused: those bytes would be read as the next request's answer. Servers drop idle
-connections after a few seconds (uvicorn after 5). A request that meets a reused connection reset
-before any byte of an answer arrived is sent once more on a new connection: the reset says the
-server closed without reading it (the keep-alive race, the server closing the idle connection as the
-request went out). A reused connection that ends cleanly without answering is retried only for GET,
-HEAD, OPTIONS and DELETE: a server that read a POST and then closed may have acted on it (RFC 9110
-§9.2.2), and a `tools/call` must not run twice.
+skipped, and a `101` (no upgrade is asked for) is refused. A connection goes back to the pool once
+its answer has been read to the end, unless either side said `Connection: close`; one that sat idle
+longer than `keepalive_expiry`, or holds bytes no request asked for (an answer longer than its
+framing said, a `408` sent on an idle connection), is closed rather than reused: those bytes would
+be read as the next request's answer. Servers drop idle connections after a few seconds (uvicorn
+after 5). A request that meets a reused connection reset before any byte of an answer arrived is
+sent once more on a new connection: the reset says the server closed without reading it (the
+keep-alive race, the server closing the idle connection as the request went out). A reused
+connection that ends cleanly without answering is retried only for GET, HEAD, OPTIONS and DELETE: a
+server that read a POST and then closed may have acted on it (RFC 9110 §9.2.2), and a `tools/call`
+must not run twice.
 A caller may also write a request at once, from its own task, when an idle connection and a free
 slot are there (`write_now`), and have its answer read later, by `send`.
 """
@@ -550,7 +551,9 @@ class Http11Transport(httpx2.AsyncBaseTransport):
                     raw = await _head_bytes(reader)
                     answered = True
                     head = _parse_head(raw)
-                    if not 100 <= head.status < 200 or head.status == 101:
+                    if head.status == 101:  # no upgrade is ever asked for (h11 refuses it too)
+                        raise httpx2.RemoteProtocolError("the upstream switched protocols (HTTP 101) unasked")
+                    if not 100 <= head.status < 200:
                         return head
         except TimeoutError:
             raise httpx2.ReadTimeout("timed out waiting for the upstream's answer") from None
