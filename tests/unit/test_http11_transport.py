@@ -173,6 +173,10 @@ async def test_interim_answers_are_skipped_and_reason_kept() -> None:
         # which `https://` upstreams use) does, so a server writing them worked there and timed out here.
         b"HTTP/1.1 100 Continue\n\nHTTP/1.1 201 Made\ncontent-length: 2\nx-a: 1\n\nok",
         b"HTTP/1.1 201 Made\r\ncontent-length: 2\nx-a: 1\r\n\r\nok",
+        # The status line in CRLF, the rest in LF: the head was awaited up to a CRLF CRLF that never
+        # came (the read timeout), or taken up to one in the body.
+        b"HTTP/1.1 201 Made\r\ncontent-length: 2\nx-a: 1\n\nok",
+        b"HTTP/1.1 201 Made\r\nx-a: 1\ncontent-length: 2\n\nok\n\r\n",
         b"HTTP/1.1 201 Made\r\n\r\n",
         b"HTTP/1.1 201 Made\r\nx-a: 1\r\n\r\n",
     ],
@@ -431,6 +435,9 @@ async def test_nothing_listening_is_a_connect_error() -> None:
         (b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\n", "coding"),
         (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked, chunked\r\n\r\n0\r\n\r\n", "transfer coding"),
         (b"HTTP/1.1 200 OK\r\n" + b"x-big: " + b"a" * 70_000 + b"\r\n\r\n", "exceeds"),
+        # No upgrade was asked for (h11 refuses it too): taken as the answer, it was read to the
+        # connection's end, and a server keeping it open held the request for the read timeout.
+        (b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n", "101"),
     ],
 )
 async def test_malformed_answers_are_protocol_errors(head: bytes, error: str) -> None:

@@ -46,6 +46,10 @@ REFUSED_METRICS = (
     "(MCP_BACKFILL_METRICS_TOKEN)"
 )
 SHUTTING_DOWN = "mcp-backfill is shutting down"
+NOT_FORWARDABLE = (
+    "Bad Request: the Authorization header holds bytes past ASCII, which cannot be forwarded to the "
+    "upstream (--forward-authorization, MCP_BACKFILL_FORWARD_AUTHORIZATION)"
+)
 
 
 Readiness = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
@@ -178,7 +182,12 @@ class SidecarApp:
         await call.respond(200 if ready else 503, json_bytes(body))
 
     async def _origin_checked(self, call: HttpCall) -> bool:
-        """Host and Origin against the allow-lists; answers 403 itself when either is refused."""
+        """Host and Origin against the allow-lists; answers 403 itself when either is refused (400
+        for more than one Host line, RFC 9112 §3.2: another than the one checked may be used)."""
+        if sum(1 for name, _ in call.scope["headers"] if name == b"host") > 1:
+            log.warning("request refused: more than one Host header")
+            await call.respond_error(400, protocol.INVALID_REQUEST, "Bad Request: more than one Host header")
+            return False
         host = call.headers.get("host")
         if not host_allowed(host, self.policy):
             log.warning("request refused: Host not allowed (--allowed-hosts)", extra={"host": host})
@@ -205,8 +214,14 @@ class SidecarApp:
 
     async def _identify(self, call: HttpCall) -> str | None:
         """The caller's client identity; None (after answering 401) when its token is missing or
-        wrong."""
+        wrong, or (400) when it is a credential to forward that no header can carry as text."""
         authorization = call.headers.get("authorization")
+        if self.policy.forward_authorization and authorization and not authorization.isascii():
+            # Forwarded, it goes upstream as a header, which holds no such value as text: the
+            # session it opened failed every request with an internal error.
+            log.warning("request refused: Authorization not ASCII (--forward-authorization)")
+            await call.respond_error(400, protocol.INVALID_REQUEST, NOT_FORWARDABLE)
+            return None
         identity = self.policy.identify(authorization)
         if identity is not None:
             return identity

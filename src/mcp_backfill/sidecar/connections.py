@@ -19,7 +19,10 @@ response, as the next request's headers would be. A refused request that asked f
 client sends no body, and the connection is closed instead. What all connections together read that way is
 held to `DRAIN_RATE` bytes a second (`DrainBudget`): past it, a draining connection stops reading
 until the budget has room again, so that a client sending refused bodies back to back cannot make
-the sidecar spend its CPU reading them (`benchmarks/README.md`, scenario 6).
+the sidecar spend its CPU reading them (`benchmarks/README.md`, scenario 6). Bytes that are no
+request, after requests read whole (a body longer than its `Content-Length`), get their `400` once
+those requests are answered: uvicorn wrote it at once and closed, in place of the answers of
+requests the application had already taken (and relayed).
 
 The protocol underneath is uvicorn's httptools one (llhttp, a C parser) when `httptools` is
 installed, as it is with this package: about a third less CPU per request than its pure-Python h11
@@ -98,6 +101,7 @@ class _Guard:
     _request_done = True  # the last request was read to its end, body included (httptools only)
     _draining = False  # its response went out first: the rest of its body is being dropped
     _drained = 0  # bytes of that rest so far
+    _bad_request: str | None = None  # the 400 held until the requests before it are answered
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._cycles: weakref.WeakSet[Any] = weakref.WeakSet()  # every request's, while it lives
@@ -176,8 +180,25 @@ class _Guard:
             log.info("connection closed: a refused request's body was never sent (Expect: 100-continue)")
             self.transport.close()
         super().on_response_complete()  # type: ignore[misc]
+        if self._bad_request is not None and not self._answering():
+            super().send_400_response(self._bad_request)  # type: ignore[misc]
         if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
             self._arm()  # (a pipelined request uvicorn has just started is the application's)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes that are no request. After requests read whole and still being
+        answered, it waits for their answers (nothing more is read meanwhile); within a request's
+        body, which the application is reading, it goes at once, as uvicorn sends it."""
+        between = self._request_done or self._head_open  # not within a body the application reads
+        if between and self._answering() and not self.transport.is_closing():
+            self._bad_request = msg
+            self.transport.pause_reading()
+            return
+        super().send_400_response(msg)  # type: ignore[misc]
+
+    def _answering(self) -> bool:
+        """Is a request read on this connection still waiting for (the end of) its answer?"""
+        return any(not cycle.response_complete for cycle in self._cycles)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()

@@ -126,8 +126,19 @@ def trimmed(line: bytes) -> bytes:
     return line.strip() if line[:1].isspace() or line[-1:].isspace() else line
 
 
+def one_line(message: bytes) -> bytes:
+    """`message` as one line. A message from an HTTP peer may be JSON over several lines (indented,
+    an SSE event's `data:` lines, a body ending in CRLF); raw CR and LF in JSON text can only be
+    whitespace between its tokens (in a string they are escaped), so they become spaces, the rest
+    kept byte for byte. Written as it came, each of its lines would reach the peer as a message."""
+    if b"\n" in message or b"\r" in message:
+        return message.replace(b"\r", b" ").replace(b"\n", b" ")
+    return message
+
+
 class LineChannel:
-    """A `MessageChannel` over a pair of byte streams carrying newline-delimited messages.
+    """A `MessageChannel` over a pair of byte streams carrying newline-delimited messages; a message
+    sent over several lines goes out on one (`one_line`).
 
     A last line the stream ends without a newline is a message all the same (a client may leave it
     off), unless `whole_at_end` and it is not JSON: an upstream that died writing a message left only
@@ -178,6 +189,7 @@ class LineChannel:
         return await self.receive(), None  # one pipe: no request streams to tell apart
 
     async def send(self, message: bytes, related: Any = None) -> None:
+        message = one_line(message)
         if not isinstance(self._writer, FdSendStream):
             async with self._send_lock:
                 await self._writer.send(message + b"\n")
@@ -239,7 +251,7 @@ class LineChannel:
         """Send `message` without waiting; only right after `can_send_now()` said yes. What the pipe
         does not take at once goes to the writer thread, and later messages follow it there."""
         writer = cast(FdSendStream, self._writer)
-        parts: Sequence[Chunk] = (message, b"\n")
+        parts: Sequence[Chunk] = (one_line(message), b"\n")
         if self._offload is None or not self._offload.holding:
             parts = writer.write_now(parts)
             if not parts:

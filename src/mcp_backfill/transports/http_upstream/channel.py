@@ -31,7 +31,7 @@ from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import get_logger
 from mcp_backfill.transports.http_upstream.exchange import EraLeg, ExchangeReader, Item, PostExchange
 from mcp_backfill.transports.http_upstream.handshake import HandshakeLeg
-from mcp_backfill.transports.http_upstream.headers import stateless_version
+from mcp_backfill.transports.http_upstream.headers import stateless_version, unsendable_routing
 from mcp_backfill.transports.http_upstream.settings import HttpUpstreamSettings, make_http_client
 from mcp_backfill.transports.http_upstream.stateless import StatelessLeg
 from mcp_backfill.transports.queue import MessageQueue
@@ -185,7 +185,8 @@ class HttpUpstream:
             return self._handshake
         if version is None or self._handshake.expired:
             return self._handshake
-        self._stateless.version = version
+        if unsendable_routing(version, method) is None:  # else the request is refused, and kept by none
+            self._stateless.version = version
         if self._era is None:
             self._era = self._stateless
         return self._stateless
@@ -224,7 +225,7 @@ class HttpUpstream:
                     log.exception("HTTP exchange failed unexpectedly", extra={"method": exchange.method})
                     exchange.failure = f"Internal error in mcp-backfill's HTTP upstream: {type(exc).__name__}"
             if exchange.expected and not exchange.abandoned:
-                await self._reader.fail(exchange, exchange.unanswered_reason())
+                await self._reader.fail(exchange, exchange.unanswered_reason(), exchange.failure_code)
         finally:
             self._reader.discard_written(exchange)  # when it never got as far as reading the answer
             for key in exchange.methods:

@@ -88,6 +88,7 @@ class PostExchange:
     cursor: Cursor = field(default_factory=Cursor)
     abandoned: bool = False  # the client cancelled it: nothing more is owed
     failure: str | None = None  # why it cannot be answered, once known
+    failure_code: int = protocol.INTERNAL_ERROR  # the JSON-RPC error code that goes with it
     dropped: str | None = None  # the stream broke off; it may still be resumed
     oversized: bool = False
     written: WrittenPost | None = None  # its POST went out before its task started (`write_now`)
@@ -348,11 +349,11 @@ class ExchangeReader:
         )
         return f"Upstream unreachable: {reason} ({display_url(self.url)})"
 
-    async def fail(self, exchange: PostExchange, reason: str) -> None:
+    async def fail(self, exchange: PostExchange, reason: str, code: int = protocol.INTERNAL_ERROR) -> None:
         """Answer each request the exchange still owes with an error saying `reason`."""
         for request_id in exchange.ids:
             if jsonrpc.id_key(request_id) in exchange.expected:
-                error = jsonrpc.error_response(request_id, protocol.INTERNAL_ERROR, reason)
+                error = jsonrpc.error_response(request_id, code, reason)
                 await self.put(jsonrpc.encode(error), exchange.origin)
         exchange.expected.clear()
 

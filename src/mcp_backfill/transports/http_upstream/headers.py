@@ -8,10 +8,15 @@ SDK's own codec (`mcp.shared.inbound`), the one its server validates against.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from mcp_backfill import protocol
+
+# What a header's value can be as text on every transport: printable ASCII, spaces only inside (h11
+# refuses control characters, httpx2 anything past ASCII, and CR or LF would end the header).
+_FIELD_VALUE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
 
 # The SDK (`mcp.shared.inbound`) is imported on first use, not with this module: the stdio proxy
 # imports the HTTP upstream with it, and the SDK costs ~1.5 s of startup and ~40 MB of memory that
@@ -30,6 +35,24 @@ def stateless_version(message: Any) -> str | None:
     version = meta.get(protocol.META_PROTOCOL_VERSION) if isinstance(meta, dict) else None
     if isinstance(version, str) and version not in protocol.HANDSHAKE_VERSIONS:
         return version
+    return None
+
+
+def unsendable_routing(version: str, method: str) -> str | None:
+    """Why a stateless request's version or method cannot travel in its routing header, if so.
+
+    They go as they are (the server compares them with the body's as sent): one holding a byte past
+    ASCII failed the request with an internal error, one holding a line break as if the upstream
+    were unreachable."""
+    for what, header, value in (
+        ("protocol version", "MCP-Protocol-Version", version),
+        ("method", "Mcp-Method", method),
+    ):
+        if not _FIELD_VALUE.fullmatch(value):
+            return (
+                f"Invalid Request: the request's {what} cannot be sent in the {header} header the "
+                "2026-07-28 revision requires (printable ASCII only)"
+            )
     return None
 
 

@@ -13,16 +13,17 @@ upstreams that no HTTP proxy stands in front of; TLS and proxies stay on httpx2'
 What it speaks: one request at a time per connection, the request's headers as httpx2 built them
 (refused if a name or value holds CR, LF or NUL), and answers framed by `Content-Length`, the
 chunked transfer coding alone (as h11 requires) or the connection's end; interim 1xx answers are
-skipped. A connection goes back to the pool once its answer has been read to the end, unless either
-side said `Connection: close`; one that sat idle longer than `keepalive_expiry`, or holds bytes no
-request asked for (an answer longer than its framing said, a `408` sent on an idle connection), is
-closed rather than reused: those bytes would be read as the next request's answer. Servers drop idle
-connections after a few seconds (uvicorn after 5). A request that meets a reused connection reset
-before any byte of an answer arrived is sent once more on a new connection: the reset says the
-server closed without reading it (the keep-alive race, the server closing the idle connection as the
-request went out). A reused connection that ends cleanly without answering is retried only for GET,
-HEAD, OPTIONS and DELETE: a server that read a POST and then closed may have acted on it (RFC 9110
-§9.2.2), and a `tools/call` must not run twice.
+skipped, and a `101` (no upgrade is asked for) is refused. A connection goes back to the pool once
+its answer has been read to the end, unless either side said `Connection: close`; one that sat idle
+longer than `keepalive_expiry`, or holds bytes no request asked for (an answer longer than its
+framing said, a `408` sent on an idle connection), is closed rather than reused: those bytes would
+be read as the next request's answer. Servers drop idle connections after a few seconds (uvicorn
+after 5). A request that meets a reused connection reset before any byte of an answer arrived is
+sent once more on a new connection: the reset says the server closed without reading it (the
+keep-alive race, the server closing the idle connection as the request went out). A reused
+connection that ends cleanly without answering is retried only for GET, HEAD, OPTIONS and DELETE: a
+server that read a POST and then closed may have acted on it (RFC 9110 §9.2.2), and a `tools/call`
+must not run twice.
 A caller may also write a request at once, from its own task, when an idle connection and a free
 slot are there (`write_now`), and have its answer read later, by `send`.
 """
@@ -158,11 +159,14 @@ def _render_head(request: httpx2.Request, body_length: int) -> bytes:
 async def _head_bytes(reader: asyncio.StreamReader) -> bytes:
     """One head's bytes, every line ending in CRLF. A lone LF is taken for a line's end too (RFC 9112
     §2.2 allows it, and h11, which `https://` upstreams go through, does). When the status line ends
-    in CRLF the head is taken to end in CRLF CRLF and is read in three reads (about 1 µs more than
-    one); else line by line, at most `HEAD_LIMIT` bytes in all."""
+    in CRLF and what is already buffered shows the head ending in CRLF CRLF (as a head that arrived
+    whole does), it is read in three reads (about 1 µs less than line by line); else line by line, at
+    most `HEAD_LIMIT` bytes in all. (Taking any head whose status line ends in CRLF to end in CRLF
+    CRLF awaited, for the read timeout, one whose other lines end in a lone LF, or took it up to a
+    CRLF CRLF in its body.)"""
     status = await reader.readuntil(b"\n")
     try:
-        if status.endswith(b"\r\n"):
+        if status.endswith(b"\r\n") and _crlf_head_buffered(reader):
             first = await reader.readexactly(2)  # a head with header lines ends in `\n\r\n` past these
             raw = status + first
             if first != b"\r\n":
@@ -178,6 +182,18 @@ async def _head_bytes(reader: asyncio.StreamReader) -> bytes:
         return _LINE_END.sub(b"\r\n", b"".join(lines))
     except asyncio.IncompleteReadError as exc:  # the status line came: an answer was begun
         raise asyncio.IncompleteReadError(status + exc.partial, None) from None
+
+
+def _crlf_head_buffered(reader: asyncio.StreamReader) -> bool:
+    """Does `reader` already hold the rest of a head (past its status line) that ends in CRLF CRLF,
+    with no blank line (LF LF) before that end?"""
+    buffer: bytearray | None = getattr(reader, "_buffer", None)
+    if buffer is None:
+        return False
+    if buffer[:2] == b"\r\n":
+        return True
+    end = buffer.find(b"\n\r\n", 0, HEAD_LIMIT)
+    return end >= 0 and buffer.find(b"\n\n", 0, end + 1) < 0
 
 
 def _parse_head(raw: bytes) -> _Head:
@@ -535,7 +551,9 @@ class Http11Transport(httpx2.AsyncBaseTransport):
                     raw = await _head_bytes(reader)
                     answered = True
                     head = _parse_head(raw)
-                    if not 100 <= head.status < 200 or head.status == 101:
+                    if head.status == 101:  # no upgrade is ever asked for (h11 refuses it too)
+                        raise httpx2.RemoteProtocolError("the upstream switched protocols (HTTP 101) unasked")
+                    if not 100 <= head.status < 200:
                         return head
         except TimeoutError:
             raise httpx2.ReadTimeout("timed out waiting for the upstream's answer") from None

@@ -32,8 +32,11 @@ class SseDecoder:
     """Feed it the body's bytes as they arrive; it returns the events completed so far.
 
     Lines end with CRLF, LF or CR, and a byte order mark at the stream's start is dropped (spec:
-    text/event-stream). A `data:` payload larger than `limit` is not buffered: the event still
-    arrives, with a `MessageTooLarge` in place of its data.
+    text/event-stream). A CR ends its line at once, even as the last byte read so far: an LF that
+    follows it (in the next read) is the rest of that ending and is skipped, as browsers do. Held
+    as perhaps half of a CRLF, the CR that ended an event kept it back until another byte came,
+    and for ever when the stream ended there. A `data:` payload larger than `limit` is not
+    buffered: the event still arrives, with a `MessageTooLarge` in place of its data.
     """
 
     def __init__(self, limit: int) -> None:
@@ -49,6 +52,7 @@ class SseDecoder:
         self._retry: int | None = None
         self._pending = False
         self._started = False  # past a byte order mark, if the stream began with one
+        self._after_cr = False  # a line ended in the last byte read, a CR: an LF next is its rest
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
         self._line += chunk
@@ -58,6 +62,10 @@ class SseDecoder:
             self._started = True
             if self._line.startswith(BOM):
                 del self._line[: len(BOM)]
+        if self._after_cr and self._line:
+            self._after_cr = False
+            if self._line[0] == 0x0A:
+                del self._line[0]
         events: list[SseEvent] = []
         while True:
             end, after = self._line_end()
@@ -85,15 +93,13 @@ class SseDecoder:
         if cr < 0:
             return (lf, lf + 1) if lf >= 0 else (-1, -1)
         if cr + 1 == len(buffer):
-            return -1, -1  # a CR at the very end may be the first half of a CRLF
+            self._after_cr = True  # perhaps the first half of a CRLF: the next read settles it
+            return cr, cr + 1
         return (cr, cr + 2) if buffer[cr + 1] == 0x0A else (cr, cr + 1)
 
     def _absorb_partial(self) -> None:
-        """An unterminated line longer than the limit is consumed as it arrives instead of buffered;
-        a CR at its end stays, being perhaps its whole ending or the first half of a CRLF."""
-        trailing_cr = self._line.endswith(b"\r")
-        if trailing_cr:
-            del self._line[-1]
+        """An unterminated line longer than the limit is consumed as it arrives instead of buffered
+        (it holds no CR: that would have ended it)."""
         if self._long_line is not None:
             if self._long_line == b"data" and self._too_large is not None:
                 self._too_large.extend(self._line)
@@ -105,8 +111,6 @@ class SseDecoder:
                 self._add_data(value[1:] if value.startswith(b" ") else value)
             self._line.clear()
         self._scanned = len(self._line)
-        if trailing_cr:
-            self._line += b"\r"
 
     def _take_line(self, line: bytes) -> SseEvent | None:
         if not line:

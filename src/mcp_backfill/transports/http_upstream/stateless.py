@@ -25,7 +25,7 @@ from mcp_backfill.transports.http_upstream.exchange import (
     media_type,
     read_limited,
 )
-from mcp_backfill.transports.http_upstream.headers import stateless_headers
+from mcp_backfill.transports.http_upstream.headers import stateless_headers, unsendable_routing
 from mcp_backfill.transports.http_upstream.settings import describe_transport_error
 from mcp_backfill.transports.tool_schemas import LIST_PAGE_CAP
 
@@ -48,12 +48,18 @@ class StatelessLeg:
     # -- EraLeg --------------------------------------------------------------------------------
 
     def write_now(self, body: bytes, exchange: PostExchange) -> None:
+        if unsendable_routing(exchange.stateless_version or self.version, exchange.method):
+            return  # `carry` refuses it
         name = _tool_called(exchange)
         tools = self._reader.tools
         if name is None or tools.knows(name) or tools.complete:  # else `carry` lists the tools first
             self._reader.write_now(body, self._post_headers(exchange), exchange)
 
     async def carry(self, body: bytes, exchange: PostExchange) -> None:
+        refusal = unsendable_routing(exchange.stateless_version or self.version, exchange.method)
+        if refusal is not None:
+            exchange.failure, exchange.failure_code = refusal, protocol.INVALID_REQUEST
+            return
         written = exchange.written
         if written is None:
             name = _tool_called(exchange)
@@ -87,6 +93,9 @@ class StatelessLeg:
         headers[protocol.VERSION_HEADER] = self.version
         if isinstance(items[0], dict) and isinstance(items[0].get("method"), str):
             headers[protocol.METHOD_HEADER] = items[0]["method"]
+            if unsendable_routing(self.version, items[0]["method"]):
+                log.warning("message not delivered: its method cannot be a header", extra={"message": what})
+                return
         response = await self._reader.post_one_way(body, headers, what)
         if response is not None and not response.is_success:
             log_refused(response, what)
