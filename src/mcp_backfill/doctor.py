@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -47,6 +48,10 @@ NOT_SERVE = (
 )
 KEY_PREFIX = "sk-ant-"  # every Anthropic API key's, public: the one part of a secret `check` shows
 TIMEOUT = 30.0  # seconds for each part that talks to something
+# What a report line shows escaped: every control character (line breaks too: a line of the report
+# is one line) and the bidirectional overrides and isolates. The server's name and tools and the
+# provider's errors come from elsewhere, and must not drive the terminal or add lines of their own.
+_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 ParseConfig = Callable[[Sequence[str], Mapping[str, str]], Config]
@@ -94,11 +99,16 @@ class Report:
         sys.stdout.write(f"\n{title}\n" if title != "mcp-backfill check" else f"{title}\n")
 
     def line(self, text: str) -> None:
-        sys.stdout.write(f"  {text}\n")
+        sys.stdout.write(f"  {one_line(text)}\n")
 
     def fail(self, text: str) -> None:
         self.problems += 1
         self.line(f"FAILED: {text}")
+
+
+def one_line(text: str) -> str:
+    """`text` with each character of `_UNSHOWN` written as its escape (`\\x1b`, `\\n`, `\\u202e`)."""
+    return _UNSHOWN.sub(lambda match: ascii(match.group())[1:-1], text)
 
 
 def _configuration(report: Report, argv: Sequence[str], config: Config, environ: Mapping[str, str]) -> None:
@@ -191,7 +201,7 @@ async def _session(report: Report, argv: Sequence[str], config: Config, declared
         if config.upstream_url
         else " ".join(shown_args(config.upstream_command))
     )
-    report.section(f"session through the proxy: {target}")
+    report.section(f"session through the proxy: {one_line(target)}")
     command = [sys.executable, "-m", "mcp_backfill", *argv]
     env = {"MCP_BACKFILL_LOG_LEVEL": "warning", **os.environ}  # its problems, not its progress
     params = StdioServerParameters(command=command[0], args=command[1:], env=env)

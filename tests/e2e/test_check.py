@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.fake_claude import FakeClaude
-from tests.harness import EXAMPLES, ROOT, TEST_API_KEY, proxy_env
+from tests.harness import EXAMPLES, ROOT, TEST_API_KEY, proxy_env, python_server
 
 WEATHER = [sys.executable, str(EXAMPLES / "weather_server.py")]
 
@@ -181,3 +181,17 @@ def test_the_upstreams_credentials_on_its_command_line_are_not_printed() -> None
     assert "session through the proxy:" in done.stdout
     assert "--api-key ***" in done.stdout
     assert "SECRET" not in done.stdout + done.stderr
+
+
+def test_what_the_server_names_cannot_drive_the_terminal_or_add_lines() -> None:
+    """`check` printed the server's name, version and tool names as they came: a server could
+    retitle or clear the terminal, or write a line of its own into the report."""
+    done = check("--provider", "mock", "--", *python_server("odd_names_server.py"), env=proxy_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert not [ch for ch in out if (ord(ch) < 32 and ch != "\n") or 0x7F <= ord(ch) <= 0x9F], out
+    assert "\u202e" not in out
+    assert out.splitlines().count("  OK: every part works") == 1  # the result's, not the server's
+    name = "odd\\x1b]0;retitled\\x07\\x1b[2J\\n  OK: every part works\\u202e"
+    assert f"handshake done: {name} 1\\r\\x1b[K, protocol" in out
+    assert "tools: tool\\x1b[31mred\\x1b[0m\\x9b1m\n" in out
