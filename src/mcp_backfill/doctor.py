@@ -48,6 +48,7 @@ NOT_SERVE = (
 )
 KEY_PREFIX = "sk-ant-"  # every Anthropic API key's, public: the one part of a secret `check` shows
 TIMEOUT = 30.0  # seconds for each part that talks to something
+NETWORK_HINT = "; check ANTHROPIC_BASE_URL and the network"
 # What a report line shows escaped: every control character (line breaks too: a line of the report
 # is one line) and the bidirectional overrides and isolates. The server's name and tools and the
 # provider's errors come from elsewhere, and must not drive the terminal or add lines of their own.
@@ -180,10 +181,14 @@ async def _provider(report: Report, config: Config) -> None:
                 model=config.model, messages=[{"role": "user", "content": "ping"}]
             )
         report.line(f"authenticated: {config.model} counted {counted.input_tokens} tokens in a test prompt")
+    except TimeoutError:  # `fail_after`'s, which says nothing of itself
+        report.fail(
+            f"no answer from the Claude API in {TIMEOUT:g} s; check ANTHROPIC_BASE_URL and the network"
+        )
     except Exception as exc:  # what the SDK raises, shown as it is (it never holds the key)
         status = getattr(exc, "status_code", None)
         hint = "; check ANTHROPIC_API_KEY" if status in (401, 403) else ""
-        hint = "; check ANTHROPIC_BASE_URL and the network" if status is None else hint
+        hint = NETWORK_HINT if status is None else hint
         report.fail(f"{type(exc).__name__}: {_redacted(str(exc), config)}{hint}")
     finally:
         await client.close()
@@ -213,6 +218,13 @@ async def _session(report: Report, argv: Sequence[str], config: Config, declared
                 report.line(f"handshake done: {name}, protocol {client.protocol_version}")
                 listed = await client.list_tools()
                 report.line(f"tools: {', '.join(tool.name for tool in listed.tools) or '(none)'}")
+    except TimeoutError:
+        what = "a streamable-HTTP MCP endpoint" if config.upstream_url else "an MCP server that speaks stdio"
+        report.fail(
+            f"no answer from the server in {TIMEOUT:g} s (handshake and tools/list): is it {what}? "
+            "(the proxy's own messages, on stderr, may say more)"
+        )
+        return
     except Exception as exc:
         cause: BaseException = exc
         while isinstance(cause, BaseExceptionGroup) and cause.exceptions:  # the first real cause

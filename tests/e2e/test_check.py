@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -195,3 +196,29 @@ def test_what_the_server_names_cannot_drive_the_terminal_or_add_lines() -> None:
     name = "odd\\x1b]0;retitled\\x07\\x1b[2J\\n  OK: every part works\\u202e"
     assert f"handshake done: {name} 1\\r\\x1b[K, protocol" in out
     assert "tools: tool\\x1b[31mred\\x1b[0m\\x9b1m\n" in out
+
+
+def test_parts_that_never_answer_are_named_as_such(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A provider and an upstream that never answer were reported as `TimeoutError: ; check
+    ANTHROPIC_BASE_URL...` and `TimeoutError: the session ended`; they say how long `check` waited.
+    (In the test's process, with `check`'s wait cut to 2 s.)"""
+    from mcp_backfill import doctor
+    from mcp_backfill.cli import parse_config
+
+    monkeypatch.setattr(doctor, "TIMEOUT", 2.0)
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # connects, never answers
+        port = silent.getsockname()[1]
+        env = proxy_env(f"http://127.0.0.1:{port}")
+        for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"):
+            monkeypatch.setenv(name, env[name])
+        status = doctor.main(["--", *python_server("silent_server.py")], parse_config, env)
+    out = capfd.readouterr().out
+    assert status == 1
+    provider = out.split("provider: anthropic\n")[1].split("\n")[0]
+    assert (
+        provider == "  FAILED: no answer from the Claude API in 2 s; check ANTHROPIC_BASE_URL and the network"
+    )
+    session = out.split("session through the proxy:")[1].split("\n")[1]
+    assert session.startswith("  FAILED: no answer from the server in 2 s (handshake and tools/list)")
