@@ -427,9 +427,15 @@ SECRET_FILE_VARIABLES = (
 """Secret-holding variables that may instead name a file: `<NAME>_FILE=/run/secrets/...`."""
 
 
+MAX_SECRET_FILE_BYTES = 1024 * 1024
+"""The most a `*_FILE` may hold: a key, a token, or a few thousand `--client-tokens` lines. A larger
+one is the wrong file (a log, a disk image, `/dev/zero`), which was read whole, without end."""
+
+
 def read_secret_files(environ: Mapping[str, str]) -> dict[str, str]:
     """`environ` with each `<NAME>_FILE` of `SECRET_FILE_VARIABLES` replaced by `<NAME>` = the file's
-    content (one trailing newline stripped). Both set, or an unreadable file: `ConfigError`."""
+    content (one trailing newline stripped). Both set, an unreadable file, or one larger than
+    `MAX_SECRET_FILE_BYTES` (not read past that): `ConfigError`."""
     resolved = dict(environ)
     for name in SECRET_FILE_VARIABLES:
         path = environ.get(f"{name}_FILE", "")
@@ -438,12 +444,19 @@ def read_secret_files(environ: Mapping[str, str]) -> dict[str, str]:
         if environ.get(name):
             raise ConfigError(f"both {name} and {name}_FILE are set; set one of them")
         try:
-            with open(path, encoding="utf-8") as file:
-                content = file.read()
+            with open(path, "rb") as file:
+                data = file.read(MAX_SECRET_FILE_BYTES + 1)
+            if len(data) > MAX_SECRET_FILE_BYTES:
+                raise ConfigError(
+                    f"{name}_FILE: {path} is larger than 1 MiB, too large to hold a secret: is it the "
+                    "right file?"
+                )
+            content = data.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
             raise ConfigError(f"{name}_FILE: cannot read {path} ({reason})") from None
-        resolved[name] = content.removesuffix("\n").removesuffix("\r")
+        # Line ends as a text-mode read gives them (CRLF and CR become LF), then the last one dropped.
+        resolved[name] = content.replace("\r\n", "\n").replace("\r", "\n").removesuffix("\n")
     return resolved
 
 
