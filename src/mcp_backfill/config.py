@@ -80,6 +80,8 @@ PROXY_ENV_PREFIXES = ("MCP_BACKFILL_", "ANTHROPIC_")
 PLATFORM_SECRET_ENV_VARS = ("AWS_BEARER_TOKEN_BEDROCK", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 # Extra headers the anthropic SDK sends on every call, one `Name: value` per line: gateway credentials.
 CUSTOM_HEADERS_ENV_VAR = "ANTHROPIC_CUSTOM_HEADERS"
+# What no credential sent in a header can hold.
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 # A header name is an HTTP token (RFC 9110 section 5.6.2).
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 # Headers the proxy sets itself on every upstream request (the MCP ones are computed per message).
@@ -237,6 +239,14 @@ class Config:
             raise ConfigError(f"{named('--audit-content')} needs {named('--audit-log')} (a FILE)")
         if self.front == "http":
             self._check_http_front()
+        key = self.api_key.value if self.api_key is not None else ""
+        if self.provider == "anthropic" and self.mode != "off" and _CONTROL.search(key):
+            # Not quoted: it is the key. Else the header cannot be sent, and every call failed as a
+            # connection error ("check ANTHROPIC_BASE_URL and the network").
+            raise ConfigError(
+                "ANTHROPIC_API_KEY holds a line break or another control character: it must be the key "
+                "alone, on one line (so must the file ANTHROPIC_API_KEY_FILE names)"
+            )
         if self.provider == "anthropic" and self.mode != "off" and self.api_key is None:
             raise ConfigError(
                 "ANTHROPIC_API_KEY is not set: the anthropic provider needs it to answer sampling requests. "

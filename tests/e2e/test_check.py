@@ -222,3 +222,31 @@ def test_parts_that_never_answer_are_named_as_such(
     )
     session = out.split("session through the proxy:")[1].split("\n")[1]
     assert session.startswith("  FAILED: no answer from the server in 2 s (handshake and tools/list)")
+
+
+def test_a_key_file_of_more_than_one_line_is_named(tmp_path: Path) -> None:
+    """A key file holding a second line (or any control character) failed as `APIConnectionError:
+    Connection error.; check ANTHROPIC_BASE_URL and the network` (the header could not be sent), in
+    `check` as in every sampling request; it is a configuration error naming the key's variables."""
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-ant-api03-FIRSTLINE-0123456789\nsk-ant-api03-SECONDLINE-0123456789\n")
+    env = proxy_env("http://127.0.0.1:9", ANTHROPIC_API_KEY_FILE=str(key_file))
+    del env["ANTHROPIC_API_KEY"]
+    done = check("--", *WEATHER, env=env)
+    assert done.returncode == 1
+    assert (
+        "configuration: FAILED: ANTHROPIC_API_KEY holds a line break or another control character"
+        in done.stdout
+    )
+    assert "ANTHROPIC_API_KEY_FILE" in done.stdout
+    assert "LINE" not in done.stdout + done.stderr
+    proxy = subprocess.run(
+        [sys.executable, "-m", "mcp_backfill", "--", *WEATHER],
+        input="",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert proxy.returncode == 2
+    assert "mcp-backfill: error: ANTHROPIC_API_KEY holds a line break" in proxy.stderr
