@@ -37,6 +37,7 @@ CLIENT_CAPABILITIES: Mapping[str, dict[str, Any]] = {
     "sampling": {"sampling": {}},
     "sampling-tools": {"sampling": {"tools": {}}},
 }
+CAPABILITIES_FLAG = "--client-capabilities"
 USAGE = (
     "usage: mcp-backfill check [--client-capabilities none|sampling|sampling-tools] [OPTIONS] "
     "(--upstream-url URL | -- COMMAND [ARGS...])"
@@ -62,10 +63,14 @@ def main(argv: Sequence[str], parse_config: ParseConfig, environ: Mapping[str, s
     """`parse_config`: the proxy's own reading of its options (the command line's)."""
     args = list(argv)
     declared = "none"
-    if "--client-capabilities" in args[: args.index("--") if "--" in args else len(args)]:
-        at = args.index("--client-capabilities")
-        declared = args[at + 1] if at + 1 < len(args) else ""
-        del args[at : at + 2]
+    options = args[: args.index("--") if "--" in args else len(args)]
+    given = [at for at, arg in enumerate(options) if arg.partition("=")[0] == CAPABILITIES_FLAG]
+    if given:  # `--client-capabilities VALUE` or `--client-capabilities=VALUE`
+        at = given[0]
+        _, equals, value = args[at].partition("=")
+        width = 1 if equals else 2
+        declared = value if equals else args[at + 1] if at + 1 < len(args) else ""
+        del args[at : at + width]
     if declared not in CLIENT_CAPABILITIES or (not args or args in (["-h"], ["--help"])):
         sys.stderr.write(USAGE + "\n")
         return 0 if args in (["-h"], ["--help"]) else 2

@@ -250,3 +250,16 @@ def test_a_key_file_of_more_than_one_line_is_named(tmp_path: Path) -> None:
     )
     assert proxy.returncode == 2
     assert "mcp-backfill: error: ANTHROPIC_API_KEY holds a line break" in proxy.stderr
+
+
+def test_client_capabilities_with_an_equals_sign() -> None:
+    """`--client-capabilities=VALUE`, as every other option may be written, was passed on to the
+    proxy's parser, which refused it as unrecognized."""
+    done = check(
+        "--client-capabilities=sampling-tools", "--provider", "mock", "--", *WEATHER, env=proxy_env()
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "for a client declaring 'sampling-tools'" in done.stdout
+    bad = check("--client-capabilities=everything", "--", *WEATHER, env=proxy_env())
+    assert bad.returncode == 2
+    assert "usage: mcp-backfill check" in bad.stderr
