@@ -83,7 +83,7 @@ def main(argv: Sequence[str], parse_config: ParseConfig, environ: Mapping[str, s
         sys.stdout.write(f"configuration: FAILED: {exc}\n")
         return 1
     except SystemExit as exc:  # argparse already said what is wrong
-        return int(exc.code or 2)
+        return exc.code if isinstance(exc.code, int) else 2
     report = Report()
     report.section("mcp-backfill check")
     report.line(f"mcp-backfill {__version__}, Python {platform.python_version()}, {platform.platform()}")

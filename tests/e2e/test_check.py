@@ -263,3 +263,11 @@ def test_client_capabilities_with_an_equals_sign() -> None:
     bad = check("--client-capabilities=everything", "--", *WEATHER, env=proxy_env())
     assert bad.returncode == 2
     assert "usage: mcp-backfill check" in bad.stderr
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--provider", "mock", "--help"]])
+def test_version_and_help_among_options_exit_0(args: list[str]) -> None:
+    """argparse ends `--version` and `--help` with status 0, which `check` turned into 2 (bad usage)."""
+    done = check(*args, env=proxy_env())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(("mcp-backfill 0.", "usage:"))
