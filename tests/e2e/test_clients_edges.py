@@ -244,3 +244,14 @@ def test_a_deeply_nested_config_is_refused_by_its_position(tmp_path: Path, actio
     assert f"{home.path}: line 1, column " in run.stderr
     assert "nested more than" in run.stderr
     assert home.read() == deep
+
+
+def test_a_config_too_large_to_be_one_is_refused_unread(tmp_path: Path) -> None:
+    """A cloned project's `.mcp.json` can be gigabytes of zeros (git stores them in kilobytes): it was
+    read whole, twice over (1 GB took 2.1 GB), before being refused; now it is refused by its size."""
+    home = Home(tmp_path)
+    with home.path.open("wb") as file:
+        file.truncate(300 * 1024 * 1024)  # sparse: nothing written
+    run = home.run("list")
+    assert run.returncode != 0
+    assert f"{home.path}: larger than 256 MiB, too large to be a client's config" in run.stderr
