@@ -180,6 +180,13 @@ async def _provider(report: Report, config: Config) -> None:
     except ConfigError as exc:
         report.fail(str(exc))
         return
+    if config.provider == "bedrock":  # the SDK's Bedrock client refuses count_tokens before sending
+        await client.close()
+        report.line(
+            "not tried: the Bedrock client cannot count tokens, the one call that costs nothing; "
+            "the first sampling request shows whether the AWS credentials work"
+        )
+        return
     try:
         with anyio.fail_after(TIMEOUT):
             counted = await client.messages.count_tokens(

@@ -271,3 +271,21 @@ def test_version_and_help_among_options_exit_0(args: list[str]) -> None:
     done = check(*args, env=proxy_env())
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(("mcp-backfill 0.", "usage:"))
+
+
+def test_bedrock_is_not_reported_broken_for_want_of_token_counting(fake_claude: FakeClaude) -> None:
+    """The anthropic SDK's Bedrock client counts no tokens ("Token counting is not supported in
+    Bedrock yet"): `check` reported every Bedrock setup as FAILED, with a hint about
+    ANTHROPIC_BASE_URL and the network, and exited 1."""
+    env = proxy_env(
+        ANTHROPIC_BEDROCK_BASE_URL=fake_claude.url,
+        AWS_REGION="us-east-1",
+        AWS_BEARER_TOKEN_BEDROCK=TEST_API_KEY,
+    )
+    done = check("--provider", "bedrock", "--", *WEATHER, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    provider = done.stdout.split("provider: bedrock\n")[1].split("\n")[0]
+    assert provider.startswith("  not tried: the Bedrock client cannot count tokens"), provider
+    assert "OK: every part works" in done.stdout
+    assert TEST_API_KEY not in done.stdout + done.stderr
+    assert fake_claude.platform_requests == []  # nothing billable was sent
