@@ -239,13 +239,15 @@ class Config:
             raise ConfigError(f"{named('--audit-content')} needs {named('--audit-log')} (a FILE)")
         if self.front == "http":
             self._check_http_front()
-        key = self.api_key.value if self.api_key is not None else ""
-        if self.provider == "anthropic" and self.mode != "off" and _CONTROL.search(key):
-            # Not quoted: it is the key. Else the header cannot be sent, and every call failed as a
-            # connection error ("check ANTHROPIC_BASE_URL and the network").
+        held = {"anthropic": ("ANTHROPIC_API_KEY", self.api_key)}
+        held["vertex"] = ("MCP_BACKFILL_VERTEX_ACCESS_TOKEN", self.vertex_access_token)
+        variable, secret = held.get(self.provider, ("", None))
+        if self.mode != "off" and secret is not None and _CONTROL.search(secret.value):
+            # Not quoted: it is the credential. Else its header cannot be sent, and every call failed
+            # as a connection error ("check ANTHROPIC_BASE_URL and the network").
             raise ConfigError(
-                "ANTHROPIC_API_KEY holds a line break or another control character: it must be the key "
-                "alone, on one line (so must the file ANTHROPIC_API_KEY_FILE names)"
+                f"{variable} holds a line break or another control character: it must be the credential "
+                f"alone, on one line (so must the file {variable}_FILE names)"
             )
         if self.provider == "anthropic" and self.mode != "off" and self.api_key is None:
             raise ConfigError(
