@@ -173,6 +173,7 @@ async def _provider(report: Report, config: Config) -> None:
     if config.provider == "mock":
         report.line("offline mock provider: nothing to reach, no key needed (answers are canned)")
         return
+    from mcp_backfill.providers.anthropic import CREDENTIALS
     from mcp_backfill.providers.platforms import make_client
 
     try:
@@ -199,7 +200,8 @@ async def _provider(report: Report, config: Config) -> None:
         )
     except Exception as exc:  # what the SDK raises, shown as it is (it never holds the key)
         status = getattr(exc, "status_code", None)
-        hint = "; check ANTHROPIC_API_KEY" if status in (401, 403) else ""
+        credentials = CREDENTIALS.get(config.provider, "ANTHROPIC_API_KEY")
+        hint = f"; check {credentials}" if status in (401, 403) else ""
         hint = NETWORK_HINT if status is None else hint
         report.fail(f"{type(exc).__name__}: {_redacted(str(exc), config)}{hint}")
     finally:

@@ -289,3 +289,21 @@ def test_bedrock_is_not_reported_broken_for_want_of_token_counting(fake_claude: 
     assert "OK: every part works" in done.stdout
     assert TEST_API_KEY not in done.stdout + done.stderr
     assert fake_claude.platform_requests == []  # nothing billable was sent
+
+
+def test_a_refused_vertex_token_names_the_google_credentials(fake_claude: FakeClaude) -> None:
+    """A 401 from Vertex AI was answered with "check ANTHROPIC_API_KEY", a variable Vertex never reads."""
+    env = proxy_env(
+        ANTHROPIC_VERTEX_BASE_URL=fake_claude.url,
+        CLOUD_ML_REGION="us-east5",
+        ANTHROPIC_VERTEX_PROJECT_ID="proj-42",
+        MCP_BACKFILL_VERTEX_ACCESS_TOKEN="ya29.not-the-right-token-0123456789",
+    )
+    fake_claude.api_key = TEST_API_KEY
+    done = check("--provider", "vertex", "--mode", "fallback", "--", *WEATHER, env=env)
+    provider = done.stdout.split("provider: vertex\n")[1].split("\n")[0]
+    assert provider.startswith("  FAILED: AuthenticationError"), provider
+    assert "ANTHROPIC_API_KEY" not in provider
+    assert provider.endswith(
+        "; check the Google credentials (MCP_BACKFILL_VERTEX_ACCESS_TOKEN or Application Default Credentials)"
+    ), provider
