@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -307,3 +308,25 @@ def test_a_refused_vertex_token_names_the_google_credentials(fake_claude: FakeCl
     assert provider.endswith(
         "; check the Google credentials (MCP_BACKFILL_VERTEX_ACCESS_TOKEN or Application Default Credentials)"
     ), provider
+
+
+def test_ctrl_c_ends_check_without_a_traceback() -> None:
+    """Ctrl-C while `check` waited for a server printed a traceback of some forty lines."""
+    argv = [sys.executable, "-m", "mcp_backfill", "check", "--provider", "mock", "--"]
+    process = subprocess.Popen(
+        [*argv, *python_server("silent_server.py")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=proxy_env(),
+        cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert process.stdout is not None
+    for line in process.stdout:  # unbuffered (PYTHONUNBUFFERED): each line as it is written
+        if line.startswith("session through the proxy"):
+            break
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err, err[-2000:]
