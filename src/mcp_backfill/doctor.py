@@ -49,7 +49,8 @@ NOT_SERVE = (
 )
 KEY_PREFIX = "sk-ant-"  # every Anthropic API key's, public: the one part of a secret `check` shows
 TIMEOUT = 30.0  # seconds for each part that talks to something
-NETWORK_HINT = "; check ANTHROPIC_BASE_URL and the network"
+# The variable naming each provider's endpoint (the SDK's clients read them), for the network hint.
+BASE_URL_VARIABLES = {"bedrock": "ANTHROPIC_BEDROCK_BASE_URL", "vertex": "ANTHROPIC_VERTEX_BASE_URL"}
 # What a report line shows escaped: every control character (line breaks too: a line of the report
 # is one line) and the bidirectional overrides and isolates. The server's name and tools and the
 # provider's errors come from elsewhere, and must not drive the terminal or add lines of their own.
@@ -188,6 +189,7 @@ async def _provider(report: Report, config: Config) -> None:
             "the first sampling request shows whether the AWS credentials work"
         )
         return
+    network = f"; check {BASE_URL_VARIABLES.get(config.provider, 'ANTHROPIC_BASE_URL')} and the network"
     try:
         with anyio.fail_after(TIMEOUT):
             counted = await client.messages.count_tokens(
@@ -202,7 +204,7 @@ async def _provider(report: Report, config: Config) -> None:
         status = getattr(exc, "status_code", None)
         credentials = CREDENTIALS.get(config.provider, "ANTHROPIC_API_KEY")
         hint = f"; check {credentials}" if status in (401, 403) else ""
-        hint = NETWORK_HINT if status is None else hint
+        hint = network if status is None else hint
         report.fail(f"{type(exc).__name__}: {_redacted(str(exc), config)}{hint}")
     finally:
         await client.close()

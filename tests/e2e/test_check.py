@@ -330,3 +330,18 @@ def test_ctrl_c_ends_check_without_a_traceback() -> None:
     _, err = process.communicate(timeout=60)
     assert process.returncode == 130, err
     assert "Traceback" not in err, err[-2000:]
+
+
+def test_an_unreachable_vertex_endpoint_names_its_variable() -> None:
+    """A Vertex endpoint that cannot be reached was answered with "check ANTHROPIC_BASE_URL", which
+    Vertex does not read."""
+    env = proxy_env(
+        ANTHROPIC_VERTEX_BASE_URL="http://127.0.0.1:9",
+        CLOUD_ML_REGION="us-east5",
+        ANTHROPIC_VERTEX_PROJECT_ID="proj-42",
+        MCP_BACKFILL_VERTEX_ACCESS_TOKEN="ya29.some-token-0123456789",
+    )
+    done = check("--provider", "vertex", "--mode", "fallback", "--", *WEATHER, env=env)
+    provider = done.stdout.split("provider: vertex\n")[1].split("\n")[0]
+    assert provider.startswith("  FAILED: APIConnectionError"), provider
+    assert provider.endswith("; check ANTHROPIC_VERTEX_BASE_URL and the network"), provider
