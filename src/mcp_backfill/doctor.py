@@ -197,9 +197,7 @@ async def _provider(report: Report, config: Config) -> None:
             )
         report.line(f"authenticated: {config.model} counted {counted.input_tokens} tokens in a test prompt")
     except TimeoutError:  # `fail_after`'s, which says nothing of itself
-        report.fail(
-            f"no answer from the Claude API in {TIMEOUT:g} s; check ANTHROPIC_BASE_URL and the network"
-        )
+        report.fail(f"no answer from the Claude API in {TIMEOUT:g} s{network}")
     except Exception as exc:  # what the SDK raises, shown as it is (it never holds the key)
         status = getattr(exc, "status_code", None)
         credentials = CREDENTIALS.get(config.provider, "ANTHROPIC_API_KEY")
