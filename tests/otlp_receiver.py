@@ -35,6 +35,7 @@ class ReceivedSpan:
     status_code: int  # 0 unset, 1 ok, 2 error
     service: str
     scope: str
+    status_message: str = ""
 
 
 def _value(value: AnyValue) -> Any:
@@ -100,6 +101,7 @@ class OtlpReceiver:
                             status_code=span.status.code,
                             service=str(resource.get("service.name")),
                             scope=scope_spans.scope.name,
+                            status_message=span.status.message,
                         )
                     )
         with self._changed:

@@ -201,14 +201,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     usage error, the others (an upstream that cannot start: 127, an address in use: 1) are logged.
     """
     arguments = sys.argv[1:] if argv is None else list(argv)
-    if arguments[:1] == [CHECK_COMMAND]:
-        from mcp_backfill.doctor import main as check_main
-
-        return check_main(arguments[1:], parse_config)
-    if arguments[:1] == [CLIENTS_COMMAND]:
-        from mcp_backfill.clients.command import main as clients_main
-
-        return clients_main(arguments[1:])
+    if arguments[:1] in ([CHECK_COMMAND], [CLIENTS_COMMAND]):
+        try:
+            return _command(arguments[0], arguments[1:])
+        except KeyboardInterrupt:  # Ctrl-C: the user knows; no traceback
+            return 130
     try:
         config = parse_config(arguments, os.environ)
         configure_logging(config.log_level, config.log_format, config.secrets())
@@ -222,6 +219,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+
+
+def _command(name: str, arguments: list[str]) -> int:
+    """`mcp-backfill check` or `mcp-backfill clients`, imported only then."""
+    if name == CHECK_COMMAND:
+        from mcp_backfill.doctor import main as check_main
+
+        return check_main(arguments, parse_config)
+    from mcp_backfill.clients.command import main as clients_main
+
+    return clients_main(arguments)
 
 
 def _warn_about(config: Config, environ: Mapping[str, str]) -> None:

@@ -80,6 +80,8 @@ PROXY_ENV_PREFIXES = ("MCP_BACKFILL_", "ANTHROPIC_")
 PLATFORM_SECRET_ENV_VARS = ("AWS_BEARER_TOKEN_BEDROCK", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 # Extra headers the anthropic SDK sends on every call, one `Name: value` per line: gateway credentials.
 CUSTOM_HEADERS_ENV_VAR = "ANTHROPIC_CUSTOM_HEADERS"
+# What no credential sent in a header can hold.
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 # A header name is an HTTP token (RFC 9110 section 5.6.2).
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 # Headers the proxy sets itself on every upstream request (the MCP ones are computed per message).
@@ -237,6 +239,16 @@ class Config:
             raise ConfigError(f"{named('--audit-content')} needs {named('--audit-log')} (a FILE)")
         if self.front == "http":
             self._check_http_front()
+        held = {"anthropic": ("ANTHROPIC_API_KEY", self.api_key)}
+        held["vertex"] = ("MCP_BACKFILL_VERTEX_ACCESS_TOKEN", self.vertex_access_token)
+        variable, secret = held.get(self.provider, ("", None))
+        if self.mode != "off" and secret is not None and _CONTROL.search(secret.value):
+            # Not quoted: it is the credential. Else its header cannot be sent, and every call failed
+            # as a connection error ("check ANTHROPIC_BASE_URL and the network").
+            raise ConfigError(
+                f"{variable} holds a line break or another control character: it must be the credential "
+                f"alone, on one line (so must the file {variable}_FILE names)"
+            )
         if self.provider == "anthropic" and self.mode != "off" and self.api_key is None:
             raise ConfigError(
                 "ANTHROPIC_API_KEY is not set: the anthropic provider needs it to answer sampling requests. "
@@ -427,9 +439,15 @@ SECRET_FILE_VARIABLES = (
 """Secret-holding variables that may instead name a file: `<NAME>_FILE=/run/secrets/...`."""
 
 
+MAX_SECRET_FILE_BYTES = 1024 * 1024
+"""The most a `*_FILE` may hold: a key, a token, or a few thousand `--client-tokens` lines. A larger
+one is the wrong file (a log, a disk image, `/dev/zero`), which was read whole, without end."""
+
+
 def read_secret_files(environ: Mapping[str, str]) -> dict[str, str]:
     """`environ` with each `<NAME>_FILE` of `SECRET_FILE_VARIABLES` replaced by `<NAME>` = the file's
-    content (one trailing newline stripped). Both set, or an unreadable file: `ConfigError`."""
+    content (one trailing newline stripped). Both set, an unreadable file, or one larger than
+    `MAX_SECRET_FILE_BYTES` (not read past that): `ConfigError`."""
     resolved = dict(environ)
     for name in SECRET_FILE_VARIABLES:
         path = environ.get(f"{name}_FILE", "")
@@ -438,12 +456,19 @@ def read_secret_files(environ: Mapping[str, str]) -> dict[str, str]:
         if environ.get(name):
             raise ConfigError(f"both {name} and {name}_FILE are set; set one of them")
         try:
-            with open(path, encoding="utf-8") as file:
-                content = file.read()
+            with open(path, "rb") as file:
+                data = file.read(MAX_SECRET_FILE_BYTES + 1)
+            if len(data) > MAX_SECRET_FILE_BYTES:
+                raise ConfigError(
+                    f"{name}_FILE: {path} is larger than 1 MiB, too large to hold a secret: is it the "
+                    "right file?"
+                )
+            content = data.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
             raise ConfigError(f"{name}_FILE: cannot read {path} ({reason})") from None
-        resolved[name] = content.removesuffix("\n").removesuffix("\r")
+        # Line ends as a text-mode read gives them (CRLF and CR become LF), then the last one dropped.
+        resolved[name] = content.replace("\r\n", "\n").replace("\r", "\n").removesuffix("\n")
     return resolved
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -36,6 +37,7 @@ CLIENT_CAPABILITIES: Mapping[str, dict[str, Any]] = {
     "sampling": {"sampling": {}},
     "sampling-tools": {"sampling": {"tools": {}}},
 }
+CAPABILITIES_FLAG = "--client-capabilities"
 USAGE = (
     "usage: mcp-backfill check [--client-capabilities none|sampling|sampling-tools] [OPTIONS] "
     "(--upstream-url URL | -- COMMAND [ARGS...])"
@@ -47,6 +49,12 @@ NOT_SERVE = (
 )
 KEY_PREFIX = "sk-ant-"  # every Anthropic API key's, public: the one part of a secret `check` shows
 TIMEOUT = 30.0  # seconds for each part that talks to something
+# The variable naming each provider's endpoint (the SDK's clients read them), for the network hint.
+BASE_URL_VARIABLES = {"bedrock": "ANTHROPIC_BEDROCK_BASE_URL", "vertex": "ANTHROPIC_VERTEX_BASE_URL"}
+# What a report line shows escaped: every control character (line breaks too: a line of the report
+# is one line) and the bidirectional overrides and isolates. The server's name and tools and the
+# provider's errors come from elsewhere, and must not drive the terminal or add lines of their own.
+_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 ParseConfig = Callable[[Sequence[str], Mapping[str, str]], Config]
@@ -56,10 +64,14 @@ def main(argv: Sequence[str], parse_config: ParseConfig, environ: Mapping[str, s
     """`parse_config`: the proxy's own reading of its options (the command line's)."""
     args = list(argv)
     declared = "none"
-    if "--client-capabilities" in args[: args.index("--") if "--" in args else len(args)]:
-        at = args.index("--client-capabilities")
-        declared = args[at + 1] if at + 1 < len(args) else ""
-        del args[at : at + 2]
+    options = args[: args.index("--") if "--" in args else len(args)]
+    given = [at for at, arg in enumerate(options) if arg.partition("=")[0] == CAPABILITIES_FLAG]
+    if given:  # `--client-capabilities VALUE` or `--client-capabilities=VALUE`
+        at = given[0]
+        _, equals, value = args[at].partition("=")
+        width = 1 if equals else 2
+        declared = value if equals else args[at + 1] if at + 1 < len(args) else ""
+        del args[at : at + width]
     if declared not in CLIENT_CAPABILITIES or (not args or args in (["-h"], ["--help"])):
         sys.stderr.write(USAGE + "\n")
         return 0 if args in (["-h"], ["--help"]) else 2
@@ -72,7 +84,7 @@ def main(argv: Sequence[str], parse_config: ParseConfig, environ: Mapping[str, s
         sys.stdout.write(f"configuration: FAILED: {exc}\n")
         return 1
     except SystemExit as exc:  # argparse already said what is wrong
-        return int(exc.code or 2)
+        return exc.code if isinstance(exc.code, int) else 2
     report = Report()
     report.section("mcp-backfill check")
     report.line(f"mcp-backfill {__version__}, Python {platform.python_version()}, {platform.platform()}")
@@ -94,11 +106,16 @@ class Report:
         sys.stdout.write(f"\n{title}\n" if title != "mcp-backfill check" else f"{title}\n")
 
     def line(self, text: str) -> None:
-        sys.stdout.write(f"  {text}\n")
+        sys.stdout.write(f"  {one_line(text)}\n")
 
     def fail(self, text: str) -> None:
         self.problems += 1
         self.line(f"FAILED: {text}")
+
+
+def one_line(text: str) -> str:
+    """`text` with each character of `_UNSHOWN` written as its escape (`\\x1b`, `\\n`, `\\u202e`)."""
+    return _UNSHOWN.sub(lambda match: ascii(match.group())[1:-1], text)
 
 
 def _configuration(report: Report, argv: Sequence[str], config: Config, environ: Mapping[str, str]) -> None:
@@ -157,6 +174,7 @@ async def _provider(report: Report, config: Config) -> None:
     if config.provider == "mock":
         report.line("offline mock provider: nothing to reach, no key needed (answers are canned)")
         return
+    from mcp_backfill.providers.anthropic import CREDENTIALS
     from mcp_backfill.providers.platforms import make_client
 
     try:
@@ -164,16 +182,27 @@ async def _provider(report: Report, config: Config) -> None:
     except ConfigError as exc:
         report.fail(str(exc))
         return
+    if config.provider == "bedrock":  # the SDK's Bedrock client refuses count_tokens before sending
+        await client.close()
+        report.line(
+            "not tried: the Bedrock client cannot count tokens, the one call that costs nothing; "
+            "the first sampling request shows whether the AWS credentials work"
+        )
+        return
+    network = f"; check {BASE_URL_VARIABLES.get(config.provider, 'ANTHROPIC_BASE_URL')} and the network"
     try:
         with anyio.fail_after(TIMEOUT):
             counted = await client.messages.count_tokens(
                 model=config.model, messages=[{"role": "user", "content": "ping"}]
             )
         report.line(f"authenticated: {config.model} counted {counted.input_tokens} tokens in a test prompt")
+    except TimeoutError:  # `fail_after`'s, which says nothing of itself
+        report.fail(f"no answer from the Claude API in {TIMEOUT:g} s{network}")
     except Exception as exc:  # what the SDK raises, shown as it is (it never holds the key)
         status = getattr(exc, "status_code", None)
-        hint = "; check ANTHROPIC_API_KEY" if status in (401, 403) else ""
-        hint = "; check ANTHROPIC_BASE_URL and the network" if status is None else hint
+        credentials = CREDENTIALS.get(config.provider, "ANTHROPIC_API_KEY")
+        hint = f"; check {credentials}" if status in (401, 403) else ""
+        hint = network if status is None else hint
         report.fail(f"{type(exc).__name__}: {_redacted(str(exc), config)}{hint}")
     finally:
         await client.close()
@@ -191,7 +220,7 @@ async def _session(report: Report, argv: Sequence[str], config: Config, declared
         if config.upstream_url
         else " ".join(shown_args(config.upstream_command))
     )
-    report.section(f"session through the proxy: {target}")
+    report.section(f"session through the proxy: {one_line(target)}")
     command = [sys.executable, "-m", "mcp_backfill", *argv]
     env = {"MCP_BACKFILL_LOG_LEVEL": "warning", **os.environ}  # its problems, not its progress
     params = StdioServerParameters(command=command[0], args=command[1:], env=env)
@@ -203,6 +232,13 @@ async def _session(report: Report, argv: Sequence[str], config: Config, declared
                 report.line(f"handshake done: {name}, protocol {client.protocol_version}")
                 listed = await client.list_tools()
                 report.line(f"tools: {', '.join(tool.name for tool in listed.tools) or '(none)'}")
+    except TimeoutError:
+        what = "a streamable-HTTP MCP endpoint" if config.upstream_url else "an MCP server that speaks stdio"
+        report.fail(
+            f"no answer from the server in {TIMEOUT:g} s (handshake and tools/list): is it {what}? "
+            "(the proxy's own messages, on stderr, may say more)"
+        )
+        return
     except Exception as exc:
         cause: BaseException = exc
         while isinstance(cause, BaseExceptionGroup) and cause.exceptions:  # the first real cause

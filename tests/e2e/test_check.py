@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.fake_claude import FakeClaude
-from tests.harness import EXAMPLES, ROOT, TEST_API_KEY, proxy_env
+from tests.harness import EXAMPLES, ROOT, TEST_API_KEY, proxy_env, python_server
 
 WEATHER = [sys.executable, str(EXAMPLES / "weather_server.py")]
 
@@ -181,3 +183,165 @@ def test_the_upstreams_credentials_on_its_command_line_are_not_printed() -> None
     assert "session through the proxy:" in done.stdout
     assert "--api-key ***" in done.stdout
     assert "SECRET" not in done.stdout + done.stderr
+
+
+def test_what_the_server_names_cannot_drive_the_terminal_or_add_lines() -> None:
+    """`check` printed the server's name, version and tool names as they came: a server could
+    retitle or clear the terminal, or write a line of its own into the report."""
+    done = check("--provider", "mock", "--", *python_server("odd_names_server.py"), env=proxy_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert not [ch for ch in out if (ord(ch) < 32 and ch != "\n") or 0x7F <= ord(ch) <= 0x9F], out
+    assert "\u202e" not in out
+    assert out.splitlines().count("  OK: every part works") == 1  # the result's, not the server's
+    name = "odd\\x1b]0;retitled\\x07\\x1b[2J\\n  OK: every part works\\u202e"
+    assert f"handshake done: {name} 1\\r\\x1b[K, protocol" in out
+    assert "tools: tool\\x1b[31mred\\x1b[0m\\x9b1m\n" in out
+
+
+def test_parts_that_never_answer_are_named_as_such(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A provider and an upstream that never answer were reported as `TimeoutError: ; check
+    ANTHROPIC_BASE_URL...` and `TimeoutError: the session ended`; they say how long `check` waited.
+    (In the test's process, with `check`'s wait cut to 2 s.)"""
+    from mcp_backfill import doctor
+    from mcp_backfill.cli import parse_config
+
+    monkeypatch.setattr(doctor, "TIMEOUT", 2.0)
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # connects, never answers
+        port = silent.getsockname()[1]
+        env = proxy_env(f"http://127.0.0.1:{port}")
+        for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"):
+            monkeypatch.setenv(name, env[name])
+        status = doctor.main(["--", *python_server("silent_server.py")], parse_config, env)
+    out = capfd.readouterr().out
+    assert status == 1
+    provider = out.split("provider: anthropic\n")[1].split("\n")[0]
+    assert (
+        provider == "  FAILED: no answer from the Claude API in 2 s; check ANTHROPIC_BASE_URL and the network"
+    )
+    session = out.split("session through the proxy:")[1].split("\n")[1]
+    assert session.startswith("  FAILED: no answer from the server in 2 s (handshake and tools/list)")
+
+
+def test_a_key_file_of_more_than_one_line_is_named(tmp_path: Path) -> None:
+    """A key file holding a second line (or any control character) failed as `APIConnectionError:
+    Connection error.; check ANTHROPIC_BASE_URL and the network` (the header could not be sent), in
+    `check` as in every sampling request; it is a configuration error naming the key's variables."""
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-ant-api03-FIRSTLINE-0123456789\nsk-ant-api03-SECONDLINE-0123456789\n")
+    env = proxy_env("http://127.0.0.1:9", ANTHROPIC_API_KEY_FILE=str(key_file))
+    del env["ANTHROPIC_API_KEY"]
+    done = check("--", *WEATHER, env=env)
+    assert done.returncode == 1
+    assert (
+        "configuration: FAILED: ANTHROPIC_API_KEY holds a line break or another control character"
+        in done.stdout
+    )
+    assert "ANTHROPIC_API_KEY_FILE" in done.stdout
+    assert "LINE" not in done.stdout + done.stderr
+    proxy = subprocess.run(
+        [sys.executable, "-m", "mcp_backfill", "--", *WEATHER],
+        input="",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert proxy.returncode == 2
+    assert "mcp-backfill: error: ANTHROPIC_API_KEY holds a line break" in proxy.stderr
+
+
+def test_client_capabilities_with_an_equals_sign() -> None:
+    """`--client-capabilities=VALUE`, as every other option may be written, was passed on to the
+    proxy's parser, which refused it as unrecognized."""
+    done = check(
+        "--client-capabilities=sampling-tools", "--provider", "mock", "--", *WEATHER, env=proxy_env()
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "for a client declaring 'sampling-tools'" in done.stdout
+    bad = check("--client-capabilities=everything", "--", *WEATHER, env=proxy_env())
+    assert bad.returncode == 2
+    assert "usage: mcp-backfill check" in bad.stderr
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--provider", "mock", "--help"]])
+def test_version_and_help_among_options_exit_0(args: list[str]) -> None:
+    """argparse ends `--version` and `--help` with status 0, which `check` turned into 2 (bad usage)."""
+    done = check(*args, env=proxy_env())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(("mcp-backfill 0.", "usage:"))
+
+
+def test_bedrock_is_not_reported_broken_for_want_of_token_counting(fake_claude: FakeClaude) -> None:
+    """The anthropic SDK's Bedrock client counts no tokens ("Token counting is not supported in
+    Bedrock yet"): `check` reported every Bedrock setup as FAILED, with a hint about
+    ANTHROPIC_BASE_URL and the network, and exited 1."""
+    env = proxy_env(
+        ANTHROPIC_BEDROCK_BASE_URL=fake_claude.url,
+        AWS_REGION="us-east-1",
+        AWS_BEARER_TOKEN_BEDROCK=TEST_API_KEY,
+    )
+    done = check("--provider", "bedrock", "--", *WEATHER, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    provider = done.stdout.split("provider: bedrock\n")[1].split("\n")[0]
+    assert provider.startswith("  not tried: the Bedrock client cannot count tokens"), provider
+    assert "OK: every part works" in done.stdout
+    assert TEST_API_KEY not in done.stdout + done.stderr
+    assert fake_claude.platform_requests == []  # nothing billable was sent
+
+
+def test_a_refused_vertex_token_names_the_google_credentials(fake_claude: FakeClaude) -> None:
+    """A 401 from Vertex AI was answered with "check ANTHROPIC_API_KEY", a variable Vertex never reads."""
+    env = proxy_env(
+        ANTHROPIC_VERTEX_BASE_URL=fake_claude.url,
+        CLOUD_ML_REGION="us-east5",
+        ANTHROPIC_VERTEX_PROJECT_ID="proj-42",
+        MCP_BACKFILL_VERTEX_ACCESS_TOKEN="ya29.not-the-right-token-0123456789",
+    )
+    fake_claude.api_key = TEST_API_KEY
+    done = check("--provider", "vertex", "--mode", "fallback", "--", *WEATHER, env=env)
+    provider = done.stdout.split("provider: vertex\n")[1].split("\n")[0]
+    assert provider.startswith("  FAILED: AuthenticationError"), provider
+    assert "ANTHROPIC_API_KEY" not in provider
+    assert provider.endswith(
+        "; check the Google credentials (MCP_BACKFILL_VERTEX_ACCESS_TOKEN or Application Default Credentials)"
+    ), provider
+
+
+def test_ctrl_c_ends_check_without_a_traceback() -> None:
+    """Ctrl-C while `check` waited for a server printed a traceback of some forty lines."""
+    argv = [sys.executable, "-m", "mcp_backfill", "check", "--provider", "mock", "--"]
+    process = subprocess.Popen(
+        [*argv, *python_server("silent_server.py")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=proxy_env(),
+        cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert process.stdout is not None
+    for line in process.stdout:  # unbuffered (PYTHONUNBUFFERED): each line as it is written
+        if line.startswith("session through the proxy"):
+            break
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err, err[-2000:]
+
+
+def test_an_unreachable_vertex_endpoint_names_its_variable() -> None:
+    """A Vertex endpoint that cannot be reached was answered with "check ANTHROPIC_BASE_URL", which
+    Vertex does not read."""
+    env = proxy_env(
+        ANTHROPIC_VERTEX_BASE_URL="http://127.0.0.1:9",
+        CLOUD_ML_REGION="us-east5",
+        ANTHROPIC_VERTEX_PROJECT_ID="proj-42",
+        MCP_BACKFILL_VERTEX_ACCESS_TOKEN="ya29.some-token-0123456789",
+    )
+    done = check("--provider", "vertex", "--mode", "fallback", "--", *WEATHER, env=env)
+    provider = done.stdout.split("provider: vertex\n")[1].split("\n")[0]
+    assert provider.startswith("  FAILED: APIConnectionError"), provider
+    assert provider.endswith("; check ANTHROPIC_VERTEX_BASE_URL and the network"), provider

@@ -227,3 +227,31 @@ def test_bom_file_round_trips(tmp_path: Path) -> None:
     assert home.run("wrap", "weather", "--key-file", str(home.key_file)).returncode == 0
     assert home.run("unwrap", "weather").returncode == 0
     assert home.read() == WITH_BOM
+
+
+@pytest.mark.parametrize("action", ["list", "wrap"])
+def test_a_deeply_nested_config_is_refused_by_its_position(tmp_path: Path, action: str) -> None:
+    """A cloned project's config nested 100,000 levels deep ended the command with a RecursionError
+    traceback; it is refused like any other malformed file, naming where, with nothing written."""
+    home = Home(tmp_path)
+    nested = "[" * 100_000 + "]" * 100_000
+    deep = '{"mcpServers": {"weather": {"command": "python3", "args": ' + nested + "}}}\n"
+    home.write(deep)
+    run = home.run(action, *(["weather", "--key-file", str(home.key_file)] if action == "wrap" else []))
+    assert "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert "RecursionError" not in run.stderr
+    assert run.returncode != 0
+    assert f"{home.path}: line 1, column " in run.stderr
+    assert "nested more than" in run.stderr
+    assert home.read() == deep
+
+
+def test_a_config_too_large_to_be_one_is_refused_unread(tmp_path: Path) -> None:
+    """A cloned project's `.mcp.json` can be gigabytes of zeros (git stores them in kilobytes): it was
+    read whole, twice over (1 GB took 2.1 GB), before being refused; now it is refused by its size."""
+    home = Home(tmp_path)
+    with home.path.open("wb") as file:
+        file.truncate(300 * 1024 * 1024)  # sparse: nothing written
+    run = home.run("list")
+    assert run.returncode != 0
+    assert f"{home.path}: larger than 256 MiB, too large to be a client's config" in run.stderr

@@ -324,3 +324,19 @@ async def test_debug_traces_each_message_without_its_contents(fake_claude: FakeC
     )
     assert all("bytes=" in line for line in traced)
     assert "SECRET-PROMPT" not in stderr
+
+
+@pytest.mark.anyio(False)
+@pytest.mark.parametrize("variable", ["ANTHROPIC_API_KEY_FILE", "MCP_BACKFILL_API_HEADERS_FILE"])
+def test_a_secret_file_too_large_to_be_one_is_refused_unread(tmp_path: Path, variable: str) -> None:
+    """A `*_FILE` naming the wrong file (a log, a disk image, /dev/zero) was read whole: 50 MB took
+    1.5 GB and 15 s, and an endless one never finished; the proxy refuses it, naming the variable."""
+    big = tmp_path / "big"
+    with big.open("wb") as file:
+        file.truncate(64 * 1024 * 1024)  # sparse: nothing written
+    done = run("--provider", "mock", "--", *ECHO, env=proxy_env(**{variable: str(big)}))
+    assert done.returncode == 2, done.stderr
+    assert f"mcp-backfill: error: {variable}: {big} is larger than 1 MiB" in done.stderr
+    endless = run("--provider", "mock", "--", *ECHO, env=proxy_env(**{variable: "/dev/zero"}))
+    assert endless.returncode == 2, endless.stderr
+    assert f"{variable}: /dev/zero is larger than 1 MiB" in endless.stderr

@@ -217,3 +217,35 @@ async def test_a_key_in_the_collector_url_stays_out_of_the_log() -> None:
         stderr = session.stderr()
     assert "Transient error" in stderr or "Failed to export" in stderr, stderr
     assert COLLECTOR_KEY not in stderr, stderr[-800:]
+
+
+async def test_what_a_client_or_server_names_is_bounded_in_the_spans() -> None:
+    """A client's method name, request id and tool name, and an upstream's error message, went into
+    span names, attributes and status whole: a client sending 300 kB names made spans of 300 kB, each
+    held in the exporter's queue (2,048 of them while a collector is slow) and refused by collectors
+    as a batch. They are cut to a bound, marked by an ellipsis."""
+    huge = 300_000
+    with otlp_receiver() as receiver:
+        argv = proxy_argv("--provider", "mock", upstream=python_server("echo_server.py"))
+        async with raw_proxy(argv, otel_env(receiver.endpoint)) as session:
+            await session.request(0, "initialize", initialize_params())
+            await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            await session.request("i" * huge, "x/" + "m" * huge, {})
+            await session.request(2, "tools/call", {"name": "n" * huge, "arguments": {}})
+            asked = {"method": "roots/list", "id": "s" * huge}
+            await session.send({"jsonrpc": "2.0", "id": 3, "method": "test/ask_client", "params": asked})
+            server_request = await session.recv()
+            error = {"code": -32000, "message": "e" * huge}
+            await session.send({"jsonrpc": "2.0", "id": server_request["id"], "error": error})
+            await session.recv()
+            spans = await anyio.to_thread.run_sync(
+                receiver.wait_for, lambda spans: len(named(spans, "roots/list")) == 1
+            )
+            await session.close_stdin()
+            assert await session.wait(30) == 0, session.stderr()
+    assert named(spans, "x/mmm")
+    assert named(spans, "tools/call nnn")
+    for span in spans:
+        texts = [span.name, span.status_message]
+        texts += [value for value in span.attributes.values() if isinstance(value, str)]
+        assert max(len(text) for text in texts) <= 1024, (span.name[:40], [len(text) for text in texts])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from mcp_backfill.cli import parse_config
@@ -116,3 +118,15 @@ def test_a_base_url_that_cannot_work_is_refused_at_startup(base_url: str, messag
         parse_config(["--", "s"], KEY | {"ANTHROPIC_BASE_URL": base_url})
     assert "gw-password-123" not in str(refused.value)
     parse_config(["--provider", "mock", "--", "s"], KEY | {"ANTHROPIC_BASE_URL": base_url})  # unused: fine
+
+
+def test_a_vertex_token_with_a_line_break_is_refused_naming_its_variables(tmp_path: Path) -> None:
+    """Like the Anthropic key: a token file of two lines made the Authorization header unsendable,
+    and every call a connection error."""
+    token = tmp_path / "token"
+    token.write_text("ya29.FIRST-0123456789\nya29.SECOND-0123456789\n")
+    env = {"MCP_BACKFILL_VERTEX_ACCESS_TOKEN_FILE": str(token), "CLOUD_ML_REGION": "us-east5"}
+    with pytest.raises(ConfigError, match="MCP_BACKFILL_VERTEX_ACCESS_TOKEN holds a line break") as caught:
+        parse_config(["--provider", "vertex", "--", "s"], env)
+    assert "MCP_BACKFILL_VERTEX_ACCESS_TOKEN_FILE" in str(caught.value)
+    assert "FIRST" not in str(caught.value)

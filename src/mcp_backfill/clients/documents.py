@@ -62,10 +62,20 @@ def discover(layout: Layout, project: Path, names: tuple[str, ...] = ()) -> list
     return found
 
 
+MAX_CONFIG_BYTES = 256 * 1024 * 1024
+"""The largest config read (Claude Code's `~/.claude.json`, which keeps history, is the largest
+known; megabytes). A cloned project's `.mcp.json` can be gigabytes of zeros that git stores in
+kilobytes: it was read whole, and decoded, before being refused."""
+
+
 def load(location: Location) -> Document:
     path = location.path
     try:
-        text = path.read_bytes().decode("utf-8")
+        with path.open("rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise Malformed(f"{path}: larger than 256 MiB, too large to be a client's config")
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise Malformed(f"{path}: cannot read it ({exc})") from None
     if not text.strip():

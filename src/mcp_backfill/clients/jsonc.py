@@ -17,6 +17,9 @@ __all__ = ["Member", "Node", "ParseError", "parse", "position"]
 _WHITESPACE = " \t\r\n\ufeff"
 _LITERALS = {"true": True, "false": False, "null": None}
 _DECODER = json.JSONDecoder()
+MAX_DEPTH = 100
+"""Containers nested deeper are refused (as TOML's reader refuses them): the parser recurses, and a
+config nested 100,000 levels deep ended the command with a `RecursionError`. No client's is near it."""
 
 
 class ParseError(ValueError):
@@ -72,6 +75,7 @@ class _Parser:
     def __init__(self, text: str) -> None:
         self.text = text
         self.at = 0
+        self.depth = 0
 
     def fail(self, message: str, at: int | None = None) -> None:
         line, column = position(self.text, self.at if at is None else at)
@@ -99,10 +103,13 @@ class _Parser:
         if self.at >= len(self.text):
             self.fail("unexpected end of the document: a value is missing")
         char = self.text[self.at]
-        if char == "{":
-            return self.object()
-        if char == "[":
-            return self.array()
+        if char in "{[":
+            if self.depth >= MAX_DEPTH:
+                self.fail(f"JSON value nested more than {MAX_DEPTH} levels deep")
+            self.depth += 1
+            node = self.object() if char == "{" else self.array()
+            self.depth -= 1
+            return node
         if char == '"':
             return self.string()
         return self.scalar()

@@ -39,10 +39,22 @@ PROVIDER_NAMES = {"anthropic": "anthropic", "bedrock": "aws.bedrock", "vertex": 
 # Requests whose `params.name` is a low-cardinality target for the span name.
 NAMED_TARGETS = {protocol.TOOLS_CALL: "gen_ai.tool.name", protocol.PROMPTS_GET: "gen_ai.prompt.name"}
 
+NAME_CHARACTERS = 256
+"""The longest a name or id a peer chose (method, tool, request id, session, model) is in a span's
+name or attributes; longer ones are cut, ending in an ellipsis. A client sending names of 300 kB
+made spans of 300 kB, each held in the exporter's queue (2,048 of them while a collector is slow)
+and refused by collectors with the whole batch."""
+MESSAGE_CHARACTERS = 1024
+"""The longest an error message (a span's status) is."""
+
 SHUTDOWN_SECONDS = 2.0
 """The longest the exit waits for the spans still buffered to be exported."""
 
 log = get_logger("telemetry")
+
+
+def _bounded(text: str, limit: int = NAME_CHARACTERS) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _parent(params: Any) -> Context | None:
@@ -81,11 +93,12 @@ class OtelRequestSpan:
             return
         self._ended = True
         if error is not None:
-            code = str(error.get("code"))
+            code = _bounded(str(error.get("code")))
             self.span.set_attribute("error.type", code)
             self.span.set_attribute("rpc.response.status_code", code)
             message = error.get("message")
-            self.span.set_status(StatusCode.ERROR, message if isinstance(message, str) else None)
+            shown = _bounded(message, MESSAGE_CHARACTERS) if isinstance(message, str) else None
+            self.span.set_status(StatusCode.ERROR, shown)
         elif tool_error:
             self.span.set_attribute("error.type", "tool_error")
             self.span.set_status(StatusCode.ERROR)
@@ -111,6 +124,7 @@ class OtelChatSpan:
         self.span = span
 
     def request(self, model: str, max_tokens: int | None) -> None:
+        model = _bounded(model)
         self.span.update_name(f"chat {model}")
         self.span.set_attribute("gen_ai.request.model", model)
         if max_tokens is not None:
@@ -119,11 +133,11 @@ class OtelChatSpan:
     def response(self, message: Mapping[str, Any]) -> None:
         span = self.span
         if isinstance(message.get("model"), str):
-            span.set_attribute("gen_ai.response.model", message["model"])
+            span.set_attribute("gen_ai.response.model", _bounded(message["model"]))
         if isinstance(message.get("id"), str):
-            span.set_attribute("gen_ai.response.id", message["id"])
+            span.set_attribute("gen_ai.response.id", _bounded(message["id"]))
         if isinstance(message.get("stop_reason"), str):
-            span.set_attribute("gen_ai.response.finish_reasons", [message["stop_reason"]])
+            span.set_attribute("gen_ai.response.finish_reasons", [_bounded(message["stop_reason"])])
         usage = message.get("usage")
         if isinstance(usage, Mapping):
             cache_read = _count(usage, "cache_read_input_tokens")
@@ -141,8 +155,11 @@ class OtelChatSpan:
         span.set_attribute("mcp_backfill.sampling.outcome", outcome.outcome)
         span.set_attribute("mcp_backfill.sampling.calls", outcome.calls)
         if outcome.error_type is not None:
-            span.set_attribute("error.type", outcome.error_type)
-            span.set_status(StatusCode.ERROR, outcome.error_message)
+            span.set_attribute("error.type", _bounded(outcome.error_type))
+            message = outcome.error_message
+            span.set_status(
+                StatusCode.ERROR, None if message is None else _bounded(message, MESSAGE_CHARACTERS)
+            )
         span.end()
 
 
@@ -172,16 +189,18 @@ class OtelTelemetry:
         protocol_version: str | None = None,
         session_id: str | None = None,
     ) -> OtelRequestSpan:
+        method = _bounded(method)
         attributes: dict[str, Any] = {"mcp.method.name": method, "mcp_backfill.sender": sender}
         if request_id is not None:
-            attributes["jsonrpc.request.id"] = str(request_id)
+            attributes["jsonrpc.request.id"] = _bounded(str(request_id))
         if protocol_version:
-            attributes["mcp.protocol.version"] = protocol_version
+            attributes["mcp.protocol.version"] = _bounded(protocol_version)
         if session_id:
-            attributes["mcp.session.id"] = session_id
+            attributes["mcp.session.id"] = _bounded(session_id)
         name = method
         target = params.get("name") if isinstance(params, dict) else None
         if method in NAMED_TARGETS and isinstance(target, str):
+            target = _bounded(target)
             attributes[NAMED_TARGETS[method]] = target
             name = f"{method} {target}"
         if method == protocol.TOOLS_CALL:
