@@ -309,6 +309,16 @@ class Sampler:
                     extra={"error": refused.error.message},
                 )
                 break
+            except SamplingError as failed:
+                # Made, and failed (an API error after the retries, the deadline): charged as any
+                # call, and the paused turn, paid for, is still the answer; the server may continue it.
+                log.warning(
+                    "paused turn returned as it is: its continuation failed",
+                    extra={"code": failed.code, "error": failed.message},
+                )
+                if turn is not None:
+                    turn.abandon_call()
+                break
             message = _continue(message, follow_up)
         if turn is not None:
             await turn.finish()
@@ -355,6 +365,7 @@ class _TurnProgress:
         self._progress = progress
         self.call = 1
         self._done: StreamProgress | None = None
+        self._held: StreamProgress | None = None  # the previous call's, while a continuation runs
         self._output_tokens: int | None = 0  # None once a call did not say
 
     async def __call__(self, report: StreamProgress) -> None:
@@ -366,7 +377,11 @@ class _TurnProgress:
     def next_call(self) -> None:
         """A continuation call starts: the previous call's message was not the end."""
         self.call += 1
-        self._done = None
+        self._held, self._done = self._done, None
+
+    def abandon_call(self) -> None:
+        """The continuation call failed: the previous call's message is the end after all."""
+        self._done = self._held
 
     async def finish(self) -> None:
         """The last call's message completed the answer."""
