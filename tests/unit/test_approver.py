@@ -1,5 +1,5 @@
 """The handshake era's `Approver` in-process: the question's send counts against
-`--approve-timeout`."""
+`--approve-timeout`, and one session has one approval question open at a time."""
 
 from __future__ import annotations
 
@@ -60,9 +60,56 @@ async def test_a_client_that_does_not_read_the_question_is_refused_within_the_ti
     assert refused.value.data == {"reason": "timed out"}
 
 
-async def test_questions_not_answered_in_time_are_refused_and_withdrawn() -> None:
-    """No answer within `--approve-timeout`: refused, and each question asked is withdrawn from
-    the client (in the background: the client may be slow to read it)."""
+async def test_one_question_is_open_at_a_time_and_a_session_allowance_lets_the_waiting_through() -> None:
+    """Each sampling request opened its own dialog: a server sending many at once opened up to 256
+    approval dialogs in the user's client. One is open at a time; "Allow for this session" answers
+    the ones waiting their turn too."""
+    client = Client()
+    approval = approver(client)
+    done: list[int] = []
+
+    async def ask(n: int) -> None:
+        await approval.approve(dict(PARAMS))
+        done.append(n)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(3):
+            tg.start_soon(ask, n)
+        await anyio.wait_all_tasks_blocked()
+        assert len(client.questions()) == 1
+        assert approval.take(answer(client.questions()[0], "allow_session"))
+        await anyio.wait_all_tasks_blocked()
+    assert sorted(done) == [0, 1, 2]
+    assert len(client.questions()) == 1
+
+
+async def test_the_next_question_is_asked_once_the_open_one_is_answered() -> None:
+    client = Client()
+    approval = approver(client)
+    outcomes: list[str] = []
+
+    async def ask() -> None:
+        try:
+            await approval.approve(dict(PARAMS))
+            outcomes.append("allowed")
+        except SamplingError as exc:
+            outcomes.append(str((exc.data or {})["reason"]))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ask)
+        tg.start_soon(ask)
+        await anyio.wait_all_tasks_blocked()
+        assert len(client.questions()) == 1
+        approval.take(answer(client.questions()[0], "deny"))
+        await anyio.wait_all_tasks_blocked()
+        assert len(client.questions()) == 2  # a denial is for that request alone
+        approval.take(answer(client.questions()[1], "allow_once"))
+    assert outcomes == ["denied", "allowed"]
+
+
+async def test_a_request_waiting_its_turn_is_refused_at_its_own_timeout() -> None:
+    """The open question is never answered: the one waiting behind it is refused when its own
+    `--approve-timeout` runs out, and each question asked is withdrawn from the client."""
     client = Client()
     approval = approver(client, timeout=0.3)
     reasons: list[Any] = []
@@ -80,5 +127,6 @@ async def test_questions_not_answered_in_time_are_refused_and_withdrawn() -> Non
                 asking.start_soon(ask)
     assert reasons == ["timed out", "timed out"]
     asked = [question["id"] for question in client.questions()]
+    assert 1 <= len(asked) <= 2  # the second may be asked once the first gave up
     withdrawn = [m["params"]["requestId"] for m in client.sent if m.get("method") == protocol.CANCELLED]
     assert withdrawn == asked

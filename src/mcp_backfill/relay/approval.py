@@ -233,8 +233,8 @@ class _Question:
 
 
 class Approver:
-    """Asks the handshake-era client to approve sampling requests, one elicitation each, and
-    remembers an "allow for this session"."""
+    """Asks the handshake-era client to approve sampling requests, one elicitation each and one
+    at a time, and remembers an "allow for this session"."""
 
     def __init__(
         self,
@@ -255,6 +255,7 @@ class Approver:
         self._prefix = f"{APPROVAL_ID_PREFIX}{secrets.token_hex(6)}-"
         self._ids = itertools.count(1)
         self._asked: dict[str, _Question] = {}
+        self._turn = anyio.Lock()  # one question open at a time
         self._tg: TaskGroup | None = None
 
     def needed(self, params: dict[str, Any]) -> bool:
@@ -282,24 +283,36 @@ class Approver:
         """Return when the user allows the request; raise the refusal otherwise. `related`: the
         client request the sampling was made for (the question travels with it).
 
-        `--approve-timeout` bounds the whole of it: sending the question (a client may be slow to
-        read it) and the answer.
+        One question is open at a time in a session (a server sending many sampling requests at
+        once would otherwise open as many dialogs); the others wait their turn, and go through
+        unasked once the user allows for the session. `--approve-timeout` bounds the whole of it:
+        waiting for the turn, sending the question (a client may be slow to read it) and the answer.
         """
         if not self.needed(params):
             return
         if not can_elicit(self.state.client.elicitation):
             raise cannot_elicit(self.policy)
+        asked = False
         with anyio.move_on_after(self.timeout):
-            response = await self._ask(params, related)
-            if "error" in response:
-                raise rejected("elicitation failed")
-            decision, how = decision_of(response.get("result"))
-            log.info("sampling approval answered", extra={"decision": decision, "how": how})
-            if decision == "deny":
-                raise rejected(how)
-            self.allow(decision)
-            return
-        log.warning("approval not answered in time; sampling refused", extra={"timeout": self.timeout})
+            async with self._turn:
+                if not self.needed(params):  # allowed for the session while this one waited
+                    return
+                asked = True
+                response = await self._ask(params, related)
+                if "error" in response:
+                    raise rejected("elicitation failed")
+                decision, how = decision_of(response.get("result"))
+                log.info("sampling approval answered", extra={"decision": decision, "how": how})
+                if decision == "deny":
+                    raise rejected(how)
+                self.allow(decision)
+                return
+        log.warning(
+            "approval not answered in time; sampling refused"
+            if asked
+            else "approval not asked in time (another question was open); sampling refused",
+            extra={"timeout": self.timeout},
+        )
         raise rejected("timed out")
 
     async def _ask(self, params: dict[str, Any], related: Any) -> dict[str, Any]:
