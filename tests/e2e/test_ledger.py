@@ -36,6 +36,7 @@ from tests.harness import (
     proxy_env,
     python_server,
     raw_proxy,
+    stdio_params,
     tool_json,
 )
 from tests.sidecar_harness import run_sidecar
@@ -43,6 +44,7 @@ from tests.sidecar_harness import run_sidecar
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 SAMPLING_SERVER = python_server("sampling_server.py")
+INPUT_REQUIRED_SERVER = python_server("input_required_server.py")
 # Generous: under load a proxy, its upstream and the first Claude client import take seconds.
 SLOW = 60.0
 
@@ -399,3 +401,37 @@ async def test_what_a_broken_gateway_served_is_charged(fake_claude: FakeClaude, 
     assert len(fake_claude.message_requests) == 3
     charged = sum(sum(line["charged"].values()) for line in (first, second))
     assert fake_claude.served_tokens() <= charged
+
+
+async def test_2026_a_cancelled_request_charges_its_call_and_gives_back_the_slot_of_one_waiting(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """A 2026-07-28 client gives up on two requests the proxy samples for: one whose Claude call is
+    streaming (charged its input and its whole output reservation), one waiting for the only slot
+    (charged nothing, and holding nothing: the next request gets the slot)."""
+    audit = tmp_path / "audit.jsonl"
+    fake_claude.enqueue(hang_reply("Once upon a time"), text_reply("after the cancel"))
+    argv = proxy_argv(
+        "--max-concurrent-sampling", "1", "--audit-log", str(audit), upstream=INPUT_REQUIRED_SERVER
+    )
+    async with Client(stdio_params(argv, proxy_env(fake_claude.url))) as client:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.call_tool, "plain", {"prompt": "first"})
+            await wait_for_fake(fake_claude, 1)
+            tg.start_soon(client.call_tool, "plain", {"prompt": "second"})  # waits for the slot
+            await anyio.sleep(0.5)
+            tg.cancel_scope.cancel()
+        assert await anyio.to_thread.run_sync(fake_claude.wait_for_disconnects, 1, SLOW)
+        with anyio.fail_after(SLOW):
+            after = tool_json(await client.call_tool("plain", {"prompt": "third"}))
+    assert after["text"] == "after the cancel"
+    *cancelled, answered = audit_lines(audit)
+    assert answered["outcome"] == "answered"
+    assert all(line["outcome"] == "cancelled" for line in cancelled)
+    [streaming] = [line for line in cancelled if line["calls"]]
+    assert streaming["charged"]["output_tokens"] == 200  # Claude may have written all of it
+    assert streaming["charged"]["input_tokens"] > 0
+    for line in cancelled:  # the one that waited for the slot, if it reached the proxy in time
+        if line is not streaming:
+            assert not any((line["charged"] or {}).values())
+    assert len(fake_claude.message_requests) == 2
