@@ -435,3 +435,36 @@ async def test_2026_a_cancelled_request_charges_its_call_and_gives_back_the_slot
         if line is not streaming:
             assert not any((line["charged"] or {}).values())
     assert len(fake_claude.message_requests) == 2
+
+
+async def test_a_paused_turn_whose_continuation_fails_is_the_answer(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """Claude paused its turn (paid for); the continuation failed with a 500 after the retries. The
+    server got the error and lost the paused turn; it gets the paused turn (`pauseTurn`), and both
+    calls are charged."""
+    audit = tmp_path / "audit.jsonl"
+    fake_claude.enqueue(
+        text_reply("Searching... ", stop_reason="pause_turn"),
+        error_reply(500, "api_error", "Internal server error"),
+    )
+    argv = proxy_argv(
+        "--retry-max-attempts",
+        "2",  # per request: the paused call, and the continuation's one attempt
+        "--retry-base-delay",
+        "0.01",
+        "--audit-log",
+        str(audit),
+        upstream=SAMPLING_SERVER,
+    )
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await initialize(session)
+        outcome = await raw_sample(session, 1, plain_params("search the web", max_tokens=50))
+        await session.close_stdin()
+        await session.wait(SLOW)
+    assert outcome["result"]["stopReason"] == "pauseTurn"
+    assert outcome["result"]["content"]["text"] == "Searching... "
+    assert len(fake_claude.message_requests) == 2
+    [line] = audit_lines(audit)
+    assert line["outcome"] == "answered"
+    assert line["calls"] == 2
