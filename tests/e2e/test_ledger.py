@@ -445,12 +445,13 @@ async def test_a_paused_turn_whose_continuation_fails_is_the_answer(
     calls are charged."""
     audit = tmp_path / "audit.jsonl"
     fake_claude.enqueue(
-        text_reply("Searching... ", stop_reason="pause_turn"),
+        text_reply("Searching...", stop_reason="pause_turn"),
+        error_reply(500, "api_error", "Internal server error"),
         error_reply(500, "api_error", "Internal server error"),
     )
     argv = proxy_argv(
         "--retry-max-attempts",
-        "2",  # per request: the paused call, and the continuation's one attempt
+        "2",
         "--retry-base-delay",
         "0.01",
         "--audit-log",
@@ -463,8 +464,8 @@ async def test_a_paused_turn_whose_continuation_fails_is_the_answer(
         await session.close_stdin()
         await session.wait(SLOW)
     assert outcome["result"]["stopReason"] == "pauseTurn"
-    assert outcome["result"]["content"]["text"] == "Searching... "
-    assert len(fake_claude.message_requests) == 2
+    assert outcome["result"]["content"]["text"] == "Searching..."
+    assert len(fake_claude.message_requests) == 3  # the continuation was tried twice
     [line] = audit_lines(audit)
     assert line["outcome"] == "answered"
     assert line["calls"] == 2
