@@ -469,3 +469,19 @@ async def test_a_paused_turn_whose_continuation_fails_is_the_answer(
     [line] = audit_lines(audit)
     assert line["outcome"] == "answered"
     assert line["calls"] == 2
+
+
+async def test_a_paused_turn_ending_in_a_space_is_continued(fake_claude: FakeClaude, tmp_path: Path) -> None:
+    """Claude paused its turn after text that ends in a space: the continuation handed that text back
+    as the final assistant content, which the API refuses (400: trailing whitespace), so the turn
+    was never continued. The text handed back is stripped; the answer keeps it as Claude wrote it."""
+    fake_claude.enqueue(text_reply("Searching... ", stop_reason="pause_turn"), text_reply("found it."))
+    argv = proxy_argv(upstream=SAMPLING_SERVER)
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await initialize(session)
+        outcome = await raw_sample(session, 1, plain_params("search the web", max_tokens=50))
+        await session.close_stdin()
+        await session.wait(SLOW)
+    assert outcome["result"]["stopReason"] == "endTurn"
+    assert outcome["result"]["content"]["text"] == "Searching... found it."
+    assert len(fake_claude.message_requests) == 2

@@ -116,7 +116,7 @@ async def test_a_paused_turn_is_continued_merged_and_charged_call_by_call() -> N
     assert [len(request["messages"]) for request in provider.requests] == [1, 2, 2]
     assert provider.requests[2]["messages"][1]["content"] == [
         {"type": "text", "text": "part 1. "},
-        {"type": "text", "text": "part 2. "},
+        {"type": "text", "text": "part 2."},  # the API refuses final assistant text ending in a space
     ]
     summed = {
         "input_tokens": 60,

@@ -295,7 +295,8 @@ class Sampler:
             if not await ticket.has_room():
                 log.info("paused turn returned as it is: a token budget has no room for continuing it")
                 break
-            history = [*request["messages"], {"role": "assistant", "content": message.get("content", [])}]
+            turn_so_far = _handed_back(message.get("content", []))
+            history = [*request["messages"], {"role": "assistant", "content": turn_so_far}]
             follow_up_request = {**request, "messages": history}
             try:
                 follow_up = await self._call(
@@ -403,6 +404,16 @@ def _chat_outcome(exchange: AuditRecord, error_type: str | None) -> ChatOutcome:
 def _provider_outcome(error: ProviderError) -> str:
     data = error.data if isinstance(error.data, Mapping) else {}
     return "timed_out" if data.get("gave_up") == "deadline" or data.get("type") == "timeout" else "failed"
+
+
+def _handed_back(content: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A paused turn's content as the final assistant content of its continuation: the API refuses
+    one whose last text block ends in whitespace (400), so that text is stripped (a block of only
+    whitespace is left out). The answer keeps the text as Claude wrote it."""
+    if not content or content[-1].get("type") != "text":
+        return content
+    text = str(content[-1].get("text", "")).rstrip()
+    return [*content[:-1], {**content[-1], "text": text}] if text else content[:-1]
 
 
 def _continue(first: dict[str, Any], follow_up: dict[str, Any]) -> dict[str, Any]:
