@@ -238,3 +238,45 @@ async def test_approval_through_the_sidecar(fake_claude: FakeClaude) -> None:
     assert denied["error"]["code"] == -1
     assert len(user.asked) == 2
     assert len(fake_claude.message_requests) == 1
+
+
+class Watching(User):
+    """Allows for the session, holding its first dialog open until another opens (or 3 s pass: long
+    enough for questions sent at once to arrive); counts how many are open at a time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open_now = self.most_open = 0
+        self.others = anyio.Event()
+
+    async def __call__(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        assert isinstance(params, types.ElicitRequestFormParams)
+        self.asked.append(params)
+        self.open_now += 1
+        self.most_open = max(self.most_open, self.open_now)
+        if self.open_now > 1:
+            self.others.set()
+        with anyio.move_on_after(3):
+            await self.others.wait()
+        self.open_now -= 1
+        return decide("allow_session")
+
+
+async def test_one_approval_question_is_open_at_a_time(fake_claude: FakeClaude) -> None:
+    """Three sampling requests at once opened three dialogs in the user's client (a server could
+    open 256); one is open at a time, and "Allow for this session" lets the others through unasked."""
+    fake_claude.enqueue(text_reply("one"), text_reply("two"), text_reply("three"))
+    user = Watching()
+    outcomes: list[dict[str, Any]] = []
+    async with legacy_client(fake_claude, user, "--approve", "elicit") as client:
+
+        async def ask(text: str) -> None:
+            params = {**HELLO, "messages": [{"role": "user", "content": {"type": "text", "text": text}}]}
+            outcomes.append(await sample_raw(client, params))
+
+        async with anyio.create_task_group() as tg:
+            for text in ("a", "b", "c"):
+                tg.start_soon(ask, text)
+    assert user.most_open == 1
+    assert len(user.asked) == 1
+    assert sorted(outcome["result"]["content"]["text"] for outcome in outcomes) == ["one", "three", "two"]

@@ -36,6 +36,7 @@ from tests.harness import (
     proxy_env,
     python_server,
     raw_proxy,
+    stdio_params,
     tool_json,
 )
 from tests.sidecar_harness import run_sidecar
@@ -43,6 +44,7 @@ from tests.sidecar_harness import run_sidecar
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 SAMPLING_SERVER = python_server("sampling_server.py")
+INPUT_REQUIRED_SERVER = python_server("input_required_server.py")
 # Generous: under load a proxy, its upstream and the first Claude client import take seconds.
 SLOW = 60.0
 
@@ -399,3 +401,87 @@ async def test_what_a_broken_gateway_served_is_charged(fake_claude: FakeClaude, 
     assert len(fake_claude.message_requests) == 3
     charged = sum(sum(line["charged"].values()) for line in (first, second))
     assert fake_claude.served_tokens() <= charged
+
+
+async def test_2026_a_cancelled_request_charges_its_call_and_gives_back_the_slot_of_one_waiting(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """A 2026-07-28 client gives up on two requests the proxy samples for: one whose Claude call is
+    streaming (charged its input and its whole output reservation), one waiting for the only slot
+    (charged nothing, and holding nothing: the next request gets the slot)."""
+    audit = tmp_path / "audit.jsonl"
+    fake_claude.enqueue(hang_reply("Once upon a time"), text_reply("after the cancel"))
+    argv = proxy_argv(
+        "--max-concurrent-sampling", "1", "--audit-log", str(audit), upstream=INPUT_REQUIRED_SERVER
+    )
+    async with Client(stdio_params(argv, proxy_env(fake_claude.url))) as client:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.call_tool, "plain", {"prompt": "first"})
+            await wait_for_fake(fake_claude, 1)
+            tg.start_soon(client.call_tool, "plain", {"prompt": "second"})  # waits for the slot
+            await anyio.sleep(0.5)
+            tg.cancel_scope.cancel()
+        assert await anyio.to_thread.run_sync(fake_claude.wait_for_disconnects, 1, SLOW)
+        with anyio.fail_after(SLOW):
+            after = tool_json(await client.call_tool("plain", {"prompt": "third"}))
+    assert after["text"] == "after the cancel"
+    *cancelled, answered = audit_lines(audit)
+    assert answered["outcome"] == "answered"
+    assert all(line["outcome"] == "cancelled" for line in cancelled)
+    [streaming] = [line for line in cancelled if line["calls"]]
+    assert streaming["charged"]["output_tokens"] == 200  # Claude may have written all of it
+    assert streaming["charged"]["input_tokens"] > 0
+    for line in cancelled:  # the one that waited for the slot, if it reached the proxy in time
+        if line is not streaming:
+            assert not any((line["charged"] or {}).values())
+    assert len(fake_claude.message_requests) == 2
+
+
+async def test_a_paused_turn_whose_continuation_fails_is_the_answer(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """Claude paused its turn (paid for); the continuation failed with a 500 after the retries. The
+    server got the error and lost the paused turn; it gets the paused turn (`pauseTurn`), and both
+    calls are charged."""
+    audit = tmp_path / "audit.jsonl"
+    fake_claude.enqueue(
+        text_reply("Searching...", stop_reason="pause_turn"),
+        error_reply(500, "api_error", "Internal server error"),
+        error_reply(500, "api_error", "Internal server error"),
+    )
+    argv = proxy_argv(
+        "--retry-max-attempts",
+        "2",
+        "--retry-base-delay",
+        "0.01",
+        "--audit-log",
+        str(audit),
+        upstream=SAMPLING_SERVER,
+    )
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await initialize(session)
+        outcome = await raw_sample(session, 1, plain_params("search the web", max_tokens=50))
+        await session.close_stdin()
+        await session.wait(SLOW)
+    assert outcome["result"]["stopReason"] == "pauseTurn"
+    assert outcome["result"]["content"]["text"] == "Searching..."
+    assert len(fake_claude.message_requests) == 3  # the continuation was tried twice
+    [line] = audit_lines(audit)
+    assert line["outcome"] == "answered"
+    assert line["calls"] == 2
+
+
+async def test_a_paused_turn_ending_in_a_space_is_continued(fake_claude: FakeClaude, tmp_path: Path) -> None:
+    """Claude paused its turn after text that ends in a space: the continuation handed that text back
+    as the final assistant content, which the API refuses (400: trailing whitespace), so the turn
+    was never continued. The text handed back is stripped; the answer keeps it as Claude wrote it."""
+    fake_claude.enqueue(text_reply("Searching... ", stop_reason="pause_turn"), text_reply("found it."))
+    argv = proxy_argv(upstream=SAMPLING_SERVER)
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await initialize(session)
+        outcome = await raw_sample(session, 1, plain_params("search the web", max_tokens=50))
+        await session.close_stdin()
+        await session.wait(SLOW)
+    assert outcome["result"]["stopReason"] == "endTurn"
+    assert outcome["result"]["content"]["text"] == "Searching... found it."
+    assert len(fake_claude.message_requests) == 2

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from mcp_backfill import assembly, protocol
+from mcp_backfill.errors import ProviderError
 from mcp_backfill.options import Allowance
 from mcp_backfill.relay.progress import ProgressNotifier, progress_notifier
 from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress, UsageMeter
@@ -179,4 +180,35 @@ async def test_a_paused_turn_whose_continuation_is_refused_still_says_claude_fin
     assert result["stopReason"] == "pauseTurn"
     sent = wire.params()
     assert sent[-1]["progress"] == sent[-1]["total"] == 41
+    assert sent[-1]["message"] == "Claude finished (5 output tokens)"
+
+
+async def test_a_paused_turn_whose_continuation_fails_still_says_claude_finished() -> None:
+    """The continuation was made and failed: the paused turn is the answer, and its call's final
+    notification goes out, after what the failed call streamed."""
+
+    class FailingContinuation(Pausing):
+        async def create_message(
+            self,
+            request: dict[str, Any],
+            *,
+            on_progress: ProgressCallback | None = None,
+            meter: UsageMeter | None = None,
+        ) -> dict[str, Any]:
+            if len(self.replies) == 2:
+                return await super().create_message(request, on_progress=on_progress, meter=meter)
+            assert meter is not None
+            assert on_progress is not None
+            meter.begin_attempt()
+            await on_progress(StreamProgress(7))
+            raise ProviderError("Claude API error (500 api_error): boom", {"provider": "p", "status": 500})
+
+    wire = Wire()
+    sampler = Sampler(FailingContinuation(), assembly.sampler_settings(CONFIG), spend=Spend(SPEND))
+    params = {"messages": [{"role": "user", "content": {"type": "text", "text": "search"}}], "maxTokens": 100}
+    result = await sampler.sample(params, progress=notifier(wire))
+    assert result["stopReason"] == "pauseTurn"
+    sent = wire.params()
+    assert [p["progress"] for p in sent] == sorted({p["progress"] for p in sent})  # only ever grows
+    assert sent[-1]["progress"] == sent[-1]["total"]
     assert sent[-1]["message"] == "Claude finished (5 output tokens)"

@@ -116,7 +116,7 @@ async def test_a_paused_turn_is_continued_merged_and_charged_call_by_call() -> N
     assert [len(request["messages"]) for request in provider.requests] == [1, 2, 2]
     assert provider.requests[2]["messages"][1]["content"] == [
         {"type": "text", "text": "part 1. "},
-        {"type": "text", "text": "part 2. "},
+        {"type": "text", "text": "part 2."},  # the API refuses final assistant text ending in a space
     ]
     summed = {
         "input_tokens": 60,
@@ -183,6 +183,53 @@ async def test_a_paused_turn_whose_continuation_loses_a_budget_race_is_answered_
     charged = {"input_tokens": 10, "output_tokens": 1, "cache_read_input_tokens": 1}
     assert observer.seen == [("answered", {"cache_creation_input_tokens": 0, **charged})]
     assert spend.budget.used == 12  # the paused call stays charged
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        ProviderError("Claude API error (500 api_error): boom", {"provider": "scripted", "status": 500}),
+        ProviderError(
+            "Claude API call did not succeed within the deadline",
+            {"provider": "scripted", "gave_up": "deadline"},
+        ),
+    ],
+    ids=["server-error", "deadline"],
+)
+async def test_a_paused_turn_whose_continuation_fails_is_answered_as_paused(failure: ProviderError) -> None:
+    """The first call (paid for) paused; its continuation was made and failed (a 5xx after the
+    retries, the deadline). The error went to the server and the paused turn, charged, was lost; it
+    is the answer now, and the failed continuation stays charged."""
+
+    class FailsAfterBilling(Scripted):
+        async def create_message(
+            self,
+            request: dict[str, Any],
+            *,
+            on_progress: ProgressCallback | None = None,
+            meter: UsageMeter | None = None,
+        ) -> dict[str, Any]:
+            if len(self.requests) == 0:
+                return await super().create_message(request, on_progress=on_progress, meter=meter)
+            assert meter is not None
+            self.requests.append(request)
+            meter.begin_attempt()
+            meter.report({"input_tokens": 20, "output_tokens": 3})  # message_start, then the break
+            raise failure
+
+    provider = FailsAfterBilling(paused(1))
+    sampler, observer = sampler_for(provider, budget=(Allowance(100_000),))
+    result = await sampler.sample(dict(PARAMS))
+    assert len(provider.requests) == 2
+    assert result["stopReason"] == "pauseTurn"
+    assert result["content"] == {"type": "text", "text": "part 1. "}
+    outcome, tokens = observer.seen[0]
+    assert outcome == "answered"
+    # The paused call as reported, and the continuation's input with its whole output reservation.
+    assert (tokens["input_tokens"], tokens["output_tokens"]) == (10 + 20, 1 + 100)
+    assert sampler.spend.budget.used == sum(tokens.values())
+    assert sampler.spend.budget.exchanges == 2
+    assert sampler.spend.budget.reserved == 0
 
 
 async def test_a_failed_call_is_charged_and_reported_as_failed() -> None:

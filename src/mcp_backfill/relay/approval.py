@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
+from anyio.abc import TaskGroup
 
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import SamplingError
@@ -232,8 +233,8 @@ class _Question:
 
 
 class Approver:
-    """Asks the handshake-era client to approve sampling requests, one elicitation each, and
-    remembers an "allow for this session"."""
+    """Asks the handshake-era client to approve sampling requests, one elicitation each and one
+    at a time, and remembers an "allow for this session"."""
 
     def __init__(
         self,
@@ -254,6 +255,8 @@ class Approver:
         self._prefix = f"{APPROVAL_ID_PREFIX}{secrets.token_hex(6)}-"
         self._ids = itertools.count(1)
         self._asked: dict[str, _Question] = {}
+        self._turn = anyio.Lock()  # one question open at a time
+        self._tg: TaskGroup | None = None
 
     def needed(self, params: dict[str, Any]) -> bool:
         return not self.session_allowed and asks(self.policy, params)
@@ -271,13 +274,51 @@ class Approver:
                 extra={"approve": self.policy},
             )
 
+    def start(self, task_group: TaskGroup) -> None:
+        """Questions are withdrawn in tasks of `task_group` (the relay's): a client slow to read
+        must not hold up the refusal that goes to the server."""
+        self._tg = task_group
+
     async def approve(self, params: dict[str, Any], related: Any = None) -> None:
         """Return when the user allows the request; raise the refusal otherwise. `related`: the
-        client request the sampling was made for (the question travels with it)."""
+        client request the sampling was made for (the question travels with it).
+
+        One question is open at a time in a session (a server sending many sampling requests at
+        once would otherwise open as many dialogs); the others wait their turn, and go through
+        unasked once the user allows for the session. `--approve-timeout` bounds the whole of it:
+        waiting for the turn, sending the question (a client may be slow to read it) and the answer.
+        """
         if not self.needed(params):
             return
         if not can_elicit(self.state.client.elicitation):
             raise cannot_elicit(self.policy)
+        asked = False
+        with anyio.move_on_after(self.timeout):
+            async with self._turn:
+                if not self.needed(params):  # allowed for the session while this one waited
+                    return
+                asked = True
+                response = await self._ask(params, related)
+                if "error" in response:
+                    raise rejected("elicitation failed")
+                decision, how = decision_of(response.get("result"))
+                log.info("sampling approval answered", extra={"decision": decision, "how": how})
+                if decision == "deny":
+                    raise rejected(how)
+                self.allow(decision)
+                return
+        log.warning(
+            "approval not answered in time; sampling refused"
+            if asked
+            else "approval not asked in time (another question was open); sampling refused",
+            extra={"timeout": self.timeout},
+        )
+        raise rejected("timed out")
+
+    async def _ask(self, params: dict[str, Any], related: Any) -> dict[str, Any]:
+        """Send the question and wait for the client's answer; withdrawn if this is cancelled
+        (the timeout, the server cancelling the sampling request, the session ending), or the
+        user's dialog stays open for a request nobody waits for."""
         question_id = f"{self._prefix}{next(self._ids)}"
         question = _Question(anyio.Event())
         self._asked[question_id] = question
@@ -289,33 +330,25 @@ class Approver:
         }
         try:
             await self._send_client(jsonrpc.encode(request), related)
-            with anyio.move_on_after(self.timeout):
-                await question.event.wait()
+            await question.event.wait()
         except anyio.get_cancelled_exc_class():
-            # The sampling request went away (the server cancelled it, its session ended): withdraw
-            # the question, or the user's dialog stays open for a request nobody waits for.
-            with anyio.CancelScope(shield=True):
-                await self._withdraw(question_id, "sampling request cancelled", related)
+            self._withdraw(question_id, related)
             raise
         finally:
             self._asked.pop(question_id, None)
-        response = question.response
-        if response is None:
-            log.warning("approval not answered in time; sampling refused", extra={"timeout": self.timeout})
-            await self._withdraw(question_id, "approval timed out", related)
-            raise rejected("timed out")
-        if "error" in response:
-            raise rejected("elicitation failed")
-        decision, how = decision_of(response.get("result"))
-        log.info("sampling approval answered", extra={"decision": decision, "how": how})
-        if decision == "deny":
-            raise rejected(how)
-        self.allow(decision)
+        assert question.response is not None
+        return question.response
 
-    async def _withdraw(self, question_id: str, reason: str, related: Any) -> None:
-        cancel = {"requestId": question_id, "reason": reason}
-        note = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": cancel}
-        await self._send_client(jsonrpc.encode(note), related)
+    def _withdraw(self, question_id: str, related: Any) -> None:
+        cancel = {"requestId": question_id, "reason": "sampling approval no longer awaited"}
+        note = jsonrpc.encode({"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": cancel})
+        if self._tg is not None:
+            self._tg.start_soon(self._send_withdrawal, note, related)
+        else:
+            log.debug("approval question not withdrawn: the relay is not running")
+
+    async def _send_withdrawal(self, note: bytes, related: Any) -> None:
+        await self._send_client(note, related)
 
     def take(self, message: dict[str, Any]) -> bool:
         """The client's answer to one of the proxy's questions (consumed: True), or not one (False)."""

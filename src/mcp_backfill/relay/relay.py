@@ -157,6 +157,7 @@ class Relay:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 self.answerer.start(tg)
+                self.approver.start(tg)
                 self.tasks.start(tg)
                 self.rounds.start(tg)
                 tg.start_soon(self._pump_client, on_client_closed)

@@ -295,7 +295,8 @@ class Sampler:
             if not await ticket.has_room():
                 log.info("paused turn returned as it is: a token budget has no room for continuing it")
                 break
-            history = [*request["messages"], {"role": "assistant", "content": message.get("content", [])}]
+            turn_so_far = _handed_back(message.get("content", []))
+            history = [*request["messages"], {"role": "assistant", "content": turn_so_far}]
             follow_up_request = {**request, "messages": history}
             try:
                 follow_up = await self._call(
@@ -308,6 +309,16 @@ class Sampler:
                     "paused turn returned as it is: its continuation was refused",
                     extra={"error": refused.error.message},
                 )
+                break
+            except SamplingError as failed:
+                # Made, and failed (an API error after the retries, the deadline): charged as any
+                # call, and the paused turn, paid for, is still the answer; the server may continue it.
+                log.warning(
+                    "paused turn returned as it is: its continuation failed",
+                    extra={"code": failed.code, "error": failed.message},
+                )
+                if turn is not None:
+                    turn.abandon_call()
                 break
             message = _continue(message, follow_up)
         if turn is not None:
@@ -355,6 +366,7 @@ class _TurnProgress:
         self._progress = progress
         self.call = 1
         self._done: StreamProgress | None = None
+        self._held: StreamProgress | None = None  # the previous call's, while a continuation runs
         self._output_tokens: int | None = 0  # None once a call did not say
 
     async def __call__(self, report: StreamProgress) -> None:
@@ -366,7 +378,11 @@ class _TurnProgress:
     def next_call(self) -> None:
         """A continuation call starts: the previous call's message was not the end."""
         self.call += 1
-        self._done = None
+        self._held, self._done = self._done, None
+
+    def abandon_call(self) -> None:
+        """The continuation call failed: the previous call's message is the end after all."""
+        self._done = self._held
 
     async def finish(self) -> None:
         """The last call's message completed the answer."""
@@ -388,6 +404,16 @@ def _chat_outcome(exchange: AuditRecord, error_type: str | None) -> ChatOutcome:
 def _provider_outcome(error: ProviderError) -> str:
     data = error.data if isinstance(error.data, Mapping) else {}
     return "timed_out" if data.get("gave_up") == "deadline" or data.get("type") == "timeout" else "failed"
+
+
+def _handed_back(content: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A paused turn's content as the final assistant content of its continuation: the API refuses
+    one whose last text block ends in whitespace (400), so that text is stripped (a block of only
+    whitespace is left out). The answer keeps the text as Claude wrote it."""
+    if not content or content[-1].get("type") != "text":
+        return content
+    text = str(content[-1].get("text", "")).rstrip()
+    return [*content[:-1], {**content[-1], "text": text}] if text else content[:-1]
 
 
 def _continue(first: dict[str, Any], follow_up: dict[str, Any]) -> dict[str, Any]:
