@@ -530,9 +530,11 @@ OPTIONS: tuple[Option, ...] = (
         "approve_timeout",
         "--approve-timeout",
         300.0,
-        "seconds to wait for the user's answer to an approval question before refusing the request",
-        "seconds the proxy waits for the user's answer to an approval question; then the request is "
-        "refused as not approved",
+        "seconds an approval may take, the question's sending and the user's answer (and, in the "
+        "handshake era, the wait for another open question) included, before refusing the request",
+        "seconds from a sampling request's arrival until the user's answer to its approval question, "
+        "the wait for another open question of the session and the question's sending included; "
+        "then the request is refused as not approved",
         parse=number,
         checks=(positive(),),
         metavar="SECONDS",
