@@ -161,9 +161,9 @@ class HandshakeFront:
             if self.settings.draining:
                 await call.respond_error(503, protocol.INTERNAL_ERROR, "Service Unavailable: shutting down")
                 return None
-            wait = self.opening.admit(identity)
-            if wait is not None:
-                seconds = max(1, math.ceil(wait))
+            admission = self.opening.admit(identity)
+            if admission.wait is not None:
+                seconds = max(1, math.ceil(admission.wait))
                 log.warning("session refused: client opens sessions too fast", extra={"client": identity})
                 await call.respond_error(
                     429,
@@ -175,7 +175,7 @@ class HandshakeFront:
                 return None
             session = await self.sessions.open(upstream_headers(), identity)
             if session is None:
-                self.opening.refused(identity)
+                self.opening.refused(identity, admission)
                 log.warning("session refused: too many open sessions", extra={"sessions": len(self.sessions)})
                 await call.respond_error(
                     503,

@@ -180,6 +180,14 @@ class HttpSession:
             self._scope.deadline = anyio.current_time() + self._settings.idle_timeout
 
 
+@dataclass(frozen=True)
+class Admission:
+    """`OpeningRate.admit`'s answer."""
+
+    wait: float | None  # None: the opening may happen (counted), else the seconds until one may
+    at: float  # when it was asked
+
+
 class OpeningRate:
     """At most `per_minute` new sessions per client identity in any sliding minute (0: no limit).
 
@@ -193,26 +201,28 @@ class OpeningRate:
         self._clock = clock
         self._opened: dict[str, deque[float]] = {}
 
-    def admit(self, identity: str) -> float | None:
-        """None when `identity` may open a session now (counted), else the seconds until it may."""
-        if self.per_minute <= 0:
-            return None
+    def admit(self, identity: str) -> Admission:
+        """Whether `identity` may open a session now (then counted, until `refused` says otherwise)."""
         now = self._clock()
+        if self.per_minute <= 0:
+            return Admission(None, now)
         if len(self._opened) > OPENING_IDENTITIES:
             self._opened = {k: v for k, v in self._opened.items() if v and v[-1] > now - 60}
         opened = self._opened.setdefault(identity, deque())
         while opened and opened[0] <= now - 60:
             opened.popleft()
         if len(opened) >= self.per_minute:
-            return opened[0] + 60 - now
+            return Admission(opened[0] + 60 - now, now)
         opened.append(now)
-        return None
+        return Admission(None, now)
 
-    def refused(self, identity: str) -> None:
-        """The opening `admit` just counted did not happen (no slot was free): it counts no more."""
+    def refused(self, identity: str, admission: Admission) -> None:
+        """The opening `admit` counted did not happen (no slot was free): it counts no more. Its own
+        place goes, not the client's latest: another opening of the client's may have been counted
+        while this one waited for room."""
         opened = self._opened.get(identity)
-        if opened:
-            opened.pop()
+        if admission.wait is None and opened and admission.at in opened:
+            opened.remove(admission.at)
 
 
 async def _no_room() -> bool:
