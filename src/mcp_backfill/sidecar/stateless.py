@@ -126,6 +126,9 @@ class StatelessHub:
             async with self._lock:
                 if self._mux is None or self._mux.closed:
                     assert self._tg is not None
+                    # An upstream that closed its output may take seconds to exit: one started
+                    # beside it would make two processes for this hub (past --max-sessions).
+                    await self._stopped.wait()
                     self._headers = headers()
                     await self._tg.start(self._run)
                 assert self._mux is not None
