@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, cast
 
+import anyio
 import pytest
 
-from mcp_backfill.sidecar.app import SidecarApp
+from mcp_backfill.relay import Relay
+from mcp_backfill.sidecar.app import SidecarApp, always_ready
 from mcp_backfill.sidecar.handshake import HandshakeFront
 from mcp_backfill.sidecar.http_io import FrontSettings
 from mcp_backfill.sidecar.metrics import Metrics
 from mcp_backfill.sidecar.security import AccessPolicy
 from mcp_backfill.sidecar.sessions import SessionSettings, SessionTable
-from mcp_backfill.sidecar.stateless import StatelessFront, StatelessHubs
+from mcp_backfill.sidecar.stateless import StatelessFront, StatelessHub, StatelessHubs
+from mcp_backfill.transports.base import MessageChannel
+from tests.unit.test_stateless_hubs import IdleRelay, Upstreams
 
 pytestmark = pytest.mark.anyio
 
@@ -52,3 +57,140 @@ async def test_a_request_that_fails_inside_the_sidecar_counts_as_a_500_not_as_a_
     with pytest.raises(RuntimeError):
         await app(scope, receive, send)
     assert 'mcp_backfill_http_requests_total{method="GET",status="500"} 1' in metrics.render()
+
+
+class Answer:
+    """What an in-process request to the app got."""
+
+    def __init__(self) -> None:
+        self.status: int | None = None
+        self.body = b""
+
+
+async def post(app: SidecarApp, body: dict[str, Any], headers: dict[str, str], answer: Answer) -> None:
+    raw = [(b"host", b"127.0.0.1:8080"), *((k.encode(), v.encode()) for k, v in headers.items())]
+    scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": raw}
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            await anyio.sleep_forever()
+        sent = True
+        return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
+
+    async def send(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            answer.status = message["status"]
+        else:
+            answer.body += message.get("body", b"")
+
+    await app(scope, receive, send)
+
+
+JSON_POST = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+
+async def test_a_session_waiting_for_room_when_the_drain_begins_is_not_opened() -> None:
+    """Every upstream was taken; the opening waited for an idle one to stop, and the drain began
+    meanwhile. The session used to open (its upstream started) under the drain: it gets the 503 of
+    an opening that arrives during the drain instead."""
+    taken = [1]
+    asked, go = anyio.Event(), anyio.Event()
+    opened: list[Any] = []
+
+    async def make_room() -> bool:
+        asked.set()
+        await go.wait()
+        taken[0] = 0
+        return True
+
+    def open_upstream(request: Any) -> Any:
+        opened.append(request)
+        raise RuntimeError("no upstream in this test")
+
+    settings = FrontSettings(1024)
+    sessions = SessionTable(
+        1,
+        SessionSettings(0, 1),
+        open_upstream,
+        _unused,
+        lambda direction: None,
+        others=lambda: taken[0],
+        make_room=make_room,
+    )
+    hubs = StatelessHubs(_unused, max_upstreams=1, idle_timeout=0)
+    policy = AccessPolicy(allowed_hosts=("127.0.0.1:8080",), allowed_origins=())
+    app = SidecarApp(
+        policy, HandshakeFront(sessions, settings), StatelessFront(hubs, settings), Metrics(), always_ready
+    )
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "0"},
+        },
+    }
+    answer = Answer()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            sessions.start(tg)
+            hubs.start(tg)
+            tg.start_soon(post, app, initialize, JSON_POST, answer)
+            await asked.wait()
+            app.drain()
+            go.set()
+            with anyio.move_on_after(5):
+                while answer.status is None:
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    assert answer.status == 503, answer.body
+    assert b"shutting down" in answer.body
+    assert not opened
+    assert len(sessions) == 0
+
+
+async def test_a_2026_request_whose_upstream_starts_when_the_drain_begins_gets_the_drains_503() -> None:
+    """A 2026-07-28 request waited for its hub's upstream to start, and the drain began meanwhile:
+    it was relayed all the same (a request arriving then gets 503)."""
+    upstreams = Upstreams("alice")
+
+    def make_relay(client: MessageChannel, upstream: MessageChannel, identity: str) -> Relay:
+        return cast(Relay, IdleRelay())
+
+    settings = FrontSettings(1024)
+    sessions = SessionTable(1, SessionSettings(0, 1), _unused, _unused, lambda direction: None)
+    hubs = StatelessHubs(
+        lambda identity: StatelessHub(upstreams, make_relay, lambda direction: None, identity),
+        max_upstreams=1,
+        idle_timeout=0,
+    )
+    policy = AccessPolicy(allowed_hosts=("127.0.0.1:8080",), allowed_origins=())
+    app = SidecarApp(
+        policy, HandshakeFront(sessions, settings), StatelessFront(hubs, settings), Metrics(), always_ready
+    )
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "0"},
+    }
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"_meta": meta}}
+    headers = {**JSON_POST, "mcp-protocol-version": "2026-07-28", "mcp-method": "ping", "who": "alice"}
+    answer = Answer()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            sessions.start(tg)
+            hubs.start(tg)
+            tg.start_soon(post, app, ping, headers, answer)
+            await upstreams.starting.wait()
+            app.drain()
+            upstreams.go.set()
+            with anyio.move_on_after(5):
+                while answer.status is None:
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    assert answer.status == 503, answer.body
+    assert b"shutting down" in answer.body

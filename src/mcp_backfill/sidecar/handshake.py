@@ -173,8 +173,7 @@ class HandshakeFront:
                     headers=[(b"retry-after", str(seconds).encode())],
                 )
                 return None
-            session = await self.sessions.open(upstream_headers(), identity)
-            if session is None:
+            if not await self.sessions.room():
                 self.opening.refused(identity, admission)
                 log.warning("session refused: too many open sessions", extra={"sessions": len(self.sessions)})
                 await call.respond_error(
@@ -182,7 +181,12 @@ class HandshakeFront:
                     protocol.INTERNAL_ERROR,
                     "Too many open sessions and 2026-07-28 clients (--max-sessions); try again later",
                 )
-            return session
+                return None
+            if self.settings.draining:  # it began while the opening waited for room
+                self.opening.refused(identity, admission)
+                await call.respond_error(503, protocol.INTERNAL_ERROR, "Service Unavailable: shutting down")
+                return None
+            return self.sessions.open(upstream_headers(), identity)
         return await self._session(call, identity, check_version=not opening)
 
     async def _deliver(self, call: HttpCall, session: HttpSession, body: bytes) -> None:

@@ -277,13 +277,20 @@ class SessionTable:
     def get(self, session_id: str) -> HttpSession | None:
         return self._sessions.get(session_id)
 
-    async def open(self, headers: Mapping[str, str], identity: str) -> HttpSession | None:
-        """A new session of client `identity` with its relay starting, or None when
-        `max_upstreams` are open and none of them is an idle hub."""
-        assert self._tg is not None
+    async def room(self) -> bool:
+        """Is there room for one more upstream? When `max_upstreams` are open, an idle hub is
+        stopped to make it (waiting for its upstream to be gone); False when none of them is idle.
+        The caller opens its session without awaiting anything in between, else the room may go."""
         while self.upstreams + self._others() >= self._max:
             if not await self._make_room():
-                return None
+                return False
+        return True
+
+    def open(self, headers: Mapping[str, str], identity: str) -> HttpSession:
+        """A new session of client `identity` with its relay starting, in the room `room` found.
+        (Apart, so that the caller can tell whether it still wants the session after the wait: the
+        drain may have begun meanwhile.)"""
+        assert self._tg is not None
         session = HttpSession(secrets.token_hex(16), self._settings, self._count, identity)
         self._sessions[session.id] = session
         log.info(

@@ -382,11 +382,14 @@ class StatelessFront:
         if rejection is not None:
             await _write_rejection(call, rejection, decoded["id"])
             return
+        if self.settings.draining:  # it began while the request waited for its upstream (or room)
+            await call.respond_error(503, protocol.INTERNAL_ERROR, "Service Unavailable: shutting down")
+            return
         exchange, rewritten = mux.open(decoded)
         # If the upstream just ended, `close` has answered the exchange already.
         with contextlib.suppress(anyio.ClosedResourceError):
             await mux.deliver(rewritten)
-        if self.settings.draining:  # began while its upstream started: a listen would hold the drain
+        if self.settings.draining:  # began while it was delivered: a listen would hold the drain
             mux.end_listens("mcp-backfill is shutting down")
         await self._answer(call, mux, exchange)
 
