@@ -13,10 +13,11 @@ from mcp_backfill.sidecar.app import SidecarApp, always_ready
 from mcp_backfill.sidecar.handshake import HandshakeFront
 from mcp_backfill.sidecar.http_io import FrontSettings
 from mcp_backfill.sidecar.metrics import Metrics
-from mcp_backfill.sidecar.security import AccessPolicy
+from mcp_backfill.sidecar.security import ANONYMOUS, AccessPolicy
 from mcp_backfill.sidecar.sessions import SessionSettings, SessionTable
 from mcp_backfill.sidecar.stateless import StatelessFront, StatelessHub, StatelessHubs
 from mcp_backfill.transports.base import MessageChannel
+from mcp_backfill.transports.http_server import MAX_OPEN_POSTS
 from tests.unit.test_stateless_hubs import IdleRelay, Upstreams
 
 pytestmark = pytest.mark.anyio
@@ -67,7 +68,10 @@ class Answer:
         self.body = b""
 
 
-async def post(app: SidecarApp, body: dict[str, Any], headers: dict[str, str], answer: Answer) -> None:
+async def post(
+    app: SidecarApp, body: dict[str, Any], headers: dict[str, str], answer: Answer, stall: bool = False
+) -> None:
+    """POST `body`; with `stall`, the client reads nothing of the response after its headers."""
     raw = [(b"host", b"127.0.0.1:8080"), *((k.encode(), v.encode()) for k, v in headers.items())]
     scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": raw}
     sent = False
@@ -82,6 +86,8 @@ async def post(app: SidecarApp, body: dict[str, Any], headers: dict[str, str], a
     async def send(message: Any) -> None:
         if message["type"] == "http.response.start":
             answer.status = message["status"]
+        elif stall:
+            await anyio.sleep_forever()
         else:
             answer.body += message.get("body", b"")
 
@@ -194,3 +200,81 @@ async def test_a_2026_request_whose_upstream_starts_when_the_drain_begins_gets_t
             tg.cancel_scope.cancel()
     assert answer.status == 503, answer.body
     assert b"shutting down" in answer.body
+
+
+def stateless_app(settings: FrontSettings) -> tuple[SidecarApp, StatelessHubs]:
+    def make_relay(client: MessageChannel, upstream: MessageChannel, identity: str) -> Relay:
+        return cast(Relay, IdleRelay())
+
+    sessions = SessionTable(1, SessionSettings(0, 1), _unused, _unused, lambda direction: None)
+    hubs = StatelessHubs(
+        lambda identity: StatelessHub(Upstreams(), make_relay, lambda direction: None, identity),
+        max_upstreams=1,
+        idle_timeout=0,
+    )
+    policy = AccessPolicy(allowed_hosts=("127.0.0.1:8080",), allowed_origins=())
+    app = SidecarApp(
+        policy, HandshakeFront(sessions, settings), StatelessFront(hubs, settings), Metrics(), always_ready
+    )
+    return app, hubs
+
+
+def ping_2026(request_id: int) -> tuple[dict[str, Any], dict[str, str]]:
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "0"},
+        "progressToken": request_id,
+    }
+    body = {"jsonrpc": "2.0", "id": request_id, "method": "ping", "params": {"_meta": meta}}
+    return body, {**JSON_POST, "mcp-protocol-version": "2026-07-28", "mcp-method": "ping", "who": "alice"}
+
+
+async def test_one_client_cannot_keep_more_than_256_2026_requests_open() -> None:
+    """A 2026-07-28 client had no limit on its requests in flight (a session has 256 POSTs): each
+    keeps a response stream that can buffer 8 MiB for a reader that stops reading. The excess gets
+    a 429, as a session's POSTs do."""
+    app, hubs = stateless_app(FrontSettings(1024))
+    answers = [Answer() for _ in range(MAX_OPEN_POSTS)]
+    excess = Answer()
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            hubs.start(tg)
+            for n, answer in enumerate(answers):
+                tg.start_soon(post, app, *ping_2026(n), answer)
+            while hubs.in_flight < MAX_OPEN_POSTS:
+                await anyio.sleep(0.01)
+            with anyio.move_on_after(5):
+                await post(app, *ping_2026(MAX_OPEN_POSTS), excess)
+            tg.cancel_scope.cancel()
+    assert excess.status == 429, excess.body
+    assert b"256" in excess.body
+
+
+async def test_a_2026_client_whose_answers_pile_up_unread_gets_429_for_more() -> None:
+    """Requests whose readers stopped reading each hold up to 8 MiB of their answers; past 32 MiB
+    held for one client, its next request is refused (429) rather than let it hold more."""
+    app, hubs = stateless_app(FrontSettings(1024, json_window=0.0))
+    stalled = [Answer() for _ in range(5)]
+    excess = Answer()
+    chunk = "x" * (7 * 1024 * 1024)
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            hubs.start(tg)
+            for n, answer in enumerate(stalled, start=1):
+                tg.start_soon(post, app, *ping_2026(n), answer, True)
+            while hubs.in_flight < len(stalled):
+                await anyio.sleep(0.01)
+            mux = await hubs.mux(dict, ANONYMOUS)
+            assert mux is not None
+            for mux_id in range(1, len(stalled) + 1):  # each request's own progress notification
+                progress = {"progressToken": mux_id, "progress": 1, "message": chunk}
+                message = {"jsonrpc": "2.0", "method": "notifications/progress", "params": progress}
+                await mux.send(json.dumps(message).encode())
+            while any(answer.status is None for answer in stalled):
+                await anyio.sleep(0.01)
+            with anyio.move_on_after(5):
+                await post(app, *ping_2026(99), excess)
+            tg.cancel_scope.cancel()
+    assert excess.status == 429, excess.body
+    assert b"MiB" in excess.body

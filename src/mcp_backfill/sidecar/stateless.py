@@ -52,7 +52,9 @@ from mcp_backfill.sidecar.http_io import (
 )
 from mcp_backfill.sidecar.sessions import CountingChannel, CountMessage, MakeRelay
 from mcp_backfill.sidecar.upstreams import UPSTREAM_START_FAILED, UpstreamFactory, UpstreamRequest
+from mcp_backfill.transports.event_stream import SESSION_REPLAY_BYTES
 from mcp_backfill.transports.http_mux import MuxChannel, MuxedRequest
+from mcp_backfill.transports.http_server import MAX_OPEN_POSTS
 from mcp_backfill.transports.tool_schemas import LIST_PAGE_CAP
 
 if TYPE_CHECKING:
@@ -69,6 +71,9 @@ SUPPORTED_STATELESS_VERSIONS = (protocol.STATELESS_VERSION,)
 # hold the call that needs it.
 OWN_LIST_SECONDS = 10.0
 HUB_LABEL = "2026-07-28 requests"
+# What the response streams of one client's requests may hold for their readers before its next
+# request is refused (429), as much as a handshake session keeps for replay.
+HUB_BUFFER_BYTES = SESSION_REPLAY_BYTES
 
 
 class StatelessHub:
@@ -385,13 +390,18 @@ class StatelessFront:
         if self.settings.draining:  # it began while the request waited for its upstream (or room)
             await call.respond_error(503, protocol.INTERNAL_ERROR, "Service Unavailable: shutting down")
             return
+        if not await _room_for_one_more(call, mux, decoded["id"]):
+            return
         exchange, rewritten = mux.open(decoded)
-        # If the upstream just ended, `close` has answered the exchange already.
-        with contextlib.suppress(anyio.ClosedResourceError):
-            await mux.deliver(rewritten)
-        if self.settings.draining:  # began while it was delivered: a listen would hold the drain
-            mux.end_listens("mcp-backfill is shutting down")
-        await self._answer(call, mux, exchange)
+        try:
+            # If the upstream just ended, `close` has answered the exchange already.
+            with contextlib.suppress(anyio.ClosedResourceError):
+                await mux.deliver(rewritten)
+            if self.settings.draining:  # began while it was delivered: a listen would hold the drain
+                mux.end_listens("mcp-backfill is shutting down")
+            await self._answer(call, mux, exchange)
+        finally:
+            mux.release(exchange)
 
     async def _notification(self, call: HttpCall) -> None:
         from mcp.shared.inbound import unsupported_protocol_version_rejection
@@ -431,6 +441,32 @@ class StatelessFront:
         if scope.cancelled_caught and not stream.finished:
             with anyio.CancelScope(shield=True):
                 await mux.abandon(exchange, "the client closed its HTTP request")
+
+
+async def _room_for_one_more(call: HttpCall, mux: MuxChannel, request_id: Any) -> bool:
+    """Does one client's hub take one more request? Each keeps a response stream that can hold up
+    to 8 MiB for a reader that stops reading: at most `MAX_OPEN_POSTS` at once (as a session's
+    POSTs), and none while those of the client hold `HUB_BUFFER_BYTES` already (429 otherwise)."""
+    if mux.open_streams >= MAX_OPEN_POSTS:
+        reason = (
+            f"this client already has {MAX_OPEN_POSTS} requests waiting for their answers (or for "
+            "being read); wait for some to be answered (or cancel them)"
+        )
+    elif mux.buffered_bytes >= HUB_BUFFER_BYTES:
+        reason = (
+            f"the answers of this client's requests not yet read hold {HUB_BUFFER_BYTES // 2**20} MiB "
+            "already; read them (or cancel those requests)"
+        )
+    else:
+        return True
+    log.warning(
+        "2026-07-28 request refused: too many waiting for answers",
+        extra={"requests": mux.open_streams, "buffered_bytes": mux.buffered_bytes},
+    )
+    await call.respond_error(
+        429, protocol.INVALID_REQUEST, f"Too many requests in flight: {reason}", request_id
+    )
+    return False
 
 
 def _is_message(decoded: Any) -> bool:
