@@ -278,3 +278,49 @@ async def test_a_2026_client_whose_answers_pile_up_unread_gets_429_for_more() ->
             tg.cancel_scope.cancel()
     assert excess.status == 429, excess.body
     assert b"MiB" in excess.body
+
+
+async def test_a_2026_request_whose_upstream_is_starting_when_the_drain_ends_is_answered() -> None:
+    """The drain timed out while a 2026-07-28 request waited for its hub's upstream to start: the
+    start was cancelled, anyio's `start` raised ("child exited without calling started") and the
+    request ended in a bare 500 with a traceback, not the answer the others get."""
+    upstreams = Upstreams("alice")
+
+    def make_relay(client: MessageChannel, upstream: MessageChannel, identity: str) -> Relay:
+        return cast(Relay, IdleRelay())
+
+    settings = FrontSettings(1024)
+    sessions = SessionTable(1, SessionSettings(0, 1), _unused, _unused, lambda direction: None)
+    hubs = StatelessHubs(
+        lambda identity: StatelessHub(upstreams, make_relay, lambda direction: None, identity),
+        max_upstreams=1,
+        idle_timeout=0,
+    )
+    policy = AccessPolicy(allowed_hosts=("127.0.0.1:8080",), allowed_origins=())
+    app = SidecarApp(
+        policy, HandshakeFront(sessions, settings), StatelessFront(hubs, settings), Metrics(), always_ready
+    )
+    answer = Answer()
+    failures: list[BaseException] = []
+
+    async def request() -> None:
+        try:
+            await post(app, *ping_2026(1), answer)
+        except Exception as exc:
+            failures.append(exc)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            hubs.start(tg)
+            tg.start_soon(request)
+            await upstreams.starting.wait()
+            app.drain()
+            app.end_requests()
+            with anyio.move_on_after(5):
+                while answer.status is None and not failures:
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    assert not failures
+    assert answer.status in (200, 503), answer.body
+    assert b"shutting down" in answer.body
+    assert not upstreams.open

@@ -171,6 +171,11 @@ class StatelessHub:
                     mux.close(reason)  # the next request starts a new upstream meanwhile
             if self._scope.cancelled_caught:
                 reason = "mcp-backfill is shutting down"
+                if not started:  # stopped while it started (the drain is over): the request is told
+                    mux.close(reason)
+                    self._mux = mux
+                    started = True
+                    task_status.started()
         except UpstreamStartError:
             raise  # before `started`: the request that wanted the upstream reports it
         except Exception:
