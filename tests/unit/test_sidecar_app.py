@@ -1,8 +1,12 @@
-"""The sidecar's ASGI application as a whole: what it counts in `/metrics`."""
+"""The sidecar's ASGI application as a whole: what it counts in `/metrics`, and requests caught
+by the drain."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, cast
 
 import anyio
@@ -16,6 +20,7 @@ from mcp_backfill.sidecar.metrics import Metrics
 from mcp_backfill.sidecar.security import ANONYMOUS, AccessPolicy
 from mcp_backfill.sidecar.sessions import SessionSettings, SessionTable
 from mcp_backfill.sidecar.stateless import StatelessFront, StatelessHub, StatelessHubs
+from mcp_backfill.sidecar.upstreams import UpstreamRequest
 from mcp_backfill.transports.base import MessageChannel
 from mcp_backfill.transports.http_server import MAX_OPEN_POSTS
 from tests.unit.test_stateless_hubs import IdleRelay, Upstreams
@@ -324,3 +329,91 @@ async def test_a_2026_request_whose_upstream_is_starting_when_the_drain_ends_is_
     assert answer.status in (200, 503), answer.body
     assert b"shutting down" in answer.body
     assert not upstreams.open
+
+
+class SlowToStop:
+    """Upstreams of which `slow` takes until `exited` is set to stop (as a child that ignores its
+    closed stdin until SIGKILL): the wait for it is shielded, as the real one is."""
+
+    def __init__(self, *slow: str) -> None:
+        self.slow = set(slow)
+        self.stopping = 0
+        self.exited = anyio.Event()
+
+    @asynccontextmanager
+    async def __call__(self, request: UpstreamRequest) -> AsyncIterator[MessageChannel]:
+        try:
+            yield cast(MessageChannel, object())
+        finally:
+            if request.client_headers.get("who") in self.slow:
+                self.stopping += 1
+                with anyio.CancelScope(shield=True):
+                    await self.exited.wait()
+
+
+async def test_a_request_waiting_for_room_when_the_drain_ends_is_answered_at_once() -> None:
+    """Every upstream was taken; a 2026-07-28 request of Alice's waited for Bob's idle one to stop
+    (up to 3 x --shutdown-grace + 1 s), and a session opening for Carol's likewise. When the drain ended they
+    kept waiting, past the second requests in flight get to answer, and were cut off by uvicorn
+    without an answer. They now get the drain's 503 at once."""
+    upstreams = SlowToStop("bob", "carol")
+
+    def make_relay(client: MessageChannel, upstream: MessageChannel, identity: str) -> Relay:
+        return cast(Relay, IdleRelay())
+
+    settings = FrontSettings(1024)
+    hubs = StatelessHubs(
+        lambda identity: StatelessHub(upstreams, make_relay, lambda direction: None, identity),
+        max_upstreams=2,
+        idle_timeout=0,
+        stop_timeout=60,
+    )
+    sessions = SessionTable(
+        2,
+        SessionSettings(0, 1),
+        _unused,
+        _unused,
+        lambda direction: None,
+        others=lambda: hubs.upstreams,
+        make_room=hubs.make_room,
+    )
+    policy = AccessPolicy(allowed_hosts=("127.0.0.1:8080",), allowed_origins=())
+    app = SidecarApp(
+        policy, HandshakeFront(sessions, settings), StatelessFront(hubs, settings), Metrics(), always_ready
+    )
+    alice, opening = Answer(), Answer()
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "0"},
+        },
+    }
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            hubs.start(tg)
+            sessions.start(tg)
+            try:
+                for who in ("bob", "carol"):  # idle from now on
+                    assert await hubs.mux(partial(dict, who=who), who) is not None
+                body, headers = ping_2026(1)
+                tg.start_soon(post, app, body, headers, alice)
+                while upstreams.stopping < 1:  # Alice's request stops Bob's hub to make room
+                    await anyio.sleep(0.01)
+                tg.start_soon(post, app, initialize, JSON_POST, opening)
+                while upstreams.stopping < 2:  # the opening stops Carol's
+                    await anyio.sleep(0.01)
+                app.drain()
+                app.end_requests()
+                with anyio.move_on_after(5):
+                    while alice.status is None or opening.status is None:
+                        await anyio.sleep(0.01)
+            finally:
+                upstreams.exited.set()
+                tg.cancel_scope.cancel()
+    for answer in (alice, opening):
+        assert answer.status == 503, answer.body
+        assert b"shutting down" in answer.body

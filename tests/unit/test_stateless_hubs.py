@@ -199,3 +199,34 @@ async def test_a_restarted_hub_waits_for_its_old_upstream_to_stop() -> None:
             assert not got[0].closed
             assert not hub.stopped
             tg.cancel_scope.cancel()
+
+
+async def test_a_request_waiting_for_the_old_upstream_to_stop_is_let_go_when_the_drain_ends() -> None:
+    upstreams = SlowToExit()
+    ends = [anyio.Event()]
+
+    def make_relay(client: MessageChannel, upstream: MessageChannel, identity: str) -> Relay:
+        return cast(Relay, EndingRelay(ends[upstreams.started - 1]))
+
+    hub = StatelessHub(upstreams, make_relay, lambda direction: None, "alice")
+    got: list[MuxChannel] = []
+
+    async def request() -> None:
+        got.append(await hub.mux(lambda: {}))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            hub.start(tg)
+            first = await hub.mux(lambda: {})
+            ends[0].set()
+            while not first.closed:
+                await anyio.sleep(0.01)
+            tg.start_soon(request)
+            await anyio.wait_all_tasks_blocked()
+            hub.shut_down("mcp-backfill is shutting down")
+            while not got:
+                await anyio.sleep(0.01)
+            assert got[0].closed  # answered at once (the front tells the client the drain is over)
+            assert upstreams.started == 1
+            upstreams.exited.set()
+            tg.cancel_scope.cancel()

@@ -173,7 +173,12 @@ class HandshakeFront:
                     headers=[(b"retry-after", str(seconds).encode())],
                 )
                 return None
-            if not await self.sessions.room():
+            room = await self.sessions.room()
+            if self.settings.draining:  # it began while the opening waited for room
+                self.opening.refused(identity, admission)
+                await call.respond_error(503, protocol.INTERNAL_ERROR, "Service Unavailable: shutting down")
+                return None
+            if not room:
                 self.opening.refused(identity, admission)
                 log.warning("session refused: too many open sessions", extra={"sessions": len(self.sessions)})
                 await call.respond_error(
@@ -181,10 +186,6 @@ class HandshakeFront:
                     protocol.INTERNAL_ERROR,
                     "Too many open sessions and 2026-07-28 clients (--max-sessions); try again later",
                 )
-                return None
-            if self.settings.draining:  # it began while the opening waited for room
-                self.opening.refused(identity, admission)
-                await call.respond_error(503, protocol.INTERNAL_ERROR, "Service Unavailable: shutting down")
                 return None
             return self.sessions.open(upstream_headers(), identity)
         return await self._session(call, identity, check_version=not opening)

@@ -95,6 +95,7 @@ class StatelessHub:
         self._held = 0  # requests of this client whose body is arriving (`StatelessHubs.held`)
         self._stopped = anyio.Event()  # set while no upstream of this hub runs (or is stopping)
         self._stopped.set()
+        self._shut = anyio.Event()  # the drain is over (`shut_down`)
         self.last_used = anyio.current_time()
 
     def start(self, tg: TaskGroup) -> None:
@@ -133,7 +134,9 @@ class StatelessHub:
                     assert self._tg is not None
                     # An upstream that closed its output may take seconds to exit: one started
                     # beside it would make two processes for this hub (past --max-sessions).
-                    await self._stopped.wait()
+                    await first_of(self._stopped, self._shut)
+                    if self._shut.is_set() and self._mux is not None:
+                        return self._mux  # closed: the drain is over
                     self._headers = headers()
                     await self._tg.start(self._run)
                 assert self._mux is not None
@@ -146,8 +149,10 @@ class StatelessHub:
         """No upstream of this hub runs, nor is still stopping."""
         return self._stopped.is_set()
 
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
+    @property
+    def stopped_event(self) -> anyio.Event:
+        """Set once no upstream of this hub runs, nor is still stopping."""
+        return self._stopped
 
     async def _run(self, *, task_status: TaskStatus[None]) -> None:
         mux = MuxChannel(self._count)
@@ -196,6 +201,7 @@ class StatelessHub:
 
     def shut_down(self, reason: str) -> None:
         """Stop, the requests still waiting answered with `reason` at once (the drain is over)."""
+        self._shut.set()
         if self._mux is not None:
             self._mux.close(reason)
         self.stop()
@@ -236,6 +242,7 @@ class StatelessHubs:
         # Stopped (to make room, or for idleness) and gone from `_hubs`, their upstream still
         # stopping: they hold their place under `max_upstreams` until it has.
         self._stopping: set[StatelessHub] = set()
+        self._shut = anyio.Event()  # the drain is over: no more waiting for room
         self._tg: TaskGroup | None = None
 
     def start(self, tg: TaskGroup) -> None:
@@ -291,7 +298,7 @@ class StatelessHubs:
         hub = self._retire(key)
         log.info("upstream for 2026-07-28 requests of an idle client closed to make room")
         with anyio.move_on_after(self._stop_timeout):
-            await hub.wait_stopped()
+            await first_of(hub.stopped_event, self._shut)
         return hub.stopped
 
     def _retire(self, key: str) -> StatelessHub:
@@ -318,7 +325,9 @@ class StatelessHubs:
             hub.stop()
 
     def shut_down(self, reason: str) -> None:
-        """The drain is over: every hub answers its requests still waiting with `reason`, and stops."""
+        """The drain is over: every hub answers its requests still waiting with `reason`, and stops;
+        those waiting for room wait no more."""
+        self._shut.set()
         for hub in self._hubs.values():
             hub.shut_down(reason)
 
@@ -380,6 +389,9 @@ class StatelessFront:
             )
             return
         if mux is None:
+            if self.settings.draining:  # it began while the request waited for room
+                await call.respond_error(503, protocol.INTERNAL_ERROR, "Service Unavailable: shutting down")
+                return
             await call.respond_error(
                 503,
                 protocol.INTERNAL_ERROR,
@@ -472,6 +484,18 @@ async def _room_for_one_more(call: HttpCall, mux: MuxChannel, request_id: Any) -
         429, protocol.INVALID_REQUEST, f"Too many requests in flight: {reason}", request_id
     )
     return False
+
+
+async def first_of(*events: anyio.Event) -> None:
+    """Until one of `events` is set."""
+    async with anyio.create_task_group() as tg:
+
+        async def wait(event: anyio.Event) -> None:
+            await event.wait()
+            tg.cancel_scope.cancel()
+
+        for event in events:
+            tg.start_soon(wait, event)
 
 
 def _is_message(decoded: Any) -> bool:
