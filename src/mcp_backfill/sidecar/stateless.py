@@ -22,7 +22,10 @@ attribute to "the one request in flight" is then always the same client's, and w
 
 The answer is JSON when it comes within 15 s with nothing before it, else an SSE stream without
 event ids (this revision does not resume streams), as the SDK's server does; JSON errors get the
-SDK's HTTP status for their code (400, or 404 for -32601).
+SDK's HTTP status for their code (400, or 404 for -32601). One client's hub takes at most
+`MAX_OPEN_POSTS` requests at once (waiting for their answers, or for their client to read them),
+and none while the answers its readers have not read hold `HUB_BUFFER_BYTES`: 429 otherwise, as a
+session's POSTs get.
 """
 
 from __future__ import annotations
