@@ -128,3 +128,105 @@ async def test_handshake_sessions_count_against_the_hubs_limit() -> None:
         assert len(hubs) == 0
         assert not await hubs.make_room()
         tg.cancel_scope.cancel()
+
+
+class EndingRelay:
+    """The relay of an upstream that closes its output when `end` is set."""
+
+    def __init__(self, end: anyio.Event) -> None:
+        self._end = end
+
+    async def run(self, on_client_closed: Callable[[], Any]) -> None:
+        await self._end.wait()
+
+    async def fail_pending(self, reason: str) -> None:
+        pass
+
+
+class SlowToExit:
+    """Upstreams that take until `exited` is set to stop once they have closed their output."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.started = 0
+        self.most = 0
+        self.exited = anyio.Event()
+
+    @asynccontextmanager
+    async def __call__(self, request: UpstreamRequest) -> AsyncIterator[MessageChannel]:
+        self.running += 1
+        self.started += 1
+        self.most = max(self.most, self.running)
+        try:
+            yield cast(MessageChannel, object())
+            await self.exited.wait()
+        finally:
+            self.running -= 1
+
+
+async def test_a_restarted_hub_waits_for_its_old_upstream_to_stop() -> None:
+    """The upstream closed its output but took time to exit; the next request used to start a new
+    one beside it (two processes for one hub, past --max-sessions), and the hub said it was stopped
+    once the new one was, the old one still running."""
+    upstreams = SlowToExit()
+    ends = [anyio.Event(), anyio.Event()]
+
+    def make_relay(client: MessageChannel, upstream: MessageChannel, identity: str) -> Relay:
+        return cast(Relay, EndingRelay(ends[upstreams.started - 1]))
+
+    hub = StatelessHub(upstreams, make_relay, lambda direction: None, "alice")
+    got: list[MuxChannel] = []
+
+    async def request() -> None:
+        got.append(await hub.mux(lambda: {}))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            hub.start(tg)
+            first = await hub.mux(lambda: {})
+            ends[0].set()  # the upstream closes its output, and takes its time to exit
+            while not first.closed:
+                await anyio.sleep(0.01)
+            tg.start_soon(request)
+            await anyio.wait_all_tasks_blocked()
+            assert upstreams.running == 1, "a new upstream started beside the one still stopping"
+            assert not got
+            assert hub.busy  # the request waits: the hub is not idle meanwhile
+            upstreams.exited.set()
+            while not got:
+                await anyio.sleep(0.01)
+            assert upstreams.most == 1
+            assert not got[0].closed
+            assert not hub.stopped
+            tg.cancel_scope.cancel()
+
+
+async def test_a_request_waiting_for_the_old_upstream_to_stop_is_let_go_when_the_drain_ends() -> None:
+    upstreams = SlowToExit()
+    ends = [anyio.Event()]
+
+    def make_relay(client: MessageChannel, upstream: MessageChannel, identity: str) -> Relay:
+        return cast(Relay, EndingRelay(ends[upstreams.started - 1]))
+
+    hub = StatelessHub(upstreams, make_relay, lambda direction: None, "alice")
+    got: list[MuxChannel] = []
+
+    async def request() -> None:
+        got.append(await hub.mux(lambda: {}))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            hub.start(tg)
+            first = await hub.mux(lambda: {})
+            ends[0].set()
+            while not first.closed:
+                await anyio.sleep(0.01)
+            tg.start_soon(request)
+            await anyio.wait_all_tasks_blocked()
+            hub.shut_down("mcp-backfill is shutting down")
+            while not got:
+                await anyio.sleep(0.01)
+            assert got[0].closed  # answered at once (the front tells the client the drain is over)
+            assert upstreams.started == 1
+            upstreams.exited.set()
+            tg.cancel_scope.cancel()

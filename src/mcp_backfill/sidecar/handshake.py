@@ -161,9 +161,9 @@ class HandshakeFront:
             if self.settings.draining:
                 await call.respond_error(503, protocol.INTERNAL_ERROR, "Service Unavailable: shutting down")
                 return None
-            wait = self.opening.admit(identity)
-            if wait is not None:
-                seconds = max(1, math.ceil(wait))
+            admission = self.opening.admit(identity)
+            if admission.wait is not None:
+                seconds = max(1, math.ceil(admission.wait))
                 log.warning("session refused: client opens sessions too fast", extra={"client": identity})
                 await call.respond_error(
                     429,
@@ -173,16 +173,21 @@ class HandshakeFront:
                     headers=[(b"retry-after", str(seconds).encode())],
                 )
                 return None
-            session = await self.sessions.open(upstream_headers(), identity)
-            if session is None:
-                self.opening.refused(identity)
+            room = await self.sessions.room()
+            if self.settings.draining:  # it began while the opening waited for room
+                self.opening.refused(identity, admission)
+                await call.respond_error(503, protocol.INTERNAL_ERROR, "Service Unavailable: shutting down")
+                return None
+            if not room:
+                self.opening.refused(identity, admission)
                 log.warning("session refused: too many open sessions", extra={"sessions": len(self.sessions)})
                 await call.respond_error(
                     503,
                     protocol.INTERNAL_ERROR,
                     "Too many open sessions and 2026-07-28 clients (--max-sessions); try again later",
                 )
-            return session
+                return None
+            return self.sessions.open(upstream_headers(), identity)
         return await self._session(call, identity, check_version=not opening)
 
     async def _deliver(self, call: HttpCall, session: HttpSession, body: bytes) -> None:

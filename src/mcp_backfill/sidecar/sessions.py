@@ -180,6 +180,14 @@ class HttpSession:
             self._scope.deadline = anyio.current_time() + self._settings.idle_timeout
 
 
+@dataclass(frozen=True)
+class Admission:
+    """`OpeningRate.admit`'s answer."""
+
+    wait: float | None  # None: the opening may happen (counted), else the seconds until one may
+    at: float  # when it was asked
+
+
 class OpeningRate:
     """At most `per_minute` new sessions per client identity in any sliding minute (0: no limit).
 
@@ -193,26 +201,28 @@ class OpeningRate:
         self._clock = clock
         self._opened: dict[str, deque[float]] = {}
 
-    def admit(self, identity: str) -> float | None:
-        """None when `identity` may open a session now (counted), else the seconds until it may."""
-        if self.per_minute <= 0:
-            return None
+    def admit(self, identity: str) -> Admission:
+        """Whether `identity` may open a session now (then counted, until `refused` says otherwise)."""
         now = self._clock()
+        if self.per_minute <= 0:
+            return Admission(None, now)
         if len(self._opened) > OPENING_IDENTITIES:
             self._opened = {k: v for k, v in self._opened.items() if v and v[-1] > now - 60}
         opened = self._opened.setdefault(identity, deque())
         while opened and opened[0] <= now - 60:
             opened.popleft()
         if len(opened) >= self.per_minute:
-            return opened[0] + 60 - now
+            return Admission(opened[0] + 60 - now, now)
         opened.append(now)
-        return None
+        return Admission(None, now)
 
-    def refused(self, identity: str) -> None:
-        """The opening `admit` just counted did not happen (no slot was free): it counts no more."""
+    def refused(self, identity: str, admission: Admission) -> None:
+        """The opening `admit` counted did not happen (no slot was free): it counts no more. Its own
+        place goes, not the client's latest: another opening of the client's may have been counted
+        while this one waited for room."""
         opened = self._opened.get(identity)
-        if opened:
-            opened.pop()
+        if admission.wait is None and opened and admission.at in opened:
+            opened.remove(admission.at)
 
 
 async def _no_room() -> bool:
@@ -267,13 +277,20 @@ class SessionTable:
     def get(self, session_id: str) -> HttpSession | None:
         return self._sessions.get(session_id)
 
-    async def open(self, headers: Mapping[str, str], identity: str) -> HttpSession | None:
-        """A new session of client `identity` with its relay starting, or None when
-        `max_upstreams` are open and none of them is an idle hub."""
-        assert self._tg is not None
+    async def room(self) -> bool:
+        """Is there room for one more upstream? When `max_upstreams` are open, an idle hub is
+        stopped to make it (waiting for its upstream to be gone); False when none of them is idle.
+        The caller opens its session without awaiting anything in between, else the room may go."""
         while self.upstreams + self._others() >= self._max:
             if not await self._make_room():
-                return None
+                return False
+        return True
+
+    def open(self, headers: Mapping[str, str], identity: str) -> HttpSession:
+        """A new session of client `identity` with its relay starting, in the room `room` found.
+        (Apart, so that the caller can tell whether it still wants the session after the wait: the
+        drain may have begun meanwhile.)"""
+        assert self._tg is not None
         session = HttpSession(secrets.token_hex(16), self._settings, self._count, identity)
         self._sessions[session.id] = session
         log.info(

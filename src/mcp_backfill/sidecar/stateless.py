@@ -22,7 +22,10 @@ attribute to "the one request in flight" is then always the same client's, and w
 
 The answer is JSON when it comes within 15 s with nothing before it, else an SSE stream without
 event ids (this revision does not resume streams), as the SDK's server does; JSON errors get the
-SDK's HTTP status for their code (400, or 404 for -32601).
+SDK's HTTP status for their code (400, or 404 for -32601). One client's hub takes at most
+`MAX_OPEN_POSTS` requests at once (waiting for their answers, or for their client to read them),
+and none while the answers its readers have not read hold `HUB_BUFFER_BYTES`: 429 otherwise, as a
+session's POSTs get.
 """
 
 from __future__ import annotations
@@ -52,7 +55,9 @@ from mcp_backfill.sidecar.http_io import (
 )
 from mcp_backfill.sidecar.sessions import CountingChannel, CountMessage, MakeRelay
 from mcp_backfill.sidecar.upstreams import UPSTREAM_START_FAILED, UpstreamFactory, UpstreamRequest
+from mcp_backfill.transports.event_stream import SESSION_REPLAY_BYTES
 from mcp_backfill.transports.http_mux import MuxChannel, MuxedRequest
+from mcp_backfill.transports.http_server import MAX_OPEN_POSTS
 from mcp_backfill.transports.tool_schemas import LIST_PAGE_CAP
 
 if TYPE_CHECKING:
@@ -69,6 +74,9 @@ SUPPORTED_STATELESS_VERSIONS = (protocol.STATELESS_VERSION,)
 # hold the call that needs it.
 OWN_LIST_SECONDS = 10.0
 HUB_LABEL = "2026-07-28 requests"
+# What the response streams of one client's requests may hold for their readers before its next
+# request is refused (429), as much as a handshake session keeps for replay.
+HUB_BUFFER_BYTES = SESSION_REPLAY_BYTES
 
 
 class StatelessHub:
@@ -90,6 +98,7 @@ class StatelessHub:
         self._held = 0  # requests of this client whose body is arriving (`StatelessHubs.held`)
         self._stopped = anyio.Event()  # set while no upstream of this hub runs (or is stopping)
         self._stopped.set()
+        self._shut = anyio.Event()  # the drain is over (`shut_down`)
         self.last_used = anyio.current_time()
 
     def start(self, tg: TaskGroup) -> None:
@@ -126,6 +135,11 @@ class StatelessHub:
             async with self._lock:
                 if self._mux is None or self._mux.closed:
                     assert self._tg is not None
+                    # An upstream that closed its output may take seconds to exit: one started
+                    # beside it would make two processes for this hub (past --max-sessions).
+                    await first_of(self._stopped, self._shut)
+                    if self._shut.is_set() and self._mux is not None:
+                        return self._mux  # closed: the drain is over
                     self._headers = headers()
                     await self._tg.start(self._run)
                 assert self._mux is not None
@@ -138,8 +152,10 @@ class StatelessHub:
         """No upstream of this hub runs, nor is still stopping."""
         return self._stopped.is_set()
 
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
+    @property
+    def stopped_event(self) -> anyio.Event:
+        """Set once no upstream of this hub runs, nor is still stopping."""
+        return self._stopped
 
     async def _run(self, *, task_status: TaskStatus[None]) -> None:
         mux = MuxChannel(self._count)
@@ -163,6 +179,11 @@ class StatelessHub:
                     mux.close(reason)  # the next request starts a new upstream meanwhile
             if self._scope.cancelled_caught:
                 reason = "mcp-backfill is shutting down"
+                if not started:  # stopped while it started (the drain is over): the request is told
+                    mux.close(reason)
+                    self._mux = mux
+                    started = True
+                    task_status.started()
         except UpstreamStartError:
             raise  # before `started`: the request that wanted the upstream reports it
         except Exception:
@@ -183,6 +204,7 @@ class StatelessHub:
 
     def shut_down(self, reason: str) -> None:
         """Stop, the requests still waiting answered with `reason` at once (the drain is over)."""
+        self._shut.set()
         if self._mux is not None:
             self._mux.close(reason)
         self.stop()
@@ -223,6 +245,7 @@ class StatelessHubs:
         # Stopped (to make room, or for idleness) and gone from `_hubs`, their upstream still
         # stopping: they hold their place under `max_upstreams` until it has.
         self._stopping: set[StatelessHub] = set()
+        self._shut = anyio.Event()  # the drain is over: no more waiting for room
         self._tg: TaskGroup | None = None
 
     def start(self, tg: TaskGroup) -> None:
@@ -278,7 +301,7 @@ class StatelessHubs:
         hub = self._retire(key)
         log.info("upstream for 2026-07-28 requests of an idle client closed to make room")
         with anyio.move_on_after(self._stop_timeout):
-            await hub.wait_stopped()
+            await first_of(hub.stopped_event, self._shut)
         return hub.stopped
 
     def _retire(self, key: str) -> StatelessHub:
@@ -305,7 +328,9 @@ class StatelessHubs:
             hub.stop()
 
     def shut_down(self, reason: str) -> None:
-        """The drain is over: every hub answers its requests still waiting with `reason`, and stops."""
+        """The drain is over: every hub answers its requests still waiting with `reason`, and stops;
+        those waiting for room wait no more."""
+        self._shut.set()
         for hub in self._hubs.values():
             hub.shut_down(reason)
 
@@ -367,6 +392,9 @@ class StatelessFront:
             )
             return
         if mux is None:
+            if self.settings.draining:  # it began while the request waited for room
+                await call.respond_error(503, protocol.INTERNAL_ERROR, "Service Unavailable: shutting down")
+                return
             await call.respond_error(
                 503,
                 protocol.INTERNAL_ERROR,
@@ -379,13 +407,21 @@ class StatelessFront:
         if rejection is not None:
             await _write_rejection(call, rejection, decoded["id"])
             return
+        if self.settings.draining:  # it began while the request waited for its upstream (or room)
+            await call.respond_error(503, protocol.INTERNAL_ERROR, "Service Unavailable: shutting down")
+            return
+        if not await _room_for_one_more(call, mux, decoded["id"]):
+            return
         exchange, rewritten = mux.open(decoded)
-        # If the upstream just ended, `close` has answered the exchange already.
-        with contextlib.suppress(anyio.ClosedResourceError):
-            await mux.deliver(rewritten)
-        if self.settings.draining:  # began while its upstream started: a listen would hold the drain
-            mux.end_listens("mcp-backfill is shutting down")
-        await self._answer(call, mux, exchange)
+        try:
+            # If the upstream just ended, `close` has answered the exchange already.
+            with contextlib.suppress(anyio.ClosedResourceError):
+                await mux.deliver(rewritten)
+            if self.settings.draining:  # began while it was delivered: a listen would hold the drain
+                mux.end_listens("mcp-backfill is shutting down")
+            await self._answer(call, mux, exchange)
+        finally:
+            mux.release(exchange)
 
     async def _notification(self, call: HttpCall) -> None:
         from mcp.shared.inbound import unsupported_protocol_version_rejection
@@ -425,6 +461,44 @@ class StatelessFront:
         if scope.cancelled_caught and not stream.finished:
             with anyio.CancelScope(shield=True):
                 await mux.abandon(exchange, "the client closed its HTTP request")
+
+
+async def _room_for_one_more(call: HttpCall, mux: MuxChannel, request_id: Any) -> bool:
+    """Does one client's hub take one more request? Each keeps a response stream that can hold up
+    to 8 MiB for a reader that stops reading: at most `MAX_OPEN_POSTS` at once (as a session's
+    POSTs), and none while those of the client hold `HUB_BUFFER_BYTES` already (429 otherwise)."""
+    if mux.open_streams >= MAX_OPEN_POSTS:
+        reason = (
+            f"this client already has {MAX_OPEN_POSTS} requests waiting for their answers (or for "
+            "being read); wait for some to be answered (or cancel them)"
+        )
+    elif mux.buffered_bytes >= HUB_BUFFER_BYTES:
+        reason = (
+            f"the answers of this client's requests not yet read hold {HUB_BUFFER_BYTES // 2**20} MiB "
+            "already; read them (or cancel those requests)"
+        )
+    else:
+        return True
+    log.warning(
+        "2026-07-28 request refused: too many waiting for answers",
+        extra={"requests": mux.open_streams, "buffered_bytes": mux.buffered_bytes},
+    )
+    await call.respond_error(
+        429, protocol.INVALID_REQUEST, f"Too many requests in flight: {reason}", request_id
+    )
+    return False
+
+
+async def first_of(*events: anyio.Event) -> None:
+    """Until one of `events` is set."""
+    async with anyio.create_task_group() as tg:
+
+        async def wait(event: anyio.Event) -> None:
+            await event.wait()
+            tg.cancel_scope.cancel()
+
+        for event in events:
+            tg.start_soon(wait, event)
 
 
 def _is_message(decoded: Any) -> bool:

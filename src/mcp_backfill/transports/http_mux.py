@@ -77,12 +77,28 @@ class MuxChannel(InboxChannel):
         self._ids = itertools.count(1)
         self._exchanges: dict[int, MuxedRequest] = {}
         self._own_in_flight = 0
+        self._streams: set[EventStream] = set()  # of the requests `open`ed and not yet `release`d
         self.closed = False
         self.tools = ToolSchemas()
 
     @property
     def in_flight(self) -> int:
         return len(self._exchanges)
+
+    @property
+    def open_streams(self) -> int:
+        """Requests opened and not yet released: waiting for their answer, or for their client to
+        read it."""
+        return len(self._streams)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """What the streams of those requests hold for their readers, together."""
+        return sum(stream.buffered_bytes for stream in self._streams)
+
+    def release(self, exchange: MuxedRequest) -> None:
+        """The HTTP handler of `exchange` is done with its stream."""
+        self._streams.discard(exchange.stream)
 
     # -- from the HTTP handlers ------------------------------------------------------------------
 
@@ -97,6 +113,8 @@ class MuxChannel(InboxChannel):
             own=own,
         )
         self._own_in_flight += own
+        if not own:  # the proxy's own last `OWN_LIST_SECONDS` at most
+            self._streams.add(exchange.stream)
         rewritten = {**request, "id": mux_id}
         params = request.get("params")
         if exchange.method == protocol.TOOLS_LIST and isinstance(params, dict):
