@@ -219,14 +219,15 @@ class Sampler:
         self._note_answer(message, exchange)
         span.response(message)
         check_response(message, self.settings.limits)
-        return to_mcp_result(message, claude_request)
+        return to_mcp_result(message, claude_request, model=exchange.model)
 
     def _note_answer(self, message: dict[str, Any], exchange: AuditRecord) -> None:
         """What Claude reported for its answer; the result `_meta` gets all four usage counters."""
         usage = normalize_usage(message.get("usage"))
         message["usage"] = {**(message.get("usage") or {}), **usage}
         exchange.usage = usage
-        exchange.model = message.get("model") or exchange.model
+        reported = message.get("model")  # a gateway's may be any JSON
+        exchange.model = reported if isinstance(reported, str) and reported else exchange.model
         exchange.stop_reason = message.get("stop_reason")
         exchange.claude_request_id = message.get("request_id")
 

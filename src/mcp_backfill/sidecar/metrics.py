@@ -20,6 +20,39 @@ STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
 
 Labels = tuple[tuple[str, str], ...]
 
+OTHER = "other"
+"""The label value of everything past a label's bounded set of values."""
+CLAUDE_ERROR_TYPES = frozenset(
+    {
+        # The Messages API's error types (https://docs.claude.com/en/api/errors).
+        "invalid_request_error",
+        "authentication_error",
+        "billing_error",
+        "permission_error",
+        "not_found_error",
+        "request_too_large",
+        "rate_limit_error",
+        "api_error",
+        "timeout_error",
+        "overloaded_error",
+        # The proxy's own, for what the API did not name.
+        "timeout",
+        "client_error",
+        "connection_error",
+        "name_resolution",
+        "incomplete_stream",
+        "malformed_response",
+        "unknown",
+    }
+)
+"""The `type` label values of `mcp_backfill_claude_attempts_total`: anything else a provider or a
+gateway reports counts as `other` (besides an HTTP status, 100-599, for an error without a type),
+so a gateway inventing error types cannot grow `/metrics` and the process's memory without bound."""
+MODEL_LABELS = 32
+"""How many model ids besides the operator's (`--model`, `--allowed-models`) the `model` label
+names; the model is the one the response reports (a gateway's may be anything), and the ones
+past the first `MODEL_LABELS` count as `other`."""
+
 
 def _labels(labels: Labels, extra: Labels = ()) -> str:
     pairs = (*labels, *extra)
@@ -107,6 +140,18 @@ class Histogram:
             yield f"{self.name}_count{_labels(labels)} {series.count}"
 
 
+def _error_type_label(error_type: object) -> str:
+    if not error_type:
+        return ""
+    if not isinstance(error_type, str):
+        return OTHER
+    if error_type in CLAUDE_ERROR_TYPES:
+        return error_type
+    if error_type.isascii() and error_type.isdigit() and 100 <= int(error_type) <= 599:
+        return error_type
+    return OTHER
+
+
 FORWARDED_CLIENT = "forwarded"
 
 
@@ -119,7 +164,9 @@ def client_label(identity: str) -> str:
 class Metrics:
     """Everything `/metrics` shows; also the sampler's observer (`sampling_done`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, models: Iterable[str] = ()) -> None:
+        self._models = set(models)
+        self._other_models = 0
         self.messages = Counter(
             "mcp_backfill_messages_total",
             "JSON-RPC messages (or batches) relayed, by direction "
@@ -173,6 +220,7 @@ class Metrics:
         self, *, outcome: str, model: str, latency: float, tokens: Mapping[str, int], client: str
     ) -> None:
         payer = client_label(client)
+        model = self._model_label(model)
         self.sampling_requests.inc(outcome=outcome, model=model, client=payer)
         self.latency.observe(latency, model=model)
         for counter, count in tokens.items():
@@ -180,7 +228,18 @@ class Metrics:
                 self.tokens.inc(count, counter=counter, model=model, client=payer)
 
     def attempt_done(self, *, provider: str, outcome: str, error_type: str | None) -> None:
-        self.attempts.inc(outcome=outcome, type=error_type or "", provider=provider)
+        self.attempts.inc(outcome=outcome, type=_error_type_label(error_type), provider=provider)
+
+    def _model_label(self, model: object) -> str:
+        if not isinstance(model, str):
+            return OTHER
+        if model in self._models:
+            return model
+        if self._other_models < MODEL_LABELS:
+            self._other_models += 1
+            self._models.add(model)
+            return model
+        return OTHER
 
     def store_call(self, operation: str, seconds: float, ok: bool) -> None:
         self.store_seconds.observe(seconds, operation=operation)

@@ -102,7 +102,7 @@ def upstream_factory(config: Config) -> UpstreamFactory:
 
 async def run_sidecar(config: Config) -> int:
     """Serve until SIGTERM, SIGINT or SIGHUP; returns the exit status."""
-    metrics = Metrics()
+    metrics = Metrics(models=(config.model, *config.allowed_models))
     sampler = make_sampler(config, metrics, metrics)
     tracing = telemetry.install_from_environment()
     open_upstream = upstream_factory(config)

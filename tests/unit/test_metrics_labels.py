@@ -1,0 +1,82 @@
+"""Label values a provider or gateway chooses stay a bounded set on `/metrics`."""
+
+from __future__ import annotations
+
+import pytest
+
+from mcp_backfill.sidecar.metrics import MODEL_LABELS, Metrics
+from tests.defaults import CONFIG
+
+
+def _series(text: str, name: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(name + "{")]
+
+
+def test_error_types_a_gateway_invents_count_as_other() -> None:
+    metrics = Metrics()
+    for n in range(500):
+        metrics.attempt_done(provider="anthropic", outcome="retried", error_type=f"gateway_error_{n}")
+    metrics.attempt_done(provider="anthropic", outcome="retried", error_type="overloaded_error")
+    metrics.attempt_done(provider="anthropic", outcome="failed", error_type="timeout")
+    metrics.attempt_done(provider="anthropic", outcome="failed", error_type="502")
+    metrics.attempt_done(provider="anthropic", outcome="failed", error_type="99999999")
+    metrics.attempt_done(provider="anthropic", outcome="ok", error_type=None)
+    lines = _series(metrics.render(), "mcp_backfill_claude_attempts_total")
+    attempts = "mcp_backfill_claude_attempts_total"
+    assert f'{attempts}{{outcome="retried",provider="anthropic",type="other"}} 500' in lines
+    assert any('type="overloaded_error"' in line for line in lines)
+    assert any('type="timeout"' in line for line in lines)
+    assert any('type="502"' in line for line in lines)  # a status without a type: bounded (100-599)
+    assert f'{attempts}{{outcome="failed",provider="anthropic",type="other"}} 1' in lines
+    assert len(lines) == 6
+
+
+def test_model_ids_a_gateway_reports_are_bounded() -> None:
+    metrics = Metrics(models=("claude-sonnet-4-5",))
+    for n in range(1000):
+        metrics.sampling_done(
+            outcome="answered", model=f"gw-model-{n}", latency=0.1, tokens={"output_tokens": 1}, client="a"
+        )
+    metrics.sampling_done(
+        outcome="answered", model="claude-sonnet-4-5", latency=0.1, tokens={"output_tokens": 1}, client="a"
+    )
+    text = metrics.render()
+    requests = _series(text, "mcp_backfill_sampling_requests_total")
+    assert len(requests) == MODEL_LABELS + 2  # the operator's model, MODEL_LABELS others, then `other`
+    assert any('model="claude-sonnet-4-5"' in line for line in requests)
+    assert any('model="other"' in line and line.endswith(f" {1000 - MODEL_LABELS}") for line in requests)
+    latency = "mcp_backfill_claude_latency_seconds_count"
+    counts = [line for line in text.splitlines() if line.startswith(latency)]
+    assert len(counts) == MODEL_LABELS + 2
+    assert len(_series(text, "mcp_backfill_sampling_tokens_total")) == MODEL_LABELS + 2
+
+
+def test_a_model_that_is_no_string_does_not_break_the_scrape() -> None:
+    metrics = Metrics()
+    metrics.sampling_done(
+        outcome="answered",
+        model={"id": "x"},  # type: ignore[arg-type]  # what a gateway's JSON may hold
+        latency=0.1,
+        tokens={"output_tokens": 1},
+        client="a",
+    )
+    assert 'model="other"' in metrics.render()
+
+
+@pytest.mark.anyio
+async def test_a_response_model_that_is_no_string_is_not_reported_or_relayed() -> None:
+    from tests.unit.test_sampler_ledger import PARAMS, Scripted, paused, sampler_for
+
+    message = paused(1, "end_turn")
+    message["model"] = {"id": "gateway"}
+    sampler, _ = sampler_for(Scripted(message))
+    heard: list[object] = []
+
+    class Hears:
+        def sampling_done(self, *, model: str, **_: object) -> None:
+            heard.append(model)
+
+    sampler.observer = Hears()
+    result = await sampler.sample(dict(PARAMS))
+    assert result["model"] == CONFIG.model  # the model the proxy asked for
+    assert heard == [CONFIG.model]
