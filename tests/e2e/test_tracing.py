@@ -137,6 +137,15 @@ async def test_a_grpc_protocol_is_refused_with_the_variable_to_change() -> None:
         assert "http/protobuf" in proxy.stderr()
 
 
+async def test_an_otlp_endpoint_with_no_usable_port_is_refused_at_startup() -> None:
+    env = proxy_env(OTEL_EXPORTER_OTLP_ENDPOINT="http://user:hunter2-secret@collector:notaport")
+    async with raw_proxy(proxy_argv("--provider", "mock", upstream=WEATHER), env) as proxy:
+        status = await proxy.wait()
+        assert status == 2
+        assert "OTEL_EXPORTER_OTLP_ENDPOINT must be an http:// or https:// URL" in proxy.stderr()
+        assert "hunter2-secret" not in proxy.stderr()
+
+
 async def test_the_sidecar_names_the_session_in_its_spans() -> None:
     with otlp_receiver() as receiver:
         env = otel_env(receiver.endpoint)

@@ -346,6 +346,53 @@ def test_an_exporter_this_build_cannot_serve_is_a_clear_error(environ: dict[str,
     assert variable in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("variable", "endpoint"),
+    [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:notaport"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "notaurl"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://collector:4318"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"),
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://collector:99999/v1/traces"),
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "grpc://collector:4317"),
+    ],
+)
+def test_an_unusable_otlp_endpoint_is_refused_at_startup(
+    variable: str, endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was accepted, and then every export batch logged an error; its text is not quoted (it
+    may hold a password)."""
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, endpoint)
+    with pytest.raises(ConfigError) as caught:
+        otel.from_environment(os.environ, make_global=False)
+    assert variable in str(caught.value)
+    assert "http://" in str(caught.value)
+    assert endpoint == "http://" or endpoint not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"},
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://user:pw@collector.example"},
+        # The traces variable wins: the general one is not used then.
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "notaurl",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://[::1]:4318/x",
+        },
+        {"OTEL_TRACES_EXPORTER": "otlp"},  # the SDK's default, localhost:4318
+    ],
+)
+def test_a_usable_otlp_endpoint_is_accepted(environ: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    otel.from_environment(os.environ, make_global=False).provider.shutdown()
+
+
 def test_the_console_exporter_writes_to_stderr_not_the_protocol(
     capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

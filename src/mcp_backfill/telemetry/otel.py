@@ -19,6 +19,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
@@ -30,7 +31,7 @@ from opentelemetry.trace import Span, SpanKind, StatusCode
 from mcp_backfill import __version__, protocol
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.logs import get_logger
-from mcp_backfill.telemetry import TRACE_EXPORTERS, ChatOutcome
+from mcp_backfill.telemetry import OTLP_ENDPOINT_VARIABLES, TRACE_EXPORTERS, ChatOutcome
 
 SCOPE = "mcp_backfill"
 DEFAULT_SERVICE_NAME = "mcp-backfill"
@@ -290,6 +291,26 @@ def _exporter(environ: Mapping[str, str]) -> SpanExporter:
             f"{variable}={protocol!r} is not supported by mcp-backfill's otel extra: use http/protobuf "
             "(the collector's port 4318)"
         )
+    _check_endpoint(environ)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     return OTLPSpanExporter()
+
+
+def _check_endpoint(environ: Mapping[str, str]) -> None:
+    """The OTLP endpoint the exporter will use (the traces variable's, else the general one's),
+    checked at startup: an unusable one was accepted, and then every export batch logged an error.
+    Its text is not quoted: it may hold a password."""
+    variable = next((name for name in OTLP_ENDPOINT_VARIABLES if environ.get(name)), None)
+    if variable is None:
+        return  # the SDK's default, http://localhost:4318
+    try:
+        parts = urlsplit(environ[variable].strip())
+        parts.port  # noqa: B018 (a port that is not a number, or out of range, raises here)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"{variable} must be an http:// or https:// URL with a host (and a numeric port), "
+            "such as http://collector:4318 (OTLP over HTTP)"
+        )
