@@ -1251,3 +1251,48 @@ async def test_an_approval_answered_after_approve_timeout_samples_nothing(sealed
         assert "--approve-timeout" in refused["error"]["message"]
         assert provider.calls == 0
         assert r.server.nothing_waiting()
+
+
+async def test_a_batch_the_proxy_answers_wholly_gets_one_array() -> None:
+    """--era handshake: `server/discover` in a client batch was answered as a message of its own;
+    a batch is answered with one array (JSON-RPC 2.0)."""
+    note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "x"}}
+    async with relayed(era="handshake") as r:
+        await r.client.send([request(1, "server/discover"), request(2, "server/discover")])
+        answer = await r.client.recv()
+        assert isinstance(answer, list)
+        assert [(item["id"], item["error"]["code"]) for item in answer] == [
+            (1, protocol.METHOD_NOT_FOUND),
+            (2, protocol.METHOD_NOT_FOUND),
+        ]
+        await r.client.send([request(3, "server/discover"), note])  # the note goes on alone
+        assert await r.server.recv() == [note]
+        answer = await r.client.recv()
+        assert isinstance(answer, list)
+        assert [item["id"] for item in answer] == [3]
+        assert r.client.nothing_waiting()
+
+
+async def test_a_batch_partly_answered_by_the_proxy_gets_one_array_with_the_servers_answers() -> None:
+    async with relayed(era="handshake") as r:
+        await r.client.send([request(1, "tools/list"), request(2, "server/discover"), request(3, "ping")])
+        assert [item["id"] for item in await r.server.recv()] == [1, 3]
+        assert r.client.nothing_waiting()  # the proxy's answer waits for the batch's
+        await r.server.send([result(1, {"tools": []}), result(3, {})])
+        answer = await r.client.recv()
+        assert isinstance(answer, list)
+        assert sorted(str(item["id"]) for item in answer) == ["1", "2", "3"]
+        assert next(item for item in answer if item["id"] == 2)["error"]["code"] == protocol.METHOD_NOT_FOUND
+        assert r.client.nothing_waiting()
+
+
+async def test_the_proxys_answer_in_a_batch_is_not_lost_when_the_servers_answer_never_comes() -> None:
+    async with relayed(era="handshake") as r:
+        await r.client.send([request(1, "tools/call", {"name": "x"}), request(2, "server/discover")])
+        await r.server.recv()
+        cancel = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 1}}
+        await r.client.send(cancel)  # the server's answer will not be relayed
+        assert await r.server.recv() == cancel
+        answer = await r.client.recv()
+        answer = answer if isinstance(answer, list) else [answer]
+        assert [(item["id"], item["error"]["code"]) for item in answer] == [(2, protocol.METHOD_NOT_FOUND)]

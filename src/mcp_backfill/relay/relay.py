@@ -130,6 +130,9 @@ class Relay:
         self._tg: TaskGroup | None = None
         # `--log-level debug`: one line per message (direction, method, id, size; never contents).
         self._trace_messages = log.isEnabledFor(logging.DEBUG)
+        # The proxy's own answers to items of a client batch whose other requests went upstream, by
+        # the id key of one of those: they go in the array that answers it (see `_client_sends`).
+        self._held: dict[jsonrpc.IdKey, list[dict[str, Any]]] = {}
         self._at_once = (
             (client, upstream)
             if isinstance(client, SendsAtOnce) and isinstance(upstream, SendsAtOnce)
@@ -198,6 +201,8 @@ class Relay:
         waiting.update(self.state.driving)
         self.state.client_requests.clear()
         self.state.driving.clear()
+        for send in self._release_held():
+            await self._send(send)
         for request in waiting.values():
             if request.chain is not None and request.chain.scope is not None:
                 request.chain.scope.cancel()
@@ -325,11 +330,48 @@ class Relay:
             sends.append((True, raw, None))
         elif forwarded is not None:
             sends.append((True, jsonrpc.encode(forwarded), None))
-        for reply in replies:
-            if self.traces.enabled:
+        if self.traces.enabled:
+            for reply in replies:
                 self.traces.answered(reply, by="server")
-            sends.append((False, jsonrpc.encode(reply), None))
-        return sends
+        if replies and isinstance(message, list):
+            # A batch is answered with one array: the proxy's answers wait for the server's array
+            # when some of the batch's requests went upstream, else are that array themselves.
+            waiting = self._waiting_in(forwarded)
+            if waiting is not None:
+                self._held.setdefault(waiting, []).extend(replies)
+            else:
+                sends.append((False, jsonrpc.encode(replies), None))
+        else:
+            sends.extend((False, jsonrpc.encode(reply), None) for reply in replies)
+        return sends + self._release_held()
+
+    def _waiting_in(self, forwarded: Any) -> jsonrpc.IdKey | None:
+        """The id key of a request of `forwarded` (a batch sent upstream) now waiting for its answer."""
+        if not isinstance(forwarded, list):
+            return None
+        for item in forwarded:
+            if isinstance(item, dict) and "method" in item and "id" in item:
+                key = jsonrpc.id_key(item["id"])
+                if key in self.state.client_requests:
+                    return key
+        return None
+
+    def _merge_held(self, forwarded: Any) -> Any:
+        """`forwarded` (relayed to the client) with the proxy's answers held for a request it answers."""
+        items = forwarded if isinstance(forwarded, list) else [forwarded]
+        merged: list[Any] = []
+        for item in items:
+            if isinstance(item, dict) and "method" not in item and "id" in item:
+                merged += self._held.pop(jsonrpc.id_key(item["id"]), [])
+        return [*items, *merged] if merged else forwarded
+
+    def _release_held(self) -> list[_Send]:
+        """The held answers whose request left without its answer being relayed (cancelled, failed,
+        relayed whole without being read): sent now, one array each, rather than lost."""
+        if not self._held:
+            return []
+        gone = [key for key in self._held if key not in self.state.client_requests]
+        return [(False, jsonrpc.encode(self._held.pop(key)), None) for key in gone]
 
     def _batch_refused(self, count: int) -> _Send:
         """A client batch over `--max-batch-messages`, refused as a whole before any of it is relayed:
@@ -464,10 +506,13 @@ class Relay:
             trace_message("from upstream", message, len(raw))
         forwarded = rewrite_each(message, lambda item: self._upstream_item(item, related))
         if forwarded is None and message is not None:
-            return []
+            return self._release_held()
         if self.traces.enabled:
             self.traces.answered(forwarded, by="server")
-        return [(False, raw if forwarded is message else jsonrpc.encode(forwarded), related)]
+        if self._held:
+            forwarded = self._merge_held(forwarded)
+        sends = [(False, raw if forwarded is message else jsonrpc.encode(forwarded), related)]
+        return sends + self._release_held()
 
     def _upstream_batch_refused(self, batch: list[Any]) -> list[_Send]:
         """An upstream batch over `--max-batch-messages`, dropped as a whole (going through 300,000
