@@ -10,6 +10,7 @@ the API call below that.
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
 import time
@@ -206,6 +207,57 @@ async def test_a_collector_that_does_not_answer_delays_the_exit_by_two_seconds_a
             await session.wait(30)
             took = time.monotonic() - start
     assert took < 3.5, f"exited {took:.1f} s after stdin closed"
+
+
+async def test_the_exporters_last_wait_comes_after_every_answer_and_the_end_of_stdout() -> None:
+    """`tracing.shutdown()` blocks the event loop (up to 2 s, in a thread join): it runs once the
+    relay has ended and stdout is closed, so nothing on the loop waits behind it. The client,
+    which closed stdin right after its request, reads the answer and the end of stdout, and the
+    proxy exits 0 once the exporter gave up."""
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(50)  # the kernel accepts; nobody answers
+        env = otel_env(f"http://127.0.0.1:{hung.getsockname()[1]}")
+        async with raw_proxy(proxy_argv("--provider", "mock", upstream=WEATHER), env) as session:
+            await session.request(0, "initialize", initialize_params())
+            await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            await session.request(1, "tools/list")
+            await anyio.sleep(0.5)  # a batch is on its way to the collector
+            await session.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 2,
+                    "method": "tools/call",
+                    "params": {"name": "summarize", "arguments": {"text": "Sunny."}},
+                }
+            )
+            await session.close_stdin()
+            answer = await session.recv(30)
+            assert answer["id"] == 2
+            assert "result" in answer or "error" in answer
+            assert session.process.stdout is not None
+            with pytest.raises(anyio.EndOfStream):
+                await session.process.stdout.receive()
+            assert await session.wait(30) == 0
+            assert "the trace exporter did not finish in time" in session.stderr()
+
+
+async def test_the_sidecars_exporter_wait_comes_after_its_drain_and_sessions() -> None:
+    """In `serve`, `tracing.shutdown()` runs once uvicorn has stopped and every session is closed:
+    its blocking wait holds up nothing the loop still had to do."""
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(50)  # the kernel accepts; nobody answers
+        env = otel_env(f"http://127.0.0.1:{hung.getsockname()[1]}")
+        async with run_sidecar("--provider", "mock", upstream=WEATHER, env=env) as sidecar:
+            async with Client(sidecar.url, mode="legacy") as client:
+                result = await client.call_tool("summarize", {"text": "Windy."}, meta=CLIENT_META)
+                assert not result.is_error
+            sidecar.signal(signal.SIGTERM)
+            assert await sidecar.wait(30) == 0
+            log = sidecar.stderr()
+    stopping = log.index("stopping every session")
+    assert log.index("the trace exporter did not finish in time") > stopping
 
 
 async def test_a_key_in_the_collector_url_stays_out_of_the_log() -> None:
