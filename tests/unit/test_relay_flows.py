@@ -22,6 +22,7 @@ from mcp_backfill.providers.mock import MockProvider
 from mcp_backfill.relay import Relay
 from mcp_backfill.relay.answering import ANSWERING_LIMIT
 from mcp_backfill.relay.approval import APPROVAL_KEY, MAX_APPROVAL_PROMPTS
+from mcp_backfill.relay.relay import LARGE_MESSAGE
 from mcp_backfill.sampling.provider import ProgressCallback, UsageMeter
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.sampling.spend import Spend
@@ -1283,6 +1284,18 @@ async def test_a_batch_partly_answered_by_the_proxy_gets_one_array_with_the_serv
         assert isinstance(answer, list)
         assert sorted(str(item["id"]) for item in answer) == ["1", "2", "3"]
         assert next(item for item in answer if item["id"] == 2)["error"]["code"] == protocol.METHOD_NOT_FOUND
+        assert r.client.nothing_waiting()
+
+
+async def test_a_large_answer_to_a_batch_gets_the_proxys_answers_too() -> None:
+    """A large response is relayed without being decoded; one the proxy holds answers for is not."""
+    async with relayed(era="handshake") as r:
+        await r.client.send([request(1, "tools/call", {"name": "x"}), request(2, "server/discover")])
+        await r.server.recv()
+        await r.server.send(result(1, {"text": "y" * (LARGE_MESSAGE + 10)}))
+        answer = await r.client.recv()
+        assert isinstance(answer, list)
+        assert [item["id"] for item in answer] == [1, 2]
         assert r.client.nothing_waiting()
 
 

@@ -487,7 +487,7 @@ class Relay:
                 log.debug(
                     "message", extra={"direction": "from upstream", "kind": "response", "bytes": len(raw)}
                 )
-            return [(False, raw, related)]
+            return [(False, raw, related), *self._release_held()]
         try:
             message = jsonrpc.decode(raw)
         except ValueError as exc:
@@ -554,6 +554,8 @@ class Relay:
         pending = self.state.client_requests.get(key)
         if pending is None or pending.chain is not None or pending.method == protocol.INITIALIZE:
             return False
+        if key in self._held:
+            return False  # the proxy's answers to the rest of its batch go in the same array
         if not _same_id(upstream_id, pending.request_id):
             return False  # answered under an id equal to the client's but not the same (1 for 1.0)
         del self.state.client_requests[key]
