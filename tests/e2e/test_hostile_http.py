@@ -49,7 +49,8 @@ def sse_answer(events: bytes) -> bytes:
 @asynccontextmanager
 async def hostile_upstream(scripts: dict[str, Script]) -> AsyncIterator[str]:
     """A handshake-era upstream at the URL yielded: `initialize` is answered properly, a method named
-    in `scripts` with its bytes (the connection then closed if they say `connection: close`),
+    in `scripts` with its bytes (the connection then closed if they say `connection: close`; after a
+    notification's scripted bytes, always),
     anything else with `{"method": M}`; notifications and responses get 202, GET and DELETE 405."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -64,6 +65,9 @@ async def hostile_upstream(scripts: dict[str, Script]) -> AsyncIterator[str]:
                 body = json.loads(await reader.readexactly(length)) if length else None
                 if not head.startswith(b"POST"):
                     writer.write(b"HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\n\r\n")
+                elif isinstance(body, dict) and "id" not in body and body.get("method") in scripts:
+                    writer.write(scripts[body["method"]](None))  # a notification's scripted acknowledgement
+                    break
                 elif not (isinstance(body, dict) and "method" in body and "id" in body):
                     writer.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
                 elif body["method"] == "initialize":
@@ -308,3 +312,32 @@ async def test_a_request_with_two_host_headers_is_refused() -> None:
     assert refused.startswith(b"HTTP/1.1 400"), refused
     assert b"Host" in refused
     assert fine.startswith(b"HTTP/1.1 200"), fine
+
+
+# -- acknowledgements ------------------------------------------------------------------------------
+
+
+async def test_a_garbled_acknowledgement_of_a_notification_does_not_end_the_wrapper() -> None:
+    """An upstream that took a notification (its 202 head came) but broke off the acknowledgement's
+    body (shorter than its `content-length`, or chunks that do not parse) was logged as unreachable
+    and marked failed, so the stdio wrapper exited 1 when its client was done: one bad answer to a
+    notification ended the proxy. It is a warning now, and the exit is clean."""
+    scripts: dict[str, Script] = {
+        "notifications/short": lambda _: b"HTTP/1.1 202 Accepted\r\ncontent-length: 50\r\n\r\n{",
+        "notifications/chunks": lambda _: (
+            b"HTTP/1.1 202 Accepted\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"
+        ),
+    }
+    async with (
+        hostile_upstream(scripts) as url,
+        raw_proxy(proxy_url_argv("--provider", "mock", url=url), proxy_env()) as session,
+    ):
+        assert "result" in await session.request(1, "initialize", initialize_params())
+        await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        for number, method in enumerate(scripts, start=2):
+            await session.send({"jsonrpc": "2.0", "method": method})
+            after = await session.request(number, "anything/else")
+            assert after["result"] == {"method": "anything/else"}, (method, session.stderr())
+        await session.close_stdin()
+        assert await session.wait() == 0, session.stderr()
+        assert "unreachable" not in session.stderr()

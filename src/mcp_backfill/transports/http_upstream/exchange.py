@@ -403,14 +403,11 @@ class ExchangeReader:
                 "POST", self.url, content=body, headers=headers, timeout=timeout
             ) as answer:
                 return await acknowledgement(answer, self.settings.one_way_timeout)
-        except httpx2.DecodingError as exc:  # delivered; only its acknowledgement does not decode
-            log.warning("upstream acknowledgement garbled", extra={"error": describe_transport_error(exc)})
-            return None
         except httpx2.TransportError as exc:
             self.failed = True
             log.error(
                 "upstream unreachable; message not delivered",
-                extra={"message": what, "error": describe_transport_error(exc)},
+                extra={"sent": what, "error": describe_transport_error(exc)},
             )
             return None
 
@@ -436,11 +433,20 @@ async def acknowledgement(response: httpx2.Response, wait: float) -> Acknowledge
     if response.is_success and media_type(response) == protocol.SSE_TYPE:
         return Acknowledgement(response.status_code)
     body = bytearray()
-    with anyio.move_on_after(wait):
-        async for chunk in body_chunks(response):
-            body += chunk
-            if len(body) > ERROR_BODY_LIMIT:
-                break
+    try:
+        with anyio.move_on_after(wait):
+            async for chunk in body_chunks(response):
+                body += chunk
+                if len(body) > ERROR_BODY_LIMIT:
+                    break
+    except (httpx2.DecodingError, httpx2.TransportError) as exc:
+        # The head came, so the message was delivered: a body that breaks off or does not decode
+        # costs only what it would have explained (it was logged as unreachable, and the upstream
+        # marked failed, which ended the stdio wrapper with status 1).
+        log.warning(
+            "upstream acknowledgement garbled",
+            extra={"status": response.status_code, "error": describe_transport_error(exc)},
+        )
     return Acknowledgement(response.status_code, bytes(body[:ERROR_BODY_LIMIT]))
 
 
@@ -488,7 +494,7 @@ def describe_one_way(items: list[Any]) -> str:
 def log_refused(answer: Acknowledgement, what: str) -> None:
     log.warning(
         "upstream refused a message",
-        extra={"message": what, "status": answer.status_code, "body": preview(answer.body)},
+        extra={"sent": what, "status": answer.status_code, "body": preview(answer.body)},
     )
 
 

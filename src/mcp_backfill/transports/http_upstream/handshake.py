@@ -79,14 +79,14 @@ class HandshakeLeg:
     async def post_one_way(self, body: bytes, items: list[Any]) -> None:
         what = describe_one_way(items)
         if self.expired:
-            log.warning("upstream session expired; message not delivered", extra={"message": what})
+            log.warning("upstream session expired; message not delivered", extra={"sent": what})
             return
         response = await self._reader.post_one_way(body, self._post_headers(initialize=False), what)
         if response is None:
             return
         if response.status_code == 404 and self.session_id is not None:
             self._expire()
-            log.warning("upstream session expired; message not delivered", extra={"message": what})
+            log.warning("upstream session expired; message not delivered", extra={"sent": what})
         elif not response.is_success:
             log_refused(response, what)
         elif what == protocol.INITIALIZED:
