@@ -341,3 +341,35 @@ async def test_a_garbled_acknowledgement_of_a_notification_does_not_end_the_wrap
         await session.close_stdin()
         assert await session.wait() == 0, session.stderr()
         assert "unreachable" not in session.stderr()
+
+
+# -- batches --------------------------------------------------------------------------------------
+
+
+async def test_a_batch_answering_a_single_request_reaches_the_client_as_its_messages() -> None:
+    """A batch answers only a batch (JSON-RPC 2.0 §6; 2025-06-18 has no batches at all): an upstream
+    answering a single request with an array (as a JSON body or as one SSE event) had it passed on
+    as it came, and the stdio client, which waits for an answer object, never got one. Its messages
+    now go on one by one, as the events of the request's stream would."""
+    note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}}
+
+    def array(rid: Any) -> bytes:
+        return b"[" + json.dumps(note).encode() + b"," + answer(rid) + b"]"
+
+    scripts: dict[str, Script] = {
+        "array/json": lambda rid: json_answer(array(rid)),
+        "array/sse": lambda rid: sse_answer(b"data: " + array(rid) + b"\n\n"),
+    }
+    for method in scripts:
+        async with (
+            hostile_upstream(scripts) as url,
+            raw_proxy(proxy_url_argv("--provider", "mock", url=url), proxy_env()) as session,
+        ):
+            assert "result" in await session.request(1, "initialize", initialize_params())
+            await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            await session.send({"jsonrpc": "2.0", "id": 2, "method": method})
+            answered, before = await session.recv_until(lambda m: isinstance(m, list) or "id" in m)
+            assert answered == {"jsonrpc": "2.0", "id": 2, "result": {"ok": True}}, (method, session.stderr())
+            assert before == [note], method
+            after = await session.request(3, "anything/else")
+            assert after["result"] == {"method": "anything/else"}

@@ -201,6 +201,7 @@ class HttpUpstream:
             ids=[r["id"] for r in requests],
             params=first.get("params"),
             stateless_version=version,
+            batch=batch,
         )
         exchange.expected = set(exchange.methods)
         for key in exchange.expected:

@@ -91,6 +91,7 @@ class PostExchange:
     failure_code: int = protocol.INTERNAL_ERROR  # the JSON-RPC error code that goes with it
     dropped: str | None = None  # the stream broke off; it may still be resumed
     oversized: bool = False
+    batch: bool = False  # its POST was a batch: only then may an answer be one (JSON-RPC 2.0 §6)
     written: WrittenPost | None = None  # its POST went out before its task started (`write_now`)
 
     @property
@@ -253,6 +254,9 @@ class ExchangeReader:
         except ValueError as exc:
             exchange.failure = f"The upstream sent a response that is not JSON ({exc}): {preview(payload)}"
             return
+        if isinstance(message, list) and not exchange.batch:
+            await self._take_unbatched(exchange, message)
+            return
         if (
             len(exchange.ids) == 1
             and isinstance(message, dict)
@@ -264,8 +268,27 @@ class ExchangeReader:
         self._settle(exchange, message)
         await self.put_last(payload, exchange)
 
+    async def _take_unbatched(self, exchange: PostExchange, messages: list[Any]) -> None:
+        """A batch answering a request that was not one: its messages go on one by one, as if each had
+        come as an event of the request's stream. Passed on as it came, the client got an array for
+        its single request (a 2025-06-18 client knows no batches at all) and never its answer."""
+        if not messages:
+            exchange.failure = "The upstream answered a single request with an empty JSON array"
+            return
+        for message in messages:
+            await self._exchange_event(exchange, jsonrpc.encode(message))
+
     async def _exchange_event(self, exchange: PostExchange, data: Payload) -> bool:
         """One message from a request's stream; True once the stream owes nothing more."""
+        if isinstance(data, bytes) and not exchange.batch and data.lstrip()[:1] == b"[":
+            try:
+                messages = jsonrpc.decode(data)
+            except ValueError:
+                pass
+            else:
+                if isinstance(messages, list):
+                    await self._take_unbatched(exchange, messages)
+                    return not exchange.expected
         if isinstance(data, MessageTooLarge):
             self._note_oversized(exchange, data)
         else:
