@@ -51,7 +51,8 @@ async def hostile_upstream(scripts: dict[str, Script]) -> AsyncIterator[str]:
     """A handshake-era upstream at the URL yielded: `initialize` is answered properly, a method named
     in `scripts` with its bytes (the connection then closed if they say `connection: close`; after a
     notification's scripted bytes, always),
-    anything else with `{"method": M}`; notifications and responses get 202, GET and DELETE 405."""
+    anything else with `{"method": M}`; notifications and responses get 202, GET and DELETE 405 (a
+    GET the bytes of the script named "GET" when there is one, and `initialize` a session id then)."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -63,6 +64,9 @@ async def hostile_upstream(scripts: dict[str, Script]) -> AsyncIterator[str]:
                     if name.strip().lower() == b"content-length":
                         length = int(value)
                 body = json.loads(await reader.readexactly(length)) if length else None
+                if head.startswith(b"GET") and "GET" in scripts:
+                    writer.write(scripts["GET"](None))
+                    break
                 if not head.startswith(b"POST"):
                     writer.write(b"HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\n\r\n")
                 elif isinstance(body, dict) and "id" not in body and body.get("method") in scripts:
@@ -76,7 +80,8 @@ async def hostile_upstream(scripts: dict[str, Script]) -> AsyncIterator[str]:
                         "capabilities": {},
                         "serverInfo": {"name": "hostile", "version": "0"},
                     }
-                    writer.write(json_answer(answer(body["id"], result)))
+                    session = b"mcp-session-id: s1\r\n" if "GET" in scripts else b""
+                    writer.write(json_answer(answer(body["id"], result), b"HTTP/1.1 200 OK\r\n" + session))
                 elif body["method"] in scripts:
                     wire = scripts[body["method"]](body["id"])
                     writer.write(wire)
@@ -373,3 +378,32 @@ async def test_a_batch_answering_a_single_request_reaches_the_client_as_its_mess
             assert before == [note], method
             after = await session.request(3, "anything/else")
             assert after["result"] == {"method": "anything/else"}
+
+
+# -- the standalone stream --------------------------------------------------------------------------
+
+
+async def test_a_standalone_stream_that_ends_at_once_is_not_reopened_at_the_servers_pace() -> None:
+    """An upstream whose GET stream says `retry: 1` and closes at once was asked for it again every
+    millisecond, for as long as the session lasted (each opened stream reset the attempts). The
+    server's `retry:` now has a floor, and streams that keep ending at once without a message back
+    off further."""
+    gets: list[float] = []
+
+    def standalone(_: Any) -> bytes:
+        gets.append(anyio.current_time())
+        return sse_answer(b"retry: 1\n\n")
+
+    async with (
+        hostile_upstream({"GET": standalone}) as url,
+        raw_proxy(proxy_url_argv("--provider", "mock", url=url), proxy_env()) as session,
+    ):
+        assert "result" in await session.request(1, "initialize", initialize_params())
+        await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        with anyio.fail_after(15):
+            while not gets:
+                await anyio.sleep(0.05)
+        await anyio.sleep(2)
+        assert (await session.request(2, "anything/else"))["result"] == {"method": "anything/else"}
+    # Floor 0.1 s, doubling: gaps of 0.1, 0.2, 0.4, 0.8 s fit in 2 s, the next not (the old code: hundreds).
+    assert 1 <= len(gets) <= 6, len(gets)

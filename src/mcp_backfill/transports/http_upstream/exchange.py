@@ -38,6 +38,9 @@ log = get_logger("http")
 # How much of an error body is read, and how much of it ends up in an error message.
 ERROR_BODY_LIMIT = 64 * 1024
 PREVIEW_CHARS = 300
+# The shortest wait before reopening a stream, whatever the server's `retry:` says (`retry: 1` had
+# a stream that ends at once reopened every millisecond).
+RETRY_FLOOR = 0.1
 
 Payload = bytes | MessageTooLarge
 Item = tuple[Payload, Any]  # a message for the relay and the id of the request whose stream carried it
@@ -393,7 +396,7 @@ class ExchangeReader:
         """
         attempts = 0
         while exchange.expected and not exchange.abandoned and attempts < self.settings.reconnect_attempts:
-            await anyio.sleep(exchange.cursor.retry or self.settings.reconnect_delay)
+            await anyio.sleep(max(exchange.cursor.retry or self.settings.reconnect_delay, RETRY_FLOOR))
             progress = False
 
             async def on_event(data: Payload) -> bool:
