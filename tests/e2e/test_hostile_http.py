@@ -407,3 +407,45 @@ async def test_a_standalone_stream_that_ends_at_once_is_not_reopened_at_the_serv
         assert (await session.request(2, "anything/else"))["result"] == {"method": "anything/else"}
     # Floor 0.1 s, doubling: gaps of 0.1, 0.2, 0.4, 0.8 s fit in 2 s, the next not (the old code: hundreds).
     assert 1 <= len(gets) <= 6, len(gets)
+
+
+# -- an HTTP/1.0 client of `serve` ------------------------------------------------------------------
+
+
+async def test_an_http10_client_gets_its_event_stream_without_chunked_framing() -> None:
+    """HTTP/1.0 knows no chunked transfer coding (RFC 9112 §6.1): uvicorn's httptools protocol
+    framed an SSE answer to an HTTP/1.0 request with `Transfer-Encoding: chunked` all the same, and
+    the client read the chunk sizes as part of the stream. The body is now the events as they are,
+    ended by the connection's close."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        opened = await http.post(sidecar.url, json=initialize_body(), headers=HANDSHAKE_HEADERS)
+        session_id = opened.headers["mcp-session-id"]
+        request = (
+            f"GET /mcp HTTP/1.0\r\nHost: 127.0.0.1:{sidecar.port}\r\nMcp-Session-Id: {session_id}\r\n"
+            f"Accept: text/event-stream\r\nMCP-Protocol-Version: 2025-06-18\r\n\r\n"
+        ).encode()
+        received = b""
+        async with await anyio.connect_tcp("127.0.0.1", sidecar.port) as stream:
+            await stream.send(request)
+            with anyio.fail_after(HTTP_TIMEOUT):
+                while b"\r\n\r\n" not in received:
+                    received += await stream.receive()
+                ended = await http.delete(
+                    sidecar.url, headers={**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
+                )
+                while True:
+                    try:
+                        received += await stream.receive()
+                    except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionError):
+                        break
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), received
+    assert b"text/event-stream" in head.lower(), head
+    assert b"transfer-encoding" not in head.lower(), head
+    assert b"connection: close" in head.lower(), head
+    assert ended.is_success, ended.text
+    assert not body.endswith(b"0\r\n\r\n"), body
+    assert all(line == b"" or line[:1] in b":de" for line in body.split(b"\n")), body
