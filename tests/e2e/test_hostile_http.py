@@ -449,3 +449,72 @@ async def test_an_http10_client_gets_its_event_stream_without_chunked_framing() 
     assert ended.is_success, ended.text
     assert not body.endswith(b"0\r\n\r\n"), body
     assert all(line == b"" or line[:1] in b":de" for line in body.split(b"\n")), body
+
+
+# -- a cancelled request whose stream never ends ----------------------------------------------------
+
+
+async def test_a_cancelled_request_whose_stream_pings_forever_is_let_go() -> None:
+    """A handshake-era request the client cancelled, whose upstream ignores the cancellation and
+    keeps its SSE answer alive with comments, had its stream read (a task and a connection held)
+    for as long as the server went on, each ping resetting the read timeout: for the whole session.
+    The stream is closed shortly after the cancellation went out."""
+    stream_closed = asyncio.Event()
+    cancellations: list[Any] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                body = json.loads(await reader.readexactly(length)) if length else None
+                if not (isinstance(body, dict) and "id" in body and "method" in body):
+                    if isinstance(body, dict) and body.get("method") == "notifications/cancelled":
+                        cancellations.append(body["params"]["requestId"])
+                    writer.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+                elif body["method"] == "initialize":
+                    result = {
+                        "protocolVersion": "2025-06-18",
+                        "capabilities": {},
+                        "serverInfo": {"name": "h"},
+                    }
+                    writer.write(json_answer(answer(body["id"], result)))
+                elif body["method"] == "slow/forever":
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+                    )
+                    try:
+                        while True:
+                            writer.write(b": ping\n\n")
+                            await writer.drain()
+                            await asyncio.sleep(0.05)
+                    finally:
+                        stream_closed.set()
+                else:
+                    writer.write(json_answer(answer(body["id"], {"method": body["method"]})))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    listener = await asyncio.start_server(handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}/mcp"
+    try:
+        async with raw_proxy(proxy_url_argv("--provider", "mock", url=url), proxy_env()) as session:
+            assert "result" in await session.request(1, "initialize", initialize_params())
+            await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            await session.send({"jsonrpc": "2.0", "id": 2, "method": "slow/forever"})
+            await anyio.sleep(0.3)
+            cancel = {"requestId": 2, "reason": "timed out"}
+            await session.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel})
+            with anyio.fail_after(10):  # the stream lasts forever otherwise; it goes within ~1 s
+                await stream_closed.wait()
+            assert cancellations == [2]
+            assert (await session.request(3, "anything/else"))["result"] == {"method": "anything/else"}
+    finally:
+        listener.close()
