@@ -518,3 +518,22 @@ async def test_a_cancelled_request_whose_stream_pings_forever_is_let_go() -> Non
             assert (await session.request(3, "anything/else"))["result"] == {"method": "anything/else"}
     finally:
         listener.close()
+
+
+async def test_a_notification_the_upstream_never_answers_is_logged_as_not_delivered() -> None:
+    """The log of a notification that could not be delivered named it in a field called `message`,
+    which `logging` reserves: the call raised KeyError, and a traceback took the warning's place."""
+    scripts: dict[str, Script] = {"notifications/dropped": lambda _: b""}  # closed without an answer
+    async with (
+        hostile_upstream(scripts) as url,
+        raw_proxy(proxy_url_argv("--provider", "mock", url=url), proxy_env()) as session,
+    ):
+        assert "result" in await session.request(1, "initialize", initialize_params())
+        await session.send({"jsonrpc": "2.0", "method": "notifications/dropped"})
+        assert (await session.request(2, "anything/else"))["result"] == {"method": "anything/else"}
+        await session.close_stdin()
+        assert await session.wait() == 1  # the upstream was unreachable at some point
+        log = session.stderr()
+    assert "message not delivered" in log, log
+    assert 'sent="notifications/dropped"' in log, log
+    assert "Traceback" not in log, log
