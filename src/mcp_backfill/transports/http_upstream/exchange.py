@@ -283,7 +283,7 @@ class ExchangeReader:
 
     async def _exchange_event(self, exchange: PostExchange, data: Payload) -> bool:
         """One message from a request's stream; True once the stream owes nothing more."""
-        if isinstance(data, bytes) and not exchange.batch and data.lstrip()[:1] == b"[":
+        if isinstance(data, bytes) and not exchange.batch and data[:64].lstrip()[:1] == b"[":
             try:
                 messages = jsonrpc.decode(data)
             except ValueError:
