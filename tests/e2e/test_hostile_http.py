@@ -49,8 +49,10 @@ def sse_answer(events: bytes) -> bytes:
 @asynccontextmanager
 async def hostile_upstream(scripts: dict[str, Script]) -> AsyncIterator[str]:
     """A handshake-era upstream at the URL yielded: `initialize` is answered properly, a method named
-    in `scripts` with its bytes (the connection then closed if they say `connection: close`),
-    anything else with `{"method": M}`; notifications and responses get 202, GET and DELETE 405."""
+    in `scripts` with its bytes (the connection then closed if they say `connection: close`; after a
+    notification's scripted bytes, always),
+    anything else with `{"method": M}`; notifications and responses get 202, GET and DELETE 405 (a
+    GET the bytes of the script named "GET" when there is one, and `initialize` a session id then)."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -62,8 +64,14 @@ async def hostile_upstream(scripts: dict[str, Script]) -> AsyncIterator[str]:
                     if name.strip().lower() == b"content-length":
                         length = int(value)
                 body = json.loads(await reader.readexactly(length)) if length else None
+                if head.startswith(b"GET") and "GET" in scripts:
+                    writer.write(scripts["GET"](None))
+                    break
                 if not head.startswith(b"POST"):
                     writer.write(b"HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\n\r\n")
+                elif isinstance(body, dict) and "id" not in body and body.get("method") in scripts:
+                    writer.write(scripts[body["method"]](None))  # a notification's scripted acknowledgement
+                    break
                 elif not (isinstance(body, dict) and "method" in body and "id" in body):
                     writer.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
                 elif body["method"] == "initialize":
@@ -72,7 +80,8 @@ async def hostile_upstream(scripts: dict[str, Script]) -> AsyncIterator[str]:
                         "capabilities": {},
                         "serverInfo": {"name": "hostile", "version": "0"},
                     }
-                    writer.write(json_answer(answer(body["id"], result)))
+                    session = b"mcp-session-id: s1\r\n" if "GET" in scripts else b""
+                    writer.write(json_answer(answer(body["id"], result), b"HTTP/1.1 200 OK\r\n" + session))
                 elif body["method"] in scripts:
                     wire = scripts[body["method"]](body["id"])
                     writer.write(wire)
@@ -308,3 +317,223 @@ async def test_a_request_with_two_host_headers_is_refused() -> None:
     assert refused.startswith(b"HTTP/1.1 400"), refused
     assert b"Host" in refused
     assert fine.startswith(b"HTTP/1.1 200"), fine
+
+
+# -- acknowledgements ------------------------------------------------------------------------------
+
+
+async def test_a_garbled_acknowledgement_of_a_notification_does_not_end_the_wrapper() -> None:
+    """An upstream that took a notification (its 202 head came) but broke off the acknowledgement's
+    body (shorter than its `content-length`, or chunks that do not parse) was logged as unreachable
+    and marked failed, so the stdio wrapper exited 1 when its client was done: one bad answer to a
+    notification ended the proxy. It is a warning now, and the exit is clean."""
+    scripts: dict[str, Script] = {
+        "notifications/short": lambda _: b"HTTP/1.1 202 Accepted\r\ncontent-length: 50\r\n\r\n{",
+        "notifications/chunks": lambda _: (
+            b"HTTP/1.1 202 Accepted\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"
+        ),
+    }
+    async with (
+        hostile_upstream(scripts) as url,
+        raw_proxy(proxy_url_argv("--provider", "mock", url=url), proxy_env()) as session,
+    ):
+        assert "result" in await session.request(1, "initialize", initialize_params())
+        await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        for number, method in enumerate(scripts, start=2):
+            await session.send({"jsonrpc": "2.0", "method": method})
+            after = await session.request(number, "anything/else")
+            assert after["result"] == {"method": "anything/else"}, (method, session.stderr())
+        await session.close_stdin()
+        assert await session.wait() == 0, session.stderr()
+        assert "unreachable" not in session.stderr()
+
+
+# -- batches --------------------------------------------------------------------------------------
+
+
+async def test_a_batch_answering_a_single_request_reaches_the_client_as_its_messages() -> None:
+    """A batch answers only a batch (JSON-RPC 2.0 §6; 2025-06-18 has no batches at all): an upstream
+    answering a single request with an array (as a JSON body or as one SSE event) had it passed on
+    as it came, and the stdio client, which waits for an answer object, never got one. Its messages
+    now go on one by one, as the events of the request's stream would."""
+    note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}}
+
+    def array(rid: Any) -> bytes:
+        return b"[" + json.dumps(note).encode() + b"," + answer(rid) + b"]"
+
+    scripts: dict[str, Script] = {
+        "array/json": lambda rid: json_answer(array(rid)),
+        "array/sse": lambda rid: sse_answer(b"data: " + array(rid) + b"\n\n"),
+    }
+    for method in scripts:
+        async with (
+            hostile_upstream(scripts) as url,
+            raw_proxy(proxy_url_argv("--provider", "mock", url=url), proxy_env()) as session,
+        ):
+            assert "result" in await session.request(1, "initialize", initialize_params())
+            await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            await session.send({"jsonrpc": "2.0", "id": 2, "method": method})
+            answered, before = await session.recv_until(lambda m: isinstance(m, list) or "id" in m)
+            assert answered == {"jsonrpc": "2.0", "id": 2, "result": {"ok": True}}, (method, session.stderr())
+            assert before == [note], method
+            after = await session.request(3, "anything/else")
+            assert after["result"] == {"method": "anything/else"}
+
+
+# -- the standalone stream --------------------------------------------------------------------------
+
+
+async def test_a_standalone_stream_that_ends_at_once_is_not_reopened_at_the_servers_pace() -> None:
+    """An upstream whose GET stream says `retry: 1` and closes at once was asked for it again every
+    millisecond, for as long as the session lasted (each opened stream reset the attempts). The
+    server's `retry:` now has a floor, and streams that keep ending at once without a message back
+    off further."""
+    gets: list[float] = []
+
+    def standalone(_: Any) -> bytes:
+        gets.append(anyio.current_time())
+        return sse_answer(b"retry: 1\n\n")
+
+    async with (
+        hostile_upstream({"GET": standalone}) as url,
+        raw_proxy(proxy_url_argv("--provider", "mock", url=url), proxy_env()) as session,
+    ):
+        assert "result" in await session.request(1, "initialize", initialize_params())
+        await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        with anyio.fail_after(15):
+            while not gets:
+                await anyio.sleep(0.05)
+        await anyio.sleep(2)
+        assert (await session.request(2, "anything/else"))["result"] == {"method": "anything/else"}
+    # Floor 0.1 s, doubling: gaps of 0.1, 0.2, 0.4, 0.8 s fit in 2 s, the next not (the old code: hundreds).
+    assert 1 <= len(gets) <= 6, len(gets)
+
+
+# -- an HTTP/1.0 client of `serve` ------------------------------------------------------------------
+
+
+async def test_an_http10_client_gets_its_event_stream_without_chunked_framing() -> None:
+    """HTTP/1.0 knows no chunked transfer coding (RFC 9112 §6.1): uvicorn's httptools protocol
+    framed an SSE answer to an HTTP/1.0 request with `Transfer-Encoding: chunked` all the same, and
+    the client read the chunk sizes as part of the stream. The body is now the events as they are,
+    ended by the connection's close."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        opened = await http.post(sidecar.url, json=initialize_body(), headers=HANDSHAKE_HEADERS)
+        session_id = opened.headers["mcp-session-id"]
+        request = (
+            f"GET /mcp HTTP/1.0\r\nHost: 127.0.0.1:{sidecar.port}\r\nMcp-Session-Id: {session_id}\r\n"
+            f"Accept: text/event-stream\r\nMCP-Protocol-Version: 2025-06-18\r\n\r\n"
+        ).encode()
+        received = b""
+        async with await anyio.connect_tcp("127.0.0.1", sidecar.port) as stream:
+            await stream.send(request)
+            with anyio.fail_after(HTTP_TIMEOUT):
+                while b"\r\n\r\n" not in received:
+                    received += await stream.receive()
+                ended = await http.delete(
+                    sidecar.url, headers={**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
+                )
+                while True:
+                    try:
+                        received += await stream.receive()
+                    except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionError):
+                        break
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), received
+    assert b"text/event-stream" in head.lower(), head
+    assert b"transfer-encoding" not in head.lower(), head
+    assert b"connection: close" in head.lower(), head
+    assert ended.is_success, ended.text
+    assert not body.endswith(b"0\r\n\r\n"), body
+    assert all(line == b"" or line[:1] in b":de" for line in body.split(b"\n")), body
+
+
+# -- a cancelled request whose stream never ends ----------------------------------------------------
+
+
+async def test_a_cancelled_request_whose_stream_pings_forever_is_let_go() -> None:
+    """A handshake-era request the client cancelled, whose upstream ignores the cancellation and
+    keeps its SSE answer alive with comments, had its stream read (a task and a connection held)
+    for as long as the server went on, each ping resetting the read timeout: for the whole session.
+    The stream is closed shortly after the cancellation went out."""
+    stream_closed = asyncio.Event()
+    cancellations: list[Any] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                body = json.loads(await reader.readexactly(length)) if length else None
+                if not (isinstance(body, dict) and "id" in body and "method" in body):
+                    if isinstance(body, dict) and body.get("method") == "notifications/cancelled":
+                        cancellations.append(body["params"]["requestId"])
+                    writer.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+                elif body["method"] == "initialize":
+                    result = {
+                        "protocolVersion": "2025-06-18",
+                        "capabilities": {},
+                        "serverInfo": {"name": "h"},
+                    }
+                    writer.write(json_answer(answer(body["id"], result)))
+                elif body["method"] == "slow/forever":
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+                    )
+                    try:
+                        while True:
+                            writer.write(b": ping\n\n")
+                            await writer.drain()
+                            await asyncio.sleep(0.05)
+                    finally:
+                        stream_closed.set()
+                else:
+                    writer.write(json_answer(answer(body["id"], {"method": body["method"]})))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    listener = await asyncio.start_server(handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}/mcp"
+    try:
+        async with raw_proxy(proxy_url_argv("--provider", "mock", url=url), proxy_env()) as session:
+            assert "result" in await session.request(1, "initialize", initialize_params())
+            await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            await session.send({"jsonrpc": "2.0", "id": 2, "method": "slow/forever"})
+            await anyio.sleep(0.3)
+            cancel = {"requestId": 2, "reason": "timed out"}
+            await session.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel})
+            with anyio.fail_after(10):  # the stream lasts forever otherwise; it goes within ~1 s
+                await stream_closed.wait()
+            assert cancellations == [2]
+            assert (await session.request(3, "anything/else"))["result"] == {"method": "anything/else"}
+    finally:
+        listener.close()
+
+
+async def test_a_notification_the_upstream_never_answers_is_logged_as_not_delivered() -> None:
+    """The log of a notification that could not be delivered named it in a field called `message`,
+    which `logging` reserves: the call raised KeyError, and a traceback took the warning's place."""
+    scripts: dict[str, Script] = {"notifications/dropped": lambda _: b""}  # closed without an answer
+    async with (
+        hostile_upstream(scripts) as url,
+        raw_proxy(proxy_url_argv("--provider", "mock", url=url), proxy_env()) as session,
+    ):
+        assert "result" in await session.request(1, "initialize", initialize_params())
+        await session.send({"jsonrpc": "2.0", "method": "notifications/dropped"})
+        assert (await session.request(2, "anything/else"))["result"] == {"method": "anything/else"}
+        await session.close_stdin()
+        assert await session.wait() == 1  # the upstream was unreachable at some point
+        log = session.stderr()
+    assert "message not delivered" in log, log
+    assert 'sent="notifications/dropped"' in log, log
+    assert "Traceback" not in log, log

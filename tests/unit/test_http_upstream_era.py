@@ -141,3 +141,13 @@ async def test_the_stateless_era_stamps_every_post_and_never_posts_a_cancel() ->
     assert "mcp-protocol-version" not in ping
     assert "mcp-method" not in ping
     assert [r.method for r in server.seen] == ["POST"] * 3  # no GET stream, no DELETE
+
+
+def test_the_standalone_streams_reopening_has_a_floor_and_backs_off_when_it_ends_at_once() -> None:
+    from mcp_backfill.transports.http_upstream.handshake import QUICK_END_BACKOFF_LIMIT, standalone_delay
+
+    assert standalone_delay(0.001, 0) == 0.1  # `retry: 1` is not obeyed to the millisecond
+    assert standalone_delay(2.0, 0) == 2.0  # a longer one is
+    assert [standalone_delay(0.1, n) for n in (1, 2, 3, 4)] == [0.1, 0.2, 0.4, 0.8]
+    assert standalone_delay(0.1, 16) == QUICK_END_BACKOFF_LIMIT
+    assert standalone_delay(60.0, 16) == 60.0  # the server may ask for more than the limit

@@ -18,6 +18,8 @@ class Cycle:
     response_started: bool = False
     chunked_encoding: bool | None = None
     transport: Any = None
+    scope: dict[str, Any] = field(default_factory=lambda: {"http_version": "1.1"})
+    keep_alive: bool = True
 
 
 @dataclass
@@ -79,6 +81,17 @@ def test_a_streamed_response_has_its_head_written_at_once() -> None:
     assert len(transport.writes) == 2
 
 
+def test_a_stream_to_an_http10_client_goes_without_chunks() -> None:
+    cycle = Cycle(
+        response_started=True, chunked_encoding=True, scope={"http_version": "1.0"}, keep_alive=False
+    )
+    wrapper, transport = wrapped(cycle)
+    wrapper.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n")
+    wrapper.write(b"5\r\nhello\r\n")
+    wrapper.write(b"0\r\n\r\n")
+    assert transport.writes == [b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n", b"hello"]
+
+
 def test_writes_before_the_response_starts_go_out_as_they_come() -> None:
     cycle = Cycle()
     wrapper, transport = wrapped(cycle)
@@ -113,3 +126,11 @@ def test_a_cycle_and_its_wrapped_transport_are_freed_without_the_garbage_collect
         assert probe() is None
     finally:
         gc.enable()
+
+
+def test_unchunked_takes_the_data_out_of_uvicorns_chunks() -> None:
+    from mcp_backfill.sidecar.connections import unchunked
+
+    assert unchunked(b"5\r\nevent\r\n") == b"event"
+    assert unchunked(b"b\r\ndata: x\r\n\r\n\r\n0\r\n\r\n") == b"data: x\r\n\r\n"
+    assert unchunked(b"0\r\n\r\n") == b""

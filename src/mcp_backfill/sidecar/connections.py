@@ -237,9 +237,14 @@ class OneWriteResponse:
     of the client, which reads the head and then waits for the rest, for every JSON answer
     (`benchmarks/README.md`, 3b). A streamed response (no `Content-Length`: SSE) has its head
     written at once, so that the client sees the stream open before its first event.
+
+    To an HTTP/1.0 request, a streamed response goes without uvicorn's chunked framing, which
+    HTTP/1.0 does not know (RFC 9112 §6.1: the client read the chunk sizes as part of the stream):
+    its body is the data as it is, ended by the connection's close (uvicorn closes every HTTP/1.0
+    connection after its response, and says `connection: close`).
     """
 
-    __slots__ = ("_cycle", "_head_seen", "_held", "_transport")
+    __slots__ = ("_cycle", "_head_seen", "_held", "_transport", "_unchunk")
 
     def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
         self._transport = transport
@@ -248,8 +253,13 @@ class OneWriteResponse:
         self._cycle = weakref.ref(cycle)
         self._held: bytes | None = None
         self._head_seen = False
+        self._unchunk = False
 
     def write(self, data: bytes) -> None:
+        if self._unchunk:
+            if body := unchunked(data):
+                self._transport.write(body)
+            return
         held = self._held
         if held is not None:
             self._held = None
@@ -264,6 +274,9 @@ class OneWriteResponse:
             if cycle.chunked_encoding is False:
                 self._held = data
                 return
+            if cycle.chunked_encoding and cycle.scope["http_version"] == "1.0" and not cycle.keep_alive:
+                self._unchunk = True
+                data = data.replace(b"\r\ntransfer-encoding: chunked\r\n", b"\r\n", 1)
         self._transport.write(data)
 
     def close(self) -> None:
@@ -274,6 +287,22 @@ class OneWriteResponse:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+
+def unchunked(data: bytes) -> bytes:
+    """The data of the chunks in `data`, as uvicorn's httptools protocol writes them: whole chunks
+    (each `size CRLF data CRLF`) and, at the end, the last chunk (`0 CRLF CRLF`), which goes."""
+    parts: list[bytes] = []
+    at = 0
+    while at < len(data):
+        line_end = data.index(b"\r\n", at)
+        size = int(data[at:line_end], 16)
+        if size == 0:
+            break
+        start = line_end + 2
+        parts.append(data[start : start + size])
+        at = start + size + 2
+    return b"".join(parts)
 
 
 class GuardedH11Protocol(_Guard, H11Protocol):

@@ -201,6 +201,7 @@ class HttpUpstream:
             ids=[r["id"] for r in requests],
             params=first.get("params"),
             stateless_version=version,
+            batch=batch,
         )
         exchange.expected = set(exchange.methods)
         for key in exchange.expected:
@@ -245,7 +246,19 @@ class HttpUpstream:
         if exchange is None:
             return era.cancel(None)
         exchange.abandoned = True
-        return exchange.leg.cancel(exchange)
+        if exchange.leg.cancel(exchange):
+            return True
+        self._tg.start_soon(self._let_go, exchange)
+        return False
+
+    async def _let_go(self, exchange: PostExchange) -> None:
+        """Close a cancelled request's stream if the server has not ended it within `finish_timeout`
+        of the cancellation: nothing more is owed on it, and a server that ignores cancellations
+        and keeps the stream alive with pings held a task and a connection for the whole session."""
+        await anyio.sleep(self.settings.finish_timeout)
+        if not exchange.scope.cancel_called:
+            log.debug("closing a cancelled request's stream", extra={"request_id": exchange.origin})
+            exchange.scope.cancel()
 
 
 @asynccontextmanager

@@ -38,6 +38,9 @@ log = get_logger("http")
 # How much of an error body is read, and how much of it ends up in an error message.
 ERROR_BODY_LIMIT = 64 * 1024
 PREVIEW_CHARS = 300
+# The shortest wait before reopening a stream, whatever the server's `retry:` says (`retry: 1` had
+# a stream that ends at once reopened every millisecond).
+RETRY_FLOOR = 0.1
 
 Payload = bytes | MessageTooLarge
 Item = tuple[Payload, Any]  # a message for the relay and the id of the request whose stream carried it
@@ -91,6 +94,7 @@ class PostExchange:
     failure_code: int = protocol.INTERNAL_ERROR  # the JSON-RPC error code that goes with it
     dropped: str | None = None  # the stream broke off; it may still be resumed
     oversized: bool = False
+    batch: bool = False  # its POST was a batch: only then may an answer be one (JSON-RPC 2.0 §6)
     written: WrittenPost | None = None  # its POST went out before its task started (`write_now`)
 
     @property
@@ -253,6 +257,9 @@ class ExchangeReader:
         except ValueError as exc:
             exchange.failure = f"The upstream sent a response that is not JSON ({exc}): {preview(payload)}"
             return
+        if isinstance(message, list) and not exchange.batch:
+            await self._take_unbatched(exchange, message)
+            return
         if (
             len(exchange.ids) == 1
             and isinstance(message, dict)
@@ -264,8 +271,27 @@ class ExchangeReader:
         self._settle(exchange, message)
         await self.put_last(payload, exchange)
 
+    async def _take_unbatched(self, exchange: PostExchange, messages: list[Any]) -> None:
+        """A batch answering a request that was not one: its messages go on one by one, as if each had
+        come as an event of the request's stream. Passed on as it came, the client got an array for
+        its single request (a 2025-06-18 client knows no batches at all) and never its answer."""
+        if not messages:
+            exchange.failure = "The upstream answered a single request with an empty JSON array"
+            return
+        for message in messages:
+            await self._exchange_event(exchange, jsonrpc.encode(message))
+
     async def _exchange_event(self, exchange: PostExchange, data: Payload) -> bool:
         """One message from a request's stream; True once the stream owes nothing more."""
+        if isinstance(data, bytes) and not exchange.batch and data[:64].lstrip()[:1] == b"[":
+            try:
+                messages = jsonrpc.decode(data)
+            except ValueError:
+                pass
+            else:
+                if isinstance(messages, list):
+                    await self._take_unbatched(exchange, messages)
+                    return not exchange.expected
         if isinstance(data, MessageTooLarge):
             self._note_oversized(exchange, data)
         else:
@@ -370,7 +396,7 @@ class ExchangeReader:
         """
         attempts = 0
         while exchange.expected and not exchange.abandoned and attempts < self.settings.reconnect_attempts:
-            await anyio.sleep(exchange.cursor.retry or self.settings.reconnect_delay)
+            await anyio.sleep(max(exchange.cursor.retry or self.settings.reconnect_delay, RETRY_FLOOR))
             progress = False
 
             async def on_event(data: Payload) -> bool:
@@ -403,14 +429,11 @@ class ExchangeReader:
                 "POST", self.url, content=body, headers=headers, timeout=timeout
             ) as answer:
                 return await acknowledgement(answer, self.settings.one_way_timeout)
-        except httpx2.DecodingError as exc:  # delivered; only its acknowledgement does not decode
-            log.warning("upstream acknowledgement garbled", extra={"error": describe_transport_error(exc)})
-            return None
         except httpx2.TransportError as exc:
             self.failed = True
             log.error(
                 "upstream unreachable; message not delivered",
-                extra={"message": what, "error": describe_transport_error(exc)},
+                extra={"sent": what, "error": describe_transport_error(exc)},
             )
             return None
 
@@ -436,11 +459,20 @@ async def acknowledgement(response: httpx2.Response, wait: float) -> Acknowledge
     if response.is_success and media_type(response) == protocol.SSE_TYPE:
         return Acknowledgement(response.status_code)
     body = bytearray()
-    with anyio.move_on_after(wait):
-        async for chunk in body_chunks(response):
-            body += chunk
-            if len(body) > ERROR_BODY_LIMIT:
-                break
+    try:
+        with anyio.move_on_after(wait):
+            async for chunk in body_chunks(response):
+                body += chunk
+                if len(body) > ERROR_BODY_LIMIT:
+                    break
+    except (httpx2.DecodingError, httpx2.TransportError) as exc:
+        # The head came, so the message was delivered: a body that breaks off or does not decode
+        # costs only what it would have explained (it was logged as unreachable, and the upstream
+        # marked failed, which ended the stdio wrapper with status 1).
+        log.warning(
+            "upstream acknowledgement garbled",
+            extra={"status": response.status_code, "error": describe_transport_error(exc)},
+        )
     return Acknowledgement(response.status_code, bytes(body[:ERROR_BODY_LIMIT]))
 
 
@@ -488,7 +520,7 @@ def describe_one_way(items: list[Any]) -> str:
 def log_refused(answer: Acknowledgement, what: str) -> None:
     log.warning(
         "upstream refused a message",
-        extra={"message": what, "status": answer.status_code, "body": preview(answer.body)},
+        extra={"sent": what, "status": answer.status_code, "body": preview(answer.body)},
     )
 
 

@@ -17,6 +17,7 @@ from anyio.abc import TaskGroup
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.logs import get_logger
 from mcp_backfill.transports.http_upstream.exchange import (
+    RETRY_FLOOR,
     Cursor,
     ExchangeReader,
     OnEvent,
@@ -33,6 +34,11 @@ log = get_logger("http")
 # What a session id may hold (visible ASCII, 0x21-0x7E): anything else cannot go back in a header
 # (nor can a protocol version that holds it).
 _VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
+
+# A standalone stream open this long (or that brought a message) worked: the backoff starts over.
+STREAM_LIVED = 10.0
+# The longest wait before reopening a standalone stream that keeps ending at once, in seconds.
+QUICK_END_BACKOFF_LIMIT = 30.0
 
 
 class HandshakeLeg:
@@ -79,14 +85,14 @@ class HandshakeLeg:
     async def post_one_way(self, body: bytes, items: list[Any]) -> None:
         what = describe_one_way(items)
         if self.expired:
-            log.warning("upstream session expired; message not delivered", extra={"message": what})
+            log.warning("upstream session expired; message not delivered", extra={"sent": what})
             return
         response = await self._reader.post_one_way(body, self._post_headers(initialize=False), what)
         if response is None:
             return
         if response.status_code == 404 and self.session_id is not None:
             self._expire()
-            log.warning("upstream session expired; message not delivered", extra={"message": what})
+            log.warning("upstream session expired; message not delivered", extra={"sent": what})
         elif not response.is_success:
             log_refused(response, what)
         elif what == protocol.INITIALIZED:
@@ -233,8 +239,12 @@ class HandshakeLeg:
         settings = self._reader.settings
         cursor = Cursor()
         attempts = 0
+        quick_ends = 0  # streams in a row that ended at once without a message
+        delivered = False
 
         async def on_event(data: Payload) -> bool:
+            nonlocal delivered
+            delivered = True
             if isinstance(data, bytes) and b"list_changed" in data:
                 self._note_notification(data)
             await self._reader.put(data, None)
@@ -242,6 +252,8 @@ class HandshakeLeg:
 
         with scope:
             while attempts < settings.reconnect_attempts:
+                delivered = False
+                opened_at = anyio.current_time()
                 try:
                     outcome = await self._open_stream(cursor, on_event)
                 except Exception:
@@ -252,7 +264,9 @@ class HandshakeLeg:
                         log.debug("the upstream offers no standalone stream (GET answered 405)")
                     return
                 attempts = 0 if outcome == "ended" else attempts + 1
-                await anyio.sleep(cursor.retry or settings.reconnect_delay)
+                lived = anyio.current_time() - opened_at >= STREAM_LIVED
+                quick_ends = 0 if delivered or lived else min(quick_ends + 1, 16)
+                await anyio.sleep(standalone_delay(cursor.retry or settings.reconnect_delay, quick_ends))
             log.warning(
                 "lost the upstream's standalone stream; server messages outside requests will not arrive"
             )
@@ -264,3 +278,14 @@ class HandshakeLeg:
             return
         if isinstance(message, dict) and message.get("method") == protocol.TOOLS_CHANGED:
             self._reader.tools.stale()
+
+
+def standalone_delay(asked: float, quick_ends: int) -> float:
+    """The wait before reopening the standalone stream: what the server's `retry:` (or the default
+    `reconnect_delay`) asks, but at least `RETRY_FLOOR`, doubled for each stream in a row
+    that ended at once without a message, up to `QUICK_END_BACKOFF_LIMIT`. A server that opens and
+    closes its GET stream with `retry: 1` had it reopened every millisecond, for the whole session."""
+    delay = max(asked, RETRY_FLOOR)
+    if quick_ends <= 1:
+        return delay
+    return max(delay, min(delay * float(2 ** (quick_ends - 1)), QUICK_END_BACKOFF_LIMIT))

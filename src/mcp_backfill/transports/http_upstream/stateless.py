@@ -94,7 +94,7 @@ class StatelessLeg:
         if isinstance(items[0], dict) and isinstance(items[0].get("method"), str):
             headers[protocol.METHOD_HEADER] = items[0]["method"]
             if unsendable_routing(self.version, items[0]["method"]):
-                log.warning("message not delivered: its method cannot be a header", extra={"message": what})
+                log.warning("message not delivered: its method cannot be a header", extra={"sent": what})
                 return
         response = await self._reader.post_one_way(body, headers, what)
         if response is not None and not response.is_success:
