@@ -524,3 +524,30 @@ async def test_a_2026_stream_keeps_nothing_it_has_written() -> None:
             tg.cancel_scope.cancel()
     written = [message for _, message in sse_messages(b"".join(call.chunks).decode())]
     assert [m["params"]["uri"] for m in written] == [f"x://{n}" for n in range(50)]
+
+
+async def test_what_a_hubs_streams_hold_is_counted_as_it_changes() -> None:
+    """The bytes a client's 2026-07-28 streams hold for their readers are kept as a running total
+    (summing every stream at each request cost a look at all of them: a thousand users sharing one
+    identity): written events give theirs back, a released stream gives back what it still holds,
+    and what reaches it after is not counted."""
+    mux = MuxChannel()
+    first, raw_first = mux.open(request("A", "tools/call"))
+    second, raw_second = mux.open(request("B", "tools/call"))
+    answer = {"jsonrpc": "2.0", "id": json.loads(raw_first)["id"], "result": {"x": "a" * 1000}}
+    await mux.send(encode(answer))
+    progress = {"progressToken": json.loads(raw_second)["id"], "progress": 1, "message": "b" * 500}
+    await mux.send(encode(notification("notifications/progress", **progress)))
+    held_first, held_second = first.stream.buffered_bytes, second.stream.buffered_bytes
+    assert held_first > 1000
+    assert held_second > 500
+    assert mux.buffered_bytes == held_first + held_second
+    first.stream.handed_out(1)  # its answer written: nothing left to hold
+    assert mux.buffered_bytes == held_second
+    mux.release(second)  # its reader gone before reading
+    assert mux.buffered_bytes == 0
+    await mux.send(encode(notification("notifications/progress", **progress)))
+    assert second.stream.buffered_bytes > 0  # kept for nobody: counted no more
+    assert mux.buffered_bytes == 0
+    mux.release(first)
+    assert mux.buffered_bytes == 0

@@ -235,25 +235,25 @@ def ping_2026(request_id: int) -> tuple[dict[str, Any], dict[str, str]]:
     return body, {**JSON_POST, "mcp-protocol-version": "2026-07-28", "mcp-method": "ping", "who": "alice"}
 
 
-async def test_one_client_cannot_keep_more_than_256_2026_requests_open() -> None:
-    """A 2026-07-28 client had no limit on its requests in flight (a session has 256 POSTs): each
-    keeps a response stream that can buffer 8 MiB for a reader that stops reading. The excess gets
-    a 429, as a session's POSTs do."""
+async def test_one_identity_may_have_more_2026_requests_in_flight_than_a_session_has_posts() -> None:
+    """Every caller of a sidecar without tokens (and every holder of `--auth-token`) is one identity,
+    so one hub: a limit of 256 requests in flight per hub, as a session has for its POSTs, refused a
+    thousand users' requests with 429 (the benchmark's 1,000 clients: 16,366 errors). What a hub's
+    requests may hold is bounded by bytes; how many there are, by `--max-connections`."""
     app, hubs = stateless_app(FrontSettings(1024))
-    answers = [Answer() for _ in range(MAX_OPEN_POSTS)]
-    excess = Answer()
-    with anyio.fail_after(20):
+    count = MAX_OPEN_POSTS + 44
+    answers = [Answer() for _ in range(count)]
+    with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
             hubs.start(tg)
-            for n, answer in enumerate(answers):
+            for n, answer in enumerate(answers):  # one by one: each finds the others in flight
                 tg.start_soon(post, app, *ping_2026(n), answer)
-            while hubs.in_flight < MAX_OPEN_POSTS:
-                await anyio.sleep(0.01)
-            with anyio.move_on_after(5):
-                await post(app, *ping_2026(MAX_OPEN_POSTS), excess)
+                while hubs.in_flight <= n and answer.status is None:
+                    await anyio.sleep(0.001)
+            reached = hubs.in_flight
             tg.cancel_scope.cancel()
-    assert excess.status == 429, excess.body
-    assert b"256" in excess.body
+    assert [answer.body for answer in answers if answer.status is not None] == []
+    assert reached == count
 
 
 async def test_a_2026_client_whose_answers_pile_up_unread_gets_429_for_more() -> None:

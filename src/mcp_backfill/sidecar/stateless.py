@@ -22,10 +22,10 @@ attribute to "the one request in flight" is then always the same client's, and w
 
 The answer is JSON when it comes within 15 s with nothing before it, else an SSE stream without
 event ids (this revision does not resume streams), as the SDK's server does; JSON errors get the
-SDK's HTTP status for their code (400, or 404 for -32601). One client's hub takes at most
-`MAX_OPEN_POSTS` requests at once (waiting for their answers, or for their client to read them),
-and none while the answers its readers have not read hold `HUB_BUFFER_BYTES`: 429 otherwise, as a
-session's POSTs get.
+SDK's HTTP status for their code (400, or 404 for -32601). One client's hub takes no request while
+the answers its readers have not read hold `HUB_BUFFER_BYTES` (429, as a session's POSTs get); how
+many it has in flight is bounded by `--max-connections` alone, since one identity may be many users
+(every caller of a sidecar without tokens, every holder of `--auth-token`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,6 @@ from mcp_backfill.sidecar.sessions import CountingChannel, CountMessage, MakeRel
 from mcp_backfill.sidecar.upstreams import UPSTREAM_START_FAILED, UpstreamFactory, UpstreamRequest
 from mcp_backfill.transports.event_stream import SESSION_REPLAY_BYTES
 from mcp_backfill.transports.http_mux import MuxChannel, MuxedRequest
-from mcp_backfill.transports.http_server import MAX_OPEN_POSTS
 from mcp_backfill.transports.tool_schemas import LIST_PAGE_CAP
 
 if TYPE_CHECKING:
@@ -465,23 +464,17 @@ class StatelessFront:
 
 async def _room_for_one_more(call: HttpCall, mux: MuxChannel, request_id: Any) -> bool:
     """Does one client's hub take one more request? Each keeps a response stream that can hold up
-    to 8 MiB for a reader that stops reading: at most `MAX_OPEN_POSTS` at once (as a session's
-    POSTs), and none while those of the client hold `HUB_BUFFER_BYTES` already (429 otherwise)."""
-    if mux.open_streams >= MAX_OPEN_POSTS:
-        reason = (
-            f"this client already has {MAX_OPEN_POSTS} requests waiting for their answers (or for "
-            "being read); wait for some to be answered (or cancel them)"
-        )
-    elif mux.buffered_bytes >= HUB_BUFFER_BYTES:
-        reason = (
-            f"the answers of this client's requests not yet read hold {HUB_BUFFER_BYTES // 2**20} MiB "
-            "already; read them (or cancel those requests)"
-        )
-    else:
+    to 8 MiB for a reader that stops reading: none more while those of the client hold
+    `HUB_BUFFER_BYTES` already (429). Not a count: one identity may be a thousand users."""
+    if mux.buffered_bytes < HUB_BUFFER_BYTES:
         return True
+    reason = (
+        f"the answers of this client's requests not yet read hold {HUB_BUFFER_BYTES // 2**20} MiB "
+        "already; read them (or cancel those requests)"
+    )
     log.warning(
-        "2026-07-28 request refused: too many waiting for answers",
-        extra={"requests": mux.open_streams, "buffered_bytes": mux.buffered_bytes},
+        "2026-07-28 request refused: answers not read pile up",
+        extra={"requests": mux.in_flight, "buffered_bytes": mux.buffered_bytes},
     )
     await call.respond_error(
         429, protocol.INVALID_REQUEST, f"Too many requests in flight: {reason}", request_id

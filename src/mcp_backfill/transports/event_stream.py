@@ -77,9 +77,11 @@ class ReplayBudget:
         self.total += stream.buffered_bytes
 
     def remove(self, stream: EventStream) -> None:
+        """`stream` counts no more: what it holds is given back, and what it gets later is its own."""
         if stream in self._streams:
             self._streams.remove(stream)
             self.total -= stream.buffered_bytes
+            stream.leave_budget()
 
     def trim(self, newest: EventStream) -> None:
         """Drop the oldest events of the session's streams until the total is within the limit;
@@ -179,6 +181,11 @@ class EventStream:
                 log.warning(
                     "SSE reader far behind and not reading; no longer waited for", extra={"stream": self.key}
                 )
+
+    def leave_budget(self) -> None:
+        """Count no more in the budget given at construction (its `remove` calls this)."""
+        self._budget = None
+        self._stamps.clear()
 
     def handed_out(self, seq: int) -> None:
         """Event `seq` went to the HTTP response writing this stream."""

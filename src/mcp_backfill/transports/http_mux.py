@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeGuard
@@ -42,7 +43,7 @@ import anyio
 
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.logs import get_logger
-from mcp_backfill.transports.event_stream import EventStream
+from mcp_backfill.transports.event_stream import EventStream, ReplayBudget
 from mcp_backfill.transports.http_server import INBOX_SIZE, InboxChannel
 from mcp_backfill.transports.queue import MessageQueue
 from mcp_backfill.transports.tool_schemas import ToolSchemas
@@ -77,7 +78,9 @@ class MuxChannel(InboxChannel):
         self._ids = itertools.count(1)
         self._exchanges: dict[int, MuxedRequest] = {}
         self._own_in_flight = 0
-        self._streams: set[EventStream] = set()  # of the requests `open`ed and not yet `release`d
+        # What the streams of the requests `open`ed and not yet `release`d hold, kept as they change
+        # (summed at each request, it cost a look at every stream: 1,000 clients sharing one identity).
+        self._held = ReplayBudget(sys.maxsize)  # never trimmed: an answer is not dropped for others
         self.closed = False
         self.tools = ToolSchemas()
 
@@ -86,35 +89,31 @@ class MuxChannel(InboxChannel):
         return len(self._exchanges)
 
     @property
-    def open_streams(self) -> int:
-        """Requests opened and not yet released: waiting for their answer, or for their client to
-        read it."""
-        return len(self._streams)
-
-    @property
     def buffered_bytes(self) -> int:
-        """What the streams of those requests hold for their readers, together."""
-        return sum(stream.buffered_bytes for stream in self._streams)
+        """What the streams of the requests opened and not yet released (waiting for their answer,
+        or for their client to read it) hold for their readers, together."""
+        return self._held.total
 
     def release(self, exchange: MuxedRequest) -> None:
         """The HTTP handler of `exchange` is done with its stream."""
-        self._streams.discard(exchange.stream)
+        self._held.remove(exchange.stream)
 
     # -- from the HTTP handlers ------------------------------------------------------------------
 
     def open(self, request: dict[str, Any], *, own: bool = False) -> tuple[MuxedRequest, bytes]:
         """Register a POSTed request; returns its exchange and the message to relay (ids rewritten)."""
         mux_id = next(self._ids)
+        held = None if own else self._held  # the proxy's own last `OWN_LIST_SECONDS` at most
         exchange = MuxedRequest(
             request["id"],
             mux_id,
             str(request.get("method")),
-            EventStream(f"m{mux_id}", EXCHANGE_BUFFER, replay=False),
+            EventStream(f"m{mux_id}", EXCHANGE_BUFFER, budget=held, replay=False),
             own=own,
         )
         self._own_in_flight += own
-        if not own:  # the proxy's own last `OWN_LIST_SECONDS` at most
-            self._streams.add(exchange.stream)
+        if held is not None:
+            held.add(exchange.stream)
         rewritten = {**request, "id": mux_id}
         params = request.get("params")
         if exchange.method == protocol.TOOLS_LIST and isinstance(params, dict):

@@ -124,6 +124,10 @@ class ExchangeReader:
     Also where the upstream's failures are counted (`failed`: it was unreachable or lost the session
     at some point) and where `tools/list` answers teach the tools' header maps, whichever leg
     carried them.
+
+    Long because every way an answer can come (JSON, SSE, a batch for a single request, too large,
+    an HTTP error, a dropped stream to resume) ends in the same few places: the inbox, the
+    exchange's owed ids, `failed` and the tools' maps. Split, each part would take them all along.
     """
 
     def __init__(
