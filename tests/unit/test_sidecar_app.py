@@ -168,21 +168,7 @@ async def test_a_2026_request_whose_upstream_starts_when_the_drain_begins_gets_t
     """A 2026-07-28 request waited for its hub's upstream to start, and the drain began meanwhile:
     it was relayed all the same (a request arriving then gets 503)."""
     upstreams = Upstreams("alice")
-
-    def make_relay(client: MessageChannel, upstream: MessageChannel, identity: str) -> Relay:
-        return cast(Relay, IdleRelay())
-
-    settings = FrontSettings(1024)
-    sessions = SessionTable(1, SessionSettings(0, 1), _unused, _unused, lambda direction: None)
-    hubs = StatelessHubs(
-        lambda identity: StatelessHub(upstreams, make_relay, lambda direction: None, identity),
-        max_upstreams=1,
-        idle_timeout=0,
-    )
-    policy = AccessPolicy(allowed_hosts=("127.0.0.1:8080",), allowed_origins=())
-    app = SidecarApp(
-        policy, HandshakeFront(sessions, settings), StatelessFront(hubs, settings), Metrics(), always_ready
-    )
+    app, hubs = stateless_app(FrontSettings(1024), upstreams)
     meta = {
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {},
@@ -193,7 +179,6 @@ async def test_a_2026_request_whose_upstream_starts_when_the_drain_begins_gets_t
     answer = Answer()
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
-            sessions.start(tg)
             hubs.start(tg)
             tg.start_soon(post, app, ping, headers, answer)
             await upstreams.starting.wait()
@@ -207,13 +192,19 @@ async def test_a_2026_request_whose_upstream_starts_when_the_drain_begins_gets_t
     assert b"shutting down" in answer.body
 
 
-def stateless_app(settings: FrontSettings) -> tuple[SidecarApp, StatelessHubs]:
+def stateless_app(
+    settings: FrontSettings, upstreams: Upstreams | None = None
+) -> tuple[SidecarApp, StatelessHubs]:
+    """A sidecar app whose 2026-07-28 hubs start `upstreams` (a fresh `Upstreams()` by default), one
+    at a time, with relays that never answer."""
+    started = upstreams if upstreams is not None else Upstreams()
+
     def make_relay(client: MessageChannel, upstream: MessageChannel, identity: str) -> Relay:
         return cast(Relay, IdleRelay())
 
     sessions = SessionTable(1, SessionSettings(0, 1), _unused, _unused, lambda direction: None)
     hubs = StatelessHubs(
-        lambda identity: StatelessHub(Upstreams(), make_relay, lambda direction: None, identity),
+        lambda identity: StatelessHub(started, make_relay, lambda direction: None, identity),
         max_upstreams=1,
         idle_timeout=0,
     )
@@ -290,21 +281,7 @@ async def test_a_2026_request_whose_upstream_is_starting_when_the_drain_ends_is_
     start was cancelled, anyio's `start` raised ("child exited without calling started") and the
     request ended in a bare 500 with a traceback, not the answer the others get."""
     upstreams = Upstreams("alice")
-
-    def make_relay(client: MessageChannel, upstream: MessageChannel, identity: str) -> Relay:
-        return cast(Relay, IdleRelay())
-
-    settings = FrontSettings(1024)
-    sessions = SessionTable(1, SessionSettings(0, 1), _unused, _unused, lambda direction: None)
-    hubs = StatelessHubs(
-        lambda identity: StatelessHub(upstreams, make_relay, lambda direction: None, identity),
-        max_upstreams=1,
-        idle_timeout=0,
-    )
-    policy = AccessPolicy(allowed_hosts=("127.0.0.1:8080",), allowed_origins=())
-    app = SidecarApp(
-        policy, HandshakeFront(sessions, settings), StatelessFront(hubs, settings), Metrics(), always_ready
-    )
+    app, hubs = stateless_app(FrontSettings(1024), upstreams)
     answer = Answer()
     failures: list[BaseException] = []
 
