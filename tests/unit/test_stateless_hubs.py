@@ -178,12 +178,15 @@ async def test_a_restarted_hub_waits_for_its_old_upstream_to_stop() -> None:
     got: list[MuxChannel] = []
 
     async def request() -> None:
-        got.append(await hub.mux(lambda: {}))
+        mux = await hub.mux(lambda: {})
+        assert mux is not None
+        got.append(mux)
 
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             hub.start(tg)
             first = await hub.mux(lambda: {})
+            assert first is not None
             ends[0].set()  # the upstream closes its output, and takes its time to exit
             while not first.closed:
                 await anyio.sleep(0.01)
@@ -212,12 +215,15 @@ async def test_a_request_waiting_for_the_old_upstream_to_stop_is_let_go_when_the
     got: list[MuxChannel] = []
 
     async def request() -> None:
-        got.append(await hub.mux(lambda: {}))
+        mux = await hub.mux(lambda: {})
+        assert mux is not None
+        got.append(mux)
 
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             hub.start(tg)
             first = await hub.mux(lambda: {})
+            assert first is not None
             ends[0].set()
             while not first.closed:
                 await anyio.sleep(0.01)
@@ -229,4 +235,48 @@ async def test_a_request_waiting_for_the_old_upstream_to_stop_is_let_go_when_the
             assert got[0].closed  # answered at once (the front tells the client the drain is over)
             assert upstreams.started == 1
             upstreams.exited.set()
+            tg.cancel_scope.cancel()
+
+
+async def test_no_upstream_starts_once_the_drain_has_begun() -> None:
+    """A 2026-07-28 request that began before the drain waited for its hub's old upstream (which had
+    closed its output) to exit, then started a new one during the drain: the front answered the
+    request 503 and the new upstream ran, for nothing, until `serve` stopped. Now a hub starts none
+    while the drain lasts (the front's 503 stands), nor is a hub made for a new client."""
+    upstreams = SlowToExit()
+    ends = [anyio.Event(), anyio.Event()]
+
+    def make_relay(client: MessageChannel, upstream: MessageChannel, identity: str) -> Relay:
+        return cast(Relay, EndingRelay(ends[upstreams.started - 1]))
+
+    hubs = StatelessHubs(
+        lambda identity: StatelessHub(upstreams, make_relay, lambda direction: None, identity),
+        max_upstreams=2,
+        idle_timeout=0,
+    )
+    got: list[MuxChannel | None] = []
+
+    async def request() -> None:
+        got.append(await mux_for(hubs, "alice"))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            hubs.start(tg)
+            first = await mux_for(hubs, "alice")
+            assert first is not None
+            ends[0].set()  # the upstream closes its output, and takes its time to exit
+            while not first.closed:
+                await anyio.sleep(0.01)
+            tg.start_soon(request)
+            await anyio.wait_all_tasks_blocked()
+            hubs.drain()
+            upstreams.exited.set()
+            while not got:
+                await anyio.sleep(0.01)
+            await anyio.wait_all_tasks_blocked()
+            assert got == [None]
+            assert upstreams.started == 1, "an upstream started during the drain"
+            assert await mux_for(hubs, "bob") is None
+            assert upstreams.started == 1
+            assert len(hubs) == 1
             tg.cancel_scope.cancel()

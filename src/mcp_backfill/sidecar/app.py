@@ -86,6 +86,7 @@ class SidecarApp:
         themselves (handshake sessions' standalone GET streams, 2026-07-28 `subscriptions/listen`)."""
         self.handshake.settings.draining = True
         self.stateless.settings.draining = True
+        self.stateless.hubs.drain()
         for session in self.handshake.sessions.all():
             session.router.get_stream.finish()
         self.stateless.hubs.end_listens()

@@ -98,6 +98,7 @@ class StatelessHub:
         self._stopped = anyio.Event()  # set while no upstream of this hub runs (or is stopping)
         self._stopped.set()
         self._shut = anyio.Event()  # the drain is over (`shut_down`)
+        self._draining = anyio.Event()  # the drain has begun: no upstream starts any more
         self.last_used = anyio.current_time()
 
     def start(self, tg: TaskGroup) -> None:
@@ -124,11 +125,15 @@ class StatelessHub:
             self._held -= 1
             self.last_used = anyio.current_time()
 
-    async def mux(self, headers: UpstreamHeaders) -> MuxChannel:
-        """The live mux, starting the upstream first if needed; raises `UpstreamStartError`."""
+    async def mux(self, headers: UpstreamHeaders) -> MuxChannel | None:
+        """The live mux, starting the upstream first if needed (None: the drain has begun, and no
+        upstream starts then: the request is refused, and a new upstream would run for nothing
+        until `serve` stops); raises `UpstreamStartError`."""
         live = self._mux
         if live is not None and not live.closed:
             return live  # the common case: no lock to take
+        if self._draining.is_set():
+            return None
         self._waiting += 1
         try:
             async with self._lock:
@@ -136,11 +141,16 @@ class StatelessHub:
                     assert self._tg is not None
                     # An upstream that closed its output may take seconds to exit: one started
                     # beside it would make two processes for this hub (past --max-sessions).
-                    await first_of(self._stopped, self._shut)
+                    await first_of(self._stopped, self._shut, self._draining)
                     if self._shut.is_set() and self._mux is not None:
                         return self._mux  # closed: the drain is over
+                    if self._draining.is_set():
+                        return None
                     self._headers = headers()
                     await self._tg.start(self._run)
+                    if self._draining.is_set():  # it began while the upstream started
+                        self.stop()
+                        return None
                 assert self._mux is not None
                 return self._mux
         finally:
@@ -201,6 +211,10 @@ class StatelessHub:
         if self._scope is not None:
             self._scope.cancel()
 
+    def drain(self) -> None:
+        """The drain has begun: the upstream running serves on, none starts any more."""
+        self._draining.set()
+
     def shut_down(self, reason: str) -> None:
         """Stop, the requests still waiting answered with `reason` at once (the drain is over)."""
         self._shut.set()
@@ -245,6 +259,7 @@ class StatelessHubs:
         # stopping: they hold their place under `max_upstreams` until it has.
         self._stopping: set[StatelessHub] = set()
         self._shut = anyio.Event()  # the drain is over: no more waiting for room
+        self._draining = anyio.Event()  # the drain has begun: no new hubs, no room made
         self._tg: TaskGroup | None = None
 
     def start(self, tg: TaskGroup) -> None:
@@ -267,9 +282,12 @@ class StatelessHubs:
 
     async def mux(self, headers: UpstreamHeaders, identity: str) -> MuxChannel | None:
         """The live mux of `identity`'s hub (None: `max_upstreams` are all busy with other clients
-        or sessions); raises `UpstreamStartError`."""
+        or sessions, or the drain has begun and the hub has no upstream running); raises
+        `UpstreamStartError`."""
         hub = self._hubs.get(identity)
         while hub is None:
+            if self._draining.is_set():
+                return None
             if self.upstreams + self._others() < self._max_upstreams:
                 assert self._tg is not None
                 hub = self._hubs[identity] = self._make_hub(identity)
@@ -300,7 +318,7 @@ class StatelessHubs:
         hub = self._retire(key)
         log.info("upstream for 2026-07-28 requests of an idle client closed to make room")
         with anyio.move_on_after(self._stop_timeout):
-            await first_of(hub.stopped_event, self._shut)
+            await first_of(hub.stopped_event, self._shut, self._draining)
         return hub.stopped
 
     def _retire(self, key: str) -> StatelessHub:
@@ -325,6 +343,13 @@ class StatelessHubs:
     def stop(self) -> None:
         for hub in self._hubs.values():
             hub.stop()
+
+    def drain(self) -> None:
+        """The drain has begun: the upstreams running serve on, but none starts any more (a
+        request refused for the drain would leave it running for nothing until `serve` stops)."""
+        self._draining.set()
+        for hub in self._hubs.values():
+            hub.drain()
 
     def shut_down(self, reason: str) -> None:
         """The drain is over: every hub answers its requests still waiting with `reason`, and stops;
