@@ -350,6 +350,59 @@ async def test_sigterm_ends_open_listen_streams_instead_of_waiting_out_the_drain
         assert "Exception in ASGI application" not in sidecar.stderr()
 
 
+def round_request(request_id: Any, question: str, **params: Any) -> dict[str, Any]:
+    """`confirm_and_ask` from a client that can elicit (not sample): a mixed round."""
+    body = stateless_request(
+        request_id, "tools/call", {"name": "confirm_and_ask", "arguments": {"question": question}, **params}
+    )
+    body["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] = {"elicitation": {"form": {}}}
+    return body
+
+
+async def test_a_retry_answering_a_round_is_served_during_the_drain(fake_claude: FakeClaude) -> None:
+    """A 2026-07-28 retry carrying `inputResponses` and the proxy's `requestState` completes a round
+    whose sampling the proxy already did (and paid for). During the drain it got 503 like a new
+    request; without a shared --request-state-key no other replica knows the state ("requestState
+    expired or unknown"), so that Claude call was wasted. Now it is served while the drain lasts;
+    a new request still gets 503."""
+    fake_claude.enqueue(text_reply("Proceeding."), hang_reply())
+    async with (
+        run_sidecar(
+            "--drain-timeout", "15", upstream=RESOLVE_SERVER, env=proxy_env(fake_claude.url)
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        headers = stateless_headers("tools/call", "confirm_and_ask")
+        first = await http.post(sidecar.url, json=round_request(1, "Proceed?"), headers=headers)
+        result = response_to(first, 1)["result"]
+        assert result["resultType"] == "input_required"
+        [key] = result["inputRequests"]
+        async with anyio.create_task_group() as tg:
+            # A request whose Claude call hangs keeps the drain going.
+            tg.start_soon(partial(call_tool, http, sidecar, 2, "summarize", text="slow"))
+            with anyio.fail_after(HTTP_TIMEOUT):
+                while len(fake_claude.message_requests) < 2:
+                    await anyio.sleep(0.05)
+            sidecar.signal(signal.SIGTERM)
+            with anyio.fail_after(HTTP_TIMEOUT):
+                while "draining" not in sidecar.stderr():
+                    await anyio.sleep(0.05)
+            retry = round_request(
+                3,
+                "Proceed?",
+                inputResponses={key: {"action": "accept", "content": {"ok": True}}},
+                requestState=result["requestState"],
+            )
+            answer = await http.post(sidecar.url, json=retry, headers=headers)
+            assert answer.status_code == 200, answer.text
+            final = response_to(answer, 3)["result"]
+            assert json.loads(final["content"][0]["text"]) == {"ok": True, "text": "Proceeding."}
+            fresh = await http.post(sidecar.url, json=round_request(4, "Again?"), headers=headers)
+            assert fresh.status_code == 503, fresh.text
+        assert len(fake_claude.message_requests) == 2  # the retry did not sample again
+        assert await sidecar.wait(40) == 0
+
+
 async def test_2026_upstreams_and_handshake_sessions_share_max_sessions(tmp_path: Path) -> None:
     """`--max-sessions` counts upstreams: handshake sessions and 2026-07-28 hubs used to get it each,
     so `--max-sessions 1` ran two upstream processes. Now a 2026-07-28 client finding the one slot

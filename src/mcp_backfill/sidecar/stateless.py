@@ -41,6 +41,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import UpstreamStartError
 from mcp_backfill.logs import get_logger
+from mcp_backfill.relay.input_required import stash_token
 from mcp_backfill.sidecar.http_io import (
     FrontSettings,
     HttpCall,
@@ -401,7 +402,10 @@ class StatelessFront:
         if rejection is not None:
             await _write_rejection(call, rejection, decoded["id"])
             return
-        if self.settings.draining:
+        # A retry answering a round the proxy already sampled for (and paid for) is served while
+        # the drain lasts, if the hub's upstream still runs: its answers are in this process.
+        retry = _answers_a_round(decoded)
+        if self.settings.draining and not retry:
             await call.respond_error(503, protocol.INTERNAL_ERROR, "Service Unavailable: shutting down")
             return
         try:
@@ -431,7 +435,7 @@ class StatelessFront:
         if rejection is not None:
             await _write_rejection(call, rejection, decoded["id"])
             return
-        if self.settings.draining:  # it began while the request waited for its upstream (or room)
+        if self.settings.draining and not retry:  # it began while the request waited for its upstream
             await call.respond_error(503, protocol.INTERNAL_ERROR, "Service Unavailable: shutting down")
             return
         if not await _room_for_one_more(call, mux, decoded["id"]):
@@ -517,6 +521,19 @@ async def first_of(*events: anyio.Event) -> None:
 
         for event in events:
             tg.start_soon(wait, event)
+
+
+def _answers_a_round(request: dict[str, Any]) -> bool:
+    """A retry echoing a `requestState` of the proxy's: the client's answers to an `input_required`
+    round whose sampling the proxy did (or whose approval it asked). Without a shared
+    `--request-state-key` no other replica knows that state, so during the drain it is served
+    here rather than refused (503): the Claude call made for the round is not wasted."""
+    params = request.get("params")
+    return (
+        request.get("method") in protocol.INPUT_REQUIRED_METHODS
+        and isinstance(params, dict)
+        and stash_token(params) is not None
+    )
 
 
 def _is_message(decoded: Any) -> bool:
