@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -717,6 +718,31 @@ async def test_sigterm_drains_requests_in_flight(tmp_path: Path) -> None:
         assert await sidecar.wait() == 0
         assert not pid_alive(pid)
     assert "draining" in sidecar.stderr()
+
+
+async def test_a_get_resuming_the_standalone_stream_during_the_drain_is_refused(tmp_path: Path) -> None:
+    """The drain ends each session's standalone GET stream; a GET resuming it (`Last-Event-ID`)
+    was still taken, and answered at once with an empty 200: a client (the MCP SDK's resets its
+    attempts after a stream that ended normally) reconnects again and again while the drain lasts.
+    Now it gets 503 with `Retry-After`, as a new GET stream does, and gives up on this replica."""
+    upstream = [*CHATTY_SERVER, str(tmp_path)]
+    async with (
+        run_sidecar("--provider", "mock", upstream=upstream, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        session_id = await open_session(http, sidecar.url)
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
+        sleep = {"name": "sleep", "arguments": {"seconds": 6, "note": "drain"}}
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(http.post, sidecar.url, json=call(2, "tools/call", sleep), headers=headers))
+            await wait_until(lambda: (tmp_path / "sleeping-drain").exists())
+            sidecar.signal(signal.SIGTERM)
+            await wait_until(lambda: "draining" in sidecar.stderr())
+            for resume in ({}, {"last-event-id": "g.0"}):
+                answer = await http.get(sidecar.url, headers={**headers, **resume})
+                assert answer.status_code == 503, (resume, answer.status_code, answer.text)
+                assert answer.headers.get("retry-after"), resume
+        assert await sidecar.wait() == 0
 
 
 async def test_a_request_in_flight_that_waits_for_the_client_finishes_during_the_drain() -> None:

@@ -49,6 +49,10 @@ from mcp_backfill.transports.http_server import MAX_OPEN_POSTS
 
 log = get_logger("sidecar")
 
+# The `Retry-After` (seconds) of a GET stream refused during the drain: the session ends with it,
+# and a client that comes back at once only finds the sidecar still draining.
+DRAIN_RETRY_AFTER = 5
+
 
 class HandshakeFront:
     def __init__(
@@ -284,11 +288,20 @@ class HandshakeFront:
                 )
                 return
             stream, after = resumed
+            if (
+                self.settings.draining
+                and stream is session.router.get_stream
+                and stream.complete_after(after)
+            ):
+                # The drain ended the standalone stream: an empty 200 would have the client
+                # reconnect at once, again and again while the drain lasts.
+                await _refuse_get_while_draining(call)
+                return
         else:
             stream = session.router.get_stream
             after = stream.delivered
             if self.settings.draining:
-                await call.respond_error(503, protocol.INTERNAL_ERROR, "Service Unavailable: shutting down")
+                await _refuse_get_while_draining(call)
                 return
             if stream.attached:
                 await call.respond_error(
@@ -377,6 +390,17 @@ def _is_message(message: Any) -> bool:
     if not isinstance(message["method"], str) or not (params is None or isinstance(params, dict)):
         return False
     return "id" not in message or protocol.string_or_integer(message["id"])
+
+
+async def _refuse_get_while_draining(call: HttpCall) -> None:
+    """A GET stream asked for while the sidecar drains: 503, with `Retry-After` so that a client
+    honouring it does not come straight back (the session ends with the drain)."""
+    await call.respond_error(
+        503,
+        protocol.INTERNAL_ERROR,
+        "Service Unavailable: shutting down",
+        headers=[(b"retry-after", str(DRAIN_RETRY_AFTER).encode())],
+    )
 
 
 def _session_header(session: HttpSession) -> list[tuple[bytes, bytes]]:
