@@ -340,29 +340,37 @@ class HandshakeFront:
             await call.respond_error(404, protocol.INVALID_REQUEST, "Session not found")
             return None
         if session.identity != identity:
-            log.warning(
-                "request refused: the session belongs to another client",
-                extra={"session": session.label, "client": identity, "owner": session.identity},
-            )
-            await call.respond_error(
-                403,
-                protocol.INVALID_REQUEST,
-                "Forbidden: this session was opened with another credential; open your own with initialize",
-            )
+            await _refuse_foreign(call, session, identity)
             return None
         header = call.headers.get(protocol.VERSION_HEADER)
         # As the SDK's server: any handshake revision is accepted (clients may send an older one
         # than they negotiated); a revision this front cannot serve is refused.
         if check_version and header is not None and header not in protocol.HANDSHAKE_VERSIONS:
-            await call.respond_error(
-                400,
-                protocol.INVALID_REQUEST,
-                f"Bad Request: Unsupported protocol version: {header} (supported: "
-                f"{', '.join(sorted(protocol.HANDSHAKE_VERSIONS))})",
-                headers=_session_header(session),
-            )
+            await _refuse_version(call, session, header)
             return None
         return session
+
+
+async def _refuse_foreign(call: HttpCall, session: HttpSession, identity: str) -> None:
+    log.warning(
+        "request refused: the session belongs to another client",
+        extra={"session": session.label, "client": identity, "owner": session.identity},
+    )
+    await call.respond_error(
+        403,
+        protocol.INVALID_REQUEST,
+        "Forbidden: this session was opened with another credential; open your own with initialize",
+    )
+
+
+async def _refuse_version(call: HttpCall, session: HttpSession, header: str) -> None:
+    await call.respond_error(
+        400,
+        protocol.INVALID_REQUEST,
+        f"Bad Request: Unsupported protocol version: {header} (supported: "
+        f"{', '.join(sorted(protocol.HANDSHAKE_VERSIONS))})",
+        headers=_session_header(session),
+    )
 
 
 async def _refuse_too_many_posts(call: HttpCall, session: HttpSession) -> None:
