@@ -1357,3 +1357,28 @@ async def test_a_large_answer_that_is_also_a_sampling_request_is_answered_by_the
         answer = await r.server.recv()
         assert is_mock_answer(answer, 1)
         assert r.client.nothing_waiting()
+
+
+async def test_a_request_repeating_its_members_is_read_as_the_server_reads_it() -> None:
+    """The relay decides from its own reading (orjson: the last of duplicate members) and forwards the
+    bytes: the server's SDK (pydantic's, `JSON.parse`) reads the same message, so the answer it gives
+    under the last `id` is the one the relay routes, and the initialize it reads is the one whose
+    capabilities the relay read (here: sampling declared, nothing backfilled)."""
+    params = json.dumps(initialize({"sampling": {"tools": {}}})).encode()
+    opening = (
+        b'{"jsonrpc":"2.0","id":"first","method":"ping","params":{"capabilities":{}},"id":0,'
+        b'"method":"initialize","params":' + params + b"}"
+    )
+    async with relayed(era="handshake") as r:
+        await r.client.send_raw(opening)
+        assert await r.server.from_relay.receive() == opening  # its bytes, as the server reads them
+        assert json.loads(opening)["params"]["capabilities"] == {"sampling": {"tools": {}}}
+        await r.server.send(result(0, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        assert (await r.client.recv())["id"] == 0
+        call = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"},"id":2}'
+        await r.client.send_raw(call)
+        assert await r.server.from_relay.receive() == call
+        await r.server.send(result(2, {"content": []}))
+        assert await r.client.recv() == result(2, {"content": []})
+        assert r.relay.state.client_requests == {}
+        assert r.relay.state.client.sampling == {"tools": {}}
