@@ -1309,3 +1309,76 @@ async def test_the_proxys_answer_in_a_batch_is_not_lost_when_the_servers_answer_
         answer = await r.client.recv()
         answer = answer if isinstance(answer, list) else [answer]
         assert [(item["id"], item["error"]["code"]) for item in answer] == [(2, protocol.METHOD_NOT_FOUND)]
+
+
+# -- duplicate members ------------------------------------------------------------------------------
+
+
+def large_with_tail(message: dict[str, Any], tail: bytes) -> bytes:
+    """`message` padded past `LARGE_MESSAGE`, with `tail` (`,"name":value` members) written after its
+    own members: what a parser keeping the last of duplicate members (orjson, `json`, pydantic's,
+    `JSON.parse`) reads, and the client's SDK with it, is the tail's."""
+    raw = json.dumps({**message, "pad": "x" * LARGE_MESSAGE}).encode()
+    return raw[:-1] + tail + b"}"
+
+
+async def test_a_large_answer_repeating_its_id_is_routed_by_the_id_the_client_reads() -> None:
+    """Its head names request 1, its last `id` request 9 (a round the proxy drives): the client reads
+    9, so must the proxy, which answers the round's sampling question instead of handing it on."""
+    call = request(9, "tools/call", stateless({"name": "ask"}))
+    async with relayed() as r:
+        await r.client.send(request(1, "tools/list", stateless({})))
+        await r.server.recv()
+        await r.client.send(call)
+        await r.server.recv()
+        await r.server.send_raw(large_with_tail(result(1, input_required({"s": SAMPLE})), b',"id":9'))
+        retry = await r.server.recv()
+        assert retry["id"].startswith("mcp-backfill:")
+        assert retry["params"]["inputResponses"]["s"]["model"].startswith("mock/")
+        await r.server.send(result(retry["id"], {"content": []}))
+        assert await r.client.recv() == result(9, {"content": []})
+        await r.server.send(result(1, {"tools": []}))
+        assert await r.client.recv() == result(1, {"tools": []})
+        assert r.client.nothing_waiting()
+
+
+async def test_a_large_answer_that_is_also_a_sampling_request_is_answered_by_the_proxy() -> None:
+    """`result` at its head, `method` after it: the client's SDK reads a sampling request (a
+    message with a `method` is a request), which --mode always must never let reach the client."""
+    async with relayed(era="handshake", mode="always") as r:
+        await r.client.send(request(0, protocol.INITIALIZE, initialize({"sampling": {}})))
+        await r.server.recv()
+        await r.server.send(result(0, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        await r.client.send(request(1, "tools/call", {"name": "x"}))
+        await r.server.recv()
+        sampling = json.dumps({"method": protocol.SAMPLING, "params": HELLO})[1:-1].encode()
+        await r.server.send_raw(large_with_tail(result(1, {"content": []}), b"," + sampling))
+        answer = await r.server.recv()
+        assert is_mock_answer(answer, 1)
+        assert r.client.nothing_waiting()
+
+
+async def test_a_request_repeating_its_members_is_read_as_the_server_reads_it() -> None:
+    """The relay decides from its own reading (orjson: the last of duplicate members) and forwards the
+    bytes: the server's SDK (pydantic's, `JSON.parse`) reads the same message, so the answer it gives
+    under the last `id` is the one the relay routes, and the initialize it reads is the one whose
+    capabilities the relay read (here: sampling declared, nothing backfilled)."""
+    params = json.dumps(initialize({"sampling": {"tools": {}}})).encode()
+    opening = (
+        b'{"jsonrpc":"2.0","id":"first","method":"ping","params":{"capabilities":{}},"id":0,'
+        b'"method":"initialize","params":' + params + b"}"
+    )
+    async with relayed(era="handshake") as r:
+        await r.client.send_raw(opening)
+        assert await r.server.from_relay.receive() == opening  # its bytes, as the server reads them
+        assert json.loads(opening)["params"]["capabilities"] == {"sampling": {"tools": {}}}
+        await r.server.send(result(0, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        assert (await r.client.recv())["id"] == 0
+        call = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"},"id":2}'
+        await r.client.send_raw(call)
+        assert await r.server.from_relay.receive() == call
+        await r.server.send(result(2, {"content": []}))
+        assert await r.client.recv() == result(2, {"content": []})
+        assert r.relay.state.client_requests == {}
+        assert r.relay.state.client.sampling == {"tools": {}}

@@ -548,7 +548,7 @@ class Relay:
         drive, re-sent rounds) are not taken this way.
         """
         found, upstream_id = jsonrpc.response_head_id(raw)
-        if not found:
+        if not found or self._head_may_mislead():
             return False
         key = jsonrpc.id_key(upstream_id)
         pending = self.state.client_requests.get(key)
@@ -562,6 +562,23 @@ class Relay:
         if self.traces.enabled:
             self.traces.answered({"id": pending.request_id}, by="server")
         return True
+
+    def _head_may_mislead(self) -> bool:
+        """Could a response routed by the id at its head be read as another message, with a
+        consequence? Every common parser (orjson, `json`, pydantic's, `JSON.parse`) keeps the last
+        of duplicate members and takes a message with a `method` for a request: a response whose
+        head names one request may repeat `"id"` after its result, or carry a `"method"` there. That
+        matters (1) while a request the relay reads or drives (`initialize`, a 2026-07-28 round) is
+        waiting: its answer would reach the client unread; (2) under `--mode always` with a client
+        able to sample, which must never see a sampling request: its model would answer (and bill)
+        one the proxy must. Scanning the bytes for such members (or their `\\u` spellings) costs
+        about as much as decoding them, so the normal path is taken then. Otherwise what the client
+        misreads is the upstream's answer to its own request, or a request the client could be sent
+        anyway (`--mode auto` gives a client that samples what it can sample)."""
+        for pending in self.state.client_requests.values():
+            if pending.chain is not None or pending.method == protocol.INITIALIZE:
+                return True
+        return self.mode == "always" and self.state.client.sampling is not None
 
     def _client_id_for(self, upstream_id: Any) -> Any:
         """The client's id for a request known upstream as `upstream_id` (None stays None)."""
