@@ -46,6 +46,17 @@ def sse_answer(events: bytes) -> bytes:
     return b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n" + events
 
 
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, Any]:
+    """A request's head, and its body decoded as JSON (None without one)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    return head, json.loads(await reader.readexactly(length)) if length else None
+
+
 @asynccontextmanager
 async def hostile_upstream(scripts: dict[str, Script]) -> AsyncIterator[str]:
     """A handshake-era upstream at the URL yielded: `initialize` is answered properly, a method named
@@ -57,13 +68,7 @@ async def hostile_upstream(scripts: dict[str, Script]) -> AsyncIterator[str]:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                body = json.loads(await reader.readexactly(length)) if length else None
+                head, body = await read_request(reader)
                 if head.startswith(b"GET") and "GET" in scripts:
                     writer.write(scripts["GET"](None))
                     break
@@ -465,13 +470,7 @@ async def test_a_cancelled_request_whose_stream_pings_forever_is_let_go() -> Non
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                body = json.loads(await reader.readexactly(length)) if length else None
+                _head, body = await read_request(reader)
                 if not (isinstance(body, dict) and "id" in body and "method" in body):
                     if isinstance(body, dict) and body.get("method") == "notifications/cancelled":
                         cancellations.append(body["params"]["requestId"])
