@@ -146,6 +146,18 @@ def test_max_tokens_at_cap_is_not_a_warning() -> None:
     assert request.warnings == ()
 
 
+def test_max_tokens_written_as_a_float_goes_to_claude_as_an_integer() -> None:
+    """`100.0` is the spec's integer 100 (JSON Schema `"integer"`); Claude gets `100`, not `100.0`."""
+    request = to_claude_request({**params(user(text())), "maxTokens": 100.0}, OPTIONS)
+    assert request.kwargs["max_tokens"] == 100
+    assert type(request.kwargs["max_tokens"]) is int
+    clamped = to_claude_request(
+        {**params(user(text())), "maxTokens": 1e6}, replace(OPTIONS, max_tokens_cap=16384)
+    )
+    assert clamped.kwargs["max_tokens"] == 16384
+    assert "maxTokens 1000000 clamped to 16384" in clamped.warnings
+
+
 def test_invalid_params_are_rejected_before_conversion() -> None:
     rejected(
         lambda: to_claude_request({"messages": [], "maxTokens": 1}, OPTIONS), "messages must not be empty"

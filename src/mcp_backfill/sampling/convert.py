@@ -157,7 +157,7 @@ def to_claude_request(params: dict[str, Any], options: ConversionOptions) -> Cla
     ctx = _Context(names=name_map, ids=id_map)
 
     kwargs: dict[str, Any] = {
-        "max_tokens": _max_tokens(params["maxTokens"], options.max_tokens_cap, ctx.warnings),
+        "max_tokens": _max_tokens(int(params["maxTokens"]), options.max_tokens_cap, ctx.warnings),
         "messages": _check_image_count(_convert_messages(params["messages"], ctx)),
     }
     system = params.get("systemPrompt")
