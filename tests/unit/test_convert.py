@@ -675,6 +675,47 @@ def test_audio_inside_tool_result_is_always_a_placeholder() -> None:
         assert messages[2]["content"][0]["content"] == [text("[audio omitted: audio/mpeg, ~100 bytes]")]
 
 
+@pytest.mark.parametrize(
+    ("block", "said"),
+    [
+        (audio(mime="audio/mpeg"), "audio replaced by a text placeholder"),
+        (
+            {
+                "type": "resource",
+                "resource": {
+                    "uri": "file:///a.zip",
+                    "mimeType": "application/zip",
+                    "blob": b64(b"PK\x03\x04"),
+                },
+            },
+            'embedded resource of type "application/zip" replaced by a text placeholder',
+        ),
+        (
+            {
+                "type": "resource",
+                "resource": {"uri": "file:///a.txt", "mimeType": "text/plain", "blob": b64(b"\xff")},
+            },
+            'embedded resource of type "text/plain" replaced by a text placeholder',
+        ),
+    ],
+    ids=["audio", "zip", "undecodable-text"],
+)
+def test_what_a_tool_result_loses_to_a_placeholder_is_in_the_warnings(
+    block: dict[str, Any], said: str
+) -> None:
+    """The result's warnings say what of the request Claude did not get, as for a top-level audio
+    block or a tool result's image: a tool result's audio and embedded files went without a word."""
+    request = convert(
+        user(text("go")),
+        assistant(tool_use("toolu_1", "fetch")),
+        user(tool_result("toolu_1", text("here"), block)),
+        tools=[{"name": "fetch"}],
+        options=PLACEHOLDER_AUDIO,
+    )
+    assert request.kwargs["messages"][2]["content"][0]["content"][1]["text"].startswith("[")
+    assert f"messages[2].content[0].content[1]: {said}" in request.warnings, request.warnings
+
+
 # --- request: tool results --------------------------------------------------------------------------
 
 
