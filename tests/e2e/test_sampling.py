@@ -396,3 +396,52 @@ async def test_claude_calling_a_tool_only_the_history_names_is_an_error_naming_i
     assert error["data"] == {"tool": "gone", "reason": "tool_not_offered"}
     sent = fake_claude.message_requests[-1].body
     assert [tool["name"] for tool in sent["tools"]] == ["kept", "gone"]
+
+
+ECHO_SERVER = python_server("echo_server.py")
+
+
+async def test_a_lone_surrogate_in_the_request_reaches_claude_as_a_replacement_character(
+    fake_claude: FakeClaude,
+) -> None:
+    """JSON lets a string hold half a surrogate pair as an escape (`"\\ud83d"`): a JavaScript server
+    that cuts a tool's output at a length, splitting an emoji, sends one. Claude's body is UTF-8,
+    which has no form for it: the whole request failed with -32603 (`UnicodeEncodeError` in the
+    client). Each is sent as U+FFFD, said in the log, and the rest goes as written."""
+    tool = {"name": "t", "description": "pick \ud83d", "inputSchema": {"type": "object"}}
+    loop = [
+        {"role": "user", "content": {"type": "text", "text": "cut \ud83d here, whole \U0001f600"}},
+        {
+            "role": "assistant",
+            "content": {"type": "tool_use", "id": "c1", "name": "t", "input": {"q": "\udc00"}},
+        },
+        {
+            "role": "user",
+            "content": {
+                "type": "tool_result",
+                "toolUseId": "c1",
+                "content": [{"type": "text", "text": "r\ud83d"}],
+            },
+        },
+    ]
+    sampling = {
+        "method": "sampling/createMessage",
+        "id": "s1",
+        "params": {"messages": loop, "maxTokens": 20, "tools": [tool], "systemPrompt": "sys \udfff"},
+    }
+    async with raw_proxy(proxy_argv(upstream=ECHO_SERVER), proxy_env(fake_claude.url)) as session:
+        await session.request(1, "initialize", initialize_params())
+        await session.send({"jsonrpc": "2.0", "id": 2, "method": "test/ask_client", "params": sampling})
+        response, _ = await session.recv_until(lambda m: m.get("id") == 2, timeout=30)
+        logged = session.stderr()
+    answer = response["result"]["client_response"]
+    assert "result" in answer, answer
+    assert "lone surrogates in a sampling request sent to Claude as U+FFFD" in logged
+    [request] = fake_claude.message_requests
+    sent = request.body
+    assert sent["messages"][0]["content"][0]["text"] == "cut \ufffd here, whole \U0001f600"
+    assert sent["messages"][1]["content"][0]["input"] == {"q": "\ufffd"}
+    assert sent["messages"][2]["content"][0]["content"][0]["text"] == "r\ufffd"
+    assert sent["tools"][0]["description"] == "pick \ufffd"
+    assert "sys \ufffd" in json.dumps(sent["system"], ensure_ascii=False)
+    assert answer["result"]["content"][0]["type"] == "text"

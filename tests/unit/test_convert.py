@@ -146,6 +146,18 @@ def test_max_tokens_at_cap_is_not_a_warning() -> None:
     assert request.warnings == ()
 
 
+def test_max_tokens_written_as_a_float_goes_to_claude_as_an_integer() -> None:
+    """`100.0` is the spec's integer 100 (JSON Schema `"integer"`); Claude gets `100`, not `100.0`."""
+    request = to_claude_request({**params(user(text())), "maxTokens": 100.0}, OPTIONS)
+    assert request.kwargs["max_tokens"] == 100
+    assert type(request.kwargs["max_tokens"]) is int
+    clamped = to_claude_request(
+        {**params(user(text())), "maxTokens": 1e6}, replace(OPTIONS, max_tokens_cap=16384)
+    )
+    assert clamped.kwargs["max_tokens"] == 16384
+    assert "maxTokens 1000000 clamped to 16384" in clamped.warnings
+
+
 def test_invalid_params_are_rejected_before_conversion() -> None:
     rejected(
         lambda: to_claude_request({"messages": [], "maxTokens": 1}, OPTIONS), "messages must not be empty"
@@ -661,6 +673,47 @@ def test_audio_inside_tool_result_is_always_a_placeholder() -> None:
             options=options,
         )
         assert messages[2]["content"][0]["content"] == [text("[audio omitted: audio/mpeg, ~100 bytes]")]
+
+
+@pytest.mark.parametrize(
+    ("block", "said"),
+    [
+        (audio(mime="audio/mpeg"), "audio replaced by a text placeholder"),
+        (
+            {
+                "type": "resource",
+                "resource": {
+                    "uri": "file:///a.zip",
+                    "mimeType": "application/zip",
+                    "blob": b64(b"PK\x03\x04"),
+                },
+            },
+            'embedded resource of type "application/zip" replaced by a text placeholder',
+        ),
+        (
+            {
+                "type": "resource",
+                "resource": {"uri": "file:///a.txt", "mimeType": "text/plain", "blob": b64(b"\xff")},
+            },
+            'embedded resource of type "text/plain" replaced by a text placeholder',
+        ),
+    ],
+    ids=["audio", "zip", "undecodable-text"],
+)
+def test_what_a_tool_result_loses_to_a_placeholder_is_in_the_warnings(
+    block: dict[str, Any], said: str
+) -> None:
+    """The result's warnings say what of the request Claude did not get, as for a top-level audio
+    block or a tool result's image: a tool result's audio and embedded files went without a word."""
+    request = convert(
+        user(text("go")),
+        assistant(tool_use("toolu_1", "fetch")),
+        user(tool_result("toolu_1", text("here"), block)),
+        tools=[{"name": "fetch"}],
+        options=PLACEHOLDER_AUDIO,
+    )
+    assert request.kwargs["messages"][2]["content"][0]["content"][1]["text"].startswith("[")
+    assert f"messages[2].content[0].content[1]: {said}" in request.warnings, request.warnings
 
 
 # --- request: tool results --------------------------------------------------------------------------

@@ -21,7 +21,12 @@ from mcp_backfill.config import Config, Secret
 from mcp_backfill.errors import ConfigError, ProviderError
 from mcp_backfill.protocol import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_backfill.providers import ProviderSettings, make_provider
-from mcp_backfill.providers.anthropic import AnthropicProvider, retry_after_seconds, settle_client
+from mcp_backfill.providers.anthropic import (
+    AnthropicProvider,
+    retry_after_seconds,
+    settle_client,
+    without_lone_surrogates,
+)
 from mcp_backfill.providers.platforms import (
     api_http_client,
     bedrock_model_id,
@@ -826,3 +831,11 @@ async def test_a_call_a_proxy_refused_to_tunnel_is_not_charged() -> None:
     assert error.data is not None
     assert error.data["type"] == "connection_error"
     assert not any(cost.values()), cost
+
+
+def test_without_lone_surrogates_replaces_each_and_keeps_a_clean_request_as_it_is() -> None:
+    clean = {"messages": [{"role": "user", "content": [{"type": "text", "text": "whole \U0001f600"}]}]}
+    assert without_lone_surrogates(clean) == (clean, 0)
+    assert without_lone_surrogates(clean)[0] is clean
+    broken = {"a\ud800": ["x\udc00y", {"k": "\ud83d\ud83d"}, 3, None]}
+    assert without_lone_surrogates(broken) == ({"a\ufffd": ["x\ufffdy", {"k": "\ufffd\ufffd"}, 3, None]}, 4)

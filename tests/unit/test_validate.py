@@ -9,6 +9,7 @@ import pytest
 from mcp_types.methods import parse_server_request
 
 from mcp_backfill.errors import SamplingError
+from mcp_backfill.jsonrpc import decode
 from mcp_backfill.protocol import INVALID_PARAMS
 from mcp_backfill.sampling.validate import (
     ToolChoice,
@@ -265,9 +266,32 @@ def test_max_tokens_missing() -> None:
     rejected({"messages": [user(text())]}, "maxTokens is required")
 
 
-@pytest.mark.parametrize("value", ["100", 1.5, 100.0, None, True, False, [1]])
+@pytest.mark.parametrize("value", ["100", 1.5, float("inf"), float("nan"), None, True, False, [1]])
 def test_max_tokens_not_an_integer(value: Any) -> None:
     rejected({"messages": [user(text())], "maxTokens": value}, "maxTokens must be an integer")
+
+
+@pytest.mark.parametrize("value", [100.0, 1e3])
+def test_max_tokens_written_with_a_fraction_or_exponent_is_an_integer(value: float) -> None:
+    """The spec's schema types `maxTokens` as `"integer"`, which JSON Schema matches for any number
+    without a fractional part (`100.0`, `1e3`); the MCP SDK reads it so: a server writing its
+    integers as floats (Python's `json.dumps(100.0)`) was refused with -32602."""
+    request = {"messages": [user(text())], "maxTokens": value}
+    parse_server_request("sampling/createMessage", "2025-11-25", request)
+    validate_params(request)
+
+
+@pytest.mark.parametrize(
+    ("written", "integer"),
+    [("100.00000000000000000001", False), ("1.0000000000000000000e2", True), ("1e400", False)],
+)
+def test_max_tokens_is_judged_by_its_digits_not_the_nearest_double(written: str, integer: bool) -> None:
+    messages = '[{"role": "user", "content": {"type": "text", "text": "hi"}}]'
+    request = decode(f'{{"messages": {messages}, "maxTokens": {written}}}'.encode())
+    if integer:
+        validate_params(request)
+    else:
+        rejected(request, "maxTokens must be an integer")
 
 
 @pytest.mark.parametrize("value", [0, -1])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import email.utils
+import re
 import socket
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
@@ -23,7 +24,7 @@ from anthropic.lib._tracing import messages_create_request_attributes
 
 from mcp_backfill.errors import ProviderError
 from mcp_backfill.jsonrpc import decode
-from mcp_backfill.logs import Redactor
+from mcp_backfill.logs import Redactor, get_logger
 from mcp_backfill.protocol import INTERNAL_ERROR, INVALID_PARAMS, SSE_TYPE
 from mcp_backfill.providers.message_stream import MessageFold
 from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress, UsageMeter
@@ -203,6 +204,29 @@ async def _once(raw: bytes) -> AsyncIterator[bytes]:
     yield raw
 
 
+log = get_logger("provider")
+
+# Half of a UTF-16 surrogate pair. JSON may hold one as an escape (`"\ud83d"`: a JavaScript
+# server's string cut within an emoji); UTF-8, which the request body is, has no form for it.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def without_lone_surrogates(value: Any) -> tuple[Any, int]:
+    """`value` with each lone surrogate as U+FFFD, and how many there were (the same objects
+    when none). Walked only once the SDK failed to encode a body: the common path pays nothing."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.subn("\ufffd", value)
+    if isinstance(value, dict):
+        pairs = [(without_lone_surrogates(k), without_lone_surrogates(v)) for k, v in value.items()]
+        found = sum(k[1] + v[1] for k, v in pairs)
+        return ({k[0]: v[0] for k, v in pairs} if found else value), found
+    if isinstance(value, list):
+        items = [without_lone_surrogates(item) for item in value]
+        found = sum(count for _, count in items)
+        return ([item for item, _ in items] if found else value), found
+    return value, 0
+
+
 @asynccontextmanager
 async def message_stream(client: AnyClient, request: dict[str, Any]) -> AsyncIterator[StreamedEvents]:
     """One streamed Messages call, made as `client.messages.stream(**request)` makes it (the same
@@ -210,13 +234,18 @@ async def message_stream(client: AnyClient, request: dict[str, Any]) -> AsyncIte
     `cast_to=httpx2.Response`, which leaves the answer's bytes to us: `MessageFold` folds its events
     at a fraction of what the SDK's typed events and snapshot cost (see `message_stream`'s module).
     A status error raises the SDK's exceptions, as before. The response is closed on the way out."""
-    response = await client.post(
-        "/v1/messages",
-        body={**request, "stream": True},
-        cast_to=httpx2.Response,
-        stream=True,
-        options=cast(Any, MESSAGES_CALL_OPTIONS),
-    )
+    body = {**request, "stream": True}
+    try:
+        response = await _post_messages(client, body)
+    except UnicodeEncodeError:  # raised building the body: nothing was sent
+        body, replaced = without_lone_surrogates(body)
+        if not replaced:
+            raise
+        log.warning(
+            "lone surrogates in a sampling request sent to Claude as U+FFFD (UTF-8 has no form for them)",
+            extra={"replaced": replaced},
+        )
+        response = await _post_messages(client, body)
     events = StreamedEvents(client, response)
     try:
         yield events
@@ -225,6 +254,16 @@ async def message_stream(client: AnyClient, request: dict[str, Any]) -> AsyncIte
             await events.aclose()
         finally:
             await response.aclose()
+
+
+async def _post_messages(client: AnyClient, body: dict[str, Any]) -> httpx2.Response:
+    return await client.post(
+        "/v1/messages",
+        body=body,
+        cast_to=httpx2.Response,
+        stream=True,
+        options=cast(Any, MESSAGES_CALL_OPTIONS),
+    )
 
 
 async def streamed_message(client: AnyClient, request: dict[str, Any]) -> dict[str, Any]:

@@ -157,7 +157,7 @@ def to_claude_request(params: dict[str, Any], options: ConversionOptions) -> Cla
     ctx = _Context(names=name_map, ids=id_map)
 
     kwargs: dict[str, Any] = {
-        "max_tokens": _max_tokens(params["maxTokens"], options.max_tokens_cap, ctx.warnings),
+        "max_tokens": _max_tokens(int(params["maxTokens"]), options.max_tokens_cap, ctx.warnings),
         "messages": _check_image_count(_convert_messages(params["messages"], ctx)),
     }
     system = params.get("systemPrompt")
@@ -635,6 +635,7 @@ def _nested_block(item: Mapping[str, Any], where: str, ctx: _Context) -> dict[st
     if kind == "image":
         return _image_block(item["data"], item["mimeType"], where, ctx, strict=False)
     if kind == "audio":
+        ctx.warnings.append(f"{where}: audio replaced by a text placeholder")
         return _text_block(_audio_placeholder(item["data"], item["mimeType"]))
     if kind == "resource_link":
         return _text_block(_resource_link_text(item))
@@ -684,6 +685,8 @@ def _embedded_resource(resource: Mapping[str, Any], where: str, ctx: _Context) -
         if decoded is not None:
             return _text_document(decoded, uri)
     label = mime_type or "unknown type"
+    kind = f"of type {shown_name(mime_type)}" if mime_type else "of no type"
+    ctx.warnings.append(f"{where}: embedded resource {kind} replaced by a text placeholder")
     return _text_block(f"[embedded resource omitted: {uri} ({label}), ~{decoded_size(blob)} bytes]")
 
 

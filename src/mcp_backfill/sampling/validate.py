@@ -12,9 +12,11 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from mcp_backfill.errors import SamplingError, invalid_params
+from mcp_backfill.jsonrpc import ExactNumber
 from mcp_backfill.options import AudioPolicy
 
 MESSAGE_BLOCK_TYPES = frozenset({"text", "image", "audio", "tool_use", "tool_result"})
@@ -128,10 +130,23 @@ def _check_max_tokens(params: Mapping[str, Any]) -> None:
     if "maxTokens" not in params:
         raise invalid_params("maxTokens is required", path="maxTokens")
     value = params["maxTokens"]
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_integer(value):
         raise invalid_params(f"maxTokens must be an integer, got {_show(value)}", path="maxTokens")
     if value < 1:
         raise invalid_params(f"maxTokens must be at least 1, got {value}", path="maxTokens")
+
+
+def is_integer(value: Any) -> bool:
+    """A JSON integer as the spec's schema means it (`"type": "integer"`): any number with no
+    fractional part, `100.0` and `1e3` included, as the MCP SDKs read `maxTokens` too."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, ExactNumber):  # its text, not the nearest double: 1.00000000000000000001
+        try:
+            return Decimal(value.text) % 1 == 0
+        except ArithmeticError:  # NaN, Infinity
+            return False
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
 
 
 def _check_scalars(params: Mapping[str, Any]) -> None:
