@@ -103,3 +103,21 @@ def test_the_eras_page_shows_the_proxys_own_ids_as_they_are_made() -> None:
     assert shown
     for text in shown:
         assert re.fullmatch(re.escape(OWN_ID_PREFIX) + r"<random>:N", text), text
+
+
+def test_serve_help_names_every_path_and_how_2026_requests_share_upstreams() -> None:
+    """`serve --help` says what is served beside `/mcp` (the app's routes: `/readyz` included, the
+    path the probes and HAProxy ask) and that 2026-07-28 requests share an upstream per client
+    identity only: different clients never share one (docs/sidecar.md)."""
+    import inspect
+
+    from mcp_backfill.cli import build_parser
+    from mcp_backfill.sidecar import app
+
+    routes = set(re.findall(r'path == "(/[a-z]+)"', inspect.getsource(app.SidecarApp._route)))
+    assert routes >= {"/healthz", "/readyz", "/metrics"}
+    description = " ".join((build_parser(serve=True).description or "").split())
+    for path in sorted(routes):
+        assert path in description, path
+    assert "2026-07-28 requests share one." not in description
+    assert "2026-07-28 requests of one client identity share one" in description, description
