@@ -121,3 +121,45 @@ def test_serve_help_names_every_path_and_how_2026_requests_share_upstreams() -> 
         assert path in description, path
     assert "2026-07-28 requests share one." not in description
     assert "2026-07-28 requests of one client identity share one" in description, description
+
+
+def _audit_section() -> str:
+    page = (ROOT / "docs" / "limits.md").read_text()
+    return " ".join(page[page.index("## Audit log") :].split("\n## ", 1)[0].split())
+
+
+def test_the_audit_log_section_names_the_outcomes_that_carry_an_error() -> None:
+    """The sentence about `error` names exactly the outcomes whose line has one, and its fields."""
+    from mcp_backfill.sampling.audit import AuditRecord
+
+    carrying = set()
+    for outcome in ("refused", "failed", "timed_out", "cancelled"):
+        record = AuditRecord(request_id=1, session="stdio")
+        if outcome == "cancelled":
+            record.cancelled = True
+        else:
+            record.fail(-32603, "why", {"limit": "rate_limit", "status": 529}, outcome)
+        entry = record.entry()
+        assert entry["outcome"] == outcome
+        if "error" in entry:
+            carrying.add(outcome)
+            fields = set(entry["error"])
+    section = _audit_section()
+    sentence = next(part for part in section.split(". ") if "in `error`" in part)
+    subject = sentence[: sentence.index(" carry the JSON-RPC")].rsplit(";", 1)[-1]
+    named = {name for name in ("refused", "failed", "timed_out", "cancelled") if f"`{name}`" in subject}
+    assert named == carrying, sentence
+    for name in fields:
+        assert f"`{name}`" in sentence, (name, sentence)
+
+
+def test_the_audit_log_section_says_what_request_id_is_in_either_era() -> None:
+    """A 2026-07-28 round's sampling question has no id of the server's: the proxy audits it under
+    the id of the request the round answered and the question's key."""
+    import inspect
+
+    from mcp_backfill.relay.rounds import RoundDriver
+
+    assert 'self._sample(params, f"{request_id}/{key}")' in inspect.getsource(RoundDriver._answer)
+    section = _audit_section()
+    assert "`<id>/<key>`" in section, "the audit section does not show the 2026-07-28 request_id"
