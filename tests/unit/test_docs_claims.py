@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from pathlib import Path
 
 import yaml
 
@@ -163,3 +164,70 @@ def test_the_audit_log_section_says_what_request_id_is_in_either_era() -> None:
     assert 'self._sample(params, f"{request_id}/{key}")' in inspect.getsource(RoundDriver._answer)
     section = _audit_section()
     assert "`<id>/<key>`" in section, "the audit section does not show the 2026-07-28 request_id"
+
+
+# What the pages name that belongs to other tools: docker's and mkdocs' flags, the credential
+# arguments `clients list` masks, the abbreviation the options page says is refused, and the
+# variable a Kubernetes Service link would inject (named in a manifest's comment as a hazard).
+FOREIGN_FLAGS = {"--build-arg", "--stop-timeout", "--quiet", "--strict", "--api-key", "--token", "--prov"}
+FOREIGN_VARIABLES = {"MCP_BACKFILL_REDIS_PORT"}
+
+
+def _user_pages() -> list[Path]:
+    pages = [ROOT / "README.md", ROOT / "Dockerfile", ROOT / "compose.yaml"]
+    for folder in ("docs", "deploy", "examples"):
+        pages += sorted(
+            path
+            for path in (ROOT / folder).rglob("*")
+            if path.suffix in (".md", ".yaml", ".cfg", ".py", ".json", ".toml")
+        )
+    return pages
+
+
+def _every_flag() -> set[str]:
+    import argparse
+
+    from mcp_backfill.cli import build_parser
+    from mcp_backfill.clients.command import build_parser as clients_parser
+    from mcp_backfill.doctor import CAPABILITIES_FLAG
+
+    flags = {CAPABILITIES_FLAG}
+    parsers = [build_parser(serve=False), build_parser(serve=True), clients_parser()]
+    while parsers:
+        parser = parsers.pop()
+        for action in parser._actions:
+            flags.update(action.option_strings)
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+    return flags
+
+
+def test_every_flag_the_docs_name_in_code_exists() -> None:
+    """A flag in inline code (`--flag`, `--flag VALUE`) on a user's page is one of mcp-backfill's."""
+    flags = _every_flag()
+    named = {
+        (page.relative_to(ROOT).as_posix(), flag)
+        for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+        for flag in re.findall(r"`(--[a-z][a-z0-9-]*)(?:[ =][^`]*)?`", page.read_text())
+    }
+    assert len(named) > 50
+    assert sorted((page, flag) for page, flag in named if flag not in flags | FOREIGN_FLAGS) == []
+
+
+def test_every_variable_the_docs_name_is_read() -> None:
+    """An `MCP_BACKFILL_*` variable on a user's page (docs, README, examples, container and deploy
+    files) is an option's, its `_FILE` form, one the proxy reads besides, or a test runner's knob."""
+    from mcp_backfill.config import OTHER_VARIABLES
+    from mcp_backfill.options import OPTIONS
+
+    variables = {option.env for option in OPTIONS} | set(OTHER_VARIABLES)
+    variables |= {f"{name}_FILE" for name in SECRET_FILE_VARIABLES}
+    knobs = set(re.findall(r"MCP_BACKFILL_TEST_[A-Z_]+", (ROOT / "scripts" / "test").read_text()))
+    named = {
+        (page.relative_to(ROOT).as_posix(), name)
+        for page in _user_pages()
+        for name in re.findall(r"\bMCP_BACKFILL_[A-Z0-9_]*[A-Z0-9]\b", page.read_text())
+    }
+    assert len(named) > 50
+    unknown = variables | knobs | FOREIGN_VARIABLES
+    assert sorted((page, name) for page, name in named if name not in unknown) == []
