@@ -231,3 +231,23 @@ def test_every_variable_the_docs_name_is_read() -> None:
     assert len(named) > 50
     unknown = variables | knobs | FOREIGN_VARIABLES
     assert sorted((page, name) for page, name in named if name not in unknown) == []
+
+
+def test_the_serve_options_about_upstreams_hold_for_an_http_upstream_and_2026_clients() -> None:
+    """`--max-sessions` counts, and `--session-idle-timeout` closes, upstreams of either kind (a
+    process, or an HTTP session with `--upstream-url`), the 2026-07-28 clients' too
+    (`StatelessHubs` takes the idle timeout): neither text speaks of processes alone."""
+    import inspect
+
+    from mcp_backfill.options import BY_FLAG
+    from mcp_backfill.sidecar import server
+
+    assert "idle_timeout=config.session_idle_timeout" in inspect.getsource(server)
+    for flag in ("--max-sessions", "--session-idle-timeout"):
+        option = BY_FLAG[flag]
+        for text in (option.help, option.doc):
+            if "process" in text:
+                assert "HTTP session" in text, (flag, text)
+    idle = BY_FLAG["--session-idle-timeout"]
+    for text in (idle.help, idle.doc):
+        assert "2026-07-28" in text, text
