@@ -99,9 +99,10 @@ class _Parser(argparse.ArgumentParser):
 
 SERVE_DESCRIPTION = (
     "Serve an MCP server over streamable HTTP at /mcp, with sampling answered by Claude for clients that "
-    "cannot sample. Every handshake-era client session gets its own upstream process; 2026-07-28 "
-    "requests share one. /healthz and /metrics (Prometheus) are served next to /mcp. Every option can "
-    "also be set with the environment variable shown in brackets."
+    "cannot sample. Every handshake-era client session gets its own upstream (a process, or an HTTP "
+    "session with --upstream-url); the 2026-07-28 requests of one client identity share one. /healthz, "
+    "/readyz and /metrics (Prometheus) are served next to /mcp. Every option can also be set with the "
+    "environment variable shown in brackets."
 )
 
 

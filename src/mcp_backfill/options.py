@@ -1077,8 +1077,9 @@ OPTIONS: tuple[Option, ...] = (
         "--max-sessions",
         100,
         "concurrent upstreams: handshake sessions plus 2026-07-28 clients; more get HTTP 503",
-        "concurrent upstreams (each one an upstream process): handshake-era sessions plus 2026-07-28 "
-        "client identities, counted together; more get `503`",
+        "concurrent upstreams (each one an upstream process, or with `--upstream-url` an upstream HTTP "
+        "session or client): handshake-era sessions plus 2026-07-28 client identities, counted together; "
+        "more get `503`",
         parse=whole_number,
         checks=(at_least(1),),
         metavar="N",
@@ -1122,10 +1123,10 @@ OPTIONS: tuple[Option, ...] = (
         "session_idle_timeout",
         "--session-idle-timeout",
         1800.0,
-        "seconds a session may stay without any request in flight before it and its upstream process "
-        "are closed; 0 never",
-        "a session with no HTTP request being served and no request in flight for that long is closed "
-        "and its process stopped; `0` never",
+        "seconds a session (or a 2026-07-28 client's upstream) may stay without any request in flight "
+        "before it and its upstream are closed; 0 never",
+        "a session (or a 2026-07-28 client identity's upstream) with no HTTP request being served and no "
+        "request in flight for that long is closed, and so is its upstream; `0` never",
         parse=number,
         checks=(not_negative("0 turns reaping off"),),
         metavar="SECONDS",

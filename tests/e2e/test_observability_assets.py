@@ -207,3 +207,17 @@ def test_the_assets_are_where_the_docs_say() -> None:
     guide = (ROOT / "deploy" / "observability" / "README.md").read_text()
     assert DASHBOARD.name in guide
     assert RULES.name in guide
+
+
+def test_the_refusals_panel_names_limits_there_are() -> None:
+    """The `limit` label is the name of the option whose limit refused (or `state_store`): the
+    panel's examples are such names (`--max-tokens-cap` clamps, it refuses nothing)."""
+    import re
+
+    from mcp_backfill.options import BY_NAME
+
+    refusing = set(BY_NAME) - {"max_tokens_cap"} | {"state_store"}
+    panel = next(panel for panel in panels(dashboard()) if panel["title"] == "Refusals by limit")
+    named = re.findall(r"\b[a-z]+(?:_[a-z]+)+\b", panel["description"])
+    assert named
+    assert [name for name in named if name not in refusing] == []

@@ -80,3 +80,34 @@ async def test_a_response_model_that_is_no_string_is_not_reported_or_relayed() -
     result = await sampler.sample(dict(PARAMS))
     assert result["model"] == CONFIG.model  # the model the proxy asked for
     assert heard == [CONFIG.model]
+
+
+@pytest.mark.anyio
+async def test_the_latency_histogram_counts_only_requests_that_went_to_claude() -> None:
+    """`mcp_backfill_claude_latency_seconds` is "the time to answer one sampling request through
+    Claude" (deploy/observability/README.md; the dashboard's percentiles and the slow-sampling alert):
+    a request refused before any call (here by the budget) is a sampling request, not a latency."""
+    from dataclasses import replace
+
+    from mcp_backfill import assembly
+    from mcp_backfill.errors import SamplingError
+    from mcp_backfill.options import Allowance
+    from mcp_backfill.sampling.sampler import Sampler
+    from mcp_backfill.sampling.spend import Spend
+    from tests.defaults import SPEND
+    from tests.unit.test_sampler_ledger import PARAMS, Scripted, paused
+
+    metrics = Metrics()
+    spend = Spend(replace(SPEND, rate_limit=0, budget=(Allowance(40),)))
+    sampler = Sampler(
+        Scripted(paused(5, "end_turn")), assembly.sampler_settings(CONFIG), spend=spend, observer=metrics
+    )
+    await sampler.sample(dict(PARAMS))
+    for _ in range(3):
+        with pytest.raises(SamplingError, match="budget is exhausted"):
+            await sampler.sample(dict(PARAMS))
+    text = metrics.render()
+    outcomes = _series(text, "mcp_backfill_sampling_requests_total")
+    assert any('outcome="refused"' in line and line.endswith(" 3") for line in outcomes), outcomes
+    counts = _series(text, "mcp_backfill_claude_latency_seconds_count")
+    assert [line.rsplit(" ", 1)[1] for line in counts] == ["1"], counts

@@ -90,7 +90,7 @@ class Observer:
         self.seen: list[tuple[str, dict[str, int]]] = []
 
     def sampling_done(
-        self, *, outcome: str, model: str, latency: float, tokens: Mapping[str, int], client: str
+        self, *, outcome: str, model: str, latency: float | None, tokens: Mapping[str, int], client: str
     ) -> None:
         self.seen.append((outcome, dict(tokens)))
 

@@ -80,12 +80,14 @@ def _shown_text(content: Any) -> str:
 
 
 class SamplingObserver(Protocol):
-    """Told once per sampling request, whatever its outcome (e.g. to keep metrics); `tokens` are
-    what was charged to the budgets for it, by usage counter; `client` is the client identity that
-    pays (empty without a session)."""
+    """Told once per sampling request, whatever its outcome (e.g. to keep metrics); `latency` is how
+    long it took in seconds, None when no Claude call was made for it (refused before one, or
+    cancelled first): it says nothing of Claude's latency; `tokens` are what was charged to the
+    budgets for it, by usage counter; `client` is the client identity that pays (empty without a
+    session)."""
 
     def sampling_done(
-        self, *, outcome: str, model: str, latency: float, tokens: Mapping[str, int], client: str
+        self, *, outcome: str, model: str, latency: float | None, tokens: Mapping[str, int], client: str
     ) -> None: ...
 
 
@@ -274,7 +276,7 @@ class Sampler:
             self.observer.sampling_done(
                 outcome=outcome,
                 model=exchange.model or "?",
-                latency=exchange.latency_ms / 1000,
+                latency=exchange.latency_ms / 1000 if exchange.calls else None,
                 tokens=charged,
                 client=session.client if session is not None else "",
             )

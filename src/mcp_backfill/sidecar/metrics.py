@@ -193,7 +193,8 @@ class Metrics:
         )
         self.latency = Histogram(
             "mcp_backfill_claude_latency_seconds",
-            "time to answer one sampling request through Claude, by model",
+            "time to answer one sampling request through Claude (requests refused before any call "
+            "are not counted), by model",
             LATENCY_BUCKETS,
         )
         self.store_seconds = Histogram(
@@ -217,12 +218,13 @@ class Metrics:
         self._gauges.append(Gauge(name, help_text, read, kind))
 
     def sampling_done(
-        self, *, outcome: str, model: str, latency: float, tokens: Mapping[str, int], client: str
+        self, *, outcome: str, model: str, latency: float | None, tokens: Mapping[str, int], client: str
     ) -> None:
         payer = client_label(client)
         model = self._model_label(model)
         self.sampling_requests.inc(outcome=outcome, model=model, client=payer)
-        self.latency.observe(latency, model=model)
+        if latency is not None:  # a Claude call was made: the histogram is the time through Claude
+            self.latency.observe(latency, model=model)
         for counter, count in tokens.items():
             if count:
                 self.tokens.inc(count, counter=counter, model=model, client=payer)
