@@ -253,7 +253,7 @@ class Config:
             raise ConfigError(
                 "ANTHROPIC_API_KEY is not set: the anthropic provider needs it to answer sampling requests. "
                 "Set ANTHROPIC_API_KEY, or ANTHROPIC_API_KEY_FILE to a file that holds it, or run with "
-                "`--provider mock` for the offline mock provider."
+                f"`--provider mock` ({option('provider').env}=mock) for the offline mock provider."
             )
 
     def _check_http_front(self) -> None:

@@ -6,14 +6,18 @@
 * Nothing in `src/` prints, and only the stdio transport, the documentation tool
   (`python -m mcp_backfill.options`) and the interactive `mcp-backfill clients` command touch
   `sys.stdout` (stdout is the protocol of the stdio front).
+* A message that names an option to fix something names its environment variable too (`named()`,
+  `env_var()`), as a user who configures a container by its environment reads it.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from mcp_backfill import protocol
+from mcp_backfill.options import BY_FLAG
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "mcp_backfill"
 LONG_CLASS = 300
@@ -22,6 +26,12 @@ PROTOCOL_STRINGS = {
     for name, value in vars(protocol).items()
     if name.isupper() and isinstance(value, str) and ("/" in value or "-" in value)
 } - {protocol.STATELESS_VERSION, protocol.JSON_TYPE}  # a revision date and a MIME type are also plain data
+
+
+# Usage lines, help and reports, where an option is shown as typed on the command line; and
+# `--provider X:` prefixes, which say what failed rather than what fixes it.
+FLAGS_AS_TYPED = {"cli.py", "doctor.py", "clients/command.py", "providers/platforms.py", "sidecar/server.py"}
+FLAG = re.compile(r"--[a-z][a-z0-9-]*")
 
 
 def modules() -> list[tuple[Path, ast.Module]]:
@@ -99,3 +109,32 @@ def test_no_import_cycle_between_packages() -> None:
         and graph.chain_exists(importer=b, imported=a, as_packages=True)
     ]
     assert cycles == []
+
+
+def test_messages_naming_an_option_name_its_variable() -> None:
+    """A string naming an option (not the option's bare name, passed on to be named) either names
+    an `MCP_BACKFILL_*` variable or is built with `named()`/`env_var()`/`option()`."""
+    unnamed = []
+    for path, tree in modules():
+        where = str(path.relative_to(SRC))
+        if where in FLAGS_AS_TYPED or where == "options.py":
+            continue
+        skip = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}  # docstrings
+        for node in ast.walk(tree):
+            if isinstance(node, ast.JoinedStr):
+                skip.update(id(part) for part in ast.walk(node) if part is not node)
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                text, built = node.value, False
+            elif isinstance(node, ast.JoinedStr):
+                text = "".join(str(part.value) for part in node.values if isinstance(part, ast.Constant))
+                calls = [getattr(c.func, "id", "") for c in ast.walk(node) if isinstance(c, ast.Call)]
+                built = bool({"named", "env_var", "option"} & set(calls))
+            else:
+                continue
+            flags = [flag for flag in FLAG.findall(text) if flag in BY_FLAG]
+            if flags and text not in BY_FLAG and "MCP_BACKFILL_" not in text and not built:
+                unnamed.append(f"{where}:{node.lineno}: {text[:60]!r}")
+    assert unnamed == []

@@ -172,7 +172,7 @@ async def test_deadline_stops_retries_before_a_wait_would_overrun_it() -> None:
         8,
         "deadline",
     )
-    assert "--sampling-timeout 20s" in caught.value.message
+    assert "--sampling-timeout 20s, MCP_BACKFILL_SAMPLING_TIMEOUT" in caught.value.message
 
 
 async def test_an_attempt_still_running_at_the_deadline_is_cancelled() -> None:

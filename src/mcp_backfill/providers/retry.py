@@ -30,6 +30,7 @@ import anyio
 
 from mcp_backfill.errors import ProviderError
 from mcp_backfill.logs import get_logger
+from mcp_backfill.options import env_var, named
 from mcp_backfill.sampling.provider import (
     AttemptObserver,
     ProgressCallback,
@@ -149,12 +150,16 @@ class RetryingProvider:
     def _deadline_error(self, attempts: int, last: ProviderError | None) -> ProviderError:
         limit = f"{self.policy.deadline:g}s"
         if last is None:  # the attempt was still running when the deadline came
-            message = f"Claude API gave no answer within --sampling-timeout ({limit}, {attempts} attempts)"
+            message = (
+                f"Claude API gave no answer within {named('--sampling-timeout')} "
+                f"({limit}, {attempts} attempts)"
+            )
             data: dict[str, Any] = {"provider": self.name, "type": "timeout"}
             return ProviderError(message, {**data, "attempts": attempts, "gave_up": "deadline"})
         message = (
             f"{last.message} (gave up after {attempts} attempts: "
-            f"another one would not finish within --sampling-timeout {limit})"
+            f"another one would not finish within --sampling-timeout {limit}, "
+            f"{env_var('--sampling-timeout')})"
         )
         return _annotated(last, attempts=attempts, gave_up="deadline", message=message)
 

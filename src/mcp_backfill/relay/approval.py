@@ -30,7 +30,7 @@ from anyio.abc import TaskGroup
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import SamplingError
 from mcp_backfill.logs import get_logger
-from mcp_backfill.options import Approval, env_var
+from mcp_backfill.options import Approval, env_var, named
 from mcp_backfill.relay.capabilities import wants_tools
 from mcp_backfill.relay.state import RelayState
 from mcp_backfill.sampling.sampler import SamplingPreview
@@ -269,7 +269,7 @@ class Approver:
         """At `initialize`: say at once when approval is on and the client cannot be asked."""
         if self.policy != "never" and not can_elicit(self.state.client.elicitation):
             log.error(
-                "--approve needs a client that can elicit (form mode); this one declared no "
+                f"{named('--approve')} needs a client that can elicit (form mode); this one declared no "
                 "elicitation, so every sampling request that needs approval will be refused",
                 extra={"approve": self.policy},
             )

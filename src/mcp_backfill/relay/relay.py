@@ -35,6 +35,7 @@ from anyio.abc import TaskGroup
 from mcp_backfill import jsonrpc, protocol, telemetry
 from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import get_logger
+from mcp_backfill.options import named
 from mcp_backfill.relay import input_required as ir
 from mcp_backfill.relay.answering import Answerer
 from mcp_backfill.relay.approval import Approver
@@ -247,7 +248,7 @@ class Relay:
             f"message from the {sender} too large; dropped",
             extra={"size": exc.size, "limit": exc.limit, "request_id": request_id if found else None},
         )
-        hint = f"Message too large: {exc}; raise --max-message-bytes to allow it"
+        hint = f"Message too large: {exc}; raise {named('--max-message-bytes')} to allow it"
         salvaged = (found, request_id, is_request)
         refusal = (protocol.INVALID_REQUEST, hint)
         for send in self._answer_for(salvaged, from_client, refusal, hint, batch=batch):
@@ -405,8 +406,8 @@ class Relay:
                     jsonrpc.error_response(
                         message["id"],
                         protocol.METHOD_NOT_FOUND,
-                        "Method not found: server/discover (mcp-backfill runs with --era handshake; "
-                        "use initialize)",
+                        f"Method not found: server/discover (mcp-backfill runs with "
+                        f"{named('--era')} handshake; use initialize)",
                     )
                 )
                 return None

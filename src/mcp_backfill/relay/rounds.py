@@ -25,6 +25,7 @@ from anyio.abc import TaskGroup
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import SamplingError
 from mcp_backfill.logs import get_logger
+from mcp_backfill.options import env_var, named
 from mcp_backfill.relay import input_required as ir
 from mcp_backfill.relay.approval import (
     APPROVAL_KEY,
@@ -211,10 +212,14 @@ class RoundDriver:
     def _unknown_state(self) -> str:
         approval = ""
         if self.approver is not None and self.approver.policy != "never":
-            approval = f", and a round's approval question for --approve-timeout {self.approver.timeout:g} s"
+            flag = "--approve-timeout"
+            approval = (
+                f", and a round's approval question for {flag} {self.approver.timeout:g} s ({env_var(flag)})"
+            )
+        flag = "--input-stash-ttl"
         return (
-            "requestState expired or unknown: mcp-backfill keeps its answers to a round "
-            f"for --input-stash-ttl {self.options.input_stash_ttl:g} s{approval}; retry the request "
+            "requestState expired or unknown: mcp-backfill keeps its answers to a round for "
+            f"{flag} {self.options.input_stash_ttl:g} s ({env_var(flag)}){approval}; retry the request "
             "from the start"
         )
 
@@ -293,7 +298,7 @@ class RoundDriver:
                 pending.request_id,
                 protocol.INTERNAL_ERROR,
                 f"The server asked for input more than {self.options.max_input_rounds} times for one "
-                "request; raise --max-input-rounds to allow more rounds",
+                f"request; raise {named('--max-input-rounds')} to allow more rounds",
                 {"rounds": chain.rounds},
             )
             return

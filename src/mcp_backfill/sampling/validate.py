@@ -17,7 +17,7 @@ from typing import Any
 
 from mcp_backfill.errors import SamplingError, invalid_params
 from mcp_backfill.jsonrpc import ExactNumber
-from mcp_backfill.options import AudioPolicy
+from mcp_backfill.options import AudioPolicy, env_var
 
 MESSAGE_BLOCK_TYPES = frozenset({"text", "image", "audio", "tool_use", "tool_result"})
 """Block types allowed directly in a sampling message."""
@@ -256,7 +256,7 @@ def _check_block(block: Any, where: str, role: str, audio: AudioPolicy) -> None:
 def _audio_rejected(where: str) -> SamplingError:
     return invalid_params(
         f"{where}: audio content is not supported by Claude; run mcp-backfill with "
-        "`--audio placeholder` to send a text placeholder instead",
+        f"`--audio placeholder` ({env_var('--audio')}=placeholder) to send a text placeholder instead",
         path=where,
     )
 

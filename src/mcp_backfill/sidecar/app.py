@@ -25,6 +25,7 @@ from starlette.types import Message, Receive, Scope, Send
 from mcp_backfill import __version__, protocol
 from mcp_backfill.errors import ClientGone
 from mcp_backfill.logs import get_logger
+from mcp_backfill.options import named
 from mcp_backfill.sidecar import cors
 from mcp_backfill.sidecar import metrics as prometheus
 from mcp_backfill.sidecar.handshake import HandshakeFront
@@ -191,12 +192,17 @@ class SidecarApp:
             return False
         host = call.headers.get("host")
         if not host_allowed(host, self.policy):
-            log.warning("request refused: Host not allowed (--allowed-hosts)", extra={"host": host})
+            log.warning(
+                f"request refused: Host not allowed ({named('--allowed-hosts')})", extra={"host": host}
+            )
             await call.respond_error(403, protocol.INVALID_REQUEST, "Forbidden: Host header not allowed")
             return False
         origin = call.headers.get("origin")
         if not origin_allowed(origin, self.policy):
-            log.warning("request refused: Origin not allowed (--allowed-origins)", extra={"origin": origin})
+            log.warning(
+                f"request refused: Origin not allowed ({named('--allowed-origins')})",
+                extra={"origin": origin},
+            )
             await call.respond_error(403, protocol.INVALID_REQUEST, "Forbidden: Origin header not allowed")
             return False
         return True
@@ -220,7 +226,7 @@ class SidecarApp:
         if self.policy.forward_authorization and authorization and not authorization.isascii():
             # Forwarded, it goes upstream as a header, which holds no such value as text: the
             # session it opened failed every request with an internal error.
-            log.warning("request refused: Authorization not ASCII (--forward-authorization)")
+            log.warning(f"request refused: Authorization not ASCII ({named('--forward-authorization')})")
             await call.respond_error(400, protocol.INVALID_REQUEST, NOT_FORWARDABLE)
             return None
         identity = self.policy.identify(authorization)

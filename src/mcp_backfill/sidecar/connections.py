@@ -40,6 +40,7 @@ from typing import Any
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from mcp_backfill.logs import get_logger
+from mcp_backfill.options import named
 
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -108,7 +109,7 @@ class _Guard:
         super().connection_made(transport)  # type: ignore[misc]
         if len(self.connections) > self.max_connections:
             log.warning(
-                "connection refused: too many open connections (--max-connections)",
+                f"connection refused: too many open connections ({named('--max-connections')})",
                 extra={"connections": len(self.connections) - 1},
             )
             transport.close()
@@ -225,7 +226,7 @@ class _Guard:
     def _timed_out(self) -> None:
         self._head_timer = None
         if not self.transport.is_closing():
-            log.info("connection closed: no complete request headers within --header-timeout")
+            log.info(f"connection closed: no complete request headers within {named('--header-timeout')}")
             self.transport.close()
 
 

@@ -31,6 +31,7 @@ import anyio
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import DuplicateRequestId, SessionGone, TooManyPosts
 from mcp_backfill.logs import get_logger
+from mcp_backfill.options import named
 from mcp_backfill.sidecar.http_io import (
     FrontSettings,
     HttpCall,
@@ -173,7 +174,7 @@ class HandshakeFront:
                     429,
                     protocol.INTERNAL_ERROR,
                     f"Too many new sessions: at most {self.opening.per_minute} a minute for client "
-                    f"{identity!r} (--client-session-rate); retry in {seconds} s",
+                    f"{identity!r} ({named('--client-session-rate')}); retry in {seconds} s",
                     headers=[(b"retry-after", str(seconds).encode())],
                 )
                 return None
@@ -188,7 +189,8 @@ class HandshakeFront:
                 await call.respond_error(
                     503,
                     protocol.INTERNAL_ERROR,
-                    "Too many open sessions and 2026-07-28 clients (--max-sessions); try again later",
+                    f"Too many open sessions and 2026-07-28 clients ({named('--max-sessions')}); "
+                    "try again later",
                 )
                 return None
             return self.sessions.open(upstream_headers(), identity)

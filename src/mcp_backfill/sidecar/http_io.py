@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import ClientGone
+from mcp_backfill.options import named
 from mcp_backfill.transports.event_stream import SSE_PING, EventStream, sse_event
 
 # An SSE comment this often keeps idle streams open through proxies with read timeouts.
@@ -146,7 +147,8 @@ class HttpCall:
             await self.respond_error(
                 408,
                 protocol.INVALID_REQUEST,
-                f"Request Timeout: the body did not arrive within {body_timeout:g} s (--body-timeout)",
+                f"Request Timeout: the body did not arrive within {body_timeout:g} s "
+                f"({named('--body-timeout')})",
                 headers=[(b"connection", b"close")],
             )
             return None
@@ -156,7 +158,7 @@ class HttpCall:
             await self.respond_error(
                 413,
                 protocol.INVALID_REQUEST,
-                f"Request body too large: the limit is {limit} bytes (--max-message-bytes)",
+                f"Request body too large: the limit is {limit} bytes ({named('--max-message-bytes')})",
             )
         return body
 

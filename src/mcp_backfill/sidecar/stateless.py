@@ -41,6 +41,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import UpstreamStartError
 from mcp_backfill.logs import get_logger
+from mcp_backfill.options import named
 from mcp_backfill.relay.input_required import stash_token
 from mcp_backfill.sidecar.http_io import (
     FrontSettings,
@@ -426,7 +427,7 @@ class StatelessFront:
             await call.respond_error(
                 503,
                 protocol.INTERNAL_ERROR,
-                "Too many sessions and clients with requests in flight at once (--max-sessions); "
+                f"Too many sessions and clients with requests in flight at once ({named('--max-sessions')}); "
                 "try again later",
                 decoded["id"],
             )

@@ -29,6 +29,7 @@ from anyio.abc import TaskGroup
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import get_logger
+from mcp_backfill.options import named
 from mcp_backfill.transports.http_upstream.exchange import EraLeg, ExchangeReader, Item, PostExchange
 from mcp_backfill.transports.http_upstream.handshake import HandshakeLeg
 from mcp_backfill.transports.http_upstream.headers import stateless_version, unsendable_routing
@@ -152,7 +153,7 @@ class HttpUpstream:
                 await self._settled()
             reason = "mcp-backfill is shutting down and the upstream had not answered"
             if grace > 0:
-                reason += f" within --shutdown-grace ({grace:g}s)"
+                reason += f" within {named('--shutdown-grace')} ({grace:g}s)"
             for exchange in {id(e): e for e in self._exchanges.values()}.values():
                 exchange.failure = exchange.failure or reason
                 exchange.scope.cancel()

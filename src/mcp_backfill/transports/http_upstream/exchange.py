@@ -20,6 +20,7 @@ from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.credentials import hide_url_credentials
 from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import Redactor, get_logger
+from mcp_backfill.options import named
 from mcp_backfill.transports.http_upstream.headers import ToolHeaderMaps
 from mcp_backfill.transports.http_upstream.http11 import body_chunks
 from mcp_backfill.transports.http_upstream.settings import (
@@ -106,7 +107,7 @@ class PostExchange:
         if self.failure is not None:
             return self.failure
         if self.oversized:
-            return "The upstream's answer exceeded --max-message-bytes and was dropped"
+            return f"The upstream's answer exceeded {named('--max-message-bytes')} and was dropped"
         if self.dropped is not None:
             return f"Upstream connection lost before the response arrived: {self.dropped}"
         return "The upstream ended the response stream without answering the request"
@@ -359,7 +360,7 @@ class ExchangeReader:
             location = self._redact(redirect_target(self.url, response.headers.get("location", "")))
             return (
                 f"The upstream redirected the request (HTTP {status}) to {location}; "
-                "give that URL as --upstream-url"
+                f"give that URL as {named('--upstream-url')}"
             )
         log.warning(
             "upstream answered with an HTTP error",
@@ -367,7 +368,7 @@ class ExchangeReader:
         )
         if status >= 500:
             return f"Upstream server error: HTTP {status} {response.reason_phrase} from {where}: {text}"
-        hint = " (check --upstream-header)" if status in (401, 403) else ""
+        hint = f" (check {named('--upstream-header')})" if status in (401, 403) else ""
         return f"The upstream refused the request: HTTP {status} {response.reason_phrase}{hint}: {text}"
 
     def _unreachable(self, exc: httpx2.TransportError, method: str) -> str:
