@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Sequence
-from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
+from urllib.parse import unquote, unquote_plus, urlsplit
 
 # Names of upstream headers and URL query parameters whose values are credentials: kept out of the
 # logs like the API key.
@@ -76,11 +76,18 @@ def hide_url_credentials(url: str) -> str:
     parts = urlsplit(url)
     userinfo, at, host = parts.netloc.rpartition("@")
     user, colon, _ = userinfo.partition(":")
-    query = (
-        f"{piece.partition('=')[0]}=***" if _credential_value(piece) else piece
-        for piece in parts.query.split("&")
+    pieces = parts.query.split("&")
+    query = [f"{piece.partition('=')[0]}=***" if _credential_value(piece) else piece for piece in pieces]
+    if not colon and query == pieces:
+        return url
+    # Put together by hand: `urlunsplit` writes `unix:///x` (no host) as `unix:/x`.
+    slashes = "//" if url.startswith(f"{parts.scheme}://") else ""
+    rebuilt = f"{parts.scheme}:{slashes}{user}{colon and ':***'}{at}{host}{parts.path}"
+    return (
+        rebuilt
+        + (f"?{'&'.join(query)}" if parts.query else "")
+        + (f"#{parts.fragment}" if parts.fragment else "")
     )
-    return urlunsplit(parts._replace(netloc=f"{user}{colon and ':***'}{at}{host}", query="&".join(query)))
 
 
 def _credential_value(piece: str) -> str:

@@ -23,12 +23,12 @@ from typing import Any
 import anyio
 
 from mcp_backfill import __version__
-from mcp_backfill.assembly import provider_settings
+from mcp_backfill.assembly import ledger_store, provider_settings
 from mcp_backfill.config import SECRET_FILE_VARIABLES, Config, unknown_variables
 from mcp_backfill.credentials import hide_url_credentials, shown_args
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.logs import Redactor
-from mcp_backfill.options import DEFAULTS, SERVE_COMMAND, Option, Secret, options_for
+from mcp_backfill.options import DEFAULTS, SERVE_COMMAND, Option, Secret, named, option, options_for
 from mcp_backfill.relay.capabilities import ClientProfile, proxy_answers
 from mcp_backfill.transports.http_upstream.settings import display_url
 
@@ -90,6 +90,7 @@ def main(argv: Sequence[str], parse_config: ParseConfig, environ: Mapping[str, s
     report.line(f"mcp-backfill {__version__}, Python {platform.python_version()}, {platform.platform()}")
     _configuration(report, args, config, environ)
     anyio.run(_provider, report, config)
+    anyio.run(_store, report, config)
     anyio.run(_session, report, args, config, declared)
     report.section("result")
     report.line("OK: every part works" if not report.problems else f"{report.problems} problem(s) above")
@@ -206,6 +207,30 @@ async def _provider(report: Report, config: Config) -> None:
         report.fail(f"{type(exc).__name__}: {_redacted(str(exc), config)}{hint}")
     finally:
         await client.close()
+
+
+async def _store(report: Report, config: Config) -> None:
+    """The shared ledger store, when one is named: opened and asked once (the session after would
+    otherwise fail as a whole, "Connection closed", with the reason on the proxy's stderr only)."""
+    if config.state_store is None:
+        return
+    report.section(f"state store: {_shown(option('state_store'), config.state_store)}")
+    fix = f"; check {named('--state-store')}"
+    try:
+        store = ledger_store(config)
+    except ConfigError as exc:
+        report.fail(str(exc))
+        return
+    try:
+        with anyio.fail_after(TIMEOUT):
+            await store.ping()
+        report.line("answers: the ledger is kept there")
+    except TimeoutError:
+        report.fail(f"no answer in {TIMEOUT:g} s{fix} and the network")
+    except Exception as exc:  # the store client's own, redacted of the URL's password
+        report.fail(f"{type(exc).__name__}: {_redacted(str(exc), config)}{fix}")
+    finally:
+        await store.aclose()
 
 
 def _redacted(text: str, config: Config) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.fake_claude import FakeClaude
-from tests.harness import EXAMPLES, ROOT, TEST_API_KEY, proxy_env, python_server
+from tests.harness import EXAMPLES, ROOT, TEST_API_KEY, free_port, proxy_env, python_server
 
 WEATHER = [sys.executable, str(EXAMPLES / "weather_server.py")]
 
@@ -132,6 +132,26 @@ def test_the_state_store_is_shown_without_its_credentials() -> None:
     assert "--state-store = redis://:***@127.0.0.1:9/0?password=***  (flag)" in done.stdout
     assert "TOPSECRETPASS" not in done.stdout + done.stderr
     assert "QUERYSECRET" not in done.stdout + done.stderr
+
+
+def test_an_unreachable_state_store_is_reported_by_name() -> None:
+    """The store is a part of its own: a Redis nobody answers at is named as the problem, without
+    its password (it was reported only as the session's "Connection closed")."""
+    port = free_port()  # nothing listens there
+    url = f"redis://:TOPSECRETPASS@127.0.0.1:{port}/0"
+    done = check("--provider", "mock", "--state-store", url, "--", *WEATHER, env=proxy_env())
+    assert done.returncode == 1
+    section = done.stdout.split(f"\nstate store: redis://:***@127.0.0.1:{port}/0\n")[1].split("\n\n")[0]
+    assert "FAILED: " in section
+    assert "--state-store / MCP_BACKFILL_STATE_STORE" in section
+    assert "TOPSECRETPASS" not in done.stdout + done.stderr
+
+
+def test_a_state_store_that_answers_is_reported(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    done = check("--provider", "mock", "--state-store", url, "--", *WEATHER, env=proxy_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"\nstate store: {url}\n  answers: the ledger is kept there\n" in done.stdout
 
 
 def test_an_abbreviated_flag_is_refused() -> None:

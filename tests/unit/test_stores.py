@@ -332,6 +332,23 @@ def test_store_urls(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:///var/lib/x.db",
+        "sqlite:////var/lib/x.db",
+        "sqlite://ledger.db",
+        "unix:///run/redis.sock?db=1",
+    ],
+)
+def test_a_url_without_credentials_is_shown_as_written(url: str) -> None:
+    """Taken apart and put together again, `sqlite:///var/lib/x.db` came back as `sqlite:/var/lib/x.db`
+    (in `check`'s report, the logs and `/readyz`): a file the user never named."""
+    assert hide_url_credentials(url) == url
+    hidden = hide_url_credentials(f"{url}{'&' if '?' in url else '?'}password=pw")
+    assert hidden == f"{url}{'&' if '?' in url else '?'}password=***"
+
+
+@pytest.mark.parametrize(
     ("url", "problem"),
     [
         ("redis://:s3cret@redis:abc/0", "its port is not a number"),
