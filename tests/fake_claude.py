@@ -219,19 +219,25 @@ class RawReply:
     """Whatever bytes a test scripts: `parts` sent one by one as the body of a `status` response
     with `headers` (`content-type` defaults to server-sent events). For streams no real API sends:
     events out of order, an error in a 200's JSON body, a wrong content type... `abort` drops the
-    connection after the parts instead of ending the body."""
+    connection after the parts instead of ending the body; `hang` waits after them, the body not
+    ended, until the client disconnects."""
 
     parts: tuple[bytes, ...]
     status: int = 200
     headers: Mapping[str, str] = field(default_factory=dict)
     abort: bool = False
+    hang: bool = False
 
 
 def raw_reply(
-    *parts: bytes | str, status: int = 200, headers: Mapping[str, str] | None = None, abort: bool = False
+    *parts: bytes | str,
+    status: int = 200,
+    headers: Mapping[str, str] | None = None,
+    abort: bool = False,
+    hang: bool = False,
 ) -> RawReply:
     encoded = tuple(part.encode() if isinstance(part, str) else part for part in parts)
-    return RawReply(encoded, status, dict(headers or {}), abort)
+    return RawReply(encoded, status, dict(headers or {}), abort, hang)
 
 
 def sse_event(event: str, data: JSONObject | str) -> bytes:
@@ -1523,7 +1529,9 @@ class FakeClaude:
                 "request-id": f"req_fake_{self._next_number():06d}",
                 **reply.headers,
             }
-            return _ScriptedResponse(self, reply.status, headers, list(reply.parts), abort=reply.abort)
+            return _ScriptedResponse(
+                self, reply.status, headers, list(reply.parts), abort=reply.abort, hang=reply.hang
+            )
         if isinstance(reply, StreamErrorReply):
             if not streaming:
                 return self._error(

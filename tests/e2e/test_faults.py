@@ -8,6 +8,7 @@ client (raw JSON-RPC) -> `python -m mcp_backfill` -> tests/servers/echo_server.p
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -21,6 +22,8 @@ from tests.fake_claude import (
     error_reply,
     garbage_stream_reply,
     hang_reply,
+    raw_reply,
+    stream_frames,
     text_reply,
     truncated_stream_reply,
 )
@@ -225,3 +228,45 @@ async def test_a_mid_stream_overloaded_error_is_retried(fake_claude: FakeClaude)
         next(r.body for r in fake_claude.message_requests)
         == [r.body for r in fake_claude.message_requests][1]
     )
+
+
+@pytest.mark.parametrize(
+    "ending",
+    ["dropped after message_stop", "stalled after message_stop", "dropped after message_delta"],
+)
+async def test_a_whole_message_is_the_answer_however_its_stream_then_ends(
+    fake_claude: FakeClaude, tmp_path: Path, ending: str
+) -> None:
+    """A stream that had delivered the whole message (`message_delta`, with the stop reason and the
+    final usage, and `message_stop`) and then broke off before the body's end was retried as a
+    broken stream: Claude was called, and billed, again for an answer already paid for. One that
+    then stalled was cut at `--sampling-timeout` and failed the request, the message thrown away
+    and charged its whole reservation. Now the message is the answer, charged what it cost."""
+    message = {
+        "id": "msg_whole",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-5",
+        "content": [{"type": "text", "text": "all of it"}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": 12,
+            "output_tokens": 4,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        },
+    }
+    frames = stream_frames(message)
+    if ending == "dropped after message_delta":
+        frames = frames[:-1]  # message_stop
+    reply = raw_reply(*frames, abort=ending.startswith("dropped"), hang=ending.startswith("stalled"))
+    audit = tmp_path / "audit.jsonl"
+    options = ("--sampling-timeout", "30", "--audit-log", str(audit), *FAST_RETRIES)
+    async with echo_session(fake_claude, *options, warm=True) as session:
+        fake_claude.enqueue(reply)
+        answer = await ask_sampling(session, timeout=60)
+    assert answer.get("result", {}).get("content") == {"type": "text", "text": "all of it"}, answer
+    assert len(fake_claude.message_requests) == 1  # not called again
+    charged = json.loads(audit.read_text().splitlines()[-1])["charged"]
+    assert (charged["input_tokens"], charged["output_tokens"]) == (12, 4)

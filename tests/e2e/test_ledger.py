@@ -485,3 +485,36 @@ async def test_a_paused_turn_ending_in_a_space_is_continued(fake_claude: FakeCla
     assert outcome["result"]["stopReason"] == "endTurn"
     assert outcome["result"]["content"]["text"] == "Searching... found it."
     assert len(fake_claude.message_requests) == 2
+
+
+async def test_a_paused_turns_continuation_stays_within_the_requests_deadline(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """`--sampling-timeout` bounds everything for one sampling request, but each continuation of a
+    paused turn got a deadline of its own: a continuation that stalled ran (and billed) past the
+    request's deadline, up to four times it, after the server had given up waiting (the answer,
+    and the paused turn paid for, lost). Now the continuation has what is left of the request's
+    deadline, and at the deadline the paused turn is the answer."""
+    audit = tmp_path / "audit.jsonl"
+    fake_claude.enqueue(
+        text_reply("warm"),
+        text_reply("Searching...", stop_reason="pause_turn", delay=7.0),
+        hang_reply("still searching"),
+    )
+    argv = proxy_argv("--sampling-timeout", "10", "--audit-log", str(audit), upstream=SAMPLING_SERVER)
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await initialize(session)
+        await raw_sample(session, 1, plain_params("warm up"))  # the Claude client is built
+        arguments = {"params_json": json.dumps(plain_params("search the web", max_tokens=50)), "timeout": 15}
+        call = {"name": "sample_raw", "arguments": arguments}
+        await session.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+        response, _ = await session.recv_until(lambda m: m.get("id") == 2, timeout=SLOW)
+        outcome = json.loads(response["result"]["content"][0]["text"])
+        await session.close_stdin()
+        await session.wait(SLOW)
+    assert outcome.get("result", {}).get("stopReason") == "pauseTurn", outcome  # not the server's timeout
+    assert outcome["result"]["content"]["text"] == "Searching..."
+    lines = audit_lines(audit)
+    assert [line["outcome"] for line in lines] == ["answered", "answered"]
+    assert lines[1]["calls"] == 2
+    assert lines[1]["charged"]["output_tokens"] >= 50  # the continuation cut off is charged

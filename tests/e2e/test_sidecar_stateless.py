@@ -494,3 +494,47 @@ async def test_a_tools_listing_seen_from_its_second_page_leaves_no_tool_unchecke
         assert refused.status_code == 400, refused.text
         assert refused.json()["error"]["code"] == -32020
         assert "Mcp-Param-Region" in refused.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("ending", ["room", "idle"])
+async def test_a_round_paid_for_outlives_the_upstream_that_asked_it(
+    fake_claude: FakeClaude, ending: str
+) -> None:
+    """A mixed round's sampling answers wait in the proxy for the client's retry. They were kept by
+    the relay of the client's upstream: when that upstream was stopped (to make room for another
+    under `--max-sessions`, or for idleness) before the client answered its part, the retry got
+    "requestState expired or unknown" seconds later, though the server (sealing its state under a
+    key it keeps across restarts) would have taken it, and the Claude call made for the round was
+    wasted. Now the client's next upstream takes them over, and the retry is served unsampled."""
+    fake_claude.enqueue(text_reply("Proceeding."))
+    options = ("--max-sessions", "1") if ending == "room" else ("--session-idle-timeout", "1")
+    env = proxy_env(fake_claude.url, RESOLVE_STATE_KEY="a-key-the-server-keeps-32-bytes!")
+    async with (
+        run_sidecar(*options, upstream=RESOLVE_SERVER, env=env) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        headers = stateless_headers("tools/call", "confirm_and_ask")
+        first = await http.post(sidecar.url, json=round_request(1, "Proceed?"), headers=headers)
+        result = response_to(first, 1)["result"]
+        assert result["resultType"] == "input_required"
+        [key] = result["inputRequests"]
+        if ending == "room":  # a session takes the one upstream: the client's idle one makes room
+            session = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+            assert (await http.delete(sidecar.url, headers=session)).status_code in (200, 204)
+        else:
+            with anyio.fail_after(HTTP_TIMEOUT):
+                while "idle upstream for 2026-07-28 requests closed" not in sidecar.stderr():
+                    await anyio.sleep(0.05)
+        retry = round_request(
+            2,
+            "Proceed?",
+            inputResponses={key: {"action": "accept", "content": {"ok": True}}},
+            requestState=result["requestState"],
+        )
+        with anyio.fail_after(HTTP_TIMEOUT):
+            while (answer := await http.post(sidecar.url, json=retry, headers=headers)).status_code == 503:
+                await anyio.sleep(0.05)  # the session's upstream is still stopping
+        assert answer.status_code == 200, answer.text
+        final = response_to(answer, 2)["result"]
+        assert json.loads(final["content"][0]["text"]) == {"ok": True, "text": "Proceeding."}
+    assert len(fake_claude.message_requests) == 1  # the retry did not sample again

@@ -13,11 +13,15 @@ connection the same code sends `sampling/createMessage` requests. Tools return o
 * `echo(text)`: no sampling. Returns `{"text"}`.
 * `confirm_and_ask(question)`: an elicitation (`ok: bool`) and a sampling-with-tools request in
   one round. Returns `{"ok", "text"}`.
+
+`RESOLVE_STATE_KEY` in the environment seals `requestState` under that key instead of one made at
+start, as a server deployed on several instances does: a state survives the server's restart.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -25,6 +29,7 @@ from typing import Annotated, Any
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.resolve import Elicit, Resolve, Sample
+from mcp.server.request_state import RequestStateSecurity
 from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp.types import (
     CreateMessageResult,
@@ -48,7 +53,11 @@ GET_WEATHER = Tool(
 )
 SYSTEM = "You are a weather assistant. Use get_weather."
 
-server = MCPServer("resolve-test-server")
+_STATE_KEY = os.environ.get("RESOLVE_STATE_KEY")
+server = MCPServer(
+    "resolve-test-server",
+    request_state_security=RequestStateSecurity(keys=[_STATE_KEY]) if _STATE_KEY else None,
+)
 
 
 def _blocks(result: CreateMessageResultWithTools) -> list[Any]:

@@ -15,7 +15,7 @@ import pytest
 from mcp_backfill.errors import ProviderError, SamplingError
 from mcp_backfill.protocol import INVALID_PARAMS
 from mcp_backfill.providers.retry import RetryingProvider
-from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress, UsageMeter
+from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress, UsageMeter, one_deadline
 from tests.defaults import RETRY
 
 pytestmark = pytest.mark.anyio
@@ -256,3 +256,30 @@ async def test_every_attempt_is_reported_to_the_observer() -> None:
     with pytest.raises(ProviderError):
         await provider.create_message({})
     assert attempts.seen == [("retried", "overloaded_error"), ("failed", "overloaded_error")]
+
+
+async def test_the_calls_of_one_request_share_its_deadline() -> None:
+    """A paused turn's continuation is another call of the same sampling request: it gets what is
+    left of the request's deadline (it got a whole one of its own, so a request could run four
+    times `--sampling-timeout`), and none is made once the deadline is over."""
+    time = SimulatedTime()
+    start = time.now
+    inner = Scripted(time, [overloaded(), MESSAGE, overloaded()], call_seconds=6.0)
+    provider = wrap(inner, time, rand=0.0, base_delay=4.0, max_attempts=100, deadline=20.0)
+    with one_deadline():
+        assert await provider.create_message({}) == MESSAGE  # 6 + 2 + 6 s of the 20
+        with pytest.raises(ProviderError) as caught:
+            await provider.create_message({})  # 6 s more: a 2 s wait would end past 20 s
+        assert time.now - start == 20.0
+        assert caught.value.data is not None
+        assert caught.value.data["gave_up"] == "deadline"
+        calls = inner.calls
+        with pytest.raises(ProviderError) as late:
+            await provider.create_message({})
+        assert inner.calls == calls  # nothing sent: nothing to charge
+        assert late.value.data is not None
+        assert (late.value.data["attempts"], late.value.data["gave_up"]) == (0, "deadline")
+        assert "No time was left within --sampling-timeout (20s)" in late.value.message
+    with pytest.raises(ProviderError):  # a new request has a deadline of its own
+        await provider.create_message({})
+    assert inner.calls == calls + 3

@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 from mcp_backfill.relay import Relay
+from mcp_backfill.relay.input_required import Stash
 from mcp_backfill.sidecar.stateless import StatelessHub, StatelessHubs
 from mcp_backfill.sidecar.upstreams import UpstreamRequest
 from mcp_backfill.transports.base import MessageChannel
@@ -19,8 +20,18 @@ from mcp_backfill.transports.http_mux import MuxChannel
 pytestmark = pytest.mark.anyio
 
 
+class Rounds:
+    """The relay's round driver, as far as a hub sees it: the stash of the proxy's answers."""
+
+    def __init__(self) -> None:
+        self.stash: Any = Stash(ttl=300)
+
+
 class IdleRelay:
     """Stands in for the relay between a hub's mux and its upstream: runs until cancelled."""
+
+    def __init__(self) -> None:
+        self.rounds = Rounds()
 
     async def run(self, on_client_closed: Callable[[], Any]) -> None:
         await anyio.sleep_forever()
@@ -135,6 +146,7 @@ class EndingRelay:
 
     def __init__(self, end: anyio.Event) -> None:
         self._end = end
+        self.rounds = Rounds()
 
     async def run(self, on_client_closed: Callable[[], Any]) -> None:
         await self._end.wait()
@@ -280,3 +292,30 @@ async def test_no_upstream_starts_once_the_drain_has_begun() -> None:
             assert upstreams.started == 1
             assert len(hubs) == 1
             tg.cancel_scope.cancel()
+
+
+async def test_a_stopped_hubs_answers_still_waiting_go_to_the_clients_next_hub() -> None:
+    """The proxy's answers to a mixed round (paid for) wait for the client's retry in the stash of
+    its hub's relay: a hub stopped to make room took them along, and the retry found nothing. Now
+    the client's next hub takes the stash over; an empty one is not kept."""
+    upstreams = Upstreams()
+    hubs = make_hubs(upstreams, max_hubs=1)
+    async with anyio.create_task_group() as tg:
+        hubs.start(tg)
+        assert await mux_for(hubs, "alice") is not None
+        await anyio.wait_all_tasks_blocked()
+        alices = hubs._hubs["alice"].stash
+        assert isinstance(alices, Stash)
+        token = alices.put({"ask": {"role": "assistant"}}, False, None, 1)
+        assert await mux_for(hubs, "bob") is not None  # Alice's idle hub makes room
+        await anyio.wait_all_tasks_blocked()
+        assert await mux_for(hubs, "alice") is not None  # and Bob's for hers
+        await anyio.wait_all_tasks_blocked()
+        assert hubs._hubs["alice"].stash is alices
+        stashed = alices.take(token)
+        assert stashed is not None
+        assert stashed.answers == {"ask": {"role": "assistant"}}
+        assert await mux_for(hubs, "bob") is not None
+        await anyio.wait_all_tasks_blocked()
+        assert "alice" not in hubs._stashes  # nothing left in it
+        tg.cancel_scope.cancel()

@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 from typing import Any, cast
 
 import anthropic
+import anyio
 import httpx2
 from anthropic.lib._tracing import messages_create_request_attributes
 
@@ -58,6 +59,8 @@ STREAM_TYPES = frozenset({SSE_TYPE, BEDROCK_STREAM_TYPE})
 UTF8_BOM = b"\xef\xbb\xbf"
 # The most of a JSON answer instead of a stream (a gateway's message or error) that is read.
 WHOLE_BODY_LIMIT = 64 * 1024 * 1024
+# How long the body may take to end after `message_stop` before the whole message is taken as it is.
+AFTER_STOP_SECONDS = 1.0
 
 # Failures that mean the request never reached the API, not billed: no connection was made, none
 # of the pool's came free in time, or the proxy refused to open the tunnel to the API (httpcore2
@@ -266,6 +269,20 @@ async def _post_messages(client: AnyClient, body: dict[str, Any]) -> httpx2.Resp
     )
 
 
+async def _rest_of_stream(events: StreamedEvents, fold: MessageFold) -> None:
+    """What follows `message_stop`: normally the body's end at once, read so that the connection
+    can be used again. Anything but a ping is still a malformed stream; but the message is whole, so
+    a connection that breaks off now, or a body that does not end within `AFTER_STOP_SECONDS` (a
+    gateway keeping it open), costs it nothing (it was retried, and billed again, or cut off at the
+    deadline and thrown away)."""
+    with anyio.move_on_after(AFTER_STOP_SECONDS):
+        try:
+            async for event in events:
+                fold.add(event)
+        except httpx2.HTTPError:
+            pass
+
+
 async def streamed_message(client: AnyClient, request: dict[str, Any]) -> dict[str, Any]:
     """One streamed call and the message its events fold into, with nothing reported on the way
     (the priming's; `AnthropicProvider.create_message` is the full one)."""
@@ -317,15 +334,24 @@ class AnthropicProvider:
                 streaming = True
                 request_id = events.request_id
                 fold, completed = MessageFold(), False
-                async for event in events:
-                    kind = fold.add(event)
-                    if kind == "content_block_delta":
-                        if on_progress is not None:
-                            await on_progress(StreamProgress(fold.characters))
-                    elif kind in ("message_start", "message_delta"):
-                        meter.report(fold.usage())
-                    elif kind == "message_stop":
-                        completed = True
+                try:
+                    async for event in events:
+                        kind = fold.add(event)
+                        if kind == "content_block_delta":
+                            if on_progress is not None:
+                                await on_progress(StreamProgress(fold.characters))
+                        elif kind in ("message_start", "message_delta"):
+                            meter.report(fold.usage())
+                        elif kind == "message_stop":
+                            completed = True
+                            break
+                except httpx2.HTTPError:
+                    if not fold.ended:
+                        raise
+                    # The whole message came (`message_delta`): a connection that broke off after it
+                    # loses nothing, and a retry would be billed again for it.
+                if completed:
+                    await _rest_of_stream(events, fold)
                 if not completed and not fold.ended:  # `message_stop` only says again it ended
                     raise self._error(
                         "Claude API stream ended before the message was complete",

@@ -11,7 +11,9 @@ wrapped in `RetryingProvider` instead:
 * attempt n+1 waits a random time between 50 % and 100 % of min(max_delay, base_delay * 2^(n-1)),
   or the server's `retry-after`, capped at max_delay;
 * the whole call, attempts and waits included, stays within `deadline` seconds: a wait that would
-  end past it is not started, and an attempt still running at the deadline is cancelled.
+  end past it is not started, and an attempt still running at the deadline is cancelled. The calls
+  of one sampling request (a paused turn continued) share it (`sampling.provider.one_deadline`): a
+  call after the first has what is left, and none is made once it is over.
 
 Every attempt reports to the caller's `UsageMeter` on its own, so a failed or cancelled attempt is
 charged as well as the one that succeeds.
@@ -37,6 +39,7 @@ from mcp_backfill.sampling.provider import (
     Provider,
     StreamProgress,
     UsageMeter,
+    shared_deadline,
 )
 
 log = get_logger("retry")
@@ -91,7 +94,15 @@ class RetryingProvider:
         meter: UsageMeter | None = None,
     ) -> dict[str, Any]:
         policy = self.policy
-        deadline_at = self._clock() + policy.deadline if policy.deadline else math.inf
+        shared = shared_deadline()
+        if shared is not None and shared.at is not None:  # an earlier call of the request set it
+            deadline_at = shared.at
+            if deadline_at <= self._clock():
+                raise self._deadline_error(0, None)  # no call made: nothing sent, nothing to charge
+        else:
+            deadline_at = self._clock() + policy.deadline if policy.deadline else math.inf
+            if shared is not None:
+                shared.at = deadline_at
         last: ProviderError | None = None
         attempt = 0
         while True:
@@ -149,11 +160,12 @@ class RetryingProvider:
 
     def _deadline_error(self, attempts: int, last: ProviderError | None) -> ProviderError:
         limit = f"{self.policy.deadline:g}s"
-        if last is None:  # the attempt was still running when the deadline came
-            message = (
-                f"Claude API gave no answer within {named('--sampling-timeout')} "
-                f"({limit}, {attempts} attempts)"
-            )
+        if last is None:
+            flag = named("--sampling-timeout")
+            if attempts:  # the attempt was still running when the deadline came
+                message = f"Claude API gave no answer within {flag} ({limit}, {attempts} attempts)"
+            else:  # the request's earlier calls took all of its time
+                message = f"No time was left within {flag} ({limit}) for another Claude call"
             data: dict[str, Any] = {"provider": self.name, "type": "timeout"}
             return ProviderError(message, {**data, "attempts": attempts, "gave_up": "deadline"})
         message = (

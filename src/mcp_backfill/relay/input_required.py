@@ -167,6 +167,12 @@ class Stash:
             return None
         return entry
 
+    def holds(self) -> bool:
+        """Does it hold an entry not expired yet? (Those expired are dropped.)"""
+        now = self.clock()
+        self.entries = {k: v for k, v in self.entries.items() if v.expires > now}
+        return bool(self.entries)
+
 
 MAX_REDEEMED = 100_000
 """Redeemed sealed tokens one process remembers at once (a few MB). Beyond it such a retry is

@@ -6,7 +6,9 @@ in exactly one place (`sampling.convert`), whatever the backend.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -92,3 +94,30 @@ class WarmsUp(Protocol):
     """A provider that builds itself on first use, and can be told to do so ahead of it."""
 
     async def warm_up(self) -> None: ...
+
+
+@dataclass
+class SharedDeadline:
+    """The deadline (`--sampling-timeout`) of one sampling request, however many Claude calls it
+    makes: set by its first call (its provider's clock), kept by the calls after it (a paused
+    turn's continuations), which get what is left of it."""
+
+    at: float | None = None
+
+
+_shared_deadline: ContextVar[SharedDeadline | None] = ContextVar("mcp_backfill_deadline", default=None)
+
+
+@contextmanager
+def one_deadline() -> Iterator[None]:
+    """The Claude calls made inside (in this task) share one deadline (`SharedDeadline`)."""
+    token = _shared_deadline.set(SharedDeadline())
+    try:
+        yield
+    finally:
+        _shared_deadline.reset(token)
+
+
+def shared_deadline() -> SharedDeadline | None:
+    """The deadline the current sampling request's calls share, if one is open (`one_deadline`)."""
+    return _shared_deadline.get()

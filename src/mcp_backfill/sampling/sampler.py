@@ -25,7 +25,13 @@ from mcp_backfill.sampling.convert import ConversionOptions, to_claude_request, 
 from mcp_backfill.sampling.estimate import reservation_for
 from mcp_backfill.sampling.limits import RequestLimits, check_request, check_response
 from mcp_backfill.sampling.model_choice import select_model
-from mcp_backfill.sampling.provider import ProgressCallback, Provider, StreamProgress, WarmsUp
+from mcp_backfill.sampling.provider import (
+    ProgressCallback,
+    Provider,
+    StreamProgress,
+    WarmsUp,
+    one_deadline,
+)
 from mcp_backfill.sampling.spend import Reservation, SamplingSession, Spend, Ticket, normalize_usage
 from mcp_backfill.telemetry import ChatOutcome, ChatSpan
 
@@ -290,6 +296,16 @@ class Sampler:
     ) -> dict[str, Any]:
         """One call (reserving `reservation`), and up to `MAX_PAUSE_CONTINUATIONS` more while Claude
         pauses its turn and the budgets have room; each call is charged on its own."""
+        with one_deadline():  # `--sampling-timeout` bounds the request, its continuations included
+            return await self._continued(ticket, request, reservation, progress)
+
+    async def _continued(
+        self,
+        ticket: Ticket,
+        request: dict[str, Any],
+        reservation: Reservation,
+        progress: ProgressCallback | None,
+    ) -> dict[str, Any]:
         turn = None if progress is None else _TurnProgress(progress)
         message = await self._call(ticket, request, reservation, turn)
         for _ in range(MAX_PAUSE_CONTINUATIONS):

@@ -42,7 +42,7 @@ from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import UpstreamStartError
 from mcp_backfill.logs import get_logger
 from mcp_backfill.options import named
-from mcp_backfill.relay.input_required import stash_token
+from mcp_backfill.relay.input_required import SealedStash, Stash, stash_token
 from mcp_backfill.sidecar.http_io import (
     FrontSettings,
     HttpCall,
@@ -101,6 +101,10 @@ class StatelessHub:
         self._stopped.set()
         self._shut = anyio.Event()  # the drain is over (`shut_down`)
         self._draining = anyio.Event()  # the drain has begun: no upstream starts any more
+        # The proxy's answers to mixed rounds, kept for the client's retry: the hub's, not one
+        # relay's, so that a round paid for outlives the upstream that asked it (restarted after it
+        # exited; `StatelessHubs` hands it on to the client's next hub when this one is stopped).
+        self.stash: Stash | SealedStash | None = None
         self.last_used = anyio.current_time()
 
     def start(self, tg: TaskGroup) -> None:
@@ -181,6 +185,9 @@ class StatelessHub:
                         CountingChannel(upstream, self._count, "from_upstream", "to_upstream"),
                         self.identity,
                     )
+                    if self.stash is None:
+                        self.stash = relay.rounds.stash
+                    relay.rounds.stash = self.stash
                     self._mux = mux
                     started = True
                     task_status.started()
@@ -260,6 +267,10 @@ class StatelessHubs:
         # Stopped (to make room, or for idleness) and gone from `_hubs`, their upstream still
         # stopping: they hold their place under `max_upstreams` until it has.
         self._stopping: set[StatelessHub] = set()
+        # The stashes of stopped hubs still holding answers a client has paid for, by identity: its
+        # next hub takes its stash over (else the retry finds "requestState expired or unknown",
+        # and the Claude calls made for the round are wasted).
+        self._stashes: dict[str, Stash] = {}
         self._shut = anyio.Event()  # the drain is over: no more waiting for room
         self._draining = anyio.Event()  # the drain has begun: no new hubs, no room made
         self._tg: TaskGroup | None = None
@@ -293,6 +304,7 @@ class StatelessHubs:
             if self.upstreams + self._others() < self._max_upstreams:
                 assert self._tg is not None
                 hub = self._hubs[identity] = self._make_hub(identity)
+                hub.stash = self._stashes.pop(identity, None)
                 hub.start(self._tg)
             elif not await self.make_room():
                 return None
@@ -329,6 +341,9 @@ class StatelessHubs:
         hub.stop()
         if not hub.stopped:
             self._stopping.add(hub)
+        self._stashes = {identity: stash for identity, stash in self._stashes.items() if stash.holds()}
+        if isinstance(hub.stash, Stash) and hub.stash.holds():
+            self._stashes[key] = hub.stash
         return hub
 
     async def _reap_idle(self) -> None:
