@@ -144,13 +144,15 @@ class Budget:
     summaries, and turns a refusal into the error a server receives.
     """
 
-    def __init__(self, allowances: Iterable[Allowance], name: str, option: str, key: str) -> None:
+    def __init__(
+        self, allowances: Iterable[Allowance], name: str, option: str, key: str, *, total: bool = False
+    ) -> None:
         self.allowances = tuple(allowances)
         self.name = name
         """How errors and logs call it, e.g. "process token budget"."""
         self.option = option
         """The flag that raises it."""
-        self.limit = Limit(key, self.allowances)
+        self.limit = Limit(key, self.allowances, total)
         self.tokens: dict[str, int] = dict.fromkeys(USAGE_KEYS, 0)
         """What this process charged to it, by counter."""
         self.exchanges = 0
@@ -552,6 +554,7 @@ class Spend:
                 "token budget shared through the state store" if shared else "process token budget",
                 "--budget-tokens",
                 PROCESS,
+                total=True,  # what the deployment spent, for operators
             ),
             settings.rate_limit,
             settings.max_concurrent,

@@ -39,6 +39,7 @@ __all__ = [
     "LAPSED_MEMORY_SECONDS",
     "LEASE_SECONDS",
     "RATE_WINDOW_SECONDS",
+    "SWEEP_AT",
     "Held",
     "LedgerStore",
     "Limit",
@@ -70,6 +71,10 @@ class Limit:
 
     key: str
     allowances: tuple[Allowance, ...]
+    total: bool = False
+    """Keep a count of every token charged over the payer's lifetime even without a lifetime
+    allowance (the process's: what the deployment spent). Else a store keeps only what an allowance
+    reads, and forgets a payer once none of that counts any more."""
 
 
 @dataclass(frozen=True)
@@ -194,7 +199,8 @@ class MemoryStore:
     Payers, rate keys and slot keys come and go (a client identity per OAuth access token), so what
     no longer counts is dropped: an empty slot set at once; a payer without reservations whose counts
     are all of windows past (a payer is charged only in the windows of its allowances, and a
-    lifetime count only with a lifetime allowance, so a payer with no allowances keeps nothing), a
+    lifetime count only with a lifetime allowance or `Limit.total`, so a client with no budget keeps
+    nothing), a
     rate key whose minute is over, and an expired claim when their table is swept (`_Sweep`).
     A lifetime count is never dropped: forgetting it would reset a budget.
     """
@@ -258,10 +264,8 @@ class MemoryStore:
         for limit in limits:
             payer = self._payer(limit.key)
             payer.reservations.pop(lease, None)
-            # Only what an allowance reads is counted: nobody reads a lifetime count without one.
-            for window, number in {
-                (each.window or "", window_number(each, now)) for each in limit.allowances
-            }:
+            windows = {(each.window or "", window_number(each, now)) for each in limit.allowances}
+            for window, number in windows | ({("", 0)} if limit.total else set()):
                 for stale in [k for k in payer.used if k[0] == window and k[1] < number]:
                     del payer.used[stale]  # an earlier window's count
                 payer.used[(window, number)] = payer.used.get((window, number), 0) + tokens
