@@ -1382,3 +1382,21 @@ async def test_a_request_repeating_its_members_is_read_as_the_server_reads_it() 
         assert await r.client.recv() == result(2, {"content": []})
         assert r.relay.state.client_requests == {}
         assert r.relay.state.client.sampling == {"tools": {}}
+
+
+async def test_unknown_protocol_revisions_are_warned_about_a_bounded_number_of_times(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A client whose every request names another revision (a long-lived 2026-07-28 hub serves one
+    identity's requests for weeks) grows neither the session's memory nor the log without bound."""
+    versions = 500
+    async with relayed() as flow:
+        for i in range(versions):
+            meta = {protocol.META_PROTOCOL_VERSION: f"2099-{i:04d}-{'x' * 1000}"}
+            await flow.client.send(request(i, "tools/list", {"_meta": meta}))
+            assert (await flow.server.recv())["id"] == i  # passed through untouched
+        remembered = len(flow.relay.state.warned_versions)
+    warnings = [r for r in caplog.records if "protocol revision not known" in r.getMessage()]
+    assert remembered <= 16
+    assert 1 <= len(warnings) <= 17
+    assert all(len(str(getattr(r, "protocol_version", ""))) <= 256 for r in warnings)

@@ -190,7 +190,7 @@ async def test_a_release_the_store_missed_is_kept_only_while_its_lease_may_be_he
     a late one charges nothing: it is not worth keeping through a long outage."""
     store = SwitchableStore()
     link = StoreLink(store, "refuse", MemoryStore())
-    process = (Limit("process", ()),)
+    process = (Limit("process", (Allowance(10**9),)),)
     store.down = True
     await link.settle(store, process, "released", 0, wait=True)
     await link.settle(store, process, "charged", 5, wait=True)

@@ -8,6 +8,7 @@ renewing them lapse. Two store objects on one file or server stand for two proce
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -471,3 +472,51 @@ async def test_a_redis_admission_sent_again_after_its_reply_was_lost_is_not_refu
         standing, refusal = await store.admit([SPENT], [Rate(SPENT.key, 1)], "member-2")
         assert refusal is not None  # the first admission counts, once
     assert (standing.used, standing.reserved) == (((100, 100),), (0,))
+
+
+async def test_redis_keeps_no_key_for_ever_of_a_payer_without_a_lifetime_allowance() -> None:
+    """Client identities come and go (a rotating OAuth token under `--forward-authorization`):
+    only a lifetime budget's count must outlive them; every other key of theirs expires."""
+    async with redis_server() as server:
+        store = RedisStore(server.url)
+        raw = aioredis.Redis.from_url(server.url)
+        try:
+            for limits in ([Limit("client:gone", ())], [Limit("client:gone-too", (Allowance(50, "day"),))]):
+                rates = [Rate(limits[0].key, 5)]
+                await store.admit(limits, rates, "m", "lease", 30)
+                await store.settle(limits, "lease", 12)
+                assert await store.acquire_slot(limits[0].key, 1, "h")
+                await store.release_slot(limits[0].key, "h")
+            await store.settle([Limit("client:kept", (Allowance(100),))], "", 12)
+            await store.settle([Limit("process", (), total=True)], "", 12)  # what the deployment spent
+            kept = {key.decode(): await raw.ttl(key) async for key in raw.scan_iter("mcp-backfill:*")}
+        finally:
+            await raw.aclose()
+            await store.aclose()
+    assert {key for key, ttl in kept.items() if ttl < 0} == {
+        "mcp-backfill:used:client:kept",
+        "mcp-backfill:used:process",
+    }
+
+
+async def test_sqlite_drops_what_identities_gone_left_once_it_no_longer_counts(tmp_path: Path) -> None:
+    """Rate windows past and budget windows past of payers never seen again, and lifetime counts of
+    payers without a lifetime allowance, do not pile up in the file; a lifetime budget's stays."""
+    clock = [1000.0]
+    store = SqliteStore(str(tmp_path / "ledger.db"), clock=lambda: clock[0])
+    kept = Limit("client:kept", (Allowance(100),))
+    await store.settle([kept], "", 100)
+    for i in range(3000):
+        limits = [Limit(f"client:{i}", (Allowance(50, "hour"),))]
+        _, refusal = await store.admit(limits, [Rate(limits[0].key, 5)], f"m{i}", f"l{i}", 30)
+        assert refusal is None
+        await store.settle(limits, f"l{i}", 12)
+        clock[0] += 20.0
+    standing = await store.reserve([kept], "", 0)
+    await store.aclose()
+    with contextlib.closing(sqlite3.connect(tmp_path / "ledger.db")) as db:
+        rows = sum(
+            db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] for table in ("used", "hits", "leases")
+        )
+    assert rows < 1500  # 3000 identities: 6000 rows were kept, 9000 with their rate windows
+    assert not standing.admitted  # the lifetime budget is still used up

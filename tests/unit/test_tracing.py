@@ -235,6 +235,31 @@ async def test_a_cancelled_request_ends_its_span(spans: InMemorySpanExporter) ->
     assert listed.attributes["error.type"] == "cancelled"
 
 
+async def test_a_server_request_the_server_cancelled_ends_its_span_at_once(
+    spans: InMemorySpanExporter,
+) -> None:
+    """A client does not answer a request its server cancelled: its span was held open (and in the
+    session's memory) until the session ended, one more for every such request of a session that
+    lives for weeks."""
+    async with relayed() as r:
+        for request_id in range(50):
+            await r.server.send({"jsonrpc": "2.0", "id": request_id, **ELICIT})
+            await r.client.recv()
+            cancel = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": request_id}}
+            await r.server.send(cancel)
+            assert (await r.client.recv())["method"] == protocol.CANCELLED
+        ended = [span for span in spans.get_finished_spans() if span.name == "elicitation/create"]
+        assert len(ended) == 50
+        assert all(
+            span.attributes is not None and span.attributes["error.type"] == "cancelled" for span in ended
+        )
+        await r.server.send({"jsonrpc": "2.0", "id": 7, **ELICIT})  # an id used again: a span of its own
+        await r.client.recv()
+        await r.client.send(result(7, {"action": "decline"}))
+        assert (await r.server.recv())["id"] == 7
+    assert len([span for span in spans.get_finished_spans() if span.name == "elicitation/create"]) == 51
+
+
 async def test_without_tracing_requests_are_forwarded_untouched() -> None:
     assert isinstance(telemetry.current(), NoTelemetry)
     async with relayed() as r:

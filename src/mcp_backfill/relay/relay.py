@@ -633,6 +633,8 @@ class Relay:
             request_id = params.get("requestId")
             if self.answerer.cancel(request_id) or self.tasks.cancel_waiting(request_id):
                 return None
+            if self.traces.enabled and "requestId" in params:  # the client will not answer it
+                self.traces.ended_without_answer(request_id, sender="server")
         return message
 
     def _refused_as_duplicate(self, request_id: Any) -> bool:

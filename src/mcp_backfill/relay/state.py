@@ -15,6 +15,9 @@ from mcp_backfill.relay.input_required import Redeemed
 
 log = get_logger("relay")
 
+WARNED_VERSIONS = 16
+"""Unknown protocol revisions one session warns about (and remembers) at most."""
+
 
 @dataclass(frozen=True)
 class RelayOptions:
@@ -85,12 +88,19 @@ class RelayState:
 
     def check_version(self, version: str) -> None:
         """Warn once per session about a revision this proxy does not know: an `initialize` of it still
-        gets sampling declared; a stateless request of it passes untouched."""
-        if version in protocol.SUPPORTED_VERSIONS or version in self.warned_versions:
+        gets sampling declared; a stateless request of it passes untouched. The client names the
+        revision in each request: past `WARNED_VERSIONS` of them, no more are remembered or logged."""
+        if (
+            version in protocol.SUPPORTED_VERSIONS
+            or version in self.warned_versions
+            or len(self.warned_versions) >= WARNED_VERSIONS
+        ):
             return
         self.warned_versions.add(version)
+        last = len(self.warned_versions) == WARNED_VERSIONS
         log.warning(
             "protocol revision not known to this proxy version; sampling is still declared at "
-            "initialize, and its stateless requests pass through untouched",
-            extra={"protocol_version": version},
+            "initialize, and its stateless requests pass through untouched"
+            + ("; further unknown revisions of this session are not logged" if last else ""),
+            extra={"protocol_version": version if len(version) <= 64 else version[:63] + "…"},
         )

@@ -113,9 +113,10 @@ class RequestTraces:
             return
         self.answered(message, by="server")
 
-    def ended_without_answer(self, request_id: Any) -> None:
-        """The client cancelled its request."""
-        span = self._client.pop(jsonrpc.id_key(request_id), None)
+    def ended_without_answer(self, request_id: Any, *, sender: str = "client") -> None:
+        """The request's sender (`"client"` or `"server"`) cancelled it: no answer is coming."""
+        table = self._client if sender == "client" else self._server
+        span = table.pop(jsonrpc.id_key(request_id), None)
         if span is not None:
             span.cancel()
 

@@ -31,6 +31,10 @@ process's memory, or a store several processes share (`--state-store`), in which
 process" means every process using that store, and a client's budget, rate limit and slots hold
 across all of them. A session's counts always live with the session. The process's own slots
 (`--max-concurrent-sampling`) are this process's, whatever the store.
+
+A client's `Account` is only this process's view of what the store counts (and its local slots), so
+the account of an identity gone (a rotated OAuth token under `--forward-authorization`) may be
+dropped once nothing uses it: the store still holds what counts, and a budget is never reset by it.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ import anyio
 from mcp_backfill.errors import SamplingError, internal_error
 from mcp_backfill.options import BUDGET_WINDOWS, Allowance, env_var
 from mcp_backfill.sampling.store import (
+    RATE_WINDOW_SECONDS,
+    SWEEP_AT,
     LedgerStore,
     Limit,
     MemoryStore,
@@ -82,6 +88,8 @@ PROCESS = "process"
 """The client identity of the stdio front's one client, and the process's own ledger key."""
 SLOT_POLL_SECONDS = (0.01, 0.25)
 """Waiting for a slot of a shared store: the first and the longest pause between tries."""
+ACCOUNT_IDLE_SECONDS = RATE_WINDOW_SECONDS
+"""How long a client's account nothing uses is kept before a sweep may drop it."""
 
 
 def normalize_usage(usage: Any) -> dict[str, int]:
@@ -136,13 +144,15 @@ class Budget:
     summaries, and turns a refusal into the error a server receives.
     """
 
-    def __init__(self, allowances: Iterable[Allowance], name: str, option: str, key: str) -> None:
+    def __init__(
+        self, allowances: Iterable[Allowance], name: str, option: str, key: str, *, total: bool = False
+    ) -> None:
         self.allowances = tuple(allowances)
         self.name = name
         """How errors and logs call it, e.g. "process token budget"."""
         self.option = option
         """The flag that raises it."""
-        self.limit = Limit(key, self.allowances)
+        self.limit = Limit(key, self.allowances, total)
         self.tokens: dict[str, int] = dict.fromkeys(USAGE_KEYS, 0)
         """What this process charged to it, by counter."""
         self.exchanges = 0
@@ -240,6 +250,10 @@ class Account:
         self.in_flight = 0
         self.max_waiting = max_waiting  # 0: no bound
         self.waiting = 0
+        self.users = 0
+        """Admissions under way that use it (from their first step to their last)."""
+        self.last_used = -math.inf
+        """When one last began or ended (the ledger's monotonic clock)."""
 
     @property
     def full(self) -> bool:
@@ -512,9 +526,12 @@ class Ticket:
 class Spend:
     """The ledger of one process: its own account, one per client identity, and session budgets.
 
-    Client accounts are kept for the process's lifetime (their budgets must survive the client's
-    sessions); there is one per identity that ever sampled. `upkeep()` must surround the use of a
-    shared store: it renews this process's leases and retries settlements the store missed.
+    A client's account outlives its sessions; what its budget and rate limit count lives in the
+    store, which keeps it as long as it counts. An account nothing has used for `ACCOUNT_IDLE_SECONDS`
+    (no request admitted, in flight or waiting) is dropped when the accounts are swept, which
+    happens when a new identity arrives and `SWEEP_AT` accounts (then twice what the last sweep
+    left) exist: identities that come and go leave nothing behind. `upkeep()` must surround the
+    use of a shared store: it renews this process's leases and retries settlements the store missed.
     """
 
     def __init__(
@@ -537,6 +554,7 @@ class Spend:
                 "token budget shared through the state store" if shared else "process token budget",
                 "--budget-tokens",
                 PROCESS,
+                total=True,  # what the deployment spent, for operators
             ),
             settings.rate_limit,
             settings.max_concurrent,
@@ -546,6 +564,7 @@ class Spend:
             max_waiting=settings.max_waiting,
         )
         self.clients: dict[str, Account] = {}
+        self._sweep_clients_at = SWEEP_AT
         self.refused: dict[str, int] = {}
         self._id = secrets.token_hex(6)
         self._serial = itertools.count(1)
@@ -561,6 +580,8 @@ class Spend:
     def client(self, identity: str) -> Account:
         account = self.clients.get(identity)
         if account is None:
+            if len(self.clients) >= self._sweep_clients_at:
+                self._sweep_clients()
             settings = self.settings
             account = self.clients[identity] = Account(
                 Budget(
@@ -577,6 +598,16 @@ class Spend:
                 max_waiting=settings.max_waiting,
             )
         return account
+
+    def _sweep_clients(self) -> None:
+        """Drop the accounts nothing uses nor used in the last `ACCOUNT_IDLE_SECONDS`."""
+        idle_since = self._clock() - ACCOUNT_IDLE_SECONDS
+        self.clients = {
+            name: account
+            for name, account in self.clients.items()
+            if account.users or account.last_used > idle_since
+        }
+        self._sweep_clients_at = max(SWEEP_AT, 2 * len(self.clients))
 
     def new_session(self, label: str, client: str = PROCESS) -> SamplingSession:
         """A session of the client `client` (stdio: the process; serve: the identity that
@@ -601,6 +632,21 @@ class Spend:
         """
         client = self.client(session.client) if session is not None else None
         accounts = (client, self.process) if client is not None else (self.process,)
+        for account in accounts:
+            account.users += 1
+            account.last_used = self._clock()
+        try:
+            async with self._admitted(session, accounts, first) as ticket:
+                yield ticket
+        finally:
+            for account in accounts:
+                account.users -= 1
+                account.last_used = self._clock()
+
+    @asynccontextmanager
+    async def _admitted(
+        self, session: SamplingSession | None, accounts: tuple[Account, ...], first: Reservation | None
+    ) -> AsyncIterator[Ticket]:
         shared = _Stake(self.store, tuple(account.budget for account in accounts))
         stakes = (_Stake(session.store, (session.budget,)), shared) if session is not None else (shared,)
         if session is not None:

@@ -18,7 +18,8 @@ using the same store, so that two replicas cannot both take a budget's last toke
 * `claim` takes a key once among all who share the store, until a given time: a sealed approval
   token redeems once whichever replica the retry reaches.
 
-Three stores implement it: `MemoryStore` here (one process; nothing lapses), and in
+Three stores implement it: `MemoryStore` here (one process; nothing lapses; what it keeps of a key
+that no longer counts is dropped, see `MemoryStore`), and in
 `mcp_backfill.stores` a SQLite file (several processes on one machine) and Redis (many machines).
 A shared store's failures raise `StoreUnavailable`; the ledger decides what that means.
 """
@@ -38,6 +39,7 @@ __all__ = [
     "LAPSED_MEMORY_SECONDS",
     "LEASE_SECONDS",
     "RATE_WINDOW_SECONDS",
+    "SWEEP_AT",
     "Held",
     "LedgerStore",
     "Limit",
@@ -58,8 +60,9 @@ LAPSED_MEMORY_SECONDS = 86400.0
 holder's settlement, if it comes after all (a slow or cut-off holder, not a dead one), charges only
 what the call cost beyond it rather than the call a second time."""
 RATE_WINDOW_SECONDS = 60.0
-CLAIM_SWEEP = 1024
-"""Claims `MemoryStore` keeps before it drops the expired ones."""
+SWEEP_AT = 1024
+"""Entries one of `MemoryStore`'s tables holds before it first drops those that no longer count
+(then again at twice what was left, so that a sweep costs O(1) per entry added)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,10 @@ class Limit:
 
     key: str
     allowances: tuple[Allowance, ...]
+    total: bool = False
+    """Keep a count of every token charged over the payer's lifetime even without a lifetime
+    allowance (the process's: what the deployment spent). Else a store keeps only what an allowance
+    reads, and forgets a payer once none of that counts any more."""
 
 
 @dataclass(frozen=True)
@@ -163,11 +170,39 @@ class _Payer:
     used: dict[tuple[str, int], int] = field(default_factory=dict)  # (window or "", number) -> tokens
     reservations: dict[str, int] = field(default_factory=dict)  # lease -> tokens
 
+    def counts(self, now: float) -> bool:
+        """Does it hold anything that still counts: a reservation, a lifetime count, or a count of
+        a window not over yet?"""
+        return bool(self.reservations) or any(
+            not window or number >= int(now // BUDGET_WINDOWS[window]) for window, number in self.used
+        )
+
+
+class _Sweep:
+    """When a table is next swept: at `SWEEP_AT` entries, then at twice what a sweep left."""
+
+    def __init__(self) -> None:
+        self.at = SWEEP_AT
+
+    def due(self, size: int) -> bool:
+        return size >= self.at
+
+    def done(self, size: int) -> None:
+        self.at = max(SWEEP_AT, 2 * size)
+
 
 class MemoryStore:
     """The counts of one process, in its memory: nothing is shared and nothing lapses.
 
     `wall_clock` places charges in windows; `clock` measures the rate-limit minute.
+
+    Payers, rate keys and slot keys come and go (a client identity per OAuth access token), so what
+    no longer counts is dropped: an empty slot set at once; a payer without reservations whose counts
+    are all of windows past (a payer is charged only in the windows of its allowances, and a
+    lifetime count only with a lifetime allowance or `Limit.total`, so a client with no budget keeps
+    nothing), a
+    rate key whose minute is over, and an expired claim when their table is swept (`_Sweep`).
+    A lifetime count is never dropped: forgetting it would reset a budget.
     """
 
     description = "memory"
@@ -185,6 +220,7 @@ class MemoryStore:
         self._hits: dict[str, deque[float]] = {}
         self._slots: dict[str, set[str]] = {}
         self._claims: dict[str, tuple[str, float]] = {}
+        self._payer_sweep, self._hit_sweep, self._claim_sweep = _Sweep(), _Sweep(), _Sweep()
 
     def _standing(self, limits: Sequence[Limit], now: float) -> tuple[list[tuple[int, ...]], list[int]]:
         used: list[tuple[int, ...]] = []
@@ -211,19 +247,30 @@ class MemoryStore:
     def _hold(self, limits: Sequence[Limit], lease: str, amount: int) -> None:
         if amount > 0:
             for limit in limits:
-                self._payers.setdefault(limit.key, _Payer()).reservations[lease] = amount
+                self._payer(limit.key).reservations[lease] = amount
+
+    def _payer(self, key: str) -> _Payer:
+        payer = self._payers.get(key)
+        if payer is None:
+            if self._payer_sweep.due(len(self._payers)):
+                now = self._wall_clock()
+                self._payers = {k: each for k, each in self._payers.items() if each.counts(now)}
+                self._payer_sweep.done(len(self._payers))
+            payer = self._payers[key] = _Payer()
+        return payer
 
     async def settle(self, limits: Sequence[Limit], lease: str, tokens: int) -> None:
         now = self._wall_clock()
         for limit in limits:
-            payer = self._payers.setdefault(limit.key, _Payer())
+            payer = self._payer(limit.key)
             payer.reservations.pop(lease, None)
             windows = {(each.window or "", window_number(each, now)) for each in limit.allowances}
-            counters = windows | {("", 0)}
-            for window, number in counters:
+            for window, number in windows | ({("", 0)} if limit.total else set()):
                 for stale in [k for k in payer.used if k[0] == window and k[1] < number]:
                     del payer.used[stale]  # an earlier window's count
                 payer.used[(window, number)] = payer.used.get((window, number), 0) + tokens
+            if not payer.reservations and not payer.used:
+                del self._payers[limit.key]
 
     async def admit(
         self, limits: Sequence[Limit], rates: Sequence[Rate], member: str, lease: str = "", amount: int = 0
@@ -238,6 +285,11 @@ class MemoryStore:
 
     def _hit(self, rates: Sequence[Rate]) -> RateRefusal | None:
         now = self._clock()
+        if self._hit_sweep.due(len(self._hits)):
+            self._hits = {
+                k: hits for k, hits in self._hits.items() if hits and hits[-1] > now - RATE_WINDOW_SECONDS
+            }
+            self._hit_sweep.done(len(self._hits))
         for index, rate in enumerate(rates):
             if rate.per_minute <= 0:
                 continue
@@ -259,15 +311,20 @@ class MemoryStore:
         return True
 
     async def release_slot(self, key: str, holder: str) -> None:
-        self._slots.get(key, set()).discard(holder)
+        held = self._slots.get(key)
+        if held is not None:
+            held.discard(holder)
+            if not held:
+                del self._slots[key]
 
     async def renew(self, held: Sequence[Held]) -> None:
         return None  # nothing lapses in one process's memory
 
     async def claim(self, key: str, claimant: str, until: float) -> bool:
         now = self._wall_clock()
-        if len(self._claims) >= CLAIM_SWEEP:
+        if self._claim_sweep.due(len(self._claims)):
             self._claims = {k: claim for k, claim in self._claims.items() if claim[1] > now}
+            self._claim_sweep.done(len(self._claims))
         held = self._claims.get(key)
         if held is not None and held[1] > now:
             return held[0] == claimant

@@ -4,7 +4,8 @@ Each operation is one Lua script, which Redis runs atomically, and one round tri
 clock (`TIME`), so replicas with skewed clocks still agree on windows and leases. Keys, under the
 prefix (`mcp-backfill:` by default):
 
-    <p>used:<payer>                    tokens charged over the payer's lifetime
+    <p>used:<payer>                    tokens charged over the payer's lifetime (the process's, and
+                                       a payer's with a lifetime allowance)
     <p>used:<payer>:<window>:<number>  tokens charged in one window; expires after the next one
     <p>res:<payer>                     sorted set: reservation lease -> expiry (ms)
     <p>resamt:<payer>                  hash: reservation lease -> tokens
@@ -64,23 +65,28 @@ local function counter(p, payer, window, seconds, now_ms)
   if seconds == 0 then return p .. 'used:' .. payer end
   return p .. 'used:' .. payer .. ':' .. window .. ':' .. math.floor(now_ms / 1000 / seconds)
 end
--- allowances: {window, seconds, ...}; the lifetime count always grows, and each window's
+-- allowances: {window, seconds, ...}; each one's count grows: a lifetime allowance's for ever, a
+-- window's until the next window is over. A payer with neither a lifetime allowance nor
+-- `allowances.total` (the process: what the deployment spent) keeps no key for ever.
 local function charge(p, payer, allowances, tokens, now_ms)
   if tokens <= 0 then return end
-  redis.call('INCRBY', counter(p, payer, '', 0, now_ms), tokens)
+  local lifetime = allowances.total
   for _, allowance in ipairs(allowances) do
-    if allowance[2] > 0 then
-      local key = counter(p, payer, allowance[1], allowance[2], now_ms)
-      redis.call('INCRBY', key, tokens)
-      redis.call('EXPIRE', key, 2 * allowance[2])
-    end
+    if allowance[2] == 0 then lifetime = false end
+  end
+  if lifetime then redis.call('INCRBY', counter(p, payer, '', 0, now_ms), tokens) end
+  for _, allowance in ipairs(allowances) do
+    local key = counter(p, payer, allowance[1], allowance[2], now_ms)
+    redis.call('INCRBY', key, tokens)
+    if allowance[2] > 0 then redis.call('EXPIRE', key, 2 * allowance[2]) end
   end
 end
--- One limit's arguments from ARGV[i]: payer, n, and n times (window, seconds, tokens); and the
--- index after them.
+-- One limit's arguments from ARGV[i]: payer, n, total (1: keep a lifetime count without a lifetime
+-- allowance), and n times (window, seconds, tokens); and the index after them.
 local function read_limit(i)
   local payer, n, allowances = ARGV[i], tonumber(ARGV[i + 1]), {}
-  i = i + 2
+  allowances.total = ARGV[i + 2] == '1'
+  i = i + 3
   for a = 1, n do
     allowances[a] = {ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])}
     i = i + 3
@@ -399,7 +405,7 @@ class RedisStore:
 def _limit_args(limits: Sequence[Limit]) -> list[Any]:
     args: list[Any] = []
     for limit in limits:
-        args += [limit.key, len(limit.allowances)]
+        args += [limit.key, len(limit.allowances), 1 if limit.total else 0]
         for each in limit.allowances:
             args += [each.window or "", _seconds(each.window), each.tokens]
     return args

@@ -19,10 +19,12 @@ from typing import TypeVar
 import anyio
 
 from mcp_backfill.errors import StoreUnavailable
+from mcp_backfill.options import BUDGET_WINDOWS
 from mcp_backfill.sampling.store import (
     LAPSED_MEMORY_SECONDS,
     LEASE_SECONDS,
     RATE_WINDOW_SECONDS,
+    SWEEP_AT,
     Held,
     Limit,
     Rate,
@@ -88,6 +90,7 @@ class SqliteStore:
         self._clock = clock
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
+        self._operations = 0
 
     def _connect(self) -> sqlite3.Connection:
         if self._db is None:
@@ -127,7 +130,12 @@ class SqliteStore:
                 db = self._connect()
                 db.execute("BEGIN IMMEDIATE")
                 try:
-                    result = work(db, self._clock())
+                    now = self._clock()
+                    result = work(db, now)
+                    self._operations += 1
+                    if self._operations >= SWEEP_AT:
+                        self._operations = 0
+                        self._sweep(db, now)
                     db.execute("COMMIT")
                 except BaseException:
                     self._roll_back(db)
@@ -138,6 +146,17 @@ class SqliteStore:
             return await anyio.to_thread.run_sync(transaction)
         except (sqlite3.Error, OSError) as exc:
             raise StoreUnavailable(self.description, str(exc)) from None
+
+    @staticmethod
+    def _sweep(db: sqlite3.Connection, now: float) -> None:
+        """Drop what no longer counts whoever it was for: rate admissions older than the minute,
+        counts of windows past, lapsed leases no longer remembered, slots and claims expired. Each
+        payer's are dropped as it is used; this is for the payers never used again (client
+        identities that come and go), every `SWEEP_AT` operations of this process."""
+        db.execute("DELETE FROM hits WHERE at <= ?", (now - RATE_WINDOW_SECONDS,))
+        for window, seconds in BUDGET_WINDOWS.items():
+            db.execute("DELETE FROM used WHERE window = ? AND number < ?", (window, int(now // seconds)))
+        db.execute("DELETE FROM leases WHERE kind IN ('lapsed', 'slot', 'claim') AND expires <= ?", (now,))
 
     def _roll_back(self, db: sqlite3.Connection) -> None:
         """End a transaction that failed, its COMMIT included: one left open fails every later
@@ -170,9 +189,10 @@ class SqliteStore:
 
     @staticmethod
     def _charge(db: sqlite3.Connection, limit: Limit, tokens: int, now: float) -> None:
-        """Add `tokens` to the payer's lifetime count and to its windows' (dropping past windows)."""
+        """Add `tokens` to the count of each of the payer's allowances, its lifetime's or its window's
+        (dropping past windows), and to its lifetime count if it keeps one (`Limit.total`)."""
         windows = {(each.window or "", window_number(each, now)) for each in limit.allowances}
-        for window, number in windows | {("", 0)}:
+        for window, number in windows | ({("", 0)} if limit.total else set()):
             db.execute(
                 "DELETE FROM used WHERE key = ? AND window = ? AND number < ?", (limit.key, window, number)
             )
