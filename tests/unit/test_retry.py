@@ -279,7 +279,9 @@ async def test_the_calls_of_one_request_share_its_deadline() -> None:
         assert inner.calls == calls  # nothing sent: nothing to charge
         assert late.value.data is not None
         assert (late.value.data["attempts"], late.value.data["gave_up"]) == (0, "deadline")
-        assert "No time was left within --sampling-timeout (20s)" in late.value.message
+        assert "No time was left within --sampling-timeout / MCP_BACKFILL_SAMPLING_TIMEOUT (20s)" in (
+            late.value.message
+        )
     with pytest.raises(ProviderError):  # a new request has a deadline of its own
         await provider.create_message({})
     assert inner.calls == calls + 3
