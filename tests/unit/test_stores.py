@@ -248,6 +248,23 @@ async def test_a_redis_reservation_that_comes_after_its_release_holds_nothing(st
     assert (standing.reserved, standing.used) == ((0,), ((0, 0),))
 
 
+@pytest.mark.parametrize("stores", ["sqlite", "redis"], indirect=True)
+async def test_a_dead_replicas_reservation_is_charged_to_every_budget_it_held_whichever_is_read_first(
+    stores: Factory,
+) -> None:
+    """The deployment's budget is charged by the next call of any client, though the one whose call
+    it was never comes back; that client's when it does, once."""
+    dead, live = stores(lease_seconds=0.3), stores()
+    await dead.reserve([DAY, PROCESS], "dead", 7)
+    await anyio.sleep(0.5)
+    standing = await live.reserve([PROCESS], "", 0)  # another client's call: the deployment's only
+    assert (standing.reserved, standing.used) == ((0,), ((7,),))
+    standing = await live.reserve([DAY, PROCESS], "", 0)
+    assert (standing.reserved, standing.used) == ((0, 0), ((7, 7), (7,)))
+    standing = await live.reserve([DAY, PROCESS], "", 0)
+    assert standing.used == ((7, 7), (7,))
+
+
 DAY_SECONDS = 86400.0
 
 
