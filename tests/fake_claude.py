@@ -220,13 +220,14 @@ class RawReply:
     with `headers` (`content-type` defaults to server-sent events). For streams no real API sends:
     events out of order, an error in a 200's JSON body, a wrong content type... `abort` drops the
     connection after the parts instead of ending the body; `hang` waits after them, the body not
-    ended, until the client disconnects."""
+    ended, until the client disconnects; `part_delay` seconds pass between two parts."""
 
     parts: tuple[bytes, ...]
     status: int = 200
     headers: Mapping[str, str] = field(default_factory=dict)
     abort: bool = False
     hang: bool = False
+    part_delay: float = 0.0
 
 
 def raw_reply(
@@ -235,9 +236,10 @@ def raw_reply(
     headers: Mapping[str, str] | None = None,
     abort: bool = False,
     hang: bool = False,
+    part_delay: float = 0.0,
 ) -> RawReply:
     encoded = tuple(part.encode() if isinstance(part, str) else part for part in parts)
-    return RawReply(encoded, status, dict(headers or {}), abort, hang)
+    return RawReply(encoded, status, dict(headers or {}), abort, hang, part_delay)
 
 
 def sse_event(event: str, data: JSONObject | str) -> bytes:
@@ -1530,7 +1532,13 @@ class FakeClaude:
                 **reply.headers,
             }
             return _ScriptedResponse(
-                self, reply.status, headers, list(reply.parts), abort=reply.abort, hang=reply.hang
+                self,
+                reply.status,
+                headers,
+                list(reply.parts),
+                abort=reply.abort,
+                hang=reply.hang,
+                part_delay=reply.part_delay,
             )
         if isinstance(reply, StreamErrorReply):
             if not streaming:

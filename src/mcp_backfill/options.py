@@ -748,8 +748,10 @@ OPTIONS: tuple[Option, ...] = (
         "session_budget_tokens",
         "--session-budget-tokens",
         (Allowance(5_000_000),),
-        "tokens one client session may spend, in the same form as --budget-tokens; 0 = no limit",
-        "tokens one client session may spend, in the form of `--budget-tokens`; `0` = no limit",
+        "tokens one client session (a 2026-07-28 client: one run of its upstream) may spend, in the "
+        "same form as --budget-tokens; 0 = no limit",
+        "tokens one client session may spend (a 2026-07-28 client's: one run of its upstream), in the "
+        "form of `--budget-tokens`; `0` = no limit ([Budgets](../limits.md#budgets))",
         parse=budget,
         metavar="BUDGET",
         default_text="5000000",

@@ -533,6 +533,27 @@ async def test_a_second_message_start_is_a_malformed_stream_and_charged(
     assert cost == {**cost, "input_tokens": 50, "output_tokens": 100}
 
 
+async def test_a_stream_of_nothing_but_pings_ends_within_the_read_timeout(fake_claude: FakeClaude) -> None:
+    """With `--sampling-timeout 0` the SDK's read timeout (600 s) is the only bound on a call; a
+    stream that sends pings (or comments) and nothing else kept it from ever tripping, so the call
+    held its concurrency slot and its reservation for as long as the pings went on. Pings are
+    no progress: the read timeout bounds the time between two events that are not pings."""
+    client = anthropic.AsyncAnthropic(
+        api_key=TEST_API_KEY, base_url=fake_claude.url, max_retries=0, timeout=1.0
+    )
+    provider = AnthropicProvider(client, secrets=[TEST_API_KEY])
+    pings = [sse_event("ping", {"type": "ping"}), b": keep-alive\n\n"] * 400  # 40 s of them
+    fake_claude.enqueue(raw_reply(started(), *text_block(0, "Hel"), *pings, part_delay=0.05, hang=True))
+    began = anyio.current_time()
+    try:
+        error, cost = await metered_failure(provider)
+    finally:
+        await provider.aclose()
+    assert anyio.current_time() - began < 20
+    assert error.retryable
+    assert cost["input_tokens"] == 50  # the call began: it is charged
+
+
 JSON = {"content-type": "application/json"}
 
 

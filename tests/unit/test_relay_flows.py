@@ -777,6 +777,30 @@ async def test_a_sampling_task_the_proxy_declared_is_its_own_when_the_client_run
         assert (await r.client.recv())["id"] == 8
 
 
+async def test_a_tasks_list_the_server_cancelled_is_not_kept_for_the_clients_answer() -> None:
+    """The id of every `tasks/list` relayed to a client that lists tasks is kept until the client
+    answers it (the proxy's tasks join its last page); one the server cancelled, which the client
+    need never answer, was kept for the session's life: a server listing and cancelling in a loop
+    grew the session's memory."""
+    async with relayed() as r:
+        await r.client.send(request(1, "initialize", initialize({"sampling": {}, "tasks": {"list": {}}})))
+        await r.server.recv()
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        for n in range(3):
+            await r.server.send(request(f"list-{n}", "tasks/list", {}))
+            assert (await r.client.recv())["id"] == f"list-{n}"
+            await r.server.send(
+                {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": f"list-{n}"}}
+            )
+            assert (await r.client.recv())["params"]["requestId"] == f"list-{n}"
+        await r.server.send(request("list-3", "tasks/list", {}))
+        await r.client.recv()
+        await r.client.send(result("list-3", {"tasks": []}))
+        assert (await r.server.recv())["result"] == {"tasks": []}
+        assert not r.relay.tasks._client_lists
+
+
 async def test_a_task_ttl_of_infinity_gives_a_task_with_the_cap_and_the_session_goes_on() -> None:
     """`"ttl": 1e400` decodes to infinity, whose `int()` raised in the routing: the session ended."""
     async with relayed() as r:

@@ -248,6 +248,62 @@ async def test_a_redis_reservation_that_comes_after_its_release_holds_nothing(st
     assert (standing.reserved, standing.used) == ((0,), ((0, 0),))
 
 
+@pytest.mark.parametrize("stores", ["sqlite", "redis"], indirect=True)
+async def test_a_dead_replicas_reservation_is_charged_to_every_budget_it_held_whichever_is_read_first(
+    stores: Factory,
+) -> None:
+    """The deployment's budget is charged by the next call of any client, though the one whose call
+    it was never comes back; that client's when it does, once."""
+    dead, live = stores(lease_seconds=0.3), stores()
+    await dead.reserve([DAY, PROCESS], "dead", 7)
+    await anyio.sleep(0.5)
+    standing = await live.reserve([PROCESS], "", 0)  # another client's call: the deployment's only
+    assert (standing.reserved, standing.used) == ((0,), ((7,),))
+    standing = await live.reserve([DAY, PROCESS], "", 0)
+    assert (standing.reserved, standing.used) == ((0, 0), ((7, 7), (7,)))
+    standing = await live.reserve([DAY, PROCESS], "", 0)
+    assert standing.used == ((7, 7), (7,))
+
+
+DAY_SECONDS = 86400.0
+
+
+async def test_a_sqlite_reservation_that_lapsed_days_ago_is_charged_to_the_window_it_lapsed_in(
+    tmp_path: Path,
+) -> None:
+    """A replica died in a call of alice's, who comes back two days later: its reservation, charged
+    whole when her budget is next read, went into that day's window (a call of two days ago
+    spending today's budget); it counts in the window it lapsed in, and in her lifetime's."""
+    clock = [100 * DAY_SECONDS - 100.0]  # just before a day ends
+    dead = SqliteStore(str(tmp_path / "ledger.db"), clock=lambda: clock[0])
+    await dead.reserve([DAY, PROCESS], "dead", 7)
+    clock[0] += 2 * DAY_SECONDS
+    live = SqliteStore(str(tmp_path / "ledger.db"), clock=lambda: clock[0])
+    standing = await live.reserve([DAY, PROCESS], "", 0)
+    await dead.aclose()
+    await live.aclose()
+    assert (standing.reserved, standing.used) == ((0, 0), ((7, 0), (7,)))
+
+
+async def test_a_redis_reservation_that_lapsed_days_ago_is_charged_to_the_window_it_lapsed_in() -> None:
+    """As for SQLite; Redis's clock is its own, so the dead replica's reservation is written as it
+    left it, its lease expired two days ago."""
+    async with redis_server() as server:
+        store = RedisStore(server.url)
+        raw = aioredis.Redis.from_url(server.url)
+        try:
+            seconds, micros = await raw.time()
+            expired = (seconds - 2 * DAY_SECONDS) * 1000 + micros // 1000
+            for payer in (DAY.key, PROCESS.key):
+                await raw.zadd(f"mcp-backfill:res:{payer}", {"dead": expired})
+                await raw.hset(f"mcp-backfill:resamt:{payer}", "dead", 7)
+            standing = await store.reserve([DAY, PROCESS], "", 0)
+        finally:
+            await raw.aclose()
+            await store.aclose()
+    assert (standing.reserved, standing.used) == ((0, 0), ((7, 0), (7,)))
+
+
 async def test_redis_remembers_a_settled_lease_as_long_as_a_lapsed_one() -> None:
     """The store link retries a settlement the store missed until it lands, perhaps after a long
     outage; if the first try had landed (its reply lost), the retry must still find the lease

@@ -101,6 +101,11 @@ MESSAGES_CALL_OPTIONS: dict[str, Any] = {
 }
 
 
+class IdleStream(httpx2.ReadTimeout):
+    """A stream that sent nothing but pings (or comments) for longer than the read timeout: the
+    read timeout it kept from tripping, read as one (the stream broke off, retryable)."""
+
+
 class StreamedEvents:
     """The events of a streamed Messages answer, decoded to JSON, in order (`message_stream`'s).
 
@@ -113,6 +118,10 @@ class StreamedEvents:
         self.request_id: str | None = response.headers.get("request-id")
         self._client = client
         self._response = response
+        # The SDK's read timeout bounds the wait for each byte; pings (and comments) are bytes, so
+        # the time between two events that are not pings gets the same bound (`IdleStream`).
+        timeout = client.timeout
+        self._idle_limit = timeout.read if isinstance(timeout, httpx2.Timeout) else timeout
         self._events = self._decode()
 
     def __aiter__(self) -> AsyncIterator[Any]:
@@ -136,9 +145,21 @@ class StreamedEvents:
         # Server-sent events may open with a UTF-8 byte order mark, which is not the first field's.
         bom = b"" if media_type == BEDROCK_STREAM_TYPE else UTF8_BOM
 
+        idle_limit = self._idle_limit
+        events = 0
+
         async def body() -> AsyncIterator[bytes]:
             opening: bytes | None = b""
+            seen, idle_since = -1, 0.0  # the events counted at the last chunk; since when none came
             async for chunk in chunks:
+                if events != seen:  # an event since the last chunk: the common case, no clock read
+                    seen, idle_since = events, 0.0
+                elif idle_limit is not None:  # pings, comments or part of an event only
+                    now = time.monotonic()
+                    if not idle_since:
+                        idle_since = now
+                    elif now - idle_since > idle_limit:
+                        raise IdleStream(f"nothing but pings for more than {idle_limit:g} s")
                 if len(head) < ERROR_TEXT_LIMIT:
                     head.extend(chunk[: ERROR_TEXT_LIMIT - len(head)])
                 if opening is not None:  # the opening bytes, until there are enough to tell
@@ -152,7 +173,6 @@ class StreamedEvents:
                 yield opening
 
         decoder = self._client._make_sse_decoder()  # server-sent events, or Bedrock's event stream
-        events = 0
         async for sse in decoder.aiter_bytes(body()):
             if sse.event == "error":
                 raise self._error_event(sse.data)

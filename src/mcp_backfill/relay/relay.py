@@ -633,6 +633,7 @@ class Relay:
             request_id = params.get("requestId")
             if self.answerer.cancel(request_id) or self.tasks.cancel_waiting(request_id):
                 return None
+            self.tasks.list_cancelled(request_id)
             if self.traces.enabled and "requestId" in params:  # the client will not answer it
                 self.traces.ended_without_answer(request_id, sender="server")
         return message

@@ -210,6 +210,11 @@ class SamplingTasks:
 
     # -- the client's tasks/list -----------------------------------------------------------------
 
+    def list_cancelled(self, request_id: Any) -> None:
+        """The server cancelled a request: if a `tasks/list` the client answers, no answer need come."""
+        if self._client_lists:
+            self._client_lists.discard(jsonrpc.id_key(request_id))
+
     def merge_list(self, message: dict[str, Any]) -> dict[str, Any]:
         """The client's response to a forwarded `tasks/list`, with the proxy's tasks on its last page."""
         key = jsonrpc.id_key(message.get("id"))

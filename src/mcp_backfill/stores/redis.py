@@ -94,14 +94,16 @@ local function read_limit(i)
   return payer, allowances, i
 end
 -- What calls in flight hold; a lease whose holder stopped renewing it lapses, and its whole
--- reservation is charged (the holder died before it could say what the call cost). It is
--- remembered a while, so that a late settlement charges only what the call cost beyond it.
+-- reservation is charged (the holder died before it could say what the call cost), in the window
+-- it lapsed in however much later its payer is read. It is remembered a while, so that a late
+-- settlement charges only what the call cost beyond it.
 local function reserved(p, payer, allowances, now_ms)
   local zset, amounts, lapsed = p .. 'res:' .. payer, p .. 'resamt:' .. payer, p .. 'lapsed:' .. payer
-  local gone = redis.call('ZRANGEBYSCORE', zset, '-inf', now_ms)
-  for _, lease in ipairs(gone) do
+  local gone = redis.call('ZRANGEBYSCORE', zset, '-inf', now_ms, 'WITHSCORES')
+  for g = 1, #gone, 2 do
+    local lease = gone[g]
     local amount = tonumber(redis.call('HGET', amounts, lease) or '0')
-    charge(p, payer, allowances, amount, now_ms)
+    charge(p, payer, allowances, amount, tonumber(gone[g + 1]))
     redis.call('HDEL', amounts, lease)
     redis.call('HSET', lapsed, lease, amount)
     redis.call('PEXPIRE', lapsed, LAPSED_MEMORY_MS)

@@ -171,17 +171,18 @@ class SqliteStore:
 
     def _reserved(self, db: sqlite3.Connection, limit: Limit, now: float) -> int:
         """What calls in flight hold; a lease whose holder stopped renewing it lapses, and its whole
-        reservation is charged (the holder died before it could say what the call cost). It stays
-        as a 'lapsed' row a while, so that a late settlement charges only what the call cost beyond."""
+        reservation is charged (the holder died before it could say what the call cost), in the
+        window it lapsed in however much later its payer is read. It stays as a 'lapsed' row a
+        while, so that a late settlement charges only what the call cost beyond."""
         db.execute("DELETE FROM leases WHERE kind = 'lapsed' AND key = ? AND expires <= ?", (limit.key, now))
         where = "WHERE kind = 'reservation' AND key = ? AND expires <= ?"
-        lapsed = db.execute(f"SELECT amount FROM leases {where}", (limit.key, now)).fetchall()  # noqa: S608
+        lapsed = db.execute(f"SELECT amount, expires FROM leases {where}", (limit.key, now)).fetchall()  # noqa: S608
         db.execute(
             f"UPDATE leases SET kind = 'lapsed', expires = ? {where}",  # noqa: S608
             (now + LAPSED_MEMORY_SECONDS, limit.key, now),
         )
-        for (amount,) in lapsed:
-            self._charge(db, limit, amount, now)
+        for amount, expired in lapsed:
+            self._charge(db, limit, amount, expired)
         row = db.execute(
             "SELECT COALESCE(SUM(amount), 0) FROM leases WHERE kind = 'reservation' AND key = ?", (limit.key,)
         ).fetchone()
