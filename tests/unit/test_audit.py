@@ -162,3 +162,19 @@ async def test_a_new_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:
             pass
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(shared.stat().st_mode) == 0o640
+
+
+@pytest.mark.anyio
+async def test_a_moved_file_whose_path_cannot_be_opened_again_is_written_on(tmp_path: Path) -> None:
+    """Rotation is followed by opening the path again; when that fails (its directory is gone) the
+    lines still go to the file that is open, rather than being lost."""
+    where = tmp_path / "logs"
+    where.mkdir()
+    path, moved = where / "audit.jsonl", tmp_path / "audit.jsonl.1"
+    audit = AuditLog(str(path))
+    async with audit.running():
+        path.rename(moved)
+        where.rmdir()
+        audit.record(AuditRecord(request_id="after", session="s"))
+    assert [line["request_id"] for line in lines(moved)] == ["after"]
+    assert audit.dropped == 0
