@@ -149,7 +149,7 @@ class AuditLog:
         self.include_content = include_content
         self._redactor = Redactor(secrets)
         try:
-            self._file: IO[str] = _open_for_appending(path)
+            self._file: IO[bytes] = _open_for_appending(path)
         except _Refused as exc:
             raise ConfigError(f"{named('--audit-log')}: {exc}") from None
         except OSError as exc:
@@ -160,6 +160,8 @@ class AuditLog:
         self.dropped = 0
         """Lines lost: the queue was full, or the file refused them."""
         self._reopen_failed: str | None = None
+        self._torn = False
+        """The last line was cut short (a full disk): the next one begins with a line break."""
         self._writing = threading.Lock()
 
     def record(self, record: AuditRecord, params: Any = None, result: Any = None) -> None:
@@ -187,7 +189,8 @@ class AuditLog:
                 finally:
                     self._send.close()
         finally:
-            self._file.close()
+            with contextlib.suppress(OSError):  # nothing is buffered: nothing to lose
+                self._file.close()
 
     async def _drain(self) -> None:
         async with self._receive:
@@ -217,13 +220,27 @@ class AuditLog:
         lost, error = 0, ""
         for written, line in enumerate(lines):
             try:
-                self._file.write(line + "\n")
-                self._file.flush()
+                self._append((line + "\n").encode("utf-8"))
             except OSError as exc:  # the disk refused: the rest of the batch would fare no better
                 return lost + len(lines) - written, str(exc)
             except ValueError as exc:  # not expected (`_writable`): this line is lost, not the writer
                 lost, error = lost + 1, str(exc)
         return lost, error
+
+    def _append(self, data: bytes) -> None:
+        """Write `data` whole, or raise. Unbuffered: a line the disk refused is gone (and counted),
+        not kept to be tried again with the next line and at the close. A line cut short by a full
+        disk is ended by a line break before the next one, which stays a line of its own."""
+        if self._torn:
+            data = b"\n" + data
+        view = memoryview(data)
+        while view:
+            count = self._file.write(view)
+            if not count:  # not expected of a blocking file; never loop on it
+                raise OSError(errno.EIO, "the audit log took nothing of a write")
+            self._torn = True  # until the whole line is there
+            view = view[count:]
+        self._torn = False
 
     def _follow_rotation(self) -> None:
         """Reopen the path when the file there is no longer the one open (logrotate's `create`
@@ -249,7 +266,7 @@ class AuditLog:
             self._reopen_failed = str(exc)
             return
         self._reopen_failed = None
-        old, self._file = self._file, reopened
+        old, self._file, self._torn = self._file, reopened, False
         with contextlib.suppress(OSError):  # flushed already, line by line
             old.close()
         log.info("audit log reopened (it was moved or removed)", extra={"path": self.path})
@@ -270,7 +287,7 @@ class _Refused(Exception):
     """The audit path is not to be used: another user's file or link (`shared_dirs`)."""
 
 
-def _open_for_appending(path: str) -> IO[str]:
+def _open_for_appending(path: str) -> IO[bytes]:
     """`path` opened for appending, created with `FILE_MODE` if it does not exist. In a directory
     every user can write to, a link there is not followed and a file another user owns is refused
     (`shared_dirs`): they would read every line (with `--audit-content`, every prompt)."""
@@ -290,7 +307,7 @@ def _open_for_appending(path: str) -> IO[str]:
             raise _Refused(f"{path}: {problem}")
         if shared is not None:
             os.set_blocking(fd, True)
-        return os.fdopen(fd, "a", encoding="utf-8")
+        return os.fdopen(fd, "ab", buffering=0)  # unbuffered: `AuditLog._append`
     except BaseException:
         os.close(fd)
         raise
