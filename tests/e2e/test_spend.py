@@ -355,3 +355,25 @@ async def test_the_audit_log_can_be_rotated_while_the_proxy_runs(tmp_path: Path,
     assert [line["request_id"] for line in audit_lines(audit)] == ["after"]
     if rotation == "create":
         assert [line["request_id"] for line in audit_lines(tmp_path / "audit.jsonl.1")] == ["before"]
+
+
+async def test_the_exit_summary_counts_the_audit_lines_dropped_at_the_end(fake_claude: FakeClaude) -> None:
+    """Samplings in flight when the client leaves are cancelled, and their audit lines written as
+    the proxy stops: a file that refuses them (a full disk) lost them after the exit summary had
+    counted what was lost, so the summary undercounted (or was not there at all)."""
+    calls = 3
+    for _ in range(calls):
+        fake_claude.enqueue(hang_reply())
+    argv = proxy_argv("--audit-log", "/dev/full", upstream=ECHO_SERVER)
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await session.request(0, "initialize", initialize_params())
+        await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        for n in range(calls):
+            ask = {"method": "sampling/createMessage", "params": plain_params(), "id": f"s{n}"}
+            await session.send({"jsonrpc": "2.0", "id": n + 1, "method": "test/ask_client", "params": ask})
+        assert await anyio.to_thread.run_sync(fake_claude.wait_for_requests, calls, 30.0)
+        await session.close_stdin()
+        await session.wait(30)
+        stderr = session.stderr()
+    [summary] = [line for line in stderr.splitlines() if "sampling summary" in line]
+    assert f"audit_lines_dropped={calls}" in summary, stderr
