@@ -193,6 +193,29 @@ def test_metadata_without_string_user_id_is_omitted(metadata: Any) -> None:
     assert "metadata" not in convert(user(text()), metadata=metadata).kwargs
 
 
+@pytest.mark.parametrize(
+    ("metadata", "warning"),
+    [
+        ({"user_id": 42}, "metadata.user_id ignored: a number, not a string"),
+        ({"userId": ["u-1"]}, "metadata.userId ignored: an array, not a string"),
+        ({"user_id": ""}, "metadata.user_id ignored: an empty string"),
+        ("u-1", "metadata ignored: a string, not an object"),
+        ({"user_id": 7, "userId": "u-1"}, "metadata keys ignored: userId"),
+    ],
+)
+def test_a_user_id_that_is_dropped_is_warned_of(metadata: Any, warning: str) -> None:
+    """Other metadata keys that are not forwarded get a warning; a `user_id` Claude cannot take
+    (not a string) was dropped without one, like `metadata` that is no object."""
+    request = convert(user(text()), metadata=metadata)
+    assert "metadata" not in request.kwargs
+    assert warning in request.warnings
+
+
+@pytest.mark.parametrize("metadata", [None, {}, {"user_id": None}])
+def test_no_user_id_is_no_warning(metadata: Any) -> None:
+    assert convert(user(text()), metadata=metadata).warnings == ()
+
+
 def test_temperature_is_ignored_with_warning() -> None:
     request = convert(user(text()), temperature=0.2)
     assert "temperature" not in request.kwargs
