@@ -363,8 +363,41 @@ def test_history_without_tools_gets_placeholder_definitions() -> None:
 
 
 def test_history_tool_missing_from_given_tools_gets_a_placeholder() -> None:
-    request = convert(*HISTORY, tools=[{"name": "other"}], toolChoice={"mode": "required"})
+    request = convert(*HISTORY, tools=[{"name": "other"}])
     assert [tool["name"] for tool in request.kwargs["tools"]] == ["other", "get_weather"]
+    assert "tool_choice" not in request.kwargs
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected"),
+    [
+        ({"mode": "required"}, {"type": "tool", "name": "other"}),
+        (
+            {"mode": "required", "disableParallelToolUse": True},
+            {"type": "tool", "name": "other", "disable_parallel_tool_use": True},
+        ),
+        ({"mode": "auto"}, None),
+    ],
+)
+def test_required_with_one_real_tool_beside_placeholders_names_it(
+    choice: dict[str, Any], expected: dict[str, Any] | None
+) -> None:
+    """`{"type": "any"}` lets Claude pick a placeholder, and that answer is refused after it was
+    charged: with one tool offered, `required` means that tool, which Claude is then told to call."""
+    request = convert(*HISTORY, tools=[{"name": "other"}], toolChoice=choice)
+    assert [tool["name"] for tool in request.kwargs["tools"]] == ["other", "get_weather"]
+    assert request.kwargs.get("tool_choice") == expected
+
+
+def test_required_with_one_real_tool_spelled_for_claude_names_it_so() -> None:
+    request = convert(*HISTORY, tools=[{"name": "weather.now"}], toolChoice={"mode": "required"})
+    claude_name = request.kwargs["tools"][0]["name"]
+    assert claude_name != "weather.now"
+    assert request.kwargs["tool_choice"] == {"type": "tool", "name": claude_name}
+
+
+def test_required_with_several_real_tools_beside_placeholders_stays_any() -> None:
+    request = convert(*HISTORY, tools=[{"name": "one"}, {"name": "two"}], toolChoice={"mode": "required"})
     assert request.kwargs["tool_choice"] == {"type": "any"}
 
 

@@ -298,12 +298,17 @@ def _tools_kwargs(
     mentions tools the request no longer offers gets inert definitions for them.
     """
     tools = [_convert_tool(tool, name_map) for tool in tools_in]
-    tools.extend(_placeholder_tool(name_map[name]) for name in _unoffered(tools_in, history_names))
+    placeholders = [_placeholder_tool(name_map[name]) for name in _unoffered(tools_in, history_names)]
+    tools.extend(placeholders)
     if not tools:
         return {}
     if not tools_in:
         return {"tools": tools, "tool_choice": {"type": "none"}}
     tool_choice = _convert_tool_choice(choice)
+    if tool_choice is not None and tool_choice["type"] == "any" and placeholders and len(tools_in) == 1:
+        # `any` may pick a placeholder, an answer refused once charged (`_check_offered`): with one
+        # tool offered, "a tool must be called" is that tool. Among several, `any` is all there is.
+        tool_choice = {**tool_choice, "type": "tool", "name": tools[0]["name"]}
     return {"tools": tools, "tool_choice": tool_choice} if tool_choice else {"tools": tools}
 
 
