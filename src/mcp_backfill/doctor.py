@@ -42,6 +42,35 @@ USAGE = (
     "usage: mcp-backfill check [--client-capabilities none|sampling|sampling-tools] [OPTIONS] "
     "(--upstream-url URL | -- COMMAND [ARGS...])"
 )
+HELP_FLAGS = ("-h", "--help")
+HELP = f"""{USAGE}
+
+Check that a setup works, and print a report to paste into a bug report. The options are the
+proxy's own, read as it reads them (flags, then MCP_BACKFILL_* variables, then defaults;
+`mcp-backfill --help` lists them). The parts tried, in turn:
+  configuration              each setting that is not a default, and where it came from (secrets
+                             masked); MCP_BACKFILL_* variables that mcp-backfill does not read
+  provider                   one authenticated call that costs nothing (counting the tokens of a
+                             one-word prompt); not with --mode off, --provider mock or bedrock
+                             (whose client counts no tokens)
+  state store                opened and asked once, when --state-store names one
+  session through the proxy  the proxy started with these options in front of the server, and an
+                             MCP client's handshake and tools/list through it: the server's name,
+                             version and protocol revision, and whether the proxy answers sampling
+                             for a client that declares what --client-capabilities says
+
+options:
+  --client-capabilities none|sampling|sampling-tools
+                             what the checking client declares it can do (default: none)
+  -h, --help                 show this help and exit
+
+Exit status: 0 when every part works, 1 when one does not, 2 for bad usage.
+
+examples:
+  mcp-backfill check -- /abs/path/server
+  mcp-backfill check --provider mock --upstream-url http://127.0.0.1:9000/mcp
+  mcp-backfill check --client-capabilities sampling -- npx -y some-server
+"""
 NOT_SERVE = (
     "mcp-backfill check: error: `check` tries the stdio wrapper, not `serve` (the HTTP front); run it "
     "without `serve` and its own options (--host, --port, --auth-token...) to check the provider and "
@@ -72,9 +101,12 @@ def main(argv: Sequence[str], parse_config: ParseConfig, environ: Mapping[str, s
         width = 1 if equals else 2
         declared = value if equals else args[at + 1] if at + 1 < len(args) else ""
         del args[at : at + width]
-    if declared not in CLIENT_CAPABILITIES or (not args or args in (["-h"], ["--help"])):
-        sys.stderr.write(USAGE + "\n")
-        return 0 if args in (["-h"], ["--help"]) else 2
+    if any(arg in HELP_FLAGS for arg in options):  # before the server command's own `--help`
+        sys.stdout.write(HELP)
+        return 0
+    if declared not in CLIENT_CAPABILITIES or not args:
+        sys.stderr.write(f"{USAGE}\n`mcp-backfill check --help` describes it.\n")
+        return 2
     if args[0] == SERVE_COMMAND:  # its session part would speak stdio to an HTTP server, and wait
         sys.stderr.write(f"{USAGE}\n{NOT_SERVE}\n")
         return 2

@@ -54,21 +54,25 @@ async def run_stdio_proxy(
             session = sampler.spend.new_session("stdio")
             status = await relay_session(config, sampler, session, client, upstream, held)
             log.debug("relay ended; finishing the shutdown", extra={"status": status})
-            budget = sampler.spend.budget
-            dropped = sampler.audit.dropped if sampler.audit is not None else 0
-            if budget.exchanges or sampler.spend.refused or dropped:  # nothing to say otherwise
-                summary: dict[str, object] = {"calls": budget.exchanges, "tokens": budget.used}
-                if sampler.spend.refused:
-                    summary["refused"] = sampler.spend.refused  # by the limit that refused
-                if dropped:
-                    summary["audit_lines_dropped"] = dropped
-                log.info("sampling summary", extra=summary)
-            return status
+        _summary(sampler)  # once the audit log is closed: the lines of the last exchanges are counted
+        return status
     finally:
         await sampler.provider.aclose()
         tracing.shutdown()
         if own_held:
             held.restore()
+
+
+def _summary(sampler: Sampler) -> None:
+    budget = sampler.spend.budget
+    dropped = sampler.audit.dropped if sampler.audit is not None else 0
+    if budget.exchanges or sampler.spend.refused or dropped:  # nothing to say otherwise
+        summary: dict[str, object] = {"calls": budget.exchanges, "tokens": budget.used}
+        if sampler.spend.refused:
+            summary["refused"] = sampler.spend.refused  # by the limit that refused
+        if dropped:
+            summary["audit_lines_dropped"] = dropped
+        log.info("sampling summary", extra=summary)
 
 
 async def relay_session(

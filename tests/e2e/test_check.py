@@ -365,3 +365,21 @@ def test_an_unreachable_vertex_endpoint_names_its_variable() -> None:
     provider = done.stdout.split("provider: vertex\n")[1].split("\n")[0]
     assert provider.startswith("  FAILED: APIConnectionError"), provider
     assert provider.endswith("; check ANTHROPIC_VERTEX_BASE_URL and the network"), provider
+
+
+@pytest.mark.parametrize("args", [["--help"], ["-h"], ["--provider", "mock", "--help", "--", "server"]])
+def test_help_describes_check(args: list[str]) -> None:
+    """`check --help` printed only its usage line, to stderr; the proxy's and `clients`' help is a
+    description with examples, on stdout. Among other options, `--help` printed the proxy's help."""
+    done = check(*args, env=proxy_env())
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    out = done.stdout
+    assert out.startswith("usage: mcp-backfill check")
+    for part in ("configuration", "provider", "state store", "session through the proxy"):
+        assert part in out
+    assert "--client-capabilities" in out
+    assert "none|sampling|sampling-tools" in out
+    assert "`mcp-backfill --help`" in out  # where the proxy's options are described
+    assert "examples:" in out
+    assert "exit status" in out.lower()

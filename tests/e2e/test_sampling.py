@@ -398,6 +398,31 @@ async def test_claude_calling_a_tool_only_the_history_names_is_an_error_naming_i
     assert [tool["name"] for tool in sent["tools"]] == ["kept", "gone"]
 
 
+async def test_required_with_one_tool_offered_beside_a_placeholder_asks_claude_for_that_tool(
+    fake_claude: FakeClaude,
+) -> None:
+    """`required` became `{"type": "any"}`, which let Claude pick the placeholder of a tool only the
+    history names, an answer refused after it was charged: with one tool offered, Claude is told to
+    call that one."""
+    fake_claude.enqueue(tool_use_reply("kept", {"city": "Rome"}, id="toolu_kept"))
+    params = {
+        "messages": [
+            {"role": "user", "content": {"type": "text", "text": "weather?"}},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "gone", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "toolUseId": "a", "content": []}]},
+        ],
+        "maxTokens": 10,
+        "tools": [{"name": "kept", "inputSchema": {"type": "object"}}],
+        "toolChoice": {"mode": "required"},
+    }
+    async with client_for(fake_claude) as client:
+        outcome = tool_json(await client.call_tool("sample_raw", {"params_json": json.dumps(params)}))
+    sent = fake_claude.message_requests[-1].body
+    assert [tool["name"] for tool in sent["tools"]] == ["kept", "gone"]
+    assert sent["tool_choice"] == {"type": "tool", "name": "kept"}
+    assert outcome["result"]["content"][0]["name"] == "kept", outcome
+
+
 ECHO_SERVER = python_server("echo_server.py")
 
 

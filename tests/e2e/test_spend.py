@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -311,3 +312,68 @@ async def test_a_sampling_request_id_utf8_cannot_encode_is_audited_and_the_proxy
         await session.close_stdin()
         assert await session.wait(30) == 0, session.stderr()
     assert [line["request_id"] for line in audit_lines(audit)] == ["\ud800", "ok-2"]
+
+
+async def _written(path: Path, count: int) -> bytes:
+    """The file's bytes once it holds `count` lines (the writer is a background task)."""
+    with anyio.fail_after(30):
+        while True:
+            data = path.read_bytes() if path.exists() else b""
+            if data.count(b"\n") >= count:
+                return data
+            await anyio.sleep(0.05)
+
+
+@pytest.mark.parametrize("rotation", ["copytruncate", "create", "removed"])
+async def test_the_audit_log_can_be_rotated_while_the_proxy_runs(tmp_path: Path, rotation: str) -> None:
+    """logrotate's `copytruncate` (the file truncated in place) and `create` (renamed, then a new
+    file) while the proxy runs: the next line is at the start of the file at the path, with no hole
+    of NUL bytes before it. A renamed or removed file was written to for as long as the proxy ran."""
+    audit = tmp_path / "audit.jsonl"
+    argv = proxy_argv("--provider", "mock", "--audit-log", str(audit), upstream=ECHO_SERVER)
+    async with raw_proxy(argv, proxy_env()) as session:
+        await session.request(0, "initialize", initialize_params())
+        await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        ask = {"method": "sampling/createMessage", "params": plain_params(), "id": "before"}
+        first = await session.request(1, "test/ask_client", ask)
+        assert "result" in first["result"]["client_response"], first
+        await _written(audit, 1)
+        if rotation == "copytruncate":
+            os.truncate(audit, 0)
+        elif rotation == "create":
+            audit.rename(tmp_path / "audit.jsonl.1")
+            audit.touch()
+        else:
+            audit.unlink()
+        second = await session.request(2, "test/ask_client", {**ask, "id": "after"})
+        assert "result" in second["result"]["client_response"], second
+        data = await _written(audit, 1)
+        await session.close_stdin()
+        assert await session.wait(30) == 0, session.stderr()
+    assert b"\0" not in data
+    assert data.startswith(b"{")
+    assert [line["request_id"] for line in audit_lines(audit)] == ["after"]
+    if rotation == "create":
+        assert [line["request_id"] for line in audit_lines(tmp_path / "audit.jsonl.1")] == ["before"]
+
+
+async def test_the_exit_summary_counts_the_audit_lines_dropped_at_the_end(fake_claude: FakeClaude) -> None:
+    """Samplings in flight when the client leaves are cancelled, and their audit lines written as
+    the proxy stops: a file that refuses them (a full disk) lost them after the exit summary had
+    counted what was lost, so the summary undercounted (or was not there at all)."""
+    calls = 3
+    for _ in range(calls):
+        fake_claude.enqueue(hang_reply())
+    argv = proxy_argv("--audit-log", "/dev/full", upstream=ECHO_SERVER)
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await session.request(0, "initialize", initialize_params())
+        await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        for n in range(calls):
+            ask = {"method": "sampling/createMessage", "params": plain_params(), "id": f"s{n}"}
+            await session.send({"jsonrpc": "2.0", "id": n + 1, "method": "test/ask_client", "params": ask})
+        assert await anyio.to_thread.run_sync(fake_claude.wait_for_requests, calls, 30.0)
+        await session.close_stdin()
+        await session.wait(30)
+        stderr = session.stderr()
+    [summary] = [line for line in stderr.splitlines() if "sampling summary" in line]
+    assert f"audit_lines_dropped={calls}" in summary, stderr

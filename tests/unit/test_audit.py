@@ -126,10 +126,10 @@ async def test_lines_the_file_refuses_are_counted_and_the_writer_goes_on(
     audit = AuditLog(str(path))
     real_write, failing = audit._file.write, [True]
 
-    def write(text: str) -> int:
+    def write(data: bytes) -> int:
         if failing[0]:
             raise OSError(28, "No space left on device")
-        return real_write(text)
+        return real_write(data)
 
     monkeypatch.setattr(audit._file, "write", write)
     for n in range(3):  # queued before the writer starts: one batch
@@ -162,3 +162,62 @@ async def test_a_new_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:
             pass
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(shared.stat().st_mode) == 0o640
+
+
+@pytest.mark.anyio
+async def test_a_moved_file_whose_path_cannot_be_opened_again_is_written_on(tmp_path: Path) -> None:
+    """Rotation is followed by opening the path again; when that fails (its directory is gone) the
+    lines still go to the file that is open, rather than being lost."""
+    where = tmp_path / "logs"
+    where.mkdir()
+    path, moved = where / "audit.jsonl", tmp_path / "audit.jsonl.1"
+    audit = AuditLog(str(path))
+    async with audit.running():
+        path.rename(moved)
+        where.rmdir()
+        audit.record(AuditRecord(request_id="after", session="s"))
+    assert [line["request_id"] for line in lines(moved)] == ["after"]
+    assert audit.dropped == 0
+
+
+@pytest.mark.anyio
+async def test_a_full_disk_loses_lines_once_and_closing_the_file_does_not_raise(tmp_path: Path) -> None:
+    """`/dev/full` refuses every write. The file was buffered: a refused line stayed in the buffer,
+    tried again with each later line (written after all once the disk had room, yet counted lost)
+    and at the close, which raised `OSError` out of the writer (the stdio wrapper ended with a
+    traceback instead of its exit summary)."""
+    audit = AuditLog("/dev/full")
+    async with audit.running():
+        audit.record(AuditRecord(request_id=1, session="s"))
+        audit.record(AuditRecord(request_id=2, session="s"))
+    assert audit.dropped == 2
+
+
+@pytest.mark.anyio
+async def test_a_line_a_full_disk_cut_short_does_not_swallow_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    audit = AuditLog(str(path))
+    real_write, calls = audit._file.write, [0]
+
+    def write(data: memoryview) -> int:
+        calls[0] += 1
+        if calls[0] == 1:
+            return real_write(data[:10])  # part of the first line, then the disk is full
+        if calls[0] == 2:
+            raise OSError(28, "No space left on device")
+        return real_write(data)
+
+    monkeypatch.setattr(audit._file, "write", write)
+    async with audit.running():
+        audit.record(AuditRecord(request_id="cut", session="s"))
+        for _ in range(100):
+            await anyio.sleep(0.02)
+            if audit.dropped:
+                break
+        audit.record(AuditRecord(request_id="whole", session="s"))
+    fragment, whole = path.read_text().splitlines()
+    assert len(fragment) == 10
+    assert json.loads(whole)["request_id"] == "whole"
+    assert audit.dropped == 1

@@ -193,6 +193,29 @@ def test_metadata_without_string_user_id_is_omitted(metadata: Any) -> None:
     assert "metadata" not in convert(user(text()), metadata=metadata).kwargs
 
 
+@pytest.mark.parametrize(
+    ("metadata", "warning"),
+    [
+        ({"user_id": 42}, "metadata.user_id ignored: a number, not a string"),
+        ({"userId": ["u-1"]}, "metadata.userId ignored: an array, not a string"),
+        ({"user_id": ""}, "metadata.user_id ignored: an empty string"),
+        ("u-1", "metadata ignored: a string, not an object"),
+        ({"user_id": 7, "userId": "u-1"}, "metadata keys ignored: userId"),
+    ],
+)
+def test_a_user_id_that_is_dropped_is_warned_of(metadata: Any, warning: str) -> None:
+    """Other metadata keys that are not forwarded get a warning; a `user_id` Claude cannot take
+    (not a string) was dropped without one, like `metadata` that is no object."""
+    request = convert(user(text()), metadata=metadata)
+    assert "metadata" not in request.kwargs
+    assert warning in request.warnings
+
+
+@pytest.mark.parametrize("metadata", [None, {}, {"user_id": None}])
+def test_no_user_id_is_no_warning(metadata: Any) -> None:
+    assert convert(user(text()), metadata=metadata).warnings == ()
+
+
 def test_temperature_is_ignored_with_warning() -> None:
     request = convert(user(text()), temperature=0.2)
     assert "temperature" not in request.kwargs
@@ -340,8 +363,41 @@ def test_history_without_tools_gets_placeholder_definitions() -> None:
 
 
 def test_history_tool_missing_from_given_tools_gets_a_placeholder() -> None:
-    request = convert(*HISTORY, tools=[{"name": "other"}], toolChoice={"mode": "required"})
+    request = convert(*HISTORY, tools=[{"name": "other"}])
     assert [tool["name"] for tool in request.kwargs["tools"]] == ["other", "get_weather"]
+    assert "tool_choice" not in request.kwargs
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected"),
+    [
+        ({"mode": "required"}, {"type": "tool", "name": "other"}),
+        (
+            {"mode": "required", "disableParallelToolUse": True},
+            {"type": "tool", "name": "other", "disable_parallel_tool_use": True},
+        ),
+        ({"mode": "auto"}, None),
+    ],
+)
+def test_required_with_one_real_tool_beside_placeholders_names_it(
+    choice: dict[str, Any], expected: dict[str, Any] | None
+) -> None:
+    """`{"type": "any"}` lets Claude pick a placeholder, and that answer is refused after it was
+    charged: with one tool offered, `required` means that tool, which Claude is then told to call."""
+    request = convert(*HISTORY, tools=[{"name": "other"}], toolChoice=choice)
+    assert [tool["name"] for tool in request.kwargs["tools"]] == ["other", "get_weather"]
+    assert request.kwargs.get("tool_choice") == expected
+
+
+def test_required_with_one_real_tool_spelled_for_claude_names_it_so() -> None:
+    request = convert(*HISTORY, tools=[{"name": "weather.now"}], toolChoice={"mode": "required"})
+    claude_name = request.kwargs["tools"][0]["name"]
+    assert claude_name != "weather.now"
+    assert request.kwargs["tool_choice"] == {"type": "tool", "name": claude_name}
+
+
+def test_required_with_several_real_tools_beside_placeholders_stays_any() -> None:
+    request = convert(*HISTORY, tools=[{"name": "one"}, {"name": "two"}], toolChoice={"mode": "required"})
     assert request.kwargs["tool_choice"] == {"type": "any"}
 
 

@@ -16,14 +16,20 @@ sidecar's `/metrics`) rather than held in memory without bound; so are lines the
 full disk), and a line that cannot be written never stops the writer. Both fronts run the writer
 (`auditing`) for as long as they serve; what is queued when they stop is written before the file is
 closed.
+
+Rotation: before each batch the path is compared with the open file, and a file renamed or removed
+(logrotate's `create`) is followed by opening the path again; a file truncated in place
+(`copytruncate`) needs nothing, every write going to its end (`O_APPEND`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import re
+import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -143,7 +149,7 @@ class AuditLog:
         self.include_content = include_content
         self._redactor = Redactor(secrets)
         try:
-            self._file: IO[str] = _open_for_appending(path)
+            self._file: IO[bytes] = _open_for_appending(path)
         except _Refused as exc:
             raise ConfigError(f"{named('--audit-log')}: {exc}") from None
         except OSError as exc:
@@ -153,6 +159,10 @@ class AuditLog:
         self._send, self._receive = anyio.create_memory_object_stream[str](queue_lines)
         self.dropped = 0
         """Lines lost: the queue was full, or the file refused them."""
+        self._reopen_failed: str | None = None
+        self._torn = False
+        """The last line was cut short (a full disk): the next one begins with a line break."""
+        self._writing = threading.Lock()
 
     def record(self, record: AuditRecord, params: Any = None, result: Any = None) -> None:
         """Queue one exchange's line; returns at once (safe even in a cancelled task)."""
@@ -179,7 +189,8 @@ class AuditLog:
                 finally:
                     self._send.close()
         finally:
-            self._file.close()
+            with contextlib.suppress(OSError):  # nothing is buffered: nothing to lose
+                self._file.close()
 
     async def _drain(self) -> None:
         async with self._receive:
@@ -196,19 +207,69 @@ class AuditLog:
 
     def _write(self, lines: list[str]) -> tuple[int, str]:
         """Append `lines`, each flushed (in a worker thread); returns how many were lost and why.
-        Nothing is raised: the writer task, and with it the proxy, outlives a full disk or an odd line."""
+        Nothing is raised: the writer task, and with it the proxy, outlives a full disk or an odd line.
+        One call at a time: `record()` writes directly once the writer has stopped, which it may
+        not have finished doing (and a reopened file replaces the one the other call writes to)."""
+        with self._writing:
+            return self._write_locked(lines)
+
+    def _write_locked(self, lines: list[str]) -> tuple[int, str]:
         if self._file.closed:
             return len(lines), "the audit log is already closed"
+        self._follow_rotation()
         lost, error = 0, ""
         for written, line in enumerate(lines):
             try:
-                self._file.write(line + "\n")
-                self._file.flush()
+                self._append((line + "\n").encode("utf-8"))
             except OSError as exc:  # the disk refused: the rest of the batch would fare no better
                 return lost + len(lines) - written, str(exc)
             except ValueError as exc:  # not expected (`_writable`): this line is lost, not the writer
                 lost, error = lost + 1, str(exc)
         return lost, error
+
+    def _append(self, data: bytes) -> None:
+        """Write `data` whole, or raise. Unbuffered: a line the disk refused is gone (and counted),
+        not kept to be tried again with the next line and at the close. A line cut short by a full
+        disk is ended by a line break before the next one, which stays a line of its own."""
+        if self._torn:
+            data = b"\n" + data
+        view = memoryview(data)
+        while view:
+            count = self._file.write(view)
+            if not count:  # not expected of a blocking file; never loop on it
+                raise OSError(errno.EIO, "the audit log took nothing of a write")
+            self._torn = True  # until the whole line is there
+            view = view[count:]
+        self._torn = False
+
+    def _follow_rotation(self) -> None:
+        """Reopen the path when the file there is no longer the one open (logrotate's `create`
+        renamed it, or it was removed): a stat per batch, next to the writes. A path that cannot be
+        opened (or is refused, `shared_dirs`) leaves the old file in use, with a warning."""
+        try:
+            now = os.stat(self.path)
+        except FileNotFoundError:
+            now = None
+        except OSError:  # cannot tell (a directory made unreadable): keep what is open
+            return
+        held = os.fstat(self._file.fileno())
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            return
+        try:
+            reopened = _open_for_appending(self.path)
+        except (OSError, _Refused) as exc:
+            if self._reopen_failed is None:  # once per failure, not once per batch
+                log.warning(
+                    "audit log moved or removed, and its path cannot be opened: writing on to the old file",
+                    extra={"path": self.path, "error": getattr(exc, "strerror", None) or str(exc)},
+                )
+            self._reopen_failed = str(exc)
+            return
+        self._reopen_failed = None
+        old, self._file, self._torn = self._file, reopened, False
+        with contextlib.suppress(OSError):  # flushed already, line by line
+            old.close()
+        log.info("audit log reopened (it was moved or removed)", extra={"path": self.path})
 
     def _lost(self, count: int, error: str) -> None:
         """Count lines that will never reach the file; log the first loss and then every
@@ -226,7 +287,7 @@ class _Refused(Exception):
     """The audit path is not to be used: another user's file or link (`shared_dirs`)."""
 
 
-def _open_for_appending(path: str) -> IO[str]:
+def _open_for_appending(path: str) -> IO[bytes]:
     """`path` opened for appending, created with `FILE_MODE` if it does not exist. In a directory
     every user can write to, a link there is not followed and a file another user owns is refused
     (`shared_dirs`): they would read every line (with `--audit-content`, every prompt)."""
@@ -246,7 +307,7 @@ def _open_for_appending(path: str) -> IO[str]:
             raise _Refused(f"{path}: {problem}")
         if shared is not None:
             os.set_blocking(fd, True)
-        return os.fdopen(fd, "a", encoding="utf-8")
+        return os.fdopen(fd, "ab", buffering=0)  # unbuffered: `AuditLog._append`
     except BaseException:
         os.close(fd)
         raise

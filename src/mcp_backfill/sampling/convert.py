@@ -298,12 +298,17 @@ def _tools_kwargs(
     mentions tools the request no longer offers gets inert definitions for them.
     """
     tools = [_convert_tool(tool, name_map) for tool in tools_in]
-    tools.extend(_placeholder_tool(name_map[name]) for name in _unoffered(tools_in, history_names))
+    placeholders = [_placeholder_tool(name_map[name]) for name in _unoffered(tools_in, history_names)]
+    tools.extend(placeholders)
     if not tools:
         return {}
     if not tools_in:
         return {"tools": tools, "tool_choice": {"type": "none"}}
     tool_choice = _convert_tool_choice(choice)
+    if tool_choice is not None and tool_choice["type"] == "any" and placeholders and len(tools_in) == 1:
+        # `any` may pick a placeholder, an answer refused once charged (`_check_offered`): with one
+        # tool offered, "a tool must be called" is that tool. Among several, `any` is all there is.
+        tool_choice = {**tool_choice, "type": "tool", "name": tools[0]["name"]}
     return {"tools": tools, "tool_choice": tool_choice} if tool_choice else {"tools": tools}
 
 
@@ -357,15 +362,37 @@ def _convert_tool_choice(choice: ToolChoice | None) -> dict[str, Any] | None:
 
 
 def _metadata(metadata: Any, warnings: list[str]) -> dict[str, str]:
-    """Only `user_id` is forwarded: a server must not be able to set any other API parameter."""
-    if not isinstance(metadata, Mapping):
+    """Only `user_id` is forwarded: a server must not be able to set any other API parameter. What
+    is dropped is warned of, a value by its kind only (a user id is nobody else's business)."""
+    if metadata is None:
         return {}
-    user_id = metadata.get("user_id", metadata.get("userId"))
+    if not isinstance(metadata, Mapping):
+        warnings.append(f"metadata ignored: {_json_kind(metadata)}, not an object")
+        return {}
+    key = "user_id" if "user_id" in metadata else "userId"
+    user_id = metadata.get(key)
     forwarded = {"user_id": user_id} if isinstance(user_id, str) and user_id else {}
-    dropped = sorted(str(key) for key in metadata if key not in ("user_id", "userId"))
+    if user_id == "":
+        warnings.append(f"metadata.{key} ignored: an empty string")
+    elif user_id is not None and not forwarded:  # Claude takes a string only
+        warnings.append(f"metadata.{key} ignored: {_json_kind(user_id)}, not a string")
+    dropped = sorted(str(other) for other in metadata if other != key)  # `userId` too, beside `user_id`
     if dropped:
         warnings.append(f"metadata keys ignored: {', '.join(dropped)}")
     return forwarded
+
+
+def _json_kind(value: Any) -> str:
+    """`a number`, `an array`...: what a JSON value is, never what it says."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "an array"
+    return "an object" if isinstance(value, Mapping) else "null" if value is None else "a value"
 
 
 def _ignored_param_warnings(params: Mapping[str, Any]) -> list[str]:
