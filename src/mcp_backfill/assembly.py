@@ -111,8 +111,8 @@ def ledger_store(config: Config) -> LedgerStore:
 
 
 def client_session_rate(config: Config) -> int:
-    """New sessions a minute for one client: `--client-session-rate`, else 60 when clients are told
-    apart, else no limit (0)."""
+    """Upstream starts a minute for one client (its new sessions and its 2026-07-28 upstream's
+    starts): `--client-session-rate`, else 60 when clients are told apart, else no limit (0)."""
     return config.client_session_rate or (60 if clients_told_apart(config) else 0)
 
 

@@ -168,6 +168,15 @@ class TooManyPosts(SessionError):
     """The session already has as many POSTs waiting for their answers as it may hold."""
 
 
+class TooManyStarts(SessionError):
+    """A 2026-07-28 client's upstream would start again, but the client has started as many
+    upstreams (and opened as many sessions) in the last minute as `--client-session-rate` allows."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after  # seconds
+
+
 def cannot_start(
     command: str, reason: str, path: str | None, *, not_found: bool = True
 ) -> UpstreamStartError:

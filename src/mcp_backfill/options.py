@@ -711,10 +711,12 @@ OPTIONS: tuple[Option, ...] = (
         "client_session_rate",
         "--client-session-rate",
         0,
-        "new handshake-era sessions per minute for each client identity (serve), more get 429; "
-        "0 = 60 when clients are told apart (named tokens, forwarded Authorization), else no limit",
-        "new handshake-era sessions a minute for one client identity (more get `429`); `0` = 60 when "
-        "clients are told apart, else no limit",
+        "upstream starts per minute for each client identity (serve): its new handshake-era "
+        "sessions and its 2026-07-28 upstream's (re)starts together, more get 429; 0 = 60 when "
+        "clients are told apart (named tokens, forwarded Authorization), else no limit",
+        "upstream starts a minute for one client identity: its new handshake-era sessions and its "
+        "2026-07-28 upstream's (re)starts, counted together (more get `429`); `0` = 60 when clients "
+        "are told apart, else no limit",
         parse=whole_number,
         checks=(at_least(0),),
         metavar="N",

@@ -25,6 +25,7 @@ from tests.sidecar_harness import (
     HTTP_TIMEOUT,
     Sidecar,
     health,
+    initialize_body,
     open_session,
     response_messages,
     response_to,
@@ -268,6 +269,46 @@ async def test_a_crashed_2026_upstream_fails_its_requests_and_is_restarted(tmp_p
         second = json.loads((await call_tool(http, sidecar, 3, "pid"))["result"]["content"][0]["text"])["pid"]
         assert second != first
         assert len(list(tmp_path.glob("started-*"))) == 2
+
+
+async def test_a_2026_clients_upstream_starts_count_against_its_session_rate(tmp_path: Path) -> None:
+    """A 2026-07-28 client's upstream was started again on its next request with no limit: an
+    upstream exiting after each request cost a process start per request, as fast as the client
+    could post. Its starts now count against `--client-session-rate`, one budget with the client's
+    handshake sessions: the 4th start in the minute gets 429 (its own requests to the upstream
+    running are served, and other clients are not held to its rate)."""
+    tokens = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789"}
+    entries = ",".join(f"{name}={token}" for name, token in tokens.items())
+    options = ("--provider", "mock", "--client-tokens", entries, "--client-session-rate", "3")
+
+    async def call(who: str, request_id: int, name: str) -> httpx2.Response:
+        headers = {**stateless_headers("tools/call", name), "authorization": f"Bearer {tokens[who]}"}
+        body = stateless_request(request_id, "tools/call", {"name": name, "arguments": {}})
+        return await http.post(sidecar.url, json=body, headers=headers)
+
+    async with (
+        run_sidecar(*options, upstream=[*CHATTY_SERVER, str(tmp_path)], env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        for start in range(3):  # each start serves a request, then the upstream exits on the next
+            assert "result" in (await call("alice", 10 * start, "pid")).json()
+            assert "result" in (await call("alice", 10 * start + 1, "pid")).json()  # the same run
+            assert (await call("alice", 10 * start + 2, "crash")).json()["error"]["code"] == -32603
+        refused = await call("alice", 100, "pid")
+        assert refused.status_code == 429, refused.text
+        assert 1 <= int(refused.headers["retry-after"]) <= 60
+        error = refused.json()
+        assert error["id"] == 100
+        rate = "(--client-session-rate / MCP_BACKFILL_CLIENT_SESSION_RATE)"
+        assert f"at most 3 a minute for client 'alice' {rate}" in error["error"]["message"]
+        session = await http.post(
+            sidecar.url,
+            json=initialize_body(),
+            headers={**HANDSHAKE_HEADERS, "authorization": f"Bearer {tokens['alice']}"},
+        )
+        assert session.status_code == 429, session.text  # one budget for both eras
+        assert "result" in (await call("bob", 1, "pid")).json()  # not held to Alice's rate
+        assert len(list(tmp_path.glob("started-*"))) == 4
 
 
 async def test_a_client_arriving_while_anothers_upstream_starts_waits_its_turn() -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 from typing import Any
 
 import anyio
@@ -168,14 +167,10 @@ class HandshakeFront:
                 return None
             admission = self.opening.admit(identity)
             if admission.wait is not None:
-                seconds = max(1, math.ceil(admission.wait))
+                message, seconds = self.opening.refusal(identity, admission, "new sessions")
                 log.warning("session refused: client opens sessions too fast", extra={"client": identity})
                 await call.respond_error(
-                    429,
-                    protocol.INTERNAL_ERROR,
-                    f"Too many new sessions: at most {self.opening.per_minute} a minute for client "
-                    f"{identity!r} ({named('--client-session-rate')}); retry in {seconds} s",
-                    headers=[(b"retry-after", str(seconds).encode())],
+                    429, protocol.INTERNAL_ERROR, message, headers=[(b"retry-after", str(seconds).encode())]
                 )
                 return None
             room = await self.sessions.room()

@@ -144,8 +144,10 @@ async def run_sidecar(config: Config) -> int:
         )
     # `--max-sessions` counts upstream processes: handshake sessions and 2026-07-28 hubs together.
     stop_timeout = 3 * config.shutdown_grace + 1  # how long an upstream may take to stop
+    # One budget of upstream starts per client: its handshake sessions' and its 2026-07-28 hub's.
+    opening = OpeningRate(client_session_rate(config))
     hubs = StatelessHubs(
-        lambda identity: StatelessHub(open_upstream, make_relay, count, identity),
+        lambda identity: StatelessHub(open_upstream, make_relay, count, identity, opening),
         max_upstreams=config.max_sessions,
         idle_timeout=config.session_idle_timeout,
         others=lambda: sessions.upstreams,
@@ -166,7 +168,6 @@ async def run_sidecar(config: Config) -> int:
     spend = sampler.spend
     spend.link.observer = metrics.store_call
     readiness = Readiness(spend, config.state_store_timeout)
-    opening = OpeningRate(client_session_rate(config))
     app = SidecarApp(
         policy,
         HandshakeFront(sessions, front, opening),

@@ -24,6 +24,7 @@ from anyio.abc import TaskGroup
 
 from mcp_backfill.errors import SessionGone, UpstreamStartError
 from mcp_backfill.logs import get_logger
+from mcp_backfill.options import named
 from mcp_backfill.relay import Relay
 from mcp_backfill.sidecar.upstreams import UPSTREAM_START_FAILED, UpstreamFactory, UpstreamRequest
 from mcp_backfill.transports.base import MessageChannel
@@ -189,11 +190,13 @@ class Admission:
 
 
 class OpeningRate:
-    """At most `per_minute` new sessions per client identity in any sliding minute (0: no limit).
+    """At most `per_minute` upstream starts per client identity in any sliding minute (0: no limit):
+    its new handshake-era sessions and its 2026-07-28 hub's (re)starts, counted together.
 
     Opening a session starts an upstream (a process, or an upstream session), the costliest thing a
-    client can make the sidecar do; one client opening and deleting sessions in a loop would take the
-    CPU from everyone else. Identities seen in the last minute are kept, no others.
+    client can make the sidecar do; one client opening and deleting sessions in a loop, or posting
+    2026-07-28 requests to an upstream that exits after each one, would take the CPU from everyone
+    else. Identities seen in the last minute are kept, no others.
     """
 
     def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic) -> None:
@@ -215,6 +218,17 @@ class OpeningRate:
             return Admission(opened[0] + 60 - now, now)
         opened.append(now)
         return Admission(None, now)
+
+    def refusal(self, identity: str, admission: Admission, what: str) -> tuple[str, int]:
+        """The error message of an opening `admit` refused (`what`: what was refused), and its
+        `Retry-After` in seconds."""
+        seconds = max(1, math.ceil(admission.wait or 0))
+        message = (
+            f"Too many {what}: at most {self.per_minute} a minute for client {identity!r} "
+            f"({named('--client-session-rate')}), new sessions and 2026-07-28 upstream starts "
+            f"counted together; retry in {seconds} s"
+        )
+        return message, seconds
 
     def refused(self, identity: str, admission: Admission) -> None:
         """The opening `admit` counted did not happen (no slot was free): it counts no more. Its own

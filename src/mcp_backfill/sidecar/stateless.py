@@ -16,7 +16,10 @@ has no such tool, the call goes to the upstream unchecked (as in the SDK's serve
 
 The requests of one client identity (see `security`) share one upstream, started on its first
 request (for `-- CMD`: one child process, a 2026-07-28 stdio server being stateless per request) and
-again after it exits. Clients are never mixed on one upstream: a server message the mux can only
+again after it exits. Each start counts against the client's `--client-session-rate`, with its
+handshake sessions' openings (an upstream exiting after each request would otherwise cost a process
+start per request): a start past it is refused (429 with `Retry-After`); requests to the upstream
+running never ask. Clients are never mixed on one upstream: a server message the mux can only
 attribute to "the one request in flight" is then always the same client's, and with
 `--forward-authorization` no request reaches the upstream with another client's credentials.
 
@@ -39,7 +42,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from mcp_backfill import jsonrpc, protocol
-from mcp_backfill.errors import UpstreamStartError
+from mcp_backfill.errors import TooManyStarts, UpstreamStartError
 from mcp_backfill.logs import get_logger
 from mcp_backfill.options import named
 from mcp_backfill.relay.input_required import SealedStash, Stash, stash_token
@@ -55,7 +58,7 @@ from mcp_backfill.sidecar.http_io import (
     sse_headers,
     wait_for_events,
 )
-from mcp_backfill.sidecar.sessions import CountingChannel, CountMessage, MakeRelay
+from mcp_backfill.sidecar.sessions import CountingChannel, CountMessage, MakeRelay, OpeningRate
 from mcp_backfill.sidecar.upstreams import UPSTREAM_START_FAILED, UpstreamFactory, UpstreamRequest
 from mcp_backfill.transports.event_stream import SESSION_REPLAY_BYTES
 from mcp_backfill.transports.http_mux import MuxChannel, MuxedRequest
@@ -84,12 +87,19 @@ class StatelessHub:
     """The upstream and relay of one client identity's 2026-07-28 requests, (re)started when needed."""
 
     def __init__(
-        self, open_upstream: UpstreamFactory, make_relay: MakeRelay, count: CountMessage, identity: str
+        self,
+        open_upstream: UpstreamFactory,
+        make_relay: MakeRelay,
+        count: CountMessage,
+        identity: str,
+        opening: OpeningRate | None = None,
     ) -> None:
         self._open_upstream = open_upstream
         self._make_relay = make_relay
         self._count = count
         self.identity = identity
+        # The client's upstream starts a minute, shared with its handshake sessions' openings.
+        self._opening = opening or OpeningRate(0)
         self._mux: MuxChannel | None = None
         self._scope: anyio.CancelScope | None = None
         self._lock = anyio.Lock()
@@ -134,7 +144,9 @@ class StatelessHub:
     async def mux(self, headers: UpstreamHeaders) -> MuxChannel | None:
         """The live mux, starting the upstream first if needed (None: the drain has begun, and no
         upstream starts then: the request is refused, and a new upstream would run for nothing
-        until `serve` stops); raises `UpstreamStartError`."""
+        until `serve` stops); raises `UpstreamStartError`, and `TooManyStarts` when the client has
+        started upstreams (and opened sessions) as often as `--client-session-rate` allows in the
+        last minute (only a start asks: a request to the running upstream never does)."""
         live = self._mux
         if live is not None and not live.closed:
             return live  # the common case: no lock to take
@@ -152,6 +164,10 @@ class StatelessHub:
                         return self._mux  # closed: the drain is over
                     if self._draining.is_set():
                         return None
+                    admission = self._opening.admit(self.identity)
+                    if admission.wait is not None:
+                        message, seconds = self._opening.refusal(self.identity, admission, "upstream starts")
+                        raise TooManyStarts(message, seconds)
                     self._headers = headers()
                     await self._tg.start(self._run)
                     if self._draining.is_set():  # it began while the upstream started
@@ -433,6 +449,18 @@ class StatelessFront:
                 protocol.INTERNAL_ERROR,
                 UPSTREAM_START_FAILED,
                 decoded["id"],
+            )
+            return
+        except TooManyStarts as exc:
+            log.warning(
+                "2026-07-28 request refused: client starts upstreams too fast", extra={"client": identity}
+            )
+            await call.respond_error(
+                429,
+                protocol.INTERNAL_ERROR,
+                str(exc),
+                decoded["id"],
+                headers=[(b"retry-after", str(exc.retry_after).encode())],
             )
             return
         if mux is None:
