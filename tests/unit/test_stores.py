@@ -576,3 +576,25 @@ async def test_sqlite_drops_what_identities_gone_left_once_it_no_longer_counts(t
         )
     assert rows < 1500  # 3000 identities: 6000 rows were kept, 9000 with their rate windows
     assert not standing.admitted  # the lifetime budget is still used up
+
+
+async def test_the_sqlite_sweep_does_not_read_every_payers_counts(tmp_path: Path) -> None:
+    """The sweep runs inside a request's transaction (the file's write lock held for every replica)
+    every 1,024 operations; the `used` table holds every lifetime count there is (one per client
+    with a lifetime budget, for ever), so dropping past windows must find them by an index, not
+    read every row of every payer."""
+    store = SqliteStore(str(tmp_path / "ledger.db"))
+    await store.settle([Limit("client:kept", (Allowance(100),))], "", 1)  # the file and its schema
+    await store.aclose()
+    statements: list[str] = []
+    with contextlib.closing(sqlite3.connect(tmp_path / "ledger.db")) as db:
+        db.set_trace_callback(statements.append)
+        SqliteStore._sweep(db, time.time())
+        db.set_trace_callback(None)
+        plans = {
+            statement: " / ".join(row[-1] for row in db.execute(f"EXPLAIN QUERY PLAN {statement}"))
+            for statement in statements
+            if " used " in statement
+        }
+    assert plans
+    assert not {statement: plan for statement, plan in plans.items() if "SCAN used" in plan}

@@ -44,6 +44,8 @@ CREATE TABLE IF NOT EXISTS used (
     key TEXT NOT NULL, window TEXT NOT NULL, number INTEGER NOT NULL, tokens INTEGER NOT NULL,
     PRIMARY KEY (key, window, number)
 );
+-- The sweep finds the counts of windows past by it, not by reading every payer's (`_sweep`).
+CREATE INDEX IF NOT EXISTS used_by_window ON used (window, number);
 CREATE TABLE IF NOT EXISTS leases (
     kind TEXT NOT NULL, key TEXT NOT NULL, lease TEXT NOT NULL, amount INTEGER NOT NULL,
     expires REAL NOT NULL,
@@ -152,7 +154,9 @@ class SqliteStore:
         """Drop what no longer counts whoever it was for: rate admissions older than the minute,
         counts of windows past, lapsed leases no longer remembered, slots and claims expired. Each
         payer's are dropped as it is used; this is for the payers never used again (client
-        identities that come and go), every `SWEEP_AT` operations of this process."""
+        identities that come and go), every `SWEEP_AT` operations of this process. Each statement
+        reads only what it drops (or a minute's admissions), never every payer's counts: it runs
+        inside an operation's transaction, the file's write lock held for every process."""
         db.execute("DELETE FROM hits WHERE at <= ?", (now - RATE_WINDOW_SECONDS,))
         for window, seconds in BUDGET_WINDOWS.items():
             db.execute("DELETE FROM used WHERE window = ? AND number < ?", (window, int(now // seconds)))
