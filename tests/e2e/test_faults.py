@@ -23,6 +23,7 @@ from tests.fake_claude import (
     garbage_stream_reply,
     hang_reply,
     raw_reply,
+    sse_event,
     stream_frames,
     text_reply,
     truncated_stream_reply,
@@ -232,7 +233,14 @@ async def test_a_mid_stream_overloaded_error_is_retried(fake_claude: FakeClaude)
 
 @pytest.mark.parametrize(
     "ending",
-    ["dropped after message_stop", "stalled after message_stop", "dropped after message_delta"],
+    [
+        "dropped after message_stop",
+        "stalled after message_stop",
+        "dropped after message_delta",
+        "an error event after message_stop",
+        "a gateway's [DONE] after message_stop",
+        "an error event after message_delta",
+    ],
 )
 async def test_a_whole_message_is_the_answer_however_its_stream_then_ends(
     fake_claude: FakeClaude, tmp_path: Path, ending: str
@@ -258,8 +266,13 @@ async def test_a_whole_message_is_the_answer_however_its_stream_then_ends(
         },
     }
     frames = stream_frames(message)
-    if ending == "dropped after message_delta":
+    if ending.endswith("after message_delta"):
         frames = frames[:-1]  # message_stop
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    if ending.startswith("an error event"):
+        frames.append(sse_event("error", overloaded))
+    if "[DONE]" in ending:
+        frames.append(b"data: [DONE]\n\n")
     reply = raw_reply(*frames, abort=ending.startswith("dropped"), hang=ending.startswith("stalled"))
     audit = tmp_path / "audit.jsonl"
     options = ("--sampling-timeout", "30", "--audit-log", str(audit), *FAST_RETRIES)

@@ -291,16 +291,28 @@ async def _post_messages(client: AnyClient, body: dict[str, Any]) -> httpx2.Resp
 
 async def _rest_of_stream(events: StreamedEvents, fold: MessageFold) -> None:
     """What follows `message_stop`: normally the body's end at once, read so that the connection
-    can be used again. Anything but a ping is still a malformed stream; but the message is whole, so
-    a connection that breaks off now, or a body that does not end within `AFTER_STOP_SECONDS` (a
-    gateway keeping it open), costs it nothing (it was retried, and billed again, or cut off at the
-    deadline and thrown away)."""
+    can be used again. The message is whole: a connection that breaks off now, a body that does not
+    end within `AFTER_STOP_SECONDS` (a gateway keeping it open), or an event that has no place there
+    (an `error`) costs it nothing (it was retried, and billed again, or cut off at the deadline and
+    thrown away); what has no place there is logged."""
     with anyio.move_on_after(AFTER_STOP_SECONDS):
         try:
             async for event in events:
                 fold.add(event)
         except httpx2.HTTPError:
             pass
+        except (anthropic.APIStatusError, ValueError) as exc:  # an `error` event, an unknown one
+            _trailer_ignored("message_stop", exc)
+
+
+def _trailer_ignored(after: str, exc: anthropic.APIStatusError | ValueError) -> None:
+    """The whole message came, then something the stream should not hold: the message is the
+    answer (a retry would be billed again for it), and the operator is told."""
+    log.warning(
+        f"Claude API stream went on after {after} with something it should not hold; the message, "
+        "complete, is the answer",
+        extra={"error": str(exc)[:200]},
+    )
 
 
 async def streamed_message(client: AnyClient, request: dict[str, Any]) -> dict[str, Any]:
@@ -370,6 +382,10 @@ class AnthropicProvider:
                         raise
                     # The whole message came (`message_delta`): a connection that broke off after it
                     # loses nothing, and a retry would be billed again for it.
+                except (anthropic.APIStatusError, ValueError) as exc:
+                    if not fold.ended:
+                        raise
+                    _trailer_ignored("message_delta", exc)  # an `error` event after it, say
                 if completed:
                     await _rest_of_stream(events, fold)
                 if not completed and not fold.ended:  # `message_stop` only says again it ended
