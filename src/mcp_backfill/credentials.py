@@ -74,6 +74,9 @@ def hide_url_credentials(url: str) -> str:
     """`url` with `***` for each credential `url_credentials` finds, for messages and logs. Nothing
     else is parsed (a port that is not a number is shown as written)."""
     parts = urlsplit(url)
+    cut = _cut_short(url, parts.netloc)
+    if cut is not None:
+        return hide_url_credentials(cut)
     userinfo, at, host = parts.netloc.rpartition("@")
     user, colon, _ = userinfo.partition(":")
     pieces = parts.query.split("&")
@@ -88,6 +91,20 @@ def hide_url_credentials(url: str) -> str:
         + (f"?{'&'.join(query)}" if parts.query else "")
         + (f"#{parts.fragment}" if parts.fragment else "")
     )
+
+
+def _cut_short(url: str, netloc: str) -> str | None:
+    """`url` with `***` for a password holding an unencoded `/`, `?` or `#`, which ends the
+    authority where urllib reads it (`redis://user:s3cr#et@host` has the host `user` and the port
+    `s3cr`); None for another URL. Such an authority has no `@`, a port that is no number, and an
+    `@` after it: all from its colon to the URL's last `@` is hidden (a URL no client can use)."""
+    if "@" in netloc or ":" not in netloc.rpartition("]")[2]:
+        return None
+    port = netloc.rpartition("]")[2].rpartition(":")[2]
+    before, found, after = url.partition(netloc)
+    if port.isdigit() or not found or "@" not in after:
+        return None
+    return f"{before}{netloc.partition(':')[0]}:***@{after.rpartition('@')[2]}"
 
 
 def _credential_value(piece: str) -> str:

@@ -5,7 +5,8 @@ link at its name: the proxy would then write into a file they read and rewrite, 
 file of the proxy's user the link names. The kernel refuses both in sticky directories only when
 `fs.protected_regular` and `fs.protected_symlinks` are set, which many systems (containers above
 all) do not do. So there, the proxy opens its files without following a link, and uses a file only
-when it is its user's (or the directory owner's, as the kernel allows). Elsewhere than POSIX
+when it is its user's (or the directory owner's, as the kernel allows) and has no other name: without
+`fs.protected_hardlinks`, any user may hard-link a file of the proxy's user there. Elsewhere than POSIX
 (Windows: a mode says nothing of other users) nothing is checked.
 """
 
@@ -36,6 +37,12 @@ def foreign_file(fd: int, directory: os.stat_result) -> str | None:
     status = os.fstat(fd)
     if not stat.S_ISREG(status.st_mode):
         return "it is not a regular file, in a directory every user can write to"
+    if status.st_nlink > 1:  # a file of ours another user linked there (no `fs.protected_hardlinks`)
+        return (
+            f"it has {status.st_nlink} names (hard links), in a directory every user can write to: "
+            "another user may have linked a file of yours there; use a path in a directory only you "
+            "can write to"
+        )
     if status.st_uid not in (os.geteuid(), directory.st_uid):
         return (
             f"another user (uid {status.st_uid}) owns it, in a directory every user can write to: "

@@ -311,6 +311,39 @@ async def test_a_2026_clients_upstream_starts_count_against_its_session_rate(tmp
         assert len(list(tmp_path.glob("started-*"))) == 4
 
 
+async def test_a_client_past_its_start_rate_does_not_stop_another_clients_upstream(tmp_path: Path) -> None:
+    """One upstream allowed (`--max-sessions 1`), one start a minute each. Alice, past her rate, was
+    refused only once her hub had been made: with every upstream taken, Bob's idle one was stopped
+    first to make room for it. Each of her refused requests killed Bob's running upstream, whose next
+    request then started it again, on Bob's rate: Bob was refused (429) for Alice's requests. Now
+    Alice is refused before any room is made, and Bob's upstream serves on."""
+    tokens = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789"}
+    entries = ",".join(f"{name}={token}" for name, token in tokens.items())
+    options = ("--provider", "mock", "--client-tokens", entries, "--client-session-rate", "1")
+
+    async def call(who: str, request_id: int, name: str) -> httpx2.Response:
+        headers = {**stateless_headers("tools/call", name), "authorization": f"Bearer {tokens[who]}"}
+        body = stateless_request(request_id, "tools/call", {"name": name, "arguments": {}})
+        return await http.post(sidecar.url, json=body, headers=headers)
+
+    async with (
+        run_sidecar(
+            *options, "--max-sessions", "1", upstream=[*CHATTY_SERVER, str(tmp_path)], env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        assert "result" in (await call("alice", 1, "pid")).json()  # Alice's one start
+        first = await call("bob", 2, "pid")  # Alice's idle upstream stopped for Bob's
+        assert "result" in first.json(), first.text
+        for attempt in range(3):
+            refused = await call("alice", 10 + attempt, "pid")
+            assert refused.status_code == 429, refused.text
+        again = await call("bob", 3, "pid")
+        assert again.status_code == 200, again.text
+        assert again.json()["result"] == first.json()["result"]  # the same process
+        assert len(list(tmp_path.glob("started-*"))) == 2
+
+
 async def test_a_client_arriving_while_anothers_upstream_starts_waits_its_turn() -> None:
     """Two named clients, one hub allowed (`--max-sessions 1`). Bob's first request, sent while
     Alice's upstream was still starting, used to stop her hub as idle: Alice got a bare 500, and the

@@ -221,3 +221,39 @@ async def test_a_line_a_full_disk_cut_short_does_not_swallow_the_next(
     assert len(fragment) == 10
     assert json.loads(whole)["request_id"] == "whole"
     assert audit.dropped == 1
+
+
+def planted_link(tmp_path: Path) -> tuple[Path, Path]:
+    """A directory like /tmp, and a file of the proxy's user elsewhere (its shell profile, say)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    victim = tmp_path / "victim"
+    victim.write_text("mine\n")
+    return shared / "audit.jsonl", victim
+
+
+def test_a_hard_link_planted_in_a_shared_directory_is_refused(tmp_path: Path) -> None:
+    """Where the kernel lets any user hard-link another's file (`fs.protected_hardlinks` unset, as
+    in many containers), a link planted at the audit path in /tmp names a file of the proxy's user:
+    its owner is the proxy's, so it was used, and every exchange appended to that file."""
+    path, victim = planted_link(tmp_path)
+    os.link(victim, path)
+    with pytest.raises(ConfigError, match="link"):
+        AuditLog(str(path))
+    assert victim.read_text() == "mine\n"
+
+
+@pytest.mark.anyio
+async def test_a_hard_link_planted_after_rotation_is_not_followed(tmp_path: Path) -> None:
+    """Rotation leaves the path free for a moment: a hard link planted there then was opened as the
+    audit log's next file (the checks of a shared directory held at the start only in effect)."""
+    path, victim = planted_link(tmp_path)
+    moved = tmp_path / "audit.jsonl.1"
+    audit = AuditLog(str(path))
+    async with audit.running():
+        path.rename(moved)
+        os.link(victim, path)
+        audit.record(AuditRecord(request_id="after", session="s"))
+    assert victim.read_text() == "mine\n"
+    assert [line["request_id"] for line in lines(moved)] == ["after"]

@@ -152,6 +152,7 @@ async def run_sidecar(config: Config) -> int:
         idle_timeout=config.session_idle_timeout,
         others=lambda: sessions.upstreams,
         stop_timeout=stop_timeout,
+        opening=opening,
     )
     sessions = SessionTable(
         config.max_sessions,

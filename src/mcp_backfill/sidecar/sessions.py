@@ -219,6 +219,18 @@ class OpeningRate:
         opened.append(now)
         return Admission(None, now)
 
+    def waiting(self, identity: str) -> Admission:
+        """What `admit` would answer now, counting nothing: a start that needs room made first
+        (another client's idle upstream stopped) asks this before making it."""
+        now = self._clock()
+        opened = self._opened.get(identity)
+        if self.per_minute <= 0 or not opened:
+            return Admission(None, now)
+        recent = [at for at in opened if at > now - 60]
+        if len(recent) >= self.per_minute:
+            return Admission(recent[0] + 60 - now, now)
+        return Admission(None, now)
+
     def refusal(self, identity: str, admission: Admission, what: str) -> tuple[str, int]:
         """The error message of an opening `admit` refused (`what`: what was refused), and its
         `Retry-After` in seconds."""

@@ -273,8 +273,12 @@ class StatelessHubs:
         idle_timeout: float,
         others: Callable[[], int] = lambda: 0,
         stop_timeout: float = 10.0,
+        opening: OpeningRate | None = None,
     ) -> None:
+        """`opening`: the clients' upstream starts a minute, which the hubs made count (asked here
+        too, before another client's upstream is stopped to make room for a start it refuses)."""
         self._make_hub = make_hub
+        self._opening = opening or OpeningRate(0)
         self._max_upstreams = max_upstreams
         self._idle_timeout = idle_timeout
         self._others = others
@@ -312,8 +316,13 @@ class StatelessHubs:
     async def mux(self, headers: UpstreamHeaders, identity: str) -> MuxChannel | None:
         """The live mux of `identity`'s hub (None: `max_upstreams` are all busy with other clients
         or sessions, or the drain has begun and the hub has no upstream running); raises
-        `UpstreamStartError`."""
+        `UpstreamStartError`, and `TooManyStarts` (`StatelessHub.mux`)."""
         hub = self._hubs.get(identity)
+        if hub is None:  # its start would be refused: no hub made, no other client's stopped for it
+            admission = self._opening.waiting(identity)
+            if admission.wait is not None:
+                message, seconds = self._opening.refusal(identity, admission, "upstream starts")
+                raise TooManyStarts(message, seconds)
         while hub is None:
             if self._draining.is_set():
                 return None
