@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -420,6 +421,15 @@ def test_a_password_holding_an_unencoded_delimiter_is_hidden(url: str, password:
 )
 def test_an_at_sign_after_a_sound_authority_is_shown(url: str) -> None:
     assert hide_url_credentials(url) == url
+
+
+def test_a_sqlite_store_is_described_by_the_url_it_was_given(tmp_path: Path) -> None:
+    """Its description names it in `/readyz` and store errors: `sqlite:/x` was a file nobody named."""
+    for url in (
+        f"sqlite://{tmp_path}/x.db",
+        f"sqlite://{os.path.relpath(tmp_path)}/y.db",
+    ):
+        assert open_store(url, lease_seconds=30, timeout=1).description == url
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,7 @@ from anyio.abc import TaskGroup
 from mcp_backfill import jsonrpc, protocol, telemetry
 from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import get_logger
-from mcp_backfill.options import named
+from mcp_backfill.options import env_var, named
 from mcp_backfill.relay import input_required as ir
 from mcp_backfill.relay.answering import Answerer
 from mcp_backfill.relay.approval import Approver
@@ -406,8 +406,8 @@ class Relay:
                     jsonrpc.error_response(
                         message["id"],
                         protocol.METHOD_NOT_FOUND,
-                        f"Method not found: server/discover (mcp-backfill runs with "
-                        f"{named('--era')} handshake; use initialize)",
+                        "Method not found: server/discover (mcp-backfill runs with --era handshake, "
+                        f"{env_var('--era')}=handshake; use initialize)",
                     )
                 )
                 return None

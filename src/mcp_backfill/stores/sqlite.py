@@ -86,7 +86,7 @@ class SqliteStore:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.path = path
-        self.description = f"sqlite:{path}"
+        self.description = f"sqlite://{path}"  # as the URL gave it
         self.lease_seconds = lease_seconds
         self._timeout = timeout
         self._clock = clock
