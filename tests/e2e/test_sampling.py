@@ -371,22 +371,26 @@ async def test_always_mode_never_asks_the_client(fake_claude: FakeClaude) -> Non
     assert asked == []
 
 
+# A tool the request offers (`kept`) and one only its history names (`gone`: a placeholder for Claude).
+ONE_TOOL_BESIDE_A_PLACEHOLDER = {
+    "messages": [
+        {"role": "user", "content": {"type": "text", "text": "weather?"}},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "gone", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "toolUseId": "a", "content": []}]},
+    ],
+    "maxTokens": 10,
+    "tools": [{"name": "kept", "inputSchema": {"type": "object"}}],
+    "toolChoice": {"mode": "required"},
+}
+
+
 async def test_claude_calling_a_tool_only_the_history_names_is_an_error_naming_it(
     fake_claude: FakeClaude,
 ) -> None:
     """The request offers `kept`; `gone` is only in the history, so Claude gets a placeholder for it.
     A call of it is not handed to the server (a tool call MUST name one of the request's tools)."""
     fake_claude.enqueue(tool_use_reply("gone", {"city": "Rome"}, id="toolu_again"))
-    params = {
-        "messages": [
-            {"role": "user", "content": {"type": "text", "text": "weather?"}},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "gone", "input": {}}]},
-            {"role": "user", "content": [{"type": "tool_result", "toolUseId": "a", "content": []}]},
-        ],
-        "maxTokens": 10,
-        "tools": [{"name": "kept", "inputSchema": {"type": "object"}}],
-        "toolChoice": {"mode": "required"},
-    }
+    params = ONE_TOOL_BESIDE_A_PLACEHOLDER
     async with client_for(fake_claude) as client:
         outcome = tool_json(await client.call_tool("sample_raw", {"params_json": json.dumps(params)}))
     assert "result" not in outcome
@@ -405,16 +409,7 @@ async def test_required_with_one_tool_offered_beside_a_placeholder_asks_claude_f
     history names, an answer refused after it was charged: with one tool offered, Claude is told to
     call that one."""
     fake_claude.enqueue(tool_use_reply("kept", {"city": "Rome"}, id="toolu_kept"))
-    params = {
-        "messages": [
-            {"role": "user", "content": {"type": "text", "text": "weather?"}},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "gone", "input": {}}]},
-            {"role": "user", "content": [{"type": "tool_result", "toolUseId": "a", "content": []}]},
-        ],
-        "maxTokens": 10,
-        "tools": [{"name": "kept", "inputSchema": {"type": "object"}}],
-        "toolChoice": {"mode": "required"},
-    }
+    params = ONE_TOOL_BESIDE_A_PLACEHOLDER
     async with client_for(fake_claude) as client:
         outcome = tool_json(await client.call_tool("sample_raw", {"params_json": json.dumps(params)}))
     sent = fake_claude.message_requests[-1].body
