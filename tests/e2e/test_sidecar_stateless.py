@@ -55,6 +55,21 @@ def stateless_headers(method: str, name: str | None = None) -> dict[str, str]:
     return headers
 
 
+NAMED_TOKENS = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789"}
+NAMED_CLIENTS = ",".join(f"{name}={token}" for name, token in NAMED_TOKENS.items())
+"""Two clients told apart by their tokens, as `--client-tokens` takes them."""
+
+
+async def post_as(http: httpx2.AsyncClient, url: str, who: str, body: dict[str, Any]) -> httpx2.Response:
+    """A 2026-07-28 request of the client `who` of `NAMED_TOKENS`, its headers from its body."""
+    method, params = body["method"], body.get("params") or {}
+    headers = {
+        **stateless_headers(method, params.get("name")),
+        "authorization": f"Bearer {NAMED_TOKENS[who]}",
+    }
+    return await http.post(url, json=body, headers=headers)
+
+
 async def call_tool(
     http: httpx2.AsyncClient, sidecar: Sidecar, request_id: Any, name: str, **arguments: Any
 ) -> Any:
@@ -277,14 +292,11 @@ async def test_a_2026_clients_upstream_starts_count_against_its_session_rate(tmp
     could post. Its starts now count against `--client-session-rate`, one budget with the client's
     handshake sessions: the 4th start in the minute gets 429 (its own requests to the upstream
     running are served, and other clients are not held to its rate)."""
-    tokens = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789"}
-    entries = ",".join(f"{name}={token}" for name, token in tokens.items())
-    options = ("--provider", "mock", "--client-tokens", entries, "--client-session-rate", "3")
+    options = ("--provider", "mock", "--client-tokens", NAMED_CLIENTS, "--client-session-rate", "3")
 
     async def call(who: str, request_id: int, name: str) -> httpx2.Response:
-        headers = {**stateless_headers("tools/call", name), "authorization": f"Bearer {tokens[who]}"}
-        body = stateless_request(request_id, "tools/call", {"name": name, "arguments": {}})
-        return await http.post(sidecar.url, json=body, headers=headers)
+        params = {"name": name, "arguments": {}}
+        return await post_as(http, sidecar.url, who, stateless_request(request_id, "tools/call", params))
 
     async with (
         run_sidecar(*options, upstream=[*CHATTY_SERVER, str(tmp_path)], env=proxy_env()) as sidecar,
@@ -304,7 +316,7 @@ async def test_a_2026_clients_upstream_starts_count_against_its_session_rate(tmp
         session = await http.post(
             sidecar.url,
             json=initialize_body(),
-            headers={**HANDSHAKE_HEADERS, "authorization": f"Bearer {tokens['alice']}"},
+            headers={**HANDSHAKE_HEADERS, "authorization": f"Bearer {NAMED_TOKENS['alice']}"},
         )
         assert session.status_code == 429, session.text  # one budget for both eras
         assert "result" in (await call("bob", 1, "pid")).json()  # not held to Alice's rate
@@ -317,14 +329,11 @@ async def test_a_client_past_its_start_rate_does_not_stop_another_clients_upstre
     first to make room for it. Each of her refused requests killed Bob's running upstream, whose next
     request then started it again, on Bob's rate: Bob was refused (429) for Alice's requests. Now
     Alice is refused before any room is made, and Bob's upstream serves on."""
-    tokens = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789"}
-    entries = ",".join(f"{name}={token}" for name, token in tokens.items())
-    options = ("--provider", "mock", "--client-tokens", entries, "--client-session-rate", "1")
+    options = ("--provider", "mock", "--client-tokens", NAMED_CLIENTS, "--client-session-rate", "1")
 
     async def call(who: str, request_id: int, name: str) -> httpx2.Response:
-        headers = {**stateless_headers("tools/call", name), "authorization": f"Bearer {tokens[who]}"}
-        body = stateless_request(request_id, "tools/call", {"name": name, "arguments": {}})
-        return await http.post(sidecar.url, json=body, headers=headers)
+        params = {"name": name, "arguments": {}}
+        return await post_as(http, sidecar.url, who, stateless_request(request_id, "tools/call", params))
 
     async with (
         run_sidecar(
@@ -350,21 +359,17 @@ async def test_a_client_arriving_while_anothers_upstream_starts_waits_its_turn()
     cancelled start closed a descriptor that by then was Bob's upstream's pipe, which made libuv abort
     the whole sidecar (SIGABRT). Now Alice is served, Bob is served or told to come back, and the
     sidecar lives on."""
-    tokens = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789"}
-    entries = ",".join(f"{name}={token}" for name, token in tokens.items())
     answers: dict[str, httpx2.Response] = {}
 
     async def list_tools(http: httpx2.AsyncClient, sidecar: Sidecar, who: str, request_id: int) -> None:
-        headers = {**stateless_headers("tools/list"), "authorization": f"Bearer {tokens[who]}"}
-        body = stateless_request(request_id, "tools/list")
-        answers[who] = await http.post(sidecar.url, json=body, headers=headers)
+        answers[who] = await post_as(http, sidecar.url, who, stateless_request(request_id, "tools/list"))
 
     async with (
         run_sidecar(
             "--provider",
             "mock",
             "--client-tokens",
-            entries,
+            NAMED_CLIENTS,
             "--max-sessions",
             "1",
             upstream=RESOLVE_SERVER,

@@ -223,7 +223,8 @@ class Sampler:
         first = reservation_for(request)
         async with self.spend.admit(session, first) as ticket:
             exchange.ticket = ticket
-            message = await self._create(ticket, request, first, progress)
+            with one_deadline():  # `--sampling-timeout` bounds the request, its continuations included
+                message = await self._create(ticket, request, first, progress)
         self._note_answer(message, exchange)
         span.response(message)
         check_response(message, self.settings.limits)
@@ -296,16 +297,6 @@ class Sampler:
     ) -> dict[str, Any]:
         """One call (reserving `reservation`), and up to `MAX_PAUSE_CONTINUATIONS` more while Claude
         pauses its turn and the budgets have room; each call is charged on its own."""
-        with one_deadline():  # `--sampling-timeout` bounds the request, its continuations included
-            return await self._continued(ticket, request, reservation, progress)
-
-    async def _continued(
-        self,
-        ticket: Ticket,
-        request: dict[str, Any],
-        reservation: Reservation,
-        progress: ProgressCallback | None,
-    ) -> dict[str, Any]:
         turn = None if progress is None else _TurnProgress(progress)
         message = await self._call(ticket, request, reservation, turn)
         for _ in range(MAX_PAUSE_CONTINUATIONS):
