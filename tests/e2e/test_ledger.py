@@ -444,7 +444,9 @@ async def test_2026_a_cancelled_request_charges_its_call_and_gives_back_the_slot
         if line["calls"] == 0:
             assert not any((line["charged"] or {}).values())
     assert len(raced) <= 1  # the waiting one, if the slot came to it before its cancel did
-    assert len(fake_claude.message_requests) == 2 + len(raced)
+    # A raced call may be cut before its request reached Claude; it is charged all the same (it may
+    # have been billed), which the sum below checks from the other side.
+    assert 2 <= len(fake_claude.message_requests) <= 2 + len(raced)
     charged = sum(sum((line["charged"] or {}).values()) for line in (*cancelled, answered))
     assert fake_claude.served_tokens() <= charged
 
