@@ -13,7 +13,7 @@ import select
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -132,17 +132,18 @@ def _launched(
     locate: Callable[[subprocess.Popen[bytes], Path], Callable[[], str | None]],
     read_stdout: bool = False,
     source: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[HttpServer]:
-    env = bench_env()
+    environment = {**bench_env(), **(env or {})}
     if source is not None:  # another tree's code first on the path
-        env["PYTHONPATH"] = source
+        environment["PYTHONPATH"] = source
     with logs.open(name) as stderr:
         process = subprocess.Popen(
             list(argv),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE if read_stdout else subprocess.DEVNULL,
             stderr=stderr,
-            env=env,
+            env=environment,
             cwd=ROOT,
         )
         try:
@@ -153,14 +154,19 @@ def _launched(
 
 
 def sidecar(
-    logs: LogDir, name: str, *options: str, upstream: Sequence[str] = (), source: str | None = None
+    logs: LogDir,
+    name: str,
+    *options: str,
+    upstream: Sequence[str] = (),
+    source: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> ContextManager[HttpServer]:
-    """`mcp-backfill serve` (started; call `ready()`), from the `src` directory `source` when given
-    (another tree's code, as `benchmarks/compare_trees.py` runs it) instead of this tree's."""
+    """`mcp-backfill serve` (started; call `ready()`), from `source` when given (a `PYTHONPATH`: another
+    tree's `src`, as `benchmarks/compare_trees.py` runs it) instead of this tree's, with `env` added to
+    its environment."""
     argv = sidecar_command(*options, upstream=upstream)
-    return _launched(
-        argv, logs, name, lambda _, log_path: _log_port(log_path, SIDECAR_PORT_LINE), source=source
-    )
+    locate = lambda _, log_path: _log_port(log_path, SIDECAR_PORT_LINE)  # noqa: E731
+    return _launched(argv, logs, name, locate, source=source, env=env)
 
 
 def mcp_proxy(ctx: RunContext, name: str, upstream: Sequence[str]) -> ContextManager[HttpServer]:

@@ -176,3 +176,40 @@ def test_two_trees_are_compared_batch_by_batch(tmp_path: Path) -> None:
     refused = subprocess.run([*argv[:3], str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2
     assert f"{tmp_path} holds no mcp_backfill package" in refused.stderr
+
+
+@pytest.mark.timeout(300)
+def test_the_sidecar_is_traced_point_by_point() -> None:
+    """`benchmarks.critical_path`: a sidecar's probe points, timed in order along one session's calls."""
+    argv = [sys.executable, "-m", "benchmarks.critical_path", "--seconds", "0.5"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-4000:]
+    counts = re.search(r"^\d+ req/s at one session; (\d+) of (\d+) calls passed", done.stdout, re.MULTILINE)
+    assert counts is not None, done.stdout
+    assert 0 < int(counts[1]) <= int(counts[2]), done.stdout
+    rows = re.findall(r"^\| ([a-z ]+) \| ([a-z ]+) \| ([\d.]+) \| (-?[\d.]+) \|$", done.stdout, re.MULTILINE)
+    points = [start for start, *_ in rows]
+    # The call's way through the sidecar, in its order: in, upstream and back, out.
+    path = ["request in", "handed to the relay", "upstream written", "answer decoded", "relay routes it"]
+    assert [point for point in points if point in path] == path, done.stdout
+    assert rows[-1][1] == "next request in", done.stdout
+    assert all(float(wall) >= 0 for _, _, wall, _ in rows), done.stdout
+
+
+@pytest.mark.timeout(300)
+def test_cpu_spent_on_the_call_path_is_weighed_against_a_control() -> None:
+    """`benchmarks.critical_path weigh`: 2 ms spent as each request comes in slow every call by as much."""
+    argv = [sys.executable, "-m", "benchmarks.critical_path", "weigh", "--point", "request in"]
+    done = subprocess.run(
+        [*argv, "--us", "2000", "--rounds", "2", "--seconds", "0.3"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    row = re.search(r"^\| request in \| (\d+\.\d{3})x \| (-?\d+\.\d\d) \|$", done.stdout, re.MULTILINE)
+    assert row is not None, done.stdout
+    # About 0.4x and a weight of 1 here (without the spin: 1x and 0, give or take a few hundredths).
+    assert float(row[1]) < 0.85, done.stdout
+    assert float(row[2]) > 0.5, done.stdout
