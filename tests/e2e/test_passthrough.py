@@ -198,6 +198,26 @@ async def test_cancellations_for_requests_the_proxy_does_not_own_pass_through() 
     assert {"jsonrpc": "2.0", **cancelled} in before
 
 
+@pytest.mark.parametrize(
+    "absent", [{"tools": None}, {"toolChoice": None}, {"tools": None, "toolChoice": None}]
+)
+async def test_tools_written_as_null_are_no_tools_for_a_client_that_samples(absent: dict[str, Any]) -> None:
+    """`"tools": null` is a request without tools, as the SDK reads it (its server shapes the answer
+    by `tools is not None`, and so does the proxy's answer): a client that declared sampling without
+    tools answers it. The proxy answered it instead, calling (and billing) Claude in fallback mode."""
+    params = {"messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}], "maxTokens": 20}
+    sampling = {"method": "sampling/createMessage", "id": "s1", "params": {**params, **absent}}
+    client_answer = {"role": "assistant", "content": {"type": "text", "text": "mine"}, "model": "client"}
+    async with raw_proxy(mock_proxy(), proxy_env()) as session:
+        await session.request(1, "initialize", initialize_params({"sampling": {}}))
+        await session.send({"jsonrpc": "2.0", "id": 2, "method": "test/ask_client", "params": sampling})
+        forwarded, _ = await session.recv_until(lambda m: "method" in m or m.get("id") == 2)
+        assert forwarded == {"jsonrpc": "2.0", **sampling}
+        await session.send({"jsonrpc": "2.0", "id": "s1", "result": client_answer})
+        response, _ = await session.recv_until(lambda m: m.get("id") == 2)
+    assert response["result"]["client_response"]["result"] == client_answer
+
+
 async def test_client_that_samples_gets_sampling_requests_in_fallback_mode() -> None:
     sampling = {
         "method": "sampling/createMessage",

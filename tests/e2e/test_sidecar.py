@@ -564,6 +564,39 @@ async def test_protocol_version_header_accepts_handshake_revisions_only() -> Non
         assert unknown.status_code == 404
 
 
+async def test_a_session_negotiated_at_an_unknown_revision_is_served_under_its_header() -> None:
+    """A revision this proxy does not know passes through with a warning, in `serve` as in the
+    stdio wrapper: the session's requests carry the negotiated revision in `MCP-Protocol-Version`,
+    as the spec has clients do, and must reach the upstream that negotiated it. They were taken for
+    2026-07-28 requests and refused with a `_meta` envelope error, the session dead on arrival."""
+    future = "2027-01-01"
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        opened = await http.post(sidecar.url, json=initialize_body(1, future), headers=HANDSHAKE_HEADERS)
+        assert opened.status_code == 200, opened.text
+        assert response_to(opened, 1)["result"]["protocolVersion"] == future  # the echo server's choice
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": opened.headers["mcp-session-id"]}
+        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        ack = await http.post(
+            sidecar.url, json=initialized, headers={**headers, "mcp-protocol-version": future}
+        )
+        assert ack.status_code == 202, ack.text
+        listed = await http.post(
+            sidecar.url, json=call(2, "tools/list"), headers={**headers, "mcp-protocol-version": future}
+        )
+        assert listed.status_code == 200, listed.text
+        assert response_to(listed, 2)["result"]["echo"]["method"] == "tools/list"
+        # Another revision the session did not negotiate is refused as such, naming the header.
+        other = await http.post(
+            sidecar.url, json=call(3, "tools/list"), headers={**headers, "mcp-protocol-version": "2028-01-01"}
+        )
+        assert other.status_code == 400
+        assert "Unsupported protocol version: 2028-01-01" in other.json()["error"]["message"]
+    assert "protocol revision not known to this proxy version" in sidecar.stderr()
+
+
 async def test_batches_and_server_requests_on_the_get_stream() -> None:
     async with (
         run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,

@@ -39,6 +39,7 @@ def test_malformed_capabilities_are_replaced_by_a_valid_declaration(capabilities
         ({"tools": []}, True),
         ({"toolChoice": {"mode": "none"}}, True),
         ({"tool_choice": {}}, True),
+        ({"tools": None, "toolChoice": None, "tool_choice": None}, False),  # null: absent, as in the SDK
     ],
 )
 def test_wants_tools_accepts_released_and_draft_spellings(params: dict[str, Any], expected: bool) -> None:

@@ -47,8 +47,9 @@ def with_sampling_tasks(capabilities: dict[str, Any]) -> dict[str, Any]:
 
 
 def wants_tools(params: dict[str, Any]) -> bool:
-    """Does a sampling request use the tools extension (released or draft spelling)?"""
-    return any(key in params for key in ("tools", "toolChoice", "tool_choice"))
+    """Does a sampling request use the tools extension (released or draft spelling)? A member
+    written as `null` is absent, as the SDK reads it and as the answer is shaped (`has_tools`)."""
+    return any(params.get(key) is not None for key in ("tools", "toolChoice", "tool_choice"))
 
 
 @dataclass

@@ -214,7 +214,7 @@ class SidecarApp:
         # Built only if this request opens an upstream (a session's first POST, a hub's first call).
         headers = partial(upstream_headers, call, strip_authorization=self.policy.authenticates)
         version = call.headers.get(protocol.VERSION_HEADER)
-        if version is not None and version not in protocol.HANDSHAKE_VERSIONS:
+        if _stateless(version, call.headers.get(protocol.SESSION_HEADER)):
             await self.stateless.handle(call, headers, identity)
         else:
             await self.handshake.handle(call, headers, identity)
@@ -253,3 +253,13 @@ class SidecarApp:
 def _peer(call: HttpCall) -> str | None:
     client = call.scope.get("client")
     return f"{client[0]}:{client[1]}" if client else None
+
+
+def _stateless(version: str | None, session_id: str | None) -> bool:
+    """Is this a 2026-07-28-style request (no session)? Its `MCP-Protocol-Version` names no handshake
+    revision. A request naming a session is the session's, unless it names 2026-07-28: a session
+    negotiated at a revision this proxy does not know sends that revision in the header (it was
+    taken for a stateless request and refused, every request of the session with it)."""
+    if version is None or version in protocol.HANDSHAKE_VERSIONS:
+        return False
+    return session_id is None or version == protocol.STATELESS_VERSION

@@ -341,8 +341,14 @@ class HandshakeFront:
             return None
         header = call.headers.get(protocol.VERSION_HEADER)
         # As the SDK's server: any handshake revision is accepted (clients may send an older one
-        # than they negotiated); a revision this front cannot serve is refused.
-        if check_version and header is not None and header not in protocol.HANDSHAKE_VERSIONS:
+        # than they negotiated); so is the one the session negotiated, even if this proxy does not
+        # know it (it passes through, as in the stdio wrapper); any other is refused.
+        if (
+            check_version
+            and header is not None
+            and header not in protocol.HANDSHAKE_VERSIONS
+            and header != session.router.protocol_version
+        ):
             await _refuse_version(call, session, header)
             return None
         return session
