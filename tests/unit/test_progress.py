@@ -163,6 +163,23 @@ async def test_beside_the_stream_what_waits_at_the_end_is_not_sent() -> None:
     assert wire.started == 1
 
 
+async def test_beside_the_stream_a_send_that_fails_is_not_the_answers_failure() -> None:
+    class Failing(Wire):
+        async def send(self, raw: bytes) -> None:
+            if json.loads(raw)["params"].get("total") is None:
+                raise RuntimeError("lost")
+            await super().send(raw)
+
+    wire = Failing()
+    report = notifier(wire)
+    async with report.beside():
+        await report(StreamProgress(characters=5))
+        await anyio.sleep(0.01)
+        wire.now += 1
+        await report(StreamProgress(characters=9, done=True))
+    assert [p["progress"] for p in wire.params()] == [10]
+
+
 async def wait_until(condition: Any) -> None:
     with anyio.fail_after(5):
         while not condition():

@@ -25,7 +25,10 @@ from typing import Any
 import anyio
 
 from mcp_backfill import jsonrpc, protocol
+from mcp_backfill.logs import get_logger
 from mcp_backfill.sampling.provider import StreamProgress
+
+log = get_logger("relay")
 
 DEFAULT_INTERVAL = 0.25  # at most four notifications a second per request
 
@@ -79,6 +82,8 @@ class ProgressNotifier:
             self._under_way, self._went = True, anyio.Event()
             try:
                 await self._send(raw)
+            except Exception:  # a notification lost must not fail the answer, nor end the session
+                log.warning("progress notification not sent", exc_info=True)
             finally:
                 self._under_way = False
                 self._went.set()
