@@ -91,6 +91,8 @@ async def relay_session(
             channel.offload_writes(relay.crowded)  # see transports/pipe_writer.py
             channel.deliver_at_once(at_once)  # relayed from the read callback when it can be (relay.Relay)
     stopping = anyio.Event()
+    if hasattr(upstream, "in_flight_elsewhere"):  # an HTTP upstream: its stop gives rounds the grace
+        upstream.in_flight_elsewhere = relay.drives_rounds
 
     async def stop_upstream() -> None:
         stopping.set()

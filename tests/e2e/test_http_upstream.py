@@ -683,3 +683,28 @@ async def test_a_protocol_version_that_cannot_be_a_header_is_not_sent_back() -> 
     assert status == 0
     assert entries[-1]["verb"] == "DELETE"
     assert all("mcp-protocol-version" not in entry["headers"] for entry in entries)
+
+
+async def test_client_eof_lets_a_round_the_proxy_answers_finish_within_the_grace_period(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """`echo REQUEST | mcp-backfill --upstream-url URL`: a 2026-07-28 request whose round the proxy
+    answers with Claude is in flight as much as one the upstream is working on, and gets up to
+    `--shutdown-grace` too. While the proxy sampled, no POST was open upstream, so the stop came at
+    once: the Claude call was cancelled (and charged) and the request failed as though the upstream
+    had exited."""
+    audit = tmp_path / "audit.jsonl"
+    fake_claude.enqueue(
+        tool_use_reply("get_weather", {"city": "Oslo"}, id="toolu_oslo", text="Checking.", delay=1.0),
+        text_reply("Snow in Oslo."),
+    )
+    async with python_http_server(RESOLVE_SERVER) as upstream:
+        argv = proxy_url_argv("--shutdown-grace", "30", "--audit-log", str(audit), url=upstream.url)
+        async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+            await session.send(stateless_call(5, "weather", {"city": "Oslo"}))
+            await session.close_stdin()
+            answer = await session.recv(timeout=60)
+            status = await session.wait(60)
+    assert result_json(answer)["final"]["text"] == "Snow in Oslo."
+    assert status == 0
+    assert [json.loads(line)["outcome"] for line in audit.read_text().splitlines()] == ["answered"] * 2

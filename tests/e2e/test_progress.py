@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,7 +12,15 @@ from mcp import Client
 
 from tests.e2e.faults_support import PLAIN_PARAMS, ask_sampling, echo_session
 from tests.fake_claude import FakeClaude, stream_error_reply, text_reply
-from tests.harness import proxy_argv, proxy_env, python_server, stdio_params
+from tests.harness import (
+    SERVERS,
+    proxy_argv,
+    proxy_env,
+    proxy_url_argv,
+    python_http_server,
+    python_server,
+    stdio_params,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -62,3 +72,28 @@ async def test_progress_only_when_asked_and_monotonic_across_a_retry(fake_claude
     assert progress[-1]["total"] == progress[-1]["progress"]
     # The final count covers both attempts: the failed one's characters are not taken back.
     assert progress[-1]["progress"] > len("a first attempt that fails") + len("second attempt")
+
+
+async def test_a_server_slow_to_take_progress_does_not_hold_up_claudes_stream(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """Each progress notification to an HTTP upstream is a POST: the Claude stream was read only
+    once the upstream had acknowledged it, so a server (or a gateway before it) taking 3 s to
+    acknowledge stretched a 1 s answer past `--sampling-timeout`, which failed it and charged its
+    whole reservation. Progress now goes out beside the stream, the latest value when the
+    previous one was taken, the final one last, before the answer."""
+    audit = tmp_path / "audit.jsonl"
+    fake_claude.enqueue(text_reply(ANSWER, chunks=24, event_delay=0.05))
+    server = [sys.executable, str(SERVERS / "sampling_server.py"), "--http", "127.0.0.1:0"]
+    async with python_http_server(server, env=proxy_env(TEST_SLOW_PROGRESS_ACK="3")) as upstream:
+        argv = proxy_url_argv("--sampling-timeout", "10", "--audit-log", str(audit), url=upstream.url)
+        async with Client(stdio_params(argv, proxy_env(fake_claude.url)), mode="legacy") as client:
+            result = await client.call_tool("progress_sample", {"prompt": "tell me"})
+    outcome = json.loads(result.content[0].text)  # type: ignore[union-attr]
+    assert outcome["text"] == ANSWER
+    values = [p[0] for p in outcome["progress"]]
+    assert values == sorted(set(values))
+    assert outcome["progress"][-1][1] == values[-1] == len(ANSWER) + 1  # the final one, last
+    [line] = [json.loads(text) for text in audit.read_text().splitlines()]
+    assert line["outcome"] == "answered"
+    assert len(fake_claude.message_requests) == 1

@@ -3,11 +3,16 @@
 `serve_http(server, "127.0.0.1:0")` binds the address (port 0 picks a free one), prints
 `listening on http://HOST:PORT/mcp` as the first stdout line, and serves until killed. Sessions are
 resumable: an in-memory event store keeps every SSE event, and priming events say `retry: 100`.
+
+With `TEST_SLOW_PROGRESS_ACK=SECONDS` in the environment, a POSTed `notifications/progress` is
+acknowledged only after that many seconds (a server, or a gateway in front of it, slow to take
+notifications).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import socket
 from typing import Any
 
@@ -42,6 +47,34 @@ class MemoryEventStore(EventStore):
         return stream_id
 
 
+class _SlowProgressAck:
+    """ASGI middleware: a POST whose body is a `notifications/progress` waits `seconds` first."""
+
+    def __init__(self, app: Any, seconds: float) -> None:
+        self.app = app
+        self.seconds = seconds
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        messages = []
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
+        body = b"".join(m.get("body", b"") for m in messages)
+        if b'"notifications/progress"' in body:
+            await anyio.sleep(self.seconds)
+        replay = iter(messages)
+
+        async def replayed() -> Any:
+            return next(replay, None) or await receive()
+
+        await self.app(scope, replayed, send)
+
+
 def serve_http(server: MCPServer[Any], address: str) -> None:
     import uvicorn
 
@@ -52,7 +85,10 @@ def serve_http(server: MCPServer[Any], address: str) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, int(port)))
     sock.listen(64)
-    app = server.streamable_http_app(host=host, event_store=MemoryEventStore(), retry_interval=100)
+    app: Any = server.streamable_http_app(host=host, event_store=MemoryEventStore(), retry_interval=100)
+    slow_ack = float(os.environ.get("TEST_SLOW_PROGRESS_ACK", "0"))
+    if slow_ack > 0:
+        app = _SlowProgressAck(app, slow_ack)
     uvicorn_server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
 
     async def run() -> None:

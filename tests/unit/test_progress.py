@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
+import anyio
 import pytest
 
 from mcp_backfill import assembly, protocol
@@ -110,6 +111,79 @@ async def test_a_new_call_adds_up_even_when_it_starts_ahead() -> None:
     wire.now += 1
     await report(StreamProgress(characters=35, call=2, done=True))
     assert [p["progress"] for p in wire.params()] == [10, 40, 46]
+
+
+class SlowWire(Wire):
+    """A wire whose every send waits until the test lets it go (an upstream slow to acknowledge)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = anyio.Event()
+        self.started = 0
+
+    async def send(self, raw: bytes) -> None:
+        self.started += 1
+        await self.gate.wait()
+        self.gate = anyio.Event()
+        await super().send(raw)
+
+
+async def test_beside_the_stream_a_slow_send_holds_up_nothing_and_the_final_one_comes_last() -> None:
+    wire = SlowWire()
+    report = notifier(wire)
+    async with report.beside():
+        await report(StreamProgress(characters=5))  # goes out, and waits to be acknowledged
+        await wait_until(lambda: wire.started == 1)
+        for step in range(2, 6):  # none of these waits for it; each replaces the one waiting
+            wire.now += 1
+            with anyio.fail_after(1):
+                await report(StreamProgress(characters=step * 5))
+        wire.gate.set()  # the first is taken; the latest of those that waited follows
+        await wait_until(lambda: wire.started == 2)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(report, StreamProgress(characters=25, done=True))  # waits for that one
+            await anyio.sleep(0.05)
+            assert wire.started == 2
+            wire.gate.set()
+            await wait_until(lambda: wire.started == 3)
+            wire.gate.set()
+    assert [p["progress"] for p in wire.params()] == [5, 25, 26]
+    assert wire.params()[-1]["total"] == 26
+
+
+async def test_beside_the_stream_what_waits_at_the_end_is_not_sent() -> None:
+    wire = SlowWire()
+    report = notifier(wire)
+    async with report.beside():
+        await report(StreamProgress(characters=5))
+        await wait_until(lambda: wire.started == 1)
+        wire.now += 1
+        await report(StreamProgress(characters=10))  # the answer fails before this goes out
+    assert wire.sent == []  # the one under way was cancelled with the answer
+    assert wire.started == 1
+
+
+async def test_beside_the_stream_a_send_that_fails_is_not_the_answers_failure() -> None:
+    class Failing(Wire):
+        async def send(self, raw: bytes) -> None:
+            if json.loads(raw)["params"].get("total") is None:
+                raise RuntimeError("lost")
+            await super().send(raw)
+
+    wire = Failing()
+    report = notifier(wire)
+    async with report.beside():
+        await report(StreamProgress(characters=5))
+        await anyio.sleep(0.01)
+        wire.now += 1
+        await report(StreamProgress(characters=9, done=True))
+    assert [p["progress"] for p in wire.params()] == [10]
+
+
+async def wait_until(condition: Any) -> None:
+    with anyio.fail_after(5):
+        while not condition():
+            await anyio.sleep(0.001)
 
 
 class Pausing:

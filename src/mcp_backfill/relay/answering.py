@@ -9,6 +9,7 @@ the Claude call. The 2026-07-28 round driver asks the same sampler through `samp
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from contextlib import nullcontext
 from typing import Any
 
 import anyio
@@ -157,11 +158,12 @@ class Answerer:
                 try:
                     await self._approve(params, related)
                     progress = progress_notifier(params, self._send_upstream)
-                    if span is None:
-                        result = await self.sample(params, request_id, progress)
-                    else:
-                        with span.activate():
+                    async with progress.beside() if progress is not None else nullcontext():
+                        if span is None:
                             result = await self.sample(params, request_id, progress)
+                        else:
+                            with span.activate():
+                                result = await self.sample(params, request_id, progress)
                     response = jsonrpc.result_response(request_id, result)
                 except SamplingError as exc:
                     response = jsonrpc.error_response(request_id, exc.code, exc.message, exc.data)

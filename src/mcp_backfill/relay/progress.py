@@ -6,17 +6,29 @@ grows (the spec requires it) even when a failed attempt is retried from scratch 
 continued by another call. Notifications are throttled to one per `interval`; the final one, when
 the answer is complete (after its last call), counts one more unit so it is always the largest
 value, and carries `total` equal to `progress`.
+
+Sending a notification may take a while (to an HTTP upstream each is a POST, read once the server
+has acknowledged it): within `beside()` they go out from a task of their own, so Claude's stream is
+never held up by them (it was, past `--sampling-timeout`, the call failed and charged). One waits
+while another is under way, replaced by any later one; the final one goes out after it, and before
+the answer.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
+
 from mcp_backfill import jsonrpc, protocol
+from mcp_backfill.logs import get_logger
 from mcp_backfill.sampling.provider import StreamProgress
+
+log = get_logger("relay")
 
 DEFAULT_INTERVAL = 0.25  # at most four notifications a second per request
 
@@ -42,6 +54,39 @@ class ProgressNotifier:
         self._sent = 0
         self._sent_at = -math.inf
         self._done = False
+        self._waiting: bytes | None = None  # the latest notification, while one is under way
+        self._wake: anyio.Event | None = None  # set when one waits; None: sent inline
+        self._under_way = False
+        self._went: anyio.Event | None = None  # set when the one under way went out
+
+    @asynccontextmanager
+    async def beside(self) -> AsyncIterator[ProgressNotifier]:
+        """Send the notifications from a task of their own while this is open; what waits at the
+        end (the answer failed, or was cancelled) is not sent."""
+        async with anyio.create_task_group() as tg:
+            self._wake = anyio.Event()
+            tg.start_soon(self._sender)
+            try:
+                yield self
+            finally:
+                self._wake = None
+                tg.cancel_scope.cancel()
+
+    async def _sender(self) -> None:
+        while self._wake is not None:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            raw, self._waiting = self._waiting, None
+            if raw is None:
+                continue
+            self._under_way, self._went = True, anyio.Event()
+            try:
+                await self._send(raw)
+            except Exception:  # a notification lost must not fail the answer, nor end the session
+                log.warning("progress notification not sent", exc_info=True)
+            finally:
+                self._under_way = False
+                self._went.set()
 
     async def __call__(self, progress: StreamProgress) -> None:
         if self._done:
@@ -66,7 +111,17 @@ class ProgressNotifier:
             params["total"] = total
         params["message"] = message
         self._sent, self._sent_at = value, self._clock()
-        await self._send(jsonrpc.encode({"jsonrpc": "2.0", "method": protocol.PROGRESS, "params": params}))
+        raw = jsonrpc.encode({"jsonrpc": "2.0", "method": protocol.PROGRESS, "params": params})
+        if self._wake is None:
+            await self._send(raw)
+        elif total is None:
+            self._waiting = raw  # replaces one still waiting: the latest value is what counts
+            self._wake.set()
+        else:  # the final one: after the one under way, and before the answer
+            self._waiting = None
+            while self._under_way and self._went is not None:
+                await self._went.wait()
+            await self._send(raw)
 
 
 def progress_notifier(

@@ -171,6 +171,11 @@ class Relay:
             self.traces.close()
             raise
 
+    def drives_rounds(self) -> bool:
+        """Does the proxy drive a client request's rounds (its Claude call, or the request sent
+        again and not answered yet)? Between two POSTs such a request is in flight all the same."""
+        return bool(self.state.driving)
+
     def from_client_now(self, raw: bytes) -> bool:
         """Relay a client message at once, outside the pump (from a read callback), when every send
         it leads to can be made without waiting; False leaves it to the pump."""

@@ -18,7 +18,7 @@ One `HttpUpstream` is one upstream session; several may share one `httpx2.AsyncC
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -46,6 +46,8 @@ INBOX_SIZE = 16
 # Under more load the exchanges' own tasks write them, together, and a busy upstream is woken less
 # often (`benchmarks/README.md`, 3b, "the immediate write under load").
 EAGER_WRITES_UP_TO = 2
+# How often a stop looks whether the requests in flight elsewhere have finished.
+ELSEWHERE_POLL_SECONDS = 0.05
 
 
 class HttpUpstream:
@@ -72,6 +74,9 @@ class HttpUpstream:
         self._exchanges: dict[jsonrpc.IdKey, PostExchange] = {}
         self._active = 0
         self._idle: anyio.Event | None = None  # made by `_settled` when it must wait
+        self.in_flight_elsewhere: Callable[[], bool] = _nothing
+        """Are requests in flight that no POST carries now (the rounds of a request the proxy
+        answers itself, between two POSTs)? `stop` gives them its grace too."""
         self._stop_started = False
         self._stopped = anyio.Event()
 
@@ -150,7 +155,7 @@ class HttpUpstream:
         self._stop_started = True
         try:
             with anyio.move_on_after(grace):
-                await self._settled()
+                await self._settled(elsewhere=True)
             reason = "mcp-backfill is shutting down and the upstream had not answered"
             if grace > 0:
                 reason += f" within {named('--shutdown-grace')} ({grace:g}s)"
@@ -165,8 +170,12 @@ class HttpUpstream:
             self._stopped.set()
         return self.exit_status
 
-    async def _settled(self) -> None:
-        while self._active:
+    async def _settled(self, *, elsewhere: bool = False) -> None:
+        """Until no POST is in flight (`elsewhere`: nor a request `in_flight_elsewhere`)."""
+        while self._active or (elsewhere and self.in_flight_elsewhere()):
+            if not self._active:  # the proxy answers a round: its next POST may follow
+                await anyio.sleep(ELSEWHERE_POLL_SECONDS)
+                continue
             if self._idle is None:
                 self._idle = anyio.Event()
             await self._idle.wait()
@@ -281,6 +290,10 @@ async def open_http_upstream(
                 with anyio.CancelScope(shield=True):
                     await upstream.stop(0)
                 tg.cancel_scope.cancel()
+
+
+def _nothing() -> bool:
+    return False
 
 
 def _is_request(item: Any) -> bool:
