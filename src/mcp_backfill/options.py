@@ -1128,9 +1128,11 @@ OPTIONS: tuple[Option, ...] = (
         "--session-idle-timeout",
         1800.0,
         "seconds a session (or a 2026-07-28 client's upstream) may stay without any request in flight "
-        "before it and its upstream are closed; 0 never",
+        "(one whose client dropped its connection does not count) before it and its upstream are "
+        "closed; 0 never",
         "a session (or a 2026-07-28 client identity's upstream) with no HTTP request being served and no "
-        "request in flight for that long is closed, and so is its upstream; `0` never",
+        "request in flight for that long (a request whose client dropped its connection and left does "
+        "not count) is closed, and so is its upstream; `0` never",
         parse=number,
         checks=(not_negative("0 turns reaping off"),),
         metavar="SECONDS",

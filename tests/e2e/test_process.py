@@ -166,6 +166,44 @@ async def test_client_eof_closes_the_upstream_and_exit_status_is_the_upstreams()
         os.kill(pid, 0)
 
 
+async def test_a_client_that_stopped_reading_for_good_ends_the_session_like_eof(tmp_path: Path) -> None:
+    """The client's end of the proxy's stdout is gone (it crashed, leaving its stdin's write end to
+    a process it started): every answer failed to go out and was dropped, yet the proxy relayed each
+    later request to the upstream (a `tools/call` the server may answer with a billed Claude call),
+    and it and the upstream ran until stdin's end, which may never come."""
+    log = tmp_path / "stderr.log"
+    with log.open("wb") as stderr:
+        proxy = subprocess.Popen(
+            mock_proxy("--shutdown-grace", "1"),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=proxy_env(),
+        )
+    assert proxy.stdin is not None
+    assert proxy.stdout is not None
+    try:
+        hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": initialize_params()}
+        proxy.stdin.write(json.dumps(hello).encode() + b"\n")
+        proxy.stdin.flush()
+        assert json.loads(proxy.stdout.readline())["id"] == 1
+        pid = upstream_pid(log.read_text())
+        proxy.stdout.close()  # the client reads no more; its stdin stays open
+        proxy.stdin.write(b'{"jsonrpc": "2.0", "id": 2, "method": "ping"}\n')
+        proxy.stdin.flush()
+        with anyio.fail_after(20):
+            while proxy.poll() is None:
+                await anyio.sleep(0.05)
+        assert proxy.returncode == 0, log.read_text()[-3000:]
+        assert not pid_alive(pid)
+    finally:
+        if proxy.poll() is None:
+            proxy.kill()
+            proxy.wait()
+        with suppress(BrokenPipeError):
+            proxy.stdin.close()
+
+
 async def test_upstream_exit_ends_the_proxy_with_its_status() -> None:
     async with raw_proxy(mock_proxy(), proxy_env()) as session:
         await session.request(1, "initialize", initialize_params())

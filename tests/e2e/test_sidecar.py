@@ -408,6 +408,32 @@ async def test_idle_sessions_are_reaped(tmp_path: Path) -> None:
     assert "idle session closed" in sidecar.stderr()
 
 
+async def test_a_session_whose_client_left_mid_request_is_still_closed_for_idleness() -> None:
+    """A client that dropped its POST while the upstream had not answered (and never will: here it
+    waits for an answer from the client that left) and never sent DELETE (it crashed, or timed out)
+    left a session whose request stayed in flight: never idle, its upstream process, pipes and
+    watcher thread were kept until the sidecar stopped, and each such session held a place under
+    `--max-sessions`."""
+    options = ("--provider", "mock", "--session-idle-timeout", "1", "--shutdown-grace", "1")
+    async with (
+        run_sidecar(*options, upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+        ask = call(2, "test/ask_client", {"method": "test/never_answered", "id": "ask-1"})
+        async with http.stream("POST", sidecar.url, json=ask, headers=headers) as stream:
+            async for line in stream.aiter_lines():
+                if "test/never_answered" in line:  # the upstream is waiting: leave without a word
+                    break
+        assert (await health(http, sidecar))["sessions"] == 1
+        with anyio.fail_after(15):  # an idle timeout of 1 s, a grace of 1 s: generous
+            while (await health(http, sidecar))["sessions"] != 0:
+                await anyio.sleep(0.1)
+        gone = await http.post(sidecar.url, json=call(3, "tools/list"), headers=headers)
+        assert gone.status_code == 404
+    assert "idle session closed" in sidecar.stderr()
+
+
 async def test_a_session_ended_for_idleness_answers_404_while_its_upstream_stops() -> None:
     """Once the idle timeout ended a session, a request naming it waited for the upstream to stop
     (seconds, for a server slow to exit) and got a JSON-RPC error, not the 404 that tells a client

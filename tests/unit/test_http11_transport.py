@@ -40,6 +40,7 @@ Reply = Callable[[int, bytes, asyncio.StreamWriter], Awaitable[bool]]  # False: 
 class Server:
     url: str
     connections: int = 0
+    open: int = 0  # connections the client has not closed yet
     requests: list[bytes] = field(default_factory=list)
 
 
@@ -60,6 +61,7 @@ async def scripted(reply: Reply) -> AsyncIterator[Server]:
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         server.connections += 1
+        server.open += 1
         try:
             while True:
                 request = await _read_request(reader)
@@ -70,6 +72,7 @@ async def scripted(reply: Reply) -> AsyncIterator[Server]:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
+            server.open -= 1
             writer.close()
 
     listener = await asyncio.start_server(handle, "127.0.0.1", 0)
@@ -348,6 +351,34 @@ async def test_idle_connections_past_the_expiry_are_not_reused(monkeypatch: pyte
         await asyncio.sleep(0.1)
         await post(http, server.url)
     assert server.connections == 2
+
+
+async def test_idle_connections_past_the_expiry_are_closed_without_waiting_for_a_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A burst of concurrent requests leaves as many idle connections in the pool; they were closed
+    only when a later request looked at them, so a session left idle after a burst (for up to
+    `--session-idle-timeout`) held every one of them, in CLOSE_WAIT once the server dropped its end."""
+    monkeypatch.setattr(http11, "KEEPALIVE_EXPIRY", 0.2)
+
+    all_in = asyncio.Event()
+
+    async def slow(number: int, request: bytes, writer: asyncio.StreamWriter) -> bool:
+        if number == 5:
+            all_in.set()
+        await all_in.wait()  # the requests overlap: each takes a connection of its own
+        return await json_reply()(number, request, writer)
+
+    async with scripted(slow) as server, client() as http:
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(post, http, server.url)
+        assert server.connections == 5
+        with anyio.fail_after(10):
+            while server.open:
+                await asyncio.sleep(0.05)
+        assert (await post(http, server.url)).status_code == 200  # a new connection, as after expiry
+        assert server.connections == 6
 
 
 async def test_a_body_cut_short_is_a_read_error_and_the_connection_is_dropped() -> None:

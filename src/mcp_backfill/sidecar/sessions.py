@@ -1,10 +1,10 @@
 """Handshake-era client sessions: one upstream and one relay per `Mcp-Session-Id`.
 
 A session is created by the client's `initialize` POST and ends when the client DELETEs it, when it
-stays idle (no HTTP request being served and no request in flight) for `--session-idle-timeout`
-seconds, when its upstream goes away, or when the sidecar shuts down. Ending it stops the upstream
-(for a child process: stdin closed, then SIGTERM, then SIGKILL), answers the requests still in flight
-with an error, and forgets the id, so later requests with it get 404.
+stays idle (no HTTP request being served: a request its client dropped mid-answer does not count) for
+`--session-idle-timeout` seconds, when its upstream goes away, or when the sidecar shuts down. Ending
+it stops the upstream (for a child process: stdin closed, then SIGTERM, then SIGKILL), answers the
+requests still in flight with an error, and forgets the id, so later requests with it get 404.
 """
 
 from __future__ import annotations
@@ -172,7 +172,11 @@ class HttpSession:
 
     @property
     def busy(self) -> bool:
-        return self._connections > 0 or self.router.in_flight > 0
+        """Serving an HTTP request. A request in flight holds its POST (and a stream held open its
+        GET) until answered; one whose client dropped the POST and left does not keep the session:
+        an upstream that never answers it would keep its process for good. (A client that comes
+        back within the idle timeout finds the answer kept for it to resume.)"""
+        return self._connections > 0
 
     def _activity_changed(self) -> None:
         if self._settings.idle_timeout <= 0 or self.busy:

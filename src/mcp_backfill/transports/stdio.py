@@ -162,6 +162,19 @@ class LineChannel:
         self._crowded: Callable[[], bool] | None = None
         self._offload: PipeWriter | None = None
         self._at_once: Callable[[bytes], bool] | None = None
+        self._ends_with_writer = False
+
+    def end_reading_when_writes_fail(self) -> None:
+        """Once a write fails for good (nobody reads the other end any more), end the reading side
+        as `stop_reading` does: for the proxy's own stdio, a client that no longer takes its answers
+        has left, even while something still holds its end of our stdin open."""
+        self._ends_with_writer = True
+
+    def _write_failed(self) -> None:
+        if self._ends_with_writer:
+            self._ends_with_writer = False
+            log.info("client stopped reading the proxy's output; ending the session as at its EOF")
+            self.stop_reading()
 
     async def receive(self) -> bytes:
         while True:
@@ -189,7 +202,13 @@ class LineChannel:
         return await self.receive(), None  # one pipe: no request streams to tell apart
 
     async def send(self, message: bytes, related: Any = None) -> None:
-        message = one_line(message)
+        try:
+            await self._send(one_line(message))
+        except anyio.BrokenResourceError:
+            self._write_failed()
+            raise
+
+    async def _send(self, message: bytes) -> None:
         if not isinstance(self._writer, FdSendStream):
             async with self._send_lock:
                 await self._writer.send(message + b"\n")
@@ -252,13 +271,17 @@ class LineChannel:
         does not take at once goes to the writer thread, and later messages follow it there."""
         writer = cast(FdSendStream, self._writer)
         parts: Sequence[Chunk] = (one_line(message), b"\n")
-        if self._offload is None or not self._offload.holding:
-            parts = writer.write_now(parts)
-            if not parts:
-                return
-        if self._offload is None:
-            self._offload = PipeWriter(writer, PIPE_SIZE)
-        self._offload.hand(parts)
+        try:
+            if self._offload is None or not self._offload.holding:
+                parts = writer.write_now(parts)
+                if not parts:
+                    return
+            if self._offload is None:
+                self._offload = PipeWriter(writer, PIPE_SIZE)
+            self._offload.hand(parts)
+        except anyio.BrokenResourceError:
+            self._write_failed()
+            raise
 
     def offload_writes(self, crowded: Callable[[], bool]) -> None:
         """Hand writes to a thread while they are slow and `crowded()` says several requests are in
@@ -568,6 +591,7 @@ async def own_stdio(max_message_bytes: int) -> AsyncIterator[LineChannel]:
     channel = LineChannel(
         await open_fd_receive_stream(protocol_in), FdSendStream(protocol_out), max_message_bytes
     )
+    channel.end_reading_when_writes_fail()
     try:
         yield channel
     finally:

@@ -17,7 +17,10 @@ skipped, and a `101` (no upgrade is asked for) is refused. A connection goes bac
 its answer has been read to the end, unless either side said `Connection: close`; one that sat idle
 longer than `keepalive_expiry`, or holds bytes no request asked for (an answer longer than its
 framing said, a `408` sent on an idle connection), is closed rather than reused: those bytes would
-be read as the next request's answer. Servers drop idle connections after a few seconds (uvicorn
+be read as the next request's answer. Idle connections past the expiry are also closed by a timer,
+not only when a request looks at them: a session left idle after a burst would otherwise hold one
+socket per request of the burst (in CLOSE_WAIT once the server dropped its end) for as long as it
+stays open. Servers drop idle connections after a few seconds (uvicorn
 after 5). A request that meets a reused connection reset before any byte of an answer arrived is
 sent once more on a new connection: the reset says the server closed without reading it (the
 keep-alive race, the server closing the idle connection as the request went out). A reused
@@ -35,6 +38,7 @@ import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -417,6 +421,7 @@ class Http11Transport(httpx2.AsyncBaseTransport):
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._slots = _Slots(MAX_CONNECTIONS)
         self._closed = False
+        self._sweep: asyncio.TimerHandle | None = None  # armed while connections sit idle
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         return await self.send(Outgoing.of(request, await request.aread()))
@@ -602,11 +607,39 @@ class Http11Transport(httpx2.AsyncBaseTransport):
         if reusable and not _buffered(connection.reader) and not self._closed and len(idle) < MAX_IDLE:
             connection.idle_since = time.monotonic()
             idle.append(connection)
+            if self._sweep is None:
+                with suppress(RuntimeError):  # no event loop running (finalized late): none to arm
+                    self._sweep = asyncio.get_running_loop().call_later(KEEPALIVE_EXPIRY, self._sweep_idle)
         else:
             connection.close()
 
+    def _sweep_idle(self) -> None:
+        """Close the idle connections that are no longer usable (past the expiry, or closed by the
+        server); armed again for the next expiry while any are left."""
+        self._sweep = None
+        now = time.monotonic()
+        oldest: float | None = None
+        for key, idle in list(self._idle.items()):
+            kept = []
+            for connection in idle:
+                if connection.usable(now):
+                    kept.append(connection)
+                    oldest = connection.idle_since if oldest is None else min(oldest, connection.idle_since)
+                else:
+                    connection.close()
+            if kept:
+                idle[:] = kept
+            else:
+                del self._idle[key]
+        if oldest is not None and not self._closed:
+            delay = oldest + KEEPALIVE_EXPIRY - now + 0.01  # just past it: not usable any more then
+            self._sweep = asyncio.get_running_loop().call_later(delay, self._sweep_idle)
+
     async def aclose(self) -> None:
         self._closed = True
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         for idle in self._idle.values():
             for connection in idle:
                 connection.close()
