@@ -19,6 +19,13 @@ STATELESS_VERSION: Final = "2026-07-28"
 """The stateless revision: no `initialize`; each request carries its envelope in `params._meta`."""
 SUPPORTED_VERSIONS: Final = HANDSHAKE_VERSIONS | {STATELESS_VERSION}
 
+
+def defines(version: str | None, since: str) -> bool:
+    """Does the revision `version` define what arrived in revision `since`? A revision the proxy
+    does not know (a newer one) gets the newest shapes, as does a session not negotiated yet."""
+    return version is None or version >= since or version not in SUPPORTED_VERSIONS
+
+
 # -- methods -------------------------------------------------------------------------------------
 
 INITIALIZE: Final = "initialize"

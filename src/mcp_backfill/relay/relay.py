@@ -123,7 +123,9 @@ class Relay:
         self.state = RelayState()
         approve, timeout = options.approve, options.approve_timeout
         self.approver = Approver(approve, timeout, sampler.preview, self.state, self._send_client)
-        self.answerer = Answerer(sampler, session, self._send_upstream, self.approver.approve)
+        self.answerer = Answerer(
+            sampler, session, self._send_upstream, self.approver.approve, lambda: self.state.protocol_version
+        )
         book = TaskBook(ttl_max_ms=round(options.task_ttl_max * 1000))
         self.tasks = SamplingTasks(
             book, self.answerer.sample_approved, self._send_upstream, hand=self.answerer.hand
