@@ -53,6 +53,8 @@ TASKS_CANCEL: Final = "tasks/cancel"
 TASKS_STATUS: Final = "notifications/tasks/status"
 TASK_METHODS: Final = frozenset({TASKS_GET, TASKS_RESULT, TASKS_LIST, TASKS_CANCEL})
 META_RELATED_TASK: Final = "io.modelcontextprotocol/related-task"
+TASKS_SINCE: Final = "2025-11-25"
+"""The revision that brought tasks (and the `tasks` capabilities)."""
 
 # -- 2026-07-28 envelope and results -------------------------------------------------------------
 
