@@ -19,6 +19,13 @@ STATELESS_VERSION: Final = "2026-07-28"
 """The stateless revision: no `initialize`; each request carries its envelope in `params._meta`."""
 SUPPORTED_VERSIONS: Final = HANDSHAKE_VERSIONS | {STATELESS_VERSION}
 
+
+def defines(version: str | None, since: str) -> bool:
+    """Does the revision `version` define what arrived in revision `since`? A revision the proxy
+    does not know (a newer one) gets the newest shapes, as does a session not negotiated yet."""
+    return version is None or version >= since or version not in SUPPORTED_VERSIONS
+
+
 # -- methods -------------------------------------------------------------------------------------
 
 INITIALIZE: Final = "initialize"
@@ -46,6 +53,8 @@ TASKS_CANCEL: Final = "tasks/cancel"
 TASKS_STATUS: Final = "notifications/tasks/status"
 TASK_METHODS: Final = frozenset({TASKS_GET, TASKS_RESULT, TASKS_LIST, TASKS_CANCEL})
 META_RELATED_TASK: Final = "io.modelcontextprotocol/related-task"
+TASKS_SINCE: Final = "2025-11-25"
+"""The revision that brought tasks (and the `tasks` capabilities)."""
 
 # -- 2026-07-28 envelope and results -------------------------------------------------------------
 

@@ -22,17 +22,22 @@ _ids = itertools.count(1000)
 
 @asynccontextmanager
 async def echo_session(
-    fake: FakeClaude | None, *options: str, env: dict[str, str] | None = None, warm: bool = False
+    fake: FakeClaude | None,
+    *options: str,
+    env: dict[str, str] | None = None,
+    warm: bool = False,
+    version: str = "2025-11-25",
 ) -> AsyncIterator[RawSession]:
     """A started and initialized proxy session (client without sampling) in front of the echo server.
 
     `warm`: one sampling request is answered first (the fake's default reply), then the fake is
     reset, so that timing-sensitive tests do not also measure building the Claude client, which
     the proxy does on the first sampling request (an import that takes seconds on a busy machine).
+    `version`: the revision the client asks for, which the echo server accepts.
     """
     argv = proxy_argv("--log-level", "debug", *options, upstream=ECHO_SERVER)
     async with raw_proxy(argv, proxy_env(fake.url if fake else None, **(env or {}))) as session:
-        await session.request(1, "initialize", initialize_params())
+        await session.request(1, "initialize", initialize_params(version=version))
         await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         if warm and fake is not None:
             assert "result" in await ask_sampling(session, timeout=60)

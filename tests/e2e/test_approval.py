@@ -16,7 +16,15 @@ import pytest
 from mcp import Client, types
 
 from tests.fake_claude import FakeClaude, text_reply
-from tests.harness import proxy_argv, proxy_env, python_server, stdio_params, tool_json
+from tests.harness import (
+    initialize_params,
+    proxy_argv,
+    proxy_env,
+    python_server,
+    raw_proxy,
+    stdio_params,
+    tool_json,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -280,3 +288,23 @@ async def test_one_approval_question_is_open_at_a_time(fake_claude: FakeClaude) 
     assert user.most_open == 1
     assert len(user.asked) == 1
     assert sorted(outcome["result"]["content"]["text"] for outcome in outcomes) == ["one", "three", "two"]
+
+
+@pytest.mark.parametrize(("version", "has_mode"), [("2025-06-18", False), ("2025-11-25", True)])
+async def test_the_approval_question_has_the_fields_of_the_sessions_revision(
+    fake_claude: FakeClaude, version: str, has_mode: bool
+) -> None:
+    """`mode` in `elicitation/create` arrived in 2025-11-25: a client whose session negotiated
+    2025-06-18 is asked in the shape its revision defines (and the enum spelling it knows)."""
+    argv = proxy_argv("--approve", "elicit", upstream=python_server("echo_server.py"))
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await session.request(1, "initialize", initialize_params({"elicitation": {}}, version=version))
+        await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        ask = {"method": "sampling/createMessage", "params": HELLO, "id": "ask"}
+        await session.send({"jsonrpc": "2.0", "id": 2, "method": "test/ask_client", "params": ask})
+        question, _ = await session.recv_until(lambda m: m.get("method") == "elicitation/create")
+        await session.send({"jsonrpc": "2.0", "id": question["id"], "result": {"action": "decline"}})
+        answer, _ = await session.recv_until(lambda m: m.get("id") == 2 and "method" not in m)
+    assert ("mode" in question["params"]) is has_mode, question["params"]
+    assert answer["result"]["client_response"]["error"]["code"] == -1  # declined: not sent to Claude
+    assert fake_claude.message_requests == []

@@ -73,6 +73,33 @@ async def test_capability_backfill_per_mode(
     assert seen.get("tasks") == (sampling_tasks if tasks else None)
 
 
+@pytest.mark.parametrize(
+    ("version", "tasks"),
+    [
+        ("2024-11-05", False),
+        ("2025-03-26", False),
+        ("2025-06-18", False),
+        ("2025-11-25", True),
+        ("2099-01-01", True),
+    ],
+)
+async def test_sampling_tasks_are_declared_only_to_a_revision_that_has_tasks(
+    version: str, tasks: bool
+) -> None:
+    """Tasks arrived in 2025-11-25. The client's `initialize` is rewritten before the server has
+    chosen the revision: the one the client asks for decides (a server that answers with an older
+    one does not use tasks); the client's own `tasks`, if any, pass as it wrote them."""
+    async with raw_proxy(mock_proxy(), proxy_env()) as session:
+        response = await session.request(1, "initialize", initialize_params({}, version=version))
+        theirs: dict[str, Any] = {"tasks": {"list": {}}}
+        again = await session.request(2, "initialize", initialize_params(theirs, version=version))
+    seen = response["result"]["echo"]["capabilities"]
+    assert seen["sampling"] == {"tools": {}}
+    assert ("tasks" in seen) is tasks, seen
+    tasks_seen = again["result"]["echo"]["capabilities"]["tasks"]
+    assert (tasks_seen == {"list": {}}) is not tasks
+
+
 async def test_unknown_methods_fields_meta_and_ids_pass_unchanged() -> None:
     requests: list[dict[str, Any]] = [
         {"jsonrpc": "2.0", "id": 0, "method": "tools/list", "params": {"_meta": {"progressToken": 0}}},

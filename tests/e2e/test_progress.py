@@ -97,3 +97,24 @@ async def test_a_server_slow_to_take_progress_does_not_hold_up_claudes_stream(
     [line] = [json.loads(text) for text in audit.read_text().splitlines()]
     assert line["outcome"] == "answered"
     assert len(fake_claude.message_requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("version", "has_message"),
+    [("2024-11-05", False), ("2025-03-26", True), ("2025-11-25", True), ("2099-01-01", True)],
+)
+async def test_progress_has_a_message_only_from_the_revision_that_defines_it(
+    fake_claude: FakeClaude, version: str, has_message: bool
+) -> None:
+    """`message` in `notifications/progress` arrived in 2025-03-26: a server whose session negotiated
+    2024-11-05 gets the fields its revision defines; a revision newer than the proxy knows, the newest."""
+    fake_claude.enqueue(text_reply(ANSWER, chunks=4))
+    async with echo_session(fake_claude, version=version) as session:
+        params = {**PLAIN_PARAMS, "_meta": {"progressToken": 3}}
+        answer = await ask_sampling(session, params)
+        heard = (await session.request("n", "test/notifications"))["result"]["notifications"]
+    assert answer["result"]["content"]["text"] == ANSWER
+    progress = progress_of(heard)
+    assert progress
+    assert progress[-1]["total"] == progress[-1]["progress"]
+    assert all(("message" in p) is has_message for p in progress), progress

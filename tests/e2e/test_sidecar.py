@@ -619,7 +619,9 @@ async def test_a_session_negotiated_at_an_unknown_revision_is_served_under_its_h
             sidecar.url, json=call(3, "tools/list"), headers={**headers, "mcp-protocol-version": "2028-01-01"}
         )
         assert other.status_code == 400
-        assert "Unsupported protocol version: 2028-01-01" in other.json()["error"]["message"]
+        refusal = other.json()["error"]["message"]
+        assert "Unsupported protocol version: 2028-01-01" in refusal
+        assert f"{future})" in refusal  # named among those the session accepts
     assert "protocol revision not known to this proxy version" in sidecar.stderr()
 
 

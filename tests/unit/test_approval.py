@@ -246,3 +246,11 @@ def test_the_tools_names_cannot_write_the_form() -> None:
     assert len(message) < len(plain) + 2000  # 128 names of any length make a bounded line
     assert "128 tools" in message
     assert "tool_0" in message
+
+
+@pytest.mark.parametrize(
+    ("version", "mode"),
+    [("2025-06-18", None), ("2025-11-25", "form"), ("2026-07-28", "form"), ("2099-01-01", "form")],
+)
+def test_the_form_has_a_mode_only_from_the_revision_that_defines_it(version: str, mode: str | None) -> None:
+    assert form([preview()], None, version).get("mode") == mode

@@ -7,6 +7,7 @@ import mcp.shared.inbound as sdk_inbound
 import mcp_types
 import mcp_types.methods as sdk_methods
 import mcp_types.version as sdk_versions
+import pytest
 
 from mcp_backfill import protocol
 
@@ -52,3 +53,19 @@ def test_envelope_keys_codes_and_headers_match_the_sdk() -> None:
     assert sdk_inbound.MCP_PARAM_HEADER_PREFIX.lower() == protocol.PARAM_HEADER_PREFIX
     assert sdk_http.MCP_SESSION_ID.lower() == protocol.SESSION_HEADER
     assert sdk_http.LAST_EVENT_ID.lower() == protocol.LAST_EVENT_ID_HEADER
+
+
+@pytest.mark.parametrize(
+    ("version", "since", "defined"),
+    [
+        ("2024-11-05", "2025-03-26", False),
+        ("2025-03-26", "2025-03-26", True),
+        ("2025-06-18", "2025-11-25", False),
+        ("2026-07-28", "2025-11-25", True),
+        ("2099-01-01", "2025-11-25", True),  # newer than the proxy knows: the newest shapes
+        ("2024-10-07", "2025-11-25", True),  # not known either
+        (None, "2025-11-25", True),
+    ],
+)
+def test_what_a_revision_defines(version: str | None, since: str, defined: bool) -> None:
+    assert protocol.defines(version, since) is defined

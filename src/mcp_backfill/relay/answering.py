@@ -94,8 +94,10 @@ class Answerer:
         session: SamplingSession | None,
         send_upstream: Callable[[bytes], Awaitable[None]],
         approve: Approve = _always,
+        revision: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.sampler = sampler
+        self._revision = revision  # the session's negotiated revision (the progress it may be sent)
         self.session = session
         self._send_upstream = send_upstream
         self._approve = approve
@@ -157,7 +159,7 @@ class Answerer:
             with scope:
                 try:
                     await self._approve(params, related)
-                    progress = progress_notifier(params, self._send_upstream)
+                    progress = progress_notifier(params, self._send_upstream, self._revision())
                     async with progress.beside() if progress is not None else nullcontext():
                         if span is None:
                             result = await self.sample(params, request_id, progress)

@@ -168,7 +168,8 @@ def _prompt(preview: SamplingPreview) -> str:
 def form(
     previews: Sequence[SamplingPreview], server: str | None, protocol_version: str | None
 ) -> dict[str, Any]:
-    """`elicitation/create` params (form mode) asking whether to send these requests to Claude.
+    """`elicitation/create` params (form mode) asking whether to send these requests to Claude, in
+    the shape `protocol_version` defines (before 2025-11-25: no `mode`, and the enum as `enumNames`).
 
     One answer covers several requests when a 2026-07-28 round holds several: each is shown, its
     tools and prompt, since any of them could be the one the user would not allow.
@@ -191,7 +192,8 @@ def form(
             f"{who} asks Claude to answer {len(previews)} prompts on your API key; one answer covers "
             f"them all.\n\n{each}\n\nSend them to Claude?"
         )
-    if protocol_version is not None and protocol_version < "2025-11-25":
+    newest = protocol.defines(protocol_version, "2025-11-25")  # `mode` and `oneOf` arrived then
+    if not newest:
         decision: dict[str, Any] = {
             "type": "string",
             "title": "Decision",
@@ -204,11 +206,10 @@ def form(
             "title": "Decision",
             "oneOf": [{"const": value, "title": title} for value, title in CHOICES],
         }
-    return {
-        "mode": "form",
-        "message": message,
-        "requestedSchema": {"type": "object", "properties": {"decision": decision}, "required": ["decision"]},
-    }
+    schema = {"type": "object", "properties": {"decision": decision}, "required": ["decision"]}
+    if newest:
+        return {"mode": "form", "message": message, "requestedSchema": schema}
+    return {"message": message, "requestedSchema": schema}
 
 
 def decision_of(result: Any) -> tuple[Decision, str]:

@@ -33,7 +33,7 @@ def backfill_capabilities(capabilities: Any, mode: Mode) -> dict[str, Any] | Non
 def with_sampling_tasks(capabilities: dict[str, Any]) -> dict[str, Any]:
     """`capabilities` also declaring what the proxy's sampling tasks offer (handshake era): task-
     augmented `sampling/createMessage`, `tasks/list` and `tasks/cancel`; the client's own task
-    capabilities are kept."""
+    capabilities are kept. Only for a revision that has tasks (`protocol.TASKS_SINCE`)."""
     tasks = capabilities.get("tasks")
     tasks = dict(tasks) if isinstance(tasks, dict) else {}
     requests = tasks.get("requests")

@@ -43,8 +43,10 @@ class ProgressNotifier:
         *,
         interval: float = DEFAULT_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
+        with_message: bool = True,
     ) -> None:
         self.token = token
+        self._with_message = with_message  # `message` arrived in 2025-03-26
         self._send = send
         self._interval = interval
         self._clock = clock
@@ -109,7 +111,8 @@ class ProgressNotifier:
         params: dict[str, Any] = {"progressToken": self.token, "progress": value}
         if total is not None:
             params["total"] = total
-        params["message"] = message
+        if self._with_message:
+            params["message"] = message
         self._sent, self._sent_at = value, self._clock()
         raw = jsonrpc.encode({"jsonrpc": "2.0", "method": protocol.PROGRESS, "params": params})
         if self._wake is None:
@@ -125,8 +128,11 @@ class ProgressNotifier:
 
 
 def progress_notifier(
-    params: dict[str, Any], send: Callable[[bytes], Awaitable[None]]
+    params: dict[str, Any], send: Callable[[bytes], Awaitable[None]], version: str | None = None
 ) -> ProgressNotifier | None:
-    """A notifier for this sampling request, or None when it asked for no progress."""
+    """A notifier for this sampling request, or None when it asked for no progress; `version` is the
+    session's revision: before 2025-03-26 a notification has no `message`."""
     token = protocol.progress_token(params)
-    return None if token is None else ProgressNotifier(token, send)
+    if token is None:
+        return None
+    return ProgressNotifier(token, send, with_message=protocol.defines(version, "2025-03-26"))

@@ -123,7 +123,9 @@ class Relay:
         self.state = RelayState()
         approve, timeout = options.approve, options.approve_timeout
         self.approver = Approver(approve, timeout, sampler.preview, self.state, self._send_client)
-        self.answerer = Answerer(sampler, session, self._send_upstream, self.approver.approve)
+        self.answerer = Answerer(
+            sampler, session, self._send_upstream, self.approver.approve, lambda: self.state.protocol_version
+        )
         book = TaskBook(ttl_max_ms=round(options.task_ttl_max * 1000))
         self.tasks = SamplingTasks(
             book, self.answerer.sample_approved, self._send_upstream, hand=self.answerer.hand
@@ -448,8 +450,11 @@ class Relay:
             self.state.check_version(version)
         merged = backfill_capabilities(capabilities, self.mode)
         if merged is not None or self.mode == "always":
-            merged = with_sampling_tasks(merged if merged is not None else dict(capabilities or {}))
-            self.state.declares_tasks = True
+            # Tasks arrived in 2025-11-25. The server has not chosen the revision yet: the one the
+            # client asks for decides (a server answering with an older one does not use tasks).
+            if protocol.defines(version if isinstance(version, str) else None, protocol.TASKS_SINCE):
+                merged = with_sampling_tasks(merged if merged is not None else dict(capabilities or {}))
+                self.state.declares_tasks = True
             self._warm_up()  # the proxy answers this session's sampling: build while the upstream starts
         self.approver.check_client()
         log.info(

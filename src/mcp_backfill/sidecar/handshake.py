@@ -367,11 +367,13 @@ async def _refuse_foreign(call: HttpCall, session: HttpSession, identity: str) -
 
 
 async def _refuse_version(call: HttpCall, session: HttpSession, header: str) -> None:
+    # The revision the session negotiated is accepted even when this proxy does not know it.
+    negotiated = session.router.protocol_version
+    supported = protocol.HANDSHAKE_VERSIONS | ({negotiated} if negotiated else set())
     await call.respond_error(
         400,
         protocol.INVALID_REQUEST,
-        f"Bad Request: Unsupported protocol version: {header} (supported: "
-        f"{', '.join(sorted(protocol.HANDSHAKE_VERSIONS))})",
+        f"Bad Request: Unsupported protocol version: {header} (supported: {', '.join(sorted(supported))})",
         headers=_session_header(session),
     )
 
