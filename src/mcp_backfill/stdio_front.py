@@ -107,7 +107,9 @@ async def relay_session(
             log.error("upstream server exited", extra={"status": status})
         # Every request still waiting gets its answer, also when the client closed its input first:
         # it may still read its output (`echo request | mcp-backfill -- server`).
-        await relay.fail_pending(f"Upstream MCP server exited (status {status})")
+        # An HTTP upstream does not exit: its stop ended the session, and says why.
+        reason = getattr(upstream, "stop_reason", None) or f"Upstream MCP server exited (status {status})"
+        await relay.fail_pending(reason)
         relay.traces.close()
         tg.cancel_scope.cancel()
     return status
