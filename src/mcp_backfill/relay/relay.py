@@ -615,6 +615,7 @@ class Relay:
                 or (tasked and not self.state.client.runs_sampling_tasks())
             )
         ):
+            self.state.took(message["id"])
             if self._refused_as_duplicate(message["id"]):
                 pass
             elif tasked:
@@ -629,14 +630,22 @@ class Relay:
             and SamplingTasks.answers(method, params, self.state.client)
             and self._refused_as_duplicate(message["id"])
         ):
+            self.state.took(message["id"])
             return None
         if tasks and self.tasks.take_request(message, method, params, self.state.client) is None:
+            self.state.took(message["id"])
             return None  # the proxy answers it
+        if "id" in message:
+            self.state.relayed(message["id"])
         if self.traces.enabled and "id" in message:
             return self.traces.relayed(message, sender="server")
         if method == protocol.CANCELLED:
             request_id = params.get("requestId")
+            taken = self.state.was_taken(request_id)  # answered by the proxy, or being answered
             if self.answerer.cancel(request_id) or self.tasks.cancel_waiting(request_id):
+                return None
+            if taken:  # the client never saw that id (it may be one of its own requests' ids)
+                log.debug("server cancelled a request the proxy answered; dropped", extra={"id": request_id})
                 return None
             self.tasks.list_cancelled(request_id)
             if self.traces.enabled and "requestId" in params:  # the client will not answer it
