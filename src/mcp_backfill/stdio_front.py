@@ -3,8 +3,9 @@
 The upstream is a child process or a streamable-HTTP endpoint (`--upstream-url`); the lifecycle is
 the same for both, only what "stopping the upstream" means differs.
 
-* Child: client EOF, SIGTERM, SIGINT or SIGHUP close the upstream (stdin close -> SIGTERM -> SIGKILL); the
-  upstream exiting ends the session, pending client requests are answered with errors, and the
+* Child: client EOF, SIGTERM, SIGINT or SIGHUP close the upstream (stdin close -> SIGTERM -> SIGKILL),
+  once the 2026-07-28 requests whose rounds the proxy answers have finished (up to --shutdown-grace);
+  the upstream exiting ends the session, pending client requests are answered with errors, and the
   proxy exits with the upstream's status.
 * HTTP: client EOF or a signal let requests in flight finish (up to --shutdown-grace; the rest are
   answered with errors), then DELETE the upstream session. An HTTP upstream never "exits": when it is
@@ -16,6 +17,7 @@ the same for both, only what "stopping the upstream" means differs.
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 
 import anyio
 
@@ -23,6 +25,7 @@ from mcp_backfill import telemetry
 from mcp_backfill.assembly import UpstreamLeg, make_sampler, open_upstream, relay_options
 from mcp_backfill.config import Config
 from mcp_backfill.logs import get_logger
+from mcp_backfill.options import named
 from mcp_backfill.relay import Relay
 from mcp_backfill.sampling.audit import auditing
 from mcp_backfill.sampling.sampler import Sampler
@@ -32,6 +35,9 @@ from mcp_backfill.transports.child import STOP_SIGNALS, HeldSignals, StartedChil
 from mcp_backfill.transports.stdio import LineChannel, own_stdio
 
 log = get_logger("proxy")
+
+# How often a stop looks whether the rounds the proxy answers have finished (a child upstream).
+ROUNDS_POLL_SECONDS = 0.05
 
 
 async def run_stdio_proxy(
@@ -99,7 +105,7 @@ async def relay_session(
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(_watch_signals, stopping, held)
-        tg.start_soon(_stop_when_asked, stopping, upstream, config.shutdown_grace)
+        tg.start_soon(_stop_when_asked, stopping, upstream, config.shutdown_grace, relay.drives_rounds)
         await relay.run(on_client_closed=stop_upstream)
         # The upstream side ended: let it exit, or stop it the usual way.
         status = await upstream.stop(config.shutdown_grace)
@@ -107,7 +113,11 @@ async def relay_session(
             log.error("upstream server exited", extra={"status": status})
         # Every request still waiting gets its answer, also when the client closed its input first:
         # it may still read its output (`echo request | mcp-backfill -- server`).
-        await relay.fail_pending(f"Upstream MCP server exited (status {status})")
+        # An HTTP upstream does not exit: its stop ended the session, and says why. A child did, but
+        # a request whose round the proxy still answered when the proxy stopped it was cut by that.
+        reason = getattr(upstream, "stop_reason", None) or f"Upstream MCP server exited (status {status})"
+        rounds = shutdown_reason(config.shutdown_grace) if stopping.is_set() else None
+        await relay.fail_pending(reason, rounds_reason=rounds)
         relay.traces.close()
         tg.cancel_scope.cancel()
     return status
@@ -135,6 +145,21 @@ def _stop_for(signum: int, stopping: anyio.Event) -> None:
     stopping.set()
 
 
-async def _stop_when_asked(stopping: anyio.Event, upstream: UpstreamLeg, grace: float) -> None:
+def shutdown_reason(grace: float) -> str:
+    """What a request still unanswered when the proxy stopped (client EOF, a signal) is told."""
+    within = f" within {named('--shutdown-grace')} ({grace:g}s)" if grace > 0 else ""
+    return f"mcp-backfill is shutting down and the request was not answered{within}"
+
+
+async def _stop_when_asked(
+    stopping: anyio.Event, upstream: UpstreamLeg, grace: float, drives_rounds: Callable[[], bool]
+) -> None:
     await stopping.wait()
+    if not hasattr(upstream, "in_flight_elsewhere"):  # a child: its stop closes its stdin at once,
+        # and a round the proxy answers with Claude still has its request to send again there.
+        with anyio.move_on_after(grace):
+            while True:  # polled: the relay has no event for it (`HttpUpstream._settled` polls too)
+                if not drives_rounds():
+                    break
+                await anyio.sleep(ROUNDS_POLL_SECONDS)
     await upstream.stop(grace)

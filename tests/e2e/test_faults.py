@@ -97,6 +97,50 @@ async def test_upstream_that_never_answers(fake_claude: FakeClaude) -> None:
     assert errors == ["kept"]
 
 
+async def test_a_server_cancel_reaches_the_client_only_for_a_request_it_was_sent(
+    fake_claude: FakeClaude,
+) -> None:
+    """The server cancels requests after their answers crossed: one the proxy answered (a sampling
+    request, and a task-creating one), and one the client got (`roots/list`). Only the last cancel
+    reaches the client: it never saw the other ids, which may even be ids of its own requests."""
+    seen: list[Any] = []
+
+    async def server_asks(request_id: str, ask: dict[str, Any]) -> Any:
+        await session.send({"jsonrpc": "2.0", "id": request_id, "method": "test/ask_client", "params": ask})
+        response, before = await session.recv_until(is_response(request_id), timeout=60)
+        seen.extend(before)
+        return response["result"]["client_response"]
+
+    async def server_notifies(method: str, params: dict[str, Any]) -> None:
+        notify = {"method": method, "params": params}
+        await session.send(
+            {"jsonrpc": "2.0", "id": "notify", "method": "test/notify_client", "params": notify}
+        )
+        _, before = await session.recv_until(is_response("notify"))
+        seen.extend(before)
+
+    async with echo_session(fake_claude) as session:
+        sampled = await server_asks(
+            "a", {"method": "sampling/createMessage", "params": PLAIN_PARAMS, "id": 1}
+        )
+        assert "result" in sampled
+        tasked = {**PLAIN_PARAMS, "task": {"ttl": 60_000}}
+        created = await server_asks("b", {"method": "sampling/createMessage", "params": tasked, "id": 2})
+        assert "taskId" in created["result"]["task"]
+        roots = {"method": "roots/list", "id": 3}
+        await session.send({"jsonrpc": "2.0", "id": "c", "method": "test/ask_client", "params": roots})
+        request, _ = await session.recv_until(lambda m: m.get("method") == "roots/list")
+        assert request["id"] == 3
+        for cancelled in (1, 2, 3):
+            await server_notifies("notifications/cancelled", {"requestId": cancelled})
+        await session.send({"jsonrpc": "2.0", "id": 3, "result": {"roots": []}})
+        _, before = await session.recv_until(is_response("c"))
+        seen.extend(before)
+        await server_notifies("notifications/end", {})
+    cancels = [m["params"]["requestId"] for m in seen if m.get("method") == "notifications/cancelled"]
+    assert cancels == [3]
+
+
 async def test_notification_flood_is_relayed_in_order_with_bounded_memory(fake_claude: FakeClaude) -> None:
     count = 10_000
     async with echo_session(fake_claude, warm=True) as session:  # the Claude client is in `before`

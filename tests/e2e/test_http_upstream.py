@@ -708,3 +708,27 @@ async def test_client_eof_lets_a_round_the_proxy_answers_finish_within_the_grace
     assert result_json(answer)["final"]["text"] == "Snow in Oslo."
     assert status == 0
     assert [json.loads(line)["outcome"] for line in audit.read_text().splitlines()] == ["answered"] * 2
+
+
+async def test_a_round_still_driven_when_the_grace_period_ends_is_told_so(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """A 2026-07-28 request whose round the proxy is still answering when `--shutdown-grace` ends
+    is answered with what happened and the option that gives it longer, not as though the upstream
+    (which did not exit) had exited."""
+    fake_claude.enqueue(
+        tool_use_reply("get_weather", {"city": "Oslo"}, id="toolu_oslo", text="Checking.", delay=30.0),
+    )
+    async with python_http_server(RESOLVE_SERVER) as upstream:
+        argv = proxy_url_argv("--shutdown-grace", "0.5", url=upstream.url)
+        async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+            await session.send(stateless_call(5, "weather", {"city": "Oslo"}))
+            assert await fake_claude.await_requests(1, timeout=60)
+            await session.close_stdin()
+            answer = await session.recv(timeout=60)
+            status = await session.wait(60)
+    message = answer["error"]["message"]
+    assert "exited" not in message
+    assert "shutting down" in message
+    assert "--shutdown-grace / MCP_BACKFILL_SHUTDOWN_GRACE (0.5s)" in message
+    assert status == 0

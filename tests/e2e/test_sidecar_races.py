@@ -139,7 +139,8 @@ async def test_a_request_still_running_when_the_drain_ends_is_answered(
     """A request still in flight when `--drain-timeout` was up was cancelled by uvicorn in its
     handler: its client got a bare `500 Internal Server Error` (no JSON-RPC answer, and one for the
     5xx alert) and the log an "Exception in ASGI application" traceback. Now it is answered with a
-    JSON-RPC error saying the sidecar is shutting down, and its Claude call is cancelled and charged."""
+    JSON-RPC error saying the sidecar is shutting down and naming the option that gives requests
+    longer, and its Claude call is cancelled and charged."""
     fake_claude.enqueue(hang_reply("thinking..."))
     upstream = SAMPLING_SERVER if era == "handshake" else RESOLVE_SERVER
     answer: dict[str, httpx2.Response] = {}
@@ -169,7 +170,10 @@ async def test_a_request_still_running_when_the_drain_ends_is_answered(
     response = answer["post"]
     assert response.status_code == 200, response.text
     replies = [m for m in response_messages(response) if m.get("id") == 7]
-    assert [reply["error"]["message"] for reply in replies] == ["mcp-backfill is shutting down"]
+    assert [reply["error"]["message"] for reply in replies] == [
+        "mcp-backfill is shutting down and the request was not answered within "
+        "--drain-timeout / MCP_BACKFILL_DRAIN_TIMEOUT (1s)"
+    ]
     assert "Exception in ASGI application" not in stderr
     assert "Traceback" not in stderr
     assert "charged_tokens=" in stderr

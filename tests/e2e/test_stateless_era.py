@@ -321,3 +321,48 @@ async def test_subscriptions_listen_keeps_the_clients_subscription_id() -> None:
         )
         listed = await session.request(2, "tools/list", {"_meta": envelope({})})
         assert {tool["name"] for tool in listed["result"]["tools"]} >= {"weather", "summarize"}
+
+
+def tools_call(request_id: Any, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    params = {"name": name, "arguments": arguments, "_meta": envelope({})}
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+
+
+async def test_client_eof_lets_a_round_the_proxy_answers_finish_before_the_child_is_stopped(
+    fake_claude: FakeClaude,
+) -> None:
+    """`echo REQUEST | mcp-backfill -- server` for a tool that samples: the child's stdin was closed
+    while the proxy sampled the request's round, so the child exited before the request could be
+    sent again, the Claude call was cancelled (and charged) and the client told the upstream had
+    exited. The round now gets up to `--shutdown-grace`, as with an HTTP upstream."""
+    fake_claude.enqueue(
+        tool_use_reply("get_weather", {"city": "Oslo"}, id="toolu_oslo", text="Checking.", delay=1.0),
+        text_reply("Snow in Oslo."),
+    )
+    argv = proxy_argv("--shutdown-grace", "30", upstream=RESOLVE_SERVER)
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await session.send(tools_call(5, "weather", {"city": "Oslo"}))
+        assert await fake_claude.await_requests(1, timeout=60)
+        await session.close_stdin()
+        answer = await session.recv(timeout=60)
+        status = await session.wait(60)
+    assert "result" in answer, answer
+    assert json.loads(answer["result"]["content"][0]["text"])["final"]["text"] == "Snow in Oslo."
+    assert status == 0
+
+
+async def test_a_round_still_driven_when_the_grace_period_ends_is_told_so(fake_claude: FakeClaude) -> None:
+    fake_claude.enqueue(
+        tool_use_reply("get_weather", {"city": "Oslo"}, id="toolu_oslo", text="Checking.", delay=30.0),
+    )
+    argv = proxy_argv("--shutdown-grace", "0.5", upstream=RESOLVE_SERVER)
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await session.send(tools_call(5, "weather", {"city": "Oslo"}))
+        assert await fake_claude.await_requests(1, timeout=60)
+        await session.close_stdin()
+        answer = await session.recv(timeout=60)
+        await session.wait(60)
+    message = answer["error"]["message"]
+    assert "exited" not in message
+    assert "shutting down" in message
+    assert "--shutdown-grace / MCP_BACKFILL_SHUTDOWN_GRACE (0.5s)" in message

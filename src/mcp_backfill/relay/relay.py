@@ -202,19 +202,22 @@ class Relay:
         through a thread of their own: `transports/pipe_writer.py`.)"""
         return len(self.state.client_requests) > 1
 
-    async def fail_pending(self, reason: str) -> None:
-        """Answer every client request still waiting for the upstream (or for the proxy) with an error;
-        the session's trace spans still open end with it."""
+    async def fail_pending(self, reason: str, rounds_reason: str | None = None) -> None:
+        """Answer every client request still waiting for the upstream (or for the proxy) with an error
+        (`rounds_reason`, if given, for those whose rounds the proxy drives); the session's trace
+        spans still open end with it."""
         waiting = {jsonrpc.id_key(p.request_id): p for p in self.state.client_requests.values()}
         waiting.update(self.state.driving)
+        driven = set(self.state.driving) if rounds_reason is not None else set()
         self.state.client_requests.clear()
         self.state.driving.clear()
         for send in self._release_held():
             await self._send(send)
-        for request in waiting.values():
+        for key, request in waiting.items():
             if request.chain is not None and request.chain.scope is not None:
                 request.chain.scope.cancel()
-            await self._reply_error(request.request_id, protocol.INTERNAL_ERROR, reason)
+            told = rounds_reason if rounds_reason is not None and key in driven else reason
+            await self._reply_error(request.request_id, protocol.INTERNAL_ERROR, told)
         self.traces.close()
 
     async def _pump_client(self, on_client_closed: Callable[[], Awaitable[None]]) -> None:
@@ -620,6 +623,7 @@ class Relay:
                 or (tasked and not self.state.client.runs_sampling_tasks())
             )
         ):
+            self.state.took(message["id"])
             if self._refused_as_duplicate(message["id"]):
                 pass
             elif tasked:
@@ -634,14 +638,22 @@ class Relay:
             and SamplingTasks.answers(method, params, self.state.client)
             and self._refused_as_duplicate(message["id"])
         ):
+            self.state.took(message["id"])
             return None
         if tasks and self.tasks.take_request(message, method, params, self.state.client) is None:
+            self.state.took(message["id"])
             return None  # the proxy answers it
+        if "id" in message:
+            self.state.relayed(message["id"])
         if self.traces.enabled and "id" in message:
             return self.traces.relayed(message, sender="server")
         if method == protocol.CANCELLED:
             request_id = params.get("requestId")
+            taken = self.state.was_taken(request_id)  # answered by the proxy, or being answered
             if self.answerer.cancel(request_id) or self.tasks.cancel_waiting(request_id):
+                return None
+            if taken:  # the client never saw that id (it may be one of its own requests' ids)
+                log.debug("server cancelled a request the proxy answered; dropped", extra={"id": request_id})
                 return None
             self.tasks.list_cancelled(request_id)
             if self.traces.enabled and "requestId" in params:  # the client will not answer it

@@ -17,6 +17,8 @@ log = get_logger("relay")
 
 WARNED_VERSIONS = 16
 """Unknown protocol revisions one session warns about (and remembers) at most."""
+TAKEN_IDS = 1024
+"""Ids of server requests the proxy took (answered itself) that one session remembers at most."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,26 @@ class RelayState:
     # Client requests whose input_required rounds the proxy is driving, by the client's id.
     driving: dict[jsonrpc.IdKey, PendingRequest] = field(default_factory=dict)
     warned_versions: set[str] = field(default_factory=set)
+    # Ids of the server's latest requests the proxy took instead of the client (its sampling, its
+    # tasks): a server cancel of one is the proxy's, never the client's (which never saw the id).
+    taken: dict[jsonrpc.IdKey, None] = field(default_factory=dict)
+
+    def took(self, request_id: Any) -> None:
+        """The proxy answers the server's request `request_id` itself."""
+        key = jsonrpc.id_key(request_id)
+        self.taken.pop(key, None)
+        self.taken[key] = None
+        if len(self.taken) > TAKEN_IDS:
+            del self.taken[next(iter(self.taken))]
+
+    def relayed(self, request_id: Any) -> None:
+        """The server's request `request_id` goes to the client (an id the proxy took, used again)."""
+        if self.taken:
+            self.taken.pop(jsonrpc.id_key(request_id), None)
+
+    def was_taken(self, request_id: Any) -> bool:
+        """Did the proxy take the server's latest request `request_id`? Its cancel is then consumed."""
+        return self.taken.pop(jsonrpc.id_key(request_id), False) is None
 
     def check_version(self, version: str) -> None:
         """Warn once per session about a revision this proxy does not know: an `initialize` of it still

@@ -97,13 +97,14 @@ class SidecarApp:
         """Is an HTTP request being answered?"""
         return self._in_flight > 0
 
-    def end_requests(self) -> None:
+    def end_requests(self, reason: str = SHUTTING_DOWN) -> None:
         """The drain is over: every session and 2026-07-28 upstream answers the requests still in
-        flight with a JSON-RPC error and stops (its Claude calls are cancelled, and charged), so that
-        their handlers end with an answer instead of being cancelled by uvicorn (a bare `500`)."""
+        flight with a JSON-RPC error (`reason`) and stops (its Claude calls are cancelled, and
+        charged), so that their handlers end with an answer instead of being cancelled by uvicorn
+        (a bare `500`)."""
         for session in self.handshake.sessions.all():
-            session.shut_down(SHUTTING_DOWN)
-        self.stateless.hubs.shut_down(SHUTTING_DOWN)
+            session.shut_down(reason)
+        self.stateless.hubs.shut_down(reason)
 
     async def wait_idle(self) -> None:
         """Until no HTTP request is being answered (while draining: none is left in flight)."""

@@ -79,6 +79,8 @@ class HttpUpstream:
         answers itself, between two POSTs)? `stop` gives them its grace too."""
         self._stop_started = False
         self._stopped = anyio.Event()
+        self.stop_reason: str | None = None
+        """Set by `stop`: what requests still unanswered when it ended the session are told."""
 
     @property
     def channel(self) -> HttpUpstream:
@@ -156,9 +158,10 @@ class HttpUpstream:
         try:
             with anyio.move_on_after(grace):
                 await self._settled(elsewhere=True)
-            reason = "mcp-backfill is shutting down and the upstream had not answered"
-            if grace > 0:
-                reason += f" within {named('--shutdown-grace')} ({grace:g}s)"
+            within = f" within {named('--shutdown-grace')} ({grace:g}s)" if grace > 0 else ""
+            reason = f"mcp-backfill is shutting down and the upstream had not answered{within}"
+            # A request whose round the proxy answers (no POST open) was not done either.
+            self.stop_reason = f"mcp-backfill is shutting down and the request was not answered{within}"
             for exchange in {id(e): e for e in self._exchanges.values()}.values():
                 exchange.failure = exchange.failure or reason
                 exchange.scope.cancel()
