@@ -55,6 +55,12 @@ TASK_METHODS: Final = frozenset({TASKS_GET, TASKS_RESULT, TASKS_LIST, TASKS_CANC
 META_RELATED_TASK: Final = "io.modelcontextprotocol/related-task"
 TASKS_SINCE: Final = "2025-11-25"
 """The revision that brought tasks (and the `tasks` capabilities)."""
+ELICITATION_MODES_SINCE: Final = "2025-11-25"
+"""The revision that brought `mode` in `elicitation/create` (and the enum as `oneOf`)."""
+PRIMING_EVENTS_SINCE: Final = "2025-11-25"
+"""The revision from which a client expects an SSE stream to begin with an empty event with an id."""
+PROGRESS_MESSAGE_SINCE: Final = "2025-03-26"
+"""The revision that brought `message` in `notifications/progress`."""
 
 # -- 2026-07-28 envelope and results -------------------------------------------------------------
 

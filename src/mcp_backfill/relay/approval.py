@@ -192,7 +192,7 @@ def form(
             f"{who} asks Claude to answer {len(previews)} prompts on your API key; one answer covers "
             f"them all.\n\n{each}\n\nSend them to Claude?"
         )
-    newest = protocol.defines(protocol_version, "2025-11-25")  # `mode` and `oneOf` arrived then
+    newest = protocol.defines(protocol_version, protocol.ELICITATION_MODES_SINCE)
     if not newest:
         decision: dict[str, Any] = {
             "type": "string",

@@ -135,4 +135,6 @@ def progress_notifier(
     token = protocol.progress_token(params)
     if token is None:
         return None
-    return ProgressNotifier(token, send, with_message=protocol.defines(version, "2025-03-26"))
+    return ProgressNotifier(
+        token, send, with_message=protocol.defines(version, protocol.PROGRESS_MESSAGE_SINCE)
+    )

@@ -425,7 +425,7 @@ def _primes(session: HttpSession) -> bool:
     from mcp_types.version import is_version_at_least  # the SDK loads on first use (see stateless.py)
 
     version = session.router.protocol_version
-    return version is not None and is_version_at_least(version, "2025-11-25")
+    return version is not None and is_version_at_least(version, protocol.PRIMING_EVENTS_SINCE)
 
 
 def _resumable(session: HttpSession, last_event_id: str) -> tuple[EventStream, int] | None:
