@@ -1285,6 +1285,16 @@ def named(flag: str) -> str:
     return BY_FLAG[flag].names
 
 
+SHUTTING_DOWN = "mcp-backfill is shutting down"
+
+
+def shutting_down(what: str, flag: str, seconds: float) -> str:
+    """What a request a stop cut short is told: the proxy is shutting down and `what`, within the
+    time the option `flag` gave it (`seconds`, when it gave any)."""
+    within = f" within {named(flag)} ({seconds:g}s)" if seconds > 0 else ""
+    return f"{SHUTTING_DOWN} and {what}{within}"
+
+
 def options_for(serve: bool) -> tuple[Option, ...]:
     """The options of `mcp-backfill serve` (its own first) or of `mcp-backfill`."""
     own = tuple(o for o in OPTIONS if o.command == "serve") if serve else ()

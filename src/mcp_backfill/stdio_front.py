@@ -25,7 +25,7 @@ from mcp_backfill import telemetry
 from mcp_backfill.assembly import UpstreamLeg, make_sampler, open_upstream, relay_options
 from mcp_backfill.config import Config
 from mcp_backfill.logs import get_logger
-from mcp_backfill.options import named
+from mcp_backfill.options import shutting_down
 from mcp_backfill.relay import Relay
 from mcp_backfill.sampling.audit import auditing
 from mcp_backfill.sampling.sampler import Sampler
@@ -116,7 +116,8 @@ async def relay_session(
         # An HTTP upstream does not exit: its stop ended the session, and says why. A child did, but
         # a request whose round the proxy still answered when the proxy stopped it was cut by that.
         reason = getattr(upstream, "stop_reason", None) or f"Upstream MCP server exited (status {status})"
-        rounds = shutdown_reason(config.shutdown_grace) if stopping.is_set() else None
+        cut = shutting_down("the request was not answered", "--shutdown-grace", config.shutdown_grace)
+        rounds = cut if stopping.is_set() else None
         await relay.fail_pending(reason, rounds_reason=rounds)
         relay.traces.close()
         tg.cancel_scope.cancel()
@@ -143,12 +144,6 @@ async def _watch_signals(stopping: anyio.Event, held: HeldSignals | None) -> Non
 def _stop_for(signum: int, stopping: anyio.Event) -> None:
     log.info("signal received; shutting down", extra={"signal": signal.Signals(signum).name})
     stopping.set()
-
-
-def shutdown_reason(grace: float) -> str:
-    """What a request still unanswered when the proxy stopped (client EOF, a signal) is told."""
-    within = f" within {named('--shutdown-grace')} ({grace:g}s)" if grace > 0 else ""
-    return f"mcp-backfill is shutting down and the request was not answered{within}"
 
 
 async def _stop_when_asked(

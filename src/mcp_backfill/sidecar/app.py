@@ -25,7 +25,7 @@ from starlette.types import Message, Receive, Scope, Send
 from mcp_backfill import __version__, protocol
 from mcp_backfill.errors import ClientGone
 from mcp_backfill.logs import get_logger
-from mcp_backfill.options import named
+from mcp_backfill.options import SHUTTING_DOWN, named
 from mcp_backfill.sidecar import cors
 from mcp_backfill.sidecar import metrics as prometheus
 from mcp_backfill.sidecar.handshake import HandshakeFront
@@ -46,7 +46,6 @@ REFUSED_METRICS = (
     "Unauthorized: /metrics needs 'Authorization: Bearer <token>' with the --metrics-token "
     "(MCP_BACKFILL_METRICS_TOKEN)"
 )
-SHUTTING_DOWN = "mcp-backfill is shutting down"
 NOT_FORWARDABLE = (
     "Bad Request: the Authorization header holds bytes past ASCII, which cannot be forwarded to the "
     "upstream (--forward-authorization, MCP_BACKFILL_FORWARD_AUTHORIZATION)"

@@ -35,11 +35,11 @@ from mcp_backfill.config import Config
 from mcp_backfill.credentials import shown_args
 from mcp_backfill.errors import BindError, StoreUnavailable, cannot_start
 from mcp_backfill.logs import get_logger
-from mcp_backfill.options import BUDGET_WINDOWS, Allowance, env_var, named
+from mcp_backfill.options import BUDGET_WINDOWS, Allowance, env_var, shutting_down
 from mcp_backfill.relay import Relay
 from mcp_backfill.sampling.audit import auditing
 from mcp_backfill.sampling.spend import Spend
-from mcp_backfill.sidecar.app import SHUTTING_DOWN, SidecarApp
+from mcp_backfill.sidecar.app import SidecarApp
 from mcp_backfill.sidecar.connections import guarded_protocol
 from mcp_backfill.sidecar.handshake import HandshakeFront
 from mcp_backfill.sidecar.http_io import FrontSettings
@@ -269,8 +269,7 @@ async def _stop_when_idle(server: _Server, app: SidecarApp, drain_timeout: float
         await app.wait_idle()
     if app.busy:  # the time is up: what is still in flight is answered, as far as it can be
         log.info("drain timeout over; ending the requests still in flight")
-        within = f" within {named('--drain-timeout')} ({drain_timeout:g}s)" if drain_timeout > 0 else ""
-        app.end_requests(f"{SHUTTING_DOWN} and the request was not answered{within}")
+        app.end_requests(shutting_down("the request was not answered", "--drain-timeout", drain_timeout))
         with anyio.move_on_after(ANSWER_SECONDS):
             await app.wait_idle()
     server.config.timeout_graceful_shutdown = math.ceil(max(0.0, deadline - anyio.current_time()))

@@ -44,7 +44,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import TooManyStarts, UpstreamStartError
 from mcp_backfill.logs import get_logger
-from mcp_backfill.options import named
+from mcp_backfill.options import SHUTTING_DOWN, named
 from mcp_backfill.relay.input_required import SealedStash, Stash, stash_token
 from mcp_backfill.sidecar.http_io import (
     FrontSettings,
@@ -212,7 +212,7 @@ class StatelessHub:
                     await relay.fail_pending(reason)
                     mux.close(reason)  # the next request starts a new upstream meanwhile
             if self._scope.cancelled_caught:
-                reason = "mcp-backfill is shutting down"
+                reason = SHUTTING_DOWN
                 if not started:  # stopped while it started (the drain is over): the request is told
                     mux.close(reason)
                     self._mux = mux
@@ -249,7 +249,7 @@ class StatelessHub:
 
     def end_listens(self) -> None:
         if self._mux is not None:
-            self._mux.end_listens("mcp-backfill is shutting down")
+            self._mux.end_listens(SHUTTING_DOWN)
 
 
 class StatelessHubs:
@@ -499,7 +499,7 @@ class StatelessFront:
             with contextlib.suppress(anyio.ClosedResourceError):
                 await mux.deliver(rewritten)
             if self.settings.draining:  # began while it was delivered: a listen would hold the drain
-                mux.end_listens("mcp-backfill is shutting down")
+                mux.end_listens(SHUTTING_DOWN)
             await self._answer(call, mux, exchange)
         finally:
             mux.release(exchange)

@@ -29,7 +29,7 @@ from anyio.abc import TaskGroup
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import get_logger
-from mcp_backfill.options import named
+from mcp_backfill.options import shutting_down
 from mcp_backfill.transports.http_upstream.exchange import EraLeg, ExchangeReader, Item, PostExchange
 from mcp_backfill.transports.http_upstream.handshake import HandshakeLeg
 from mcp_backfill.transports.http_upstream.headers import stateless_version, unsendable_routing
@@ -158,10 +158,9 @@ class HttpUpstream:
         try:
             with anyio.move_on_after(grace):
                 await self._settled(elsewhere=True)
-            within = f" within {named('--shutdown-grace')} ({grace:g}s)" if grace > 0 else ""
-            reason = f"mcp-backfill is shutting down and the upstream had not answered{within}"
+            reason = shutting_down("the upstream had not answered", "--shutdown-grace", grace)
             # A request whose round the proxy answers (no POST open) was not done either.
-            self.stop_reason = f"mcp-backfill is shutting down and the request was not answered{within}"
+            self.stop_reason = shutting_down("the request was not answered", "--shutdown-grace", grace)
             for exchange in {id(e): e for e in self._exchanges.values()}.values():
                 exchange.failure = exchange.failure or reason
                 exchange.scope.cancel()
