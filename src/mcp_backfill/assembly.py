@@ -7,7 +7,7 @@ the proxy; everything they build from the configuration is built here, once.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -25,7 +25,7 @@ from mcp_backfill.sampling.sampler import Sampler, SamplerSettings, SamplingObse
 from mcp_backfill.sampling.spend import Spend, SpendSettings
 from mcp_backfill.sampling.store import LedgerStore
 from mcp_backfill.stores import open_store
-from mcp_backfill.transports.base import MessageChannel
+from mcp_backfill.transports.base import MessageChannel, nothing_elsewhere
 from mcp_backfill.transports.child import StartedChild
 from mcp_backfill.transports.stdio import UpstreamProcess, spawn_upstream
 
@@ -160,12 +160,27 @@ def relay_options(config: Config) -> RelayOptions:
 
 
 class UpstreamLeg(Protocol):
-    """The upstream side of a session: its channel, and how to end it (returns the exit status)."""
+    """The upstream side of a session (a child process or an HTTP session): its channel, and how to
+    end it.
+
+    `stop` ends it in the same order for both: first it waits, up to `grace` seconds in all, until
+    no request is in flight that still needs the upstream open, neither one `in_flight_elsewhere()`
+    says the proxy drives (`Relay.drives_rounds`: the rounds it answers itself, whose request is
+    sent again upstream) nor, for an HTTP session, a POST of its own (a child finishes its own
+    requests after its stdin closes); then it ends the upstream its way and returns the exit status.
+    Idempotent. `stop_reason` is then what the requests the stop cut short are told, or None when
+    the upstream's exit is what they are told about.
+    """
 
     @property
     def channel(self) -> MessageChannel: ...
 
-    async def stop(self, grace: float) -> int: ...
+    @property
+    def stop_reason(self) -> str | None: ...
+
+    async def stop(
+        self, grace: float, *, in_flight_elsewhere: Callable[[], bool] = nothing_elsewhere
+    ) -> int: ...
 
 
 @asynccontextmanager

@@ -36,9 +36,6 @@ from mcp_backfill.transports.stdio import LineChannel, own_stdio
 
 log = get_logger("proxy")
 
-# How often a stop looks whether the rounds the proxy answers have finished (a child upstream).
-ROUNDS_POLL_SECONDS = 0.05
-
 
 async def run_stdio_proxy(
     config: Config, started: StartedChild | None = None, held: HeldSignals | None = None
@@ -97,8 +94,6 @@ async def relay_session(
             channel.offload_writes(relay.crowded)  # see transports/pipe_writer.py
             channel.deliver_at_once(at_once)  # relayed from the read callback when it can be (relay.Relay)
     stopping = anyio.Event()
-    if hasattr(upstream, "in_flight_elsewhere"):  # an HTTP upstream: its stop gives rounds the grace
-        upstream.in_flight_elsewhere = relay.drives_rounds
 
     async def stop_upstream() -> None:
         stopping.set()
@@ -115,7 +110,7 @@ async def relay_session(
         # it may still read its output (`echo request | mcp-backfill -- server`).
         # An HTTP upstream does not exit: its stop ended the session, and says why. A child did, but
         # a request whose round the proxy still answered when the proxy stopped it was cut by that.
-        reason = getattr(upstream, "stop_reason", None) or f"Upstream MCP server exited (status {status})"
+        reason = upstream.stop_reason or f"Upstream MCP server exited (status {status})"
         cut = shutting_down("the request was not answered", "--shutdown-grace", config.shutdown_grace)
         rounds = cut if stopping.is_set() else None
         await relay.fail_pending(reason, rounds_reason=rounds)
@@ -150,11 +145,6 @@ async def _stop_when_asked(
     stopping: anyio.Event, upstream: UpstreamLeg, grace: float, drives_rounds: Callable[[], bool]
 ) -> None:
     await stopping.wait()
-    if not hasattr(upstream, "in_flight_elsewhere"):  # a child: its stop closes its stdin at once,
-        # and a round the proxy answers with Claude still has its request to send again there.
-        with anyio.move_on_after(grace):
-            while True:  # polled: the relay has no event for it (`HttpUpstream._settled` polls too)
-                if not drives_rounds():
-                    break
-                await anyio.sleep(ROUNDS_POLL_SECONDS)
-    await upstream.stop(grace)
+    # A request whose rounds the proxy answers with Claude is in flight as much as one the upstream
+    # works on: the stop gives it the same grace (a child's stdin stays open for its request).
+    await upstream.stop(grace, in_flight_elsewhere=drives_rounds)

@@ -37,3 +37,13 @@ class SendsAtOnce(Protocol):
     def can_send_now(self) -> bool: ...
 
     def send_now(self, message: bytes, related: Any = None) -> None: ...
+
+
+# How often an upstream's stop looks whether what is in flight elsewhere has finished (polled: the
+# relay has no event for it).
+ELSEWHERE_POLL_SECONDS = 0.05
+
+
+def nothing_elsewhere() -> bool:
+    """An upstream stop's `in_flight_elsewhere` when nothing goes through it but its own requests."""
+    return False

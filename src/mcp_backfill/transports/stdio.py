@@ -32,6 +32,7 @@ from anyio.abc import ByteReceiveStream, ByteSendStream
 from mcp_backfill import jsonrpc
 from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import get_logger
+from mcp_backfill.transports.base import ELSEWHERE_POLL_SECONDS, nothing_elsewhere
 from mcp_backfill.transports.child import PIPE_SIZE, StartedChild, enlarge_pipe, start_child
 from mcp_backfill.transports.pipe_writer import CLOSE_SECONDS, PipeWriter
 
@@ -695,10 +696,23 @@ class UpstreamProcess:
     async def close_stdin(self, flush_timeout: float = CLOSE_SECONDS) -> None:
         await self.channel.close_writer(flush_timeout)
 
-    async def stop(self, grace: float) -> int:
+    @property
+    def stop_reason(self) -> str | None:
+        """None: the requests the child left unanswered are told it exited, with its status (its
+        stop cuts none short itself: closing its stdin leaves their ending to the child)."""
+        return None
+
+    async def stop(self, grace: float, *, in_flight_elsewhere: Callable[[], bool] = nothing_elsewhere) -> int:
         """Close stdin, then SIGTERM, then SIGKILL, each after `grace` seconds; return the exit status.
 
-        Closing stdin waits up to `grace` too, for messages the writer thread still holds."""
+        First, up to `grace` seconds, until nothing is `in_flight_elsewhere` (the rounds of a request
+        the proxy answers itself: its request is still to be sent again here). Closing stdin waits
+        up to `grace` too, for messages the writer thread still holds."""
+        with anyio.move_on_after(grace):
+            while True:  # polled: the relay has no event for it (`HttpUpstream._settled` polls too)
+                if not in_flight_elsewhere():
+                    break
+                await anyio.sleep(ELSEWHERE_POLL_SECONDS)
         await self.close_stdin(grace)
         with anyio.move_on_after(grace):
             return exit_status(await self.process.wait())

@@ -30,6 +30,7 @@ from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import get_logger
 from mcp_backfill.options import shutting_down
+from mcp_backfill.transports.base import ELSEWHERE_POLL_SECONDS, nothing_elsewhere
 from mcp_backfill.transports.http_upstream.exchange import EraLeg, ExchangeReader, Item, PostExchange
 from mcp_backfill.transports.http_upstream.handshake import HandshakeLeg
 from mcp_backfill.transports.http_upstream.headers import stateless_version, unsendable_routing
@@ -46,8 +47,6 @@ INBOX_SIZE = 16
 # Under more load the exchanges' own tasks write them, together, and a busy upstream is woken less
 # often (`benchmarks/README.md`, 3b, "the immediate write under load").
 EAGER_WRITES_UP_TO = 2
-# How often a stop looks whether the requests in flight elsewhere have finished.
-ELSEWHERE_POLL_SECONDS = 0.05
 
 
 class HttpUpstream:
@@ -74,9 +73,6 @@ class HttpUpstream:
         self._exchanges: dict[jsonrpc.IdKey, PostExchange] = {}
         self._active = 0
         self._idle: anyio.Event | None = None  # made by `_settled` when it must wait
-        self.in_flight_elsewhere: Callable[[], bool] = _nothing
-        """Are requests in flight that no POST carries now (the rounds of a request the proxy
-        answers itself, between two POSTs)? `stop` gives them its grace too."""
         self._stop_started = False
         self._stopped = anyio.Event()
         self.stop_reason: str | None = None
@@ -145,8 +141,12 @@ class HttpUpstream:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    async def stop(self, grace: float) -> int:
+    async def stop(self, grace: float, *, in_flight_elsewhere: Callable[[], bool] = nothing_elsewhere) -> int:
         """Let requests in flight finish (up to `grace` seconds), fail the rest, end the session.
+
+        In flight are the POSTs open and, while `in_flight_elsewhere()` says so, requests no POST
+        carries now (the rounds of a request the proxy answers itself, between two POSTs): the same
+        grace covers both.
 
         Afterwards `receive()` drains what is left and then raises `EndOfStream`. Idempotent; returns
         the exit status (1 when the upstream was unreachable or lost the session at some point).
@@ -157,7 +157,7 @@ class HttpUpstream:
         self._stop_started = True
         try:
             with anyio.move_on_after(grace):
-                await self._settled(elsewhere=True)
+                await self._settled(in_flight_elsewhere)
             reason = shutting_down("the upstream had not answered", "--shutdown-grace", grace)
             # A request whose round the proxy answers (no POST open) was not done either.
             self.stop_reason = shutting_down("the request was not answered", "--shutdown-grace", grace)
@@ -172,9 +172,9 @@ class HttpUpstream:
             self._stopped.set()
         return self.exit_status
 
-    async def _settled(self, *, elsewhere: bool = False) -> None:
-        """Until no POST is in flight (`elsewhere`: nor a request `in_flight_elsewhere`)."""
-        while self._active or (elsewhere and self.in_flight_elsewhere()):
+    async def _settled(self, in_flight_elsewhere: Callable[[], bool] = nothing_elsewhere) -> None:
+        """Until no POST is in flight, nor a request `in_flight_elsewhere`."""
+        while self._active or in_flight_elsewhere():
             if not self._active:  # the proxy answers a round: its next POST may follow
                 await anyio.sleep(ELSEWHERE_POLL_SECONDS)
                 continue
@@ -292,10 +292,6 @@ async def open_http_upstream(
                 with anyio.CancelScope(shield=True):
                     await upstream.stop(0)
                 tg.cancel_scope.cancel()
-
-
-def _nothing() -> bool:
-    return False
 
 
 def _is_request(item: Any) -> bool:
