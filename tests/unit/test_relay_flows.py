@@ -857,6 +857,34 @@ async def test_a_working_task_whose_ttl_passes_is_cancelled_though_nothing_else_
         assert provider.cancelled
 
 
+async def test_a_client_cancel_cancels_a_sampling_task_made_for_the_cancelled_request() -> None:
+    """A task-augmented sampling request made for a request the client cancelled: its Claude call
+    ran on (billed) for a result nobody would read; now the task is cancelled with -32800, as a
+    later one is refused."""
+    provider = GatedProvider()
+    async with relayed(provider) as r:
+        await r.client.send(request(1, "initialize", initialize({})))
+        await r.server.recv()
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        await r.client.send(request("call", "tools/call", {"name": "slow"}))
+        await r.server.recv()
+        await r.server.send_on("call", sampling_request(7, {**HELLO, "task": {"ttl": 60000}}))
+        task = (await r.server.recv())["result"]["task"]
+        await provider.started.wait()
+        cancel = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": "call"}}
+        await r.client.send(cancel)
+        to_server = [await r.server.recv(), await r.server.recv()]
+        assert cancel in to_server
+        [status] = [m for m in to_server if m.get("method") == protocol.TASKS_STATUS]
+        assert (status["params"]["taskId"], status["params"]["status"]) == (task["taskId"], "cancelled")
+        await r.server.send(request(8, protocol.TASKS_RESULT, {"taskId": task["taskId"]}))
+        assert cut_off(await r.server.recv(), 8, "call")
+        assert provider.cancelled
+        await r.server.send_on("call", sampling_request(9, {**HELLO, "task": {"ttl": 60000}}))
+        assert cut_off(await r.server.recv(), 9, "call")
+
+
 async def test_a_sampling_request_cancelled_while_the_user_is_asked_withdraws_the_question() -> None:
     provider = GatedProvider()
     async with relayed(provider, approve="elicit") as r:

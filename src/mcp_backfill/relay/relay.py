@@ -501,6 +501,7 @@ class Relay:
         refusal = protocol.cancelled_by_client(cancelled.request_id)
         self.state.cut_off(cancelled.request_id, refusal)
         self.answerer.cut_for_client(cancelled.request_id, refusal)
+        self.tasks.cut_for_client(cancelled.request_id, refusal)
 
     # -- upstream -> client ----------------------------------------------------------------------
 
