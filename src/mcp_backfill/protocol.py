@@ -9,7 +9,8 @@ is one edit. The revision registries and the 2026-07-28 header names are also in
 
 from __future__ import annotations
 
-from typing import Final
+import json
+from typing import Any, Final
 
 # -- revisions -----------------------------------------------------------------------------------
 
@@ -110,6 +111,19 @@ def upstream_batch_too_large(count: int, limit: int) -> str:
     return (
         f"Upstream MCP server sent a batch of {count} messages, over the limit of {limit}; it was "
         "dropped (raise --max-batch-messages / MCP_BACKFILL_MAX_BATCH_MESSAGES to allow it)"
+    )
+
+
+def cancelled_by_client(request_id: Any) -> str:
+    """What the server is told (with `REQUEST_CANCELLED`) for a sampling request it made for the
+    client request `request_id`, which the client cancelled: answering it would bill Claude for a
+    result nobody reads."""
+    shown = json.dumps(request_id, ensure_ascii=False)
+    if len(shown) > 64:
+        shown = shown[:63] + "…"
+    return (
+        f"Request cancelled: the client cancelled request {shown}, which this sampling request was "
+        "made for; mcp-backfill does not answer it"
     )
 
 

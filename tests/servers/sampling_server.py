@@ -40,6 +40,12 @@ Tools:
   `notifications/cancelled` for it. Returns `{"outcome": "completed" | "timed_out" | "error",
   "samplingRequestId", "cancelAfter", "elapsed", "result" | "error"}`. If the client cancels the
   `tools/call` itself, the SDK cancels the sampling request too (nothing is returned then).
+* `stubborn_sample(report, prompt=..., max_tokens=100)`: a tool that ignores its client's cancel:
+  shielded from it, it sends a sampling request (id `"stubborn-<n>-1"`), then once that is answered a
+  second one (`"stubborn-<n>-2"`), then waits (up to 60 s) for the `notifications/cancelled` of its
+  own `tools/call`. Only then it writes `{"first", "second": {"result"} | {"error": {"code",
+  "message", "data"}}, "cancelSeen": bool}` as JSON to the file `report` (whole: written aside, then
+  renamed), and returns the same JSON.
 """
 
 import itertools
@@ -266,6 +272,38 @@ async def slow_sample(
         raise
     outcome["elapsed"] = round(time.monotonic() - started, 3)
     return json.dumps(outcome)
+
+
+@server.tool()
+async def stubborn_sample(
+    report: str,
+    ctx: Context,
+    prompt: str = "Take your time and write a long essay.",
+    max_tokens: int = 100,
+) -> str:
+    """Two sampling requests in turn, shielded from the client's cancel; the outcome goes to `report`."""
+    number = next(_slow_ids)
+    params = {
+        "messages": [{"role": "user", "content": {"type": "text", "text": prompt}}],
+        "maxTokens": max_tokens,
+    }
+    outcome: dict[str, Any] = {}
+    cancel_requested = ctx.request_context.session._request_outbound.cancel_requested
+    with anyio.CancelScope(shield=True):  # the client's cancel is ignored (the SDK still notes it)
+        for n, name in ((1, "first"), (2, "second")):
+            try:
+                answer = await _send_raw_sampling(ctx, params, {"request_id": f"stubborn-{number}-{n}"})
+                outcome[name] = {"result": answer}
+            except MCPError as error:
+                outcome[name] = {"error": _error_json(error)}
+        with anyio.move_on_after(60):
+            await cancel_requested.wait()
+        outcome["cancelSeen"] = cancel_requested.is_set()
+        text = json.dumps(outcome)
+        aside = Path(f"{report}.part")
+        aside.write_text(text)
+        aside.rename(report)
+    return text
 
 
 @server.tool()

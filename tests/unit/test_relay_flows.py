@@ -44,6 +44,9 @@ ELICIT = {"method": "elicitation/create", "params": {"message": "ok?", "requeste
 
 TOO_LARGE = b"\0too large:"
 """A message sent with this prefix reaches the relay as `MessageTooLarge`, as one over the limit."""
+ON_STREAM = b"\0on stream:"
+"""A server message sent with this prefix (`Peer.send_on`) came on the response stream of a request,
+as an HTTP upstream's do: the relay receives it with that request's id as its origin."""
 
 
 class MemoryChannel:
@@ -62,7 +65,11 @@ class MemoryChannel:
         return raw
 
     async def receive_with_origin(self) -> tuple[bytes, Any]:
-        return await self.receive(), None
+        raw = await self.receive()
+        if raw.startswith(ON_STREAM):
+            origin, _, raw = raw[len(ON_STREAM) :].partition(b"\n")
+            return raw, json.loads(origin)
+        return raw, None
 
     async def send(self, message: bytes, related: Any = None) -> None:
         await self._outbox.send(message)
@@ -80,6 +87,12 @@ class Peer:
 
     async def send_raw(self, raw: bytes) -> None:
         await self.to_relay.send(raw)
+
+    async def send_on(self, origin: Any, message: Any) -> None:
+        """As the server: send `message` on the response stream of the request `origin`."""
+        await self.to_relay.send(
+            ON_STREAM + json.dumps(origin).encode() + b"\n" + json.dumps(message).encode()
+        )
 
     async def recv(self) -> Any:
         with anyio.fail_after(5):
@@ -844,6 +857,34 @@ async def test_a_working_task_whose_ttl_passes_is_cancelled_though_nothing_else_
         assert provider.cancelled
 
 
+async def test_a_client_cancel_cancels_a_sampling_task_made_for_the_cancelled_request() -> None:
+    """A task-augmented sampling request made for a request the client cancelled: its Claude call
+    ran on (billed) for a result nobody would read; now the task is cancelled with -32800, as a
+    later one is refused."""
+    provider = GatedProvider()
+    async with relayed(provider) as r:
+        await r.client.send(request(1, "initialize", initialize({})))
+        await r.server.recv()
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        await r.client.send(request("call", "tools/call", {"name": "slow"}))
+        await r.server.recv()
+        await r.server.send_on("call", sampling_request(7, {**HELLO, "task": {"ttl": 60000}}))
+        task = (await r.server.recv())["result"]["task"]
+        await provider.started.wait()
+        cancel = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": "call"}}
+        await r.client.send(cancel)
+        to_server = [await r.server.recv(), await r.server.recv()]
+        assert cancel in to_server
+        [status] = [m for m in to_server if m.get("method") == protocol.TASKS_STATUS]
+        assert (status["params"]["taskId"], status["params"]["status"]) == (task["taskId"], "cancelled")
+        await r.server.send(request(8, protocol.TASKS_RESULT, {"taskId": task["taskId"]}))
+        assert cut_off(await r.server.recv(), 8, "call")
+        assert provider.cancelled
+        await r.server.send_on("call", sampling_request(9, {**HELLO, "task": {"ttl": 60000}}))
+        assert cut_off(await r.server.recv(), 9, "call")
+
+
 async def test_a_sampling_request_cancelled_while_the_user_is_asked_withdraws_the_question() -> None:
     provider = GatedProvider()
     async with relayed(provider, approve="elicit") as r:
@@ -859,6 +900,95 @@ async def test_a_sampling_request_cancelled_while_the_user_is_asked_withdraws_th
         assert withdrawn["method"] == protocol.CANCELLED
         assert withdrawn["params"]["requestId"] == question["id"]
         assert not provider.started.is_set()
+
+
+async def cancelled_call(r: Relayed, request_id: Any) -> None:
+    """The client's `tools/call` `request_id` reaches the server, then the client cancels it."""
+    await r.client.send(request(request_id, "tools/call", {"name": "slow"}))
+    await r.server.recv()
+    await r.client.send({"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": request_id}})
+
+
+def cut_off(message: Any, sampling_id: Any, client_id: Any) -> bool:
+    """Is `message` the proxy's -32800 answer to the server's sampling request `sampling_id`, made
+    for the client request `client_id` that the client cancelled?"""
+    error = message.get("error", {})
+    return bool(
+        message.get("id") == sampling_id
+        and error.get("code") == protocol.REQUEST_CANCELLED
+        and f"the client cancelled request {json.dumps(client_id)}," in error.get("message", "")
+    )
+
+
+async def test_a_client_cancel_withdraws_the_approval_question_of_a_sampling_request_made_for_it() -> None:
+    provider = GatedProvider()
+    async with relayed(provider, approve="elicit") as r:
+        await r.client.send(request(1, "initialize", initialize({"elicitation": {}})))
+        await r.server.recv()
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        await r.client.send(request("call", "tools/call", {"name": "slow"}))
+        await r.server.recv()
+        await r.server.send_on("call", sampling_request(3))
+        question = await r.client.recv()
+        assert question["method"] == protocol.ELICIT
+        cancel = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": "call"}}
+        await r.client.send(cancel)
+        withdrawn = await r.client.recv()
+        assert withdrawn["method"] == protocol.CANCELLED
+        assert withdrawn["params"]["requestId"] == question["id"]
+        to_server = [await r.server.recv(), await r.server.recv()]
+        assert cancel in to_server  # the client's cancel still goes to the server, unchanged
+        assert any(cut_off(message, 3, "call") for message in to_server)
+        await r.server.send_on("call", sampling_request(4))  # a later one: refused, nobody asked
+        assert cut_off(await r.server.recv(), 4, "call")
+        assert r.client.nothing_waiting()
+        assert not provider.started.is_set()
+
+
+async def test_a_client_cancel_leaves_the_sampling_of_other_requests_alone() -> None:
+    provider = GatedProvider()
+    async with relayed(provider) as r:
+        await r.client.send(request(4, "tools/call", {"name": "slow"}))
+        await r.server.recv()
+        await r.server.send_on(4, sampling_request(5))  # another request's
+        await r.server.send(sampling_request(6))  # on no request's stream (or over a pipe)
+        await provider.started.wait()
+        await cancelled_call(r, 2)
+        assert (await r.server.recv())["method"] == protocol.CANCELLED
+        provider.gate.set()
+        answers = [await r.server.recv(), await r.server.recv()]
+        assert sorted(m["id"] for m in answers if is_mock_answer(m, m["id"])) == [5, 6]
+        await r.server.send_on(2, sampling_request(7))  # made for the cancelled one
+        assert cut_off(await r.server.recv(), 7, 2)
+        await r.server.send(sampling_request(8))
+        assert is_mock_answer(await r.server.recv(), 8)
+
+
+async def test_a_request_sent_in_a_batch_is_not_tied_to_the_sampling_on_its_stream() -> None:
+    """A batch's stream carries the sampling of each of its requests: which one a sampling request
+    was made for cannot be told, and a cancel of one of them stops none."""
+    async with relayed() as r:
+        await r.client.send(
+            [request(2, "tools/call", {"name": "a"}), request(4, "tools/call", {"name": "b"})]
+        )
+        await r.server.recv()
+        await r.client.send({"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 2}})
+        await r.server.recv()
+        await r.server.send_on(2, sampling_request(3))
+        assert is_mock_answer(await r.server.recv(), 3)
+
+
+async def test_a_cancelled_requests_id_used_again_samples_again() -> None:
+    async with relayed() as r:
+        await cancelled_call(r, 2)
+        await r.server.recv()
+        await r.server.send_on(2, sampling_request(3))
+        assert cut_off(await r.server.recv(), 3, 2)
+        await r.client.send(request(2, "tools/call", {"name": "again"}))
+        await r.server.recv()
+        await r.server.send_on(2, sampling_request(5))
+        assert is_mock_answer(await r.server.recv(), 5)
 
 
 async def test_the_approval_form_of_a_round_shows_every_question_that_needs_approval() -> None:

@@ -3,13 +3,17 @@
 In the handshake era a server sends `sampling/createMessage` as a request of its own; when the
 proxy answers it, the answer goes back under the server's id, with progress notifications while
 Claude streams if the request asked for them, and a `notifications/cancelled` from the server stops
-the Claude call. The 2026-07-28 round driver asks the same sampler through `sample()`.
+the Claude call. A sampling request known to be made for a client request (it came on that
+request's response stream) is also stopped when the client cancels that request: the server is
+answered `-32800` then (`cut_for_client`). The 2026-07-28 round driver asks the same sampler
+through `sample()`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -85,6 +89,18 @@ class InHand:
             await self._room.wait()
 
 
+@dataclass
+class _Answering:
+    """One server request being answered."""
+
+    request_id: Any
+    scope: anyio.CancelScope
+    # The client request it was made for, when known (its id key).
+    related: jsonrpc.IdKey | None
+    # Set when the client cancelled that request: what the server is answered instead.
+    cut: str | None = None
+
+
 class Answerer:
     """Answers sampling requests with the sampler, charged to one session."""
 
@@ -102,7 +118,7 @@ class Answerer:
         self._send_upstream = send_upstream
         self._approve = approve
         # The server's sampling requests being answered, by their id: cancelling one stops it.
-        self._answering: dict[jsonrpc.IdKey, anyio.CancelScope] = {}
+        self._answering: dict[jsonrpc.IdKey, _Answering] = {}
         self._tg: TaskGroup | None = None
         self.hand = InHand()
         """The server's requests this session answers, counted until their answers are sent."""
@@ -121,10 +137,12 @@ class Answerer:
         """Answer the server's request `request_id` in the background; `related` is the client
         request it was made for (an approval question travels with it), `span` its trace span,
         which the answer or the server's cancellation ends."""
-        scope = anyio.CancelScope()
-        self._answering[jsonrpc.id_key(request_id)] = scope
+        entry = _Answering(
+            request_id, anyio.CancelScope(), None if related is None else jsonrpc.id_key(related)
+        )
+        self._answering[jsonrpc.id_key(request_id)] = entry
         assert self._tg is not None
-        self.hand.start(self._tg, self._answer, request_id, params, scope, related, span)
+        self.hand.start(self._tg, self._answer, request_id, params, entry, related, span)
 
     def answering(self, request_id: Any) -> bool:
         """Is the proxy still answering the server's request `request_id`?"""
@@ -139,24 +157,42 @@ class Answerer:
     def cancel(self, request_id: Any) -> bool:
         """The server cancelled `request_id`: stop answering it. False if the proxy is not answering it."""
         # Forgotten now: the server expects no answer, and may use the id again while this stops.
-        scope = self._answering.pop(jsonrpc.id_key(request_id), None)
-        if scope is None:
+        entry = self._answering.pop(jsonrpc.id_key(request_id), None)
+        if entry is None:
             return False
         log.info("upstream cancelled a sampling request", extra={"request_id": request_id})
-        scope.cancel()
+        entry.cut = None  # the server expects no answer, not even the client's refusal
+        entry.scope.cancel()
         return True
+
+    def cut_for_client(self, related: Any, refusal: str) -> int:
+        """The client cancelled its request `related`: stop answering the sampling requests made
+        for it (their Claude calls are charged as any call cut short), each answered with the error
+        `refusal` (-32800). Returns how many were cut."""
+        key = jsonrpc.id_key(related)
+        cut = 0
+        for entry in self._answering.values():
+            if entry.related == key and entry.cut is None:
+                log.info(
+                    "client cancelled the request a sampling request was made for; stopping it",
+                    extra={"request_id": entry.request_id, "related": related},
+                )
+                entry.cut = refusal
+                entry.scope.cancel()
+                cut += 1
+        return cut
 
     async def _answer(
         self,
         request_id: Any,
         params: dict[str, Any],
-        scope: anyio.CancelScope,
+        entry: _Answering,
         related: Any,
         span: RequestSpan | None,
     ) -> None:
         response: dict[str, Any] | None = None
         try:
-            with scope:
+            with entry.scope:
                 try:
                     await self._approve(params, related)
                     progress = progress_notifier(params, self._send_upstream, self._revision())
@@ -170,14 +206,16 @@ class Answerer:
                 except SamplingError as exc:
                     response = jsonrpc.error_response(request_id, exc.code, exc.message, exc.data)
         finally:
-            if self._answering.get(jsonrpc.id_key(request_id)) is scope:  # not a later request's
+            if self._answering.get(jsonrpc.id_key(request_id)) is entry:  # not a later request's
                 del self._answering[jsonrpc.id_key(request_id)]
+            if response is None and entry.cut is not None:  # the client cancelled what it was for
+                response = jsonrpc.error_response(request_id, protocol.REQUEST_CANCELLED, entry.cut)
             if span is not None:
                 if response is None:
                     span.cancel()
                 else:
                     span.end(response.get("error"))
-        if response is not None:  # None: cancelled by the server, which expects no answer
+        if response is not None:  # None: cancelled by the server (or the session), which expects none
             await self._send_upstream(jsonrpc.encode(response))
 
     async def sample_approved(self, params: dict[str, Any], request_id: Any, related: Any) -> dict[str, Any]:

@@ -424,6 +424,8 @@ class Relay:
             if self.traces.enabled:
                 message = self.traces.relayed(message, sender="client")
             pending = PendingRequest(method, message["id"])
+            if self.state.cut:  # the id is the client's again: not the cancelled request's any more
+                self.state.cut.pop(jsonrpc.id_key(message["id"]), None)
             if method == protocol.INITIALIZE:
                 self.state.client_requests[jsonrpc.id_key(message["id"])] = pending
                 return self._rewrite_initialize(message)
@@ -483,8 +485,23 @@ class Relay:
             self.traces.ended_without_answer(params["requestId"])
         if key in self.state.driving:
             return self.rounds.client_cancelled(message, params)
-        self.state.client_requests.pop(key, None)
+        pending = self.state.client_requests.pop(key, None)
+        if pending is not None:
+            self._cut_sampling_for(pending)
         return message
+
+    def _cut_sampling_for(self, cancelled: PendingRequest) -> None:
+        """The client cancelled `cancelled`: the sampling requests the server made for it stop, and
+        later ones are refused, charged nothing more (a server may go on after a cancel). Which
+        ones were made for it is known only from the response stream they came on (an HTTP
+        upstream's; a pipe tells nothing): a stream carrying a client batch belongs to several
+        requests, so a request sent in one is not tied to any."""
+        if cancelled.batch is not None or cancelled.request_id is None:
+            return
+        refusal = protocol.cancelled_by_client(cancelled.request_id)
+        self.state.cut_off(cancelled.request_id, refusal)
+        self.answerer.cut_for_client(cancelled.request_id, refusal)
+        self.tasks.cut_for_client(cancelled.request_id, refusal)
 
     # -- upstream -> client ----------------------------------------------------------------------
 
@@ -624,8 +641,15 @@ class Relay:
             )
         ):
             self.state.took(message["id"])
+            refusal = self.state.cut.get(jsonrpc.id_key(related)) if self.state.cut else None
             if self._refused_as_duplicate(message["id"]):
                 pass
+            elif refusal is not None and related is not None:
+                log.info(
+                    "sampling request for a request the client cancelled; refused",
+                    extra={"request_id": message["id"], "related": related},
+                )
+                self.answerer.refuse(message["id"], protocol.REQUEST_CANCELLED, refusal)
             elif tasked:
                 self.tasks.create(message["id"], params, related)
             else:

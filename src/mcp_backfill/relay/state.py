@@ -19,6 +19,8 @@ WARNED_VERSIONS = 16
 """Unknown protocol revisions one session warns about (and remembers) at most."""
 TAKEN_IDS = 1024
 """Ids of server requests the proxy took (answered itself) that one session remembers at most."""
+CUT_IDS = 256
+"""Ids of cancelled client requests whose later sampling requests one session refuses, at most."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,9 @@ class RelayState:
     # Ids of the server's latest requests the proxy took instead of the client (its sampling, its
     # tasks): a server cancel of one is the proxy's, never the client's (which never saw the id).
     taken: dict[jsonrpc.IdKey, None] = field(default_factory=dict)
+    # Client requests the client cancelled, by id key, with what a sampling request the server
+    # still makes for one is refused with (until the client uses the id again).
+    cut: dict[jsonrpc.IdKey, str] = field(default_factory=dict)
 
     def took(self, request_id: Any) -> None:
         """The proxy answers the server's request `request_id` itself."""
@@ -98,6 +103,14 @@ class RelayState:
         self.taken[key] = None
         if len(self.taken) > TAKEN_IDS:
             del self.taken[next(iter(self.taken))]
+
+    def cut_off(self, request_id: Any, refusal: str) -> None:
+        """The client cancelled its request `request_id`: the server's sampling for it is refused."""
+        key = jsonrpc.id_key(request_id)
+        self.cut.pop(key, None)
+        self.cut[key] = refusal
+        if len(self.cut) > CUT_IDS:
+            del self.cut[next(iter(self.cut))]
 
     def relayed(self, request_id: Any) -> None:
         """The server's request `request_id` goes to the client (an id the proxy took, used again)."""

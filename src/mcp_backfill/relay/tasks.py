@@ -8,9 +8,10 @@ elicitation) go to the client untouched: the proxy's task ids carry a prefix, so
 A `tasks/list` is the client's when it declared `tasks.list`; the proxy's tasks are then added to
 its last page. Every status change is announced with `notifications/tasks/status`.
 
-Cancelling a task cancels its Claude call, charged like any cancelled call; an expired task is
-forgotten (a working one is cancelled first); a failure becomes a failed task whose `tasks/result`
-is the JSON-RPC error the request would have got.
+Cancelling a task cancels its Claude call, charged like any cancelled call; so does the client
+cancelling the request a task was made for (`cut_for_client`); an expired task is forgotten (a
+working one is cancelled first); a failure becomes a failed task whose `tasks/result` is the
+JSON-RPC error the request would have got.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class SamplingTasks:
         self._send_upstream = send_upstream
         self._scopes: dict[str, anyio.CancelScope] = {}  # working tasks' Claude calls
         self._done: dict[str, anyio.Event] = {}
+        self._related: dict[str, jsonrpc.IdKey] = {}  # working tasks' client requests, when known
         self._waiting: dict[jsonrpc.IdKey, anyio.CancelScope] = {}  # tasks/result requests waiting
         self._client_lists: set[jsonrpc.IdKey] = set()  # tasks/list requests the client answers
         self._tg: TaskGroup | None = None
@@ -71,6 +73,8 @@ class SamplingTasks:
         scope = anyio.CancelScope(deadline=anyio.current_time() + task.expires() - self.book.clock())
         self._scopes[task.task_id] = scope
         self._done[task.task_id] = anyio.Event()
+        if related is not None:
+            self._related[task.task_id] = jsonrpc.id_key(related)
         log.info("sampling task created", extra={"request_id": request_id, "task_id": task.task_id})
         untasked = {key: value for key, value in params.items() if key != "task"}
         assert self._tg is not None
@@ -101,12 +105,30 @@ class SamplingTasks:
                 finished = self.book.finish(task, "cancelled", ("error", error), "The task expired.")
         finally:
             self._scopes.pop(task.task_id, None)
+            self._related.pop(task.task_id, None)
             done = self._done.pop(task.task_id, None)
             if done is not None:
                 done.set()
         if finished:
             log.info("sampling task finished", extra={"task_id": task.task_id, "status": task.status})
             await self._announce(task)
+
+    def cut_for_client(self, related: Any, refusal: str) -> None:
+        """The client cancelled its request `related`: the working tasks made for it are cancelled
+        (their Claude calls stopped, and charged), their result the error `refusal` (-32800)."""
+        key = jsonrpc.id_key(related)
+        error = {"code": protocol.REQUEST_CANCELLED, "message": refusal}
+        for task_id in [task_id for task_id, made_for in self._related.items() if made_for == key]:
+            task = self.book.tasks.get(task_id)
+            if task is None or not self.book.finish(task, "cancelled", ("error", error), refusal):
+                continue
+            log.info(
+                "client cancelled the request a sampling task was made for; cancelled",
+                extra={"task_id": task_id, "related": related},
+            )
+            self._scopes[task_id].cancel()
+            assert self._tg is not None
+            self._tg.start_soon(self._announce, task)
 
     def _forget(self, tasks: list[SamplingTask]) -> None:
         """Tasks dropped from the book: a working one's Claude call is stopped."""
