@@ -642,3 +642,33 @@ async def test_the_sqlite_sweep_does_not_read_every_payers_counts(tmp_path: Path
         }
     assert plans
     assert not {statement: plan for statement, plan in plans.items() if "SCAN used" in plan}
+
+
+async def test_sqlite_operations_queued_behind_a_locked_file_each_wait_no_longer_than_the_timeout(
+    tmp_path: Path,
+) -> None:
+    """`--state-store-timeout` bounds each operation. While another process held the file's write
+    lock, this process's operations waited for it one after the other, each the whole busy timeout:
+    the eighth request was refused after eight timeouts, a worker thread held all that while."""
+    path = tmp_path / "ledger.db"
+    store = SqliteStore(str(path), timeout=0.5)
+    await store.reserve([DAY], "", 0)  # the file and its schema
+    took: list[float] = []
+
+    async def reserve(n: int) -> None:
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="database is locked"):
+            await store.reserve([DAY], f"lease-{n}", 10)
+        took.append(time.monotonic() - started)
+
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        async with anyio.create_task_group() as tg:
+            for n in range(8):
+                tg.start_soon(reserve, n)
+        other.execute("ROLLBACK")
+    standing = await store.reserve([DAY], "", 0)
+    await store.aclose()
+    assert len(took) == 8
+    assert max(took) < 2.0, sorted(took)  # 8 x 0.5 s when each waited for the one before it
+    assert standing.reserved == (0,)
