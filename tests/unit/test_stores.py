@@ -672,3 +672,35 @@ async def test_sqlite_operations_queued_behind_a_locked_file_each_wait_no_longer
     assert len(took) == 8
     assert max(took) < 2.0, sorted(took)  # 8 x 0.5 s when each waited for the one before it
     assert standing.reserved == (0,)
+
+
+@pytest.mark.parametrize("how", ["removed", "replaced"])
+async def test_a_sqlite_ledger_removed_or_replaced_while_in_use_is_left_for_the_new_file(
+    tmp_path: Path, how: str
+) -> None:
+    """The file at the path is the ledger every process shares. A process kept using the file it had
+    opened after an operator removed it (to start the budgets again) or put another in its place
+    (a backup): the processes started since counted in the new file, the older ones in the old one,
+    unseen by each other, so together they could spend each budget twice over."""
+    path = tmp_path / "ledger.db"
+    first = SqliteStore(str(path))
+    await first.reserve([DAY], "a", 30)
+    for suffix in ("", "-wal", "-shm"):
+        (tmp_path / f"ledger.db{suffix}").unlink(missing_ok=True)
+    if how == "replaced":
+        (tmp_path / "backup").mkdir(mode=0o700)
+        backup = SqliteStore(str(tmp_path / "backup" / "ledger.db"))
+        await backup.settle([DAY], "old", 5)
+        await backup.aclose()
+        os.replace(tmp_path / "backup" / "ledger.db", path)
+    second = SqliteStore(str(path))  # a process started since
+    try:
+        await second.reserve([DAY], "b", 20)
+        seen_by_first = await first.reserve([DAY], "c", 10)
+        seen_by_second = await second.reserve([DAY], "", 0)
+    finally:
+        await first.aclose()
+        await second.aclose()
+    used = 5 if how == "replaced" else 0
+    assert (seen_by_first.used, seen_by_first.reserved) == (((used, used),), (20,))
+    assert seen_by_second.reserved == (30,)

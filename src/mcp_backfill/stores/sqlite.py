@@ -72,6 +72,15 @@ def unsafe_place(path: str) -> str | None:
     )
 
 
+def _identity(path: str) -> tuple[int, int] | None:
+    """The file at `path` (device, inode), None if there is none."""
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return status.st_dev, status.st_ino
+
+
 class SqliteStore:
     """A `LedgerStore` in the SQLite file at `path` (created if missing)."""
 
@@ -95,8 +104,16 @@ class SqliteStore:
         self._operations = 0
         self._busy_ms = 0
         """The busy timeout (ms) the connection has."""
+        self._file: tuple[int, int] | None = None
+        """The file the connection opened (device, inode)."""
 
     def _connect(self) -> sqlite3.Connection:
+        if self._db is not None and self._file != _identity(self.path):
+            # The file was removed or another put in its place (budgets started again, a backup
+            # restored): the processes opening the path from now on use the new one, so must this
+            # one. (SQLite neither checkpoints into, nor deletes the -wal of, a file that moved.)
+            self._db.close()
+            self._db = None
         if self._db is None:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             problem = unsafe_place(self.path)  # again: the directory may have been made meanwhile
@@ -111,6 +128,7 @@ class SqliteStore:
                 db.close()
                 raise
             self._db, self._busy_ms = db, round(self._timeout * 1000)
+            self._file = _identity(self.path)
         return self._db
 
     def _prepare(self, db: sqlite3.Connection) -> None:
