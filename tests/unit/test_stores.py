@@ -26,6 +26,8 @@ from hypothesis import strategies as st
 from mcp_backfill.credentials import hide_url_credentials
 from mcp_backfill.errors import ConfigError, StoreUnavailable
 from mcp_backfill.options import Allowance
+from mcp_backfill.relay.input_required import SealedStash, request_state_key
+from mcp_backfill.sampling.spend import Spend, SpendSettings
 from mcp_backfill.sampling.store import (
     LAPSED_MEMORY_SECONDS,
     Held,
@@ -704,3 +706,28 @@ async def test_a_sqlite_ledger_removed_or_replaced_while_in_use_is_left_for_the_
     used = 5 if how == "replaced" else 0
     assert (seen_by_first.used, seen_by_first.reserved) == (((used, used),), (20,))
     assert seen_by_second.reserved == (30,)
+
+
+async def test_a_sealed_approval_claimed_by_one_replica_is_claimed_for_one_whose_clock_is_behind() -> None:
+    """Each replica checks a sealed token's expiry by its own clock, and the store forgot the claim
+    when the token expired by the clock of the replica that claimed it: a replica whose clock was
+    behind still honoured the token, found it unclaimed, and sampled ("Allow once") a second time."""
+    key, pending = request_state_key("a-key-shared-by-the-replicas-0123456789"), {"q": {"method": "x"}}
+    on_time = SealedStash(key, 1.0, "alice")
+    behind = SealedStash(key, 1.0, "alice", wall_clock=lambda: time.time() - 120)  # 2 minutes slow
+    token = on_time.put({}, False, None, 1, pending)
+    async with redis_server() as server:
+        replicas = [Spend(SpendSettings(0, 0, (), ()), RedisStore(server.url)) for _ in range(2)]
+        try:
+            first = on_time.take(token)
+            assert first is not None
+            assert await replicas[0].claim_once(f"sealed:{first.nonce}", first.expires)
+            await anyio.sleep(max(0.0, first.expires - time.time()) + 0.5)
+            assert on_time.take(token) is None  # expired here
+            again = behind.take(token)
+            assert again is not None  # not yet there
+            replayed = await replicas[1].claim_once(f"sealed:{again.nonce}", again.expires)
+        finally:
+            for replica in replicas:
+                await replica.store.aclose()
+    assert not replayed
