@@ -251,6 +251,18 @@ async def test_a_redis_reservation_that_comes_after_its_release_holds_nothing(st
     assert (standing.reserved, standing.used) == ((0,), ((0, 0),))
 
 
+@pytest.mark.parametrize("stores", ["redis"], indirect=True)
+async def test_a_redis_slot_that_comes_after_its_release_is_not_taken(stores: Factory) -> None:
+    """A request that gave up waiting for its slot's reply (cancelled, or the reply lost) gives the
+    slot back on another connection; should that overtake the acquisition (Redis stalled, then
+    serving both connections), the slot was taken after all, and the client had one slot fewer
+    until its lease lapsed (30 s), as in the case of a reservation (above)."""
+    store = stores()
+    await store.release_slot("client:alice", "given-up")
+    await store.acquire_slot("client:alice", 1, "given-up")
+    assert await store.acquire_slot("client:alice", 1, "another request")
+
+
 @pytest.mark.parametrize("stores", ["sqlite", "redis"], indirect=True)
 async def test_a_dead_replicas_reservation_is_charged_to_every_budget_it_held_whichever_is_read_first(
     stores: Factory,
