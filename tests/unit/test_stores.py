@@ -26,6 +26,8 @@ from hypothesis import strategies as st
 from mcp_backfill.credentials import hide_url_credentials
 from mcp_backfill.errors import ConfigError, StoreUnavailable
 from mcp_backfill.options import Allowance
+from mcp_backfill.relay.input_required import SealedStash, request_state_key
+from mcp_backfill.sampling.spend import Spend, SpendSettings
 from mcp_backfill.sampling.store import (
     LAPSED_MEMORY_SECONDS,
     Held,
@@ -247,6 +249,18 @@ async def test_a_redis_reservation_that_comes_after_its_release_holds_nothing(st
     await store.reserve([DAY], "given-up", 30)
     standing = await store.reserve([DAY], "", 0)
     assert (standing.reserved, standing.used) == ((0,), ((0, 0),))
+
+
+@pytest.mark.parametrize("stores", ["redis"], indirect=True)
+async def test_a_redis_slot_that_comes_after_its_release_is_not_taken(stores: Factory) -> None:
+    """A request that gave up waiting for its slot's reply (cancelled, or the reply lost) gives the
+    slot back on another connection; should that overtake the acquisition (Redis stalled, then
+    serving both connections), the slot was taken after all, and the client had one slot fewer
+    until its lease lapsed (30 s), as in the case of a reservation (above)."""
+    store = stores()
+    await store.release_slot("client:alice", "given-up")
+    await store.acquire_slot("client:alice", 1, "given-up")
+    assert await store.acquire_slot("client:alice", 1, "another request")
 
 
 @pytest.mark.parametrize("stores", ["sqlite", "redis"], indirect=True)
@@ -642,3 +656,90 @@ async def test_the_sqlite_sweep_does_not_read_every_payers_counts(tmp_path: Path
         }
     assert plans
     assert not {statement: plan for statement, plan in plans.items() if "SCAN used" in plan}
+
+
+async def test_sqlite_operations_queued_behind_a_locked_file_each_wait_no_longer_than_the_timeout(
+    tmp_path: Path,
+) -> None:
+    """`--state-store-timeout` bounds each operation. While another process held the file's write
+    lock, this process's operations waited for it one after the other, each the whole busy timeout:
+    the eighth request was refused after eight timeouts, a worker thread held all that while."""
+    path = tmp_path / "ledger.db"
+    store = SqliteStore(str(path), timeout=0.5)
+    await store.reserve([DAY], "", 0)  # the file and its schema
+    took: list[float] = []
+
+    async def reserve(n: int) -> None:
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="database is locked"):
+            await store.reserve([DAY], f"lease-{n}", 10)
+        took.append(time.monotonic() - started)
+
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        async with anyio.create_task_group() as tg:
+            for n in range(8):
+                tg.start_soon(reserve, n)
+        other.execute("ROLLBACK")
+    standing = await store.reserve([DAY], "", 0)
+    await store.aclose()
+    assert len(took) == 8
+    assert max(took) < 2.0, sorted(took)  # 8 x 0.5 s when each waited for the one before it
+    assert standing.reserved == (0,)
+
+
+@pytest.mark.parametrize("how", ["removed", "replaced"])
+async def test_a_sqlite_ledger_removed_or_replaced_while_in_use_is_left_for_the_new_file(
+    tmp_path: Path, how: str
+) -> None:
+    """The file at the path is the ledger every process shares. A process kept using the file it had
+    opened after an operator removed it (to start the budgets again) or put another in its place
+    (a backup): the processes started since counted in the new file, the older ones in the old one,
+    unseen by each other, so together they could spend each budget twice over."""
+    path = tmp_path / "ledger.db"
+    first = SqliteStore(str(path))
+    await first.reserve([DAY], "a", 30)
+    for suffix in ("", "-wal", "-shm"):
+        (tmp_path / f"ledger.db{suffix}").unlink(missing_ok=True)
+    if how == "replaced":
+        (tmp_path / "backup").mkdir(mode=0o700)
+        backup = SqliteStore(str(tmp_path / "backup" / "ledger.db"))
+        await backup.settle([DAY], "old", 5)
+        await backup.aclose()
+        os.replace(tmp_path / "backup" / "ledger.db", path)
+    second = SqliteStore(str(path))  # a process started since
+    try:
+        await second.reserve([DAY], "b", 20)
+        seen_by_first = await first.reserve([DAY], "c", 10)
+        seen_by_second = await second.reserve([DAY], "", 0)
+    finally:
+        await first.aclose()
+        await second.aclose()
+    used = 5 if how == "replaced" else 0
+    assert (seen_by_first.used, seen_by_first.reserved) == (((used, used),), (20,))
+    assert seen_by_second.reserved == (30,)
+
+
+async def test_a_sealed_approval_claimed_by_one_replica_is_claimed_for_one_whose_clock_is_behind() -> None:
+    """Each replica checks a sealed token's expiry by its own clock, and the store forgot the claim
+    when the token expired by the clock of the replica that claimed it: a replica whose clock was
+    behind still honoured the token, found it unclaimed, and sampled ("Allow once") a second time."""
+    key, pending = request_state_key("a-key-shared-by-the-replicas-0123456789"), {"q": {"method": "x"}}
+    on_time = SealedStash(key, 1.0, "alice")
+    behind = SealedStash(key, 1.0, "alice", wall_clock=lambda: time.time() - 120)  # 2 minutes slow
+    token = on_time.put({}, False, None, 1, pending)
+    async with redis_server() as server:
+        replicas = [Spend(SpendSettings(0, 0, (), ()), RedisStore(server.url)) for _ in range(2)]
+        try:
+            first = on_time.take(token)
+            assert first is not None
+            assert await replicas[0].claim_once(f"sealed:{first.nonce}", first.expires)
+            await anyio.sleep(max(0.0, first.expires - time.time()) + 0.5)
+            assert on_time.take(token) is None  # expired here
+            again = behind.take(token)
+            assert again is not None  # not yet there
+            replayed = await replicas[1].claim_once(f"sealed:{again.nonce}", again.expires)
+        finally:
+            for replica in replicas:
+                await replica.store.aclose()
+    assert not replayed

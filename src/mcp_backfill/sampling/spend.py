@@ -54,6 +54,7 @@ import anyio
 from mcp_backfill.errors import SamplingError, internal_error
 from mcp_backfill.options import BUDGET_WINDOWS, Allowance, env_var
 from mcp_backfill.sampling.store import (
+    CLOCK_SKEW_SECONDS,
     RATE_WINDOW_SECONDS,
     SWEEP_AT,
     LedgerStore,
@@ -795,13 +796,14 @@ class Spend:
         account.waiting += 1
 
     async def claim_once(self, key: str, until: float) -> bool:
-        """Whether this process is the first to claim `key` (until `until`, wall-clock seconds)
-        among those sharing the store; always True with a store nobody shares (the caller keeps
+        """Whether this process is the first to claim `key` (until `until`, wall-clock seconds, and
+        `CLOCK_SKEW_SECONDS` past it for the replicas whose clocks are behind) among those sharing
+        the store; always True with a store nobody shares (the caller keeps
         its own memory). Raises `SamplingError` while the store is unavailable, unless
         `--state-store-outage local` (then this process's memory answers)."""
         if not self.store.shared:
             return True
-        claimant = self.new_lease()
+        claimant, until = self.new_lease(), until + CLOCK_SKEW_SECONDS  # replicas' clocks differ
         claimed, _ = await self.link.run("claim", self.store, lambda store: store.claim(key, claimant, until))
         return claimed
 

@@ -36,6 +36,7 @@ from mcp_backfill.errors import StoreUnavailable
 from mcp_backfill.options import BUDGET_WINDOWS, Allowance
 
 __all__ = [
+    "CLOCK_SKEW_SECONDS",
     "LAPSED_MEMORY_SECONDS",
     "LEASE_SECONDS",
     "RATE_WINDOW_SECONDS",
@@ -60,6 +61,10 @@ LAPSED_MEMORY_SECONDS = 86400.0
 holder's settlement, if it comes after all (a slow or cut-off holder, not a dead one), charges only
 what the call cost beyond it rather than the call a second time."""
 RATE_WINDOW_SECONDS = 60.0
+CLOCK_SKEW_SECONDS = 3600.0
+"""How long past its time a claim (`LedgerStore.claim`) of a sealed token is remembered: each
+replica checks a token's expiry by its own clock, and one whose clock is behind (by up to this
+much) still honours a token the claimant's clock saw expire; it must still find it claimed."""
 SWEEP_AT = 1024
 """Entries one of `MemoryStore`'s tables holds before it first drops those that no longer count
 (then again at twice what was left, so that a sweep costs O(1) per entry added)."""

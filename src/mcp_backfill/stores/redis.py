@@ -13,6 +13,8 @@ prefix (`mcp-backfill:` by default):
     <p>settled:<payer>                 sorted set: settled lease -> when it is forgotten (ms)
     <p>rate:<key>                      sorted set: admissions of the last minute
     <p>slots:<key>                     sorted set: slot holder -> expiry (ms)
+    <p>released:<key>                  sorted set: holder that gave its slot back -> when it is
+                                       forgotten (ms), a lease later
     <p>claim:<key>                     who claimed the key; expires when the claim does
 
 The scripts build key names themselves, so they need one Redis server (or a primary with
@@ -255,15 +257,31 @@ return 1
 """
 )
 
-# ARGV: prefix, key, limit, holder, ttl_ms.
+# ARGV: prefix, key, limit, holder, ttl_ms. A holder that gave its slot back already is refused:
+# it gave up waiting for this script's reply and released the slot, on another connection, and
+# that release overtook it.
 ACQUIRE = (
     _NOW
     + """
 local key, limit, holder, ttl = ARGV[1] .. 'slots:' .. ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
+if redis.call('ZSCORE', ARGV[1] .. 'released:' .. ARGV[2], holder) then return 0 end
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms)
 if redis.call('ZCARD', key) >= limit and not redis.call('ZSCORE', key, holder) then return 0 end
 redis.call('ZADD', key, now_ms + ttl, holder)
 redis.call('PEXPIRE', key, ttl)
+return 1
+"""
+)
+
+# ARGV: prefix, key, holder, ttl_ms. The holder is remembered as long as a slot's lease lasts.
+RELEASE = (
+    _NOW
+    + """
+local released, holder, ttl = ARGV[1] .. 'released:' .. ARGV[2], ARGV[3], tonumber(ARGV[4])
+redis.call('ZREM', ARGV[1] .. 'slots:' .. ARGV[2], holder)
+redis.call('ZREMRANGEBYSCORE', released, '-inf', now_ms)
+redis.call('ZADD', released, now_ms + ttl, holder)
+redis.call('PEXPIRE', released, ttl)
 return 1
 """
 )
@@ -330,6 +348,7 @@ class RedisStore:
                 ("settle", SETTLE),
                 ("admit", ADMIT),
                 ("acquire", ACQUIRE),
+                ("release", RELEASE),
                 ("renew", RENEW),
                 ("claim", CLAIM),
             )
@@ -377,10 +396,7 @@ class RedisStore:
         return bool(await self._call("acquire", [self._prefix, key, limit, holder, self._ttl_ms]))
 
     async def release_slot(self, key: str, holder: str) -> None:
-        try:
-            await self._client.zrem(f"{self._prefix}slots:{key}", holder)
-        except (RedisError, OSError) as exc:
-            raise StoreUnavailable(self.description, _cause(exc)) from None
+        await self._call("release", [self._prefix, key, holder, self._ttl_ms])
 
     async def renew(self, held: Sequence[Held]) -> None:
         if not held:

@@ -72,6 +72,15 @@ def unsafe_place(path: str) -> str | None:
     )
 
 
+def _identity(path: str) -> tuple[int, int] | None:
+    """The file at `path` (device, inode), None if there is none."""
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return status.st_dev, status.st_ino
+
+
 class SqliteStore:
     """A `LedgerStore` in the SQLite file at `path` (created if missing)."""
 
@@ -93,8 +102,18 @@ class SqliteStore:
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
         self._operations = 0
+        self._busy_ms = 0
+        """The busy timeout (ms) the connection has."""
+        self._file: tuple[int, int] | None = None
+        """The file the connection opened (device, inode)."""
 
     def _connect(self) -> sqlite3.Connection:
+        if self._db is not None and self._file != _identity(self.path):
+            # The file was removed or another put in its place (budgets started again, a backup
+            # restored): the processes opening the path from now on use the new one, so must this
+            # one. (SQLite neither checkpoints into, nor deletes the -wal of, a file that moved.)
+            self._db.close()
+            self._db = None
         if self._db is None:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             problem = unsafe_place(self.path)  # again: the directory may have been made meanwhile
@@ -108,7 +127,8 @@ class SqliteStore:
             except BaseException:
                 db.close()
                 raise
-            self._db = db
+            self._db, self._busy_ms = db, round(self._timeout * 1000)
+            self._file = _identity(self.path)
         return self._db
 
     def _prepare(self, db: sqlite3.Connection) -> None:
@@ -128,8 +148,14 @@ class SqliteStore:
 
     async def _run(self, work: Callable[[sqlite3.Connection, float], T]) -> T:
         def transaction() -> T:
-            with self._lock:
+            # The timeout bounds the operation, waiting for this process's operations before it
+            # included: else each waits out its own busy timeout after theirs, one after another.
+            deadline = time.monotonic() + self._timeout
+            if not self._lock.acquire(timeout=self._timeout):
+                raise sqlite3.OperationalError("database is locked")
+            try:
                 db = self._connect()
+                self._wait_until(db, deadline)
                 db.execute("BEGIN IMMEDIATE")
                 try:
                     now = self._clock()
@@ -143,11 +169,23 @@ class SqliteStore:
                     self._roll_back(db)
                     raise
                 return result
+            finally:
+                self._lock.release()
 
         try:
             return await anyio.to_thread.run_sync(transaction)
         except (sqlite3.Error, OSError) as exc:
             raise StoreUnavailable(self.description, str(exc)) from None
+
+    def _wait_until(self, db: sqlite3.Connection, deadline: float) -> None:
+        """Have SQLite wait for another process's write lock no longer than until `deadline` (the
+        busy timeout is the whole timeout unless this operation waited its turn in this process)."""
+        whole = round(self._timeout * 1000)
+        left = max(1, round((deadline - time.monotonic()) * 1000))
+        busy = whole if left >= whole - 10 else left
+        if busy != self._busy_ms:
+            db.execute(f"PRAGMA busy_timeout = {busy}")
+            self._busy_ms = busy
 
     @staticmethod
     def _sweep(db: sqlite3.Connection, now: float) -> None:
