@@ -798,9 +798,8 @@ class Spend:
     async def claim_once(self, key: str, until: float) -> bool:
         """Whether this process is the first to claim `key` (until `until`, wall-clock seconds, and
         `CLOCK_SKEW_SECONDS` past it for the replicas whose clocks are behind) among those sharing
-        the store; always True with a store nobody shares (the caller keeps
-        its own memory). Raises `SamplingError` while the store is unavailable, unless
-        `--state-store-outage local` (then this process's memory answers)."""
+        the store; always True with a store nobody shares (the caller keeps its own memory). Raises
+        `SamplingError` while the store is unavailable, unless `--state-store-outage local`."""
         if not self.store.shared:
             return True
         claimant, until = self.new_lease(), until + CLOCK_SKEW_SECONDS  # replicas' clocks differ
