@@ -32,6 +32,8 @@ Test-control requests (the result is always sent after the action):
   the bytes themselves, for what a parsed message cannot show (a number's digits, key order).
 * `test/answer_raw` `{"result": T}`: answers with the JSON text T written as it is as its result
   (numbers a parsed value cannot carry, key order, duplicate keys).
+* `test/answer_in_batch` `{"before": [M...], "after": [M...]}`: answers with one array holding the
+  messages `before`, its result `{"echo": …}`, then the messages `after`, each as given.
 * `test/exit` `{"code": N}`: answers `{"echo": …}`, then exits with status N (default 0).
 * `test/garbage`: writes a non-JSON line to stdout, then answers `{"echo": …}`.
 * `test/malformed_answer`: answers with a line that is no JSON (a byte that is no UTF-8 in a string).
@@ -185,6 +187,10 @@ class EchoServer:
         if method == "test/answer_raw":
             head = json.dumps({"jsonrpc": "2.0", "id": request_id})[:-1]
             self.write_line(f'{head},"result":{args.get("result", "{}")}}}')
+            return None
+        if method == "test/answer_in_batch":
+            before, after = args.get("before", []), args.get("after", [])
+            self.send([*before, result_response(request_id, {"echo": request}), *after])
             return None
         if method == "test/exit":
             code = args.get("code", 0)

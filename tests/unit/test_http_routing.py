@@ -126,6 +126,51 @@ async def test_a_batch_post_finishes_when_every_request_is_answered() -> None:
         router.open_post([request(4)])
 
 
+async def test_a_server_request_in_an_upstream_batch_answers_no_client_request_of_its_id() -> None:
+    """The server's requests and the client's have ids of their own spaces: a batch holding the
+    answer to request 1 and the server's `ping` under id 2 took the ping for the answer to the
+    client's request 2, so that request's real answer went to the GET stream and its POST stayed
+    open for ever."""
+    router = SessionRouter(16)
+    first = router.open_post([request(1)])
+    second = router.open_post([request(2)])
+    assert router.route(encode([result(1), request(2, "ping")])) is first
+    assert messages(first) == [[result(1), request(2, "ping")]]
+    assert not second.finished
+    assert router.in_flight == 1
+    assert router.route(encode(result(2, n=2))) is second
+    assert messages(second) == [result(2, n=2)]
+    assert messages(router.get_stream) == []
+
+
+async def test_an_upstream_batch_answers_its_requests_wherever_its_answers_stand() -> None:
+    """A batch whose answer comes after a notification (or a request of the server's) was routed as
+    a notification: the request it answered stayed in flight, its POST open for ever, and its id
+    refused as a duplicate when the client used it again."""
+    router = SessionRouter(16)
+    stream = router.open_post([request(1)])
+    log = notification("notifications/message", data="log")
+    assert router.route(encode([log, result(1)])) is stream
+    assert messages(stream) == [[log, result(1)]]
+    assert router.in_flight == 0
+    router.open_post([request(1)])  # not a duplicate: its answer came
+
+
+async def test_an_upstream_batch_answering_requests_of_several_posts_reaches_each() -> None:
+    """Answers to requests POSTed apart, in one array from the upstream, all went to the first
+    one's stream; the other POST lost its answer and stayed open for ever. Each POST now gets its own."""
+    router = SessionRouter(16)
+    first = router.open_post([request(1)])
+    second = router.open_post([request("b"), request(3)])
+    log = notification("notifications/message", data="log")
+    router.route(encode([result("b"), log, result(1), result(3)]))
+    assert messages(first) == [[result(1)]]
+    assert messages(second) == [[result("b"), log, result(3)]]  # the first answer's POST: the rest
+    assert first.finished
+    assert second.finished
+    assert router.in_flight == 0
+
+
 async def test_client_cancel_answers_at_once_and_drops_the_late_response() -> None:
     router = SessionRouter(16)
     stream = router.open_post([request(5)])
@@ -136,6 +181,15 @@ async def test_client_cancel_answers_at_once_and_drops_the_late_response() -> No
     router.route(encode(result(5)))
     assert messages(router.get_stream) == []
     assert len(messages(stream)) == 1
+
+
+async def test_a_late_answer_to_a_cancelled_request_takes_no_server_request_with_it() -> None:
+    router = SessionRouter(16)
+    router.open_post([request(5)])
+    router.client_cancelled(5)
+    ping = request(9, "ping")
+    router.route(encode([result(5), ping]))
+    assert messages(router.get_stream) == [[ping]]  # the late answer dropped, the server's ping not
 
 
 async def test_closing_answers_waiting_requests_and_ends_every_stream() -> None:

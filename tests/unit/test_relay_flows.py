@@ -1201,6 +1201,56 @@ async def test_a_cancel_reaches_a_sampling_request_whose_id_an_earlier_one_used(
         assert provider.cancelled
 
 
+async def test_a_request_the_proxy_would_answer_under_the_id_of_one_the_client_answers_is_refused() -> None:
+    """The client samples without tools: a plain sampling request goes to it, one offering tools is
+    the proxy's. A server reusing the id of the first (still with the client) for the second had
+    Claude called (and billed) for it, both answers went to the server under one id, and the id's
+    cancel was taken for the proxy's (dropped), so the client's dialog stayed open."""
+    provider = CountingProvider()
+    async with relayed(provider) as r:
+        await r.client.send(request(1, "initialize", initialize({"sampling": {}})))
+        await r.server.recv()
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        await r.server.send(sampling_request(3))
+        assert await r.client.recv() == sampling_request(3)
+        await r.server.send(sampling_request(3, WITH_TOOLS))  # the proxy's to answer, under id 3
+        refused = await r.server.recv()
+        assert refused["id"] == 3
+        assert refused["error"]["code"] == protocol.INVALID_REQUEST
+        assert "already in flight" in refused["error"]["message"]
+        assert provider.calls == 0
+        cancel = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 3}}
+        await r.server.send(cancel)
+        assert await r.client.recv() == cancel  # the client's request: its cancel reaches it
+        await r.server.send(sampling_request(3, WITH_TOOLS))  # the id is free again once cancelled
+        assert is_mock_answer(await r.server.recv(), 3)
+        await r.server.send(sampling_request(4))
+        assert await r.client.recv() == sampling_request(4)
+        await r.client.send(result(4, {"role": "assistant", "content": {"type": "text", "text": "x"}}))
+        assert (await r.server.recv())["id"] == 4
+        await r.server.send(sampling_request(4, WITH_TOOLS))  # and once the client answered it
+        assert is_mock_answer(await r.server.recv(), 4)
+        assert provider.calls == 2
+
+
+async def test_a_request_for_the_client_under_the_id_of_one_the_proxy_answers_is_refused() -> None:
+    """The reverse: an elicitation under the id of a sampling request the proxy is still answering
+    reached the client, and the server got two answers under one id."""
+    provider = GatedProvider()
+    async with relayed(provider) as r:
+        await r.server.send(sampling_request(3))
+        await provider.started.wait()
+        await r.server.send(request(3, "elicitation/create", ELICIT["params"]))
+        refused = await r.server.recv()
+        assert refused["id"] == 3
+        assert refused["error"]["code"] == protocol.INVALID_REQUEST
+        provider.gate.set()
+        assert is_mock_answer(await r.server.recv(), 3)
+        await r.server.send(request(4, "ping"))
+        assert await r.client.recv() == request(4, "ping")  # the elicitation never reached it
+
+
 class PlaceholderCaller(MockProvider):
     """Claude calling the last tool of the request: the placeholder of a tool only the history names."""
 

@@ -291,6 +291,7 @@ class Relay:
         if from_client:
             if self.approver.take(error):
                 return []  # the answer to the proxy's own approval question: it fails, as asked
+            self.state.client_done(request_id)
             return [(True, jsonrpc.encode(error), None)]
         key = jsonrpc.id_key(request_id)
         pending = self.state.client_requests.pop(key, None)
@@ -439,6 +440,8 @@ class Relay:
             return self._client_cancelled(message)
         if method is None and self.approver.take(message):
             return None  # the user's answer to the proxy's own approval question
+        if method is None and "id" in message:
+            self.state.client_done(message["id"])
         if method is None and self.traces.enabled:
             self.traces.answered(message, by="client")
         if method is None and self.state.declares_tasks:
@@ -668,12 +671,16 @@ class Relay:
             self.state.took(message["id"])
             return None  # the proxy answers it
         if "id" in message:
+            if self._answering(message["id"]):  # for the client, under the id of one the proxy answers
+                self._refused_as_duplicate(message["id"])
+                return None
             self.state.relayed(message["id"])
         if self.traces.enabled and "id" in message:
             return self.traces.relayed(message, sender="server")
         if method == protocol.CANCELLED:
             request_id = params.get("requestId")
             taken = self.state.was_taken(request_id)  # answered by the proxy, or being answered
+            self.state.client_done(request_id)
             if self.answerer.cancel(request_id) or self.tasks.cancel_waiting(request_id):
                 return None
             if taken:  # the client never saw that id (it may be one of its own requests' ids)
@@ -685,13 +692,17 @@ class Relay:
         return message
 
     def _refused_as_duplicate(self, request_id: Any) -> bool:
-        """A server request the proxy answers, under the id of one it is still answering, is refused:
-        the two answers could not be told apart, nor could a cancel of that id."""
-        if not (self.answerer.answering(request_id) or self.tasks.waiting(request_id)):
+        """A server request the proxy answers, under the id of one it or the client is still
+        answering, is refused: the two answers could not be told apart, nor could a cancel of that id."""
+        if not (self._answering(request_id) or self.state.with_the_client(request_id)):
             return False
         log.warning("upstream reused the id of a request in flight; refused", extra={"id": request_id})
         self.answerer.refuse(request_id, protocol.INVALID_REQUEST, DUPLICATE_ID)
         return True
+
+    def _answering(self, request_id: Any) -> bool:
+        """Is the proxy still answering the server's request `request_id` (its sampling, a `tasks/result`)?"""
+        return self.answerer.answering(request_id) or self.tasks.waiting(request_id)
 
     def _upstream_response(self, message: dict[str, Any]) -> Any:
         upstream_id = message.get("id")

@@ -95,10 +95,16 @@ class RelayState:
     # Client requests the client cancelled, by id key, with what a sampling request the server
     # still makes for one is refused with (until the client uses the id again).
     cut: dict[jsonrpc.IdKey, str] = field(default_factory=dict)
+    # Ids of the server's latest requests relayed to the client that the client has not answered
+    # (nor the server cancelled): a request the proxy would answer under one of them is refused.
+    with_client: dict[jsonrpc.IdKey, None] = field(default_factory=dict)
 
     def took(self, request_id: Any) -> None:
-        """The proxy answers the server's request `request_id` itself."""
+        """The proxy answers the server's request `request_id` itself (or refuses it: while the
+        client still answers one under that id, a cancel of the id remains the client's)."""
         key = jsonrpc.id_key(request_id)
+        if key in self.with_client:
+            return
         self.taken.pop(key, None)
         self.taken[key] = None
         if len(self.taken) > TAKEN_IDS:
@@ -114,8 +120,22 @@ class RelayState:
 
     def relayed(self, request_id: Any) -> None:
         """The server's request `request_id` goes to the client (an id the proxy took, used again)."""
+        key = jsonrpc.id_key(request_id)
         if self.taken:
-            self.taken.pop(jsonrpc.id_key(request_id), None)
+            self.taken.pop(key, None)
+        self.with_client.pop(key, None)
+        self.with_client[key] = None
+        if len(self.with_client) > TAKEN_IDS:
+            del self.with_client[next(iter(self.with_client))]
+
+    def client_done(self, request_id: Any) -> None:
+        """The client answered the server's request `request_id`, or the server cancelled it."""
+        if self.with_client:
+            self.with_client.pop(jsonrpc.id_key(request_id), None)
+
+    def with_the_client(self, request_id: Any) -> bool:
+        """Is the client still answering the server's request `request_id`?"""
+        return bool(self.with_client) and jsonrpc.id_key(request_id) in self.with_client
 
     def was_taken(self, request_id: Any) -> bool:
         """Did the proxy take the server's latest request `request_id`? Its cancel is then consumed."""

@@ -5,7 +5,9 @@ stream (see `SessionRouter.route`); the HTTP handlers write those streams to the
 
 Where a server-to-client message goes, first match wins:
 
-1. a response: the stream of the POST that carried the request with its id;
+1. a response: the stream of the POST that carried the request with its id (a batch holding
+   responses goes with them, split when they answer requests of several POSTs; the ids of the
+   server's own requests in it name none of the client's);
 2. the stream of `related` (the client's request the message belongs to, when the upstream said so),
    if that request is still waiting for its response;
 3. the stream of the request whose `progressToken` the message carries (`params.progressToken`, as
@@ -142,29 +144,61 @@ class SessionRouter:
             message = jsonrpc.decode(raw)
         except ValueError:
             message = None
-        first = message[0] if isinstance(message, list) and message else message
-        if isinstance(first, dict) and "method" not in first and "id" in first:
-            return self._route_response(raw, message if isinstance(message, list) else [message])
+        items = message if isinstance(message, list) else [message]
+        # Only an answer names a client request: a request of the server's in a batch has an id of
+        # the server's own, which may equal one of the client's.
+        answers = [item for item in items if _is_answer(item)]
+        if answers:
+            return self._route_response(raw, items, answers)
+        first = items[0] if items else None
         params = first.get("params") if isinstance(first, dict) else None
         target = self._target(related, params)
         target.append(raw)
         self.last_target = target
         return None
 
-    def _route_response(self, raw: bytes, responses: list[Any]) -> EventStream | None:
-        keys = [jsonrpc.id_key(r.get("id")) for r in responses if isinstance(r, dict) and "id" in r]
-        owner = next((self._requests[key] for key in keys if key in self._requests), None)
-        if owner is None:
-            if keys and all(key in self._cancelled for key in keys):
+    def _route_response(
+        self, raw: bytes, items: list[Any], answers: list[dict[str, Any]]
+    ) -> EventStream | None:
+        """A message holding answers goes to the POST of the requests it answers. A batch answering
+        requests of several POSTs is split: each gets its answers, the first the rest of the batch."""
+        keys = [jsonrpc.id_key(answer.get("id")) for answer in answers]
+        owned: dict[str, list[jsonrpc.IdKey]] = {}
+        for key in keys:
+            request = self._requests.get(key)
+            if request is not None and key not in owned.get(request.stream.key, ()):
+                owned.setdefault(request.stream.key, []).append(key)
+        if not owned:
+            if all(key in self._cancelled for key in keys):
                 log.debug("response to a request the client cancelled; dropped", extra={"keys": keys})
+                others = [item for item in items if not _is_answer(item)]  # the server's own, kept
+                if others:
+                    first = others[0]
+                    target = self._target(None, first.get("params") if isinstance(first, dict) else None)
+                    target.append(jsonrpc.encode(others))
+                    self.last_target = target
                 return None
             self.get_stream.append(raw)  # an error with a null id, or a response nobody waits for
             return None
-        for response in responses:
-            if isinstance(response, dict) and self._requests.get(jsonrpc.id_key(response.get("id"))):
-                self._note_response(response)
-        self._respond_all(keys, raw, owner.stream)
-        return owner.stream if owner.stream.finished else None
+        for answer in answers:
+            if jsonrpc.id_key(answer.get("id")) in self._requests:
+                self._note_response(answer)
+        groups = [(self._requests[owners[0]].stream, owners) for owners in owned.values()]
+        if len(groups) == 1:
+            stream = groups[0][0]
+            self._respond_all(owned[stream.key], raw, stream)
+            return stream if stream.finished else None
+        elsewhere = {key: stream for stream, owners in groups[1:] for key in owners}
+        parts: dict[str, list[Any]] = {stream.key: [] for stream, _ in groups}
+        for item in items:
+            other = elsewhere.get(jsonrpc.id_key(item.get("id"))) if _is_answer(item) else None
+            parts[(other or groups[0][0]).key].append(item)
+        completed = None
+        for stream, owners in groups:
+            self._respond_all(owners, jsonrpc.encode(parts[stream.key]), stream)
+            if completed is None and stream.finished:
+                completed = stream
+        return completed
 
     def _note_response(self, response: dict[str, Any]) -> None:
         request = self._requests[jsonrpc.id_key(response.get("id"))]
@@ -245,6 +279,11 @@ class SessionRouter:
         for stream in self._streams.values():
             stream.finish()
         self._on_change()
+
+
+def _is_answer(message: Any) -> bool:
+    """Is one message (of a batch) a response or an error, under an id?"""
+    return isinstance(message, dict) and "method" not in message and "id" in message
 
 
 class InboxChannel:
