@@ -252,6 +252,18 @@ async def test_a_redis_reservation_that_comes_after_its_release_holds_nothing(st
 
 
 @pytest.mark.parametrize("stores", ["redis"], indirect=True)
+async def test_a_redis_admission_that_comes_after_its_release_is_not_rate_counted(stores: Factory) -> None:
+    """A request whose admission's reply did not come in time is refused, and releases the
+    admission's reservation on another connection; should the release overtake the admission, the
+    reservation was not held, but the refused request was counted by the rate limit for a minute."""
+    store = stores()
+    await store.settle([DAY], "given-up", 0)
+    await store.admit([DAY], [Rate("client:alice", 1)], "member-1", "given-up", 30)
+    standing, refusal = await store.admit([DAY], [Rate("client:alice", 1)], "member-2")
+    assert (refusal, standing.reserved) == (None, (0,))
+
+
+@pytest.mark.parametrize("stores", ["redis"], indirect=True)
 async def test_a_redis_slot_that_comes_after_its_release_is_not_taken(stores: Factory) -> None:
     """A request that gave up waiting for its slot's reply (cancelled, or the reply lost) gives the
     slot back on another connection; should that overtake the acquisition (Redis stalled, then
