@@ -17,8 +17,9 @@ prefix (`mcp-backfill:` by default):
                                        forgotten (ms), a lease later
     <p>claim:<key>                     who claimed the key; expires when the claim does
 
-The scripts build key names themselves, so they need one Redis server (or a primary with
-replicas/Sentinel), not Redis Cluster.
+The scripts build key names themselves, so they need one Redis server, not Redis Cluster; the URL
+is its address (failover needs one that follows the primary: this client does not speak Sentinel).
+Without persistence, a restarted Redis has lost every count and every claim.
 """
 
 from __future__ import annotations
