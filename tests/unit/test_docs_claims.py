@@ -7,6 +7,7 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 from mcp_backfill.config import SECRET_FILE_VARIABLES
@@ -251,3 +252,19 @@ def test_the_serve_options_about_upstreams_hold_for_an_http_upstream_and_2026_cl
     idle = BY_FLAG["--session-idle-timeout"]
     for text in (idle.help, idle.doc):
         assert "2026-07-28" in text, text
+
+
+def test_the_replicas_page_offers_redis_failover_only_through_a_url_the_store_takes() -> None:
+    """`--state-store` takes one address (`open_store`: redis://, rediss://, unix://); the page
+    offered "Sentinel for failover", which redis-py reaches only through a client of its own."""
+    from mcp_backfill.errors import ConfigError
+    from mcp_backfill.stores import open_store
+
+    with pytest.raises(ConfigError):
+        open_store("redis+sentinel://sentinel:26379/mymaster", lease_seconds=30, timeout=2)
+    page = (ROOT / "docs" / "replicas.md").read_text()
+    for mention in re.finditer(r"[^.]*\bSentinel\b[^.]*", page):
+        assert "not speak the Sentinel protocol" in mention.group() or "proxies" in mention.group(), mention
+    persistence = page[page.index("**Run Redis used as the ledger with persistence**") :].split("\n\n", 1)[0]
+    assert "count" in persistence
+    assert '"Allow once"' in persistence

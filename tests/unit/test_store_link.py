@@ -31,13 +31,14 @@ class SwitchableStore(MemoryStore):
     def __init__(self) -> None:
         super().__init__()
         self.down = False
+        self.cause = "ConnectionError: refused"
         self.lease_seconds = 0.3
         self.reply_delay = 0.0
         self.reply_lost = False
 
     def _check(self) -> None:
         if self.down:
-            raise StoreUnavailable(self.description, "ConnectionError: refused")
+            raise StoreUnavailable(self.description, self.cause)
 
     async def _reply(self) -> None:
         await anyio.sleep(self.reply_delay)
@@ -110,6 +111,18 @@ async def test_by_default_sampling_is_refused_while_the_store_is_down() -> None:
     await answered(spend, 10)
     assert spend.link.outage is None
     assert await used(store) == 10
+
+
+async def test_a_refusal_reads_well_whatever_punctuation_the_stores_error_ends_with() -> None:
+    """redis-py's errors end with a period ("... Connection refused."): the refusal read
+    "Connection refused.; relaying goes on"."""
+    store = SwitchableStore()
+    spend = ledger(store)
+    store.down = True
+    store.cause = "Error 111 connecting to 127.0.0.1:6379. Connection refused."
+    with pytest.raises(SamplingError) as caught:
+        await answered(spend, 10)
+    assert "6379. Connection refused; relaying goes on. To sample" in caught.value.message
 
 
 async def test_the_local_policy_counts_in_this_process_meanwhile() -> None:

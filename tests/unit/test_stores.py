@@ -252,6 +252,18 @@ async def test_a_redis_reservation_that_comes_after_its_release_holds_nothing(st
 
 
 @pytest.mark.parametrize("stores", ["redis"], indirect=True)
+async def test_a_redis_admission_that_comes_after_its_release_is_not_rate_counted(stores: Factory) -> None:
+    """A request whose admission's reply did not come in time is refused, and releases the
+    admission's reservation on another connection; should the release overtake the admission, the
+    reservation was not held, but the refused request was counted by the rate limit for a minute."""
+    store = stores()
+    await store.settle([DAY], "given-up", 0)
+    await store.admit([DAY], [Rate("client:alice", 1)], "member-1", "given-up", 30)
+    standing, refusal = await store.admit([DAY], [Rate("client:alice", 1)], "member-2")
+    assert (refusal, standing.reserved) == (None, (0,))
+
+
+@pytest.mark.parametrize("stores", ["redis"], indirect=True)
 async def test_a_redis_slot_that_comes_after_its_release_is_not_taken(stores: Factory) -> None:
     """A request that gave up waiting for its slot's reply (cancelled, or the reply lost) gives the
     slot back on another connection; should that overtake the acquisition (Redis stalled, then
@@ -743,3 +755,40 @@ async def test_a_sealed_approval_claimed_by_one_replica_is_claimed_for_one_whose
             for replica in replicas:
                 await replica.store.aclose()
     assert not replayed
+
+
+async def test_closing_a_sqlite_store_while_an_operation_waits_for_a_locked_file_keeps_the_loop_running(
+    tmp_path: Path,
+) -> None:
+    """`aclose` took the connection's lock on the event loop's thread: at exit, while an operation
+    waited (in its worker thread) for the write lock another process held, the whole event loop
+    stopped for up to `--state-store-timeout`."""
+    path = tmp_path / "ledger.db"
+    store = SqliteStore(str(path), timeout=3.0)
+    await store.reserve([DAY], "", 0)  # the file and its schema
+    ticked: list[float] = []
+
+    async def waiting() -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await store.reserve([DAY], "lease", 10)
+
+    async def tick(since: float) -> None:
+        await anyio.sleep(0.05)
+        ticked.append(time.monotonic() - since)
+
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiting)
+            with anyio.fail_after(10):
+                while not store._lock.locked():  # the operation waits for the file
+                    await anyio.sleep(0.01)
+            tg.start_soon(tick, time.monotonic())
+            async with anyio.create_task_group() as closing:
+                closing.start_soon(store.aclose)
+                with anyio.fail_after(10):
+                    while not ticked:
+                        await anyio.sleep(0.01)
+                other.execute("ROLLBACK")
+    assert ticked[0] < 1.0, ticked  # not the 3 s the operation may wait
+    assert store._db is None

@@ -82,8 +82,9 @@ class StoreLink:
             self.outage = exc.cause
             if self.policy == "local":
                 return await op(self.fallback), self.fallback
+            why = str(exc).rstrip(".")  # a client library's text may end a sentence of its own
             raise internal_error(
-                f"Sampling is refused while {exc}; relaying goes on. To sample on this process's own "
+                f"Sampling is refused while {why}; relaying goes on. To sample on this process's own "
                 "counts meanwhile, set --state-store-outage local (or MCP_BACKFILL_STATE_STORE_OUTAGE)",
                 limit="state_store",
                 store=exc.store,

@@ -17,8 +17,9 @@ prefix (`mcp-backfill:` by default):
                                        forgotten (ms), a lease later
     <p>claim:<key>                     who claimed the key; expires when the claim does
 
-The scripts build key names themselves, so they need one Redis server (or a primary with
-replicas/Sentinel), not Redis Cluster.
+The scripts build key names themselves, so they need one Redis server, not Redis Cluster; the URL
+is its address (failover needs one that follows the primary: this client does not speak Sentinel).
+Without persistence, a restarted Redis has lost every count and every claim.
 """
 
 from __future__ import annotations
@@ -125,11 +126,15 @@ local function held_already(p, payers, lease, reserved_by)
   end
   return true
 end
--- Hold `amount` for `lease` on every payer's budget until `expiry_ms` (renewed while its holder lives).
--- A lease settled already is not held: its holder gave up waiting for this script's reply and
--- released it, on another connection, and that release overtook it.
+-- Whether `lease` was settled already: its holder gave up waiting for this script's reply (and
+-- refused its request) and released it, on another connection, and that release overtook it.
+local function released_already(p, payers, lease, amount)
+  return amount > 0 and #payers > 0 and redis.call('ZSCORE', p .. 'settled:' .. payers[1], lease)
+end
+-- Hold `amount` for `lease` on every payer's budget until `expiry_ms` (renewed while its holder
+-- lives); not a lease released already.
 local function hold(p, payers, lease, amount, expiry_ms)
-  if amount <= 0 or #payers == 0 or redis.call('ZSCORE', p .. 'settled:' .. payers[1], lease) then return end
+  if amount <= 0 or #payers == 0 or released_already(p, payers, lease, amount) then return end
   for _, payer in ipairs(payers) do
     redis.call('ZADD', p .. 'res:' .. payer, expiry_ms, lease)
     redis.call('HSET', p .. 'resamt:' .. payer, lease, amount)
@@ -198,7 +203,7 @@ local admitted, payers, used, reserved_by = standing(p, 8 + 2 * count, now_ms)
 local refused, retry = -1, 0
 if (amount > 0 and held_already(p, payers, lease, reserved_by)) or counted_already(p, count, member) then
   admitted = true
-elseif admitted then
+elseif admitted and not released_already(p, payers, lease, amount) then  -- (its request was refused)
   for index = 0, count - 1 do
     local key, most = p .. 'rate:' .. ARGV[8 + 2 * index], tonumber(ARGV[9 + 2 * index])
     if most > 0 then

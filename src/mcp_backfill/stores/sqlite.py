@@ -370,7 +370,14 @@ class SqliteStore:
         await self._run(lambda db, now: db.execute("SELECT 1").fetchone())
 
     async def aclose(self) -> None:
-        with self._lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
+        """Close the connection in a worker thread, as an operation runs: one may be waiting for the
+        file up to the timeout, and the event loop must not. One still in use then is left to it."""
+
+        def close() -> None:
+            if self._lock.acquire(timeout=self._timeout):
+                db, self._db = self._db, None
+                self._lock.release()
+                if db is not None:
+                    db.close()
+
+        await anyio.to_thread.run_sync(close)
