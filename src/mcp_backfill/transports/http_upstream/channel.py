@@ -70,7 +70,8 @@ class HttpUpstream:
         self._handshake = HandshakeLeg(self._reader, task_group)
         self._stateless = StatelessLeg(self._reader)
         self._era: EraLeg | None = None  # None until a request decides it
-        self._exchanges: dict[jsonrpc.IdKey, PostExchange] = {}
+        self._exchanges = self._reader.exchanges
+        self._reader.answered_elsewhere = self._answered_elsewhere
         self._active = 0
         self._idle: anyio.Event | None = None  # made by `_settled` when it must wait
         self._stop_started = False
@@ -262,6 +263,10 @@ class HttpUpstream:
             return True
         self._tg.start_soon(self._let_go, exchange)
         return False
+
+    def _answered_elsewhere(self, exchange: PostExchange) -> None:
+        """Its last request was answered on another stream: its own is let go as a cancelled one is."""
+        self._tg.start_soon(self._let_go, exchange)
 
     async def _let_go(self, exchange: PostExchange) -> None:
         """Close a cancelled request's stream if the server has not ended it within `finish_timeout`
