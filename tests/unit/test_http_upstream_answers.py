@@ -37,6 +37,7 @@ class HeldStream(httpx2.AsyncByteStream):
 
     def __init__(self) -> None:
         self._send, self._receive = anyio.create_memory_object_stream[bytes | None](16)
+        self.closed = anyio.Event()  # its reader let go of it
 
     def release(self, data: bytes | None) -> None:
         """`data` as the next chunk; None ends the body."""
@@ -50,6 +51,7 @@ class HeldStream(httpx2.AsyncByteStream):
 
     async def aclose(self) -> None:
         self._send.close()
+        self.closed.set()
 
 
 class FakeServer:
@@ -58,6 +60,7 @@ class FakeServer:
     def __init__(self) -> None:
         self.streams: dict[Any, HeldStream] = {}  # by request id; "GET" for the standalone stream
         self.opened = anyio.Event()
+        self.posted: list[Any] = []
 
     def handle(self, request: httpx2.Request) -> httpx2.Response:
         sse = {"content-type": "text/event-stream"}
@@ -66,6 +69,10 @@ class FakeServer:
         if request.method != "POST":
             return httpx2.Response(405)
         message = orjson.loads(request.content)
+        self.posted.append(message)
+        if isinstance(message, list):  # a batch: held under its first request's id
+            requests = [item for item in message if "id" in item and "method" in item]
+            return self._held(requests[0]["id"], sse) if requests else httpx2.Response(202)
         if "id" not in message or "method" not in message:
             return httpx2.Response(202)
         if message["method"] == "initialize":
@@ -155,14 +162,12 @@ async def test_an_answer_that_came_on_another_stream_lets_go_of_the_requests_own
         assert (await receive(channel))["id"] == 1
         await channel.send(jsonrpc.encode({"jsonrpc": "2.0", "method": "notifications/initialized"}))
         standalone = await server.stream("GET")
-        before = HttpUpstream.exchanges_everywhere
         await channel.send(request(2))
-        await server.stream(2)  # never ended by the server
+        own = await server.stream(2)  # never ended by the server
         standalone.release(event(result(2, by="get")))
         assert (await receive(channel))["id"] == 2
         with anyio.fail_after(5):
-            while HttpUpstream.exchanges_everywhere > before:
-                await anyio.sleep(0.01)
+            await own.closed.wait()
         standalone.release(None)
         assert await everything_left(channel) == []
 
@@ -188,3 +193,34 @@ async def test_only_the_first_answer_to_a_request_reaches_the_client() -> None:
         own.release(None)
         standalone.release(None)
         assert await everything_left(channel) == []
+
+
+@pytest.mark.parametrize("with_request", [False, True])
+async def test_a_cancel_in_a_client_batch_lets_go_of_the_cancelled_request(with_request: bool) -> None:
+    """A `notifications/cancelled` was acted on only as a message of its own: inside a batch
+    (2025-03-26 has them) the cancelled request's stream was kept for as long as the server kept it
+    open, and when it ended the client was sent an error for the request it had given up on."""
+    server = FakeServer()
+    settings = HttpUpstreamSettings(URL, CONFIG.max_message_bytes, finish_timeout=0.1)
+    async with (
+        httpx2.AsyncClient(transport=httpx2.MockTransport(server.handle)) as http,
+        open_http_upstream(settings, http) as channel,
+    ):
+        await channel.send(request(1, "initialize"))
+        assert (await receive(channel))["id"] == 1
+        await channel.send(request(2))
+        own = await server.stream(2)  # never ended by the server
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}}
+        other = {"jsonrpc": "2.0", "id": 3, "method": "tools/list", "params": {}}
+        batch = [cancel, other if with_request else {"jsonrpc": "2.0", "method": "notifications/x"}]
+        await channel.send(jsonrpc.encode(batch))
+        with anyio.fail_after(5):
+            await own.closed.wait()
+        if with_request:
+            third = await server.stream(3)
+        assert batch in server.posted  # the server is told as well, in the batch as it came
+        if with_request:
+            third.release(event(result(3)))
+            assert (await receive(channel))["id"] == 3
+            third.release(None)
+        assert await everything_left(channel) == []  # nothing for the cancelled request 2

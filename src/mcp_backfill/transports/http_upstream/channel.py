@@ -128,12 +128,18 @@ class HttpUpstream:
         except ValueError:
             decoded = None
         items = decoded if isinstance(decoded, list) else [decoded]
+        era = self._era or self._handshake
+        if isinstance(decoded, list):
+            # A cancel in a batch (2025-03-26) lets go of its request as a lone one does; the batch
+            # still goes to the server whole, which learns of it so.
+            for item in items:
+                if _is_cancel(item):
+                    self._cancelled_here(item, era)
         requests = [item for item in items if _is_request(item)]
         if requests:
             self._start_exchange(message, requests, batch=isinstance(decoded, list))
             return
-        era = self._era or self._handshake
-        if len(items) == 1 and _is_cancel(items[0]) and self._cancelled_here(items[0], era):
+        if not isinstance(decoded, list) and _is_cancel(decoded) and self._cancelled_here(decoded, era):
             return
         try:
             await era.post_one_way(message, items)
