@@ -150,9 +150,13 @@ def response_to(response: httpx2.Response, request_id: Any) -> Any:
     return replies[0]
 
 
-async def open_session(http: httpx2.AsyncClient, url: str, headers: Mapping[str, str] | None = None) -> str:
-    """initialize + notifications/initialized over raw HTTP; returns the session id."""
-    response = await http.post(url, json=initialize_body(), headers={**HANDSHAKE_HEADERS, **(headers or {})})
+async def open_session(
+    http: httpx2.AsyncClient, url: str, headers: Mapping[str, str] | None = None, version: str = "2025-11-25"
+) -> str:
+    """initialize (at `version`) + notifications/initialized over raw HTTP; returns the session id."""
+    response = await http.post(
+        url, json=initialize_body(version=version), headers={**HANDSHAKE_HEADERS, **(headers or {})}
+    )
     assert response.status_code == 200, response.text
     session_id = response.headers["mcp-session-id"]
     initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}

@@ -62,6 +62,8 @@ PRIMING_EVENTS_SINCE: Final = "2025-11-25"
 """The revision from which a client expects an SSE stream to begin with an empty event with an id."""
 PROGRESS_MESSAGE_SINCE: Final = "2025-03-26"
 """The revision that brought `message` in `notifications/progress`."""
+NO_BATCHES_SINCE: Final = "2025-06-18"
+"""The revision that removed JSON-RPC batches: a peer of it or later reads no JSON array."""
 
 # -- 2026-07-28 envelope and results -------------------------------------------------------------
 

@@ -36,6 +36,13 @@ def result(request_id: Any, **fields: Any) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": request_id, "result": fields}
 
 
+def batch_router() -> SessionRouter:
+    """A session at 2025-03-26, the last revision whose clients read batches."""
+    router = SessionRouter(16)
+    router.protocol_version = "2025-03-26"
+    return router
+
+
 def messages(stream: EventStream) -> list[Any]:
     return [json.loads(data) for _, data in stream.after(0)]
 
@@ -131,7 +138,7 @@ async def test_a_server_request_in_an_upstream_batch_answers_no_client_request_o
     answer to request 1 and the server's `ping` under id 2 took the ping for the answer to the
     client's request 2, so that request's real answer went to the GET stream and its POST stayed
     open for ever."""
-    router = SessionRouter(16)
+    router = batch_router()
     first = router.open_post([request(1)])
     second = router.open_post([request(2)])
     assert router.route(encode([result(1), request(2, "ping")])) is first
@@ -147,7 +154,7 @@ async def test_an_upstream_batch_answers_its_requests_wherever_its_answers_stand
     """A batch whose answer comes after a notification (or a request of the server's) was routed as
     a notification: the request it answered stayed in flight, its POST open for ever, and its id
     refused as a duplicate when the client used it again."""
-    router = SessionRouter(16)
+    router = batch_router()
     stream = router.open_post([request(1)])
     log = notification("notifications/message", data="log")
     assert router.route(encode([log, result(1)])) is stream
@@ -171,6 +178,41 @@ async def test_an_upstream_batch_answering_requests_of_several_posts_reaches_eac
     assert router.in_flight == 0
 
 
+@pytest.mark.parametrize("version", ["2025-06-18", "2025-11-25", None])
+async def test_an_upstream_array_reaches_a_client_without_batches_as_single_messages(
+    version: str | None,
+) -> None:
+    """A stdio upstream's array answering a single request went on as an array, which a client of
+    2025-06-18 or later (or one not yet told its revision) cannot read: its answer never arrived.
+    Each message now goes as it would alone: the answer to its POST, alone there a JSON body."""
+    router = SessionRouter(16)
+    router.protocol_version = version
+    first = router.open_post([request(1)])
+    assert router.route(encode([result(1)])) is first
+    assert messages(first) == [result(1)]
+    second = router.open_post([request(2)])
+    third = router.open_post([request(3)])
+    log = notification("notifications/message", data="log")
+    ping = request(3, "ping")  # the server's own id: not the client's 3
+    router.route(encode([log, result(2), ping, result(3)]))
+    assert messages(second) == [result(2)]
+    assert messages(third) == [ping, result(3)]  # once 2 was answered, the only one in flight
+    assert messages(router.get_stream) == [log]  # two requests in flight: no one's
+    assert second.finished
+    assert third.finished
+    assert router.in_flight == 0
+
+
+async def test_an_upstream_array_answering_a_client_batch_stays_one_at_any_revision() -> None:
+    """A client that sent a batch reads one back: its answers go as the array they came in."""
+    router = SessionRouter(16)
+    router.protocol_version = "2025-11-25"
+    stream = router.open_post([request(1)], batch=True)
+    log = notification("notifications/message", data="log")
+    assert router.route(encode([log, result(1)])) is stream
+    assert messages(stream) == [[log, result(1)]]
+
+
 async def test_client_cancel_answers_at_once_and_drops_the_late_response() -> None:
     router = SessionRouter(16)
     stream = router.open_post([request(5)])
@@ -184,7 +226,7 @@ async def test_client_cancel_answers_at_once_and_drops_the_late_response() -> No
 
 
 async def test_a_late_answer_to_a_cancelled_request_takes_no_server_request_with_it() -> None:
-    router = SessionRouter(16)
+    router = batch_router()
     router.open_post([request(5)])
     router.client_cancelled(5)
     ping = request(9, "ping")

@@ -130,7 +130,7 @@ class HandshakeFront:
                 await call.respond_error(404, protocol.INVALID_REQUEST, "Session not found")
                 return
             try:
-                stream = session.router.open_post(requests)
+                stream = session.router.open_post(requests, batch=isinstance(decoded, list))
             except TooManyPosts:
                 await _refuse_too_many_posts(call, session)
                 return

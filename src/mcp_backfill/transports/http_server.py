@@ -15,6 +15,9 @@ Where a server-to-client message goes, first match wins:
 4. the only request in flight, when there is exactly one (a stdio upstream never says which request
    a message belongs to, and a tool call's log messages and sampling requests are the common case);
 5. the standalone GET stream, buffered (last `replay_limit` messages) until the client opens it.
+
+An upstream array goes on as one only to a client that reads batches (a session at 2025-03-26 or
+before, or a POST that was one); for any other, each of its messages is routed as if it came alone.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class PostStream:
 
     stream: EventStream
     waiting: set[jsonrpc.IdKey]
+    batch: bool = False  # the client sent its requests in a JSON array (so it reads one back)
 
 
 class SessionRouter:
@@ -98,9 +102,10 @@ class SessionRouter:
 
     # -- client -> upstream ----------------------------------------------------------------------
 
-    def open_post(self, requests: list[dict[str, Any]]) -> EventStream:
-        """A stream for a POST carrying these requests; raises `DuplicateRequestId`, and
-        `TooManyPosts` when `MAX_OPEN_POSTS` are waiting for their answers."""
+    def open_post(self, requests: list[dict[str, Any]], batch: bool = False) -> EventStream:
+        """A stream for a POST carrying these requests (`batch`: in a JSON array, as several requests
+        always are); raises `DuplicateRequestId`, and `TooManyPosts` when `MAX_OPEN_POSTS` are
+        waiting for their answers."""
         if len(self._posts) >= MAX_OPEN_POSTS:
             raise TooManyPosts
         keys = [jsonrpc.id_key(request["id"]) for request in requests]
@@ -110,7 +115,7 @@ class SessionRouter:
         stream = EventStream(f"s{self._counter}", self._replay_limit, budget=self._budget)
         self._budget.add(stream)
         self._streams[stream.key] = stream
-        self._posts[stream.key] = PostStream(stream, set(keys))
+        self._posts[stream.key] = PostStream(stream, set(keys), batch or len(requests) > 1)
         for key, request in zip(keys, requests, strict=True):
             token = protocol.progress_token(request.get("params"))
             token_key = jsonrpc.id_key(token) if token is not None else None
@@ -154,6 +159,8 @@ class SessionRouter:
         # Only an answer names a client request: a request of the server's in a batch has an id of
         # the server's own, which may equal one of the client's.
         answers = [item for item in items if _is_answer(item)]
+        if isinstance(message, list) and not self._reads_batches(answers):
+            return self._route_singly(message, related)
         if answers:
             return self._route_response(raw, items, answers)
         first = items[0] if items else None
@@ -162,6 +169,35 @@ class SessionRouter:
         target.append(raw)
         self.last_target = target
         return None
+
+    def _reads_batches(self, answers: list[Any]) -> bool:
+        """May an upstream array reach the client as one? Only at a revision that has batches, or
+        when it answers requests the client itself sent in one (`open_post(..., batch=True)`)."""
+        if not protocol.defines(self.protocol_version, protocol.NO_BATCHES_SINCE):
+            return True
+        for answer in answers:
+            request = self._requests.get(jsonrpc.id_key(answer.get("id")))
+            post = self._posts.get(request.stream.key) if request is not None else None
+            if post is not None and post.batch:
+                return True
+        return False
+
+    def _route_singly(self, items: list[Any], related: Any) -> EventStream | None:
+        """An upstream array for a client that reads none (2025-06-18 on): each of its messages is
+        routed on its own, as if it had come alone (a stdio upstream may write one whatever the
+        revision; sent on as it came, the client's SDK could not read it, nor the answer in it)."""
+        if not items:
+            log.debug("an empty array from the upstream dropped")
+            return None
+        completed = None
+        last = None
+        for item in items:
+            self.last_target = None
+            done = self.route(jsonrpc.encode(item), related)
+            completed = completed or done
+            last = self.last_target or last
+        self.last_target = last
+        return completed
 
     def _route_response(
         self, raw: bytes, items: list[Any], answers: list[dict[str, Any]]

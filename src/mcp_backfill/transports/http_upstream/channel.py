@@ -70,7 +70,8 @@ class HttpUpstream:
         self._handshake = HandshakeLeg(self._reader, task_group)
         self._stateless = StatelessLeg(self._reader)
         self._era: EraLeg | None = None  # None until a request decides it
-        self._exchanges: dict[jsonrpc.IdKey, PostExchange] = {}
+        self._exchanges = self._reader.exchanges
+        self._reader.answered_elsewhere = self._answered_elsewhere
         self._active = 0
         self._idle: anyio.Event | None = None  # made by `_settled` when it must wait
         self._stop_started = False
@@ -127,12 +128,18 @@ class HttpUpstream:
         except ValueError:
             decoded = None
         items = decoded if isinstance(decoded, list) else [decoded]
+        era = self._era or self._handshake
+        if isinstance(decoded, list):
+            # A cancel in a batch (2025-03-26) lets go of its request as a lone one does; the batch
+            # still goes to the server whole, which learns of it so.
+            for item in items:
+                if _is_cancel(item):
+                    self._cancelled_here(item, era)
         requests = [item for item in items if _is_request(item)]
         if requests:
             self._start_exchange(message, requests, batch=isinstance(decoded, list))
             return
-        era = self._era or self._handshake
-        if len(items) == 1 and _is_cancel(items[0]) and self._cancelled_here(items[0], era):
+        if not isinstance(decoded, list) and _is_cancel(decoded) and self._cancelled_here(decoded, era):
             return
         try:
             await era.post_one_way(message, items)
@@ -262,6 +269,10 @@ class HttpUpstream:
             return True
         self._tg.start_soon(self._let_go, exchange)
         return False
+
+    def _answered_elsewhere(self, exchange: PostExchange) -> None:
+        """Its last request was answered on another stream: its own is let go as a cancelled one is."""
+        self._tg.start_soon(self._let_go, exchange)
 
     async def _let_go(self, exchange: PostExchange) -> None:
         """Close a cancelled request's stream if the server has not ended it within `finish_timeout`

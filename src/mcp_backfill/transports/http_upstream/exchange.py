@@ -140,6 +140,11 @@ class ExchangeReader:
         self._inbox = inbox
         self.tools = ToolHeaderMaps()
         self.failed = False
+        # The exchanges in flight by the id of each request they carry (kept by `HttpUpstream`): an
+        # answer settles its request's exchange wherever it comes, the GET stream or another's.
+        self.exchanges: dict[jsonrpc.IdKey, PostExchange] = {}
+        # Called with an exchange an answer on another stream left owing nothing (see `settle`).
+        self.answered_elsewhere: Callable[[PostExchange], None] = lambda exchange: None
         self._redact = Redactor(settings.secrets).redact
 
     def post_headers(self) -> dict[str, str]:
@@ -308,6 +313,12 @@ class ExchangeReader:
                 if found and not is_request:
                     exchange.expected.discard(jsonrpc.id_key(request_id))
             else:
+                if _answered_before(exchange, message):
+                    log.warning(
+                        "a second answer from the upstream to a request already answered; dropped",
+                        extra={"request_id": message.get("id")},
+                    )
+                    return not exchange.expected
                 self._settle(exchange, message)
         if exchange.expected:
             await self.put(data, exchange.origin)
@@ -315,8 +326,15 @@ class ExchangeReader:
         await self.put_last(data, exchange)
         return True
 
-    def _settle(self, exchange: PostExchange, message: Any) -> None:
-        """Note the responses among `message` that the exchange was waiting for."""
+    def settle(self, message: Any) -> None:
+        """A message that came on no request's stream (the GET stream): the requests it answers
+        are settled by it, as on their own streams."""
+        self._settle(None, message)
+
+    def _settle(self, exchange: PostExchange | None, message: Any) -> None:
+        """Note the responses among `message` that the exchange was waiting for, and those another
+        exchange was: an answer may come on any stream, and the first to come is the only one (the
+        request's own stream ending without it sent the client a second, an error)."""
         for item in message if isinstance(message, list) else [message]:
             if not isinstance(item, dict):
                 continue
@@ -326,16 +344,19 @@ class ExchangeReader:
             if method is not None or "id" not in item:
                 continue
             key = jsonrpc.id_key(item["id"])
-            if key in exchange.expected:
-                exchange.expected.discard(key)
+            owner = exchange if exchange is not None and key in exchange.expected else self.exchanges.get(key)
+            if owner is not None and key in owner.expected:
+                owner.expected.discard(key)
+                if owner is not exchange and not owner.expected:
+                    self.answered_elsewhere(owner)
                 result = item.get("result")
                 if not isinstance(result, dict):
                     continue
-                answered = exchange.methods[key]
+                answered = owner.methods[key]
                 if answered == protocol.TOOLS_LIST:
                     self.tools.learn(result, last_page=not isinstance(result.get("nextCursor"), str))
                 else:
-                    exchange.leg.answered(answered, result)
+                    owner.leg.answered(answered, result)
 
     def _note_oversized(self, exchange: PostExchange, exc: MessageTooLarge) -> None:
         found, request_id, is_request = jsonrpc.salvage_envelope(exc.head, exc.tail)
@@ -531,6 +552,15 @@ def log_refused(answer: Acknowledgement, what: str) -> None:
 
 def preview(body: bytes) -> str:
     return jsonrpc.preview(body, PREVIEW_CHARS).strip() or "(empty body)"
+
+
+def _answered_before(exchange: PostExchange, message: Any) -> bool:
+    """Is `message` an answer to one of the exchange's requests that was answered already (on
+    another stream: the first answer is the one the client gets)?"""
+    if not isinstance(message, dict) or "method" in message or "id" not in message:
+        return False
+    key = jsonrpc.id_key(message["id"])
+    return key in exchange.methods and key not in exchange.expected
 
 
 def _is_jsonrpc_answer(body: bytes) -> bool:

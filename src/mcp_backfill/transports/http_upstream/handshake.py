@@ -245,8 +245,8 @@ class HandshakeLeg:
         async def on_event(data: Payload) -> bool:
             nonlocal delivered
             delivered = True
-            if isinstance(data, bytes) and b"list_changed" in data:
-                self._note_notification(data)
+            if isinstance(data, bytes):
+                self._note_message(data)
             await self._reader.put(data, None)
             return False
 
@@ -271,13 +271,16 @@ class HandshakeLeg:
                 "lost the upstream's standalone stream; server messages outside requests will not arrive"
             )
 
-    def _note_notification(self, data: bytes) -> None:
+    def _note_message(self, data: bytes) -> None:
+        """A standalone stream's message: `tools/list_changed`, or an answer that settles the request
+        it answers (the server may send it here rather than on the request's own stream)."""
+        if b"list_changed" not in data and b'"id"' not in data:
+            return
         try:
             message = jsonrpc.decode(data)
         except ValueError:
             return
-        if isinstance(message, dict) and message.get("method") == protocol.TOOLS_CHANGED:
-            self._reader.tools.stale()
+        self._reader.settle(message)
 
 
 def standalone_delay(asked: float, quick_ends: int) -> float:
