@@ -207,7 +207,7 @@ async def _provider(report: Report, config: Config) -> None:
     if config.provider == "mock":
         report.line("offline mock provider: nothing to reach, no key needed (answers are canned)")
         return
-    from mcp_backfill.providers.anthropic import CREDENTIALS
+    from mcp_backfill.providers.anthropic import CREDENTIALS, vertex_project_from_credentials
     from mcp_backfill.providers.platforms import make_client
 
     try:
@@ -225,6 +225,7 @@ async def _provider(report: Report, config: Config) -> None:
     network = f"; check {BASE_URL_VARIABLES.get(config.provider, 'ANTHROPIC_BASE_URL')} and the network"
     try:
         with anyio.fail_after(TIMEOUT):
+            await vertex_project_from_credentials(client)
             counted = await client.messages.count_tokens(
                 model=config.model, messages=[{"role": "user", "content": "ping"}]
             )

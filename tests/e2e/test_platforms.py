@@ -7,6 +7,7 @@ framing), so the whole request path is exercised offline.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -120,6 +121,51 @@ async def test_vertex_through_the_proxy(fake_claude: FakeClaude) -> None:
     )
     assert request.headers["authorization"] == f"Bearer {TEST_API_KEY}"
     assert TEST_API_KEY not in log
+
+
+# A stand-in for google-auth's Application Default Credentials (the parts the SDK's Vertex client
+# uses): what `google.auth.default()` finds names a project, as a service account file or
+# `GOOGLE_CLOUD_PROJECT` does, and its token is minted on `refresh`. No `google/__init__.py`: `google`
+# is a namespace package shared with protobuf.
+GOOGLE_AUTH_STUB = {
+    "google/auth/__init__.py": (
+        "import os\n\n"
+        "class Credentials:\n"
+        "    token = None\n"
+        "    expired = False\n\n"
+        "    def refresh(self, request):\n"
+        "        self.token = os.environ['STUB_ADC_TOKEN']\n\n"
+        "def default(scopes=None, **kwargs):\n"
+        "    return Credentials(), os.environ['STUB_ADC_PROJECT']\n"
+    ),
+    "google/auth/transport/__init__.py": "",
+    "google/auth/transport/requests.py": "class Request:\n    pass\n",
+}
+
+
+async def test_vertex_takes_its_project_from_application_default_credentials(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """Without ANTHROPIC_VERTEX_PROJECT_ID the project is the one the credentials name, as documented:
+    the SDK asked for the project before it loaded the credentials, so every call failed with "No
+    project_id was given"."""
+    for name, text in GOOGLE_AUTH_STUB.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    fake_claude.enqueue(text_reply("answered on vertex"))
+    env = {
+        "ANTHROPIC_VERTEX_BASE_URL": fake_claude.url,
+        "CLOUD_ML_REGION": "us-east5",
+        "STUB_ADC_TOKEN": TEST_API_KEY,
+        "STUB_ADC_PROJECT": "proj-adc",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
+    async with echo_session(None, "--provider", "vertex", env=env) as session:
+        answer = await ask_sampling(session)
+    assert answer.get("result", {}).get("content") == {"type": "text", "text": "answered on vertex"}, answer
+    [request] = fake_claude.platform_requests
+    assert request.path.startswith("/projects/proj-adc/locations/us-east5/publishers/anthropic/models/")
+    assert request.headers["authorization"] == f"Bearer {TEST_API_KEY}"
 
 
 @pytest.mark.parametrize("provider", ["bedrock", "vertex"])

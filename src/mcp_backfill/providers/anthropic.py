@@ -80,6 +80,15 @@ CREDENTIALS = {
 }
 
 
+async def vertex_project_from_credentials(client: AnyClient) -> None:
+    """A Vertex client without `ANTHROPIC_VERTEX_PROJECT_ID` loads its Application Default
+    Credentials now, which name the project (a service account's, `GOOGLE_CLOUD_PROJECT`, gcloud's):
+    the SDK asks for the project before it loads the credentials, so without this every call
+    failed with "No project_id was given". Blocking work runs in a worker thread (the SDK's own)."""
+    if isinstance(client, anthropic.AsyncAnthropicVertex) and client.project_id is None:
+        await client._ensure_access_token()
+
+
 def _name_not_resolved(exc: BaseException) -> bool:
     """Did a connection fail because the host name does not resolve?"""
     seen: BaseException | None = exc
@@ -280,6 +289,7 @@ async def message_stream(client: AnyClient, request: dict[str, Any]) -> AsyncIte
 
 
 async def _post_messages(client: AnyClient, body: dict[str, Any]) -> httpx2.Response:
+    await vertex_project_from_credentials(client)
     return await client.post(
         "/v1/messages",
         body=body,
