@@ -203,6 +203,20 @@ def test_vertex_without_credentials_or_extra_refuses_to_start() -> None:
     assert done.stdout == ""
 
 
+def test_vertex_with_a_ready_token_but_no_project_refuses_to_start() -> None:
+    """A ready token names no project, so without ANTHROPIC_VERTEX_PROJECT_ID no call can be made:
+    the proxy started anyway and every sampling request failed ("No project_id was given"), where a
+    missing region stops it at startup."""
+    argv = proxy_argv("--provider", "vertex", upstream=[sys.executable, "-c", "pass"])
+    env = proxy_env(CLOUD_ML_REGION="us-east5", MCP_BACKFILL_VERTEX_ACCESS_TOKEN=TEST_API_KEY)
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "ANTHROPIC_VERTEX_PROJECT_ID" in done.stderr
+    assert "MCP_BACKFILL_VERTEX_ACCESS_TOKEN" in done.stderr
+    assert TEST_API_KEY not in done.stderr
+    assert done.stdout == ""
+
+
 def test_bedrock_without_a_region_refuses_to_start() -> None:
     argv = proxy_argv("--provider", "bedrock", upstream=[sys.executable, "-c", "pass"])
     env = proxy_env(AWS_BEARER_TOKEN_BEDROCK="tok", AWS_CONFIG_FILE="/nonexistent")

@@ -189,6 +189,12 @@ def make_client(
     if settings.name == "vertex":
         token = settings.vertex_access_token
         check_dependencies("vertex", environ, vertex_token=token is not None)
+        if token is not None and not environ.get("ANTHROPIC_VERTEX_PROJECT_ID"):
+            # Application Default Credentials name a project; a ready token does not.
+            raise ConfigError(
+                "--provider vertex with MCP_BACKFILL_VERTEX_ACCESS_TOKEN needs ANTHROPIC_VERTEX_PROJECT_ID "
+                "(the Google Cloud project to call Claude in): a ready token names no project"
+            )
         try:
             return anthropic.AsyncAnthropicVertex(
                 access_token=token,
