@@ -379,22 +379,20 @@ def check_upstream_url(url: str) -> None:
         )
 
 
-def check_api_base_url(url: str) -> None:
-    """`ANTHROPIC_BASE_URL`, checked at startup: a bad one used to fail every sampling request with
-    an internal error, and credentials in it replaced the API key. Its text is not quoted: it may
-    hold a password."""
+def check_api_base_url(url: str, variable: str = "ANTHROPIC_BASE_URL") -> None:
+    """`ANTHROPIC_BASE_URL` (or the Bedrock or Vertex one, `variable`), checked at startup: a bad
+    one used to fail every sampling request with an internal error, and credentials in it replaced
+    the API key. Its text is not quoted: it may hold a password."""
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 (a port that is not a number raises here)
     except ValueError:
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or url != url.strip():
-        raise ConfigError(
-            "ANTHROPIC_BASE_URL must be an http:// or https:// URL with a host (and a numeric port)"
-        )
+        raise ConfigError(f"{variable} must be an http:// or https:// URL with a host (and a numeric port)")
     if parts.username is not None or parts.password is not None:
         raise ConfigError(
-            "ANTHROPIC_BASE_URL must not carry credentials (user:password@); give a gateway's with "
+            f"{variable} must not carry credentials (user:password@); give a gateway's with "
             f"--api-header 'Name: value' ({option('api_headers').env})"
         )
 

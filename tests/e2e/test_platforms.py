@@ -217,6 +217,34 @@ def test_vertex_with_a_ready_token_but_no_project_refuses_to_start() -> None:
     assert done.stdout == ""
 
 
+@pytest.mark.parametrize(
+    ("provider", "base_url", "message"),
+    [
+        ("bedrock", "https://gw-user:gw-password-123@gateway.example", "must not carry credentials"),
+        ("vertex", "https://gw-user:gw-password-123@gateway.example/v1", "must not carry credentials"),
+        ("bedrock", "bedrock-gateway.example:8443", "http:// or https://"),
+    ],
+)
+def test_a_platform_base_url_that_cannot_work_is_refused_at_startup(
+    provider: str, base_url: str, message: str
+) -> None:
+    """As ANTHROPIC_BASE_URL is: with credentials in it, httpx2 sent them as Basic auth in place of
+    the Bedrock API key or the Google token (every call refused, "check the AWS credentials"); without
+    a scheme every call was retried as unreachable until --sampling-timeout."""
+    variable = {"bedrock": "ANTHROPIC_BEDROCK_BASE_URL", "vertex": "ANTHROPIC_VERTEX_BASE_URL"}[provider]
+    argv = proxy_argv("--provider", provider, upstream=[sys.executable, "-c", "pass"])
+    env = proxy_env(**{variable: base_url}, AWS_BEARER_TOKEN_BEDROCK="tok", AWS_REGION="us-east-1")
+    env.update(
+        CLOUD_ML_REGION="us-east5", ANTHROPIC_VERTEX_PROJECT_ID="p", MCP_BACKFILL_VERTEX_ACCESS_TOKEN="tok"
+    )
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert variable in done.stderr
+    assert message in done.stderr
+    assert "gw-password-123" not in done.stderr
+    assert done.stdout == ""
+
+
 def test_bedrock_without_a_region_refuses_to_start() -> None:
     argv = proxy_argv("--provider", "bedrock", upstream=[sys.executable, "-c", "pass"])
     env = proxy_env(AWS_BEARER_TOKEN_BEDROCK="tok", AWS_CONFIG_FILE="/nonexistent")

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 import anthropic
 import httpx2
 
+from mcp_backfill.config import check_api_base_url
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.providers import ProviderSettings
 
@@ -165,6 +166,10 @@ def check_dependencies(provider: str, environ: Mapping[str, str], *, vertex_toke
         )
 
 
+# The endpoint variables the SDK's Bedrock and Vertex clients read in place of their cloud's.
+PLATFORM_BASE_URL_VARIABLES = {"bedrock": "ANTHROPIC_BEDROCK_BASE_URL", "vertex": "ANTHROPIC_VERTEX_BASE_URL"}
+
+
 def make_client(
     settings: ProviderSettings,
     environ: Mapping[str, str] | None = None,
@@ -174,6 +179,9 @@ def make_client(
     """The SDK client for `settings.name`, with the SDK's own retries off (the proxy retries), over
     `http_client` (default: a new `api_http_client()`)."""
     environ = os.environ if environ is None else environ
+    base_url_variable = PLATFORM_BASE_URL_VARIABLES.get(settings.name)
+    if base_url_variable and environ.get(base_url_variable):  # the SDK reads it; an empty one is unset
+        check_api_base_url(environ[base_url_variable], base_url_variable)
     http_client = api_http_client() if http_client is None else http_client
     headers = dict(settings.headers)
     # The SDK's read timeout is a second line of defence; the sampling deadline normally acts first.
