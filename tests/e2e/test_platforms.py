@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from tests.e2e.faults_support import ask_sampling, echo_session
-from tests.fake_claude import FakeClaude, error_reply, text_reply
+from tests.fake_claude import FakeClaude, bedrock_chunk, error_reply, raw_reply, text_reply
 from tests.harness import ROOT, TEST_API_KEY, proxy_argv, proxy_env, python_server
 
 pytestmark = pytest.mark.anyio
@@ -96,6 +96,23 @@ async def test_bedrock_through_the_proxy(fake_claude: FakeClaude) -> None:
     assert request.headers["authorization"] == f"Bearer {TEST_API_KEY}"
     assert "model" not in request.body
     assert TEST_API_KEY not in log
+
+
+async def test_a_corrupted_bedrock_frame_is_retried_as_a_malformed_stream(fake_claude: FakeClaude) -> None:
+    """An AWS event-stream frame that fails its checksum (botocore's `ChecksumMismatch`, not a
+    `ValueError`) was taken for the client refusing to make the call: not retried, though the call
+    had been made (and billed), where the Claude API's malformed stream is retried."""
+    broken = bytearray(bedrock_chunk(b'event: ping\ndata: {"type": "ping"}\n\n'))
+    broken[-1] ^= 0xFF  # the message's CRC
+    headers = {"content-type": "application/vnd.amazon.eventstream"}
+    fake_claude.enqueue(raw_reply(bytes(broken), headers=headers), text_reply("answered after a retry"))
+    env = platform_env("bedrock", fake_claude, "us-east-1")
+    async with echo_session(None, "--provider", "bedrock", "--retry-base-delay", "0.01", env=env) as session:
+        answer = await ask_sampling(session)
+    assert answer.get("result", {}).get("content") == {"type": "text", "text": "answered after a retry"}, (
+        answer
+    )
+    assert len(fake_claude.platform_requests) == 2
 
 
 async def test_bedrock_with_a_native_model_id(fake_claude: FakeClaude) -> None:

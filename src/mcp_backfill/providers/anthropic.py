@@ -182,13 +182,19 @@ class StreamedEvents:
                 yield opening
 
         decoder = self._client._make_sse_decoder()  # server-sent events, or Bedrock's event stream
-        async for sse in decoder.aiter_bytes(body()):
-            if sse.event == "error":
-                raise self._error_event(sse.data)
-            if sse.event is None or sse.event == "ping" or not sse.data:
-                continue
-            events += 1
-            yield decode(sse.data.encode())
+        try:
+            async for sse in decoder.aiter_bytes(body()):
+                if sse.event == "error":
+                    raise self._error_event(sse.data)
+                if sse.event is None or sse.event == "ping" or not sse.data:
+                    continue
+                events += 1
+                yield decode(sse.data.encode())
+        except Exception as exc:
+            if not _broken_frame(exc):
+                raise
+            # A malformed stream, as a broken server-sent event is: the call was made.
+            raise ValueError(f"a broken AWS event-stream frame ({type(exc).__name__}: {exc})") from None
         if not events and media_type not in STREAM_TYPES and head:
             excerpt = bytes(head).decode(errors="replace")
             raise ValueError(f"a {media_type or 'untyped'} answer, not an event stream: {excerpt}")
@@ -221,6 +227,16 @@ class StreamedEvents:
         except ValueError:
             message = data or f"Error code: {self._response.status_code}"
         return self._client._make_status_error(message, body=body, response=self._response)
+
+
+def _broken_frame(exc: Exception) -> bool:
+    """Is `exc` botocore's for an AWS event-stream frame it cannot read (a checksum that does not
+    match, a length out of bounds)? It is no `ValueError`."""
+    try:
+        from botocore.eventstream import ParserError  # type: ignore[import-untyped]
+    except ImportError:  # no botocore, no Bedrock stream
+        return False
+    return isinstance(exc, ParserError)
 
 
 async def _read_whole(chunks: AsyncIterator[bytes], media_type: str) -> bytes:
