@@ -115,6 +115,33 @@ async def test_a_corrupted_bedrock_frame_is_retried_as_a_malformed_stream(fake_c
     assert len(fake_claude.platform_requests) == 2
 
 
+async def test_a_bedrock_api_key_with_a_trailing_line_break_is_used_without_it(
+    fake_claude: FakeClaude,
+) -> None:
+    """As ANTHROPIC_API_KEY is: the SDK read AWS_BEARER_TOKEN_BEDROCK itself, untrimmed (a secret
+    mounted as an environment variable often ends with a line break), so its header could not be
+    sent and every call failed as "Claude API unreachable: Illegal header value", retried each time."""
+    env = {
+        **platform_env("bedrock", fake_claude, "us-east-1"),
+        "AWS_BEARER_TOKEN_BEDROCK": f"{TEST_API_KEY}\n",
+    }
+    async with echo_session(None, "--provider", "bedrock", env=env) as session:
+        answer = await ask_sampling(session)
+    assert "result" in answer, answer
+    [request] = fake_claude.platform_requests
+    assert request.headers["authorization"] == f"Bearer {TEST_API_KEY}"
+
+
+def test_a_bedrock_api_key_of_two_lines_is_refused_at_startup() -> None:
+    argv = proxy_argv("--provider", "bedrock", upstream=[sys.executable, "-c", "pass"])
+    env = proxy_env(AWS_BEARER_TOKEN_BEDROCK=f"{TEST_API_KEY}\nsecond-line", AWS_REGION="us-east-1")
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "AWS_BEARER_TOKEN_BEDROCK holds a line break" in done.stderr
+    assert TEST_API_KEY not in done.stderr
+    assert done.stdout == ""
+
+
 async def test_bedrock_with_a_native_model_id(fake_claude: FakeClaude) -> None:
     env = platform_env("bedrock", fake_claude, "us-east-1")
     native = "us.anthropic.claude-haiku-5-5"

@@ -166,6 +166,19 @@ def check_dependencies(provider: str, environ: Mapping[str, str], *, vertex_toke
         )
 
 
+def bedrock_api_key(environ: Mapping[str, str]) -> str | None:
+    """`AWS_BEARER_TOKEN_BEDROCK` trimmed, as `ANTHROPIC_API_KEY` is (the SDK reads it as it is: a
+    trailing line break made its header unsendable, every call a connection error); None when unset
+    (SigV4). Raises `ConfigError`, without quoting it, when a control character is left inside."""
+    key = environ.get("AWS_BEARER_TOKEN_BEDROCK", "").strip()
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in key):
+        raise ConfigError(
+            "AWS_BEARER_TOKEN_BEDROCK holds a line break or another control character: it must be the "
+            "Bedrock API key alone, on one line"
+        )
+    return key or None
+
+
 # The endpoint variables the SDK's Bedrock and Vertex clients read in place of their cloud's.
 PLATFORM_BASE_URL_VARIABLES = {"bedrock": "ANTHROPIC_BEDROCK_BASE_URL", "vertex": "ANTHROPIC_VERTEX_BASE_URL"}
 
@@ -190,7 +203,11 @@ def make_client(
         check_dependencies("bedrock", environ)
         try:
             return anthropic.AsyncAnthropicBedrock(
-                max_retries=0, timeout=timeout, default_headers=headers or None, http_client=http_client
+                api_key=bedrock_api_key(environ),
+                max_retries=0,
+                timeout=timeout,
+                default_headers=headers or None,
+                http_client=http_client,
             )
         except ValueError as exc:  # no region
             raise ConfigError(f"--provider bedrock: {exc}") from None
