@@ -37,6 +37,7 @@ from mcp_backfill.options import (
 )
 
 __all__ = [
+    "PLATFORM_BASE_URL_VARIABLES",
     "PLATFORM_SECRET_ENV_VARS",
     "SECRET_ENV_VARS",
     "AudioPolicy",
@@ -78,6 +79,8 @@ PROXY_ENV_PREFIXES = ("MCP_BACKFILL_", "ANTHROPIC_")
 # still passed to the upstream: they are the user's own cloud identity, which an upstream cloud tool
 # may need for its own work (Bedrock's API key, `AWS_BEARER_TOKEN_BEDROCK`, is the proxy's and is not).
 PLATFORM_SECRET_ENV_VARS = ("AWS_BEARER_TOKEN_BEDROCK", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+# The endpoint variables the SDK's Bedrock and Vertex clients read in place of their cloud's.
+PLATFORM_BASE_URL_VARIABLES = {"bedrock": "ANTHROPIC_BEDROCK_BASE_URL", "vertex": "ANTHROPIC_VERTEX_BASE_URL"}
 # Extra headers the anthropic SDK sends on every call, one `Name: value` per line: gateway credentials.
 CUSTOM_HEADERS_ENV_VAR = "ANTHROPIC_CUSTOM_HEADERS"
 # What no credential sent in a header can hold.

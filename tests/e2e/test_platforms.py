@@ -289,6 +289,24 @@ def test_a_platform_base_url_that_cannot_work_is_refused_at_startup(
     assert done.stdout == ""
 
 
+@pytest.mark.parametrize("provider", ["bedrock", "vertex"])
+def test_a_plain_http_platform_url_to_another_machine_is_warned_about(provider: str) -> None:
+    """As with ANTHROPIC_BASE_URL: the Bedrock API key or the Google token, and every prompt, cross
+    the network unencrypted to a plain-`http://` endpoint on another machine, and nothing said so."""
+    variable = {"bedrock": "ANTHROPIC_BEDROCK_BASE_URL", "vertex": "ANTHROPIC_VERTEX_BASE_URL"}[provider]
+    argv = proxy_argv("--provider", provider, "--no-warm-up", upstream=[sys.executable, "-c", "pass"])
+    env = proxy_env(
+        **{variable: "http://gateway.internal:8080"}, AWS_BEARER_TOKEN_BEDROCK="tok", AWS_REGION="us-east-1"
+    )
+    env.update(
+        CLOUD_ML_REGION="us-east5", ANTHROPIC_VERTEX_PROJECT_ID="p", MCP_BACKFILL_VERTEX_ACCESS_TOKEN="tok"
+    )
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    warning = [line for line in done.stderr.splitlines() if "unencrypted" in line]
+    assert len(warning) == 1, done.stderr
+    assert variable in warning[0]
+
+
 def test_bedrock_without_a_region_refuses_to_start() -> None:
     argv = proxy_argv("--provider", "bedrock", upstream=[sys.executable, "-c", "pass"])
     env = proxy_env(AWS_BEARER_TOKEN_BEDROCK="tok", AWS_CONFIG_FILE="/nonexistent")

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 import anthropic
 import httpx2
 
-from mcp_backfill.config import check_api_base_url
+from mcp_backfill.config import PLATFORM_BASE_URL_VARIABLES, check_api_base_url
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.providers import ProviderSettings
 
@@ -177,10 +177,6 @@ def bedrock_api_key(environ: Mapping[str, str]) -> str | None:
             "Bedrock API key alone, on one line"
         )
     return key or None
-
-
-# The endpoint variables the SDK's Bedrock and Vertex clients read in place of their cloud's.
-PLATFORM_BASE_URL_VARIABLES = {"bedrock": "ANTHROPIC_BEDROCK_BASE_URL", "vertex": "ANTHROPIC_VERTEX_BASE_URL"}
 
 
 def make_client(
