@@ -180,11 +180,38 @@ GOOGLE_AUTH_STUB = {
         "    def refresh(self, request):\n"
         "        self.token = os.environ['STUB_ADC_TOKEN']\n\n"
         "def default(scopes=None, **kwargs):\n"
-        "    return Credentials(), os.environ['STUB_ADC_PROJECT']\n"
+        "    return Credentials(), os.environ.get('STUB_ADC_PROJECT')\n"
     ),
     "google/auth/transport/__init__.py": "",
     "google/auth/transport/requests.py": "class Request:\n    pass\n",
 }
+
+
+def write_google_auth_stub(where: Path) -> str:
+    """The stand-in written under `where`; returns the PYTHONPATH that finds it first."""
+    for name, text in GOOGLE_AUTH_STUB.items():
+        (where / name).parent.mkdir(parents=True, exist_ok=True)
+        (where / name).write_text(text)
+    return os.pathsep.join([str(where), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
+async def test_vertex_credentials_that_name_no_project_are_answered_with_the_variable_to_set(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """User credentials (`gcloud auth application-default login`) name no project: the error said
+    "Could not resolve project_id", not which variable gives one."""
+    env = {
+        "ANTHROPIC_VERTEX_BASE_URL": fake_claude.url,
+        "CLOUD_ML_REGION": "us-east5",
+        "STUB_ADC_TOKEN": TEST_API_KEY,
+        "PYTHONPATH": write_google_auth_stub(tmp_path),
+    }
+    async with echo_session(None, "--provider", "vertex", env=env) as session:
+        answer = await ask_sampling(session)
+        ping = await session.request(77, "ping", {})
+    assert "ANTHROPIC_VERTEX_PROJECT_ID" in answer["error"]["message"], answer
+    assert "result" in ping
+    assert fake_claude.platform_requests == []
 
 
 async def test_vertex_takes_its_project_from_application_default_credentials(
@@ -193,16 +220,13 @@ async def test_vertex_takes_its_project_from_application_default_credentials(
     """Without ANTHROPIC_VERTEX_PROJECT_ID the project is the one the credentials name, as documented:
     the SDK asked for the project before it loaded the credentials, so every call failed with "No
     project_id was given"."""
-    for name, text in GOOGLE_AUTH_STUB.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
     fake_claude.enqueue(text_reply("answered on vertex"))
     env = {
         "ANTHROPIC_VERTEX_BASE_URL": fake_claude.url,
         "CLOUD_ML_REGION": "us-east5",
         "STUB_ADC_TOKEN": TEST_API_KEY,
         "STUB_ADC_PROJECT": "proj-adc",
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "PYTHONPATH": write_google_auth_stub(tmp_path),
     }
     async with echo_session(None, "--provider", "vertex", env=env) as session:
         answer = await ask_sampling(session)

@@ -86,7 +86,10 @@ async def vertex_project_from_credentials(client: AnyClient) -> None:
     the SDK asks for the project before it loads the credentials, so without this every call
     failed with "No project_id was given". Blocking work runs in a worker thread (the SDK's own)."""
     if isinstance(client, anthropic.AsyncAnthropicVertex) and client.project_id is None:
-        await client._ensure_access_token()
+        try:
+            await client._ensure_access_token()
+        except ValueError as exc:  # "Could not resolve project_id": user credentials name none
+            raise ValueError(f"{exc}: set ANTHROPIC_VERTEX_PROJECT_ID (the Google Cloud project)") from None
 
 
 def _name_not_resolved(exc: BaseException) -> bool:
