@@ -195,6 +195,33 @@ def write_google_auth_stub(where: Path) -> str:
     return os.pathsep.join([str(where), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
+async def test_a_token_minted_from_application_default_credentials_is_redacted(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """The token google-auth mints is a secret as MCP_BACKFILL_VERTEX_ACCESS_TOKEN is: an endpoint (a
+    gateway) that quotes it in an error had it shown to the server, in the log and the audit log."""
+    minted = "ya29.minted-by-adc-0123456789abcdef"
+    fake_claude.api_key = minted
+    fake_claude.enqueue(error_reply(403, "permission_error", f"token {minted} may not call this model"))
+    audit = tmp_path / "audit.jsonl"
+    env = {
+        "ANTHROPIC_VERTEX_BASE_URL": fake_claude.url,
+        "CLOUD_ML_REGION": "us-east5",
+        "ANTHROPIC_VERTEX_PROJECT_ID": "proj-42",
+        "STUB_ADC_TOKEN": minted,
+        "PYTHONPATH": write_google_auth_stub(tmp_path),
+    }
+    options = ("--provider", "vertex", "--audit-log", str(audit))
+    async with echo_session(None, *options, env=env) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+        log = session.stderr()
+    assert "token *** may not call this model" in answer["error"]["message"], answer
+    places = {"to the server": str(answer), "log": log, "audit": audit.read_text()}
+    assert [where for where, text in places.items() if minted in text] == []
+
+
 async def test_vertex_credentials_that_name_no_project_are_answered_with_the_variable_to_set(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:

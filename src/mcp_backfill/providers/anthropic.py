@@ -354,6 +354,13 @@ async def streamed_message(client: AnyClient, request: dict[str, Any]) -> dict[s
         return fold.message()
 
 
+def minted_token(client: AnyClient) -> str | None:
+    """The access token the client minted itself (Vertex's, from Application Default Credentials),
+    a secret no setting holds; None when it has none."""
+    token = getattr(getattr(client, "credentials", None), "token", None)
+    return token if isinstance(token, str) and token else None
+
+
 class AnthropicProvider:
     """A `Provider` over an anthropic SDK async client (Claude API, Bedrock or Vertex)."""
 
@@ -368,7 +375,14 @@ class AnthropicProvider:
         self.name = name
         self._client = client
         self._model_id = model_id
-        self._redact = Redactor(secrets).redact
+        self._redact_configured = Redactor(secrets).redact
+
+    def _redact(self, text: str) -> str:
+        """`text` without the configured secrets, nor the token the client minted itself (Vertex's
+        from Application Default Credentials, renewed hourly), which no setting holds."""
+        text = self._redact_configured(text)
+        token = minted_token(self._client)
+        return Redactor((token,)).redact(text) if token else text
 
     async def prime(self) -> None:
         """The second half of the priming, on the proxy's own loop: one canned answer through this
