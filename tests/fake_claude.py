@@ -41,7 +41,7 @@ Wire behaviour (as the Messages API documents it and the anthropic SDK expects i
   point here: `POST /model/{id}/invoke(-with-response-stream)` (Bedrock: model in the URL,
   `anthropic_version` in the body, the stream framed as AWS event-stream messages) and
   `POST /projects/{p}/locations/{r}/publishers/anthropic/models/{id}:(stream)rawPredict` (Vertex).
-  They are recorded in `platform_requests`.
+  They are recorded in `platform_requests`; a `raw_reply` is sent there as scripted.
 * A request without `authorization: Bearer <key>` is a 401 `authentication_error`. When `validate`
   is on (the default), requests that the real API rejects (missing fields, `temperature`, empty
   text blocks, unpaired tool_use/tool_result, invalid tool names, an image of another media type
@@ -1526,20 +1526,7 @@ class FakeClaude:
         if isinstance(reply, ErrorReply):
             return self._error(reply.status, reply.error_type, reply.message, reply.headers, reply.details)
         if isinstance(reply, RawReply):
-            headers = {
-                "content-type": "text/event-stream; charset=utf-8",
-                "request-id": f"req_fake_{self._next_number():06d}",
-                **reply.headers,
-            }
-            return _ScriptedResponse(
-                self,
-                reply.status,
-                headers,
-                list(reply.parts),
-                abort=reply.abort,
-                hang=reply.hang,
-                part_delay=reply.part_delay,
-            )
+            return self._raw_response(reply)
         if isinstance(reply, StreamErrorReply):
             if not streaming:
                 return self._error(
@@ -1675,6 +1662,8 @@ class FakeClaude:
         )
         if isinstance(reply, ErrorReply):
             return self._error(reply.status, reply.error_type, reply.message, reply.headers, reply.details)
+        if isinstance(reply, RawReply):  # scripted bytes, as on the Claude API's path
+            return self._raw_response(reply)
         if not bedrock or not streaming:
             return self._platform_sse_or_json(reply, body, streaming)
         request_id = f"req_fake_{self._next_number():06d}"
@@ -1702,6 +1691,22 @@ class FakeClaude:
             chunks.append(eventstream_message(event, payload))
         abort = isinstance(reply, TruncatedStreamReply) and reply.abrupt
         return _ScriptedResponse(self, 200, headers, chunks, hang=isinstance(reply, HangReply), abort=abort)
+
+    def _raw_response(self, reply: RawReply) -> Response:
+        headers = {
+            "content-type": "text/event-stream; charset=utf-8",
+            "request-id": f"req_fake_{self._next_number():06d}",
+            **reply.headers,
+        }
+        return _ScriptedResponse(
+            self,
+            reply.status,
+            headers,
+            list(reply.parts),
+            abort=reply.abort,
+            hang=reply.hang,
+            part_delay=reply.part_delay,
+        )
 
     def _platform_sse_or_json(self, reply: Reply, body: JSONObject, streaming: bool) -> Response:
         """Vertex streams exactly like the Claude API; non-streaming calls get the message JSON."""

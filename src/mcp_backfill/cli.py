@@ -17,6 +17,7 @@ import anyio
 
 from mcp_backfill import __version__, telemetry
 from mcp_backfill.config import (
+    PLATFORM_BASE_URL_VARIABLES,
     PLATFORM_SECRET_ENV_VARS,
     SECRET_FILE_VARIABLES,
     Config,
@@ -247,10 +248,11 @@ def _warn_about(config: Config, environ: Mapping[str, str]) -> None:
     if config.front != "http":
         for name in sorted(SERVE_ONLY_VARIABLES & environ.keys()):
             log.warning(f"{name} is read by `mcp-backfill serve` only; the stdio wrapper ignores it")
-    base = urlsplit(config.api_base_url or "")
-    if config.provider == "anthropic" and base.scheme == "http" and not is_loopback(base.hostname or ""):
+    variable = PLATFORM_BASE_URL_VARIABLES.get(config.provider, "ANTHROPIC_BASE_URL")
+    base = urlsplit((config.api_base_url if config.provider == "anthropic" else environ.get(variable)) or "")
+    if config.provider != "mock" and base.scheme == "http" and not is_loopback(base.hostname or ""):
         log.warning(
-            "ANTHROPIC_BASE_URL is a plain http:// URL on another machine: the API key and every "
+            f"{variable} is a plain http:// URL on another machine: the credentials and every "
             "prompt cross the network unencrypted; use https:// unless that network is trusted"
         )
 

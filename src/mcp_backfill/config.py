@@ -37,6 +37,7 @@ from mcp_backfill.options import (
 )
 
 __all__ = [
+    "PLATFORM_BASE_URL_VARIABLES",
     "PLATFORM_SECRET_ENV_VARS",
     "SECRET_ENV_VARS",
     "AudioPolicy",
@@ -78,6 +79,8 @@ PROXY_ENV_PREFIXES = ("MCP_BACKFILL_", "ANTHROPIC_")
 # still passed to the upstream: they are the user's own cloud identity, which an upstream cloud tool
 # may need for its own work (Bedrock's API key, `AWS_BEARER_TOKEN_BEDROCK`, is the proxy's and is not).
 PLATFORM_SECRET_ENV_VARS = ("AWS_BEARER_TOKEN_BEDROCK", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+# The endpoint variables the SDK's Bedrock and Vertex clients read in place of their cloud's.
+PLATFORM_BASE_URL_VARIABLES = {"bedrock": "ANTHROPIC_BEDROCK_BASE_URL", "vertex": "ANTHROPIC_VERTEX_BASE_URL"}
 # Extra headers the anthropic SDK sends on every call, one `Name: value` per line: gateway credentials.
 CUSTOM_HEADERS_ENV_VAR = "ANTHROPIC_CUSTOM_HEADERS"
 # What no credential sent in a header can hold.
@@ -379,22 +382,20 @@ def check_upstream_url(url: str) -> None:
         )
 
 
-def check_api_base_url(url: str) -> None:
-    """`ANTHROPIC_BASE_URL`, checked at startup: a bad one used to fail every sampling request with
-    an internal error, and credentials in it replaced the API key. Its text is not quoted: it may
-    hold a password."""
+def check_api_base_url(url: str, variable: str = "ANTHROPIC_BASE_URL") -> None:
+    """`ANTHROPIC_BASE_URL` (or the Bedrock or Vertex one, `variable`), checked at startup: a bad
+    one used to fail every sampling request with an internal error, and credentials in it replaced
+    the API key. Its text is not quoted: it may hold a password."""
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 (a port that is not a number raises here)
     except ValueError:
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or url != url.strip():
-        raise ConfigError(
-            "ANTHROPIC_BASE_URL must be an http:// or https:// URL with a host (and a numeric port)"
-        )
+        raise ConfigError(f"{variable} must be an http:// or https:// URL with a host (and a numeric port)")
     if parts.username is not None or parts.password is not None:
         raise ConfigError(
-            "ANTHROPIC_BASE_URL must not carry credentials (user:password@); give a gateway's with "
+            f"{variable} must not carry credentials (user:password@); give a gateway's with "
             f"--api-header 'Name: value' ({option('api_headers').env})"
         )
 

@@ -24,7 +24,7 @@ import anyio
 
 from mcp_backfill import __version__
 from mcp_backfill.assembly import ledger_store, provider_settings
-from mcp_backfill.config import SECRET_FILE_VARIABLES, Config, unknown_variables
+from mcp_backfill.config import PLATFORM_BASE_URL_VARIABLES, SECRET_FILE_VARIABLES, Config, unknown_variables
 from mcp_backfill.credentials import hide_url_credentials, shown_args
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.logs import Redactor
@@ -78,8 +78,6 @@ NOT_SERVE = (
 )
 KEY_PREFIX = "sk-ant-"  # every Anthropic API key's, public: the one part of a secret `check` shows
 TIMEOUT = 30.0  # seconds for each part that talks to something
-# The variable naming each provider's endpoint (the SDK's clients read them), for the network hint.
-BASE_URL_VARIABLES = {"bedrock": "ANTHROPIC_BEDROCK_BASE_URL", "vertex": "ANTHROPIC_VERTEX_BASE_URL"}
 # What a report line shows escaped: every control character (line breaks too: a line of the report
 # is one line) and the bidirectional overrides and isolates. The server's name and tools and the
 # provider's errors come from elsewhere, and must not drive the terminal or add lines of their own.
@@ -207,7 +205,7 @@ async def _provider(report: Report, config: Config) -> None:
     if config.provider == "mock":
         report.line("offline mock provider: nothing to reach, no key needed (answers are canned)")
         return
-    from mcp_backfill.providers.anthropic import CREDENTIALS
+    from mcp_backfill.providers.anthropic import CREDENTIALS, vertex_project_from_credentials
     from mcp_backfill.providers.platforms import make_client
 
     try:
@@ -222,9 +220,11 @@ async def _provider(report: Report, config: Config) -> None:
             "the first sampling request shows whether the AWS credentials work"
         )
         return
-    network = f"; check {BASE_URL_VARIABLES.get(config.provider, 'ANTHROPIC_BASE_URL')} and the network"
+    endpoint = PLATFORM_BASE_URL_VARIABLES.get(config.provider, "ANTHROPIC_BASE_URL")  # the SDK reads it
+    network = f"; check {endpoint} and the network"
     try:
         with anyio.fail_after(TIMEOUT):
+            await vertex_project_from_credentials(client)
             counted = await client.messages.count_tokens(
                 model=config.model, messages=[{"role": "user", "content": "ping"}]
             )

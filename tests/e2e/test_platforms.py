@@ -7,6 +7,7 @@ framing), so the whole request path is exercised offline.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import anyio
 import pytest
 
 from tests.e2e.faults_support import ask_sampling, echo_session
-from tests.fake_claude import FakeClaude, error_reply, text_reply
+from tests.fake_claude import FakeClaude, bedrock_chunk, error_reply, raw_reply, text_reply
 from tests.harness import ROOT, TEST_API_KEY, proxy_argv, proxy_env, python_server
 
 pytestmark = pytest.mark.anyio
@@ -97,6 +98,50 @@ async def test_bedrock_through_the_proxy(fake_claude: FakeClaude) -> None:
     assert TEST_API_KEY not in log
 
 
+async def test_a_corrupted_bedrock_frame_is_retried_as_a_malformed_stream(fake_claude: FakeClaude) -> None:
+    """An AWS event-stream frame that fails its checksum (botocore's `ChecksumMismatch`, not a
+    `ValueError`) was taken for the client refusing to make the call: not retried, though the call
+    had been made (and billed), where the Claude API's malformed stream is retried."""
+    broken = bytearray(bedrock_chunk(b'event: ping\ndata: {"type": "ping"}\n\n'))
+    broken[-1] ^= 0xFF  # the message's CRC
+    headers = {"content-type": "application/vnd.amazon.eventstream"}
+    fake_claude.enqueue(raw_reply(bytes(broken), headers=headers), text_reply("answered after a retry"))
+    env = platform_env("bedrock", fake_claude, "us-east-1")
+    async with echo_session(None, "--provider", "bedrock", "--retry-base-delay", "0.01", env=env) as session:
+        answer = await ask_sampling(session)
+    assert answer.get("result", {}).get("content") == {"type": "text", "text": "answered after a retry"}, (
+        answer
+    )
+    assert len(fake_claude.platform_requests) == 2
+
+
+async def test_a_bedrock_api_key_with_a_trailing_line_break_is_used_without_it(
+    fake_claude: FakeClaude,
+) -> None:
+    """As ANTHROPIC_API_KEY is: the SDK read AWS_BEARER_TOKEN_BEDROCK itself, untrimmed (a secret
+    mounted as an environment variable often ends with a line break), so its header could not be
+    sent and every call failed as "Claude API unreachable: Illegal header value", retried each time."""
+    env = {
+        **platform_env("bedrock", fake_claude, "us-east-1"),
+        "AWS_BEARER_TOKEN_BEDROCK": f"{TEST_API_KEY}\n",
+    }
+    async with echo_session(None, "--provider", "bedrock", env=env) as session:
+        answer = await ask_sampling(session)
+    assert "result" in answer, answer
+    [request] = fake_claude.platform_requests
+    assert request.headers["authorization"] == f"Bearer {TEST_API_KEY}"
+
+
+def test_a_bedrock_api_key_of_two_lines_is_refused_at_startup() -> None:
+    argv = proxy_argv("--provider", "bedrock", upstream=[sys.executable, "-c", "pass"])
+    env = proxy_env(AWS_BEARER_TOKEN_BEDROCK=f"{TEST_API_KEY}\nsecond-line", AWS_REGION="us-east-1")
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "AWS_BEARER_TOKEN_BEDROCK holds a line break" in done.stderr
+    assert TEST_API_KEY not in done.stderr
+    assert done.stdout == ""
+
+
 async def test_bedrock_with_a_native_model_id(fake_claude: FakeClaude) -> None:
     env = platform_env("bedrock", fake_claude, "us-east-1")
     native = "us.anthropic.claude-haiku-5-5"
@@ -120,6 +165,102 @@ async def test_vertex_through_the_proxy(fake_claude: FakeClaude) -> None:
     )
     assert request.headers["authorization"] == f"Bearer {TEST_API_KEY}"
     assert TEST_API_KEY not in log
+
+
+# A stand-in for google-auth's Application Default Credentials (the parts the SDK's Vertex client
+# uses): what `google.auth.default()` finds names a project, as a service account file or
+# `GOOGLE_CLOUD_PROJECT` does, and its token is minted on `refresh`. No `google/__init__.py`: `google`
+# is a namespace package shared with protobuf.
+GOOGLE_AUTH_STUB = {
+    "google/auth/__init__.py": (
+        "import os\n\n"
+        "class Credentials:\n"
+        "    token = None\n"
+        "    expired = False\n\n"
+        "    def refresh(self, request):\n"
+        "        self.token = os.environ['STUB_ADC_TOKEN']\n\n"
+        "def default(scopes=None, **kwargs):\n"
+        "    return Credentials(), os.environ.get('STUB_ADC_PROJECT')\n"
+    ),
+    "google/auth/transport/__init__.py": "",
+    "google/auth/transport/requests.py": "class Request:\n    pass\n",
+}
+
+
+def write_google_auth_stub(where: Path) -> str:
+    """The stand-in written under `where`; returns the PYTHONPATH that finds it first."""
+    for name, text in GOOGLE_AUTH_STUB.items():
+        (where / name).parent.mkdir(parents=True, exist_ok=True)
+        (where / name).write_text(text)
+    return os.pathsep.join([str(where), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
+async def test_a_token_minted_from_application_default_credentials_is_redacted(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """The token google-auth mints is a secret as MCP_BACKFILL_VERTEX_ACCESS_TOKEN is: an endpoint (a
+    gateway) that quotes it in an error had it shown to the server, in the log and the audit log."""
+    minted = "ya29.minted-by-adc-0123456789abcdef"
+    fake_claude.api_key = minted
+    fake_claude.enqueue(error_reply(403, "permission_error", f"token {minted} may not call this model"))
+    audit = tmp_path / "audit.jsonl"
+    env = {
+        "ANTHROPIC_VERTEX_BASE_URL": fake_claude.url,
+        "CLOUD_ML_REGION": "us-east5",
+        "ANTHROPIC_VERTEX_PROJECT_ID": "proj-42",
+        "STUB_ADC_TOKEN": minted,
+        "PYTHONPATH": write_google_auth_stub(tmp_path),
+    }
+    options = ("--provider", "vertex", "--audit-log", str(audit))
+    async with echo_session(None, *options, env=env) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+        log = session.stderr()
+    assert "token *** may not call this model" in answer["error"]["message"], answer
+    places = {"to the server": str(answer), "log": log, "audit": audit.read_text()}
+    assert [where for where, text in places.items() if minted in text] == []
+
+
+async def test_vertex_credentials_that_name_no_project_are_answered_with_the_variable_to_set(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """User credentials (`gcloud auth application-default login`) name no project: the error said
+    "Could not resolve project_id", not which variable gives one."""
+    env = {
+        "ANTHROPIC_VERTEX_BASE_URL": fake_claude.url,
+        "CLOUD_ML_REGION": "us-east5",
+        "STUB_ADC_TOKEN": TEST_API_KEY,
+        "PYTHONPATH": write_google_auth_stub(tmp_path),
+    }
+    async with echo_session(None, "--provider", "vertex", env=env) as session:
+        answer = await ask_sampling(session)
+        ping = await session.request(77, "ping", {})
+    assert "ANTHROPIC_VERTEX_PROJECT_ID" in answer["error"]["message"], answer
+    assert "result" in ping
+    assert fake_claude.platform_requests == []
+
+
+async def test_vertex_takes_its_project_from_application_default_credentials(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """Without ANTHROPIC_VERTEX_PROJECT_ID the project is the one the credentials name, as documented:
+    the SDK asked for the project before it loaded the credentials, so every call failed with "No
+    project_id was given"."""
+    fake_claude.enqueue(text_reply("answered on vertex"))
+    env = {
+        "ANTHROPIC_VERTEX_BASE_URL": fake_claude.url,
+        "CLOUD_ML_REGION": "us-east5",
+        "STUB_ADC_TOKEN": TEST_API_KEY,
+        "STUB_ADC_PROJECT": "proj-adc",
+        "PYTHONPATH": write_google_auth_stub(tmp_path),
+    }
+    async with echo_session(None, "--provider", "vertex", env=env) as session:
+        answer = await ask_sampling(session)
+    assert answer.get("result", {}).get("content") == {"type": "text", "text": "answered on vertex"}, answer
+    [request] = fake_claude.platform_requests
+    assert request.path.startswith("/projects/proj-adc/locations/us-east5/publishers/anthropic/models/")
+    assert request.headers["authorization"] == f"Bearer {TEST_API_KEY}"
 
 
 @pytest.mark.parametrize("provider", ["bedrock", "vertex"])
@@ -155,6 +296,66 @@ def test_vertex_without_credentials_or_extra_refuses_to_start() -> None:
     assert done.returncode == 2
     assert "pip install 'mcp-backfill[vertex]'" in done.stderr
     assert done.stdout == ""
+
+
+def test_vertex_with_a_ready_token_but_no_project_refuses_to_start() -> None:
+    """A ready token names no project, so without ANTHROPIC_VERTEX_PROJECT_ID no call can be made:
+    the proxy started anyway and every sampling request failed ("No project_id was given"), where a
+    missing region stops it at startup."""
+    argv = proxy_argv("--provider", "vertex", upstream=[sys.executable, "-c", "pass"])
+    env = proxy_env(CLOUD_ML_REGION="us-east5", MCP_BACKFILL_VERTEX_ACCESS_TOKEN=TEST_API_KEY)
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "ANTHROPIC_VERTEX_PROJECT_ID" in done.stderr
+    assert "MCP_BACKFILL_VERTEX_ACCESS_TOKEN" in done.stderr
+    assert TEST_API_KEY not in done.stderr
+    assert done.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("provider", "base_url", "message"),
+    [
+        ("bedrock", "https://gw-user:gw-password-123@gateway.example", "must not carry credentials"),
+        ("vertex", "https://gw-user:gw-password-123@gateway.example/v1", "must not carry credentials"),
+        ("bedrock", "bedrock-gateway.example:8443", "http:// or https://"),
+    ],
+)
+def test_a_platform_base_url_that_cannot_work_is_refused_at_startup(
+    provider: str, base_url: str, message: str
+) -> None:
+    """As ANTHROPIC_BASE_URL is: with credentials in it, httpx2 sent them as Basic auth in place of
+    the Bedrock API key or the Google token (every call refused, "check the AWS credentials"); without
+    a scheme every call was retried as unreachable until --sampling-timeout."""
+    variable = {"bedrock": "ANTHROPIC_BEDROCK_BASE_URL", "vertex": "ANTHROPIC_VERTEX_BASE_URL"}[provider]
+    argv = proxy_argv("--provider", provider, upstream=[sys.executable, "-c", "pass"])
+    env = proxy_env(**{variable: base_url}, AWS_BEARER_TOKEN_BEDROCK="tok", AWS_REGION="us-east-1")
+    env.update(
+        CLOUD_ML_REGION="us-east5", ANTHROPIC_VERTEX_PROJECT_ID="p", MCP_BACKFILL_VERTEX_ACCESS_TOKEN="tok"
+    )
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert variable in done.stderr
+    assert message in done.stderr
+    assert "gw-password-123" not in done.stderr
+    assert done.stdout == ""
+
+
+@pytest.mark.parametrize("provider", ["bedrock", "vertex"])
+def test_a_plain_http_platform_url_to_another_machine_is_warned_about(provider: str) -> None:
+    """As with ANTHROPIC_BASE_URL: the Bedrock API key or the Google token, and every prompt, cross
+    the network unencrypted to a plain-`http://` endpoint on another machine, and nothing said so."""
+    variable = {"bedrock": "ANTHROPIC_BEDROCK_BASE_URL", "vertex": "ANTHROPIC_VERTEX_BASE_URL"}[provider]
+    argv = proxy_argv("--provider", provider, "--no-warm-up", upstream=[sys.executable, "-c", "pass"])
+    env = proxy_env(
+        **{variable: "http://gateway.internal:8080"}, AWS_BEARER_TOKEN_BEDROCK="tok", AWS_REGION="us-east-1"
+    )
+    env.update(
+        CLOUD_ML_REGION="us-east5", ANTHROPIC_VERTEX_PROJECT_ID="p", MCP_BACKFILL_VERTEX_ACCESS_TOKEN="tok"
+    )
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    warning = [line for line in done.stderr.splitlines() if "unencrypted" in line]
+    assert len(warning) == 1, done.stderr
+    assert variable in warning[0]
 
 
 def test_bedrock_without_a_region_refuses_to_start() -> None:

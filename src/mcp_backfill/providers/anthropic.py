@@ -80,6 +80,18 @@ CREDENTIALS = {
 }
 
 
+async def vertex_project_from_credentials(client: AnyClient) -> None:
+    """A Vertex client without `ANTHROPIC_VERTEX_PROJECT_ID` loads its Application Default
+    Credentials now, which name the project (a service account's, `GOOGLE_CLOUD_PROJECT`, gcloud's):
+    the SDK asks for the project before it loads the credentials, so without this every call
+    failed with "No project_id was given". Blocking work runs in a worker thread (the SDK's own)."""
+    if isinstance(client, anthropic.AsyncAnthropicVertex) and client.project_id is None:
+        try:
+            await client._ensure_access_token()
+        except ValueError as exc:  # "Could not resolve project_id": user credentials name none
+            raise ValueError(f"{exc}: set ANTHROPIC_VERTEX_PROJECT_ID (the Google Cloud project)") from None
+
+
 def _name_not_resolved(exc: BaseException) -> bool:
     """Did a connection fail because the host name does not resolve?"""
     seen: BaseException | None = exc
@@ -173,13 +185,19 @@ class StreamedEvents:
                 yield opening
 
         decoder = self._client._make_sse_decoder()  # server-sent events, or Bedrock's event stream
-        async for sse in decoder.aiter_bytes(body()):
-            if sse.event == "error":
-                raise self._error_event(sse.data)
-            if sse.event is None or sse.event == "ping" or not sse.data:
-                continue
-            events += 1
-            yield decode(sse.data.encode())
+        try:
+            async for sse in decoder.aiter_bytes(body()):
+                if sse.event == "error":
+                    raise self._error_event(sse.data)
+                if sse.event is None or sse.event == "ping" or not sse.data:
+                    continue
+                events += 1
+                yield decode(sse.data.encode())
+        except Exception as exc:
+            if not _broken_frame(exc):
+                raise
+            # A malformed stream, as a broken server-sent event is: the call was made.
+            raise ValueError(f"a broken AWS event-stream frame ({type(exc).__name__}: {exc})") from None
         if not events and media_type not in STREAM_TYPES and head:
             excerpt = bytes(head).decode(errors="replace")
             raise ValueError(f"a {media_type or 'untyped'} answer, not an event stream: {excerpt}")
@@ -212,6 +230,16 @@ class StreamedEvents:
         except ValueError:
             message = data or f"Error code: {self._response.status_code}"
         return self._client._make_status_error(message, body=body, response=self._response)
+
+
+def _broken_frame(exc: Exception) -> bool:
+    """Is `exc` botocore's for an AWS event-stream frame it cannot read (a checksum that does not
+    match, a length out of bounds)? It is no `ValueError`."""
+    try:
+        from botocore.eventstream import ParserError  # type: ignore[import-untyped]
+    except ImportError:  # no botocore, no Bedrock stream
+        return False
+    return isinstance(exc, ParserError)
 
 
 async def _read_whole(chunks: AsyncIterator[bytes], media_type: str) -> bytes:
@@ -280,6 +308,7 @@ async def message_stream(client: AnyClient, request: dict[str, Any]) -> AsyncIte
 
 
 async def _post_messages(client: AnyClient, body: dict[str, Any]) -> httpx2.Response:
+    await vertex_project_from_credentials(client)
     return await client.post(
         "/v1/messages",
         body=body,
@@ -325,6 +354,13 @@ async def streamed_message(client: AnyClient, request: dict[str, Any]) -> dict[s
         return fold.message()
 
 
+def minted_token(client: AnyClient) -> str | None:
+    """The access token the client minted itself (Vertex's, from Application Default Credentials),
+    a secret no setting holds; None when it has none."""
+    token = getattr(getattr(client, "credentials", None), "token", None)
+    return token if isinstance(token, str) and token else None
+
+
 class AnthropicProvider:
     """A `Provider` over an anthropic SDK async client (Claude API, Bedrock or Vertex)."""
 
@@ -339,7 +375,14 @@ class AnthropicProvider:
         self.name = name
         self._client = client
         self._model_id = model_id
-        self._redact = Redactor(secrets).redact
+        self._redact_configured = Redactor(secrets).redact
+
+    def _redact(self, text: str) -> str:
+        """`text` without the configured secrets, nor the token the client minted itself (Vertex's
+        from Application Default Credentials, renewed hourly), which no setting holds."""
+        text = self._redact_configured(text)
+        token = minted_token(self._client)
+        return Redactor((token,)).redact(text) if token else text
 
     async def prime(self) -> None:
         """The second half of the priming, on the proxy's own loop: one canned answer through this

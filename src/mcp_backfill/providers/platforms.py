@@ -33,6 +33,7 @@ from collections.abc import Mapping
 import anthropic
 import httpx2
 
+from mcp_backfill.config import PLATFORM_BASE_URL_VARIABLES, check_api_base_url
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.providers import ProviderSettings
 
@@ -165,6 +166,19 @@ def check_dependencies(provider: str, environ: Mapping[str, str], *, vertex_toke
         )
 
 
+def bedrock_api_key(environ: Mapping[str, str]) -> str | None:
+    """`AWS_BEARER_TOKEN_BEDROCK` trimmed, as `ANTHROPIC_API_KEY` is (the SDK reads it as it is: a
+    trailing line break made its header unsendable, every call a connection error); None when unset
+    (SigV4). Raises `ConfigError`, without quoting it, when a control character is left inside."""
+    key = environ.get("AWS_BEARER_TOKEN_BEDROCK", "").strip()
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in key):
+        raise ConfigError(
+            "AWS_BEARER_TOKEN_BEDROCK holds a line break or another control character: it must be the "
+            "Bedrock API key alone, on one line"
+        )
+    return key or None
+
+
 def make_client(
     settings: ProviderSettings,
     environ: Mapping[str, str] | None = None,
@@ -174,6 +188,9 @@ def make_client(
     """The SDK client for `settings.name`, with the SDK's own retries off (the proxy retries), over
     `http_client` (default: a new `api_http_client()`)."""
     environ = os.environ if environ is None else environ
+    base_url_variable = PLATFORM_BASE_URL_VARIABLES.get(settings.name)
+    if base_url_variable and environ.get(base_url_variable):  # the SDK reads it; an empty one is unset
+        check_api_base_url(environ[base_url_variable], base_url_variable)
     http_client = api_http_client() if http_client is None else http_client
     headers = dict(settings.headers)
     # The SDK's read timeout is a second line of defence; the sampling deadline normally acts first.
@@ -182,13 +199,23 @@ def make_client(
         check_dependencies("bedrock", environ)
         try:
             return anthropic.AsyncAnthropicBedrock(
-                max_retries=0, timeout=timeout, default_headers=headers or None, http_client=http_client
+                api_key=bedrock_api_key(environ),
+                max_retries=0,
+                timeout=timeout,
+                default_headers=headers or None,
+                http_client=http_client,
             )
         except ValueError as exc:  # no region
             raise ConfigError(f"--provider bedrock: {exc}") from None
     if settings.name == "vertex":
         token = settings.vertex_access_token
         check_dependencies("vertex", environ, vertex_token=token is not None)
+        if token is not None and not environ.get("ANTHROPIC_VERTEX_PROJECT_ID"):
+            # Application Default Credentials name a project; a ready token does not.
+            raise ConfigError(
+                "--provider vertex with MCP_BACKFILL_VERTEX_ACCESS_TOKEN needs ANTHROPIC_VERTEX_PROJECT_ID "
+                "(the Google Cloud project to call Claude in): a ready token names no project"
+            )
         try:
             return anthropic.AsyncAnthropicVertex(
                 access_token=token,
