@@ -732,3 +732,55 @@ async def test_a_round_still_driven_when_the_grace_period_ends_is_told_so(
     assert "shutting down" in message
     assert "--shutdown-grace / MCP_BACKFILL_SHUTDOWN_GRACE (0.5s)" in message
     assert status == 0
+
+
+async def test_a_server_request_replayed_on_a_resumed_stream_is_answered_once(
+    fake_claude: FakeClaude,
+) -> None:
+    """An SSE event without an `id:` keeps the stream's last id: a server that ids only its priming
+    event replays, on the resumed stream, a sampling request the proxy already took. It was taken
+    again: answered (and billed) a second time, or, while the first was still answered, refused
+    with `-32600` under its id, which the server took for its answer. The stream's requests are
+    remembered: one the proxy saw on it before is not taken again."""
+    fake_claude.enqueue(text_reply("once", delay=0.5), text_reply("twice"))
+    async with recorder() as (upstream, _):
+        argv = proxy_url_argv(url=upstream.url)
+        async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+            await handshake(session)
+            answer = await session.request(2, "poll/replay-sample")
+            await session.close_stdin()
+            await session.wait()
+            log = session.stderr()
+    answers = answer["result"]["answers"]
+    assert len(answers) == 1, answers
+    assert answers[0].get("result", {}).get("content", {}).get("text") == "once", answers
+    assert len(fake_claude.message_requests) == 1
+    assert "Traceback" not in log
+
+
+async def test_a_server_request_replayed_on_a_reopened_standalone_stream_is_answered_once(
+    fake_claude: FakeClaude,
+) -> None:
+    """The standalone GET stream is reopened from its last event id too: a request it brings again
+    (a server that ids only its priming event replays what followed it) is the one it brought
+    before, not taken (answered, billed, or refused under its id) a second time."""
+    fake_claude.enqueue(text_reply("once", delay=0.5), text_reply("twice"))
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv(url=upstream.url)
+        async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+            params = initialize_params()
+            params["clientInfo"]["name"] = "standalone-replay"
+            assert "result" in await session.request(1, "initialize", params)
+            await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            with anyio.fail_after(30):  # until the third GET: the second has ended
+                while sum(1 for entry in recorded() if entry["verb"] == "GET") < 3:
+                    await anyio.sleep(0.05)
+            await session.close_stdin()
+            await session.wait()
+            log = session.stderr()
+        bodies = [entry["body"] for entry in recorded() if entry["verb"] == "POST"]
+    answers = [b for b in bodies if isinstance(b, dict) and "method" not in b and b.get("id") == "dup-g"]
+    assert len(answers) == 1, answers
+    assert answers[0].get("result", {}).get("content", {}).get("text") == "once", answers
+    assert len(fake_claude.message_requests) == 1
+    assert "Traceback" not in log

@@ -30,6 +30,15 @@ method of the POSTed request):
   (2025-11-25); each GET resuming it with `Last-Event-ID` gets the next priming event and its end,
   and the `polls`-th one the result `{"polls": <polls>}` (with `params.label`, the event ids start
   with it instead of `poll`: any text, which travels back in `Last-Event-ID` as UTF-8);
+* `poll/replay-sample`: an SSE stream holding a priming event (id `replay-0`, `retry: 20`) and a
+  `sampling/createMessage` request (id `dup-1`) with no id of its own, then its end; a GET resuming
+  it sends that request again (everything after the priming event, as SSE ids go: an event without
+  an `id:` keeps the last one), waits (up to 20 s) for an answer to `dup-1`, then sends the result
+  `{"answers": <the answers to dup-1 received so far>}`;
+* a client named `standalone-replay` gets a standalone GET stream: the first holds a priming
+  event (id `g-0`) and a `sampling/createMessage` request (id `dup-g`) with no id of its own, then
+  ends; the next (resuming from `g-0`) sends that request again, waits (up to 20 s) for an answer
+  to it, and a second more, then ends; any later GET gets 405;
 * `sse/retry` (`params.retry`, a string): result `{}` as an SSE event whose `retry:` field is that;
 * `session/garble-close`: result `{}`; the DELETE that ends the session is then answered with a body
   that says `Content-Encoding: gzip` and is not;
@@ -53,6 +62,14 @@ from typing import Any
 
 SESSION = "rec-session-1"
 AFFINITY = "lb=replica-7"
+SAMPLE_ID = "dup-1"
+STANDALONE_SAMPLE_ID = "dup-g"
+SAMPLE_REQUEST: dict[str, Any] = {
+    "jsonrpc": "2.0",
+    "id": SAMPLE_ID,
+    "method": "sampling/createMessage",
+    "params": {"messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}], "maxTokens": 50},
+}
 
 
 class State:
@@ -62,6 +79,9 @@ class State:
         self.requests: list[dict[str, Any]] = []
         self.session_alive = True
         self.garble_close = False
+        self.replay_request_id: Any = None
+        self.standalone_replay = False  # a client named `standalone-replay` opened the session
+        self.standalone_gets = 0
 
     def record(self, entry: dict[str, Any]) -> None:
         with self.lock:
@@ -102,6 +122,13 @@ class Handler(BaseHTTPRequestHandler):
         self._record(None)
         # http.server reads a header's bytes as Latin-1; an event id goes back as UTF-8.
         resumed = self.headers.get("last-event-id", "").encode("latin-1").decode("utf-8", "replace")
+        if self.state.standalone_replay and self.state.standalone_gets < 2:
+            self.state.standalone_gets += 1
+            self._standalone_replay(again=resumed == "g-0")
+            return
+        if resumed == "replay-0":
+            self._replay_sample()
+            return
         if resumed.startswith("poll"):
             label, polls, done, request_id = resumed.split("-", 3)
             if int(done) + 1 < int(polls):
@@ -112,6 +139,44 @@ class Handler(BaseHTTPRequestHandler):
                 self._reply(200, f"data: {json.dumps(answer)}\n\n".encode(), "text/event-stream")
             return
         self._reply(405, b"", Allow="POST, DELETE")
+
+    def _replay_sample(self) -> None:
+        self.close_connection = True
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(f"data: {json.dumps(SAMPLE_REQUEST)}\n\n".encode())
+        self.wfile.flush()
+        deadline = time.monotonic() + 20
+        while not self._answers_to(SAMPLE_ID) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # a second answer, were one coming, has come
+        answers = self._answers_to(SAMPLE_ID)
+        with self.state.lock:
+            request_id = self.state.replay_request_id
+        answer = {"jsonrpc": "2.0", "id": request_id, "result": {"answers": answers}}
+        self.wfile.write(f"data: {json.dumps(answer)}\n\n".encode())
+        self.wfile.flush()
+
+    def _standalone_replay(self, *, again: bool) -> None:
+        self.close_connection = True
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        request = {**SAMPLE_REQUEST, "id": STANDALONE_SAMPLE_ID}
+        head = "" if again else "id: g-0\nretry: 20\ndata:\n\n"
+        self.wfile.write(f"{head}data: {json.dumps(request)}\n\n".encode())
+        self.wfile.flush()
+        if again:
+            deadline = time.monotonic() + 20
+            while not self._answers_to(STANDALONE_SAMPLE_ID) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(1)
+
+    def _answers_to(self, request_id: str) -> list[Any]:
+        with self.state.lock:
+            bodies = [entry["body"] for entry in self.state.requests if entry["verb"] == "POST"]
+        return [b for b in bodies if isinstance(b, dict) and "method" not in b and b.get("id") == request_id]
 
     def do_DELETE(self) -> None:
         self._record(None)
@@ -153,6 +218,7 @@ class Handler(BaseHTTPRequestHandler):
         if method == "initialize":
             self.state.session_alive = True
             client = message["params"].get("clientInfo", {}).get("name")
+            self.state.standalone_replay = client == "standalone-replay"
             version = message["params"]["protocolVersion"]
             result = {
                 "protocolVersion": version + "\u00e9" if client == "bad-version" else version,
@@ -203,6 +269,11 @@ class Handler(BaseHTTPRequestHandler):
             label = message["params"].get("label", "poll")
             priming = _priming(label, int(message["params"]["polls"]), 0, json.dumps(request_id))
             self._reply(200, priming, "text/event-stream")
+        elif method == "poll/replay-sample":
+            with self.state.lock:
+                self.state.replay_request_id = request_id
+            events = f"id: replay-0\nretry: 20\ndata:\n\ndata: {json.dumps(SAMPLE_REQUEST)}\n\n"
+            self._reply(200, events.encode(), "text/event-stream")
         elif method == "sse/retry":
             answer = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {}})
             stream = f"retry: {message['params']['retry']}\ndata: {answer}\n\n".encode()
