@@ -784,3 +784,17 @@ async def test_a_server_request_replayed_on_a_reopened_standalone_stream_is_answ
     assert answers[0].get("result", {}).get("content", {}).get("text") == "once", answers
     assert len(fake_claude.message_requests) == 1
     assert "Traceback" not in log
+
+
+async def test_a_poll_at_retry_zero_is_made_at_once_not_after_the_default_second() -> None:
+    """`retry: 0` asks the client to reconnect at once; it was taken for no `retry:` at all, so each
+    poll of a server asking for it waited the 1 s default (12 polls: 12 s), not the 0.1 s floor."""
+    async with recorder() as (upstream, _):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            started = anyio.current_time()
+            answer = await session.request(2, "poll/answer", {"polls": 12, "label": "pollnow"})
+            elapsed = anyio.current_time() - started
+    assert answer.get("result") == {"polls": 12}, answer
+    assert elapsed < 8, f"12 polls at retry: 0 took {elapsed:.1f} s"

@@ -29,7 +29,8 @@ method of the POSTed request):
   empty data), then its end, as a server that has the client poll for a long-running request
   (2025-11-25); each GET resuming it with `Last-Event-ID` gets the next priming event and its end,
   and the `polls`-th one the result `{"polls": <polls>}` (with `params.label`, the event ids start
-  with it instead of `poll`: any text, which travels back in `Last-Event-ID` as UTF-8);
+  with it instead of `poll`: any text, which travels back in `Last-Event-ID` as UTF-8; the label
+  `pollnow` has the priming events say `retry: 0`);
 * `poll/replay-sample`: an SSE stream holding a priming event (id `replay-0`, `retry: 20`) and a
   `sampling/createMessage` request (id `dup-1`) with no id of its own, then its end; a GET resuming
   it sends that request again (everything after the priming event, as SSE ids go: an event without
@@ -289,8 +290,10 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def _priming(label: str, polls: int, done: int, request_id: str) -> bytes:
-    """A priming event of `poll/answer`: its id says how far the polling got, and for which request."""
-    return f"id: {label}-{polls}-{done}-{request_id}\nretry: 20\ndata:\n\n".encode()
+    """A priming event of `poll/answer`: its id says how far the polling got, and for which request
+    (with the label `pollnow`, it asks for `retry: 0`)."""
+    retry = 0 if label == "pollnow" else 20
+    return f"id: {label}-{polls}-{done}-{request_id}\nretry: {retry}\ndata:\n\n".encode()
 
 
 def main() -> None:

@@ -58,6 +58,12 @@ class Cursor:
     last_event_id: str | None = None
     retry: float | None = None  # seconds, from the server's `retry:` field
 
+    def wait(self, default: float) -> float:
+        """How long to wait before reconnecting: what the server's `retry:` asks, `default` when it
+        said nothing (a `retry: 0`, reconnect at once, is something: it was taken for nothing and
+        every poll of a server that asks for it waited a whole second)."""
+        return default if self.retry is None else self.retry
+
 
 class SeenRequests:
     """The ids of the server's requests one stream brought (the last `SEEN_REQUESTS_KEPT`), to know
@@ -461,7 +467,7 @@ class ExchangeReader:
         """
         attempts = 0
         while exchange.expected and not exchange.abandoned and attempts < self.settings.reconnect_attempts:
-            await anyio.sleep(max(exchange.cursor.retry or self.settings.reconnect_delay, RETRY_FLOOR))
+            await anyio.sleep(max(exchange.cursor.wait(self.settings.reconnect_delay), RETRY_FLOOR))
             progress = False
 
             async def on_event(data: Payload) -> bool:

@@ -271,7 +271,7 @@ class HandshakeLeg:
                 attempts = 0 if outcome == "ended" else attempts + 1
                 lived = anyio.current_time() - opened_at >= STREAM_LIVED
                 quick_ends = 0 if delivered or lived else min(quick_ends + 1, 16)
-                await anyio.sleep(standalone_delay(cursor.retry or settings.reconnect_delay, quick_ends))
+                await anyio.sleep(standalone_delay(cursor.wait(settings.reconnect_delay), quick_ends))
             log.warning(
                 "lost the upstream's standalone stream; server messages outside requests will not arrive"
             )
