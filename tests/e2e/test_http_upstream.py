@@ -798,3 +798,23 @@ async def test_a_poll_at_retry_zero_is_made_at_once_not_after_the_default_second
             elapsed = anyio.current_time() - started
     assert answer.get("result") == {"polls": 12}, answer
     assert elapsed < 8, f"12 polls at retry: 0 took {elapsed:.1f} s"
+
+
+async def test_a_resumption_the_server_refuses_is_named_in_the_error() -> None:
+    """A request whose stream the server closed after a priming event, and whose resumption it then
+    refused (HTTP 400) each time, failed with "the upstream ended the response stream without
+    answering", as if nothing had been tried: the error says the resumption was refused, and how."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            answer = await session.request(2, "poll/refused", {})
+            with anyio.fail_after(30):  # not a minute a refusal: only its first second is read
+                endless = await session.request(3, "poll/refused", {"endless": True})
+        resumptions = [e for e in recorded() if e["headers"].get("last-event-id") == "refuse-0"]
+    assert len(resumptions) == 3
+    for refused in (answer, endless):
+        message = refused["error"]["message"]
+        assert "Last-Event-ID" in message, message
+        assert "HTTP 400" in message, message
+        assert "unknown event id" in message, message

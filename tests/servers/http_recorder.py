@@ -40,6 +40,10 @@ method of the POSTed request):
   event (id `g-0`) and a `sampling/createMessage` request (id `dup-g`) with no id of its own, then
   ends; the next (resuming from `g-0`) sends that request again, waits (up to 20 s) for an answer
   to it, and a second more, then ends; any later GET gets 405;
+* `poll/refused` (`params.endless`: its refusals' bodies do not end): an SSE stream holding only a
+  priming event (id `refuse-0`, or `refuse-endless` when endless; `retry: 20`), then its end; a GET
+  resuming it gets HTTP 400, text body `unknown event id` (when endless, followed by a line every
+  0.2 s for a minute);
 * `sse/retry` (`params.retry`, a string): result `{}` as an SSE event whose `retry:` field is that;
 * `session/garble-close`: result `{}`; the DELETE that ends the session is then answered with a body
   that says `Content-Encoding: gzip` and is not;
@@ -127,6 +131,12 @@ class Handler(BaseHTTPRequestHandler):
             self.state.standalone_gets += 1
             self._standalone_replay(again=resumed == "g-0")
             return
+        if resumed == "refuse-0":
+            self._reply(400, b"unknown event id", "text/plain")
+            return
+        if resumed == "refuse-endless":
+            self._endless_refusal()
+            return
         if resumed == "replay-0":
             self._replay_sample()
             return
@@ -140,6 +150,21 @@ class Handler(BaseHTTPRequestHandler):
                 self._reply(200, f"data: {json.dumps(answer)}\n\n".encode(), "text/event-stream")
             return
         self._reply(405, b"", Allow="POST, DELETE")
+
+    def _endless_refusal(self) -> None:
+        self.close_connection = True
+        self.send_response(400)
+        self.send_header("Content-Type", "text/plain")
+        self.end_headers()
+        deadline = time.monotonic() + 60
+        try:
+            self.wfile.write(b"unknown event id\n")
+            while time.monotonic() < deadline:
+                self.wfile.flush()
+                time.sleep(0.2)
+                self.wfile.write(b"and more\n")
+        except OSError:
+            pass  # the client closed it
 
     def _replay_sample(self) -> None:
         self.close_connection = True
@@ -270,6 +295,9 @@ class Handler(BaseHTTPRequestHandler):
             label = message["params"].get("label", "poll")
             priming = _priming(label, int(message["params"]["polls"]), 0, json.dumps(request_id))
             self._reply(200, priming, "text/event-stream")
+        elif method == "poll/refused":
+            event_id = "refuse-endless" if message["params"].get("endless") else "refuse-0"
+            self._reply(200, f"id: {event_id}\nretry: 20\ndata:\n\n".encode(), "text/event-stream")
         elif method == "poll/replay-sample":
             with self.state.lock:
                 self.state.replay_request_id = request_id

@@ -57,6 +57,7 @@ class Cursor:
 
     last_event_id: str | None = None
     retry: float | None = None  # seconds, from the server's `retry:` field
+    refused: str | None = None  # why the last reopening of the stream failed, if it did
 
     def wait(self, default: float) -> float:
         """How long to wait before reconnecting: what the server's `retry:` asks, `default` when it
@@ -487,7 +488,30 @@ class ExchangeReader:
                 exchange.dropped = f"{exchange.dropped or 'stream closed'}; the upstream cannot resume it"
                 return True
             attempts = 0 if progress else attempts + 1
+        if exchange.expected and not exchange.abandoned:
+            refused = exchange.cursor.refused
+            tried = (
+                f"failed {attempts} times in a row, the last: {refused}"
+                if refused is not None
+                else f"brought nothing {attempts} times in a row"
+            )
+            exchange.dropped = (
+                f"{exchange.dropped or 'stream closed'}; resuming it (GET with Last-Event-ID) {tried}"
+            )
         return True
+
+    async def refusal(self, response: httpx2.Response) -> str:
+        """What a refused GET stream says, for an error: its status and the start of its body (what
+        of it comes within `finish_timeout`, up to `ERROR_BODY_LIMIT` bytes: a refusal whose body
+        does not end must not hold the stream's reopening up)."""
+        body = bytearray()
+        with anyio.move_on_after(self.settings.finish_timeout):
+            async for chunk in body_chunks(response):
+                body += chunk
+                if len(body) >= ERROR_BODY_LIMIT:
+                    break
+        text = self._redact(preview(bytes(body[:ERROR_BODY_LIMIT])))
+        return f"HTTP {response.status_code} {response.reason_phrase}: {text}"
 
     # -- notifications and responses -------------------------------------------------------------
 

@@ -214,14 +214,17 @@ class HandshakeLeg:
                     return "expired"
                 if not response.is_success or media_type(response) != protocol.SSE_TYPE:
                     log.debug("upstream refused a stream", extra={"status": response.status_code})
+                    cursor.refused = await self._reader.refusal(response)
                     return "refused"
                 opened = True
+                cursor.refused = None
                 await self._reader.read_events(response, cursor, on_event)
                 return "ended"
         except httpx2.RequestError as exc:
-            log.debug(
-                "upstream stream failed", extra={"error": describe_transport_error(exc), "opened": opened}
-            )
+            reason = describe_transport_error(exc)
+            log.debug("upstream stream failed", extra={"error": reason, "opened": opened})
+            if not opened:
+                cursor.refused = reason
             return "ended" if opened else "failed"
 
     async def _resume(self, exchange: PostExchange) -> None:
