@@ -732,3 +732,89 @@ async def test_a_round_still_driven_when_the_grace_period_ends_is_told_so(
     assert "shutting down" in message
     assert "--shutdown-grace / MCP_BACKFILL_SHUTDOWN_GRACE (0.5s)" in message
     assert status == 0
+
+
+async def test_a_server_request_replayed_on_a_resumed_stream_is_answered_once(
+    fake_claude: FakeClaude,
+) -> None:
+    """An SSE event without an `id:` keeps the stream's last id: a server that ids only its priming
+    event replays, on the resumed stream, a sampling request the proxy already took. It was taken
+    again: answered (and billed) a second time, or, while the first was still answered, refused
+    with `-32600` under its id, which the server took for its answer. The stream's requests are
+    remembered: one the proxy saw on it before is not taken again."""
+    fake_claude.enqueue(text_reply("once", delay=0.5), text_reply("twice"))
+    async with recorder() as (upstream, _):
+        argv = proxy_url_argv(url=upstream.url)
+        async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+            await handshake(session)
+            answer = await session.request(2, "poll/replay-sample")
+            await session.close_stdin()
+            await session.wait()
+            log = session.stderr()
+    answers = answer["result"]["answers"]
+    assert len(answers) == 1, answers
+    assert answers[0].get("result", {}).get("content", {}).get("text") == "once", answers
+    assert len(fake_claude.message_requests) == 1
+    assert "Traceback" not in log
+
+
+async def test_a_server_request_replayed_on_a_reopened_standalone_stream_is_answered_once(
+    fake_claude: FakeClaude,
+) -> None:
+    """The standalone GET stream is reopened from its last event id too: a request it brings again
+    (a server that ids only its priming event replays what followed it) is the one it brought
+    before, not taken (answered, billed, or refused under its id) a second time."""
+    fake_claude.enqueue(text_reply("once", delay=0.5), text_reply("twice"))
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv(url=upstream.url)
+        async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+            params = initialize_params()
+            params["clientInfo"]["name"] = "standalone-replay"
+            assert "result" in await session.request(1, "initialize", params)
+            await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            with anyio.fail_after(30):  # until the third GET: the second has ended
+                while sum(1 for entry in recorded() if entry["verb"] == "GET") < 3:
+                    await anyio.sleep(0.05)
+            await session.close_stdin()
+            await session.wait()
+            log = session.stderr()
+        bodies = [entry["body"] for entry in recorded() if entry["verb"] == "POST"]
+    answers = [b for b in bodies if isinstance(b, dict) and "method" not in b and b.get("id") == "dup-g"]
+    assert len(answers) == 1, answers
+    assert answers[0].get("result", {}).get("content", {}).get("text") == "once", answers
+    assert len(fake_claude.message_requests) == 1
+    assert "Traceback" not in log
+
+
+async def test_a_poll_at_retry_zero_is_made_at_once_not_after_the_default_second() -> None:
+    """`retry: 0` asks the client to reconnect at once; it was taken for no `retry:` at all, so each
+    poll of a server asking for it waited the 1 s default (12 polls: 12 s), not the 0.1 s floor."""
+    async with recorder() as (upstream, _):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            started = anyio.current_time()
+            answer = await session.request(2, "poll/answer", {"polls": 12, "label": "pollnow"})
+            elapsed = anyio.current_time() - started
+    assert answer.get("result") == {"polls": 12}, answer
+    assert elapsed < 8, f"12 polls at retry: 0 took {elapsed:.1f} s"
+
+
+async def test_a_resumption_the_server_refuses_is_named_in_the_error() -> None:
+    """A request whose stream the server closed after a priming event, and whose resumption it then
+    refused (HTTP 400) each time, failed with "the upstream ended the response stream without
+    answering", as if nothing had been tried: the error says the resumption was refused, and how."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            answer = await session.request(2, "poll/refused", {})
+            with anyio.fail_after(30):  # not a minute a refusal: only its first second is read
+                endless = await session.request(3, "poll/refused", {"endless": True})
+        resumptions = [e for e in recorded() if e["headers"].get("last-event-id") == "refuse-0"]
+    assert len(resumptions) == 3
+    for refused in (answer, endless):
+        message = refused["error"]["message"]
+        assert "Last-Event-ID" in message, message
+        assert "HTTP 400" in message, message
+        assert "unknown event id" in message, message

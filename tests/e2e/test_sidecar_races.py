@@ -368,3 +368,44 @@ async def test_an_evicted_hub_counts_against_max_sessions_until_its_upstream_sto
         assert started_while_stopping == 1
         assert answer["bob"].status_code == 200, answer["bob"].text
         assert len(list(tmp_path.glob("started-*"))) == 2
+
+
+async def test_a_resumed_stream_whose_answer_the_session_let_go_is_refused_not_held_open() -> None:
+    """A session keeps at most 32 MiB of events for replay, its oldest going first whichever stream
+    they are on: the answer of a POST whose client dropped the stream can go too, after 35 MiB of
+    other streams read whole. Resuming that stream then got `200` and pings for ever (nothing more
+    would come, yet it was never done), holding the session busy, so never reaped: it gets `400`
+    now, as an id whose events are gone, and the client knows its answer is lost."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=ECHO_SERVER, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+        ask = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "test/ask_client",
+            "params": {"method": "ping", "id": "q"},
+        }
+        async with http.stream("POST", sidecar.url, json=ask, headers=headers) as response:
+            seen = ""
+            async for chunk in response.aiter_text():  # until the server's question has come
+                seen += chunk
+                if '"q"' in seen and seen.endswith("\n\n"):
+                    break
+        [last_id] = [i for i, m in sse_messages(seen) if m.get("id") == "q"]
+        assert last_id is not None
+        answered = await http.post(
+            sidecar.url, json={"jsonrpc": "2.0", "id": "q", "result": {}}, headers=headers
+        )
+        assert answered.status_code == 202  # request 1 is answered, on the stream nobody reads
+        padding = "x" * (5 * 1024 * 1024)
+        for n in range(2, 9):  # seven SSE answers of 5 MiB, each read whole
+            params = {"method": "notifications/message", "params": {"padding": padding}}
+            big = {"jsonrpc": "2.0", "id": n, "method": "test/notify_client", "params": params}
+            assert "result" in response_to(await http.post(sidecar.url, json=big, headers=headers), n)
+        resumed = None
+        with anyio.move_on_after(20):
+            resumed = await http.get(sidecar.url, headers={**headers, "last-event-id": last_id})
+    assert resumed is not None, "the resumed stream was held open with nothing more to come"
+    assert resumed.status_code == 400, resumed.text

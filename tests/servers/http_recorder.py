@@ -29,7 +29,21 @@ method of the POSTed request):
   empty data), then its end, as a server that has the client poll for a long-running request
   (2025-11-25); each GET resuming it with `Last-Event-ID` gets the next priming event and its end,
   and the `polls`-th one the result `{"polls": <polls>}` (with `params.label`, the event ids start
-  with it instead of `poll`: any text, which travels back in `Last-Event-ID` as UTF-8);
+  with it instead of `poll`: any text, which travels back in `Last-Event-ID` as UTF-8; the label
+  `pollnow` has the priming events say `retry: 0`);
+* `poll/replay-sample`: an SSE stream holding a priming event (id `replay-0`, `retry: 20`) and a
+  `sampling/createMessage` request (id `dup-1`) with no id of its own, then its end; a GET resuming
+  it sends that request again (everything after the priming event, as SSE ids go: an event without
+  an `id:` keeps the last one), waits (up to 20 s) for an answer to `dup-1`, then sends the result
+  `{"answers": <the answers to dup-1 received so far>}`;
+* a client named `standalone-replay` gets a standalone GET stream: the first holds a priming
+  event (id `g-0`) and a `sampling/createMessage` request (id `dup-g`) with no id of its own, then
+  ends; the next (resuming from `g-0`) sends that request again, waits (up to 20 s) for an answer
+  to it, and a second more, then ends; any later GET gets 405;
+* `poll/refused` (`params.endless`: its refusals' bodies do not end): an SSE stream holding only a
+  priming event (id `refuse-0`, or `refuse-endless` when endless; `retry: 20`), then its end; a GET
+  resuming it gets HTTP 400, text body `unknown event id` (when endless, followed by a line every
+  0.2 s for a minute);
 * `sse/retry` (`params.retry`, a string): result `{}` as an SSE event whose `retry:` field is that;
 * `session/garble-close`: result `{}`; the DELETE that ends the session is then answered with a body
   that says `Content-Encoding: gzip` and is not;
@@ -53,6 +67,14 @@ from typing import Any
 
 SESSION = "rec-session-1"
 AFFINITY = "lb=replica-7"
+SAMPLE_ID = "dup-1"
+STANDALONE_SAMPLE_ID = "dup-g"
+SAMPLE_REQUEST: dict[str, Any] = {
+    "jsonrpc": "2.0",
+    "id": SAMPLE_ID,
+    "method": "sampling/createMessage",
+    "params": {"messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}], "maxTokens": 50},
+}
 
 
 class State:
@@ -62,6 +84,9 @@ class State:
         self.requests: list[dict[str, Any]] = []
         self.session_alive = True
         self.garble_close = False
+        self.replay_request_id: Any = None
+        self.standalone_replay = False  # a client named `standalone-replay` opened the session
+        self.standalone_gets = 0
 
     def record(self, entry: dict[str, Any]) -> None:
         with self.lock:
@@ -102,6 +127,19 @@ class Handler(BaseHTTPRequestHandler):
         self._record(None)
         # http.server reads a header's bytes as Latin-1; an event id goes back as UTF-8.
         resumed = self.headers.get("last-event-id", "").encode("latin-1").decode("utf-8", "replace")
+        if self.state.standalone_replay and self.state.standalone_gets < 2:
+            self.state.standalone_gets += 1
+            self._standalone_replay(again=resumed == "g-0")
+            return
+        if resumed == "refuse-0":
+            self._reply(400, b"unknown event id", "text/plain")
+            return
+        if resumed == "refuse-endless":
+            self._endless_refusal()
+            return
+        if resumed == "replay-0":
+            self._replay_sample()
+            return
         if resumed.startswith("poll"):
             label, polls, done, request_id = resumed.split("-", 3)
             if int(done) + 1 < int(polls):
@@ -112,6 +150,59 @@ class Handler(BaseHTTPRequestHandler):
                 self._reply(200, f"data: {json.dumps(answer)}\n\n".encode(), "text/event-stream")
             return
         self._reply(405, b"", Allow="POST, DELETE")
+
+    def _endless_refusal(self) -> None:
+        self.close_connection = True
+        self.send_response(400)
+        self.send_header("Content-Type", "text/plain")
+        self.end_headers()
+        deadline = time.monotonic() + 60
+        try:
+            self.wfile.write(b"unknown event id\n")
+            while time.monotonic() < deadline:
+                self.wfile.flush()
+                time.sleep(0.2)
+                self.wfile.write(b"and more\n")
+        except OSError:
+            pass  # the client closed it
+
+    def _replay_sample(self) -> None:
+        self.close_connection = True
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(f"data: {json.dumps(SAMPLE_REQUEST)}\n\n".encode())
+        self.wfile.flush()
+        deadline = time.monotonic() + 20
+        while not self._answers_to(SAMPLE_ID) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # a second answer, were one coming, has come
+        answers = self._answers_to(SAMPLE_ID)
+        with self.state.lock:
+            request_id = self.state.replay_request_id
+        answer = {"jsonrpc": "2.0", "id": request_id, "result": {"answers": answers}}
+        self.wfile.write(f"data: {json.dumps(answer)}\n\n".encode())
+        self.wfile.flush()
+
+    def _standalone_replay(self, *, again: bool) -> None:
+        self.close_connection = True
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        request = {**SAMPLE_REQUEST, "id": STANDALONE_SAMPLE_ID}
+        head = "" if again else "id: g-0\nretry: 20\ndata:\n\n"
+        self.wfile.write(f"{head}data: {json.dumps(request)}\n\n".encode())
+        self.wfile.flush()
+        if again:
+            deadline = time.monotonic() + 20
+            while not self._answers_to(STANDALONE_SAMPLE_ID) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(1)
+
+    def _answers_to(self, request_id: str) -> list[Any]:
+        with self.state.lock:
+            bodies = [entry["body"] for entry in self.state.requests if entry["verb"] == "POST"]
+        return [b for b in bodies if isinstance(b, dict) and "method" not in b and b.get("id") == request_id]
 
     def do_DELETE(self) -> None:
         self._record(None)
@@ -153,6 +244,7 @@ class Handler(BaseHTTPRequestHandler):
         if method == "initialize":
             self.state.session_alive = True
             client = message["params"].get("clientInfo", {}).get("name")
+            self.state.standalone_replay = client == "standalone-replay"
             version = message["params"]["protocolVersion"]
             result = {
                 "protocolVersion": version + "\u00e9" if client == "bad-version" else version,
@@ -203,6 +295,14 @@ class Handler(BaseHTTPRequestHandler):
             label = message["params"].get("label", "poll")
             priming = _priming(label, int(message["params"]["polls"]), 0, json.dumps(request_id))
             self._reply(200, priming, "text/event-stream")
+        elif method == "poll/refused":
+            event_id = "refuse-endless" if message["params"].get("endless") else "refuse-0"
+            self._reply(200, f"id: {event_id}\nretry: 20\ndata:\n\n".encode(), "text/event-stream")
+        elif method == "poll/replay-sample":
+            with self.state.lock:
+                self.state.replay_request_id = request_id
+            events = f"id: replay-0\nretry: 20\ndata:\n\ndata: {json.dumps(SAMPLE_REQUEST)}\n\n"
+            self._reply(200, events.encode(), "text/event-stream")
         elif method == "sse/retry":
             answer = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {}})
             stream = f"retry: {message['params']['retry']}\ndata: {answer}\n\n".encode()
@@ -218,8 +318,10 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def _priming(label: str, polls: int, done: int, request_id: str) -> bytes:
-    """A priming event of `poll/answer`: its id says how far the polling got, and for which request."""
-    return f"id: {label}-{polls}-{done}-{request_id}\nretry: 20\ndata:\n\n".encode()
+    """A priming event of `poll/answer`: its id says how far the polling got, and for which request
+    (with the label `pollnow`, it asks for `retry: 0`)."""
+    retry = 0 if label == "pollnow" else 20
+    return f"id: {label}-{polls}-{done}-{request_id}\nretry: {retry}\ndata:\n\n".encode()
 
 
 def main() -> None:

@@ -576,6 +576,26 @@ async def test_a_sessions_replay_memory_is_bounded_over_all_its_streams_oldest_f
     assert router.buffered_bytes == sum(s.buffered_bytes for s in [*posts[1:], router.get_stream])
 
 
+async def test_a_writer_whose_stream_lost_its_answer_to_the_sessions_memory_ends() -> None:
+    """A finished POST stream whose last events (its answer) its session's replay memory let go was
+    never done: a response writing it (a resumption) waited for them for ever, with pings, and held
+    its session busy. Nothing more will come: it ends."""
+    limit = 10_000
+    router = SessionRouter(1024, replay_bytes=limit)
+    post = router.open_post([request(1)])
+    call = SlowCall()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(pump_sse, cast(HttpCall, call), post, 0, with_ids=True, keepalive=5))
+            await anyio.sleep(0.01)  # the writer waits for the stream's first event
+            router.route(encode(result(1, ok=True)))
+            huge = encode(notification("notifications/message", data="y" * 2 * limit))
+            router.route(huge)  # the GET stream's, and the answer above goes for it
+            assert post.finished
+            assert not post.after(0)
+    assert post.complete_after(0)
+
+
 async def test_mux_routes_each_message_of_an_upstream_batch() -> None:
     """A batch from the upstream (a JSON array) was dropped whole by the 2026-07-28 mux: the
     requests it answered waited for ever (their POSTs open, their client's hub never idle, never

@@ -151,3 +151,15 @@ def test_the_standalone_streams_reopening_has_a_floor_and_backs_off_when_it_ends
     assert [standalone_delay(0.1, n) for n in (1, 2, 3, 4)] == [0.1, 0.2, 0.4, 0.8]
     assert standalone_delay(0.1, 16) == QUICK_END_BACKOFF_LIMIT
     assert standalone_delay(60.0, 16) == 60.0  # the server may ask for more than the limit
+
+
+def test_a_retry_of_zero_is_taken_as_asked_not_as_nothing_said() -> None:
+    """`retry: 0` asks for a reconnection at once: it fell back to the 1 s default (read as "no
+    `retry:`"), so a server polled with it waited a second on every poll instead of the 0.1 s floor."""
+    from mcp_backfill.transports.http_upstream.exchange import RETRY_FLOOR, Cursor
+    from mcp_backfill.transports.http_upstream.handshake import standalone_delay
+
+    assert Cursor().wait(1.0) == 1.0  # nothing said: the default
+    assert Cursor(retry=0.0).wait(1.0) == 0.0
+    assert Cursor(retry=2.5).wait(1.0) == 2.5
+    assert standalone_delay(Cursor(retry=0.0).wait(1.0), 0) == RETRY_FLOOR

@@ -436,6 +436,14 @@ def _resumable(session: HttpSession, last_event_id: str) -> tuple[EventStream, i
     after = parsed[1]
     if after > stream.last_seq:  # never minted: taken, it would skip every event up to it
         return None
+    if after < stream.last_seq and stream.complete_after(after):
+        # Finished, and what came after the id was let go (its session's replay memory): an empty
+        # stream would only have the client come back for what will never come.
+        log.warning(
+            "resumed stream lost the rest of its events, its answer with them; refused",
+            extra={"session": session.label, "stream": stream.key, "after": after},
+        )
+        return None
     if stream.first_kept() > after + 1:
         log.warning(
             "resumed stream lost events beyond its replay buffer",

@@ -262,8 +262,10 @@ class EventStream:
         return self._events[0][0] if self._events else self._next
 
     def complete_after(self, seq: int) -> bool:
-        """Has everything after `seq` been handed out, with nothing more to come?"""
-        return self.finished and seq >= self.last_seq
+        """Is there nothing more to hand out after `seq`: the stream finished, and no event kept
+        after it? (Its last events may have been let go for its session's replay memory: a writer
+        waiting for them waited, and held its session, for ever.)"""
+        return self.finished and (not self._events or self._events[-1][0] <= seq)
 
     async def changed(self) -> None:
         """Wait until a message is appended or the stream finishes (or its writer is replaced)."""

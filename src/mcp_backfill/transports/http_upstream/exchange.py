@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -42,6 +43,8 @@ PREVIEW_CHARS = 300
 # The shortest wait before reopening a stream, whatever the server's `retry:` says (`retry: 1` had
 # a stream that ends at once reopened every millisecond).
 RETRY_FLOOR = 0.1
+# Ids of the server's requests a stream brought that it remembers, to know one it replays.
+SEEN_REQUESTS_KEPT = 1024
 
 Payload = bytes | MessageTooLarge
 Item = tuple[Payload, Any]  # a message for the relay and the id of the request whose stream carried it
@@ -54,6 +57,39 @@ class Cursor:
 
     last_event_id: str | None = None
     retry: float | None = None  # seconds, from the server's `retry:` field
+    refused: str | None = None  # why the last reopening of the stream failed, if it did
+
+    def wait(self, default: float) -> float:
+        """How long to wait before reconnecting: what the server's `retry:` asks, `default` when it
+        said nothing (a `retry: 0`, reconnect at once, is something: it was taken for nothing and
+        every poll of a server that asks for it waited a whole second)."""
+        return default if self.retry is None else self.retry
+
+
+class SeenRequests:
+    """The ids of the server's requests one stream brought (the last `SEEN_REQUESTS_KEPT`), to know
+    one it brings again once resumed: an SSE event without an `id:` keeps the stream's last id, so
+    a server that ids only some events (its priming event) replays, after the id it is sent back,
+    requests the proxy took already. Taken again, a sampling request was answered and billed twice,
+    or refused under its id while the first answer was under way (the server took the refusal for
+    its answer). MCP never lets a request id be used again in a session: it is the same request."""
+
+    def __init__(self) -> None:
+        self._order: deque[jsonrpc.IdKey] = deque()
+        self._ids: set[jsonrpc.IdKey] = set()
+
+    def again(self, message: Any) -> bool:
+        """Is `message` a request of the server's this stream brought before? (Remembered if not.)"""
+        if not isinstance(message, dict) or not isinstance(message.get("method"), str) or "id" not in message:
+            return False
+        key = jsonrpc.id_key(message["id"])
+        if key in self._ids:
+            return True
+        self._ids.add(key)
+        self._order.append(key)
+        if len(self._order) > SEEN_REQUESTS_KEPT:
+            self._ids.discard(self._order.popleft())
+        return False
 
 
 class EraLeg(Protocol):
@@ -97,6 +133,7 @@ class PostExchange:
     oversized: bool = False
     batch: bool = False  # its POST was a batch: only then may an answer be one (JSON-RPC 2.0 §6)
     written: WrittenPost | None = None  # its POST went out before its task started (`write_now`)
+    seen: SeenRequests | None = None  # the server's requests its stream brought, once there is one
 
     @property
     def method(self) -> str:
@@ -281,7 +318,9 @@ class ExchangeReader:
         self._settle(exchange, message)
         await self.put_last(payload, exchange)
 
-    async def _take_unbatched(self, exchange: PostExchange, messages: list[Any]) -> None:
+    async def _take_unbatched(
+        self, exchange: PostExchange, messages: list[Any], *, resumed: bool = False
+    ) -> None:
         """A batch answering a request that was not one: its messages go on one by one, as if each had
         come as an event of the request's stream. Passed on as it came, the client got an array for
         its single request (a 2025-06-18 client knows no batches at all) and never its answer."""
@@ -289,10 +328,11 @@ class ExchangeReader:
             exchange.failure = "The upstream answered a single request with an empty JSON array"
             return
         for message in messages:
-            await self._exchange_event(exchange, jsonrpc.encode(message))
+            await self._exchange_event(exchange, jsonrpc.encode(message), resumed=resumed)
 
-    async def _exchange_event(self, exchange: PostExchange, data: Payload) -> bool:
-        """One message from a request's stream; True once the stream owes nothing more."""
+    async def _exchange_event(self, exchange: PostExchange, data: Payload, *, resumed: bool = False) -> bool:
+        """One message from a request's stream (`resumed`: on a reconnection of it); True once the
+        stream owes nothing more."""
         if isinstance(data, bytes) and not exchange.batch and data[:64].lstrip()[:1] == b"[":
             try:
                 messages = jsonrpc.decode(data)
@@ -300,7 +340,7 @@ class ExchangeReader:
                 pass
             else:
                 if isinstance(messages, list):
-                    await self._take_unbatched(exchange, messages)
+                    await self._take_unbatched(exchange, messages, resumed=resumed)
                     return not exchange.expected
         if isinstance(data, MessageTooLarge):
             self._note_oversized(exchange, data)
@@ -316,6 +356,12 @@ class ExchangeReader:
                 if _answered_before(exchange, message):
                     log.warning(
                         "a second answer from the upstream to a request already answered; dropped",
+                        extra={"request_id": message.get("id")},
+                    )
+                    return not exchange.expected
+                if _replayed(exchange, message, resumed):
+                    log.warning(
+                        "a server request replayed on a resumed stream; taken once, dropped",
                         extra={"request_id": message.get("id")},
                     )
                     return not exchange.expected
@@ -422,13 +468,13 @@ class ExchangeReader:
         """
         attempts = 0
         while exchange.expected and not exchange.abandoned and attempts < self.settings.reconnect_attempts:
-            await anyio.sleep(max(exchange.cursor.retry or self.settings.reconnect_delay, RETRY_FLOOR))
+            await anyio.sleep(max(exchange.cursor.wait(self.settings.reconnect_delay), RETRY_FLOOR))
             progress = False
 
             async def on_event(data: Payload) -> bool:
                 nonlocal progress
                 progress = True
-                return await self._exchange_event(exchange, data)
+                return await self._exchange_event(exchange, data, resumed=True)
 
             log.info(
                 "resuming an upstream stream", extra={"request_id": exchange.origin, "attempt": attempts + 1}
@@ -442,7 +488,30 @@ class ExchangeReader:
                 exchange.dropped = f"{exchange.dropped or 'stream closed'}; the upstream cannot resume it"
                 return True
             attempts = 0 if progress else attempts + 1
+        if exchange.expected and not exchange.abandoned:
+            refused = exchange.cursor.refused
+            tried = (
+                f"failed {attempts} times in a row, the last: {refused}"
+                if refused is not None
+                else f"brought nothing {attempts} times in a row"
+            )
+            exchange.dropped = (
+                f"{exchange.dropped or 'stream closed'}; resuming it (GET with Last-Event-ID) {tried}"
+            )
         return True
+
+    async def refusal(self, response: httpx2.Response) -> str:
+        """What a refused GET stream says, for an error: its status and the start of its body (what
+        of it comes within `finish_timeout`, up to `ERROR_BODY_LIMIT` bytes: a refusal whose body
+        does not end must not hold the stream's reopening up)."""
+        body = bytearray()
+        with anyio.move_on_after(self.settings.finish_timeout):
+            async for chunk in body_chunks(response):
+                body += chunk
+                if len(body) >= ERROR_BODY_LIMIT:
+                    break
+        text = self._redact(preview(bytes(body[:ERROR_BODY_LIMIT])))
+        return f"HTTP {response.status_code} {response.reason_phrase}: {text}"
 
     # -- notifications and responses -------------------------------------------------------------
 
@@ -561,6 +630,16 @@ def _answered_before(exchange: PostExchange, message: Any) -> bool:
         return False
     key = jsonrpc.id_key(message["id"])
     return key in exchange.methods and key not in exchange.expected
+
+
+def _replayed(exchange: PostExchange, message: Any, resumed: bool) -> bool:
+    """Is `message` a server request the exchange's stream brought before, come again on a
+    reconnection of it (see `SeenRequests`)? Every request it brings is remembered."""
+    if not isinstance(message, dict) or "method" not in message or "id" not in message:
+        return False
+    if exchange.seen is None:
+        exchange.seen = SeenRequests()
+    return exchange.seen.again(message) and resumed
 
 
 def _is_jsonrpc_answer(body: bytes) -> bool:

@@ -23,6 +23,7 @@ from mcp_backfill.transports.http_upstream.exchange import (
     OnEvent,
     Payload,
     PostExchange,
+    SeenRequests,
     describe_one_way,
     log_refused,
     media_type,
@@ -213,14 +214,17 @@ class HandshakeLeg:
                     return "expired"
                 if not response.is_success or media_type(response) != protocol.SSE_TYPE:
                     log.debug("upstream refused a stream", extra={"status": response.status_code})
+                    cursor.refused = await self._reader.refusal(response)
                     return "refused"
                 opened = True
+                cursor.refused = None
                 await self._reader.read_events(response, cursor, on_event)
                 return "ended"
         except httpx2.RequestError as exc:
-            log.debug(
-                "upstream stream failed", extra={"error": describe_transport_error(exc), "opened": opened}
-            )
+            reason = describe_transport_error(exc)
+            log.debug("upstream stream failed", extra={"error": reason, "opened": opened})
+            if not opened:
+                cursor.refused = reason
             return "ended" if opened else "failed"
 
     async def _resume(self, exchange: PostExchange) -> None:
@@ -241,12 +245,15 @@ class HandshakeLeg:
         attempts = 0
         quick_ends = 0  # streams in a row that ended at once without a message
         delivered = False
+        seen = SeenRequests()  # the server's requests it brought: one reopened from `cursor` may again
+        reopened = False
 
         async def on_event(data: Payload) -> bool:
             nonlocal delivered
             delivered = True
-            if isinstance(data, bytes):
-                self._note_message(data)
+            if isinstance(data, bytes) and self._note_message(data, seen) and reopened:
+                log.warning("a server request replayed on a reopened standalone stream; taken once, dropped")
+                return False
             await self._reader.put(data, None)
             return False
 
@@ -263,24 +270,29 @@ class HandshakeLeg:
                     if outcome == "unsupported":
                         log.debug("the upstream offers no standalone stream (GET answered 405)")
                     return
+                reopened = reopened or outcome == "ended"
                 attempts = 0 if outcome == "ended" else attempts + 1
                 lived = anyio.current_time() - opened_at >= STREAM_LIVED
                 quick_ends = 0 if delivered or lived else min(quick_ends + 1, 16)
-                await anyio.sleep(standalone_delay(cursor.retry or settings.reconnect_delay, quick_ends))
+                await anyio.sleep(standalone_delay(cursor.wait(settings.reconnect_delay), quick_ends))
             log.warning(
                 "lost the upstream's standalone stream; server messages outside requests will not arrive"
             )
 
-    def _note_message(self, data: bytes) -> None:
+    def _note_message(self, data: bytes, seen: SeenRequests) -> bool:
         """A standalone stream's message: `tools/list_changed`, or an answer that settles the request
-        it answers (the server may send it here rather than on the request's own stream)."""
+        it answers (the server may send it here rather than on the request's own stream); True when
+        it is a request of the server's that the stream brought before (see `SeenRequests`)."""
         if b"list_changed" not in data and b'"id"' not in data:
-            return
+            return False
         try:
             message = jsonrpc.decode(data)
         except ValueError:
-            return
+            return False
+        if seen.again(message):
+            return True
         self._reader.settle(message)
+        return False
 
 
 def standalone_delay(asked: float, quick_ends: int) -> float:
