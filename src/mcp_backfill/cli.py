@@ -163,6 +163,7 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         upstream_command=tuple(command),
         api_key=secret_from_env(environ, "ANTHROPIC_API_KEY"),
         api_base_url=environ.get("ANTHROPIC_BASE_URL") or None,
+        platform_base_url=_platform_base_url(values, environ),
         vertex_access_token=secret_from_env(environ, "MCP_BACKFILL_VERTEX_ACCESS_TOKEN"),
         platform_secrets=tuple(
             secret for name in PLATFORM_SECRET_ENV_VARS if (secret := secret_from_env(environ, name))
@@ -172,6 +173,12 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         front="http" if serve else "stdio",
         **values,
     )
+
+
+def _platform_base_url(values: Mapping[str, Any], environ: Mapping[str, str]) -> str | None:
+    """The endpoint variable of the chosen platform, if set (an empty one is unset, as for the SDK)."""
+    variable = PLATFORM_BASE_URL_VARIABLES.get(values.get("provider", DEFAULTS["provider"]))
+    return (environ.get(variable) or None) if variable else None
 
 
 def _model_choice(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -249,7 +256,9 @@ def _warn_about(config: Config, environ: Mapping[str, str]) -> None:
         for name in sorted(SERVE_ONLY_VARIABLES & environ.keys()):
             log.warning(f"{name} is read by `mcp-backfill serve` only; the stdio wrapper ignores it")
     variable = PLATFORM_BASE_URL_VARIABLES.get(config.provider, "ANTHROPIC_BASE_URL")
-    base = urlsplit((config.api_base_url if config.provider == "anthropic" else environ.get(variable)) or "")
+    base = urlsplit(
+        (config.api_base_url if config.provider == "anthropic" else config.platform_base_url) or ""
+    )
     if config.provider != "mock" and base.scheme == "http" and not is_loopback(base.hostname or ""):
         log.warning(
             f"{variable} is a plain http:// URL on another machine: the credentials and every "

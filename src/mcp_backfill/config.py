@@ -164,6 +164,8 @@ class Config:
     api_key: Secret | None = None
     # Passed through to the anthropic SDK; read from ANTHROPIC_BASE_URL by default.
     api_base_url: str | None = None
+    # The Bedrock or Vertex endpoint variable's value (the SDK reads it itself), checked at startup.
+    platform_base_url: str | None = None
     # Extra HTTP headers on every Claude API call (gateways); the values are treated as secrets.
     api_headers: tuple[tuple[str, str], ...] = field(default=DEFAULTS["api_headers"], repr=False)
     # Seconds one sampling request may take, retries included; 0 = no deadline.
@@ -220,6 +222,8 @@ class Config:
             )
         if self.api_base_url is not None and self.provider == "anthropic":
             check_api_base_url(self.api_base_url)
+        if self.platform_base_url is not None and self.provider in PLATFORM_BASE_URL_VARIABLES:
+            check_api_base_url(self.platform_base_url, PLATFORM_BASE_URL_VARIABLES[self.provider])
         for name, header_value in self.upstream_headers:
             check_header("--upstream-header", name, header_value)
             if any(secret in header_value for secret in self._proxy_secrets()):

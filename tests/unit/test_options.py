@@ -42,6 +42,7 @@ NOT_OPTIONS = {
     "front",
     "api_key",
     "api_base_url",
+    "platform_base_url",
     "vertex_access_token",
     "platform_secrets",
     "telemetry_secrets",

@@ -33,7 +33,6 @@ from collections.abc import Mapping
 import anthropic
 import httpx2
 
-from mcp_backfill.config import PLATFORM_BASE_URL_VARIABLES, check_api_base_url
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.providers import ProviderSettings
 
@@ -188,9 +187,6 @@ def make_client(
     """The SDK client for `settings.name`, with the SDK's own retries off (the proxy retries), over
     `http_client` (default: a new `api_http_client()`)."""
     environ = os.environ if environ is None else environ
-    base_url_variable = PLATFORM_BASE_URL_VARIABLES.get(settings.name)
-    if base_url_variable and environ.get(base_url_variable):  # the SDK reads it; an empty one is unset
-        check_api_base_url(environ[base_url_variable], base_url_variable)
     http_client = api_http_client() if http_client is None else http_client
     headers = dict(settings.headers)
     # The SDK's read timeout is a second line of defence; the sampling deadline normally acts first.
