@@ -42,6 +42,11 @@ Wire behaviour (as the Messages API documents it and the anthropic SDK expects i
   `anthropic_version` in the body, the stream framed as AWS event-stream messages) and
   `POST /projects/{p}/locations/{r}/publishers/anthropic/models/{id}:(stream)rawPredict` (Vertex).
   They are recorded in `platform_requests`; a `raw_reply` is sent there as scripted.
+* Google's OAuth2 token endpoint, `POST /oauth2/token`, for the real google-auth library's Application
+  Default Credentials: `FakeClaude.service_account_info()` and `workforce_user_info()` are the JSON
+  key files (`GOOGLE_APPLICATION_CREDENTIALS`) whose `token_uri` is the fake. A service account's
+  signed JWT (checked against the key the fake issued) or a user's refresh token is exchanged for
+  `FakeClaude.oauth_token`.
 * A request without `authorization: Bearer <key>` is a 401 `authentication_error`. When `validate`
   is on (the default), requests that the real API rejects (missing fields, `temperature`, empty
   text blocks, unpaired tool_use/tool_result, invalid tool names, an image of another media type
@@ -60,10 +65,12 @@ import json
 import logging
 import random
 import re
+import secrets
 import socket
 import struct
 import threading
 import time
+import urllib.parse
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -75,7 +82,7 @@ import anyio
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
@@ -1153,6 +1160,11 @@ class _CountedResponse(Response):
 # --------------------------------------------------------------------------------------------------
 
 
+OAUTH_TOKEN_PATH = "/oauth2/token"
+JWT_BEARER_GRANT = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+GOOGLE_TOKEN_AUDIENCE = "https://oauth2.googleapis.com/token"
+
+
 class FakeClaude:
     """The fake Claude API server; use as a context manager (or `start()` / `close()`).
 
@@ -1179,6 +1191,10 @@ class FakeClaude:
         self._in_flight = 0
         self._max_in_flight = 0
         self.fallback: ReplyFactory | None = None
+        self.oauth_token = f"ya29.fake-minted-{secrets.token_hex(16)}"
+        """The access token `POST /oauth2/token` mints for the credentials the fake issued; settable."""
+        self._service_account_keys: dict[str, bytes] = {}  # private_key_id -> public key (PEM)
+        self._refresh_tokens: set[str] = set()
         """Called for the reply when the queue is empty (instead of the default reply); settable."""
         self._lock = threading.Condition()
         self._requests: list[RecordedRequest] = []
@@ -1202,6 +1218,7 @@ class FakeClaude:
                     self._vertex,
                     methods=["POST"],
                 ),
+                Route(OAUTH_TOKEN_PATH, self._oauth_token, methods=["POST"]),
                 Route("/{path:path}", self._not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
             ],
             lifespan=self._lifespan,
@@ -1593,6 +1610,92 @@ class FakeClaude:
         if recorded.path in ("/v1/messages", "/v1/messages/count_tokens"):
             return self._error(405, "invalid_request_error", f"Method {request.method} not allowed")
         return self._error(404, "not_found_error", f"Not found: {request.method} {recorded.path}")
+
+    # ---- Google credentials (Application Default Credentials for Vertex) ---------------------------
+
+    def service_account_info(self, project_id: str) -> JSONObject:
+        """A service-account key file's JSON, naming `project_id`, with a fresh RSA key whose public
+        half the token endpoint checks the signed assertion against, and `token_uri` at the fake."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        key_id = secrets.token_hex(20)
+        public = key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        with self._lock:
+            self._service_account_keys[key_id] = public
+        private = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        return {
+            "type": "service_account",
+            "project_id": project_id,
+            "private_key_id": key_id,
+            "private_key": private.decode(),
+            "client_email": f"mcp-backfill-tests@{project_id}.iam.gserviceaccount.com",
+            "client_id": "100000000000000000001",
+            "token_uri": self.url + OAUTH_TOKEN_PATH,
+        }
+
+    def workforce_user_info(self) -> JSONObject:
+        """User credentials as `gcloud auth application-default login` writes them for a workforce
+        identity federation user (`external_account_authorized_user`): they name no project, and
+        their `token_url` is the fake. (Plain `authorized_user` credentials cannot serve here:
+        google-auth sends their refresh to oauth2.googleapis.com whatever the file says, and the
+        SDK mints a token before it asks for the project.)"""
+        refresh_token = f"fake-refresh-{secrets.token_hex(16)}"
+        with self._lock:
+            self._refresh_tokens.add(refresh_token)
+        return {
+            "type": "external_account_authorized_user",
+            "audience": "//iam.googleapis.com/locations/global/workforcePools/fake-pool/providers/fake",
+            "client_id": "fake-client-id",
+            "client_secret": "fake-client-secret",
+            "refresh_token": refresh_token,
+            "token_url": self.url + OAUTH_TOKEN_PATH,
+        }
+
+    @property
+    def token_requests(self) -> list[RecordedRequest]:
+        """Only the `POST /oauth2/token` requests."""
+        return [r for r in self.requests if r.path == OAUTH_TOKEN_PATH]
+
+    def _grant_problem(self, form: Mapping[str, str]) -> tuple[str, str] | None:
+        """Why the grant is refused, as Google's (error, error_description); None when it is not."""
+        grant = form.get("grant_type")
+        if grant == "refresh_token":
+            with self._lock:
+                known = form.get("refresh_token") in self._refresh_tokens
+            return None if known else ("invalid_grant", "Bad Request")
+        if grant != JWT_BEARER_GRANT:
+            return ("unsupported_grant_type", f"Invalid grant_type: {grant}")
+        from google.auth import exceptions, jwt
+
+        with self._lock:
+            keys = {key_id: public.decode() for key_id, public in self._service_account_keys.items()}
+        try:
+            # google-auth addresses the assertion to Google's endpoint whatever the token_uri.
+            audience = [self.url + OAUTH_TOKEN_PATH, GOOGLE_TOKEN_AUDIENCE]
+            assertion = form.get("assertion", "")
+            claims = jwt.decode(assertion, certs=keys, audience=audience)  # type: ignore[no-untyped-call]
+        except (ValueError, exceptions.GoogleAuthError) as exc:
+            return ("invalid_grant", f"Invalid JWT Signature. ({exc})")
+        if not claims.get("scope"):
+            return ("invalid_scope", "Invalid OAuth scope or ID token audience provided.")
+        return None
+
+    async def _oauth_token(self, request: Request) -> Response:
+        """Google's OAuth2 token endpoint: `grant_type=urn:ietf:params:oauth:grant-type:jwt-bearer`
+        with a service account's signed `assertion`, or `grant_type=refresh_token`."""
+        recorded, _ = await self._record(request)
+        pairs = urllib.parse.parse_qsl(recorded.raw_body.decode("utf-8", "replace"))
+        problem = self._grant_problem(dict(pairs))
+        if problem is not None:
+            error, description = problem
+            return JSONResponse({"error": error, "error_description": description}, status_code=400)
+        return JSONResponse({"access_token": self.oauth_token, "expires_in": 3600, "token_type": "Bearer"})
 
     # ---- fault modes and cloud platforms -------------------------------------------------------
 

@@ -7,7 +7,7 @@ framing), so the whole request path is exercised offline.
 
 from __future__ import annotations
 
-import os
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -167,32 +167,29 @@ async def test_vertex_through_the_proxy(fake_claude: FakeClaude) -> None:
     assert TEST_API_KEY not in log
 
 
-# A stand-in for google-auth's Application Default Credentials (the parts the SDK's Vertex client
-# uses): what `google.auth.default()` finds names a project, as a service account file or
-# `GOOGLE_CLOUD_PROJECT` does, and its token is minted on `refresh`. No `google/__init__.py`: `google`
-# is a namespace package shared with protobuf.
-GOOGLE_AUTH_STUB = {
-    "google/auth/__init__.py": (
-        "import os\n\n"
-        "class Credentials:\n"
-        "    token = None\n"
-        "    expired = False\n\n"
-        "    def refresh(self, request):\n"
-        "        self.token = os.environ['STUB_ADC_TOKEN']\n\n"
-        "def default(scopes=None, **kwargs):\n"
-        "    return Credentials(), os.environ.get('STUB_ADC_PROJECT')\n"
-    ),
-    "google/auth/transport/__init__.py": "",
-    "google/auth/transport/requests.py": "class Request:\n    pass\n",
-}
-
-
-def write_google_auth_stub(where: Path) -> str:
-    """The stand-in written under `where`; returns the PYTHONPATH that finds it first."""
-    for name, text in GOOGLE_AUTH_STUB.items():
-        (where / name).parent.mkdir(parents=True, exist_ok=True)
-        (where / name).write_text(text)
-    return os.pathsep.join([str(where), *filter(None, [os.environ.get("PYTHONPATH")])])
+def adc_env(fake: FakeClaude, where: Path, credentials: dict[str, object]) -> dict[str, str]:
+    """Application Default Credentials for the real google-auth: `credentials` (a key file's JSON,
+    whose `token_uri` is the fake) in a file under `where` named by GOOGLE_APPLICATION_CREDENTIALS.
+    Nothing of this machine's reaches google-auth: no project variable (empty is unset to it), a
+    scratch home and gcloud configuration, and a metadata server on 127.0.0.1:1 that refuses at
+    once, were the search ever to get that far."""
+    key_file = where / "application_default_credentials.json"
+    key_file.write_text(json.dumps(credentials))
+    for scratch in ("home", "gcloud"):
+        (where / scratch).mkdir()
+    return {
+        "ANTHROPIC_VERTEX_BASE_URL": fake.url,
+        "CLOUD_ML_REGION": "us-east5",
+        "GOOGLE_APPLICATION_CREDENTIALS": str(key_file),
+        "GOOGLE_CLOUD_PROJECT": "",
+        "GCLOUD_PROJECT": "",
+        "HOME": str(where / "home"),
+        "CLOUDSDK_CONFIG": str(where / "gcloud"),
+        "GCE_METADATA_HOST": "127.0.0.1:1",
+        "GCE_METADATA_IP": "127.0.0.1:1",
+        "NO_GCE_CHECK": "true",
+        "GOOGLE_SDK_EXPERIMENTAL_PYTHON_REGIONAL_ACCESS_BOUNDARY_LOOKUP_ENABLED": "false",
+    }
 
 
 async def test_a_token_minted_from_application_default_credentials_is_redacted(
@@ -200,17 +197,11 @@ async def test_a_token_minted_from_application_default_credentials_is_redacted(
 ) -> None:
     """The token google-auth mints is a secret as MCP_BACKFILL_VERTEX_ACCESS_TOKEN is: an endpoint (a
     gateway) that quotes it in an error had it shown to the server, in the log and the audit log."""
-    minted = "ya29.minted-by-adc-0123456789abcdef"
-    fake_claude.api_key = minted
+    minted = fake_claude.api_key = fake_claude.oauth_token
     fake_claude.enqueue(error_reply(403, "permission_error", f"token {minted} may not call this model"))
     audit = tmp_path / "audit.jsonl"
-    env = {
-        "ANTHROPIC_VERTEX_BASE_URL": fake_claude.url,
-        "CLOUD_ML_REGION": "us-east5",
-        "ANTHROPIC_VERTEX_PROJECT_ID": "proj-42",
-        "STUB_ADC_TOKEN": minted,
-        "PYTHONPATH": write_google_auth_stub(tmp_path),
-    }
+    env = adc_env(fake_claude, tmp_path, fake_claude.service_account_info("proj-42"))
+    env["ANTHROPIC_VERTEX_PROJECT_ID"] = "proj-42"  # the token is minted on the first call
     options = ("--provider", "vertex", "--audit-log", str(audit))
     async with echo_session(None, *options, env=env) as session:
         answer = await ask_sampling(session)
@@ -218,6 +209,9 @@ async def test_a_token_minted_from_application_default_credentials_is_redacted(
         await session.wait(30)
         log = session.stderr()
     assert "token *** may not call this model" in answer["error"]["message"], answer
+    assert len(fake_claude.token_requests) == 1  # the real google-auth minted it
+    [request] = fake_claude.platform_requests
+    assert request.headers["authorization"] == f"Bearer {minted}"
     places = {"to the server": str(answer), "log": log, "audit": audit.read_text()}
     assert [where for where, text in places.items() if minted in text] == []
 
@@ -225,19 +219,16 @@ async def test_a_token_minted_from_application_default_credentials_is_redacted(
 async def test_vertex_credentials_that_name_no_project_are_answered_with_the_variable_to_set(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:
-    """User credentials (`gcloud auth application-default login`) name no project: the error said
+    """User credentials (`gcloud auth application-default login`, here a workforce identity
+    federation user's, whose token endpoint can be the fake) name no project: the error said
     "Could not resolve project_id", not which variable gives one."""
-    env = {
-        "ANTHROPIC_VERTEX_BASE_URL": fake_claude.url,
-        "CLOUD_ML_REGION": "us-east5",
-        "STUB_ADC_TOKEN": TEST_API_KEY,
-        "PYTHONPATH": write_google_auth_stub(tmp_path),
-    }
+    env = adc_env(fake_claude, tmp_path, fake_claude.workforce_user_info())
     async with echo_session(None, "--provider", "vertex", env=env) as session:
         answer = await ask_sampling(session)
         ping = await session.request(77, "ping", {})
     assert "ANTHROPIC_VERTEX_PROJECT_ID" in answer["error"]["message"], answer
     assert "result" in ping
+    assert len(fake_claude.token_requests) == 1  # the real google-auth refreshed them
     assert fake_claude.platform_requests == []
 
 
@@ -248,19 +239,14 @@ async def test_vertex_takes_its_project_from_application_default_credentials(
     the SDK asked for the project before it loaded the credentials, so every call failed with "No
     project_id was given"."""
     fake_claude.enqueue(text_reply("answered on vertex"))
-    env = {
-        "ANTHROPIC_VERTEX_BASE_URL": fake_claude.url,
-        "CLOUD_ML_REGION": "us-east5",
-        "STUB_ADC_TOKEN": TEST_API_KEY,
-        "STUB_ADC_PROJECT": "proj-adc",
-        "PYTHONPATH": write_google_auth_stub(tmp_path),
-    }
+    fake_claude.api_key = fake_claude.oauth_token
+    env = adc_env(fake_claude, tmp_path, fake_claude.service_account_info("proj-adc"))
     async with echo_session(None, "--provider", "vertex", env=env) as session:
         answer = await ask_sampling(session)
     assert answer.get("result", {}).get("content") == {"type": "text", "text": "answered on vertex"}, answer
     [request] = fake_claude.platform_requests
     assert request.path.startswith("/projects/proj-adc/locations/us-east5/publishers/anthropic/models/")
-    assert request.headers["authorization"] == f"Bearer {TEST_API_KEY}"
+    assert request.headers["authorization"] == f"Bearer {fake_claude.oauth_token}"
 
 
 @pytest.mark.parametrize("provider", ["bedrock", "vertex"])
@@ -285,16 +271,26 @@ async def test_bedrock_and_vertex_connect_ahead_in_the_warm_up(
     assert request.peer == ahead.peer
 
 
-def test_vertex_without_credentials_or_extra_refuses_to_start() -> None:
-    from mcp_backfill.providers.platforms import module_available
+# `python -m mcp_backfill` with google-auth impossible to import, as when it is not installed.
+HIDE_GOOGLE_AUTH = (
+    "import runpy, sys; sys.modules['google.auth'] = None; "
+    "runpy.run_module('mcp_backfill', run_name='__main__')"
+)
 
-    if module_available("google.auth"):
-        pytest.skip("google-auth is installed here")
-    argv = proxy_argv("--provider", "vertex", upstream=python_server("echo_server.py"))
+
+def test_vertex_without_credentials_or_extra_refuses_to_start() -> None:
+    """Without the vertex extra (google-auth, a dev dependency here, hidden from this proxy as an
+    uninstalled package is) and without a ready token, the proxy names the extra to install."""
+    python, dash_m, module, *args = proxy_argv(
+        "--provider", "vertex", upstream=python_server("echo_server.py")
+    )
+    assert (dash_m, module) == ("-m", "mcp_backfill")
+    argv = [python, "-c", HIDE_GOOGLE_AUTH, *args]
     env = proxy_env(CLOUD_ML_REGION="us-east5")
     done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 2
+    assert done.returncode == 2, done.stderr
     assert "pip install 'mcp-backfill[vertex]'" in done.stderr
+    assert "MCP_BACKFILL_VERTEX_ACCESS_TOKEN" in done.stderr
     assert done.stdout == ""
 
 

@@ -335,9 +335,8 @@ def test_missing_extras_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
         make_client(platform_config("bedrock"), {})
 
 
-def test_vertex_without_google_auth_needs_a_token() -> None:
-    if module_available("google.auth"):
-        pytest.skip("google-auth is installed here")
+def test_vertex_without_google_auth_needs_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "google.auth", None)  # as if the vertex extra were not installed
     with pytest.raises(ConfigError, match=r"mcp-backfill\[vertex\].*MCP_BACKFILL_VERTEX_ACCESS_TOKEN"):
         check_dependencies("vertex", {})
     check_dependencies("vertex", {"MCP_BACKFILL_VERTEX_ACCESS_TOKEN": "ya29.token"})
