@@ -8,6 +8,7 @@ without it. Against an in-process fake server whose streams are released by the 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -117,12 +118,12 @@ async def everything_left(channel: HttpUpstream) -> list[dict[str, Any]]:
         left.append(orjson.loads(raw))
 
 
-@pytest.mark.parametrize("where", ["the GET stream", "another request's stream"])
-async def test_an_answer_that_came_on_another_stream_is_the_requests_only_answer(where: str) -> None:
-    """The answer was passed on but did not settle its request: when the request's own stream ended,
-    the client got a second answer under the same id, an error saying the upstream never answered."""
+@asynccontextmanager
+async def initialized(*, finish_timeout: float) -> AsyncIterator[tuple[FakeServer, HttpUpstream, HeldStream]]:
+    """An HTTP upstream channel to a `FakeServer`, its handshake done, with the GET stream the
+    channel opens then (held by the server)."""
     server = FakeServer()
-    settings = HttpUpstreamSettings(URL, CONFIG.max_message_bytes, finish_timeout=30.0)
+    settings = HttpUpstreamSettings(URL, CONFIG.max_message_bytes, finish_timeout=finish_timeout)
     async with (
         httpx2.AsyncClient(transport=httpx2.MockTransport(server.handle)) as http,
         open_http_upstream(settings, http) as channel,
@@ -130,7 +131,14 @@ async def test_an_answer_that_came_on_another_stream_is_the_requests_only_answer
         await channel.send(request(1, "initialize"))
         assert (await receive(channel))["id"] == 1
         await channel.send(jsonrpc.encode({"jsonrpc": "2.0", "method": "notifications/initialized"}))
-        standalone = await server.stream("GET")
+        yield server, channel, await server.stream("GET")
+
+
+@pytest.mark.parametrize("where", ["the GET stream", "another request's stream"])
+async def test_an_answer_that_came_on_another_stream_is_the_requests_only_answer(where: str) -> None:
+    """The answer was passed on but did not settle its request: when the request's own stream ended,
+    the client got a second answer under the same id, an error saying the upstream never answered."""
+    async with initialized(finish_timeout=30.0) as (server, channel, standalone):
         await channel.send(request(2))
         own = await server.stream(2)
         if where == "the GET stream":
@@ -152,16 +160,7 @@ async def test_an_answer_that_came_on_another_stream_is_the_requests_only_answer
 async def test_an_answer_that_came_on_another_stream_lets_go_of_the_requests_own() -> None:
     """A request answered elsewhere owes nothing more on its own stream: a server that keeps that
     stream open is not waited for (its answer came, its task and connection are let go)."""
-    server = FakeServer()
-    settings = HttpUpstreamSettings(URL, CONFIG.max_message_bytes, finish_timeout=0.1)
-    async with (
-        httpx2.AsyncClient(transport=httpx2.MockTransport(server.handle)) as http,
-        open_http_upstream(settings, http) as channel,
-    ):
-        await channel.send(request(1, "initialize"))
-        assert (await receive(channel))["id"] == 1
-        await channel.send(jsonrpc.encode({"jsonrpc": "2.0", "method": "notifications/initialized"}))
-        standalone = await server.stream("GET")
+    async with initialized(finish_timeout=0.1) as (server, channel, standalone):
         await channel.send(request(2))
         own = await server.stream(2)  # never ended by the server
         standalone.release(event(result(2, by="get")))
@@ -175,16 +174,7 @@ async def test_an_answer_that_came_on_another_stream_lets_go_of_the_requests_own
 async def test_only_the_first_answer_to_a_request_reaches_the_client() -> None:
     """An answer that came on the GET stream, then again on the request's own stream: the client
     gets the first, once."""
-    server = FakeServer()
-    settings = HttpUpstreamSettings(URL, CONFIG.max_message_bytes, finish_timeout=30.0)
-    async with (
-        httpx2.AsyncClient(transport=httpx2.MockTransport(server.handle)) as http,
-        open_http_upstream(settings, http) as channel,
-    ):
-        await channel.send(request(1, "initialize"))
-        assert (await receive(channel))["id"] == 1
-        await channel.send(jsonrpc.encode({"jsonrpc": "2.0", "method": "notifications/initialized"}))
-        standalone = await server.stream("GET")
+    async with initialized(finish_timeout=30.0) as (server, channel, standalone):
         await channel.send(request(2))
         own = await server.stream(2)
         standalone.release(event(result(2, by="get")))
@@ -200,14 +190,7 @@ async def test_a_cancel_in_a_client_batch_lets_go_of_the_cancelled_request(with_
     """A `notifications/cancelled` was acted on only as a message of its own: inside a batch
     (2025-03-26 has them) the cancelled request's stream was kept for as long as the server kept it
     open, and when it ended the client was sent an error for the request it had given up on."""
-    server = FakeServer()
-    settings = HttpUpstreamSettings(URL, CONFIG.max_message_bytes, finish_timeout=0.1)
-    async with (
-        httpx2.AsyncClient(transport=httpx2.MockTransport(server.handle)) as http,
-        open_http_upstream(settings, http) as channel,
-    ):
-        await channel.send(request(1, "initialize"))
-        assert (await receive(channel))["id"] == 1
+    async with initialized(finish_timeout=0.1) as (server, channel, standalone):
         await channel.send(request(2))
         own = await server.stream(2)  # never ended by the server
         cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}}
@@ -223,4 +206,5 @@ async def test_a_cancel_in_a_client_batch_lets_go_of_the_cancelled_request(with_
             third.release(event(result(3)))
             assert (await receive(channel))["id"] == 3
             third.release(None)
+        standalone.release(None)
         assert await everything_left(channel) == []  # nothing for the cancelled request 2
