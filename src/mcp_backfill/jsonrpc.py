@@ -7,12 +7,13 @@ import math
 import re
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 Id = int | str | float | None
 IdKey = tuple[bool | None, Any]
+V = TypeVar("V")
 
 CODEC = "orjson"  # which JSON library decode/encode use (reported by the benchmarks)
 
@@ -188,6 +189,15 @@ def _key(key: Any, string: Callable[[str], str]) -> str:
     if isinstance(key, float):
         return string(key.text if type(key) is ExactNumber else float.__repr__(key))
     raise TypeError(f"keys must be str, int, float, bool or None, not {type(key).__name__}")
+
+
+def remember(latest: dict[IdKey, V], key: IdKey, value: V, limit: int) -> None:
+    """Put `key` in `latest` as its newest entry, the oldest dropped past `limit` entries: the
+    bounded memories of ids a session keeps (ids are chosen by the peers, so none may grow)."""
+    latest.pop(key, None)
+    latest[key] = value
+    if len(latest) > limit:
+        del latest[next(iter(latest))]
 
 
 def id_key(request_id: Any) -> IdKey:

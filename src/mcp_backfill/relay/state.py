@@ -103,30 +103,19 @@ class RelayState:
         """The proxy answers the server's request `request_id` itself (or refuses it: while the
         client still answers one under that id, a cancel of the id remains the client's)."""
         key = jsonrpc.id_key(request_id)
-        if key in self.with_client:
-            return
-        self.taken.pop(key, None)
-        self.taken[key] = None
-        if len(self.taken) > TAKEN_IDS:
-            del self.taken[next(iter(self.taken))]
+        if key not in self.with_client:
+            jsonrpc.remember(self.taken, key, None, TAKEN_IDS)
 
     def cut_off(self, request_id: Any, refusal: str) -> None:
         """The client cancelled its request `request_id`: the server's sampling for it is refused."""
-        key = jsonrpc.id_key(request_id)
-        self.cut.pop(key, None)
-        self.cut[key] = refusal
-        if len(self.cut) > CUT_IDS:
-            del self.cut[next(iter(self.cut))]
+        jsonrpc.remember(self.cut, jsonrpc.id_key(request_id), refusal, CUT_IDS)
 
     def relayed(self, request_id: Any) -> None:
         """The server's request `request_id` goes to the client (an id the proxy took, used again)."""
         key = jsonrpc.id_key(request_id)
         if self.taken:
             self.taken.pop(key, None)
-        self.with_client.pop(key, None)
-        self.with_client[key] = None
-        if len(self.with_client) > TAKEN_IDS:
-            del self.with_client[next(iter(self.with_client))]
+        jsonrpc.remember(self.with_client, key, None, TAKEN_IDS)
 
     def client_done(self, request_id: Any) -> None:
         """The client answered the server's request `request_id`, or the server cancelled it."""

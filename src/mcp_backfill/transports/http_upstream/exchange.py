@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -75,8 +74,7 @@ class SeenRequests:
     its answer). MCP never lets a request id be used again in a session: it is the same request."""
 
     def __init__(self) -> None:
-        self._order: deque[jsonrpc.IdKey] = deque()
-        self._ids: set[jsonrpc.IdKey] = set()
+        self._ids: dict[jsonrpc.IdKey, None] = {}
 
     def again(self, message: Any) -> bool:
         """Is `message` a request of the server's this stream brought before? (Remembered if not.)"""
@@ -85,10 +83,7 @@ class SeenRequests:
         key = jsonrpc.id_key(message["id"])
         if key in self._ids:
             return True
-        self._ids.add(key)
-        self._order.append(key)
-        if len(self._order) > SEEN_REQUESTS_KEPT:
-            self._ids.discard(self._order.popleft())
+        jsonrpc.remember(self._ids, key, None, SEEN_REQUESTS_KEPT)
         return False
 
 
