@@ -185,6 +185,15 @@ def tcp_forwarder(logs: LogDir, name: str, target: str, *, parse: bool = False) 
     )
 
 
+def terminating_forwarder(logs: LogDir, name: str, target: str) -> ContextManager[HttpServer]:
+    """A front that ends HTTP on both sides below ASGI (benchmarks/servers/terminating_forwarder.py)
+    in front of `target`, an HTTP URL (started; call `ready()`)."""
+    argv = python_script(BENCH / "servers" / "terminating_forwarder.py", target)
+    return _launched(
+        argv, logs, name, lambda process, _: _first_line(process, "listening on "), read_stdout=True
+    )
+
+
 def asgi_forwarder(logs: LogDir, name: str, target: str) -> ContextManager[HttpServer]:
     """uvicorn and a bare ASGI forwarder (benchmarks/servers/asgi_forwarder.py) in front of
     `target`, an HTTP URL (started; call `ready()`)."""

@@ -6,10 +6,12 @@
     The "direct" column of these rows is mcp-proxy.
 3b. The sidecar in front of an HTTP upstream (the same SDK server over streamable HTTP, uvicorn)
     against that upstream directly; each client session is one upstream session. At one session
-    three more arms go to the direct upstream through floors, each a layer of what the sidecar is
+    four more arms go to the direct upstream through floors, each a layer of what the sidecar is
     built on: a bare TCP forwarder (benchmarks/servers/tcp_forwarder.py), what the extra hop alone
-    costs; the same forwarder parsing HTTP and decoding every message (`--parse`); and uvicorn with
-    a bare ASGI forwarder (benchmarks/servers/asgi_forwarder.py). (At 8 and 64 sessions their
+    costs; the same forwarder parsing HTTP and decoding every message (`--parse`); uvicorn with a
+    bare ASGI forwarder (benchmarks/servers/asgi_forwarder.py); and a front that ends HTTP on both
+    sides below ASGI, with the least work per call a front of the proxy's own would do
+    (benchmarks/servers/terminating_forwarder.py). (At 8 and 64 sessions their
     batches would load the direct arm's upstream more and slow the next batch.) The CPU time per
     call of the process in the middle is recorded for the sidecar and each floor.
 
@@ -29,7 +31,15 @@ from typing import Any
 import anyio
 
 from benchmarks.httpload import Batch, run_batch, session_pool
-from benchmarks.httpservers import asgi_forwarder, mcp_proxy, ready, sdk_http_server, sidecar, tcp_forwarder
+from benchmarks.httpservers import (
+    asgi_forwarder,
+    mcp_proxy,
+    ready,
+    sdk_http_server,
+    sidecar,
+    tcp_forwarder,
+    terminating_forwarder,
+)
 from benchmarks.measure import DIRECT, PROXIED, median, percentile, turn_order
 from benchmarks.procs import cpu_seconds, raw_echo_command, sdk_server_command, wait_until_quiet
 from benchmarks.report import Row, Target
@@ -43,10 +53,12 @@ ONE_SESSION_ADDED_TARGET = Target("added_max", 1.5, "added ≤ 1.5 ms")
 FLOOR = "tcp-forwarder"
 PARSING_FLOOR = "parsing-forwarder"
 ASGI_FLOOR = "asgi-forwarder"
+TERMINATING_FLOOR = "terminating-forwarder"
 FLOORS = {
     FLOOR: "throughput via a bare TCP forwarder (the floor)",
     PARSING_FLOOR: "throughput via a forwarder that parses HTTP and decodes each message",
     ASGI_FLOOR: "throughput via uvicorn and a bare ASGI forwarder",
+    TERMINATING_FLOOR: "throughput via a front that ends HTTP on both sides, below ASGI",
 }
 
 Results = dict[int, dict[str, list[Batch]]]
@@ -185,6 +197,7 @@ def run_http(ctx: RunContext) -> list[Row]:
             FLOOR: tcp_forwarder(ctx.logs, "3b-tcp-forwarder", direct.url),
             PARSING_FLOOR: tcp_forwarder(ctx.logs, "3b-parsing-forwarder", direct.url, parse=True),
             ASGI_FLOOR: asgi_forwarder(ctx.logs, "3b-asgi-forwarder", direct.url),
+            TERMINATING_FLOOR: terminating_forwarder(ctx.logs, "3b-terminating-forwarder", direct.url),
         }
         servers = {PROXIED: ours} | {arm: stack.enter_context(server) for arm, server in floors.items()}
         ready(*servers.values())

@@ -65,6 +65,7 @@ HTTP_TITLES = {
     ("3b", "1 session, HTTP upstream: throughput via a bare TCP forwarder (the floor)"),
     ("3b", "1 session, HTTP upstream: throughput via a forwarder that parses HTTP and decodes each message"),
     ("3b", "1 session, HTTP upstream: throughput via uvicorn and a bare ASGI forwarder"),
+    ("3b", "1 session, HTTP upstream: throughput via a front that ends HTTP on both sides, below ASGI"),
     ("5", "longest ping round trip in the 1.5 s after the handshake: warm-up on (direct: --no-warm-up)"),
 }
 # The stdio floors: the same figure through a bare byte forwarder, next to the targeted rows.
