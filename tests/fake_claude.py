@@ -19,8 +19,9 @@ Wire behaviour (as the Messages API documents it and the anthropic SDK expects i
 * Replies come from a queue (`enqueue`); when it is empty a deterministic default reply is built
   from the request (a tool call when tools are offered and the conversation does not end in tool
   results, otherwise a "fake-claude says: ..." text).
-* `POST /v1/messages/count_tokens` answers `{"input_tokens": N}`; any other path is a 404 in the
-  Anthropic error shape.
+* `POST /v1/messages/count_tokens` answers `{"input_tokens": N}`, or the next error queued with
+  `enqueue_count_tokens`; any other path is a 404 in the Anthropic error shape. An `error_reply`
+  with `echo_headers` quotes the request's headers, as a buggy or hostile gateway might.
 * Prompt caching is modelled: the prompt is the sequence tools, system blocks, message blocks; a
   block marked `cache_control` (or the last block, for a top-level `cache_control`) is a breakpoint.
   The fake remembers the prefix up to each breakpoint (a hash of the model and the canonical JSON of
@@ -40,7 +41,9 @@ Wire behaviour (as the Messages API documents it and the anthropic SDK expects i
 * Cloud platforms, as the SDK's Bedrock and Vertex clients call them when their base-URL variables
   point here: `POST /model/{id}/invoke(-with-response-stream)` (Bedrock: model in the URL,
   `anthropic_version` in the body, the stream framed as AWS event-stream messages) and
-  `POST /projects/{p}/locations/{r}/publishers/anthropic/models/{id}:(stream)rawPredict` (Vertex).
+  `POST /projects/{p}/locations/{r}/publishers/anthropic/models/{id}:(stream)rawPredict` (Vertex),
+  and Vertex's token counting, `POST .../publishers/anthropic/models/count-tokens:rawPredict` (the
+  model and `anthropic_version` in the body), answered as `/v1/messages/count_tokens` is.
   They are recorded in `platform_requests`; a `raw_reply` is sent there as scripted.
 * Google's OAuth2 token endpoint, `POST /oauth2/token`, for the real google-auth library's Application
   Default Credentials: `FakeClaude.service_account_info()` and `workforce_user_info()` are the JSON
@@ -172,6 +175,10 @@ class ErrorReply:
     headers: Mapping[str, str] = field(default_factory=dict)
     details: JSONObject | None = None
     """`error.details` (e.g. `{"error_code": "..."}`), omitted when None."""
+    echo_headers: bool = False
+    """The message ends with every header of the request (by name, so `authorization` comes early),
+    as a buggy or hostile gateway's error may quote them (`Authorization`, `X-Amz-Security-Token`...):
+    what the proxy must redact."""
 
 
 @dataclass(frozen=True)
@@ -301,14 +308,16 @@ def error_reply(
     retry_after: float | None = None,
     should_retry: bool | None = None,
     details: JSONObject | None = None,
+    echo_headers: bool = False,
 ) -> ErrorReply:
-    """An HTTP error, e.g. `error_reply(529, "overloaded_error", "Overloaded", retry_after=0)`."""
+    """An HTTP error, e.g. `error_reply(529, "overloaded_error", "Overloaded", retry_after=0)`;
+    `echo_headers` quotes the request's headers in the message (`ErrorReply.echo_headers`)."""
     all_headers = dict(headers or {})
     if retry_after is not None:
         all_headers["retry-after"] = f"{retry_after:g}"
     if should_retry is not None:
         all_headers["x-should-retry"] = "true" if should_retry else "false"
-    return ErrorReply(status, error_type, message, all_headers, details)
+    return ErrorReply(status, error_type, message, all_headers, details, echo_headers)
 
 
 def stream_error_reply(
@@ -1161,8 +1170,15 @@ class _CountedResponse(Response):
 
 
 OAUTH_TOKEN_PATH = "/oauth2/token"
+# Vertex counts tokens at `.../publishers/anthropic/models/count-tokens:rawPredict`, the model named
+# in the body (with `anthropic_version`, not counted), as `AnthropicVertex.messages.count_tokens` calls.
+VERTEX_COUNT_TOKENS = "count-tokens"
 JWT_BEARER_GRANT = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 GOOGLE_TOKEN_AUDIENCE = "https://oauth2.googleapis.com/token"
+
+
+def _vertex_counting(path: str) -> bool:
+    return path.startswith("/projects/") and path.endswith(f"/models/{VERTEX_COUNT_TOKENS}:rawPredict")
 
 
 class FakeClaude:
@@ -1199,6 +1215,7 @@ class FakeClaude:
         self._lock = threading.Condition()
         self._requests: list[RecordedRequest] = []
         self._queue: deque[Reply | ReplyFactory] = deque()
+        self._count_tokens_queue: deque[ErrorReply] = deque()
         self._disconnects = 0
         self._served: list[ServedUsage] = []
         self._counter = 0
@@ -1312,6 +1329,12 @@ class FakeClaude:
         with self._lock:
             self._queue.extend(replies)
 
+    def enqueue_count_tokens(self, *replies: ErrorReply) -> None:
+        """Queue errors for the next token-counting requests (the Claude API's and Vertex's), one per
+        request; once they are used up, tokens are counted."""
+        with self._lock:
+            self._count_tokens_queue.extend(replies)
+
     @property
     def pending(self) -> int:
         """Queued replies not used yet."""
@@ -1353,6 +1376,7 @@ class FakeClaude:
             self._requests.clear()
             self._served.clear()
             self._queue.clear()
+            self._count_tokens_queue.clear()
             self._disconnects = 0
             self._cache_usages.clear()
             self._max_in_flight = self._in_flight
@@ -1440,6 +1464,12 @@ class FakeClaude:
         body = json.dumps(_error_body(error_type, message, request_id, details)).encode()
         all_headers = {"content-type": "application/json", "request-id": request_id, **(headers or {})}
         return Response(body, status_code=status, headers=all_headers)
+
+    def _error_reply(self, reply: ErrorReply, recorded: RecordedRequest) -> Response:
+        message = reply.message
+        if reply.echo_headers:
+            message += f" (request headers: {json.dumps(recorded.headers, sort_keys=True)})"
+        return self._error(reply.status, reply.error_type, message, reply.headers, reply.details)
 
     def _auth_problem(self, recorded: RecordedRequest) -> Response | None:
         scheme, _, token = recorded.headers.get("authorization", "").partition(" ")
@@ -1541,7 +1571,7 @@ class FakeClaude:
         streaming = recorded.stream
 
         if isinstance(reply, ErrorReply):
-            return self._error(reply.status, reply.error_type, reply.message, reply.headers, reply.details)
+            return self._error_reply(reply, recorded)
         if isinstance(reply, RawReply):
             return self._raw_response(reply)
         if isinstance(reply, StreamErrorReply):
@@ -1588,15 +1618,23 @@ class FakeClaude:
 
     async def _count_tokens(self, request: Request) -> Response:
         recorded, parsed = await self._record(request)
+        return self._counted(recorded, parsed)
+
+    def _counted(self, recorded: RecordedRequest, parsed: object) -> Response:
+        """`{"input_tokens": N}` for a token-counting request, or the queued error for it."""
         problem = self._auth_problem(recorded)
         if problem is not None:
             return problem
+        with self._lock:
+            queued = self._count_tokens_queue.popleft() if self._count_tokens_queue else None
+        if queued is not None:
+            return self._error_reply(queued, recorded)
         body = recorded.body
         if not isinstance(parsed, dict) or not isinstance(body.get("model"), str):
             return self._error(400, "invalid_request_error", "model: Field required")
         if not isinstance(body.get("messages"), list) or not body["messages"]:
             return self._error(400, "invalid_request_error", "messages: Field required")
-        count = prompt_tokens(body)
+        count = prompt_tokens({k: v for k, v in body.items() if k != "anthropic_version"})
         return Response(
             json.dumps({"input_tokens": count}).encode(),
             headers={"content-type": "application/json", "request-id": f"req_fake_{self._next_number():06d}"},
@@ -1701,8 +1739,18 @@ class FakeClaude:
 
     @property
     def platform_requests(self) -> list[RecordedRequest]:
-        """Only the Bedrock (`/model/...`) and Vertex (`/projects/...`) message requests."""
-        return [r for r in self.requests if r.path.startswith(("/model/", "/projects/"))]
+        """Only the Bedrock (`/model/...`) and Vertex (`/projects/...`) message requests (not
+        Vertex's token counting: `count_tokens_requests`)."""
+        return [
+            r
+            for r in self.requests
+            if r.path.startswith(("/model/", "/projects/")) and not _vertex_counting(r.path)
+        ]
+
+    @property
+    def count_tokens_requests(self) -> list[RecordedRequest]:
+        """Only the token-counting requests, the Claude API's and Vertex's."""
+        return [r for r in self.requests if r.path == "/v1/messages/count_tokens" or _vertex_counting(r.path)]
 
     def _fault_response(
         self, reply: GarbageStreamReply | TruncatedStreamReply, body: JSONObject, streaming: bool
@@ -1737,6 +1785,9 @@ class FakeClaude:
 
     async def _vertex(self, request: Request) -> Response:
         model, _, method = request.path_params["call"].partition(":")
+        if model == VERTEX_COUNT_TOKENS and method == "rawPredict":  # the model is in the body
+            recorded, parsed = await self._record(request)
+            return self._counted(recorded, parsed)
         if method not in ("rawPredict", "streamRawPredict"):
             return await self._not_found(request)
         return await self._platform(request, model, method == "streamRawPredict", bedrock=False)
@@ -1764,7 +1815,7 @@ class FakeClaude:
             RecordedRequest(recorded.method, recorded.path, recorded.headers, body, recorded.raw_body)
         )
         if isinstance(reply, ErrorReply):
-            return self._error(reply.status, reply.error_type, reply.message, reply.headers, reply.details)
+            return self._error_reply(reply, recorded)
         if isinstance(reply, RawReply):  # scripted bytes, as on the Claude API's path
             return self._raw_response(reply)
         if not bedrock or not streaming:

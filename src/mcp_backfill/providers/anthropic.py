@@ -361,6 +361,42 @@ def minted_token(client: AnyClient) -> str | None:
     return token if isinstance(token, str) and token else None
 
 
+# The request headers that carry the credentials an SDK client put on a call: the bearer token or
+# SigV4 signature (`Authorization`), an API key, and the AWS session token.
+CREDENTIAL_HEADERS = ("authorization", "x-api-key", "x-amz-security-token")
+
+
+def sent_credentials(request: httpx2.Request | None) -> tuple[str, ...]:
+    """The credentials on `request` as the SDK client sent it, wherever it found them (a Vertex
+    token it minted, AWS credentials from a profile, the shared credentials file, an SSO cache or
+    an instance role): an endpoint's error may quote them, and no setting holds them. Of a value
+    with a scheme (`Bearer TOKEN`), what follows the scheme."""
+    if request is None:
+        return ()
+    found: list[str] = []
+    for name in CREDENTIAL_HEADERS:
+        for value in request.headers.get_list(name):
+            _, space, rest = value.strip().partition(" ")
+            found.append(rest.strip() if space and name == "authorization" else value)
+    return tuple(found)
+
+
+def failed_request(exc: BaseException) -> httpx2.Request | None:
+    """The request an SDK (or httpx2) error is about, if it names one."""
+    try:
+        request = getattr(exc, "request", None)  # httpx2's raises RuntimeError when it has none
+    except RuntimeError:
+        return None
+    return request if isinstance(request, httpx2.Request) else None
+
+
+def client_secrets(client: AnyClient, request: httpx2.Request | None = None) -> tuple[str, ...]:
+    """What the client holds or sent that no setting names: its minted token, and the credentials
+    on `request` (the one a failure is about)."""
+    token = minted_token(client)
+    return ((token,) if token else ()) + sent_credentials(request)
+
+
 class AnthropicProvider:
     """A `Provider` over an anthropic SDK async client (Claude API, Bedrock or Vertex)."""
 
