@@ -50,7 +50,8 @@ Wire behaviour (as the Messages API documents it and the anthropic SDK expects i
   key files (`GOOGLE_APPLICATION_CREDENTIALS`) whose `token_uri` is the fake. A service account's
   signed JWT (checked against the key the fake issued) or a user's refresh token is exchanged for
   `FakeClaude.oauth_token`.
-* A request without `authorization: Bearer <key>` is a 401 `authentication_error`. When `validate`
+* A request without `authorization: Bearer <key>` is a 401 `authentication_error` (Bedrock's also
+  takes a SigV4 signature, not checked). When `validate`
   is on (the default), requests that the real API rejects (missing fields, `temperature`, empty
   text blocks, unpaired tool_use/tool_result, invalid tool names, an image of another media type
   than JPEG/PNG/GIF/WebP or over 5 MB, more than 100 images, a base64 document that is not a PDF or
@@ -175,10 +176,10 @@ class ErrorReply:
     headers: Mapping[str, str] = field(default_factory=dict)
     details: JSONObject | None = None
     """`error.details` (e.g. `{"error_code": "..."}`), omitted when None."""
-    echo_headers: bool = False
+    echo_headers: bool | tuple[str, ...] = False
     """The message ends with every header of the request (by name, so `authorization` comes early),
-    as a buggy or hostile gateway's error may quote them (`Authorization`, `X-Amz-Security-Token`...):
-    what the proxy must redact."""
+    or those named (lower case), as a buggy or hostile gateway's error may quote them
+    (`Authorization`, `X-Amz-Security-Token`...): what the proxy must redact."""
 
 
 @dataclass(frozen=True)
@@ -308,7 +309,7 @@ def error_reply(
     retry_after: float | None = None,
     should_retry: bool | None = None,
     details: JSONObject | None = None,
-    echo_headers: bool = False,
+    echo_headers: bool | tuple[str, ...] = False,
 ) -> ErrorReply:
     """An HTTP error, e.g. `error_reply(529, "overloaded_error", "Overloaded", retry_after=0)`;
     `echo_headers` quotes the request's headers in the message (`ErrorReply.echo_headers`)."""
@@ -1177,6 +1178,13 @@ JWT_BEARER_GRANT = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 GOOGLE_TOKEN_AUDIENCE = "https://oauth2.googleapis.com/token"
 
 
+def _sigv4_signed(recorded: RecordedRequest) -> bool:
+    """Signed with AWS SigV4 (as Bedrock takes it besides an API key); the signature is not checked,
+    the keys are AWS's."""
+    authorization = recorded.headers.get("authorization", "")
+    return authorization.startswith("AWS4-HMAC-SHA256 Credential=") and "x-amz-date" in recorded.headers
+
+
 def _vertex_counting(path: str) -> bool:
     return path.startswith("/projects/") and path.endswith(f"/models/{VERTEX_COUNT_TOKENS}:rawPredict")
 
@@ -1468,7 +1476,10 @@ class FakeClaude:
     def _error_reply(self, reply: ErrorReply, recorded: RecordedRequest) -> Response:
         message = reply.message
         if reply.echo_headers:
-            message += f" (request headers: {json.dumps(recorded.headers, sort_keys=True)})"
+            echoed = reply.echo_headers
+            names = tuple(recorded.headers) if isinstance(echoed, bool) else echoed
+            quoted = {name: recorded.headers.get(name) for name in names}
+            message += f" (request headers: {json.dumps(quoted, sort_keys=True)})"
         return self._error(reply.status, reply.error_type, message, reply.headers, reply.details)
 
     def _auth_problem(self, recorded: RecordedRequest) -> Response | None:
@@ -1796,7 +1807,7 @@ class FakeClaude:
         """Bedrock / Vertex: the model is in the URL, `anthropic_version` in the body; the reply is
         the first-party one, framed as AWS event-stream messages on Bedrock."""
         recorded, parsed = await self._record(request)
-        problem = self._auth_problem(recorded)
+        problem = None if bedrock and _sigv4_signed(recorded) else self._auth_problem(recorded)
         if problem is not None:
             return problem
         if not isinstance(parsed, dict):

@@ -167,6 +167,57 @@ async def test_vertex_through_the_proxy(fake_claude: FakeClaude) -> None:
     assert TEST_API_KEY not in log
 
 
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCY-secret-key"
+AWS_SESSION = "IQoJb3JpZ2luX2VjEFAKE/session+token/from=the/credentials+file0123456789"
+
+
+def aws_profile_env(fake: FakeClaude, where: Path) -> dict[str, str]:
+    """Bedrock signed with SigV4 (boto3) by credentials from a profile in the shared credentials
+    file, none in the environment: AWS_SHARED_CREDENTIALS_FILE and AWS_CONFIG_FILE under `where`, no
+    instance metadata."""
+    credentials, config = where / "credentials", where / "config"
+    credentials.write_text(
+        "[mcp-tests]\naws_access_key_id = AKIAFAKEFAKEFAKE0001\n"
+        f"aws_secret_access_key = {AWS_SECRET}\naws_session_token = {AWS_SESSION}\n"
+    )
+    config.write_text("[profile mcp-tests]\nregion = us-west-2\n")
+    return {
+        "ANTHROPIC_BEDROCK_BASE_URL": fake.url,
+        "AWS_SHARED_CREDENTIALS_FILE": str(credentials),
+        "AWS_CONFIG_FILE": str(config),
+        "AWS_PROFILE": "mcp-tests",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+
+
+async def test_aws_credentials_from_a_profile_are_redacted(fake_claude: FakeClaude, tmp_path: Path) -> None:
+    """Bedrock's AWS session token (and secret key) from a profile, the shared credentials file or an
+    SSO cache, not the environment: an endpoint (a gateway) whose error quotes the request's headers
+    (`X-Amz-Security-Token`) had the token shown to the server, in the log and the audit log, as only
+    the environment's credentials were known to be secrets."""
+    pytest.importorskip("boto3")  # the `bedrock` extra's SigV4 signer
+    echoed = ("x-amz-security-token",)
+    fake_claude.enqueue(error_reply(403, "permission_error", "not allowed", echo_headers=echoed))
+    audit = tmp_path / "audit.jsonl"
+    env = aws_profile_env(fake_claude, tmp_path)
+    options = ("--provider", "bedrock", "--audit-log", str(audit), "--log-level", "debug")
+    async with echo_session(None, *options, env=env) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+        log = session.stderr()
+    assert len(fake_claude.platform_requests) == 1, (answer, log)
+    [request] = fake_claude.platform_requests
+    assert request.headers["x-amz-security-token"] == AWS_SESSION  # signed with the profile's
+    assert request.headers["authorization"].startswith("AWS4-HMAC-SHA256 Credential=AKIAFAKEFAKEFAKE0001/")
+    assert 'not allowed (request headers: {"x-amz-security-token": "***"})' in answer["error"]["message"], (
+        answer
+    )
+    places = {"to the server": json.dumps(answer), "log": log, "audit": audit.read_text()}
+    for secret in (AWS_SESSION, AWS_SECRET):
+        assert [where for where, text in places.items() if secret in text] == [], secret
+
+
 def adc_env(fake: FakeClaude, where: Path, credentials: dict[str, object]) -> dict[str, str]:
     """Application Default Credentials for the real google-auth: `credentials` (a key file's JSON,
     whose `token_uri` is the fake) in a file under `where` named by GOOGLE_APPLICATION_CREDENTIALS.

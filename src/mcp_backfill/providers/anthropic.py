@@ -128,6 +128,7 @@ class StreamedEvents:
 
     def __init__(self, client: AnyClient, response: httpx2.Response) -> None:
         self.request_id: str | None = response.headers.get("request-id")
+        self.request = response.request  # as sent, its credentials included
         self._client = client
         self._response = response
         # The SDK's read timeout bounds the wait for each byte; pings (and comments) are bytes, so
@@ -413,12 +414,14 @@ class AnthropicProvider:
         self._model_id = model_id
         self._redact_configured = Redactor(secrets).redact
 
-    def _redact(self, text: str) -> str:
-        """`text` without the configured secrets, nor the token the client minted itself (Vertex's
-        from Application Default Credentials, renewed hourly), which no setting holds."""
+    def _redact(self, text: str, request: httpx2.Request | None = None) -> str:
+        """`text` without the configured secrets, nor what the client found or made itself, which no
+        setting holds: the token it minted (Vertex's from Application Default Credentials, renewed
+        hourly) and the credentials on `request`, the one the failure is about (AWS credentials from
+        a profile, the shared credentials file or an SSO cache: the session token goes on the wire)."""
         text = self._redact_configured(text)
-        token = minted_token(self._client)
-        return Redactor((token,)).redact(text) if token else text
+        found = client_secrets(self._client, request)
+        return Redactor(found).redact(text) if found else text
 
     async def prime(self) -> None:
         """The second half of the priming, on the proxy's own loop: one canned answer through this
@@ -439,11 +442,12 @@ class AnthropicProvider:
         meter = meter or _UNMETERED
         request_id: str | None = None
         streaming = False  # a response has started: what goes wrong now is the stream's fault
+        sent: httpx2.Request | None = None  # the request of that response
         meter.begin_attempt()
         try:
             async with message_stream(self._client, request) as events:
                 streaming = True
-                request_id = events.request_id
+                request_id, sent = events.request_id, events.request
                 fold, completed = MessageFold(), False
                 try:
                     async for event in events:
@@ -490,21 +494,22 @@ class AnthropicProvider:
                 meter.not_billed()
             if _name_not_resolved(exc):  # retrying will not make the name resolve: say so at once
                 raise self._error(
-                    f"Claude API host name does not resolve ({self._redact(str(exc.__cause__ or exc))}); "
+                    f"Claude API host name does not resolve "
+                    f"({self._redact(str(exc.__cause__ or exc), failed_request(exc))}); "
                     "check ANTHROPIC_BASE_URL (or the platform's region) and this machine's DNS",
                     "name_resolution",
                     request_id,
                     retryable=False,
                 ) from None
             raise self._error(
-                f"Claude API unreachable: {self._redact(str(exc.__cause__ or exc))}",
+                f"Claude API unreachable: {self._redact(str(exc.__cause__ or exc), failed_request(exc))}",
                 "connection_error",
                 request_id,
                 retryable=True,
             ) from None
         except httpx2.HTTPError as exc:  # the connection broke while the stream was being read
             raise self._error(
-                f"Claude API stream broke off: {self._redact(str(exc) or type(exc).__name__)}",
+                f"Claude API stream broke off: {self._redact(str(exc) or type(exc).__name__, sent)}",
                 "connection_error",
                 request_id,
                 retryable=True,
@@ -512,17 +517,17 @@ class AnthropicProvider:
         except ValueError as exc:
             if streaming:  # an event that is not valid JSON or not a known event shape
                 raise self._error(
-                    f"Claude API sent a malformed stream: {self._redact(str(exc))[:200]}",
+                    f"Claude API sent a malformed stream: {self._redact(str(exc), sent)[:200]}",
                     "malformed_response",
                     request_id,
                     retryable=True,
                 ) from None
             meter.not_billed()  # the client refused the request before sending it
-            raise self._client_error(exc) from None
+            raise self._client_error(exc, sent) from None
         except Exception as exc:  # e.g. no credentials found by boto3 / google-auth
             if not streaming:  # the client refused before anything was sent
                 meter.not_billed()
-            raise self._client_error(exc) from None
+            raise self._client_error(exc, sent) from None
         meter.report(result["usage"], final=True)
         if request_id:
             result["request_id"] = request_id
@@ -540,9 +545,9 @@ class AnthropicProvider:
             data["request_id"] = request_id
         return ProviderError(message, data, retryable=retryable)
 
-    def _client_error(self, exc: Exception) -> ProviderError:
+    def _client_error(self, exc: Exception, sent: httpx2.Request | None) -> ProviderError:
         """The SDK client refused before anything was sent (credentials, an unusable request...)."""
-        detail = self._redact(f"{type(exc).__name__}: {exc}")[:300]
+        detail = self._redact(f"{type(exc).__name__}: {exc}", sent)[:300]
         return ProviderError(
             f"The {self.name} client could not make the call: {detail}",
             {"provider": self.name, "type": "client_error"},
@@ -562,7 +567,7 @@ class AnthropicProvider:
         if request_id:
             data["request_id"] = request_id
         # A gateway's error page may be its whole body: redacted, then cut as every other error text.
-        detail = self._redact(api_message or str(exc.message))[:ERROR_TEXT_LIMIT]
+        detail = self._redact(api_message or str(exc.message), failed_request(exc))[:ERROR_TEXT_LIMIT]
         if status in (401, 403):
             detail += f"; check {CREDENTIALS.get(self.name, 'ANTHROPIC_API_KEY')}"
         return ProviderError(
