@@ -16,7 +16,15 @@ import anyio
 import pytest
 
 from tests.e2e.faults_support import ask_sampling, echo_session
-from tests.fake_claude import FakeClaude, bedrock_chunk, error_reply, raw_reply, text_reply
+from tests.fake_claude import (
+    FakeClaude,
+    bedrock_chunk,
+    error_reply,
+    raw_reply,
+    sse_event,
+    stream_frames,
+    text_reply,
+)
 from tests.harness import ROOT, TEST_API_KEY, proxy_argv, proxy_env, python_server
 
 pytestmark = pytest.mark.anyio
@@ -265,6 +273,43 @@ async def test_a_token_minted_from_application_default_credentials_is_redacted(
     assert request.headers["authorization"] == f"Bearer {minted}"
     places = {"to the server": str(answer), "log": log, "audit": audit.read_text()}
     assert [where for where, text in places.items() if minted in text] == []
+
+
+async def test_a_minted_token_quoted_after_a_whole_message_is_kept_out_of_the_log(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """A whole message, then an `error` event quoting the token google-auth minted (a gateway's):
+    the message is the answer, and the warning that the stream went on logged the event's text as
+    it came, the token in it (the log knows only configured secrets)."""
+    minted = fake_claude.api_key = fake_claude.oauth_token
+    message = {
+        "id": "msg_whole",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-5-5",
+        "content": [{"type": "text", "text": "all of it"}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": 12,
+            "output_tokens": 4,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        },
+    }
+    quoting = {"type": "error", "error": {"type": "api_error", "message": f"token {minted} expired"}}
+    fake_claude.enqueue(raw_reply(*stream_frames(message)[:-1], sse_event("error", quoting)))
+    env = adc_env(fake_claude, tmp_path, fake_claude.service_account_info("proj-42"))
+    env["ANTHROPIC_VERTEX_PROJECT_ID"] = "proj-42"
+    async with echo_session(None, "--provider", "vertex", env=env) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+        log = session.stderr()
+    assert answer.get("result", {}).get("content") == {"type": "text", "text": "all of it"}, answer
+    assert "went on after message_delta" in log
+    assert "token *** expired" in log, log
+    assert minted not in log
 
 
 async def test_vertex_credentials_that_name_no_project_are_answered_with_the_variable_to_set(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import email.utils
+import functools
 import re
 import socket
 import time
@@ -319,7 +320,7 @@ async def _post_messages(client: AnyClient, body: dict[str, Any]) -> httpx2.Resp
     )
 
 
-async def _rest_of_stream(events: StreamedEvents, fold: MessageFold) -> None:
+async def _rest_of_stream(events: StreamedEvents, fold: MessageFold, redact: Callable[[str], str]) -> None:
     """What follows `message_stop`: normally the body's end at once, read so that the connection
     can be used again. The message is whole: a connection that breaks off now, a body that does not
     end within `AFTER_STOP_SECONDS` (a gateway keeping it open), or an event that has no place there
@@ -332,16 +333,20 @@ async def _rest_of_stream(events: StreamedEvents, fold: MessageFold) -> None:
         except httpx2.HTTPError:
             pass
         except (anthropic.APIStatusError, ValueError) as exc:  # an `error` event, an unknown one
-            _trailer_ignored("message_stop", exc)
+            _trailer_ignored("message_stop", exc, redact)
 
 
-def _trailer_ignored(after: str, exc: anthropic.APIStatusError | ValueError) -> None:
+def _trailer_ignored(
+    after: str, exc: anthropic.APIStatusError | ValueError, redact: Callable[[str], str]
+) -> None:
     """The whole message came, then something the stream should not hold: the message is the
-    answer (a retry would be billed again for it), and the operator is told."""
+    answer (a retry would be billed again for it), and the operator is told, in the endpoint's
+    words without the credentials (`redact`: the provider's, which knows those the client found
+    or minted itself, as the log does not)."""
     log.warning(
         f"Claude API stream went on after {after} with something it should not hold; the message, "
         "complete, is the answer",
-        extra={"error": str(exc)[:200]},
+        extra={"error": redact(str(exc))[:200]},
     )
 
 
@@ -448,6 +453,7 @@ class AnthropicProvider:
             async with message_stream(self._client, request) as events:
                 streaming = True
                 request_id, sent = events.request_id, events.request
+                redacted = functools.partial(self._redact, request=sent)
                 fold, completed = MessageFold(), False
                 try:
                     async for event in events:
@@ -468,9 +474,9 @@ class AnthropicProvider:
                 except (anthropic.APIStatusError, ValueError) as exc:
                     if not fold.ended:
                         raise
-                    _trailer_ignored("message_delta", exc)  # an `error` event after it, say
+                    _trailer_ignored("message_delta", exc, redacted)  # an `error` event after it, say
                 if completed:
-                    await _rest_of_stream(events, fold)
+                    await _rest_of_stream(events, fold, redacted)
                 if not completed and not fold.ended:  # `message_stop` only says again it ended
                     raise self._error(
                         "Claude API stream ended before the message was complete",
