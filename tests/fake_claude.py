@@ -49,7 +49,7 @@ Wire behaviour (as the Messages API documents it and the anthropic SDK expects i
   Default Credentials: `FakeClaude.service_account_info()` and `workforce_user_info()` are the JSON
   key files (`GOOGLE_APPLICATION_CREDENTIALS`) whose `token_uri` is the fake. A service account's
   signed JWT (checked against the key the fake issued) or a user's refresh token is exchanged for
-  `FakeClaude.oauth_token`.
+  `FakeClaude.oauth_token`; `oauth_outages` drops the connection of the next requests instead.
 * A request without `authorization: Bearer <key>` is a 401 `authentication_error` (Bedrock's also
   takes a SigV4 signature, not checked). When `validate`
   is on (the default), requests that the real API rejects (missing fields, `temperature`, empty
@@ -1217,6 +1217,9 @@ class FakeClaude:
         self.fallback: ReplyFactory | None = None
         self.oauth_token = f"ya29.fake-minted-{secrets.token_hex(16)}"
         """The access token `POST /oauth2/token` mints for the credentials the fake issued; settable."""
+        self.oauth_outages = 0
+        """How many of the next `POST /oauth2/token` requests have their connection dropped before
+        an answer (the endpoint briefly unreachable: google-auth raises `TransportError`); settable."""
         self._service_account_keys: dict[str, bytes] = {}  # private_key_id -> public key (PEM)
         self._refresh_tokens: set[str] = set()
         """Called for the reply when the queue is empty (instead of the default reply); settable."""
@@ -1739,6 +1742,10 @@ class FakeClaude:
         """Google's OAuth2 token endpoint: `grant_type=urn:ietf:params:oauth:grant-type:jwt-bearer`
         with a service account's signed `assertion`, or `grant_type=refresh_token`."""
         recorded, _ = await self._record(request)
+        with self._lock:
+            outage, self.oauth_outages = self.oauth_outages > 0, max(0, self.oauth_outages - 1)
+        if outage:  # the connection drops before the answer's body
+            return _ScriptedResponse(self, 502, {"content-type": "application/json"}, [b"{"], abort=True)
         pairs = urllib.parse.parse_qsl(recorded.raw_body.decode("utf-8", "replace"))
         problem = self._grant_problem(dict(pairs))
         if problem is not None:

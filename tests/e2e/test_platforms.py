@@ -328,6 +328,67 @@ async def test_vertex_credentials_that_name_no_project_are_answered_with_the_var
     assert fake_claude.platform_requests == []
 
 
+async def test_a_token_endpoint_briefly_unreachable_is_retried_and_charged_nothing(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """google-auth could not reach the token endpoint (`TransportError`), nothing was sent to
+    Claude: the sampling request failed at once as "the client could not make the call", where a
+    connection refused by the API itself is retried. It is retried like that, and the attempt that
+    never reached the API is charged nothing."""
+    fake_claude.enqueue(text_reply("answered after the token came"))
+    fake_claude.api_key = fake_claude.oauth_token
+    fake_claude.oauth_outages = 1
+    audit = tmp_path / "audit.jsonl"
+    env = adc_env(fake_claude, tmp_path, fake_claude.service_account_info("proj-42"))
+    env["ANTHROPIC_VERTEX_PROJECT_ID"] = "proj-42"
+    options = ("--provider", "vertex", "--audit-log", str(audit), "--retry-base-delay", "0.01")
+    async with echo_session(None, *options, env=env) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+    content = answer.get("result", {}).get("content")
+    assert content == {"type": "text", "text": "answered after the token came"}, answer
+    assert len(fake_claude.token_requests) == 2
+    [request] = fake_claude.platform_requests
+    assert request.headers["authorization"] == f"Bearer {fake_claude.oauth_token}"
+    [entry] = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert sum(entry["charged"].values()) == fake_claude.served_tokens() > 0, entry  # that call only
+
+
+async def test_a_token_endpoint_that_stays_unreachable_is_named(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """Every attempt's token refresh failed: the error says so and what to check, after the
+    retries, and nothing is charged (Claude was never called)."""
+    fake_claude.oauth_outages = 100
+    audit = tmp_path / "audit.jsonl"
+    env = adc_env(fake_claude, tmp_path, fake_claude.service_account_info("proj-42"))
+    env["ANTHROPIC_VERTEX_PROJECT_ID"] = "proj-42"
+    options = (
+        "--provider",
+        "vertex",
+        "--audit-log",
+        str(audit),
+        "--retry-base-delay",
+        "0.01",
+        "--retry-max-attempts",
+        "3",
+    )
+    async with echo_session(None, *options, env=env) as session:
+        answer = await ask_sampling(session)
+        ping = await session.request(77, "ping", {})
+        await session.close_stdin()
+        await session.wait(30)
+    assert "result" in ping
+    error = answer["error"]
+    assert (error["data"]["type"], error["data"]["attempts"]) == ("credentials_unavailable", 3), error
+    assert "Application Default Credentials" in error["message"], error
+    assert len(fake_claude.token_requests) == 3
+    assert fake_claude.platform_requests == []
+    [entry] = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert not any(entry["charged"].values()), entry
+
+
 async def test_vertex_takes_its_project_from_application_default_credentials(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:

@@ -93,6 +93,19 @@ async def vertex_project_from_credentials(client: AnyClient) -> None:
             raise ValueError(f"{exc}: set ANTHROPIC_VERTEX_PROJECT_ID (the Google Cloud project)") from None
 
 
+def credentials_unreachable(exc: BaseException) -> bool:
+    """Did the client fail to get its credentials for a reason that may pass, before it sent
+    anything: google-auth could not reach the token endpoint (`TransportError`: refused, reset, a
+    timeout) or was answered with an error it calls retryable (a 5xx after its own retries)."""
+    try:
+        from google.auth import exceptions as google_auth
+    except ImportError:  # no google-auth: not the Vertex client's Application Default Credentials
+        return False
+    if isinstance(exc, google_auth.TransportError):
+        return True
+    return isinstance(exc, google_auth.RefreshError) and bool(getattr(exc, "retryable", False))
+
+
 def _name_not_resolved(exc: BaseException) -> bool:
     """Did a connection fail because the host name does not resolve?"""
     seen: BaseException | None = exc
@@ -533,6 +546,8 @@ class AnthropicProvider:
         except Exception as exc:  # e.g. no credentials found by boto3 / google-auth
             if not streaming:  # the client refused before anything was sent
                 meter.not_billed()
+                if credentials_unreachable(exc):  # may pass, as a connection the API refused
+                    raise self._credentials_error(exc) from None
             raise self._client_error(exc, sent) from None
         meter.report(result["usage"], final=True)
         if request_id:
@@ -550,6 +565,16 @@ class AnthropicProvider:
         if request_id:
             data["request_id"] = request_id
         return ProviderError(message, data, retryable=retryable)
+
+    def _credentials_error(self, exc: Exception) -> ProviderError:
+        """The client could not get its credentials for now (`credentials_unreachable`): retryable."""
+        detail = self._redact(f"{type(exc).__name__}: {exc}")[:300]
+        return ProviderError(
+            f"The {self.name} client could not get its credentials: {detail}; check "
+            f"{CREDENTIALS.get(self.name, 'ANTHROPIC_API_KEY')} and the network to where they come from",
+            {"provider": self.name, "type": "credentials_unavailable"},
+            retryable=True,
+        )
 
     def _client_error(self, exc: Exception, sent: httpx2.Request | None) -> ProviderError:
         """The SDK client refused before anything was sent (credentials, an unusable request...)."""
