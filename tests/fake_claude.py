@@ -1221,6 +1221,15 @@ class FakeClaude:
         """How many of the next `POST /oauth2/token` requests have their connection dropped before
         an answer (the endpoint briefly unreachable: google-auth raises `TransportError`); settable."""
         self._service_account_keys: dict[str, bytes] = {}  # private_key_id -> public key (PEM)
+        self.sts_credentials = (
+            f"ASIAFAKE{secrets.token_hex(6).upper()}",
+            f"fake-sts-secret-{secrets.token_hex(12)}",
+            f"FwoGZXIvYXdzEFAKE/{secrets.token_hex(24)}+sts=",
+        )
+        """The access key id, secret key and session token `AssumeRole` gives; settable."""
+        self.sts_outages = 0
+        """How many of the next STS requests have their connection dropped before an answer (the
+        endpoint briefly unreachable); settable."""
         self._refresh_tokens: set[str] = set()
         """Called for the reply when the queue is empty (instead of the default reply); settable."""
         self._lock = threading.Condition()
@@ -1247,6 +1256,7 @@ class FakeClaude:
                     methods=["POST"],
                 ),
                 Route(OAUTH_TOKEN_PATH, self._oauth_token, methods=["POST"]),
+                Route("/", self._sts, methods=["POST"]),
                 Route("/{path:path}", self._not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
             ],
             lifespan=self._lifespan,
@@ -1752,6 +1762,38 @@ class FakeClaude:
             error, description = problem
             return JSONResponse({"error": error, "error_description": description}, status_code=400)
         return JSONResponse({"access_token": self.oauth_token, "expires_in": 3600, "token_type": "Bearer"})
+
+    # ---- AWS STS (AssumeRole, for Bedrock's SigV4 credentials from a role profile) ----------------
+
+    @property
+    def sts_requests(self) -> list[RecordedRequest]:
+        """Only the STS requests (`POST /` with an `Action`)."""
+        return [r for r in self.requests if r.path == "/" and r.method == "POST"]
+
+    async def _sts(self, request: Request) -> Response:
+        """AWS STS's query protocol at `AWS_ENDPOINT_URL_STS`: `Action=AssumeRole` answered with
+        `sts_credentials` for an hour (the caller's signature is not checked)."""
+        recorded, _ = await self._record(request)
+        form = dict(urllib.parse.parse_qsl(recorded.raw_body.decode("utf-8", "replace")))
+        with self._lock:
+            outage, self.sts_outages = self.sts_outages > 0, max(0, self.sts_outages - 1)
+        if outage:  # the connection drops before the answer's body
+            return _ScriptedResponse(self, 502, {"content-type": "text/xml"}, [b"<"], abort=True)
+        if form.get("Action") != "AssumeRole":
+            return self._error(404, "not_found_error", f"Not found: {request.method} {recorded.path}")
+        key_id, secret, token = self.sts_credentials
+        expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600))
+        role = form.get("RoleArn", "arn:aws:iam::123456789012:role/fake")
+        session = form.get("RoleSessionName", "fake")
+        body = (
+            '<AssumeRoleResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><AssumeRoleResult>'
+            f"<Credentials><AccessKeyId>{key_id}</AccessKeyId><SecretAccessKey>{secret}</SecretAccessKey>"
+            f"<SessionToken>{token}</SessionToken><Expiration>{expires}</Expiration></Credentials>"
+            f"<AssumedRoleUser><AssumedRoleId>AROAFAKE:{session}</AssumedRoleId><Arn>{role}/{session}</Arn>"
+            "</AssumedRoleUser></AssumeRoleResult><ResponseMetadata><RequestId>fake-sts</RequestId>"
+            "</ResponseMetadata></AssumeRoleResponse>"
+        )
+        return Response(body.encode(), headers={"content-type": "text/xml"})
 
     # ---- fault modes and cloud platforms -------------------------------------------------------
 

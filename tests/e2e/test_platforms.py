@@ -226,6 +226,81 @@ async def test_aws_credentials_from_a_profile_are_redacted(fake_claude: FakeClau
         assert [where for where, text in places.items() if secret in text] == [], secret
 
 
+def aws_role_env(fake: FakeClaude, where: Path) -> dict[str, str]:
+    """Bedrock signed with SigV4 by a role's credentials: a profile naming `role_arn` and a source
+    profile, whose keys boto3 trades for the role's at STS (`AWS_ENDPOINT_URL_STS`: the fake), with
+    botocore's own retries off (`max_attempts = 1`) so that each attempt of the proxy's asks once."""
+    credentials, config = where / "credentials", where / "config"
+    credentials.write_text(
+        "[base]\naws_access_key_id = AKIAFAKEBASE00000001\naws_secret_access_key = base-secret\n"
+    )
+    config.write_text(
+        "[profile mcp-role]\nrole_arn = arn:aws:iam::123456789012:role/mcp\nsource_profile = base\n"
+        "region = us-west-2\nmax_attempts = 1\n"
+    )
+    return {
+        "ANTHROPIC_BEDROCK_BASE_URL": fake.url,
+        "AWS_ENDPOINT_URL_STS": fake.url,
+        "AWS_SHARED_CREDENTIALS_FILE": str(credentials),
+        "AWS_CONFIG_FILE": str(config),
+        "AWS_PROFILE": "mcp-role",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+
+
+async def test_an_aws_credentials_endpoint_briefly_unreachable_is_retried_and_charged_nothing(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """boto3 could not reach STS for the role's credentials (botocore's `ConnectionClosedError`),
+    nothing was sent to Claude: the sampling request failed at once as "the client could not make
+    the call". It is retried like a connection the API refused, and that attempt is charged nothing."""
+    pytest.importorskip("boto3")
+    fake_claude.enqueue(text_reply("answered after the role's credentials came"))
+    fake_claude.sts_outages = 1
+    audit = tmp_path / "audit.jsonl"
+    options = ("--provider", "bedrock", "--audit-log", str(audit), "--retry-base-delay", "0.01")
+    async with echo_session(None, *options, env=aws_role_env(fake_claude, tmp_path)) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+    content = answer.get("result", {}).get("content")
+    assert content == {"type": "text", "text": "answered after the role's credentials came"}, answer
+    assert len(fake_claude.sts_requests) == 2
+    [request] = fake_claude.platform_requests
+    assert request.headers["x-amz-security-token"] == fake_claude.sts_credentials[2]
+    [entry] = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert entry["charged"] == entry["usage"], entry  # that call only
+
+
+async def test_an_aws_credentials_endpoint_that_stays_unreachable_is_named(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    pytest.importorskip("boto3")
+    fake_claude.sts_outages = 100
+    audit = tmp_path / "audit.jsonl"
+    options = (
+        "--provider",
+        "bedrock",
+        "--audit-log",
+        str(audit),
+        "--retry-base-delay",
+        "0.01",
+        "--retry-max-attempts",
+        "3",
+    )
+    async with echo_session(None, *options, env=aws_role_env(fake_claude, tmp_path)) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+    error = answer["error"]
+    assert (error["data"]["type"], error["data"]["attempts"]) == ("credentials_unavailable", 3), error
+    assert "check the AWS credentials (AWS_BEARER_TOKEN_BEDROCK, AWS_PROFILE...)" in error["message"], error
+    assert len(fake_claude.sts_requests) == 3
+    assert fake_claude.platform_requests == []
+    [entry] = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert not any((entry["charged"] or {}).values()), entry
+
+
 def adc_env(fake: FakeClaude, where: Path, credentials: dict[str, object]) -> dict[str, str]:
     """Application Default Credentials for the real google-auth: `credentials` (a key file's JSON,
     whose `token_uri` is the fake) in a file under `where` named by GOOGLE_APPLICATION_CREDENTIALS.
@@ -386,7 +461,7 @@ async def test_a_token_endpoint_that_stays_unreachable_is_named(
     assert len(fake_claude.token_requests) == 3
     assert fake_claude.platform_requests == []
     [entry] = [json.loads(line) for line in audit.read_text().splitlines()]
-    assert not any(entry["charged"].values()), entry
+    assert not any((entry["charged"] or {}).values()), entry
 
 
 async def test_vertex_takes_its_project_from_application_default_credentials(

@@ -96,7 +96,17 @@ async def vertex_project_from_credentials(client: AnyClient) -> None:
 def credentials_unreachable(exc: BaseException) -> bool:
     """Did the client fail to get its credentials for a reason that may pass, before it sent
     anything: google-auth could not reach the token endpoint (`TransportError`: refused, reset, a
-    timeout) or was answered with an error it calls retryable (a 5xx after its own retries)."""
+    timeout) or was answered with an error it calls retryable (a 5xx after its own retries); boto3
+    could not reach the service that issues them (STS for a role, SSO...: botocore's connection
+    errors, refused, closed or timed out). The request itself is signed offline: these come only
+    from fetching credentials."""
+    try:
+        from botocore import exceptions as botocore_errors  # type: ignore[import-untyped]
+    except ImportError:  # no botocore: not the Bedrock client
+        pass
+    else:
+        if isinstance(exc, botocore_errors.ConnectionError | botocore_errors.HTTPClientError):
+            return True
     try:
         from google.auth import exceptions as google_auth
     except ImportError:  # no google-auth: not the Vertex client's Application Default Credentials
