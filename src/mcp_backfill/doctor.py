@@ -208,7 +208,9 @@ async def _provider(report: Report, config: Config) -> None:
     from mcp_backfill.providers.anthropic import (
         CREDENTIALS,
         client_secrets,
+        credentials_unreachable,
         failed_request,
+        google_credentials_failed,
         vertex_project_from_credentials,
     )
     from mcp_backfill.providers.platforms import make_client
@@ -241,6 +243,10 @@ async def _provider(report: Report, config: Config) -> None:
         credentials = CREDENTIALS.get(config.provider, "ANTHROPIC_API_KEY")
         hint = f"; check {credentials}" if status in (401, 403) else ""
         hint = network if status is None else hint
+        if credentials_unreachable(exc):  # the token endpoint, not Claude's, is out of reach
+            hint = f"; check {credentials} and the network to where they come from"
+        elif google_credentials_failed(exc):  # Claude's endpoint was never called
+            hint = f"; check {credentials}"
         # Also what the client minted or sent itself (a Vertex token from Application Default
         # Credentials), which an endpoint's error may quote.
         extra = client_secrets(client, failed_request(exc))

@@ -419,3 +419,27 @@ def test_a_vertex_error_quoting_the_minted_token_is_redacted(fake_claude: FakeCl
     assert "Bearer ***" in provider, provider
     assert [r.headers["authorization"] for r in fake_claude.count_tokens_requests] == [f"Bearer {minted}"]
     assert minted not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("failure", ["refused", "unreachable"])
+def test_vertex_credentials_that_cannot_be_had_are_named(
+    fake_claude: FakeClaude, tmp_path: Path, failure: str
+) -> None:
+    """google-auth's refresh refused (`RefreshError`) or its token endpoint out of reach
+    (`TransportError`) were answered "check ANTHROPIC_VERTEX_BASE_URL and the network": the endpoint
+    of Claude, which was never called, not the credentials."""
+    info = fake_claude.service_account_info("proj-42")
+    if failure == "refused":
+        info["private_key_id"] = "0" * 40  # a key the token endpoint does not know
+    else:
+        fake_claude.oauth_outages = 100
+    env = proxy_env(**adc_env(fake_claude, tmp_path, info))
+    done = check("--provider", "vertex", "--", *WEATHER, env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    provider = done.stdout.split("provider: vertex\n")[1].split("\n")[0]
+    assert "ANTHROPIC_VERTEX_BASE_URL" not in provider, provider
+    credentials = (
+        "check the Google credentials (MCP_BACKFILL_VERTEX_ACCESS_TOKEN or Application Default Credentials)"
+    )
+    assert credentials in provider, provider
+    assert fake_claude.count_tokens_requests == []

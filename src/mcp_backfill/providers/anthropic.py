@@ -116,6 +116,16 @@ def credentials_unreachable(exc: BaseException) -> bool:
     return isinstance(exc, google_auth.RefreshError) and bool(getattr(exc, "retryable", False))
 
 
+def google_credentials_failed(exc: BaseException) -> bool:
+    """Did google-auth fail to load or refresh Application Default Credentials (none found, a
+    refresh refused, its token endpoint out of reach)? Claude's endpoint was not called."""
+    try:
+        from google.auth import exceptions as google_auth
+    except ImportError:
+        return False
+    return isinstance(exc, google_auth.GoogleAuthError)
+
+
 def _name_not_resolved(exc: BaseException) -> bool:
     """Did a connection fail because the host name does not resolve?"""
     seen: BaseException | None = exc
