@@ -1217,6 +1217,12 @@ class FakeClaude:
         self.fallback: ReplyFactory | None = None
         self.oauth_token = f"ya29.fake-minted-{secrets.token_hex(16)}"
         """The access token `POST /oauth2/token` mints for the credentials the fake issued; settable."""
+        self.oauth_expires_in = 3600
+        """The lifetime of each token minted, in seconds (google-auth refreshes one that has less
+        than 3 min 45 s left before every use); settable."""
+        self.oauth_echo_errors = False
+        """Refuse every `POST /oauth2/token` with an `invalid_grant` that quotes the request's form
+        (its refresh token, client secret or signed assertion), as a buggy proxy in front might."""
         self.oauth_outages = 0
         """How many of the next `POST /oauth2/token` requests have their connection dropped before
         an answer (the endpoint briefly unreachable: google-auth raises `TransportError`); settable."""
@@ -1757,11 +1763,19 @@ class FakeClaude:
         if outage:  # the connection drops before the answer's body
             return _ScriptedResponse(self, 502, {"content-type": "application/json"}, [b"{"], abort=True)
         pairs = urllib.parse.parse_qsl(recorded.raw_body.decode("utf-8", "replace"))
+        if self.oauth_echo_errors:
+            quoted = recorded.raw_body.decode("utf-8", "replace")
+            return JSONResponse({"error": "invalid_grant", "error_description": f"refused {quoted}"}, 400)
         problem = self._grant_problem(dict(pairs))
         if problem is not None:
             error, description = problem
             return JSONResponse({"error": error, "error_description": description}, status_code=400)
-        return JSONResponse({"access_token": self.oauth_token, "expires_in": 3600, "token_type": "Bearer"})
+        minted = {
+            "access_token": self.oauth_token,
+            "expires_in": self.oauth_expires_in,
+            "token_type": "Bearer",
+        }
+        return JSONResponse(minted)
 
     # ---- AWS STS (AssumeRole, for Bedrock's SigV4 credentials from a role profile) ----------------
 

@@ -387,6 +387,35 @@ async def test_a_minted_token_quoted_after_a_whole_message_is_kept_out_of_the_lo
     assert minted not in log
 
 
+async def test_a_token_endpoint_quoting_the_refresh_token_is_redacted(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """User credentials' refresh token and client secret (from the Application Default Credentials
+    file, not a setting), quoted in the token endpoint's refusal of a later refresh (the hourly one
+    of a proxy that runs on), reached the server, the log and the audit log in "the client could
+    not make the call"."""
+    info = fake_claude.workforce_user_info()
+    fake_claude.api_key = fake_claude.oauth_token
+    fake_claude.oauth_expires_in = 60  # within google-auth's refresh threshold: refreshed before each use
+    audit = tmp_path / "audit.jsonl"
+    env = adc_env(fake_claude, tmp_path, info)
+    env["ANTHROPIC_VERTEX_PROJECT_ID"] = "proj-42"
+    async with echo_session(None, "--provider", "vertex", "--audit-log", str(audit), env=env) as session:
+        first = await ask_sampling(session)
+        minted = len(fake_claude.token_requests)
+        fake_claude.oauth_echo_errors = True
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+        log = session.stderr()
+    assert "result" in first, first
+    assert "invalid_grant" in answer["error"]["message"], answer
+    assert len(fake_claude.token_requests) == minted + 1  # the later refresh, refused
+    places = {"to the server": json.dumps(answer), "log": log, "audit": audit.read_text()}
+    for secret in (str(info["refresh_token"]), str(info["client_secret"])):
+        assert [where for where, text in places.items() if secret in text] == [], (secret, answer)
+
+
 async def test_vertex_credentials_that_name_no_project_are_answered_with_the_variable_to_set(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:

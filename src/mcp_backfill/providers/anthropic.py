@@ -429,11 +429,20 @@ def failed_request(exc: BaseException) -> httpx2.Request | None:
     return request if isinstance(request, httpx2.Request) else None
 
 
+# The secrets of Google credentials loaded from an Application Default Credentials file (a user's
+# refresh token and OAuth client secret), which a token endpoint's refusal may quote.
+_GOOGLE_CREDENTIAL_SECRETS = ("refresh_token", "client_secret")
+
+
 def client_secrets(client: AnyClient, request: httpx2.Request | None = None) -> tuple[str, ...]:
-    """What the client holds or sent that no setting names: its minted token, and the credentials
-    on `request` (the one a failure is about)."""
+    """What the client holds or sent that no setting names: its minted token, the secrets of the
+    credentials it loaded (Application Default Credentials), and the credentials on `request` (the
+    one a failure is about)."""
     token = minted_token(client)
-    return ((token,) if token else ()) + sent_credentials(request)
+    credentials = getattr(client, "credentials", None)
+    held = (getattr(credentials, name, None) for name in _GOOGLE_CREDENTIAL_SECRETS)
+    loaded = tuple(value for value in held if isinstance(value, str) and value)
+    return ((token,) if token else ()) + loaded + sent_credentials(request)
 
 
 class AnthropicProvider:
