@@ -19,8 +19,9 @@ Wire behaviour (as the Messages API documents it and the anthropic SDK expects i
 * Replies come from a queue (`enqueue`); when it is empty a deterministic default reply is built
   from the request (a tool call when tools are offered and the conversation does not end in tool
   results, otherwise a "fake-claude says: ..." text).
-* `POST /v1/messages/count_tokens` answers `{"input_tokens": N}`; any other path is a 404 in the
-  Anthropic error shape.
+* `POST /v1/messages/count_tokens` answers `{"input_tokens": N}`, or the next error queued with
+  `enqueue_count_tokens`; any other path is a 404 in the Anthropic error shape. An `error_reply`
+  with `echo_headers` quotes the request's headers, as a buggy or hostile gateway might.
 * Prompt caching is modelled: the prompt is the sequence tools, system blocks, message blocks; a
   block marked `cache_control` (or the last block, for a top-level `cache_control`) is a breakpoint.
   The fake remembers the prefix up to each breakpoint (a hash of the model and the canonical JSON of
@@ -40,14 +41,17 @@ Wire behaviour (as the Messages API documents it and the anthropic SDK expects i
 * Cloud platforms, as the SDK's Bedrock and Vertex clients call them when their base-URL variables
   point here: `POST /model/{id}/invoke(-with-response-stream)` (Bedrock: model in the URL,
   `anthropic_version` in the body, the stream framed as AWS event-stream messages) and
-  `POST /projects/{p}/locations/{r}/publishers/anthropic/models/{id}:(stream)rawPredict` (Vertex).
+  `POST /projects/{p}/locations/{r}/publishers/anthropic/models/{id}:(stream)rawPredict` (Vertex),
+  and Vertex's token counting, `POST .../publishers/anthropic/models/count-tokens:rawPredict` (the
+  model and `anthropic_version` in the body), answered as `/v1/messages/count_tokens` is.
   They are recorded in `platform_requests`; a `raw_reply` is sent there as scripted.
 * Google's OAuth2 token endpoint, `POST /oauth2/token`, for the real google-auth library's Application
   Default Credentials: `FakeClaude.service_account_info()` and `workforce_user_info()` are the JSON
   key files (`GOOGLE_APPLICATION_CREDENTIALS`) whose `token_uri` is the fake. A service account's
   signed JWT (checked against the key the fake issued) or a user's refresh token is exchanged for
-  `FakeClaude.oauth_token`.
-* A request without `authorization: Bearer <key>` is a 401 `authentication_error`. When `validate`
+  `FakeClaude.oauth_token`; `oauth_outages` drops the connection of the next requests instead.
+* A request without `authorization: Bearer <key>` is a 401 `authentication_error` (Bedrock's also
+  takes a SigV4 signature, not checked). When `validate`
   is on (the default), requests that the real API rejects (missing fields, `temperature`, empty
   text blocks, unpaired tool_use/tool_result, invalid tool names, an image of another media type
   than JPEG/PNG/GIF/WebP or over 5 MB, more than 100 images, a base64 document that is not a PDF or
@@ -172,6 +176,10 @@ class ErrorReply:
     headers: Mapping[str, str] = field(default_factory=dict)
     details: JSONObject | None = None
     """`error.details` (e.g. `{"error_code": "..."}`), omitted when None."""
+    echo_headers: bool | tuple[str, ...] = False
+    """The message ends with every header of the request (by name, so `authorization` comes early),
+    or those named (lower case), as a buggy or hostile gateway's error may quote them
+    (`Authorization`, `X-Amz-Security-Token`...): what the proxy must redact."""
 
 
 @dataclass(frozen=True)
@@ -301,14 +309,16 @@ def error_reply(
     retry_after: float | None = None,
     should_retry: bool | None = None,
     details: JSONObject | None = None,
+    echo_headers: bool | tuple[str, ...] = False,
 ) -> ErrorReply:
-    """An HTTP error, e.g. `error_reply(529, "overloaded_error", "Overloaded", retry_after=0)`."""
+    """An HTTP error, e.g. `error_reply(529, "overloaded_error", "Overloaded", retry_after=0)`;
+    `echo_headers` quotes the request's headers in the message (`ErrorReply.echo_headers`)."""
     all_headers = dict(headers or {})
     if retry_after is not None:
         all_headers["retry-after"] = f"{retry_after:g}"
     if should_retry is not None:
         all_headers["x-should-retry"] = "true" if should_retry else "false"
-    return ErrorReply(status, error_type, message, all_headers, details)
+    return ErrorReply(status, error_type, message, all_headers, details, echo_headers)
 
 
 def stream_error_reply(
@@ -1161,8 +1171,22 @@ class _CountedResponse(Response):
 
 
 OAUTH_TOKEN_PATH = "/oauth2/token"
+# Vertex counts tokens at `.../publishers/anthropic/models/count-tokens:rawPredict`, the model named
+# in the body (with `anthropic_version`, not counted), as `AnthropicVertex.messages.count_tokens` calls.
+VERTEX_COUNT_TOKENS = "count-tokens"
 JWT_BEARER_GRANT = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 GOOGLE_TOKEN_AUDIENCE = "https://oauth2.googleapis.com/token"
+
+
+def _sigv4_signed(recorded: RecordedRequest) -> bool:
+    """Signed with AWS SigV4 (as Bedrock takes it besides an API key); the signature is not checked,
+    the keys are AWS's."""
+    authorization = recorded.headers.get("authorization", "")
+    return authorization.startswith("AWS4-HMAC-SHA256 Credential=") and "x-amz-date" in recorded.headers
+
+
+def _vertex_counting(path: str) -> bool:
+    return path.startswith("/projects/") and path.endswith(f"/models/{VERTEX_COUNT_TOKENS}:rawPredict")
 
 
 class FakeClaude:
@@ -1193,12 +1217,31 @@ class FakeClaude:
         self.fallback: ReplyFactory | None = None
         self.oauth_token = f"ya29.fake-minted-{secrets.token_hex(16)}"
         """The access token `POST /oauth2/token` mints for the credentials the fake issued; settable."""
+        self.oauth_expires_in = 3600
+        """The lifetime of each token minted, in seconds (google-auth refreshes one that has less
+        than 3 min 45 s left before every use); settable."""
+        self.oauth_echo_errors = False
+        """Refuse every `POST /oauth2/token` with an `invalid_grant` that quotes the request's form
+        (its refresh token, client secret or signed assertion), as a buggy proxy in front might."""
+        self.oauth_outages = 0
+        """How many of the next `POST /oauth2/token` requests have their connection dropped before
+        an answer (the endpoint briefly unreachable: google-auth raises `TransportError`); settable."""
         self._service_account_keys: dict[str, bytes] = {}  # private_key_id -> public key (PEM)
+        self.sts_credentials = (
+            f"ASIAFAKE{secrets.token_hex(6).upper()}",
+            f"fake-sts-secret-{secrets.token_hex(12)}",
+            f"FwoGZXIvYXdzEFAKE/{secrets.token_hex(24)}+sts=",
+        )
+        """The access key id, secret key and session token `AssumeRole` gives; settable."""
+        self.sts_outages = 0
+        """How many of the next STS requests have their connection dropped before an answer (the
+        endpoint briefly unreachable); settable."""
         self._refresh_tokens: set[str] = set()
         """Called for the reply when the queue is empty (instead of the default reply); settable."""
         self._lock = threading.Condition()
         self._requests: list[RecordedRequest] = []
         self._queue: deque[Reply | ReplyFactory] = deque()
+        self._count_tokens_queue: deque[ErrorReply] = deque()
         self._disconnects = 0
         self._served: list[ServedUsage] = []
         self._counter = 0
@@ -1219,6 +1262,7 @@ class FakeClaude:
                     methods=["POST"],
                 ),
                 Route(OAUTH_TOKEN_PATH, self._oauth_token, methods=["POST"]),
+                Route("/", self._sts, methods=["POST"]),
                 Route("/{path:path}", self._not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
             ],
             lifespan=self._lifespan,
@@ -1312,6 +1356,12 @@ class FakeClaude:
         with self._lock:
             self._queue.extend(replies)
 
+    def enqueue_count_tokens(self, *replies: ErrorReply) -> None:
+        """Queue errors for the next token-counting requests (the Claude API's and Vertex's), one per
+        request; once they are used up, tokens are counted."""
+        with self._lock:
+            self._count_tokens_queue.extend(replies)
+
     @property
     def pending(self) -> int:
         """Queued replies not used yet."""
@@ -1353,6 +1403,7 @@ class FakeClaude:
             self._requests.clear()
             self._served.clear()
             self._queue.clear()
+            self._count_tokens_queue.clear()
             self._disconnects = 0
             self._cache_usages.clear()
             self._max_in_flight = self._in_flight
@@ -1440,6 +1491,15 @@ class FakeClaude:
         body = json.dumps(_error_body(error_type, message, request_id, details)).encode()
         all_headers = {"content-type": "application/json", "request-id": request_id, **(headers or {})}
         return Response(body, status_code=status, headers=all_headers)
+
+    def _error_reply(self, reply: ErrorReply, recorded: RecordedRequest) -> Response:
+        message = reply.message
+        if reply.echo_headers:
+            echoed = reply.echo_headers
+            names = tuple(recorded.headers) if isinstance(echoed, bool) else echoed
+            quoted = {name: recorded.headers.get(name) for name in names}
+            message += f" (request headers: {json.dumps(quoted, sort_keys=True)})"
+        return self._error(reply.status, reply.error_type, message, reply.headers, reply.details)
 
     def _auth_problem(self, recorded: RecordedRequest) -> Response | None:
         scheme, _, token = recorded.headers.get("authorization", "").partition(" ")
@@ -1541,7 +1601,7 @@ class FakeClaude:
         streaming = recorded.stream
 
         if isinstance(reply, ErrorReply):
-            return self._error(reply.status, reply.error_type, reply.message, reply.headers, reply.details)
+            return self._error_reply(reply, recorded)
         if isinstance(reply, RawReply):
             return self._raw_response(reply)
         if isinstance(reply, StreamErrorReply):
@@ -1588,15 +1648,23 @@ class FakeClaude:
 
     async def _count_tokens(self, request: Request) -> Response:
         recorded, parsed = await self._record(request)
+        return self._counted(recorded, parsed)
+
+    def _counted(self, recorded: RecordedRequest, parsed: object) -> Response:
+        """`{"input_tokens": N}` for a token-counting request, or the queued error for it."""
         problem = self._auth_problem(recorded)
         if problem is not None:
             return problem
+        with self._lock:
+            queued = self._count_tokens_queue.popleft() if self._count_tokens_queue else None
+        if queued is not None:
+            return self._error_reply(queued, recorded)
         body = recorded.body
         if not isinstance(parsed, dict) or not isinstance(body.get("model"), str):
             return self._error(400, "invalid_request_error", "model: Field required")
         if not isinstance(body.get("messages"), list) or not body["messages"]:
             return self._error(400, "invalid_request_error", "messages: Field required")
-        count = prompt_tokens(body)
+        count = prompt_tokens({k: v for k, v in body.items() if k != "anthropic_version"})
         return Response(
             json.dumps({"input_tokens": count}).encode(),
             headers={"content-type": "application/json", "request-id": f"req_fake_{self._next_number():06d}"},
@@ -1690,19 +1758,73 @@ class FakeClaude:
         """Google's OAuth2 token endpoint: `grant_type=urn:ietf:params:oauth:grant-type:jwt-bearer`
         with a service account's signed `assertion`, or `grant_type=refresh_token`."""
         recorded, _ = await self._record(request)
+        with self._lock:
+            outage, self.oauth_outages = self.oauth_outages > 0, max(0, self.oauth_outages - 1)
+        if outage:  # the connection drops before the answer's body
+            return _ScriptedResponse(self, 502, {"content-type": "application/json"}, [b"{"], abort=True)
         pairs = urllib.parse.parse_qsl(recorded.raw_body.decode("utf-8", "replace"))
+        if self.oauth_echo_errors:
+            quoted = recorded.raw_body.decode("utf-8", "replace")
+            return JSONResponse({"error": "invalid_grant", "error_description": f"refused {quoted}"}, 400)
         problem = self._grant_problem(dict(pairs))
         if problem is not None:
             error, description = problem
             return JSONResponse({"error": error, "error_description": description}, status_code=400)
-        return JSONResponse({"access_token": self.oauth_token, "expires_in": 3600, "token_type": "Bearer"})
+        minted = {
+            "access_token": self.oauth_token,
+            "expires_in": self.oauth_expires_in,
+            "token_type": "Bearer",
+        }
+        return JSONResponse(minted)
+
+    # ---- AWS STS (AssumeRole, for Bedrock's SigV4 credentials from a role profile) ----------------
+
+    @property
+    def sts_requests(self) -> list[RecordedRequest]:
+        """Only the STS requests (`POST /` with an `Action`)."""
+        return [r for r in self.requests if r.path == "/" and r.method == "POST"]
+
+    async def _sts(self, request: Request) -> Response:
+        """AWS STS's query protocol at `AWS_ENDPOINT_URL_STS`: `Action=AssumeRole` answered with
+        `sts_credentials` for an hour (the caller's signature is not checked)."""
+        recorded, _ = await self._record(request)
+        form = dict(urllib.parse.parse_qsl(recorded.raw_body.decode("utf-8", "replace")))
+        with self._lock:
+            outage, self.sts_outages = self.sts_outages > 0, max(0, self.sts_outages - 1)
+        if outage:  # the connection drops before the answer's body
+            return _ScriptedResponse(self, 502, {"content-type": "text/xml"}, [b"<"], abort=True)
+        if form.get("Action") != "AssumeRole":
+            return self._error(404, "not_found_error", f"Not found: {request.method} {recorded.path}")
+        key_id, secret, token = self.sts_credentials
+        expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600))
+        role = form.get("RoleArn", "arn:aws:iam::123456789012:role/fake")
+        session = form.get("RoleSessionName", "fake")
+        body = (
+            '<AssumeRoleResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><AssumeRoleResult>'
+            f"<Credentials><AccessKeyId>{key_id}</AccessKeyId><SecretAccessKey>{secret}</SecretAccessKey>"
+            f"<SessionToken>{token}</SessionToken><Expiration>{expires}</Expiration></Credentials>"
+            f"<AssumedRoleUser><AssumedRoleId>AROAFAKE:{session}</AssumedRoleId><Arn>{role}/{session}</Arn>"
+            "</AssumedRoleUser></AssumeRoleResult><ResponseMetadata><RequestId>fake-sts</RequestId>"
+            "</ResponseMetadata></AssumeRoleResponse>"
+        )
+        return Response(body.encode(), headers={"content-type": "text/xml"})
 
     # ---- fault modes and cloud platforms -------------------------------------------------------
 
     @property
     def platform_requests(self) -> list[RecordedRequest]:
-        """Only the Bedrock (`/model/...`) and Vertex (`/projects/...`) message requests."""
-        return [r for r in self.requests if r.path.startswith(("/model/", "/projects/"))]
+        """Only the Bedrock (`/model/...`) and Vertex (`/projects/...`) message requests (not
+        Vertex's token counting: `count_tokens_requests`)."""
+        return [
+            r
+            for r in self.requests
+            if r.path.startswith(("/model/", "/projects/")) and not _vertex_counting(r.path)
+        ]
+
+    @property
+    def count_tokens_requests(self) -> list[RecordedRequest]:
+        """Only the token-counting requests, the Claude API's and Vertex's."""
+        return [r for r in self.requests if r.path == "/v1/messages/count_tokens" or _vertex_counting(r.path)]
 
     def _fault_response(
         self, reply: GarbageStreamReply | TruncatedStreamReply, body: JSONObject, streaming: bool
@@ -1737,6 +1859,9 @@ class FakeClaude:
 
     async def _vertex(self, request: Request) -> Response:
         model, _, method = request.path_params["call"].partition(":")
+        if model == VERTEX_COUNT_TOKENS and method == "rawPredict":  # the model is in the body
+            recorded, parsed = await self._record(request)
+            return self._counted(recorded, parsed)
         if method not in ("rawPredict", "streamRawPredict"):
             return await self._not_found(request)
         return await self._platform(request, model, method == "streamRawPredict", bedrock=False)
@@ -1745,7 +1870,7 @@ class FakeClaude:
         """Bedrock / Vertex: the model is in the URL, `anthropic_version` in the body; the reply is
         the first-party one, framed as AWS event-stream messages on Bedrock."""
         recorded, parsed = await self._record(request)
-        problem = self._auth_problem(recorded)
+        problem = None if bedrock and _sigv4_signed(recorded) else self._auth_problem(recorded)
         if problem is not None:
             return problem
         if not isinstance(parsed, dict):
@@ -1764,7 +1889,7 @@ class FakeClaude:
             RecordedRequest(recorded.method, recorded.path, recorded.headers, body, recorded.raw_body)
         )
         if isinstance(reply, ErrorReply):
-            return self._error(reply.status, reply.error_type, reply.message, reply.headers, reply.details)
+            return self._error_reply(reply, recorded)
         if isinstance(reply, RawReply):  # scripted bytes, as on the Claude API's path
             return self._raw_response(reply)
         if not bedrock or not streaming:

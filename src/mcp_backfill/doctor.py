@@ -205,7 +205,14 @@ async def _provider(report: Report, config: Config) -> None:
     if config.provider == "mock":
         report.line("offline mock provider: nothing to reach, no key needed (answers are canned)")
         return
-    from mcp_backfill.providers.anthropic import CREDENTIALS, vertex_project_from_credentials
+    from mcp_backfill.providers.anthropic import (
+        CREDENTIALS,
+        client_secrets,
+        credentials_unreachable,
+        failed_request,
+        google_credentials_failed,
+        vertex_project_from_credentials,
+    )
     from mcp_backfill.providers.platforms import make_client
 
     try:
@@ -231,12 +238,19 @@ async def _provider(report: Report, config: Config) -> None:
         report.line(f"authenticated: {config.model} counted {counted.input_tokens} tokens in a test prompt")
     except TimeoutError:  # `fail_after`'s, which says nothing of itself
         report.fail(f"no answer from the Claude API in {TIMEOUT:g} s{network}")
-    except Exception as exc:  # what the SDK raises, shown as it is (it never holds the key)
+    except Exception as exc:  # what the SDK raises, shown redacted (an endpoint's text may quote a key)
         status = getattr(exc, "status_code", None)
         credentials = CREDENTIALS.get(config.provider, "ANTHROPIC_API_KEY")
         hint = f"; check {credentials}" if status in (401, 403) else ""
         hint = network if status is None else hint
-        report.fail(f"{type(exc).__name__}: {_redacted(str(exc), config)}{hint}")
+        if credentials_unreachable(exc):  # the token endpoint, not Claude's, is out of reach
+            hint = f"; check {credentials} and the network to where they come from"
+        elif google_credentials_failed(exc):  # Claude's endpoint was never called
+            hint = f"; check {credentials}"
+        # Also what the client minted or sent itself (a Vertex token from Application Default
+        # Credentials), which an endpoint's error may quote.
+        extra = client_secrets(client, failed_request(exc))
+        report.fail(f"{type(exc).__name__}: {_redacted(str(exc), config, extra)}{hint}")
     finally:
         await client.close()
 
@@ -265,8 +279,8 @@ async def _store(report: Report, config: Config) -> None:
         await store.aclose()
 
 
-def _redacted(text: str, config: Config) -> str:
-    return Redactor(config.secrets()).redact(text)[:300]
+def _redacted(text: str, config: Config, extra: tuple[str, ...] = ()) -> str:
+    return Redactor(config.secrets() + extra).redact(text)[:300]
 
 
 async def _session(report: Report, argv: Sequence[str], config: Config, declared: str) -> None:

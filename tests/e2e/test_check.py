@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fake_claude import FakeClaude
+from tests.e2e.test_platforms import adc_env
+from tests.fake_claude import FakeClaude, error_reply
 from tests.harness import EXAMPLES, ROOT, TEST_API_KEY, free_port, proxy_env, python_server
 
 WEATHER = [sys.executable, str(EXAMPLES / "weather_server.py")]
@@ -383,3 +384,62 @@ def test_help_describes_check(args: list[str]) -> None:
     assert "`mcp-backfill --help`" in out  # where the proxy's options are described
     assert "examples:" in out
     assert "exit status" in out.lower()
+
+
+def test_vertex_tokens_are_counted_with_application_default_credentials(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """`check` counts tokens at Vertex's own path with the token google-auth minted, and never shows it."""
+    minted = fake_claude.api_key = fake_claude.oauth_token
+    env = proxy_env(**adc_env(fake_claude, tmp_path, fake_claude.service_account_info("proj-42")))
+    done = check("--provider", "vertex", "--", *WEATHER, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "authenticated: claude-sonnet-5-5 counted" in done.stdout
+    [counted] = fake_claude.count_tokens_requests
+    assert counted.path == (
+        "/projects/proj-42/locations/us-east5/publishers/anthropic/models/count-tokens:rawPredict"
+    )
+    assert counted.headers["authorization"] == f"Bearer {minted}"
+    assert counted.body["model"] == "claude-sonnet-5-5"
+    assert fake_claude.platform_requests == []  # nothing billable was sent
+    assert minted not in done.stdout + done.stderr
+
+
+def test_a_vertex_error_quoting_the_minted_token_is_redacted(fake_claude: FakeClaude, tmp_path: Path) -> None:
+    """An endpoint (a gateway) whose error quotes the request's headers had `check` print the access
+    token google-auth minted from Application Default Credentials: only configured secrets were
+    redacted from the provider's error."""
+    minted = fake_claude.api_key = fake_claude.oauth_token
+    fake_claude.enqueue_count_tokens(error_reply(403, "permission_error", "not allowed", echo_headers=True))
+    env = proxy_env(**adc_env(fake_claude, tmp_path, fake_claude.service_account_info("proj-42")))
+    done = check("--provider", "vertex", "--", *WEATHER, env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    provider = done.stdout.split("provider: vertex\n")[1].split("\n")[0]
+    assert provider.startswith("  FAILED: PermissionDeniedError"), provider
+    assert "Bearer ***" in provider, provider
+    assert [r.headers["authorization"] for r in fake_claude.count_tokens_requests] == [f"Bearer {minted}"]
+    assert minted not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("failure", ["refused", "unreachable"])
+def test_vertex_credentials_that_cannot_be_had_are_named(
+    fake_claude: FakeClaude, tmp_path: Path, failure: str
+) -> None:
+    """google-auth's refresh refused (`RefreshError`) or its token endpoint out of reach
+    (`TransportError`) were answered "check ANTHROPIC_VERTEX_BASE_URL and the network": the endpoint
+    of Claude, which was never called, not the credentials."""
+    info = fake_claude.service_account_info("proj-42")
+    if failure == "refused":
+        info["private_key_id"] = "0" * 40  # a key the token endpoint does not know
+    else:
+        fake_claude.oauth_outages = 100
+    env = proxy_env(**adc_env(fake_claude, tmp_path, info))
+    done = check("--provider", "vertex", "--", *WEATHER, env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    provider = done.stdout.split("provider: vertex\n")[1].split("\n")[0]
+    assert "ANTHROPIC_VERTEX_BASE_URL" not in provider, provider
+    credentials = (
+        "check the Google credentials (MCP_BACKFILL_VERTEX_ACCESS_TOKEN or Application Default Credentials)"
+    )
+    assert credentials in provider, provider
+    assert fake_claude.count_tokens_requests == []

@@ -16,7 +16,15 @@ import anyio
 import pytest
 
 from tests.e2e.faults_support import ask_sampling, echo_session
-from tests.fake_claude import FakeClaude, bedrock_chunk, error_reply, raw_reply, text_reply
+from tests.fake_claude import (
+    FakeClaude,
+    bedrock_chunk,
+    error_reply,
+    raw_reply,
+    sse_event,
+    stream_frames,
+    text_reply,
+)
 from tests.harness import ROOT, TEST_API_KEY, proxy_argv, proxy_env, python_server
 
 pytestmark = pytest.mark.anyio
@@ -167,6 +175,132 @@ async def test_vertex_through_the_proxy(fake_claude: FakeClaude) -> None:
     assert TEST_API_KEY not in log
 
 
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCY-secret-key"
+AWS_SESSION = "IQoJb3JpZ2luX2VjEFAKE/session+token/from=the/credentials+file0123456789"
+
+
+def aws_profile_env(fake: FakeClaude, where: Path) -> dict[str, str]:
+    """Bedrock signed with SigV4 (boto3) by credentials from a profile in the shared credentials
+    file, none in the environment: AWS_SHARED_CREDENTIALS_FILE and AWS_CONFIG_FILE under `where`, no
+    instance metadata."""
+    credentials, config = where / "credentials", where / "config"
+    credentials.write_text(
+        "[mcp-tests]\naws_access_key_id = AKIAFAKEFAKEFAKE0001\n"
+        f"aws_secret_access_key = {AWS_SECRET}\naws_session_token = {AWS_SESSION}\n"
+    )
+    config.write_text("[profile mcp-tests]\nregion = us-west-2\n")
+    return {
+        "ANTHROPIC_BEDROCK_BASE_URL": fake.url,
+        "AWS_SHARED_CREDENTIALS_FILE": str(credentials),
+        "AWS_CONFIG_FILE": str(config),
+        "AWS_PROFILE": "mcp-tests",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+
+
+async def test_aws_credentials_from_a_profile_are_redacted(fake_claude: FakeClaude, tmp_path: Path) -> None:
+    """Bedrock's AWS session token (and secret key) from a profile, the shared credentials file or an
+    SSO cache, not the environment: an endpoint (a gateway) whose error quotes the request's headers
+    (`X-Amz-Security-Token`) had the token shown to the server, in the log and the audit log, as only
+    the environment's credentials were known to be secrets."""
+    pytest.importorskip("boto3")  # the `bedrock` extra's SigV4 signer
+    echoed = ("x-amz-security-token",)
+    fake_claude.enqueue(error_reply(403, "permission_error", "not allowed", echo_headers=echoed))
+    audit = tmp_path / "audit.jsonl"
+    env = aws_profile_env(fake_claude, tmp_path)
+    options = ("--provider", "bedrock", "--audit-log", str(audit), "--log-level", "debug")
+    async with echo_session(None, *options, env=env) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+        log = session.stderr()
+    assert len(fake_claude.platform_requests) == 1, (answer, log)
+    [request] = fake_claude.platform_requests
+    assert request.headers["x-amz-security-token"] == AWS_SESSION  # signed with the profile's
+    assert request.headers["authorization"].startswith("AWS4-HMAC-SHA256 Credential=AKIAFAKEFAKEFAKE0001/")
+    assert 'not allowed (request headers: {"x-amz-security-token": "***"})' in answer["error"]["message"], (
+        answer
+    )
+    places = {"to the server": json.dumps(answer), "log": log, "audit": audit.read_text()}
+    for secret in (AWS_SESSION, AWS_SECRET):
+        assert [where for where, text in places.items() if secret in text] == [], secret
+
+
+def aws_role_env(fake: FakeClaude, where: Path) -> dict[str, str]:
+    """Bedrock signed with SigV4 by a role's credentials: a profile naming `role_arn` and a source
+    profile, whose keys boto3 trades for the role's at STS (`AWS_ENDPOINT_URL_STS`: the fake), with
+    botocore's own retries off (`max_attempts = 1`) so that each attempt of the proxy's asks once."""
+    credentials, config = where / "credentials", where / "config"
+    credentials.write_text(
+        "[base]\naws_access_key_id = AKIAFAKEBASE00000001\naws_secret_access_key = base-secret\n"
+    )
+    config.write_text(
+        "[profile mcp-role]\nrole_arn = arn:aws:iam::123456789012:role/mcp\nsource_profile = base\n"
+        "region = us-west-2\nmax_attempts = 1\n"
+    )
+    return {
+        "ANTHROPIC_BEDROCK_BASE_URL": fake.url,
+        "AWS_ENDPOINT_URL_STS": fake.url,
+        "AWS_SHARED_CREDENTIALS_FILE": str(credentials),
+        "AWS_CONFIG_FILE": str(config),
+        "AWS_PROFILE": "mcp-role",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+
+
+async def test_an_aws_credentials_endpoint_briefly_unreachable_is_retried_and_charged_nothing(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """boto3 could not reach STS for the role's credentials (botocore's `ConnectionClosedError`),
+    nothing was sent to Claude: the sampling request failed at once as "the client could not make
+    the call". It is retried like a connection the API refused, and that attempt is charged nothing."""
+    pytest.importorskip("boto3")
+    fake_claude.enqueue(text_reply("answered after the role's credentials came"))
+    fake_claude.sts_outages = 1
+    audit = tmp_path / "audit.jsonl"
+    options = ("--provider", "bedrock", "--audit-log", str(audit), "--retry-base-delay", "0.01")
+    async with echo_session(None, *options, env=aws_role_env(fake_claude, tmp_path)) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+    content = answer.get("result", {}).get("content")
+    assert content == {"type": "text", "text": "answered after the role's credentials came"}, answer
+    assert len(fake_claude.sts_requests) == 2
+    [request] = fake_claude.platform_requests
+    assert request.headers["x-amz-security-token"] == fake_claude.sts_credentials[2]
+    [entry] = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert entry["charged"] == entry["usage"], entry  # that call only
+
+
+async def test_an_aws_credentials_endpoint_that_stays_unreachable_is_named(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    pytest.importorskip("boto3")
+    fake_claude.sts_outages = 100
+    audit = tmp_path / "audit.jsonl"
+    options = (
+        "--provider",
+        "bedrock",
+        "--audit-log",
+        str(audit),
+        "--retry-base-delay",
+        "0.01",
+        "--retry-max-attempts",
+        "3",
+    )
+    async with echo_session(None, *options, env=aws_role_env(fake_claude, tmp_path)) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+    error = answer["error"]
+    assert (error["data"]["type"], error["data"]["attempts"]) == ("credentials_unavailable", 3), error
+    assert "check the AWS credentials (AWS_BEARER_TOKEN_BEDROCK, AWS_PROFILE...)" in error["message"], error
+    assert len(fake_claude.sts_requests) == 3
+    assert fake_claude.platform_requests == []
+    [entry] = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert not any((entry["charged"] or {}).values()), entry
+
+
 def adc_env(fake: FakeClaude, where: Path, credentials: dict[str, object]) -> dict[str, str]:
     """Application Default Credentials for the real google-auth: `credentials` (a key file's JSON,
     whose `token_uri` is the fake) in a file under `where` named by GOOGLE_APPLICATION_CREDENTIALS.
@@ -216,6 +350,72 @@ async def test_a_token_minted_from_application_default_credentials_is_redacted(
     assert [where for where, text in places.items() if minted in text] == []
 
 
+async def test_a_minted_token_quoted_after_a_whole_message_is_kept_out_of_the_log(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """A whole message, then an `error` event quoting the token google-auth minted (a gateway's):
+    the message is the answer, and the warning that the stream went on logged the event's text as
+    it came, the token in it (the log knows only configured secrets)."""
+    minted = fake_claude.api_key = fake_claude.oauth_token
+    message = {
+        "id": "msg_whole",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-5-5",
+        "content": [{"type": "text", "text": "all of it"}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": 12,
+            "output_tokens": 4,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        },
+    }
+    quoting = {"type": "error", "error": {"type": "api_error", "message": f"token {minted} expired"}}
+    fake_claude.enqueue(raw_reply(*stream_frames(message)[:-1], sse_event("error", quoting)))
+    env = adc_env(fake_claude, tmp_path, fake_claude.service_account_info("proj-42"))
+    env["ANTHROPIC_VERTEX_PROJECT_ID"] = "proj-42"
+    async with echo_session(None, "--provider", "vertex", env=env) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+        log = session.stderr()
+    assert answer.get("result", {}).get("content") == {"type": "text", "text": "all of it"}, answer
+    assert "went on after message_delta" in log
+    assert "token *** expired" in log, log
+    assert minted not in log
+
+
+async def test_a_token_endpoint_quoting_the_refresh_token_is_redacted(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """User credentials' refresh token and client secret (from the Application Default Credentials
+    file, not a setting), quoted in the token endpoint's refusal of a later refresh (the hourly one
+    of a proxy that runs on), reached the server, the log and the audit log in "the client could
+    not make the call"."""
+    info = fake_claude.workforce_user_info()
+    fake_claude.api_key = fake_claude.oauth_token
+    fake_claude.oauth_expires_in = 60  # within google-auth's refresh threshold: refreshed before each use
+    audit = tmp_path / "audit.jsonl"
+    env = adc_env(fake_claude, tmp_path, info)
+    env["ANTHROPIC_VERTEX_PROJECT_ID"] = "proj-42"
+    async with echo_session(None, "--provider", "vertex", "--audit-log", str(audit), env=env) as session:
+        first = await ask_sampling(session)
+        minted = len(fake_claude.token_requests)
+        fake_claude.oauth_echo_errors = True
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+        log = session.stderr()
+    assert "result" in first, first
+    assert "invalid_grant" in answer["error"]["message"], answer
+    assert len(fake_claude.token_requests) == minted + 1  # the later refresh, refused
+    places = {"to the server": json.dumps(answer), "log": log, "audit": audit.read_text()}
+    for secret in (str(info["refresh_token"]), str(info["client_secret"])):
+        assert [where for where, text in places.items() if secret in text] == [], (secret, answer)
+
+
 async def test_vertex_credentials_that_name_no_project_are_answered_with_the_variable_to_set(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:
@@ -230,6 +430,67 @@ async def test_vertex_credentials_that_name_no_project_are_answered_with_the_var
     assert "result" in ping
     assert len(fake_claude.token_requests) == 1  # the real google-auth refreshed them
     assert fake_claude.platform_requests == []
+
+
+async def test_a_token_endpoint_briefly_unreachable_is_retried_and_charged_nothing(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """google-auth could not reach the token endpoint (`TransportError`), nothing was sent to
+    Claude: the sampling request failed at once as "the client could not make the call", where a
+    connection refused by the API itself is retried. It is retried like that, and the attempt that
+    never reached the API is charged nothing."""
+    fake_claude.enqueue(text_reply("answered after the token came"))
+    fake_claude.api_key = fake_claude.oauth_token
+    fake_claude.oauth_outages = 1
+    audit = tmp_path / "audit.jsonl"
+    env = adc_env(fake_claude, tmp_path, fake_claude.service_account_info("proj-42"))
+    env["ANTHROPIC_VERTEX_PROJECT_ID"] = "proj-42"
+    options = ("--provider", "vertex", "--audit-log", str(audit), "--retry-base-delay", "0.01")
+    async with echo_session(None, *options, env=env) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+    content = answer.get("result", {}).get("content")
+    assert content == {"type": "text", "text": "answered after the token came"}, answer
+    assert len(fake_claude.token_requests) == 2
+    [request] = fake_claude.platform_requests
+    assert request.headers["authorization"] == f"Bearer {fake_claude.oauth_token}"
+    [entry] = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert sum(entry["charged"].values()) == fake_claude.served_tokens() > 0, entry  # that call only
+
+
+async def test_a_token_endpoint_that_stays_unreachable_is_named(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """Every attempt's token refresh failed: the error says so and what to check, after the
+    retries, and nothing is charged (Claude was never called)."""
+    fake_claude.oauth_outages = 100
+    audit = tmp_path / "audit.jsonl"
+    env = adc_env(fake_claude, tmp_path, fake_claude.service_account_info("proj-42"))
+    env["ANTHROPIC_VERTEX_PROJECT_ID"] = "proj-42"
+    options = (
+        "--provider",
+        "vertex",
+        "--audit-log",
+        str(audit),
+        "--retry-base-delay",
+        "0.01",
+        "--retry-max-attempts",
+        "3",
+    )
+    async with echo_session(None, *options, env=env) as session:
+        answer = await ask_sampling(session)
+        ping = await session.request(77, "ping", {})
+        await session.close_stdin()
+        await session.wait(30)
+    assert "result" in ping
+    error = answer["error"]
+    assert (error["data"]["type"], error["data"]["attempts"]) == ("credentials_unavailable", 3), error
+    assert "Application Default Credentials" in error["message"], error
+    assert len(fake_claude.token_requests) == 3
+    assert fake_claude.platform_requests == []
+    [entry] = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert not any((entry["charged"] or {}).values()), entry
 
 
 async def test_vertex_takes_its_project_from_application_default_credentials(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import email.utils
+import functools
 import re
 import socket
 import time
@@ -92,6 +93,39 @@ async def vertex_project_from_credentials(client: AnyClient) -> None:
             raise ValueError(f"{exc}: set ANTHROPIC_VERTEX_PROJECT_ID (the Google Cloud project)") from None
 
 
+def credentials_unreachable(exc: BaseException) -> bool:
+    """Did the client fail to get its credentials for a reason that may pass, before it sent
+    anything: google-auth could not reach the token endpoint (`TransportError`: refused, reset, a
+    timeout) or was answered with an error it calls retryable (a 5xx after its own retries); boto3
+    could not reach the service that issues them (STS for a role, SSO...: botocore's connection
+    errors, refused, closed or timed out). The request itself is signed offline: these come only
+    from fetching credentials."""
+    try:
+        from botocore import exceptions as botocore_errors  # type: ignore[import-untyped]
+    except ImportError:  # no botocore: not the Bedrock client
+        pass
+    else:
+        if isinstance(exc, botocore_errors.ConnectionError | botocore_errors.HTTPClientError):
+            return True
+    try:
+        from google.auth import exceptions as google_auth
+    except ImportError:  # no google-auth: not the Vertex client's Application Default Credentials
+        return False
+    if isinstance(exc, google_auth.TransportError):
+        return True
+    return isinstance(exc, google_auth.RefreshError) and bool(getattr(exc, "retryable", False))
+
+
+def google_credentials_failed(exc: BaseException) -> bool:
+    """Did google-auth fail to load or refresh Application Default Credentials (none found, a
+    refresh refused, its token endpoint out of reach)? Claude's endpoint was not called."""
+    try:
+        from google.auth import exceptions as google_auth
+    except ImportError:
+        return False
+    return isinstance(exc, google_auth.GoogleAuthError)
+
+
 def _name_not_resolved(exc: BaseException) -> bool:
     """Did a connection fail because the host name does not resolve?"""
     seen: BaseException | None = exc
@@ -128,6 +162,7 @@ class StreamedEvents:
 
     def __init__(self, client: AnyClient, response: httpx2.Response) -> None:
         self.request_id: str | None = response.headers.get("request-id")
+        self.request = response.request  # as sent, its credentials included
         self._client = client
         self._response = response
         # The SDK's read timeout bounds the wait for each byte; pings (and comments) are bytes, so
@@ -318,7 +353,7 @@ async def _post_messages(client: AnyClient, body: dict[str, Any]) -> httpx2.Resp
     )
 
 
-async def _rest_of_stream(events: StreamedEvents, fold: MessageFold) -> None:
+async def _rest_of_stream(events: StreamedEvents, fold: MessageFold, redact: Callable[[str], str]) -> None:
     """What follows `message_stop`: normally the body's end at once, read so that the connection
     can be used again. The message is whole: a connection that breaks off now, a body that does not
     end within `AFTER_STOP_SECONDS` (a gateway keeping it open), or an event that has no place there
@@ -331,16 +366,20 @@ async def _rest_of_stream(events: StreamedEvents, fold: MessageFold) -> None:
         except httpx2.HTTPError:
             pass
         except (anthropic.APIStatusError, ValueError) as exc:  # an `error` event, an unknown one
-            _trailer_ignored("message_stop", exc)
+            _trailer_ignored("message_stop", exc, redact)
 
 
-def _trailer_ignored(after: str, exc: anthropic.APIStatusError | ValueError) -> None:
+def _trailer_ignored(
+    after: str, exc: anthropic.APIStatusError | ValueError, redact: Callable[[str], str]
+) -> None:
     """The whole message came, then something the stream should not hold: the message is the
-    answer (a retry would be billed again for it), and the operator is told."""
+    answer (a retry would be billed again for it), and the operator is told, in the endpoint's
+    words without the credentials (`redact`: the provider's, which knows those the client found
+    or minted itself, as the log does not)."""
     log.warning(
         f"Claude API stream went on after {after} with something it should not hold; the message, "
         "complete, is the answer",
-        extra={"error": str(exc)[:200]},
+        extra={"error": redact(str(exc))[:200]},
     )
 
 
@@ -361,6 +400,51 @@ def minted_token(client: AnyClient) -> str | None:
     return token if isinstance(token, str) and token else None
 
 
+# The request headers that carry the credentials an SDK client put on a call: the bearer token or
+# SigV4 signature (`Authorization`), an API key, and the AWS session token.
+CREDENTIAL_HEADERS = ("authorization", "x-api-key", "x-amz-security-token")
+
+
+def sent_credentials(request: httpx2.Request | None) -> tuple[str, ...]:
+    """The credentials on `request` as the SDK client sent it, wherever it found them (a Vertex
+    token it minted, AWS credentials from a profile, the shared credentials file, an SSO cache or
+    an instance role): an endpoint's error may quote them, and no setting holds them. Of a value
+    with a scheme (`Bearer TOKEN`), what follows the scheme."""
+    if request is None:
+        return ()
+    found: list[str] = []
+    for name in CREDENTIAL_HEADERS:
+        for value in request.headers.get_list(name):
+            _, space, rest = value.strip().partition(" ")
+            found.append(rest.strip() if space and name == "authorization" else value)
+    return tuple(found)
+
+
+def failed_request(exc: BaseException) -> httpx2.Request | None:
+    """The request an SDK (or httpx2) error is about, if it names one."""
+    try:
+        request = getattr(exc, "request", None)  # httpx2's raises RuntimeError when it has none
+    except RuntimeError:
+        return None
+    return request if isinstance(request, httpx2.Request) else None
+
+
+# The secrets of Google credentials loaded from an Application Default Credentials file (a user's
+# refresh token and OAuth client secret), which a token endpoint's refusal may quote.
+_GOOGLE_CREDENTIAL_SECRETS = ("refresh_token", "client_secret")
+
+
+def client_secrets(client: AnyClient, request: httpx2.Request | None = None) -> tuple[str, ...]:
+    """What the client holds or sent that no setting names: its minted token, the secrets of the
+    credentials it loaded (Application Default Credentials), and the credentials on `request` (the
+    one a failure is about)."""
+    token = minted_token(client)
+    credentials = getattr(client, "credentials", None)
+    held = (getattr(credentials, name, None) for name in _GOOGLE_CREDENTIAL_SECRETS)
+    loaded = tuple(value for value in held if isinstance(value, str) and value)
+    return ((token,) if token else ()) + loaded + sent_credentials(request)
+
+
 class AnthropicProvider:
     """A `Provider` over an anthropic SDK async client (Claude API, Bedrock or Vertex)."""
 
@@ -377,12 +461,14 @@ class AnthropicProvider:
         self._model_id = model_id
         self._redact_configured = Redactor(secrets).redact
 
-    def _redact(self, text: str) -> str:
-        """`text` without the configured secrets, nor the token the client minted itself (Vertex's
-        from Application Default Credentials, renewed hourly), which no setting holds."""
+    def _redact(self, text: str, request: httpx2.Request | None = None) -> str:
+        """`text` without the configured secrets, nor what the client found or made itself, which no
+        setting holds: the token it minted (Vertex's from Application Default Credentials, renewed
+        hourly) and the credentials on `request`, the one the failure is about (AWS credentials from
+        a profile, the shared credentials file or an SSO cache: the session token goes on the wire)."""
         text = self._redact_configured(text)
-        token = minted_token(self._client)
-        return Redactor((token,)).redact(text) if token else text
+        found = client_secrets(self._client, request)
+        return Redactor(found).redact(text) if found else text
 
     async def prime(self) -> None:
         """The second half of the priming, on the proxy's own loop: one canned answer through this
@@ -403,11 +489,13 @@ class AnthropicProvider:
         meter = meter or _UNMETERED
         request_id: str | None = None
         streaming = False  # a response has started: what goes wrong now is the stream's fault
+        sent: httpx2.Request | None = None  # the request of that response
         meter.begin_attempt()
         try:
             async with message_stream(self._client, request) as events:
                 streaming = True
-                request_id = events.request_id
+                request_id, sent = events.request_id, events.request
+                redacted = functools.partial(self._redact, request=sent)
                 fold, completed = MessageFold(), False
                 try:
                     async for event in events:
@@ -428,9 +516,9 @@ class AnthropicProvider:
                 except (anthropic.APIStatusError, ValueError) as exc:
                     if not fold.ended:
                         raise
-                    _trailer_ignored("message_delta", exc)  # an `error` event after it, say
+                    _trailer_ignored("message_delta", exc, redacted)  # an `error` event after it, say
                 if completed:
-                    await _rest_of_stream(events, fold)
+                    await _rest_of_stream(events, fold, redacted)
                 if not completed and not fold.ended:  # `message_stop` only says again it ended
                     raise self._error(
                         "Claude API stream ended before the message was complete",
@@ -454,21 +542,22 @@ class AnthropicProvider:
                 meter.not_billed()
             if _name_not_resolved(exc):  # retrying will not make the name resolve: say so at once
                 raise self._error(
-                    f"Claude API host name does not resolve ({self._redact(str(exc.__cause__ or exc))}); "
+                    f"Claude API host name does not resolve "
+                    f"({self._redact(str(exc.__cause__ or exc), failed_request(exc))}); "
                     "check ANTHROPIC_BASE_URL (or the platform's region) and this machine's DNS",
                     "name_resolution",
                     request_id,
                     retryable=False,
                 ) from None
             raise self._error(
-                f"Claude API unreachable: {self._redact(str(exc.__cause__ or exc))}",
+                f"Claude API unreachable: {self._redact(str(exc.__cause__ or exc), failed_request(exc))}",
                 "connection_error",
                 request_id,
                 retryable=True,
             ) from None
         except httpx2.HTTPError as exc:  # the connection broke while the stream was being read
             raise self._error(
-                f"Claude API stream broke off: {self._redact(str(exc) or type(exc).__name__)}",
+                f"Claude API stream broke off: {self._redact(str(exc) or type(exc).__name__, sent)}",
                 "connection_error",
                 request_id,
                 retryable=True,
@@ -476,17 +565,19 @@ class AnthropicProvider:
         except ValueError as exc:
             if streaming:  # an event that is not valid JSON or not a known event shape
                 raise self._error(
-                    f"Claude API sent a malformed stream: {self._redact(str(exc))[:200]}",
+                    f"Claude API sent a malformed stream: {self._redact(str(exc), sent)[:200]}",
                     "malformed_response",
                     request_id,
                     retryable=True,
                 ) from None
             meter.not_billed()  # the client refused the request before sending it
-            raise self._client_error(exc) from None
+            raise self._client_error(exc, sent) from None
         except Exception as exc:  # e.g. no credentials found by boto3 / google-auth
             if not streaming:  # the client refused before anything was sent
                 meter.not_billed()
-            raise self._client_error(exc) from None
+                if credentials_unreachable(exc):  # may pass, as a connection the API refused
+                    raise self._credentials_error(exc) from None
+            raise self._client_error(exc, sent) from None
         meter.report(result["usage"], final=True)
         if request_id:
             result["request_id"] = request_id
@@ -504,9 +595,19 @@ class AnthropicProvider:
             data["request_id"] = request_id
         return ProviderError(message, data, retryable=retryable)
 
-    def _client_error(self, exc: Exception) -> ProviderError:
-        """The SDK client refused before anything was sent (credentials, an unusable request...)."""
+    def _credentials_error(self, exc: Exception) -> ProviderError:
+        """The client could not get its credentials for now (`credentials_unreachable`): retryable."""
         detail = self._redact(f"{type(exc).__name__}: {exc}")[:300]
+        return ProviderError(
+            f"The {self.name} client could not get its credentials: {detail}; check "
+            f"{CREDENTIALS.get(self.name, 'ANTHROPIC_API_KEY')} and the network to where they come from",
+            {"provider": self.name, "type": "credentials_unavailable"},
+            retryable=True,
+        )
+
+    def _client_error(self, exc: Exception, sent: httpx2.Request | None) -> ProviderError:
+        """The SDK client refused before anything was sent (credentials, an unusable request...)."""
+        detail = self._redact(f"{type(exc).__name__}: {exc}", sent)[:300]
         return ProviderError(
             f"The {self.name} client could not make the call: {detail}",
             {"provider": self.name, "type": "client_error"},
@@ -526,7 +627,7 @@ class AnthropicProvider:
         if request_id:
             data["request_id"] = request_id
         # A gateway's error page may be its whole body: redacted, then cut as every other error text.
-        detail = self._redact(api_message or str(exc.message))[:ERROR_TEXT_LIMIT]
+        detail = self._redact(api_message or str(exc.message), failed_request(exc))[:ERROR_TEXT_LIMIT]
         if status in (401, 403):
             detail += f"; check {CREDENTIALS.get(self.name, 'ANTHROPIC_API_KEY')}"
         return ProviderError(

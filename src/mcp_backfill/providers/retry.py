@@ -5,7 +5,9 @@ caller waiting on the other side, so it is switched off (`max_retries=0`) and ev
 wrapped in `RetryingProvider` instead:
 
 * retried: what the provider marks `retryable` (429, 529, other 5xx, 408/409, dropped or refused
-  connections, timeouts, a mid-stream `overloaded_error`, a malformed or truncated stream). A
+  connections, timeouts, a mid-stream `overloaded_error`, a malformed or truncated stream, where
+  the credentials come from out of reach (Vertex's token endpoint, AWS STS...): nothing was sent,
+  nothing is charged). A
   message is only used once it is complete, so an attempt that failed half-way delivered nothing
   and can be repeated as a whole;
 * attempt n+1 waits a random time between 50 % and 100 % of min(max_delay, base_delay * 2^(n-1)),
