@@ -128,6 +128,7 @@ class EventStream:
         self.finished = False
         self.delivered = 0  # highest sequence number handed to an HTTP response
         self.answered_as_json = False  # its one message went out as a JSON response: no event id
+        self.resumable = True  # False: its client left before any event (any id) of it was sent
         self._progress: asyncio.Future[None] | None = None  # a sender waits in `catch_up`
         self._stalled = False  # its reader wrote nothing for STALL_SECONDS while far behind
         self._warned = False
