@@ -297,6 +297,13 @@ class SessionRouter:
             del self._streams[stream.key]
             self._budget.remove(stream)
 
+    async def relieve(self) -> None:
+        """While the session keeps more for replay than it may because live readers have yet to
+        write it, wait for them (each for at most `STALL_SECONDS` without writing): what they have
+        not written is not let go, and the upstream is held up meanwhile."""
+        while not self.closed and (stream := self._budget.holding_up()) is not None:
+            await stream.progress()
+
     def _handed_out_whole(self, key: str) -> bool:
         stream = self._streams.get(key)
         return stream is None or stream.complete_after(stream.delivered)
@@ -381,6 +388,7 @@ class SessionChannel(InboxChannel):
         target = router.last_target
         if target is not None and target.behind:
             await target.catch_up()  # a burst its live reader has yet to write: held up, not dropped
+        await router.relieve()
 
 
 INBOX_SIZE = 64
