@@ -786,6 +786,28 @@ async def test_a_server_request_replayed_on_a_reopened_standalone_stream_is_answ
     assert "Traceback" not in log
 
 
+async def test_a_standalone_stream_whose_resumption_is_refused_is_opened_afresh() -> None:
+    """A server that no longer knows the standalone stream's last event id (restarted, another
+    replica) refuses its resumption (HTTP 400): the same id was sent again at each reconnection until
+    the attempts ran out, and the stream was lost for the rest of the session. It is opened afresh,
+    without `Last-Event-ID`, and the log says so."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            params = initialize_params()
+            params["clientInfo"]["name"] = "standalone-stale"
+            assert "result" in await session.request(1, "initialize", params)
+            await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            fresh, _ = await session.recv_until(
+                lambda m: m.get("method") == "notifications/fresh", timeout=30
+            )
+            log = session.stderr()
+        gets = [entry["headers"].get("last-event-id") for entry in recorded() if entry["verb"] == "GET"]
+    assert fresh["method"] == "notifications/fresh"
+    assert gets[:3] == [None, "stale-0", None], gets
+    assert "refused to resume its standalone stream from Last-Event-ID; opening it afresh" in log, log
+
+
 async def test_a_poll_at_retry_zero_is_made_at_once_not_after_the_default_second() -> None:
     """`retry: 0` asks the client to reconnect at once; it was taken for no `retry:` at all, so each
     poll of a server asking for it waited the 1 s default (12 polls: 12 s), not the 0.1 s floor."""

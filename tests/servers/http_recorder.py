@@ -40,6 +40,10 @@ method of the POSTed request):
   event (id `g-0`) and a `sampling/createMessage` request (id `dup-g`) with no id of its own, then
   ends; the next (resuming from `g-0`) sends that request again, waits (up to 20 s) for an answer
   to it, and a second more, then ends; any later GET gets 405;
+* a client named `standalone-stale` gets a standalone GET stream holding a priming event (id
+  `stale-0`, `retry: 20`), then its end; a GET resuming from `stale-0` gets HTTP 400 (`unknown event
+  id`), as a server that lost its event store (a restart, another replica); a GET without
+  `Last-Event-ID` gets the notification `notifications/fresh` and pings for up to a minute;
 * `poll/refused` (`params.endless`: its refusals' bodies do not end): an SSE stream holding only a
   priming event (id `refuse-0`, or `refuse-endless` when endless; `retry: 20`), then its end; a GET
   resuming it gets HTTP 400, text body `unknown event id` (when endless, followed by a line every
@@ -87,6 +91,7 @@ class State:
         self.replay_request_id: Any = None
         self.standalone_replay = False  # a client named `standalone-replay` opened the session
         self.standalone_gets = 0
+        self.standalone_stale = False  # a client named `standalone-stale` opened the session
 
     def record(self, entry: dict[str, Any]) -> None:
         with self.lock:
@@ -130,6 +135,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.state.standalone_replay and self.state.standalone_gets < 2:
             self.state.standalone_gets += 1
             self._standalone_replay(again=resumed == "g-0")
+            return
+        if self.state.standalone_stale:
+            self._standalone_stale(resumed)
             return
         if resumed == "refuse-0":
             self._reply(400, b"unknown event id", "text/plain")
@@ -199,6 +207,29 @@ class Handler(BaseHTTPRequestHandler):
                 time.sleep(0.05)
             time.sleep(1)
 
+    def _standalone_stale(self, resumed: str) -> None:
+        if resumed == "stale-0":
+            self._reply(400, b"unknown event id", "text/plain")
+            return
+        if self.state.standalone_gets == 0:
+            self.state.standalone_gets += 1
+            self._reply(200, b"id: stale-0\nretry: 20\ndata:\n\n", "text/event-stream")
+            return
+        self.close_connection = True
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        fresh = {"jsonrpc": "2.0", "method": "notifications/fresh", "params": {}}
+        deadline = time.monotonic() + 60
+        try:
+            self.wfile.write(f"data: {json.dumps(fresh)}\n\n".encode())
+            while time.monotonic() < deadline:
+                self.wfile.flush()
+                time.sleep(0.2)
+                self.wfile.write(b": ping\n\n")
+        except OSError:
+            pass  # the client closed the stream
+
     def _answers_to(self, request_id: str) -> list[Any]:
         with self.state.lock:
             bodies = [entry["body"] for entry in self.state.requests if entry["verb"] == "POST"]
@@ -245,6 +276,7 @@ class Handler(BaseHTTPRequestHandler):
             self.state.session_alive = True
             client = message["params"].get("clientInfo", {}).get("name")
             self.state.standalone_replay = client == "standalone-replay"
+            self.state.standalone_stale = client == "standalone-stale"
             version = message["params"]["protocolVersion"]
             result = {
                 "protocolVersion": version + "\u00e9" if client == "bad-version" else version,

@@ -40,6 +40,9 @@ _VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
 STREAM_LIVED = 10.0
 # The longest wait before reopening a standalone stream that keeps ending at once, in seconds.
 QUICK_END_BACKOFF_LIMIT = 30.0
+# Refusals of a GET that say nothing about its `Last-Event-ID` (credentials, a method the server does
+# not offer, load): any other 4xx to a resumption refuses the id (the server no longer knows it).
+NOT_ABOUT_THE_EVENT_ID = frozenset({401, 403, 404, 405, 407, 408, 429})
 
 
 class HandshakeLeg:
@@ -215,9 +218,11 @@ class HandshakeLeg:
                 if not response.is_success or media_type(response) != protocol.SSE_TYPE:
                     log.debug("upstream refused a stream", extra={"status": response.status_code})
                     cursor.refused = await self._reader.refusal(response)
+                    cursor.refused_status = response.status_code
                     return "refused"
                 opened = True
                 cursor.refused = None
+                cursor.refused_status = None
                 await self._reader.read_events(response, cursor, on_event)
                 return "ended"
         except httpx2.RequestError as exc:
@@ -225,6 +230,7 @@ class HandshakeLeg:
             log.debug("upstream stream failed", extra={"error": reason, "opened": opened})
             if not opened:
                 cursor.refused = reason
+                cursor.refused_status = None
             return "ended" if opened else "failed"
 
     async def _resume(self, exchange: PostExchange) -> None:
@@ -270,6 +276,16 @@ class HandshakeLeg:
                     if outcome == "unsupported":
                         log.debug("the upstream offers no standalone stream (GET answered 405)")
                     return
+                if outcome == "refused" and _refused_the_id(cursor):
+                    # The server no longer knows the id (restarted, another replica, its events
+                    # expired): sent again at each reconnection, it was refused until the attempts ran
+                    # out, and the stream was lost for the rest of the session.
+                    log.warning(
+                        "the upstream refused to resume its standalone stream from Last-Event-ID; "
+                        "opening it afresh (messages sent meanwhile may be lost)",
+                        extra={"status": cursor.refused_status, "url": display_url(self._reader.url)},
+                    )
+                    cursor.last_event_id = None
                 reopened = reopened or outcome == "ended"
                 attempts = 0 if outcome == "ended" else attempts + 1
                 lived = anyio.current_time() - opened_at >= STREAM_LIVED
@@ -293,6 +309,15 @@ class HandshakeLeg:
             return True
         self._reader.settle(message)
         return False
+
+
+def _refused_as_unknown(status: int | None) -> bool:
+    return status is not None and 400 <= status < 500 and status not in NOT_ABOUT_THE_EVENT_ID
+
+
+def _refused_the_id(cursor: Cursor) -> bool:
+    """Did the server refuse to resume the stream from its `Last-Event-ID` (see `NOT_ABOUT_THE_EVENT_ID`)?"""
+    return cursor.last_event_id is not None and _refused_as_unknown(cursor.refused_status)
 
 
 def standalone_delay(asked: float, quick_ends: int) -> float:
