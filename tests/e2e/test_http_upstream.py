@@ -786,16 +786,31 @@ async def test_a_server_request_replayed_on_a_reopened_standalone_stream_is_answ
     assert "Traceback" not in log
 
 
-async def test_a_standalone_stream_whose_resumption_is_refused_is_opened_afresh() -> None:
+@pytest.mark.parametrize(
+    ("client", "resumptions", "log_line"),
+    [
+        (
+            "standalone-stale",
+            1,
+            "refused to resume its standalone stream from Last-Event-ID; opening it afresh",
+        ),
+        ("standalone-stale-empty", 2, "brought nothing twice; opening it afresh"),
+    ],
+)
+async def test_a_standalone_stream_whose_resumption_is_refused_is_opened_afresh(
+    client: str, resumptions: int, log_line: str
+) -> None:
     """A server that no longer knows the standalone stream's last event id (restarted, another
     replica) refuses its resumption (HTTP 400): the same id was sent again at each reconnection until
-    the attempts ran out, and the stream was lost for the rest of the session. It is opened afresh,
-    without `Last-Event-ID`, and the log says so."""
+    the attempts ran out, and the stream was lost for the rest of the session. The MCP SDK's server
+    answers such an id with a stream that ends at once: the same id went back for ever, every 30 s at
+    last, and no server message outside a request arrived again. It is opened afresh, without
+    `Last-Event-ID`, and the log says so."""
     async with recorder() as (upstream, recorded):
         argv = proxy_url_argv("--provider", "mock", url=upstream.url)
         async with raw_proxy(argv, proxy_env()) as session:
             params = initialize_params()
-            params["clientInfo"]["name"] = "standalone-stale"
+            params["clientInfo"]["name"] = client
             assert "result" in await session.request(1, "initialize", params)
             await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
             fresh, _ = await session.recv_until(
@@ -804,8 +819,8 @@ async def test_a_standalone_stream_whose_resumption_is_refused_is_opened_afresh(
             log = session.stderr()
         gets = [entry["headers"].get("last-event-id") for entry in recorded() if entry["verb"] == "GET"]
     assert fresh["method"] == "notifications/fresh"
-    assert gets[:3] == [None, "stale-0", None], gets
-    assert "refused to resume its standalone stream from Last-Event-ID; opening it afresh" in log, log
+    assert gets == [None, *["stale-0"] * resumptions, None], gets
+    assert log_line in log, log
 
 
 async def test_a_poll_at_retry_zero_is_made_at_once_not_after_the_default_second() -> None:

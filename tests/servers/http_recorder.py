@@ -43,7 +43,10 @@ method of the POSTed request):
 * a client named `standalone-stale` gets a standalone GET stream holding a priming event (id
   `stale-0`, `retry: 20`), then its end; a GET resuming from `stale-0` gets HTTP 400 (`unknown event
   id`), as a server that lost its event store (a restart, another replica); a GET without
-  `Last-Event-ID` gets the notification `notifications/fresh` and pings for up to a minute;
+  `Last-Event-ID` gets the notification `notifications/fresh` and pings for up to a minute; a
+  client named `standalone-stale-empty` gets the same, but the GET resuming from `stale-0` gets an
+  SSE stream that ends at once with nothing, as the MCP SDK's server answers an event id its event
+  store does not know;
 * `poll/refused` (`params.endless`: its refusals' bodies do not end): an SSE stream holding only a
   priming event (id `refuse-0`, or `refuse-endless` when endless; `retry: 20`), then its end; a GET
   resuming it gets HTTP 400, text body `unknown event id` (when endless, followed by a line every
@@ -91,7 +94,7 @@ class State:
         self.replay_request_id: Any = None
         self.standalone_replay = False  # a client named `standalone-replay` opened the session
         self.standalone_gets = 0
-        self.standalone_stale = False  # a client named `standalone-stale` opened the session
+        self.standalone_stale: str | bool = False  # a client named `standalone-stale(-empty)` did
 
     def record(self, entry: dict[str, Any]) -> None:
         with self.lock:
@@ -208,6 +211,9 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(1)
 
     def _standalone_stale(self, resumed: str) -> None:
+        if resumed == "stale-0" and self.state.standalone_stale == "empty":
+            self._reply(200, b"", "text/event-stream")
+            return
         if resumed == "stale-0":
             self._reply(400, b"unknown event id", "text/plain")
             return
@@ -276,7 +282,8 @@ class Handler(BaseHTTPRequestHandler):
             self.state.session_alive = True
             client = message["params"].get("clientInfo", {}).get("name")
             self.state.standalone_replay = client == "standalone-replay"
-            self.state.standalone_stale = client == "standalone-stale"
+            stale: dict[Any, str | bool] = {"standalone-stale": True, "standalone-stale-empty": "empty"}
+            self.state.standalone_stale = stale.get(client, False)
             version = message["params"]["protocolVersion"]
             result = {
                 "protocolVersion": version + "\u00e9" if client == "bad-version" else version,

@@ -40,6 +40,9 @@ _VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
 STREAM_LIVED = 10.0
 # The longest wait before reopening a standalone stream that keeps ending at once, in seconds.
 QUICK_END_BACKOFF_LIMIT = 30.0
+# Resumptions of the standalone stream in a row that end at once bringing nothing (no message, no
+# new event id) before it is opened afresh, without `Last-Event-ID`.
+EMPTY_RESUMPTIONS = 2
 # Refusals of a GET that say nothing about its `Last-Event-ID` (credentials, a method the server does
 # not offer, load): any other 4xx to a resumption refuses the id (the server no longer knows it).
 NOT_ABOUT_THE_EVENT_ID = frozenset({401, 403, 404, 405, 407, 408, 429})
@@ -253,6 +256,7 @@ class HandshakeLeg:
         delivered = False
         seen = SeenRequests()  # the server's requests it brought: one reopened from `cursor` may again
         reopened = False
+        empty_resumptions = 0  # resumptions in a row that ended bringing nothing, not even an id
 
         async def on_event(data: Payload) -> bool:
             nonlocal delivered
@@ -267,6 +271,7 @@ class HandshakeLeg:
             while attempts < settings.reconnect_attempts:
                 delivered = False
                 opened_at = anyio.current_time()
+                resumed_from = cursor.last_event_id
                 try:
                     outcome = await self._open_stream(cursor, on_event)
                 except Exception:
@@ -286,6 +291,20 @@ class HandshakeLeg:
                         extra={"status": cursor.refused_status, "url": display_url(self._reader.url)},
                     )
                     cursor.last_event_id = None
+                empty = outcome == "ended" and resumed_from is not None and not delivered
+                empty_resumptions = (
+                    empty_resumptions + 1 if empty and cursor.last_event_id == resumed_from else 0
+                )
+                if empty_resumptions >= EMPTY_RESUMPTIONS:
+                    # What the MCP SDK's server answers an event id its event store does not know:
+                    # the same id went back for ever, and no message outside a request came again.
+                    log.warning(
+                        "resuming the upstream's standalone stream from Last-Event-ID brought nothing "
+                        "twice; opening it afresh (messages sent meanwhile may be lost)",
+                        extra={"url": display_url(self._reader.url)},
+                    )
+                    cursor.last_event_id = None
+                    empty_resumptions = 0
                 reopened = reopened or outcome == "ended"
                 attempts = 0 if outcome == "ended" else attempts + 1
                 lived = anyio.current_time() - opened_at >= STREAM_LIVED
