@@ -823,6 +823,26 @@ async def test_a_standalone_stream_whose_resumption_is_refused_is_opened_afresh(
     assert log_line in log, log
 
 
+async def test_a_standalone_stream_the_server_cannot_reopen_for_a_moment_is_not_given_up() -> None:
+    """Three reopenings of the standalone stream answered 503 in a row (a server restarting behind
+    its load balancer) lost it for the rest of the session, and with it every server message outside
+    a request. The leg keeps trying (less and less often) and gets them again."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            params = initialize_params()
+            params["clientInfo"]["name"] = "standalone-flaky"
+            assert "result" in await session.request(1, "initialize", params)
+            await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            fresh, _ = await session.recv_until(lambda m: m.get("method") == "notifications/fresh", 40)
+            log = session.stderr()
+        gets = sum(1 for entry in recorded() if entry["verb"] == "GET")
+    assert fresh["method"] == "notifications/fresh"
+    assert gets == 4
+    assert "cannot be reopened; still trying" in log, log
+    assert "lost the upstream's standalone stream" not in log, log
+
+
 async def test_a_poll_at_retry_zero_is_made_at_once_not_after_the_default_second() -> None:
     """`retry: 0` asks the client to reconnect at once; it was taken for no `retry:` at all, so each
     poll of a server asking for it waited the 1 s default (12 polls: 12 s), not the 0.1 s floor."""

@@ -46,7 +46,9 @@ method of the POSTed request):
   `Last-Event-ID` gets the notification `notifications/fresh` and pings for up to a minute; a
   client named `standalone-stale-empty` gets the same, but the GET resuming from `stale-0` gets an
   SSE stream that ends at once with nothing, as the MCP SDK's server answers an event id its event
-  store does not know;
+  store does not know; a client named `standalone-flaky` gets HTTP 503 for its first three GETs (a
+  server restarting behind its load balancer), then the notification `notifications/fresh` and
+  pings for up to a minute;
 * `poll/refused` (`params.endless`: its refusals' bodies do not end): an SSE stream holding only a
   priming event (id `refuse-0`, or `refuse-endless` when endless; `retry: 20`), then its end; a GET
   resuming it gets HTTP 400, text body `unknown event id` (when endless, followed by a line every
@@ -138,6 +140,10 @@ class Handler(BaseHTTPRequestHandler):
         if self.state.standalone_replay and self.state.standalone_gets < 2:
             self.state.standalone_gets += 1
             self._standalone_replay(again=resumed == "g-0")
+            return
+        if self.state.standalone_stale == "flaky" and self.state.standalone_gets < 3:
+            self.state.standalone_gets += 1
+            self._reply(503, b"restarting", "text/plain")
             return
         if self.state.standalone_stale:
             self._standalone_stale(resumed)
@@ -282,7 +288,11 @@ class Handler(BaseHTTPRequestHandler):
             self.state.session_alive = True
             client = message["params"].get("clientInfo", {}).get("name")
             self.state.standalone_replay = client == "standalone-replay"
-            stale: dict[Any, str | bool] = {"standalone-stale": True, "standalone-stale-empty": "empty"}
+            stale: dict[Any, str | bool] = {
+                "standalone-stale": True,
+                "standalone-stale-empty": "empty",
+                "standalone-flaky": "flaky",
+            }
             self.state.standalone_stale = stale.get(client, False)
             version = message["params"]["protocolVersion"]
             result = {

@@ -257,6 +257,7 @@ class HandshakeLeg:
         seen = SeenRequests()  # the server's requests it brought: one reopened from `cursor` may again
         reopened = False
         empty_resumptions = 0  # resumptions in a row that ended bringing nothing, not even an id
+        outage = 0  # reopenings in a row that failed for a reason that passes (5xx, unreachable)
 
         async def on_event(data: Payload) -> bool:
             nonlocal delivered
@@ -306,7 +307,22 @@ class HandshakeLeg:
                     cursor.last_event_id = None
                     empty_resumptions = 0
                 reopened = reopened or outcome == "ended"
-                attempts = 0 if outcome == "ended" else attempts + 1
+                if _passing(outcome, cursor):
+                    # A server restarting behind its load balancer (502, 503), or unreachable a
+                    # moment: three in a row lost the stream for the rest of the session, and with it
+                    # every server message outside a request (its sampling requests among them).
+                    outage += 1
+                    if outage == settings.reconnect_attempts:
+                        log.warning(
+                            "the upstream's standalone stream cannot be reopened; still trying, "
+                            f"every {QUICK_END_BACKOFF_LIMIT:g} s at most",
+                            extra={"error": cursor.refused, "url": display_url(self._reader.url)},
+                        )
+                else:
+                    if outage >= settings.reconnect_attempts and outcome == "ended":
+                        log.info("the upstream's standalone stream is open again")
+                    outage = 0
+                    attempts = 0 if outcome == "ended" else attempts + 1
                 lived = anyio.current_time() - opened_at >= STREAM_LIVED
                 quick_ends = 0 if delivered or lived else min(quick_ends + 1, 16)
                 await anyio.sleep(standalone_delay(cursor.wait(settings.reconnect_delay), quick_ends))
@@ -328,6 +344,14 @@ class HandshakeLeg:
             return True
         self._reader.settle(message)
         return False
+
+
+def _passing(outcome: str, cursor: Cursor) -> bool:
+    """Did a reopening fail for a reason that passes (the server unreachable, 5xx, 408, 429)?"""
+    status = cursor.refused_status
+    return outcome == "failed" or (
+        outcome == "refused" and (status is None or status >= 500 or status in (408, 429))
+    )
 
 
 def _refused_as_unknown(status: int | None) -> bool:
