@@ -702,3 +702,22 @@ async def test_what_a_hubs_streams_hold_is_counted_as_it_changes() -> None:
     assert mux.buffered_bytes == 0
     mux.release(first)
     assert mux.buffered_bytes == 0
+
+
+async def test_a_resumed_writer_does_not_hold_up_the_session_for_events_its_client_has() -> None:
+    """Events a dropped response wrote but never saw through count as unread; a resumption from
+    after them (the client has them) left them so while it waited for more, and a session over its
+    replay memory held its upstream up for them until the reader was taken to have stopped (10 s)."""
+    limit = 10_000
+    router = SessionRouter(1024, replay_bytes=limit)
+    post = router.open_post([request(1)])
+    for n in range(3):
+        router.route(encode(notification("notifications/message", data=f"{n}" * 1000)), related=1)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(pump_sse, cast(HttpCall, SlowCall()), post, 3, with_ids=True, keepalive=5))
+            await anyio.sleep(0.01)  # the resumption from event 3 waits for more
+            router.open_post([request(2)])  # two in flight: what names neither goes to the GET stream
+            router.route(encode(notification("notifications/message", data="y" * 2 * limit)))
+            await router.relieve()  # nothing a live reader has yet to write: no wait
+            tg.cancel_scope.cancel()

@@ -252,6 +252,8 @@ async def pump_sse(
     seconds. Returns without ending the HTTP response body.
     """
     generation = stream.attach()
+    if after > stream.delivered:  # a resumption: the client has those (a dropped write is not known)
+        stream.handed_out(after)
     try:
         cursor = after
         while stream.is_writer(generation):
