@@ -843,6 +843,22 @@ async def test_a_standalone_stream_the_server_cannot_reopen_for_a_moment_is_not_
     assert "lost the upstream's standalone stream" not in log, log
 
 
+async def test_a_second_answer_to_a_finished_request_does_not_reach_the_client() -> None:
+    """A server that answers a request again, on another request's stream once the first answer
+    came: the client got a response for an id it no longer waited for."""
+    async with recorder() as (upstream, _):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            assert (await session.request(2, "tools/list"))["result"] == {"method": "tools/list"}
+            await session.send({"jsonrpc": "2.0", "id": 3, "method": "sse/answer-again", "params": {"id": 2}})
+            answer, before = await session.recv_until(lambda m: m.get("id") == 3)
+            log = session.stderr()
+    assert answer["result"] == {}
+    assert not [m for m in before if m.get("id") == 2], before
+    assert "no request waiting for one" in log
+
+
 async def test_a_poll_at_retry_zero_is_made_at_once_not_after_the_default_second() -> None:
     """`retry: 0` asks the client to reconnect at once; it was taken for no `retry:` at all, so each
     poll of a server asking for it waited the 1 s default (12 polls: 12 s), not the 0.1 s floor."""

@@ -54,6 +54,8 @@ method of the POSTed request):
   resuming it gets HTTP 400, text body `unknown event id` (when endless, followed by a line every
   0.2 s for a minute);
 * `sse/retry` (`params.retry`, a string): result `{}` as an SSE event whose `retry:` field is that;
+* `sse/answer-again` (`params.id`): an SSE stream holding a second answer (result `{"again": true}`)
+  to the earlier request `params.id`, as a server that answers a request twice, then result `{}`;
 * `session/garble-close`: result `{}`; the DELETE that ends the session is then answered with a body
   that says `Content-Encoding: gzip` and is not;
 * `session/forget`: result `{}`, then the session is unknown (every later request gets HTTP 404);
@@ -356,6 +358,10 @@ class Handler(BaseHTTPRequestHandler):
             answer = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {}})
             stream = f"retry: {message['params']['retry']}\ndata: {answer}\n\n".encode()
             self._reply(200, stream, "text/event-stream")
+        elif method == "sse/answer-again":
+            again = json.dumps({"jsonrpc": "2.0", "id": message["params"]["id"], "result": {"again": True}})
+            answer = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {}})
+            self._reply(200, f"data: {again}\n\ndata: {answer}\n\n".encode(), "text/event-stream")
         elif method == "session/garble-close":
             self.state.garble_close = True
             self._result(request_id, {})
