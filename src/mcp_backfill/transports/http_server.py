@@ -297,6 +297,11 @@ class SessionRouter:
             del self._streams[stream.key]
             self._budget.remove(stream)
 
+    @property
+    def over_budget(self) -> bool:
+        """Does the session keep more for replay than it may (see `relieve`)?"""
+        return self._budget.total > self._budget.limit
+
     async def relieve(self) -> None:
         """While the session keeps more for replay than it may because live readers have yet to
         write it, wait for them (each for at most `STALL_SECONDS` without writing): what they have
@@ -388,7 +393,8 @@ class SessionChannel(InboxChannel):
         target = router.last_target
         if target is not None and target.behind:
             await target.catch_up()  # a burst its live reader has yet to write: held up, not dropped
-        await router.relieve()
+        if router.over_budget:
+            await router.relieve()  # what live readers have yet to write: held up, not dropped
 
 
 INBOX_SIZE = 64
