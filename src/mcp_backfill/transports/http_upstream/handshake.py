@@ -277,7 +277,7 @@ class HandshakeLeg:
                     outcome = await self._open_stream(cursor, on_event)
                 except Exception:
                     log.exception("the standalone stream failed unexpectedly")
-                    outcome = "failed"
+                    outcome = "broken"  # a bug here: tried again, but not for ever (see `_passing`)
                 if outcome in ("unsupported", "expired"):
                     if outcome == "unsupported":
                         log.debug("the upstream offers no standalone stream (GET answered 405)")
