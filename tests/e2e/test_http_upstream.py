@@ -786,6 +786,79 @@ async def test_a_server_request_replayed_on_a_reopened_standalone_stream_is_answ
     assert "Traceback" not in log
 
 
+@pytest.mark.parametrize(
+    ("client", "resumptions", "log_line"),
+    [
+        (
+            "standalone-stale",
+            1,
+            "refused to resume its standalone stream from Last-Event-ID; opening it afresh",
+        ),
+        ("standalone-stale-empty", 2, "brought nothing twice; opening it afresh"),
+    ],
+)
+async def test_a_standalone_stream_whose_resumption_is_refused_is_opened_afresh(
+    client: str, resumptions: int, log_line: str
+) -> None:
+    """A server that no longer knows the standalone stream's last event id (restarted, another
+    replica) refuses its resumption (HTTP 400): the same id was sent again at each reconnection until
+    the attempts ran out, and the stream was lost for the rest of the session. The MCP SDK's server
+    answers such an id with a stream that ends at once: the same id went back for ever, every 30 s at
+    last, and no server message outside a request arrived again. It is opened afresh, without
+    `Last-Event-ID`, and the log says so."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            params = initialize_params()
+            params["clientInfo"]["name"] = client
+            assert "result" in await session.request(1, "initialize", params)
+            await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            fresh, _ = await session.recv_until(
+                lambda m: m.get("method") == "notifications/fresh", timeout=30
+            )
+            log = session.stderr()
+        gets = [entry["headers"].get("last-event-id") for entry in recorded() if entry["verb"] == "GET"]
+    assert fresh["method"] == "notifications/fresh"
+    assert gets == [None, *["stale-0"] * resumptions, None], gets
+    assert log_line in log, log
+
+
+async def test_a_standalone_stream_the_server_cannot_reopen_for_a_moment_is_not_given_up() -> None:
+    """Three reopenings of the standalone stream answered 503 in a row (a server restarting behind
+    its load balancer) lost it for the rest of the session, and with it every server message outside
+    a request. The leg keeps trying (less and less often) and gets them again."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            params = initialize_params()
+            params["clientInfo"]["name"] = "standalone-flaky"
+            assert "result" in await session.request(1, "initialize", params)
+            await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            fresh, _ = await session.recv_until(lambda m: m.get("method") == "notifications/fresh", 40)
+            log = session.stderr()
+        gets = sum(1 for entry in recorded() if entry["verb"] == "GET")
+    assert fresh["method"] == "notifications/fresh"
+    assert gets == 4
+    assert "cannot be reopened; still trying" in log, log
+    assert "lost the upstream's standalone stream" not in log, log
+
+
+async def test_a_second_answer_to_a_finished_request_does_not_reach_the_client() -> None:
+    """A server that answers a request again, on another request's stream once the first answer
+    came: the client got a response for an id it no longer waited for."""
+    async with recorder() as (upstream, _):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            assert (await session.request(2, "tools/list"))["result"] == {"method": "tools/list"}
+            await session.send({"jsonrpc": "2.0", "id": 3, "method": "sse/answer-again", "params": {"id": 2}})
+            answer, before = await session.recv_until(lambda m: m.get("id") == 3)
+            log = session.stderr()
+    assert answer["result"] == {}
+    assert not [m for m in before if m.get("id") == 2], before
+    assert "no request waiting for one" in log
+
+
 async def test_a_poll_at_retry_zero_is_made_at_once_not_after_the_default_second() -> None:
     """`retry: 0` asks the client to reconnect at once; it was taken for no `retry:` at all, so each
     poll of a server asking for it waited the 1 s default (12 polls: 12 s), not the 0.1 s floor."""

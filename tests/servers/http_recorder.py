@@ -40,11 +40,22 @@ method of the POSTed request):
   event (id `g-0`) and a `sampling/createMessage` request (id `dup-g`) with no id of its own, then
   ends; the next (resuming from `g-0`) sends that request again, waits (up to 20 s) for an answer
   to it, and a second more, then ends; any later GET gets 405;
+* a client named `standalone-stale` gets a standalone GET stream holding a priming event (id
+  `stale-0`, `retry: 20`), then its end; a GET resuming from `stale-0` gets HTTP 400 (`unknown event
+  id`), as a server that lost its event store (a restart, another replica); a GET without
+  `Last-Event-ID` gets the notification `notifications/fresh` and pings for up to a minute; a
+  client named `standalone-stale-empty` gets the same, but the GET resuming from `stale-0` gets an
+  SSE stream that ends at once with nothing, as the MCP SDK's server answers an event id its event
+  store does not know; a client named `standalone-flaky` gets HTTP 503 for its first three GETs (a
+  server restarting behind its load balancer), then the notification `notifications/fresh` and
+  pings for up to a minute;
 * `poll/refused` (`params.endless`: its refusals' bodies do not end): an SSE stream holding only a
   priming event (id `refuse-0`, or `refuse-endless` when endless; `retry: 20`), then its end; a GET
   resuming it gets HTTP 400, text body `unknown event id` (when endless, followed by a line every
   0.2 s for a minute);
 * `sse/retry` (`params.retry`, a string): result `{}` as an SSE event whose `retry:` field is that;
+* `sse/answer-again` (`params.id`): an SSE stream holding a second answer (result `{"again": true}`)
+  to the earlier request `params.id`, as a server that answers a request twice, then result `{}`;
 * `session/garble-close`: result `{}`; the DELETE that ends the session is then answered with a body
   that says `Content-Encoding: gzip` and is not;
 * `session/forget`: result `{}`, then the session is unknown (every later request gets HTTP 404);
@@ -87,6 +98,7 @@ class State:
         self.replay_request_id: Any = None
         self.standalone_replay = False  # a client named `standalone-replay` opened the session
         self.standalone_gets = 0
+        self.standalone_stale: str | bool = False  # a client named `standalone-stale(-empty)` did
 
     def record(self, entry: dict[str, Any]) -> None:
         with self.lock:
@@ -130,6 +142,13 @@ class Handler(BaseHTTPRequestHandler):
         if self.state.standalone_replay and self.state.standalone_gets < 2:
             self.state.standalone_gets += 1
             self._standalone_replay(again=resumed == "g-0")
+            return
+        if self.state.standalone_stale == "flaky" and self.state.standalone_gets < 3:
+            self.state.standalone_gets += 1
+            self._reply(503, b"restarting", "text/plain")
+            return
+        if self.state.standalone_stale:
+            self._standalone_stale(resumed)
             return
         if resumed == "refuse-0":
             self._reply(400, b"unknown event id", "text/plain")
@@ -199,6 +218,32 @@ class Handler(BaseHTTPRequestHandler):
                 time.sleep(0.05)
             time.sleep(1)
 
+    def _standalone_stale(self, resumed: str) -> None:
+        if resumed == "stale-0" and self.state.standalone_stale == "empty":
+            self._reply(200, b"", "text/event-stream")
+            return
+        if resumed == "stale-0":
+            self._reply(400, b"unknown event id", "text/plain")
+            return
+        if self.state.standalone_gets == 0:
+            self.state.standalone_gets += 1
+            self._reply(200, b"id: stale-0\nretry: 20\ndata:\n\n", "text/event-stream")
+            return
+        self.close_connection = True
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        fresh = {"jsonrpc": "2.0", "method": "notifications/fresh", "params": {}}
+        deadline = time.monotonic() + 60
+        try:
+            self.wfile.write(f"data: {json.dumps(fresh)}\n\n".encode())
+            while time.monotonic() < deadline:
+                self.wfile.flush()
+                time.sleep(0.2)
+                self.wfile.write(b": ping\n\n")
+        except OSError:
+            pass  # the client closed the stream
+
     def _answers_to(self, request_id: str) -> list[Any]:
         with self.state.lock:
             bodies = [entry["body"] for entry in self.state.requests if entry["verb"] == "POST"]
@@ -245,6 +290,12 @@ class Handler(BaseHTTPRequestHandler):
             self.state.session_alive = True
             client = message["params"].get("clientInfo", {}).get("name")
             self.state.standalone_replay = client == "standalone-replay"
+            stale: dict[Any, str | bool] = {
+                "standalone-stale": True,
+                "standalone-stale-empty": "empty",
+                "standalone-flaky": "flaky",
+            }
+            self.state.standalone_stale = stale.get(client, False)
             version = message["params"]["protocolVersion"]
             result = {
                 "protocolVersion": version + "\u00e9" if client == "bad-version" else version,
@@ -307,6 +358,10 @@ class Handler(BaseHTTPRequestHandler):
             answer = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {}})
             stream = f"retry: {message['params']['retry']}\ndata: {answer}\n\n".encode()
             self._reply(200, stream, "text/event-stream")
+        elif method == "sse/answer-again":
+            again = json.dumps({"jsonrpc": "2.0", "id": message["params"]["id"], "result": {"again": True}})
+            answer = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {}})
+            self._reply(200, f"data: {again}\n\ndata: {answer}\n\n".encode(), "text/event-stream")
         elif method == "session/garble-close":
             self.state.garble_close = True
             self._result(request_id, {})

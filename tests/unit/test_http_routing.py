@@ -579,21 +579,56 @@ async def test_a_sessions_replay_memory_is_bounded_over_all_its_streams_oldest_f
 async def test_a_writer_whose_stream_lost_its_answer_to_the_sessions_memory_ends() -> None:
     """A finished POST stream whose last events (its answer) its session's replay memory let go was
     never done: a response writing it (a resumption) waited for them for ever, with pings, and held
-    its session busy. Nothing more will come: it ends."""
+    its session busy. Nothing more will come: it ends. (The memory lets go of them only while no
+    live reader has them to write.)"""
     limit = 10_000
     router = SessionRouter(1024, replay_bytes=limit)
     post = router.open_post([request(1)])
-    call = SlowCall()
+    router.route(encode(result(1, ok=True)))
+    huge = encode(notification("notifications/message", data="y" * 2 * limit))
+    router.route(huge)  # the GET stream's, and the answer above, which nobody was reading, goes for it
+    assert post.finished
+    assert not post.after(0)
+    with anyio.fail_after(10):
+        await pump_sse(cast(HttpCall, SlowCall()), post, 0, with_ids=True, keepalive=5)
+    assert post.complete_after(0)
+
+
+async def test_a_live_writer_keeps_what_it_has_yet_to_write_and_the_sender_waits_for_it() -> None:
+    """The session's replay memory let go of the oldest events whichever stream they were on, those a
+    live (slow) reader had yet to write too, its answer among them. They are kept now; the sender
+    waits (`relieve`) until the reader has written them, and the memory is back within its limit."""
+    limit = 10_000
+    router = SessionRouter(1024, replay_bytes=limit)
+    post = router.open_post([request(1)])
+    gate = anyio.Event()
+
+    class HeldCall(SlowCall):
+        async def body(self, data: bytes, more: bool = False) -> None:
+            await gate.wait()
+            await super().body(data, more)
+
+    call = HeldCall()
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             tg.start_soon(partial(pump_sse, cast(HttpCall, call), post, 0, with_ids=True, keepalive=5))
             await anyio.sleep(0.01)  # the writer waits for the stream's first event
             router.route(encode(result(1, ok=True)))
-            huge = encode(notification("notifications/message", data="y" * 2 * limit))
-            router.route(huge)  # the GET stream's, and the answer above goes for it
-            assert post.finished
-            assert not post.after(0)
-    assert post.complete_after(0)
+            router.route(encode(notification("notifications/message", data="y" * 2 * limit)))
+            assert [seq for seq, _ in post.after(0)] == [1]  # kept for its live reader
+            relieved = anyio.Event()
+
+            async def relieve() -> None:
+                await router.relieve()
+                relieved.set()
+
+            tg.start_soon(relieve)
+            await anyio.sleep(0.05)
+            assert not relieved.is_set()  # the sender waits for the reader
+            gate.set()
+            await relieved.wait()
+    assert b'"ok": true' in b"".join(call.chunks)
+    assert router.buffered_bytes <= 2 * limit + 200  # the answer went once written; the newest stays
 
 
 async def test_mux_routes_each_message_of_an_upstream_batch() -> None:
@@ -667,3 +702,22 @@ async def test_what_a_hubs_streams_hold_is_counted_as_it_changes() -> None:
     assert mux.buffered_bytes == 0
     mux.release(first)
     assert mux.buffered_bytes == 0
+
+
+async def test_a_resumed_writer_does_not_hold_up_the_session_for_events_its_client_has() -> None:
+    """Events a dropped response wrote but never saw through count as unread; a resumption from
+    after them (the client has them) left them so while it waited for more, and a session over its
+    replay memory held its upstream up for them until the reader was taken to have stopped (10 s)."""
+    limit = 10_000
+    router = SessionRouter(1024, replay_bytes=limit)
+    post = router.open_post([request(1)])
+    for n in range(3):
+        router.route(encode(notification("notifications/message", data=f"{n}" * 1000)), related=1)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(pump_sse, cast(HttpCall, SlowCall()), post, 3, with_ids=True, keepalive=5))
+            await anyio.sleep(0.01)  # the resumption from event 3 waits for more
+            router.open_post([request(2)])  # two in flight: what names neither goes to the GET stream
+            router.route(encode(notification("notifications/message", data="y" * 2 * limit)))
+            await router.relieve()  # nothing a live reader has yet to write: no wait
+            tg.cancel_scope.cancel()

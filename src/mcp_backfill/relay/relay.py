@@ -58,6 +58,8 @@ log = get_logger("relay")
 
 # Upstream responses this large are routed by the id at their head, without decoding them.
 LARGE_MESSAGE = 64 * 1024
+# Ids of requests the client cancelled that a session remembers, for the late answers to them.
+CANCELLED_KEPT = 256
 
 DUPLICATE_ID = (
     "Invalid Request: a request under this id is already in flight (mcp-backfill is still answering "
@@ -136,6 +138,8 @@ class Relay:
         # The proxy's own answers to items of a client batch whose other requests went upstream, by
         # the id key of one of those: they go in the array that answers it (see `_client_sends`).
         self._held: dict[jsonrpc.IdKey, list[dict[str, Any]]] = {}
+        # Upstream ids of requests the client cancelled lately: their late answers are expected.
+        self._cancelled: dict[jsonrpc.IdKey, None] = {}
         self._at_once = (
             (client, upstream)
             if isinstance(client, SendsAtOnce) and isinstance(upstream, SendsAtOnce)
@@ -427,6 +431,8 @@ class Relay:
             pending = PendingRequest(method, message["id"])
             if self.state.cut:  # the id is the client's again: not the cancelled request's any more
                 self.state.cut.pop(jsonrpc.id_key(message["id"]), None)
+            if self._cancelled:
+                self._cancelled.pop(jsonrpc.id_key(message["id"]), None)
             if method == protocol.INITIALIZE:
                 self.state.client_requests[jsonrpc.id_key(message["id"])] = pending
                 return self._rewrite_initialize(message)
@@ -490,6 +496,7 @@ class Relay:
             return self.rounds.client_cancelled(message, params)
         pending = self.state.client_requests.pop(key, None)
         if pending is not None:
+            jsonrpc.remember(self._cancelled, key, None, CANCELLED_KEPT)
             self._cut_sampling_for(pending)
         return message
 
@@ -711,7 +718,21 @@ class Relay:
             if RoundDriver.is_own_id(upstream_id):
                 log.debug("response to a request the client cancelled; dropped", extra={"id": upstream_id})
                 return None
-            return message
+            if upstream_id is None:
+                return message  # an error about a message the server could not read: the client's
+            if self._cancelled and jsonrpc.id_key(upstream_id) in self._cancelled:
+                # The late answer to a request the client cancelled goes on as it always did (the
+                # client ignores it, as MCP has it); a second one no more than any other.
+                del self._cancelled[jsonrpc.id_key(upstream_id)]
+                return message
+            # JSON-RPC has one response per request: a second one (a server that answers twice), or
+            # one for an id never sent, reached a client that no longer waits for it (the SDKs report
+            # it as an error, or took it for the answer to a later request of the same id).
+            log.warning(
+                "a response from the upstream to no request waiting for one (answered already); dropped",
+                extra={"id": upstream_id},
+            )
+            return None
         if pending.method == protocol.INITIALIZE:
             self._note_initialized(message)
         chain = pending.chain

@@ -202,7 +202,7 @@ class HandshakeFront:
             with stream.expecting_reader():
                 await self._json_or_sse(call, session, stream, single)
         finally:
-            if stream.answered_as_json:
+            if stream.answered_as_json or not call.started:  # no event id of it went out
                 session.router.forget(stream)
 
     async def _json_or_sse(
@@ -259,7 +259,9 @@ class HandshakeFront:
                     await call.body(b"")
                 if not call.finished:  # else the watcher ends by itself (see watch_disconnect)
                     tg.cancel_scope.cancel()
-        if scope.cancelled_caught and not stream.complete_after(stream.delivered):
+        if scope.cancelled_caught and not call.started:
+            log.debug("client closed a POST before its answer; no id to resume", extra={"stream": stream.key})
+        elif scope.cancelled_caught and not stream.complete_after(stream.delivered):
             log.debug("client closed a POST stream; kept for resumption", extra={"stream": stream.key})
 
     # -- GET and DELETE --------------------------------------------------------------------------

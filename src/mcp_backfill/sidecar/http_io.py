@@ -230,7 +230,7 @@ async def respond_single(
     call: HttpCall, stream: EventStream, answer: bytes, status: int = 200, headers: RawHeaders = ()
 ) -> None:
     """Write the stream's single answer as a JSON response (see `single_answer`)."""
-    stream.delivered = 1
+    stream.handed_out(1)
     stream.answered_as_json = True
     await call.respond(status, answer, protocol.JSON_TYPE, headers)
 
@@ -252,6 +252,8 @@ async def pump_sse(
     seconds. Returns without ending the HTTP response body.
     """
     generation = stream.attach()
+    if after > stream.delivered:  # a resumption: the client has those (a dropped write is not known)
+        stream.handed_out(after)
     try:
         cursor = after
         while stream.is_writer(generation):

@@ -11,11 +11,14 @@ keep at most `SESSION_REPLAY_BYTES` (`ReplayBudget`): past it the oldest events 
 first, whichever stream they are on, so a session's many POST streams cannot each hold the
 per-stream maximum. The newest event is always kept, however large, so that a live reader gets it.
 
-A live reader is not made to lose messages by a burst, though: while a response writes the stream
-(or a handler is about to: `expecting_reader`) and more than half the limit waits to be written, the
-sender waits (`catch_up`) for as long as the response keeps writing, so the burst is held up rather
-than dropped. A reader that writes nothing for `STALL_SECONDS` is taken to have stopped, and the
-oldest messages are dropped again.
+A live reader is not made to lose messages, though, however slow: while a response writes the
+stream (or a handler is about to: `expecting_reader`), what it has yet to write is never dropped,
+neither for the stream's limits nor for its session's. Instead the sender waits: while more than
+half the stream's limits (in events or in bytes) waits to be written (`catch_up`), and while its
+session keeps more than it may because of what live readers have yet to write (`ReplayBudget.
+holding_up`), for as long as those responses keep writing: the upstream is held up rather than
+messages dropped, and memory stays bounded. A reader that writes nothing for `STALL_SECONDS` while a
+sender waits for it is taken to have stopped, and its oldest messages are dropped again.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class ReplayBudget:
         self.total = 0
         self._clock = 0
         self._streams: set[EventStream] = set()
+        self._newest: EventStream | None = None  # the stream of the last event appended
 
     def stamp(self) -> int:
         self._clock += 1
@@ -83,9 +87,14 @@ class ReplayBudget:
             self.total -= stream.buffered_bytes
             stream.leave_budget()
 
-    def trim(self, newest: EventStream) -> None:
+    def trim(self, newest: EventStream | None = None) -> None:
         """Drop the oldest events of the session's streams until the total is within the limit;
-        `newest` holds the event just appended, which stays."""
+        `newest` (by default the stream of the last event appended) holds the newest event, which
+        stays; so does what a live reader has yet to write (see `EventStream.oldest_stamp`)."""
+        if newest is None:
+            newest = self._newest
+        else:
+            self._newest = newest
         while self.total > self.limit:
             oldest: EventStream | None = None
             first = 0
@@ -96,6 +105,16 @@ class ReplayBudget:
             if oldest is None:
                 return
             oldest.drop_oldest(session_limit=self.limit)
+
+    def holding_up(self) -> EventStream | None:
+        """A stream whose live reader has yet to write events the session would otherwise let go
+        (it keeps more than its limit), if any: the sender waits for it (`EventStream.progress`)."""
+        if self.total <= self.limit:
+            return None
+        self.trim()
+        if self.total <= self.limit:
+            return None
+        return next((stream for stream in self._streams if stream.holds_undelivered), None)
 
 
 class EventStream:
@@ -120,6 +139,7 @@ class EventStream:
         self._events: deque[tuple[int, bytes]] = deque()
         self._stamps: deque[int] = deque()  # with a budget: each kept event's stamp, in step
         self.buffered_bytes = 0
+        self._undelivered_bytes = 0  # of the kept events not yet handed to a response
         self._next = 1
         self._waiting: list[asyncio.Future[None]] = []  # those waiting in `changed()`
         self._writer = 0  # generation of the HTTP response writing this stream, 0: none
@@ -128,6 +148,7 @@ class EventStream:
         self.finished = False
         self.delivered = 0  # highest sequence number handed to an HTTP response
         self.answered_as_json = False  # its one message went out as a JSON response: no event id
+        self.resumable = True  # False: its client left before any event (any id) of it was sent
         self._progress: asyncio.Future[None] | None = None  # a sender waits in `catch_up`
         self._stalled = False  # its reader wrote nothing for STALL_SECONDS while far behind
         self._warned = False
@@ -148,14 +169,24 @@ class EventStream:
         return self._writer != 0
 
     @property
+    def live(self) -> bool:
+        """Is a response writing this stream (or about to), one not taken to have stopped reading?
+        What it has yet to write is then kept, whatever the limits."""
+        return (self._writer != 0 or self._expected != 0) and not self._stalled
+
+    @property
     def behind(self) -> bool:
-        """Is a response writing this stream (or about to), and more than half the limit waiting to
-        be written?"""
-        return (
-            (self._writer != 0 or self._expected != 0)
-            and not self._stalled
-            and self._next - 1 - self.delivered > self._limit // 2
+        """Is a response writing this stream (or about to), and more than half the limit (in events
+        or in bytes) waiting to be written?"""
+        return self.live and (
+            self._next - 1 - self.delivered > self._limit // 2
+            or self._undelivered_bytes > self._byte_limit // 2
         )
+
+    @property
+    def holds_undelivered(self) -> bool:
+        """Does a live reader have kept events yet to write?"""
+        return self._undelivered_bytes > 0 and self.live
 
     @contextmanager
     def expecting_reader(self) -> Iterator[None]:
@@ -168,19 +199,27 @@ class EventStream:
             yield
         finally:
             self._expected -= 1
+            self._wake_sender()  # it may be no live reader any more
 
     async def catch_up(self) -> None:
         """While `behind`, wait for the response writing this stream to write; give up on it once it
         has written nothing for `STALL_SECONDS` (then the stream drops its oldest messages again)."""
         while self.behind:
-            self._progress = asyncio.get_running_loop().create_future()
-            with anyio.move_on_after(STALL_SECONDS) as stall:
-                await self._progress
-            if stall.cancelled_caught:
-                self._stalled = True
-                log.warning(
-                    "SSE reader far behind and not reading; no longer waited for", extra={"stream": self.key}
-                )
+            await self.progress()
+
+    async def progress(self) -> None:
+        """Wait until the response writing this stream writes an event, or stops writing it; after
+        `STALL_SECONDS` without either, the reader is taken to have stopped (no longer `live`)."""
+        progress = self._progress
+        if progress is None or progress.done():  # several senders may wait: one future for all
+            progress = self._progress = asyncio.get_running_loop().create_future()
+        with anyio.move_on_after(STALL_SECONDS) as stall:
+            await asyncio.shield(progress)
+        if stall.cancelled_caught and not self._stalled:
+            self._stalled = True
+            log.warning(
+                "SSE reader far behind and not reading; no longer waited for", extra={"stream": self.key}
+            )
 
     def leave_budget(self) -> None:
         """Count no more in the budget given at construction (its `remove` calls this)."""
@@ -190,6 +229,10 @@ class EventStream:
     def handed_out(self, seq: int) -> None:
         """Event `seq` went to the HTTP response writing this stream."""
         if seq > self.delivered:
+            if self._events:
+                first = self._events[0][0]
+                for kept in range(max(self.delivered + 1, first), min(seq, self._events[-1][0]) + 1):
+                    self._undelivered_bytes -= len(self._events[kept - first][1])
             self.delivered = seq
             self._stalled = False
             self._wake_sender()
@@ -208,6 +251,7 @@ class EventStream:
             return
         self._events.append((self._next, message))
         self.buffered_bytes += len(message)
+        self._undelivered_bytes += len(message)
         self._next += 1
         budget = self._budget
         if budget is not None:
@@ -216,6 +260,8 @@ class EventStream:
         while len(self._events) > 1 and (
             len(self._events) > self._limit or self.buffered_bytes > self._byte_limit
         ):
+            if self._events[0][0] > self.delivered and self.live:
+                break  # its live reader has yet to write it: the sender waits instead (`catch_up`)
             self.drop_oldest()
         if budget is not None and budget.total > budget.limit:
             budget.trim(self)
@@ -226,6 +272,8 @@ class EventStream:
         (`session_limit`, the bytes all its streams may keep)."""
         seq, dropped = self._events.popleft()
         self.buffered_bytes -= len(dropped)
+        if seq > self.delivered:
+            self._undelivered_bytes -= len(dropped)
         if self._budget is not None:
             self._stamps.popleft()
             self._budget.total -= len(dropped)
@@ -243,8 +291,11 @@ class EventStream:
                 )
 
     def oldest_stamp(self, *, keep_last: bool = False) -> int | None:
-        """The stamp of the oldest kept event (None: none, or only the last one, if `keep_last`)."""
+        """The stamp of the oldest kept event (None: none, only the last one if `keep_last`, or one
+        its live reader has yet to write)."""
         if not self._stamps or (keep_last and len(self._stamps) == 1):
+            return None
+        if self._events[0][0] > self.delivered and self.live:
             return None
         return self._stamps[0]
 

@@ -272,6 +272,10 @@ class SessionRouter:
     def _finish_post(self, key: str) -> None:
         post = self._posts.pop(key)
         post.stream.finish()
+        if not post.stream.resumable:  # its client left with no event id: nobody can resume it
+            del self._streams[key]
+            self._budget.remove(post.stream)
+            return
         self._finished.append(key)
         while len(self._finished) > FINISHED_STREAMS_KEPT:
             # The oldest stream handed out whole goes first: one its client dropped before the end
@@ -283,13 +287,27 @@ class SessionRouter:
                 self._budget.remove(stream)
 
     def forget(self, stream: EventStream) -> None:
-        """A finished POST stream nobody can resume (answered as JSON: the client has no event id of
-        it) is not kept among the finished ones: a session would hold its last eight answers,
-        however large, after the client had read them."""
+        """A POST stream nobody can resume (answered as JSON, or left by its client before any event
+        of it was sent: the client has no event id of it) is not kept among the finished ones: a
+        session would hold its last eight answers, however large, after the client had read them,
+        and streams that can be resumed were pushed out for those that cannot."""
+        stream.resumable = False  # when it finishes later, it is let go then (`_finish_post`)
         if stream.finished and self._streams.get(stream.key) is stream and stream.key in self._finished:
             self._finished.remove(stream.key)
             del self._streams[stream.key]
             self._budget.remove(stream)
+
+    @property
+    def over_budget(self) -> bool:
+        """Does the session keep more for replay than it may (see `relieve`)?"""
+        return self._budget.total > self._budget.limit
+
+    async def relieve(self) -> None:
+        """While the session keeps more for replay than it may because live readers have yet to
+        write it, wait for them (each for at most `STALL_SECONDS` without writing): what they have
+        not written is not let go, and the upstream is held up meanwhile."""
+        while not self.closed and (stream := self._budget.holding_up()) is not None:
+            await stream.progress()
 
     def _handed_out_whole(self, key: str) -> bool:
         stream = self._streams.get(key)
@@ -375,6 +393,8 @@ class SessionChannel(InboxChannel):
         target = router.last_target
         if target is not None and target.behind:
             await target.catch_up()  # a burst its live reader has yet to write: held up, not dropped
+        if router.over_budget:
+            await router.relieve()  # what live readers have yet to write: held up, not dropped
 
 
 INBOX_SIZE = 64

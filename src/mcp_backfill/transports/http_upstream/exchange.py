@@ -57,6 +57,7 @@ class Cursor:
     last_event_id: str | None = None
     retry: float | None = None  # seconds, from the server's `retry:` field
     refused: str | None = None  # why the last reopening of the stream failed, if it did
+    refused_status: int | None = None  # the HTTP status of that refusal, when the server gave one
 
     def wait(self, default: float) -> float:
         """How long to wait before reconnecting: what the server's `retry:` asks, `default` when it

@@ -40,6 +40,12 @@ _VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
 STREAM_LIVED = 10.0
 # The longest wait before reopening a standalone stream that keeps ending at once, in seconds.
 QUICK_END_BACKOFF_LIMIT = 30.0
+# Resumptions of the standalone stream in a row that end at once bringing nothing (no message, no
+# new event id) before it is opened afresh, without `Last-Event-ID`.
+EMPTY_RESUMPTIONS = 2
+# Refusals of a GET that say nothing about its `Last-Event-ID` (credentials, a method the server does
+# not offer, load): any other 4xx to a resumption refuses the id (the server no longer knows it).
+NOT_ABOUT_THE_EVENT_ID = frozenset({401, 403, 404, 405, 407, 408, 429})
 
 
 class HandshakeLeg:
@@ -215,9 +221,11 @@ class HandshakeLeg:
                 if not response.is_success or media_type(response) != protocol.SSE_TYPE:
                     log.debug("upstream refused a stream", extra={"status": response.status_code})
                     cursor.refused = await self._reader.refusal(response)
+                    cursor.refused_status = response.status_code
                     return "refused"
                 opened = True
                 cursor.refused = None
+                cursor.refused_status = None
                 await self._reader.read_events(response, cursor, on_event)
                 return "ended"
         except httpx2.RequestError as exc:
@@ -225,6 +233,7 @@ class HandshakeLeg:
             log.debug("upstream stream failed", extra={"error": reason, "opened": opened})
             if not opened:
                 cursor.refused = reason
+                cursor.refused_status = None
             return "ended" if opened else "failed"
 
     async def _resume(self, exchange: PostExchange) -> None:
@@ -247,6 +256,8 @@ class HandshakeLeg:
         delivered = False
         seen = SeenRequests()  # the server's requests it brought: one reopened from `cursor` may again
         reopened = False
+        empty_resumptions = 0  # resumptions in a row that ended bringing nothing, not even an id
+        outage = 0  # reopenings in a row that failed for a reason that passes (5xx, unreachable)
 
         async def on_event(data: Payload) -> bool:
             nonlocal delivered
@@ -261,17 +272,57 @@ class HandshakeLeg:
             while attempts < settings.reconnect_attempts:
                 delivered = False
                 opened_at = anyio.current_time()
+                resumed_from = cursor.last_event_id
                 try:
                     outcome = await self._open_stream(cursor, on_event)
                 except Exception:
                     log.exception("the standalone stream failed unexpectedly")
-                    outcome = "failed"
+                    outcome = "broken"  # a bug here: tried again, but not for ever (see `_passing`)
                 if outcome in ("unsupported", "expired"):
                     if outcome == "unsupported":
                         log.debug("the upstream offers no standalone stream (GET answered 405)")
                     return
+                if outcome == "refused" and _refused_the_id(cursor):
+                    # The server no longer knows the id (restarted, another replica, its events
+                    # expired): sent again at each reconnection, it was refused until the attempts ran
+                    # out, and the stream was lost for the rest of the session.
+                    log.warning(
+                        "the upstream refused to resume its standalone stream from Last-Event-ID; "
+                        "opening it afresh (messages sent meanwhile may be lost)",
+                        extra={"status": cursor.refused_status, "url": display_url(self._reader.url)},
+                    )
+                    cursor.last_event_id = None
+                empty = outcome == "ended" and resumed_from is not None and not delivered
+                empty_resumptions = (
+                    empty_resumptions + 1 if empty and cursor.last_event_id == resumed_from else 0
+                )
+                if empty_resumptions >= EMPTY_RESUMPTIONS:
+                    # What the MCP SDK's server answers an event id its event store does not know:
+                    # the same id went back for ever, and no message outside a request came again.
+                    log.warning(
+                        "resuming the upstream's standalone stream from Last-Event-ID brought nothing "
+                        "twice; opening it afresh (messages sent meanwhile may be lost)",
+                        extra={"url": display_url(self._reader.url)},
+                    )
+                    cursor.last_event_id = None
+                    empty_resumptions = 0
                 reopened = reopened or outcome == "ended"
-                attempts = 0 if outcome == "ended" else attempts + 1
+                if _passing(outcome, cursor):
+                    # A server restarting behind its load balancer (502, 503), or unreachable a
+                    # moment: three in a row lost the stream for the rest of the session, and with it
+                    # every server message outside a request (its sampling requests among them).
+                    outage += 1
+                    if outage == settings.reconnect_attempts:
+                        log.warning(
+                            "the upstream's standalone stream cannot be reopened; still trying, "
+                            f"every {QUICK_END_BACKOFF_LIMIT:g} s at most",
+                            extra={"error": cursor.refused, "url": display_url(self._reader.url)},
+                        )
+                else:
+                    if outage >= settings.reconnect_attempts and outcome == "ended":
+                        log.info("the upstream's standalone stream is open again")
+                    outage = 0
+                    attempts = 0 if outcome == "ended" else attempts + 1
                 lived = anyio.current_time() - opened_at >= STREAM_LIVED
                 quick_ends = 0 if delivered or lived else min(quick_ends + 1, 16)
                 await anyio.sleep(standalone_delay(cursor.wait(settings.reconnect_delay), quick_ends))
@@ -293,6 +344,23 @@ class HandshakeLeg:
             return True
         self._reader.settle(message)
         return False
+
+
+def _passing(outcome: str, cursor: Cursor) -> bool:
+    """Did a reopening fail for a reason that passes (the server unreachable, 5xx, 408, 429)?"""
+    status = cursor.refused_status
+    return outcome == "failed" or (
+        outcome == "refused" and (status is None or status >= 500 or status in (408, 429))
+    )
+
+
+def _refused_as_unknown(status: int | None) -> bool:
+    return status is not None and 400 <= status < 500 and status not in NOT_ABOUT_THE_EVENT_ID
+
+
+def _refused_the_id(cursor: Cursor) -> bool:
+    """Did the server refuse to resume the stream from its `Last-Event-ID` (see `NOT_ABOUT_THE_EVENT_ID`)?"""
+    return cursor.last_event_id is not None and _refused_as_unknown(cursor.refused_status)
 
 
 def standalone_delay(asked: float, quick_ends: int) -> float:

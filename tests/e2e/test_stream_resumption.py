@@ -1,0 +1,177 @@
+"""Resuming the SSE streams of `mcp-backfill serve`: what a session keeps for its clients to resume,
+and what a live reader gets."""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+
+from tests.e2e.test_sidecar import wait_until
+from tests.harness import proxy_env
+from tests.sidecar_harness import (
+    HANDSHAKE_HEADERS,
+    HTTP_TIMEOUT,
+    Sidecar,
+    open_session,
+    response_to,
+    run_sidecar,
+    sse_messages,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+# A stdio upstream that answers `hold` requests only when `release` names them (`loud`: a log
+# message first); `held` answers how many it holds; `burst` sends `count` progress notifications of
+# `size` bytes (`progress` 0, 1...), then answers.
+HOLDING_SERVER = r"""
+import json, sys
+held = {}
+def send(message):
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+for line in sys.stdin:
+    m = json.loads(line)
+    if "id" not in m or "method" not in m:
+        continue
+    method, params = m["method"], m.get("params") or {}
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {"protocolVersion": params["protocolVersion"],
+              "capabilities": {}, "serverInfo": {"name": "holding", "version": "0"}}})
+    elif method == "hold":
+        if params.get("loud"):
+            send({"jsonrpc": "2.0", "method": "notifications/message",
+                  "params": {"level": "info", "data": "held"}})
+        held[json.dumps(m["id"])] = m["id"]
+    elif method == "burst":
+        token = params["_meta"]["progressToken"]
+        for seq in range(params["count"]):
+            send({"jsonrpc": "2.0", "method": "notifications/progress",
+                  "params": {"progressToken": token, "progress": seq, "message": "x" * params["size"]}})
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {}})
+    elif method == "held":
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {"held": len(held)}})
+    elif method == "release":
+        for request_id in params["ids"]:
+            send({"jsonrpc": "2.0", "id": held.pop(json.dumps(request_id)), "result": {"released": True}})
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {}})
+"""
+HOLDING = [sys.executable, "-c", HOLDING_SERVER]
+
+
+async def _post(http: httpx2.AsyncClient, url: str, body: Any, headers: dict[str, str]) -> None:
+    await http.post(url, json=body, headers=headers)
+
+
+def _closed_at_least(sidecar: Sidecar, count: int) -> bool:
+    return sidecar.stderr().count("client closed a POST") >= count
+
+
+def _rpc(request_id: Any, method: str, params: Any = None) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params or {}}
+
+
+async def test_posts_left_during_the_json_window_do_not_crowd_out_a_stream_to_resume() -> None:
+    """A session keeps its last 8 finished POST streams for their clients to resume. A POST whose
+    client left while its answer was awaited as JSON (no event of it, no id, was ever sent) cannot
+    be resumed, yet it counted among them: eight such answers coming after the answer of a dropped
+    SSE stream pushed that one out, and its resumption got 400."""
+    options = ("--provider", "mock", "--log-level", "debug")
+    upstream = [sys.executable, "-c", HOLDING_SERVER]
+    async with (
+        run_sidecar(*options, upstream=upstream, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+
+        async def held() -> int:
+            answer = await http.post(sidecar.url, json=_rpc("count", "held"), headers=headers)
+            return int(response_to(answer, "count")["result"]["held"])
+
+        loud = _rpc(1, "hold", {"loud": True})
+        async with http.stream("POST", sidecar.url, json=loud, headers=headers) as sse:
+            seen = ""
+            async for chunk in sse.aiter_text():  # until its log message has come, with an id
+                seen += chunk
+                if "held" in seen and seen.endswith("\n\n"):
+                    break
+        [(last_id, _)] = sse_messages(seen)
+        assert last_id is not None
+        for n in range(2, 10):  # eight POSTs whose clients leave before their answers
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_post, http, sidecar.url, _rpc(n, "hold"), headers)
+                while await held() < n:
+                    await anyio.sleep(0.02)
+                tg.cancel_scope.cancel()  # the client leaves
+            await wait_until(partial(_closed_at_least, sidecar, n))  # request 1's stream, and these
+        await http.post(sidecar.url, json=_rpc("r1", "release", {"ids": [1]}), headers=headers)
+        rest = _rpc("r2", "release", {"ids": list(range(2, 10))})
+        await http.post(sidecar.url, json=rest, headers=headers)
+        resumed = await http.get(sidecar.url, headers={**headers, "last-event-id": last_id})
+    assert resumed.status_code == 200, resumed.text
+    assert [m.get("id") for _, m in sse_messages(resumed.text)] == [1]
+
+
+MIB = 1024 * 1024
+
+
+def _burst(request_id: Any, count: int, size: int) -> dict[str, Any]:
+    meta = {"progressToken": f"burst-{request_id}"}
+    return _rpc(request_id, "burst", {"count": count, "size": size, "_meta": meta})
+
+
+def _summary(text: str) -> list[Any]:
+    """The `progress` of each notification and the id of each answer, in order."""
+    return [m["params"]["progress"] if "method" in m else m["id"] for _, m in sse_messages(text)]
+
+
+async def test_a_live_reader_that_stops_a_moment_gets_a_burst_larger_than_a_stream_keeps() -> None:
+    """A stream keeps 8 MiB for replay: a burst of 12 MiB for a request whose client stopped reading
+    for a second lost its first messages before the response could write them."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=HOLDING, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+        async with http.stream("POST", sidecar.url, json=_burst(1, 32, MIB), headers=headers) as slow:
+            chunks = slow.aiter_bytes()
+            read = [await chunks.__anext__()]
+            await anyio.sleep(1)  # well within the 10 s a stopped reader is waited for
+            read += [chunk async for chunk in chunks]
+    assert _summary(b"".join(read).decode()) == [*range(32), 1]
+
+
+async def test_a_slow_live_reader_keeps_its_answer_while_other_streams_fill_the_session() -> None:
+    """A session keeps 32 MiB for replay, its oldest events going first: those a live but slow
+    reader had yet to get went too, its answer with them, while other requests of the session moved
+    35 MiB. The reader now gets every event (the other requests wait for it meanwhile)."""
+    async with (
+        run_sidecar(
+            "--provider", "mock", upstream=[sys.executable, "-c", HOLDING_SERVER], env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+        others_done = anyio.Event()
+        others: list[Any] = []
+
+        async def other_requests() -> None:
+            for n in range(2, 9):  # seven streams of 5 MiB, each read whole
+                big = _burst(n, 1, 5 * MIB)
+                others.append(response_to(await http.post(sidecar.url, json=big, headers=headers), n)["id"])
+            others_done.set()
+
+        async with http.stream("POST", sidecar.url, json=_burst(1, 12, MIB), headers=headers) as slow:
+            chunks = slow.aiter_bytes()
+            read = [await chunks.__anext__()]  # it reads a little, then stops for a while
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(other_requests)
+                with anyio.move_on_after(3):  # well within the 10 s a stopped reader is waited for
+                    await others_done.wait()
+                read += [chunk async for chunk in chunks]
+    assert others == list(range(2, 9))
+    assert _summary(b"".join(read).decode()) == [*range(12), 1]
