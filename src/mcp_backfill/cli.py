@@ -280,7 +280,9 @@ def _run(config: Config) -> int:
     started = None
     try:
         if config.upstream_command and config.upstream_url is None:
-            started = start_child(config.upstream_command, upstream_environment(os.environ))
+            started = start_child(
+                config.upstream_command, upstream_environment(os.environ), config.shutdown_grace
+            )
         from mcp_backfill.stdio_front import run_stdio_proxy
 
         return anyio.run(run_stdio_proxy, config, started, held, backend_options=event_loop_options())

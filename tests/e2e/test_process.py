@@ -521,3 +521,30 @@ async def test_the_upstreams_credentials_on_its_command_line_are_not_logged() ->
     assert "--api-key" in log  # the command is still recognisable
     assert "GITHUB_TOKEN=***" in log
     assert "SECRET" not in log
+
+
+# Started by the proxy and still running once it is gone: a server that reads nothing (so never sees
+# its stdin end) and ignores SIGTERM, or a helper the server left behind that does.
+OUTLIVERS = {
+    "a-server-ignoring-eof": ["sh", "-c", "trap '' TERM; echo helper $$ >&2; exec sleep 60"],
+    "a-servers-helper": leaving_a_helper(stubborn=True),
+}
+
+
+async def gone_within(pid: int, timeout: float) -> bool:
+    with anyio.move_on_after(timeout):
+        while running(pid):
+            await anyio.sleep(0.05)
+    return not running(pid)
+
+
+@pytest.mark.parametrize("outliver", OUTLIVERS.values(), ids=OUTLIVERS.keys())
+async def test_nothing_the_proxy_started_outlives_a_sigkill_of_the_proxy(outliver: list[str]) -> None:
+    """SIGKILL leaves the proxy no chance to stop its upstream's process group: what it started ends
+    all the same (SIGTERM, then SIGKILL after `--shutdown-grace`) instead of running on as orphans."""
+    argv = mock_proxy("--shutdown-grace", "0.5", upstream=outliver)
+    async with raw_proxy(argv, proxy_env()) as session, the_helper(session) as helper:
+        await wait_for_log(session.stderr, r"relaying .*pid=")  # up (not killed as it starts)
+        session.process.kill()
+        assert await session.wait() == -signal.SIGKILL
+        assert await gone_within(helper, 20), "still running after the proxy was killed"
