@@ -548,3 +548,30 @@ async def test_nothing_the_proxy_started_outlives_a_sigkill_of_the_proxy(outlive
         session.process.kill()
         assert await session.wait() == -signal.SIGKILL
         assert await gone_within(helper, 20), "still running after the proxy was killed"
+
+
+@pytest.mark.parametrize("closed", ["2", "0"], ids=["stderr", "stdin"])
+def test_a_proxy_started_with_a_standard_descriptor_closed_still_works(closed: str) -> None:
+    """A launcher may start the proxy with stderr (or stdin) closed (`2>&-`): the descriptor's number
+    went to the first pipe the proxy made, so its logs were written into a pipe of the upstream's
+    (every request failed and the proxy aborted). With stderr closed the logs go nowhere and the
+    session works; with stdin closed the session is an empty one, ended at once with status 0."""
+    lines = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": initialize_params()},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+    ]
+    script = f'exec "$@" {closed}<&-' if closed == "0" else f'exec "$@" {closed}>&-'
+    done = subprocess.run(
+        ["sh", "-c", script, "sh", *mock_proxy()],
+        input="".join(json.dumps(line) + "\n" for line in lines).encode(),
+        capture_output=True,
+        env=proxy_env(),
+        timeout=60,
+    )
+    assert done.returncode == 0, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    if closed == "0":
+        assert answers == []
+    else:
+        assert [answer.get("id") for answer in answers] == [1, 2]
+        assert all("result" in answer for answer in answers), answers
