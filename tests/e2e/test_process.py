@@ -575,3 +575,31 @@ def test_a_proxy_started_with_a_standard_descriptor_closed_still_works(closed: s
     else:
         assert [answer.get("id") for answer in answers] == [1, 2]
         assert all("result" in answer for answer in answers), answers
+
+
+def watchers_of(pid: int) -> list[int]:
+    """The children of `pid` that run the group watcher (`python -I -S -c ...`)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if int(stat.rpartition(")")[2].split()[1]) == pid and cmdline[1:4] == [b"-I", b"-S", b"-c"]:
+            found.append(int(entry))
+    return found
+
+
+async def test_the_group_watcher_is_not_given_the_proxys_credentials() -> None:
+    """The watcher that stops the upstream's group after a SIGKILL of the proxy needs no secret:
+    its environment (readable in /proc as long as it runs) holds none of the proxy's."""
+    env = proxy_env("http://127.0.0.1:9", ANTHROPIC_API_KEY=TEST_API_KEY)
+    async with raw_proxy(mock_proxy(), env) as session:
+        await session.request(1, "initialize", initialize_params())
+        [watcher] = watchers_of(session.process.pid)
+        environ = Path(f"/proc/{watcher}/environ").read_bytes()
+        await session.close_stdin()
+        assert await session.wait() == 0
+    assert TEST_API_KEY.encode() not in environ
+    assert b"ANTHROPIC" not in environ

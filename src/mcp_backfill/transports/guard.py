@@ -87,7 +87,9 @@ class GroupGuard:
                 [sys.executable, "-I", "-S", "-c", WATCHER, str(reading), repr(max(grace, 0.0))],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,  # never the protocol's stdout
+                stderr=subprocess.DEVNULL,  # nor the client's stderr held open after the proxy's end
                 pass_fds=(reading,),
+                env=_bare_environment(),
                 start_new_session=True,  # out of reach of a signal to the proxy's group
             )
         except OSError:
@@ -103,6 +105,13 @@ class GroupGuard:
             return
         with suppress(OSError):  # the watcher is gone (or stopped, its pipe full): nothing to tell
             os.write(self._pipe, line)
+
+
+def _bare_environment() -> dict[str, str]:
+    """What the interpreter may need to start, and nothing else: none of the proxy's credentials
+    (an environment stays readable in /proc as long as its process runs)."""
+    keep = ("PATH", "LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH", "SYSTEMROOT")
+    return {name: os.environ[name] for name in keep if name in os.environ}
 
 
 GUARD = GroupGuard()
