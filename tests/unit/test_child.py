@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import anyio
 import pytest
@@ -285,3 +287,53 @@ def test_a_cancelled_start_stops_its_child_without_stalling_the_event_loop(loop:
     assert done.returncode == 0, done.stderr
     stall = float(done.stdout.split(":")[1])
     assert stall < 0.5, done.stdout  # the grace (1 s) then SIGKILL were waited out in a thread
+
+
+# A process that registers two sleepers' groups with the watcher, forgets the first, prints both
+# pids, and waits to be killed.
+WATCHING = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    from mcp_backfill.transports.guard import GUARD
+
+    sleepers = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+        for _ in range(2)
+    ]
+    for sleeper in sleepers:
+        GUARD.watch(sleeper.pid, 0.5)
+    GUARD.forget(sleepers[0].pid)
+    print(*(sleeper.pid for sleeper in sleepers), flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_the_watcher_stops_the_groups_still_registered_when_its_process_is_killed() -> None:
+    """SIGKILL the process: the group it still had registered is stopped by the watcher, the one it
+    had forgotten (ended, its number free to be reused by another) is left alone."""
+    host = subprocess.Popen([sys.executable, "-c", WATCHING], stdout=subprocess.PIPE, text=True)
+    assert host.stdout is not None
+    forgotten, watched = (int(pid) for pid in host.stdout.readline().split())
+    try:
+        host.kill()
+        host.wait(30)
+        deadline = time.monotonic() + 20
+        while running(watched) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not running(watched)
+        assert running(forgotten)
+    finally:
+        for pid in (forgotten, watched):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        host.stdout.close()
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's reaper may be slow, or never come)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
