@@ -203,12 +203,34 @@ def event_loop_options() -> dict[str, Any]:
     return {"use_uvloop": True}
 
 
+def open_standard_descriptors() -> None:
+    """Point stdin, stdout or stderr at the null device if this process was started without it
+    (`2>&-`): otherwise the first pipe or socket made takes its number, and whatever is meant for
+    it goes there (the logs into the upstream's stdin, the protocol into a socket)."""
+    streams = ("stdin", "stdout", "stderr")
+    for fd, name in enumerate(streams):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+        if null != fd:  # (it is the lowest free number: this one)
+            os.dup2(null, fd)
+            os.close(null)
+        os.set_inheritable(fd, True)  # as it would have been: the upstream's stderr is ours
+        if getattr(sys, name) is None:  # Python found it closed at start
+            mode = "r" if fd == 0 else "w"
+            setattr(sys, name, open(fd, mode, closefd=False, errors="backslashreplace"))  # noqa: SIM115
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the process exit status (the upstream's, when it ran).
 
     A `StartupError` ends the process with its own `exit_code`: a `ConfigError` (2) is printed as a
     usage error, the others (an upstream that cannot start: 127, an address in use: 1) are logged.
     """
+    open_standard_descriptors()
     arguments = sys.argv[1:] if argv is None else list(argv)
     if arguments[:1] in ([CHECK_COMMAND], [CLIENTS_COMMAND]):
         try:
@@ -280,7 +302,9 @@ def _run(config: Config) -> int:
     started = None
     try:
         if config.upstream_command and config.upstream_url is None:
-            started = start_child(config.upstream_command, upstream_environment(os.environ))
+            started = start_child(
+                config.upstream_command, upstream_environment(os.environ), config.shutdown_grace
+            )
         from mcp_backfill.stdio_front import run_stdio_proxy
 
         return anyio.run(run_stdio_proxy, config, started, held, backend_options=event_loop_options())

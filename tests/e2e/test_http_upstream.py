@@ -891,3 +891,24 @@ async def test_a_resumption_the_server_refuses_is_named_in_the_error() -> None:
         assert "Last-Event-ID" in message, message
         assert "HTTP 400" in message, message
         assert "unknown event id" in message, message
+
+
+async def test_progress_of_a_request_whose_rounds_the_proxy_drives_reaches_the_client(
+    fake_claude: FakeClaude,
+) -> None:
+    """The server reports progress on the stream of the POST the proxy re-sent with its answer to
+    a round: the stdio client hears it under its own progress token."""
+    fake_claude.enqueue(text_reply("sampled"))
+    heard: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append((progress, total, message))
+
+    async with python_http_server(RESOLVE_SERVER) as upstream:
+        argv = proxy_url_argv(url=upstream.url)
+        async with Client(stdio_params(argv, proxy_env(fake_claude.url)), mode="auto") as client:
+            result = await client.call_tool(
+                "summarize_with_progress", {"text": "go"}, progress_callback=on_progress
+            )
+    assert tool_json(result) == {"text": "sampled"}
+    assert heard == [(1, 2, "half way"), (2, 2, "done")]

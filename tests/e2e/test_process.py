@@ -521,3 +521,85 @@ async def test_the_upstreams_credentials_on_its_command_line_are_not_logged() ->
     assert "--api-key" in log  # the command is still recognisable
     assert "GITHUB_TOKEN=***" in log
     assert "SECRET" not in log
+
+
+# Started by the proxy and still running once it is gone: a server that reads nothing (so never sees
+# its stdin end) and ignores SIGTERM, or a helper the server left behind that does.
+OUTLIVERS = {
+    "a-server-ignoring-eof": ["sh", "-c", "trap '' TERM; echo helper $$ >&2; exec sleep 60"],
+    "a-servers-helper": leaving_a_helper(stubborn=True),
+}
+
+
+async def gone_within(pid: int, timeout: float) -> bool:
+    with anyio.move_on_after(timeout):
+        while running(pid):
+            await anyio.sleep(0.05)
+    return not running(pid)
+
+
+@pytest.mark.parametrize("outliver", OUTLIVERS.values(), ids=OUTLIVERS.keys())
+async def test_nothing_the_proxy_started_outlives_a_sigkill_of_the_proxy(outliver: list[str]) -> None:
+    """SIGKILL leaves the proxy no chance to stop its upstream's process group: what it started ends
+    all the same (SIGTERM, then SIGKILL after `--shutdown-grace`) instead of running on as orphans."""
+    argv = mock_proxy("--shutdown-grace", "0.5", upstream=outliver)
+    async with raw_proxy(argv, proxy_env()) as session, the_helper(session) as helper:
+        await wait_for_log(session.stderr, r"relaying .*pid=")  # up (not killed as it starts)
+        session.process.kill()
+        assert await session.wait() == -signal.SIGKILL
+        assert await gone_within(helper, 20), "still running after the proxy was killed"
+
+
+@pytest.mark.parametrize("closed", ["2", "0"], ids=["stderr", "stdin"])
+def test_a_proxy_started_with_a_standard_descriptor_closed_still_works(closed: str) -> None:
+    """A launcher may start the proxy with stderr (or stdin) closed (`2>&-`): the descriptor's number
+    went to the first pipe the proxy made, so its logs were written into a pipe of the upstream's
+    (every request failed and the proxy aborted). With stderr closed the logs go nowhere and the
+    session works; with stdin closed the session is an empty one, ended at once with status 0."""
+    lines = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": initialize_params()},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+    ]
+    script = f'exec "$@" {closed}<&-' if closed == "0" else f'exec "$@" {closed}>&-'
+    done = subprocess.run(
+        ["sh", "-c", script, "sh", *mock_proxy()],
+        input="".join(json.dumps(line) + "\n" for line in lines).encode(),
+        capture_output=True,
+        env=proxy_env(),
+        timeout=60,
+    )
+    assert done.returncode == 0, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    if closed == "0":
+        assert answers == []
+    else:
+        assert [answer.get("id") for answer in answers] == [1, 2]
+        assert all("result" in answer for answer in answers), answers
+
+
+def watchers_of(pid: int) -> list[int]:
+    """The children of `pid` that run the group watcher (`python -I -S -c ...`)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if int(stat.rpartition(")")[2].split()[1]) == pid and cmdline[1:4] == [b"-I", b"-S", b"-c"]:
+            found.append(int(entry))
+    return found
+
+
+async def test_the_group_watcher_is_not_given_the_proxys_credentials() -> None:
+    """The watcher that stops the upstream's group after a SIGKILL of the proxy needs no secret:
+    its environment (readable in /proc as long as it runs) holds none of the proxy's."""
+    env = proxy_env("http://127.0.0.1:9", ANTHROPIC_API_KEY=TEST_API_KEY)
+    async with raw_proxy(mock_proxy(), env) as session:
+        await session.request(1, "initialize", initialize_params())
+        [watcher] = watchers_of(session.process.pid)
+        environ = Path(f"/proc/{watcher}/environ").read_bytes()
+        await session.close_stdin()
+        assert await session.wait() == 0
+    assert TEST_API_KEY.encode() not in environ
+    assert b"ANTHROPIC" not in environ

@@ -7,6 +7,7 @@ client (mcp SDK or raw HTTP) --HTTP--> `python -m mcp_backfill serve` --stdio-->
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -1094,3 +1095,29 @@ async def test_the_upstreams_credentials_on_its_command_line_are_not_logged() ->
     assert "serving streamable HTTP" in log
     assert "--token" in log
     assert "SECRET" not in log
+
+
+async def test_a_sessions_upstream_and_its_helpers_do_not_outlive_a_sigkill_of_serve() -> None:
+    """SIGKILL leaves `serve` no chance to stop its sessions' upstreams: a helper one of them left in
+    its process group (one that ignores SIGTERM and holds none of its pipes) is stopped all the same
+    instead of running on as an orphan."""
+    from tests.e2e.test_process import gone_within, leaving_a_helper
+
+    upstream = leaving_a_helper(stubborn=True)
+    async with (
+        run_sidecar(
+            "--provider", "mock", "--shutdown-grace", "0.5", upstream=upstream, env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        await open_session(http, sidecar.url)
+        found = re.search(r"helper (\d+)", sidecar.stderr())
+        assert found is not None, sidecar.stderr()
+        helper = int(found.group(1))
+        try:
+            sidecar.signal(signal.SIGKILL)
+            assert await sidecar.wait() == -signal.SIGKILL
+            assert await gone_within(helper, 20), "still running after serve was killed"
+        finally:
+            if pid_alive(helper):
+                os.kill(helper, signal.SIGKILL)

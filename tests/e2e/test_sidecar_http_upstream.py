@@ -225,3 +225,28 @@ async def test_forward_authorization_beside_a_sidecar_token_is_refused_at_startu
     assert done.returncode == 2
     assert b"--forward-authorization" in done.stderr
     assert b"--auth-token" in done.stderr
+
+
+async def test_progress_of_a_request_whose_rounds_the_proxy_drives_reaches_the_client(
+    fake_claude: FakeClaude,
+) -> None:
+    """The server reports progress on the stream of the POST the proxy re-sent with its answer to
+    a round: the client hears it on its own POST, under its own progress token."""
+    fake_claude.enqueue(text_reply("sampled"))
+    heard: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append((progress, total, message))
+
+    async with (
+        python_http_server(RESOLVE_SERVER) as upstream,
+        run_sidecar(
+            "--upstream-url", upstream.url, upstream=NO_COMMAND, env=proxy_env(fake_claude.url)
+        ) as sidecar,
+        Client(sidecar.url) as client,
+    ):
+        result = await client.call_tool(
+            "summarize_with_progress", {"text": "go"}, progress_callback=on_progress
+        )
+    assert tool_json(result) == {"text": "sampled"}
+    assert heard == [(1, 2, "half way"), (2, 2, "done")]

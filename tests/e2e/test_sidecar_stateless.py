@@ -617,3 +617,24 @@ async def test_a_round_paid_for_outlives_the_upstream_that_asked_it(
         final = response_to(answer, 2)["result"]
         assert json.loads(final["content"][0]["text"]) == {"ok": True, "text": "Proceeding."}
     assert len(fake_claude.message_requests) == 1  # the retry did not sample again
+
+
+async def test_progress_of_a_request_whose_rounds_the_proxy_drives_reaches_the_client(
+    fake_claude: FakeClaude,
+) -> None:
+    """The server reports progress for the request the proxy re-sent with its answers to a round:
+    the client hears it on its POST, under its own progress token."""
+    fake_claude.enqueue(text_reply("sampled"))
+    heard: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append((progress, total, message))
+
+    upstream = python_server("input_required_server.py")
+    async with (
+        run_sidecar(upstream=upstream, env=proxy_env(fake_claude.url)) as sidecar,
+        Client(sidecar.url) as client,
+    ):
+        result = await client.call_tool("progress", {"prompt": "go"}, progress_callback=on_progress)
+    assert tool_json(result) == {"text": "sampled"}
+    assert heard == [(1, 2, "half way"), (2, 2, "done")]

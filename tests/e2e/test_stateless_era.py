@@ -366,3 +366,20 @@ async def test_a_round_still_driven_when_the_grace_period_ends_is_told_so(fake_c
     assert "exited" not in message
     assert "shutting down" in message
     assert "--shutdown-grace / MCP_BACKFILL_SHUTDOWN_GRACE (0.5s)" in message
+
+
+async def test_progress_of_a_request_whose_rounds_the_proxy_drives_reaches_the_client(
+    fake_claude: FakeClaude,
+) -> None:
+    """The server reports progress for the request the proxy re-sent with its answers: the client
+    hears it under its own progress token, as it would have without the proxy's rounds."""
+    fake_claude.enqueue(text_reply("sampled"))
+    heard: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append((progress, total, message))
+
+    async with client_for(fake_claude, LOWLEVEL_SERVER) as client:
+        result = await client.call_tool("progress", {"prompt": "go"}, progress_callback=on_progress)
+    assert tool_json(result) == {"text": "sampled"}
+    assert heard == [(1, 2, "half way"), (2, 2, "done")]

@@ -15,6 +15,8 @@ Tools (all need a 2026-07-28 connection):
 * `endless()`: asks for sampling in every round, forever.
 * `mixed(prompt)`: one round with an elicitation (`confirm`) and a sampling-with-tools request
   (`ask`). Returns `{"confirmed", "answerText", "keys"}`.
+* `progress(prompt)`: one sampling round; the retry reports progress 1 and 2 of 2 (under the
+  request's progress token, if any) before it returns `{"text"}`.
 * `hold(prompt, marker)`: one sampling round, then the retry blocks until cancelled (writing the
   file `<marker>.started` as it starts waiting); on cancellation it writes the JSON-RPC id of the
   cancelled request to the file `marker`.
@@ -68,7 +70,7 @@ LOOKUP = Tool(
 )
 TOOLS = [
     Tool(name=name, description=name, input_schema={"type": "object", "additionalProperties": True})
-    for name in ("loop", "plain", "wait_then_sample", "endless", "mixed", "hold")
+    for name in ("loop", "plain", "wait_then_sample", "endless", "mixed", "hold", "progress")
 ]
 issued_states: set[str] = set()
 
@@ -182,6 +184,16 @@ async def call_tool(ctx: Any, params: CallToolRequestParams) -> CallToolResult |
         return await _loop(params, args)
     if params.name == "hold":
         return await _hold(params, args, ctx.request_id)
+    if params.name == "progress":
+        if "ask" not in answers:
+            return InputRequiredResult(
+                input_requests={"ask": _sampling([_user(str(args.get("prompt", "")))], tools=False)},
+                request_state=_state({"progress": True}),
+            )
+        _received_state(params)
+        await ctx.session.report_progress(1, 2, "half way")
+        await ctx.session.report_progress(2, 2, "done")
+        return _reply({"text": _text(answers["ask"])})
     if params.name == "plain":
         if "ask" in answers:
             content = answers["ask"]["content"]

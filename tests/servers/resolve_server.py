@@ -10,6 +10,8 @@ connection the same code sends `sampling/createMessage` requests. Tools return o
   model calls it, round 2 sends the `tool_use` and its `tool_result` back. Returns `{"first":
   {"stopReason", "toolUseIds"}, "final": {"stopReason", "text", "model"}, "rounds": 1 | 2}`.
 * `summarize(text)`: sampling without tools. Returns `{"text", "model", "contentType"}`.
+* `summarize_with_progress(text)`: as `summarize`, reporting progress 1 and 2 of 2 (under the
+  request's progress token, if any) once it has the summary. Returns `{"text"}`.
 * `echo(text)`: no sampling. Returns `{"text"}`.
 * `confirm_and_ask(question)`: an elicitation (`ok: bool`) and a sampling-with-tools request in
   one round. Returns `{"ok", "text"}`.
@@ -27,7 +29,7 @@ import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.resolve import Elicit, Resolve, Sample
 from mcp.server.request_state import RequestStateSecurity
 from mcp.shared.exceptions import MCPDeprecationWarning
@@ -146,6 +148,16 @@ async def summarize(text: str, summary: Annotated[CreateMessageResult, Resolve(a
     return json.dumps(
         {"text": _text(summary), "model": summary.model, "contentType": getattr(content, "type", None)}
     )
+
+
+@server.tool()
+async def summarize_with_progress(
+    text: str, summary: Annotated[CreateMessageResult, Resolve(ask_summary)], ctx: Context
+) -> str:
+    """Plain sampling, then progress reported for the request that brought the answer."""
+    await ctx.report_progress(1, 2, "half way")
+    await ctx.report_progress(2, 2, "done")
+    return json.dumps({"text": _text(summary)})
 
 
 class Confirmation(BaseModel):

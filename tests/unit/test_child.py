@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import anyio
 import pytest
@@ -28,7 +30,7 @@ IGNORES_SIGTERM = [
 
 
 async def test_waiters_see_the_exit_status_and_one_cancelled_waiter_leaves_the_others() -> None:
-    child = start_child(SLEEPER, os.environ)
+    child = start_child(SLEEPER, os.environ, 1.0)
     process = ChildProcess(child.popen, grace=1.0)
     statuses: list[int] = []
 
@@ -52,7 +54,7 @@ async def test_waiters_see_the_exit_status_and_one_cancelled_waiter_leaves_the_o
 
 
 async def test_an_adopted_child_is_stopped_by_its_adopter_and_not_discarded_twice() -> None:
-    child = start_child(["cat"], os.environ)
+    child = start_child(["cat"], os.environ, 1.0)
     async with spawn_upstream(["cat"], os.environ, 1 << 20, grace=5.0, started=child) as upstream:
         assert upstream.pid == child.popen.pid
         await upstream.channel.send(b'{"jsonrpc":"2.0","method":"ping"}\n')
@@ -112,7 +114,7 @@ def test_a_start_cancelled_while_connecting_leaves_no_descriptor_to_close_later(
 
 
 def test_an_unadopted_child_is_terminated_and_reaped() -> None:
-    child = start_child(SLEEPER, os.environ)
+    child = start_child(SLEEPER, os.environ, 1.0)
     pid = child.popen.pid
     child.discard(5.0)
     assert child.popen.returncode == -signal.SIGTERM
@@ -123,7 +125,7 @@ def test_an_unadopted_child_is_terminated_and_reaped() -> None:
 
 
 def test_an_unadopted_child_that_ignores_sigterm_is_killed_after_the_grace() -> None:
-    child = start_child(IGNORES_SIGTERM, os.environ)
+    child = start_child(IGNORES_SIGTERM, os.environ, 1.0)
     with os.fdopen(os.dup(child.from_child), "rb") as out:
         assert out.readline() == b"ready\n"  # its handler is in place
     child.discard(0.2)
@@ -134,13 +136,13 @@ def test_a_command_that_cannot_start_says_what_fixes_it_and_leaves_no_descriptor
     before = set(os.listdir("/proc/self/fd"))
     hint = r"cannot start upstream 'no-such-server-xyz'.*give its absolute path"
     with pytest.raises(UpstreamStartError, match=hint):
-        start_child(["no-such-server-xyz"], {"PATH": "/nonexistent"})
+        start_child(["no-such-server-xyz"], {"PATH": "/nonexistent"}, 1.0)
     assert set(os.listdir("/proc/self/fd")) == before
 
 
 def test_the_child_gets_its_own_session_and_pipes_for_stdin_and_stdout() -> None:
     child: StartedChild = start_child(
-        [sys.executable, "-c", "import os, sys; print(os.getsid(0), sys.stdin.read())"], os.environ
+        [sys.executable, "-c", "import os, sys; print(os.getsid(0), sys.stdin.read())"], os.environ, 1.0
     )
     os.write(child.to_child, b"hello")
     os.close(child.to_child)
@@ -209,7 +211,7 @@ OUT_OF_DESCRIPTORS = textwrap.dedent(
     del fillers[-3:]
     before = sorted(os.listdir("/proc/self/fd"))
     try:
-        start_child(["true"], os.environ)
+        start_child(["true"], os.environ, 1.0)
     except UpstreamStartError as exc:
         print("refused:", exc)
     after = sorted(os.listdir("/proc/self/fd"))
@@ -285,3 +287,53 @@ def test_a_cancelled_start_stops_its_child_without_stalling_the_event_loop(loop:
     assert done.returncode == 0, done.stderr
     stall = float(done.stdout.split(":")[1])
     assert stall < 0.5, done.stdout  # the grace (1 s) then SIGKILL were waited out in a thread
+
+
+# A process that registers two sleepers' groups with the watcher, forgets the first, prints both
+# pids, and waits to be killed.
+WATCHING = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    from mcp_backfill.transports.guard import GUARD
+
+    sleepers = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+        for _ in range(2)
+    ]
+    for sleeper in sleepers:
+        GUARD.watch(sleeper.pid, 0.5)
+    GUARD.forget(sleepers[0].pid)
+    print(*(sleeper.pid for sleeper in sleepers), flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_the_watcher_stops_the_groups_still_registered_when_its_process_is_killed() -> None:
+    """SIGKILL the process: the group it still had registered is stopped by the watcher, the one it
+    had forgotten (ended, its number free to be reused by another) is left alone."""
+    host = subprocess.Popen([sys.executable, "-c", WATCHING], stdout=subprocess.PIPE, text=True)
+    assert host.stdout is not None
+    forgotten, watched = (int(pid) for pid in host.stdout.readline().split())
+    try:
+        host.kill()
+        host.wait(30)
+        deadline = time.monotonic() + 20
+        while running(watched) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not running(watched)
+        assert running(forgotten)
+    finally:
+        for pid in (forgotten, watched):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        host.stdout.close()
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's reaper may be slow, or never come)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -789,6 +789,24 @@ async def test_a_sampling_task_the_proxy_declared_is_its_own_when_the_client_run
         assert (await r.client.recv())["id"] == 8
 
 
+async def test_a_server_that_negotiates_a_revision_without_tasks_is_served_without_them() -> None:
+    """The client asks for 2025-11-25, so the proxy declares its sampling tasks; the server answers
+    with 2025-06-18, which has no tasks. Its session has none: a `task` in a sampling request is a
+    field that revision does not define, and `tasks/*` are methods it does not have. The proxy
+    answered the request with a task (a result that revision has no shape for) and took the
+    `tasks/*` requests for its own instead of relaying them to the client."""
+    async with relayed() as r:
+        await r.client.send(request(1, "initialize", initialize({"sampling": {}})))
+        assert (await r.server.recv())["params"]["capabilities"]["tasks"] == SAMPLING_TASKS
+        await r.server.send(result(1, {"protocolVersion": "2025-06-18", "capabilities": {}}))
+        await r.client.recv()
+        await r.server.send(sampling_request(7, {**HELLO, "task": {"ttl": 60000}}))
+        assert (await r.client.recv())["id"] == 7  # the client's to answer, as any tool-less request
+        await r.server.send(request(8, protocol.TASKS_LIST, {}))
+        assert (await r.client.recv())["id"] == 8
+        assert r.server.nothing_waiting()
+
+
 async def test_a_tasks_list_the_server_cancelled_is_not_kept_for_the_clients_answer() -> None:
     """The id of every `tasks/list` relayed to a client that lists tasks is kept until the client
     answers it (the proxy's tasks join its last page); one the server cancelled, which the client

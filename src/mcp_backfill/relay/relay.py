@@ -756,6 +756,10 @@ class Relay:
             self.traces.protocol_version = self.state.protocol_version
             self.state.check_version(self.state.protocol_version)
             log.info("session initialized", extra={"protocol_version": self.state.protocol_version})
+            if not protocol.defines(self.state.protocol_version, protocol.TASKS_SINCE):
+                # Declared for a client asking for 2025-11-25, but the server chose a revision
+                # without tasks: `task` in its requests means nothing, `tasks/*` are not the proxy's.
+                self.state.declares_tasks = False
 
     def _warm_up(self) -> None:
         """Once per session, get the provider ready in the background (`--no-warm-up`: not at all)."""

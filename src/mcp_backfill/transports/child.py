@@ -16,6 +16,7 @@ from contextlib import suppress
 from typing import Any
 
 from mcp_backfill.errors import cannot_start
+from mcp_backfill.transports.guard import GUARD
 
 PIPE_SIZE = 256 * 1024  # what enlarge_pipe asks for
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -99,15 +100,19 @@ class StartedChild:
         waits: from an event loop, call it in a thread)."""
         with suppress(subprocess.TimeoutExpired):
             self.popen.wait(grace)
+            GUARD.forget(self.popen.pid)
             return
         with suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, signal.SIGKILL)
         self.popen.wait()
+        GUARD.forget(self.popen.pid)
 
 
-def start_child(command: Sequence[str], env: Mapping[str, str]) -> StartedChild:
+def start_child(command: Sequence[str], env: Mapping[str, str], grace: float) -> StartedChild:
     """Start `command` in its own session (a signal to its group reaches its children too), with
     pipes we make ourselves: read and written like our own stdio, with room for a large message.
+    Its group is stopped (SIGTERM, then SIGKILL after `grace` seconds) even if this process is
+    killed before it could stop it (`guard.GUARD`).
 
     Raises `UpstreamStartError` (with what usually fixes it) when the command cannot be started."""
     made: list[int] = []
@@ -138,6 +143,7 @@ def start_child(command: Sequence[str], env: Mapping[str, str]) -> StartedChild:
     finally:
         os.close(child_stdin)
         os.close(child_stdout)
+    GUARD.watch(popen.pid, grace)
     return StartedChild(popen, to_child, from_child, command)
 
 

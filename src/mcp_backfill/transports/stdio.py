@@ -34,6 +34,7 @@ from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import get_logger
 from mcp_backfill.transports.base import ELSEWHERE_POLL_SECONDS, nothing_elsewhere
 from mcp_backfill.transports.child import PIPE_SIZE, StartedChild, enlarge_pipe, start_child
+from mcp_backfill.transports.guard import GUARD
 from mcp_backfill.transports.pipe_writer import CLOSE_SECONDS, PipeWriter
 
 log = get_logger("stdio")
@@ -659,6 +660,7 @@ class ChildProcess:
         with suppress(RuntimeError):  # the loop has closed: nobody waits any more
             loop.call_soon_threadsafe(self._exited.set)
         end_group(pid, grace)
+        GUARD.forget(pid)
         with suppress(RuntimeError):
             loop.call_soon_threadsafe(self._group_ended.set)
             if on_group_ended is not None:
@@ -751,7 +753,7 @@ async def spawn_upstream(
     """The upstream as a child process (`child.start_child`, or `started` if it was started already),
     with its stdio as a `LineChannel`; leaving stops it. Its stderr is inherited, so its logs pass
     straight through to ours."""
-    child = started or start_child(command, env)
+    child = started or start_child(command, env, grace)
     try:
         channel = LineChannel(
             await open_fd_receive_stream(child.from_child, owned=True),
