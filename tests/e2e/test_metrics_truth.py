@@ -11,11 +11,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2
 import pytest
 from mcp import Client
 
-from tests.fake_claude import FakeClaude, text_reply
+from tests.fake_claude import FakeClaude, error_reply, hang_reply, text_reply
 from tests.harness import proxy_env, python_server, tool_json
 from tests.sidecar_harness import HTTP_TIMEOUT, run_sidecar
 
@@ -34,6 +35,39 @@ _SAMPLE_LINE = re.compile(
 def plain(text: str, timeout: float = 30.0) -> dict[str, Any]:
     params = {"messages": [{"role": "user", "content": {"type": "text", "text": text}}], "maxTokens": 20}
     return {"params_json": json.dumps(params), "timeout": timeout}
+
+
+def audit_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+async def wait_for_audit(path: Path, count: int) -> list[dict[str, Any]]:
+    with anyio.fail_after(60):
+        while len(lines := audit_lines(path)) < count:
+            await anyio.sleep(0.05)
+    return lines
+
+
+_SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
+_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def series(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """Every sample of `name` in an exposition: its labels (values as written) and value."""
+    found = []
+    for line in text.splitlines():
+        match = _SERIES.match(line)
+        if match is not None and match.group(1) == name:
+            labels = dict(_PAIR.findall(match.group(2) or ""))
+            found.append((labels, float(match.group(3))))
+    return found
+
+
+def summed(text: str, name: str, by: str) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for labels, value in series(text, name):
+        totals[labels.get(by, "")] = totals.get(labels.get(by, ""), 0.0) + value
+    return totals
 
 
 def exposition_problems(text: str) -> list[str]:
@@ -70,3 +104,57 @@ async def test_metrics_stay_readable_whatever_model_name_the_api_reports(
         line for line in text.splitlines() if line.startswith("mcp_backfill_sampling_requests_total{")
     ]
     assert sum(float(line.rsplit(" ", 1)[1]) for line in answered) == 2, answered
+
+
+def messages(count: int, max_tokens: int = 20) -> dict[str, Any]:
+    said = [{"role": "user", "content": {"type": "text", "text": f"part {n}"}} for n in range(count)]
+    return {"params_json": json.dumps({"messages": said, "maxTokens": max_tokens})}
+
+
+async def test_metrics_and_the_audit_log_agree_on_every_way_a_call_ends(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """Answered, failed (an API error), timed out (`--sampling-timeout`), cancelled by the server,
+    refused by a limit: `/metrics` counts each outcome the audit log writes, the tokens it reports
+    are the audit log's `charged` (at least what the fake Claude served), and the latency histogram
+    counts the requests a call was made for."""
+    audit = tmp_path / "audit.jsonl"
+    options = ["--audit-log", str(audit), "--sampling-timeout", "3", "--max-messages", "2"]
+    options += ["--budget-tokens", "1000000", "--retry-max-attempts", "1"]
+    async with (
+        run_sidecar(*options, upstream=SAMPLING_SERVER, env=proxy_env(fake_claude.url)) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+        Client(sidecar.url, mode="legacy") as client,
+    ):
+        fake_claude.enqueue(text_reply("fine"))
+        assert "result" in tool_json(await client.call_tool("sample_raw", plain("answered")))
+        fake_claude.enqueue(error_reply(400, "invalid_request_error", "no"))
+        assert "error" in tool_json(await client.call_tool("sample_raw", plain("failed")))
+        fake_claude.enqueue(hang_reply("Once upon"))
+        assert "error" in tool_json(await client.call_tool("sample_raw", plain("timed out")))
+        assert "error" in tool_json(await client.call_tool("sample_raw", messages(3)))
+        fake_claude.enqueue(hang_reply("Long ago"))
+        cancelled = tool_json(await client.call_tool("slow_sample", {"cancel_after": 1.0}))
+        assert cancelled["outcome"] == "timed_out", cancelled
+        lines = await wait_for_audit(audit, 5)
+        scrape = (await http.get(f"{sidecar.base}/metrics")).text
+    outcomes = sorted(line["outcome"] for line in lines)
+    assert outcomes == ["answered", "cancelled", "failed", "refused", "timed_out"], lines
+    assert exposition_problems(scrape) == []
+    counted = summed(scrape, "mcp_backfill_sampling_requests_total", "outcome")
+    assert counted == dict.fromkeys(outcomes, 1.0), counted
+    charged: dict[str, float] = {}
+    for line in lines:
+        for counter, tokens in (line["charged"] or {}).items():
+            if tokens:
+                charged[counter] = charged.get(counter, 0) + tokens
+    assert summed(scrape, "mcp_backfill_sampling_tokens_total", "counter") == charged
+    assert sum(charged.values()) >= fake_claude.served_tokens() > 0
+    [(_, used)] = series(scrape, "mcp_backfill_budget_used_tokens")
+    assert used == sum(charged.values())
+    made = [line for line in lines if line["calls"]]
+    [(_, timed)] = series(scrape, "mcp_backfill_claude_latency_seconds_count")
+    assert timed == len(made), lines
+    # Attempts at Claude calls: one per call made (no retries here), none for the refusal.
+    attempts = series(scrape, "mcp_backfill_claude_attempts_total")
+    assert sum(value for _, value in attempts) == sum(line["calls"] for line in lines), attempts
