@@ -16,13 +16,14 @@ import httpx2
 import pytest
 from mcp import Client
 
-from tests.fake_claude import FakeClaude, error_reply, hang_reply, text_reply
-from tests.harness import proxy_env, python_server, tool_json
+from tests.fake_claude import FakeClaude, error_reply, hang_reply, text_reply, truncated_stream_reply
+from tests.harness import initialize_params, proxy_argv, proxy_env, python_server, raw_proxy, tool_json
 from tests.sidecar_harness import HTTP_TIMEOUT, run_sidecar
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 SAMPLING_SERVER = python_server("sampling_server.py")
+ECHO_SERVER = python_server("echo_server.py")
 # One sample line of the text exposition format (0.0.4): name, labels (values escaped: \\ \" \n
 # only), a value. https://prometheus.io/docs/instrumenting/exposition_formats/
 _LABEL_VALUE = r'"(?:[^"\\\n]|\\[\\"n])*"'
@@ -158,3 +159,27 @@ async def test_metrics_and_the_audit_log_agree_on_every_way_a_call_ends(
     # Attempts at Claude calls: one per call made (no retries here), none for the refusal.
     attempts = series(scrape, "mcp_backfill_claude_attempts_total")
     assert sum(value for _, value in attempts) == sum(line["calls"] for line in lines), attempts
+
+
+async def test_the_stdio_summary_counts_the_calls_the_audit_log_counts(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """A call whose first attempt broke off mid-stream (billed, charged) and was retried is one
+    call in the audit log; the exit summary counted it twice (once per charge)."""
+    audit = tmp_path / "audit.jsonl"
+    fake_claude.enqueue(truncated_stream_reply("Partial"), text_reply("whole"))
+    argv = proxy_argv("--audit-log", str(audit), "--retry-base-delay", "0.01", upstream=ECHO_SERVER)
+    async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+        await session.request(0, "initialize", initialize_params())
+        await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        ask = {"method": "sampling/createMessage", "params": json.loads(plain("x")["params_json"]), "id": "s"}
+        answer = await session.request(1, "test/ask_client", ask)
+        await session.close_stdin()
+        await session.wait(30)
+        stderr = session.stderr()
+    assert "result" in answer, answer
+    assert len(fake_claude.message_requests) == 2
+    [line] = audit_lines(audit)
+    [summary] = [text for text in stderr.splitlines() if "sampling summary" in text]
+    assert f"calls={line['calls']} " in summary, (line, summary)
+    assert f"tokens={sum(line['charged'].values())}" in summary, (line, summary)
