@@ -16,9 +16,19 @@ import httpx2
 import pytest
 from mcp import Client
 
+from tests.e2e.test_client_cancel import SAMPLING_SERVER as STUBBORN_SERVER
+from tests.e2e.test_client_cancel import cancel_while_claude_answers
 from tests.fake_claude import FakeClaude, error_reply, hang_reply, text_reply, truncated_stream_reply
-from tests.harness import initialize_params, proxy_argv, proxy_env, python_server, raw_proxy, tool_json
-from tests.sidecar_harness import HTTP_TIMEOUT, run_sidecar
+from tests.harness import (
+    initialize_params,
+    proxy_argv,
+    proxy_env,
+    python_http_server,
+    python_server,
+    raw_proxy,
+    tool_json,
+)
+from tests.sidecar_harness import HANDSHAKE_HEADERS, HTTP_TIMEOUT, open_session, run_sidecar
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -183,3 +193,57 @@ async def test_the_stdio_summary_counts_the_calls_the_audit_log_counts(
     [summary] = [text for text in stderr.splitlines() if "sampling summary" in text]
     assert f"calls={line['calls']} " in summary, (line, summary)
     assert f"tokens={sum(line['charged'].values())}" in summary, (line, summary)
+
+
+async def test_a_call_cut_by_the_clients_cancel_is_reported_as_the_audit_log_has_it(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """`serve --upstream-url`, a named client: its cancel cuts the Claude call made for its request
+    (charged), and the server's next sampling request for it is refused without a call. `/metrics`
+    has the cut call under the client's name, with the audit log's tokens, as a cancelled attempt;
+    the refusal is no Claude call. The client's token appears nowhere."""
+    audit = tmp_path / "audit.jsonl"
+    token = "alice-secret-token-0123456789"
+    env = {**proxy_env(fake_claude.url), "MCP_BACKFILL_CLIENT_TOKENS": f"alice={token}"}
+    async with (
+        python_http_server(STUBBORN_SERVER) as upstream,
+        run_sidecar("--upstream-url", upstream.url, "--audit-log", str(audit), env=env) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+        anyio.create_task_group() as tg,
+    ):
+        bearer = {"authorization": f"Bearer {token}"}
+        headers = {
+            **HANDSHAKE_HEADERS,
+            **bearer,
+            "mcp-session-id": await open_session(http, sidecar.url, bearer),
+        }
+
+        async def send(message: dict[str, Any]) -> None:
+            if "id" in message:
+                tg.start_soon(lambda: http.post(sidecar.url, json=message, headers=headers))
+                return
+            ack = await http.post(sidecar.url, json=message, headers=headers)
+            assert ack.status_code == 202, ack.text
+
+        report = await cancel_while_claude_answers(fake_claude, send, tmp_path, "call-7")
+        [line] = await wait_for_audit(audit, 1)
+        scrape = await http.get(f"{sidecar.base}/metrics", headers=bearer)
+    assert report["second"]["error"]["code"] == -32800
+    assert len(fake_claude.message_requests) == 1
+    assert line["outcome"] == "cancelled", line
+    assert line["calls"] == 1, line
+    text = scrape.text
+    assert token not in text
+    assert token not in audit.read_text()
+    assert exposition_problems(text) == []
+    assert [labels for labels, _ in series(text, "mcp_backfill_sampling_requests_total")] == [
+        {"client": "alice", "model": line["model"], "outcome": "cancelled"}
+    ]
+    tokens = series(text, "mcp_backfill_sampling_tokens_total")
+    assert {labels["counter"]: value for labels, value in tokens} == {
+        counter: count for counter, count in line["charged"].items() if count
+    }
+    assert {labels["client"] for labels, _ in tokens} == {"alice"}
+    assert sum(line["charged"].values()) >= fake_claude.served_tokens() > 0
+    attempts = series(text, "mcp_backfill_claude_attempts_total")
+    assert [(labels["outcome"], value) for labels, value in attempts] == [("cancelled", 1.0)]
