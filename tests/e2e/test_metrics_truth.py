@@ -18,16 +18,19 @@ from mcp import Client
 
 from tests.e2e.test_client_cancel import SAMPLING_SERVER as STUBBORN_SERVER
 from tests.e2e.test_client_cancel import cancel_while_claude_answers
+from tests.e2e.test_tracing import named, otel_env
 from tests.fake_claude import FakeClaude, error_reply, hang_reply, text_reply, truncated_stream_reply
 from tests.harness import (
     initialize_params,
     proxy_argv,
     proxy_env,
+    proxy_url_argv,
     python_http_server,
     python_server,
     raw_proxy,
     tool_json,
 )
+from tests.otlp_receiver import ReceivedSpan, otlp_receiver
 from tests.sidecar_harness import HANDSHAKE_HEADERS, HTTP_TIMEOUT, open_session, run_sidecar
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -247,3 +250,38 @@ async def test_a_call_cut_by_the_clients_cancel_is_reported_as_the_audit_log_has
     assert sum(line["charged"].values()) >= fake_claude.served_tokens() > 0
     attempts = series(text, "mcp_backfill_claude_attempts_total")
     assert [(labels["outcome"], value) for labels, value in attempts] == [("cancelled", 1.0)]
+
+
+async def test_each_sampling_request_of_a_cancelled_client_request_has_its_span(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """Tracing on, `--upstream-url`: the client cancels its request while Claude answers the
+    server's first sampling request for it. That request's span ends with -32800 and its `chat` span
+    as cancelled after one call; the second, refused at once, gets its span too (every request the
+    proxy receives does), ended with -32800, and no `chat` span."""
+
+    def both_sampling_spans(spans: list[ReceivedSpan]) -> bool:
+        return len([span for span in spans if span.name == "sampling/createMessage"]) >= 2
+
+    with otlp_receiver() as receiver:
+        env = otel_env(receiver.endpoint, fake_claude.url)
+        async with (
+            python_http_server(STUBBORN_SERVER) as upstream,
+            raw_proxy(proxy_url_argv(url=upstream.url), env) as session,
+        ):
+            await session.request(0, "initialize", initialize_params())
+            await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            report = await cancel_while_claude_answers(fake_claude, session.send, tmp_path, 7)
+            assert report["second"]["error"]["code"] == -32800
+            spans = await anyio.to_thread.run_sync(receiver.wait_for, both_sampling_spans)
+            await session.close_stdin()
+            await session.wait(60)
+    sampling = [span for span in spans if span.name == "sampling/createMessage"]
+    assert [span.attributes["jsonrpc.request.id"] for span in sampling] == ["stubborn-1-1", "stubborn-1-2"]
+    for span in sampling:
+        assert span.attributes["error.type"] == "-32800", span
+        assert span.attributes["mcp_backfill.sender"] == "server"
+    [chat] = named(spans, "chat")
+    assert chat.parent_span_id == sampling[0].span_id
+    assert chat.attributes["mcp_backfill.sampling.outcome"] == "cancelled"
+    assert chat.attributes["mcp_backfill.sampling.calls"] == 1

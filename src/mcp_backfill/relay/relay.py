@@ -652,7 +652,8 @@ class Relay:
                     "sampling request for a request the client cancelled; refused",
                     extra={"request_id": message["id"], "related": related},
                 )
-                self.answerer.refuse(message["id"], protocol.REQUEST_CANCELLED, refusal)
+                span = self.traces.answering(message) if self.traces.enabled else None
+                self.answerer.refuse(message["id"], protocol.REQUEST_CANCELLED, refusal, span)
             elif tasked:
                 self.tasks.create(message["id"], params, related)
             else:
