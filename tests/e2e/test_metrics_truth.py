@@ -18,6 +18,7 @@ from mcp import Client
 
 from tests.e2e.test_client_cancel import SAMPLING_SERVER as STUBBORN_SERVER
 from tests.e2e.test_client_cancel import cancel_while_claude_answers
+from tests.e2e.test_tasks import HELLO, ask
 from tests.e2e.test_tracing import named, otel_env
 from tests.fake_claude import FakeClaude, error_reply, hang_reply, text_reply, truncated_stream_reply
 from tests.harness import (
@@ -285,3 +286,35 @@ async def test_each_sampling_request_of_a_cancelled_client_request_has_its_span(
     assert chat.parent_span_id == sampling[0].span_id
     assert chat.attributes["mcp_backfill.sampling.outcome"] == "cancelled"
     assert chat.attributes["mcp_backfill.sampling.calls"] == 1
+
+
+async def test_a_cancelled_sampling_task_is_reported_as_the_audit_log_has_it(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """`serve`: the server cancels its sampling task while Claude answers it. `/metrics` counts a
+    cancelled request with the audit log's tokens (Claude may have written them all) and a
+    cancelled attempt."""
+    audit = tmp_path / "audit.jsonl"
+    fake_claude.enqueue(hang_reply("Partial"))
+    async with (
+        run_sidecar(
+            "--audit-log", str(audit), upstream=SAMPLING_SERVER, env=proxy_env(fake_claude.url)
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+        Client(sidecar.url, mode="legacy") as client,
+    ):
+        task = (await ask(client, "sampling/createMessage", {**HELLO, "task": {"ttl": 60_000}}))["result"][
+            "task"
+        ]
+        assert await fake_claude.await_requests(1, timeout=30)
+        cancelled = await ask(client, "tasks/cancel", {"taskId": task["taskId"]})
+        assert cancelled["result"]["status"] == "cancelled"
+        [line] = await wait_for_audit(audit, 1)
+        text = (await http.get(f"{sidecar.base}/metrics")).text
+    assert line["outcome"] == "cancelled"
+    assert summed(text, "mcp_backfill_sampling_requests_total", "outcome") == {"cancelled": 1.0}
+    assert summed(text, "mcp_backfill_sampling_tokens_total", "counter") == {
+        counter: count for counter, count in line["charged"].items() if count
+    }
+    assert sum(line["charged"].values()) >= fake_claude.served_tokens() > 0
+    assert summed(text, "mcp_backfill_claude_attempts_total", "outcome") == {"cancelled": 1.0}
