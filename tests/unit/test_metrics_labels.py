@@ -111,3 +111,15 @@ async def test_the_latency_histogram_counts_only_requests_that_went_to_claude() 
     assert any('outcome="refused"' in line and line.endswith(" 3") for line in outcomes), outcomes
     counts = _series(text, "mcp_backfill_claude_latency_seconds_count")
     assert [line.rsplit(" ", 1)[1] for line in counts] == ["1"], counts
+
+
+def test_model_names_with_lone_surrogates_are_one_series_written_in_utf8() -> None:
+    """A gateway's JSON may report a model with a lone surrogate (`\\ud800`): the scrape is still
+    UTF-8, and two names written alike (U+FFFD) are one series, not two lines with the same labels."""
+    metrics = Metrics()
+    for model in ("gw-\ud800", "gw-\udfff", "gw-\ufffd"):
+        metrics.sampling_done(outcome="answered", model=model, latency=0.1, tokens={}, client="a")
+    text = metrics.render().encode("utf-8").decode("utf-8")
+    assert _series(text, "mcp_backfill_sampling_requests_total") == [
+        'mcp_backfill_sampling_requests_total{client="a",model="gw-\ufffd",outcome="answered"} 3'
+    ]

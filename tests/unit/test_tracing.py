@@ -37,6 +37,7 @@ from tests.defaults import CONFIG, SPEND
 from tests.unit.test_relay_flows import (
     ELICIT,
     HELLO,
+    GatedProvider,
     initialize,
     input_required,
     relayed,
@@ -539,3 +540,21 @@ def test_shutdown_waits_for_the_exporter_a_bounded_time(monkeypatch: pytest.Monk
         assert time.monotonic() - start < 2
     finally:
         stuck.released.set()
+
+
+async def test_a_sampling_request_refused_for_reusing_an_id_in_flight_has_its_span(
+    spans: InMemorySpanExporter,
+) -> None:
+    """Every request the proxy receives gets a span: one refused at once (-32600) for reusing the id
+    of a sampling request the proxy is still answering had none."""
+    provider = GatedProvider()
+    async with relayed(provider) as r:
+        await r.server.send(sampling_request(3))
+        await provider.started.wait()
+        await r.server.send(sampling_request(3))
+        assert (await r.server.recv())["error"]["code"] == protocol.INVALID_REQUEST
+        provider.gate.set()
+        assert "result" in await r.server.recv()
+    sampling = [span for span in spans.get_finished_spans() if span.name == protocol.SAMPLING]
+    codes = sorted(str((span.attributes or {}).get("error.type")) for span in sampling)
+    assert codes == [str(protocol.INVALID_REQUEST), "None"], codes

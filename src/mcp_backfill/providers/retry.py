@@ -121,6 +121,10 @@ class RetryingProvider:
                         self._note("failed", exc)
                         raise _annotated(exc, attempts=attempt) from None
                     last = exc
+                except anyio.get_cancelled_exc_class():
+                    if not scope.cancel_called:  # not the deadline: the request was cancelled
+                        self._note("cancelled", None)  # sent, and maybe billed: still an attempt
+                    raise
             if scope.cancelled_caught:
                 self._note("failed", "timeout")
                 raise self._deadline_error(attempt, None)

@@ -148,11 +148,14 @@ class Answerer:
         """Is the proxy still answering the server's request `request_id`?"""
         return jsonrpc.id_key(request_id) in self._answering
 
-    def refuse(self, request_id: Any, code: int, message: str) -> None:
-        """Answer the server's request `request_id` with an error, in the background."""
+    def refuse(self, request_id: Any, code: int, message: str, span: RequestSpan | None = None) -> None:
+        """Answer the server's request `request_id` with an error, in the background; `span`, its
+        trace span, ends with that error."""
         assert self._tg is not None
-        reply = jsonrpc.encode(jsonrpc.error_response(request_id, code, message))
-        self.hand.start(self._tg, self._send_upstream, reply)
+        refusal = jsonrpc.error_response(request_id, code, message)
+        if span is not None:
+            span.end(refusal["error"])
+        self.hand.start(self._tg, self._send_upstream, jsonrpc.encode(refusal))
 
     def cancel(self, request_id: Any) -> bool:
         """The server cancelled `request_id`: stop answering it. False if the proxy is not answering it."""

@@ -652,14 +652,15 @@ class Relay:
         ):
             self.state.took(message["id"])
             refusal = self.state.cut.get(jsonrpc.id_key(related)) if self.state.cut else None
-            if self._refused_as_duplicate(message["id"]):
+            if self._refused_as_duplicate(message):
                 pass
             elif refusal is not None and related is not None:
                 log.info(
                     "sampling request for a request the client cancelled; refused",
                     extra={"request_id": message["id"], "related": related},
                 )
-                self.answerer.refuse(message["id"], protocol.REQUEST_CANCELLED, refusal)
+                span = self.traces.answering(message) if self.traces.enabled else None
+                self.answerer.refuse(message["id"], protocol.REQUEST_CANCELLED, refusal, span)
             elif tasked:
                 self.tasks.create(message["id"], params, related)
             else:
@@ -670,7 +671,7 @@ class Relay:
         if (
             tasks
             and SamplingTasks.answers(method, params, self.state.client)
-            and self._refused_as_duplicate(message["id"])
+            and self._refused_as_duplicate(message)
         ):
             self.state.took(message["id"])
             return None
@@ -679,7 +680,7 @@ class Relay:
             return None  # the proxy answers it
         if "id" in message:
             if self._answering(message["id"]):  # for the client, under the id of one the proxy answers
-                self._refused_as_duplicate(message["id"])
+                self._refused_as_duplicate(message)
                 return None
             self.state.relayed(message["id"])
         if self.traces.enabled and "id" in message:
@@ -698,13 +699,15 @@ class Relay:
                 self.traces.ended_without_answer(request_id, sender="server")
         return message
 
-    def _refused_as_duplicate(self, request_id: Any) -> bool:
+    def _refused_as_duplicate(self, message: dict[str, Any]) -> bool:
         """A server request the proxy answers, under the id of one it or the client is still
         answering, is refused: the two answers could not be told apart, nor could a cancel of that id."""
+        request_id = message["id"]
         if not (self._answering(request_id) or self.state.with_the_client(request_id)):
             return False
         log.warning("upstream reused the id of a request in flight; refused", extra={"id": request_id})
-        self.answerer.refuse(request_id, protocol.INVALID_REQUEST, DUPLICATE_ID)
+        span = self.traces.answering(message) if self.traces.enabled else None
+        self.answerer.refuse(request_id, protocol.INVALID_REQUEST, DUPLICATE_ID, span)
         return True
 
     def _answering(self, request_id: Any) -> bool:

@@ -58,8 +58,9 @@ class UsageMeter(Protocol):
 
 class AttemptObserver(Protocol):
     """Told how each attempt at a Claude call ended (for metrics): `outcome` is ok, retried (it
-    failed and another attempt follows) or failed (the call gives up); `error_type` is the API's
-    error type (e.g. overloaded_error, rate_limit_error, timeout) when it failed."""
+    failed and another attempt follows), failed (the call gives up) or cancelled (the request was
+    cancelled while it ran); `error_type` is the API's error type (e.g. overloaded_error,
+    rate_limit_error, timeout) when it failed."""
 
     def attempt_done(self, *, provider: str, outcome: str, error_type: str | None) -> None: ...
 

@@ -157,6 +157,7 @@ class Budget:
         self.tokens: dict[str, int] = dict.fromkeys(USAGE_KEYS, 0)
         """What this process charged to it, by counter."""
         self.exchanges = 0
+        """Claude calls made against it (a call's retries are part of it, as in the audit log)."""
         self.reserved = 0
         """What this process's calls in flight hold."""
         self._seen: list[int] = [0] * len(self.allowances)
@@ -184,7 +185,6 @@ class Budget:
         for key in USAGE_KEYS:
             self.tokens[key] += usage.get(key, 0)
         self._seen = [seen + sum(usage.values()) for seen in self._seen]
-        self.exchanges += 1
 
     def exhausted(self, index: int, used: int, reserved: int, now: float) -> SamplingError:
         """The refusal (-32603) for allowance `index`, used up (`used`) or fully `reserved`."""
@@ -472,6 +472,9 @@ class Ticket:
             if hold is not None:
                 await self._settle(hold, charge.take_cost())
             self.calls += 1
+            for stake in self._stakes:  # one call, however many charges its retries made
+                for budget in stake.budgets:
+                    budget.exchanges += 1
 
     async def _hold(self, amount: int, prepaid: _Prepaid | None) -> _Hold:
         """Reserve `amount` on every stake (the shared one's may be `prepaid` already)."""

@@ -7,6 +7,7 @@ stable. One `Metrics` object per process is created by the server and handed to 
 from __future__ import annotations
 
 import math
+import re
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,10 @@ LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0
 STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 2.5)
 
 Labels = tuple[tuple[str, str], ...]
+
+# A code point UTF-8 cannot encode: a lone surrogate, which a JSON string (the model a gateway
+# reports) may hold as `\ud800`.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 OTHER = "other"
 """The label value of everything past a label's bounded set of values."""
@@ -62,6 +67,8 @@ def _labels(labels: Labels, extra: Labels = ()) -> str:
 
 
 def _escape(value: str) -> str:
+    if not value.isascii():  # a lone surrogate cannot be written in UTF-8 (the whole scrape failed)
+        value = _LONE_SURROGATE.sub("\ufffd", value)
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
@@ -189,7 +196,8 @@ class Metrics:
         self.attempts = Counter(
             "mcp_backfill_claude_attempts_total",
             "attempts at a Claude API call, by outcome (ok; retried: failed, another attempt follows; "
-            "failed: the call gave up) and error type (the API's, e.g. overloaded_error, or timeout)",
+            "failed: the call gave up; cancelled: the request was cancelled while it ran) and error "
+            "type (the API's, e.g. overloaded_error, or timeout)",
         )
         self.latency = Histogram(
             "mcp_backfill_claude_latency_seconds",
@@ -235,6 +243,8 @@ class Metrics:
     def _model_label(self, model: object) -> str:
         if not isinstance(model, str):
             return OTHER
+        if not model.isascii():  # as `_escape` writes it: one series for the names written alike
+            model = _LONE_SURROGATE.sub("\ufffd", model)
         if model in self._models:
             return model
         if self._other_models < MODEL_LABELS:
