@@ -9,6 +9,7 @@ answers, beside any question of the server's.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -114,15 +115,21 @@ async def test_allow_for_the_session_asks_once(fake_claude: FakeClaude) -> None:
     ],
 )
 async def test_deny_decline_and_cancel_refuse_without_calling_claude(
-    fake_claude: FakeClaude, answer: types.ElicitResult, reason: str
+    fake_claude: FakeClaude, answer: types.ElicitResult, reason: str, tmp_path: Path
 ) -> None:
+    """...and the audit log has the refusal, as it has every sampling exchange, charged nothing."""
     user = User(answer)
-    async with legacy_client(fake_claude, user, "--approve", "elicit") as client:
+    audit = tmp_path / "audit.jsonl"
+    async with legacy_client(fake_claude, user, "--approve", "elicit", "--audit-log", str(audit)) as client:
         outcome = await sample_raw(client, HELLO)
     assert outcome["error"]["code"] == -1
     assert outcome["error"]["message"] == "User rejected sampling request"
     assert outcome["error"]["data"] == {"reason": reason}
     assert fake_claude.message_requests == []
+    [line] = [json.loads(text) for text in audit.read_text().splitlines()]
+    assert line["outcome"] == "refused", line
+    assert line["error"] == {"code": -1, "message": "User rejected sampling request", "reason": reason}
+    assert (line["calls"], line["charged"], line["session"], line["client"]) == (0, None, "stdio", "process")
 
 
 async def test_no_answer_in_time_refuses(fake_claude: FakeClaude) -> None:

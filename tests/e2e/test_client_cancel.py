@@ -108,10 +108,13 @@ def check_cut_and_charged(fake: FakeClaude, report: Any, audit: Path, request_id
     assert report["cancelSeen"] is True  # the client's cancel still reached the server
     assert len(fake.message_requests) == 1  # the second sampling request cost nothing
     assert fake.disconnects == 1  # the Claude stream of the first was cut
-    [line] = audit_lines(audit)
+    line, refusal = audit_lines(audit)
     assert line["outcome"] == "cancelled"
     assert line["charged"]["output_tokens"] == MAX_TOKENS  # Claude may have written all of it
     assert line["charged"]["input_tokens"] > 0
+    # The second sampling request is in the audit log too: refused, and charged nothing.
+    assert (refusal["outcome"], refusal["error"]["code"], refusal["calls"]) == ("refused", -32800, 0)
+    assert refusal["charged"] is None
 
 
 async def test_a_client_cancel_cuts_the_sampling_of_its_request_over_an_http_upstream(
@@ -124,7 +127,7 @@ async def test_a_client_cancel_cuts_the_sampling_of_its_request_over_an_http_ups
             await session.request(0, "initialize", initialize_params())
             await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
             report = await cancel_while_claude_answers(fake_claude, session.send, tmp_path, 7)
-            await wait_for_audit(audit, 1)
+            await wait_for_audit(audit, 2)
             check_cut_and_charged(fake_claude, report, audit, 7)
             # A request not tied to the cancelled one samples as before.
             again = await session.request(8, "tools/call", plain_call(8)["params"])
@@ -132,7 +135,7 @@ async def test_a_client_cancel_cuts_the_sampling_of_its_request_over_an_http_ups
             await session.wait(SLOW)
     assert "result" in again, again
     assert json.loads(again["result"]["content"][0]["text"])["text"].startswith("fake-claude says")
-    assert [line["outcome"] for line in audit_lines(audit)] == ["cancelled", "answered"]
+    assert [line["outcome"] for line in audit_lines(audit)] == ["cancelled", "refused", "answered"]
 
 
 async def test_a_client_cancel_cuts_the_sampling_of_its_request_through_an_http_sidecar(
@@ -163,11 +166,11 @@ async def test_a_client_cancel_cuts_the_sampling_of_its_request_through_an_http_
             assert ack.status_code == 202, ack.text
 
         report = await cancel_while_claude_answers(fake_claude, send, tmp_path, "call-7")
-        await wait_for_audit(audit, 1)
+        await wait_for_audit(audit, 2)
         check_cut_and_charged(fake_claude, report, audit, "call-7")
         await post_request(plain_call("call-8"))
     [cancelled] = [m for m in answers["call-7"] if "method" not in m]
     assert cancelled["error"]["code"] == -32800  # the client's POST was answered at once
     [after] = answers["call-8"]
     assert json.loads(after["result"]["content"][0]["text"])["text"].startswith("fake-claude says")
-    assert [line["outcome"] for line in audit_lines(audit)] == ["cancelled", "answered"]
+    assert [line["outcome"] for line in audit_lines(audit)] == ["cancelled", "refused", "answered"]

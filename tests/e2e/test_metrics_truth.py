@@ -230,18 +230,26 @@ async def test_a_call_cut_by_the_clients_cancel_is_reported_as_the_audit_log_has
             assert ack.status_code == 202, ack.text
 
         report = await cancel_while_claude_answers(fake_claude, send, tmp_path, "call-7")
-        [line] = await wait_for_audit(audit, 1)
+        line, refusal = await wait_for_audit(audit, 2)
         scrape = await http.get(f"{sidecar.base}/metrics", headers=bearer)
     assert report["second"]["error"]["code"] == -32800
     assert len(fake_claude.message_requests) == 1
     assert line["outcome"] == "cancelled", line
     assert line["calls"] == 1, line
+    # Each line names the client whose request it was; the refusal cost nothing.
+    assert (line["client"], refusal["client"]) == ("alice", "alice")
+    assert (refusal["outcome"], refusal["calls"], refusal["charged"]) == ("refused", 0, None)
     text = scrape.text
     assert token not in text
     assert token not in audit.read_text()
     assert exposition_problems(text) == []
-    assert [labels for labels, _ in series(text, "mcp_backfill_sampling_requests_total")] == [
-        {"client": "alice", "model": line["model"], "outcome": "cancelled"}
+    requests = sorted(
+        (labels for labels, _ in series(text, "mcp_backfill_sampling_requests_total")),
+        key=lambda labels: labels["outcome"],
+    )
+    assert requests == [
+        {"client": "alice", "model": line["model"], "outcome": "cancelled"},
+        {"client": "alice", "model": "?", "outcome": "refused"},
     ]
     tokens = series(text, "mcp_backfill_sampling_tokens_total")
     assert {labels["counter"]: value for labels, value in tokens} == {

@@ -9,6 +9,7 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -23,6 +24,7 @@ from mcp_backfill.relay import Relay
 from mcp_backfill.relay.answering import ANSWERING_LIMIT
 from mcp_backfill.relay.approval import APPROVAL_KEY, MAX_APPROVAL_PROMPTS
 from mcp_backfill.relay.relay import LARGE_MESSAGE
+from mcp_backfill.sampling.audit import AuditLog, auditing
 from mcp_backfill.sampling.provider import ProgressCallback, UsageMeter
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.sampling.spend import Spend
@@ -188,13 +190,17 @@ class Relayed:
 
 @asynccontextmanager
 async def relayed(
-    provider: MockProvider | None = None, store: LedgerStore | None = None, **options: Any
+    provider: MockProvider | None = None,
+    store: LedgerStore | None = None,
+    audit: AuditLog | None = None,
+    **options: Any,
 ) -> AsyncIterator[Relayed]:
     config = Config(upstream_command=("server",), provider="mock", **options)
     sampler = Sampler(
         provider or MockProvider(),
         assembly.sampler_settings(config),
         spend=Spend(assembly.spend_settings(config), store),
+        audit=audit,
     )
     client_side, client = channel_pair()
     upstream_side, server = channel_pair()
@@ -1621,3 +1627,24 @@ async def test_unknown_protocol_revisions_are_warned_about_a_bounded_number_of_t
     assert remembered <= 16
     assert 1 <= len(warnings) <= 17
     assert all(len(str(getattr(r, "protocol_version", ""))) <= 256 for r in warnings)
+
+
+async def test_a_sampling_request_refused_for_reusing_an_id_in_flight_is_in_the_audit_log(
+    tmp_path: Path,
+) -> None:
+    """The audit log has every sampling exchange, whatever its outcome: a sampling request refused at
+    once (-32600) for reusing the id of one the proxy is still answering was missing from it."""
+    provider = GatedProvider()
+    audit = AuditLog(str(tmp_path / "audit.jsonl"))
+    async with auditing(audit), relayed(provider, audit=audit) as r:
+        await r.server.send(sampling_request(3))
+        await provider.started.wait()
+        await r.server.send(sampling_request(3))
+        assert (await r.server.recv())["error"]["code"] == protocol.INVALID_REQUEST
+        provider.gate.set()
+        assert "result" in await r.server.recv()
+    lines = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [(line["request_id"], line["outcome"]) for line in lines] == [(3, "refused"), (3, "answered")]
+    refused = lines[0]
+    assert refused["error"]["code"] == protocol.INVALID_REQUEST
+    assert (refused["calls"], refused["charged"], refused["client"]) == (0, None, "process")

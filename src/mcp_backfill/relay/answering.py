@@ -148,10 +148,22 @@ class Answerer:
         """Is the proxy still answering the server's request `request_id`?"""
         return jsonrpc.id_key(request_id) in self._answering
 
-    def refuse(self, request_id: Any, code: int, message: str, span: RequestSpan | None = None) -> None:
+    def refuse(
+        self,
+        request_id: Any,
+        code: int,
+        message: str,
+        span: RequestSpan | None = None,
+        *,
+        sampling: dict[str, Any] | None = None,
+    ) -> None:
         """Answer the server's request `request_id` with an error, in the background; `span`, its
-        trace span, ends with that error."""
+        trace span, ends with that error. A sampling request's refusal (`sampling`: its params) is
+        reported as the sampler reports its own."""
         assert self._tg is not None
+        if sampling is not None:
+            error = SamplingError(code, message)
+            self.sampler.refused(sampling, error, request_id=request_id, session=self.session)
         refusal = jsonrpc.error_response(request_id, code, message)
         if span is not None:
             span.end(refusal["error"])
@@ -197,7 +209,7 @@ class Answerer:
         try:
             with entry.scope:
                 try:
-                    await self._approve(params, related)
+                    await self._approved(params, request_id, related)
                     progress = progress_notifier(params, self._send_upstream, self._revision())
                     async with progress.beside() if progress is not None else nullcontext():
                         if span is None:
@@ -223,8 +235,17 @@ class Answerer:
 
     async def sample_approved(self, params: dict[str, Any], request_id: Any, related: Any) -> dict[str, Any]:
         """`sample()` once the user has allowed the request (a sampling task's way)."""
-        await self._approve(params, related)
+        await self._approved(params, request_id, related)
         return await self.sample(params, request_id)
+
+    async def _approved(self, params: dict[str, Any], request_id: Any, related: Any) -> None:
+        """Return once the user allows the request; a refusal is reported (the log, the audit log,
+        the metrics) as the sampler reports its own, then raised."""
+        try:
+            await self._approve(params, related)
+        except SamplingError as exc:
+            self.sampler.refused(params, exc, request_id=request_id, session=self.session)
+            raise
 
     async def sample(
         self, params: dict[str, Any], request_id: Any, progress: ProgressCallback | None = None

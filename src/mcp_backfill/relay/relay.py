@@ -660,7 +660,9 @@ class Relay:
                     extra={"request_id": message["id"], "related": related},
                 )
                 span = self.traces.answering(message) if self.traces.enabled else None
-                self.answerer.refuse(message["id"], protocol.REQUEST_CANCELLED, refusal, span)
+                self.answerer.refuse(
+                    message["id"], protocol.REQUEST_CANCELLED, refusal, span, sampling=params
+                )
             elif tasked:
                 self.tasks.create(message["id"], params, related)
             else:
@@ -707,7 +709,9 @@ class Relay:
             return False
         log.warning("upstream reused the id of a request in flight; refused", extra={"id": request_id})
         span = self.traces.answering(message) if self.traces.enabled else None
-        self.answerer.refuse(request_id, protocol.INVALID_REQUEST, DUPLICATE_ID, span)
+        params = message.get("params") if message.get("method") == protocol.SAMPLING else None
+        sampling = params if isinstance(params, dict) else None
+        self.answerer.refuse(request_id, protocol.INVALID_REQUEST, DUPLICATE_ID, span, sampling=sampling)
         return True
 
     def _answering(self, request_id: Any) -> bool:

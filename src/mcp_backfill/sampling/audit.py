@@ -1,9 +1,10 @@
 """The audit log: one JSON line per sampling exchange, so a user can see what a server spent.
 
-A line holds who asked (session, upstream request id), what it cost (model, the usage Claude
-reported for the answer, the tokens charged to the budgets for every call made, latency) and how it
-ended: answered, refused (by a limit, a budget or validation, before any call), failed, timed out
-or cancelled, with the JSON-RPC error when there is one. Message contents
+A line holds who asked (session, the client identity it belongs to, upstream request id), what it
+cost (model, the usage Claude reported for the answer, the tokens charged to the budgets for every
+call made, latency) and how it ended: answered, refused (before any call: by a limit, a budget,
+validation, the user's approval, or because the client cancelled the request it was made for),
+failed, timed out or cancelled, with the JSON-RPC error when there is one. Message contents
 are left out unless `--audit-content` is given; known secrets are redacted from every line.
 
 The file is opened when the proxy starts (an unusable path is a `ConfigError` then, not a failure
@@ -68,6 +69,8 @@ class AuditRecord:
 
     request_id: Any
     session: str | None
+    client: str | None = None
+    """The client identity the session belongs to (whose budgets it is charged to)."""
     started: float = field(default_factory=time.monotonic)
     model: str | None = None
     tools: int = 0
@@ -108,6 +111,9 @@ class AuditRecord:
         limit = data.get("limit") if isinstance(data, Mapping) else None
         if isinstance(limit, str):
             self.error["limit"] = limit
+        reason = data.get("reason") if isinstance(data, Mapping) else None
+        if isinstance(reason, str):  # why the user's approval was not had
+            self.error["reason"] = reason
         status = data.get("status") if isinstance(data, Mapping) else None
         if isinstance(status, int):  # the API's HTTP status
             self.error["status"] = status
@@ -117,6 +123,7 @@ class AuditRecord:
         entry: dict[str, Any] = {
             "ts": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "session": self.session,
+            "client": self.client,
             "request_id": self.request_id,
             "model": self.model,
             "tools": self.tools,

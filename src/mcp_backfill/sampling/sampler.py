@@ -139,7 +139,7 @@ class Sampler:
         progress: ProgressCallback | None,
         span: ChatSpan,
     ) -> dict[str, Any]:
-        exchange = AuditRecord(request_id=request_id, session=session.label if session else None)
+        exchange = _exchange(request_id, session)
         result: dict[str, Any] | None = None
         error_type: str | None = None
         try:
@@ -163,6 +163,21 @@ class Sampler:
         finally:
             self._report(exchange, session, params, result)
             span.end(_chat_outcome(exchange, error_type))
+
+    def refused(
+        self,
+        params: dict[str, Any],
+        error: SamplingError,
+        *,
+        request_id: Any = None,
+        session: SamplingSession | None = None,
+    ) -> None:
+        """Report a sampling request refused before the sampler was asked (the user did not approve
+        it, or the client cancelled the request it was made for): logged, audited and counted as
+        any refusal, with nothing charged."""
+        exchange = _exchange(request_id, session)
+        exchange.fail(error.code, error.message, error.data, "refused")
+        self._report(exchange, session, params, None)
 
     async def warm_up(self) -> None:
         """Get the provider ready ahead of the first request (importing its SDK, if it waits for
@@ -439,3 +454,9 @@ def _continue(first: dict[str, Any], follow_up: dict[str, Any]) -> dict[str, Any
         "content": [*first.get("content", []), *follow_up.get("content", [])],
         "usage": usage,
     }
+
+
+def _exchange(request_id: Any, session: SamplingSession | None) -> AuditRecord:
+    if session is None:
+        return AuditRecord(request_id=request_id, session=None)
+    return AuditRecord(request_id=request_id, session=session.label, client=session.client)
