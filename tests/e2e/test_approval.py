@@ -201,17 +201,42 @@ async def test_2026_allow_then_the_round_is_answered(fake_claude: FakeClaude) ->
     ("answer", "reason"), [(decide("deny"), "denied"), (types.ElicitResult(action="decline"), "declined")]
 )
 async def test_2026_deny_and_decline_refuse_the_request(
-    fake_claude: FakeClaude, answer: types.ElicitResult, reason: str
+    fake_claude: FakeClaude, answer: types.ElicitResult, reason: str, tmp_path: Path
 ) -> None:
+    """...and the round's sampling question is in the audit log, refused and charged nothing."""
     from mcp.shared.exceptions import MCPError
 
     user = User(answer)
-    async with modern_client(fake_claude, RESOLVE_SERVER, user, "--approve", "elicit") as client:
+    audit = tmp_path / "audit.jsonl"
+    options = ("--approve", "elicit", "--audit-log", str(audit))
+    async with modern_client(fake_claude, RESOLVE_SERVER, user, *options) as client:
         with pytest.raises(MCPError) as refused:
             await client.call_tool("summarize", {"text": "a long text"})
     assert refused.value.code == -1
     assert refused.value.message == "User rejected sampling request"
     assert fake_claude.message_requests == []
+    [line] = [json.loads(text) for text in audit.read_text().splitlines()]
+    assert (line["outcome"], line["calls"], line["charged"]) == ("refused", 0, None), line
+    assert line["error"] == {"code": -1, "message": "User rejected sampling request", "reason": reason}
+    assert "/" in str(line["request_id"])  # <the round's request id>/<the question's key>
+
+
+async def test_2026_a_client_that_cannot_elicit_has_the_refused_question_in_the_audit_log(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    from mcp.shared.exceptions import MCPError
+
+    audit = tmp_path / "audit.jsonl"
+    options = ("--approve", "elicit", "--audit-log", str(audit))
+    async with modern_client(fake_claude, RESOLVE_SERVER, None, *options) as client:
+        with pytest.raises(MCPError):
+            await client.call_tool("summarize", {"text": "a long text"})
+    [line] = [json.loads(text) for text in audit.read_text().splitlines()]
+    assert (line["outcome"], line["error"]["code"], line["error"]["reason"]) == (
+        "refused",
+        -1,
+        "client cannot elicit",
+    )
 
 
 async def test_2026_mixed_round_asks_the_server_question_and_the_approval_together(

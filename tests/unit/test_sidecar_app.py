@@ -22,6 +22,7 @@ from mcp_backfill.sidecar.sessions import SessionSettings, SessionTable
 from mcp_backfill.sidecar.stateless import HUB_BUFFER_BYTES, StatelessFront, StatelessHub, StatelessHubs
 from mcp_backfill.sidecar.upstreams import UpstreamRequest
 from mcp_backfill.transports.base import MessageChannel
+from mcp_backfill.transports.event_stream import STALL_SECONDS
 from mcp_backfill.transports.http_server import MAX_OPEN_POSTS
 from tests.unit.test_stateless_hubs import IdleRelay, Upstreams
 
@@ -249,12 +250,14 @@ async def test_one_identity_may_have_more_2026_requests_in_flight_than_a_session
 
 async def test_a_2026_client_whose_answers_pile_up_unread_gets_429_for_more() -> None:
     """Requests whose readers stopped reading each hold up to 8 MiB of their answers; past 32 MiB
-    held for one client, its next request is refused (429) rather than let it hold more."""
+    held for one client, its next request is refused (429) rather than let it hold more. (Each
+    notification's sender then waits for its stalled reader, up to `STALL_SECONDS`: they are sent
+    side by side, as one after another they would take that long each.)"""
     app, hubs = stateless_app(FrontSettings(1024, json_window=0.0))
     stalled = [Answer() for _ in range(5)]
     excess = Answer()
     chunk = "x" * (7 * 1024 * 1024)
-    with anyio.fail_after(20):
+    with anyio.fail_after(STALL_SECONDS + 30):
         async with anyio.create_task_group() as tg:
             hubs.start(tg)
             for n, answer in enumerate(stalled, start=1):
@@ -266,7 +269,7 @@ async def test_a_2026_client_whose_answers_pile_up_unread_gets_429_for_more() ->
             for mux_id in range(1, len(stalled) + 1):  # each request's own progress notification
                 progress = {"progressToken": mux_id, "progress": 1, "message": chunk}
                 message = {"jsonrpc": "2.0", "method": "notifications/progress", "params": progress}
-                await mux.send(json.dumps(message).encode())
+                tg.start_soon(mux.send, json.dumps(message).encode())
             while any(answer.status is None for answer in stalled):
                 await anyio.sleep(0.01)
             while mux.buffered_bytes < HUB_BUFFER_BYTES:  # on a loaded machine the notes come later

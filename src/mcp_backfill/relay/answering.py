@@ -162,8 +162,7 @@ class Answerer:
         reported as the sampler reports its own."""
         assert self._tg is not None
         if sampling is not None:
-            error = SamplingError(code, message)
-            self.sampler.refused(sampling, error, request_id=request_id, session=self.session)
+            self.refused(sampling, SamplingError(code, message), request_id)
         refusal = jsonrpc.error_response(request_id, code, message)
         if span is not None:
             span.end(refusal["error"])
@@ -244,8 +243,13 @@ class Answerer:
         try:
             await self._approve(params, related)
         except SamplingError as exc:
-            self.sampler.refused(params, exc, request_id=request_id, session=self.session)
+            self.refused(params, exc, request_id)
             raise
+
+    def refused(self, params: dict[str, Any], error: SamplingError, request_id: Any) -> None:
+        """Report a sampling request refused before the sampler was asked (the log, the audit log,
+        the metrics), as the sampler reports its own refusals."""
+        self.sampler.refused(params, error, request_id=request_id, session=self.session)
 
     async def sample(
         self, params: dict[str, Any], request_id: Any, progress: ProgressCallback | None = None

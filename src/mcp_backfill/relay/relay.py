@@ -157,6 +157,7 @@ class Relay:
             traces=self.traces,
             approver=self.approver,
             claim=sampler.spend.claim_once,
+            refused=self.answerer.refused,
         )
 
     # -- lifecycle -------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from mcp_backfill.relay.approval import (
     cannot_elicit,
     decision_of,
     form,
+    rejected,
     too_many,
 )
 from mcp_backfill.relay.capabilities import ClientProfile, backfill_capabilities, proxy_answers
@@ -51,6 +52,8 @@ OWN_ID_PREFIX = "mcp-backfill:"
 Sample = Callable[[dict[str, Any], Any], Awaitable[dict[str, Any]]]
 """The sampler's answer to one question: `(params, request id for the logs) -> result`."""
 Send = Callable[[bytes], Awaitable[None]]
+Refused = Callable[[dict[str, Any], SamplingError, Any], None]
+"""Report a question refused before it was sampled: `(params, error, request id for the logs)`."""
 Claim = Callable[[str, float], Awaitable[bool]]
 """Claims a key once among the replicas sharing the ledger store, until a time (`Spend.claim_once`)."""
 
@@ -74,6 +77,7 @@ class RoundDriver:
         traces: RequestTraces | None = None,
         approver: Approver | None = None,
         claim: Claim | None = None,
+        refused: Refused = lambda params, error, request_id: None,
     ) -> None:
         self.options = options
         self.state = state
@@ -92,6 +96,7 @@ class RoundDriver:
         self._tg: TaskGroup | None = None
         self.approver = approver
         self._claim = claim
+        self._refused = refused
 
     def start(self, task_group: TaskGroup) -> None:
         """Rounds are driven in tasks of `task_group` (the relay's)."""
@@ -158,10 +163,9 @@ class RoundDriver:
         decision, how = decision_of(given.get(key))
         log.info("sampling approval answered", extra={"decision": decision, "how": how})
         if decision == "deny":
-            error = jsonrpc.error_response(
-                message["id"], protocol.USER_REJECTED, "User rejected sampling request", {"reason": how}
-            )
-            replies.append(error)
+            refusal = rejected(how)
+            self._refuse_questions(pending.request_id, stashed.pending, refusal)
+            replies.append(jsonrpc.error_response(message["id"], refusal.code, refusal.message, refusal.data))
             return
         given = {name: value for name, value in given.items() if name != key}
         client = ClientProfile.from_capabilities(declared)
@@ -376,23 +380,23 @@ class RoundDriver:
         shows every question that needs approval: a server could put a harmless one first."""
         assert self.approver is not None
         self.end(pending)
+        asked = [params for params in current.mine.values() if self.approver.needed(params)]
+        refusal = None
         if not can_elicit(chain.client.elicitation):
             refusal = cannot_elicit(self.approver.policy)
-            await self._fail(pending.request_id, refusal.code, refusal.message, refusal.data)
-            return
-        asked = [params for params in current.mine.values() if self.approver.needed(params)]
-        if len(asked) > MAX_APPROVAL_PROMPTS:
+        elif len(asked) > MAX_APPROVAL_PROMPTS:
             refusal = too_many(len(asked), self.approver.policy)
             log.warning(
                 "sampling approval not asked: too many sampling requests in one round",
                 extra={"request_id": pending.request_id, "requests": len(asked)},
             )
-            await self._fail(pending.request_id, refusal.code, refusal.message, refusal.data)
-            return
         try:
-            previews = [self.approver.preview(params) for params in asked]
+            previews = [self.approver.preview(params) for params in asked] if refusal is None else []
         except SamplingError as exc:
-            await self._fail(pending.request_id, exc.code, exc.message, exc.data)
+            refusal = exc
+        if refusal is not None:
+            self._refuse_questions(pending.request_id, current.mine, refusal)
+            await self._fail(pending.request_id, refusal.code, refusal.message, refusal.data)
             return
         question = form(previews, None, protocol.STATELESS_VERSION)
         # The question is open for `--approve-timeout`, as in the handshake era: an answer given
@@ -423,6 +427,11 @@ class RoundDriver:
         if failures:
             raise failures[0]
         return answers
+
+    def _refuse_questions(self, request_id: Any, questions: dict[str, Any], refusal: SamplingError) -> None:
+        """The round's sampling questions were refused before any was sampled: each is reported."""
+        for key, params in questions.items():
+            self._refused(params, refusal, f"{request_id}/{key}")
 
     async def _fail(self, request_id: Any, code: int, message: str, data: Any = None) -> None:
         await self._send_client(jsonrpc.encode(jsonrpc.error_response(request_id, code, message, data)))
