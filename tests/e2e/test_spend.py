@@ -260,10 +260,13 @@ async def test_requests_waiting_for_a_slot_are_bounded_and_the_rest_refused_at_o
         with anyio.fail_after(60):
             await done.wait()
         assert await anyio.to_thread.run_sync(fake_claude.wait_for_requests, 1, 30.0)
+        # Counted while the limits hold: once the client leaves, the server cancels the first call
+        # and the waiting one takes its slot (on a loaded machine, before the proxy has stopped).
+        called = len(fake_claude.message_requests)
         tg.cancel_scope.cancel()
     assert [outcome["error"]["data"]["limit"] for outcome in outcomes] == ["max_waiting_sampling"] * 2
     assert all("--max-waiting-sampling" in outcome["error"]["message"] for outcome in outcomes)
-    assert len(fake_claude.message_requests) == 1
+    assert called == 1
 
 
 def test_an_unwritable_audit_log_stops_the_proxy_before_the_upstream_gets_anything(tmp_path: Path) -> None:
