@@ -443,6 +443,33 @@ async def test_idle_sessions_are_reaped(tmp_path: Path) -> None:
     assert "idle session closed" in sidecar.stderr()
 
 
+async def test_a_session_used_more_often_than_its_idle_timeout_stays_open(tmp_path: Path) -> None:
+    """The idle clock starts again at each request's end: a session whose requests come closer
+    together than `--session-idle-timeout` lives on however long it is used (its one idle timer,
+    firing early, moves itself on), and is reaped once they stop."""
+    upstream = [*CHATTY_SERVER, str(tmp_path)]
+    async with (
+        run_sidecar(
+            "--provider", "mock", "--session-idle-timeout", "2", upstream=upstream, env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+        [marker] = list(tmp_path.glob("started-*"))
+        pid = int(marker.name.removeprefix("started-"))
+        used_until = anyio.current_time() + 6  # three timeouts' worth
+        request_id = 10
+        while anyio.current_time() < used_until:
+            request_id += 1
+            listed = await http.post(sidecar.url, json=call(request_id, "tools/list"), headers=headers)
+            assert listed.status_code == 200, listed.text
+            assert "tools" in response_to(listed, request_id)["result"]
+            await anyio.sleep(0.25)
+        assert pid_alive(pid)
+        await wait_until(lambda: not pid_alive(pid), timeout=15)
+    assert "idle session closed" in sidecar.stderr()
+
+
 async def test_a_session_whose_client_left_mid_request_is_still_closed_for_idleness() -> None:
     """A client that dropped its POST while the upstream had not answered (and never will: here it
     waits for an answer from the client that left) and never sent DELETE (it crashed, or timed out)
