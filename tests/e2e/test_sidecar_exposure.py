@@ -325,6 +325,26 @@ async def test_a_stream_pipelined_behind_a_request_is_not_cut_by_the_header_time
     assert not closed
 
 
+async def test_the_header_clock_starts_again_at_each_answer_of_a_kept_alive_connection() -> None:
+    """`--header-timeout` counts from the connection's start or its last answer: requests a little
+    apart keep one connection for many timeouts, and a head left unfinished after an answer is
+    still cut off."""
+    options = ("--provider", "mock", "--header-timeout", "1")
+    async with run_sidecar(*options, upstream=ECHO_SERVER, env=proxy_env()) as sidecar:
+        request = f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{sidecar.port}\r\n\r\n".encode()
+        async with await anyio.connect_tcp("127.0.0.1", sidecar.port) as stream:
+            for _ in range(12):  # three seconds: three header timeouts
+                await stream.send(request)
+                received, closed = await read_until(stream, b'"status":"ok"')
+                assert received.startswith(b"HTTP/1.1 200"), received
+                assert not closed
+                await anyio.sleep(0.25)
+            await stream.send(request[:20])  # a head begun after an answer, never finished
+            received, closed = await read_until(stream, b"never", seconds=CLOSE_WITHIN)
+    assert closed
+    assert received == b""
+
+
 async def test_a_request_pipelined_behind_one_in_flight_gets_the_head_limit_too() -> None:
     """While a request is in flight the next one's header bytes used to be neither counted nor
     timed, and llhttp keeps them all: 64 MiB of header lines behind an SSE stream grew the sidecar
