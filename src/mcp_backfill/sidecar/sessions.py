@@ -136,12 +136,12 @@ class HttpSession:
             log.exception("session failed", extra={"session": self.label})
             reason = "Internal error in mcp-backfill; the MCP session is closed"
         finally:
-            if self._idle_timer is not None:
-                self._idle_timer.cancel()
-                self._idle_timer = None
             self.router.close(reason)
             self._inbox.close()
             self.ended.set()
+            if self._idle_timer is not None:  # (nothing arms it once `ended` is set)
+                self._idle_timer.cancel()
+                self._idle_timer = None
 
     async def _stop(self) -> None:
         self.terminate()
