@@ -40,6 +40,8 @@ REPLAY_LIMIT = 1024
 OPENING_IDENTITIES = 4096
 
 IDLE_REASON = "MCP session closed after being idle"
+# uvloop's clock moves in milliseconds: a timer due within one may fire before the clock gets there.
+CLOCK_RESOLUTION = 0.001
 
 MakeRelay = Callable[[MessageChannel, MessageChannel, str], Relay]
 """(client side, upstream side, client identity) -> the relay between them."""
@@ -204,7 +206,7 @@ class HttpSession:
             return  # the request being served starts the clock again when it ends
         due = self._idle_since + self._settings.idle_timeout
         loop = asyncio.get_running_loop()
-        if loop.time() >= due:
+        if loop.time() + CLOCK_RESOLUTION >= due:  # (a timer may fire a tick before its time)
             self._scope.cancel()
         else:
             self._idle_timer = loop.call_at(due, self._idle_check)
