@@ -843,6 +843,27 @@ async def test_a_standalone_stream_the_server_cannot_reopen_for_a_moment_is_not_
     assert "lost the upstream's standalone stream" not in log, log
 
 
+async def test_a_retry_with_no_event_after_it_sets_the_standalone_streams_reconnection_time() -> None:
+    """A `retry:` line sets the reconnection time as it is read (the spec), not when an event after
+    it is dispatched: a stream that ended (or broke off) before the end of the event holding it lost
+    it, and the proxy reopened its standalone stream after its own 1 s instead of the server's 60 s."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            params = initialize_params()
+            params["clientInfo"]["name"] = "standalone-retry"
+            assert "result" in await session.request(1, "initialize", params)
+            await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            with anyio.fail_after(30):
+                while not any(entry["verb"] == "GET" for entry in recorded()):
+                    await anyio.sleep(0.05)
+            await anyio.sleep(3)  # the default reconnection time (1 s) three times over
+            gets = sum(1 for entry in recorded() if entry["verb"] == "GET")
+            await session.close_stdin()
+            await session.wait()
+    assert gets == 1
+
+
 async def test_a_second_answer_to_a_finished_request_does_not_reach_the_client() -> None:
     """A server that answers a request again, on another request's stream once the first answer
     came: the client got a response for an id it no longer waited for."""

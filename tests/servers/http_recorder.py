@@ -48,7 +48,8 @@ method of the POSTed request):
   SSE stream that ends at once with nothing, as the MCP SDK's server answers an event id its event
   store does not know; a client named `standalone-flaky` gets HTTP 503 for its first three GETs (a
   server restarting behind its load balancer), then the notification `notifications/fresh` and
-  pings for up to a minute;
+  pings for up to a minute; a client named `standalone-retry` gets a standalone GET stream holding
+  only the line `retry: 60000` (no event after it), then its end, and any later GET gets 405;
 * `poll/refused` (`params.endless`: its refusals' bodies do not end): an SSE stream holding only a
   priming event (id `refuse-0`, or `refuse-endless` when endless; `retry: 20`), then its end; a GET
   resuming it gets HTTP 400, text body `unknown event id` (when endless, followed by a line every
@@ -146,6 +147,10 @@ class Handler(BaseHTTPRequestHandler):
         if self.state.standalone_stale == "flaky" and self.state.standalone_gets < 3:
             self.state.standalone_gets += 1
             self._reply(503, b"restarting", "text/plain")
+            return
+        if self.state.standalone_stale == "retry":
+            self.state.standalone_stale = False
+            self._reply(200, b"retry: 60000\n", "text/event-stream")
             return
         if self.state.standalone_stale:
             self._standalone_stale(resumed)
@@ -294,6 +299,7 @@ class Handler(BaseHTTPRequestHandler):
                 "standalone-stale": True,
                 "standalone-stale-empty": "empty",
                 "standalone-flaky": "flaky",
+                "standalone-retry": "retry",
             }
             self.state.standalone_stale = stale.get(client, False)
             version = message["params"]["protocolVersion"]

@@ -274,11 +274,12 @@ class ExchangeReader:
         decoder = SseDecoder(self.settings.max_message_bytes)
         chunks = body_chunks(response)
         async for chunk in chunks:
-            for event in decoder.feed(chunk):
+            events = decoder.feed(chunk)
+            if decoder.retry is not None:  # waited out up to the longest silence a stream may keep
+                cursor.retry = min(decoder.retry / 1000, self.settings.read_timeout)
+            for event in events:
                 if event.id is not None:
                     cursor.last_event_id = event.id or None
-                if event.retry is not None:  # waited out up to the longest silence a stream may keep
-                    cursor.retry = min(event.retry / 1000, self.settings.read_timeout)
                 if event.event != "message" or event.data == b"":
                     continue  # priming events carry only an id
                 if await on_event(event.data):
