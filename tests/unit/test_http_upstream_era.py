@@ -187,3 +187,22 @@ def test_the_standalone_streams_reopenings_are_counted_in_a_row() -> None:
     assert [reopening.delay(0.1, quiet=True) for _ in range(3)] == [0.1, 0.2, 0.4]
     assert reopening.delay(0.1, quiet=False) == 0.1
     assert reopening.quick_ends == 0
+
+
+def test_a_batch_of_server_requests_a_stream_brought_before_is_known_again() -> None:
+    """A replayed event holding a batch (a JSON array) of the server's requests was taken again whole:
+    each sampling request of it answered twice, or refused under its id while the first was answered."""
+    from mcp_backfill.transports.http_upstream.exchange import SeenRequests
+
+    def sample(request_id: str) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "id": request_id, "method": "sampling/createMessage", "params": {}}
+
+    seen = SeenRequests()
+    note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {}}
+    assert not seen.again([sample("a"), note, sample("b")])
+    assert seen.again([sample("a"), note, sample("b")])
+    assert seen.again(sample("b"))
+    assert not seen.again([sample("a"), sample("c")])  # one not seen yet: taken (and remembered)
+    assert seen.again([sample("c")])
+    assert not seen.again([note])  # no request in it: nothing to know again
+    assert not seen.again([])
