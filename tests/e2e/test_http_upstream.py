@@ -758,18 +758,20 @@ async def test_a_server_request_replayed_on_a_resumed_stream_is_answered_once(
     assert "Traceback" not in log
 
 
+@pytest.mark.parametrize("client", ["standalone-replay", "standalone-replay-batch"])
 async def test_a_server_request_replayed_on_a_reopened_standalone_stream_is_answered_once(
-    fake_claude: FakeClaude,
+    fake_claude: FakeClaude, client: str
 ) -> None:
     """The standalone GET stream is reopened from its last event id too: a request it brings again
     (a server that ids only its priming event replays what followed it) is the one it brought
-    before, not taken (answered, billed, or refused under its id) a second time."""
+    before, not taken (answered, billed, or refused under its id) a second time; in a batch too
+    (a JSON array), which was taken again, and its sampling request answered and billed twice."""
     fake_claude.enqueue(text_reply("once", delay=0.5), text_reply("twice"))
     async with recorder() as (upstream, recorded):
         argv = proxy_url_argv(url=upstream.url)
         async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
             params = initialize_params()
-            params["clientInfo"]["name"] = "standalone-replay"
+            params["clientInfo"]["name"] = client
             assert "result" in await session.request(1, "initialize", params)
             await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
             with anyio.fail_after(30):  # until the third GET: the second has ended
@@ -779,7 +781,8 @@ async def test_a_server_request_replayed_on_a_reopened_standalone_stream_is_answ
             await session.wait()
             log = session.stderr()
         bodies = [entry["body"] for entry in recorded() if entry["verb"] == "POST"]
-    answers = [b for b in bodies if isinstance(b, dict) and "method" not in b and b.get("id") == "dup-g"]
+    items = [item for body in bodies for item in (body if isinstance(body, list) else [body])]
+    answers = [b for b in items if isinstance(b, dict) and "method" not in b and b.get("id") == "dup-g"]
     assert len(answers) == 1, answers
     assert answers[0].get("result", {}).get("content", {}).get("text") == "once", answers
     assert len(fake_claude.message_requests) == 1
@@ -841,6 +844,27 @@ async def test_a_standalone_stream_the_server_cannot_reopen_for_a_moment_is_not_
     assert gets == 4
     assert "cannot be reopened; still trying" in log, log
     assert "lost the upstream's standalone stream" not in log, log
+
+
+async def test_a_retry_with_no_event_after_it_sets_the_standalone_streams_reconnection_time() -> None:
+    """A `retry:` line sets the reconnection time as it is read (the spec), not when an event after
+    it is dispatched: a stream that ended (or broke off) before the end of the event holding it lost
+    it, and the proxy reopened its standalone stream after its own 1 s instead of the server's 60 s."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            params = initialize_params()
+            params["clientInfo"]["name"] = "standalone-retry"
+            assert "result" in await session.request(1, "initialize", params)
+            await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            with anyio.fail_after(30):
+                while not any(entry["verb"] == "GET" for entry in recorded()):
+                    await anyio.sleep(0.05)
+            await anyio.sleep(3)  # the default reconnection time (1 s) three times over
+            gets = sum(1 for entry in recorded() if entry["verb"] == "GET")
+            await session.close_stdin()
+            await session.wait()
+    assert gets == 1
 
 
 async def test_a_second_answer_to_a_finished_request_does_not_reach_the_client() -> None:

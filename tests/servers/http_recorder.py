@@ -39,7 +39,8 @@ method of the POSTed request):
 * a client named `standalone-replay` gets a standalone GET stream: the first holds a priming
   event (id `g-0`) and a `sampling/createMessage` request (id `dup-g`) with no id of its own, then
   ends; the next (resuming from `g-0`) sends that request again, waits (up to 20 s) for an answer
-  to it, and a second more, then ends; any later GET gets 405;
+  to it, and a second more, then ends; any later GET gets 405 (a client named
+  `standalone-replay-batch` gets the same, the request in a JSON array of its own, a batch);
 * a client named `standalone-stale` gets a standalone GET stream holding a priming event (id
   `stale-0`, `retry: 20`), then its end; a GET resuming from `stale-0` gets HTTP 400 (`unknown event
   id`), as a server that lost its event store (a restart, another replica); a GET without
@@ -48,7 +49,8 @@ method of the POSTed request):
   SSE stream that ends at once with nothing, as the MCP SDK's server answers an event id its event
   store does not know; a client named `standalone-flaky` gets HTTP 503 for its first three GETs (a
   server restarting behind its load balancer), then the notification `notifications/fresh` and
-  pings for up to a minute;
+  pings for up to a minute; a client named `standalone-retry` gets a standalone GET stream holding
+  only the line `retry: 60000` (no event after it), then its end, and any later GET gets 405;
 * `poll/refused` (`params.endless`: its refusals' bodies do not end): an SSE stream holding only a
   priming event (id `refuse-0`, or `refuse-endless` when endless; `retry: 20`), then its end; a GET
   resuming it gets HTTP 400, text body `unknown event id` (when endless, followed by a line every
@@ -97,6 +99,7 @@ class State:
         self.garble_close = False
         self.replay_request_id: Any = None
         self.standalone_replay = False  # a client named `standalone-replay` opened the session
+        self.standalone_batch = False  # ... or `standalone-replay-batch`
         self.standalone_gets = 0
         self.standalone_stale: str | bool = False  # a client named `standalone-stale(-empty)` did
 
@@ -146,6 +149,10 @@ class Handler(BaseHTTPRequestHandler):
         if self.state.standalone_stale == "flaky" and self.state.standalone_gets < 3:
             self.state.standalone_gets += 1
             self._reply(503, b"restarting", "text/plain")
+            return
+        if self.state.standalone_stale == "retry":
+            self.state.standalone_stale = False
+            self._reply(200, b"retry: 60000\n", "text/event-stream")
             return
         if self.state.standalone_stale:
             self._standalone_stale(resumed)
@@ -208,7 +215,9 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        request = {**SAMPLE_REQUEST, "id": STANDALONE_SAMPLE_ID}
+        request: Any = {**SAMPLE_REQUEST, "id": STANDALONE_SAMPLE_ID}
+        if self.state.standalone_batch:
+            request = [request]
         head = "" if again else "id: g-0\nretry: 20\ndata:\n\n"
         self.wfile.write(f"{head}data: {json.dumps(request)}\n\n".encode())
         self.wfile.flush()
@@ -247,7 +256,8 @@ class Handler(BaseHTTPRequestHandler):
     def _answers_to(self, request_id: str) -> list[Any]:
         with self.state.lock:
             bodies = [entry["body"] for entry in self.state.requests if entry["verb"] == "POST"]
-        return [b for b in bodies if isinstance(b, dict) and "method" not in b and b.get("id") == request_id]
+        items = [item for b in bodies for item in (b if isinstance(b, list) else [b])]
+        return [b for b in items if isinstance(b, dict) and "method" not in b and b.get("id") == request_id]
 
     def do_DELETE(self) -> None:
         self._record(None)
@@ -289,11 +299,13 @@ class Handler(BaseHTTPRequestHandler):
         if method == "initialize":
             self.state.session_alive = True
             client = message["params"].get("clientInfo", {}).get("name")
-            self.state.standalone_replay = client == "standalone-replay"
+            self.state.standalone_replay = client in ("standalone-replay", "standalone-replay-batch")
+            self.state.standalone_batch = client == "standalone-replay-batch"
             stale: dict[Any, str | bool] = {
                 "standalone-stale": True,
                 "standalone-stale-empty": "empty",
                 "standalone-flaky": "flaky",
+                "standalone-retry": "retry",
             }
             self.state.standalone_stale = stale.get(client, False)
             version = message["params"]["protocolVersion"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 from functools import partial
 from typing import Any, cast
 
@@ -721,3 +723,68 @@ async def test_a_resumed_writer_does_not_hold_up_the_session_for_events_its_clie
             router.route(encode(notification("notifications/message", data="y" * 2 * limit)))
             await router.relieve()  # nothing a live reader has yet to write: no wait
             tg.cancel_scope.cancel()
+
+
+async def test_the_newest_event_left_is_kept_when_the_stream_of_the_newest_is_let_go() -> None:
+    """The session's replay memory never lets go of its newest event. It remembered which stream had
+    it, and went on doing so once that stream was let go (a POST answered as JSON): no stream's
+    newest event was kept then, and a GET stream whose reader had just dropped lost an event it had
+    yet to write (not one over the limit) to the next sender held up for the memory, though it was
+    the newest the session had left. (The stream let go was held in memory meanwhile, too.)"""
+    limit = 10_000
+    router = SessionRouter(1024, replay_bytes=limit)
+    post = router.open_post([request(1)])
+    router.open_post([request(2)])  # two in flight: what names neither goes to the GET stream
+    gate = anyio.Event()
+
+    class HeldCall(SlowCall):
+        async def body(self, data: bytes, more: bool = False) -> None:
+            await gate.wait()
+            await super().body(data, more)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(pump_sse, cast(HttpCall, HeldCall()), post, 0, with_ids=True, keepalive=5))
+            get_reader = anyio.CancelScope()
+
+            async def read_get_stream() -> None:
+                with get_reader:
+                    get_call = cast(HttpCall, HeldCall())
+                    await pump_sse(get_call, router.get_stream, 0, with_ids=True, keepalive=5)
+
+            tg.start_soon(read_get_stream)
+            await anyio.sleep(0.01)  # both readers wait for their streams' first events
+            router.route(encode(notification("notifications/message", data="p" * 6000)), related=1)
+            router.route(encode(notification("notifications/message", data="g" * 6000)))
+            answered = router.stream("s2")
+            assert answered is not None
+            router.route(encode(result(2, ok=True)))  # the newest event, on another stream
+            router.forget(answered)  # answered as JSON: let go of
+            del answered
+            assert router.buffered_bytes > limit  # what the two live readers have yet to write
+            get_reader.cancel()  # the GET stream's client drops its connection, to resume it
+            await anyio.sleep(0.01)
+            assert not router.get_stream.live
+            tg.start_soon(router.relieve)  # the next sender: held up for the POST stream's reader
+            await anyio.sleep(0.01)
+            gate.set()  # which writes its event
+            while router.buffered_bytes > limit:
+                await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    assert [seq for seq, _ in router.get_stream.after(0)] == [1]  # kept for the GET stream's resumption
+
+
+async def test_a_stream_the_session_let_go_is_not_held_by_its_replay_memory() -> None:
+    """The session's replay memory remembered the stream of its newest event after the session let
+    go of it: an answer given as JSON (up to the largest message allowed) stayed in memory, counted
+    nowhere, until another event came over the limit."""
+    limit = 10_000
+    router = SessionRouter(1024, replay_bytes=limit)
+    answered = router.open_post([request(1)])
+    router.route(encode(result(1, pad="x" * 2 * limit)))  # over the limit: the memory is trimmed
+    router.forget(answered)  # answered as JSON
+    gone = weakref.ref(answered)
+    del answered
+    gc.collect()
+    assert gone() is None
+    assert router.buffered_bytes == 0

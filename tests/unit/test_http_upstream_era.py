@@ -163,3 +163,46 @@ def test_a_retry_of_zero_is_taken_as_asked_not_as_nothing_said() -> None:
     assert Cursor(retry=0.0).wait(1.0) == 0.0
     assert Cursor(retry=2.5).wait(1.0) == 2.5
     assert standalone_delay(Cursor(retry=0.0).wait(1.0), 0) == RETRY_FLOOR
+
+
+def test_the_standalone_streams_reopenings_are_counted_in_a_row() -> None:
+    """What each count of `Reopening` means, and what starts it over."""
+    from mcp_backfill.transports.http_upstream.handshake import EMPTY_RESUMPTIONS, Reopening
+
+    reopening = Reopening(3)
+    assert [reopening.failed_for_now() for _ in range(4)] == [False, False, True, False]  # said once
+    assert not reopening.given_up  # an outage never gives the stream up
+    assert reopening.settled(opened=True)  # open again after an outage the log named
+    assert (reopening.outage, reopening.attempts) == (0, 0)
+    assert [reopening.settled(opened=False) for _ in range(2)] == [False, False]
+    assert not reopening.given_up
+    reopening.failed_for_now()  # neither counts nor resets the attempts
+    reopening.settled(opened=False)
+    assert reopening.given_up
+    assert [reopening.resumed_empty(True) for _ in range(EMPTY_RESUMPTIONS)][-1]
+    assert reopening.empty_resumptions == 0  # the id dropped: the count starts over
+    reopening.resumed_empty(True)
+    assert not reopening.resumed_empty(False)
+    assert reopening.empty_resumptions == 0
+    assert [reopening.delay(0.1, quiet=True) for _ in range(3)] == [0.1, 0.2, 0.4]
+    assert reopening.delay(0.1, quiet=False) == 0.1
+    assert reopening.quick_ends == 0
+
+
+def test_a_batch_of_server_requests_a_stream_brought_before_is_known_again() -> None:
+    """A replayed event holding a batch (a JSON array) of the server's requests was taken again whole:
+    each sampling request of it answered twice, or refused under its id while the first was answered."""
+    from mcp_backfill.transports.http_upstream.exchange import SeenRequests
+
+    def sample(request_id: str) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "id": request_id, "method": "sampling/createMessage", "params": {}}
+
+    seen = SeenRequests()
+    note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {}}
+    assert not seen.again([sample("a"), note, sample("b")])
+    assert seen.again([sample("a"), note, sample("b")])
+    assert seen.again(sample("b"))
+    assert not seen.again([sample("a"), sample("c")])  # one not seen yet: taken (and remembered)
+    assert seen.again([sample("c")])
+    assert not seen.again([note])  # no request in it: nothing to know again
+    assert not seen.again([])

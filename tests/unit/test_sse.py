@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.transports.http_upstream.sse import RETRY_LIMIT, SseDecoder, SseEvent
@@ -15,7 +17,7 @@ STREAM = (
     b'id: e3\rdata: {"jsonrpc":"2.0","id":7,"result":{}}\r\r'
 )
 EXPECTED = [
-    SseEvent(data=b"", id="e1", retry=100),
+    SseEvent(data=b"", id="e1"),
     SseEvent(data=b'{"jsonrpc":"2.0","method":"n","params":{"t":"\xc3\xa9"}}', id="e2"),
     SseEvent(data=b'{"a":\n1}'),
     SseEvent(data=b'{"jsonrpc":"2.0","id":7,"result":{}}', id="e3"),
@@ -30,7 +32,9 @@ def decode_all(decoder: SseDecoder, chunks: list[bytes]) -> list[SseEvent]:
 
 
 def test_events_with_every_line_ending_keep_their_bytes() -> None:
-    assert decode_all(SseDecoder(1024), [STREAM]) == EXPECTED
+    decoder = SseDecoder(1024)
+    assert decode_all(decoder, [STREAM]) == EXPECTED
+    assert decoder.retry == 100
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 7])
@@ -103,5 +107,54 @@ def test_an_oversized_line_ended_by_a_lone_cr_at_a_read_boundary_still_ends() ->
 
 @pytest.mark.parametrize("digits", [b"86400001", b"9" * 400, b"9" * 5000])
 def test_a_retry_past_a_day_counts_as_a_day(digits: bytes) -> None:
-    [event] = SseDecoder(100).feed(b"retry: " + digits + b"\ndata: x\n\n")
-    assert (event.data, event.retry) == (b"x", RETRY_LIMIT)
+    decoder = SseDecoder(100)
+    [event] = decoder.feed(b"retry: " + digits + b"\ndata: x\n\n")
+    assert (event.data, decoder.retry) == (b"x", RETRY_LIMIT)
+
+
+@pytest.mark.parametrize(
+    ("stream", "retry"),
+    [
+        (b"retry: 2500\n", 2500),  # no event follows (the stream ended, or broke off, there)
+        (b'retry: 2500\ndata: {"partial"', 2500),  # its event never completes
+        (b"retry: 2500\n\n", 2500),  # an event with no data: none is dispatched
+        (b"retry:2500\r", 2500),
+        (b"retry: 0\n", 0),
+        (b"retry: 2500\nretry: 10\n", 10),
+        (b"retry: 2500\nretry: 1x\n", 2500),  # not only digits: ignored
+        (b"retry: 2500\nretry:\n", 2500),
+        (b"retry: 2500\nretry: 12 \n", 2500),
+        (b"retry: 2500\nretry:  7\n", 2500),  # only one space goes after the colon
+        (b"retry: 2500\nretry: -1\n", 2500),
+        (b"retry: 2500\nretry: \xc2\xb2\n", 2500),  # a superscript two is no ASCII digit
+        (b"retry: 2500", None),  # an unended line is not a line yet
+        (b": retry: 2500\n", None),
+        (b"data: retry: 2500\n\n", None),
+    ],
+)
+def test_a_retry_field_sets_the_reconnection_time_when_it_is_read(stream: bytes, retry: int | None) -> None:
+    """The spec sets the reconnection time as the `retry:` line is processed, whether or not an event
+    is dispatched after it: it took effect only with its event, so a `retry:` whose event never
+    ended (the stream ended or broke off first) was lost, and the stream reopened at the default
+    pace instead of the server's."""
+    decoder = SseDecoder(100)
+    decoder.feed(stream)
+    assert decoder.retry == retry
+
+
+@given(
+    st.lists(st.sampled_from([b"retry: 70\n", b"retry: 7x\n", b"data: a\n", b"\n", b": c\n", b"id: 9\n"])),
+    st.lists(st.integers(min_value=1, max_value=7), max_size=20),
+)
+def test_the_reconnection_time_is_the_last_valid_retry_read_whatever_the_chunking(
+    lines: list[bytes], cuts: list[int]
+) -> None:
+    stream = b"".join(lines)
+    decoder = SseDecoder(100)
+    start = 0
+    for size in [*cuts, len(stream)]:
+        chunk, start = stream[start : start + size], start + size
+        decoder.feed(chunk)
+        read = stream[:start]
+        complete = read[: read.rfind(b"\n") + 1]
+        assert decoder.retry == (70 if b"retry: 70\n" in complete else None)

@@ -63,14 +63,14 @@ def parse_event_id(event_id: str) -> tuple[str, int] | None:
 class ReplayBudget:
     """What the streams of one session keep for replay, together: at most `limit` bytes. Past it the
     oldest events of any of its streams go first (each event is stamped in the order it came), but
-    never the newest event. A stream counts from `add` until `remove` (which gives its bytes back)."""
+    never the newest event of those it counts. A stream counts from `add` until `remove` (which gives
+    its bytes back, and is all the budget holds of it)."""
 
     def __init__(self, limit: int = SESSION_REPLAY_BYTES) -> None:
         self.limit = limit
         self.total = 0
         self._clock = 0
         self._streams: set[EventStream] = set()
-        self._newest: EventStream | None = None  # the stream of the last event appended
 
     def stamp(self) -> int:
         self._clock += 1
@@ -89,12 +89,15 @@ class ReplayBudget:
 
     def trim(self, newest: EventStream | None = None) -> None:
         """Drop the oldest events of the session's streams until the total is within the limit;
-        `newest` (by default the stream of the last event appended) holds the newest event, which
-        stays; so does what a live reader has yet to write (see `EventStream.oldest_stamp`)."""
+        `newest` (by default the stream whose last event is the newest it counts) holds the newest
+        event, which stays; so does what a live reader has yet to write (see `oldest_stamp`).
+
+        The newest is looked for, not remembered: the stream of the last event appended may have
+        been let go since (a POST answered as JSON), and then no stream's newest event was kept (a
+        GET stream whose reader had just dropped lost the one it had yet to write), and the stream
+        let go stayed in memory."""
         if newest is None:
-            newest = self._newest
-        else:
-            self._newest = newest
+            newest = max(self._streams, key=lambda stream: stream.last_stamp, default=None)
         while self.total > self.limit:
             oldest: EventStream | None = None
             first = 0
@@ -289,6 +292,11 @@ class EventStream:
                     "SSE replay buffer full; the oldest undelivered messages are dropped",
                     extra={"stream": self.key, "limit": self._limit, "byte_limit": self._byte_limit},
                 )
+
+    @property
+    def last_stamp(self) -> int:
+        """The stamp of the newest kept event (0: none kept, or counted in no budget)."""
+        return self._stamps[-1] if self._stamps else 0
 
     def oldest_stamp(self, *, keep_last: bool = False) -> int | None:
         """The stamp of the oldest kept event (None: none, only the last one if `keep_last`, or one

@@ -78,14 +78,20 @@ class SeenRequests:
         self._ids: dict[jsonrpc.IdKey, None] = {}
 
     def again(self, message: Any) -> bool:
-        """Is `message` a request of the server's this stream brought before? (Remembered if not.)"""
-        if not isinstance(message, dict) or not isinstance(message.get("method"), str) or "id" not in message:
-            return False
-        key = jsonrpc.id_key(message["id"])
-        if key in self._ids:
-            return True
-        jsonrpc.remember(self._ids, key, None, SEEN_REQUESTS_KEPT)
-        return False
+        """Is `message` a request of the server's this stream brought before, or a batch whose
+        requests it all brought before (a replayed batch was taken again whole)? The requests not
+        seen yet are remembered."""
+        items = message if isinstance(message, list) else [message]
+        requests = [
+            jsonrpc.id_key(item["id"])
+            for item in items
+            if isinstance(item, dict) and isinstance(item.get("method"), str) and "id" in item
+        ]
+        seen = [key in self._ids for key in requests]
+        for key, known in zip(requests, seen, strict=True):
+            if not known:
+                jsonrpc.remember(self._ids, key, None, SEEN_REQUESTS_KEPT)
+        return bool(seen) and all(seen)
 
 
 class EraLeg(Protocol):
@@ -274,11 +280,12 @@ class ExchangeReader:
         decoder = SseDecoder(self.settings.max_message_bytes)
         chunks = body_chunks(response)
         async for chunk in chunks:
-            for event in decoder.feed(chunk):
+            events = decoder.feed(chunk)
+            if decoder.retry is not None:  # waited out up to the longest silence a stream may keep
+                cursor.retry = min(decoder.retry / 1000, self.settings.read_timeout)
+            for event in events:
                 if event.id is not None:
                     cursor.last_event_id = event.id or None
-                if event.retry is not None:  # waited out up to the longest silence a stream may keep
-                    cursor.retry = min(event.retry / 1000, self.settings.read_timeout)
                 if event.event != "message" or event.data == b"":
                     continue  # priming events carry only an id
                 if await on_event(event.data):
@@ -630,8 +637,11 @@ def _answered_before(exchange: PostExchange, message: Any) -> bool:
 
 def _replayed(exchange: PostExchange, message: Any, resumed: bool) -> bool:
     """Is `message` a server request the exchange's stream brought before, come again on a
-    reconnection of it (see `SeenRequests`)? Every request it brings is remembered."""
-    if not isinstance(message, dict) or "method" not in message or "id" not in message:
+    reconnection of it (see `SeenRequests`)? Every request it brings is remembered, in a batch too."""
+    if isinstance(message, dict):
+        if "method" not in message or "id" not in message:
+            return False
+    elif not isinstance(message, list):
         return False
     if exchange.seen is None:
         exchange.seen = SeenRequests()

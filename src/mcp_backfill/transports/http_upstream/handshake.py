@@ -251,25 +251,21 @@ class HandshakeLeg:
         """Server messages outside any request, for the whole session; reconnects when it drops."""
         settings = self._reader.settings
         cursor = Cursor()
-        attempts = 0
-        quick_ends = 0  # streams in a row that ended at once without a message
+        reopening = Reopening(settings.reconnect_attempts)
         delivered = False
         seen = SeenRequests()  # the server's requests it brought: one reopened from `cursor` may again
-        reopened = False
-        empty_resumptions = 0  # resumptions in a row that ended bringing nothing, not even an id
-        outage = 0  # reopenings in a row that failed for a reason that passes (5xx, unreachable)
 
         async def on_event(data: Payload) -> bool:
             nonlocal delivered
             delivered = True
-            if isinstance(data, bytes) and self._note_message(data, seen) and reopened:
+            if isinstance(data, bytes) and self._note_message(data, seen) and reopening.reopened:
                 log.warning("a server request replayed on a reopened standalone stream; taken once, dropped")
                 return False
             await self._reader.put(data, None)
             return False
 
         with scope:
-            while attempts < settings.reconnect_attempts:
+            while not reopening.given_up:
                 delivered = False
                 opened_at = anyio.current_time()
                 resumed_from = cursor.last_event_id
@@ -293,10 +289,7 @@ class HandshakeLeg:
                     )
                     cursor.last_event_id = None
                 empty = outcome == "ended" and resumed_from is not None and not delivered
-                empty_resumptions = (
-                    empty_resumptions + 1 if empty and cursor.last_event_id == resumed_from else 0
-                )
-                if empty_resumptions >= EMPTY_RESUMPTIONS:
+                if reopening.resumed_empty(empty and cursor.last_event_id == resumed_from):
                     # What the MCP SDK's server answers an event id its event store does not know:
                     # the same id went back for ever, and no message outside a request came again.
                     log.warning(
@@ -305,27 +298,22 @@ class HandshakeLeg:
                         extra={"url": display_url(self._reader.url)},
                     )
                     cursor.last_event_id = None
-                    empty_resumptions = 0
-                reopened = reopened or outcome == "ended"
+                reopening.reopened = reopening.reopened or outcome == "ended"
                 if _passing(outcome, cursor):
                     # A server restarting behind its load balancer (502, 503), or unreachable a
                     # moment: three in a row lost the stream for the rest of the session, and with it
                     # every server message outside a request (its sampling requests among them).
-                    outage += 1
-                    if outage == settings.reconnect_attempts:
+                    if reopening.failed_for_now():
                         log.warning(
                             "the upstream's standalone stream cannot be reopened; still trying, "
                             f"every {QUICK_END_BACKOFF_LIMIT:g} s at most",
                             extra={"error": cursor.refused, "url": display_url(self._reader.url)},
                         )
-                else:
-                    if outage >= settings.reconnect_attempts and outcome == "ended":
-                        log.info("the upstream's standalone stream is open again")
-                    outage = 0
-                    attempts = 0 if outcome == "ended" else attempts + 1
+                elif reopening.settled(opened=outcome == "ended"):
+                    log.info("the upstream's standalone stream is open again")
                 lived = anyio.current_time() - opened_at >= STREAM_LIVED
-                quick_ends = 0 if delivered or lived else min(quick_ends + 1, 16)
-                await anyio.sleep(standalone_delay(cursor.wait(settings.reconnect_delay), quick_ends))
+                asked = cursor.wait(settings.reconnect_delay)
+                await anyio.sleep(reopening.delay(asked, quiet=not (delivered or lived)))
             log.warning(
                 "lost the upstream's standalone stream; server messages outside requests will not arrive"
             )
@@ -344,6 +332,68 @@ class HandshakeLeg:
             return True
         self._reader.settle(message)
         return False
+
+
+class Reopening:
+    """How the reopenings of the standalone stream have gone, in a row, to decide on the next one.
+
+    * `attempts`: reopenings that failed for a reason that does not pass (a refusal such as 400 or
+      401, a bug of the proxy's): at `limit` (`--reconnect-attempts`) the stream is given up for the
+      session. Reset by a stream that opened (whatever it brought); an outage neither counts nor
+      resets it.
+    * `outage`: reopenings that failed for a reason that passes (unreachable, 5xx, 408, 429): they
+      never give the stream up; at `limit` the log says it cannot be reopened, and once it opens
+      again that it is. Reset by any other outcome.
+    * `empty_resumptions`: streams resumed from a `Last-Event-ID` that ended bringing nothing (no
+      message, no new event id): at `EMPTY_RESUMPTIONS` the id is dropped and the stream opened
+      afresh. Reset by any other outcome, and when the id is dropped.
+    * `quick_ends`: streams that ended (or failed) within `STREAM_LIVED` without a message: each
+      doubles the wait before the next reopening (`standalone_delay`). Reset by a stream that
+      brought a message or lived that long.
+    * `reopened`: a stream was open once (it only goes from False to True): what a later one
+      brings may be a replay (`SeenRequests`).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.attempts = 0
+        self.outage = 0
+        self.empty_resumptions = 0
+        self.quick_ends = 0
+        self.reopened = False
+
+    @property
+    def given_up(self) -> bool:
+        return self.attempts >= self.limit
+
+    def resumed_empty(self, empty: bool) -> bool:
+        """One more resumption that brought nothing (`empty`), or a reset; True when that makes
+        `EMPTY_RESUMPTIONS` in a row (the count starts over): the id is to be dropped."""
+        self.empty_resumptions = self.empty_resumptions + 1 if empty else 0
+        if self.empty_resumptions < EMPTY_RESUMPTIONS:
+            return False
+        self.empty_resumptions = 0
+        return True
+
+    def failed_for_now(self) -> bool:
+        """A reopening failed for a reason that passes; True when that makes `limit` in a row (to say
+        so once)."""
+        self.outage += 1
+        return self.outage == self.limit
+
+    def settled(self, *, opened: bool) -> bool:
+        """A reopening that did not fail for a reason that passes (`opened`: the stream was open);
+        True when it opened after an outage the log named."""
+        back = opened and self.outage >= self.limit
+        self.outage = 0
+        self.attempts = 0 if opened else self.attempts + 1
+        return back
+
+    def delay(self, asked: float, *, quiet: bool) -> float:
+        """The wait before the next reopening, `asked` by the server's `retry:` (or the default),
+        after a stream that ended at once without a message (`quiet`) or not."""
+        self.quick_ends = min(self.quick_ends + 1, 16) if quiet else 0
+        return standalone_delay(asked, self.quick_ends)
 
 
 def _passing(outcome: str, cursor: Cursor) -> bool:

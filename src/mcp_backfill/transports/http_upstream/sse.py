@@ -25,7 +25,6 @@ class SseEvent:
     event: str = "message"
     # The event's own `id:` field; None when it had none (the stream's last id is then unchanged).
     id: str | None = None
-    retry: int | None = None
 
 
 class SseDecoder:
@@ -37,6 +36,11 @@ class SseDecoder:
     as perhaps half of a CRLF, the CR that ended an event kept it back until another byte came,
     and for ever when the stream ended there. A `data:` payload larger than `limit` is not
     buffered: the event still arrives, with a `MessageTooLarge` in place of its data.
+
+    `retry` is the reconnection time the stream asked for last (milliseconds; None: none yet). As the
+    spec has it, a `retry:` line sets it when it is read, whether or not an event is dispatched
+    after it: given with its event, a `retry:` whose event never ended (the stream ended or broke
+    off first) was lost.
     """
 
     def __init__(self, limit: int) -> None:
@@ -49,7 +53,7 @@ class SseDecoder:
         self._too_large: MessageTooLarge | None = None
         self._event = b""
         self._id: str | None = None
-        self._retry: int | None = None
+        self.retry: int | None = None
         self._pending = False
         self._started = False  # past a byte order mark, if the stream began with one
         self._after_cr = False  # a line ended in the last byte read, a CR: an LF next is its rest
@@ -129,9 +133,8 @@ class SseDecoder:
             if b"\0" not in value:
                 self._id = value.decode("utf-8", errors="replace")
                 self._pending = True
-        elif name == b"retry" and value.isdigit():
-            self._retry = min(int(value), RETRY_LIMIT) if len(value) <= 9 else RETRY_LIMIT
-            self._pending = True
+        elif name == b"retry" and value.isdigit():  # ASCII digits only (bytes)
+            self.retry = min(int(value), RETRY_LIMIT) if len(value) <= 9 else RETRY_LIMIT
         return None
 
     def _add_data(self, value: bytes) -> None:
@@ -154,13 +157,11 @@ class SseDecoder:
             data=data,
             event=self._event.decode("utf-8", errors="replace") or "message",
             id=self._id,
-            retry=self._retry,
         )
         self._data = []
         self._size = 0
         self._too_large = None
         self._event = b""
         self._id = None
-        self._retry = None
         self._pending = False
         return event
