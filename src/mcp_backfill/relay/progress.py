@@ -20,7 +20,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeGuard
 
 import anyio
 
@@ -148,7 +148,7 @@ reset their timeout on progress, as the TypeScript SDK's `resetTimeoutOnProgress
 Number = int | float
 
 
-def is_number(value: object) -> bool:
+def is_number(value: object) -> TypeGuard[Number]:
     """A progress value the relay can compare: an integer or a float (not a boolean; a number a
     double cannot hold stays the server's, untouched)."""
     return type(value) is int or type(value) is float
@@ -212,7 +212,6 @@ class RoundProgress:
         value = params.get("progress")
         if not is_number(value):
             return message
-        assert isinstance(value, int | float)
         if not driven:
             self.passed(value)
             return message
@@ -222,7 +221,6 @@ class RoundProgress:
         changed: dict[str, Any] = {**params, "progress": shown}
         total = params.get("total")
         if is_number(total):
-            assert isinstance(total, int | float)
             changed["total"] = total + (shown - value)
         return {**message, "params": changed}
 
