@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from mcp_backfill import assembly, protocol
-from mcp_backfill.errors import ProviderError
+from mcp_backfill.errors import ProviderError, SamplingError
 from mcp_backfill.options import Allowance
 from mcp_backfill.relay.progress import ProgressNotifier, RoundProgress, progress_notifier
 from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress, UsageMeter
@@ -336,3 +336,19 @@ def test_round_progress_leaves_what_it_cannot_compare_alone() -> None:
     huge = 2.0**60
     progress.passed(huge)
     assert progress.beat() > huge  # one more is lost in the float's precision: the next float up
+
+
+async def test_beside_lets_the_answers_failure_out_as_it_is() -> None:
+    """The sender's task group must not wrap the sampling's failure in an `ExceptionGroup`: the
+    answerer takes a `SamplingError` for the server's error answer, and anything else crashed the
+    relay (a failed sampling request that asked for progress ended the whole session)."""
+    wire = Wire()
+    progress = ProgressNotifier("t", wire.send, clock=wire.clock)
+
+    async def failing_answer() -> None:
+        async with progress.beside():
+            await progress(StreamProgress(characters=5))
+            raise SamplingError(protocol.INVALID_PARAMS, "prompt is too long")
+
+    with pytest.raises(SamplingError, match="prompt is too long"):
+        await failing_answer()

@@ -64,15 +64,22 @@ class ProgressNotifier:
     @asynccontextmanager
     async def beside(self) -> AsyncIterator[ProgressNotifier]:
         """Send the notifications from a task of their own while this is open; what waits at the
-        end (the answer failed, or was cancelled) is not sent."""
+        end (the answer failed, or was cancelled) is not sent. The answer's failure leaves as it is
+        (a task group wraps what its body raises in an `ExceptionGroup`, which the answerer did not
+        take for a `SamplingError`: the relay crashed, ending the session)."""
+        failure: Exception | None = None
         async with anyio.create_task_group() as tg:
             self._wake = anyio.Event()
             tg.start_soon(self._sender)
             try:
                 yield self
+            except Exception as exc:
+                failure = exc
             finally:
                 self._wake = None
                 tg.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
 
     async def _sender(self) -> None:
         while self._wake is not None:
