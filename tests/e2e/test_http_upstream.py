@@ -8,6 +8,7 @@ tests/servers/http_recorder.py (scriptable failures, and a record of every HTTP 
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import sys
 import tempfile
@@ -21,6 +22,7 @@ import httpx2
 import pytest
 from mcp import Client, types
 
+from mcp_backfill.relay.progress import ROUND_PROGRESS_INTERVAL
 from tests.e2e.test_process import wait_for_log
 from tests.fake_claude import FakeClaude, text_reply, tool_use_reply
 from tests.harness import (
@@ -936,3 +938,32 @@ async def test_progress_of_a_request_whose_rounds_the_proxy_drives_reaches_the_c
             )
     assert tool_json(result) == {"text": "sampled"}
     assert heard == [(1, 2, "half way"), (2, 2, "done")]
+
+
+async def test_progress_through_an_http_upstream_while_the_proxy_samples_for_a_round(
+    fake_claude: FakeClaude,
+) -> None:
+    """The stdio wrapper in front of an HTTP 2026-07-28 server whose SDK resolver reports progress
+    each time it runs, on every round: the client hears the proxy's progress while Claude answers,
+    and every value above the one before (tests/e2e/test_stateless_era.py has the stdio child)."""
+    fake_claude.enqueue(text_reply("A summary.", delay=ROUND_PROGRESS_INTERVAL + 3))
+    heard: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append((progress, total, message))
+
+    async with python_http_server(RESOLVE_SERVER) as upstream:
+        argv = proxy_url_argv(url=upstream.url)
+        async with Client(stdio_params(argv, proxy_env(fake_claude.url)), mode="auto") as client:
+            result = await client.call_tool(
+                "summarize_counting", {"text": "long"}, progress_callback=on_progress
+            )
+    assert tool_json(result) == {"text": "A summary."}
+    messages = [message or "" for _, _, message in heard]
+    assert messages[0] == "started", heard
+    assert messages[-2:] == ["started", "sampled"], heard
+    assert len(messages) >= 4, heard
+    assert all("Claude" in message for message in messages[1:-2]), heard
+    values = [progress for progress, _, _ in heard]
+    assert all(a < b for a, b in itertools.pairwise(values)), heard
+    assert len(fake_claude.message_requests) == 1

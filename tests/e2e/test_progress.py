@@ -11,7 +11,7 @@ import pytest
 from mcp import Client
 
 from tests.e2e.faults_support import PLAIN_PARAMS, ask_sampling, echo_session
-from tests.fake_claude import FakeClaude, stream_error_reply, text_reply
+from tests.fake_claude import FakeClaude, error_reply, stream_error_reply, text_reply
 from tests.harness import (
     SERVERS,
     proxy_argv,
@@ -118,3 +118,21 @@ async def test_progress_has_a_message_only_from_the_revision_that_defines_it(
     assert progress
     assert progress[-1]["total"] == progress[-1]["progress"]
     assert all(("message" in p) is has_message for p in progress), progress
+
+
+async def test_a_failed_answer_with_progress_asked_is_an_error_to_the_server_and_the_session_goes_on(
+    fake_claude: FakeClaude,
+) -> None:
+    """The notifications go out from a task beside the sampling: the failure of a sampling request
+    that asked for progress reached the server as its JSON-RPC error, not as a crash of the relay."""
+    fake_claude.enqueue(
+        error_reply(400, "invalid_request_error", "prompt is too long"),
+        text_reply("still here"),
+    )
+    async with echo_session(fake_claude) as session:
+        params = {**PLAIN_PARAMS, "_meta": {"progressToken": "tok-9"}}
+        failed = await ask_sampling(session, params)
+        answered = await ask_sampling(session, params)
+    assert failed["error"]["code"] != 0
+    assert "prompt is too long" in failed["error"]["message"]
+    assert answered["result"]["content"]["text"] == "still here"

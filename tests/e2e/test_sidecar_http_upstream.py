@@ -6,6 +6,7 @@ client (mcp SDK over streamable HTTP, no sampling callback) --HTTP--> `python -m
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import tempfile
@@ -20,6 +21,7 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
+from mcp_backfill.relay.progress import ROUND_PROGRESS_INTERVAL
 from tests.e2e.test_sidecar_stateless import stateless_headers, stateless_request
 from tests.fake_claude import FakeClaude, text_reply, tool_use_reply
 from tests.harness import SERVERS, TEST_API_KEY, HttpServer, proxy_env, python_http_server, tool_json
@@ -250,3 +252,33 @@ async def test_progress_of_a_request_whose_rounds_the_proxy_drives_reaches_the_c
         )
     assert tool_json(result) == {"text": "sampled"}
     assert heard == [(1, 2, "half way"), (2, 2, "done")]
+
+
+async def test_progress_while_the_proxy_samples_for_a_round_through_an_http_sidecar(
+    fake_claude: FakeClaude,
+) -> None:
+    """`serve --upstream-url` in front of an SDK server whose resolver reports progress each time it
+    runs: the client hears the proxy's progress while Claude answers, and the values keep rising
+    when the re-sent request's resolver counts from the start again."""
+    fake_claude.enqueue(text_reply("sampled", delay=ROUND_PROGRESS_INTERVAL + 3))
+    heard: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append((progress, total, message))
+
+    async with (
+        python_http_server(RESOLVE_SERVER) as upstream,
+        run_sidecar(
+            "--upstream-url", upstream.url, upstream=NO_COMMAND, env=proxy_env(fake_claude.url)
+        ) as sidecar,
+        Client(sidecar.url) as client,
+    ):
+        result = await client.call_tool("summarize_counting", {"text": "go"}, progress_callback=on_progress)
+    assert tool_json(result) == {"text": "sampled"}
+    messages = [message or "" for _, _, message in heard]
+    assert messages[0] == "started", heard
+    assert messages[-2:] == ["started", "sampled"], heard
+    assert len(messages) >= 4, heard
+    assert all("Claude" in message for message in messages[1:-2]), heard
+    values = [progress for progress, _, _ in heard]
+    assert all(a < b for a, b in itertools.pairwise(values)), heard

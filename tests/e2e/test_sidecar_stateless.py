@@ -6,6 +6,7 @@ client (mcp SDK in its default auto mode, or raw HTTP) --HTTP--> `python -m mcp_
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import time
@@ -18,6 +19,7 @@ import httpx2
 import pytest
 from mcp import Client, types
 
+from mcp_backfill.relay.progress import ROUND_PROGRESS_INTERVAL
 from tests.fake_claude import FakeClaude, hang_reply, text_reply, tool_use_reply
 from tests.harness import proxy_env, python_server, tool_json
 from tests.sidecar_harness import (
@@ -36,6 +38,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::Deprecation
 
 RESOLVE_SERVER = python_server("resolve_server.py")
 CHATTY_SERVER = python_server("chatty_server.py")
+INPUT_REQUIRED_SERVER = python_server("input_required_server.py")
 VERSION = "2026-07-28"
 
 
@@ -638,3 +641,33 @@ async def test_progress_of_a_request_whose_rounds_the_proxy_drives_reaches_the_c
         result = await client.call_tool("progress", {"prompt": "go"}, progress_callback=on_progress)
     assert tool_json(result) == {"text": "sampled"}
     assert heard == [(1, 2, "half way"), (2, 2, "done")]
+
+
+async def test_a_2026_client_hears_monotonic_progress_while_the_proxy_samples_for_a_round(
+    fake_claude: FakeClaude,
+) -> None:
+    """As through the stdio wrapper (tests/e2e/test_stateless_era.py): while Claude answers a round
+    the client hears progress under its own token at a bounded interval, and the server's progress
+    of the request the proxy re-sent, counted from the start again, is lifted above it."""
+    fake_claude.enqueue(text_reply("sampled", delay=ROUND_PROGRESS_INTERVAL + 3))
+    heard: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append((progress, total, message))
+
+    async with (
+        run_sidecar(upstream=INPUT_REQUIRED_SERVER, env=proxy_env(fake_claude.url)) as sidecar,
+        Client(sidecar.url) as client,
+    ):
+        result = await client.call_tool(
+            "progress_each_round", {"prompt": "go"}, progress_callback=on_progress
+        )
+    assert tool_json(result) == {"text": "sampled"}
+    messages = [message or "" for _, _, message in heard]
+    assert messages[0] == "started", heard
+    assert messages[-2:] == ["started", "sampled"], heard
+    assert len(messages) >= 4, heard
+    assert all("Claude" in message for message in messages[1:-2]), heard
+    values = [progress for progress, _, _ in heard]
+    assert all(a < b for a, b in itertools.pairwise(values)), heard
+    assert len(fake_claude.message_requests) == 1

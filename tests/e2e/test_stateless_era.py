@@ -6,6 +6,7 @@ asks for sampling inside `input_required` results -> the proxy answers with the 
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 from mcp import Client, types
 from mcp.shared.exceptions import MCPError
 
+from mcp_backfill.relay.progress import ROUND_PROGRESS_INTERVAL
 from tests.fake_claude import FakeClaude, error_reply, hang_reply, text_reply, tool_use_reply
 from tests.harness import proxy_argv, proxy_env, python_server, raw_proxy, stdio_params, tool_json
 
@@ -383,3 +385,55 @@ async def test_progress_of_a_request_whose_rounds_the_proxy_drives_reaches_the_c
         result = await client.call_tool("progress", {"prompt": "go"}, progress_callback=on_progress)
     assert tool_json(result) == {"text": "sampled"}
     assert heard == [(1, 2, "half way"), (2, 2, "done")]
+
+
+def strictly_increasing(values: list[float]) -> bool:
+    return all(a < b for a, b in itertools.pairwise(values))
+
+
+async def test_progress_stays_monotonic_when_the_server_counts_again_in_a_round_the_proxy_drives(
+    fake_claude: FakeClaude,
+) -> None:
+    """Each round the proxy re-sends is a new request to the server, which may count its progress
+    from the start again (an SDK handler runs again on each round); the client sees one request,
+    whose progress MUST increase: a value that would not is lifted above the last one, with its
+    `total` by as much, and its message kept."""
+    fake_claude.enqueue(text_reply("sampled"))
+    heard: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append((progress, total, message))
+
+    async with client_for(fake_claude, LOWLEVEL_SERVER) as client:
+        result = await client.call_tool(
+            "progress_each_round", {"prompt": "go"}, progress_callback=on_progress
+        )
+    assert tool_json(result) == {"text": "sampled"}
+    assert [message for _, _, message in heard] == ["started", "started", "sampled"]
+    assert heard[0] == (1, 3, "started")  # the first request's, as the server sent it
+    assert strictly_increasing([progress for progress, _, _ in heard]), heard
+    assert all(progress <= total for progress, total, _ in heard if total is not None), heard
+
+
+async def test_the_client_hears_progress_while_the_proxy_samples_for_a_round(fake_claude: FakeClaude) -> None:
+    """Claude may take minutes to answer a round's sampling; a client that asked for progress hears
+    some meanwhile, at a bounded interval (one that resets its timeout on progress keeps waiting,
+    and the Claude call is not wasted), above what the server reported and below what it reports next."""
+    fake_claude.enqueue(text_reply("sampled", delay=ROUND_PROGRESS_INTERVAL + 3))
+    heard: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append((progress, total, message))
+
+    async with client_for(fake_claude, LOWLEVEL_SERVER) as client:
+        result = await client.call_tool(
+            "progress_each_round", {"prompt": "go"}, progress_callback=on_progress
+        )
+    assert tool_json(result) == {"text": "sampled"}
+    messages = [message or "" for _, _, message in heard]
+    assert messages[0] == "started", heard
+    assert messages[-2:] == ["started", "sampled"], heard
+    assert len(messages) >= 4, heard
+    assert all("Claude" in message for message in messages[1:-2]), heard
+    assert strictly_increasing([progress for progress, _, _ in heard]), heard
+    assert len(fake_claude.message_requests) == 1

@@ -17,6 +17,9 @@ Tools (all need a 2026-07-28 connection):
   (`ask`). Returns `{"confirmed", "answerText", "keys"}`.
 * `progress(prompt)`: one sampling round; the retry reports progress 1 and 2 of 2 (under the
   request's progress token, if any) before it returns `{"text"}`.
+* `progress_each_round(prompt)`: one sampling round; every call (the first and the retry) reports
+  progress 1 of 3 "started" first, as a handler run again from the start on each round does; the
+  retry then reports 2 of 3 "sampled" and returns `{"text"}`.
 * `hold(prompt, marker)`: one sampling round, then the retry blocks until cancelled (writing the
   file `<marker>.started` as it starts waiting); on cancellation it writes the JSON-RPC id of the
   cancelled request to the file `marker`.
@@ -70,7 +73,16 @@ LOOKUP = Tool(
 )
 TOOLS = [
     Tool(name=name, description=name, input_schema={"type": "object", "additionalProperties": True})
-    for name in ("loop", "plain", "wait_then_sample", "endless", "mixed", "hold", "progress")
+    for name in (
+        "loop",
+        "plain",
+        "wait_then_sample",
+        "endless",
+        "mixed",
+        "hold",
+        "progress",
+        "progress_each_round",
+    )
 ]
 issued_states: set[str] = set()
 
@@ -193,6 +205,17 @@ async def call_tool(ctx: Any, params: CallToolRequestParams) -> CallToolResult |
         _received_state(params)
         await ctx.session.report_progress(1, 2, "half way")
         await ctx.session.report_progress(2, 2, "done")
+        return _reply({"text": _text(answers["ask"])})
+    if params.name == "progress_each_round":
+        # As an SDK server whose handler runs again on each round: it counts from the start again.
+        await ctx.session.report_progress(1, 3, "started")
+        if "ask" not in answers:
+            return InputRequiredResult(
+                input_requests={"ask": _sampling([_user(str(args.get("prompt", "")))], tools=False)},
+                request_state=_state({"progress_each_round": True}),
+            )
+        _received_state(params)
+        await ctx.session.report_progress(2, 3, "sampled")
         return _reply({"text": _text(answers["ask"])})
     if params.name == "plain":
         if "ask" in answers:

@@ -12,6 +12,9 @@ connection the same code sends `sampling/createMessage` requests. Tools return o
 * `summarize(text)`: sampling without tools. Returns `{"text", "model", "contentType"}`.
 * `summarize_with_progress(text)`: as `summarize`, reporting progress 1 and 2 of 2 (under the
   request's progress token, if any) once it has the summary. Returns `{"text"}`.
+* `summarize_counting(text)`: as `summarize`, its resolver reporting progress 1 of 3 "started"
+  each time it runs (on every round: the SDK runs a resolver again on each), the tool 2 of 3
+  "sampled" once it has the summary. Returns `{"text"}`.
 * `echo(text)`: no sampling. Returns `{"text"}`.
 * `confirm_and_ask(question)`: an elicitation (`ok: bool`) and a sampling-with-tools request in
   one round. Returns `{"ok", "text"}`.
@@ -157,6 +160,20 @@ async def summarize_with_progress(
     """Plain sampling, then progress reported for the request that brought the answer."""
     await ctx.report_progress(1, 2, "half way")
     await ctx.report_progress(2, 2, "done")
+    return json.dumps({"text": _text(summary)})
+
+
+async def ask_summary_counting(text: str, ctx: Context) -> Sample:
+    await ctx.report_progress(1, 3, "started")
+    return await ask_summary(text)
+
+
+@server.tool()
+async def summarize_counting(
+    text: str, summary: Annotated[CreateMessageResult, Resolve(ask_summary_counting)], ctx: Context
+) -> str:
+    """Plain sampling, progress reported by the resolver each time it runs and by the tool."""
+    await ctx.report_progress(2, 3, "sampled")
     return json.dumps({"text": _text(summary)})
 
 

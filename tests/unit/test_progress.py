@@ -10,9 +10,9 @@ import anyio
 import pytest
 
 from mcp_backfill import assembly, protocol
-from mcp_backfill.errors import ProviderError
+from mcp_backfill.errors import ProviderError, SamplingError
 from mcp_backfill.options import Allowance
-from mcp_backfill.relay.progress import ProgressNotifier, progress_notifier
+from mcp_backfill.relay.progress import ProgressNotifier, RoundProgress, progress_notifier
 from mcp_backfill.sampling.provider import ProgressCallback, StreamProgress, UsageMeter
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.sampling.spend import Spend
@@ -286,3 +286,69 @@ async def test_a_paused_turn_whose_continuation_fails_still_says_claude_finished
     assert [p["progress"] for p in sent] == sorted({p["progress"] for p in sent})  # only ever grows
     assert sent[-1]["progress"] == sent[-1]["total"]
     assert sent[-1]["message"] == "Claude finished (5 output tokens)"
+
+
+# -- RoundProgress: what a 2026-07-28 client hears for a request whose rounds the proxy drives ------
+
+
+def server_progress(value: Any, total: Any = None, message: str = "m") -> dict[str, Any]:
+    params: dict[str, Any] = {"progressToken": "t", "progress": value, "message": message}
+    if total is not None:
+        params["total"] = total
+    return {"jsonrpc": "2.0", "method": protocol.PROGRESS, "params": params}
+
+
+def shown(progress: RoundProgress, message: dict[str, Any], driven: bool = True) -> dict[str, Any]:
+    relayed = progress.relayed(message, message["params"], driven)
+    return relayed["params"]  # type: ignore[no-any-return]
+
+
+def test_round_progress_passes_the_first_request_and_lifts_a_count_started_again() -> None:
+    progress = RoundProgress("t")
+    first = server_progress(5, 10)
+    assert progress.relayed(first, first["params"], False) is first  # not driven yet: as it came
+    again = server_progress(1, 10, "again")
+    assert shown(progress, again) == {"progressToken": "t", "progress": 6, "total": 15, "message": "again"}
+    assert shown(progress, server_progress(4, 10))["progress"] == 9  # the same lift for the rest
+    progress.resent()
+    ahead = server_progress(20, 30)
+    assert progress.relayed(ahead, ahead["params"], True) is ahead  # above already: untouched
+
+
+def test_round_progress_beats_stay_between_the_servers_values() -> None:
+    progress = RoundProgress(7)
+    assert progress.beat() == 1  # nothing heard yet
+    assert progress.beat() == 2
+    progress.resent()
+    assert shown(progress, server_progress(0.5))["progress"] == 3
+    notification = json.loads(progress.notification(12.3))
+    assert notification["params"]["progressToken"] == 7
+    assert notification["params"]["progress"] == 4
+    assert "12 s" in notification["params"]["message"]
+
+
+def test_round_progress_leaves_what_it_cannot_compare_alone() -> None:
+    progress = RoundProgress("t")
+    for value in (True, "3", None):
+        odd = server_progress(value)
+        assert progress.relayed(odd, odd["params"], True) is odd
+    assert progress.heard is None
+    huge = 2.0**60
+    progress.passed(huge)
+    assert progress.beat() > huge  # one more is lost in the float's precision: the next float up
+
+
+async def test_beside_lets_the_answers_failure_out_as_it_is() -> None:
+    """The sender's task group must not wrap the sampling's failure in an `ExceptionGroup`: the
+    answerer takes a `SamplingError` for the server's error answer, and anything else crashed the
+    relay (a failed sampling request that asked for progress ended the whole session)."""
+    wire = Wire()
+    progress = ProgressNotifier("t", wire.send, clock=wire.clock)
+
+    async def failing_answer() -> None:
+        async with progress.beside():
+            await progress(StreamProgress(characters=5))
+            raise SamplingError(protocol.INVALID_PARAMS, "prompt is too long")
+
+    with pytest.raises(SamplingError, match="prompt is too long"):
+        await failing_answer()

@@ -20,7 +20,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeGuard
 
 import anyio
 
@@ -64,15 +64,22 @@ class ProgressNotifier:
     @asynccontextmanager
     async def beside(self) -> AsyncIterator[ProgressNotifier]:
         """Send the notifications from a task of their own while this is open; what waits at the
-        end (the answer failed, or was cancelled) is not sent."""
+        end (the answer failed, or was cancelled) is not sent. The answer's failure leaves as it is
+        (a task group wraps what its body raises in an `ExceptionGroup`, which the answerer did not
+        take for a `SamplingError`: the relay crashed, ending the session)."""
+        failure: Exception | None = None
         async with anyio.create_task_group() as tg:
             self._wake = anyio.Event()
             tg.start_soon(self._sender)
             try:
                 yield self
+            except Exception as exc:
+                failure = exc
             finally:
                 self._wake = None
                 tg.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
 
     async def _sender(self) -> None:
         while self._wake is not None:
@@ -138,3 +145,96 @@ def progress_notifier(
     return ProgressNotifier(
         token, send, with_message=protocol.defines(version, protocol.PROGRESS_MESSAGE_SINCE)
     )
+
+
+ROUND_PROGRESS_INTERVAL = 5.0
+"""Seconds between two notifications the proxy sends a 2026-07-28 client while Claude answers a
+round's sampling: well within the 60 s an SDK client waits for a request by default (those that
+reset their timeout on progress, as the TypeScript SDK's `resetTimeoutOnProgress`, then wait on)."""
+
+Number = int | float
+
+
+def is_number(value: object) -> TypeGuard[Number]:
+    """A progress value the relay can compare: an integer or a float (not a boolean; a number a
+    double cannot hold stays the server's, untouched)."""
+    return type(value) is int or type(value) is float
+
+
+def above(value: Number | None) -> Number:
+    """The next progress value after `value`: one more (1 for none yet), or the next float up when
+    one more is lost in its precision."""
+    if value is None:
+        return 1
+    if value + 1 > value:
+        return value + 1
+    return math.nextafter(value, math.inf)
+
+
+class RoundProgress:
+    """The progress a 2026-07-28 client hears for a request whose `input_required` rounds the proxy
+    drives, under the request's `progressToken`.
+
+    The client sees one request; the server sees one per round, each new to it (the proxy re-sends
+    the request under its own id, with the same token), and may count from the start again (an SDK
+    handler runs again on each round), while the spec has a token's values increase with each
+    notification. So until the proxy drives a round the server's notifications pass as they came;
+    afterwards one whose value would not be above the last the client heard is lifted just above it
+    (its `total` by as much, its message kept), and so are the later ones of the same re-sent
+    request. While Claude answers a round the proxy sends notifications of its own (`beat`), one
+    more than the last value each.
+    """
+
+    def __init__(self, token: str | int) -> None:
+        self.token = token
+        self.heard: Number | None = None  # the last value the client was sent
+        self._lift: Number = 0  # what the current re-sent request's values are raised by
+
+    def passed(self, value: Number) -> None:
+        """A notification of the client's own request, relayed as the server sent it."""
+        if self.heard is None or value > self.heard:
+            self.heard = value
+
+    def lifted(self, value: Number) -> Number:
+        """The value the client is sent for the server's `value`, in a round the proxy drives."""
+        shown = value + self._lift
+        if self.heard is not None and not shown > self.heard:
+            shown = above(self.heard)
+            self._lift = shown - value
+        self.heard = shown
+        return shown
+
+    def resent(self) -> None:
+        """The proxy re-sent the request: the server's values are taken as they come again."""
+        self._lift = 0
+
+    def beat(self) -> Number:
+        """The value of a notification of the proxy's own."""
+        self.heard = above(self.heard)
+        return self.heard
+
+    def relayed(self, message: dict[str, Any], params: dict[str, Any], driven: bool) -> dict[str, Any]:
+        """A server's `notifications/progress` for this token as the client gets it (`message`
+        itself when unchanged); `driven`: the proxy drives the request's rounds now."""
+        value = params.get("progress")
+        if not is_number(value):
+            return message
+        if not driven:
+            self.passed(value)
+            return message
+        shown = self.lifted(value)
+        if shown == value and type(shown) is type(value):
+            return message
+        changed: dict[str, Any] = {**params, "progress": shown}
+        total = params.get("total")
+        if is_number(total):
+            changed["total"] = total + (shown - value)
+        return {**message, "params": changed}
+
+    def notification(self, seconds: float) -> bytes:
+        params = {
+            "progressToken": self.token,
+            "progress": self.beat(),
+            "message": f"mcp-backfill: Claude is answering the server's sampling request ({seconds:.0f} s)",
+        }
+        return jsonrpc.encode({"jsonrpc": "2.0", "method": protocol.PROGRESS, "params": params})

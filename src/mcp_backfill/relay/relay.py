@@ -158,6 +158,7 @@ class Relay:
             approver=self.approver,
             claim=sampler.spend.claim_once,
             refused=self.answerer.refused,
+            notify_client=self._send_client,
         )
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -681,6 +682,8 @@ class Relay:
         if tasks and self.tasks.take_request(message, method, params, self.state.client) is None:
             self.state.took(message["id"])
             return None  # the proxy answers it
+        if method == protocol.PROGRESS and "id" not in message:
+            return self.rounds.upstream_progress(message, params)
         if "id" in message:
             if self._answering(message["id"]):  # for the client, under the id of one the proxy answers
                 self._refused_as_duplicate(message)

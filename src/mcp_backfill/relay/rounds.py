@@ -41,6 +41,7 @@ from mcp_backfill.relay.approval import (
     too_many,
 )
 from mcp_backfill.relay.capabilities import ClientProfile, backfill_capabilities, proxy_answers
+from mcp_backfill.relay.progress import RoundProgress
 from mcp_backfill.relay.state import InputChain, PendingRequest, RelayOptions, RelayState
 from mcp_backfill.relay.tracing import RequestTraces
 
@@ -56,6 +57,12 @@ Refused = Callable[[dict[str, Any], SamplingError, Any], None]
 """Report a question refused before it was sampled: `(params, error, request id for the logs)`."""
 Claim = Callable[[str, float], Awaitable[bool]]
 """Claims a key once among the replicas sharing the ledger store, until a time (`Spend.claim_once`)."""
+Notify = Callable[[bytes, Any], Awaitable[None]]
+"""Sends a notification to the client: `(message, the client's id of the request it belongs to)`."""
+
+PROGRESS_TOKENS = 4096
+"""Progress tokens of requests whose rounds the proxy may drive that one session remembers at most
+(each is forgotten when its request ends; these are the ones whose end the relay did not see)."""
 
 
 class RoundDriver:
@@ -78,6 +85,7 @@ class RoundDriver:
         approver: Approver | None = None,
         claim: Claim | None = None,
         refused: Refused = lambda params, error, request_id: None,
+        notify_client: Notify | None = None,
     ) -> None:
         self.options = options
         self.state = state
@@ -97,6 +105,9 @@ class RoundDriver:
         self.approver = approver
         self._claim = claim
         self._refused = refused
+        self._notify_client = notify_client
+        # The requests that may be driven, by the progress token they carry (`RoundProgress`).
+        self._tokens: dict[jsonrpc.IdKey, PendingRequest] = {}
 
     def start(self, task_group: TaskGroup) -> None:
         """Rounds are driven in tasks of `task_group` (the relay's)."""
@@ -145,7 +156,46 @@ class RoundDriver:
             rounds = stashed.rounds
         client = ClientProfile.from_capabilities(declared)
         pending.chain = InputChain(pending.method, ir.base_params(params), client, rounds, message["id"])
+        self._track_progress(pending, params)
         return rewritten
+
+    def _track_progress(self, pending: PendingRequest, params: dict[str, Any]) -> None:
+        token = protocol.progress_token(params)
+        if token is None or pending.chain is None:
+            return
+        pending.chain.progress = RoundProgress(token)
+        jsonrpc.remember(self._tokens, jsonrpc.id_key(token), pending, PROGRESS_TOKENS)
+
+    def _forget_progress(self, pending: PendingRequest) -> None:
+        chain = pending.chain
+        if self._tokens and chain is not None and chain.progress is not None:
+            key = jsonrpc.id_key(chain.progress.token)
+            if self._tokens.get(key) is pending:
+                del self._tokens[key]
+
+    def upstream_progress(self, message: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+        """A server's `notifications/progress` as the client gets it (see `RoundProgress`)."""
+        if not self._tokens:
+            return message
+        token = params.get("progressToken")
+        if not protocol.string_or_integer(token):
+            return message
+        pending = self._tokens.get(jsonrpc.id_key(token))
+        if pending is None or pending.chain is None or pending.chain.progress is None:
+            return message
+        if not self._live(pending):
+            del self._tokens[jsonrpc.id_key(token)]  # ended unseen: its token is the client's again
+            return message
+        return pending.chain.progress.relayed(message, params, self._driving(pending))
+
+    def _live(self, pending: PendingRequest) -> bool:
+        """Is the request still waiting for the upstream or for the proxy?"""
+        if self._driving(pending):
+            return True
+        chain = pending.chain
+        upstream_id = chain.upstream_id if chain is not None and chain.upstream_id is not None else None
+        key = jsonrpc.id_key(pending.request_id if upstream_id is None else upstream_id)
+        return self.state.client_requests.get(key) is pending
 
     def _approval_answered(
         self,
@@ -172,6 +222,7 @@ class RoundDriver:
         base = ir.base_params(params)
         chain = InputChain(pending.method, base, client, stashed.rounds, None, anyio.CancelScope())
         pending.chain = chain
+        self._track_progress(pending, params)
         self.state.driving[jsonrpc.id_key(pending.request_id)] = pending
         resumed = ir.Round(stashed.pending, {}, stashed.has_state, stashed.state)
         assert self._tg is not None
@@ -234,6 +285,7 @@ class RoundDriver:
         """
         key = jsonrpc.id_key(params["requestId"])
         driven = self.state.driving.pop(key)
+        self._forget_progress(driven)
         chain = driven.chain
         assert chain is not None
         log.info("client cancelled a request the proxy is driving", extra={"request_id": driven.request_id})
@@ -266,6 +318,7 @@ class RoundDriver:
 
     def end(self, pending: PendingRequest) -> None:
         """The request got its final answer (or an error): nothing more is driven for it."""
+        self._forget_progress(pending)
         if self._driving(pending):
             del self.state.driving[jsonrpc.id_key(pending.request_id)]
 
@@ -314,7 +367,7 @@ class RoundDriver:
         span = self._traces.client_span(pending.request_id) if self._traces is not None else None
         with chain.scope, span.activate() if span is not None else contextlib.nullcontext():
             try:
-                answers.update(await self._answer(pending.request_id, current.mine))
+                answers.update(await self._answer_telling(pending, chain, current.mine))
                 if current.state_only:
                     await anyio.sleep(random.uniform(*self.options.state_only_backoff))
             except SamplingError as exc:
@@ -331,6 +384,8 @@ class RoundDriver:
         chain.rounds += 1
         upstream_id = f"{self._own_prefix}{next(self._own_ids)}"
         chain.upstream_id = upstream_id
+        if chain.progress is not None:
+            chain.progress.resent()
         self.state.client_requests[jsonrpc.id_key(upstream_id)] = pending
         params = ir.retry_params(chain.base_params, answers, current.has_state, current.state)
         log.info(
@@ -408,6 +463,33 @@ class RoundDriver:
         log.info("sampling approval asked in the round", extra={"request_id": pending.request_id})
         reduced = ir.reduced_result(result, theirs, token)
         await self._send_client(jsonrpc.encode(jsonrpc.result_response(pending.request_id, reduced)))
+
+    async def _answer_telling(
+        self, pending: PendingRequest, chain: InputChain, questions: dict[str, dict[str, Any]]
+    ) -> dict[str, Any]:
+        """`_answer`, the client sent progress meanwhile when it asked for progress: Claude may take
+        minutes, and a client that hears nothing may give up (its timeout), the Claude call wasted."""
+        progress, notify = chain.progress, self._notify_client
+        if progress is None or notify is None or not questions:
+            return await self._answer(pending.request_id, questions)
+        outcome: dict[str, Any] | SamplingError
+
+        async def tell() -> None:
+            started = anyio.current_time()
+            while True:
+                await anyio.sleep(self.options.round_progress_interval)
+                await notify(progress.notification(anyio.current_time() - started), pending.request_id)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(tell)
+            try:
+                outcome = await self._answer(pending.request_id, questions)
+            except SamplingError as exc:
+                outcome = exc
+            tg.cancel_scope.cancel()
+        if isinstance(outcome, SamplingError):
+            raise outcome
+        return outcome
 
     async def _answer(self, request_id: Any, questions: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """Answer a round's sampling questions concurrently; the first failure fails the round."""

@@ -12,6 +12,7 @@ from mcp_backfill.logs import get_logger
 from mcp_backfill.options import Approval, Era, Mode
 from mcp_backfill.relay.capabilities import ClientProfile
 from mcp_backfill.relay.input_required import Redeemed
+from mcp_backfill.relay.progress import ROUND_PROGRESS_INTERVAL, RoundProgress
 
 log = get_logger("relay")
 
@@ -49,6 +50,9 @@ class RelayOptions:
     max_batch_messages: int = 1000
     # Get the provider ready in the background once the proxy knows it answers this session's sampling.
     warm_up: bool = True
+    # 2026-07-28: seconds between the progress notifications a client that asked for them is sent
+    # while the proxy samples for a round of its request.
+    round_progress_interval: float = ROUND_PROGRESS_INTERVAL
 
 
 @dataclass
@@ -62,6 +66,8 @@ class InputChain:
     # While the proxy samples for a round there is no upstream request in flight.
     upstream_id: Any = None
     scope: anyio.CancelScope | None = None
+    # The progress the client hears, when its request carried a progress token.
+    progress: RoundProgress | None = None
 
 
 @dataclass
