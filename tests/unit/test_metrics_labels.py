@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mcp_backfill.sidecar.metrics import MODEL_LABELS, Metrics
+from mcp_backfill.sidecar.metrics import MODEL_LABEL_CHARACTERS, MODEL_LABELS, Metrics
 from tests.defaults import CONFIG
 
 
@@ -49,6 +49,23 @@ def test_model_ids_a_gateway_reports_are_bounded() -> None:
     counts = [line for line in text.splitlines() if line.startswith(latency)]
     assert len(counts) == MODEL_LABELS + 2
     assert len(_series(text, "mcp_backfill_sampling_tokens_total")) == MODEL_LABELS + 2
+
+
+def test_a_model_id_a_gateway_reports_is_cut_to_a_bounded_length() -> None:
+    metrics = Metrics(models=("claude-sonnet-4-5",))
+    huge = "m" * 1_000_000  # a gateway's JSON may name any model, of any length
+    for model in (huge, huge + "-other"):
+        metrics.sampling_done(
+            outcome="answered", model=model, latency=0.1, tokens={"output_tokens": 1}, client="a"
+        )
+    text = metrics.render()
+    assert len(text) < 10 * MODEL_LABEL_CHARACTERS + 10_000
+    requests = _series(text, "mcp_backfill_sampling_requests_total")
+    cut = "m" * (MODEL_LABEL_CHARACTERS - 1) + "…"
+    # Both names begin alike: one series for the two, with the length a label has at most.
+    assert requests == [
+        f'mcp_backfill_sampling_requests_total{{client="a",model="{cut}",outcome="answered"}} 2'
+    ]
 
 
 def test_a_model_that_is_no_string_does_not_break_the_scrape() -> None:

@@ -57,6 +57,11 @@ MODEL_LABELS = 32
 """How many model ids besides the operator's (`--model`, `--allowed-models`) the `model` label
 names; the model is the one the response reports (a gateway's may be anything), and the ones
 past the first `MODEL_LABELS` count as `other`."""
+MODEL_LABEL_CHARACTERS = 200
+"""The longest a `model` label value a response reported is (a Bedrock inference profile's ARN
+is about 100): a longer one is cut, ending in an ellipsis, so that a gateway naming models of a
+megabyte cannot make every scrape (and the process's memory) that large. The operator's own models
+are shown as given."""
 
 
 def _labels(labels: Labels, extra: Labels = ()) -> str:
@@ -247,6 +252,10 @@ class Metrics:
             model = _LONE_SURROGATE.sub("\ufffd", model)
         if model in self._models:
             return model
+        if len(model) > MODEL_LABEL_CHARACTERS:
+            model = model[: MODEL_LABEL_CHARACTERS - 1] + "…"
+            if model in self._models:
+                return model
         if self._other_models < MODEL_LABELS:
             self._other_models += 1
             self._models.add(model)
