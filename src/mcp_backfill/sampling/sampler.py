@@ -152,7 +152,8 @@ class Sampler:
             raise
         except SamplingError as exc:
             exchange.fail(exc.code, exc.message, exc.data, "refused" if not exchange.calls else "failed")
-            self.spend.note_refusal(exc)
+            if exchange.outcome == "refused":  # a limit after a call (billed) failed the request
+                self.spend.note_refusal(exc)
             raise
         except anyio.get_cancelled_exc_class():
             exchange.cancelled = True
