@@ -201,8 +201,8 @@ class Metrics:
         self.attempts = Counter(
             "mcp_backfill_claude_attempts_total",
             "attempts at a Claude API call, by outcome (ok; retried: failed, another attempt follows; "
-            "failed: the call gave up; cancelled: the request was cancelled while it ran) and error "
-            "type (the API's, e.g. overloaded_error, or timeout)",
+            "failed: the call gave up; cancelled: the request was cancelled while it ran, or before its "
+            "retry was made) and error type (the API's, e.g. overloaded_error, or timeout)",
         )
         self.latency = Histogram(
             "mcp_backfill_claude_latency_seconds",
