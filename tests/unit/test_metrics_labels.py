@@ -31,6 +31,24 @@ def test_error_types_a_gateway_invents_count_as_other() -> None:
     assert len(lines) == 6
 
 
+def test_every_error_type_the_providers_name_is_a_label_of_its_own() -> None:
+    """The types the proxy's providers give their own errors are in the label set, not `other`."""
+    import re
+    from pathlib import Path
+
+    import mcp_backfill.providers.anthropic as provider
+
+    source = Path(provider.__file__).read_text()
+    named = set(re.findall(r'"provider": self\.name, "type": "([a-z_]+)"', source))
+    named |= set(re.findall(r'\n\s+"([a-z_]+)",\n\s+request_id,', source))
+    assert {"credentials_unavailable", "client_error", "connection_error"} <= named
+    metrics = Metrics()
+    for error_type in sorted(named):
+        metrics.attempt_done(provider="vertex", outcome="retried", error_type=error_type)
+    lines = _series(metrics.render(), "mcp_backfill_claude_attempts_total")
+    assert not [line for line in lines if 'type="other"' in line], lines
+
+
 def test_model_ids_a_gateway_reports_are_bounded() -> None:
     metrics = Metrics(models=("claude-sonnet-4-5",))
     for n in range(1000):

@@ -44,6 +44,7 @@ CLAUDE_ERROR_TYPES = frozenset(
         "timeout",
         "client_error",
         "connection_error",
+        "credentials_unavailable",
         "name_resolution",
         "incomplete_stream",
         "malformed_response",
