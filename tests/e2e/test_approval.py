@@ -221,6 +221,42 @@ async def test_2026_deny_and_decline_refuse_the_request(
     assert "/" in str(line["request_id"])  # <the round's request id>/<the question's key>
 
 
+class Late(User):
+    """Answers "allow once" to the approval question, but only after `delay` seconds."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(decide("allow_once"))
+        self.delay = delay
+
+    async def __call__(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        await anyio.sleep(self.delay)
+        return await super().__call__(context, params)
+
+
+async def test_2026_an_approval_question_not_answered_in_time_has_its_audit_line(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """The round's approval question is open for `--approve-timeout`; the user answers later, the
+    round is gone and nothing is sampled. The sampling question is refused (`timed out`, as in the
+    handshake era), and the audit log has its line, written when the question expired; it had none."""
+    from mcp.shared.exceptions import MCPError
+
+    audit = tmp_path / "audit.jsonl"
+    options = ("--approve", "elicit", "--approve-timeout", "1", "--audit-log", str(audit))
+    async with modern_client(fake_claude, RESOLVE_SERVER, Late(4.0), *options) as client:
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool("summarize", {"text": "a long text"})
+        assert refused.value.code == -32602  # the answer came too late: the requestState expired
+        with anyio.fail_after(30):  # written when the question expired, before the late answer
+            while not audit.exists() or not audit.read_text():
+                await anyio.sleep(0.05)
+    assert fake_claude.message_requests == []
+    [line] = [json.loads(text) for text in audit.read_text().splitlines()]
+    assert (line["outcome"], line["calls"], line["charged"]) == ("refused", 0, None), line
+    assert line["error"] == {"code": -1, "message": "User rejected sampling request", "reason": "timed out"}
+    assert "/" in str(line["request_id"])  # <the round's request id>/<the question's key>
+
+
 async def test_2026_a_client_that_cannot_elicit_has_the_refused_question_in_the_audit_log(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:
