@@ -141,6 +141,25 @@ async def test_no_answer_in_time_refuses(fake_claude: FakeClaude) -> None:
     assert fake_claude.message_requests == []
 
 
+async def test_a_sampling_request_the_server_cancels_while_the_user_is_asked_has_its_audit_line(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """The server gives up on its sampling request while the approval question is open: nothing is
+    sampled, and the audit log has the exchange, cancelled and charged nothing (it had no line)."""
+    user = User(decide("allow_once"), wait=anyio.Event())  # never set: the user never answers
+    audit = tmp_path / "audit.jsonl"
+    async with legacy_client(fake_claude, user, "--approve", "elicit", "--audit-log", str(audit)) as client:
+        outcome = tool_json(await client.call_tool("slow_sample", {"cancel_after": 1.0}))
+        assert outcome["outcome"] == "timed_out", outcome
+        with anyio.fail_after(30):
+            while not audit.exists() or not audit.read_text():
+                await anyio.sleep(0.05)
+    assert fake_claude.message_requests == []
+    [line] = [json.loads(text) for text in audit.read_text().splitlines()]
+    assert (line["outcome"], line["calls"], line["charged"]) == ("cancelled", 0, None), line
+    assert line["request_id"] == outcome["samplingRequestId"]
+
+
 async def test_a_client_that_cannot_elicit_is_refused_clearly(fake_claude: FakeClaude) -> None:
     async with legacy_client(fake_claude, None, "--approve", "elicit") as client:
         outcome = await sample_raw(client, HELLO)

@@ -180,6 +180,16 @@ class Sampler:
         exchange.fail(error.code, error.message, error.data, "refused")
         self._report(exchange, session, params, None)
 
+    def abandoned(
+        self, params: dict[str, Any], *, request_id: Any = None, session: SamplingSession | None = None
+    ) -> None:
+        """Report a sampling request cancelled before the sampler was asked (the server cancelled
+        it, or the session ended, while the user's approval was awaited): logged, audited and
+        counted as cancelled, with nothing charged."""
+        exchange = _exchange(request_id, session)
+        exchange.cancelled = True
+        self._report(exchange, session, params, None)
+
     async def warm_up(self) -> None:
         """Get the provider ready ahead of the first request (importing its SDK, if it waits for
         that); a failure here is left for the first request to meet."""
