@@ -141,6 +141,25 @@ async def test_no_answer_in_time_refuses(fake_claude: FakeClaude) -> None:
     assert fake_claude.message_requests == []
 
 
+async def test_a_sampling_request_the_server_cancels_while_the_user_is_asked_has_its_audit_line(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """The server gives up on its sampling request while the approval question is open: nothing is
+    sampled, and the audit log has the exchange, cancelled and charged nothing (it had no line)."""
+    user = User(decide("allow_once"), wait=anyio.Event())  # never set: the user never answers
+    audit = tmp_path / "audit.jsonl"
+    async with legacy_client(fake_claude, user, "--approve", "elicit", "--audit-log", str(audit)) as client:
+        outcome = tool_json(await client.call_tool("slow_sample", {"cancel_after": 1.0}))
+        assert outcome["outcome"] == "timed_out", outcome
+        with anyio.fail_after(30):
+            while not audit.exists() or not audit.read_text():
+                await anyio.sleep(0.05)
+    assert fake_claude.message_requests == []
+    [line] = [json.loads(text) for text in audit.read_text().splitlines()]
+    assert (line["outcome"], line["calls"], line["charged"]) == ("cancelled", 0, None), line
+    assert line["request_id"] == outcome["samplingRequestId"]
+
+
 async def test_a_client_that_cannot_elicit_is_refused_clearly(fake_claude: FakeClaude) -> None:
     async with legacy_client(fake_claude, None, "--approve", "elicit") as client:
         outcome = await sample_raw(client, HELLO)
@@ -218,6 +237,42 @@ async def test_2026_deny_and_decline_refuse_the_request(
     [line] = [json.loads(text) for text in audit.read_text().splitlines()]
     assert (line["outcome"], line["calls"], line["charged"]) == ("refused", 0, None), line
     assert line["error"] == {"code": -1, "message": "User rejected sampling request", "reason": reason}
+    assert "/" in str(line["request_id"])  # <the round's request id>/<the question's key>
+
+
+class Late(User):
+    """Answers "allow once" to the approval question, but only after `delay` seconds."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(decide("allow_once"))
+        self.delay = delay
+
+    async def __call__(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        await anyio.sleep(self.delay)
+        return await super().__call__(context, params)
+
+
+async def test_2026_an_approval_question_not_answered_in_time_has_its_audit_line(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """The round's approval question is open for `--approve-timeout`; the user answers later, the
+    round is gone and nothing is sampled. The sampling question is refused (`timed out`, as in the
+    handshake era), and the audit log has its line, written when the question expired; it had none."""
+    from mcp.shared.exceptions import MCPError
+
+    audit = tmp_path / "audit.jsonl"
+    options = ("--approve", "elicit", "--approve-timeout", "1", "--audit-log", str(audit))
+    async with modern_client(fake_claude, RESOLVE_SERVER, Late(4.0), *options) as client:
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool("summarize", {"text": "a long text"})
+        assert refused.value.code == -32602  # the answer came too late: the requestState expired
+        with anyio.fail_after(30):  # written when the question expired, before the late answer
+            while not audit.exists() or not audit.read_text():
+                await anyio.sleep(0.05)
+    assert fake_claude.message_requests == []
+    [line] = [json.loads(text) for text in audit.read_text().splitlines()]
+    assert (line["outcome"], line["calls"], line["charged"]) == ("refused", 0, None), line
+    assert line["error"] == {"code": -1, "message": "User rejected sampling request", "reason": "timed out"}
     assert "/" in str(line["request_id"])  # <the round's request id>/<the question's key>
 
 

@@ -20,7 +20,14 @@ from tests.e2e.test_client_cancel import SAMPLING_SERVER as STUBBORN_SERVER
 from tests.e2e.test_client_cancel import cancel_while_claude_answers
 from tests.e2e.test_tasks import HELLO, ask
 from tests.e2e.test_tracing import named, otel_env
-from tests.fake_claude import FakeClaude, error_reply, hang_reply, text_reply, truncated_stream_reply
+from tests.fake_claude import (
+    FakeClaude,
+    error_reply,
+    hang_reply,
+    message_reply,
+    text_reply,
+    truncated_stream_reply,
+)
 from tests.harness import (
     initialize_params,
     proxy_argv,
@@ -326,3 +333,60 @@ async def test_a_cancelled_sampling_task_is_reported_as_the_audit_log_has_it(
     }
     assert sum(line["charged"].values()) >= fake_claude.served_tokens() > 0
     assert summed(text, "mcp_backfill_claude_attempts_total", "outcome") == {"cancelled": 1.0}
+
+
+async def test_an_attempt_cancelled_while_it_waits_to_be_retried_is_no_retried_attempt(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """`serve`: Claude's first attempt fails (529, retried), and the server cancels its request while
+    the proxy waits to retry. No other attempt is made: `/metrics` counts the one attempt as
+    cancelled (with its error type), not as `retried` (another attempt follows), and the audit log
+    has the one call, charged nothing (the API refused it)."""
+    audit = tmp_path / "audit.jsonl"
+    options = ["--audit-log", str(audit), "--retry-base-delay", "20", "--retry-max-delay", "20"]
+    fake_claude.enqueue(error_reply(529, "overloaded_error", "busy"), text_reply("never asked for"))
+    async with (
+        run_sidecar(*options, upstream=SAMPLING_SERVER, env=proxy_env(fake_claude.url)) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+        Client(sidecar.url, mode="legacy") as client,
+    ):
+        cancelled = tool_json(await client.call_tool("slow_sample", {"cancel_after": 2.0}))
+        assert cancelled["outcome"] == "timed_out", cancelled
+        [line] = await wait_for_audit(audit, 1)
+        scrape = (await http.get(f"{sidecar.base}/metrics")).text
+    assert len(fake_claude.message_requests) == 1
+    assert (line["outcome"], line["calls"], sum(line["charged"].values())) == ("cancelled", 1, 0), line
+    attempts = series(scrape, "mcp_backfill_claude_attempts_total")
+    assert [(labels["outcome"], labels["type"], value) for labels, value in attempts] == [
+        ("cancelled", "overloaded_error", 1.0)
+    ], attempts
+
+
+async def test_an_answer_over_the_tool_call_limit_is_one_failure_not_also_a_refusal(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """`--max-tool-calls`: Claude answered (billed, charged) with more tool calls than allowed, and
+    the server gets an error. It is a failure, as the audit log has it (`refused` is for requests
+    no call was made for): `/metrics` counted it as failed and also among the refusals by a limit."""
+    audit = tmp_path / "audit.jsonl"
+    options = ["--audit-log", str(audit), "--max-tool-calls", "1"]
+    calls = [{"type": "tool_use", "id": f"toolu_{n}", "name": "a", "input": {}} for n in range(2)]
+    fake_claude.enqueue(message_reply(calls, stop_reason="tool_use"))
+    params = {
+        "messages": [{"role": "user", "content": {"type": "text", "text": "q"}}],
+        "maxTokens": 20,
+        "tools": [{"name": "a", "inputSchema": {"type": "object"}}],
+    }
+    async with (
+        run_sidecar(*options, upstream=SAMPLING_SERVER, env=proxy_env(fake_claude.url)) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+        Client(sidecar.url, mode="legacy") as client,
+    ):
+        outcome = tool_json(await client.call_tool("sample_raw", {"params_json": json.dumps(params)}))
+        assert outcome["error"]["data"]["limit"] == "max_tool_calls", outcome
+        [line] = await wait_for_audit(audit, 1)
+        scrape = (await http.get(f"{sidecar.base}/metrics")).text
+    assert (line["outcome"], line["calls"], line["error"]["limit"]) == ("failed", 1, "max_tool_calls")
+    assert sum(line["charged"].values()) > 0
+    assert summed(scrape, "mcp_backfill_sampling_requests_total", "outcome") == {"failed": 1.0}
+    assert series(scrape, "mcp_backfill_sampling_refusals_total") == []

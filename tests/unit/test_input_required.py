@@ -102,6 +102,22 @@ def test_stash_entries_expire() -> None:
     assert token not in stash.entries  # expired entries are purged on the next put
 
 
+def test_each_expired_stash_entry_is_reported_once_and_no_entry_taken_in_time() -> None:
+    now = [100.0]
+    heard: list[tuple[str, Any]] = []
+    stash = ir.Stash(
+        ttl=5, clock=lambda: now[0], expired=lambda token, entry: heard.append((token, entry.asked_for))
+    )
+    taken = stash.put({}, False, None, rounds=0, pending={"q": {}}, asked_for=1)
+    dropped = stash.put({}, False, None, rounds=0, pending={"q": {}}, asked_for=2)
+    late = stash.put({}, False, None, rounds=0, pending={"q": {}}, asked_for=3)
+    assert stash.take(taken) is not None
+    now[0] += 6
+    assert stash.holds() is False
+    assert stash.take(late) is None  # purged already: not heard of twice
+    assert heard == [(dropped, 2), (late, 3)]
+
+
 def test_a_server_state_is_not_mistaken_for_a_stash_token() -> None:
     assert ir.stash_token({"requestState": "v1.sealed"}) is None
     assert ir.stash_token({"requestState": 5}) is None

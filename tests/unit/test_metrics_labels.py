@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mcp_backfill.sidecar.metrics import MODEL_LABELS, Metrics
+from mcp_backfill.sidecar.metrics import MODEL_LABEL_CHARACTERS, MODEL_LABELS, Metrics
 from tests.defaults import CONFIG
 
 
@@ -31,6 +31,24 @@ def test_error_types_a_gateway_invents_count_as_other() -> None:
     assert len(lines) == 6
 
 
+def test_every_error_type_the_providers_name_is_a_label_of_its_own() -> None:
+    """The types the proxy's providers give their own errors are in the label set, not `other`."""
+    import re
+    from pathlib import Path
+
+    import mcp_backfill.providers.anthropic as provider
+
+    source = Path(provider.__file__).read_text()
+    named = set(re.findall(r'"provider": self\.name, "type": "([a-z_]+)"', source))
+    named |= set(re.findall(r'\n\s+"([a-z_]+)",\n\s+request_id,', source))
+    assert {"credentials_unavailable", "client_error", "connection_error"} <= named
+    metrics = Metrics()
+    for error_type in sorted(named):
+        metrics.attempt_done(provider="vertex", outcome="retried", error_type=error_type)
+    lines = _series(metrics.render(), "mcp_backfill_claude_attempts_total")
+    assert not [line for line in lines if 'type="other"' in line], lines
+
+
 def test_model_ids_a_gateway_reports_are_bounded() -> None:
     metrics = Metrics(models=("claude-sonnet-4-5",))
     for n in range(1000):
@@ -49,6 +67,23 @@ def test_model_ids_a_gateway_reports_are_bounded() -> None:
     counts = [line for line in text.splitlines() if line.startswith(latency)]
     assert len(counts) == MODEL_LABELS + 2
     assert len(_series(text, "mcp_backfill_sampling_tokens_total")) == MODEL_LABELS + 2
+
+
+def test_a_model_id_a_gateway_reports_is_cut_to_a_bounded_length() -> None:
+    metrics = Metrics(models=("claude-sonnet-4-5",))
+    huge = "m" * 1_000_000  # a gateway's JSON may name any model, of any length
+    for model in (huge, huge + "-other"):
+        metrics.sampling_done(
+            outcome="answered", model=model, latency=0.1, tokens={"output_tokens": 1}, client="a"
+        )
+    text = metrics.render()
+    assert len(text) < 10 * MODEL_LABEL_CHARACTERS + 10_000
+    requests = _series(text, "mcp_backfill_sampling_requests_total")
+    cut = "m" * (MODEL_LABEL_CHARACTERS - 1) + "…"
+    # Both names begin alike: one series for the two, with the length a label has at most.
+    assert requests == [
+        f'mcp_backfill_sampling_requests_total{{client="a",model="{cut}",outcome="answered"}} 2'
+    ]
 
 
 def test_a_model_that_is_no_string_does_not_break_the_scrape() -> None:

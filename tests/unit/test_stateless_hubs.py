@@ -26,6 +26,9 @@ class Rounds:
     def __init__(self) -> None:
         self.stash: Any = Stash(ttl=300)
 
+    def adopt(self, stash: Any) -> None:
+        self.stash = stash
+
 
 class IdleRelay:
     """Stands in for the relay between a hub's mux and its upstream: runs until cancelled."""

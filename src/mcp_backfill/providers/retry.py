@@ -135,22 +135,27 @@ class RetryingProvider:
             if self._clock() + delay >= deadline_at:
                 self._note("failed", last)
                 raise self._deadline_error(attempt, last)
-            if meter is not None and not await meter.may_retry():
-                raise self._give_up(
-                    last, attempt, "budget", "not retried: a token budget has no room for another attempt"
+            try:
+                if meter is not None and not await meter.may_retry():
+                    raise self._give_up(
+                        last, attempt, "budget", "not retried: a token budget has no room for another attempt"
+                    )
+                log.info(
+                    "Claude API call failed; retrying",
+                    extra={
+                        "provider": self.name,
+                        "status": (last.data or {}).get("status"),
+                        "type": (last.data or {}).get("type"),
+                        "attempt": attempt,
+                        "delay_s": round(delay, 3),
+                    },
                 )
-            self._note("retried", last)
-            log.info(
-                "Claude API call failed; retrying",
-                extra={
-                    "provider": self.name,
-                    "status": (last.data or {}).get("status"),
-                    "type": (last.data or {}).get("type"),
-                    "attempt": attempt,
-                    "delay_s": round(delay, 3),
-                },
-            )
-            await self._sleep(delay)
+                await self._sleep(delay)
+            except anyio.get_cancelled_exc_class():
+                # The request was cancelled before the retry was made: no attempt follows this one.
+                self._note("cancelled", last)
+                raise
+            self._note("retried", last)  # counted once another attempt is sure to follow
 
     def _give_up(self, last: ProviderError, attempts: int, why: str, saying: str) -> ProviderError:
         self._note("failed", last)

@@ -205,10 +205,12 @@ class Answerer:
         span: RequestSpan | None,
     ) -> None:
         response: dict[str, Any] | None = None
+        approving = True  # until the sampler is asked: then it reports the exchange itself
         try:
             with entry.scope:
                 try:
                     await self._approved(params, request_id, related)
+                    approving = False
                     progress = progress_notifier(params, self._send_upstream, self._revision())
                     async with progress.beside() if progress is not None else nullcontext():
                         if span is None:
@@ -224,6 +226,10 @@ class Answerer:
                 del self._answering[jsonrpc.id_key(request_id)]
             if response is None and entry.cut is not None:  # the client cancelled what it was for
                 response = jsonrpc.error_response(request_id, protocol.REQUEST_CANCELLED, entry.cut)
+                if approving:  # refused before the sampler was asked, as one made after the cancel
+                    self.refused(params, SamplingError(protocol.REQUEST_CANCELLED, entry.cut), request_id)
+            elif response is None and approving:  # the server (or the session's end) cancelled it
+                self.sampler.abandoned(params, request_id=request_id, session=self.session)
             if span is not None:
                 if response is None:
                     span.cancel()

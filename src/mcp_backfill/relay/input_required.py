@@ -128,16 +128,22 @@ class StashedRound:
     nonce: str = ""
     # The key of the approval question among the round's (one no question of the server's has).
     approval_key: str = ""
+    # The client request the approval question was asked for (for the logs; `Stash` only).
+    asked_for: Any = None
 
 
 @dataclass
 class Stash:
-    """The proxy's own answers to mixed rounds, keyed by the token given to the client, with a TTL."""
+    """The proxy's own answers to mixed rounds, keyed by the token given to the client, with a TTL.
+
+    `expired` hears of each entry dropped because its time ran out (never of one taken in time),
+    once, with its token: an approval question's sampling requests are then refused."""
 
     ttl: float
     clock: Callable[[], float] = time.monotonic
     entries: dict[str, StashedRound] = field(default_factory=dict)
     _serial: itertools.count[int] = field(default_factory=itertools.count)
+    expired: Callable[[str, StashedRound], None] = lambda token, entry: None
 
     def put(
         self,
@@ -148,30 +154,52 @@ class Stash:
         pending: dict[str, Any] | None = None,
         ttl: float | None = None,
         approval_key: str = "",
+        asked_for: Any = None,
     ) -> str:
         """`ttl`: this entry's, when shorter than the stash's (an approval question's);
-        `approval_key`: the key the approval question of `pending` was asked under."""
+        `approval_key`: the key the approval question of `pending` was asked under; `asked_for`: the
+        client request it was asked for."""
+        self._drop_expired()
         now = self.clock()
-        self.entries = {k: v for k, v in self.entries.items() if v.expires > now}
         # Unguessable, so one client cannot redeem another's answers on a shared proxy.
         token = f"{next(self._serial)}.{secrets.token_urlsafe(12)}"
         expires = now + (self.ttl if ttl is None else ttl)
         self.entries[token] = StashedRound(
-            answers, has_state, state, rounds, expires, pending or {}, approval_key=approval_key
+            answers,
+            has_state,
+            state,
+            rounds,
+            expires,
+            pending or {},
+            approval_key=approval_key,
+            asked_for=asked_for,
         )
         return token
 
     def take(self, token: str) -> StashedRound | None:
         entry = self.entries.pop(token, None)
-        if entry is None or entry.expires <= self.clock():
+        if entry is None:
+            return None
+        if entry.expires <= self.clock():
+            self.expired(token, entry)
             return None
         return entry
 
     def holds(self) -> bool:
         """Does it hold an entry not expired yet? (Those expired are dropped.)"""
-        now = self.clock()
-        self.entries = {k: v for k, v in self.entries.items() if v.expires > now}
+        self._drop_expired()
         return bool(self.entries)
+
+    def expires(self, token: str) -> float | None:
+        """When the entry of `token` expires (by `clock`), or None when it is gone."""
+        entry = self.entries.get(token)
+        return None if entry is None else entry.expires
+
+    def _drop_expired(self) -> None:
+        now = self.clock()
+        gone = [token for token, entry in self.entries.items() if entry.expires <= now]
+        for token in gone:
+            self.expired(token, self.entries.pop(token))
 
 
 MAX_REDEEMED = 100_000
@@ -252,6 +280,7 @@ class SealedStash:
         pending: dict[str, Any] | None = None,
         ttl: float | None = None,
         approval_key: str = "",
+        asked_for: Any = None,  # not sealed: nothing here hears of a token expiring
     ) -> str:
         expires = self._clock() + (self.ttl if ttl is None else ttl)
         fields = {"a": answers, "h": has_state, "s": state, "r": rounds, "e": expires, "p": pending or {}}

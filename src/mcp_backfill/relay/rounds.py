@@ -91,7 +91,9 @@ class RoundDriver:
         self.state = state
         key, ttl = options.request_state_key, options.input_stash_ttl
         self.stash: ir.Stash | ir.SealedStash = (
-            ir.SealedStash(key, ttl, scope, redeemed=options.redeemed_tokens) if key else ir.Stash(ttl)
+            ir.SealedStash(key, ttl, scope, redeemed=options.redeemed_tokens)
+            if key
+            else ir.Stash(ttl, expired=self._expired)
         )
         self._sample = sample
         self._send_client = send_client
@@ -110,8 +112,20 @@ class RoundDriver:
         self._tokens: dict[jsonrpc.IdKey, PendingRequest] = {}
 
     def start(self, task_group: TaskGroup) -> None:
-        """Rounds are driven in tasks of `task_group` (the relay's)."""
+        """Rounds are driven in tasks of `task_group` (the relay's). The approval questions of an
+        adopted stash are watched from now on."""
         self._tg = task_group
+        if isinstance(self.stash, ir.Stash):
+            for token, entry in list(self.stash.entries.items()):
+                if entry.pending:
+                    task_group.start_soon(self._expire, self.stash, token)
+
+    def adopt(self, stash: ir.Stash | ir.SealedStash) -> None:
+        """Use `stash` (another relay's, before `start`): its approval questions that expire are
+        refused by this driver."""
+        self.stash = stash
+        if isinstance(stash, ir.Stash):
+            stash.expired = self._expired
 
     # -- client -> upstream ----------------------------------------------------------------------
 
@@ -458,7 +472,11 @@ class RoundDriver:
         # later (a dialog left open for hours) finds the round gone and samples nothing.
         ttl = min(self.options.input_stash_ttl, self.approver.timeout)
         key = approval_key(current.mine.keys() | current.theirs.keys())
-        token = self.stash.put({}, current.has_state, current.state, chain.rounds, current.mine, ttl, key)
+        token = self.stash.put(
+            {}, current.has_state, current.state, chain.rounds, current.mine, ttl, key, pending.request_id
+        )
+        if isinstance(self.stash, ir.Stash) and self._tg is not None:
+            self._tg.start_soon(self._expire, self.stash, token)
         theirs = {**current.theirs, key: {"method": protocol.ELICIT, "params": question}}
         log.info("sampling approval asked in the round", extra={"request_id": pending.request_id})
         reduced = ir.reduced_result(result, theirs, token)
@@ -509,6 +527,31 @@ class RoundDriver:
         if failures:
             raise failures[0]
         return answers
+
+    async def _expire(self, stash: ir.Stash, token: str) -> None:
+        """Drop the approval question of `token` once its time is up, unless it was answered: its
+        sampling requests are refused then (`_expired`), not when a late answer finds it gone (none
+        may come)."""
+        while True:
+            expires = stash.expires(token)
+            if expires is None:  # answered in time (taken), or dropped as expired already
+                return
+            left = expires - stash.clock()
+            if left <= 0:
+                stash.holds()  # drops it, and any other expired
+                return
+            await anyio.sleep(max(left, 0.001))  # a loop may wake a tick early: then once more
+
+    def _expired(self, token: str, entry: ir.StashedRound) -> None:
+        """A stash entry's time ran out: the sampling requests awaiting its approval are refused."""
+        if not entry.pending:
+            return
+        request_id = entry.asked_for
+        log.warning(
+            "sampling approval not answered in time; sampling refused",
+            extra={"request_id": request_id, "timeout": self.approver.timeout if self.approver else None},
+        )
+        self._refuse_questions(request_id, entry.pending, rejected("timed out"))
 
     def _refuse_questions(self, request_id: Any, questions: dict[str, Any], refusal: SamplingError) -> None:
         """The round's sampling questions were refused before any was sampled: each is reported."""

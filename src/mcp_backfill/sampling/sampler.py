@@ -152,7 +152,8 @@ class Sampler:
             raise
         except SamplingError as exc:
             exchange.fail(exc.code, exc.message, exc.data, "refused" if not exchange.calls else "failed")
-            self.spend.note_refusal(exc)
+            if exchange.outcome == "refused":  # a limit after a call (billed) failed the request
+                self.spend.note_refusal(exc)
             raise
         except anyio.get_cancelled_exc_class():
             exchange.cancelled = True
@@ -177,6 +178,16 @@ class Sampler:
         any refusal, with nothing charged."""
         exchange = _exchange(request_id, session)
         exchange.fail(error.code, error.message, error.data, "refused")
+        self._report(exchange, session, params, None)
+
+    def abandoned(
+        self, params: dict[str, Any], *, request_id: Any = None, session: SamplingSession | None = None
+    ) -> None:
+        """Report a sampling request cancelled before the sampler was asked (the server cancelled
+        it, or the session ended, while the user's approval was awaited): logged, audited and
+        counted as cancelled, with nothing charged."""
+        exchange = _exchange(request_id, session)
+        exchange.cancelled = True
         self._report(exchange, session, params, None)
 
     async def warm_up(self) -> None:

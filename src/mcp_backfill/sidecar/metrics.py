@@ -44,6 +44,7 @@ CLAUDE_ERROR_TYPES = frozenset(
         "timeout",
         "client_error",
         "connection_error",
+        "credentials_unavailable",
         "name_resolution",
         "incomplete_stream",
         "malformed_response",
@@ -57,6 +58,11 @@ MODEL_LABELS = 32
 """How many model ids besides the operator's (`--model`, `--allowed-models`) the `model` label
 names; the model is the one the response reports (a gateway's may be anything), and the ones
 past the first `MODEL_LABELS` count as `other`."""
+MODEL_LABEL_CHARACTERS = 200
+"""The longest a `model` label value a response reported is (a Bedrock inference profile's ARN
+is about 100): a longer one is cut, ending in an ellipsis, so that a gateway naming models of a
+megabyte cannot make every scrape (and the process's memory) that large. The operator's own models
+are shown as given."""
 
 
 def _labels(labels: Labels, extra: Labels = ()) -> str:
@@ -196,8 +202,8 @@ class Metrics:
         self.attempts = Counter(
             "mcp_backfill_claude_attempts_total",
             "attempts at a Claude API call, by outcome (ok; retried: failed, another attempt follows; "
-            "failed: the call gave up; cancelled: the request was cancelled while it ran) and error "
-            "type (the API's, e.g. overloaded_error, or timeout)",
+            "failed: the call gave up; cancelled: the request was cancelled while it ran, or before its "
+            "retry was made) and error type (the API's, e.g. overloaded_error, or timeout)",
         )
         self.latency = Histogram(
             "mcp_backfill_claude_latency_seconds",
@@ -247,6 +253,10 @@ class Metrics:
             model = _LONE_SURROGATE.sub("\ufffd", model)
         if model in self._models:
             return model
+        if len(model) > MODEL_LABEL_CHARACTERS:
+            model = model[: MODEL_LABEL_CHARACTERS - 1] + "…"
+            if model in self._models:
+                return model
         if self._other_models < MODEL_LABELS:
             self._other_models += 1
             self._models.add(model)

@@ -364,7 +364,8 @@ def spend_gauges(metrics: Metrics, spend: Spend) -> None:
     )
     metrics.gauge(
         "mcp_backfill_sampling_refusals_total",
-        "sampling requests refused by a limit, by the limit's option (budget_tokens, rate_limit...)",
+        "sampling requests refused by a limit before any Claude call (one failed by a limit after its "
+        "call counts as failed), by the limit's option (budget_tokens, rate_limit...)",
         lambda: [((("limit", limit),), count) for limit, count in sorted(spend.refused.items())],
         kind="counter",
     )

@@ -203,7 +203,7 @@ class StatelessHub:
                     )
                     if self.stash is None:
                         self.stash = relay.rounds.stash
-                    relay.rounds.stash = self.stash
+                    relay.rounds.adopt(self.stash)
                     self._mux = mux
                     started = True
                     task_status.started()
