@@ -814,9 +814,8 @@ class Spend:
         return self.link.upkeep()
 
     def note_refusal(self, error: SamplingError) -> None:
-        """Count a request refused by one of the limits before any call (for metrics and the stdio
-        summary), keyed by the limit's name; one a limit failed after a call (`--max-tool-calls`,
-        the call billed) is a failure, as the audit log has it."""
+        """Count a request a limit refused before any call (metrics, the stdio summary) by the limit's
+        name; one failed after its billed call (`--max-tool-calls`) is a failure, not counted here."""
         limit = error.data.get("limit") if isinstance(error.data, dict) else None
         if isinstance(limit, str):
             self.refused[limit] = self.refused.get(limit, 0) + 1
