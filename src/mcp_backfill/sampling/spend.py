@@ -535,8 +535,7 @@ class Spend:
     (no request admitted, in flight or waiting) is dropped when the accounts are swept, which
     happens when a new identity arrives and `SWEEP_AT` accounts (then twice what the last sweep
     left) exist: identities that come and go leave nothing behind. `upkeep()` must surround the
-    use of a shared store: it renews this process's leases and retries settlements the store missed.
-    """
+    use of a shared store: it renews this process's leases and retries settlements the store missed."""
 
     def __init__(
         self,
