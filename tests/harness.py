@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import socket
@@ -308,3 +309,16 @@ async def npm_http_server(
                 yield HttpServer(process, url, log_path)
             finally:
                 await stop_process(process)
+
+
+def assert_kept_informed_while_sampling(heard: list[tuple[float, float | None, str | None]]) -> None:
+    """The progress a client heard through a 2026-07-28 round the proxy drove while Claude answered
+    (`(progress, total, message)` each): the server's first request's, then the proxy's own while
+    it sampled (at least two), then the re-sent round's, every value above the one before."""
+    messages = [message or "" for _, _, message in heard]
+    assert messages[0] == "started", heard
+    assert messages[-2:] == ["started", "sampled"], heard
+    assert len(messages) >= 4, heard
+    assert all("Claude" in message for message in messages[1:-2]), heard
+    values = [progress for progress, _, _ in heard]
+    assert all(a < b for a, b in itertools.pairwise(values)), heard

@@ -6,7 +6,6 @@ client (mcp SDK over streamable HTTP, no sampling callback) --HTTP--> `python -m
 
 from __future__ import annotations
 
-import itertools
 import json
 import sys
 import tempfile
@@ -24,7 +23,15 @@ from mcp.shared.exceptions import MCPError
 from mcp_backfill.relay.progress import ROUND_PROGRESS_INTERVAL
 from tests.e2e.test_sidecar_stateless import stateless_headers, stateless_request
 from tests.fake_claude import FakeClaude, text_reply, tool_use_reply
-from tests.harness import SERVERS, TEST_API_KEY, HttpServer, proxy_env, python_http_server, tool_json
+from tests.harness import (
+    SERVERS,
+    TEST_API_KEY,
+    HttpServer,
+    assert_kept_informed_while_sampling,
+    proxy_env,
+    python_http_server,
+    tool_json,
+)
 from tests.sidecar_harness import (
     HANDSHAKE_HEADERS,
     HTTP_TIMEOUT,
@@ -275,10 +282,4 @@ async def test_progress_while_the_proxy_samples_for_a_round_through_an_http_side
     ):
         result = await client.call_tool("summarize_counting", {"text": "go"}, progress_callback=on_progress)
     assert tool_json(result) == {"text": "sampled"}
-    messages = [message or "" for _, _, message in heard]
-    assert messages[0] == "started", heard
-    assert messages[-2:] == ["started", "sampled"], heard
-    assert len(messages) >= 4, heard
-    assert all("Claude" in message for message in messages[1:-2]), heard
-    values = [progress for progress, _, _ in heard]
-    assert all(a < b for a, b in itertools.pairwise(values)), heard
+    assert_kept_informed_while_sampling(heard)
