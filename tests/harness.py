@@ -311,6 +311,13 @@ async def npm_http_server(
                 await stop_process(process)
 
 
+class ProgressHeard(list[tuple[float, float | None, str | None]]):
+    """A client's progress callback that keeps what it heard, in order: `(progress, total, message)`."""
+
+    async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
+        self.append((progress, total, message))
+
+
 def assert_kept_informed_while_sampling(heard: list[tuple[float, float | None, str | None]]) -> None:
     """The progress a client heard through a 2026-07-28 round the proxy drove while Claude answered
     (`(progress, total, message)` each): the server's first request's, then the proxy's own while

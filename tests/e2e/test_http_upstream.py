@@ -28,6 +28,7 @@ from tests.harness import (
     SERVERS,
     TEST_API_KEY,
     HttpServer,
+    ProgressHeard,
     RawSession,
     assert_kept_informed_while_sampling,
     free_port,
@@ -925,16 +926,13 @@ async def test_progress_of_a_request_whose_rounds_the_proxy_drives_reaches_the_c
     """The server reports progress on the stream of the POST the proxy re-sent with its answer to
     a round: the stdio client hears it under its own progress token."""
     fake_claude.enqueue(text_reply("sampled"))
-    heard: list[tuple[float, float | None, str | None]] = []
-
-    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-        heard.append((progress, total, message))
+    heard = ProgressHeard()
 
     async with python_http_server(RESOLVE_SERVER) as upstream:
         argv = proxy_url_argv(url=upstream.url)
         async with Client(stdio_params(argv, proxy_env(fake_claude.url)), mode="auto") as client:
             result = await client.call_tool(
-                "summarize_with_progress", {"text": "go"}, progress_callback=on_progress
+                "summarize_with_progress", {"text": "go"}, progress_callback=heard
             )
     assert tool_json(result) == {"text": "sampled"}
     assert heard == [(1, 2, "half way"), (2, 2, "done")]
@@ -947,17 +945,12 @@ async def test_progress_through_an_http_upstream_while_the_proxy_samples_for_a_r
     each time it runs, on every round: the client hears the proxy's progress while Claude answers,
     and every value above the one before (tests/e2e/test_stateless_era.py has the stdio child)."""
     fake_claude.enqueue(text_reply("A summary.", delay=ROUND_PROGRESS_INTERVAL + 3))
-    heard: list[tuple[float, float | None, str | None]] = []
-
-    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-        heard.append((progress, total, message))
+    heard = ProgressHeard()
 
     async with python_http_server(RESOLVE_SERVER) as upstream:
         argv = proxy_url_argv(url=upstream.url)
         async with Client(stdio_params(argv, proxy_env(fake_claude.url)), mode="auto") as client:
-            result = await client.call_tool(
-                "summarize_counting", {"text": "long"}, progress_callback=on_progress
-            )
+            result = await client.call_tool("summarize_counting", {"text": "long"}, progress_callback=heard)
     assert tool_json(result) == {"text": "A summary."}
     assert_kept_informed_while_sampling(heard)
     assert len(fake_claude.message_requests) == 1

@@ -27,6 +27,7 @@ from tests.harness import (
     SERVERS,
     TEST_API_KEY,
     HttpServer,
+    ProgressHeard,
     assert_kept_informed_while_sampling,
     proxy_env,
     python_http_server,
@@ -242,10 +243,7 @@ async def test_progress_of_a_request_whose_rounds_the_proxy_drives_reaches_the_c
     """The server reports progress on the stream of the POST the proxy re-sent with its answer to
     a round: the client hears it on its own POST, under its own progress token."""
     fake_claude.enqueue(text_reply("sampled"))
-    heard: list[tuple[float, float | None, str | None]] = []
-
-    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-        heard.append((progress, total, message))
+    heard = ProgressHeard()
 
     async with (
         python_http_server(RESOLVE_SERVER) as upstream,
@@ -254,9 +252,7 @@ async def test_progress_of_a_request_whose_rounds_the_proxy_drives_reaches_the_c
         ) as sidecar,
         Client(sidecar.url) as client,
     ):
-        result = await client.call_tool(
-            "summarize_with_progress", {"text": "go"}, progress_callback=on_progress
-        )
+        result = await client.call_tool("summarize_with_progress", {"text": "go"}, progress_callback=heard)
     assert tool_json(result) == {"text": "sampled"}
     assert heard == [(1, 2, "half way"), (2, 2, "done")]
 
@@ -268,10 +264,7 @@ async def test_progress_while_the_proxy_samples_for_a_round_through_an_http_side
     runs: the client hears the proxy's progress while Claude answers, and the values keep rising
     when the re-sent request's resolver counts from the start again."""
     fake_claude.enqueue(text_reply("sampled", delay=ROUND_PROGRESS_INTERVAL + 3))
-    heard: list[tuple[float, float | None, str | None]] = []
-
-    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-        heard.append((progress, total, message))
+    heard = ProgressHeard()
 
     async with (
         python_http_server(RESOLVE_SERVER) as upstream,
@@ -280,6 +273,6 @@ async def test_progress_while_the_proxy_samples_for_a_round_through_an_http_side
         ) as sidecar,
         Client(sidecar.url) as client,
     ):
-        result = await client.call_tool("summarize_counting", {"text": "go"}, progress_callback=on_progress)
+        result = await client.call_tool("summarize_counting", {"text": "go"}, progress_callback=heard)
     assert tool_json(result) == {"text": "sampled"}
     assert_kept_informed_while_sampling(heard)

@@ -20,7 +20,13 @@ from mcp import Client, types
 
 from mcp_backfill.relay.progress import ROUND_PROGRESS_INTERVAL
 from tests.fake_claude import FakeClaude, hang_reply, text_reply, tool_use_reply
-from tests.harness import assert_kept_informed_while_sampling, proxy_env, python_server, tool_json
+from tests.harness import (
+    ProgressHeard,
+    assert_kept_informed_while_sampling,
+    proxy_env,
+    python_server,
+    tool_json,
+)
 from tests.sidecar_harness import (
     HANDSHAKE_HEADERS,
     HTTP_TIMEOUT,
@@ -627,17 +633,14 @@ async def test_progress_of_a_request_whose_rounds_the_proxy_drives_reaches_the_c
     """The server reports progress for the request the proxy re-sent with its answers to a round:
     the client hears it on its POST, under its own progress token."""
     fake_claude.enqueue(text_reply("sampled"))
-    heard: list[tuple[float, float | None, str | None]] = []
-
-    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-        heard.append((progress, total, message))
+    heard = ProgressHeard()
 
     upstream = python_server("input_required_server.py")
     async with (
         run_sidecar(upstream=upstream, env=proxy_env(fake_claude.url)) as sidecar,
         Client(sidecar.url) as client,
     ):
-        result = await client.call_tool("progress", {"prompt": "go"}, progress_callback=on_progress)
+        result = await client.call_tool("progress", {"prompt": "go"}, progress_callback=heard)
     assert tool_json(result) == {"text": "sampled"}
     assert heard == [(1, 2, "half way"), (2, 2, "done")]
 
@@ -649,18 +652,13 @@ async def test_a_2026_client_hears_monotonic_progress_while_the_proxy_samples_fo
     the client hears progress under its own token at a bounded interval, and the server's progress
     of the request the proxy re-sent, counted from the start again, is lifted above it."""
     fake_claude.enqueue(text_reply("sampled", delay=ROUND_PROGRESS_INTERVAL + 3))
-    heard: list[tuple[float, float | None, str | None]] = []
-
-    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-        heard.append((progress, total, message))
+    heard = ProgressHeard()
 
     async with (
         run_sidecar(upstream=INPUT_REQUIRED_SERVER, env=proxy_env(fake_claude.url)) as sidecar,
         Client(sidecar.url) as client,
     ):
-        result = await client.call_tool(
-            "progress_each_round", {"prompt": "go"}, progress_callback=on_progress
-        )
+        result = await client.call_tool("progress_each_round", {"prompt": "go"}, progress_callback=heard)
     assert tool_json(result) == {"text": "sampled"}
     assert_kept_informed_while_sampling(heard)
     assert len(fake_claude.message_requests) == 1

@@ -19,6 +19,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_backfill.relay.progress import ROUND_PROGRESS_INTERVAL
 from tests.fake_claude import FakeClaude, error_reply, hang_reply, text_reply, tool_use_reply
 from tests.harness import (
+    ProgressHeard,
     assert_kept_informed_while_sampling,
     proxy_argv,
     proxy_env,
@@ -384,13 +385,10 @@ async def test_progress_of_a_request_whose_rounds_the_proxy_drives_reaches_the_c
     """The server reports progress for the request the proxy re-sent with its answers: the client
     hears it under its own progress token, as it would have without the proxy's rounds."""
     fake_claude.enqueue(text_reply("sampled"))
-    heard: list[tuple[float, float | None, str | None]] = []
-
-    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-        heard.append((progress, total, message))
+    heard = ProgressHeard()
 
     async with client_for(fake_claude, LOWLEVEL_SERVER) as client:
-        result = await client.call_tool("progress", {"prompt": "go"}, progress_callback=on_progress)
+        result = await client.call_tool("progress", {"prompt": "go"}, progress_callback=heard)
     assert tool_json(result) == {"text": "sampled"}
     assert heard == [(1, 2, "half way"), (2, 2, "done")]
 
@@ -407,15 +405,10 @@ async def test_progress_stays_monotonic_when_the_server_counts_again_in_a_round_
     whose progress MUST increase: a value that would not is lifted above the last one, with its
     `total` by as much, and its message kept."""
     fake_claude.enqueue(text_reply("sampled"))
-    heard: list[tuple[float, float | None, str | None]] = []
-
-    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-        heard.append((progress, total, message))
+    heard = ProgressHeard()
 
     async with client_for(fake_claude, LOWLEVEL_SERVER) as client:
-        result = await client.call_tool(
-            "progress_each_round", {"prompt": "go"}, progress_callback=on_progress
-        )
+        result = await client.call_tool("progress_each_round", {"prompt": "go"}, progress_callback=heard)
     assert tool_json(result) == {"text": "sampled"}
     assert [message for _, _, message in heard] == ["started", "started", "sampled"]
     assert heard[0] == (1, 3, "started")  # the first request's, as the server sent it
@@ -428,15 +421,10 @@ async def test_the_client_hears_progress_while_the_proxy_samples_for_a_round(fak
     some meanwhile, at a bounded interval (one that resets its timeout on progress keeps waiting,
     and the Claude call is not wasted), above what the server reported and below what it reports next."""
     fake_claude.enqueue(text_reply("sampled", delay=ROUND_PROGRESS_INTERVAL + 3))
-    heard: list[tuple[float, float | None, str | None]] = []
-
-    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-        heard.append((progress, total, message))
+    heard = ProgressHeard()
 
     async with client_for(fake_claude, LOWLEVEL_SERVER) as client:
-        result = await client.call_tool(
-            "progress_each_round", {"prompt": "go"}, progress_callback=on_progress
-        )
+        result = await client.call_tool("progress_each_round", {"prompt": "go"}, progress_callback=heard)
     assert tool_json(result) == {"text": "sampled"}
     assert_kept_informed_while_sampling(heard)
     assert len(fake_claude.message_requests) == 1
