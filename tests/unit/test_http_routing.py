@@ -725,6 +725,35 @@ async def test_a_resumed_writer_does_not_hold_up_the_session_for_events_its_clie
             tg.cancel_scope.cancel()
 
 
+async def test_a_writer_resumed_from_an_earlier_event_keeps_what_it_has_yet_to_write() -> None:
+    """A client resuming from an earlier event than the last one written to its stream (the rest
+    went into a connection it lost) has yet to get the rest; the stream still counted it as
+    delivered, and the session's replay memory let it go while the resumption was writing it: if
+    that one broke off too, the next resumption had lost those events."""
+    limit = 10_000
+    router = SessionRouter(1024, replay_bytes=limit)
+    post = router.open_post([request(1)])
+    for n in range(3):
+        router.route(encode(notification("notifications/message", data=f"{n}" * 1000)), related=1)
+    post.handed_out(3)  # written to a response whose connection was then lost
+    gate = anyio.Event()
+
+    class HeldCall(SlowCall):
+        async def body(self, data: bytes, more: bool = False) -> None:
+            await gate.wait()
+            await super().body(data, more)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            resumed = partial(pump_sse, cast(HttpCall, HeldCall()), post, 1, with_ids=True, keepalive=5)
+            tg.start_soon(resumed)
+            await anyio.sleep(0.01)  # the resumption from event 1 is writing event 2
+            router.open_post([request(2)])  # two in flight: what names neither goes to the GET stream
+            router.route(encode(notification("notifications/message", data="y" * 2 * limit)))
+            assert [seq for seq, _ in post.after(1)] == [2, 3]  # kept for its live reader
+            tg.cancel_scope.cancel()
+
+
 async def test_the_newest_event_left_is_kept_when_the_stream_of_the_newest_is_let_go() -> None:
     """The session's replay memory never lets go of its newest event. It remembered which stream had
     it, and went on doing so once that stream was let go (a POST answered as JSON): no stream's

@@ -310,8 +310,10 @@ class SessionRouter:
             await stream.progress()
 
     def _handed_out_whole(self, key: str) -> bool:
+        """Was the stream written whole by a response that has ended? (One still being written, its
+        last events maybe still on their way, is not: its client may lose the connection yet.)"""
         stream = self._streams.get(key)
-        return stream is None or stream.complete_after(stream.delivered)
+        return stream is None or (not stream.responding and stream.complete_after(stream.delivered))
 
     def _target(self, related: Any, params: Any) -> EventStream:
         if related is not None:
