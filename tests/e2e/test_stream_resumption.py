@@ -250,3 +250,31 @@ async def test_a_stream_resumed_from_an_earlier_event_is_kept_while_its_reader_g
     [(_, answer)] = sse_messages(resumed.text)
     assert answer["id"] == 1
     assert len(answer["result"]["pad"]) == 24 * MIB
+
+
+async def test_a_2026_client_reading_slowly_does_not_hold_up_another_clients_answer() -> None:
+    """Clients without a token of their own share one 2026-07-28 upstream and relay. A burst for a
+    request whose client read slowly held that relay up, every other client's answer with it, until
+    the slow one read or was taken to have stopped (10 s, after which it lost its oldest messages).
+    A hub holds what a slow reader has yet to read, up to half of what it may hold in all, and
+    the other clients are answered meanwhile."""
+    from tests.e2e.test_sidecar_stateless import stateless_headers, stateless_request
+
+    async with (
+        run_sidecar("--provider", "mock", upstream=HOLDING, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        burst = stateless_request("a", "burst", {"count": 600, "size": 20_000})
+        burst["params"]["_meta"]["progressToken"] = "a"
+        async with http.stream("POST", sidecar.url, json=burst, headers=stateless_headers("burst")) as slow:
+            chunks = slow.aiter_bytes()
+            read = [await chunks.__anext__()]  # it reads a little, then stops until the other is answered
+            with anyio.fail_after(HTTP_TIMEOUT):
+                other = await http.post(
+                    sidecar.url, json=stateless_request("b", "held"), headers=stateless_headers("held")
+                )
+            stalled = "no longer waited for" in sidecar.stderr()  # the slow reader given up on first
+            read += [chunk async for chunk in chunks]
+    assert response_to(other, "b")["result"] == {"held": 0}
+    assert not stalled
+    assert _summary(b"".join(read).decode()) == [*range(600), "a"]
