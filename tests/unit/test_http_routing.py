@@ -413,6 +413,26 @@ class SlowCall:
         await anyio.sleep(0.0005)
 
 
+async def test_events_that_come_while_the_writer_writes_go_out_without_waiting() -> None:
+    """A response's writer wrote the events it saw, then waited for the next one to come: those that
+    had come while it wrote (its client's connection backed up) waited for yet another, or for the
+    15 s keep-alive ping; a POST's answer among them reached its client 15 s late."""
+    stream = EventStream("s1", 16)
+    stream.append(b"1")
+
+    class BackedUpCall(SlowCall):
+        async def body(self, data: bytes, more: bool = False) -> None:
+            await super().body(data, more)
+            if len(self.chunks) == 1:  # while the first event is written, the answer comes
+                stream.append(b"2")
+                stream.finish()
+
+    call = BackedUpCall()
+    with anyio.fail_after(10):
+        await pump_sse(cast(HttpCall, call), stream, 0, with_ids=True, keepalive=3600)
+    assert [message for _, message in sse_messages(b"".join(call.chunks).decode())] == [1, 2]
+
+
 async def test_mux_holds_a_burst_for_a_live_sse_reader_instead_of_dropping_progress() -> None:
     """More notifications than a POST's stream keeps, ahead of a slow but live SSE writer: the mux
     dropped the oldest (progress lost); now, as a handshake session does, it waits for the writer."""

@@ -271,12 +271,15 @@ async def pump_sse(
     try:
         cursor = after
         while stream.is_writer(generation):
-            for seq, data in stream.after(cursor):
+            events = stream.after(cursor)
+            for seq, data in events:
                 await call.body(sse_event(data, stream.event_id(seq) if with_ids else None), more=True)
                 if not stream.is_writer(generation):
                     return  # another response took the stream over meanwhile, from its own event
                 cursor = seq
                 stream.handed_out(seq)
+            if events:
+                continue  # what came while those were written is not waited for again
             if stream.complete_after(cursor):
                 return
             with anyio.move_on_after(keepalive) as idle:
