@@ -14,7 +14,7 @@ import pytest
 from mcp_backfill.errors import DuplicateRequestId, TooManyPosts
 from mcp_backfill.sidecar.http_io import HttpCall, pump_sse
 from mcp_backfill.transports.event_stream import EventStream, parse_event_id, sse_event
-from mcp_backfill.transports.http_mux import EXCHANGE_BUFFER, MuxChannel
+from mcp_backfill.transports.http_mux import EXCHANGE_BUFFER, HOLD_UP_EVENTS, MuxChannel
 from mcp_backfill.transports.http_server import MAX_OPEN_POSTS, SessionChannel, SessionRouter
 from mcp_backfill.transports.queue import MessageQueue
 from tests.sidecar_harness import sse_messages
@@ -457,6 +457,48 @@ async def test_mux_holds_a_burst_for_a_live_sse_reader_instead_of_dropping_progr
     progress = [m["params"] for m in written if m.get("method") == "notifications/progress"]
     assert all(params["progressToken"] == "client-token" for params in progress)
     assert [params["progress"] for params in progress] == list(range(count))
+
+
+async def test_mux_holds_its_relay_up_for_a_slow_reader_only_past_the_hubs_bounds() -> None:
+    """The requests of one client identity (every client without a token) share a hub's relay: a
+    burst for a reader that had stopped a moment held it up, and every other client's answer with
+    it. Now only a reader that many events behind (or the hub that full) holds it up."""
+    mux = MuxChannel()
+    exchange, raw = mux.open(request("c1", "tools/call", _meta={"progressToken": "client-token"}))
+    mux_id = json.loads(raw)["id"]
+    gate = anyio.Event()
+
+    class StoppedCall(SlowCall):
+        async def body(self, data: bytes, more: bool = False) -> None:
+            await gate.wait()
+            self.chunks.append(data)
+
+    def progress(n: int) -> bytes:
+        return encode(notification("notifications/progress", progressToken=mux_id, progress=n))
+
+    call = StoppedCall()
+    sent = anyio.Event()
+
+    async def one_more() -> None:
+        await mux.send(progress(HOLD_UP_EVENTS))
+        sent.set()
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(pump_sse, cast(HttpCall, call), exchange.stream, 0, with_ids=False))
+            await anyio.sleep(0.01)  # the SSE response is being written, its client not reading
+            for n in range(HOLD_UP_EVENTS):
+                await mux.send(progress(n))  # kept for the reader, none held up
+            tg.start_soon(one_more)
+            await anyio.sleep(0.05)
+            assert not sent.is_set()  # past the bound: held up until the reader reads
+            gate.set()
+            await sent.wait()
+            await mux.send(encode(result(mux_id)))
+    written = [message for _, message in sse_messages(b"".join(call.chunks).decode())]
+    progressed = [m["params"]["progress"] for m in written if m.get("method") == "notifications/progress"]
+    assert progressed == list(range(HOLD_UP_EVENTS + 1))
+    assert written[-1] == result("c1")
 
 
 async def test_mux_own_request_gets_its_answer_and_no_client_gets_it() -> None:
