@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import weakref
@@ -15,7 +16,12 @@ from mcp_backfill.errors import DuplicateRequestId, TooManyPosts
 from mcp_backfill.sidecar.http_io import HttpCall, pump_sse
 from mcp_backfill.transports.event_stream import EventStream, parse_event_id, sse_event
 from mcp_backfill.transports.http_mux import EXCHANGE_BUFFER, HOLD_UP_EVENTS, MuxChannel
-from mcp_backfill.transports.http_server import MAX_OPEN_POSTS, SessionChannel, SessionRouter
+from mcp_backfill.transports.http_server import (
+    FINISHED_STREAMS_KEPT,
+    MAX_OPEN_POSTS,
+    SessionChannel,
+    SessionRouter,
+)
 from mcp_backfill.transports.queue import MessageQueue
 from tests.sidecar_harness import sse_messages
 
@@ -591,6 +597,23 @@ async def test_mux_takes_no_boolean_or_float_for_one_of_its_ids() -> None:
     await mux.send(encode(notification("notifications/message", data="x")), related=True)
     assert messages(first.stream) == []
     assert not first.stream.finished
+
+
+async def test_a_stream_its_client_left_outlasts_finished_streams_still_being_written() -> None:
+    """A session keeps its last 8 finished POST streams, those its clients read whole going first.
+    A stream whose response is still being written is not read whole yet; when every other one
+    was such a stream, the oldest went, though its client had left before reading it and was to
+    resume it, rather than one whose whole answer was being written to its client."""
+    router = SessionRouter(16)
+    left = router.open_post([request(1)])
+    router.route(encode(result(1)))  # answered after its client left: nothing of it handed out
+    with contextlib.ExitStack() as responses:
+        for n in range(2, 2 + FINISHED_STREAMS_KEPT):
+            stream = router.open_post([request(n)])
+            responses.enter_context(stream.expecting_reader())  # its response still being written
+            router.route(encode(result(n)))
+            stream.handed_out(stream.last_seq)
+        assert router.stream(left.key) is left
 
 
 async def test_a_session_holds_a_bounded_number_of_post_streams_waiting_for_answers() -> None:
