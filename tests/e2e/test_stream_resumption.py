@@ -26,8 +26,9 @@ from tests.sidecar_harness import (
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 # A stdio upstream that answers `hold` requests only when `release` names them (`loud`: a log
-# message first); `held` answers how many it holds; `burst` sends `count` progress notifications of
-# `size` bytes (`progress` 0, 1...), then answers.
+# message first; `release`'s `pad`: that many bytes more in each answer); `held` answers how many it
+# holds; `burst` sends `count` progress notifications of `size` bytes (`progress` 0, 1...), then
+# answers.
 HOLDING_SERVER = r"""
 import json, sys
 held = {}
@@ -57,7 +58,8 @@ for line in sys.stdin:
         send({"jsonrpc": "2.0", "id": m["id"], "result": {"held": len(held)}})
     elif method == "release":
         for request_id in params["ids"]:
-            send({"jsonrpc": "2.0", "id": held.pop(json.dumps(request_id)), "result": {"released": True}})
+            result = {"released": True, **({"pad": "x" * params["pad"]} if params.get("pad") else {})}
+            send({"jsonrpc": "2.0", "id": held.pop(json.dumps(request_id)), "result": result})
         send({"jsonrpc": "2.0", "id": m["id"], "result": {}})
 """
 HOLDING = [sys.executable, "-c", HOLDING_SERVER]
@@ -175,3 +177,104 @@ async def test_a_slow_live_reader_keeps_its_answer_while_other_streams_fill_the_
                 read += [chunk async for chunk in chunks]
     assert others == list(range(2, 9))
     assert _summary(b"".join(read).decode()) == [*range(12), 1]
+
+
+async def test_a_post_stream_cut_off_while_its_answer_was_written_stays_resumable() -> None:
+    """A POST's SSE stream whose client went away while its (large) answer was being written counted
+    as delivered whole, as if the client had read it: it was the first finished stream a session
+    let go, and once eight other requests had finished its client's resumption got 400, its answer
+    lost. A response cut off before its end delivers nothing for sure: the stream stays resumable."""
+    options = ("--provider", "mock", "--log-level", "debug")
+    async with (
+        run_sidecar(*options, upstream=HOLDING, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+        loud = _rpc(1, "hold", {"loud": True})
+        async with http.stream("POST", sidecar.url, json=loud, headers=headers) as sse:
+            chunks = sse.aiter_text()
+            seen = ""
+            while not ("held" in seen and seen.endswith("\n\n")):  # its log message, with an id
+                seen += await chunks.__anext__()
+            release = _rpc("r1", "release", {"ids": [1], "pad": 24 * MIB})  # more than sockets hold
+            await http.post(sidecar.url, json=release, headers=headers)
+            head = await chunks.__anext__()  # the answer is being written...
+            assert '"id":1' not in head or not head.endswith("\n\n")
+        # ... and the client leaves before the end of it, which it never gets
+        await wait_until(partial(_closed_at_least, sidecar, 1))
+        [(last_id, _)] = sse_messages(seen)
+        assert last_id is not None
+        for n in range(2, 10):  # eight other requests, their streams read whole
+            answer = await http.post(sidecar.url, json=_burst(n, 1, 10), headers=headers)
+            assert response_to(answer, n)["result"] == {}
+        resumed = await http.get(sidecar.url, headers={**headers, "last-event-id": last_id})
+    assert resumed.status_code == 200, resumed.text[:500]
+    [(_, answer)] = sse_messages(resumed.text)
+    assert answer["id"] == 1
+    assert len(answer["result"]["pad"]) == 24 * MIB
+
+
+async def test_a_stream_resumed_from_an_earlier_event_is_kept_while_its_reader_gets_it() -> None:
+    """A client may resume a stream from an earlier event than the last one written to it (it
+    read the rest, or the rest went into a connection it then lost, unread). The stream still
+    counted as read whole: while the resumption was being written, eight other requests finishing
+    made the session let it go, and when the resumption too broke off the next one got 400."""
+    async with (
+        run_sidecar("--provider", "mock", upstream=HOLDING, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
+        loud = _rpc(1, "hold", {"loud": True})
+        async with http.stream("POST", sidecar.url, json=loud, headers=headers) as sse:
+            chunks = sse.aiter_text()
+            seen = ""
+            while not ("held" in seen and seen.endswith("\n\n")):  # its log message, with an id
+                seen += await chunks.__anext__()
+            release = _rpc("r1", "release", {"ids": [1], "pad": 24 * MIB})  # more than sockets hold
+            await http.post(sidecar.url, json=release, headers=headers)
+            seen += "".join([chunk async for chunk in chunks])  # read whole
+        [(last_id, _), (_, answer)] = sse_messages(seen)
+        assert last_id is not None
+        assert answer["id"] == 1
+        resume = {**headers, "last-event-id": last_id}
+        async with http.stream("GET", sidecar.url, headers=resume) as again:
+            assert again.status_code == 200
+            reading = again.aiter_bytes()  # (kept: an iterator let go closes the connection)
+            await reading.__anext__()  # the answer is being written again...
+            for n in range(2, 10):  # ... while eight other requests finish
+                reply = await http.post(sidecar.url, json=_burst(n, 1, 10), headers=headers)
+                assert response_to(reply, n)["result"] == {}
+        # ... and the client leaves before its end
+        resumed = await http.get(sidecar.url, headers=resume)
+    assert resumed.status_code == 200, resumed.text[:500]
+    [(_, answer)] = sse_messages(resumed.text)
+    assert answer["id"] == 1
+    assert len(answer["result"]["pad"]) == 24 * MIB
+
+
+async def test_a_2026_client_reading_slowly_does_not_hold_up_another_clients_answer() -> None:
+    """Clients without a token of their own share one 2026-07-28 upstream and relay. A burst for a
+    request whose client read slowly held that relay up, every other client's answer with it, until
+    the slow one read or was taken to have stopped (10 s, after which it lost its oldest messages).
+    A hub holds what a slow reader has yet to read, up to half of what it may hold in all, and
+    the other clients are answered meanwhile."""
+    from tests.e2e.test_sidecar_stateless import stateless_headers, stateless_request
+
+    async with (
+        run_sidecar("--provider", "mock", upstream=HOLDING, env=proxy_env()) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        burst = stateless_request("a", "burst", {"count": 600, "size": 20_000})
+        burst["params"]["_meta"]["progressToken"] = "a"
+        async with http.stream("POST", sidecar.url, json=burst, headers=stateless_headers("burst")) as slow:
+            chunks = slow.aiter_bytes()
+            read = [await chunks.__anext__()]  # it reads a little, then stops until the other is answered
+            with anyio.fail_after(HTTP_TIMEOUT):
+                other = await http.post(
+                    sidecar.url, json=stateless_request("b", "held"), headers=stateless_headers("held")
+                )
+            stalled = "no longer waited for" in sidecar.stderr()  # the slow reader given up on first
+            read += [chunk async for chunk in chunks]
+    assert response_to(other, "b")["result"] == {"held": 0}
+    assert not stalled
+    assert _summary(b"".join(read).decode()) == [*range(600), "a"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import weakref
@@ -14,8 +15,13 @@ import pytest
 from mcp_backfill.errors import DuplicateRequestId, TooManyPosts
 from mcp_backfill.sidecar.http_io import HttpCall, pump_sse
 from mcp_backfill.transports.event_stream import EventStream, parse_event_id, sse_event
-from mcp_backfill.transports.http_mux import EXCHANGE_BUFFER, MuxChannel
-from mcp_backfill.transports.http_server import MAX_OPEN_POSTS, SessionChannel, SessionRouter
+from mcp_backfill.transports.http_mux import EXCHANGE_BUFFER, HOLD_UP_EVENTS, MuxChannel
+from mcp_backfill.transports.http_server import (
+    FINISHED_STREAMS_KEPT,
+    MAX_OPEN_POSTS,
+    SessionChannel,
+    SessionRouter,
+)
 from mcp_backfill.transports.queue import MessageQueue
 from tests.sidecar_harness import sse_messages
 
@@ -413,6 +419,26 @@ class SlowCall:
         await anyio.sleep(0.0005)
 
 
+async def test_events_that_come_while_the_writer_writes_go_out_without_waiting() -> None:
+    """A response's writer wrote the events it saw, then waited for the next one to come: those that
+    had come while it wrote (its client's connection backed up) waited for yet another, or for the
+    15 s keep-alive ping; a POST's answer among them reached its client 15 s late."""
+    stream = EventStream("s1", 16)
+    stream.append(b"1")
+
+    class BackedUpCall(SlowCall):
+        async def body(self, data: bytes, more: bool = False) -> None:
+            await super().body(data, more)
+            if len(self.chunks) == 1:  # while the first event is written, the answer comes
+                stream.append(b"2")
+                stream.finish()
+
+    call = BackedUpCall()
+    with anyio.fail_after(10):
+        await pump_sse(cast(HttpCall, call), stream, 0, with_ids=True, keepalive=3600)
+    assert [message for _, message in sse_messages(b"".join(call.chunks).decode())] == [1, 2]
+
+
 async def test_mux_holds_a_burst_for_a_live_sse_reader_instead_of_dropping_progress() -> None:
     """More notifications than a POST's stream keeps, ahead of a slow but live SSE writer: the mux
     dropped the oldest (progress lost); now, as a handshake session does, it waits for the writer."""
@@ -437,6 +463,48 @@ async def test_mux_holds_a_burst_for_a_live_sse_reader_instead_of_dropping_progr
     progress = [m["params"] for m in written if m.get("method") == "notifications/progress"]
     assert all(params["progressToken"] == "client-token" for params in progress)
     assert [params["progress"] for params in progress] == list(range(count))
+
+
+async def test_mux_holds_its_relay_up_for_a_slow_reader_only_past_the_hubs_bounds() -> None:
+    """The requests of one client identity (every client without a token) share a hub's relay: a
+    burst for a reader that had stopped a moment held it up, and every other client's answer with
+    it. Now only a reader that many events behind (or the hub that full) holds it up."""
+    mux = MuxChannel()
+    exchange, raw = mux.open(request("c1", "tools/call", _meta={"progressToken": "client-token"}))
+    mux_id = json.loads(raw)["id"]
+    gate = anyio.Event()
+
+    class StoppedCall(SlowCall):
+        async def body(self, data: bytes, more: bool = False) -> None:
+            await gate.wait()
+            self.chunks.append(data)
+
+    def progress(n: int) -> bytes:
+        return encode(notification("notifications/progress", progressToken=mux_id, progress=n))
+
+    call = StoppedCall()
+    sent = anyio.Event()
+
+    async def one_more() -> None:
+        await mux.send(progress(HOLD_UP_EVENTS))
+        sent.set()
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(pump_sse, cast(HttpCall, call), exchange.stream, 0, with_ids=False))
+            await anyio.sleep(0.01)  # the SSE response is being written, its client not reading
+            for n in range(HOLD_UP_EVENTS):
+                await mux.send(progress(n))  # kept for the reader, none held up
+            tg.start_soon(one_more)
+            await anyio.sleep(0.05)
+            assert not sent.is_set()  # past the bound: held up until the reader reads
+            gate.set()
+            await sent.wait()
+            await mux.send(encode(result(mux_id)))
+    written = [message for _, message in sse_messages(b"".join(call.chunks).decode())]
+    progressed = [m["params"]["progress"] for m in written if m.get("method") == "notifications/progress"]
+    assert progressed == list(range(HOLD_UP_EVENTS + 1))
+    assert written[-1] == result("c1")
 
 
 async def test_mux_own_request_gets_its_answer_and_no_client_gets_it() -> None:
@@ -529,6 +597,23 @@ async def test_mux_takes_no_boolean_or_float_for_one_of_its_ids() -> None:
     await mux.send(encode(notification("notifications/message", data="x")), related=True)
     assert messages(first.stream) == []
     assert not first.stream.finished
+
+
+async def test_a_stream_its_client_left_outlasts_finished_streams_still_being_written() -> None:
+    """A session keeps its last 8 finished POST streams, those its clients read whole going first.
+    A stream whose response is still being written is not read whole yet; when every other one
+    was such a stream, the oldest went, though its client had left before reading it and was to
+    resume it, rather than one whose whole answer was being written to its client."""
+    router = SessionRouter(16)
+    left = router.open_post([request(1)])
+    router.route(encode(result(1)))  # answered after its client left: nothing of it handed out
+    with contextlib.ExitStack() as responses:
+        for n in range(2, 2 + FINISHED_STREAMS_KEPT):
+            stream = router.open_post([request(n)])
+            responses.enter_context(stream.expecting_reader())  # its response still being written
+            router.route(encode(result(n)))
+            stream.handed_out(stream.last_seq)
+        assert router.stream(left.key) is left
 
 
 async def test_a_session_holds_a_bounded_number_of_post_streams_waiting_for_answers() -> None:
@@ -722,6 +807,35 @@ async def test_a_resumed_writer_does_not_hold_up_the_session_for_events_its_clie
             router.open_post([request(2)])  # two in flight: what names neither goes to the GET stream
             router.route(encode(notification("notifications/message", data="y" * 2 * limit)))
             await router.relieve()  # nothing a live reader has yet to write: no wait
+            tg.cancel_scope.cancel()
+
+
+async def test_a_writer_resumed_from_an_earlier_event_keeps_what_it_has_yet_to_write() -> None:
+    """A client resuming from an earlier event than the last one written to its stream (the rest
+    went into a connection it lost) has yet to get the rest; the stream still counted it as
+    delivered, and the session's replay memory let it go while the resumption was writing it: if
+    that one broke off too, the next resumption had lost those events."""
+    limit = 10_000
+    router = SessionRouter(1024, replay_bytes=limit)
+    post = router.open_post([request(1)])
+    for n in range(3):
+        router.route(encode(notification("notifications/message", data=f"{n}" * 1000)), related=1)
+    post.handed_out(3)  # written to a response whose connection was then lost
+    gate = anyio.Event()
+
+    class HeldCall(SlowCall):
+        async def body(self, data: bytes, more: bool = False) -> None:
+            await gate.wait()
+            await super().body(data, more)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            resumed = partial(pump_sse, cast(HttpCall, HeldCall()), post, 1, with_ids=True, keepalive=5)
+            tg.start_soon(resumed)
+            await anyio.sleep(0.01)  # the resumption from event 1 is writing event 2
+            router.open_post([request(2)])  # two in flight: what names neither goes to the GET stream
+            router.route(encode(notification("notifications/message", data="y" * 2 * limit)))
+            assert [seq for seq, _ in post.after(1)] == [2, 3]  # kept for its live reader
             tg.cancel_scope.cancel()
 
 

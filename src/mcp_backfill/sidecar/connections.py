@@ -41,6 +41,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from mcp_backfill.logs import get_logger
 from mcp_backfill.options import named
+from mcp_backfill.sidecar.http_io import CUT_OFF
 
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -59,6 +60,16 @@ DRAIN_LIMIT = 4 * 1024 * 1024
 DRAIN_RATE = 8 * 1024 * 1024
 # A body at least this large goes out after a held response head without being copied onto it.
 BIG_WRITE = 64 * 1024
+
+
+def _cut_off(cycle: weakref.ref[Any]) -> Callable[[], bool]:
+    """The `CUT_OFF` extension of a request (weak: the cycle holds its scope, which holds this)."""
+
+    def cut_off() -> bool:
+        alive = cycle()
+        return alive is not None and bool(alive.disconnected)
+
+    return cut_off
 
 
 class DrainBudget:
@@ -171,6 +182,7 @@ class _Guard:
         if cycle is None:
             return
         self._cycles.add(cycle)
+        cycle.scope.setdefault("extensions", {})[CUT_OFF] = _cut_off(weakref.ref(cycle))
         # Not for HEAD: uvicorn writes no body after its head, so a held head would never go out.
         if cycle.transport is self.transport and cycle.scope["method"] != "HEAD":
             cycle.transport = OneWriteResponse(self.transport, cycle)

@@ -261,7 +261,8 @@ class HandshakeFront:
                     tg.cancel_scope.cancel()
         if scope.cancelled_caught and not call.started:
             log.debug("client closed a POST before its answer; no id to resume", extra={"stream": stream.key})
-        elif scope.cancelled_caught and not stream.complete_after(stream.delivered):
+        elif not stream.answered_as_json and (scope.cancelled_caught or call.cut_off):
+            _cut_off(stream, 0)
             log.debug("client closed a POST stream; kept for resumption", extra={"stream": stream.key})
 
     # -- GET and DELETE --------------------------------------------------------------------------
@@ -310,7 +311,9 @@ class HandshakeFront:
                     headers=_session_header(session),
                 )
                 return
-        with session.hold(), anyio.CancelScope() as scope:
+        # Expecting its reader until the response has ended: its last events, written into the
+        # connection, may still be lost with it (see `_cut_off`).
+        with session.hold(), stream.expecting_reader(), anyio.CancelScope() as scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(call.watch_disconnect, scope)
                 await call.start(200, protocol.SSE_TYPE, sse_headers(_session_header(session)))
@@ -318,6 +321,8 @@ class HandshakeFront:
                 await call.body(b"")
                 if not call.finished:  # else the watcher ends by itself (see watch_disconnect)
                     tg.cancel_scope.cancel()
+        if stream is not session.router.get_stream and (scope.cancelled_caught or call.cut_off):
+            _cut_off(stream, after)  # (a GET stream opened afresh goes on from what was written)
 
     async def _delete(self, call: HttpCall, identity: str) -> None:
         session = await self._session(call, identity)
@@ -416,6 +421,16 @@ async def _refuse_get_while_draining(call: HttpCall) -> None:
         "Service Unavailable: shutting down",
         headers=[(b"retry-after", str(DRAIN_RETRY_AFTER).encode())],
     )
+
+
+def _cut_off(stream: EventStream, after: int) -> None:
+    """A response writing `stream` from after event `after` was cut off before its end: what it
+    wrote may never have reached the client, which resumes from its last event. Unless another
+    response writes the stream by now, nothing after `after` counts as delivered (the stream, read
+    whole as far as the session could tell, was the first finished one it let go, and its client's
+    resumption got 400)."""
+    if not stream.attached:
+        stream.rewind(after)
 
 
 def _session_header(session: HttpSession) -> list[tuple[bytes, bytes]]:

@@ -31,6 +31,11 @@ JSON_WINDOW_SECONDS = 15.0
 QUICK_ANSWER_SECONDS = 0.05
 
 RawHeaders = Sequence[tuple[bytes, bytes]]
+# The scope extension (set by `connections`, for the requests it serves) that tells whether a
+# response was cut off: a callable answering True once the connection was lost before the response's
+# end was written. uvicorn drops what the application sends then without a word, so an SSE stream
+# whose client left while its last events were written looked delivered whole.
+CUT_OFF = "mcp_backfill.cut_off"
 
 
 @dataclass
@@ -73,6 +78,13 @@ class HttpCall:
     @property
     def method(self) -> str:
         return str(self.scope["method"])
+
+    @property
+    def cut_off(self) -> bool:
+        """Was the connection lost before the response's end was written (`CUT_OFF`; False when the
+        server does not say)? What went to it then may never have reached the client."""
+        cut_off = self.scope.get("extensions", {}).get(CUT_OFF)
+        return bool(cut_off()) if callable(cut_off) else False
 
     def header_items(self) -> list[tuple[str, str]]:
         """Every header line as sent (lowercase names), duplicates included."""
@@ -254,13 +266,20 @@ async def pump_sse(
     generation = stream.attach()
     if after > stream.delivered:  # a resumption: the client has those (a dropped write is not known)
         stream.handed_out(after)
+    else:  # a resumption from an earlier event: what came after it is to be delivered again
+        stream.rewind(after)
     try:
         cursor = after
         while stream.is_writer(generation):
-            for seq, data in stream.after(cursor):
+            events = stream.after(cursor)
+            for seq, data in events:
                 await call.body(sse_event(data, stream.event_id(seq) if with_ids else None), more=True)
+                if not stream.is_writer(generation):
+                    return  # another response took the stream over meanwhile, from its own event
                 cursor = seq
                 stream.handed_out(seq)
+            if events:
+                continue  # what came while those were written is not waited for again
             if stream.complete_after(cursor):
                 return
             with anyio.move_on_after(keepalive) as idle:

@@ -546,8 +546,9 @@ class StatelessFront:
 
 async def _room_for_one_more(call: HttpCall, mux: MuxChannel, request_id: Any) -> bool:
     """Does one client's hub take one more request? Each keeps a response stream that can hold up
-    to 8 MiB for a reader that stops reading: none more while those of the client hold
-    `HUB_BUFFER_BYTES` already (429). Not a count: one identity may be a thousand users."""
+    to 8 MiB for a reader that stops reading (up to `HOLD_UP_BYTES` of the hub's while its reader is
+    taken to be reading): none more while those of the client hold `HUB_BUFFER_BYTES` already (429).
+    Not a count: one identity may be a thousand users."""
     if mux.buffered_bytes < HUB_BUFFER_BYTES:
         return True
     reason = (

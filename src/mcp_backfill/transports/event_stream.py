@@ -172,10 +172,16 @@ class EventStream:
         return self._writer != 0
 
     @property
+    def responding(self) -> bool:
+        """Is a response writing this stream, or a handler about to or still ending its response?
+        What it wrote is not known to have arrived before the response has ended."""
+        return self._writer != 0 or self._expected != 0
+
+    @property
     def live(self) -> bool:
         """Is a response writing this stream (or about to), one not taken to have stopped reading?
         What it has yet to write is then kept, whatever the limits."""
-        return (self._writer != 0 or self._expected != 0) and not self._stalled
+        return self.responding and not self._stalled
 
     @property
     def behind(self) -> bool:
@@ -242,6 +248,20 @@ class EventStream:
         if not self._replay:
             while self._events and self._events[0][0] <= seq:
                 self.drop_oldest()
+
+    def rewind(self, seq: int) -> None:
+        """The client has events up to `seq` only, whatever went to a response before: it resumed
+        from there, or the response writing the rest was cut off before its end (what went into a
+        connection that was then lost may never have arrived). Later events count as yet to be
+        delivered again: a live reader's are kept, and a finished stream is not taken to have been
+        read whole (see `SessionRouter._finish_post`)."""
+        if seq >= self.delivered:
+            return
+        if self._events:
+            first = self._events[0][0]
+            for kept in range(max(seq + 1, first), min(self.delivered, self._events[-1][0]) + 1):
+                self._undelivered_bytes += len(self._events[kept - first][1])
+        self.delivered = seq
 
     def _wake_sender(self) -> None:
         progress, self._progress = self._progress, None

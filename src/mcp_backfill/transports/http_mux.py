@@ -23,11 +23,14 @@ to no client, and the mux never guesses that a server message belongs to one of 
 A client closing its POST before the answer cancels the request: the mux hands the relay a
 `notifications/cancelled` for it, which stops any Claude call and the upstream round.
 
-A burst of server messages for a POST whose SSE response is being written, more than half its
-buffer ahead of the writer, is held up rather than dropped: `send` waits for the writer to catch up,
-as a handshake session's does. That holds up the hub's relay, shared by every request of one client
-identity, for as long as the writer makes progress; one that writes nothing for `STALL_SECONDS` is
-no longer waited for (its oldest messages are dropped again).
+What a POST's SSE response being written has yet to write is never dropped, however slow its
+reader: its stream keeps it, past its own limits, while the streams of the hub's requests hold at
+most `HOLD_UP_BYTES` in all (and it is at most `HOLD_UP_EVENTS` events behind). The hub's relay is
+shared by every request of one client identity, which may be many users (every caller of a sidecar
+without tokens): one reading slowly does not hold up the answers of the others. Only past those
+bounds does `send` wait for a writer far behind to catch up (as a handshake session's does), and
+one that writes nothing for `STALL_SECONDS` is no longer waited for (its oldest messages are
+dropped again).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import anyio
 
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.logs import get_logger
-from mcp_backfill.transports.event_stream import EventStream, ReplayBudget
+from mcp_backfill.transports.event_stream import SESSION_REPLAY_BYTES, EventStream, ReplayBudget
 from mcp_backfill.transports.http_server import INBOX_SIZE, InboxChannel
 from mcp_backfill.transports.queue import MessageQueue
 from mcp_backfill.transports.tool_schemas import ToolSchemas
@@ -52,6 +55,11 @@ log = get_logger("http")
 
 # Messages kept for one POST while its response is being written.
 EXCHANGE_BUFFER = 1024
+# What the response streams of one hub's requests hold in all, and how far one stream's writer is
+# behind, before a burst for a writer far behind holds up the hub's relay (see the module docstring):
+# under the `HUB_BUFFER_BYTES` (the same 32 MiB) at which the hub refuses new requests.
+HOLD_UP_BYTES = SESSION_REPLAY_BYTES // 2
+HOLD_UP_EVENTS = 16 * EXCHANGE_BUFFER
 # Ids of the proxy's own requests (a client's id is never rewritten to a string).
 OWN_ID_PREFIX = "mcp-backfill-own:"
 
@@ -187,7 +195,7 @@ class MuxChannel(InboxChannel):
 
     async def send(self, message: bytes, related: Any = None) -> None:
         """Put a server message on its POST's stream; waits while that stream's live writer is far
-        behind (see the module docstring), which holds up the hub's relay."""
+        behind and the hub holds too much (see the module docstring), which holds up the hub's relay."""
         self._on_message("to_client")
         try:
             decoded = jsonrpc.decode(message)
@@ -220,8 +228,12 @@ class MuxChannel(InboxChannel):
         restored = self._restore(decoded, exchange)
         stream = exchange.stream
         stream.append(message if restored is decoded else jsonrpc.encode(restored))
-        if stream.behind:
-            await stream.catch_up()  # a burst its live reader has yet to write: held up, not dropped
+        # A burst its live reader has yet to write is kept, not dropped; past the hub's bounds the
+        # relay is held up for it rather than memory grown.
+        while stream.behind and (
+            self._held.total > HOLD_UP_BYTES or stream.last_seq - stream.delivered > HOLD_UP_EVENTS
+        ):
+            await stream.progress()
 
     def _route_response(self, response: dict[str, Any]) -> None:
         mux_id = response.get("id")

@@ -280,7 +280,11 @@ class SessionRouter:
         while len(self._finished) > FINISHED_STREAMS_KEPT:
             # The oldest stream handed out whole goes first: one its client dropped before the end
             # is kept for it to resume, however many other requests finish meanwhile.
-            read = next((k for k in self._finished if self._handed_out_whole(k)), self._finished[0])
+            # Then one whose whole answer is being written to its client, then the oldest.
+            read = next((k for k in self._finished if self._handed_out_whole(k)), None)
+            if read is None:
+                written = (k for k in self._finished if self._handed_out_whole(k, ended=False))
+                read = next(written, self._finished[0])
             self._finished.remove(read)
             stream = self._streams.pop(read, None)
             if stream is not None:
@@ -309,9 +313,14 @@ class SessionRouter:
         while not self.closed and (stream := self._budget.holding_up()) is not None:
             await stream.progress()
 
-    def _handed_out_whole(self, key: str) -> bool:
+    def _handed_out_whole(self, key: str, *, ended: bool = True) -> bool:
+        """Was the stream written whole by a response that has ended (`ended`: else, that is still
+        ending)? One still being written, its last events maybe still on their way, may yet be lost
+        with its client's connection."""
         stream = self._streams.get(key)
-        return stream is None or stream.complete_after(stream.delivered)
+        if stream is None:
+            return True
+        return not (ended and stream.responding) and stream.complete_after(stream.delivered)
 
     def _target(self, related: Any, params: Any) -> EventStream:
         if related is not None:
