@@ -55,6 +55,13 @@ DRAIN_RETRY_AFTER = 5
 
 
 class HandshakeFront:
+    """The handshake era's requests of `serve`: a session's POSTs, its GET streams and its DELETE.
+
+    Long because the three share one session's router and streams, and each decides in its own way
+    how its response is written (JSON or SSE), what a client that leaves meanwhile keeps for its
+    resumption, and what the drain still lets through; split, each part would take them all along.
+    """
+
     def __init__(
         self, sessions: SessionTable, settings: FrontSettings, opening: OpeningRate | None = None
     ) -> None:
