@@ -239,8 +239,14 @@ class Answerer:
             await self._send_upstream(jsonrpc.encode(response))
 
     async def sample_approved(self, params: dict[str, Any], request_id: Any, related: Any) -> dict[str, Any]:
-        """`sample()` once the user has allowed the request (a sampling task's way)."""
-        await self._approved(params, request_id, related)
+        """`sample()` once the user has allowed the request (a sampling task's way). A task
+        cancelled while the user's approval is awaited (`tasks/cancel`, the client's cancel, its
+        expiry, the session's end) is reported as cancelled, charged nothing."""
+        try:
+            await self._approved(params, request_id, related)
+        except anyio.get_cancelled_exc_class():
+            self.sampler.abandoned(params, request_id=request_id, session=self.session)
+            raise
         return await self.sample(params, request_id)
 
     async def _approved(self, params: dict[str, Any], request_id: Any, related: Any) -> None:
