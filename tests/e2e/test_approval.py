@@ -300,6 +300,30 @@ async def test_2026_an_approval_question_not_answered_in_time_has_its_audit_line
     assert "/" in str(line["request_id"])  # <the round's request id>/<the question's key>
 
 
+async def test_2026_an_approval_question_open_when_the_proxy_stops_has_its_audit_line(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """The client goes away while the round's approval question is open: the proxy stops, nothing
+    is sampled, and the audit log has the sampling question, cancelled and charged nothing, as a
+    handshake-era sampling request whose session ends while the user is asked (it had no line)."""
+    user = User(decide("allow_once"), wait=anyio.Event())  # never set: the user never answers
+    audit = tmp_path / "audit.jsonl"
+    options = ("--approve", "elicit", "--audit-log", str(audit))
+    async with (
+        modern_client(fake_claude, RESOLVE_SERVER, user, *options) as client,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(client.call_tool, "summarize", {"text": "a long text"})
+        with anyio.fail_after(30):
+            while not user.asked:
+                await anyio.sleep(0.05)
+        tg.cancel_scope.cancel()
+    assert fake_claude.message_requests == []
+    [line] = [json.loads(text) for text in audit.read_text().splitlines()]
+    assert (line["outcome"], line["calls"], line["charged"]) == ("cancelled", 0, None), line
+    assert "/" in str(line["request_id"])  # <the round's request id>/<the question's key>
+
+
 async def test_2026_a_client_that_cannot_elicit_has_the_refused_question_in_the_audit_log(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:

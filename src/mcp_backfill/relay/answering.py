@@ -229,7 +229,7 @@ class Answerer:
                 if approving:  # refused before the sampler was asked, as one made after the cancel
                     self.refused(params, SamplingError(protocol.REQUEST_CANCELLED, entry.cut), request_id)
             elif response is None and approving:  # the server (or the session's end) cancelled it
-                self.sampler.abandoned(params, request_id=request_id, session=self.session)
+                self.abandoned(params, request_id)
             if span is not None:
                 if response is None:
                     span.cancel()
@@ -245,7 +245,7 @@ class Answerer:
         try:
             await self._approved(params, request_id, related)
         except anyio.get_cancelled_exc_class():
-            self.sampler.abandoned(params, request_id=request_id, session=self.session)
+            self.abandoned(params, request_id)
             raise
         return await self.sample(params, request_id)
 
@@ -257,6 +257,11 @@ class Answerer:
         except SamplingError as exc:
             self.refused(params, exc, request_id)
             raise
+
+    def abandoned(self, params: dict[str, Any], request_id: Any) -> None:
+        """Report a sampling request given up before the sampler was asked (cancelled, charged
+        nothing), as the sampler reports a cancelled one."""
+        self.sampler.abandoned(params, request_id=request_id, session=self.session)
 
     def refused(self, params: dict[str, Any], error: SamplingError, request_id: Any) -> None:
         """Report a sampling request refused before the sampler was asked (the log, the audit log,

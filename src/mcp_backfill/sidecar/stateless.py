@@ -369,7 +369,25 @@ class StatelessHubs:
         self._stashes = {identity: stash for identity, stash in self._stashes.items() if stash.holds()}
         if isinstance(hub.stash, Stash) and hub.stash.holds():
             self._stashes[key] = hub.stash
+            if self._tg is not None and any(entry.pending for entry in hub.stash.entries.values()):
+                self._tg.start_soon(self._watch_questions, key, hub.stash)
         return hub
+
+    async def _watch_questions(self, key: str, stash: Stash) -> None:
+        """The approval questions of a stopped hub's stash expire on time, their sampling requests
+        refused then (its relay, which watched them, is gone), until the client's next hub takes
+        the stash over (its relay watches them then): not when a later hub is stopped, if ever."""
+        while self._stashes.get(key) is stash:
+            expiries = [entry.expires for entry in stash.entries.values() if entry.pending]
+            if not expiries:
+                return
+            left = min(expiries) - stash.clock()
+            if left <= 0:
+                stash.holds()  # drops the expired (reported), and the stash if nothing is left
+                if not stash.entries:
+                    self._stashes.pop(key, None)
+                continue
+            await anyio.sleep(max(left, 0.001))  # a loop may wake a tick early: then once more
 
     async def _reap_idle(self) -> None:
         while True:
@@ -383,8 +401,15 @@ class StatelessHubs:
                     log.info("idle upstream for 2026-07-28 requests closed")
 
     def stop(self) -> None:
+        """Stop every hub (`serve` stops): the approval questions still open in the hubs' stashes,
+        and in those of hubs stopped before, are given up, their sampling requests reported."""
         for hub in self._hubs.values():
             hub.stop()
+            if isinstance(hub.stash, Stash):
+                hub.stash.abandon()
+        for stash in self._stashes.values():
+            stash.abandon()
+        self._stashes.clear()
 
     def drain(self) -> None:
         """The drain has begun: the upstreams running serve on, but none starts any more (a
