@@ -228,6 +228,8 @@ class StatelessHub:
         finally:
             mux.close(reason)
             stopped.set()
+            if isinstance(self.stash, Stash) and self._tg is not None:  # until another relay has it
+                self._tg.start_soon(watch_questions, self.stash, lambda: self._mux is mux)
 
     async def _stop(self) -> None:
         self.stop()
@@ -250,6 +252,21 @@ class StatelessHub:
     def end_listens(self) -> None:
         if self._mux is not None:
             self._mux.end_listens(SHUTTING_DOWN)
+
+
+async def watch_questions(stash: Stash, still: Callable[[], bool]) -> None:
+    """While `still()` (no relay watches them: the hub's upstream exited, or the hub was stopped),
+    the approval questions open in `stash` expire on time, their sampling requests refused then
+    (`Stash.expired`), not when the client's next request comes, if it ever does."""
+    while still():
+        expiries = [entry.expires for entry in stash.entries.values() if entry.pending]
+        if not expiries:
+            return
+        left = min(expiries) - stash.clock()
+        if left <= 0:
+            stash.holds()  # drops the expired, each reported
+            continue
+        await anyio.sleep(max(left, 0.001))  # a loop may wake a tick early: then once more
 
 
 class StatelessHubs:
@@ -369,25 +386,7 @@ class StatelessHubs:
         self._stashes = {identity: stash for identity, stash in self._stashes.items() if stash.holds()}
         if isinstance(hub.stash, Stash) and hub.stash.holds():
             self._stashes[key] = hub.stash
-            if self._tg is not None and any(entry.pending for entry in hub.stash.entries.values()):
-                self._tg.start_soon(self._watch_questions, key, hub.stash)
         return hub
-
-    async def _watch_questions(self, key: str, stash: Stash) -> None:
-        """The approval questions of a stopped hub's stash expire on time, their sampling requests
-        refused then (its relay, which watched them, is gone), until the client's next hub takes
-        the stash over (its relay watches them then): not when a later hub is stopped, if ever."""
-        while self._stashes.get(key) is stash:
-            expiries = [entry.expires for entry in stash.entries.values() if entry.pending]
-            if not expiries:
-                return
-            left = min(expiries) - stash.clock()
-            if left <= 0:
-                stash.holds()  # drops the expired (reported), and the stash if nothing is left
-                if not stash.entries:
-                    self._stashes.pop(key, None)
-                continue
-            await anyio.sleep(max(left, 0.001))  # a loop may wake a tick early: then once more
 
     async def _reap_idle(self) -> None:
         while True:
