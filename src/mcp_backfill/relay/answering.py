@@ -238,14 +238,25 @@ class Answerer:
         if response is not None:  # None: cancelled by the server (or the session), which expects none
             await self._send_upstream(jsonrpc.encode(response))
 
-    async def sample_approved(self, params: dict[str, Any], request_id: Any, related: Any) -> dict[str, Any]:
+    async def sample_approved(
+        self,
+        params: dict[str, Any],
+        request_id: Any,
+        related: Any,
+        cut: Callable[[], str | None] = lambda: None,
+    ) -> dict[str, Any]:
         """`sample()` once the user has allowed the request (a sampling task's way). A task
-        cancelled while the user's approval is awaited (`tasks/cancel`, the client's cancel, its
-        expiry, the session's end) is reported as cancelled, charged nothing."""
+        cancelled while the user's approval is awaited (`tasks/cancel`, its expiry, the session's
+        end) is reported as cancelled, charged nothing; one the client's cancel cut (`cut()`: the
+        refusal, -32800) as refused with that error, as a plain sampling request cut then."""
         try:
             await self._approved(params, request_id, related)
         except anyio.get_cancelled_exc_class():
-            self.abandoned(params, request_id)
+            refusal = cut()
+            if refusal is None:
+                self.abandoned(params, request_id)
+            else:
+                self.refused(params, SamplingError(protocol.REQUEST_CANCELLED, refusal), request_id)
             raise
         return await self.sample(params, request_id)
 
