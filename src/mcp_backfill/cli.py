@@ -241,7 +241,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = parse_config(arguments, os.environ)
         configure_logging(config.log_level, config.log_format, config.secrets())
         _warn_about(config, os.environ)
-        return _run(config)
+        try:
+            return _run(config)
+        except BaseExceptionGroup as group:  # a task group around the start (the audit log's writer)
+            error = _startup_error(group)
+            if error is None:
+                raise
+            raise error from None
     except ConfigError as exc:  # also found once running: an unusable --audit-log file, a provider setup
         sys.stderr.write(f"mcp-backfill: error: {exc}\n")
         return exc.exit_code
@@ -250,6 +256,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+
+
+def _startup_error(group: BaseExceptionGroup[BaseException]) -> StartupError | None:
+    """The `StartupError` a task group wrapped (the audit log's writer, the store's upkeep run around
+    the start of the upstream), when that is all the group holds; else None."""
+    errors, rest = group.split(StartupError)
+    if errors is None or rest is not None:
+        return None
+    first: BaseException = errors
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    return first if isinstance(first, StartupError) else None
 
 
 def _command(name: str, arguments: list[str]) -> int:

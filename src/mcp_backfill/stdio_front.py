@@ -114,6 +114,7 @@ async def relay_session(
         cut = shutting_down("the request was not answered", "--shutdown-grace", config.shutdown_grace)
         rounds = cut if stopping.is_set() else None
         await relay.fail_pending(reason, rounds_reason=rounds)
+        relay.rounds.abandon_questions()  # approval questions still open: their lines
         relay.traces.close()
         tg.cancel_scope.cancel()
     return status

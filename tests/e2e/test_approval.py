@@ -196,6 +196,30 @@ async def test_a_sampling_task_waits_for_approval(fake_claude: FakeClaude) -> No
     assert fake_claude.message_requests == []
 
 
+async def test_a_sampling_task_the_server_cancels_while_the_user_is_asked_has_its_audit_line(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """A sampling task cancelled (`tasks/cancel`) while its approval question is open: nothing is
+    sampled, and the audit log has the exchange, cancelled and charged nothing (it had no line)."""
+    user = User(decide("allow_once"), wait=anyio.Event())  # never set: the user never answers
+    audit = tmp_path / "audit.jsonl"
+    async with legacy_client(fake_claude, user, "--approve", "elicit", "--audit-log", str(audit)) as client:
+        created = await sample_raw(client, {**HELLO, "task": {"ttl": 60_000}})
+        task_id = created["result"]["task"]["taskId"]
+        with anyio.fail_after(30):
+            while not user.asked:
+                await anyio.sleep(0.05)
+        cancel = {"method": "tasks/cancel", "params_json": json.dumps({"taskId": task_id})}
+        cancelled = tool_json(await client.call_tool("client_request", cancel))
+        assert cancelled["result"]["status"] == "cancelled", cancelled
+        with anyio.fail_after(30):
+            while not audit.exists() or not audit.read_text():
+                await anyio.sleep(0.05)
+    assert fake_claude.message_requests == []
+    [line] = [json.loads(text) for text in audit.read_text().splitlines()]
+    assert (line["outcome"], line["calls"], line["charged"]) == ("cancelled", 0, None), line
+
+
 # -- 2026-07-28 ----------------------------------------------------------------------------------
 
 
@@ -273,6 +297,30 @@ async def test_2026_an_approval_question_not_answered_in_time_has_its_audit_line
     [line] = [json.loads(text) for text in audit.read_text().splitlines()]
     assert (line["outcome"], line["calls"], line["charged"]) == ("refused", 0, None), line
     assert line["error"] == {"code": -1, "message": "User rejected sampling request", "reason": "timed out"}
+    assert "/" in str(line["request_id"])  # <the round's request id>/<the question's key>
+
+
+async def test_2026_an_approval_question_open_when_the_proxy_stops_has_its_audit_line(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """The client goes away while the round's approval question is open: the proxy stops, nothing
+    is sampled, and the audit log has the sampling question, cancelled and charged nothing, as a
+    handshake-era sampling request whose session ends while the user is asked (it had no line)."""
+    user = User(decide("allow_once"), wait=anyio.Event())  # never set: the user never answers
+    audit = tmp_path / "audit.jsonl"
+    options = ("--approve", "elicit", "--audit-log", str(audit))
+    async with (
+        modern_client(fake_claude, RESOLVE_SERVER, user, *options) as client,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(client.call_tool, "summarize", {"text": "a long text"})
+        with anyio.fail_after(30):
+            while not user.asked:
+                await anyio.sleep(0.05)
+        tg.cancel_scope.cancel()
+    assert fake_claude.message_requests == []
+    [line] = [json.loads(text) for text in audit.read_text().splitlines()]
+    assert (line["outcome"], line["calls"], line["charged"]) == ("cancelled", 0, None), line
     assert "/" in str(line["request_id"])  # <the round's request id>/<the question's key>
 
 

@@ -29,6 +29,7 @@ from tests.fake_claude import (
     truncated_stream_reply,
 )
 from tests.harness import (
+    free_port,
     initialize_params,
     proxy_argv,
     proxy_env,
@@ -204,6 +205,28 @@ async def test_the_stdio_summary_counts_the_calls_the_audit_log_counts(
     [summary] = [text for text in stderr.splitlines() if "sampling summary" in text]
     assert f"calls={line['calls']} " in summary, (line, summary)
     assert f"tokens={sum(line['charged'].values())}" in summary, (line, summary)
+
+
+async def test_a_call_that_never_left_this_machine_is_no_call_in_the_reports(tmp_path: Path) -> None:
+    """The API cannot be reached (nothing listens): no attempt left this machine, so Claude was never
+    called. The audit line says `calls: 0` and the exit summary counts no call; both said one was made
+    (the docs' "calls made", and the faults table's "Claude was never called")."""
+    audit = tmp_path / "audit.jsonl"
+    argv = proxy_argv("--audit-log", str(audit), "--retry-base-delay", "0.01", upstream=ECHO_SERVER)
+    unreachable = f"http://127.0.0.1:{free_port()}"  # bound then let go: nothing listens there
+    async with raw_proxy(argv, proxy_env(unreachable)) as session:
+        await session.request(0, "initialize", initialize_params())
+        await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        ask = {"method": "sampling/createMessage", "params": json.loads(plain("x")["params_json"]), "id": "s"}
+        answer = await session.request(1, "test/ask_client", ask)
+        await session.close_stdin()
+        await session.wait(30)
+        stderr = session.stderr()
+    assert answer["result"]["client_response"]["error"]["data"]["type"] == "connection_error", answer
+    [line] = audit_lines(audit)
+    assert (line["outcome"], line["calls"], line["charged"]) == ("failed", 0, None), line
+    summaries = [text for text in stderr.splitlines() if "sampling summary" in text]
+    assert all("calls=0 " in text for text in summaries), summaries
 
 
 async def test_a_call_cut_by_the_clients_cancel_is_reported_as_the_audit_log_has_it(

@@ -23,6 +23,7 @@ from tests.harness import (
     pid_alive,
     proxy_argv,
     proxy_env,
+    proxy_url_argv,
     python_server,
     raw_proxy,
 )
@@ -381,6 +382,36 @@ def test_a_state_store_url_it_cannot_use_is_refused_at_startup_without_its_passw
     assert result.returncode == 2
     assert result.stdout == ""
     assert "--state-store / MCP_BACKFILL_STATE_STORE" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "s3cret" not in result.stderr
+
+
+@pytest.mark.parametrize("front", ["stdio", "stdio with an audit log", "serve"])
+def test_an_unusable_proxy_variable_for_the_http_upstream_is_refused_clearly(
+    front: str, tmp_path: Path
+) -> None:
+    """An `HTTP_PROXY` the upstream's HTTP client cannot use is a usage error at startup naming the
+    variable (not its value, which may hold a password). It was a traceback (inside an
+    `ExceptionGroup` with `--audit-log`, whose writer ran around the upstream's start), and `serve`
+    started, then failed each session with an internal error."""
+    options = ["--provider", "mock"]
+    if front == "serve":
+        options = ["serve", *options, "--port", "0", "--allow-unauthenticated"]
+    elif front == "stdio with an audit log":
+        options += ["--audit-log", str(tmp_path / "audit.jsonl")]
+    result = subprocess.run(
+        proxy_url_argv(*options, url="http://127.0.0.1:9/mcp"),
+        env=proxy_env(HTTP_PROXY="http://user:s3cret@proxy.example:bad"),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert "HTTP_PROXY is not a valid proxy URL" in result.stderr
+    assert "--upstream-url / MCP_BACKFILL_UPSTREAM_URL" in result.stderr
     assert "Traceback" not in result.stderr
     assert "s3cret" not in result.stderr
 

@@ -1648,3 +1648,36 @@ async def test_a_sampling_request_refused_for_reusing_an_id_in_flight_is_in_the_
     refused = lines[0]
     assert refused["error"]["code"] == protocol.INVALID_REQUEST
     assert (refused["calls"], refused["charged"], refused["client"]) == (0, None, "process")
+
+
+async def test_a_sampling_task_the_clients_cancel_cuts_while_the_user_is_asked_is_refused_in_the_audit_log(
+    tmp_path: Path,
+) -> None:
+    """The client cancels the request a sampling task was made for while the task's approval
+    question is open: nothing is sampled, and the audit line is `refused` with `-32800`, as for a
+    plain sampling request cut then (and as the task's result has it); it said `cancelled`."""
+    provider = GatedProvider()
+    audit = AuditLog(str(tmp_path / "audit.jsonl"))
+    async with auditing(audit), relayed(provider, audit=audit, approve="elicit") as r:
+        await r.client.send(request(1, "initialize", initialize({"elicitation": {}})))
+        await r.server.recv()
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        await r.client.send(request("call", "tools/call", {"name": "slow"}))
+        await r.server.recv()
+        await r.server.send_on("call", sampling_request(7, {**HELLO, "task": {"ttl": 60000}}))
+        task = (await r.server.recv())["result"]["task"]
+        assert (await r.client.recv())["method"] == protocol.ELICIT
+        cancel = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": "call"}}
+        await r.client.send(cancel)
+        await r.server.send(request(8, protocol.TASKS_RESULT, {"taskId": task["taskId"]}))
+        with anyio.fail_after(10):
+            while True:
+                answer = await r.server.recv()
+                if answer.get("id") == 8:
+                    break
+        assert answer["error"]["code"] == protocol.REQUEST_CANCELLED
+    assert not provider.started.is_set()
+    [line] = [json.loads(text) for text in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert (line["outcome"], line["calls"], line["charged"]) == ("refused", 0, None), line
+    assert line["error"]["code"] == protocol.REQUEST_CANCELLED

@@ -322,3 +322,79 @@ async def test_a_stopped_hubs_answers_still_waiting_go_to_the_clients_next_hub()
         await anyio.wait_all_tasks_blocked()
         assert "alice" not in hubs._stashes  # nothing left in it
         tg.cancel_scope.cancel()
+
+
+async def test_a_stopped_hubs_approval_question_expires_on_time() -> None:
+    """A round's approval question open in the stash of a hub stopped to make room: its relay, which
+    would have refused its sampling request when the time was up, is gone. The expiry is heard on
+    time all the same (the refusal, its audit line); it was heard only when a later hub stopped."""
+    upstreams = Upstreams()
+    hubs = make_hubs(upstreams, max_hubs=1)
+    expired: list[str] = []
+    async with anyio.create_task_group() as tg:
+        hubs.start(tg)
+        assert await mux_for(hubs, "alice") is not None
+        await anyio.wait_all_tasks_blocked()
+        alices = hubs._hubs["alice"].stash
+        assert isinstance(alices, Stash)
+        alices.expired = lambda token, entry: expired.append(token)
+        token = alices.put({}, False, None, 1, pending={"q": {"messages": []}}, ttl=0.2)
+        assert await mux_for(hubs, "bob") is not None  # Alice's idle hub makes room
+        with anyio.fail_after(10):
+            while not expired:
+                await anyio.sleep(0.02)
+        assert expired == [token]
+        tg.cancel_scope.cancel()
+
+
+async def test_approval_questions_open_when_serve_stops_are_given_up() -> None:
+    """`serve` stops: the approval questions still open, in a hub's stash or in that of a hub
+    stopped before, are let go and heard of (their sampling requests get their audit lines)."""
+    upstreams = Upstreams()
+    hubs = make_hubs(upstreams, max_hubs=1)
+    abandoned: list[str] = []
+    async with anyio.create_task_group() as tg:
+        hubs.start(tg)
+        tokens = []
+        for who in ("alice", "bob"):
+            assert await mux_for(hubs, who) is not None  # Bob's makes Alice's hub stop
+            await anyio.wait_all_tasks_blocked()
+            stash = hubs._hubs[who].stash
+            assert isinstance(stash, Stash)
+            stash.abandoned = lambda token, entry: abandoned.append(token)
+            tokens.append(stash.put({}, False, None, 1, pending={"q": {"messages": []}}, ttl=300))
+        hubs.stop()
+        assert sorted(abandoned) == sorted(tokens)
+        tg.cancel_scope.cancel()
+
+
+async def test_an_approval_question_expires_on_time_after_the_hubs_upstream_exited() -> None:
+    """The hub's upstream exits while a round's approval question is open in its stash: the relay,
+    which watched it, is gone, and the hub waits for the client's next request. The expiry is
+    heard on time all the same (the refusal, its audit line), not only when a request came again."""
+    ended = anyio.Event()
+
+    def make_relay(client: MessageChannel, upstream: MessageChannel, identity: str) -> Relay:
+        return cast(Relay, EndingRelay(ended))
+
+    hubs = StatelessHubs(
+        lambda identity: StatelessHub(Upstreams(), make_relay, lambda direction: None, identity),
+        max_upstreams=1,
+        idle_timeout=0,
+        others=lambda: 0,
+    )
+    expired: list[str] = []
+    async with anyio.create_task_group() as tg:
+        hubs.start(tg)
+        assert await mux_for(hubs, "alice") is not None
+        await anyio.wait_all_tasks_blocked()
+        stash = hubs._hubs["alice"].stash
+        assert isinstance(stash, Stash)
+        stash.expired = lambda token, entry: expired.append(token)
+        token = stash.put({}, False, None, 1, pending={"q": {"messages": []}}, ttl=0.3)
+        ended.set()  # the upstream exits; the hub stays, its stash kept for the client's next request
+        with anyio.fail_after(10):
+            while not expired:
+                await anyio.sleep(0.02)
+        assert expired == [token]
+        tg.cancel_scope.cancel()

@@ -535,11 +535,11 @@ class AnthropicProvider:
             raise self._status_error(exc) from None
         except anthropic.APITimeoutError as exc:
             if isinstance(exc.__cause__, NEVER_SENT):
-                meter.not_billed()
+                meter.not_sent()
             raise self._error("Claude API request timed out", "timeout", request_id, retryable=True) from None
         except anthropic.APIConnectionError as exc:
             if isinstance(exc.__cause__, NEVER_SENT):
-                meter.not_billed()
+                meter.not_sent()
             if _name_not_resolved(exc):  # retrying will not make the name resolve: say so at once
                 raise self._error(
                     f"Claude API host name does not resolve "
@@ -570,11 +570,11 @@ class AnthropicProvider:
                     request_id,
                     retryable=True,
                 ) from None
-            meter.not_billed()  # the client refused the request before sending it
+            meter.not_sent()  # the client refused the request before sending it
             raise self._client_error(exc, sent) from None
         except Exception as exc:  # e.g. no credentials found by boto3 / google-auth
             if not streaming:  # the client refused before anything was sent
-                meter.not_billed()
+                meter.not_sent()
                 if credentials_unreachable(exc):  # may pass, as a connection the API refused
                     raise self._credentials_error(exc) from None
             raise self._client_error(exc, sent) from None
@@ -655,6 +655,9 @@ class _Unmetered:
         pass
 
     def not_billed(self) -> None:
+        pass
+
+    def not_sent(self) -> None:
         pass
 
 

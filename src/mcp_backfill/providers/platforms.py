@@ -35,6 +35,7 @@ import httpx2
 
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.providers import ProviderSettings
+from mcp_backfill.proxy_variables import unusable_proxy_variables
 
 BEDROCK_MODEL_IDS: dict[str, str] = {
     "claude-opus-5-5": "anthropic.claude-opus-5-5",
@@ -74,36 +75,7 @@ def api_http_client() -> httpx2.AsyncClient:
     try:
         return anthropic.DefaultAsyncHttpxClient(limits=limits, follow_redirects=False)
     except (httpx2.InvalidURL, ValueError, ImportError):
-        raise ConfigError(unusable_proxy_variables(os.environ)) from None
-
-
-# The variables httpx2 takes proxies from (through `urllib.request.getproxies`, either case).
-PROXY_VARIABLES = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY")
-
-
-def unusable_proxy_variables(environ: Mapping[str, str]) -> str:
-    """What is wrong with the proxy variables set in `environ`, by name and reason only."""
-    problems: list[str] = []
-    for name in (each for base in PROXY_VARIABLES for each in (base, base.lower())):
-        value = environ.get(name)
-        if not value:
-            continue
-        try:
-            httpx2.AsyncHTTPTransport(proxy=value if "://" in value else f"http://{value}")
-        except ImportError:
-            problems.append(f"{name} names a SOCKS proxy, which needs socksio (`pip install socksio`)")
-        except httpx2.InvalidURL:
-            problems.append(f"{name} is not a valid proxy URL")
-        except ValueError:
-            problems.append(f"{name} has a scheme other than http, https, socks5 or socks5h")
-    if not problems and any(environ.get(name) for name in ("NO_PROXY", "no_proxy")):
-        problems.append("NO_PROXY (or no_proxy) lists a host httpx2 cannot read")
-    found = (
-        "; ".join(problems) or f"one of {', '.join(PROXY_VARIABLES)} or NO_PROXY (either case) cannot be used"
-    )
-    return (
-        f"The Claude API client cannot use the proxy settings in the environment: {found}. Fix or unset it."
-    )
+        raise ConfigError(unusable_proxy_variables(os.environ, "The Claude API client")) from None
 
 
 # How long the warm-up waits for the API to answer the request that opens its first connection.

@@ -229,7 +229,7 @@ class Answerer:
                 if approving:  # refused before the sampler was asked, as one made after the cancel
                     self.refused(params, SamplingError(protocol.REQUEST_CANCELLED, entry.cut), request_id)
             elif response is None and approving:  # the server (or the session's end) cancelled it
-                self.sampler.abandoned(params, request_id=request_id, session=self.session)
+                self.abandoned(params, request_id)
             if span is not None:
                 if response is None:
                     span.cancel()
@@ -238,9 +238,26 @@ class Answerer:
         if response is not None:  # None: cancelled by the server (or the session), which expects none
             await self._send_upstream(jsonrpc.encode(response))
 
-    async def sample_approved(self, params: dict[str, Any], request_id: Any, related: Any) -> dict[str, Any]:
-        """`sample()` once the user has allowed the request (a sampling task's way)."""
-        await self._approved(params, request_id, related)
+    async def sample_approved(
+        self,
+        params: dict[str, Any],
+        request_id: Any,
+        related: Any,
+        cut: Callable[[], str | None] = lambda: None,
+    ) -> dict[str, Any]:
+        """`sample()` once the user has allowed the request (a sampling task's way). A task
+        cancelled while the user's approval is awaited (`tasks/cancel`, its expiry, the session's
+        end) is reported as cancelled, charged nothing; one the client's cancel cut (`cut()`: the
+        refusal, -32800) as refused with that error, as a plain sampling request cut then."""
+        try:
+            await self._approved(params, request_id, related)
+        except anyio.get_cancelled_exc_class():
+            refusal = cut()
+            if refusal is None:
+                self.abandoned(params, request_id)
+            else:
+                self.refused(params, SamplingError(protocol.REQUEST_CANCELLED, refusal), request_id)
+            raise
         return await self.sample(params, request_id)
 
     async def _approved(self, params: dict[str, Any], request_id: Any, related: Any) -> None:
@@ -251,6 +268,11 @@ class Answerer:
         except SamplingError as exc:
             self.refused(params, exc, request_id)
             raise
+
+    def abandoned(self, params: dict[str, Any], request_id: Any) -> None:
+        """Report a sampling request given up before the sampler was asked (cancelled, charged
+        nothing), as the sampler reports a cancelled one."""
+        self.sampler.abandoned(params, request_id=request_id, session=self.session)
 
     def refused(self, params: dict[str, Any], error: SamplingError, request_id: Any) -> None:
         """Report a sampling request refused before the sampler was asked (the log, the audit log,

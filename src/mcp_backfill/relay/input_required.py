@@ -137,13 +137,15 @@ class Stash:
     """The proxy's own answers to mixed rounds, keyed by the token given to the client, with a TTL.
 
     `expired` hears of each entry dropped because its time ran out (never of one taken in time),
-    once, with its token: an approval question's sampling requests are then refused."""
+    once, with its token: an approval question's sampling requests are then refused. `abandoned`
+    hears of each entry still open when the stash is let go (`abandon`, the proxy stopping)."""
 
     ttl: float
     clock: Callable[[], float] = time.monotonic
     entries: dict[str, StashedRound] = field(default_factory=dict)
     _serial: itertools.count[int] = field(default_factory=itertools.count)
     expired: Callable[[str, StashedRound], None] = lambda token, entry: None
+    abandoned: Callable[[str, StashedRound], None] = lambda token, entry: None
 
     def put(
         self,
@@ -200,6 +202,13 @@ class Stash:
         gone = [token for token, entry in self.entries.items() if entry.expires <= now]
         for token in gone:
             self.expired(token, self.entries.pop(token))
+
+    def abandon(self) -> None:
+        """Let every entry go (the proxy stops): those expired are `expired`, the others `abandoned`."""
+        self._drop_expired()
+        entries, self.entries = self.entries, {}
+        for token, entry in entries.items():
+            self.abandoned(token, entry)
 
 
 MAX_REDEEMED = 100_000

@@ -159,6 +159,7 @@ class Relay:
             claim=sampler.spend.claim_once,
             refused=self.answerer.refused,
             notify_client=self._send_client,
+            cancelled=self.answerer.abandoned,
         )
 
     # -- lifecycle -------------------------------------------------------------------------------

@@ -55,6 +55,8 @@ Sample = Callable[[dict[str, Any], Any], Awaitable[dict[str, Any]]]
 Send = Callable[[bytes], Awaitable[None]]
 Refused = Callable[[dict[str, Any], SamplingError, Any], None]
 """Report a question refused before it was sampled: `(params, error, request id for the logs)`."""
+Cancelled = Callable[[dict[str, Any], Any], None]
+"""Report a question given up before it was sampled (the proxy stopped): `(params, request id)`."""
 Claim = Callable[[str, float], Awaitable[bool]]
 """Claims a key once among the replicas sharing the ledger store, until a time (`Spend.claim_once`)."""
 Notify = Callable[[bytes, Any], Awaitable[None]]
@@ -86,6 +88,7 @@ class RoundDriver:
         claim: Claim | None = None,
         refused: Refused = lambda params, error, request_id: None,
         notify_client: Notify | None = None,
+        cancelled: Cancelled = lambda params, request_id: None,
     ) -> None:
         self.options = options
         self.state = state
@@ -93,7 +96,7 @@ class RoundDriver:
         self.stash: ir.Stash | ir.SealedStash = (
             ir.SealedStash(key, ttl, scope, redeemed=options.redeemed_tokens)
             if key
-            else ir.Stash(ttl, expired=self._expired)
+            else ir.Stash(ttl, expired=self._expired, abandoned=self._abandoned)
         )
         self._sample = sample
         self._send_client = send_client
@@ -107,6 +110,7 @@ class RoundDriver:
         self.approver = approver
         self._claim = claim
         self._refused = refused
+        self._cancelled = cancelled
         self._notify_client = notify_client
         # The requests that may be driven, by the progress token they carry (`RoundProgress`).
         self._tokens: dict[jsonrpc.IdKey, PendingRequest] = {}
@@ -122,10 +126,18 @@ class RoundDriver:
 
     def adopt(self, stash: ir.Stash | ir.SealedStash) -> None:
         """Use `stash` (another relay's, before `start`): its approval questions that expire are
-        refused by this driver."""
+        refused by this driver, those still open when it is let go reported by it."""
         self.stash = stash
         if isinstance(stash, ir.Stash):
-            stash.expired = self._expired
+            stash.expired, stash.abandoned = self._expired, self._abandoned
+
+    def abandon_questions(self) -> None:
+        """The proxy stops (the stash is let go): the sampling questions still awaiting the user's
+        approval were never sampled, and are reported cancelled, charged nothing, as a
+        handshake-era sampling request whose session ends while the user is asked; those whose
+        question expired, refused. (A sealed stash's open questions are in the client's tokens.)"""
+        if isinstance(self.stash, ir.Stash):
+            self.stash.abandon()
 
     # -- client -> upstream ----------------------------------------------------------------------
 
@@ -552,6 +564,11 @@ class RoundDriver:
             extra={"request_id": request_id, "timeout": self.approver.timeout if self.approver else None},
         )
         self._refuse_questions(request_id, entry.pending, rejected("timed out"))
+
+    def _abandoned(self, token: str, entry: ir.StashedRound) -> None:
+        """A stash entry let go while its approval question was open: its questions are reported."""
+        for key, params in entry.pending.items():
+            self._cancelled(params, f"{entry.asked_for}/{key}")
 
     def _refuse_questions(self, request_id: Any, questions: dict[str, Any], refusal: SamplingError) -> None:
         """The round's sampling questions were refused before any was sampled: each is reported."""

@@ -31,8 +31,9 @@ from mcp_backfill.relay.task_book import SamplingTask, TaskBook, TaskError, is_o
 
 log = get_logger("relay")
 
-Run = Callable[[dict[str, Any], Any, Any], Awaitable[dict[str, Any]]]
-"""Answers one sampling request: `(params, request id, related client request id) -> result`."""
+Run = Callable[[dict[str, Any], Any, Any, Callable[[], str | None]], Awaitable[dict[str, Any]]]
+"""Answers one sampling request: `(params, request id, related client request id, cut) -> result`,
+where `cut()` is the refusal (-32800) once the client's cancel has cut the task, else None."""
 
 
 class SamplingTasks:
@@ -54,6 +55,7 @@ class SamplingTasks:
         self._scopes: dict[str, anyio.CancelScope] = {}  # working tasks' Claude calls
         self._done: dict[str, anyio.Event] = {}
         self._related: dict[str, jsonrpc.IdKey] = {}  # working tasks' client requests, when known
+        self._cut: dict[str, str] = {}  # working tasks the client's cancel cut: the refusal
         self._waiting: dict[jsonrpc.IdKey, anyio.CancelScope] = {}  # tasks/result requests waiting
         self._client_lists: set[jsonrpc.IdKey] = set()  # tasks/list requests the client answers
         self._tg: TaskGroup | None = None
@@ -93,7 +95,7 @@ class SamplingTasks:
         try:
             with scope:
                 try:
-                    result = await self._run(params, request_id, related)
+                    result = await self._run(params, request_id, related, lambda: self._cut.get(task.task_id))
                     finished = self.book.finish(task, "completed", ("result", result))
                 except SamplingError as exc:
                     error = {"code": exc.code, "message": exc.message}
@@ -106,6 +108,7 @@ class SamplingTasks:
         finally:
             self._scopes.pop(task.task_id, None)
             self._related.pop(task.task_id, None)
+            self._cut.pop(task.task_id, None)
             done = self._done.pop(task.task_id, None)
             if done is not None:
                 done.set()
@@ -126,6 +129,7 @@ class SamplingTasks:
                 "client cancelled the request a sampling task was made for; cancelled",
                 extra={"task_id": task_id, "related": related},
             )
+            self._cut[task_id] = refusal
             self._scopes[task_id].cancel()
             assert self._tg is not None
             self._tg.start_soon(self._announce, task)

@@ -95,8 +95,8 @@ class AuditRecord:
 
     @property
     def charged(self) -> dict[str, int]:
-        """Tokens charged to the budgets for the request, by usage counter (empty: none)."""
-        return dict(self.ticket.charged) if self.ticket is not None else {}
+        """Tokens charged to the budgets for the request, by usage counter (empty: no call made)."""
+        return dict(self.ticket.charged) if self.ticket is not None and self.ticket.calls else {}
 
     @property
     def outcome(self) -> str:

@@ -41,10 +41,12 @@ class UsageMeter(Protocol):
     continued `pause_turn`, is another attempt), then `report()` with the attempt's usage so far,
     cumulative, whenever the API reports it (Claude's `message_start` and `message_delta` events),
     with `final=True` once the message is complete. `not_billed()` says the attempt certainly cost
-    nothing: the API answered it with an HTTP error status or a redirect, or the request never left
-    this machine (the connection could not be made). An attempt about which nothing was said may
-    have been billed in full. `may_retry()` is asked before a retry: False when the budgets have no
-    room for another attempt (the retry is then not made).
+    nothing: the API answered it with an HTTP error status or a redirect. `not_sent()` says more:
+    the request never left this machine (the connection could not be made, the client refused it
+    first), so Claude was not called at all; a call none of whose attempts was sent is no call in
+    the reports (the audit log's `calls`). An attempt about which nothing was said may have been
+    billed in full. `may_retry()` is asked before a retry: False when the budgets have no room for
+    another attempt (the retry is then not made).
     """
 
     def begin_attempt(self) -> None: ...
@@ -54,6 +56,8 @@ class UsageMeter(Protocol):
     def report(self, usage: Mapping[str, int], *, final: bool = False) -> None: ...
 
     def not_billed(self) -> None: ...
+
+    def not_sent(self) -> None: ...
 
 
 class AttemptObserver(Protocol):

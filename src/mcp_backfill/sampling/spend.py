@@ -337,9 +337,18 @@ class Charge:
     renewal: Callable[[], Awaitable[bool]] | None = None
     # The input an attempt reported (what reading the prompt costs), kept across `take_cost`.
     known_input: dict[str, int] = field(default_factory=dict)
+    # Attempts begun, and those of them that never left this machine (`not_sent`).
+    begun: int = 0
+    unsent: int = 0
+
+    @property
+    def made(self) -> bool:
+        """Was Claude called: did an attempt leave this machine (or may it have)?"""
+        return self.begun > self.unsent
 
     def begin_attempt(self) -> None:
         self.attempts.append(_Attempt())
+        self.begun += 1
 
     async def may_retry(self) -> bool:
         return True if self.renewal is None else await self.renewal()
@@ -362,6 +371,11 @@ class Charge:
     def not_billed(self) -> None:
         if self.attempts:
             self.attempts[-1].billed = False
+
+    def not_sent(self) -> None:
+        if self.attempts:
+            self.attempts[-1].billed = False
+            self.unsent += 1
 
     def cost(self) -> dict[str, int]:
         """What the call's attempts may have cost, by the rules in the module docstring."""
@@ -471,10 +485,11 @@ class Ticket:
             self._count_reserved(-reservation.total)
             if hold is not None:
                 await self._settle(hold, charge.take_cost())
-            self.calls += 1
-            for stake in self._stakes:  # one call, however many charges its retries made
-                for budget in stake.budgets:
-                    budget.exchanges += 1
+            if charge.made:  # Claude was called (not only refused by this machine's client)
+                self.calls += 1
+                for stake in self._stakes:  # one call, however many charges its retries made
+                    for budget in stake.budgets:
+                        budget.exchanges += 1
 
     async def _hold(self, amount: int, prepaid: _Prepaid | None) -> _Hold:
         """Reserve `amount` on every stake (the shared one's may be `prepaid` already)."""

@@ -228,6 +228,8 @@ class StatelessHub:
         finally:
             mux.close(reason)
             stopped.set()
+            if isinstance(self.stash, Stash) and self._tg is not None:  # until another relay has it
+                self._tg.start_soon(watch_questions, self.stash, lambda: self._mux is mux)
 
     async def _stop(self) -> None:
         self.stop()
@@ -250,6 +252,21 @@ class StatelessHub:
     def end_listens(self) -> None:
         if self._mux is not None:
             self._mux.end_listens(SHUTTING_DOWN)
+
+
+async def watch_questions(stash: Stash, still: Callable[[], bool]) -> None:
+    """While `still()` (no relay watches them: the hub's upstream exited, or the hub was stopped),
+    the approval questions open in `stash` expire on time, their sampling requests refused then
+    (`Stash.expired`), not when the client's next request comes, if it ever does."""
+    while still():
+        expiries = [entry.expires for entry in stash.entries.values() if entry.pending]
+        if not expiries:
+            return
+        left = min(expiries) - stash.clock()
+        if left <= 0:
+            stash.holds()  # drops the expired, each reported
+            continue
+        await anyio.sleep(max(left, 0.001))  # a loop may wake a tick early: then once more
 
 
 class StatelessHubs:
@@ -383,8 +400,15 @@ class StatelessHubs:
                     log.info("idle upstream for 2026-07-28 requests closed")
 
     def stop(self) -> None:
+        """Stop every hub (`serve` stops): the approval questions still open in the hubs' stashes,
+        and in those of hubs stopped before, are given up, their sampling requests reported."""
         for hub in self._hubs.values():
             hub.stop()
+            if isinstance(hub.stash, Stash):
+                hub.stash.abandon()
+        for stash in self._stashes.values():
+            stash.abandon()
+        self._stashes.clear()
 
     def drain(self) -> None:
         """The drain has begun: the upstreams running serve on, but none starts any more (a

@@ -16,7 +16,12 @@ from mcp_backfill.assembly import http_upstream_settings, spawn_child
 from mcp_backfill.config import Config
 from mcp_backfill.logs import get_logger
 from mcp_backfill.transports.base import MessageChannel
-from mcp_backfill.transports.http_upstream import display_url, open_http_upstream, tls_context
+from mcp_backfill.transports.http_upstream import (
+    display_url,
+    make_http_client,
+    open_http_upstream,
+    tls_context,
+)
 
 UPSTREAM_START_FAILED = "Upstream MCP server could not be started; the sidecar's log says why"
 """What a client is told when its session's upstream cannot be started: the reason (the command's
@@ -62,6 +67,9 @@ def http_upstreams(config: Config) -> UpstreamFactory:
     # leak to other sessions), but they all share one certificate-checking context: building one
     # per client cost 25 ms of CPU and 0.8 MB of memory per session.
     tls = tls_context()
+    # The environment's proxy variables are read as each client is built: one httpx2 cannot use
+    # stops the start with its `ConfigError` (each session failed with an internal error).
+    make_http_client(http_upstream_settings(config), tls)
 
     @asynccontextmanager
     async def open_http(request: UpstreamRequest) -> AsyncIterator[MessageChannel]:

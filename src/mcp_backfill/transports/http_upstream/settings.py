@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import http.cookiejar
+import os
 import ssl
 import urllib.request
 from collections.abc import Mapping
@@ -13,6 +14,9 @@ from typing import Any
 import httpx2
 
 from mcp_backfill import __version__
+from mcp_backfill.errors import ConfigError
+from mcp_backfill.options import named
+from mcp_backfill.proxy_variables import unusable_proxy_variables
 from mcp_backfill.transports.http_upstream.http11 import Http11Transport, Outgoing
 
 
@@ -53,16 +57,22 @@ def make_http_client(settings: HttpUpstreamSettings, tls: ssl.SSLContext | None 
     A plain `http://` upstream that no HTTP proxy stands in front of is spoken to by the lean
     `Http11Transport` (a third of httpx2's own transport's CPU per request); anything else (TLS, an
     `HTTP_PROXY`/`ALL_PROXY` from the environment) by httpx2's transport.
+
+    Raises `ConfigError` naming a proxy variable httpx2 cannot use (never quoting its value).
     """
     timeout = httpx2.Timeout(settings.connect_timeout, read=settings.read_timeout)
     lean = httpx2.URL(settings.url).scheme == "http" and not goes_through_a_proxy(settings.url)
-    return UpstreamClient(
-        timeout=timeout,
-        headers={"user-agent": f"mcp-backfill/{__version__}"},
-        follow_redirects=False,
-        verify=tls if tls is not None else True,
-        transport=Http11Transport() if lean else None,
-    )
+    try:
+        return UpstreamClient(
+            timeout=timeout,
+            headers={"user-agent": f"mcp-backfill/{__version__}"},
+            follow_redirects=False,
+            verify=tls if tls is not None else True,
+            transport=Http11Transport() if lean else None,
+        )
+    except (httpx2.InvalidURL, ValueError, ImportError):  # the proxy variables httpx2 reads here
+        client = f"The HTTP client of {named('--upstream-url')}"
+        raise ConfigError(unusable_proxy_variables(os.environ, client)) from None
 
 
 class AsciiCookies(http.cookiejar.DefaultCookiePolicy):
