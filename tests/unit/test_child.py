@@ -14,7 +14,9 @@ import anyio
 import pytest
 
 from mcp_backfill.errors import UpstreamStartError
+from mcp_backfill.transports import child as child_module
 from mcp_backfill.transports.child import HeldSignals, StartedChild, start_child
+from mcp_backfill.transports.guard import GUARD, GroupGuard
 from mcp_backfill.transports.stdio import ChildProcess, spawn_upstream
 from tests.harness import pid_alive
 
@@ -133,11 +135,37 @@ def test_an_unadopted_child_that_ignores_sigterm_is_killed_after_the_grace() -> 
 
 
 def test_a_command_that_cannot_start_says_what_fixes_it_and_leaves_no_descriptor() -> None:
+    GUARD.ready(1.0)  # the watcher's pipe is this process's, whatever becomes of the child
     before = set(os.listdir("/proc/self/fd"))
     hint = r"cannot start upstream 'no-such-server-xyz'.*give its absolute path"
     with pytest.raises(UpstreamStartError, match=hint):
         start_child(["no-such-server-xyz"], {"PATH": "/nonexistent"}, 1.0)
     assert set(os.listdir("/proc/self/fd")) == before
+
+
+def test_the_watcher_runs_before_the_first_child_is_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proxy killed while it started its first upstream left that upstream unguarded for as long
+    as the watcher took to start (a few milliseconds after the child's): an orphan, should it ignore
+    its stdin's end. The watcher is now started first."""
+    guard = GroupGuard()
+    monkeypatch.setattr(child_module, "GUARD", guard)
+    watcher_up_at_start: list[bool] = []
+    real_popen = subprocess.Popen
+
+    def popen(argv: list[str], *args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        if argv == SLEEPER:
+            watcher_up_at_start.append(guard._pipe is not None)
+        return real_popen(argv, *args, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    child = start_child(SLEEPER, os.environ, 1.0)
+    monkeypatch.undo()
+    try:
+        assert watcher_up_at_start == [True]
+    finally:
+        child.discard(5.0)
+        if guard._pipe is not None:
+            os.close(guard._pipe)  # its watcher ends with it
 
 
 def test_the_child_gets_its_own_session_and_pipes_for_stdin_and_stdout() -> None:

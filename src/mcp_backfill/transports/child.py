@@ -125,6 +125,7 @@ def start_child(command: Sequence[str], env: Mapping[str, str], grace: float) ->
         raise cannot_start(command[0], str(exc.strerror or exc), None, not_found=False) from exc
     for fd in (to_child, from_child):
         enlarge_pipe(fd)
+    GUARD.ready(grace)
     try:
         popen = subprocess.Popen(
             list(command),

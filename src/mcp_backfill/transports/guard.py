@@ -55,18 +55,25 @@ signal_groups(signal.SIGKILL)
 
 
 class GroupGuard:
-    """The watcher of this process's children's groups, started with the first one (`watch`)."""
+    """The watcher of this process's children's groups, started before the first one (`ready`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pipe: int | None = None
         self._failed = False
 
-    def watch(self, pgid: int, grace: float) -> None:
-        """Have the group `pgid` stopped should this process end without stopping it (`forget`)."""
+    def ready(self, grace: float) -> None:
+        """Start the watcher now, if it is not running: before a child is started, so that a proxy
+        killed while it starts one leaves only the instant between the child's start and `watch`
+        unguarded, not the watcher's own start (a few milliseconds)."""
         with self._lock:
             if self._pipe is None and not self._failed:
                 self._start(grace)
+
+    def watch(self, pgid: int, grace: float) -> None:
+        """Have the group `pgid` stopped should this process end without stopping it (`forget`)."""
+        self.ready(grace)
+        with self._lock:
             self._send(b"+%d\n" % pgid)
 
     def forget(self, pgid: int) -> None:
