@@ -1707,13 +1707,14 @@ class FakeClaude:
             "token_uri": self.url + OAUTH_TOKEN_PATH,
         }
 
-    def workforce_user_info(self) -> JSONObject:
+    def workforce_user_info(self, refresh_token: str | None = None) -> JSONObject:
         """User credentials as `gcloud auth application-default login` writes them for a workforce
         identity federation user (`external_account_authorized_user`): they name no project, and
         their `token_url` is the fake. (Plain `authorized_user` credentials cannot serve here:
         google-auth sends their refresh to oauth2.googleapis.com whatever the file says, and the
-        SDK mints a token before it asks for the project.)"""
-        refresh_token = f"fake-refresh-{secrets.token_hex(16)}"
+        SDK mints a token before it asks for the project.) `refresh_token`: the one they hold (a
+        Google-shaped `1//0g…`, say), by default a new one."""
+        refresh_token = refresh_token or f"fake-refresh-{secrets.token_hex(16)}"
         with self._lock:
             self._refresh_tokens.add(refresh_token)
         return {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 import anyio
@@ -387,14 +388,19 @@ async def test_a_minted_token_quoted_after_a_whole_message_is_kept_out_of_the_lo
     assert minted not in log
 
 
+# A refresh token as Google issues them: `1//0g` and base64url, its slashes `%2F` in a form.
+GOOGLE_SHAPED_REFRESH_TOKEN = "1//0gFAKE-refresh_token/of+a/user0123456789abcdef"
+
+
 async def test_a_token_endpoint_quoting_the_refresh_token_is_redacted(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:
     """User credentials' refresh token and client secret (from the Application Default Credentials
     file, not a setting), quoted in the token endpoint's refusal of a later refresh (the hourly one
     of a proxy that runs on), reached the server, the log and the audit log in "the client could
-    not make the call"."""
-    info = fake_claude.workforce_user_info()
+    not make the call". The refresh token has Google's own shape (`1//0g…`), whose slashes the form
+    carries as `%2F`: quoted so, it was not recognised."""
+    info = fake_claude.workforce_user_info(refresh_token=GOOGLE_SHAPED_REFRESH_TOKEN)
     fake_claude.api_key = fake_claude.oauth_token
     fake_claude.oauth_expires_in = 60  # within google-auth's refresh threshold: refreshed before each use
     audit = tmp_path / "audit.jsonl"
@@ -411,9 +417,11 @@ async def test_a_token_endpoint_quoting_the_refresh_token_is_redacted(
     assert "result" in first, first
     assert "invalid_grant" in answer["error"]["message"], answer
     assert len(fake_claude.token_requests) == minted + 1  # the later refresh, refused
+    assert "refresh_token=***" in answer["error"]["message"], answer
     places = {"to the server": json.dumps(answer), "log": log, "audit": audit.read_text()}
     for secret in (str(info["refresh_token"]), str(info["client_secret"])):
-        assert [where for where, text in places.items() if secret in text] == [], (secret, answer)
+        for form in (secret, urllib.parse.quote_plus(secret)):
+            assert [where for where, text in places.items() if form in text] == [], (form, answer)
 
 
 async def test_vertex_credentials_that_name_no_project_are_answered_with_the_variable_to_set(
