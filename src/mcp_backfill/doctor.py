@@ -211,7 +211,7 @@ async def _provider(report: Report, config: Config) -> None:
         credentials_unreachable,
         failed_request,
         google_credentials_failed,
-        vertex_project_from_credentials,
+        load_vertex_credentials,
     )
     from mcp_backfill.providers.platforms import make_client
 
@@ -231,7 +231,7 @@ async def _provider(report: Report, config: Config) -> None:
     network = f"; check {endpoint} and the network"
     try:
         with anyio.fail_after(TIMEOUT):
-            await vertex_project_from_credentials(client)
+            await load_vertex_credentials(client)
             counted = await client.messages.count_tokens(
                 model=config.model, messages=[{"role": "user", "content": "ping"}]
             )

@@ -6,11 +6,12 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_platforms import adc_env
+from tests.e2e.test_platforms import GOOGLE_SHAPED_REFRESH_TOKEN, adc_env
 from tests.fake_claude import FakeClaude, error_reply
 from tests.harness import EXAMPLES, ROOT, TEST_API_KEY, free_port, proxy_env, python_server
 
@@ -419,6 +420,25 @@ def test_a_vertex_error_quoting_the_minted_token_is_redacted(fake_claude: FakeCl
     assert "Bearer ***" in provider, provider
     assert [r.headers["authorization"] for r in fake_claude.count_tokens_requests] == [f"Bearer {minted}"]
     assert minted not in done.stdout + done.stderr
+
+
+def test_a_first_refresh_quoting_the_user_credentials_is_redacted(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """The first refresh of user credentials refused by a token endpoint that quotes the request:
+    `check` printed the refresh token, as the SDK refreshes the credentials it loads before it keeps
+    them, where the redaction could not find them."""
+    info = fake_claude.workforce_user_info(refresh_token=GOOGLE_SHAPED_REFRESH_TOKEN)
+    fake_claude.oauth_echo_errors = True
+    env = proxy_env(**adc_env(fake_claude, tmp_path, info), ANTHROPIC_VERTEX_PROJECT_ID="proj-42")
+    done = check("--provider", "vertex", "--", *WEATHER, env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    provider = done.stdout.split("provider: vertex\n")[1].split("\n")[0]
+    assert "refresh_token=***" in provider, provider
+    assert len(fake_claude.token_requests) == 1
+    for secret in (GOOGLE_SHAPED_REFRESH_TOKEN, str(info["client_secret"])):
+        for form in (secret, urllib.parse.quote_plus(secret)):
+            assert form not in done.stdout + done.stderr, form
 
 
 @pytest.mark.parametrize("failure", ["refused", "unreachable"])

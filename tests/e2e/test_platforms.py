@@ -424,6 +424,34 @@ async def test_a_token_endpoint_quoting_the_refresh_token_is_redacted(
             assert [where for where, text in places.items() if form in text] == [], (form, answer)
 
 
+async def test_a_token_endpoint_quoting_the_first_refresh_of_user_credentials_is_redacted(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """The first refresh of user credentials (the one that mints the proxy's first token) refused
+    by a token endpoint that quotes the request: the refresh token reached the server, the log and
+    the audit log, as the SDK refreshes the credentials it loads before it keeps them, where the
+    redaction looks (a later refresh was redacted)."""
+    info = fake_claude.workforce_user_info(refresh_token=GOOGLE_SHAPED_REFRESH_TOKEN)
+    info["client_secret"] = "GOCSPX-fake/client+secret=0123"
+    fake_claude.oauth_echo_errors = True
+    audit = tmp_path / "audit.jsonl"
+    env = adc_env(fake_claude, tmp_path, info)
+    env["ANTHROPIC_VERTEX_PROJECT_ID"] = "proj-42"
+    options = ("--provider", "vertex", "--audit-log", str(audit), "--retry-max-attempts", "1")
+    async with echo_session(None, *options, env=env) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+        log = session.stderr()
+    assert len(fake_claude.token_requests) == 1  # the first refresh, refused
+    assert "invalid_grant" in answer["error"]["message"], answer
+    assert "refresh_token=***" in answer["error"]["message"], answer
+    places = {"to the server": json.dumps(answer), "log": log, "audit": audit.read_text()}
+    for secret in (str(info["refresh_token"]), str(info["client_secret"])):
+        for form in (secret, urllib.parse.quote_plus(secret), urllib.parse.quote(secret, safe="")):
+            assert [where for where, text in places.items() if form in text] == [], (form, answer)
+
+
 async def test_vertex_credentials_that_name_no_project_are_answered_with_the_variable_to_set(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:
@@ -436,7 +464,7 @@ async def test_vertex_credentials_that_name_no_project_are_answered_with_the_var
         ping = await session.request(77, "ping", {})
     assert "ANTHROPIC_VERTEX_PROJECT_ID" in answer["error"]["message"], answer
     assert "result" in ping
-    assert len(fake_claude.token_requests) == 1  # the real google-auth refreshed them
+    assert fake_claude.token_requests == []  # no token minted for a call that cannot be made
     assert fake_claude.platform_requests == []
 
 

@@ -81,16 +81,39 @@ CREDENTIALS = {
 }
 
 
-async def vertex_project_from_credentials(client: AnyClient) -> None:
-    """A Vertex client without `ANTHROPIC_VERTEX_PROJECT_ID` loads its Application Default
-    Credentials now, which name the project (a service account's, `GOOGLE_CLOUD_PROJECT`, gcloud's):
-    the SDK asks for the project before it loads the credentials, so without this every call
-    failed with "No project_id was given". Blocking work runs in a worker thread (the SDK's own)."""
-    if isinstance(client, anthropic.AsyncAnthropicVertex) and client.project_id is None:
-        try:
-            await client._ensure_access_token()
-        except ValueError as exc:  # "Could not resolve project_id": user credentials name none
-            raise ValueError(f"{exc}: set ANTHROPIC_VERTEX_PROJECT_ID (the Google Cloud project)") from None
+# The scope the SDK asks Application Default Credentials for (its `CLOUD_PLATFORM_SCOPE`).
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+
+
+async def load_vertex_credentials(client: AnyClient) -> None:
+    """A Vertex client without a ready token loads its Application Default Credentials now, as the
+    SDK would, but keeps them before their first refresh: the SDK's own loading refreshes them
+    before it hands them over, so when that refresh was refused by a token endpoint quoting the
+    request, the refresh token and client secret were nowhere the redaction could find them
+    (`client_secrets`). The project is the one they name (a service account's,
+    `GOOGLE_CLOUD_PROJECT`, gcloud's) when `ANTHROPIC_VERTEX_PROJECT_ID` names none: the SDK asks
+    for the project before it loads the credentials, so without this every call failed with "No
+    project_id was given". Raises `ValueError` at once, nothing refreshed, when there is no project.
+    Blocking work (reading files, the token request) runs in a worker thread, as the SDK's does."""
+    if not isinstance(client, anthropic.AsyncAnthropicVertex) or client.access_token is not None:
+        return
+    if client.credentials is None:
+        credentials, project = await anyio.to_thread.run_sync(_default_credentials)
+        client.credentials = credentials
+        if client.project_id is None and project:
+            client.project_id = project
+    if client.project_id is None:  # user credentials name none
+        raise ValueError(
+            "Could not resolve project_id: set ANTHROPIC_VERTEX_PROJECT_ID (the Google Cloud project)"
+        )
+
+
+def _default_credentials() -> tuple[Any, str | None]:
+    """google-auth's Application Default Credentials with the scope the SDK asks for, not refreshed."""
+    import google.auth
+
+    credentials, project = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+    return credentials, project if isinstance(project, str) and project else None
 
 
 def credentials_unreachable(exc: BaseException) -> bool:
@@ -343,7 +366,7 @@ async def message_stream(client: AnyClient, request: dict[str, Any]) -> AsyncIte
 
 
 async def _post_messages(client: AnyClient, body: dict[str, Any]) -> httpx2.Response:
-    await vertex_project_from_credentials(client)
+    await load_vertex_credentials(client)
     return await client.post(
         "/v1/messages",
         body=body,
