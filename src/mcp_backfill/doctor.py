@@ -207,11 +207,13 @@ async def _provider(report: Report, config: Config) -> None:
         return
     from mcp_backfill.providers.anthropic import (
         CREDENTIALS,
+        CREDENTIALS_HOSTS,
         client_secrets,
         credentials_unreachable,
         failed_request,
         google_credentials_failed,
         load_vertex_credentials,
+        name_not_resolved,
     )
     from mcp_backfill.providers.platforms import make_client
 
@@ -243,7 +245,10 @@ async def _provider(report: Report, config: Config) -> None:
         credentials = CREDENTIALS.get(config.provider, "ANTHROPIC_API_KEY")
         hint = f"; check {credentials}" if status in (401, 403) else ""
         hint = network if status is None else hint
-        if credentials_unreachable(exc):  # the token endpoint, not Claude's, is out of reach
+        if credentials_unreachable(exc) and name_not_resolved(exc):  # a typo in that host, say
+            where = CREDENTIALS_HOSTS.get(config.provider, "where the credentials come from")
+            hint = f"; that host name does not resolve: check {where} and this machine's DNS"
+        elif credentials_unreachable(exc):  # the token endpoint, not Claude's, is out of reach
             hint = f"; check {credentials} and the network to where they come from"
         elif google_credentials_failed(exc):  # Claude's endpoint was never called
             hint = f"; check {credentials}"

@@ -441,6 +441,22 @@ def test_a_first_refresh_quoting_the_user_credentials_is_redacted(
             assert form not in done.stdout + done.stderr, form
 
 
+def test_a_token_endpoint_whose_host_does_not_resolve_is_named(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """A typo in the key file's `token_uri`: `check` said "check the Google credentials and the
+    network to where they come from", where the proxy says the name does not resolve and which
+    setting holds it."""
+    info = {**fake_claude.service_account_info("proj-42"), "token_uri": "http://token-host.invalid:1/token"}
+    env = proxy_env(**adc_env(fake_claude, tmp_path, info))
+    done = check("--provider", "vertex", "--", *WEATHER, env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    provider = done.stdout.split("provider: vertex\n")[1].split("\n")[0]
+    assert "does not resolve: check the token endpoint of the Google credentials" in provider, provider
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in provider, provider
+    assert fake_claude.count_tokens_requests == []
+
+
 @pytest.mark.parametrize("failure", ["refused", "unreachable"])
 def test_vertex_credentials_that_cannot_be_had_are_named(
     fake_claude: FakeClaude, tmp_path: Path, failure: str

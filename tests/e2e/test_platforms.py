@@ -529,6 +529,43 @@ async def test_a_token_endpoint_that_stays_unreachable_is_named(
     assert not any((entry["charged"] or {}).values()), entry
 
 
+# A host name that cannot resolve (`.invalid` is reserved for that), as a typo in one makes.
+UNRESOLVABLE = "http://credentials-host.invalid:1"
+
+
+@pytest.mark.parametrize("provider", ["bedrock", "vertex"])
+async def test_a_credentials_endpoint_whose_host_does_not_resolve_fails_at_once_naming_the_setting(
+    fake_claude: FakeClaude, tmp_path: Path, provider: str
+) -> None:
+    """A typo in the host of the token endpoint (the `token_uri` of the key file) or of STS
+    (`AWS_ENDPOINT_URL_STS`) was retried as an outage, every attempt of the deadline, and answered
+    "check ... and the network", where the Claude API's own host that does not resolve is refused
+    at once with the setting to fix named: resolving again will not help."""
+    if provider == "bedrock":
+        pytest.importorskip("boto3")
+        env = {**aws_role_env(fake_claude, tmp_path), "AWS_ENDPOINT_URL_STS": UNRESOLVABLE}
+        setting = "AWS_ENDPOINT_URL_STS"
+    else:
+        info = {**fake_claude.service_account_info("proj-42"), "token_uri": f"{UNRESOLVABLE}/token"}
+        env = {**adc_env(fake_claude, tmp_path, info), "ANTHROPIC_VERTEX_PROJECT_ID": "proj-42"}
+        setting = "GOOGLE_APPLICATION_CREDENTIALS"
+    audit = tmp_path / "audit.jsonl"
+    options = ("--provider", provider, "--audit-log", str(audit), "--retry-max-attempts", "4")
+    async with echo_session(None, *options, "--retry-base-delay", "0.01", env=env) as session:
+        answer = await ask_sampling(session)
+        ping = await session.request(77, "ping", {})
+        await session.close_stdin()
+        await session.wait(30)
+    assert "result" in ping
+    error = answer["error"]
+    assert (error["data"]["type"], error["data"]["attempts"]) == ("name_resolution", 1), error
+    assert "does not resolve" in error["message"], error
+    assert setting in error["message"], error
+    assert fake_claude.platform_requests == []
+    [entry] = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert not any((entry["charged"] or {}).values()), entry
+
+
 async def test_vertex_takes_its_project_from_application_default_credentials(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:

@@ -79,6 +79,18 @@ CREDENTIALS = {
     "bedrock": "the AWS credentials (AWS_BEARER_TOKEN_BEDROCK, AWS_PROFILE...)",
     "vertex": "the Google credentials (MCP_BACKFILL_VERTEX_ACCESS_TOKEN or Application Default Credentials)",
 }
+# Where each backend's client fetches its credentials, for the message that says that host's name
+# does not resolve (a typo: the setting that holds it is the one to fix).
+CREDENTIALS_HOSTS = {
+    "bedrock": (
+        "where the AWS credentials come from (AWS_ENDPOINT_URL_STS, or the region and the role, SSO or "
+        "endpoint_url settings of AWS_PROFILE's profile)"
+    ),
+    "vertex": (
+        "the token endpoint of the Google credentials (the token_uri or token_url of the "
+        "GOOGLE_APPLICATION_CREDENTIALS file)"
+    ),
+}
 
 
 # The scope the SDK asks Application Default Credentials for (its `CLOUD_PLATFORM_SCOPE`).
@@ -149,7 +161,7 @@ def google_credentials_failed(exc: BaseException) -> bool:
     return isinstance(exc, google_auth.GoogleAuthError)
 
 
-def _name_not_resolved(exc: BaseException) -> bool:
+def name_not_resolved(exc: BaseException) -> bool:
     """Did a connection fail because the host name does not resolve?"""
     seen: BaseException | None = exc
     for _ in range(8):  # the cause chain: SDK error -> httpx2 error -> OSError
@@ -563,7 +575,7 @@ class AnthropicProvider:
         except anthropic.APIConnectionError as exc:
             if isinstance(exc.__cause__, NEVER_SENT):
                 meter.not_sent()
-            if _name_not_resolved(exc):  # retrying will not make the name resolve: say so at once
+            if name_not_resolved(exc):  # retrying will not make the name resolve: say so at once
                 raise self._error(
                     f"Claude API host name does not resolve "
                     f"({self._redact(str(exc.__cause__ or exc), failed_request(exc))}); "
@@ -599,6 +611,8 @@ class AnthropicProvider:
             if not streaming:  # the client refused before anything was sent
                 meter.not_sent()
                 if credentials_unreachable(exc):  # may pass, as a connection the API refused
+                    if name_not_resolved(exc):  # a typo in a host: retrying will not help
+                        raise self._credentials_host_error(exc) from None
                     raise self._credentials_error(exc) from None
             raise self._client_error(exc, sent) from None
         meter.report(result["usage"], final=True)
@@ -626,6 +640,18 @@ class AnthropicProvider:
             f"{CREDENTIALS.get(self.name, 'ANTHROPIC_API_KEY')} and the network to where they come from",
             {"provider": self.name, "type": "credentials_unavailable"},
             retryable=True,
+        )
+
+    def _credentials_host_error(self, exc: Exception) -> ProviderError:
+        """The host the client gets its credentials from has a name that does not resolve: final,
+        as for the API's own host, with the settings that name it."""
+        detail = self._redact(f"{type(exc).__name__}: {exc}")[:300]
+        where = CREDENTIALS_HOSTS.get(self.name, "where the credentials come from")
+        return ProviderError(
+            f"The {self.name} client could not get its credentials: a host name does not resolve "
+            f"({detail}); check {where} and this machine's DNS",
+            {"provider": self.name, "type": "name_resolution"},
+            retryable=False,
         )
 
     def _client_error(self, exc: Exception, sent: httpx2.Request | None) -> ProviderError:
