@@ -566,6 +566,28 @@ async def test_a_credentials_endpoint_whose_host_does_not_resolve_fails_at_once_
     assert not any((entry["charged"] or {}).values()), entry
 
 
+@pytest.mark.parametrize(
+    ("provider", "settings"),
+    [
+        ("bedrock", ("ANTHROPIC_BEDROCK_BASE_URL", "AWS_REGION")),
+        ("vertex", ("ANTHROPIC_VERTEX_BASE_URL", "CLOUD_ML_REGION")),
+    ],
+)
+async def test_a_platform_host_that_does_not_resolve_names_the_platforms_settings(
+    fake_claude: FakeClaude, provider: str, settings: tuple[str, str]
+) -> None:
+    """Bedrock's or Vertex's endpoint host does not resolve (a typo in its base URL or region): the
+    error said "check ANTHROPIC_BASE_URL", a variable these clients do not read."""
+    env = platform_env(provider, fake_claude, "us-east5")
+    env[settings[0]] = "http://platform-host.invalid:1"
+    async with echo_session(None, "--provider", provider, "--retry-max-attempts", "3", env=env) as session:
+        answer = await ask_sampling(session)
+    error = answer["error"]
+    assert (error["data"]["type"], error["data"]["attempts"]) == ("name_resolution", 1), error
+    assert all(setting in error["message"] for setting in settings), error
+    assert "ANTHROPIC_BASE_URL" not in error["message"], error
+
+
 async def test_vertex_takes_its_project_from_application_default_credentials(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:

@@ -79,6 +79,12 @@ CREDENTIALS = {
     "bedrock": "the AWS credentials (AWS_BEARER_TOKEN_BEDROCK, AWS_PROFILE...)",
     "vertex": "the Google credentials (MCP_BACKFILL_VERTEX_ACCESS_TOKEN or Application Default Credentials)",
 }
+# The settings that name each backend's API host, for the message that says its name does not resolve.
+API_HOST_SETTINGS = {
+    "anthropic": "ANTHROPIC_BASE_URL",
+    "bedrock": "ANTHROPIC_BEDROCK_BASE_URL or the region (AWS_REGION, AWS_DEFAULT_REGION or the profile's)",
+    "vertex": "ANTHROPIC_VERTEX_BASE_URL or the region (CLOUD_ML_REGION)",
+}
 # Where each backend's client fetches its credentials, for the message that says that host's name
 # does not resolve (a typo: the setting that holds it is the one to fix).
 CREDENTIALS_HOSTS = {
@@ -579,7 +585,7 @@ class AnthropicProvider:
                 raise self._error(
                     f"Claude API host name does not resolve "
                     f"({self._redact(str(exc.__cause__ or exc), failed_request(exc))}); "
-                    "check ANTHROPIC_BASE_URL (or the platform's region) and this machine's DNS",
+                    f"check {API_HOST_SETTINGS.get(self.name, 'ANTHROPIC_BASE_URL')} and this machine's DNS",
                     "name_resolution",
                     request_id,
                     retryable=False,
