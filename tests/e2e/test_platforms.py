@@ -452,6 +452,39 @@ async def test_a_token_endpoint_quoting_the_first_refresh_of_user_credentials_is
             assert [where for where, text in places.items() if form in text] == [], (form, answer)
 
 
+async def test_a_token_endpoint_quoting_the_source_credentials_of_an_impersonation_is_redacted(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """Application Default Credentials that impersonate a service account (`gcloud auth
+    application-default login --impersonate-service-account`) hold the user's refresh token in their
+    `source_credentials`: a token endpoint refusing its refresh with the request quoted had the
+    token reach the server, the log and the audit log, as only the top credentials' secrets were
+    looked for."""
+    source = fake_claude.workforce_user_info(refresh_token=GOOGLE_SHAPED_REFRESH_TOKEN)
+    info: dict[str, object] = {
+        "type": "impersonated_service_account",
+        "service_account_impersonation_url": (
+            "https://iamcredentials.googleapis.com/v1/projects/-/serviceAccounts/"
+            "claude@proj-42.iam.gserviceaccount.com:generateAccessToken"
+        ),
+        "source_credentials": source,
+    }
+    fake_claude.oauth_echo_errors = True
+    audit = tmp_path / "audit.jsonl"
+    env = {**adc_env(fake_claude, tmp_path, info), "ANTHROPIC_VERTEX_PROJECT_ID": "proj-42"}
+    options = ("--provider", "vertex", "--audit-log", str(audit), "--retry-max-attempts", "1")
+    async with echo_session(None, *options, env=env) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+        log = session.stderr()
+    assert len(fake_claude.token_requests) == 1  # the source's refresh, refused
+    assert "refresh_token=***" in answer["error"]["message"], answer
+    places = {"to the server": json.dumps(answer), "log": log, "audit": audit.read_text()}
+    for form in (GOOGLE_SHAPED_REFRESH_TOKEN, urllib.parse.quote_plus(GOOGLE_SHAPED_REFRESH_TOKEN)):
+        assert [where for where, text in places.items() if form in text] == [], (form, answer)
+
+
 async def test_vertex_credentials_that_name_no_project_are_answered_with_the_variable_to_set(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:

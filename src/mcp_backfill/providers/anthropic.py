@@ -471,8 +471,25 @@ def failed_request(exc: BaseException) -> httpx2.Request | None:
 
 
 # The secrets of Google credentials loaded from an Application Default Credentials file (a user's
-# refresh token and OAuth client secret), which a token endpoint's refusal may quote.
-_GOOGLE_CREDENTIAL_SECRETS = ("refresh_token", "client_secret")
+# refresh token and OAuth client secret, a workload identity pool's client secret), which a token
+# endpoint's refusal may quote.
+_GOOGLE_CREDENTIAL_SECRETS = ("refresh_token", "client_secret", "_refresh_token", "_client_secret")
+# How deep credentials that stand on others are looked into (impersonation over user credentials).
+_SOURCE_DEPTH = 4
+
+
+def _held_secrets(credentials: object) -> tuple[str, ...]:
+    """The secrets Google `credentials` hold, and those of the credentials they stand on
+    (`_source_credentials`: an impersonated service account's source, the user's credentials that
+    `gcloud auth application-default login --impersonate-service-account` keeps)."""
+    found: list[str] = []
+    for _ in range(_SOURCE_DEPTH):
+        if credentials is None:
+            break
+        held = (getattr(credentials, name, None) for name in _GOOGLE_CREDENTIAL_SECRETS)
+        found.extend(value for value in held if isinstance(value, str) and value)
+        credentials = getattr(credentials, "_source_credentials", None)
+    return tuple(dict.fromkeys(found))
 
 
 def client_secrets(client: AnyClient, request: httpx2.Request | None = None) -> tuple[str, ...]:
@@ -480,9 +497,7 @@ def client_secrets(client: AnyClient, request: httpx2.Request | None = None) -> 
     credentials it loaded (Application Default Credentials), and the credentials on `request` (the
     one a failure is about)."""
     token = minted_token(client)
-    credentials = getattr(client, "credentials", None)
-    held = (getattr(credentials, name, None) for name in _GOOGLE_CREDENTIAL_SECRETS)
-    loaded = tuple(value for value in held if isinstance(value, str) and value)
+    loaded = _held_secrets(getattr(client, "credentials", None))
     return ((token,) if token else ()) + loaded + sent_credentials(request)
 
 
