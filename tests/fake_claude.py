@@ -1236,6 +1236,9 @@ class FakeClaude:
         self.sts_outages = 0
         """How many of the next STS requests have their connection dropped before an answer (the
         endpoint briefly unreachable); settable."""
+        self.sts_unavailable = 0
+        """How many of the next STS requests are answered `503 ServiceUnavailable` (an outage of
+        the service, as AWS reports it); settable."""
         self._refresh_tokens: set[str] = set()
         """Called for the reply when the queue is empty (instead of the default reply); settable."""
         self._lock = threading.Condition()
@@ -1794,6 +1797,15 @@ class FakeClaude:
             outage, self.sts_outages = self.sts_outages > 0, max(0, self.sts_outages - 1)
         if outage:  # the connection drops before the answer's body
             return _ScriptedResponse(self, 502, {"content-type": "text/xml"}, [b"<"], abort=True)
+        with self._lock:
+            unavailable, self.sts_unavailable = self.sts_unavailable > 0, max(0, self.sts_unavailable - 1)
+        if unavailable:
+            error = (
+                '<ErrorResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><Error><Type>Receiver</Type>'
+                "<Code>ServiceUnavailable</Code><Message>Service is unavailable</Message></Error>"
+                "<RequestId>fake-sts</RequestId></ErrorResponse>"
+            )
+            return Response(error.encode(), status_code=503, headers={"content-type": "text/xml"})
         if form.get("Action") != "AssumeRole":
             return self._error(404, "not_found_error", f"Not found: {request.method} {recorded.path}")
         key_id, secret, token = self.sts_credentials

@@ -139,8 +139,9 @@ def credentials_unreachable(exc: BaseException) -> bool:
     anything: google-auth could not reach the token endpoint (`TransportError`: refused, reset, a
     timeout) or was answered with an error it calls retryable (a 5xx after its own retries); boto3
     could not reach the service that issues them (STS for a role, SSO...: botocore's connection
-    errors, refused, closed or timed out). The request itself is signed offline: these come only
-    from fetching credentials."""
+    errors, refused, closed or timed out) or was answered that it is unavailable or throttling
+    (a 5xx, `Throttling`). The request itself is signed offline: these come only from fetching
+    credentials."""
     try:
         from botocore import exceptions as botocore_errors  # type: ignore[import-untyped]
     except ImportError:  # no botocore: not the Bedrock client
@@ -148,6 +149,8 @@ def credentials_unreachable(exc: BaseException) -> bool:
     else:
         if isinstance(exc, botocore_errors.ConnectionError | botocore_errors.HTTPClientError):
             return True
+        if isinstance(exc, botocore_errors.ClientError):  # answered: an outage or throttling passes
+            return _aws_error_passes(exc.response)
     try:
         from google.auth import exceptions as google_auth
     except ImportError:  # no google-auth: not the Vertex client's Application Default Credentials
@@ -155,6 +158,36 @@ def credentials_unreachable(exc: BaseException) -> bool:
     if isinstance(exc, google_auth.TransportError):
         return True
     return isinstance(exc, google_auth.RefreshError) and bool(getattr(exc, "retryable", False))
+
+
+# The error codes with which an AWS service (STS, SSO) says a request may succeed later: throttled
+# or timed out (botocore's own retry lists); any 5xx says so too.
+AWS_TRANSIENT_ERROR_CODES = frozenset(
+    {
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottledException",
+        "RequestThrottled",
+        "TooManyRequestsException",
+        "RequestLimitExceeded",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "PriorRequestNotComplete",
+        "IDPCommunicationError",
+    }
+)
+
+
+def _aws_error_passes(response: object) -> bool:
+    """Does an AWS service's error answer (botocore's `ClientError.response`) say it may pass: a
+    5xx or 429 status, or a throttling or timeout code (STS throttles with a 400)?"""
+    if not isinstance(response, Mapping):
+        return False
+    metadata, error = response.get("ResponseMetadata"), response.get("Error")
+    status = metadata.get("HTTPStatusCode") if isinstance(metadata, Mapping) else None
+    code = error.get("Code") if isinstance(error, Mapping) else None
+    return (isinstance(status, int) and (status >= 500 or status == 429)) or code in AWS_TRANSIENT_ERROR_CODES
 
 
 def google_credentials_failed(exc: BaseException) -> bool:
