@@ -1226,6 +1226,9 @@ class FakeClaude:
         self.oauth_outages = 0
         """How many of the next `POST /oauth2/token` requests have their connection dropped before
         an answer (the endpoint briefly unreachable: google-auth raises `TransportError`); settable."""
+        self.oauth_unavailable = 0
+        """How many of the next `POST /oauth2/token` requests are answered `503` with Google's
+        `UNAVAILABLE` error (an outage of the service); settable."""
         self._service_account_keys: dict[str, bytes] = {}  # private_key_id -> public key (PEM)
         self.sts_credentials = (
             f"ASIAFAKE{secrets.token_hex(6).upper()}",
@@ -1766,6 +1769,18 @@ class FakeClaude:
             outage, self.oauth_outages = self.oauth_outages > 0, max(0, self.oauth_outages - 1)
         if outage:  # the connection drops before the answer's body
             return _ScriptedResponse(self, 502, {"content-type": "application/json"}, [b"{"], abort=True)
+        with self._lock:
+            unavailable, self.oauth_unavailable = (
+                self.oauth_unavailable > 0,
+                max(0, self.oauth_unavailable - 1),
+            )
+        if unavailable:
+            google_error = {
+                "code": 503,
+                "message": "The service is currently unavailable.",
+                "status": "UNAVAILABLE",
+            }
+            return JSONResponse({"error": google_error}, status_code=503)
         pairs = urllib.parse.parse_qsl(recorded.raw_body.decode("utf-8", "replace"))
         if self.oauth_echo_errors:
             quoted = recorded.raw_body.decode("utf-8", "replace")

@@ -552,6 +552,32 @@ async def test_a_token_endpoint_briefly_unreachable_is_retried_and_charged_nothi
     assert sum(entry["charged"].values()) == fake_claude.served_tokens() > 0, entry  # that call only
 
 
+async def test_a_token_endpoint_briefly_unavailable_for_user_credentials_is_retried(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """The token endpoint of user (or workload identity) credentials answered `503 UNAVAILABLE`:
+    google-auth raises `OAuthError` for these, which says nothing of a retry, so the sampling request
+    failed at once as "the client could not make the call", where a service account's refresh
+    answered so is retried. It is retried like that, and charged nothing for the failed attempt."""
+    fake_claude.enqueue(text_reply("answered after the token came"))
+    fake_claude.api_key = fake_claude.oauth_token
+    fake_claude.oauth_unavailable = 1
+    audit = tmp_path / "audit.jsonl"
+    env = adc_env(fake_claude, tmp_path, fake_claude.workforce_user_info())
+    env["ANTHROPIC_VERTEX_PROJECT_ID"] = "proj-42"
+    options = ("--provider", "vertex", "--audit-log", str(audit), "--retry-base-delay", "0.01")
+    async with echo_session(None, *options, env=env) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+    content = answer.get("result", {}).get("content")
+    assert content == {"type": "text", "text": "answered after the token came"}, answer
+    assert len(fake_claude.token_requests) == 2
+    assert len(fake_claude.platform_requests) == 1
+    [entry] = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert sum(entry["charged"].values()) == fake_claude.served_tokens() > 0, entry  # that call only
+
+
 async def test_a_token_endpoint_that_stays_unreachable_is_named(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:

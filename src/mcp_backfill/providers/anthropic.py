@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import email.utils
 import functools
+import json
 import re
 import socket
 import time
@@ -157,7 +158,35 @@ def credentials_unreachable(exc: BaseException) -> bool:
         return False
     if isinstance(exc, google_auth.TransportError):
         return True
+    if isinstance(exc, google_auth.OAuthError):  # user or workload identity credentials' endpoint
+        return _oauth_error_passes(exc.args[1] if len(exc.args) > 1 else None)
     return isinstance(exc, google_auth.RefreshError) and bool(getattr(exc, "retryable", False))
+
+
+# The OAuth 2.0 error codes that say a token request may succeed later (RFC 6749 section 5.2, and
+# the ones google-auth itself retries a service account's refresh on).
+OAUTH_TRANSIENT_ERRORS = frozenset({"server_error", "temporarily_unavailable", "internal_failure"})
+
+
+def _oauth_error_passes(body: object) -> bool:
+    """Does the body of a token endpoint's error (google-auth's `OAuthError`, raised for user and
+    workload identity credentials without the status) say it may pass? An OAuth refusal names its
+    error (`invalid_grant`: final unless it is a transient one); Google's own API errors give their
+    status code (a 5xx or 429 passes); anything else is no answer of the endpoint's (a load
+    balancer's error page), as when it cannot be reached."""
+    if not isinstance(body, str | bytes):  # not the endpoint's answer: nothing to tell by
+        return False
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return True
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, str):
+        return error in OAUTH_TRANSIENT_ERRORS
+    if isinstance(error, dict):
+        code = error.get("code")
+        return isinstance(code, int) and (code >= 500 or code == 429)
+    return not isinstance(data, dict)
 
 
 # The error codes with which an AWS service (STS, SSO) says a request may succeed later: throttled
