@@ -671,6 +671,44 @@ async def test_a_platform_host_that_does_not_resolve_names_the_platforms_setting
     assert "ANTHROPIC_BASE_URL" not in error["message"], error
 
 
+@pytest.mark.parametrize("case", ["bedrock", "vertex", "vertex-malformed"])
+async def test_credentials_that_cannot_be_had_name_the_settings_to_check(
+    fake_claude: FakeClaude, tmp_path: Path, case: str
+) -> None:
+    """No AWS credentials anywhere (boto3 finds none), or a GOOGLE_APPLICATION_CREDENTIALS file that
+    is not there or not a key file: the error said "the client could not make the call:
+    RuntimeError: Could not resolve AWS credentials from session" (or google-auth's words) and
+    nothing of what to set, where `check` names the credentials, and a refusal by Claude names them
+    too."""
+    provider = case.partition("-")[0]
+    if provider == "bedrock":
+        pytest.importorskip("boto3")
+        (tmp_path / "credentials").write_text("")
+        (tmp_path / "config").write_text("")
+        env = {
+            "ANTHROPIC_BEDROCK_BASE_URL": fake_claude.url,
+            "AWS_REGION": "us-east-1",
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "credentials"),
+            "AWS_CONFIG_FILE": str(tmp_path / "config"),
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+        settings = "check the AWS credentials (AWS_BEARER_TOKEN_BEDROCK, AWS_PROFILE...)"
+    else:
+        env = {**adc_env(fake_claude, tmp_path, {}), "ANTHROPIC_VERTEX_PROJECT_ID": "p"}
+        if case == "vertex-malformed":
+            Path(env["GOOGLE_APPLICATION_CREDENTIALS"]).write_text("{not json")
+        else:
+            env["GOOGLE_APPLICATION_CREDENTIALS"] = str(tmp_path / "missing.json")
+        settings = "check the Google credentials (MCP_BACKFILL_VERTEX_ACCESS_TOKEN or Application Default"
+    async with echo_session(None, "--provider", provider, "--retry-max-attempts", "3", env=env) as session:
+        answer = await ask_sampling(session)
+    error = answer["error"]
+    assert error["message"].startswith(f"The {provider} client could not get its credentials: "), error
+    assert settings in error["message"], error
+    assert error["data"]["attempts"] == 1, error  # looking again will not find them
+    assert fake_claude.platform_requests == []
+
+
 async def test_vertex_takes_its_project_from_application_default_credentials(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:

@@ -219,6 +219,27 @@ def _aws_error_passes(response: object) -> bool:
     return (isinstance(status, int) and (status >= 500 or status == 429)) or code in AWS_TRANSIENT_ERROR_CODES
 
 
+# What the SDK's Bedrock and Vertex clients raise, as a `RuntimeError`, when they found no
+# credentials at all (boto3's chain came back empty; google-auth gave no token).
+_SDK_NO_CREDENTIALS = ("Could not resolve AWS credentials", "Could not resolve API token")
+
+
+def credentials_failed(exc: BaseException) -> bool:
+    """Did the client fail to get its credentials, for good: none found (boto3's chain empty, no
+    Application Default Credentials), a profile or key file that cannot be used, a refresh refused?
+    botocore raises only there (the request is signed offline; its event-stream errors come once
+    the answer streams), as google-auth does."""
+    if google_credentials_failed(exc):
+        return True
+    if isinstance(exc, RuntimeError) and str(exc).startswith(_SDK_NO_CREDENTIALS):
+        return True
+    try:
+        from botocore import exceptions as botocore_errors
+    except ImportError:
+        return False
+    return isinstance(exc, botocore_errors.BotoCoreError | botocore_errors.ClientError)
+
+
 def google_credentials_failed(exc: BaseException) -> bool:
     """Did google-auth fail to load or refresh Application Default Credentials (none found, a
     refresh refused, its token endpoint out of reach)? Claude's endpoint was not called."""
@@ -697,6 +718,8 @@ class AnthropicProvider:
                     if name_not_resolved(exc):  # a typo in a host: retrying will not help
                         raise self._credentials_host_error(exc) from None
                     raise self._credentials_error(exc) from None
+                if credentials_failed(exc):  # none found, or refused: say which to check
+                    raise self._credentials_refused(exc) from None
             raise self._client_error(exc, sent) from None
         meter.report(result["usage"], final=True)
         if request_id:
@@ -723,6 +746,16 @@ class AnthropicProvider:
             f"{CREDENTIALS.get(self.name, 'ANTHROPIC_API_KEY')} and the network to where they come from",
             {"provider": self.name, "type": "credentials_unavailable"},
             retryable=True,
+        )
+
+    def _credentials_refused(self, exc: Exception) -> ProviderError:
+        """The client found no credentials, or they were refused when it fetched its token: final,
+        with the settings to check (as a refusal by Claude itself names them)."""
+        detail = self._redact(f"{type(exc).__name__}: {exc}")[:300]
+        return ProviderError(
+            f"The {self.name} client could not get its credentials: {detail}; check "
+            f"{CREDENTIALS.get(self.name, 'ANTHROPIC_API_KEY')}",
+            {"provider": self.name, "type": "client_error"},
         )
 
     def _credentials_host_error(self, exc: Exception) -> ProviderError:
