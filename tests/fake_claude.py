@@ -1222,7 +1222,8 @@ class FakeClaude:
         than 3 min 45 s left before every use); settable."""
         self.oauth_echo_errors = False
         """Refuse every `POST /oauth2/token` with an `invalid_grant` that quotes the request's form
-        (its refresh token, client secret or signed assertion), as a buggy proxy in front might."""
+        (its refresh token, client secret or signed assertion) and its `Authorization` header (the
+        OAuth client's id and secret, `Basic`), as a buggy proxy in front might."""
         self.oauth_outages = 0
         """How many of the next `POST /oauth2/token` requests have their connection dropped before
         an answer (the endpoint briefly unreachable: google-auth raises `TransportError`); settable."""
@@ -1784,6 +1785,8 @@ class FakeClaude:
         pairs = urllib.parse.parse_qsl(recorded.raw_body.decode("utf-8", "replace"))
         if self.oauth_echo_errors:
             quoted = recorded.raw_body.decode("utf-8", "replace")
+            if "authorization" in recorded.headers:  # the client's credentials, sent as a header
+                quoted += f" (authorization: {recorded.headers['authorization']})"
             return JSONResponse({"error": "invalid_grant", "error_description": f"refused {quoted}"}, 400)
         problem = self._grant_problem(dict(pairs))
         if problem is not None:

@@ -7,6 +7,7 @@ framing), so the whole request path is exercised offline.
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -454,7 +455,8 @@ async def test_a_token_endpoint_quoting_the_first_refresh_of_user_credentials_is
     """The first refresh of user credentials (the one that mints the proxy's first token) refused
     by a token endpoint that quotes the request: the refresh token reached the server, the log and
     the audit log, as the SDK refreshes the credentials it loads before it keeps them, where the
-    redaction looks (a later refresh was redacted)."""
+    redaction looks (a later refresh was redacted). The client secret goes as `Authorization:
+    Basic base64(client_id:client_secret)`, one decoding away: quoted so, it is redacted too."""
     info = fake_claude.workforce_user_info(refresh_token=GOOGLE_SHAPED_REFRESH_TOKEN)
     info["client_secret"] = "GOCSPX-fake/client+secret=0123"
     fake_claude.oauth_echo_errors = True
@@ -467,11 +469,14 @@ async def test_a_token_endpoint_quoting_the_first_refresh_of_user_credentials_is
         await session.close_stdin()
         await session.wait(30)
         log = session.stderr()
-    assert len(fake_claude.token_requests) == 1  # the first refresh, refused
+    [token_request] = fake_claude.token_requests  # the first refresh, refused
+    basic = token_request.headers["authorization"].removeprefix("Basic ")
+    assert base64.b64decode(basic).decode() == f"{info['client_id']}:{info['client_secret']}"
     assert "invalid_grant" in answer["error"]["message"], answer
     assert "refresh_token=***" in answer["error"]["message"], answer
+    assert "(authorization: Basic ***)" in log, log
     places = {"to the server": json.dumps(answer), "log": log, "audit": audit.read_text()}
-    for secret in (str(info["refresh_token"]), str(info["client_secret"])):
+    for secret in (str(info["refresh_token"]), str(info["client_secret"]), basic):
         for form in (secret, urllib.parse.quote_plus(secret), urllib.parse.quote(secret, safe="")):
             assert [where for where, text in places.items() if form in text] == [], (form, answer)
 

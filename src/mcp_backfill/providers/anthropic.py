@@ -9,6 +9,7 @@ SDK's own retries are off: `RetryingProvider` owns retrying, against a deadline.
 
 from __future__ import annotations
 
+import base64
 import datetime
 import email.utils
 import functools
@@ -562,17 +563,30 @@ _SOURCE_DEPTH = 4
 
 
 def _held_secrets(credentials: object) -> tuple[str, ...]:
-    """The secrets Google `credentials` hold, and those of the credentials they stand on
-    (`_source_credentials`: an impersonated service account's source, the user's credentials that
-    `gcloud auth application-default login --impersonate-service-account` keeps)."""
+    """The secrets Google `credentials` hold (also as the `Basic` header they go in), and those of
+    the credentials they stand on (`_source_credentials`: an impersonated service account's source,
+    the user's credentials that `gcloud auth application-default login
+    --impersonate-service-account` keeps)."""
     found: list[str] = []
     for _ in range(_SOURCE_DEPTH):
         if credentials is None:
             break
         held = (getattr(credentials, name, None) for name in _GOOGLE_CREDENTIAL_SECRETS)
         found.extend(value for value in held if isinstance(value, str) and value)
+        found.extend(_basic_credentials(credentials))
         credentials = getattr(credentials, "_source_credentials", None)
     return tuple(dict.fromkeys(found))
+
+
+def _basic_credentials(credentials: object) -> tuple[str, ...]:
+    """The OAuth client's id and secret as google-auth sends them to the token endpoint of user and
+    workload identity credentials, `Authorization: Basic base64(id:secret)`: the secret is one
+    decoding away, and an endpoint's refusal may quote the header."""
+    client_id = getattr(credentials, "_client_id", None)
+    secret = getattr(credentials, "_client_secret", None)
+    if not isinstance(client_id, str) or not client_id or not isinstance(secret, str) or not secret:
+        return ()
+    return (base64.b64encode(f"{client_id}:{secret}".encode()).decode(),)
 
 
 def client_secrets(client: AnyClient, request: httpx2.Request | None = None) -> tuple[str, ...]:
