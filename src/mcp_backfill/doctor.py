@@ -208,6 +208,7 @@ async def _provider(report: Report, config: Config) -> None:
     from mcp_backfill.providers.anthropic import (
         CREDENTIALS,
         CREDENTIALS_HOSTS,
+        NoVertexProject,
         client_secrets,
         credentials_unreachable,
         failed_request,
@@ -245,7 +246,9 @@ async def _provider(report: Report, config: Config) -> None:
         credentials = CREDENTIALS.get(config.provider, "ANTHROPIC_API_KEY")
         hint = f"; check {credentials}" if status in (401, 403) else ""
         hint = network if status is None else hint
-        if credentials_unreachable(exc) and name_not_resolved(exc):  # a typo in that host, say
+        if isinstance(exc, NoVertexProject):  # says the variable to set; nothing was sent
+            hint = ""
+        elif credentials_unreachable(exc) and name_not_resolved(exc):  # a typo in that host, say
             where = CREDENTIALS_HOSTS.get(config.provider, "where the credentials come from")
             hint = f"; that host name does not resolve: check {where} and this machine's DNS"
         elif credentials_unreachable(exc):  # the token endpoint, not Claude's, is out of reach

@@ -457,6 +457,22 @@ def test_a_token_endpoint_whose_host_does_not_resolve_is_named(
     assert fake_claude.count_tokens_requests == []
 
 
+def test_vertex_credentials_that_name_no_project_are_told_the_variable_alone(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """User credentials name no project and ANTHROPIC_VERTEX_PROJECT_ID is not set: `check` said to
+    set it, then "check ANTHROPIC_VERTEX_BASE_URL and the network", which were not at fault (nothing
+    was sent anywhere)."""
+    env = proxy_env(**adc_env(fake_claude, tmp_path, fake_claude.workforce_user_info()))
+    done = check("--provider", "vertex", "--", *WEATHER, env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    provider = done.stdout.split("provider: vertex\n")[1].split("\n")[0]
+    assert "set ANTHROPIC_VERTEX_PROJECT_ID" in provider, provider
+    assert "ANTHROPIC_VERTEX_BASE_URL" not in provider, provider
+    assert "network" not in provider, provider
+    assert (fake_claude.token_requests, fake_claude.count_tokens_requests) == ([], [])
+
+
 @pytest.mark.parametrize("failure", ["refused", "unreachable"])
 def test_vertex_credentials_that_cannot_be_had_are_named(
     fake_claude: FakeClaude, tmp_path: Path, failure: str

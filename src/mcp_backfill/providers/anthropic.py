@@ -105,6 +105,10 @@ CREDENTIALS_HOSTS = {
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
 
+class NoVertexProject(ValueError):
+    """Neither `ANTHROPIC_VERTEX_PROJECT_ID` nor the credentials name a project: no call was made."""
+
+
 async def load_vertex_credentials(client: AnyClient) -> None:
     """A Vertex client without a ready token loads its Application Default Credentials now, as the
     SDK would, but keeps them before their first refresh: the SDK's own loading refreshes them
@@ -113,7 +117,7 @@ async def load_vertex_credentials(client: AnyClient) -> None:
     (`client_secrets`). The project is the one they name (a service account's,
     `GOOGLE_CLOUD_PROJECT`, gcloud's) when `ANTHROPIC_VERTEX_PROJECT_ID` names none: the SDK asks
     for the project before it loads the credentials, so without this every call failed with "No
-    project_id was given". Raises `ValueError` at once, nothing refreshed, when there is no project.
+    project_id was given". Raises `NoVertexProject` at once, nothing refreshed, when there is no project.
     Blocking work (reading files, the token request) runs in a worker thread, as the SDK's does."""
     if not isinstance(client, anthropic.AsyncAnthropicVertex) or client.access_token is not None:
         return
@@ -123,7 +127,7 @@ async def load_vertex_credentials(client: AnyClient) -> None:
         if client.project_id is None and project:
             client.project_id = project
     if client.project_id is None:  # user credentials name none
-        raise ValueError(
+        raise NoVertexProject(
             "Could not resolve project_id: set ANTHROPIC_VERTEX_PROJECT_ID (the Google Cloud project)"
         )
 
