@@ -514,6 +514,27 @@ async def test_a_token_endpoint_quoting_the_source_credentials_of_an_impersonati
         assert [where for where, text in places.items() if form in text] == [], (form, answer)
 
 
+async def test_application_default_credentials_fixed_after_a_refused_first_refresh_are_read_again(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """The first refresh refused (a revoked refresh token), the operator logs in again (`gcloud auth
+    application-default login` writes the file anew): the next sampling request reads the new
+    credentials, as before the proxy kept them ahead of the first refresh, without a restart."""
+    revoked = {**fake_claude.workforce_user_info(), "refresh_token": "revoked-refresh-token-0123"}
+    fake_claude.api_key = fake_claude.oauth_token
+    env = {**adc_env(fake_claude, tmp_path, revoked), "ANTHROPIC_VERTEX_PROJECT_ID": "proj-42"}
+    options = ("--provider", "vertex", "--retry-max-attempts", "1")
+    async with echo_session(None, *options, env=env) as session:
+        refused = await ask_sampling(session)
+        renewed = fake_claude.workforce_user_info()
+        Path(env["GOOGLE_APPLICATION_CREDENTIALS"]).write_text(json.dumps(renewed))
+        answer = await ask_sampling(session)
+    assert "invalid_grant" in refused["error"]["message"], refused
+    assert "result" in answer, answer
+    forms = [dict(urllib.parse.parse_qsl(r.raw_body.decode())) for r in fake_claude.token_requests]
+    assert [form["refresh_token"] for form in forms] == [revoked["refresh_token"], renewed["refresh_token"]]
+
+
 async def test_vertex_credentials_that_name_no_project_are_answered_with_the_variable_to_set(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:

@@ -121,7 +121,9 @@ async def load_vertex_credentials(client: AnyClient) -> None:
     Blocking work (reading files, the token request) runs in a worker thread, as the SDK's does."""
     if not isinstance(client, anthropic.AsyncAnthropicVertex) or client.access_token is not None:
         return
-    if client.credentials is None:
+    # Credentials that never had a token (their first refresh failed) are read again, as the SDK
+    # did: a fixed file (`gcloud auth application-default login` again) needs no restart.
+    if client.credentials is None or not getattr(client.credentials, "token", None):
         credentials, project = await anyio.to_thread.run_sync(_default_credentials)
         client.credentials = credentials
         if client.project_id is None and project:
