@@ -551,6 +551,26 @@ async def test_vertex_credentials_that_name_no_project_are_answered_with_the_var
     assert fake_claude.platform_requests == []
 
 
+async def test_user_credentials_with_the_project_set_log_no_warning_that_none_was_found(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """User credentials name no project, and ANTHROPIC_VERTEX_PROJECT_ID gives it: the log warned
+    (google-auth's words) "No project ID could be determined. Consider running `gcloud config set
+    project` or setting the GOOGLE_CLOUD_PROJECT environment variable", about a project that was
+    set, sending the operator after a variable the proxy does not need."""
+    fake_claude.enqueue(text_reply("answered on vertex"))
+    fake_claude.api_key = fake_claude.oauth_token
+    env = {
+        **adc_env(fake_claude, tmp_path, fake_claude.workforce_user_info()),
+        "ANTHROPIC_VERTEX_PROJECT_ID": "p",
+    }
+    async with echo_session(None, "--provider", "vertex", env=env) as session:
+        answer = await ask_sampling(session)
+        log = session.stderr()
+    assert "result" in answer, answer
+    assert "No project ID could be determined" not in log, log
+
+
 async def test_a_token_endpoint_briefly_unreachable_is_retried_and_charged_nothing(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:

@@ -14,6 +14,7 @@ import datetime
 import email.utils
 import functools
 import json
+import logging
 import re
 import socket
 import time
@@ -124,7 +125,8 @@ async def load_vertex_credentials(client: AnyClient) -> None:
     # Credentials that never had a token (their first refresh failed) are read again, as the SDK
     # did: a fixed file (`gcloud auth application-default login` again) needs no restart.
     if client.credentials is None or not getattr(client.credentials, "token", None):
-        credentials, project = await anyio.to_thread.run_sync(_default_credentials)
+        known = client.project_id is not None
+        credentials, project = await anyio.to_thread.run_sync(_default_credentials, known)
         client.credentials = credentials
         if client.project_id is None and project:
             client.project_id = project
@@ -134,12 +136,32 @@ async def load_vertex_credentials(client: AnyClient) -> None:
         )
 
 
-def _default_credentials() -> tuple[Any, str | None]:
-    """google-auth's Application Default Credentials with the scope the SDK asks for, not refreshed."""
+def _default_credentials(project_known: bool) -> tuple[Any, str | None]:
+    """google-auth's Application Default Credentials with the scope the SDK asks for, not refreshed.
+    With the project known (`ANTHROPIC_VERTEX_PROJECT_ID`), google-auth's warning that the
+    credentials name none, which says to set `GOOGLE_CLOUD_PROJECT`, is left out of the log."""
     import google.auth
 
-    credentials, project = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+    quiet = _NoProjectWarning() if project_known else None
+    if quiet is not None:
+        _GOOGLE_DEFAULT_LOG.addFilter(quiet)
+    try:
+        credentials, project = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+    finally:
+        if quiet is not None:
+            _GOOGLE_DEFAULT_LOG.removeFilter(quiet)
     return credentials, project if isinstance(project, str) and project else None
+
+
+# The logger google-auth's Application Default Credentials search warns on.
+_GOOGLE_DEFAULT_LOG = logging.getLogger("google.auth._default")
+
+
+class _NoProjectWarning(logging.Filter):
+    """Drops google-auth's "No project ID could be determined" warning."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No project ID could be determined")
 
 
 def credentials_unreachable(exc: BaseException) -> bool:
