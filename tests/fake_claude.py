@@ -1222,10 +1222,14 @@ class FakeClaude:
         than 3 min 45 s left before every use); settable."""
         self.oauth_echo_errors = False
         """Refuse every `POST /oauth2/token` with an `invalid_grant` that quotes the request's form
-        (its refresh token, client secret or signed assertion), as a buggy proxy in front might."""
+        (its refresh token, client secret or signed assertion) and its `Authorization` header (the
+        OAuth client's id and secret, `Basic`), as a buggy proxy in front might."""
         self.oauth_outages = 0
         """How many of the next `POST /oauth2/token` requests have their connection dropped before
         an answer (the endpoint briefly unreachable: google-auth raises `TransportError`); settable."""
+        self.oauth_unavailable = 0
+        """How many of the next `POST /oauth2/token` requests are answered `503` with Google's
+        `UNAVAILABLE` error (an outage of the service); settable."""
         self._service_account_keys: dict[str, bytes] = {}  # private_key_id -> public key (PEM)
         self.sts_credentials = (
             f"ASIAFAKE{secrets.token_hex(6).upper()}",
@@ -1236,6 +1240,9 @@ class FakeClaude:
         self.sts_outages = 0
         """How many of the next STS requests have their connection dropped before an answer (the
         endpoint briefly unreachable); settable."""
+        self.sts_unavailable = 0
+        """How many of the next STS requests are answered `503 ServiceUnavailable` (an outage of
+        the service, as AWS reports it); settable."""
         self._refresh_tokens: set[str] = set()
         """Called for the reply when the queue is empty (instead of the default reply); settable."""
         self._lock = threading.Condition()
@@ -1707,13 +1714,14 @@ class FakeClaude:
             "token_uri": self.url + OAUTH_TOKEN_PATH,
         }
 
-    def workforce_user_info(self) -> JSONObject:
+    def workforce_user_info(self, refresh_token: str | None = None) -> JSONObject:
         """User credentials as `gcloud auth application-default login` writes them for a workforce
         identity federation user (`external_account_authorized_user`): they name no project, and
         their `token_url` is the fake. (Plain `authorized_user` credentials cannot serve here:
         google-auth sends their refresh to oauth2.googleapis.com whatever the file says, and the
-        SDK mints a token before it asks for the project.)"""
-        refresh_token = f"fake-refresh-{secrets.token_hex(16)}"
+        SDK mints a token before it asks for the project.) `refresh_token`: the one they hold (a
+        Google-shaped `1//0g…`, say), by default a new one."""
+        refresh_token = refresh_token or f"fake-refresh-{secrets.token_hex(16)}"
         with self._lock:
             self._refresh_tokens.add(refresh_token)
         return {
@@ -1762,9 +1770,23 @@ class FakeClaude:
             outage, self.oauth_outages = self.oauth_outages > 0, max(0, self.oauth_outages - 1)
         if outage:  # the connection drops before the answer's body
             return _ScriptedResponse(self, 502, {"content-type": "application/json"}, [b"{"], abort=True)
+        with self._lock:
+            unavailable, self.oauth_unavailable = (
+                self.oauth_unavailable > 0,
+                max(0, self.oauth_unavailable - 1),
+            )
+        if unavailable:
+            google_error = {
+                "code": 503,
+                "message": "The service is currently unavailable.",
+                "status": "UNAVAILABLE",
+            }
+            return JSONResponse({"error": google_error}, status_code=503)
         pairs = urllib.parse.parse_qsl(recorded.raw_body.decode("utf-8", "replace"))
         if self.oauth_echo_errors:
             quoted = recorded.raw_body.decode("utf-8", "replace")
+            if "authorization" in recorded.headers:  # the client's credentials, sent as a header
+                quoted += f" (authorization: {recorded.headers['authorization']})"
             return JSONResponse({"error": "invalid_grant", "error_description": f"refused {quoted}"}, 400)
         problem = self._grant_problem(dict(pairs))
         if problem is not None:
@@ -1793,6 +1815,15 @@ class FakeClaude:
             outage, self.sts_outages = self.sts_outages > 0, max(0, self.sts_outages - 1)
         if outage:  # the connection drops before the answer's body
             return _ScriptedResponse(self, 502, {"content-type": "text/xml"}, [b"<"], abort=True)
+        with self._lock:
+            unavailable, self.sts_unavailable = self.sts_unavailable > 0, max(0, self.sts_unavailable - 1)
+        if unavailable:
+            error = (
+                '<ErrorResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><Error><Type>Receiver</Type>'
+                "<Code>ServiceUnavailable</Code><Message>Service is unavailable</Message></Error>"
+                "<RequestId>fake-sts</RequestId></ErrorResponse>"
+            )
+            return Response(error.encode(), status_code=503, headers={"content-type": "text/xml"})
         if form.get("Action") != "AssumeRole":
             return self._error(404, "not_found_error", f"Not found: {request.method} {recorded.path}")
         key_id, secret, token = self.sts_credentials

@@ -207,11 +207,14 @@ async def _provider(report: Report, config: Config) -> None:
         return
     from mcp_backfill.providers.anthropic import (
         CREDENTIALS,
+        CREDENTIALS_HOSTS,
+        NoVertexProject,
         client_secrets,
         credentials_unreachable,
         failed_request,
         google_credentials_failed,
-        vertex_project_from_credentials,
+        load_vertex_credentials,
+        name_not_resolved,
     )
     from mcp_backfill.providers.platforms import make_client
 
@@ -231,7 +234,7 @@ async def _provider(report: Report, config: Config) -> None:
     network = f"; check {endpoint} and the network"
     try:
         with anyio.fail_after(TIMEOUT):
-            await vertex_project_from_credentials(client)
+            await load_vertex_credentials(client)
             counted = await client.messages.count_tokens(
                 model=config.model, messages=[{"role": "user", "content": "ping"}]
             )
@@ -243,7 +246,12 @@ async def _provider(report: Report, config: Config) -> None:
         credentials = CREDENTIALS.get(config.provider, "ANTHROPIC_API_KEY")
         hint = f"; check {credentials}" if status in (401, 403) else ""
         hint = network if status is None else hint
-        if credentials_unreachable(exc):  # the token endpoint, not Claude's, is out of reach
+        if isinstance(exc, NoVertexProject):  # says the variable to set; nothing was sent
+            hint = ""
+        elif credentials_unreachable(exc) and name_not_resolved(exc):  # a typo in that host, say
+            where = CREDENTIALS_HOSTS.get(config.provider, "where the credentials come from")
+            hint = f"; that host name does not resolve: check {where} and this machine's DNS"
+        elif credentials_unreachable(exc):  # the token endpoint, not Claude's, is out of reach
             hint = f"; check {credentials} and the network to where they come from"
         elif google_credentials_failed(exc):  # Claude's endpoint was never called
             hint = f"; check {credentials}"

@@ -7,6 +7,7 @@ import logging
 import re
 import sys
 import time
+import urllib.parse
 from collections.abc import Iterable
 from typing import Any, TextIO
 
@@ -66,9 +67,11 @@ class Redactor:
     """Replaces every secret value with `***` in finished text, whatever its source.
 
     A secret can reach text escaped: as a JSON string (a `"` becomes `\\"`, a non-ASCII character
-    `\\uXXXX` when ASCII is forced, a `/` perhaps `\\/`) or as a Python repr. Every such form of
-    each secret is replaced, longest first, so a secret with quotes or backslashes cannot slip past
-    in an encoded line.
+    `\\uXXXX` when ASCII is forced, a `/` perhaps `\\/`), as a Python repr, or percent-encoded as a
+    form or a URL carried it (a Google refresh token `1//0g…` goes to the token endpoint as
+    `1%2F%2F0g…`, and an endpoint's refusal may quote the request). Every such form of each secret
+    is replaced, longest first, so a secret with quotes or backslashes cannot slip past in an
+    encoded line.
     """
 
     def __init__(self, secrets: Iterable[str]) -> None:
@@ -93,7 +96,25 @@ def _encoded_forms(secret: str) -> set[str]:
         *(form.replace("/", "\\/") for form in as_json),  # `\/`, as some encoders (PHP's) write `/`
         repr(secret)[1:-1],
         ascii(secret)[1:-1],
+        *_percent_encoded(secret),
     }
+
+
+def _percent_encoded(secret: str) -> set[str]:
+    """`secret` as a form (`application/x-www-form-urlencoded`: a space is `+`) and a URL encode it,
+    with every reserved character encoded or `/` kept, in upper and lower case hex digits."""
+    try:
+        encoded = {
+            urllib.parse.quote_plus(secret, safe=""),
+            urllib.parse.quote(secret, safe=""),
+            urllib.parse.quote(secret, safe="/"),
+        }
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-8, no percent-encoded form
+        return set()
+    return encoded | {_PERCENT_ESCAPE.sub(lambda m: m.group().lower(), form) for form in encoded}
+
+
+_PERCENT_ESCAPE = re.compile("%[0-9A-F]{2}")
 
 
 class RedactingHandler(logging.StreamHandler[TextIO]):

@@ -6,11 +6,12 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_platforms import adc_env
+from tests.e2e.test_platforms import GOOGLE_SHAPED_REFRESH_TOKEN, adc_env
 from tests.fake_claude import FakeClaude, error_reply
 from tests.harness import EXAMPLES, ROOT, TEST_API_KEY, free_port, proxy_env, python_server
 
@@ -419,6 +420,57 @@ def test_a_vertex_error_quoting_the_minted_token_is_redacted(fake_claude: FakeCl
     assert "Bearer ***" in provider, provider
     assert [r.headers["authorization"] for r in fake_claude.count_tokens_requests] == [f"Bearer {minted}"]
     assert minted not in done.stdout + done.stderr
+
+
+def test_a_first_refresh_quoting_the_user_credentials_is_redacted(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """The first refresh of user credentials refused by a token endpoint that quotes the request:
+    `check` printed the refresh token, as the SDK refreshes the credentials it loads before it keeps
+    them, where the redaction could not find them."""
+    info = fake_claude.workforce_user_info(refresh_token=GOOGLE_SHAPED_REFRESH_TOKEN)
+    fake_claude.oauth_echo_errors = True
+    env = proxy_env(**adc_env(fake_claude, tmp_path, info), ANTHROPIC_VERTEX_PROJECT_ID="proj-42")
+    done = check("--provider", "vertex", "--", *WEATHER, env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    provider = done.stdout.split("provider: vertex\n")[1].split("\n")[0]
+    assert "refresh_token=***" in provider, provider
+    assert len(fake_claude.token_requests) == 1
+    for secret in (GOOGLE_SHAPED_REFRESH_TOKEN, str(info["client_secret"])):
+        for form in (secret, urllib.parse.quote_plus(secret)):
+            assert form not in done.stdout + done.stderr, form
+
+
+def test_a_token_endpoint_whose_host_does_not_resolve_is_named(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """A typo in the key file's `token_uri`: `check` said "check the Google credentials and the
+    network to where they come from", where the proxy says the name does not resolve and which
+    setting holds it."""
+    info = {**fake_claude.service_account_info("proj-42"), "token_uri": "http://token-host.invalid:1/token"}
+    env = proxy_env(**adc_env(fake_claude, tmp_path, info))
+    done = check("--provider", "vertex", "--", *WEATHER, env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    provider = done.stdout.split("provider: vertex\n")[1].split("\n")[0]
+    assert "does not resolve: check the token endpoint of the Google credentials" in provider, provider
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in provider, provider
+    assert fake_claude.count_tokens_requests == []
+
+
+def test_vertex_credentials_that_name_no_project_are_told_the_variable_alone(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """User credentials name no project and ANTHROPIC_VERTEX_PROJECT_ID is not set: `check` said to
+    set it, then "check ANTHROPIC_VERTEX_BASE_URL and the network", which were not at fault (nothing
+    was sent anywhere)."""
+    env = proxy_env(**adc_env(fake_claude, tmp_path, fake_claude.workforce_user_info()))
+    done = check("--provider", "vertex", "--", *WEATHER, env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    provider = done.stdout.split("provider: vertex\n")[1].split("\n")[0]
+    assert "set ANTHROPIC_VERTEX_PROJECT_ID" in provider, provider
+    assert "ANTHROPIC_VERTEX_BASE_URL" not in provider, provider
+    assert "network" not in provider, provider
+    assert (fake_claude.token_requests, fake_claude.count_tokens_requests) == ([], [])
 
 
 @pytest.mark.parametrize("failure", ["refused", "unreachable"])

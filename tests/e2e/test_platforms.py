@@ -7,9 +7,11 @@ framing), so the whole request path is exercised offline.
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 import anyio
@@ -272,6 +274,30 @@ async def test_an_aws_credentials_endpoint_briefly_unreachable_is_retried_and_ch
     assert entry["charged"] == entry["usage"], entry  # that call only
 
 
+async def test_an_aws_credentials_service_that_is_briefly_unavailable_is_retried_and_charged_nothing(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """STS answered `503 ServiceUnavailable` for the role's credentials (botocore's `ClientError`):
+    the sampling request failed at once as "the client could not make the call", where Google's
+    token endpoint answering a 5xx, and the Claude API's own 503, are retried. It is retried like
+    them, and the attempt that never reached Claude is charged nothing."""
+    pytest.importorskip("boto3")
+    fake_claude.enqueue(text_reply("answered after STS came back"))
+    fake_claude.sts_unavailable = 1
+    audit = tmp_path / "audit.jsonl"
+    options = ("--provider", "bedrock", "--audit-log", str(audit), "--retry-base-delay", "0.01")
+    async with echo_session(None, *options, env=aws_role_env(fake_claude, tmp_path)) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+    content = answer.get("result", {}).get("content")
+    assert content == {"type": "text", "text": "answered after STS came back"}, answer
+    assert len(fake_claude.sts_requests) == 2
+    assert len(fake_claude.platform_requests) == 1
+    [entry] = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert entry["charged"] == entry["usage"], entry  # that call only
+
+
 async def test_an_aws_credentials_endpoint_that_stays_unreachable_is_named(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:
@@ -387,14 +413,19 @@ async def test_a_minted_token_quoted_after_a_whole_message_is_kept_out_of_the_lo
     assert minted not in log
 
 
+# A refresh token as Google issues them: `1//0g` and base64url, its slashes `%2F` in a form.
+GOOGLE_SHAPED_REFRESH_TOKEN = "1//0gFAKE-refresh_token/of+a/user0123456789abcdef"
+
+
 async def test_a_token_endpoint_quoting_the_refresh_token_is_redacted(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:
     """User credentials' refresh token and client secret (from the Application Default Credentials
     file, not a setting), quoted in the token endpoint's refusal of a later refresh (the hourly one
     of a proxy that runs on), reached the server, the log and the audit log in "the client could
-    not make the call"."""
-    info = fake_claude.workforce_user_info()
+    not make the call". The refresh token has Google's own shape (`1//0g…`), whose slashes the form
+    carries as `%2F`: quoted so, it was not recognised."""
+    info = fake_claude.workforce_user_info(refresh_token=GOOGLE_SHAPED_REFRESH_TOKEN)
     fake_claude.api_key = fake_claude.oauth_token
     fake_claude.oauth_expires_in = 60  # within google-auth's refresh threshold: refreshed before each use
     audit = tmp_path / "audit.jsonl"
@@ -411,9 +442,97 @@ async def test_a_token_endpoint_quoting_the_refresh_token_is_redacted(
     assert "result" in first, first
     assert "invalid_grant" in answer["error"]["message"], answer
     assert len(fake_claude.token_requests) == minted + 1  # the later refresh, refused
+    assert "refresh_token=***" in answer["error"]["message"], answer
     places = {"to the server": json.dumps(answer), "log": log, "audit": audit.read_text()}
     for secret in (str(info["refresh_token"]), str(info["client_secret"])):
-        assert [where for where, text in places.items() if secret in text] == [], (secret, answer)
+        for form in (secret, urllib.parse.quote_plus(secret)):
+            assert [where for where, text in places.items() if form in text] == [], (form, answer)
+
+
+async def test_a_token_endpoint_quoting_the_first_refresh_of_user_credentials_is_redacted(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """The first refresh of user credentials (the one that mints the proxy's first token) refused
+    by a token endpoint that quotes the request: the refresh token reached the server, the log and
+    the audit log, as the SDK refreshes the credentials it loads before it keeps them, where the
+    redaction looks (a later refresh was redacted). The client secret goes as `Authorization:
+    Basic base64(client_id:client_secret)`, one decoding away: quoted so, it is redacted too."""
+    info = fake_claude.workforce_user_info(refresh_token=GOOGLE_SHAPED_REFRESH_TOKEN)
+    info["client_secret"] = "GOCSPX-fake/client+secret=0123"
+    fake_claude.oauth_echo_errors = True
+    audit = tmp_path / "audit.jsonl"
+    env = adc_env(fake_claude, tmp_path, info)
+    env["ANTHROPIC_VERTEX_PROJECT_ID"] = "proj-42"
+    options = ("--provider", "vertex", "--audit-log", str(audit), "--retry-max-attempts", "1")
+    async with echo_session(None, *options, env=env) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+        log = session.stderr()
+    [token_request] = fake_claude.token_requests  # the first refresh, refused
+    basic = token_request.headers["authorization"].removeprefix("Basic ")
+    assert base64.b64decode(basic).decode() == f"{info['client_id']}:{info['client_secret']}"
+    assert "invalid_grant" in answer["error"]["message"], answer
+    assert "refresh_token=***" in answer["error"]["message"], answer
+    assert "(authorization: Basic ***)" in log, log
+    places = {"to the server": json.dumps(answer), "log": log, "audit": audit.read_text()}
+    for secret in (str(info["refresh_token"]), str(info["client_secret"]), basic):
+        for form in (secret, urllib.parse.quote_plus(secret), urllib.parse.quote(secret, safe="")):
+            assert [where for where, text in places.items() if form in text] == [], (form, answer)
+
+
+async def test_a_token_endpoint_quoting_the_source_credentials_of_an_impersonation_is_redacted(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """Application Default Credentials that impersonate a service account (`gcloud auth
+    application-default login --impersonate-service-account`) hold the user's refresh token in their
+    `source_credentials`: a token endpoint refusing its refresh with the request quoted had the
+    token reach the server, the log and the audit log, as only the top credentials' secrets were
+    looked for."""
+    source = fake_claude.workforce_user_info(refresh_token=GOOGLE_SHAPED_REFRESH_TOKEN)
+    info: dict[str, object] = {
+        "type": "impersonated_service_account",
+        "service_account_impersonation_url": (
+            "https://iamcredentials.googleapis.com/v1/projects/-/serviceAccounts/"
+            "claude@proj-42.iam.gserviceaccount.com:generateAccessToken"
+        ),
+        "source_credentials": source,
+    }
+    fake_claude.oauth_echo_errors = True
+    audit = tmp_path / "audit.jsonl"
+    env = {**adc_env(fake_claude, tmp_path, info), "ANTHROPIC_VERTEX_PROJECT_ID": "proj-42"}
+    options = ("--provider", "vertex", "--audit-log", str(audit), "--retry-max-attempts", "1")
+    async with echo_session(None, *options, env=env) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+        log = session.stderr()
+    assert len(fake_claude.token_requests) == 1  # the source's refresh, refused
+    assert "refresh_token=***" in answer["error"]["message"], answer
+    places = {"to the server": json.dumps(answer), "log": log, "audit": audit.read_text()}
+    for form in (GOOGLE_SHAPED_REFRESH_TOKEN, urllib.parse.quote_plus(GOOGLE_SHAPED_REFRESH_TOKEN)):
+        assert [where for where, text in places.items() if form in text] == [], (form, answer)
+
+
+async def test_application_default_credentials_fixed_after_a_refused_first_refresh_are_read_again(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """The first refresh refused (a revoked refresh token), the operator logs in again (`gcloud auth
+    application-default login` writes the file anew): the next sampling request reads the new
+    credentials, as before the proxy kept them ahead of the first refresh, without a restart."""
+    revoked = {**fake_claude.workforce_user_info(), "refresh_token": "revoked-refresh-token-0123"}
+    fake_claude.api_key = fake_claude.oauth_token
+    env = {**adc_env(fake_claude, tmp_path, revoked), "ANTHROPIC_VERTEX_PROJECT_ID": "proj-42"}
+    options = ("--provider", "vertex", "--retry-max-attempts", "1")
+    async with echo_session(None, *options, env=env) as session:
+        refused = await ask_sampling(session)
+        renewed = fake_claude.workforce_user_info()
+        Path(env["GOOGLE_APPLICATION_CREDENTIALS"]).write_text(json.dumps(renewed))
+        answer = await ask_sampling(session)
+    assert "invalid_grant" in refused["error"]["message"], refused
+    assert "result" in answer, answer
+    forms = [dict(urllib.parse.parse_qsl(r.raw_body.decode())) for r in fake_claude.token_requests]
+    assert [form["refresh_token"] for form in forms] == [revoked["refresh_token"], renewed["refresh_token"]]
 
 
 async def test_vertex_credentials_that_name_no_project_are_answered_with_the_variable_to_set(
@@ -428,8 +547,28 @@ async def test_vertex_credentials_that_name_no_project_are_answered_with_the_var
         ping = await session.request(77, "ping", {})
     assert "ANTHROPIC_VERTEX_PROJECT_ID" in answer["error"]["message"], answer
     assert "result" in ping
-    assert len(fake_claude.token_requests) == 1  # the real google-auth refreshed them
+    assert fake_claude.token_requests == []  # no token minted for a call that cannot be made
     assert fake_claude.platform_requests == []
+
+
+async def test_user_credentials_with_the_project_set_log_no_warning_that_none_was_found(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """User credentials name no project, and ANTHROPIC_VERTEX_PROJECT_ID gives it: the log warned
+    (google-auth's words) "No project ID could be determined. Consider running `gcloud config set
+    project` or setting the GOOGLE_CLOUD_PROJECT environment variable", about a project that was
+    set, sending the operator after a variable the proxy does not need."""
+    fake_claude.enqueue(text_reply("answered on vertex"))
+    fake_claude.api_key = fake_claude.oauth_token
+    env = {
+        **adc_env(fake_claude, tmp_path, fake_claude.workforce_user_info()),
+        "ANTHROPIC_VERTEX_PROJECT_ID": "p",
+    }
+    async with echo_session(None, "--provider", "vertex", env=env) as session:
+        answer = await ask_sampling(session)
+        log = session.stderr()
+    assert "result" in answer, answer
+    assert "No project ID could be determined" not in log, log
 
 
 async def test_a_token_endpoint_briefly_unreachable_is_retried_and_charged_nothing(
@@ -455,6 +594,32 @@ async def test_a_token_endpoint_briefly_unreachable_is_retried_and_charged_nothi
     assert len(fake_claude.token_requests) == 2
     [request] = fake_claude.platform_requests
     assert request.headers["authorization"] == f"Bearer {fake_claude.oauth_token}"
+    [entry] = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert sum(entry["charged"].values()) == fake_claude.served_tokens() > 0, entry  # that call only
+
+
+async def test_a_token_endpoint_briefly_unavailable_for_user_credentials_is_retried(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """The token endpoint of user (or workload identity) credentials answered `503 UNAVAILABLE`:
+    google-auth raises `OAuthError` for these, which says nothing of a retry, so the sampling request
+    failed at once as "the client could not make the call", where a service account's refresh
+    answered so is retried. It is retried like that, and charged nothing for the failed attempt."""
+    fake_claude.enqueue(text_reply("answered after the token came"))
+    fake_claude.api_key = fake_claude.oauth_token
+    fake_claude.oauth_unavailable = 1
+    audit = tmp_path / "audit.jsonl"
+    env = adc_env(fake_claude, tmp_path, fake_claude.workforce_user_info())
+    env["ANTHROPIC_VERTEX_PROJECT_ID"] = "proj-42"
+    options = ("--provider", "vertex", "--audit-log", str(audit), "--retry-base-delay", "0.01")
+    async with echo_session(None, *options, env=env) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+    content = answer.get("result", {}).get("content")
+    assert content == {"type": "text", "text": "answered after the token came"}, answer
+    assert len(fake_claude.token_requests) == 2
+    assert len(fake_claude.platform_requests) == 1
     [entry] = [json.loads(line) for line in audit.read_text().splitlines()]
     assert sum(entry["charged"].values()) == fake_claude.served_tokens() > 0, entry  # that call only
 
@@ -491,6 +656,103 @@ async def test_a_token_endpoint_that_stays_unreachable_is_named(
     assert fake_claude.platform_requests == []
     [entry] = [json.loads(line) for line in audit.read_text().splitlines()]
     assert not any((entry["charged"] or {}).values()), entry
+
+
+# A host name that cannot resolve (`.invalid` is reserved for that), as a typo in one makes.
+UNRESOLVABLE = "http://credentials-host.invalid:1"
+
+
+@pytest.mark.parametrize("provider", ["bedrock", "vertex"])
+async def test_a_credentials_endpoint_whose_host_does_not_resolve_fails_at_once_naming_the_setting(
+    fake_claude: FakeClaude, tmp_path: Path, provider: str
+) -> None:
+    """A typo in the host of the token endpoint (the `token_uri` of the key file) or of STS
+    (`AWS_ENDPOINT_URL_STS`) was retried as an outage, every attempt of the deadline, and answered
+    "check ... and the network", where the Claude API's own host that does not resolve is refused
+    at once with the setting to fix named: resolving again will not help."""
+    if provider == "bedrock":
+        pytest.importorskip("boto3")
+        env = {**aws_role_env(fake_claude, tmp_path), "AWS_ENDPOINT_URL_STS": UNRESOLVABLE}
+        setting = "AWS_ENDPOINT_URL_STS"
+    else:
+        info = {**fake_claude.service_account_info("proj-42"), "token_uri": f"{UNRESOLVABLE}/token"}
+        env = {**adc_env(fake_claude, tmp_path, info), "ANTHROPIC_VERTEX_PROJECT_ID": "proj-42"}
+        setting = "GOOGLE_APPLICATION_CREDENTIALS"
+    audit = tmp_path / "audit.jsonl"
+    options = ("--provider", provider, "--audit-log", str(audit), "--retry-max-attempts", "4")
+    async with echo_session(None, *options, "--retry-base-delay", "0.01", env=env) as session:
+        answer = await ask_sampling(session)
+        ping = await session.request(77, "ping", {})
+        await session.close_stdin()
+        await session.wait(30)
+    assert "result" in ping
+    error = answer["error"]
+    assert (error["data"]["type"], error["data"]["attempts"]) == ("name_resolution", 1), error
+    assert "does not resolve" in error["message"], error
+    assert setting in error["message"], error
+    assert fake_claude.platform_requests == []
+    [entry] = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert not any((entry["charged"] or {}).values()), entry
+
+
+@pytest.mark.parametrize(
+    ("provider", "settings"),
+    [
+        ("bedrock", ("ANTHROPIC_BEDROCK_BASE_URL", "AWS_REGION")),
+        ("vertex", ("ANTHROPIC_VERTEX_BASE_URL", "CLOUD_ML_REGION")),
+    ],
+)
+async def test_a_platform_host_that_does_not_resolve_names_the_platforms_settings(
+    fake_claude: FakeClaude, provider: str, settings: tuple[str, str]
+) -> None:
+    """Bedrock's or Vertex's endpoint host does not resolve (a typo in its base URL or region): the
+    error said "check ANTHROPIC_BASE_URL", a variable these clients do not read."""
+    env = platform_env(provider, fake_claude, "us-east5")
+    env[settings[0]] = "http://platform-host.invalid:1"
+    async with echo_session(None, "--provider", provider, "--retry-max-attempts", "3", env=env) as session:
+        answer = await ask_sampling(session)
+    error = answer["error"]
+    assert (error["data"]["type"], error["data"]["attempts"]) == ("name_resolution", 1), error
+    assert all(setting in error["message"] for setting in settings), error
+    assert "ANTHROPIC_BASE_URL" not in error["message"], error
+
+
+@pytest.mark.parametrize("case", ["bedrock", "vertex", "vertex-malformed"])
+async def test_credentials_that_cannot_be_had_name_the_settings_to_check(
+    fake_claude: FakeClaude, tmp_path: Path, case: str
+) -> None:
+    """No AWS credentials anywhere (boto3 finds none), or a GOOGLE_APPLICATION_CREDENTIALS file that
+    is not there or not a key file: the error said "the client could not make the call:
+    RuntimeError: Could not resolve AWS credentials from session" (or google-auth's words) and
+    nothing of what to set, where `check` names the credentials, and a refusal by Claude names them
+    too."""
+    provider = case.partition("-")[0]
+    if provider == "bedrock":
+        pytest.importorskip("boto3")
+        (tmp_path / "credentials").write_text("")
+        (tmp_path / "config").write_text("")
+        env = {
+            "ANTHROPIC_BEDROCK_BASE_URL": fake_claude.url,
+            "AWS_REGION": "us-east-1",
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "credentials"),
+            "AWS_CONFIG_FILE": str(tmp_path / "config"),
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+        settings = "check the AWS credentials (AWS_BEARER_TOKEN_BEDROCK, AWS_PROFILE...)"
+    else:
+        env = {**adc_env(fake_claude, tmp_path, {}), "ANTHROPIC_VERTEX_PROJECT_ID": "p"}
+        if case == "vertex-malformed":
+            Path(env["GOOGLE_APPLICATION_CREDENTIALS"]).write_text("{not json")
+        else:
+            env["GOOGLE_APPLICATION_CREDENTIALS"] = str(tmp_path / "missing.json")
+        settings = "check the Google credentials (MCP_BACKFILL_VERTEX_ACCESS_TOKEN or Application Default"
+    async with echo_session(None, "--provider", provider, "--retry-max-attempts", "3", env=env) as session:
+        answer = await ask_sampling(session)
+    error = answer["error"]
+    assert error["message"].startswith(f"The {provider} client could not get its credentials: "), error
+    assert settings in error["message"], error
+    assert error["data"]["attempts"] == 1, error  # looking again will not find them
+    assert fake_claude.platform_requests == []
 
 
 async def test_vertex_takes_its_project_from_application_default_credentials(

@@ -23,6 +23,7 @@ from mcp_backfill.protocol import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_backfill.providers import ProviderSettings, make_provider
 from mcp_backfill.providers.anthropic import (
     AnthropicProvider,
+    credentials_unreachable,
     retry_after_seconds,
     settle_client,
     without_lone_surrogates,
@@ -859,3 +860,26 @@ def test_without_lone_surrogates_replaces_each_and_keeps_a_clean_request_as_it_i
     assert without_lone_surrogates(clean)[0] is clean
     broken = {"a\ud800": ["x\udc00y", {"k": "\ud83d\ud83d"}, 3, None]}
     assert without_lone_surrogates(broken) == ({"a\ufffd": ["x\ufffdy", {"k": "\ufffd\ufffd"}, 3, None]}, 4)
+
+
+@pytest.mark.parametrize(
+    ("body", "passes"),
+    [
+        ('{"error": "invalid_grant", "error_description": "Bad Request"}', False),
+        ('{"error": "temporarily_unavailable"}', True),
+        ('{"error": {"code": 503, "message": "unavailable", "status": "UNAVAILABLE"}}', True),
+        ('{"error": {"code": 429, "status": "RESOURCE_EXHAUSTED"}}', True),
+        ('{"error": {"code": 400, "status": "INVALID_ARGUMENT"}}', False),
+        ("<html><title>502 Bad Gateway</title></html>", True),
+    ],
+)
+def test_a_token_endpoint_error_for_user_credentials_passes_only_when_it_says_so(
+    body: str, passes: bool
+) -> None:
+    """google-auth raises `OAuthError` for user and workload identity credentials, with the body
+    but not the status: an OAuth refusal is final, an outage (or a page from something in front of
+    the endpoint) may pass, as a service account's retryable `RefreshError` does."""
+    from google.auth import exceptions
+
+    refusal = exceptions.OAuthError("Error code ...", body)  # type: ignore[no-untyped-call]
+    assert credentials_unreachable(refusal) is passes

@@ -7,6 +7,7 @@ import base64
 import io
 import json
 import logging
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,34 @@ def test_a_secret_in_json_with_escaped_slashes_is_redacted(secret: str) -> None:
     line = json.dumps({"error": f"bad credentials: {secret}"}).replace("/", "\\/")
     redacted = Redactor([secret]).redact(line)
     assert secret not in json.loads(redacted)["error"]
+
+
+@pytest.mark.parametrize(
+    "quoted",
+    [
+        "refresh_token=1%2F%2F0gAbc-def%2Bghi%3D&grant_type=refresh_token",  # a form, as sent
+        "refresh_token=1%2f%2f0gAbc-def%2bghi%3d",  # lower-case escapes
+        "GET /token/1//0gAbc-def%2Bghi%3D HTTP/1.1",  # in a URL's path, `/` kept
+    ],
+)
+def test_a_percent_encoded_secret_is_redacted(quoted: str) -> None:
+    """A Google refresh token (`1//0g…`) goes to the token endpoint form-encoded, its slashes as
+    `%2F`: an endpoint refusing it with the request quoted had the token reach the server, the log
+    and the audit log, as only its plain and escaped forms were replaced."""
+    secret = "1//0gAbc-def+ghi="
+    redacted = Redactor([secret]).redact(quoted)
+    assert "0gAbc" not in redacted, redacted
+    assert "***" in redacted
+
+
+@given(secrets)
+def test_no_percent_encoded_form_of_a_secret_survives(secret: str) -> None:
+    try:
+        encoded = [urllib.parse.quote_plus(secret, safe=""), urllib.parse.quote(secret, safe="")]
+    except UnicodeEncodeError:  # a lone surrogate has no UTF-8 form to encode
+        return
+    for form in encoded:
+        assert form not in Redactor([secret]).redact(f"quoted: {form}.")
 
 
 @pytest.mark.parametrize("text", ["\u009b31mred", "\u202eevil\u202c", "\u2066x\u2069", "\x1b[2J", "a\u0085b"])

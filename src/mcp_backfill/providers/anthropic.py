@@ -9,9 +9,12 @@ SDK's own retries are off: `RetryingProvider` owns retrying, against a deadline.
 
 from __future__ import annotations
 
+import base64
 import datetime
 import email.utils
 import functools
+import json
+import logging
 import re
 import socket
 import time
@@ -79,18 +82,86 @@ CREDENTIALS = {
     "bedrock": "the AWS credentials (AWS_BEARER_TOKEN_BEDROCK, AWS_PROFILE...)",
     "vertex": "the Google credentials (MCP_BACKFILL_VERTEX_ACCESS_TOKEN or Application Default Credentials)",
 }
+# The settings that name each backend's API host, for the message that says its name does not resolve.
+API_HOST_SETTINGS = {
+    "anthropic": "ANTHROPIC_BASE_URL",
+    "bedrock": "ANTHROPIC_BEDROCK_BASE_URL or the region (AWS_REGION, AWS_DEFAULT_REGION or the profile's)",
+    "vertex": "ANTHROPIC_VERTEX_BASE_URL or the region (CLOUD_ML_REGION)",
+}
+# Where each backend's client fetches its credentials, for the message that says that host's name
+# does not resolve (a typo: the setting that holds it is the one to fix).
+CREDENTIALS_HOSTS = {
+    "bedrock": (
+        "where the AWS credentials come from (AWS_ENDPOINT_URL_STS, or the region and the role, SSO or "
+        "endpoint_url settings of AWS_PROFILE's profile)"
+    ),
+    "vertex": (
+        "the token endpoint of the Google credentials (the token_uri or token_url of the "
+        "GOOGLE_APPLICATION_CREDENTIALS file)"
+    ),
+}
 
 
-async def vertex_project_from_credentials(client: AnyClient) -> None:
-    """A Vertex client without `ANTHROPIC_VERTEX_PROJECT_ID` loads its Application Default
-    Credentials now, which name the project (a service account's, `GOOGLE_CLOUD_PROJECT`, gcloud's):
-    the SDK asks for the project before it loads the credentials, so without this every call
-    failed with "No project_id was given". Blocking work runs in a worker thread (the SDK's own)."""
-    if isinstance(client, anthropic.AsyncAnthropicVertex) and client.project_id is None:
-        try:
-            await client._ensure_access_token()
-        except ValueError as exc:  # "Could not resolve project_id": user credentials name none
-            raise ValueError(f"{exc}: set ANTHROPIC_VERTEX_PROJECT_ID (the Google Cloud project)") from None
+# The scope the SDK asks Application Default Credentials for (its `CLOUD_PLATFORM_SCOPE`).
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+
+
+class NoVertexProject(ValueError):
+    """Neither `ANTHROPIC_VERTEX_PROJECT_ID` nor the credentials name a project: no call was made."""
+
+
+async def load_vertex_credentials(client: AnyClient) -> None:
+    """A Vertex client without a ready token loads its Application Default Credentials now, as the
+    SDK would, but keeps them before their first refresh: the SDK's own loading refreshes them
+    before it hands them over, so when that refresh was refused by a token endpoint quoting the
+    request, the refresh token and client secret were nowhere the redaction could find them
+    (`client_secrets`). The project is the one they name (a service account's,
+    `GOOGLE_CLOUD_PROJECT`, gcloud's) when `ANTHROPIC_VERTEX_PROJECT_ID` names none: the SDK asks
+    for the project before it loads the credentials, so without this every call failed with "No
+    project_id was given". Raises `NoVertexProject` at once, nothing refreshed, when there is no project.
+    Blocking work (reading files, the token request) runs in a worker thread, as the SDK's does."""
+    if not isinstance(client, anthropic.AsyncAnthropicVertex) or client.access_token is not None:
+        return
+    # Credentials that never had a token (their first refresh failed) are read again, as the SDK
+    # did: a fixed file (`gcloud auth application-default login` again) needs no restart.
+    if client.credentials is None or not getattr(client.credentials, "token", None):
+        known = client.project_id is not None
+        credentials, project = await anyio.to_thread.run_sync(_default_credentials, known)
+        client.credentials = credentials
+        if client.project_id is None and project:
+            client.project_id = project
+    if client.project_id is None:  # user credentials name none
+        raise NoVertexProject(
+            "Could not resolve project_id: set ANTHROPIC_VERTEX_PROJECT_ID (the Google Cloud project)"
+        )
+
+
+def _default_credentials(project_known: bool) -> tuple[Any, str | None]:
+    """google-auth's Application Default Credentials with the scope the SDK asks for, not refreshed.
+    With the project known (`ANTHROPIC_VERTEX_PROJECT_ID`), google-auth's warning that the
+    credentials name none, which says to set `GOOGLE_CLOUD_PROJECT`, is left out of the log."""
+    import google.auth
+
+    quiet = _NoProjectWarning() if project_known else None
+    if quiet is not None:
+        _GOOGLE_DEFAULT_LOG.addFilter(quiet)
+    try:
+        credentials, project = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+    finally:
+        if quiet is not None:
+            _GOOGLE_DEFAULT_LOG.removeFilter(quiet)
+    return credentials, project if isinstance(project, str) and project else None
+
+
+# The logger google-auth's Application Default Credentials search warns on.
+_GOOGLE_DEFAULT_LOG = logging.getLogger("google.auth._default")
+
+
+class _NoProjectWarning(logging.Filter):
+    """Drops google-auth's "No project ID could be determined" warning."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No project ID could be determined")
 
 
 def credentials_unreachable(exc: BaseException) -> bool:
@@ -98,8 +169,9 @@ def credentials_unreachable(exc: BaseException) -> bool:
     anything: google-auth could not reach the token endpoint (`TransportError`: refused, reset, a
     timeout) or was answered with an error it calls retryable (a 5xx after its own retries); boto3
     could not reach the service that issues them (STS for a role, SSO...: botocore's connection
-    errors, refused, closed or timed out). The request itself is signed offline: these come only
-    from fetching credentials."""
+    errors, refused, closed or timed out) or was answered that it is unavailable or throttling
+    (a 5xx, `Throttling`). The request itself is signed offline: these come only from fetching
+    credentials."""
     try:
         from botocore import exceptions as botocore_errors  # type: ignore[import-untyped]
     except ImportError:  # no botocore: not the Bedrock client
@@ -107,13 +179,94 @@ def credentials_unreachable(exc: BaseException) -> bool:
     else:
         if isinstance(exc, botocore_errors.ConnectionError | botocore_errors.HTTPClientError):
             return True
+        if isinstance(exc, botocore_errors.ClientError):  # answered: an outage or throttling passes
+            return _aws_error_passes(exc.response)
     try:
         from google.auth import exceptions as google_auth
     except ImportError:  # no google-auth: not the Vertex client's Application Default Credentials
         return False
     if isinstance(exc, google_auth.TransportError):
         return True
+    if isinstance(exc, google_auth.OAuthError):  # user or workload identity credentials' endpoint
+        return _oauth_error_passes(exc.args[1] if len(exc.args) > 1 else None)
     return isinstance(exc, google_auth.RefreshError) and bool(getattr(exc, "retryable", False))
+
+
+# The OAuth 2.0 error codes that say a token request may succeed later (RFC 6749 section 5.2, and
+# the ones google-auth itself retries a service account's refresh on).
+OAUTH_TRANSIENT_ERRORS = frozenset({"server_error", "temporarily_unavailable", "internal_failure"})
+
+
+def _oauth_error_passes(body: object) -> bool:
+    """Does the body of a token endpoint's error (google-auth's `OAuthError`, raised for user and
+    workload identity credentials without the status) say it may pass? An OAuth refusal names its
+    error (`invalid_grant`: final unless it is a transient one); Google's own API errors give their
+    status code (a 5xx or 429 passes); anything else is no answer of the endpoint's (a load
+    balancer's error page), as when it cannot be reached."""
+    if not isinstance(body, str | bytes):  # not the endpoint's answer: nothing to tell by
+        return False
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return True
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, str):
+        return error in OAUTH_TRANSIENT_ERRORS
+    if isinstance(error, dict):
+        code = error.get("code")
+        return isinstance(code, int) and (code >= 500 or code == 429)
+    return not isinstance(data, dict)
+
+
+# The error codes with which an AWS service (STS, SSO) says a request may succeed later: throttled
+# or timed out (botocore's own retry lists); any 5xx says so too.
+AWS_TRANSIENT_ERROR_CODES = frozenset(
+    {
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottledException",
+        "RequestThrottled",
+        "TooManyRequestsException",
+        "RequestLimitExceeded",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "PriorRequestNotComplete",
+        "IDPCommunicationError",
+    }
+)
+
+
+def _aws_error_passes(response: object) -> bool:
+    """Does an AWS service's error answer (botocore's `ClientError.response`) say it may pass: a
+    5xx or 429 status, or a throttling or timeout code (STS throttles with a 400)?"""
+    if not isinstance(response, Mapping):
+        return False
+    metadata, error = response.get("ResponseMetadata"), response.get("Error")
+    status = metadata.get("HTTPStatusCode") if isinstance(metadata, Mapping) else None
+    code = error.get("Code") if isinstance(error, Mapping) else None
+    return (isinstance(status, int) and (status >= 500 or status == 429)) or code in AWS_TRANSIENT_ERROR_CODES
+
+
+# What the SDK's Bedrock and Vertex clients raise, as a `RuntimeError`, when they found no
+# credentials at all (boto3's chain came back empty; google-auth gave no token).
+_SDK_NO_CREDENTIALS = ("Could not resolve AWS credentials", "Could not resolve API token")
+
+
+def credentials_failed(exc: BaseException) -> bool:
+    """Did the client fail to get its credentials, for good: none found (boto3's chain empty, no
+    Application Default Credentials), a profile or key file that cannot be used, a refresh refused?
+    botocore raises only there (the request is signed offline; its event-stream errors come once
+    the answer streams), as google-auth does."""
+    if google_credentials_failed(exc):
+        return True
+    if isinstance(exc, RuntimeError) and str(exc).startswith(_SDK_NO_CREDENTIALS):
+        return True
+    try:
+        from botocore import exceptions as botocore_errors
+    except ImportError:
+        return False
+    return isinstance(exc, botocore_errors.BotoCoreError | botocore_errors.ClientError)
 
 
 def google_credentials_failed(exc: BaseException) -> bool:
@@ -126,7 +279,7 @@ def google_credentials_failed(exc: BaseException) -> bool:
     return isinstance(exc, google_auth.GoogleAuthError)
 
 
-def _name_not_resolved(exc: BaseException) -> bool:
+def name_not_resolved(exc: BaseException) -> bool:
     """Did a connection fail because the host name does not resolve?"""
     seen: BaseException | None = exc
     for _ in range(8):  # the cause chain: SDK error -> httpx2 error -> OSError
@@ -343,7 +496,7 @@ async def message_stream(client: AnyClient, request: dict[str, Any]) -> AsyncIte
 
 
 async def _post_messages(client: AnyClient, body: dict[str, Any]) -> httpx2.Response:
-    await vertex_project_from_credentials(client)
+    await load_vertex_credentials(client)
     return await client.post(
         "/v1/messages",
         body=body,
@@ -430,8 +583,38 @@ def failed_request(exc: BaseException) -> httpx2.Request | None:
 
 
 # The secrets of Google credentials loaded from an Application Default Credentials file (a user's
-# refresh token and OAuth client secret), which a token endpoint's refusal may quote.
-_GOOGLE_CREDENTIAL_SECRETS = ("refresh_token", "client_secret")
+# refresh token and OAuth client secret, a workload identity pool's client secret), which a token
+# endpoint's refusal may quote.
+_GOOGLE_CREDENTIAL_SECRETS = ("refresh_token", "client_secret", "_refresh_token", "_client_secret")
+# How deep credentials that stand on others are looked into (impersonation over user credentials).
+_SOURCE_DEPTH = 4
+
+
+def _held_secrets(credentials: object) -> tuple[str, ...]:
+    """The secrets Google `credentials` hold (also as the `Basic` header they go in), and those of
+    the credentials they stand on (`_source_credentials`: an impersonated service account's source,
+    the user's credentials that `gcloud auth application-default login
+    --impersonate-service-account` keeps)."""
+    found: list[str] = []
+    for _ in range(_SOURCE_DEPTH):
+        if credentials is None:
+            break
+        held = (getattr(credentials, name, None) for name in _GOOGLE_CREDENTIAL_SECRETS)
+        found.extend(value for value in held if isinstance(value, str) and value)
+        found.extend(_basic_credentials(credentials))
+        credentials = getattr(credentials, "_source_credentials", None)
+    return tuple(dict.fromkeys(found))
+
+
+def _basic_credentials(credentials: object) -> tuple[str, ...]:
+    """The OAuth client's id and secret as google-auth sends them to the token endpoint of user and
+    workload identity credentials, `Authorization: Basic base64(id:secret)`: the secret is one
+    decoding away, and an endpoint's refusal may quote the header."""
+    client_id = getattr(credentials, "_client_id", None)
+    secret = getattr(credentials, "_client_secret", None)
+    if not isinstance(client_id, str) or not client_id or not isinstance(secret, str) or not secret:
+        return ()
+    return (base64.b64encode(f"{client_id}:{secret}".encode()).decode(),)
 
 
 def client_secrets(client: AnyClient, request: httpx2.Request | None = None) -> tuple[str, ...]:
@@ -439,9 +622,7 @@ def client_secrets(client: AnyClient, request: httpx2.Request | None = None) -> 
     credentials it loaded (Application Default Credentials), and the credentials on `request` (the
     one a failure is about)."""
     token = minted_token(client)
-    credentials = getattr(client, "credentials", None)
-    held = (getattr(credentials, name, None) for name in _GOOGLE_CREDENTIAL_SECRETS)
-    loaded = tuple(value for value in held if isinstance(value, str) and value)
+    loaded = _held_secrets(getattr(client, "credentials", None))
     return ((token,) if token else ()) + loaded + sent_credentials(request)
 
 
@@ -540,11 +721,11 @@ class AnthropicProvider:
         except anthropic.APIConnectionError as exc:
             if isinstance(exc.__cause__, NEVER_SENT):
                 meter.not_sent()
-            if _name_not_resolved(exc):  # retrying will not make the name resolve: say so at once
+            if name_not_resolved(exc):  # retrying will not make the name resolve: say so at once
                 raise self._error(
                     f"Claude API host name does not resolve "
                     f"({self._redact(str(exc.__cause__ or exc), failed_request(exc))}); "
-                    "check ANTHROPIC_BASE_URL (or the platform's region) and this machine's DNS",
+                    f"check {API_HOST_SETTINGS.get(self.name, 'ANTHROPIC_BASE_URL')} and this machine's DNS",
                     "name_resolution",
                     request_id,
                     retryable=False,
@@ -576,7 +757,11 @@ class AnthropicProvider:
             if not streaming:  # the client refused before anything was sent
                 meter.not_sent()
                 if credentials_unreachable(exc):  # may pass, as a connection the API refused
+                    if name_not_resolved(exc):  # a typo in a host: retrying will not help
+                        raise self._credentials_host_error(exc) from None
                     raise self._credentials_error(exc) from None
+                if credentials_failed(exc):  # none found, or refused: say which to check
+                    raise self._credentials_refused(exc) from None
             raise self._client_error(exc, sent) from None
         meter.report(result["usage"], final=True)
         if request_id:
@@ -603,6 +788,28 @@ class AnthropicProvider:
             f"{CREDENTIALS.get(self.name, 'ANTHROPIC_API_KEY')} and the network to where they come from",
             {"provider": self.name, "type": "credentials_unavailable"},
             retryable=True,
+        )
+
+    def _credentials_refused(self, exc: Exception) -> ProviderError:
+        """The client found no credentials, or they were refused when it fetched its token: final,
+        with the settings to check (as a refusal by Claude itself names them)."""
+        detail = self._redact(f"{type(exc).__name__}: {exc}")[:300]
+        return ProviderError(
+            f"The {self.name} client could not get its credentials: {detail}; check "
+            f"{CREDENTIALS.get(self.name, 'ANTHROPIC_API_KEY')}",
+            {"provider": self.name, "type": "client_error"},
+        )
+
+    def _credentials_host_error(self, exc: Exception) -> ProviderError:
+        """The host the client gets its credentials from has a name that does not resolve: final,
+        as for the API's own host, with the settings that name it."""
+        detail = self._redact(f"{type(exc).__name__}: {exc}")[:300]
+        where = CREDENTIALS_HOSTS.get(self.name, "where the credentials come from")
+        return ProviderError(
+            f"The {self.name} client could not get its credentials: a host name does not resolve "
+            f"({detail}); check {where} and this machine's DNS",
+            {"provider": self.name, "type": "name_resolution"},
+            retryable=False,
         )
 
     def _client_error(self, exc: Exception, sent: httpx2.Request | None) -> ProviderError:
