@@ -139,6 +139,7 @@ def provider_settings(config: Config) -> ProviderSettings:
         base_url=config.api_base_url,
         headers=config.api_headers,
         vertex_access_token=config.vertex_access_token.value if config.vertex_access_token else None,
+        bedrock_api_key=config.bedrock_api_key.value if config.bedrock_api_key else None,
     )
 
 

@@ -165,6 +165,7 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         api_base_url=environ.get("ANTHROPIC_BASE_URL") or None,
         platform_base_url=_platform_base_url(values, environ),
         vertex_access_token=secret_from_env(environ, "MCP_BACKFILL_VERTEX_ACCESS_TOKEN"),
+        bedrock_api_key=secret_from_env(environ, "AWS_BEARER_TOKEN_BEDROCK"),
         platform_secrets=tuple(
             secret for name in PLATFORM_SECRET_ENV_VARS if (secret := secret_from_env(environ, name))
         )

@@ -69,6 +69,7 @@ SECRET_ENV_VARS = (
     option("metrics_token").env,
     "MCP_BACKFILL_VERTEX_ACCESS_TOKEN",
     "AWS_BEARER_TOKEN_BEDROCK",
+    "AWS_BEARER_TOKEN_BEDROCK_FILE",  # (its file's name: the key is the proxy's, as the others)
 )
 # The proxy's own configuration, by prefix: its options (`MCP_BACKFILL_*`, gateway headers and
 # tokens included) and the anthropic SDK's settings (`ANTHROPIC_*`: key, auth token, custom headers,
@@ -175,6 +176,7 @@ class Config:
     retry_max_delay: float = DEFAULTS["retry_max_delay"]
     # --provider vertex: a ready OAuth access token instead of Application Default Credentials.
     vertex_access_token: Secret | None = None
+    bedrock_api_key: Secret | None = None
     # Cloud credentials and ANTHROPIC_CUSTOM_HEADERS values found in the environment, only so that
     # logs and errors can redact them.
     platform_secrets: tuple[Secret, ...] = ()
@@ -248,6 +250,7 @@ class Config:
             self._check_http_front()
         held = {"anthropic": ("ANTHROPIC_API_KEY", self.api_key)}
         held["vertex"] = ("MCP_BACKFILL_VERTEX_ACCESS_TOKEN", self.vertex_access_token)
+        held["bedrock"] = ("AWS_BEARER_TOKEN_BEDROCK", self.bedrock_api_key)
         variable, secret = held.get(self.provider, ("", None))
         if self.mode != "off" and secret is not None and _CONTROL.search(secret.value):
             # Not quoted: it is the credential. Else its header cannot be sent, and every call failed
@@ -440,6 +443,7 @@ SECRET_FILE_VARIABLES = (
     "ANTHROPIC_API_KEY",
     *(opt.env for opt in OPTIONS if opt.name in FILE_FORM),
     "MCP_BACKFILL_VERTEX_ACCESS_TOKEN",
+    "AWS_BEARER_TOKEN_BEDROCK",
 )
 """Secret-holding variables that may instead name a file: `<NAME>_FILE=/run/secrets/...`."""
 

@@ -142,6 +142,26 @@ async def test_a_bedrock_api_key_with_a_trailing_line_break_is_used_without_it(
     assert request.headers["authorization"] == f"Bearer {TEST_API_KEY}"
 
 
+async def test_a_bedrock_api_key_from_a_file(fake_claude: FakeClaude, tmp_path: Path) -> None:
+    """`AWS_BEARER_TOKEN_BEDROCK_FILE`, as `ANTHROPIC_API_KEY_FILE` and the Vertex token's: a key
+    mounted as a file (a Kubernetes or Docker secret) had to be copied into the environment, where
+    the proxy's whole process tree can read it."""
+    key_file = tmp_path / "bedrock-key"
+    key_file.write_text(f"{TEST_API_KEY}\n")
+    env = {
+        **platform_env("bedrock", fake_claude, "us-east-1"),
+        "AWS_BEARER_TOKEN_BEDROCK_FILE": str(key_file),
+    }
+    del env["AWS_BEARER_TOKEN_BEDROCK"]
+    async with echo_session(None, "--provider", "bedrock", env=env) as session:
+        answer = await ask_sampling(session)
+        log = session.stderr()
+    assert "result" in answer, answer
+    [request] = fake_claude.platform_requests
+    assert request.headers["authorization"] == f"Bearer {TEST_API_KEY}"
+    assert TEST_API_KEY not in log
+
+
 def test_a_bedrock_api_key_of_two_lines_is_refused_at_startup() -> None:
     argv = proxy_argv("--provider", "bedrock", upstream=[sys.executable, "-c", "pass"])
     env = proxy_env(AWS_BEARER_TOKEN_BEDROCK=f"{TEST_API_KEY}\nsecond-line", AWS_REGION="us-east-1")

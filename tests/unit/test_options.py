@@ -44,6 +44,7 @@ NOT_OPTIONS = {
     "api_base_url",
     "platform_base_url",
     "vertex_access_token",
+    "bedrock_api_key",
     "platform_secrets",
     "telemetry_secrets",
 }

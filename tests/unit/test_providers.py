@@ -231,9 +231,11 @@ async def test_bedrock_request_and_event_stream(
 ) -> None:
     monkeypatch.setenv("ANTHROPIC_BEDROCK_BASE_URL", fake_claude.url)
     monkeypatch.setenv("AWS_REGION", "eu-west-3")
-    monkeypatch.setenv("AWS_BEARER_TOKEN_BEDROCK", TEST_API_KEY)
     fake_claude.enqueue(text_reply("hello from bedrock", chunks=5))
-    provider = make_provider(platform_config("bedrock", api_headers=(("X-Team", "search"),)))
+    settings = platform_config(
+        "bedrock", api_headers=(("X-Team", "search"),), bedrock_api_key=Secret(TEST_API_KEY)
+    )
+    provider = make_provider(settings)
     seen: list[StreamProgress] = []
 
     async def record(progress: StreamProgress) -> None:
@@ -263,9 +265,10 @@ async def test_bedrock_mid_stream_exception_is_retryable(
 ) -> None:
     monkeypatch.setenv("ANTHROPIC_BEDROCK_BASE_URL", fake_claude.url)
     monkeypatch.setenv("AWS_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_BEARER_TOKEN_BEDROCK", TEST_API_KEY)
     fake_claude.enqueue(stream_error_reply("overloaded_error", "Model is busy"), text_reply("second try"))
-    provider = make_provider(platform_config("bedrock", retry_base_delay=0.0))
+    provider = make_provider(
+        platform_config("bedrock", retry_base_delay=0.0, bedrock_api_key=Secret(TEST_API_KEY))
+    )
     try:
         message = await provider.create_message({**REQUEST, "model": "us.anthropic.claude-opus-5-5"})
     finally:

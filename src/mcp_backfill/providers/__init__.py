@@ -35,6 +35,8 @@ class ProviderSettings:
     """Extra HTTP headers on every API call."""
     vertex_access_token: str | None = field(repr=False)
     """A ready OAuth token (vertex); None: Application Default Credentials."""
+    bedrock_api_key: str | None = field(default=None, repr=False)
+    """A Bedrock API key (`AWS_BEARER_TOKEN_BEDROCK` or its `_FILE`); None: SigV4."""
 
 
 def make_provider(settings: ProviderSettings, attempts: AttemptObserver | None = None) -> Provider:

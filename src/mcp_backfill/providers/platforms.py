@@ -115,13 +115,15 @@ def module_available(name: str) -> bool:
         return False
 
 
-def check_dependencies(provider: str, environ: Mapping[str, str], *, vertex_token: bool = False) -> None:
+def check_dependencies(
+    provider: str, environ: Mapping[str, str], *, vertex_token: bool = False, bedrock_key: bool = False
+) -> None:
     """Refuse to start when the provider's optional dependencies are missing: say which extra."""
     missing: list[str] = []
     if provider == "bedrock":
         # botocore decodes Bedrock's event-stream framing; boto3 resolves AWS credentials for SigV4.
         missing = [m for m in ("botocore",) if not module_available(m)]
-        if not environ.get("AWS_BEARER_TOKEN_BEDROCK") and not module_available("boto3"):
+        if not (bedrock_key or environ.get("AWS_BEARER_TOKEN_BEDROCK")) and not module_available("boto3"):
             missing.append("boto3")
     elif provider == "vertex" and not (vertex_token or environ.get("MCP_BACKFILL_VERTEX_ACCESS_TOKEN")):
         missing = [] if module_available("google.auth") else ["google-auth"]
@@ -135,19 +137,6 @@ def check_dependencies(provider: str, environ: Mapping[str, str], *, vertex_toke
                 else ""
             )
         )
-
-
-def bedrock_api_key(environ: Mapping[str, str]) -> str | None:
-    """`AWS_BEARER_TOKEN_BEDROCK` trimmed, as `ANTHROPIC_API_KEY` is (the SDK reads it as it is: a
-    trailing line break made its header unsendable, every call a connection error); None when unset
-    (SigV4). Raises `ConfigError`, without quoting it, when a control character is left inside."""
-    key = environ.get("AWS_BEARER_TOKEN_BEDROCK", "").strip()
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in key):
-        raise ConfigError(
-            "AWS_BEARER_TOKEN_BEDROCK holds a line break or another control character: it must be the "
-            "Bedrock API key alone, on one line"
-        )
-    return key or None
 
 
 def make_client(
@@ -164,10 +153,11 @@ def make_client(
     # The SDK's read timeout is a second line of defence; the sampling deadline normally acts first.
     timeout = settings.retry.deadline or 600.0
     if settings.name == "bedrock":
-        check_dependencies("bedrock", environ)
+        key = settings.bedrock_api_key
+        check_dependencies("bedrock", environ, bedrock_key=key is not None)
         try:
             return anthropic.AsyncAnthropicBedrock(
-                api_key=bedrock_api_key(environ),
+                api_key=key,  # (None: SigV4; the SDK would read AWS_BEARER_TOKEN_BEDROCK as it is)
                 max_retries=0,
                 timeout=timeout,
                 default_headers=headers or None,
