@@ -146,3 +146,30 @@ def test_pages_list_every_task_once_in_order(count: int) -> None:
         if cursor is None:
             break
     assert listed == created
+
+
+def test_a_cursor_outlives_the_task_it_was_given_after() -> None:
+    """A page's cursor stays good when the last task of that page expires (or is dropped) before
+    the next page is asked for: it was that task's id, and the listing failed with -32602."""
+    tasks, clock = book()
+    created = [tasks.create(1000 if n == PAGE_SIZE - 1 else None)[0].task_id for n in range(PAGE_SIZE + 5)]
+    first, cursor = tasks.page(None)
+    assert [task.task_id for task in first] == created[:PAGE_SIZE]
+    assert cursor is not None
+    clock.now += 1.5  # the last task of the first page is gone
+    second, after = tasks.page(cursor)
+    assert [task.task_id for task in second] == created[PAGE_SIZE:]
+    assert after is None
+    forged = (
+        created[0],
+        "after-999",
+        "after--1",
+        "after-x",
+        "after-",
+        "after-0",
+        "after-" + "9" * 5000,
+        "after-²",
+    )
+    for forged_cursor in forged:  # task ids, cursors never given, numbers too long to read
+        with pytest.raises(TaskError, match="Invalid cursor"):
+            tasks.page(forged_cursor)

@@ -28,6 +28,7 @@ TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 TASK_ID_PREFIX = "mcp-backfill-task-"
 POLL_INTERVAL_MS = 1000  # what the proxy suggests to pollers
 PAGE_SIZE = 50  # tasks per `tasks/list` page
+CURSOR_PREFIX = "after-"  # a `tasks/list` cursor: this and the creation number of the last task listed
 MAX_TASKS = 1000  # kept per session; the oldest finished ones make room beyond it
 
 
@@ -52,6 +53,8 @@ class SamplingTask:
     updated: float = 0.0
     # Once terminal: ("result", CreateMessageResult) or ("error", JSON-RPC error object).
     outcome: tuple[Literal["result", "error"], dict[str, Any]] | None = None
+    # Its place in the session's creation order: a `tasks/list` cursor names the last one listed.
+    number: int = 0
 
     @property
     def terminal(self) -> bool:
@@ -87,14 +90,20 @@ class TaskBook:
     ttl_max_ms: int
     clock: Callable[[], float] = time.time
     tasks: dict[str, SamplingTask] = field(default_factory=dict)
+    created_count: int = 0
 
     def create(self, requested_ttl: Any) -> tuple[SamplingTask, list[SamplingTask]]:
         """A new working task, and the tasks forgotten to make room (still working ones among them
         must be stopped by the caller)."""
         evicted = self.expire()
         now = self.clock()
+        self.created_count += 1
         task = SamplingTask(
-            TASK_ID_PREFIX + secrets.token_urlsafe(16), now, self.granted_ttl(requested_ttl), updated=now
+            TASK_ID_PREFIX + secrets.token_urlsafe(16),
+            now,
+            self.granted_ttl(requested_ttl),
+            updated=now,
+            number=self.created_count,
         )
         if len(self.tasks) >= MAX_TASKS:
             finished = next((t for t in self.tasks.values() if t.terminal), None)
@@ -146,16 +155,29 @@ class TaskBook:
         return task
 
     def page(self, cursor: Any) -> tuple[list[SamplingTask], str | None]:
-        """One `tasks/list` page after `cursor` (the last task id of the previous page), and the
-        next cursor if more follow."""
+        """One `tasks/list` page after `cursor`, and the next cursor if more follow. A cursor names
+        a place in the creation order, not a task: it stays good when the last task of its page
+        expires, or is dropped, before the next page is asked for (that task's id, the cursor it
+        used to be, then failed as invalid)."""
         self.expire()
-        ordered = list(self.tasks.values())
-        start = 0
+        after = 0
         if cursor is not None:
-            ids = [task.task_id for task in ordered]
-            if not isinstance(cursor, str) or cursor not in ids:
-                raise TaskError("Invalid cursor for tasks/list")
-            start = ids.index(cursor) + 1
-        chunk = ordered[start : start + PAGE_SIZE]
-        more = start + PAGE_SIZE < len(ordered)
-        return chunk, chunk[-1].task_id if more and chunk else None
+            after = self._cursor_place(cursor)
+        chunk: list[SamplingTask] = []
+        more = False
+        for task in self.tasks.values():  # in creation order
+            if task.number <= after:
+                continue
+            if len(chunk) == PAGE_SIZE:
+                more = True
+                break
+            chunk.append(task)
+        return chunk, f"{CURSOR_PREFIX}{chunk[-1].number}" if more else None
+
+    def _cursor_place(self, cursor: Any) -> int:
+        """The creation number a cursor this book gave names; raises `TaskError` for any other."""
+        digits = cursor.removeprefix(CURSOR_PREFIX) if isinstance(cursor, str) else ""
+        well_formed = digits != cursor and 0 < len(digits) <= 20 and digits.isascii() and digits.isdigit()
+        if not well_formed or not 0 < int(digits) <= self.created_count:
+            raise TaskError("Invalid cursor for tasks/list")
+        return int(digits)
