@@ -153,7 +153,8 @@ async def test_ttl_is_capped_and_an_expired_task_is_forgotten(fake_claude: FakeC
         created = await create_task(client, ttl=600_000)
         unasked = await create_task(client, ttl=None)
         await ask(client, "tasks/result", {"taskId": created["taskId"]})
-        await anyio.sleep(1.2)
+        await ask(client, "tasks/result", {"taskId": unasked["taskId"]})
+        await anyio.sleep(3.2)  # past its TTL, and past the time an ended task is kept after it ended
         gone = await ask(client, "tasks/get", {"taskId": created["taskId"]})
         listed = (await ask(client, "tasks/list", {}))["result"]
     assert created["ttl"] == 1000

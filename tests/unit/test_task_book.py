@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from mcp_backfill.relay.task_book import (
     MAX_TASKS,
     PAGE_SIZE,
+    POLL_INTERVAL_MS,
     TASK_ID_PREFIX,
     TaskBook,
     TaskError,
@@ -173,3 +174,31 @@ def test_a_cursor_outlives_the_task_it_was_given_after() -> None:
     for forged_cursor in forged:  # task ids, cursors never given, numbers too long to read
         with pytest.raises(TaskError, match="Invalid cursor"):
             tasks.page(forged_cursor)
+
+
+def test_a_task_that_ends_just_before_its_ttl_is_there_for_the_next_poll() -> None:
+    """A Claude call that ends in the last moments of its task's TTL has been paid for: its answer
+    was forgotten at the TTL, before a server polling every `pollInterval` (as the proxy tells it)
+    could see the task completed and fetch it. A finished task stays a few poll intervals longer."""
+    tasks, clock = book()
+    task, _ = tasks.create(10_000)
+    clock.now += 9.9
+    assert tasks.finish(task, "completed", ("result", {"x": 1}))
+    clock.now += POLL_INTERVAL_MS / 1000 + 0.05  # past the TTL: the poller's next tasks/get
+    assert tasks.get(task.task_id).status == "completed"
+    assert [listed.task_id for listed in tasks.page(None)[0]] == [task.task_id]
+    clock.now += 0.8  # its tasks/result
+    assert tasks.get(task.task_id).outcome == ("result", {"x": 1})
+    clock.now += 10  # long past both
+    with pytest.raises(TaskError, match="Task not found"):
+        tasks.get(task.task_id)
+    assert tasks.expire() == [task]
+
+
+def test_a_task_that_ended_long_before_its_ttl_is_forgotten_at_its_ttl() -> None:
+    tasks, clock = book()
+    task, _ = tasks.create(10_000)
+    tasks.finish(task, "completed", ("result", {}))
+    clock.now += 10.001
+    with pytest.raises(TaskError, match="Task not found"):
+        tasks.get(task.task_id)

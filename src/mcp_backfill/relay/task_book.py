@@ -4,7 +4,8 @@ A server that may augment `sampling/createMessage` with `params.task` gets a tas
 polls for the answer. The book holds what the spec asks a receiver to keep per task: its status
 (`working`, then one terminal status that never changes), when it was created and last updated, its
 TTL (the server's request, lowered to the operator's cap) and its outcome. An expired task is
-forgotten: looking it up finds nothing, as for an id never issued. The I/O (running the Claude call,
+forgotten: looking it up finds nothing, as for an id never issued (a task that ended just before
+its TTL is kept a few poll intervals past it, for its answer to be fetched). The I/O (running the Claude call,
 answering the server) lives in `tasks`; this module is pure, with an injectable clock.
 """
 
@@ -27,6 +28,9 @@ TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 # context) and carry a prefix, so that requests about them are routed to the proxy, never the client.
 TASK_ID_PREFIX = "mcp-backfill-task-"
 POLL_INTERVAL_MS = 1000  # what the proxy suggests to pollers
+# How long a task that ended is kept at least, TTL or not: a call that ends in the last moments of
+# its TTL has been paid for, and a server polling as told must still find its answer.
+FINISHED_KEPT_MS = 3 * POLL_INTERVAL_MS
 PAGE_SIZE = 50  # tasks per `tasks/list` page
 CURSOR_PREFIX = "after-"  # a `tasks/list` cursor: this and the creation number of the last task listed
 MAX_TASKS = 1000  # kept per session; the oldest finished ones make room beyond it
@@ -61,7 +65,13 @@ class SamplingTask:
         return self.status in TERMINAL
 
     def expires(self) -> float:
-        return self.created + self.ttl_ms / 1000
+        """When the task may be forgotten: its TTL after its creation, or, for one that ended
+        within `FINISHED_KEPT_MS` of that, as long after its end (its answer, paid for, was
+        forgotten before a server polling every `pollInterval` could see the task had ended)."""
+        end = self.created + self.ttl_ms / 1000
+        if self.terminal:
+            return max(end, self.updated + FINISHED_KEPT_MS / 1000)
+        return end
 
     def wire(self) -> dict[str, Any]:
         """The `Task` object of the spec."""
