@@ -202,3 +202,17 @@ def test_a_task_that_ended_long_before_its_ttl_is_forgotten_at_its_ttl() -> None
     clock.now += 10.001
     with pytest.raises(TaskError, match="Task not found"):
         tasks.get(task.task_id)
+
+
+def test_beyond_the_cap_a_task_whose_answer_was_fetched_makes_room_first() -> None:
+    tasks, _ = book()
+    unfetched, _ = tasks.create(None)
+    fetched, _ = tasks.create(None)
+    tasks.finish(unfetched, "completed", ("result", {}))
+    tasks.finish(fetched, "completed", ("result", {}))
+    fetched.fetched = True
+    for _ in range(MAX_TASKS - 2):
+        tasks.create(None)
+    _, evicted = tasks.create(None)
+    assert evicted == [fetched]
+    assert unfetched.task_id in tasks.tasks

@@ -33,7 +33,7 @@ POLL_INTERVAL_MS = 1000  # what the proxy suggests to pollers
 FINISHED_KEPT_MS = 3 * POLL_INTERVAL_MS
 PAGE_SIZE = 50  # tasks per `tasks/list` page
 CURSOR_PREFIX = "after-"  # a `tasks/list` cursor: this and the creation number of the last task listed
-MAX_TASKS = 1000  # kept per session; the oldest finished ones make room beyond it
+MAX_TASKS = 1000  # kept per session; the oldest fetched, then finished, ones make room beyond it
 
 
 def is_own_task(task_id: Any) -> bool:
@@ -59,6 +59,8 @@ class SamplingTask:
     outcome: tuple[Literal["result", "error"], dict[str, Any]] | None = None
     # Its place in the session's creation order: a `tasks/list` cursor names the last one listed.
     number: int = 0
+    # A `tasks/result` was answered with its outcome: past `MAX_TASKS`, it makes room first.
+    fetched: bool = False
 
     @property
     def terminal(self) -> bool:
@@ -116,11 +118,20 @@ class TaskBook:
             number=self.created_count,
         )
         if len(self.tasks) >= MAX_TASKS:
-            finished = next((t for t in self.tasks.values() if t.terminal), None)
-            oldest = finished if finished is not None else next(iter(self.tasks.values()))
-            evicted.append(self.tasks.pop(oldest.task_id))
+            evicted.append(self.tasks.pop(self._least_needed().task_id))
         self.tasks[task.task_id] = task
         return task, evicted
+
+    def _least_needed(self) -> SamplingTask:
+        """The task to drop for a new one past `MAX_TASKS`: the oldest whose answer the server has
+        fetched, else the oldest finished one (its answer, paid for, never fetched), else the oldest."""
+        finished = None
+        for task in self.tasks.values():  # in creation order
+            if task.terminal and task.fetched:
+                return task
+            if task.terminal and finished is None:
+                finished = task
+        return finished if finished is not None else next(iter(self.tasks.values()))
 
     def granted_ttl(self, requested: Any) -> int:
         """The TTL a task gets (ms): the server's request within the cap, whole milliseconds rounded

@@ -214,6 +214,7 @@ class SamplingTasks:
             if scope.cancelled_caught:
                 return  # the server cancelled its tasks/result: it expects no answer
         assert task.outcome is not None
+        task.fetched = True
         kind, body = task.outcome
         if kind == "error":
             reply = jsonrpc.error_response(request_id, body["code"], body["message"], body.get("data"))
