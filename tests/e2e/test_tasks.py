@@ -23,6 +23,8 @@ from tests.harness import (
     initialize_params,
     proxy_argv,
     proxy_env,
+    proxy_url_argv,
+    python_http_server,
     python_server,
     raw_proxy,
     stdio_params,
@@ -153,13 +155,48 @@ async def test_ttl_is_capped_and_an_expired_task_is_forgotten(fake_claude: FakeC
         created = await create_task(client, ttl=600_000)
         unasked = await create_task(client, ttl=None)
         await ask(client, "tasks/result", {"taskId": created["taskId"]})
-        await anyio.sleep(1.2)
+        await ask(client, "tasks/result", {"taskId": unasked["taskId"]})
+        await anyio.sleep(3.2)  # past its TTL, and past the time an ended task is kept after it ended
         gone = await ask(client, "tasks/get", {"taskId": created["taskId"]})
         listed = (await ask(client, "tasks/list", {}))["result"]
     assert created["ttl"] == 1000
     assert unasked["ttl"] == 1000
     assert gone["error"]["code"] == -32602
     assert listed["tasks"] == []
+
+
+async def test_a_new_session_of_the_client_ends_the_tasks_of_the_one_before(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """A client that sends `initialize` again starts a new session (over `--upstream-url`, a new
+    upstream session; the old one is deleted). The old session's tasks were listed to the new
+    one, and their Claude calls ran on, billed, for a session nobody could fetch them from any
+    more. They are cancelled (their calls stopped and charged) and forgotten."""
+    audit = tmp_path / "audit.jsonl"
+    fake_claude.enqueue(hang_reply("Partial"))
+    async with python_http_server(python_server("sampling_server.py", "--http", "127.0.0.1:0")) as server:
+        argv = proxy_url_argv("--audit-log", str(audit), url=server.url)
+        async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+
+            async def server_asks(call_id: int, method: str, params: dict[str, Any]) -> Any:
+                arguments = {"method": method, "params_json": json.dumps(params)}
+                call = {"name": "client_request", "arguments": arguments}
+                response = await session.request(call_id, "tools/call", call)
+                return json.loads(response["result"]["content"][0]["text"])
+
+            for initialize_id in (0, 2):
+                if initialize_id == 2:  # the second session, once the first one's task is working
+                    assert await anyio.to_thread.run_sync(fake_claude.wait_for_requests, 1, 15.0)
+                assert "result" in await session.request(initialize_id, "initialize", initialize_params({}))
+                await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+                if initialize_id == 0:
+                    await server_asks(1, "sampling/createMessage", {**HELLO, "task": {"ttl": 600_000}})
+            listed = await server_asks(3, "tasks/list", {})
+            assert await anyio.to_thread.run_sync(fake_claude.wait_for_disconnects, 1, 15.0)
+    assert listed["result"]["tasks"] == []
+    [line] = [json.loads(text) for text in audit.read_text().splitlines()]
+    assert line["outcome"] == "cancelled"
+    assert line["charged"]["output_tokens"] == 20
 
 
 # -- server-everything ---------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from mcp_backfill.relay import Relay
 from mcp_backfill.relay.answering import ANSWERING_LIMIT
 from mcp_backfill.relay.approval import APPROVAL_KEY, MAX_APPROVAL_PROMPTS
 from mcp_backfill.relay.relay import LARGE_MESSAGE
+from mcp_backfill.relay.task_book import MAX_TASKS
 from mcp_backfill.sampling.audit import AuditLog, auditing
 from mcp_backfill.sampling.provider import ProgressCallback, UsageMeter
 from mcp_backfill.sampling.sampler import Sampler
@@ -879,6 +880,35 @@ async def test_a_working_task_whose_ttl_passes_is_cancelled_though_nothing_else_
         assert status["method"] == "notifications/tasks/status"
         assert status["params"]["status"] == "cancelled"
         assert provider.cancelled
+
+
+async def test_past_the_cap_a_task_whose_answer_was_never_fetched_outlives_those_already_fetched() -> None:
+    """Beyond `MAX_TASKS` the oldest finished task was dropped, though its answer (paid for) had
+    never been fetched and later ones, already fetched, were kept. A task whose `tasks/result` was
+    answered now makes room first."""
+    async with relayed(rate_limit=0) as r:
+        await r.client.send(request(1, "initialize", initialize({})))
+        await r.server.recv()
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+
+        async def answer_to(request_id: Any) -> dict[str, Any]:
+            while True:  # status notifications come between
+                message: dict[str, Any] = await r.server.recv()
+                if message.get("id") == request_id:
+                    return message
+
+        ids = []
+        for n in range(MAX_TASKS):
+            await r.server.send(sampling_request(f"s{n}", {**HELLO, "task": {"ttl": 600_000}}))
+            ids.append((await answer_to(f"s{n}"))["result"]["task"]["taskId"])
+            if n > 0:  # every task but the first has its answer fetched
+                await r.server.send(request(f"r{n}", protocol.TASKS_RESULT, {"taskId": ids[-1]}))
+                assert is_mock_answer(await answer_to(f"r{n}"), f"r{n}")
+        await r.server.send(sampling_request("last", {**HELLO, "task": {"ttl": 600_000}}))
+        await answer_to("last")
+        await r.server.send(request("get", protocol.TASKS_RESULT, {"taskId": ids[0]}))
+        assert is_mock_answer(await answer_to("get"), "get")
 
 
 async def test_a_client_cancel_cancels_a_sampling_task_made_for_the_cancelled_request() -> None:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from mcp_backfill.relay.task_book import (
     MAX_TASKS,
     PAGE_SIZE,
+    POLL_INTERVAL_MS,
     TASK_ID_PREFIX,
     TaskBook,
     TaskError,
@@ -146,3 +147,72 @@ def test_pages_list_every_task_once_in_order(count: int) -> None:
         if cursor is None:
             break
     assert listed == created
+
+
+def test_a_cursor_outlives_the_task_it_was_given_after() -> None:
+    """A page's cursor stays good when the last task of that page expires (or is dropped) before
+    the next page is asked for: it was that task's id, and the listing failed with -32602."""
+    tasks, clock = book()
+    created = [tasks.create(1000 if n == PAGE_SIZE - 1 else None)[0].task_id for n in range(PAGE_SIZE + 5)]
+    first, cursor = tasks.page(None)
+    assert [task.task_id for task in first] == created[:PAGE_SIZE]
+    assert cursor is not None
+    clock.now += 1.5  # the last task of the first page is gone
+    second, after = tasks.page(cursor)
+    assert [task.task_id for task in second] == created[PAGE_SIZE:]
+    assert after is None
+    forged = (
+        created[0],
+        "after-999",
+        "after--1",
+        "after-x",
+        "after-",
+        "after-0",
+        "after-" + "9" * 5000,
+        "after-²",
+    )
+    for forged_cursor in forged:  # task ids, cursors never given, numbers too long to read
+        with pytest.raises(TaskError, match="Invalid cursor"):
+            tasks.page(forged_cursor)
+
+
+def test_a_task_that_ends_just_before_its_ttl_is_there_for_the_next_poll() -> None:
+    """A Claude call that ends in the last moments of its task's TTL has been paid for: its answer
+    was forgotten at the TTL, before a server polling every `pollInterval` (as the proxy tells it)
+    could see the task completed and fetch it. A finished task stays a few poll intervals longer."""
+    tasks, clock = book()
+    task, _ = tasks.create(10_000)
+    clock.now += 9.9
+    assert tasks.finish(task, "completed", ("result", {"x": 1}))
+    clock.now += POLL_INTERVAL_MS / 1000 + 0.05  # past the TTL: the poller's next tasks/get
+    assert tasks.get(task.task_id).status == "completed"
+    assert [listed.task_id for listed in tasks.page(None)[0]] == [task.task_id]
+    clock.now += 0.8  # its tasks/result
+    assert tasks.get(task.task_id).outcome == ("result", {"x": 1})
+    clock.now += 10  # long past both
+    with pytest.raises(TaskError, match="Task not found"):
+        tasks.get(task.task_id)
+    assert tasks.expire() == [task]
+
+
+def test_a_task_that_ended_long_before_its_ttl_is_forgotten_at_its_ttl() -> None:
+    tasks, clock = book()
+    task, _ = tasks.create(10_000)
+    tasks.finish(task, "completed", ("result", {}))
+    clock.now += 10.001
+    with pytest.raises(TaskError, match="Task not found"):
+        tasks.get(task.task_id)
+
+
+def test_beyond_the_cap_a_task_whose_answer_was_fetched_makes_room_first() -> None:
+    tasks, _ = book()
+    unfetched, _ = tasks.create(None)
+    fetched, _ = tasks.create(None)
+    tasks.finish(unfetched, "completed", ("result", {}))
+    tasks.finish(fetched, "completed", ("result", {}))
+    fetched.fetched = True
+    for _ in range(MAX_TASKS - 2):
+        tasks.create(None)
+    _, evicted = tasks.create(None)
+    assert evicted == [fetched]
+    assert unfetched.task_id in tasks.tasks

@@ -146,6 +146,7 @@ class Relay:
             else None
         )
         self._warmed = not options.warm_up
+        self._initialized = False  # the client has sent `initialize` (a second one begins a new session)
         sample, scope = self.answerer.sample, session.client if session is not None else ""
         self.rounds = RoundDriver(
             options,
@@ -458,6 +459,9 @@ class Relay:
         return message
 
     def _rewrite_initialize(self, message: dict[str, Any]) -> dict[str, Any]:
+        if self._initialized:  # a new session of the client's: the tasks of the last one end
+            self.tasks.end_session()
+        self._initialized = True
         params = message.get("params")
         params = params if isinstance(params, dict) else {}
         capabilities = params.get("capabilities")

@@ -4,7 +4,8 @@ A server that may augment `sampling/createMessage` with `params.task` gets a tas
 polls for the answer. The book holds what the spec asks a receiver to keep per task: its status
 (`working`, then one terminal status that never changes), when it was created and last updated, its
 TTL (the server's request, lowered to the operator's cap) and its outcome. An expired task is
-forgotten: looking it up finds nothing, as for an id never issued. The I/O (running the Claude call,
+forgotten: looking it up finds nothing, as for an id never issued (a task that ended just before
+its TTL is kept a few poll intervals past it, for its answer to be fetched). The I/O (running the Claude call,
 answering the server) lives in `tasks`; this module is pure, with an injectable clock.
 """
 
@@ -27,8 +28,12 @@ TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 # context) and carry a prefix, so that requests about them are routed to the proxy, never the client.
 TASK_ID_PREFIX = "mcp-backfill-task-"
 POLL_INTERVAL_MS = 1000  # what the proxy suggests to pollers
+# How long a task that ended is kept at least, TTL or not: a call that ends in the last moments of
+# its TTL has been paid for, and a server polling as told must still find its answer.
+FINISHED_KEPT_MS = 3 * POLL_INTERVAL_MS
 PAGE_SIZE = 50  # tasks per `tasks/list` page
-MAX_TASKS = 1000  # kept per session; the oldest finished ones make room beyond it
+CURSOR_PREFIX = "after-"  # a `tasks/list` cursor: this and the creation number of the last task listed
+MAX_TASKS = 1000  # kept per session; the oldest fetched, then finished, ones make room beyond it
 
 
 def is_own_task(task_id: Any) -> bool:
@@ -52,13 +57,23 @@ class SamplingTask:
     updated: float = 0.0
     # Once terminal: ("result", CreateMessageResult) or ("error", JSON-RPC error object).
     outcome: tuple[Literal["result", "error"], dict[str, Any]] | None = None
+    # Its place in the session's creation order: a `tasks/list` cursor names the last one listed.
+    number: int = 0
+    # A `tasks/result` was answered with its outcome: past `MAX_TASKS`, it makes room first.
+    fetched: bool = False
 
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL
 
     def expires(self) -> float:
-        return self.created + self.ttl_ms / 1000
+        """When the task may be forgotten: its TTL after its creation, or, for one that ended
+        within `FINISHED_KEPT_MS` of that, as long after its end (its answer, paid for, was
+        forgotten before a server polling every `pollInterval` could see the task had ended)."""
+        end = self.created + self.ttl_ms / 1000
+        if self.terminal:
+            return max(end, self.updated + FINISHED_KEPT_MS / 1000)
+        return end
 
     def wire(self) -> dict[str, Any]:
         """The `Task` object of the spec."""
@@ -87,21 +102,36 @@ class TaskBook:
     ttl_max_ms: int
     clock: Callable[[], float] = time.time
     tasks: dict[str, SamplingTask] = field(default_factory=dict)
+    created_count: int = 0
 
     def create(self, requested_ttl: Any) -> tuple[SamplingTask, list[SamplingTask]]:
         """A new working task, and the tasks forgotten to make room (still working ones among them
         must be stopped by the caller)."""
         evicted = self.expire()
         now = self.clock()
+        self.created_count += 1
         task = SamplingTask(
-            TASK_ID_PREFIX + secrets.token_urlsafe(16), now, self.granted_ttl(requested_ttl), updated=now
+            TASK_ID_PREFIX + secrets.token_urlsafe(16),
+            now,
+            self.granted_ttl(requested_ttl),
+            updated=now,
+            number=self.created_count,
         )
         if len(self.tasks) >= MAX_TASKS:
-            finished = next((t for t in self.tasks.values() if t.terminal), None)
-            oldest = finished if finished is not None else next(iter(self.tasks.values()))
-            evicted.append(self.tasks.pop(oldest.task_id))
+            evicted.append(self.tasks.pop(self._least_needed().task_id))
         self.tasks[task.task_id] = task
         return task, evicted
+
+    def _least_needed(self) -> SamplingTask:
+        """The task to drop for a new one past `MAX_TASKS`: the oldest whose answer the server has
+        fetched, else the oldest finished one (its answer, paid for, never fetched), else the oldest."""
+        finished = None
+        for task in self.tasks.values():  # in creation order
+            if task.terminal and task.fetched:
+                return task
+            if task.terminal and finished is None:
+                finished = task
+        return finished if finished is not None else next(iter(self.tasks.values()))
 
     def granted_ttl(self, requested: Any) -> int:
         """The TTL a task gets (ms): the server's request within the cap, whole milliseconds rounded
@@ -146,16 +176,29 @@ class TaskBook:
         return task
 
     def page(self, cursor: Any) -> tuple[list[SamplingTask], str | None]:
-        """One `tasks/list` page after `cursor` (the last task id of the previous page), and the
-        next cursor if more follow."""
+        """One `tasks/list` page after `cursor`, and the next cursor if more follow. A cursor names
+        a place in the creation order, not a task: it stays good when the last task of its page
+        expires, or is dropped, before the next page is asked for (that task's id, the cursor it
+        used to be, then failed as invalid)."""
         self.expire()
-        ordered = list(self.tasks.values())
-        start = 0
+        after = 0
         if cursor is not None:
-            ids = [task.task_id for task in ordered]
-            if not isinstance(cursor, str) or cursor not in ids:
-                raise TaskError("Invalid cursor for tasks/list")
-            start = ids.index(cursor) + 1
-        chunk = ordered[start : start + PAGE_SIZE]
-        more = start + PAGE_SIZE < len(ordered)
-        return chunk, chunk[-1].task_id if more and chunk else None
+            after = self._cursor_place(cursor)
+        chunk: list[SamplingTask] = []
+        more = False
+        for task in self.tasks.values():  # in creation order
+            if task.number <= after:
+                continue
+            if len(chunk) == PAGE_SIZE:
+                more = True
+                break
+            chunk.append(task)
+        return chunk, f"{CURSOR_PREFIX}{chunk[-1].number}" if more else None
+
+    def _cursor_place(self, cursor: Any) -> int:
+        """The creation number a cursor this book gave names; raises `TaskError` for any other."""
+        digits = cursor.removeprefix(CURSOR_PREFIX) if isinstance(cursor, str) else ""
+        well_formed = digits != cursor and 0 < len(digits) <= 20 and digits.isascii() and digits.isdigit()
+        if not well_formed or not 0 < int(digits) <= self.created_count:
+            raise TaskError("Invalid cursor for tasks/list")
+        return int(digits)

@@ -134,6 +134,23 @@ class SamplingTasks:
             assert self._tg is not None
             self._tg.start_soon(self._announce, task)
 
+    def end_session(self) -> None:
+        """The client began a new session (`initialize` again): the tasks of the one before are
+        cancelled (their Claude calls stopped, and charged) and forgotten. Its server (over an HTTP
+        upstream, a session already deleted) can no longer fetch them, and the new one must not
+        see them. A `tasks/result` still waiting gets the cancellation error."""
+        if not self.book.tasks:
+            return
+        message = "The session the task was made in ended: the client began a new one"
+        error = {"code": protocol.REQUEST_CANCELLED, "message": message}
+        for task in self.book.tasks.values():
+            if self.book.finish(task, "cancelled", ("error", error), message + "."):
+                scope = self._scopes.get(task.task_id)
+                if scope is not None:
+                    scope.cancel()
+        log.info("client began a new session; its earlier sampling tasks are cancelled and forgotten")
+        self.book.tasks.clear()
+
     def _forget(self, tasks: list[SamplingTask]) -> None:
         """Tasks dropped from the book: a working one's Claude call is stopped."""
         for task in tasks:
@@ -214,6 +231,7 @@ class SamplingTasks:
             if scope.cancelled_caught:
                 return  # the server cancelled its tasks/result: it expects no answer
         assert task.outcome is not None
+        task.fetched = True
         kind, body = task.outcome
         if kind == "error":
             reply = jsonrpc.error_response(request_id, body["code"], body["message"], body.get("data"))
