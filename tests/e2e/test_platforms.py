@@ -270,15 +270,19 @@ def aws_role_env(fake: FakeClaude, where: Path) -> dict[str, str]:
     }
 
 
-async def test_an_aws_credentials_endpoint_briefly_unreachable_is_retried_and_charged_nothing(
-    fake_claude: FakeClaude, tmp_path: Path
+@pytest.mark.parametrize("outage", ["sts_outages", "sts_unavailable"])
+async def test_an_aws_credentials_service_briefly_out_is_retried_and_charged_nothing(
+    fake_claude: FakeClaude, tmp_path: Path, outage: str
 ) -> None:
-    """boto3 could not reach STS for the role's credentials (botocore's `ConnectionClosedError`),
-    nothing was sent to Claude: the sampling request failed at once as "the client could not make
-    the call". It is retried like a connection the API refused, and that attempt is charged nothing."""
+    """boto3 could not reach STS for the role's credentials (`sts_outages`: botocore's
+    `ConnectionClosedError`), or STS answered `503 ServiceUnavailable` (`sts_unavailable`: its
+    `ClientError`); nothing was sent to Claude, and the sampling request failed at once as "the
+    client could not make the call", where Google's token endpoint answering a 5xx, and the Claude
+    API's own 503, are retried. It is retried like them, and the attempt that never reached Claude
+    is charged nothing."""
     pytest.importorskip("boto3")
     fake_claude.enqueue(text_reply("answered after the role's credentials came"))
-    fake_claude.sts_outages = 1
+    setattr(fake_claude, outage, 1)
     audit = tmp_path / "audit.jsonl"
     options = ("--provider", "bedrock", "--audit-log", str(audit), "--retry-base-delay", "0.01")
     async with echo_session(None, *options, env=aws_role_env(fake_claude, tmp_path)) as session:
@@ -290,30 +294,6 @@ async def test_an_aws_credentials_endpoint_briefly_unreachable_is_retried_and_ch
     assert len(fake_claude.sts_requests) == 2
     [request] = fake_claude.platform_requests
     assert request.headers["x-amz-security-token"] == fake_claude.sts_credentials[2]
-    [entry] = [json.loads(line) for line in audit.read_text().splitlines()]
-    assert entry["charged"] == entry["usage"], entry  # that call only
-
-
-async def test_an_aws_credentials_service_that_is_briefly_unavailable_is_retried_and_charged_nothing(
-    fake_claude: FakeClaude, tmp_path: Path
-) -> None:
-    """STS answered `503 ServiceUnavailable` for the role's credentials (botocore's `ClientError`):
-    the sampling request failed at once as "the client could not make the call", where Google's
-    token endpoint answering a 5xx, and the Claude API's own 503, are retried. It is retried like
-    them, and the attempt that never reached Claude is charged nothing."""
-    pytest.importorskip("boto3")
-    fake_claude.enqueue(text_reply("answered after STS came back"))
-    fake_claude.sts_unavailable = 1
-    audit = tmp_path / "audit.jsonl"
-    options = ("--provider", "bedrock", "--audit-log", str(audit), "--retry-base-delay", "0.01")
-    async with echo_session(None, *options, env=aws_role_env(fake_claude, tmp_path)) as session:
-        answer = await ask_sampling(session)
-        await session.close_stdin()
-        await session.wait(30)
-    content = answer.get("result", {}).get("content")
-    assert content == {"type": "text", "text": "answered after STS came back"}, answer
-    assert len(fake_claude.sts_requests) == 2
-    assert len(fake_claude.platform_requests) == 1
     [entry] = [json.loads(line) for line in audit.read_text().splitlines()]
     assert entry["charged"] == entry["usage"], entry  # that call only
 
