@@ -156,13 +156,15 @@ async def test_endless_request_headers_are_cut_off_at_the_head_limit() -> None:
         async with stream:
             await stream.send(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             with anyio.fail_after(CLOSE_WITHIN), contextlib.suppress(*CLOSED):
-                while sent < 4 * 1024 * 1024:  # far past the limit: closed long before
+                while sent < 64 * 1024 * 1024:  # far past the limit: closed long before
                     await stream.send(b"X-Filler: " + b"a" * 1000 + b"\r\n")
                     sent += 1012
                 await stream.receive()
         async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http:
             assert (await http.get(f"{sidecar.base}/healthz")).status_code == 200
-    assert sent < 4 * 1024 * 1024
+    # Closed, not read on without end. (What the client got to send first is no measure of when:
+    # loopback's buffers take tens of MiB while a sidecar on a loaded machine reads its first 64 KiB.)
+    assert sent < 64 * 1024 * 1024
     assert "request headers over the size limit" in sidecar.stderr()
 
 
@@ -365,7 +367,9 @@ async def test_a_request_pipelined_behind_one_in_flight_gets_the_head_limit_too(
                     sent += 4 * 16384
                 await stream.receive()
         assert (await http.get(f"{sidecar.base}/healthz")).status_code == 200
-    assert sent < 4 * 1024 * 1024
+    # Closed, not read on without end. (What the client got to send first is no measure of when:
+    # loopback's buffers take tens of MiB while a sidecar on a loaded machine reads its first 64 KiB.)
+    assert sent < 64 * 1024 * 1024
     assert "request headers over the size limit" in sidecar.stderr()
 
 
