@@ -571,18 +571,29 @@ async def test_user_credentials_with_the_project_set_log_no_warning_that_none_wa
     assert "No project ID could be determined" not in log, log
 
 
-async def test_a_token_endpoint_briefly_unreachable_is_retried_and_charged_nothing(
-    fake_claude: FakeClaude, tmp_path: Path
+@pytest.mark.parametrize(
+    ("outage", "credentials"),
+    [("oauth_outages", "service_account"), ("oauth_unavailable", "workforce_user")],
+)
+async def test_a_token_endpoint_briefly_out_is_retried_and_charged_nothing(
+    fake_claude: FakeClaude, tmp_path: Path, outage: str, credentials: str
 ) -> None:
-    """google-auth could not reach the token endpoint (`TransportError`), nothing was sent to
-    Claude: the sampling request failed at once as "the client could not make the call", where a
-    connection refused by the API itself is retried. It is retried like that, and the attempt that
-    never reached the API is charged nothing."""
+    """google-auth could not reach the token endpoint (`oauth_outages`: its `TransportError`), or
+    the token endpoint of user (or workload identity) credentials answered `503 UNAVAILABLE`
+    (`oauth_unavailable`: google-auth's `OAuthError`, which says nothing of a retry). Nothing was
+    sent to Claude, and the sampling request failed at once as "the client could not make the
+    call", where a connection refused by the API itself is retried. It is retried like that, and the
+    attempt that never reached the API is charged nothing."""
     fake_claude.enqueue(text_reply("answered after the token came"))
     fake_claude.api_key = fake_claude.oauth_token
-    fake_claude.oauth_outages = 1
+    setattr(fake_claude, outage, 1)
     audit = tmp_path / "audit.jsonl"
-    env = adc_env(fake_claude, tmp_path, fake_claude.service_account_info("proj-42"))
+    info = (
+        fake_claude.service_account_info("proj-42")
+        if credentials == "service_account"
+        else fake_claude.workforce_user_info()
+    )
+    env = adc_env(fake_claude, tmp_path, info)
     env["ANTHROPIC_VERTEX_PROJECT_ID"] = "proj-42"
     options = ("--provider", "vertex", "--audit-log", str(audit), "--retry-base-delay", "0.01")
     async with echo_session(None, *options, env=env) as session:
@@ -594,32 +605,6 @@ async def test_a_token_endpoint_briefly_unreachable_is_retried_and_charged_nothi
     assert len(fake_claude.token_requests) == 2
     [request] = fake_claude.platform_requests
     assert request.headers["authorization"] == f"Bearer {fake_claude.oauth_token}"
-    [entry] = [json.loads(line) for line in audit.read_text().splitlines()]
-    assert sum(entry["charged"].values()) == fake_claude.served_tokens() > 0, entry  # that call only
-
-
-async def test_a_token_endpoint_briefly_unavailable_for_user_credentials_is_retried(
-    fake_claude: FakeClaude, tmp_path: Path
-) -> None:
-    """The token endpoint of user (or workload identity) credentials answered `503 UNAVAILABLE`:
-    google-auth raises `OAuthError` for these, which says nothing of a retry, so the sampling request
-    failed at once as "the client could not make the call", where a service account's refresh
-    answered so is retried. It is retried like that, and charged nothing for the failed attempt."""
-    fake_claude.enqueue(text_reply("answered after the token came"))
-    fake_claude.api_key = fake_claude.oauth_token
-    fake_claude.oauth_unavailable = 1
-    audit = tmp_path / "audit.jsonl"
-    env = adc_env(fake_claude, tmp_path, fake_claude.workforce_user_info())
-    env["ANTHROPIC_VERTEX_PROJECT_ID"] = "proj-42"
-    options = ("--provider", "vertex", "--audit-log", str(audit), "--retry-base-delay", "0.01")
-    async with echo_session(None, *options, env=env) as session:
-        answer = await ask_sampling(session)
-        await session.close_stdin()
-        await session.wait(30)
-    content = answer.get("result", {}).get("content")
-    assert content == {"type": "text", "text": "answered after the token came"}, answer
-    assert len(fake_claude.token_requests) == 2
-    assert len(fake_claude.platform_requests) == 1
     [entry] = [json.loads(line) for line in audit.read_text().splitlines()]
     assert sum(entry["charged"].values()) == fake_claude.served_tokens() > 0, entry  # that call only
 
