@@ -355,3 +355,29 @@ async def test_a_retry_nothing_was_heard_of_is_charged_the_input_the_call_is_kno
     assert tokens["output_tokens"] == 2 * 100
     assert tokens["input_tokens"] + tokens["cache_read_input_tokens"] == 2 * 5000
     assert sampler.spend.budget.used == 2 * 5100
+
+
+async def test_the_warm_up_converts_a_canned_request_both_ways_and_charges_nothing() -> None:
+    provider = Scripted()  # asked for nothing: a call would pop from an empty script
+    sampler, observer = sampler_for(provider, budget=(Allowance(100_000),))
+    result = sampler.convert_once()
+    # The canned request and answer stay valid as the checks evolve: with tools both ways, so that
+    # the warm-up runs what a request with tools runs (else it would warm up nothing, silently).
+    assert result["stopReason"] == "toolUse"
+    assert [block["type"] for block in result["content"]] == ["text", "tool_use"]
+    await sampler.warm_up()
+    assert provider.requests == []
+    assert observer.seen == []
+    assert sampler.spend.budget.used == 0
+
+
+async def test_a_warm_up_refused_by_the_operators_limits_is_no_error() -> None:
+    limits = replace(assembly.sampler_settings(CONFIG).limits, max_tools=0)
+    sampler = Sampler(
+        Scripted(),
+        replace(assembly.sampler_settings(CONFIG), limits=limits),
+        spend=Spend(replace(SPEND, rate_limit=0)),
+    )
+    with pytest.raises(SamplingError):
+        sampler.convert_once()
+    await sampler.warm_up()  # the first request meets the limit, as it would have anyway

@@ -40,6 +40,31 @@ log = get_logger("sampler")
 # Claude pauses long server-tool turns with `pause_turn`; the turn is handed back to continue it.
 MAX_PAUSE_CONTINUATIONS = 3
 
+# What the warm-up converts both ways once, nothing sent: the first run of the checks and the
+# conversion costs about 0.25 ms more than later ones (caches filled, code specialised), which the
+# first sampling answer would otherwise pay (benchmarks/README.md, the twenty-seventh round).
+_WARM_UP_REQUEST: dict[str, Any] = {
+    "messages": [
+        {"role": "user", "content": {"type": "text", "text": "warm-up"}},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "w1", "name": "t", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "toolUseId": "w1", "content": []}]},
+    ],
+    "systemPrompt": "warm-up",
+    "maxTokens": 1,
+    "modelPreferences": {"hints": [{"name": "sonnet"}], "intelligencePriority": 0.5},
+    "tools": [{"name": "t", "description": "warm-up", "inputSchema": {"type": "object"}}],
+    "toolChoice": {"mode": "auto"},
+}
+_WARM_UP_ANSWER: dict[str, Any] = {
+    "role": "assistant",
+    "content": [
+        {"type": "text", "text": "warm-up"},
+        {"type": "tool_use", "id": "w2", "name": "t", "input": {}},
+    ],
+    "stop_reason": "tool_use",
+    "usage": {"input_tokens": 1, "output_tokens": 1},
+}
+
 
 @dataclass(frozen=True)
 class SamplerSettings:
@@ -118,6 +143,7 @@ class Sampler:
         self.spend = spend
         self.audit = audit
         self.observer = observer
+        self._converted = False
 
     async def sample(
         self,
@@ -192,12 +218,31 @@ class Sampler:
 
     async def warm_up(self) -> None:
         """Get the provider ready ahead of the first request (importing its SDK, if it waits for
-        that); a failure here is left for the first request to meet."""
+        that), then run a canned request's checks and conversions both ways once (nothing is sent,
+        charged or reported); a failure here is left for the first request to meet."""
         if isinstance(self.provider, WarmsUp):
             try:
                 await self.provider.warm_up()
             except Exception:
                 log.debug("provider warm-up failed; the first request builds it again", exc_info=True)
+        if not self._converted:
+            self._converted = True
+            try:
+                self.convert_once()
+            except Exception as exc:  # an optimisation only (a limit may refuse the canned request)
+                log.debug("warming up the conversion failed", extra={"error": repr(exc)})
+
+    def convert_once(self) -> dict[str, Any]:
+        """What a request's checks and conversions make of `_WARM_UP_REQUEST` and `_WARM_UP_ANSWER`
+        (the `CreateMessageResult`); raises `SamplingError` where this proxy's limits refuse it."""
+        params = _WARM_UP_REQUEST
+        check_request(params, self.settings.limits)
+        claude_request = to_claude_request(params, self.settings.conversion)
+        model = self._model(params)
+        reservation_for(dict(claude_request.kwargs, model=model))
+        answer = dict(_WARM_UP_ANSWER, usage=normalize_usage(_WARM_UP_ANSWER["usage"]))
+        check_response(answer, self.settings.limits)
+        return to_mcp_result(answer, claude_request, model=model)
 
     def _model(self, params: dict[str, Any]) -> str:
         return select_model(
