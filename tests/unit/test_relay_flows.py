@@ -1711,3 +1711,40 @@ async def test_a_sampling_task_the_clients_cancel_cuts_while_the_user_is_asked_i
     [line] = [json.loads(text) for text in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert (line["outcome"], line["calls"], line["charged"]) == ("refused", 0, None), line
     assert line["error"]["code"] == protocol.REQUEST_CANCELLED
+
+
+async def test_a_task_augmented_request_the_server_cancels_before_its_task_is_sent_samples_nothing() -> None:
+    """The server cancelled its task-augmented sampling request while the proxy's answer (the task)
+    had yet to go out: its upstream input was full. It has no task id to `tasks/cancel`, so its
+    `notifications/cancelled` (the TypeScript SDK's on a timeout or an abort) is all it can send;
+    the proxy dropped it as the cancel of a request already answered, and once the task had gone
+    out ran its Claude call (billed) for an answer the server had given up on."""
+    provider = CountingProvider()
+    async with relayed(provider) as r:
+        await r.client.send(request(1, "initialize", initialize({})))
+        await r.server.recv()
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        for n in range(100):  # the server's input fills up: it reads nothing for now
+            await r.client.send(request(f"p{n}", "ping"))
+        await anyio.wait_all_tasks_blocked()
+        await r.server.send(sampling_request(7, {**HELLO, "task": {"ttl": 60000}}))
+        await anyio.wait_all_tasks_blocked()  # the task waits to go out
+        await r.server.send({"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 7}})
+        await anyio.wait_all_tasks_blocked()
+        for _ in range(100):
+            await r.server.recv()
+        await r.server.send(request(8, "ping"))
+        assert await r.client.recv() == request(8, "ping")
+        await anyio.wait_all_tasks_blocked()
+        assert provider.calls == 0
+        assert not r.relay.tasks.book.tasks
+        assert not any(m.get("method") == protocol.TASKS_STATUS for m in await drained(r.server))
+
+
+async def drained(peer: Peer) -> list[Any]:
+    """What `peer` has been sent and not read yet."""
+    messages = []
+    while not peer.nothing_waiting():
+        messages.append(await peer.recv())
+    return messages

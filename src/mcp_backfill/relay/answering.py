@@ -248,8 +248,11 @@ class Answerer:
         """`sample()` once the user has allowed the request (a sampling task's way). A task
         cancelled while the user's approval is awaited (`tasks/cancel`, its expiry, the session's
         end) is reported as cancelled, charged nothing; one the client's cancel cut (`cut()`: the
-        refusal, -32800) as refused with that error, as a plain sampling request cut then."""
+        refusal, -32800) as refused with that error, as a plain sampling request cut then. One
+        cancelled before it began (the server cancelled the request before its task was sent) is
+        reported so too: asking no user (`--approve off`) has no wait for the cancel to land on."""
         try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
             await self._approved(params, request_id, related)
         except anyio.get_cancelled_exc_class():
             refusal = cut()

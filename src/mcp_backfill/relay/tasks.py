@@ -57,6 +57,8 @@ class SamplingTasks:
         self._related: dict[str, jsonrpc.IdKey] = {}  # working tasks' client requests, when known
         self._cut: dict[str, str] = {}  # working tasks the client's cancel cut: the refusal
         self._waiting: dict[jsonrpc.IdKey, anyio.CancelScope] = {}  # tasks/result requests waiting
+        # Task-augmented requests whose task has yet to be sent: their ids, to their tasks' ids.
+        self._creating: dict[jsonrpc.IdKey, str] = {}
         self._client_lists: set[jsonrpc.IdKey] = set()  # tasks/list requests the client answers
         self._tg: TaskGroup | None = None
 
@@ -77,6 +79,7 @@ class SamplingTasks:
         self._done[task.task_id] = anyio.Event()
         if related is not None:
             self._related[task.task_id] = jsonrpc.id_key(related)
+        self._creating[jsonrpc.id_key(request_id)] = task.task_id
         log.info("sampling task created", extra={"request_id": request_id, "task_id": task.task_id})
         untasked = {key: value for key, value in params.items() if key != "task"}
         assert self._tg is not None
@@ -90,10 +93,16 @@ class SamplingTasks:
         task: SamplingTask,
         scope: anyio.CancelScope,
     ) -> None:
-        await self._send_upstream(jsonrpc.encode(jsonrpc.result_response(request_id, {"task": task.wire()})))
         finished = False
+        key = jsonrpc.id_key(request_id)
         try:
-            with scope:
+            if self._creating.get(key) == task.task_id:  # not cancelled by the server before it went out
+                await self._send_upstream(
+                    jsonrpc.encode(jsonrpc.result_response(request_id, {"task": task.wire()}))
+                )
+            if self._creating.get(key) == task.task_id:  # not a later request's under the same id
+                del self._creating[key]
+            with scope:  # cancelled already if the server cancelled the request: nothing is sampled
                 try:
                     result = await self._run(params, request_id, related, lambda: self._cut.get(task.task_id))
                     finished = self.book.finish(task, "completed", ("result", result))
@@ -241,15 +250,36 @@ class SamplingTasks:
         await self._send_upstream(jsonrpc.encode(reply))
 
     def waiting(self, request_id: Any) -> bool:
-        """Is `request_id` a `tasks/result` of the server's still waiting for its task?"""
-        return jsonrpc.id_key(request_id) in self._waiting
+        """Is `request_id` a `tasks/result` of the server's still waiting for its task, or a
+        task-augmented request whose task has yet to be sent?"""
+        key = jsonrpc.id_key(request_id)
+        return key in self._waiting or key in self._creating
 
     def cancel_waiting(self, request_id: Any) -> bool:
-        """The server cancelled a `tasks/result` it was waiting on; False if it is not one."""
-        scope = self._waiting.pop(jsonrpc.id_key(request_id), None)  # its id is free again
-        if scope is None:
+        """The server cancelled a `tasks/result` it was waiting on, or a task-augmented request
+        whose task had yet to be sent; False if it is neither."""
+        key = jsonrpc.id_key(request_id)
+        scope = self._waiting.pop(key, None)  # its id is free again
+        if scope is not None:
+            scope.cancel()
+            return True
+        task_id = self._creating.pop(key, None)
+        if task_id is None:
             return False
-        scope.cancel()
+        # The server has no task id to ask `tasks/cancel` with, nor will it look at the task: the
+        # task is forgotten, never announced, and its Claude call never starts (nothing is charged).
+        task = self.book.tasks.pop(task_id, None)
+        if task is not None:
+            message = "The server cancelled the request before its task was sent"
+            error = {"code": protocol.REQUEST_CANCELLED, "message": message}
+            self.book.finish(task, "cancelled", ("error", error), message + ".")
+        scope = self._scopes.get(task_id)
+        if scope is not None:
+            scope.cancel()
+        log.info(
+            "server cancelled a task-augmented sampling request before its task was sent; forgotten",
+            extra={"request_id": request_id, "task_id": task_id},
+        )
         return True
 
     # -- the client's tasks/list -----------------------------------------------------------------
