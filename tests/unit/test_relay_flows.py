@@ -1748,3 +1748,37 @@ async def drained(peer: Peer) -> list[Any]:
     while not peer.nothing_waiting():
         messages.append(await peer.recv())
     return messages
+
+
+async def test_the_server_can_poll_and_cancel_its_tasks_while_the_most_the_proxy_answers_are_working() -> (
+    None
+):
+    """With `ANSWERING_LIMIT` sampling tasks working (long Claude answers: what tasks are for), the
+    relay read nothing more from the upstream until one ended: the server's `tasks/get` polls went
+    unanswered (its SDK's request timeout failed them) and its `tasks/cancel` could not stop a call.
+    Those are answered at once, without the upstream being read any faster than they are answered.
+    (As many wait with `--max-waiting-sampling` raised, or with the user asked to approve each.)"""
+    provider = GatedProvider()
+    async with relayed(provider=provider, rate_limit=0, max_waiting_sampling=ANSWERING_LIMIT) as r:
+        await r.client.send(request(1, "initialize", initialize({})))
+        await r.server.recv()
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        tasks = []
+        for n in range(ANSWERING_LIMIT):
+            await r.server.send(sampling_request(f"t{n}", {**HELLO, "task": {"ttl": 600_000}}))
+            tasks.append((await r.server.recv())["result"]["task"]["taskId"])
+        await anyio.wait_all_tasks_blocked()
+        assert r.relay.answerer.hand.full
+        try:
+            await r.server.send(request("get", protocol.TASKS_GET, {"taskId": tasks[0]}))
+            got = await r.server.recv()
+            assert (got["id"], got["result"]["status"]) == ("get", "working")
+            await r.server.send(request("list", protocol.TASKS_LIST, {}))
+            assert len((await r.server.recv())["result"]["tasks"]) == 50
+            await r.server.send(request("cancel", protocol.TASKS_CANCEL, {"taskId": tasks[1]}))
+            answers = [await r.server.recv(), await r.server.recv()]  # and its status notification
+            [cancelled] = [m for m in answers if m.get("id") == "cancel"]
+            assert cancelled["result"]["status"] == "cancelled"
+        finally:
+            provider.gate.set()

@@ -43,8 +43,9 @@ async def _always(params: dict[str, Any], related: Any) -> None:
 
 
 class InHand:
-    """The server's requests a session answers itself (sampling, sampling tasks, their `tasks/*`,
-    refusals), each counted from the moment it is read until its answer is sent.
+    """The server's requests a session answers itself (sampling, sampling tasks, their `tasks/result`,
+    refusals), each counted from the moment it is read until its answer is sent. (The other
+    `tasks/*` about the proxy's tasks are answered at once, in order, and read on past the limit.)
 
     The relay reads nothing more from the upstream while `ANSWERING_LIMIT` are in hand (`room()`):
     each holds its params, and an upstream writing requests faster than they are answered, or not

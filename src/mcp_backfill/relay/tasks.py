@@ -60,6 +60,7 @@ class SamplingTasks:
         # Task-augmented requests whose task has yet to be sent: their ids, to their tasks' ids.
         self._creating: dict[jsonrpc.IdKey, str] = {}
         self._client_lists: set[jsonrpc.IdKey] = set()  # tasks/list requests the client answers
+        self._replies: list[bytes] = []  # answers ready for the upstream (`take_replies`)
         self._tg: TaskGroup | None = None
 
     def start(self, task_group: TaskGroup) -> None:
@@ -177,17 +178,37 @@ class SamplingTasks:
     def take_request(
         self, message: dict[str, Any], method: str, params: dict[str, Any], client: ClientProfile
     ) -> dict[str, Any] | None:
-        """One of the server's `tasks/*` requests: None when the proxy answers it (in the
-        background: tasks/result waits), else the message, for the client."""
+        """One of the server's `tasks/*` requests: None when the proxy answers it, else the message,
+        for the client. A `tasks/result` is answered in the background (it waits for its task);
+        the others' answers are ready at once, for the relay to send (`take_replies`), so that none
+        waits for room among the requests in hand (those may all be Claude calls of long tasks)."""
         mine = self.answers(method, params, client)
         if not mine:
             if method == protocol.TASKS_LIST:  # the proxy's tasks join the client's last page
                 self._client_lists.add(jsonrpc.id_key(message["id"]))
             return message
         self._forget(self.book.expire())
-        assert self._tg is not None
-        self._hand.start(self._tg, self._answer, message["id"], method, params)
+        if method == protocol.TASKS_RESULT:
+            assert self._tg is not None
+            self._hand.start(self._tg, self._fetch, message["id"], params)
+            return None
+        try:
+            reply = jsonrpc.result_response(message["id"], self._now(method, params))
+        except TaskError as exc:
+            reply = jsonrpc.error_response(message["id"], protocol.INVALID_PARAMS, str(exc))
+        self._replies.append(jsonrpc.encode(reply))
         return None
+
+    def take_replies(self) -> list[bytes]:
+        """The answers to the server's `tasks/get`, `tasks/list` and `tasks/cancel` taken since the
+        last call, for the upstream, in order."""
+        replies, self._replies = self._replies, []
+        return replies
+
+    @staticmethod
+    def answers_at_once(method: str, params: dict[str, Any], client: ClientProfile) -> bool:
+        """Is the server's `tasks/*` request the proxy's to answer at once (not a `tasks/result`)?"""
+        return method != protocol.TASKS_RESULT and SamplingTasks.answers(method, params, client)
 
     @staticmethod
     def answers(method: str, params: dict[str, Any], client: ClientProfile) -> bool:
@@ -196,15 +217,15 @@ class SamplingTasks:
             return not client.lists_tasks()
         return is_own_task(params.get("taskId")) or client.tasks is None
 
-    async def _answer(self, request_id: Any, method: str, params: dict[str, Any]) -> None:
+    async def _fetch(self, request_id: Any, params: dict[str, Any]) -> None:
+        """`tasks/result`, in the background (see `_result`)."""
         try:
-            if method == protocol.TASKS_RESULT:
-                await self._result(request_id, self.book.get(params.get("taskId")))
-                return
-            reply = jsonrpc.result_response(request_id, self._now(method, params))
+            task = self.book.get(params.get("taskId"))
         except TaskError as exc:
             reply = jsonrpc.error_response(request_id, protocol.INVALID_PARAMS, str(exc))
-        await self._send_upstream(jsonrpc.encode(reply))
+            await self._send_upstream(jsonrpc.encode(reply))
+            return
+        await self._result(request_id, task)
 
     def _now(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """The answer to `tasks/get`, `tasks/list` or `tasks/cancel`; raises `TaskError`."""
