@@ -1782,3 +1782,27 @@ async def test_the_server_can_poll_and_cancel_its_tasks_while_the_most_the_proxy
             assert cancelled["result"]["status"] == "cancelled"
         finally:
             provider.gate.set()
+
+
+async def test_a_new_session_the_proxy_declares_no_tasks_for_has_none() -> None:
+    """The client began a new session (`initialize` again), now able to sample with tools: the
+    proxy passed its capabilities on untouched, declaring no tasks, but still took the session for
+    one it had declared them in (as the first one). A task-augmented sampling request was answered
+    by the proxy (a Claude call, billed) instead of going to the client that samples itself."""
+    provider = CountingProvider()
+    async with relayed(provider) as r:
+        await r.client.send(request(1, "initialize", initialize({})))
+        assert (await r.server.recv())["params"]["capabilities"]["tasks"] == SAMPLING_TASKS
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        sampling: dict[str, Any] = {"sampling": {"tools": {}}}
+        await r.client.send(request(2, "initialize", initialize(sampling)))
+        assert (await r.server.recv())["params"]["capabilities"] == sampling
+        await r.server.send(result(2, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        await r.server.send(sampling_request(7, {**HELLO, "task": {"ttl": 60000}}))
+        assert (await r.client.recv())["id"] == 7  # the client's, as it would be in a first session
+        await r.server.send(request(8, protocol.TASKS_GET, {"taskId": "the-clients"}))
+        assert (await r.client.recv())["id"] == 8
+        assert provider.calls == 0
+        assert r.server.nothing_waiting()

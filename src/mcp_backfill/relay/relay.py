@@ -485,6 +485,7 @@ class Relay:
         if self._initialized:  # a new session of the client's: the tasks of the last one end
             self.tasks.end_session()
         self._initialized = True
+        self.state.declares_tasks = False  # until declared for this session (not the last one's)
         params = message.get("params")
         params = params if isinstance(params, dict) else {}
         capabilities = params.get("capabilities")
