@@ -1711,3 +1711,98 @@ async def test_a_sampling_task_the_clients_cancel_cuts_while_the_user_is_asked_i
     [line] = [json.loads(text) for text in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert (line["outcome"], line["calls"], line["charged"]) == ("refused", 0, None), line
     assert line["error"]["code"] == protocol.REQUEST_CANCELLED
+
+
+async def test_a_task_augmented_request_the_server_cancels_before_its_task_is_sent_samples_nothing() -> None:
+    """The server cancelled its task-augmented sampling request while the proxy's answer (the task)
+    had yet to go out: its upstream input was full. It has no task id to `tasks/cancel`, so its
+    `notifications/cancelled` (the TypeScript SDK's on a timeout or an abort) is all it can send;
+    the proxy dropped it as the cancel of a request already answered, and once the task had gone
+    out ran its Claude call (billed) for an answer the server had given up on."""
+    provider = CountingProvider()
+    async with relayed(provider) as r:
+        await r.client.send(request(1, "initialize", initialize({})))
+        await r.server.recv()
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        for n in range(100):  # the server's input fills up: it reads nothing for now
+            await r.client.send(request(f"p{n}", "ping"))
+        await anyio.wait_all_tasks_blocked()
+        await r.server.send(sampling_request(7, {**HELLO, "task": {"ttl": 60000}}))
+        await anyio.wait_all_tasks_blocked()  # the task waits to go out
+        await r.server.send({"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 7}})
+        await anyio.wait_all_tasks_blocked()
+        for _ in range(100):
+            await r.server.recv()
+        await r.server.send(request(8, "ping"))
+        assert await r.client.recv() == request(8, "ping")
+        await anyio.wait_all_tasks_blocked()
+        assert provider.calls == 0
+        assert not r.relay.tasks.book.tasks
+        assert not any(m.get("method") == protocol.TASKS_STATUS for m in await drained(r.server))
+
+
+async def drained(peer: Peer) -> list[Any]:
+    """What `peer` has been sent and not read yet."""
+    messages = []
+    while not peer.nothing_waiting():
+        messages.append(await peer.recv())
+    return messages
+
+
+async def test_the_server_can_poll_and_cancel_its_tasks_while_the_most_the_proxy_answers_are_working() -> (
+    None
+):
+    """With `ANSWERING_LIMIT` sampling tasks working (long Claude answers: what tasks are for), the
+    relay read nothing more from the upstream until one ended: the server's `tasks/get` polls went
+    unanswered (its SDK's request timeout failed them) and its `tasks/cancel` could not stop a call.
+    Those are answered at once, without the upstream being read any faster than they are answered.
+    (As many wait with `--max-waiting-sampling` raised, or with the user asked to approve each.)"""
+    provider = GatedProvider()
+    async with relayed(provider=provider, rate_limit=0, max_waiting_sampling=ANSWERING_LIMIT) as r:
+        await r.client.send(request(1, "initialize", initialize({})))
+        await r.server.recv()
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        tasks = []
+        for n in range(ANSWERING_LIMIT):
+            await r.server.send(sampling_request(f"t{n}", {**HELLO, "task": {"ttl": 600_000}}))
+            tasks.append((await r.server.recv())["result"]["task"]["taskId"])
+        await anyio.wait_all_tasks_blocked()
+        assert r.relay.answerer.hand.full
+        try:
+            await r.server.send(request("get", protocol.TASKS_GET, {"taskId": tasks[0]}))
+            got = await r.server.recv()
+            assert (got["id"], got["result"]["status"]) == ("get", "working")
+            await r.server.send(request("list", protocol.TASKS_LIST, {}))
+            assert len((await r.server.recv())["result"]["tasks"]) == 50
+            await r.server.send(request("cancel", protocol.TASKS_CANCEL, {"taskId": tasks[1]}))
+            answers = [await r.server.recv(), await r.server.recv()]  # and its status notification
+            [cancelled] = [m for m in answers if m.get("id") == "cancel"]
+            assert cancelled["result"]["status"] == "cancelled"
+        finally:
+            provider.gate.set()
+
+
+async def test_a_new_session_the_proxy_declares_no_tasks_for_has_none() -> None:
+    """The client began a new session (`initialize` again), now able to sample with tools: the
+    proxy passed its capabilities on untouched, declaring no tasks, but still took the session for
+    one it had declared them in (as the first one). A task-augmented sampling request was answered
+    by the proxy (a Claude call, billed) instead of going to the client that samples itself."""
+    provider = CountingProvider()
+    async with relayed(provider) as r:
+        await r.client.send(request(1, "initialize", initialize({})))
+        assert (await r.server.recv())["params"]["capabilities"]["tasks"] == SAMPLING_TASKS
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        sampling: dict[str, Any] = {"sampling": {"tools": {}}}
+        await r.client.send(request(2, "initialize", initialize(sampling)))
+        assert (await r.server.recv())["params"]["capabilities"] == sampling
+        await r.server.send(result(2, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        await r.server.send(sampling_request(7, {**HELLO, "task": {"ttl": 60000}}))
+        assert (await r.client.recv())["id"] == 7  # the client's, as it would be in a first session
+        await r.server.send(request(8, protocol.TASKS_GET, {"taskId": "the-clients"}))
+        assert (await r.client.recv())["id"] == 8
+        assert provider.calls == 0
+        assert r.server.nothing_waiting()

@@ -43,8 +43,9 @@ async def _always(params: dict[str, Any], related: Any) -> None:
 
 
 class InHand:
-    """The server's requests a session answers itself (sampling, sampling tasks, their `tasks/*`,
-    refusals), each counted from the moment it is read until its answer is sent.
+    """The server's requests a session answers itself (sampling, sampling tasks, their `tasks/result`,
+    refusals), each counted from the moment it is read until its answer is sent. (The other
+    `tasks/*` about the proxy's tasks are answered at once, in order, and read on past the limit.)
 
     The relay reads nothing more from the upstream while `ANSWERING_LIMIT` are in hand (`room()`):
     each holds its params, and an upstream writing requests faster than they are answered, or not
@@ -248,8 +249,11 @@ class Answerer:
         """`sample()` once the user has allowed the request (a sampling task's way). A task
         cancelled while the user's approval is awaited (`tasks/cancel`, its expiry, the session's
         end) is reported as cancelled, charged nothing; one the client's cancel cut (`cut()`: the
-        refusal, -32800) as refused with that error, as a plain sampling request cut then."""
+        refusal, -32800) as refused with that error, as a plain sampling request cut then. One
+        cancelled before it began (the server cancelled the request before its task was sent) is
+        reported so too: asking no user (`--approve off`) has no wait for the cancel to land on."""
         try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
             await self._approved(params, request_id, related)
         except anyio.get_cancelled_exc_class():
             refusal = cut()

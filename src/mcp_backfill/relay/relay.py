@@ -251,10 +251,33 @@ class Relay:
             except MessageTooLarge as exc:
                 await self._too_large(exc, from_client=False)
                 continue
-            if self.answerer.hand.full:
+            if self.answerer.hand.full and not self._answered_at_once(raw):
                 await self.answerer.hand.room()  # the upstream's next requests wait: nothing piles up here
             await self._from_upstream(raw, origin)
             del raw  # do not hold a large message while waiting for the next one
+
+    def _answered_at_once(self, raw: bytes) -> bool:
+        """Is `raw` a request the proxy answers at once, adding nothing to the requests in hand: a
+        `tasks/get`, `tasks/list` or `tasks/cancel` about its own tasks? Read on while the most are
+        in hand (a server polls, or cancels, tasks whose Claude calls may run for minutes); as its
+        answer is sent before the next message is read, the upstream is read no faster than it reads."""
+        if not self.state.declares_tasks:
+            return False
+        try:
+            message = jsonrpc.decode(raw)
+        except ValueError:
+            return False
+        if not isinstance(message, dict) or "id" not in message:
+            return False
+        method, params = message.get("method"), message.get("params")
+        return (
+            method in protocol.TASK_METHODS
+            and SamplingTasks.answers_at_once(
+                method, params if isinstance(params, dict) else {}, self.state.client
+            )
+            and not self._answering(message["id"])  # else refused as a duplicate, in hand
+            and not self.state.with_the_client(message["id"])
+        )
 
     async def _too_large(self, exc: MessageTooLarge, *, from_client: bool) -> None:
         """A message was too large to relay: answer for it so that no request waits forever."""
@@ -462,6 +485,7 @@ class Relay:
         if self._initialized:  # a new session of the client's: the tasks of the last one end
             self.tasks.end_session()
         self._initialized = True
+        self.state.declares_tasks = False  # until declared for this session (not the last one's)
         params = message.get("params")
         params = params if isinstance(params, dict) else {}
         capabilities = params.get("capabilities")
@@ -553,14 +577,15 @@ class Relay:
         if self._trace_messages:
             trace_message("from upstream", message, len(raw))
         forwarded = rewrite_each(message, lambda item: self._upstream_item(item, related))
+        replies: list[_Send] = [(True, reply, None) for reply in self.tasks.take_replies()]
         if forwarded is None and message is not None:
-            return self._release_held()
+            return replies + self._release_held()
         if self.traces.enabled:
             self.traces.answered(forwarded, by="server")
         if self._held:
             forwarded = self._merge_held(forwarded)
         sends = [(False, raw if forwarded is message else jsonrpc.encode(forwarded), related)]
-        return sends + self._release_held()
+        return sends + replies + self._release_held()
 
     def _upstream_batch_refused(self, batch: list[Any]) -> list[_Send]:
         """An upstream batch over `--max-batch-messages`, dropped as a whole (going through 300,000

@@ -57,7 +57,10 @@ class SamplingTasks:
         self._related: dict[str, jsonrpc.IdKey] = {}  # working tasks' client requests, when known
         self._cut: dict[str, str] = {}  # working tasks the client's cancel cut: the refusal
         self._waiting: dict[jsonrpc.IdKey, anyio.CancelScope] = {}  # tasks/result requests waiting
+        # Task-augmented requests whose task has yet to be sent: their ids, to their tasks' ids.
+        self._creating: dict[jsonrpc.IdKey, str] = {}
         self._client_lists: set[jsonrpc.IdKey] = set()  # tasks/list requests the client answers
+        self._replies: list[bytes] = []  # answers ready for the upstream (`take_replies`)
         self._tg: TaskGroup | None = None
 
     def start(self, task_group: TaskGroup) -> None:
@@ -77,6 +80,7 @@ class SamplingTasks:
         self._done[task.task_id] = anyio.Event()
         if related is not None:
             self._related[task.task_id] = jsonrpc.id_key(related)
+        self._creating[jsonrpc.id_key(request_id)] = task.task_id
         log.info("sampling task created", extra={"request_id": request_id, "task_id": task.task_id})
         untasked = {key: value for key, value in params.items() if key != "task"}
         assert self._tg is not None
@@ -90,10 +94,16 @@ class SamplingTasks:
         task: SamplingTask,
         scope: anyio.CancelScope,
     ) -> None:
-        await self._send_upstream(jsonrpc.encode(jsonrpc.result_response(request_id, {"task": task.wire()})))
         finished = False
+        key = jsonrpc.id_key(request_id)
         try:
-            with scope:
+            if self._creating.get(key) == task.task_id:  # not cancelled by the server before it went out
+                await self._send_upstream(
+                    jsonrpc.encode(jsonrpc.result_response(request_id, {"task": task.wire()}))
+                )
+            if self._creating.get(key) == task.task_id:  # not a later request's under the same id
+                del self._creating[key]
+            with scope:  # cancelled already if the server cancelled the request: nothing is sampled
                 try:
                     result = await self._run(params, request_id, related, lambda: self._cut.get(task.task_id))
                     finished = self.book.finish(task, "completed", ("result", result))
@@ -168,17 +178,37 @@ class SamplingTasks:
     def take_request(
         self, message: dict[str, Any], method: str, params: dict[str, Any], client: ClientProfile
     ) -> dict[str, Any] | None:
-        """One of the server's `tasks/*` requests: None when the proxy answers it (in the
-        background: tasks/result waits), else the message, for the client."""
+        """One of the server's `tasks/*` requests: None when the proxy answers it, else the message,
+        for the client. A `tasks/result` is answered in the background (it waits for its task);
+        the others' answers are ready at once, for the relay to send (`take_replies`), so that none
+        waits for room among the requests in hand (those may all be Claude calls of long tasks)."""
         mine = self.answers(method, params, client)
         if not mine:
             if method == protocol.TASKS_LIST:  # the proxy's tasks join the client's last page
                 self._client_lists.add(jsonrpc.id_key(message["id"]))
             return message
         self._forget(self.book.expire())
-        assert self._tg is not None
-        self._hand.start(self._tg, self._answer, message["id"], method, params)
+        if method == protocol.TASKS_RESULT:
+            assert self._tg is not None
+            self._hand.start(self._tg, self._fetch, message["id"], params)
+            return None
+        try:
+            reply = jsonrpc.result_response(message["id"], self._now(method, params))
+        except TaskError as exc:
+            reply = jsonrpc.error_response(message["id"], protocol.INVALID_PARAMS, str(exc))
+        self._replies.append(jsonrpc.encode(reply))
         return None
+
+    def take_replies(self) -> list[bytes]:
+        """The answers to the server's `tasks/get`, `tasks/list` and `tasks/cancel` taken since the
+        last call, for the upstream, in order."""
+        replies, self._replies = self._replies, []
+        return replies
+
+    @staticmethod
+    def answers_at_once(method: str, params: dict[str, Any], client: ClientProfile) -> bool:
+        """Is the server's `tasks/*` request the proxy's to answer at once (not a `tasks/result`)?"""
+        return method != protocol.TASKS_RESULT and SamplingTasks.answers(method, params, client)
 
     @staticmethod
     def answers(method: str, params: dict[str, Any], client: ClientProfile) -> bool:
@@ -187,15 +217,15 @@ class SamplingTasks:
             return not client.lists_tasks()
         return is_own_task(params.get("taskId")) or client.tasks is None
 
-    async def _answer(self, request_id: Any, method: str, params: dict[str, Any]) -> None:
+    async def _fetch(self, request_id: Any, params: dict[str, Any]) -> None:
+        """`tasks/result`, in the background (see `_result`)."""
         try:
-            if method == protocol.TASKS_RESULT:
-                await self._result(request_id, self.book.get(params.get("taskId")))
-                return
-            reply = jsonrpc.result_response(request_id, self._now(method, params))
+            task = self.book.get(params.get("taskId"))
         except TaskError as exc:
             reply = jsonrpc.error_response(request_id, protocol.INVALID_PARAMS, str(exc))
-        await self._send_upstream(jsonrpc.encode(reply))
+            await self._send_upstream(jsonrpc.encode(reply))
+            return
+        await self._result(request_id, task)
 
     def _now(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """The answer to `tasks/get`, `tasks/list` or `tasks/cancel`; raises `TaskError`."""
@@ -241,15 +271,36 @@ class SamplingTasks:
         await self._send_upstream(jsonrpc.encode(reply))
 
     def waiting(self, request_id: Any) -> bool:
-        """Is `request_id` a `tasks/result` of the server's still waiting for its task?"""
-        return jsonrpc.id_key(request_id) in self._waiting
+        """Is `request_id` a `tasks/result` of the server's still waiting for its task, or a
+        task-augmented request whose task has yet to be sent?"""
+        key = jsonrpc.id_key(request_id)
+        return key in self._waiting or key in self._creating
 
     def cancel_waiting(self, request_id: Any) -> bool:
-        """The server cancelled a `tasks/result` it was waiting on; False if it is not one."""
-        scope = self._waiting.pop(jsonrpc.id_key(request_id), None)  # its id is free again
-        if scope is None:
+        """The server cancelled a `tasks/result` it was waiting on, or a task-augmented request
+        whose task had yet to be sent; False if it is neither."""
+        key = jsonrpc.id_key(request_id)
+        scope = self._waiting.pop(key, None)  # its id is free again
+        if scope is not None:
+            scope.cancel()
+            return True
+        task_id = self._creating.pop(key, None)
+        if task_id is None:
             return False
-        scope.cancel()
+        # The server has no task id to ask `tasks/cancel` with, nor will it look at the task: the
+        # task is forgotten, never announced, and its Claude call never starts (nothing is charged).
+        task = self.book.tasks.pop(task_id, None)
+        if task is not None:
+            message = "The server cancelled the request before its task was sent"
+            error = {"code": protocol.REQUEST_CANCELLED, "message": message}
+            self.book.finish(task, "cancelled", ("error", error), message + ".")
+        scope = self._scopes.get(task_id)
+        if scope is not None:
+            scope.cancel()
+        log.info(
+            "server cancelled a task-augmented sampling request before its task was sent; forgotten",
+            extra={"request_id": request_id, "task_id": task_id},
+        )
         return True
 
     # -- the client's tasks/list -----------------------------------------------------------------
