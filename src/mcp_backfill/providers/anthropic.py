@@ -18,6 +18,8 @@ import logging
 import re
 import socket
 import time
+import weakref
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, cast
@@ -127,6 +129,7 @@ async def load_vertex_credentials(client: AnyClient) -> None:
     if client.credentials is None or not getattr(client.credentials, "token", None):
         known = client.project_id is not None
         credentials, project = await anyio.to_thread.run_sync(_default_credentials, known)
+        record_signatures(credentials)
         client.credentials = credentials
         if client.project_id is None and project:
             client.project_id = project
@@ -590,6 +593,39 @@ _GOOGLE_CREDENTIAL_SECRETS = ("refresh_token", "client_secret", "_refresh_token"
 _SOURCE_DEPTH = 4
 
 
+# How many of the latest signatures of a service account's key are kept to be redacted (one a refresh,
+# hourly: the last few cover a refusal quoted while the next is made).
+_SIGNATURES_KEPT = 4
+# The signatures each recording signer made, base64url as a JWT carries them (`record_signatures`).
+_SIGNATURES: weakref.WeakKeyDictionary[object, deque[str]] = weakref.WeakKeyDictionary()
+
+
+def record_signatures(credentials: object) -> None:
+    """Have the signers of `credentials` (a service account's private key, and that of the
+    credentials they stand on) keep the signatures they make, for `_held_secrets`: a refresh sends a
+    JWT the key signed (the `assertion`), which stands for the key until it expires, and a token
+    endpoint's refusal may quote it, whole or its signature alone. Only the signer's `sign` is
+    wrapped, on the instance, so google-auth still tells its algorithm by its class."""
+    for _ in range(_SOURCE_DEPTH):
+        if credentials is None:
+            break
+        signer = getattr(credentials, "_signer", None)
+        sign = getattr(signer, "sign", None)
+        if signer is not None and callable(sign) and signer not in _SIGNATURES:
+            made: deque[str] = deque(maxlen=_SIGNATURES_KEPT)
+            _SIGNATURES[signer] = made
+
+            def recording(
+                message: Any, sign: Callable[[Any], bytes] = sign, made: deque[str] = made
+            ) -> bytes:
+                signature = sign(message)
+                made.append(base64.urlsafe_b64encode(signature).rstrip(b"=").decode())
+                return signature
+
+            signer.sign = recording
+        credentials = getattr(credentials, "_source_credentials", None)
+
+
 def _held_secrets(credentials: object) -> tuple[str, ...]:
     """The secrets Google `credentials` hold (also as the `Basic` header they go in), and those of
     the credentials they stand on (`_source_credentials`: an impersonated service account's source,
@@ -602,6 +638,8 @@ def _held_secrets(credentials: object) -> tuple[str, ...]:
         held = (getattr(credentials, name, None) for name in _GOOGLE_CREDENTIAL_SECRETS)
         found.extend(value for value in held if isinstance(value, str) and value)
         found.extend(_basic_credentials(credentials))
+        signer = getattr(credentials, "_signer", None)
+        found.extend(_SIGNATURES.get(signer, ()) if signer is not None else ())
         credentials = getattr(credentials, "_source_credentials", None)
     return tuple(dict.fromkeys(found))
 
