@@ -339,6 +339,17 @@ def test_missing_extras_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
         make_client(platform_config("bedrock"), {})
 
 
+def test_bedrock_without_boto3_names_the_api_key_that_does_without_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """boto3 signs with SigV4 only: without it, a Bedrock API key does (as a ready token does for
+    Vertex without google-auth), and the refusal said only to install the extra."""
+    monkeypatch.setitem(sys.modules, "boto3", None)  # botocore alone installed
+    with pytest.raises(ConfigError, match=r"mcp-backfill\[bedrock\].*AWS_BEARER_TOKEN_BEDROCK"):
+        check_dependencies("bedrock", {})
+    check_dependencies("bedrock", {"AWS_BEARER_TOKEN_BEDROCK": "bedrock-api-key"})
+
+
 def test_vertex_without_google_auth_needs_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "google.auth", None)  # as if the vertex extra were not installed
     with pytest.raises(ConfigError, match=r"mcp-backfill\[vertex\].*MCP_BACKFILL_VERTEX_ACCESS_TOKEN"):
