@@ -161,6 +161,26 @@ async def test_request_faults_are_final(fake_claude: FakeClaude, provider: Anthr
     assert told_not_to.retryable is False
 
 
+async def test_an_error_body_whose_type_and_code_quote_the_key_is_redacted_in_the_errors_data(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    """A gateway's error body quoting the key in its `type` and `error_code`, not its message: the
+    message was redacted, but the error's data (sent to the server, written to the audit log) gave
+    both fields as they came."""
+    fake_claude.enqueue(
+        error_reply(
+            401,
+            f"invalid_key:{TEST_API_KEY}",
+            "refused",
+            details={"error_code": f"revoked:{TEST_API_KEY}"},
+        )
+    )
+    unauthorized = await failure(provider)
+    assert unauthorized.data is not None
+    assert TEST_API_KEY not in json.dumps(unauthorized.data), unauthorized.data
+    assert (unauthorized.data["type"], unauthorized.data["error_code"]) == ("invalid_key:***", "revoked:***")
+
+
 async def test_retry_after_is_read(fake_claude: FakeClaude, provider: AnthropicProvider) -> None:
     fake_claude.enqueue(
         error_reply(529, "overloaded_error", "Overloaded", retry_after=7),

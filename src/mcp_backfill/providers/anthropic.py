@@ -861,9 +861,11 @@ class AnthropicProvider:
     def _status_error(self, exc: anthropic.APIStatusError) -> ProviderError:
         status = exc.status_code
         headers = exc.response.headers
-        # The body's fields as the SDK read them, strings only: a gateway's may be any JSON.
+        # The body's fields as the SDK read them, strings only: a gateway's may be any JSON, and may
+        # quote a credential in any of them (redacted: they go to the server and the audit log).
+        sent = failed_request(exc)
         error_type, error_code, request_id, api_message = (
-            value if isinstance(value, str) else None
+            self._redact(value, sent) if isinstance(value, str) else None
             for value in (exc.type, exc.error_code, exc.request_id, exc.api_message)
         )
         data: dict[str, Any] = {"provider": self.name, "status": status, "type": error_type}
@@ -872,7 +874,7 @@ class AnthropicProvider:
         if request_id:
             data["request_id"] = request_id
         # A gateway's error page may be its whole body: redacted, then cut as every other error text.
-        detail = self._redact(api_message or str(exc.message), failed_request(exc))[:ERROR_TEXT_LIMIT]
+        detail = (api_message or self._redact(str(exc.message), sent))[:ERROR_TEXT_LIMIT]
         if status in (401, 403):
             detail += f"; check {CREDENTIALS.get(self.name, 'ANTHROPIC_API_KEY')}"
         return ProviderError(
