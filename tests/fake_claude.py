@@ -1224,6 +1224,12 @@ class FakeClaude:
         """Refuse every `POST /oauth2/token` with an `invalid_grant` that quotes the request's form
         (its refresh token, client secret or signed assertion) and its `Authorization` header (the
         OAuth client's id and secret, `Basic`), as a buggy proxy in front might."""
+        self.oauth_quote_signature = False
+        """Refuse every `POST /oauth2/token` with an `invalid_grant` that names, alone and first, the
+        credential the grant carries: the signature of a service account's signed assertion (`JWT
+        signature <signature> does not verify`), or the subject token of a workload identity
+        federation's token exchange (`subject token <token> does not verify`), as an endpoint
+        quoting what it could not verify might; settable."""
         self.oauth_outages = 0
         """How many of the next `POST /oauth2/token` requests have their connection dropped before
         an answer (the endpoint briefly unreachable: google-auth raises `TransportError`); settable."""
@@ -1788,6 +1794,13 @@ class FakeClaude:
             if "authorization" in recorded.headers:  # the client's credentials, sent as a header
                 quoted += f" (authorization: {recorded.headers['authorization']})"
             return JSONResponse({"error": "invalid_grant", "error_description": f"refused {quoted}"}, 400)
+        if self.oauth_quote_signature:
+            form = dict(pairs)
+            if "subject_token" in form:
+                description = f"subject token {form['subject_token']} does not verify"
+            else:
+                description = f"JWT signature {form.get('assertion', '').rpartition('.')[2]} does not verify"
+            return JSONResponse({"error": "invalid_grant", "error_description": description}, 400)
         problem = self._grant_problem(dict(pairs))
         if problem is not None:
             error, description = problem

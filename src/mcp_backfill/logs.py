@@ -126,6 +126,14 @@ class RedactingHandler(logging.StreamHandler[TextIO]):
         return self._redactor.redact(super().format(record))
 
 
+# google-auth's logger. At its first HTTP request google-auth turns off its propagation unless it was
+# configured (`google.auth._helpers.is_logging_enabled`): its warnings then went around the
+# redacting handler to Python's last-resort one. Configured here, at WARNING, it propagates, and
+# google-auth's debug log of each token request (the form, with a signed assertion or a refresh
+# token, and the headers) is never made, whatever the root logger's level.
+GOOGLE_LOGGER_NAME = "google"
+
+
 def configure_logging(
     level: str, fmt: str, secrets: Iterable[str] = (), stream: TextIO | None = None
 ) -> None:
@@ -137,4 +145,7 @@ def configure_logging(
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
+    google = logging.getLogger(GOOGLE_LOGGER_NAME)
+    google.setLevel(logging.WARNING)
+    google.propagate = True
     get_logger().setLevel(level.upper())

@@ -441,6 +441,25 @@ def test_a_first_refresh_quoting_the_user_credentials_is_redacted(
             assert form not in done.stdout + done.stderr, form
 
 
+def test_a_token_endpoint_quoting_a_service_accounts_signed_assertion_is_redacted(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """A service account's refresh refused by a token endpoint that quotes the signature of the
+    signed assertion (which stands for the private key until it expires): `check` printed it."""
+    fake_claude.oauth_quote_signature = True
+    env = proxy_env(
+        **adc_env(fake_claude, tmp_path, fake_claude.service_account_info("proj-42")),
+        ANTHROPIC_VERTEX_PROJECT_ID="proj-42",
+    )
+    done = check("--provider", "vertex", "--", *WEATHER, env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    provider = done.stdout.split("provider: vertex\n")[1].split("\n")[0]
+    assert "JWT signature *** does not verify" in provider, provider
+    [token_request] = fake_claude.token_requests
+    signature = dict(urllib.parse.parse_qsl(token_request.raw_body.decode()))["assertion"].rpartition(".")[2]
+    assert signature[:40] not in done.stdout + done.stderr
+
+
 def test_a_token_endpoint_whose_host_does_not_resolve_is_named(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:

@@ -514,6 +514,67 @@ async def test_a_token_endpoint_quoting_the_source_credentials_of_an_impersonati
         assert [where for where, text in places.items() if form in text] == [], (form, answer)
 
 
+async def test_a_token_endpoint_quoting_a_service_accounts_signed_assertion_is_redacted(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """A service account's refresh sends a JWT signed with its private key (the `assertion`), which
+    stands for the key until it expires. A token endpoint quoting its signature in a refusal had it
+    reach the server, the log and the audit log: only the cut of an error text at 300 characters
+    kept it out when the whole form was quoted, and a short refusal is not cut."""
+    fake_claude.oauth_quote_signature = True
+    audit = tmp_path / "audit.jsonl"
+    env = adc_env(fake_claude, tmp_path, fake_claude.service_account_info("proj-42"))
+    env["ANTHROPIC_VERTEX_PROJECT_ID"] = "proj-42"
+    options = ("--provider", "vertex", "--audit-log", str(audit), "--retry-max-attempts", "1")
+    async with echo_session(None, *options, env=env) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+        log = session.stderr()
+    [token_request] = fake_claude.token_requests
+    assertion = dict(urllib.parse.parse_qsl(token_request.raw_body.decode()))["assertion"]
+    signature = assertion.rpartition(".")[2]
+    assert len(signature) > 300, assertion  # an RSA-2048 signature: 342 characters
+    assert "JWT signature *** does not verify" in answer["error"]["message"], answer
+    places = {"to the server": json.dumps(answer), "log": log, "audit": audit.read_text()}
+    assert [where for where, text in places.items() if signature[:40] in text] == [], answer
+
+
+# A workload identity pool's audience, as the token exchange names it.
+WORKLOAD_POOL = "//iam.googleapis.com/projects/1/locations/global/workloadIdentityPools/ci/providers/oidc"
+
+
+async def test_a_token_endpoint_quoting_a_workload_identity_subject_token_is_redacted(
+    fake_claude: FakeClaude, tmp_path: Path
+) -> None:
+    """Workload identity federation credentials (`external_account`) exchange a subject token (a
+    Kubernetes or CI job's OIDC token, read from a file) at the token endpoint: one quoting it in a
+    refusal had it reach the server, the log and the audit log, as no secret list held it."""
+    subject_token = f"eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJjaSJ9.fake-oidc-signature-{'0123456789' * 4}"
+    token_file = tmp_path / "oidc-token"
+    token_file.write_text(subject_token)
+    info: dict[str, object] = {
+        "type": "external_account",
+        "audience": WORKLOAD_POOL,
+        "subject_token_type": "urn:ietf:params:oauth:token-type:jwt",
+        "token_url": fake_claude.url + "/oauth2/token",
+        "credential_source": {"file": str(token_file)},
+    }
+    fake_claude.oauth_quote_signature = True
+    audit = tmp_path / "audit.jsonl"
+    env = {**adc_env(fake_claude, tmp_path, info), "ANTHROPIC_VERTEX_PROJECT_ID": "proj-42"}
+    options = ("--provider", "vertex", "--audit-log", str(audit), "--retry-max-attempts", "1")
+    async with echo_session(None, *options, env=env) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+        log = session.stderr()
+    assert len(fake_claude.token_requests) == 1, answer
+    assert "subject token *** does not verify" in answer["error"]["message"], answer
+    places = {"to the server": json.dumps(answer), "log": log, "audit": audit.read_text()}
+    assert [where for where, text in places.items() if "fake-oidc-signature" in text] == [], answer
+
+
 async def test_application_default_credentials_fixed_after_a_refused_first_refresh_are_read_again(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:

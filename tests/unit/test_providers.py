@@ -161,6 +161,26 @@ async def test_request_faults_are_final(fake_claude: FakeClaude, provider: Anthr
     assert told_not_to.retryable is False
 
 
+async def test_an_error_body_whose_type_and_code_quote_the_key_is_redacted_in_the_errors_data(
+    fake_claude: FakeClaude, provider: AnthropicProvider
+) -> None:
+    """A gateway's error body quoting the key in its `type` and `error_code`, not its message: the
+    message was redacted, but the error's data (sent to the server, written to the audit log) gave
+    both fields as they came."""
+    fake_claude.enqueue(
+        error_reply(
+            401,
+            f"invalid_key:{TEST_API_KEY}",
+            "refused",
+            details={"error_code": f"revoked:{TEST_API_KEY}"},
+        )
+    )
+    unauthorized = await failure(provider)
+    assert unauthorized.data is not None
+    assert TEST_API_KEY not in json.dumps(unauthorized.data), unauthorized.data
+    assert (unauthorized.data["type"], unauthorized.data["error_code"]) == ("invalid_key:***", "revoked:***")
+
+
 async def test_retry_after_is_read(fake_claude: FakeClaude, provider: AnthropicProvider) -> None:
     fake_claude.enqueue(
         error_reply(529, "overloaded_error", "Overloaded", retry_after=7),
@@ -337,6 +357,17 @@ def test_missing_extras_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
         check_dependencies("bedrock", {"AWS_BEARER_TOKEN_BEDROCK": "t"})
     with pytest.raises(ConfigError, match=r"mcp-backfill\[bedrock\]"):
         make_client(platform_config("bedrock"), {})
+
+
+def test_bedrock_without_boto3_names_the_api_key_that_does_without_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """boto3 signs with SigV4 only: without it, a Bedrock API key does (as a ready token does for
+    Vertex without google-auth), and the refusal said only to install the extra."""
+    monkeypatch.setitem(sys.modules, "boto3", None)  # botocore alone installed
+    with pytest.raises(ConfigError, match=r"mcp-backfill\[bedrock\].*AWS_BEARER_TOKEN_BEDROCK"):
+        check_dependencies("bedrock", {})
+    check_dependencies("bedrock", {"AWS_BEARER_TOKEN_BEDROCK": "bedrock-api-key"})
 
 
 def test_vertex_without_google_auth_needs_a_token(monkeypatch: pytest.MonkeyPatch) -> None:

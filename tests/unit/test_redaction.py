@@ -171,3 +171,32 @@ def test_json_log_lines_carry_no_raw_control_or_direction_characters(text: str) 
         0x80 <= ord(c) <= 0x9F or 0x202A <= ord(c) <= 0x202E or 0x2066 <= ord(c) <= 0x2069 for c in line
     )
     assert "\x1b" not in line
+
+
+def test_google_auth_logs_go_through_the_redacting_log_after_its_first_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """google-auth turns off the propagation of the `google` logger at its first HTTP request unless
+    that logger was configured: from then on its warnings went around the proxy's log to Python's
+    last-resort handler, unredacted and not in the log's format. Its debug log of each token
+    request (the form, a service account's signed assertion in it, and the headers) stays off
+    whatever the root logger's level."""
+    google_helpers = pytest.importorskip("google.auth._helpers")
+    google = logging.getLogger("google")
+    monkeypatch.setattr(google, "propagate", True)
+    monkeypatch.setattr(google, "level", logging.NOTSET)
+    monkeypatch.setattr(google_helpers, "_LOGGING_INITIALIZED", False)  # as in a fresh process
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "level", root.level)
+    secret = "sk-ant-google-warning-secret"
+    stream = io.StringIO()
+    configure_logging("info", "json", [secret], stream=stream)
+    root.setLevel(logging.DEBUG)  # a library user's, say
+    transport = logging.getLogger("google.auth.transport.requests")
+    form = b"grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer&assertion=eyJhead.eyJbody.sig"
+    headers = {"Content-Type": "application/x-www-form-urlencoded", "Authorization": "Basic c2VjcmV0"}
+    google_helpers.request_log(transport, "POST", "https://oauth2.example/token", form, headers)
+    logging.getLogger("google.auth._default").warning("refused with %s", secret)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [line["msg"] for line in lines] == ["refused with ***"], lines
+    assert google.propagate

@@ -304,8 +304,10 @@ async def test_retries_are_not_made_once_the_budget_has_no_room() -> None:
     inner = Scripted(*[BILLED] * 6)
     sampler, observer = sampler_for(retrying(inner), budget=(Allowance(1000),))
     params = {**PARAMS, "maxTokens": 900}
-    with pytest.raises(ProviderError, match="not retried: a token budget has no room"):
+    with pytest.raises(ProviderError, match="not retried: a token budget has no room") as refused:
         await sampler.sample(params)
+    # What raises it, as the first call's refusal by a budget names its option and variable.
+    assert "--budget-tokens / MCP_BACKFILL_BUDGET_TOKENS" in refused.value.message, refused.value.message
     assert len(inner.requests) == 2  # the first used the budget up; the one it allows to overrun
     assert sampler.spend.budget.used == 2 * (50 + 900)
     assert observer.seen[0][0] == "failed"

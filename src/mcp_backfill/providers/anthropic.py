@@ -18,6 +18,9 @@ import logging
 import re
 import socket
 import time
+import urllib.parse
+import weakref
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, cast
@@ -126,7 +129,9 @@ async def load_vertex_credentials(client: AnyClient) -> None:
     # did: a fixed file (`gcloud auth application-default login` again) needs no restart.
     if client.credentials is None or not getattr(client.credentials, "token", None):
         known = client.project_id is not None
-        credentials, project = await anyio.to_thread.run_sync(_default_credentials, known)
+        made = _MADE.setdefault(client, deque(maxlen=_MADE_KEPT))
+        credentials, project = await anyio.to_thread.run_sync(_default_credentials, known, made)
+        record_credentials_made(credentials)
         client.credentials = credentials
         if client.project_id is None and project:
             client.project_id = project
@@ -136,21 +141,48 @@ async def load_vertex_credentials(client: AnyClient) -> None:
         )
 
 
-def _default_credentials(project_known: bool) -> tuple[Any, str | None]:
-    """google-auth's Application Default Credentials with the scope the SDK asks for, not refreshed.
-    With the project known (`ANTHROPIC_VERTEX_PROJECT_ID`), google-auth's warning that the
-    credentials name none, which says to set `GOOGLE_CLOUD_PROJECT`, is left out of the log."""
+def _default_credentials(project_known: bool, made: deque[str]) -> tuple[Any, str | None]:
+    """google-auth's Application Default Credentials with the scope the SDK asks for, not refreshed
+    (but workload identity federation's, which google-auth refreshes to find their project: the
+    credentials their token requests carry are kept in `made`). With the project known
+    (`ANTHROPIC_VERTEX_PROJECT_ID`), google-auth's warning that the credentials name none, which
+    says to set `GOOGLE_CLOUD_PROJECT`, is left out of the log."""
     import google.auth
 
     quiet = _NoProjectWarning() if project_known else None
     if quiet is not None:
         _GOOGLE_DEFAULT_LOG.addFilter(quiet)
     try:
-        credentials, project = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+        keeping = cast(Any, _KeepingRequest(made))  # a transport as google-auth's own is
+        credentials, project = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE], request=keeping)
     finally:
         if quiet is not None:
             _GOOGLE_DEFAULT_LOG.removeFilter(quiet)
     return credentials, project if isinstance(project, str) and project else None
+
+
+# The fields of a token request's form that carry a credential made for it: a workload identity
+# federation's subject (and actor) token, a service account's signed assertion.
+_GRANT_CREDENTIALS = ("subject_token", "actor_token", "assertion")
+
+
+class _KeepingRequest:
+    """google-auth's HTTP transport (`requests`) for its Application Default Credentials search,
+    keeping in `made` the credentials each token request's form carries (`_GRANT_CREDENTIALS`)."""
+
+    def __init__(self, made: deque[str]) -> None:
+        from google.auth.transport.requests import Request
+
+        self._request = Request()
+        self._made = made
+
+    def __call__(self, url: str, method: str = "GET", body: Any = None, **kwargs: Any) -> Any:
+        if isinstance(body, bytes | str):
+            form = body.decode(errors="replace") if isinstance(body, bytes) else body
+            for name, value in urllib.parse.parse_qsl(form):
+                if name in _GRANT_CREDENTIALS and value:
+                    self._made.append(value)
+        return self._request(url, method=method, body=body, **kwargs)
 
 
 # The logger google-auth's Application Default Credentials search warns on.
@@ -590,6 +622,54 @@ _GOOGLE_CREDENTIAL_SECRETS = ("refresh_token", "client_secret", "_refresh_token"
 _SOURCE_DEPTH = 4
 
 
+# How many of the latest credentials made for a refresh are kept to be redacted, per owner (one a
+# refresh, hourly: the last few cover a refusal quoted while the next is made).
+_MADE_KEPT = 4
+# What each recording signer signed, base64url as a JWT carries it; the subject tokens each
+# workload identity federation's credentials read (`record_credentials_made`); and what the token
+# requests of a client's credentials search carried (`_KeepingRequest`).
+_MADE: weakref.WeakKeyDictionary[object, deque[str]] = weakref.WeakKeyDictionary()
+
+
+def record_credentials_made(credentials: object) -> None:
+    """Have `credentials` (and those they stand on) keep the credentials they make for each refresh,
+    for `_held_secrets`; a token endpoint's refusal may quote them, and no setting holds them:
+
+    - a service account's refresh sends a JWT its private key signed (the `assertion`), which
+      stands for the key until it expires: its signer's signatures are kept (only the signer's
+      `sign` is wrapped, on the instance, so google-auth still tells its algorithm by its class);
+    - workload identity federation (`external_account`) exchanges a subject token, read from a file,
+      a URL or a program each time (a CI job's or a cluster's OIDC token): each one read is kept.
+    """
+    for _ in range(_SOURCE_DEPTH):
+        if credentials is None:
+            break
+        signer = getattr(credentials, "_signer", None)
+        _record_results(signer, "sign", lambda signature: base64.urlsafe_b64encode(signature).rstrip(b"="))
+        _record_results(credentials, "retrieve_subject_token", lambda token: token)
+        credentials = getattr(credentials, "_source_credentials", None)
+
+
+def _record_results(owner: object, method: str, shown: Callable[[Any], object]) -> None:
+    """Wrap `owner.method` on the instance so that what it returns, as `shown` makes it, is kept in
+    `_MADE[owner]`; once per owner."""
+    made_by = getattr(owner, method, None)
+    if owner is None or not callable(made_by) or owner in _MADE:
+        return
+    made: deque[str] = deque(maxlen=_MADE_KEPT)
+    _MADE[owner] = made
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        result = made_by(*args, **kwargs)
+        value = shown(result)
+        value = value.decode(errors="replace") if isinstance(value, bytes) else value
+        if isinstance(value, str) and value:
+            made.append(value)
+        return result
+
+    setattr(owner, method, recording)
+
+
 def _held_secrets(credentials: object) -> tuple[str, ...]:
     """The secrets Google `credentials` hold (also as the `Basic` header they go in), and those of
     the credentials they stand on (`_source_credentials`: an impersonated service account's source,
@@ -602,6 +682,8 @@ def _held_secrets(credentials: object) -> tuple[str, ...]:
         held = (getattr(credentials, name, None) for name in _GOOGLE_CREDENTIAL_SECRETS)
         found.extend(value for value in held if isinstance(value, str) and value)
         found.extend(_basic_credentials(credentials))
+        for owner in (getattr(credentials, "_signer", None), credentials):
+            found.extend(_MADE.get(owner, ()) if owner is not None else ())
         credentials = getattr(credentials, "_source_credentials", None)
     return tuple(dict.fromkeys(found))
 
@@ -622,7 +704,7 @@ def client_secrets(client: AnyClient, request: httpx2.Request | None = None) -> 
     credentials it loaded (Application Default Credentials), and the credentials on `request` (the
     one a failure is about)."""
     token = minted_token(client)
-    loaded = _held_secrets(getattr(client, "credentials", None))
+    loaded = _held_secrets(getattr(client, "credentials", None)) + tuple(_MADE.get(client, ()))
     return ((token,) if token else ()) + loaded + sent_credentials(request)
 
 
@@ -823,9 +905,11 @@ class AnthropicProvider:
     def _status_error(self, exc: anthropic.APIStatusError) -> ProviderError:
         status = exc.status_code
         headers = exc.response.headers
-        # The body's fields as the SDK read them, strings only: a gateway's may be any JSON.
+        # The body's fields as the SDK read them, strings only: a gateway's may be any JSON, and may
+        # quote a credential in any of them (redacted: they go to the server and the audit log).
+        sent = failed_request(exc)
         error_type, error_code, request_id, api_message = (
-            value if isinstance(value, str) else None
+            self._redact(value, sent) if isinstance(value, str) else None
             for value in (exc.type, exc.error_code, exc.request_id, exc.api_message)
         )
         data: dict[str, Any] = {"provider": self.name, "status": status, "type": error_type}
@@ -834,7 +918,7 @@ class AnthropicProvider:
         if request_id:
             data["request_id"] = request_id
         # A gateway's error page may be its whole body: redacted, then cut as every other error text.
-        detail = self._redact(api_message or str(exc.message), failed_request(exc))[:ERROR_TEXT_LIMIT]
+        detail = (api_message or self._redact(str(exc.message), sent))[:ERROR_TEXT_LIMIT]
         if status in (401, 403):
             detail += f"; check {CREDENTIALS.get(self.name, 'ANTHROPIC_API_KEY')}"
         return ProviderError(

@@ -128,15 +128,23 @@ def check_dependencies(
     elif provider == "vertex" and not (vertex_token or environ.get("MCP_BACKFILL_VERTEX_ACCESS_TOKEN")):
         missing = [] if module_available("google.auth") else ["google-auth"]
     if missing:
+        # A ready credential spares the package that only fetches or signs with credentials (not botocore).
+        spared = _READY_CREDENTIALS.get(provider, ("", ""))
         raise ConfigError(
             f"--provider {provider} needs {' and '.join(missing)}: "
             f"install it with `pip install 'mcp-backfill[{provider}]'`"
-            + (
-                " (or set MCP_BACKFILL_VERTEX_ACCESS_TOKEN to skip Application Default Credentials)"
-                if provider == "vertex"
-                else ""
-            )
+            + (spared[1] if missing == [spared[0]] else "")
         )
+
+
+# Per provider, the package only its own fetching or signing of credentials needs, and what spares it.
+_READY_CREDENTIALS = {
+    "vertex": (
+        "google-auth",
+        " (or set MCP_BACKFILL_VERTEX_ACCESS_TOKEN to skip Application Default Credentials)",
+    ),
+    "bedrock": ("boto3", " (or set AWS_BEARER_TOKEN_BEDROCK, a Bedrock API key, to skip SigV4 signing)"),
+}
 
 
 def make_client(

@@ -137,9 +137,7 @@ class RetryingProvider:
                 raise self._deadline_error(attempt, last)
             try:
                 if meter is not None and not await meter.may_retry():
-                    raise self._give_up(
-                        last, attempt, "budget", "not retried: a token budget has no room for another attempt"
-                    )
+                    raise self._give_up(last, attempt, "budget", _NO_ROOM)
                 log.info(
                     "Claude API call failed; retrying",
                     extra={
@@ -188,6 +186,14 @@ class RetryingProvider:
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+# Why a retry was not made for a budget, with the options (and variables) that raise one: which of
+# them had no room is the meter's to know, not this loop's.
+_NO_ROOM = (
+    "not retried: a token budget has no room for another attempt; raise the one used up: "
+    f"{named('--budget-tokens')}, {named('--client-budget-tokens')} or {named('--session-budget-tokens')}"
+)
 
 
 def _annotated(
