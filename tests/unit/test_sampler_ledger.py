@@ -16,7 +16,7 @@ from mcp_backfill.options import Allowance
 from mcp_backfill.providers.retry import RetryingProvider, RetryPolicy
 from mcp_backfill.sampling.convert import META_KEY
 from mcp_backfill.sampling.provider import ProgressCallback, Provider, UsageMeter
-from mcp_backfill.sampling.sampler import MAX_PAUSE_CONTINUATIONS, Sampler
+from mcp_backfill.sampling.sampler import MAX_PAUSE_CONTINUATIONS, Sampler, convert_canned
 from mcp_backfill.sampling.spend import Spend
 from mcp_backfill.sampling.store import Limit, MemoryStore, Standing
 from tests.defaults import CONFIG, SPEND
@@ -362,7 +362,7 @@ async def test_a_retry_nothing_was_heard_of_is_charged_the_input_the_call_is_kno
 async def test_the_warm_up_converts_a_canned_request_both_ways_and_charges_nothing() -> None:
     provider = Scripted()  # asked for nothing: a call would pop from an empty script
     sampler, observer = sampler_for(provider, budget=(Allowance(100_000),))
-    result = sampler.convert_once()
+    result = convert_canned(sampler.settings)
     # The canned request and answer stay valid as the checks evolve: with tools both ways, so that
     # the warm-up runs what a request with tools runs (else it would warm up nothing, silently).
     assert result["stopReason"] == "toolUse"
@@ -381,5 +381,5 @@ async def test_a_warm_up_refused_by_the_operators_limits_is_no_error() -> None:
         spend=Spend(replace(SPEND, rate_limit=0)),
     )
     with pytest.raises(SamplingError):
-        sampler.convert_once()
+        convert_canned(sampler.settings)
     await sampler.warm_up()  # the first request meets the limit, as it would have anyway

@@ -228,29 +228,12 @@ class Sampler:
         if not self._converted:
             self._converted = True
             try:
-                self.convert_once()
+                convert_canned(self.settings)
             except Exception as exc:  # an optimisation only (a limit may refuse the canned request)
                 log.debug("warming up the conversion failed", extra={"error": repr(exc)})
 
-    def convert_once(self) -> dict[str, Any]:
-        """What a request's checks and conversions make of `_WARM_UP_REQUEST` and `_WARM_UP_ANSWER`
-        (the `CreateMessageResult`); raises `SamplingError` where this proxy's limits refuse it."""
-        params = _WARM_UP_REQUEST
-        check_request(params, self.settings.limits)
-        claude_request = to_claude_request(params, self.settings.conversion)
-        model = self._model(params)
-        reservation_for(dict(claude_request.kwargs, model=model))
-        answer = dict(_WARM_UP_ANSWER, usage=normalize_usage(_WARM_UP_ANSWER["usage"]))
-        check_response(answer, self.settings.limits)
-        return to_mcp_result(answer, claude_request, model=model)
-
     def _model(self, params: dict[str, Any]) -> str:
-        return select_model(
-            params.get("modelPreferences"),
-            allowed=self.settings.allowed_models,
-            default=self.settings.default_model,
-            allow_upgrade=self.settings.allow_model_upgrade,
-        )
+        return _model_for(params, self.settings)
 
     def preview(self, params: dict[str, Any]) -> SamplingPreview:
         """The model, token cap, tools and prompt this request would use; raises `SamplingError`
@@ -427,6 +410,29 @@ class Sampler:
             if continuing and not made:
                 raise _NotMade(exc) from exc
             raise
+
+
+def _model_for(params: dict[str, Any], settings: SamplerSettings) -> str:
+    return select_model(
+        params.get("modelPreferences"),
+        allowed=settings.allowed_models,
+        default=settings.default_model,
+        allow_upgrade=settings.allow_model_upgrade,
+    )
+
+
+def convert_canned(settings: SamplerSettings) -> dict[str, Any]:
+    """What a request's checks and conversions make of `_WARM_UP_REQUEST` and `_WARM_UP_ANSWER`
+    (the `CreateMessageResult`): the warm-up's run of them. Raises `SamplingError` where the
+    operator's limits refuse the canned request."""
+    params = _WARM_UP_REQUEST
+    check_request(params, settings.limits)
+    claude_request = to_claude_request(params, settings.conversion)
+    model = _model_for(params, settings)
+    reservation_for(dict(claude_request.kwargs, model=model))
+    answer = dict(_WARM_UP_ANSWER, usage=normalize_usage(_WARM_UP_ANSWER["usage"]))
+    check_response(answer, settings.limits)
+    return to_mcp_result(answer, claude_request, model=model)
 
 
 class _NotMade(Exception):
