@@ -3,8 +3,10 @@ and what a live reader gets."""
 
 from __future__ import annotations
 
+import os
 import sys
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -179,14 +181,32 @@ async def test_a_slow_live_reader_keeps_its_answer_while_other_streams_fill_the_
     assert _summary(b"".join(read).decode()) == [*range(12), 1]
 
 
-async def test_a_post_stream_cut_off_while_its_answer_was_written_stays_resumable() -> None:
+# Put first on a sidecar's PYTHONPATH: `httptools` is not installed there, and uvicorn's h11
+# protocol is the one under the sidecar (the stand-in says on stderr that it was asked for).
+NO_HTTPTOOLS = 'import sys; sys.stderr.write("httptools: not installed\\n"); raise ImportError("httptools")\n'
+
+
+def _parser_env(parser: str, tmp_path: Path) -> dict[str, str]:
+    if parser == "httptools":
+        return proxy_env()
+    (tmp_path / "httptools.py").write_text(NO_HTTPTOOLS)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    return proxy_env(PYTHONPATH=path)
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+async def test_a_post_stream_cut_off_while_its_answer_was_written_stays_resumable(
+    parser: str, tmp_path: Path
+) -> None:
     """A POST's SSE stream whose client went away while its (large) answer was being written counted
     as delivered whole, as if the client had read it: it was the first finished stream a session
     let go, and once eight other requests had finished its client's resumption got 400, its answer
-    lost. A response cut off before its end delivers nothing for sure: the stream stays resumable."""
+    lost. A response cut off before its end delivers nothing for sure: the stream stays resumable.
+    So too over uvicorn's h11 protocol (where `httptools` is not installed), which did not say a
+    response had been cut off: there the stream still counted as read whole."""
     options = ("--provider", "mock", "--log-level", "debug")
     async with (
-        run_sidecar(*options, upstream=HOLDING, env=proxy_env()) as sidecar,
+        run_sidecar(*options, upstream=HOLDING, env=_parser_env(parser, tmp_path)) as sidecar,
         httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         headers = {**HANDSHAKE_HEADERS, "mcp-session-id": await open_session(http, sidecar.url)}
@@ -208,6 +228,7 @@ async def test_a_post_stream_cut_off_while_its_answer_was_written_stays_resumabl
             answer = await http.post(sidecar.url, json=_burst(n, 1, 10), headers=headers)
             assert response_to(answer, n)["result"] == {}
         resumed = await http.get(sidecar.url, headers={**headers, "last-event-id": last_id})
+    assert ("httptools: not installed" in sidecar.stderr()) == (parser == "h11")
     assert resumed.status_code == 200, resumed.text[:500]
     [(_, answer)] = sse_messages(resumed.text)
     assert answer["id"] == 1

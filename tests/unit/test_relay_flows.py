@@ -1200,6 +1200,52 @@ async def test_allow_for_the_session_counts_only_once_its_sealed_token_was_claim
         assert provider.calls == 0
 
 
+class GatedClaimsStore(MemoryStore):
+    """A store shared with other replicas whose claims wait for `gate` (`claiming` set meanwhile)."""
+
+    shared = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claiming, self.gate = anyio.Event(), anyio.Event()
+
+    async def claim(self, key: str, claimant: str, until: float) -> bool:
+        self.claiming.set()
+        await self.gate.wait()
+        return await super().claim(key, claimant, until)
+
+
+async def test_an_approved_round_the_client_cancels_before_its_sampling_starts_is_refused_in_the_audit_log(
+    tmp_path: Path,
+) -> None:
+    """The client cancels its retry that allowed the round's sampling while the sealed token is
+    being claimed (before the proxy samples): nothing is sampled, and its sampling requests had no
+    audit line at all. They are `refused` with `-32800`, as those the client's cancel cuts while
+    the user is asked."""
+    provider, store = CountingProvider(), GatedClaimsStore()
+    audit = AuditLog(str(tmp_path / "audit.jsonl"))
+    options = {"approve": "elicit", "request_state_key": SHARED_KEY}
+    async with auditing(audit), relayed(provider, store, audit=audit, **options) as r:
+        params = await approving_retry(r, "allow_once")
+        await r.client.send(request(2, "tools/call", params))
+        with anyio.fail_after(10):
+            await store.claiming.wait()
+        await r.client.send({"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 2}})
+        with anyio.fail_after(10):
+            while r.relay.state.driving:  # the cancel is in
+                await anyio.sleep(0.01)
+        store.gate.set()
+        with anyio.fail_after(10):
+            while not (tmp_path / "audit.jsonl").exists() or not (tmp_path / "audit.jsonl").read_text():
+                await anyio.sleep(0.01)
+        assert r.server.nothing_waiting()
+        assert r.client.nothing_waiting()
+    assert provider.calls == 0
+    [line] = [json.loads(text) for text in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert (line["outcome"], line["calls"], line["charged"]) == ("refused", 0, None), line
+    assert line["error"]["code"] == protocol.REQUEST_CANCELLED
+
+
 async def test_a_client_id_like_the_proxys_own_is_not_confused_with_a_round_it_resends() -> None:
     """The proxy numbered its re-sent rounds `mcp-backfill:1`, `:2`...: a client request with such
     an id had its answer delivered as the final answer of another request, and got none."""

@@ -315,6 +315,7 @@ class RoundDriver:
         chain = driven.chain
         assert chain is not None
         log.info("client cancelled a request the proxy is driving", extra={"request_id": driven.request_id})
+        chain.cut = protocol.cancelled_by_client(driven.request_id)
         if chain.scope is not None:
             chain.scope.cancel()
         if chain.upstream_id is None:
@@ -373,8 +374,9 @@ class RoundDriver:
         `approved`: the round's questions were allowed by the user, whose retry brought these
         answers of the client's own.
         """
-        if not self._driving(pending):
-            return  # cancelled before this task started (and its id perhaps reused since)
+        if not self._driving(pending):  # cancelled before this task started (its id perhaps reused since)
+            self._never_sampled(pending.request_id, chain, current.mine)
+            return
         if chain.rounds >= self.options.max_input_rounds:
             self.end(pending)
             await self._fail(
@@ -569,6 +571,17 @@ class RoundDriver:
         """A stash entry let go while its approval question was open: its questions are reported."""
         for key, params in entry.pending.items():
             self._cancelled(params, f"{entry.asked_for}/{key}")
+
+    def _never_sampled(self, request_id: Any, chain: InputChain, questions: dict[str, Any]) -> None:
+        """A round's sampling questions (the user's approval given, it may be) that were not
+        sampled: the client's cancel came first (`refused` with -32800, as when it cuts them while
+        the user is asked), or the proxy stopped (`cancelled`). They had no audit line."""
+        if chain.cut is not None:
+            refusal = SamplingError(protocol.REQUEST_CANCELLED, chain.cut)
+            self._refuse_questions(request_id, questions, refusal)
+            return
+        for key, params in questions.items():
+            self._cancelled(params, f"{request_id}/{key}")
 
     def _refuse_questions(self, request_id: Any, questions: dict[str, Any], refusal: SamplingError) -> None:
         """The round's sampling questions were refused before any was sampled: each is reported."""

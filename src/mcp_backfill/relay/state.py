@@ -68,6 +68,8 @@ class InputChain:
     scope: anyio.CancelScope | None = None
     # The progress the client hears, when its request carried a progress token.
     progress: RoundProgress | None = None
+    # The client cancelled the request (what the server is told, with -32800).
+    cut: str | None = None
 
 
 @dataclass

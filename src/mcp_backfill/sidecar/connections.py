@@ -181,8 +181,7 @@ class _Guard:
         cycle = self.cycle
         if cycle is None:
             return
-        self._cycles.add(cycle)
-        cycle.scope.setdefault("extensions", {})[CUT_OFF] = _cut_off(weakref.ref(cycle))
+        self._take(cycle)
         # Not for HEAD: uvicorn writes no body after its head, so a held head would never go out.
         if cycle.transport is self.transport and cycle.scope["method"] != "HEAD":
             cycle.transport = OneWriteResponse(self.transport, cycle)
@@ -208,6 +207,12 @@ class _Guard:
             self.transport.pause_reading()
             return
         super().send_400_response(msg)  # type: ignore[misc]
+
+    def _take(self, cycle: Any) -> None:
+        """A request's cycle, before its application runs: told when the connection is lost, and
+        able to tell its handler that its response was cut off (`CUT_OFF`)."""
+        self._cycles.add(cycle)
+        cycle.scope.setdefault("extensions", {})[CUT_OFF] = _cut_off(weakref.ref(cycle))
 
     def _answering(self) -> bool:
         """Is a request read on this connection still waiting for (the end of) its answer?"""
@@ -320,6 +325,21 @@ def unchunked(data: bytes) -> bytes:
 
 class GuardedH11Protocol(_Guard, H11Protocol):
     """The guard over uvicorn's h11 protocol (when httptools is not installed)."""
+
+    def handle_events(self) -> None:
+        # h11 has no parser callbacks: a request's cycle is new once uvicorn has parsed its head
+        # here (its application's task created, not yet run). Without `CUT_OFF`, a POST's SSE
+        # stream cut off on this protocol counted as read whole, and its resumption lost events.
+        taken = self.cycle
+        super().handle_events()
+        cycle = self.cycle
+        if cycle is not None and cycle is not taken:
+            self._take(cycle)
+
+    def send_400_response(self, msg: str) -> None:
+        # h11 parses no request while one is answered (it pauses): a 400 then is within the body
+        # the application reads, and goes at once, as uvicorn sends it.
+        H11Protocol.send_400_response(self, msg)
 
 
 def guarded_protocol(header_timeout: float, max_connections: int) -> type[Any]:
