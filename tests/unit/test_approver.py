@@ -130,3 +130,26 @@ async def test_a_request_waiting_its_turn_is_refused_at_its_own_timeout() -> Non
     assert 1 <= len(asked) <= 2  # the second may be asked once the first gave up
     withdrawn = [m["params"]["requestId"] for m in client.sent if m.get("method") == protocol.CANCELLED]
     assert withdrawn == asked
+
+
+async def test_the_first_answer_to_a_question_decides_and_a_second_one_changes_nothing() -> None:
+    """Two answers to one question read in one go (a client's retry, or a hostile one) were both
+    taken before the waiting request woke: the last one decided, so "allow" after "deny" allowed."""
+    client = Client()
+    approval = approver(client)
+    outcomes: list[str] = []
+
+    async def ask() -> None:
+        try:
+            await approval.approve(dict(PARAMS))
+            outcomes.append("allowed")
+        except SamplingError as exc:
+            outcomes.append(str((exc.data or {})["reason"]))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ask)
+        await anyio.wait_all_tasks_blocked()
+        question = client.questions()[0]
+        assert approval.take(answer(question, "deny"))
+        assert approval.take(answer(question, "allow_session"))  # consumed, and ignored
+    assert outcomes == ["denied"]

@@ -357,7 +357,7 @@ class Approver:
         if not (isinstance(message_id, str) and message_id.startswith(self._prefix)):
             return False
         question = self._asked.get(message_id)
-        if question is not None:
+        if question is not None and question.response is None:  # the first answer decides
             question.response = message
             question.event.set()
         return True
