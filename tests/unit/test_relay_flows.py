@@ -1852,3 +1852,32 @@ async def test_a_new_session_the_proxy_declares_no_tasks_for_has_none() -> None:
         assert (await r.client.recv())["id"] == 8
         assert provider.calls == 0
         assert r.server.nothing_waiting()
+
+
+async def test_answers_and_cancels_from_the_server_pass_while_the_most_the_proxy_answers_wait() -> None:
+    """With `ANSWERING_LIMIT` of the server's sampling requests in hand, the relay read nothing more
+    from the upstream until one ended, although answers and notifications add nothing to the hand:
+    the server's answer to a client request waited for a Claude call, and so did the server's
+    cancel of a sampling request, which would have made room itself."""
+    provider = GatedProvider()
+    async with relayed(provider=provider, rate_limit=0, max_waiting_sampling=ANSWERING_LIMIT) as r:
+        await r.client.send(request(1, "initialize", initialize({})))
+        await r.server.recv()
+        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+        await r.client.recv()
+        await r.client.send(request(2, "tools/list"))
+        assert (await r.server.recv())["id"] == 2
+        for n in range(ANSWERING_LIMIT):
+            await r.server.send(sampling_request(f"s{n}"))
+        await anyio.wait_all_tasks_blocked()
+        assert r.relay.answerer.hand.full
+        try:
+            with anyio.fail_after(10):
+                await r.server.send(result(2, {"tools": []}))
+                assert (await r.client.recv())["id"] == 2  # the client's answer, not held back
+                cancel = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": "s200"}}
+                await r.server.send(cancel)
+                while r.relay.answerer.hand.full:  # the cancelled request leaves the hand
+                    await anyio.sleep(0.01)
+        finally:
+            provider.gate.set()

@@ -257,21 +257,23 @@ class Relay:
             del raw  # do not hold a large message while waiting for the next one
 
     def _answered_at_once(self, raw: bytes) -> bool:
-        """Is `raw` a request the proxy answers at once, adding nothing to the requests in hand: a
-        `tasks/get`, `tasks/list` or `tasks/cancel` about its own tasks? Read on while the most are
-        in hand (a server polls, or cancels, tasks whose Claude calls may run for minutes); as its
-        answer is sent before the next message is read, the upstream is read no faster than it reads."""
-        if not self.state.declares_tasks:
-            return False
+        """Does `raw` add nothing to the requests in hand: an answer or a notification (a cancel
+        makes room), or a `tasks/get`, `tasks/list` or `tasks/cancel` about the proxy's own tasks,
+        answered at once? Read on while the most are in hand (a server polls, or cancels, tasks
+        whose Claude calls may run for minutes); as what it leads to is sent before the next
+        message is read, the upstream is read no faster than its messages are passed on."""
         try:
             message = jsonrpc.decode(raw)
         except ValueError:
             return False
-        if not isinstance(message, dict) or "id" not in message:
+        if not isinstance(message, dict):
             return False
         method, params = message.get("method"), message.get("params")
+        if method is None or "id" not in message:
+            return True
         return (
-            method in protocol.TASK_METHODS
+            self.state.declares_tasks
+            and method in protocol.TASK_METHODS
             and SamplingTasks.answers_at_once(
                 method, params if isinstance(params, dict) else {}, self.state.client
             )
