@@ -346,6 +346,8 @@ class Config:
             tuple(s.value for s in held if s is not None and s.value)
             + tuple(v for v in headers if v)
             + upstream_header_secrets(self.api_headers)  # `Bearer <token>`: the bare token too
+            + url_secrets(self.api_base_url)  # a gateway's key in the query (`?api_key=`)
+            + url_secrets(self.platform_base_url)
             + self._store_secrets()
         )
 

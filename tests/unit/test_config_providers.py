@@ -130,3 +130,19 @@ def test_a_vertex_token_with_a_line_break_is_refused_naming_its_variables(tmp_pa
         parse_config(["--provider", "vertex", "--", "s"], env)
     assert "MCP_BACKFILL_VERTEX_ACCESS_TOKEN_FILE" in str(caught.value)
     assert "FIRST" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("provider", "variable"),
+    [("anthropic", "ANTHROPIC_BASE_URL"), ("bedrock", "ANTHROPIC_BEDROCK_BASE_URL")],
+)
+def test_a_credential_in_the_api_base_urls_query_is_redacted(provider: str, variable: str) -> None:
+    """A gateway may take its key in the query (`?api_key=`); the base URL's user information is
+    refused, but its query's credentials were neither refused nor redacted."""
+    env = KEY | {
+        "AWS_BEARER_TOKEN_BEDROCK": "bedrock-tok",
+        variable: "https://gw.example/anthropic?api_key=gw-query-secret-1&region=eu",
+    }
+    config = parse_config(["--provider", provider, "--", "s"], env)
+    assert "gw-query-secret-1" in config.secrets()
+    assert "eu" not in config.secrets()
