@@ -378,6 +378,22 @@ async def test_http_errors_become_json_rpc_errors_and_the_session_goes_on() -> N
     assert [body["method"] for body in posts].count("initialize") == 1  # no silent re-initialize
 
 
+async def test_an_error_whose_body_never_ends_is_answered_from_its_start() -> None:
+    """An HTTP 500 whose body streams on for good: the error is made from its first bytes (it was
+    read to its end, which never came, and the request waited for good)."""
+    async with recorder() as (upstream, _):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            with anyio.fail_after(60):
+                failed = await session.request(2, "fail/endless-500")
+            after = await session.request(3, "anything/else")
+    assert failed["error"]["code"] == -32603
+    assert "HTTP 500" in failed["error"]["message"]
+    assert "on fire" in failed["error"]["message"]
+    assert after["result"] == {"method": "anything/else"}
+
+
 async def test_an_upstream_error_quoting_the_credential_reaches_the_client_redacted() -> None:
     """A text error page, and a 4xx answer shaped as a JSON-RPC error (which was relayed as the
     upstream sent it, handing the operator's `--upstream-header` credential to the client)."""

@@ -20,6 +20,8 @@ method of the POSTed request):
   header it was sent;
 * `fail/jsonrpc-400`: HTTP 400 with a JSON-RPC error `-32602 bad params from server` as the body;
 * `fail/hang-up`: closes the connection without answering;
+* `fail/endless-500`: HTTP 500 whose text body never ends (a kilobyte every 50 ms, until the client
+  closes the connection);
 * `fail/redirect`: HTTP 307 to the same URL with a slash after its path (its query kept), as
   Starlette's `redirect_slashes` answers;
 * `big/json` and `big/sse` (`params.size`): a result padded to about that many bytes, as a JSON body
@@ -337,6 +339,19 @@ class Handler(BaseHTTPRequestHandler):
             path, mark, query = self.path.partition("?")
             location = f"http://{self.headers['host']}{path}/{mark}{query}"
             self._reply(307, b"", "text/plain", Location=location)
+        elif method == "fail/endless-500":
+            self.send_response(500)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            chunk = b"on fire " * 128
+            try:
+                while True:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    self.wfile.flush()
+                    time.sleep(0.05)
+            except OSError:
+                self.close_connection = True
         elif method == "fail/hang-up":
             self.close_connection = True
             self.connection.shutdown(2)
