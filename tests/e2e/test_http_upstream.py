@@ -607,6 +607,21 @@ async def test_a_garbled_compressed_answer_to_the_sessions_end_is_a_warning_not_
     assert status == 0
 
 
+async def test_an_answer_to_the_sessions_end_that_never_ends_does_not_hold_the_exit() -> None:
+    """The DELETE ending the session is answered with a body that streams on for good: the proxy
+    waits for it as long as for any ending (it waited for its end, which never came, for good)."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            assert (await session.request(2, "session/endless-close"))["result"] == {}
+            await session.close_stdin()
+            status = await session.wait(timeout=60)
+        verbs = [entry["verb"] for entry in recorded()]
+    assert verbs[-1] == "DELETE"
+    assert status == 0
+
+
 async def test_a_session_id_mcp_does_not_allow_fails_the_initialize_with_a_clear_error() -> None:
     """A session id must be visible ASCII (0x21-0x7E); one that is not cannot be sent back (every
     later request failed as an internal error, and the DELETE ending the session ended the proxy

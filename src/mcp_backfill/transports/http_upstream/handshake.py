@@ -187,10 +187,19 @@ class HandshakeLeg:
         session, self.session_id = self.session_id, None
         headers = dict(self._reader.settings.headers)
         headers.update(self._session_headers(session))
-        try:
-            response = await self._reader.http.delete(self._reader.url, headers=headers, timeout=wait)
-        except httpx2.RequestError as exc:
-            log.warning("could not end the upstream session", extra={"error": describe_transport_error(exc)})
+        response: httpx2.Response | None = None
+        # The whole answer within `wait`: `timeout` bounds each read, and a body that trickles on
+        # for good held the proxy's exit (or a new initialize) for good.
+        with anyio.move_on_after(wait):
+            try:
+                response = await self._reader.http.delete(self._reader.url, headers=headers, timeout=wait)
+            except httpx2.RequestError as exc:
+                error = describe_transport_error(exc)
+                log.warning("could not end the upstream session", extra={"error": error})
+                return
+        if response is None:
+            error = f"no complete answer within {wait:g} s"
+            log.warning("could not end the upstream session", extra={"error": error})
             return
         if response.status_code == 405:
             log.debug("the upstream does not let clients end sessions (HTTP 405)")
