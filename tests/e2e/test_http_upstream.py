@@ -23,7 +23,7 @@ from mcp import Client, types
 
 from mcp_backfill.relay.progress import ROUND_PROGRESS_INTERVAL
 from tests.e2e.test_process import wait_for_log
-from tests.fake_claude import FakeClaude, text_reply, tool_use_reply
+from tests.fake_claude import FakeClaude, hang_reply, text_reply, tool_use_reply
 from tests.harness import (
     SERVERS,
     TEST_API_KEY,
@@ -304,6 +304,9 @@ async def test_unreachable_upstream_answers_every_request_with_an_error() -> Non
 
 
 async def test_restarted_upstream_reports_the_expired_session_and_does_not_reconnect() -> None:
+    """The server forgot the session: the request that found out is answered with an error saying
+    so, and the wrapper ends (status 1) as for an upstream that exited, without a new session behind
+    the client's back; a stdio client starts anew by starting the server again."""
     async with sampling_upstream() as upstream:
         address = upstream.url.removeprefix("http://").removesuffix("/mcp")
         argv = proxy_url_argv("--provider", "mock", url=upstream.url)
@@ -311,20 +314,38 @@ async def test_restarted_upstream_reports_the_expired_session_and_does_not_recon
             await handshake(session)
             ok = await session.request(2, "tools/call", {"name": "echo", "arguments": {"text": "before"}})
             assert result_json(ok) == {"text": "before"}
-            await upstream_restart(upstream, address, session)
-
-
-async def upstream_restart(upstream: HttpServer, address: str, session: RawSession) -> None:
-    upstream.process.terminate()
-    await upstream.process.wait()
-    async with sampling_upstream(address):
-        first = await session.request(3, "tools/call", {"name": "echo", "arguments": {"text": "after"}})
-        second = await session.request(4, "ping")
-        log = await wait_for_log(session.stderr, "upstream session expired")
-    for response in (first, second):
-        assert response["error"]["code"] == -32603
-        assert response["error"]["message"].startswith("Upstream session expired")
+            upstream.process.terminate()
+            await upstream.process.wait()
+            async with sampling_upstream(address):
+                after = {"name": "echo", "arguments": {"text": "after"}}
+                first = await session.request(3, "tools/call", after)
+                status = await session.wait()
+            log = session.stderr()
+    assert first["error"]["code"] == -32603
+    assert first["error"]["message"].startswith("Upstream session expired")
+    assert status == 1
     assert log.count("upstream session expired") == 1
+
+
+async def test_an_expired_session_stops_the_sampling_done_for_it(fake_claude: FakeClaude) -> None:
+    """The server forgets the session while the proxy samples for one of its requests: nobody can
+    take that answer any more, so the Claude call is stopped, and the wrapper ends (status 1)."""
+    fake_claude.enqueue(hang_reply())
+    async with sampling_upstream() as upstream:
+        address = upstream.url.removeprefix("http://").removesuffix("/mcp")
+        argv = proxy_url_argv(url=upstream.url)
+        async with raw_proxy(argv, proxy_env(fake_claude.url)) as session:
+            await handshake(session)
+            tool = {"name": "plain", "arguments": {"prompt": "hi"}}
+            await session.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": tool})
+            assert await fake_claude.await_requests(1, timeout=30)
+            upstream.process.terminate()
+            await upstream.process.wait()
+            async with sampling_upstream(address):
+                await session.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+                assert await fake_claude.await_disconnects(1, timeout=30), "the Claude call ran on"
+                status = await session.wait(timeout=30)
+    assert status == 1
 
 
 async def test_http_errors_become_json_rpc_errors_and_the_session_goes_on() -> None:
@@ -339,7 +360,7 @@ async def test_http_errors_become_json_rpc_errors_and_the_session_goes_on() -> N
             after = await session.request(6, "anything/else")
             forgotten = await session.request(7, "session/forget")
             expired = await session.request(8, "anything/else")
-            expired_again = await session.request(9, "anything/else")
+            status = await session.wait()  # the session is gone: so is the wrapper
         posts = [entry["body"] for entry in recorded() if entry["verb"] == "POST"]
     assert server_error["error"]["code"] == -32603
     assert "HTTP 500" in server_error["error"]["message"]
@@ -351,11 +372,26 @@ async def test_http_errors_become_json_rpc_errors_and_the_session_goes_on() -> N
     assert hung_up["error"]["code"] == -32603
     assert after["result"] == {"method": "anything/else"}
     assert forgotten["result"] == {}
-    for response in (expired, expired_again):
-        assert response["error"]["code"] == -32603
-        assert "session expired" in response["error"]["message"]
+    assert expired["error"]["code"] == -32603
+    assert "session expired" in expired["error"]["message"]
+    assert status == 1
     assert [body["method"] for body in posts].count("initialize") == 1  # no silent re-initialize
-    assert posts[-1]["id"] == 8  # and request 9 was not even sent
+
+
+async def test_an_error_whose_body_never_ends_is_answered_from_its_start() -> None:
+    """An HTTP 500 whose body streams on for good: the error is made from its first bytes (it was
+    read to its end, which never came, and the request waited for good)."""
+    async with recorder() as (upstream, _):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            with anyio.fail_after(60):
+                failed = await session.request(2, "fail/endless-500")
+            after = await session.request(3, "anything/else")
+    assert failed["error"]["code"] == -32603
+    assert "HTTP 500" in failed["error"]["message"]
+    assert "on fire" in failed["error"]["message"]
+    assert after["result"] == {"method": "anything/else"}
 
 
 async def test_an_upstream_error_quoting_the_credential_reaches_the_client_redacted() -> None:
@@ -568,6 +604,21 @@ async def test_a_garbled_compressed_answer_to_the_sessions_end_is_a_warning_not_
     assert verbs[-1] == "DELETE"
     assert "Traceback" not in log
     assert "could not end the upstream session" in log
+    assert status == 0
+
+
+async def test_an_answer_to_the_sessions_end_that_never_ends_does_not_hold_the_exit() -> None:
+    """The DELETE ending the session is answered with a body that streams on for good: the proxy
+    waits for it as long as for any ending (it waited for its end, which never came, for good)."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            assert (await session.request(2, "session/endless-close"))["result"] == {}
+            await session.close_stdin()
+            status = await session.wait(timeout=60)
+        verbs = [entry["verb"] for entry in recorded()]
+    assert verbs[-1] == "DELETE"
     assert status == 0
 
 

@@ -22,7 +22,7 @@ from mcp.shared.exceptions import MCPError
 
 from mcp_backfill.relay.progress import ROUND_PROGRESS_INTERVAL
 from tests.e2e.test_sidecar_stateless import stateless_headers, stateless_request
-from tests.fake_claude import FakeClaude, text_reply, tool_use_reply
+from tests.fake_claude import FakeClaude, hang_reply, text_reply, tool_use_reply
 from tests.harness import (
     SERVERS,
     TEST_API_KEY,
@@ -39,6 +39,7 @@ from tests.sidecar_harness import (
     Sidecar,
     initialize_body,
     open_session,
+    response_to,
     run_sidecar,
     sidecar_argv,
 )
@@ -276,3 +277,48 @@ async def test_progress_while_the_proxy_samples_for_a_round_through_an_http_side
         result = await client.call_tool("summarize_counting", {"text": "go"}, progress_callback=heard)
     assert tool_json(result) == {"text": "sampled"}
     assert_kept_informed_while_sampling(heard)
+
+
+async def test_an_expired_upstream_session_ends_the_client_session_and_stops_its_sampling(
+    fake_claude: FakeClaude,
+) -> None:
+    """The upstream forgets the session (it restarts) while the proxy samples for it: the Claude call,
+    whose answer nobody can receive, is stopped, and the client's session ends with the upstream's
+    (404 to its session id, as the spec has a server answer, so that it initializes again)."""
+    fake_claude.enqueue(hang_reply())
+    async with python_http_server(SAMPLING_SERVER) as upstream:
+        address = upstream.url.removeprefix("http://").removesuffix("/mcp")
+        async with (
+            run_sidecar(
+                "--upstream-url", upstream.url, upstream=NO_COMMAND, env=proxy_env(fake_claude.url)
+            ) as sidecar,
+            httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+        ):
+            session_id = await open_session(http, sidecar.url)
+            headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session_id}
+
+            def call(request_id: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+                return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+
+            async with anyio.create_task_group() as tg:
+                tool = call(2, "tools/call", {"name": "plain", "arguments": {"prompt": "hi"}})
+
+                async def call_tool() -> None:
+                    await http.post(sidecar.url, json=tool, headers=headers)
+
+                tg.start_soon(call_tool)
+                assert await fake_claude.await_requests(1, timeout=30)
+                upstream.process.terminate()
+                await upstream.process.wait()
+                async with python_http_server([*SAMPLING_SERVER[:-1], address]):
+                    ping = await http.post(sidecar.url, json=call(3, "ping", {}), headers=headers)
+                    assert await fake_claude.await_disconnects(1, timeout=30), "the Claude call ran on"
+                    with anyio.fail_after(30):
+                        while True:
+                            later = await http.post(sidecar.url, json=call(4, "ping", {}), headers=headers)
+                            if later.status_code == 404:
+                                break
+                            await anyio.sleep(0.1)
+                tg.cancel_scope.cancel()
+    assert ping.status_code == 404 or "Upstream session expired" in str(response_to(ping, 3))
+    assert "upstream session expired" in (sidecar.captured or "")

@@ -20,6 +20,9 @@ method of the POSTed request):
   header it was sent;
 * `fail/jsonrpc-400`: HTTP 400 with a JSON-RPC error `-32602 bad params from server` as the body;
 * `fail/hang-up`: closes the connection without answering;
+* `session/endless-close`: from then on, a DELETE is answered 200 with a body that never ends;
+* `fail/endless-500`: HTTP 500 whose text body never ends (a kilobyte every 50 ms, until the client
+  closes the connection);
 * `fail/redirect`: HTTP 307 to the same URL with a slash after its path (its query kept), as
   Starlette's `redirect_slashes` answers;
 * `big/json` and `big/sse` (`params.size`): a result padded to about that many bytes, as a JSON body
@@ -97,6 +100,7 @@ class State:
         self.requests: list[dict[str, Any]] = []
         self.session_alive = True
         self.garble_close = False
+        self.endless_close = False
         self.replay_request_id: Any = None
         self.standalone_replay = False  # a client named `standalone-replay` opened the session
         self.standalone_batch = False  # ... or `standalone-replay-batch`
@@ -265,7 +269,25 @@ class Handler(BaseHTTPRequestHandler):
         if self.state.garble_close:
             self._reply(200, b"not gzip", Content_Encoding="gzip")
             return
+        if self.state.endless_close:
+            self._trickle(200)
+            return
         self._reply(200, b"{}")
+
+    def _trickle(self, status: int, chunk: bytes = b" ", pause: float = 0.5) -> None:
+        """Answer `status` with a text body that never ends: `chunk` every `pause` seconds, until the
+        client closes the connection."""
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            while True:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                self.wfile.flush()
+                time.sleep(pause)
+        except OSError:
+            self.close_connection = True
 
     def _ping_for_a_minute(self) -> None:
         self.close_connection = True
@@ -337,6 +359,8 @@ class Handler(BaseHTTPRequestHandler):
             path, mark, query = self.path.partition("?")
             location = f"http://{self.headers['host']}{path}/{mark}{query}"
             self._reply(307, b"", "text/plain", Location=location)
+        elif method == "fail/endless-500":
+            self._trickle(500, b"on fire " * 128, 0.05)
         elif method == "fail/hang-up":
             self.close_connection = True
             self.connection.shutdown(2)
@@ -376,6 +400,9 @@ class Handler(BaseHTTPRequestHandler):
             self._reply(200, f"data: {again}\n\ndata: {answer}\n\n".encode(), "text/event-stream")
         elif method == "session/garble-close":
             self.state.garble_close = True
+            self._result(request_id, {})
+        elif method == "session/endless-close":
+            self.state.endless_close = True
             self._result(request_id, {})
         elif method == "session/forget":
             self._result(request_id, {})

@@ -124,7 +124,9 @@ class HttpSession:
                             # Ended for idleness: later requests get 404 from now on, not once the
                             # upstream has stopped (seconds, for one slow to exit).
                             self.router.close(IDLE_REASON)
-                    reason = "Upstream MCP server closed the connection (it exited or crashed)"
+                    # An HTTP upstream ends when its server forgot the session, and says so.
+                    told = getattr(upstream, "stop_reason", None)
+                    reason = told or "Upstream MCP server closed the connection (it exited or crashed)"
                     log.warning("upstream ended the session", extra={"session": self.label})
                     await relay.fail_pending(reason)
                     self.router.close(reason)  # later requests get 404 while the upstream stops

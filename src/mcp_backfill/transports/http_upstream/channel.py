@@ -12,7 +12,13 @@ is attributed to the JSON-RPC id of the POST whose stream carried it (None: the 
 front that serves several HTTP streams can route it. Whatever goes wrong on the way, a request gets
 an answer: HTTP failures become JSON-RPC errors for the request ids that POST carried.
 
-One `HttpUpstream` is one upstream session; several may share one `httpx2.AsyncClient`.
+One `HttpUpstream` is one upstream session; several may share one `httpx2.AsyncClient`. When the
+server forgets the session (HTTP 404 to its `Mcp-Session-Id`), the channel ends as a child process's
+does when it exits: the requests in flight are answered with an error saying so, and the relay, seeing
+its upstream end, stops what it still does for the session (its Claude calls, whose answers nobody can
+take any more). The spec has the client start a new session then; the proxy does not do that behind
+its client's back: the sidecar's client gets 404 for its own session, a stdio client sees the wrapper
+exit, and either starts anew.
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ class HttpUpstream:
         self._inbox = MessageQueue[Item](INBOX_SIZE)
         self._reader = ExchangeReader(settings, http, self._inbox)
         self._handshake = HandshakeLeg(self._reader, task_group)
+        self._handshake.on_expired = self._session_expired
         self._stateless = StatelessLeg(self._reader)
         self._era: EraLeg | None = None  # None until a request decides it
         self._exchanges = self._reader.exchanges
@@ -167,7 +174,9 @@ class HttpUpstream:
                 await self._settled(in_flight_elsewhere)
             reason = shutting_down("the upstream had not answered", "--shutdown-grace", grace)
             # A request whose round the proxy answers (no POST open) was not done either.
-            self.stop_reason = shutting_down("the request was not answered", "--shutdown-grace", grace)
+            self.stop_reason = self.stop_reason or shutting_down(
+                "the request was not answered", "--shutdown-grace", grace
+            )
             for exchange in {id(e): e for e in self._exchanges.values()}.values():
                 exchange.failure = exchange.failure or reason
                 exchange.scope.cancel()
@@ -178,6 +187,21 @@ class HttpUpstream:
             self._inbox.close()
             self._stopped.set()
         return self.exit_status
+
+    def _session_expired(self) -> None:
+        """The server forgot the session: this channel ends (see the module's docstring)."""
+        self.stop_reason = self._handshake.expired_text()
+        self._tg.start_soon(self._end_expired, self.stop_reason)
+
+    async def _end_expired(self, reason: str) -> None:
+        """Fail the requests still in flight with `reason`, then end the messages: the relay reads
+        what is left, those errors included, and then the end."""
+        for exchange in {id(e): e for e in self._exchanges.values()}.values():
+            exchange.failure = exchange.failure or reason
+            exchange.scope.cancel()
+        with anyio.move_on_after(max(self.settings.finish_timeout, 1.0)):
+            await self._settled()
+        self._inbox.close()
 
     async def _settled(self, in_flight_elsewhere: Callable[[], bool] = nothing_elsewhere) -> None:
         """Until no POST is in flight, nor a request `in_flight_elsewhere`."""
@@ -197,7 +221,8 @@ class HttpUpstream:
         An `initialize` (re)opens the handshake era, also after a stdio client's `server/discover`
         that an old server did not know. A request declaring a stateless version goes stateless,
         and picks that era if nothing did before. Any other request is a handshake-era POST (a plain
-        one while there is no session), and so is every request once the session expired: it fails.
+        one while there is no session), and so is every request once the session expired: it fails
+        (while the channel ends).
         """
         if method == protocol.INITIALIZE:
             self._era = self._handshake

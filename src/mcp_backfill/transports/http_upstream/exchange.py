@@ -420,9 +420,11 @@ class ExchangeReader:
     async def _status_failure(self, response: httpx2.Response, exchange: PostExchange) -> str | None:
         """Why a non-2xx answer leaves the request unanswered; None when its body was the answer."""
         status = response.status_code
-        body = await read_limited(response, ERROR_BODY_LIMIT)
-        text = self._redact(preview(body.head if isinstance(body, MessageTooLarge) else body))
-        if 400 <= status < 500 and not isinstance(body, MessageTooLarge) and _is_jsonrpc_answer(body):
+        # Only its start, and only for so long: an error body that streams on for good held the
+        # request (read to its end, which never came) until its client gave up.
+        body, whole = await body_start(response, self.settings.one_way_timeout)
+        text = self._redact(preview(body))
+        if 400 <= status < 500 and whole and _is_jsonrpc_answer(body):
             await self._take_answer(exchange, _redacted(self._redact, body))
             return exchange.failure
         where = display_url(self.url)
@@ -556,13 +558,9 @@ async def acknowledgement(response: httpx2.Response, wait: float) -> Acknowledge
     lasted."""
     if response.is_success and media_type(response) == protocol.SSE_TYPE:
         return Acknowledgement(response.status_code)
-    body = bytearray()
+    body = b""
     try:
-        with anyio.move_on_after(wait):
-            async for chunk in body_chunks(response):
-                body += chunk
-                if len(body) > ERROR_BODY_LIMIT:
-                    break
+        body, _ = await body_start(response, wait)
     except (httpx2.DecodingError, httpx2.TransportError) as exc:
         # The head came, so the message was delivered: a body that breaks off or does not decode
         # costs only what it would have explained (it was logged as unreachable, and the upstream
@@ -571,7 +569,22 @@ async def acknowledgement(response: httpx2.Response, wait: float) -> Acknowledge
             "upstream acknowledgement garbled",
             extra={"status": response.status_code, "error": describe_transport_error(exc)},
         )
-    return Acknowledgement(response.status_code, bytes(body[:ERROR_BODY_LIMIT]))
+    return Acknowledgement(response.status_code, body)
+
+
+async def body_start(response: httpx2.Response, wait: float) -> tuple[bytes, bool]:
+    """Up to `ERROR_BODY_LIMIT` bytes of the body, what of them comes within `wait` seconds; and
+    whether that is the whole body."""
+    body = bytearray()
+    whole = False
+    with anyio.move_on_after(wait):
+        async for chunk in body_chunks(response):
+            body += chunk
+            if len(body) > ERROR_BODY_LIMIT:
+                break
+        else:
+            whole = True
+    return bytes(body[:ERROR_BODY_LIMIT]), whole
 
 
 async def read_limited(response: httpx2.Response, limit: int) -> Payload:

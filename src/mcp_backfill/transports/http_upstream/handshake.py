@@ -8,6 +8,7 @@ response stream is resumed; a 404 means the server forgot the session; DELETE en
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -58,6 +59,8 @@ class HandshakeLeg:
         self.session_id: str | None = None
         self.protocol_version: str | None = None  # negotiated by initialize
         self.expired = False  # the server forgot the session; requests fail until a new initialize
+        self.on_expired: Callable[[], None] = lambda: None
+        """Called once when the server is found to have forgotten the session."""
         self._standalone: anyio.CancelScope | None = None
 
     # -- EraLeg --------------------------------------------------------------------------------
@@ -71,7 +74,7 @@ class HandshakeLeg:
         if initialize:
             await self._begin()
         elif self.expired:
-            exchange.failure = self._expired_text()
+            exchange.failure = self.expired_text()
             return
         written = exchange.written
         headers = written.headers if written is not None else self._post_headers(initialize=initialize)
@@ -135,7 +138,7 @@ class HandshakeLeg:
         knowing ours (404: the exchange fails, and its body is not read)."""
         if response.status_code == 404 and self.session_id is not None:
             self._expire()
-            exchange.failure = self._expired_text()
+            exchange.failure = self.expired_text()
             return False
         if exchange.method == protocol.INITIALIZE and response.is_success:
             session = response.headers.get(protocol.SESSION_HEADER)
@@ -161,11 +164,12 @@ class HandshakeLeg:
             self._standalone.cancel()
         log.error(
             "upstream session expired (HTTP 404): the server no longer knows it; "
-            "not starting a new one behind the client's back, every further request fails",
+            "not starting a new one behind the client's back: this session ends",
             extra={"url": display_url(self._reader.url)},
         )
+        self.on_expired()
 
-    def _expired_text(self) -> str:
+    def expired_text(self) -> str:
         return (
             f"Upstream session expired: {display_url(self._reader.url)} answered HTTP 404 for it (the "
             "server restarted or ended the session). Reconnect to start a new session."
@@ -183,10 +187,19 @@ class HandshakeLeg:
         session, self.session_id = self.session_id, None
         headers = dict(self._reader.settings.headers)
         headers.update(self._session_headers(session))
-        try:
-            response = await self._reader.http.delete(self._reader.url, headers=headers, timeout=wait)
-        except httpx2.RequestError as exc:
-            log.warning("could not end the upstream session", extra={"error": describe_transport_error(exc)})
+        response: httpx2.Response | None = None
+        # The whole answer within `wait`: `timeout` bounds each read, and a body that trickles on
+        # for good held the proxy's exit (or a new initialize) for good.
+        with anyio.move_on_after(wait):
+            try:
+                response = await self._reader.http.delete(self._reader.url, headers=headers, timeout=wait)
+            except httpx2.RequestError as exc:
+                error = describe_transport_error(exc)
+                log.warning("could not end the upstream session", extra={"error": error})
+                return
+        if response is None:
+            error = f"no complete answer within {wait:g} s"
+            log.warning("could not end the upstream session", extra={"error": error})
             return
         if response.status_code == 405:
             log.debug("the upstream does not let clients end sessions (HTTP 405)")
@@ -239,7 +252,7 @@ class HandshakeLeg:
     async def _resume(self, exchange: PostExchange) -> None:
         """A request's stream broke off before the answer: reconnect it from where it stood."""
         if not await self._reader.resume(exchange, self._open_stream):
-            exchange.failure = self._expired_text()
+            exchange.failure = self.expired_text()
 
     def _open_standalone(self) -> None:
         if self._standalone is not None or self.session_id is None:
