@@ -217,20 +217,21 @@ class Sampler:
         self._report(exchange, session, params, None)
 
     async def warm_up(self) -> None:
-        """Get the provider ready ahead of the first request (importing its SDK, if it waits for
-        that), then run a canned request's checks and conversions both ways once (nothing is sent,
-        charged or reported); a failure here is left for the first request to meet."""
-        if isinstance(self.provider, WarmsUp):
-            try:
-                await self.provider.warm_up()
-            except Exception:
-                log.debug("provider warm-up failed; the first request builds it again", exc_info=True)
+        """Run a canned request's checks and conversions both ways once (nothing is sent, charged
+        or reported; first, so that it never runs while a request waits for the provider), then
+        get the provider ready ahead of the first request (importing its SDK, if it waits for
+        that); a failure here is left for the first request to meet."""
         if not self._converted:
             self._converted = True
             try:
                 convert_canned(self.settings)
             except Exception as exc:  # an optimisation only (a limit may refuse the canned request)
                 log.debug("warming up the conversion failed", extra={"error": repr(exc)})
+        if isinstance(self.provider, WarmsUp):
+            try:
+                await self.provider.warm_up()
+            except Exception:
+                log.debug("provider warm-up failed; the first request builds it again", exc_info=True)
 
     def _model(self, params: dict[str, Any]) -> str:
         return _model_for(params, self.settings)
