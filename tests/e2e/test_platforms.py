@@ -13,6 +13,7 @@ import subprocess
 import sys
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -481,6 +482,23 @@ async def test_a_token_endpoint_quoting_the_first_refresh_of_user_credentials_is
             assert [where for where, text in places.items() if form in text] == [], (form, answer)
 
 
+async def refused_on_vertex(
+    fake_claude: FakeClaude, tmp_path: Path, info: dict[str, object]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """One sampling request through the proxy with these Application Default Credentials (project
+    `proj-42`, one attempt, an audit log): its answer, and the texts it left (the answer to the
+    server, the log, the audit log) by where they went, to look for a secret in."""
+    audit = tmp_path / "audit.jsonl"
+    env = {**adc_env(fake_claude, tmp_path, info), "ANTHROPIC_VERTEX_PROJECT_ID": "proj-42"}
+    options = ("--provider", "vertex", "--audit-log", str(audit), "--retry-max-attempts", "1")
+    async with echo_session(None, *options, env=env) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+        log = session.stderr()
+    return answer, {"to the server": json.dumps(answer), "log": log, "audit": audit.read_text()}
+
+
 async def test_a_token_endpoint_quoting_the_source_credentials_of_an_impersonation_is_redacted(
     fake_claude: FakeClaude, tmp_path: Path
 ) -> None:
@@ -499,17 +517,9 @@ async def test_a_token_endpoint_quoting_the_source_credentials_of_an_impersonati
         "source_credentials": source,
     }
     fake_claude.oauth_echo_errors = True
-    audit = tmp_path / "audit.jsonl"
-    env = {**adc_env(fake_claude, tmp_path, info), "ANTHROPIC_VERTEX_PROJECT_ID": "proj-42"}
-    options = ("--provider", "vertex", "--audit-log", str(audit), "--retry-max-attempts", "1")
-    async with echo_session(None, *options, env=env) as session:
-        answer = await ask_sampling(session)
-        await session.close_stdin()
-        await session.wait(30)
-        log = session.stderr()
+    answer, places = await refused_on_vertex(fake_claude, tmp_path, info)
     assert len(fake_claude.token_requests) == 1  # the source's refresh, refused
     assert "refresh_token=***" in answer["error"]["message"], answer
-    places = {"to the server": json.dumps(answer), "log": log, "audit": audit.read_text()}
     for form in (GOOGLE_SHAPED_REFRESH_TOKEN, urllib.parse.quote_plus(GOOGLE_SHAPED_REFRESH_TOKEN)):
         assert [where for where, text in places.items() if form in text] == [], (form, answer)
 
@@ -522,21 +532,13 @@ async def test_a_token_endpoint_quoting_a_service_accounts_signed_assertion_is_r
     reach the server, the log and the audit log: only the cut of an error text at 300 characters
     kept it out when the whole form was quoted, and a short refusal is not cut."""
     fake_claude.oauth_quote_signature = True
-    audit = tmp_path / "audit.jsonl"
-    env = adc_env(fake_claude, tmp_path, fake_claude.service_account_info("proj-42"))
-    env["ANTHROPIC_VERTEX_PROJECT_ID"] = "proj-42"
-    options = ("--provider", "vertex", "--audit-log", str(audit), "--retry-max-attempts", "1")
-    async with echo_session(None, *options, env=env) as session:
-        answer = await ask_sampling(session)
-        await session.close_stdin()
-        await session.wait(30)
-        log = session.stderr()
+    info = fake_claude.service_account_info("proj-42")
+    answer, places = await refused_on_vertex(fake_claude, tmp_path, info)
     [token_request] = fake_claude.token_requests
     assertion = dict(urllib.parse.parse_qsl(token_request.raw_body.decode()))["assertion"]
     signature = assertion.rpartition(".")[2]
     assert len(signature) > 300, assertion  # an RSA-2048 signature: 342 characters
     assert "JWT signature *** does not verify" in answer["error"]["message"], answer
-    places = {"to the server": json.dumps(answer), "log": log, "audit": audit.read_text()}
     assert [where for where, text in places.items() if signature[:40] in text] == [], answer
 
 
@@ -561,17 +563,9 @@ async def test_a_token_endpoint_quoting_a_workload_identity_subject_token_is_red
         "credential_source": {"file": str(token_file)},
     }
     fake_claude.oauth_quote_signature = True
-    audit = tmp_path / "audit.jsonl"
-    env = {**adc_env(fake_claude, tmp_path, info), "ANTHROPIC_VERTEX_PROJECT_ID": "proj-42"}
-    options = ("--provider", "vertex", "--audit-log", str(audit), "--retry-max-attempts", "1")
-    async with echo_session(None, *options, env=env) as session:
-        answer = await ask_sampling(session)
-        await session.close_stdin()
-        await session.wait(30)
-        log = session.stderr()
+    answer, places = await refused_on_vertex(fake_claude, tmp_path, info)
     assert len(fake_claude.token_requests) == 1, answer
     assert "subject token *** does not verify" in answer["error"]["message"], answer
-    places = {"to the server": json.dumps(answer), "log": log, "audit": audit.read_text()}
     assert [where for where, text in places.items() if "fake-oidc-signature" in text] == [], answer
 
 

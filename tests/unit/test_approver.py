@@ -51,6 +51,15 @@ def answer(question: dict[str, Any], decision: str) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": question["id"], "result": result}
 
 
+async def decide(approval: Approver, outcomes: list[str]) -> None:
+    """Ask for one approval; note "allowed", or the refusal's reason."""
+    try:
+        await approval.approve(dict(PARAMS))
+        outcomes.append("allowed")
+    except SamplingError as exc:
+        outcomes.append(str((exc.data or {})["reason"]))
+
+
 async def test_a_client_that_does_not_read_the_question_is_refused_within_the_timeout() -> None:
     """The question's send was awaited before `--approve-timeout` started: a client not reading
     held the sampling request (and its slot in hand) for as long as it did not read."""
@@ -88,16 +97,9 @@ async def test_the_next_question_is_asked_once_the_open_one_is_answered() -> Non
     approval = approver(client)
     outcomes: list[str] = []
 
-    async def ask() -> None:
-        try:
-            await approval.approve(dict(PARAMS))
-            outcomes.append("allowed")
-        except SamplingError as exc:
-            outcomes.append(str((exc.data or {})["reason"]))
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(ask)
-        tg.start_soon(ask)
+        tg.start_soon(decide, approval, outcomes)
+        tg.start_soon(decide, approval, outcomes)
         await anyio.wait_all_tasks_blocked()
         assert len(client.questions()) == 1
         approval.take(answer(client.questions()[0], "deny"))
@@ -139,15 +141,8 @@ async def test_the_first_answer_to_a_question_decides_and_a_second_one_changes_n
     approval = approver(client)
     outcomes: list[str] = []
 
-    async def ask() -> None:
-        try:
-            await approval.approve(dict(PARAMS))
-            outcomes.append("allowed")
-        except SamplingError as exc:
-            outcomes.append(str((exc.data or {})["reason"]))
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(ask)
+        tg.start_soon(decide, approval, outcomes)
         await anyio.wait_all_tasks_blocked()
         question = client.questions()[0]
         assert approval.take(answer(question, "deny"))
