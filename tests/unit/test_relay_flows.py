@@ -241,6 +241,14 @@ def initialize(capabilities: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+async def handshake(r: Relayed) -> None:
+    """A 2025-11-25 session opened by a client that cannot sample (the proxy answers its sampling)."""
+    await r.client.send(request(1, "initialize", initialize({})))
+    await r.server.recv()
+    await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
+    await r.client.recv()
+
+
 def stateless(params: dict[str, Any], capabilities: dict[str, Any] | None = None) -> dict[str, Any]:
     meta = {**ENVELOPE_VERSION, protocol.META_CLIENT_CAPABILITIES: capabilities or {}}
     return {**params, "_meta": meta}
@@ -841,10 +849,7 @@ async def test_a_tasks_list_the_server_cancelled_is_not_kept_for_the_clients_ans
 async def test_a_task_ttl_of_infinity_gives_a_task_with_the_cap_and_the_session_goes_on() -> None:
     """`"ttl": 1e400` decodes to infinity, whose `int()` raised in the routing: the session ended."""
     async with relayed() as r:
-        await r.client.send(request(1, "initialize", initialize({})))
-        await r.server.recv()
-        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
-        await r.client.recv()
+        await handshake(r)
         params = json.dumps(HELLO).encode()[:-1] + b',"task":{"ttl":1e400}}'
         await r.server.send_raw(
             b'{"jsonrpc":"2.0","id":7,"method":"sampling/createMessage","params":' + params + b"}"
@@ -868,10 +873,7 @@ async def test_a_working_task_whose_ttl_passes_is_cancelled_though_nothing_else_
     request of the session happened to look at the book, for an answer nobody could fetch."""
     provider = GatedProvider()
     async with relayed(provider) as r:
-        await r.client.send(request(1, "initialize", initialize({})))
-        await r.server.recv()
-        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
-        await r.client.recv()
+        await handshake(r)
         await r.server.send(sampling_request(7, {**HELLO, "task": {"ttl": 300}}))
         assert "task" in (await r.server.recv())["result"]
         await provider.started.wait()
@@ -887,10 +889,7 @@ async def test_past_the_cap_a_task_whose_answer_was_never_fetched_outlives_those
     never been fetched and later ones, already fetched, were kept. A task whose `tasks/result` was
     answered now makes room first."""
     async with relayed(rate_limit=0) as r:
-        await r.client.send(request(1, "initialize", initialize({})))
-        await r.server.recv()
-        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
-        await r.client.recv()
+        await handshake(r)
 
         async def answer_to(request_id: Any) -> dict[str, Any]:
             while True:  # status notifications come between
@@ -917,10 +916,7 @@ async def test_a_client_cancel_cancels_a_sampling_task_made_for_the_cancelled_re
     later one is refused."""
     provider = GatedProvider()
     async with relayed(provider) as r:
-        await r.client.send(request(1, "initialize", initialize({})))
-        await r.server.recv()
-        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
-        await r.client.recv()
+        await handshake(r)
         await r.client.send(request("call", "tools/call", {"name": "slow"}))
         await r.server.recv()
         await r.server.send_on("call", sampling_request(7, {**HELLO, "task": {"ttl": 60000}}))
@@ -1391,10 +1387,7 @@ async def test_a_tasks_result_reusing_the_id_of_a_sampling_request_in_flight_is_
     """The proxy answers both; under one id, the sampling's cancel would have stopped the wrong one."""
     provider = GatedProvider()
     async with relayed(provider) as r:
-        await r.client.send(request(1, "initialize", initialize({})))
-        await r.server.recv()
-        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
-        await r.client.recv()
+        await handshake(r)
         await r.server.send(sampling_request(9, {**HELLO, "task": {"ttl": 60000}}))
         task = (await r.server.recv())["result"]["task"]
         await r.server.send(sampling_request(3))
@@ -1515,10 +1508,7 @@ async def test_an_upstream_flooding_task_augmented_sampling_is_read_only_as_fast
     provider = GatedProvider()
     sent = 0
     async with relayed(provider=provider, rate_limit=0) as r, anyio.create_task_group() as tg:
-        await r.client.send(request(1, "initialize", initialize({})))
-        await r.server.recv()
-        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
-        await r.client.recv()
+        await handshake(r)
 
         async def flood() -> None:
             nonlocal sent
@@ -1767,10 +1757,7 @@ async def test_a_task_augmented_request_the_server_cancels_before_its_task_is_se
     out ran its Claude call (billed) for an answer the server had given up on."""
     provider = CountingProvider()
     async with relayed(provider) as r:
-        await r.client.send(request(1, "initialize", initialize({})))
-        await r.server.recv()
-        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
-        await r.client.recv()
+        await handshake(r)
         for n in range(100):  # the server's input fills up: it reads nothing for now
             await r.client.send(request(f"p{n}", "ping"))
         await anyio.wait_all_tasks_blocked()
@@ -1806,10 +1793,7 @@ async def test_the_server_can_poll_and_cancel_its_tasks_while_the_most_the_proxy
     (As many wait with `--max-waiting-sampling` raised, or with the user asked to approve each.)"""
     provider = GatedProvider()
     async with relayed(provider=provider, rate_limit=0, max_waiting_sampling=ANSWERING_LIMIT) as r:
-        await r.client.send(request(1, "initialize", initialize({})))
-        await r.server.recv()
-        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
-        await r.client.recv()
+        await handshake(r)
         tasks = []
         for n in range(ANSWERING_LIMIT):
             await r.server.send(sampling_request(f"t{n}", {**HELLO, "task": {"ttl": 600_000}}))
@@ -1861,10 +1845,7 @@ async def test_answers_and_cancels_from_the_server_pass_while_the_most_the_proxy
     cancel of a sampling request, which would have made room itself."""
     provider = GatedProvider()
     async with relayed(provider=provider, rate_limit=0, max_waiting_sampling=ANSWERING_LIMIT) as r:
-        await r.client.send(request(1, "initialize", initialize({})))
-        await r.server.recv()
-        await r.server.send(result(1, {"protocolVersion": "2025-11-25", "capabilities": {}}))
-        await r.client.recv()
+        await handshake(r)
         await r.client.send(request(2, "tools/list"))
         assert (await r.server.recv())["id"] == 2
         for n in range(ANSWERING_LIMIT):
