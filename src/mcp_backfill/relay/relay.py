@@ -579,15 +579,16 @@ class Relay:
         if self._trace_messages:
             trace_message("from upstream", message, len(raw))
         forwarded = rewrite_each(message, lambda item: self._upstream_item(item, related))
-        replies: list[_Send] = [(True, reply, None) for reply in self.tasks.take_replies()]
-        if forwarded is None and message is not None:
-            return replies + self._release_held()
-        if self.traces.enabled:
-            self.traces.answered(forwarded, by="server")
-        if self._held:
-            forwarded = self._merge_held(forwarded)
-        sends = [(False, raw if forwarded is message else jsonrpc.encode(forwarded), related)]
-        return sends + replies + self._release_held()
+        sends: list[_Send] = []
+        if forwarded is not None or message is None:
+            if self.traces.enabled:
+                self.traces.answered(forwarded, by="server")
+            if self._held:
+                forwarded = self._merge_held(forwarded)
+            sends.append((False, raw if forwarded is message else jsonrpc.encode(forwarded), related))
+        if self.tasks.replies_ready:  # the proxy's answers to the server's tasks/* it just read
+            sends.extend((True, reply, None) for reply in self.tasks.take_replies())
+        return sends + self._release_held()
 
     def _upstream_batch_refused(self, batch: list[Any]) -> list[_Send]:
         """An upstream batch over `--max-batch-messages`, dropped as a whole (going through 300,000

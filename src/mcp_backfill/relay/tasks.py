@@ -199,6 +199,11 @@ class SamplingTasks:
         self._replies.append(jsonrpc.encode(reply))
         return None
 
+    @property
+    def replies_ready(self) -> bool:
+        """Are answers waiting for `take_replies`?"""
+        return bool(self._replies)
+
     def take_replies(self) -> list[bytes]:
         """The answers to the server's `tasks/get`, `tasks/list` and `tasks/cancel` taken since the
         last call, for the upstream, in order."""
