@@ -23,6 +23,7 @@ exit, and either starts anew.
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -37,6 +38,7 @@ from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import get_logger
 from mcp_backfill.options import shutting_down
 from mcp_backfill.transports.base import ELSEWHERE_POLL_SECONDS, nothing_elsewhere
+from mcp_backfill.transports.http_upstream.early import PATIENCE, AtOnce
 from mcp_backfill.transports.http_upstream.exchange import EraLeg, ExchangeReader, Item, PostExchange
 from mcp_backfill.transports.http_upstream.handshake import HandshakeLeg
 from mcp_backfill.transports.http_upstream.headers import stateless_version, unsendable_routing
@@ -73,6 +75,7 @@ class HttpUpstream:
         self._tg = task_group
         self._inbox = MessageQueue[Item](INBOX_SIZE)
         self._reader = ExchangeReader(settings, http, self._inbox)
+        self.reader = self._reader
         self._handshake = HandshakeLeg(self._reader, task_group)
         self._handshake.on_expired = self._session_expired
         self._stateless = StatelessLeg(self._reader)
@@ -82,6 +85,9 @@ class HttpUpstream:
         self._active = 0
         self._idle: anyio.Event | None = None  # made by `_settled` when it must wait
         self._stop_started = False
+        self._taker: AtOnce | None = None  # see `deliver_at_once`
+        self._one_way = 0  # messages that are no request, sent by `send_now`, not acknowledged yet
+        self._decoded: Any = None
         self._stopped = anyio.Event()
         self.stop_reason: str | None = None
         """Set by `stop`: what requests still unanswered when it ended the session are told."""
@@ -125,9 +131,49 @@ class HttpUpstream:
             raise payload
         return payload, origin
 
+    def deliver_at_once(self, taker: AtOnce) -> None:
+        """Hand the messages of a POST's answer to `taker` as they arrive, while it is ready and
+        nothing read before them waits for the relay (`early.py`)."""
+        self._taker = _AfterTheInbox(self._inbox, taker)
+
+    def can_send_now(self) -> bool:
+        """`SendsAtOnce`: while no message that is no request is being POSTed (those wait for
+        their acknowledgement, and what comes after them waits with them)."""
+        return self._one_way == 0 and not self._stopped.is_set()
+
+    def send_now(self, message: bytes, related: Any = None) -> None:
+        """`send`, from outside a task: a request's POST is written at once; any other message
+        is POSTed by a task of its own, and `can_send_now` says no until it is acknowledged."""
+        if self._sends_at_once(message):
+            return
+        self._one_way += 1
+        self._tg.start_soon(self._send_one_way, message)
+
+    async def _send_one_way(self, message: bytes) -> None:
+        try:
+            await self.send(message)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            log.debug("message for an ended upstream session dropped")
+        finally:
+            self._one_way -= 1
+
     async def send(self, message: bytes, related: Any = None) -> None:
         """POST one message. `related` (the server request a message answers) needs no routing here:
         every message is its own POST, and the server matches responses by their id."""
+        if self._sends_at_once(message):
+            return
+        decoded = self._decoded
+        items = decoded if isinstance(decoded, list) else [decoded]
+        era = self._era or self._handshake
+        if not isinstance(decoded, list) and _is_cancel(decoded) and self._cancelled_here(decoded, era):
+            return
+        try:
+            await era.post_one_way(message, items)
+        except Exception:  # logged, like any message that cannot be delivered
+            log.exception("posting a message upstream failed unexpectedly")
+
+    def _sends_at_once(self, message: bytes) -> bool:
+        """Start the exchange of a message carrying requests (True); else decode it for `send`."""
         if self._stopped.is_set():
             raise anyio.ClosedResourceError
         try:
@@ -145,13 +191,9 @@ class HttpUpstream:
         requests = [item for item in items if _is_request(item)]
         if requests:
             self._start_exchange(message, requests, batch=isinstance(decoded, list))
-            return
-        if not isinstance(decoded, list) and _is_cancel(decoded) and self._cancelled_here(decoded, era):
-            return
-        try:
-            await era.post_one_way(message, items)
-        except Exception:  # logged, like any message that cannot be delivered
-            log.exception("posting a message upstream failed unexpectedly")
+            return True
+        self._decoded = decoded
+        return False
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -179,7 +221,7 @@ class HttpUpstream:
             )
             for exchange in {id(e): e for e in self._exchanges.values()}.values():
                 exchange.failure = exchange.failure or reason
-                exchange.scope.cancel()
+                self._cancel(exchange)
             with anyio.move_on_after(max(grace, 1.0)):
                 await self._settled()
             await self._handshake.end(max(grace, 1.0))
@@ -198,7 +240,7 @@ class HttpUpstream:
         what is left, those errors included, and then the end."""
         for exchange in {id(e): e for e in self._exchanges.values()}.values():
             exchange.failure = exchange.failure or reason
-            exchange.scope.cancel()
+            self._cancel(exchange)
         with anyio.move_on_after(max(self.settings.finish_timeout, 1.0)):
             await self._settled()
         self._inbox.close()
@@ -253,12 +295,20 @@ class HttpUpstream:
             if superseded is not None:
                 # A reused id: the old POST can no longer be told apart from the new one.
                 superseded.abandoned = True
-                superseded.scope.cancel()
+                self._cancel(superseded)
             self._exchanges[key] = exchange
         self._active += 1
         HttpUpstream.exchanges_everywhere += 1
         if HttpUpstream.exchanges_everywhere <= EAGER_WRITES_UP_TO:
             exchange.leg.write_now(body, exchange)
+            written, taker = exchange.written, self._taker
+            if written is not None and taker is not None and exchange.leg is self._handshake:
+                written.read_early(_ReadEarly(self, exchange, body, taker), self.settings.max_message_bytes)
+                return
+        self.carry(body, exchange)
+
+    def carry(self, body: bytes, exchange: PostExchange) -> None:
+        """Start the exchange's task."""
         self._tg.start_soon(self._run_exchange, body, exchange)
 
     async def _run_exchange(self, body: bytes, exchange: PostExchange) -> None:
@@ -273,14 +323,24 @@ class HttpUpstream:
                 await self._reader.fail(exchange, exchange.unanswered_reason(), exchange.failure_code)
         finally:
             self._reader.discard_written(exchange)  # when it never got as far as reading the answer
-            for key in exchange.methods:
-                if self._exchanges.get(key) is exchange:
-                    del self._exchanges[key]
-            self._active -= 1
-            HttpUpstream.exchanges_everywhere -= 1
-            if self._active == 0 and self._idle is not None:
-                self._idle.set()
-                self._idle = None
+            self.ended(exchange)
+
+    def ended(self, exchange: PostExchange) -> None:
+        """An exchange owes nothing more, or never will."""
+        for key in exchange.methods:
+            if self._exchanges.get(key) is exchange:
+                del self._exchanges[key]
+        self._active -= 1
+        HttpUpstream.exchanges_everywhere -= 1
+        if self._active == 0 and self._idle is not None:
+            self._idle.set()
+            self._idle = None
+
+    def _cancel(self, exchange: PostExchange) -> None:
+        """Cancel an exchange's task (started now if its answer was being read early)."""
+        if exchange.read_early is not None:
+            exchange.read_early.gave_up()
+        exchange.scope.cancel()
 
     def _cancelled_here(self, message: dict[str, Any], era: EraLeg) -> bool:
         """A `notifications/cancelled`: True when the leg cancels by itself and it must not be POSTed."""
@@ -306,7 +366,7 @@ class HttpUpstream:
         await anyio.sleep(self.settings.finish_timeout)
         if not exchange.scope.cancel_called:
             log.debug("closing a cancelled request's stream", extra={"request_id": exchange.origin})
-            exchange.scope.cancel()
+            self._cancel(exchange)
 
 
 @asynccontextmanager
@@ -328,6 +388,64 @@ async def open_http_upstream(
                 with anyio.CancelScope(shield=True):
                     await upstream.stop(0)
                 tg.cancel_scope.cancel()
+
+
+class _ReadEarly:
+    """The hooks of an exchange whose answer its connection's callback reads (`early.py`): the
+    exchange gets its task when that gives up, when `PATIENCE` runs out, or when it is cancelled."""
+
+    def __init__(self, upstream: HttpUpstream, exchange: PostExchange, body: bytes, taker: AtOnce) -> None:
+        self._upstream = upstream
+        self._exchange = exchange
+        self._body = body
+        self._taker = taker
+        self._timer = asyncio.get_running_loop().call_later(PATIENCE, self.gave_up)
+        exchange.read_early = self
+
+    def take(self, data: bytes) -> bool:
+        return self._upstream.reader.take_early(self._exchange, data, self._taker)
+
+    def gave_up(self) -> None:
+        if self._end():
+            self._upstream.carry(self._body, self._exchange)
+
+    def finished(self, reusable: bool) -> None:
+        exchange = self._exchange
+        if exchange.expected:  # the answer ended owing some: the task fails or resumes it
+            self.gave_up()
+            return
+        if self._end() and exchange.written is not None:
+            written, exchange.written = exchange.written, None
+            written.done(reusable)
+            self._upstream.ended(exchange)
+
+    def _end(self) -> bool:
+        """Stop reading early; False if that was over already."""
+        exchange = self._exchange
+        if exchange.read_early is not self:
+            return False
+        exchange.read_early = None
+        self._timer.cancel()
+        if exchange.written is not None:
+            reader = exchange.written.connection.reader
+            if reader.watch is not None:
+                reader.watch = None
+        return True
+
+
+class _AfterTheInbox:
+    """An `AtOnce` taker, ready only while the relay waits for the inbox with nothing in it: what
+    was read before must reach the relay first."""
+
+    def __init__(self, inbox: MessageQueue[Item], taker: AtOnce) -> None:
+        self._inbox = inbox
+        self._taker = taker
+
+    def ready(self) -> bool:
+        return self._inbox.waiting and self._taker.ready()
+
+    def take(self, data: bytes, origin: Any) -> None:
+        self._taker.take(data, origin)
 
 
 def _is_request(item: Any) -> bool:
