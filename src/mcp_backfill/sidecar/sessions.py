@@ -214,13 +214,20 @@ class HttpSession:
     @contextmanager
     def hold(self) -> Iterator[None]:
         """An HTTP request of this session is being served: the session is not idle meanwhile."""
-        self._connections += 1
-        self._activity_changed()
+        self.took_request()
         try:
             yield
         finally:
-            self._connections -= 1
-            self._activity_changed()
+            self.let_go()
+
+    def took_request(self) -> None:
+        """`hold`, begun (`let_go` ends it)."""
+        self._connections += 1
+        self._activity_changed()
+
+    def let_go(self) -> None:
+        self._connections -= 1
+        self._activity_changed()
 
     @property
     def busy(self) -> bool:

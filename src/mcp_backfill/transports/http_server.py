@@ -372,6 +372,15 @@ class InboxChannel:
         self._on_message("from_client")
         return message
 
+    @property
+    def idle(self) -> bool:
+        """Is the relay waiting for the client's next message, with none queued?"""
+        return self._inbox.waiting
+
+    def took(self) -> None:
+        """A message of the client's handed to the relay directly (`sidecar/lane.py`): counted."""
+        self._on_message("from_client")
+
     async def receive_with_origin(self) -> tuple[bytes, Any]:
         return await self.receive(), None
 
