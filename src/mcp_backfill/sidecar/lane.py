@@ -74,7 +74,7 @@ class Lane:
         except (TooManyPosts, DuplicateRequestId):
             return False  # the app refuses it
         post = LanePost(self._app, connection, cycle, session, stream)
-        cycle.body = b""
+        cycle.body = bytearray()
         session.channel.took()
         relay.from_client_now(body)
         post.ready()
@@ -103,7 +103,7 @@ class Lane:
         if version is not None and version not in protocol.HANDSHAKE_VERSIONS:
             return None  # the app knows what that is (a 2026-07-28 request, or one it refuses)
         accept_json, accept_sse = accepts(headers)
-        body = cycle.body
+        body = bytes(cycle.body)  # (uvicorn gathers it in a bytearray)
         if (
             not (accept_json and accept_sse and is_json_body(headers))
             or len(body) > app.handshake.settings.max_body
