@@ -21,7 +21,15 @@ import httpx2
 import pytest
 
 from tests.e2e.test_sidecar_http_upstream import NO_COMMAND, recorder
-from tests.harness import SERVERS, HttpServer, proxy_env, python_http_server
+from tests.harness import (
+    SERVERS,
+    HttpServer,
+    initialize_params,
+    proxy_env,
+    proxy_url_argv,
+    python_http_server,
+    raw_proxy,
+)
 from tests.sidecar_harness import (
     HANDSHAKE_HEADERS,
     HTTP_TIMEOUT,
@@ -263,3 +271,28 @@ async def test_a_body_sent_apart_from_its_head_is_answered_by_the_app() -> None:
             "id": 2,
             "result": {"method": "echo/split"},
         }
+
+
+async def test_a_notification_and_the_request_written_right_after_it_reach_the_upstream_in_order() -> None:
+    # The stdio wrapper hands a client's lines to the HTTP upstream from its read callback: a
+    # notification's POST is still waiting for its acknowledgement when the request after it is
+    # read, and the request must not overtake it (`initialized`, then the first call).
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            response = await session.request(1, "initialize", initialize_params())
+            assert "result" in response, response
+            for n in range(2, 7):
+                initialized = {"jsonrpc": "2.0", "method": f"notifications/slow-ack-{n}"}
+                call = request(n, f"echo/after-{n}")
+                await session.send(initialized)
+                await anyio.sleep(0.02)  # apart: each read at once from the read callback
+                await session.send(call)
+                answer, _ = await session.recv_until(lambda m, n=n: m.get("id") == n)
+                assert answer["result"] == {"method": f"echo/after-{n}"}, answer
+            methods = [
+                r["body"]["method"] for r in recorded() if r["verb"] == "POST" and isinstance(r["body"], dict)
+            ]
+    sent = [m for m in methods if m.startswith(("notifications/slow-ack-", "echo/after-"))]
+    expected = [m for n in range(2, 7) for m in (f"notifications/slow-ack-{n}", f"echo/after-{n}")]
+    assert sent == expected

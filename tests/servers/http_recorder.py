@@ -11,6 +11,8 @@ It speaks just enough of the handshake era for a client to get through `initiali
 `bad-version` the protocol version `2025-11-25\u00e9`), and answers these methods (by the JSON-RPC
 method of the POSTed request):
 
+* a notification whose method starts with `notifications/slow-ack`: recorded and acknowledged
+  only after 0.2 s (anything sent before its acknowledgement is recorded first);
 * `recorder/requests`: result `{"requests": [...]}`, everything recorded so far;
 * `fail/500`: HTTP 500, text body `database on fire`;
 * `fail/teapot`: HTTP 418, text body `short and stout`;
@@ -306,8 +308,10 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", "0"))
         message = json.loads(self.rfile.read(length))
+        method = message.get("method") if isinstance(message, dict) else None
+        if isinstance(method, str) and method.startswith("notifications/slow-ack"):
+            time.sleep(0.2)  # recorded, and acknowledged, only after a while
         self._record(message)
-        method = message.get("method")
         if method != "initialize" and not self.state.session_alive:
             self._reply(404, b"Session not found", "text/plain")
             return

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import DuplicateRequestId, TooManyPosts
+from mcp_backfill.logs import get_logger
 from mcp_backfill.sidecar.http_io import (
     QUICK_ANSWER_SECONDS,
     accepts,
@@ -42,6 +43,8 @@ from mcp_backfill.transports.event_stream import EventStream
 if TYPE_CHECKING:
     from mcp_backfill.sidecar.app import SidecarApp
     from mcp_backfill.sidecar.sessions import HttpSession
+
+log = get_logger("sidecar")
 
 HANDED_OVER = "mcp_backfill.handed_over"
 """The scope extension of a request the lane took and hands to the app: a `HandedOver`."""
@@ -61,7 +64,11 @@ class Lane:
 
     def take(self, connection: Any, cycle: Any) -> bool:
         """Answer `cycle` (its head and body in) from the callbacks; False: it is the app's, untouched."""
-        found = self._session_request(cycle)
+        try:
+            found = self._session_request(cycle)
+        except Exception:  # a bug here must cost the lane, not the request
+            log.exception("the lane failed to look at a request; the app answers it")
+            return False
         if found is None:
             return False
         session, body = found

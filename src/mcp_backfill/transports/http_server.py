@@ -407,7 +407,10 @@ class SessionChannel(InboxChannel):
         if completed is None:
             return None
         if completed.lane is not None:
-            completed.lane.answer()
+            try:
+                completed.lane.answer()
+            except Exception:  # the client's answer failed; the relay goes on
+                log.exception("writing an answer to the client failed")
             return None
         return completed.answer_now
 

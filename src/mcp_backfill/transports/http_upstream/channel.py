@@ -86,8 +86,8 @@ class HttpUpstream:
         self._idle: anyio.Event | None = None  # made by `_settled` when it must wait
         self._stop_started = False
         self._taker: AtOnce | None = None  # see `deliver_at_once`
+        self._one_way_done = anyio.Event()  # set when the last of them is acknowledged
         self._one_way = 0  # messages that are no request, sent by `send_now`, not acknowledged yet
-        self._decoded: Any = None
         self._stopped = anyio.Event()
         self.stop_reason: str | None = None
         """Set by `stop`: what requests still unanswered when it ended the session are told."""
@@ -144,36 +144,34 @@ class HttpUpstream:
     def send_now(self, message: bytes, related: Any = None) -> None:
         """`send`, from outside a task: a request's POST is written at once; any other message
         is POSTed by a task of its own, and `can_send_now` says no until it is acknowledged."""
-        if self._sends_at_once(message):
+        decoded = self._start_or_decode(message)
+        if decoded is _STARTED:
             return
         self._one_way += 1
-        self._tg.start_soon(self._send_one_way, message)
+        self._tg.start_soon(self._send_one_way, message, decoded)
 
-    async def _send_one_way(self, message: bytes) -> None:
+    async def _send_one_way(self, message: bytes, decoded: Any) -> None:
         try:
-            await self.send(message)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            log.debug("message for an ended upstream session dropped")
+            await self._post_one_way(message, decoded)
         finally:
             self._one_way -= 1
+            if not self._one_way:
+                self._one_way_done.set()
+                self._one_way_done = anyio.Event()
 
     async def send(self, message: bytes, related: Any = None) -> None:
         """POST one message. `related` (the server request a message answers) needs no routing here:
-        every message is its own POST, and the server matches responses by their id."""
-        if self._sends_at_once(message):
-            return
-        decoded = self._decoded
-        items = decoded if isinstance(decoded, list) else [decoded]
-        era = self._era or self._handshake
-        if not isinstance(decoded, list) and _is_cancel(decoded) and self._cancelled_here(decoded, era):
-            return
-        try:
-            await era.post_one_way(message, items)
-        except Exception:  # logged, like any message that cannot be delivered
-            log.exception("posting a message upstream failed unexpectedly")
+        every message is its own POST, and the server matches responses by their id. Waits first
+        for what `send_now` is still POSTing: messages go out in order."""
+        while self._one_way:
+            await self._one_way_done.wait()
+        decoded = self._start_or_decode(message)
+        if decoded is not _STARTED:
+            await self._post_one_way(message, decoded)
 
-    def _sends_at_once(self, message: bytes) -> bool:
-        """Start the exchange of a message carrying requests (True); else decode it for `send`."""
+    def _start_or_decode(self, message: bytes) -> Any:
+        """Start the exchange of a message carrying requests (`_STARTED`); else the message decoded
+        (None: it does not decode), for `_post_one_way`."""
         if self._stopped.is_set():
             raise anyio.ClosedResourceError
         try:
@@ -191,9 +189,19 @@ class HttpUpstream:
         requests = [item for item in items if _is_request(item)]
         if requests:
             self._start_exchange(message, requests, batch=isinstance(decoded, list))
-            return True
-        self._decoded = decoded
-        return False
+            return _STARTED
+        return decoded
+
+    async def _post_one_way(self, message: bytes, decoded: Any) -> None:
+        """POST a message that carries no request (a notification, a response, a batch of them)."""
+        items = decoded if isinstance(decoded, list) else [decoded]
+        era = self._era or self._handshake
+        if not isinstance(decoded, list) and _is_cancel(decoded) and self._cancelled_here(decoded, era):
+            return
+        try:
+            await era.post_one_way(message, items)
+        except Exception:  # logged, like any message that cannot be delivered
+            log.exception("posting a message upstream failed unexpectedly")
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -388,6 +396,9 @@ async def open_http_upstream(
                 with anyio.CancelScope(shield=True):
                     await upstream.stop(0)
                 tg.cancel_scope.cancel()
+
+
+_STARTED = object()
 
 
 class _ReadEarly:

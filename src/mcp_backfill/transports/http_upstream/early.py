@@ -26,7 +26,10 @@ from typing import Any, Protocol, SupportsIndex
 import httptools
 
 from mcp_backfill import protocol
+from mcp_backfill.logs import get_logger
 from mcp_backfill.transports.http_upstream.sse import SseDecoder
+
+log = get_logger("http")
 
 # How long an answer is read from the callback alone before its exchange's task takes over.
 PATIENCE = 0.5
@@ -102,7 +105,10 @@ class EarlyAnswer:
     def feed(self, data: bytes, crowded: bool) -> None:
         try:
             self._parser.feed_data(data)
-        except Exception:  # a parser error, or one of its callbacks' (`_NotPlain`): the task's
+        except Exception as exc:  # a parser error, or one of its callbacks' (`_NotPlain`): the task's
+            bug = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else None
+            if bug is not None and not isinstance(bug, _NotPlain):
+                log.exception("reading an upstream answer as it arrived failed; its task reads it")
             if not self._done:
                 self.stop()
                 return
