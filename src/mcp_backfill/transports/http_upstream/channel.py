@@ -63,6 +63,10 @@ class HttpUpstream:
     It keeps what both eras share (the inbox, the exchanges in flight, shutdown) and hands each
     message to the leg of its era: a request to the leg its own body names (see `_leg_for`), a
     notification or response to the era's leg.
+
+    Long because every way a message goes out (from the relay's task or at once, as a request's
+    exchange or a one-way POST) and every way an exchange ends (its task, or its answer read from
+    the callback) meet the counts `stop` waits on here; split, each part would take them all along.
     """
 
     exchanges_everywhere = 0
