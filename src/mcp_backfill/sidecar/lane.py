@@ -172,7 +172,8 @@ class LanePost:
         app.lane_began()
         stream.lane = self
         connection.lane_post = self
-        self._timer = self._loop.call_later(QUICK_ANSWER_SECONDS, self._hand_over)
+        window = min(QUICK_ANSWER_SECONDS, app.handshake.settings.json_window)
+        self._timer = self._loop.call_later(window, self._hand_over)
 
     def ready(self) -> None:
         self._ready = True
@@ -212,7 +213,7 @@ class LanePost:
             *connection.server_state.default_headers,
             *_JSON_HEADERS,
             (b"content-length", b"%d" % len(answer)),
-            (protocol.SESSION_HEADER.lower().encode(), self._session.id.encode()),
+            (protocol.SESSION_HEADER.encode(), self._session.id.encode()),
         ]
         keep_alive = cycle.keep_alive
         if not keep_alive:
