@@ -82,8 +82,10 @@ class Lane:
             return False  # the app refuses it
         post = LanePost(self._app, connection, cycle, session, stream)
         cycle.body = bytearray()
-        session.channel.took()
-        relay.from_client_now(body)
+        if relay.from_client_now(body):
+            session.channel.took()
+        else:  # (it said it would take it) the relay's task takes it, as the app hands it over
+            session.deliver_now(body)
         post.ready()
         return True
 

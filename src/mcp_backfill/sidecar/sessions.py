@@ -211,6 +211,13 @@ class HttpSession:
             raise SessionGone from None
         await asyncio.sleep(0)
 
+    def deliver_now(self, raw: bytes) -> None:
+        """`deliver`, without waiting for room (from the lane, which has none to wait in)."""
+        try:
+            self._inbox.send_nowait(raw)
+        except anyio.ClosedResourceError:
+            log.debug("message for an ended session dropped", extra={"session": self.label})
+
     @contextmanager
     def hold(self) -> Iterator[None]:
         """An HTTP request of this session is being served: the session is not idle meanwhile."""

@@ -38,7 +38,7 @@ from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import get_logger
 from mcp_backfill.options import shutting_down
 from mcp_backfill.transports.base import ELSEWHERE_POLL_SECONDS, nothing_elsewhere
-from mcp_backfill.transports.http_upstream.early import PATIENCE, AtOnce
+from mcp_backfill.transports.http_upstream import early
 from mcp_backfill.transports.http_upstream.exchange import EraLeg, ExchangeReader, Item, PostExchange
 from mcp_backfill.transports.http_upstream.handshake import HandshakeLeg
 from mcp_backfill.transports.http_upstream.headers import stateless_version, unsendable_routing
@@ -89,7 +89,7 @@ class HttpUpstream:
         self._active = 0
         self._idle: anyio.Event | None = None  # made by `_settled` when it must wait
         self._stop_started = False
-        self._taker: AtOnce | None = None  # see `deliver_at_once`
+        self._taker: early.AtOnce | None = None  # see `deliver_at_once`
         self._one_way_done = anyio.Event()  # set when the last of them is acknowledged
         self._one_way = 0  # messages that are no request, sent by `send_now`, not acknowledged yet
         self._stopped = anyio.Event()
@@ -135,10 +135,11 @@ class HttpUpstream:
             raise payload
         return payload, origin
 
-    def deliver_at_once(self, taker: AtOnce) -> None:
+    def deliver_at_once(self, taker: early.AtOnce) -> None:
         """Hand the messages of a POST's answer to `taker` as they arrive, while it is ready and
         nothing read before them waits for the relay (`early.py`)."""
-        self._taker = _AfterTheInbox(self._inbox, taker)
+        if early.AVAILABLE:
+            self._taker = _AfterTheInbox(self._inbox, taker)
 
     def can_send_now(self) -> bool:
         """`SendsAtOnce`: while no message that is no request is being POSTed (those wait for
@@ -314,7 +315,12 @@ class HttpUpstream:
         if HttpUpstream.exchanges_everywhere <= EAGER_WRITES_UP_TO:
             exchange.leg.write_now(body, exchange)
             written, taker = exchange.written, self._taker
-            if written is not None and taker is not None and exchange.leg is self._handshake:
+            if (
+                written is not None
+                and taker is not None
+                and exchange.leg is self._handshake
+                and early.AVAILABLE
+            ):
                 written.read_early(_ReadEarly(self, exchange, body, taker), self.settings.max_message_bytes)
                 return
         self.carry(body, exchange)
@@ -409,12 +415,14 @@ class _ReadEarly:
     """The hooks of an exchange whose answer its connection's callback reads (`early.py`): the
     exchange gets its task when that gives up, when `PATIENCE` runs out, or when it is cancelled."""
 
-    def __init__(self, upstream: HttpUpstream, exchange: PostExchange, body: bytes, taker: AtOnce) -> None:
+    def __init__(
+        self, upstream: HttpUpstream, exchange: PostExchange, body: bytes, taker: early.AtOnce
+    ) -> None:
         self._upstream = upstream
         self._exchange = exchange
         self._body = body
         self._taker = taker
-        self._timer = asyncio.get_running_loop().call_later(PATIENCE, self.gave_up)
+        self._timer = asyncio.get_running_loop().call_later(early.PATIENCE, self.gave_up)
         exchange.read_early = self
 
     def take(self, data: bytes) -> bool:
@@ -449,10 +457,10 @@ class _ReadEarly:
 
 
 class _AfterTheInbox:
-    """An `AtOnce` taker, ready only while the relay waits for the inbox with nothing in it: what
+    """An `AtOnce` taker (`early.py`), ready only while the relay waits for the inbox with nothing in it: what
     was read before must reach the relay first."""
 
-    def __init__(self, inbox: MessageQueue[Item], taker: AtOnce) -> None:
+    def __init__(self, inbox: MessageQueue[Item], taker: early.AtOnce) -> None:
         self._inbox = inbox
         self._taker = taker
 

@@ -15,6 +15,7 @@ Anything else, and the exchange gets its task after all (`Hooks.gave_up`), which
 taken at once, a stream that ends owing an answer, an answer larger than the reader holds, the
 connection's end or error, and an answer still unfinished after `PATIENCE` seconds (the task's read
 timeout then applies). So every way an answer can go but the plain one is the task's, unchanged.
+Without `httptools` (a platform without its wheel) no answer is read early.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any, Protocol, SupportsIndex
 
-import httptools
+try:
+    import httptools
+except ImportError:  # a platform without its wheel: every answer is read by its exchange's task
+    httptools = None  # type: ignore[assignment]
 
 from mcp_backfill import protocol
 from mcp_backfill.logs import get_logger
@@ -31,6 +35,8 @@ from mcp_backfill.transports.http_upstream.sse import SseDecoder
 
 log = get_logger("http")
 
+AVAILABLE = httptools is not None
+"""Answers are read early only with httptools' parser (installed with this package)."""
 # How long an answer is read from the callback alone before its exchange's task takes over.
 PATIENCE = 0.5
 _SSE = protocol.SSE_TYPE.encode()
