@@ -105,10 +105,24 @@ class Peer:
         return self.from_relay.statistics().current_buffer_used == 0
 
 
-def channel_pair() -> tuple[MemoryChannel, Peer]:
+class AtOnceChannel(MemoryChannel):
+    """A `MemoryChannel` that also sends without waiting (`SendsAtOnce`), as the stdio pipes do: the
+    relay may then be handed a message from outside its pumps (`Relay.from_client_now`,
+    `from_upstream_now`), as a pipe's read callback does."""
+
+    def can_send_now(self) -> bool:
+        stats = self._outbox.statistics()
+        return stats.current_buffer_used < stats.max_buffer_size
+
+    def send_now(self, message: bytes, related: Any = None) -> None:
+        self._outbox.send_nowait(message)
+
+
+def channel_pair(at_once: bool = False) -> tuple[MemoryChannel, Peer]:
     to_relay, relay_inbox = anyio.create_memory_object_stream[bytes](100)
     relay_outbox, from_relay = anyio.create_memory_object_stream[bytes](100)
-    return MemoryChannel(relay_inbox, relay_outbox), Peer(to_relay, from_relay)
+    channel = (AtOnceChannel if at_once else MemoryChannel)(relay_inbox, relay_outbox)
+    return channel, Peer(to_relay, from_relay)
 
 
 class GatedProvider(MockProvider):
@@ -194,6 +208,8 @@ async def relayed(
     provider: MockProvider | None = None,
     store: LedgerStore | None = None,
     audit: AuditLog | None = None,
+    *,
+    at_once: bool = False,
     **options: Any,
 ) -> AsyncIterator[Relayed]:
     config = Config(upstream_command=("server",), provider="mock", **options)
@@ -203,8 +219,8 @@ async def relayed(
         spend=Spend(assembly.spend_settings(config), store),
         audit=audit,
     )
-    client_side, client = channel_pair()
-    upstream_side, server = channel_pair()
+    client_side, client = channel_pair(at_once)
+    upstream_side, server = channel_pair(at_once)
     relay = Relay(
         assembly.relay_options(config),
         sampler,
@@ -1220,7 +1236,7 @@ async def test_an_approved_round_the_client_cancels_before_its_sampling_starts_i
     the user is asked."""
     provider, store = CountingProvider(), GatedClaimsStore()
     audit = AuditLog(str(tmp_path / "audit.jsonl"))
-    options = {"approve": "elicit", "request_state_key": SHARED_KEY}
+    options: dict[str, Any] = {"approve": "elicit", "request_state_key": SHARED_KEY}
     async with auditing(audit), relayed(provider, store, audit=audit, **options) as r:
         params = await approving_retry(r, "allow_once")
         await r.client.send(request(2, "tools/call", params))
@@ -1862,3 +1878,79 @@ async def test_answers_and_cancels_from_the_server_pass_while_the_most_the_proxy
                     await anyio.sleep(0.01)
         finally:
             provider.gate.set()
+
+
+async def reinitialized(r: Relayed) -> list[Any]:
+    """The client begins a new session (`initialize` again, id 2): what the server is sent from then
+    on, once the relay has settled, the new `initialize` first."""
+    await r.client.send(request(2, "initialize", initialize({})))
+    sent = [await r.server.recv()]
+    await anyio.wait_all_tasks_blocked()
+    return sent + await drained(r.server)
+
+
+async def test_a_tasks_result_of_the_session_before_gets_no_answer_in_the_new_one() -> None:
+    """The server of the first session waited on `tasks/result` for a working task when the client
+    began a new session: ending the task woke the wait, and its answer (the task's cancellation
+    error) went to the upstream after the new `initialize`, into a session that never asked (over
+    `--upstream-url`, POSTed to the new upstream session). It is dropped."""
+    provider = GatedProvider()
+    async with relayed(provider) as r:
+        await handshake(r)
+        await r.server.send(sampling_request(7, {**HELLO, "task": {"ttl": 60000}}))
+        task = (await r.server.recv())["result"]["task"]
+        await provider.started.wait()
+        await r.server.send(request(8, protocol.TASKS_RESULT, {"taskId": task["taskId"]}))
+        await anyio.wait_all_tasks_blocked()
+        sent = await reinitialized(r)
+        assert [m.get("method") for m in sent] == ["initialize"], sent
+        assert provider.cancelled
+
+
+async def test_a_task_whose_answer_had_yet_to_go_out_is_not_sent_into_the_new_session() -> None:
+    """A task-augmented sampling request read just before the client's new `initialize` (the stdio
+    pipes' read callbacks relay both before any task runs): the task was ended with the session,
+    but its `CreateTaskResult` had yet to be sent, and went to the upstream after the new
+    `initialize`, into the new session (a task it never asked for, cancelled already)."""
+    provider = CountingProvider()
+    async with relayed(provider, at_once=True) as r:
+        await handshake(r)
+        tasked = sampling_request(7, {**HELLO, "task": {"ttl": 60000}})
+        assert r.relay.from_upstream_now(json.dumps(tasked).encode())
+        assert r.relay.from_client_now(json.dumps(request(2, "initialize", initialize({}))).encode())
+        await anyio.wait_all_tasks_blocked()
+        sent = await drained(r.server)
+        assert [m.get("method") for m in sent] == ["initialize"], sent
+        assert provider.calls == 0
+        assert not r.relay.tasks.book.tasks
+
+
+@pytest.mark.parametrize("cancelled_by", ["server", "client"])
+async def test_the_status_of_a_task_cancelled_just_before_a_new_session_is_not_sent_into_it(
+    cancelled_by: str,
+) -> None:
+    """A task cancelled (by the server's `tasks/cancel`, or by the client's cancel of the request it
+    was made for) just before the client's new `initialize`: its `notifications/tasks/status`, sent
+    from a task of its own, went to the upstream after the new `initialize`, about a task of a
+    session that no longer exists."""
+    provider = GatedProvider()
+    async with relayed(provider, at_once=True) as r:
+        await handshake(r)
+        await r.client.send(request("call", "tools/call", {"name": "slow"}))
+        await r.server.recv()
+        await r.server.send_on("call", sampling_request(7, {**HELLO, "task": {"ttl": 60000}}))
+        task = (await r.server.recv())["result"]["task"]
+        await provider.started.wait()
+        await anyio.wait_all_tasks_blocked()
+        if cancelled_by == "server":
+            cancel = request(8, protocol.TASKS_CANCEL, {"taskId": task["taskId"]})
+            assert r.relay.from_upstream_now(json.dumps(cancel).encode())
+        else:
+            cancel = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": "call"}}
+            assert r.relay.from_client_now(json.dumps(cancel).encode())
+        assert r.relay.from_client_now(json.dumps(request(2, "initialize", initialize({}))).encode())
+        await anyio.wait_all_tasks_blocked()
+        sent = await drained(r.server)
+        assert protocol.TASKS_STATUS not in [m.get("method") for m in sent], sent
+        assert sent[-1]["method"] == "initialize"
+        assert provider.cancelled

@@ -12,6 +12,10 @@ Cancelling a task cancels its Claude call, charged like any cancelled call; so d
 cancelling the request a task was made for (`cut_for_client`); an expired task is forgotten (a
 working one is cancelled first); a failure becomes a failed task whose `tasks/result` is the
 JSON-RPC error the request would have got.
+
+Everything sent to the upstream about tasks is sent for the session it belongs to: once the client
+begins a new one (`end_session`), what was still to be sent for the one before (a task not sent
+yet, a status notification, a `tasks/result` answer) is dropped, not sent into the new session.
 """
 
 from __future__ import annotations
@@ -37,7 +41,12 @@ where `cut()` is the refusal (-32800) once the client's cancel has cut the task,
 
 
 class SamplingTasks:
-    """The proxy's sampling tasks for one session, and its answers to the server's `tasks/*`."""
+    """The proxy's sampling tasks for one session, and its answers to the server's `tasks/*`.
+
+    Long because every way a task ends (its call's end, `tasks/cancel`, the client's cancel, its
+    TTL, eviction, a new session) meets every message about it (the task, its status, the answers
+    to `tasks/*`) in the same state: the calls' scopes, the waits and the ids in flight.
+    """
 
     def __init__(
         self,
@@ -61,6 +70,9 @@ class SamplingTasks:
         self._creating: dict[jsonrpc.IdKey, str] = {}
         self._client_lists: set[jsonrpc.IdKey] = set()  # tasks/list requests the client answers
         self._replies: list[bytes] = []  # answers ready for the upstream (`take_replies`)
+        # The client's session (counted from 0; `end_session` begins the next): what is sent to the
+        # upstream about tasks is sent only in the session it belongs to.
+        self._session = 0
         self._tg: TaskGroup | None = None
 
     def start(self, task_group: TaskGroup) -> None:
@@ -84,7 +96,7 @@ class SamplingTasks:
         log.info("sampling task created", extra={"request_id": request_id, "task_id": task.task_id})
         untasked = {key: value for key, value in params.items() if key != "task"}
         assert self._tg is not None
-        self._hand.start(self._tg, self._work, request_id, untasked, related, task, scope)
+        self._hand.start(self._tg, self._work, request_id, untasked, related, task, scope, self._session)
 
     async def _work(
         self,
@@ -93,14 +105,14 @@ class SamplingTasks:
         related: Any,
         task: SamplingTask,
         scope: anyio.CancelScope,
+        session: int,
     ) -> None:
         finished = False
         key = jsonrpc.id_key(request_id)
         try:
             if self._creating.get(key) == task.task_id:  # not cancelled by the server before it went out
-                await self._send_upstream(
-                    jsonrpc.encode(jsonrpc.result_response(request_id, {"task": task.wire()}))
-                )
+                created = jsonrpc.result_response(request_id, {"task": task.wire()})
+                await self._send(session, jsonrpc.encode(created), "task", request_id)
             if self._creating.get(key) == task.task_id:  # not a later request's under the same id
                 del self._creating[key]
             with scope:  # cancelled already if the server cancelled the request: nothing is sampled
@@ -124,7 +136,7 @@ class SamplingTasks:
                 done.set()
         if finished:
             log.info("sampling task finished", extra={"task_id": task.task_id, "status": task.status})
-            await self._announce(task)
+            await self._announce(task, session)
 
     def cut_for_client(self, related: Any, refusal: str) -> None:
         """The client cancelled its request `related`: the working tasks made for it are cancelled
@@ -142,13 +154,22 @@ class SamplingTasks:
             self._cut[task_id] = refusal
             self._scopes[task_id].cancel()
             assert self._tg is not None
-            self._tg.start_soon(self._announce, task)
+            self._tg.start_soon(self._announce, task, self._session)
 
     def end_session(self) -> None:
         """The client began a new session (`initialize` again): the tasks of the one before are
         cancelled (their Claude calls stopped, and charged) and forgotten. Its server (over an HTTP
         upstream, a session already deleted) can no longer fetch them, and the new one must not
-        see them. A `tasks/result` still waiting gets the cancellation error."""
+        see them. Nothing more is sent about them: not a task still to be sent, nor a status
+        notification, nor the answer to a `tasks/result` still waiting (the requests of the session
+        before are no longer the server's; over an HTTP upstream they would be POSTed into the new
+        session)."""
+        self._session += 1
+        self._creating.clear()  # their ids are free for the new session's requests
+        for waiting in self._waiting.values():
+            waiting.cancel()
+        self._waiting.clear()
+        self._client_lists.clear()
         if not self.book.tasks:
             return
         message = "The session the task was made in ended: the client began a new one"
@@ -169,9 +190,21 @@ class SamplingTasks:
                 log.info("sampling task expired while working; cancelled", extra={"task_id": task.task_id})
                 scope.cancel()
 
-    async def _announce(self, task: SamplingTask) -> None:
+    async def _announce(self, task: SamplingTask, session: int) -> None:
         note = {"jsonrpc": "2.0", "method": protocol.TASKS_STATUS, "params": task.wire()}
-        await self._send_upstream(jsonrpc.encode(note))
+        await self._send(session, jsonrpc.encode(note), "task status", task_id=task.task_id)
+
+    async def _send(
+        self, session: int, raw: bytes, what: str, request_id: Any = None, *, task_id: str | None = None
+    ) -> None:
+        """Send `raw` to the upstream if the client's session it belongs to is still the current one."""
+        if session == self._session:
+            await self._send_upstream(raw)
+            return
+        log.debug(
+            "message about a sampling task of the client's session before its new one; dropped",
+            extra={"sent": what, "request_id": request_id, "task_id": task_id},
+        )
 
     # -- the server's tasks/* requests -----------------------------------------------------------
 
@@ -190,7 +223,7 @@ class SamplingTasks:
         self._forget(self.book.expire())
         if method == protocol.TASKS_RESULT:
             assert self._tg is not None
-            self._hand.start(self._tg, self._fetch, message["id"], params)
+            self._hand.start(self._tg, self._fetch, message["id"], params, self._session)
             return None
         try:
             reply = jsonrpc.result_response(message["id"], self._now(method, params))
@@ -222,15 +255,15 @@ class SamplingTasks:
             return not client.lists_tasks()
         return is_own_task(params.get("taskId")) or client.tasks is None
 
-    async def _fetch(self, request_id: Any, params: dict[str, Any]) -> None:
+    async def _fetch(self, request_id: Any, params: dict[str, Any], session: int) -> None:
         """`tasks/result`, in the background (see `_result`)."""
         try:
             task = self.book.get(params.get("taskId"))
         except TaskError as exc:
             reply = jsonrpc.error_response(request_id, protocol.INVALID_PARAMS, str(exc))
-            await self._send_upstream(jsonrpc.encode(reply))
+            await self._send(session, jsonrpc.encode(reply), "tasks/result answer", request_id)
             return
-        await self._result(request_id, task)
+        await self._result(request_id, task, session)
 
     def _now(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """The answer to `tasks/get`, `tasks/list` or `tasks/cancel`; raises `TaskError`."""
@@ -248,10 +281,10 @@ class SamplingTasks:
         if scope is not None:
             scope.cancel()
         assert self._tg is not None
-        self._tg.start_soon(self._announce, task)
+        self._tg.start_soon(self._announce, task, self._session)
         return task.wire()
 
-    async def _result(self, request_id: Any, task: SamplingTask) -> None:
+    async def _result(self, request_id: Any, task: SamplingTask, session: int) -> None:
         """`tasks/result`: once the task is terminal, what the sampling request would have returned."""
         done = self._done.get(task.task_id)
         if done is not None and not task.terminal:
@@ -273,7 +306,7 @@ class SamplingTasks:
         else:
             meta = {**(body.get("_meta") or {}), protocol.META_RELATED_TASK: {"taskId": task.task_id}}
             reply = jsonrpc.result_response(request_id, {**body, "_meta": meta})
-        await self._send_upstream(jsonrpc.encode(reply))
+        await self._send(session, jsonrpc.encode(reply), "tasks/result answer", request_id)
 
     def waiting(self, request_id: Any) -> bool:
         """Is `request_id` a `tasks/result` of the server's still waiting for its task, or a
