@@ -1954,3 +1954,78 @@ async def test_the_status_of_a_task_cancelled_just_before_a_new_session_is_not_s
         assert protocol.TASKS_STATUS not in [m.get("method") for m in sent], sent
         assert sent[-1]["method"] == "initialize"
         assert provider.cancelled
+
+
+class BilledThenGated(GatedProvider):
+    """The gated provider whose call has begun streaming (its usage reported, billed) when it waits."""
+
+    USAGE = {"input_tokens": 5, "output_tokens": 3}
+
+    async def create_message(
+        self,
+        request: dict[str, Any],
+        *,
+        on_progress: ProgressCallback | None = None,
+        meter: UsageMeter | None = None,
+    ) -> dict[str, Any]:
+        if meter is not None and not self.started.is_set():
+            meter.begin_attempt()
+            meter.report(self.USAGE)
+        return await super().create_message(request, on_progress=on_progress, meter=meter)
+
+
+async def test_a_working_task_evicted_to_make_room_is_said_to_be_evicted_not_expired(tmp_path: Path) -> None:
+    """Past `MAX_TASKS` with none of the session's tasks finished (the server sent a batch of them),
+    the oldest, still working, is dropped to make room: its Claude call is stopped (and audited as
+    cancelled, charged like any cancelled call). Its status, its waiting `tasks/result` and any later
+    lookup said it had expired (or was not found), though its TTL had ten minutes to run: they say
+    it was evicted, and by which limit."""
+    provider = BilledThenGated()
+    audit = AuditLog(str(tmp_path / "audit.jsonl"))
+    async with auditing(audit), relayed(provider, audit=audit, rate_limit=0) as r:
+        await handshake(r)
+        await r.server.send(sampling_request("first", {**HELLO, "task": {"ttl": 600_000}}))
+        first = (await r.server.recv())["result"]["task"]["taskId"]
+        await provider.started.wait()
+        await r.server.send(request("wait", protocol.TASKS_RESULT, {"taskId": first}))
+        await anyio.wait_all_tasks_blocked()
+        await r.server.send(
+            [sampling_request(f"s{n}", {**HELLO, "task": {"ttl": 600_000}}) for n in range(MAX_TASKS)]
+        )
+        answers: dict[Any, dict[str, Any]] = {}
+        statuses: list[dict[str, Any]] = []
+        asked = False
+        try:
+            with anyio.fail_after(30):
+                while "wait" not in answers or not statuses or "get" not in answers:
+                    message = await r.server.recv()
+                    if (
+                        message.get("method") == protocol.TASKS_STATUS
+                        and message["params"]["taskId"] == first
+                    ):
+                        statuses.append(message["params"])
+                    elif "id" in message:
+                        answers[message["id"]] = message
+                    if "wait" in answers and statuses and not asked:
+                        asked = True
+                        await r.server.send(request("get", protocol.TASKS_GET, {"taskId": first}))
+        finally:
+            provider.gate.set()
+        assert provider.cancelled
+    [status] = statuses
+    assert status["status"] == "cancelled"
+    for said in (
+        status["statusMessage"],
+        answers["wait"]["error"]["message"],
+        answers["get"]["error"]["message"],
+    ):
+        assert all(word in said for word in ("evicted", "MAX_TASKS", str(MAX_TASKS))), said
+        assert "expired" not in said, said
+    assert answers["wait"]["error"]["code"] == protocol.REQUEST_CANCELLED
+    assert answers["get"]["error"]["code"] == protocol.INVALID_PARAMS
+    assert answers["get"]["error"]["message"].startswith("Failed to retrieve task: Task not found")
+    lines = [json.loads(text) for text in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    [line] = [line for line in lines if line["request_id"] == "first"]
+    assert (line["outcome"], line["calls"]) == ("cancelled", 1), line
+    assert line["charged"]["input_tokens"] == BilledThenGated.USAGE["input_tokens"], line  # billed: charged
+    assert line["charged"]["output_tokens"] >= BilledThenGated.USAGE["output_tokens"], line

@@ -10,8 +10,8 @@ its last page. Every status change is announced with `notifications/tasks/status
 
 Cancelling a task cancels its Claude call, charged like any cancelled call; so does the client
 cancelling the request a task was made for (`cut_for_client`); an expired task is forgotten (a
-working one is cancelled first); a failure becomes a failed task whose `tasks/result` is the
-JSON-RPC error the request would have got.
+working one is cancelled first, as is one evicted to make room past `MAX_TASKS`); a failure
+becomes a failed task whose `tasks/result` is the JSON-RPC error the request would have got.
 
 Everything sent to the upstream about tasks is sent for the session it belongs to: once the client
 begins a new one (`end_session`), what was still to be sent for the one before (a task not sent
@@ -31,7 +31,15 @@ from mcp_backfill.errors import SamplingError
 from mcp_backfill.logs import get_logger
 from mcp_backfill.relay.answering import InHand
 from mcp_backfill.relay.capabilities import ClientProfile
-from mcp_backfill.relay.task_book import SamplingTask, TaskBook, TaskError, is_own_task
+from mcp_backfill.relay.task_book import (
+    EVICTED,
+    EXPIRED,
+    MAX_TASKS,
+    SamplingTask,
+    TaskBook,
+    TaskError,
+    is_own_task,
+)
 
 log = get_logger("relay")
 
@@ -124,9 +132,10 @@ class SamplingTasks:
                     if exc.data is not None:
                         error["data"] = exc.data
                     finished = self.book.finish(task, "failed", ("error", error), exc.message)
-            if scope.cancelled_caught and not task.terminal:  # forgotten (expired) while working
-                error = {"code": protocol.REQUEST_CANCELLED, "message": "The task expired"}
-                finished = self.book.finish(task, "cancelled", ("error", error), "The task expired.")
+            if scope.cancelled_caught and not task.terminal:  # forgotten (expired, evicted) while working
+                message = EVICTED if task.evicted else EXPIRED
+                error = {"code": protocol.REQUEST_CANCELLED, "message": message}
+                finished = self.book.finish(task, "cancelled", ("error", error), message + ".")
         finally:
             self._scopes.pop(task.task_id, None)
             self._related.pop(task.task_id, None)
@@ -171,6 +180,7 @@ class SamplingTasks:
         self._waiting.clear()
         self._client_lists.clear()
         if not self.book.tasks:
+            self.book.clear()
             return
         message = "The session the task was made in ended: the client began a new one"
         error = {"code": protocol.REQUEST_CANCELLED, "message": message}
@@ -180,15 +190,24 @@ class SamplingTasks:
                 if scope is not None:
                     scope.cancel()
         log.info("client began a new session; its earlier sampling tasks are cancelled and forgotten")
-        self.book.tasks.clear()
+        self.book.clear()
 
     def _forget(self, tasks: list[SamplingTask]) -> None:
-        """Tasks dropped from the book: a working one's Claude call is stopped."""
+        """Tasks dropped from the book (expired, or evicted to make room): a working one's Claude
+        call is stopped (and charged, as any cancelled call)."""
         for task in tasks:
             scope = self._scopes.get(task.task_id)
-            if scope is not None:
+            if scope is None:
+                continue
+            if task.evicted:
+                log.warning(
+                    "sampling task evicted while working, to make room for a new one (the session "
+                    f"kept {MAX_TASKS} tasks, MAX_TASKS, none finished); cancelled",
+                    extra={"task_id": task.task_id},
+                )
+            else:
                 log.info("sampling task expired while working; cancelled", extra={"task_id": task.task_id})
-                scope.cancel()
+            scope.cancel()
 
     async def _announce(self, task: SamplingTask, session: int) -> None:
         note = {"jsonrpc": "2.0", "method": protocol.TASKS_STATUS, "params": task.wire()}
