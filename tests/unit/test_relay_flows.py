@@ -2029,3 +2029,45 @@ async def test_a_working_task_evicted_to_make_room_is_said_to_be_evicted_not_exp
     assert (line["outcome"], line["calls"]) == ("cancelled", 1), line
     assert line["charged"]["input_tokens"] == BilledThenGated.USAGE["input_tokens"], line  # billed: charged
     assert line["charged"]["output_tokens"] >= BilledThenGated.USAGE["output_tokens"], line
+
+
+async def test_a_tasks_result_the_server_cancels_before_the_proxy_looks_at_it_gets_no_answer() -> None:
+    """The server's `tasks/result` and its cancel read together (the stdio pipe's read callback
+    relays both before any task runs): the cancel found no wait to stop yet (the wait began when
+    the answering task first ran), so it was dropped, and the answer went out all the same once the
+    task finished, for a request the server had given up (its id perhaps used again by then)."""
+    provider = GatedProvider()
+    async with relayed(provider, at_once=True) as r:
+        await handshake(r)
+        await r.server.send(sampling_request(7, {**HELLO, "task": {"ttl": 60000}}))
+        task = (await r.server.recv())["result"]["task"]
+        await provider.started.wait()
+        await anyio.wait_all_tasks_blocked()
+        fetch = request(8, protocol.TASKS_RESULT, {"taskId": task["taskId"]})
+        cancel = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 8}}
+        assert r.relay.from_upstream_now(json.dumps(fetch).encode())
+        assert r.relay.from_upstream_now(json.dumps(cancel).encode())
+        provider.gate.set()
+        await anyio.wait_all_tasks_blocked()
+        sent = await drained(r.server)
+        assert [m.get("method") for m in sent] == [protocol.TASKS_STATUS], sent
+        assert r.client.nothing_waiting()
+
+
+async def test_a_tasks_result_under_the_id_of_one_just_read_is_refused_as_a_duplicate() -> None:
+    """Two `tasks/result` under one id read together: the first was not yet counted as being
+    answered (it was from when its answering task first ran until its wait ended), so the second
+    was taken too, and the server got two answers under one id."""
+    async with relayed(at_once=True) as r:
+        await handshake(r)
+        await r.server.send(sampling_request(7, {**HELLO, "task": {"ttl": 60000}}))
+        task = (await r.server.recv())["result"]["task"]
+        assert (await r.server.recv())["params"]["status"] == "completed"
+        fetch = json.dumps(request(8, protocol.TASKS_RESULT, {"taskId": task["taskId"]})).encode()
+        assert r.relay.from_upstream_now(fetch)
+        assert r.relay.from_upstream_now(fetch)
+        await anyio.wait_all_tasks_blocked()
+        sent = await drained(r.server)
+        assert sorted("result" in m for m in sent) == [False, True], sent
+        [refusal] = [m for m in sent if "error" in m]
+        assert (refusal["id"], refusal["error"]["code"]) == (8, protocol.INVALID_REQUEST)

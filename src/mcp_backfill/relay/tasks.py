@@ -241,8 +241,12 @@ class SamplingTasks:
             return message
         self._forget(self.book.expire())
         if method == protocol.TASKS_RESULT:
+            # Being answered from now on: a cancel of it, or another request under its id, read
+            # before its answering task first runs finds it.
+            scope = anyio.CancelScope()
+            self._waiting[jsonrpc.id_key(message["id"])] = scope
             assert self._tg is not None
-            self._hand.start(self._tg, self._fetch, message["id"], params, self._session)
+            self._hand.start(self._tg, self._fetch, message["id"], params, self._session, scope)
             return None
         try:
             reply = jsonrpc.result_response(message["id"], self._now(method, params))
@@ -274,15 +278,23 @@ class SamplingTasks:
             return not client.lists_tasks()
         return is_own_task(params.get("taskId")) or client.tasks is None
 
-    async def _fetch(self, request_id: Any, params: dict[str, Any], session: int) -> None:
-        """`tasks/result`, in the background (see `_result`)."""
+    async def _fetch(
+        self, request_id: Any, params: dict[str, Any], session: int, scope: anyio.CancelScope
+    ) -> None:
+        """`tasks/result`, in the background: once its task is terminal, what the sampling request
+        would have returned. `scope` is cancelled when the server cancels it: no answer is sent.
+        Its id stays in use until its answer is sent (or it is cancelled)."""
+        key = jsonrpc.id_key(request_id)
         try:
-            task = self.book.get(params.get("taskId"))
-        except TaskError as exc:
-            reply = jsonrpc.error_response(request_id, protocol.INVALID_PARAMS, str(exc))
+            reply = None
+            with scope:
+                reply = await self._result(request_id, params)
+            if reply is None or scope.cancel_called:
+                return  # the server cancelled its tasks/result: it expects no answer
             await self._send(session, jsonrpc.encode(reply), "tasks/result answer", request_id)
-            return
-        await self._result(request_id, task, session)
+        finally:
+            if self._waiting.get(key) is scope:  # not a later request's
+                del self._waiting[key]
 
     def _now(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """The answer to `tasks/get`, `tasks/list` or `tasks/cancel`; raises `TaskError`."""
@@ -303,33 +315,26 @@ class SamplingTasks:
         self._tg.start_soon(self._announce, task, self._session)
         return task.wire()
 
-    async def _result(self, request_id: Any, task: SamplingTask, session: int) -> None:
-        """`tasks/result`: once the task is terminal, what the sampling request would have returned."""
+    async def _result(self, request_id: Any, params: dict[str, Any]) -> dict[str, Any]:
+        """The answer to `tasks/result`, once its task is terminal."""
+        try:
+            task = self.book.get(params.get("taskId"))
+        except TaskError as exc:
+            return jsonrpc.error_response(request_id, protocol.INVALID_PARAMS, str(exc))
         done = self._done.get(task.task_id)
         if done is not None and not task.terminal:
-            scope = anyio.CancelScope()
-            self._waiting[jsonrpc.id_key(request_id)] = scope
-            try:
-                with scope:
-                    await done.wait()
-            finally:
-                if self._waiting.get(jsonrpc.id_key(request_id)) is scope:  # not a later request's
-                    del self._waiting[jsonrpc.id_key(request_id)]
-            if scope.cancelled_caught:
-                return  # the server cancelled its tasks/result: it expects no answer
+            await done.wait()
         assert task.outcome is not None
         task.fetched = True
         kind, body = task.outcome
         if kind == "error":
-            reply = jsonrpc.error_response(request_id, body["code"], body["message"], body.get("data"))
-        else:
-            meta = {**(body.get("_meta") or {}), protocol.META_RELATED_TASK: {"taskId": task.task_id}}
-            reply = jsonrpc.result_response(request_id, {**body, "_meta": meta})
-        await self._send(session, jsonrpc.encode(reply), "tasks/result answer", request_id)
+            return jsonrpc.error_response(request_id, body["code"], body["message"], body.get("data"))
+        meta = {**(body.get("_meta") or {}), protocol.META_RELATED_TASK: {"taskId": task.task_id}}
+        return jsonrpc.result_response(request_id, {**body, "_meta": meta})
 
     def waiting(self, request_id: Any) -> bool:
-        """Is `request_id` a `tasks/result` of the server's still waiting for its task, or a
-        task-augmented request whose task has yet to be sent?"""
+        """Is `request_id` a `tasks/result` of the server's not answered yet, or a task-augmented
+        request whose task has yet to be sent?"""
         key = jsonrpc.id_key(request_id)
         return key in self._waiting or key in self._creating
 
