@@ -2071,3 +2071,29 @@ async def test_a_tasks_result_under_the_id_of_one_just_read_is_refused_as_a_dupl
         assert sorted("result" in m for m in sent) == [False, True], sent
         [refusal] = [m for m in sent if "error" in m]
         assert (refusal["id"], refusal["error"]["code"]) == (8, protocol.INVALID_REQUEST)
+
+
+async def test_a_task_whose_ttl_passed_while_working_is_forgotten_not_kept_past_it() -> None:
+    """A task whose TTL passes while it works is cancelled and forgotten: requests about it get the
+    spec's error. When its call's deadline ended it before anything looked at the book, ending it
+    counted as a task that had just finished, kept three seconds past its TTL for its answer to be
+    fetched (it has none): `tasks/get` and `tasks/list` showed it, or not, by the timing."""
+    provider = GatedProvider()
+    async with relayed(provider) as r:
+        await handshake(r)
+        await r.server.send(sampling_request(7, {**HELLO, "task": {"ttl": 300}}))
+        task = (await r.server.recv())["result"]["task"]
+        with anyio.fail_after(30):
+            status = await r.server.recv()
+        assert (status["params"]["status"], status["params"]["statusMessage"]) == (
+            "cancelled",
+            "The task expired.",
+        )
+        await r.server.send(request(8, protocol.TASKS_GET, {"taskId": task["taskId"]}))
+        got = await r.server.recv()
+        assert got["error"] == {
+            "code": protocol.INVALID_PARAMS,
+            "message": "Failed to retrieve task: Task not found",
+        }
+        await r.server.send(request(9, protocol.TASKS_LIST, {}))
+        assert (await r.server.recv())["result"] == {"tasks": []}

@@ -136,6 +136,9 @@ class SamplingTasks:
                 message = EVICTED if task.evicted else EXPIRED
                 error = {"code": protocol.REQUEST_CANCELLED, "message": message}
                 finished = self.book.finish(task, "cancelled", ("error", error), message + ".")
+                # Forgotten now, if its call's deadline ended it before the book was looked at:
+                # ending it made it a task just finished, kept past its TTL for an answer it has not.
+                self.book.tasks.pop(task.task_id, None)
         finally:
             self._scopes.pop(task.task_id, None)
             self._related.pop(task.task_id, None)
