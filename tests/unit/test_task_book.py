@@ -114,7 +114,8 @@ def test_expired_tasks_are_forgotten() -> None:
 
 def test_unknown_ids_and_cursors_are_refused() -> None:
     tasks, _ = book()
-    for unknown in ("nope", None, 3, TASK_ID_PREFIX + "forged"):
+    unknowns: list[object] = ["nope", None, 3, TASK_ID_PREFIX + "forged", [], {}]
+    for unknown in unknowns:
         with pytest.raises(TaskError):
             tasks.get(unknown)
     with pytest.raises(TaskError, match="Invalid cursor"):

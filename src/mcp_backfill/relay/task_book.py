@@ -179,7 +179,9 @@ class TaskBook:
         return gone
 
     def get(self, task_id: Any) -> SamplingTask:
-        task = self.tasks.get(task_id) if isinstance(task_id, str) else None
+        if not isinstance(task_id, str):  # JSON can make it unhashable
+            raise TaskError(NOT_FOUND)
+        task = self.tasks.get(task_id)
         now = self.clock()
         if task is None or task.expires() <= now:
             evicted = task is None and self.evictions.get(task_id, now) > now
