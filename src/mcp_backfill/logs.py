@@ -85,7 +85,29 @@ class Redactor:
         for form in self._forms:
             if form in text:
                 text = text.replace(form, "***")
-        return text
+        return redact_aws_signing(text)
+
+
+# AWS signing material, whoever's it is: the parts of a SigV4 `Authorization` value
+# (`Credential=AKIA…/date/region/service/aws4_request`, `Signature=<hex>`), a presigned URL's
+# `X-Amz-Credential`, `X-Amz-Security-Token` and `X-Amz-Signature` (`=` perhaps percent-encoded),
+# and the `X-Amz-Security-Token` header as a text or JSON quotes it. An endpoint's error may quote
+# any of them apart from the header they came in (which the value redaction knows whole), or a
+# presigned URL the proxy never made. The value ends where a header's parts, a query's parameters,
+# a JSON string or a quote end, so a JSON line stays JSON.
+_AWS_SIGNING = re.compile(
+    r"(?i:(?<![A-Za-z0-9-])("
+    r"(?:(?:X-Amz-)?(?:Signature|Credential)|X-Amz-Security-Token)(?:=|%3D)"  # a header's part, a query's
+    r"|X-Amz-Security-Token\\?[\"']?\s*:\s*\\?[\"']?"  # the header, in text or (escaped) JSON
+    r"))(?:[^\s&,;\"'<>\\]|\\/)+"  # to a part's, a parameter's, a string's end (`\/`: JSON's `/`)
+)
+# AWS access key ids (long-term `AKIA`, temporary `ASIA`...), which name the key that signs.
+_AWS_KEY_ID = re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Za-z0-9])")
+
+
+def redact_aws_signing(text: str) -> str:
+    """`text` with `***` for the AWS signing material in it (`_AWS_SIGNING`, `_AWS_KEY_ID`)."""
+    return _AWS_SIGNING.sub(r"\1***", _AWS_KEY_ID.sub("***", text))
 
 
 def _encoded_forms(secret: str) -> set[str]:

@@ -600,9 +600,25 @@ def sent_credentials(request: httpx2.Request | None) -> tuple[str, ...]:
     found: list[str] = []
     for name in CREDENTIAL_HEADERS:
         for value in request.headers.get_list(name):
-            _, space, rest = value.strip().partition(" ")
+            scheme, space, rest = value.strip().partition(" ")
             found.append(rest.strip() if space and name == "authorization" else value)
+            if name == "authorization" and scheme.upper().startswith("AWS4-"):
+                found.extend(sigv4_parts(rest))
     return tuple(found)
+
+
+def sigv4_parts(parameters: str) -> tuple[str, ...]:
+    """The values of a SigV4 `Authorization` header's parameters (`Credential=AKIA…/date/region/
+    service/aws4_request, SignedHeaders=…, Signature=<hex>`, after the scheme) that an endpoint's
+    error may quote apart from the rest: the signature, the credential and its access key id."""
+    found: list[str] = []
+    for part in parameters.split(","):
+        name, _, value = part.strip().partition("=")
+        if name == "Signature" and value:
+            found.append(value)
+        elif name == "Credential" and value:
+            found.extend((value, value.partition("/")[0]))
+    return tuple(each for each in found if each)
 
 
 def failed_request(exc: BaseException) -> httpx2.Request | None:
