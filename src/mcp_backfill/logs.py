@@ -111,15 +111,19 @@ def redact_aws_signing(text: str) -> str:
 
 
 def _encoded_forms(secret: str) -> set[str]:
-    as_json = {json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}
-    return {
-        secret,
-        *as_json,
-        *(form.replace("/", "\\/") for form in as_json),  # `\/`, as some encoders (PHP's) write `/`
-        repr(secret)[1:-1],
-        ascii(secret)[1:-1],
-        *_percent_encoded(secret),
-    }
+    """`secret` as a text may hold it: as it is, its Python repr, percent-encoded; and each of
+    these as a JSON string holds it (so a repr quoted in a JSON line too)."""
+    plain = {secret, repr(secret)[1:-1], ascii(secret)[1:-1]}
+    return plain | {form for each in plain for form in _json_forms(each)} | _percent_encoded(secret)
+
+
+def _json_forms(text: str) -> set[str]:
+    """`text` inside a JSON string: non-ASCII escaped or not, and as the JSON log writes it (non-ASCII
+    as it is but C1 controls and bidirectional marks escaped, `_UNSHOWN`); each also with `/` as
+    `\\/`, as some encoders (PHP's) write it."""
+    as_json = {json.dumps(text)[1:-1], json.dumps(text, ensure_ascii=False)[1:-1]}
+    as_json.add(_UNSHOWN.sub(_escaped, json.dumps(text, ensure_ascii=False)[1:-1]))
+    return as_json | {form.replace("/", "\\/") for form in as_json}
 
 
 def _percent_encoded(secret: str) -> set[str]:

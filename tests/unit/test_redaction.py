@@ -258,3 +258,23 @@ def test_aws_signing_material_quoted_apart_from_its_header_is_redacted(quoted: s
 )
 def test_text_without_aws_signing_material_is_left_as_it_is(text: str) -> None:
     assert Redactor([]).redact(text) == text
+
+
+unshown = st.text(
+    alphabet=st.sampled_from(["é", "\x85", "\u009b", "\u200e", "\u202e", "\u2066", "\u2028", "a", "/", '"']),
+    min_size=4,
+    max_size=16,
+)
+
+
+@given(unshown)
+def test_a_secret_with_characters_the_json_log_escapes_itself_is_redacted(secret: str) -> None:
+    """The JSON log writes non-ASCII text as it is but escapes C1 controls and bidirectional marks
+    itself (`\\u0085`, `\\u202e`): a secret holding both (`clé\\x85…`) was in the line in a form none
+    of its encoded forms had, and read back whole from the line."""
+    output = logged(secret, "json")
+    for line in output.splitlines():
+        if line.startswith("{"):
+            read = json.dumps(json.loads(line), ensure_ascii=False)
+            for form in (secret, repr(secret)[1:-1]):  # also as the `%r` and traceback quote it
+                assert form not in read, line
