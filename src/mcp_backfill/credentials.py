@@ -1,7 +1,8 @@
 """What in a URL or a header is a credential, and a URL without its credentials for messages.
 
 Credentials are found by name (`CREDENTIAL_NAME`): an upstream header, or a URL query parameter,
-named like one holds one. Every credential found is kept out of logs and errors like the API key.
+named like one holds one (a query parameter also under a few names of its own,
+`CREDENTIAL_QUERY_NAMES`). Every credential found is kept out of logs and errors like the API key.
 
 A command's arguments are shown with their credentials masked (`shown_args`): the upstream command
 in the proxy's log and `check`, and a config's entries in `mcp-backfill clients`. There a name counts
@@ -20,6 +21,20 @@ from urllib.parse import unquote, unquote_plus, urlsplit
 # Names of upstream headers and URL query parameters whose values are credentials: kept out of the
 # logs like the API key.
 CREDENTIAL_NAME = re.compile(r"auth|token|key|secret|cookie|session|password", re.IGNORECASE)
+# URL query parameters that hold a credential under another name: a signature (an Azure SAS's
+# `sig`, a presigned URL's), the credential a presigned URL was signed with, an Azure Functions key
+# (`code`, which a function's URL carries).
+CREDENTIAL_QUERY_NAMES = frozenset(
+    {
+        "sig",
+        "signature",
+        "code",
+        "x-amz-signature",
+        "x-amz-credential",
+        "x-goog-signature",
+        "x-goog-credential",
+    }
+)
 
 MASK = "***"
 _WORDS = {
@@ -110,7 +125,8 @@ def _cut_short(url: str, netloc: str) -> str | None:
 def _credential_value(piece: str) -> str:
     """The value of one `name=value` of a query if the name is a credential's, else ''."""
     name, _, value = piece.partition("=")
-    return value if CREDENTIAL_NAME.search(unquote_plus(name)) else ""
+    name = unquote_plus(name)
+    return value if CREDENTIAL_NAME.search(name) or name.lower() in CREDENTIAL_QUERY_NAMES else ""
 
 
 def literal(value: str) -> bool:

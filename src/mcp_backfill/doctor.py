@@ -224,7 +224,10 @@ async def _provider(report: Report, config: Config) -> None:
         report.fail(str(exc))
         return
     if config.provider == "bedrock":  # the SDK's Bedrock client refuses count_tokens before sending
+        found = await _aws_credentials(report, config, client)
         await client.close()
+        if not found:
+            return
         report.line(
             "not tried: the Bedrock client cannot count tokens, the one call that costs nothing; "
             "the first sampling request shows whether the AWS credentials work"
@@ -261,6 +264,54 @@ async def _provider(report: Report, config: Config) -> None:
         report.fail(f"{type(exc).__name__}: {_redacted(str(exc), config, extra)}{hint}")
     finally:
         await client.close()
+
+
+async def _aws_credentials(report: Report, config: Config, client: Any) -> bool:
+    """A Bedrock client that signs with SigV4 (no Bedrock API key): boto3 resolves its AWS
+    credentials through the session the SDK signs with, as the first sampling request would (a
+    role's are fetched from STS, which costs nothing), and where they came from is said, never
+    they; False, failed with the settings to check, when there are none or they cannot be had."""
+    from mcp_backfill.providers.anthropic import (
+        CREDENTIALS,
+        CREDENTIALS_HOSTS,
+        aws_session,
+        credentials_unreachable,
+        name_not_resolved,
+    )
+
+    session = None if client.api_key is not None else aws_session(client)
+    if session is None:  # a Bedrock API key, or an SDK that keeps its session elsewhere
+        return True
+    settings = CREDENTIALS["bedrock"]
+
+    def resolve() -> Any:
+        found = session.get_credentials()
+        if found is None:
+            from botocore.exceptions import NoCredentialsError  # type: ignore[import-untyped]
+
+            raise NoCredentialsError()
+        found.get_frozen_credentials()  # a role's, an SSO login's: fetched now
+        return found
+
+    try:
+        with anyio.fail_after(TIMEOUT):
+            found = await anyio.to_thread.run_sync(resolve, abandon_on_cancel=True)
+    except TimeoutError:
+        report.fail(
+            f"no AWS credentials in {TIMEOUT:g} s; check {settings} and the network to where they come from"
+        )
+        return False
+    except Exception as exc:  # botocore's own, redacted (an STS or SSO answer may quote a request)
+        hint = f"; check {settings}"
+        if credentials_unreachable(exc) and name_not_resolved(exc):
+            where = CREDENTIALS_HOSTS["bedrock"]
+            hint = f"; that host name does not resolve: check {where} and this machine's DNS"
+        elif credentials_unreachable(exc):
+            hint = f"; check {settings} and the network to where they come from"
+        report.fail(f"{type(exc).__name__}: {_redacted(str(exc), config)}{hint}")
+        return False
+    report.line(f"AWS credentials found ({getattr(found, 'method', None) or 'by boto3'})")
+    return True
 
 
 async def _store(report: Report, config: Config) -> None:

@@ -85,19 +85,49 @@ class Redactor:
         for form in self._forms:
             if form in text:
                 text = text.replace(form, "***")
-        return text
+        return redact_aws_signing(text)
+
+
+# AWS signing material, whoever's it is: the parts of a SigV4 `Authorization` value
+# (`Credential=AKIA…/date/region/service/aws4_request`, `Signature=<hex>`), a presigned URL's
+# `X-Amz-Credential`, `X-Amz-Security-Token` and `X-Amz-Signature` (`=` perhaps percent-encoded),
+# and the `X-Amz-Security-Token` header as a text or JSON quotes it. An endpoint's error may quote
+# any of them apart from the header they came in (which the value redaction knows whole), or a
+# presigned URL the proxy never made. The value ends where a header's parts, a query's parameters,
+# a JSON string or a quote end, so a JSON line stays JSON.
+_AWS_SIGNING = re.compile(
+    r"(?i:(?<![A-Za-z0-9-])("
+    r"(?:(?:X-Amz-)?(?:Signature|Credential)|X-Amz-Security-Token)(?:=|%3D)"  # a header's part, a query's
+    r"|X-Amz-Security-Token\\?[\"']?\s*:\s*\\?[\"']?"  # the header, in text or (escaped) JSON
+    r"))(?:[^\s&,;\"'<>\\]|\\/)+"  # to a part's, a parameter's, a string's end (`\/`: JSON's `/`)
+)
+# What each match holds, looked for first: a plain substring search costs little, where the
+# regular expression scanned every log and audit line whole (a few megabytes of base64 image data
+# in an audit line with `--audit-content` took tens of milliseconds).
+_AWS_SIGNING_WORDS = ("ignature", "IGNATURE", "redential", "REDENTIAL", "ecurity-", "ECURITY-")
+
+
+def redact_aws_signing(text: str) -> str:
+    """`text` with `***` for the AWS signing material in it (`_AWS_SIGNING`)."""
+    if any(word in text for word in _AWS_SIGNING_WORDS):
+        text = _AWS_SIGNING.sub(r"\1***", text)
+    return text
 
 
 def _encoded_forms(secret: str) -> set[str]:
-    as_json = {json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}
-    return {
-        secret,
-        *as_json,
-        *(form.replace("/", "\\/") for form in as_json),  # `\/`, as some encoders (PHP's) write `/`
-        repr(secret)[1:-1],
-        ascii(secret)[1:-1],
-        *_percent_encoded(secret),
-    }
+    """`secret` as a text may hold it: as it is, its Python repr, percent-encoded; and each of
+    these as a JSON string holds it (so a repr quoted in a JSON line too)."""
+    plain = {secret, repr(secret)[1:-1], ascii(secret)[1:-1]}
+    return plain | {form for each in plain for form in _json_forms(each)} | _percent_encoded(secret)
+
+
+def _json_forms(text: str) -> set[str]:
+    """`text` inside a JSON string: non-ASCII escaped or not, and as the JSON log writes it (non-ASCII
+    as it is but C1 controls and bidirectional marks escaped, `_UNSHOWN`); each also with `/` as
+    `\\/`, as some encoders (PHP's) write it."""
+    as_json = {json.dumps(text)[1:-1], json.dumps(text, ensure_ascii=False)[1:-1]}
+    as_json.add(_UNSHOWN.sub(_escaped, json.dumps(text, ensure_ascii=False)[1:-1]))
+    return as_json | {form.replace("/", "\\/") for form in as_json}
 
 
 def _percent_encoded(secret: str) -> set[str]:

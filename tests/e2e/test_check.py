@@ -314,6 +314,52 @@ def test_bedrock_is_not_reported_broken_for_want_of_token_counting(fake_claude: 
     assert fake_claude.platform_requests == []  # nothing billable was sent
 
 
+@pytest.mark.parametrize("where", ["none", "profile", "role"])
+def test_bedrock_without_an_api_key_says_whether_boto3_finds_aws_credentials(
+    fake_claude: FakeClaude, tmp_path: Path, where: str
+) -> None:
+    """Bedrock signed with SigV4: `check` said "not tried" and "OK: every part works" with no AWS
+    credentials anywhere, where every sampling request then failed. It resolves them as the first
+    request would (through the SDK's own boto3 session; no call to Claude) and says where they
+    came from, without them, or fails naming the settings to check."""
+    pytest.importorskip("boto3")
+    credentials, config = tmp_path / "credentials", tmp_path / "config"
+    secret, token = "wJalrXUtnFEMI/K7MDENG/check-secret-key", "IQoJb3JpZ2luX2VjEFAKE/check+session"
+    credentials.write_text(
+        f"[{'base' if where == 'role' else 'default'}]\naws_access_key_id = AKIAFAKEFAKEFAKE0003\n"
+        f"aws_secret_access_key = {secret}\naws_session_token = {token}\n"
+        if where != "none"
+        else ""
+    )
+    role = "role_arn = arn:aws:iam::123456789012:role/mcp\nsource_profile = base\nmax_attempts = 1\n"
+    config.write_text(f"[default]\n{role}" if where == "role" else "")
+    env = proxy_env(
+        ANTHROPIC_BEDROCK_BASE_URL=fake_claude.url,
+        AWS_REGION="us-east-1",
+        AWS_SHARED_CREDENTIALS_FILE=str(credentials),
+        AWS_CONFIG_FILE=str(config),
+        AWS_EC2_METADATA_DISABLED="true",
+        AWS_ENDPOINT_URL_STS=fake_claude.url,
+    )
+    done = check("--provider", "bedrock", "--", *WEATHER, env=env)
+    provider = done.stdout.split("provider: bedrock\n")[1].split("\n\n")[0]
+    shown = [secret, token, "AKIAFAKEFAKEFAKE0003"]
+    if where == "none":
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "FAILED: NoCredentialsError: Unable to locate credentials" in provider, provider
+        assert "check the AWS credentials (AWS_BEARER_TOKEN_BEDROCK, AWS_PROFILE...)" in provider, provider
+    else:
+        assert done.returncode == 0, done.stdout + done.stderr
+        method = "assume-role" if where == "role" else "shared-credentials-file"
+        assert f"  AWS credentials found ({method})" in provider, provider
+        assert "not tried: the Bedrock client cannot count tokens" in provider, provider
+    if where == "role":  # fetched from STS now, as the first request would
+        assert len(fake_claude.sts_requests) == 1
+        shown.extend(fake_claude.sts_credentials)
+    assert [each for each in shown if each in done.stdout + done.stderr] == []
+    assert fake_claude.platform_requests == []
+
+
 def test_a_refused_vertex_token_names_the_google_credentials(fake_claude: FakeClaude) -> None:
     """A 401 from Vertex AI was answered with "check ANTHROPIC_API_KEY", a variable Vertex never reads."""
     env = proxy_env(

@@ -549,6 +549,32 @@ async def test_an_upstream_error_quoting_the_urls_basic_credentials_reaches_the_
     assert as_jsonrpc["error"]["message"] == "bad credentials: Basic ***"
 
 
+async def test_an_upstream_urls_signature_or_function_key_is_kept_out_of_errors_and_the_log() -> None:
+    """An upstream URL that carries its credential in a query parameter not named like one (an Azure
+    SAS signature `sig=`, an Azure Functions key `code=`, a presigned URL's `X-Amz-Credential=`):
+    a redirect (which keeps the query), or an error page quoting the URL, handed it to the client and
+    the log, as only parameters named like a key, token or password were credentials."""
+    found = {
+        "sig": "sas-signature-0123456789",
+        "code": "function-key-0123456789",
+        "X-Amz-Credential": "AKIDFAKE/x",
+    }
+    query = "&".join(f"{name}={value}" for name, value in found.items())
+    async with recorder() as (upstream, _):
+        argv = proxy_url_argv("--provider", "mock", url=f"{upstream.url}?region=eu&{query}")
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            redirected = await session.request(2, "fail/redirect")
+            await session.close_stdin()
+            await session.wait()
+            log = session.stderr()
+    message = redirected["error"]["message"]
+    assert "HTTP 307" in message
+    assert "region=eu" in message
+    for leaked in found.values():
+        assert leaked not in message + log, leaked
+
+
 async def test_a_redirect_names_its_target_without_the_urls_credentials() -> None:
     """A redirect keeps the request's query (Starlette's `/mcp` -> `/mcp/`): the error the client gets
     names where it points without the token given in the query, or a password."""

@@ -249,6 +249,65 @@ async def test_aws_credentials_from_a_profile_are_redacted(fake_claude: FakeClau
         assert [where for where, text in places.items() if secret in text] == [], secret
 
 
+PRESIGNED_SIGNATURE = "9f2c4be1d07a3e55b6a1c0ffee0123456789abcdef0123456789abcdef012345"
+
+
+def quoting_the_signature(way: str) -> Any:
+    """A 403 whose message quotes the parts of the SigV4 `Authorization` the request carried (not
+    the header whole, which was already redacted), or a presigned URL's query, as a gateway or an
+    endpoint's error may: its `Signature=`, its `Credential=` (the access key id), the signature
+    alone, or `X-Amz-Credential`/`X-Amz-Security-Token`/`X-Amz-Signature` of a URL."""
+
+    def reply(request: Any) -> Any:
+        value = request.headers["authorization"]
+        parts = dict(part.strip().partition("=")[::2] for part in value.partition(" ")[2].split(","))
+        signature, credential = parts["Signature"], parts["Credential"]
+        token = urllib.parse.quote(request.headers["x-amz-security-token"], safe="")
+        message = {
+            "signature-part": f"signature does not match: Signature={signature}",
+            "credential-part": f"not authorized: Credential={credential}, SignedHeaders=host",
+            "bare-signature": f"the signature {signature} does not match the one we computed",
+            "presigned-url": (
+                "cannot fetch https://bedrock-runtime.us-west-2.amazonaws.com/model/x?"
+                "X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential="
+                f"{urllib.parse.quote(credential, safe='')}&X-Amz-Date=20261128T000000Z"
+                f"&X-Amz-Security-Token={token}&X-Amz-Signature={PRESIGNED_SIGNATURE}"
+                "&X-Amz-SignedHeaders=host"
+            ),
+        }[way]
+        return error_reply(403, "permission_error", message)
+
+    return reply
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+@pytest.mark.parametrize("way", ["signature-part", "credential-part", "bare-signature", "presigned-url"])
+async def test_parts_of_a_sigv4_signature_quoted_alone_are_redacted(
+    fake_claude: FakeClaude, tmp_path: Path, way: str, log_format: str
+) -> None:
+    """Bedrock signed with SigV4: an endpoint whose error quotes the `Signature=` or `Credential=`
+    of the request's `Authorization` without the rest of the header, the signature alone, or a
+    presigned URL's `X-Amz-*` query, had it reach the server, the log and the audit log: only the
+    header's whole value (after its scheme) was known to be a secret."""
+    pytest.importorskip("boto3")
+    fake_claude.enqueue(quoting_the_signature(way))
+    audit = tmp_path / "audit.jsonl"
+    env = aws_profile_env(fake_claude, tmp_path)
+    options = ("--provider", "bedrock", "--audit-log", str(audit), "--log-format", log_format)
+    async with echo_session(None, *options, env=env) as session:
+        answer = await ask_sampling(session)
+        await session.close_stdin()
+        await session.wait(30)
+        log = session.stderr()
+    [request] = fake_claude.platform_requests
+    signature = request.headers["authorization"].rpartition("Signature=")[2]
+    assert "***" in answer.get("error", {}).get("message", ""), answer
+    places = {"to the server": json.dumps(answer), "log": log, "audit": audit.read_text()}
+    for secret in (signature, "AKIAFAKEFAKEFAKE0001", PRESIGNED_SIGNATURE, AWS_SESSION):
+        quoted = (secret, urllib.parse.quote(secret, safe=""))
+        assert [where for where, text in places.items() if any(q in text for q in quoted)] == [], secret
+
+
 def aws_role_env(fake: FakeClaude, where: Path) -> dict[str, str]:
     """Bedrock signed with SigV4 by a role's credentials: a profile naming `role_arn` and a source
     profile, whose keys boto3 trades for the role's at STS (`AWS_ENDPOINT_URL_STS`: the fake), with

@@ -395,6 +395,90 @@ async def test_a_client_that_cannot_call_is_a_clear_final_error(
     assert fake_claude.requests == []
 
 
+def no_aws_credentials(monkeypatch: pytest.MonkeyPatch, where: Any, region: str) -> None:
+    """An environment where boto3's chain finds no AWS credentials (empty shared files, no instance
+    metadata), in a region of its own: the SDK keeps one boto3 session per region and keys."""
+    for name in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
+        "AWS_BEARER_TOKEN_BEDROCK",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("credentials", "config"):
+        (where / name).write_text("")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(where / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(where / "config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_REGION", region)
+
+
+async def test_no_aws_credentials_are_told_by_botocores_resolver_not_by_the_sdks_words(
+    fake_claude: FakeClaude, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """The SDK's Bedrock client says boto3 found no AWS credentials with a bare `RuntimeError`, which
+    was told apart by its text alone: an SDK that words it otherwise (as here) made it "the client
+    could not make the call", without the settings to check. The credentials are resolved first,
+    through the session the SDK signs with, and none found is botocore's `NoCredentialsError`."""
+    pytest.importorskip("boto3")
+    from anthropic.lib.bedrock import _client as sdk_bedrock
+
+    no_aws_credentials(monkeypatch, tmp_path, "ap-southeast-4")
+    monkeypatch.setenv("ANTHROPIC_BEDROCK_BASE_URL", fake_claude.url)
+    signer = sdk_bedrock.get_auth_headers  # type: ignore[attr-defined]
+
+    def reworded(**kwargs: Any) -> dict[str, str]:
+        try:
+            return signer(**kwargs)
+        except RuntimeError:
+            raise RuntimeError("No AWS credentials were found") from None
+
+    monkeypatch.setattr(sdk_bedrock, "get_auth_headers", reworded)
+    provider = make_provider(platform_config("bedrock", retry_max_attempts=3))
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await provider.create_message(REQUEST)
+    finally:
+        await provider.aclose()
+    error = caught.value
+    assert error.message.startswith("The bedrock client could not get its credentials: "), error.message
+    assert "check the AWS credentials (AWS_BEARER_TOKEN_BEDROCK, AWS_PROFILE...)" in error.message
+    assert (error.retryable, (error.data or {}).get("attempts")) == (False, 1), error.data
+    assert fake_claude.requests == []
+
+
+async def test_the_installed_sdks_words_for_no_aws_credentials_are_still_recognised(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """What the installed SDK's signer raises when boto3 finds no credentials is still told for
+    what it is, should it come past the resolution ahead of it (credentials gone in between)."""
+    pytest.importorskip("boto3")
+    from anthropic.lib.aws._auth import get_auth_headers
+
+    from mcp_backfill.providers.anthropic import credentials_failed
+
+    no_aws_credentials(monkeypatch, tmp_path, "ap-southeast-5")
+    with pytest.raises(Exception) as caught:  # noqa: PT011 (whatever the SDK raises)
+        get_auth_headers(
+            method="POST",
+            url="https://bedrock-runtime.ap-southeast-5.amazonaws.com/model/x/invoke",
+            headers=httpx2.Headers(),
+            aws_access_key=None,
+            aws_secret_key=None,
+            aws_session_token=None,
+            region="ap-southeast-5",
+            profile=None,
+            data=b"{}",
+            service_name="bedrock",
+        )
+    assert credentials_failed(caught.value), repr(caught.value)
+
+
 async def test_a_redirect_is_not_followed_with_the_gateways_headers_and_the_prompt() -> None:
     """The SDK's client follows redirects; to another origin httpx2 drops `Authorization` but carried
     the operator's gateway headers and the whole prompt (307 keeps the body) wherever it pointed."""

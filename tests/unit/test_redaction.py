@@ -200,3 +200,80 @@ def test_google_auth_logs_go_through_the_redacting_log_after_its_first_request(
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [line["msg"] for line in lines] == ["refused with ***"], lines
     assert google.propagate
+
+
+SIGNATURE = "d2d705fd11d35dd67d66cf72a44e6d6e37878cff8e25a5ef7b62755555b63ec0"
+SESSION_TOKEN = "IQoJb3JpZ2luX2VjEFAKE/session+token=="
+SIGNED = (
+    "AWS4-HMAC-SHA256 Credential=AKIAFAKEFAKEFAKE0001/20261128/us-west-2/bedrock/aws4_request, "
+    f"SignedHeaders=host;x-amz-date;x-amz-security-token, Signature={SIGNATURE}"
+)
+PRESIGNED = (
+    "https://bedrock-runtime.us-west-2.amazonaws.com/model/x?X-Amz-Algorithm=AWS4-HMAC-SHA256"
+    "&X-Amz-Credential=ASIAFAKEFAKEFAKE0002%2F20261128%2Fus-west-2%2Fbedrock%2Faws4_request"
+    f"&X-Amz-Date=20261128T000000Z&X-Amz-Security-Token={urllib.parse.quote(SESSION_TOKEN, safe='')}"
+    f"&X-Amz-Signature={SIGNATURE}&X-Amz-SignedHeaders=host"
+)
+
+
+@pytest.mark.parametrize(
+    "quoted",
+    [
+        SIGNED,
+        SIGNED.partition(" ")[2],  # the value without its scheme
+        SIGNED.partition(" ")[2].replace(", ", ","),  # re-joined by a gateway
+        f"signature mismatch: Signature={SIGNATURE}",
+        f"signature mismatch: signature={SIGNATURE}.",
+        "Credential=AKIAFAKEFAKEFAKE0001/20261128/us-west-2/bedrock/aws4_request is not authorized",
+        PRESIGNED,
+        PRESIGNED.replace("=", "%3D"),  # the URL itself a query parameter's value
+        json.dumps({"error": {"message": f"refused {PRESIGNED}"}}),
+        json.dumps({"headers": {"x-amz-security-token": SESSION_TOKEN, "authorization": SIGNED}}),
+        json.dumps(json.dumps({"X-Amz-Security-Token": SESSION_TOKEN})),  # JSON inside a JSON string
+        json.dumps({"x-amz-security-token": SESSION_TOKEN}).replace("/", "\\/"),  # `/` escaped (PHP's)
+        f"X-Amz-Security-Token: {SESSION_TOKEN}\r\nHost: bedrock",
+    ],
+)
+def test_aws_signing_material_quoted_apart_from_its_header_is_redacted(quoted: str) -> None:
+    """A SigV4 signature or credential (with its access key id), a presigned URL's `X-Amz-*` query or
+    a session token's header, quoted by an endpoint apart from the `Authorization` value the proxy
+    knows whole (or from a request the proxy never made), reached errors and logs: masked whatever
+    the secrets the redactor was given; a JSON text stays JSON."""
+    redacted = Redactor([]).redact(quoted)
+    found = (SIGNATURE, "AKIAFAKEFAKEFAKE0001", "ASIAFAKEFAKEFAKE0002", "session+token", "session%2Btoken")
+    for secret in found:
+        assert secret not in redacted, (secret, redacted)
+    if quoted.startswith(("{", '"')):
+        json.loads(redacted)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"method": "tools/call", "params": {"name": "sign", "arguments": {"x": "Signature"}}}',
+        "MySignature=1 and an X-Amz-Date=20261128T000000Z, SignedHeaders=host",
+        "AKIA is a prefix; AKIAFAKE is too short",
+    ],
+)
+def test_text_without_aws_signing_material_is_left_as_it_is(text: str) -> None:
+    assert Redactor([]).redact(text) == text
+
+
+unshown = st.text(
+    alphabet=st.sampled_from(["é", "\x85", "\u009b", "\u200e", "\u202e", "\u2066", "\u2028", "a", "/", '"']),
+    min_size=4,
+    max_size=16,
+)
+
+
+@given(unshown)
+def test_a_secret_with_characters_the_json_log_escapes_itself_is_redacted(secret: str) -> None:
+    """The JSON log writes non-ASCII text as it is but escapes C1 controls and bidirectional marks
+    itself (`\\u0085`, `\\u202e`): a secret holding both (`clé\\x85…`) was in the line in a form none
+    of its encoded forms had, and read back whole from the line."""
+    output = logged(secret, "json")
+    for line in output.splitlines():
+        if line.startswith("{"):
+            read = json.dumps(json.loads(line), ensure_ascii=False)
+            for form in (secret, repr(secret)[1:-1]):  # also as the `%r` and traceback quote it
+                assert form not in read, line

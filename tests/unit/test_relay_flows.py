@@ -105,10 +105,24 @@ class Peer:
         return self.from_relay.statistics().current_buffer_used == 0
 
 
-def channel_pair() -> tuple[MemoryChannel, Peer]:
+class AtOnceChannel(MemoryChannel):
+    """A `MemoryChannel` that also sends without waiting (`SendsAtOnce`), as the stdio pipes do: the
+    relay may then be handed a message from outside its pumps (`Relay.from_client_now`,
+    `from_upstream_now`), as a pipe's read callback does."""
+
+    def can_send_now(self) -> bool:
+        stats = self._outbox.statistics()
+        return stats.current_buffer_used < stats.max_buffer_size
+
+    def send_now(self, message: bytes, related: Any = None) -> None:
+        self._outbox.send_nowait(message)
+
+
+def channel_pair(at_once: bool = False) -> tuple[MemoryChannel, Peer]:
     to_relay, relay_inbox = anyio.create_memory_object_stream[bytes](100)
     relay_outbox, from_relay = anyio.create_memory_object_stream[bytes](100)
-    return MemoryChannel(relay_inbox, relay_outbox), Peer(to_relay, from_relay)
+    channel = (AtOnceChannel if at_once else MemoryChannel)(relay_inbox, relay_outbox)
+    return channel, Peer(to_relay, from_relay)
 
 
 class GatedProvider(MockProvider):
@@ -194,6 +208,8 @@ async def relayed(
     provider: MockProvider | None = None,
     store: LedgerStore | None = None,
     audit: AuditLog | None = None,
+    *,
+    at_once: bool = False,
     **options: Any,
 ) -> AsyncIterator[Relayed]:
     config = Config(upstream_command=("server",), provider="mock", **options)
@@ -203,8 +219,8 @@ async def relayed(
         spend=Spend(assembly.spend_settings(config), store),
         audit=audit,
     )
-    client_side, client = channel_pair()
-    upstream_side, server = channel_pair()
+    client_side, client = channel_pair(at_once)
+    upstream_side, server = channel_pair(at_once)
     relay = Relay(
         assembly.relay_options(config),
         sampler,
@@ -1220,7 +1236,7 @@ async def test_an_approved_round_the_client_cancels_before_its_sampling_starts_i
     the user is asked."""
     provider, store = CountingProvider(), GatedClaimsStore()
     audit = AuditLog(str(tmp_path / "audit.jsonl"))
-    options = {"approve": "elicit", "request_state_key": SHARED_KEY}
+    options: dict[str, Any] = {"approve": "elicit", "request_state_key": SHARED_KEY}
     async with auditing(audit), relayed(provider, store, audit=audit, **options) as r:
         params = await approving_retry(r, "allow_once")
         await r.client.send(request(2, "tools/call", params))
@@ -1862,3 +1878,222 @@ async def test_answers_and_cancels_from_the_server_pass_while_the_most_the_proxy
                     await anyio.sleep(0.01)
         finally:
             provider.gate.set()
+
+
+async def reinitialized(r: Relayed) -> list[Any]:
+    """The client begins a new session (`initialize` again, id 2): what the server is sent from then
+    on, once the relay has settled, the new `initialize` first."""
+    await r.client.send(request(2, "initialize", initialize({})))
+    sent = [await r.server.recv()]
+    await anyio.wait_all_tasks_blocked()
+    return sent + await drained(r.server)
+
+
+async def test_a_tasks_result_of_the_session_before_gets_no_answer_in_the_new_one() -> None:
+    """The server of the first session waited on `tasks/result` for a working task when the client
+    began a new session: ending the task woke the wait, and its answer (the task's cancellation
+    error) went to the upstream after the new `initialize`, into a session that never asked (over
+    `--upstream-url`, POSTed to the new upstream session). It is dropped."""
+    provider = GatedProvider()
+    async with relayed(provider) as r:
+        await handshake(r)
+        await r.server.send(sampling_request(7, {**HELLO, "task": {"ttl": 60000}}))
+        task = (await r.server.recv())["result"]["task"]
+        await provider.started.wait()
+        await r.server.send(request(8, protocol.TASKS_RESULT, {"taskId": task["taskId"]}))
+        await anyio.wait_all_tasks_blocked()
+        sent = await reinitialized(r)
+        assert [m.get("method") for m in sent] == ["initialize"], sent
+        assert provider.cancelled
+
+
+async def test_a_task_whose_answer_had_yet_to_go_out_is_not_sent_into_the_new_session() -> None:
+    """A task-augmented sampling request read just before the client's new `initialize` (the stdio
+    pipes' read callbacks relay both before any task runs): the task was ended with the session,
+    but its `CreateTaskResult` had yet to be sent, and went to the upstream after the new
+    `initialize`, into the new session (a task it never asked for, cancelled already)."""
+    provider = CountingProvider()
+    async with relayed(provider, at_once=True) as r:
+        await handshake(r)
+        tasked = sampling_request(7, {**HELLO, "task": {"ttl": 60000}})
+        assert r.relay.from_upstream_now(json.dumps(tasked).encode())
+        assert r.relay.from_client_now(json.dumps(request(2, "initialize", initialize({}))).encode())
+        await anyio.wait_all_tasks_blocked()
+        sent = await drained(r.server)
+        assert [m.get("method") for m in sent] == ["initialize"], sent
+        assert provider.calls == 0
+        assert not r.relay.tasks.book.tasks
+
+
+@pytest.mark.parametrize("cancelled_by", ["server", "client"])
+async def test_the_status_of_a_task_cancelled_just_before_a_new_session_is_not_sent_into_it(
+    cancelled_by: str,
+) -> None:
+    """A task cancelled (by the server's `tasks/cancel`, or by the client's cancel of the request it
+    was made for) just before the client's new `initialize`: its `notifications/tasks/status`, sent
+    from a task of its own, went to the upstream after the new `initialize`, about a task of a
+    session that no longer exists."""
+    provider = GatedProvider()
+    async with relayed(provider, at_once=True) as r:
+        await handshake(r)
+        await r.client.send(request("call", "tools/call", {"name": "slow"}))
+        await r.server.recv()
+        await r.server.send_on("call", sampling_request(7, {**HELLO, "task": {"ttl": 60000}}))
+        task = (await r.server.recv())["result"]["task"]
+        await provider.started.wait()
+        await anyio.wait_all_tasks_blocked()
+        if cancelled_by == "server":
+            cancel = request(8, protocol.TASKS_CANCEL, {"taskId": task["taskId"]})
+            assert r.relay.from_upstream_now(json.dumps(cancel).encode())
+        else:
+            cancel = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": "call"}}
+            assert r.relay.from_client_now(json.dumps(cancel).encode())
+        assert r.relay.from_client_now(json.dumps(request(2, "initialize", initialize({}))).encode())
+        await anyio.wait_all_tasks_blocked()
+        sent = await drained(r.server)
+        assert protocol.TASKS_STATUS not in [m.get("method") for m in sent], sent
+        assert sent[-1]["method"] == "initialize"
+        assert provider.cancelled
+
+
+class BilledThenGated(GatedProvider):
+    """The gated provider whose call has begun streaming (its usage reported, billed) when it waits."""
+
+    USAGE = {"input_tokens": 5, "output_tokens": 3}
+
+    async def create_message(
+        self,
+        request: dict[str, Any],
+        *,
+        on_progress: ProgressCallback | None = None,
+        meter: UsageMeter | None = None,
+    ) -> dict[str, Any]:
+        if meter is not None and not self.started.is_set():
+            meter.begin_attempt()
+            meter.report(self.USAGE)
+        return await super().create_message(request, on_progress=on_progress, meter=meter)
+
+
+async def test_a_working_task_evicted_to_make_room_is_said_to_be_evicted_not_expired(tmp_path: Path) -> None:
+    """Past `MAX_TASKS` with none of the session's tasks finished (the server sent a batch of them),
+    the oldest, still working, is dropped to make room: its Claude call is stopped (and audited as
+    cancelled, charged like any cancelled call). Its status, its waiting `tasks/result` and any later
+    lookup said it had expired (or was not found), though its TTL had ten minutes to run: they say
+    it was evicted, and by which limit."""
+    provider = BilledThenGated()
+    audit = AuditLog(str(tmp_path / "audit.jsonl"))
+    async with auditing(audit), relayed(provider, audit=audit, rate_limit=0) as r:
+        await handshake(r)
+        await r.server.send(sampling_request("first", {**HELLO, "task": {"ttl": 600_000}}))
+        first = (await r.server.recv())["result"]["task"]["taskId"]
+        await provider.started.wait()
+        await r.server.send(request("wait", protocol.TASKS_RESULT, {"taskId": first}))
+        await anyio.wait_all_tasks_blocked()
+        await r.server.send(
+            [sampling_request(f"s{n}", {**HELLO, "task": {"ttl": 600_000}}) for n in range(MAX_TASKS)]
+        )
+        answers: dict[Any, dict[str, Any]] = {}
+        statuses: list[dict[str, Any]] = []
+        asked = False
+        try:
+            with anyio.fail_after(30):
+                while "wait" not in answers or not statuses or "get" not in answers:
+                    message = await r.server.recv()
+                    if (
+                        message.get("method") == protocol.TASKS_STATUS
+                        and message["params"]["taskId"] == first
+                    ):
+                        statuses.append(message["params"])
+                    elif "id" in message:
+                        answers[message["id"]] = message
+                    if "wait" in answers and statuses and not asked:
+                        asked = True
+                        await r.server.send(request("get", protocol.TASKS_GET, {"taskId": first}))
+        finally:
+            provider.gate.set()
+        assert provider.cancelled
+    [status] = statuses
+    assert status["status"] == "cancelled"
+    for said in (
+        status["statusMessage"],
+        answers["wait"]["error"]["message"],
+        answers["get"]["error"]["message"],
+    ):
+        assert all(word in said for word in ("evicted", "MAX_TASKS", str(MAX_TASKS))), said
+        assert "expired" not in said, said
+    assert answers["wait"]["error"]["code"] == protocol.REQUEST_CANCELLED
+    assert answers["get"]["error"]["code"] == protocol.INVALID_PARAMS
+    assert answers["get"]["error"]["message"].startswith("Failed to retrieve task: Task not found")
+    lines = [json.loads(text) for text in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    [line] = [line for line in lines if line["request_id"] == "first"]
+    assert (line["outcome"], line["calls"]) == ("cancelled", 1), line
+    assert line["charged"]["input_tokens"] == BilledThenGated.USAGE["input_tokens"], line  # billed: charged
+    assert line["charged"]["output_tokens"] >= BilledThenGated.USAGE["output_tokens"], line
+
+
+async def test_a_tasks_result_the_server_cancels_before_the_proxy_looks_at_it_gets_no_answer() -> None:
+    """The server's `tasks/result` and its cancel read together (the stdio pipe's read callback
+    relays both before any task runs): the cancel found no wait to stop yet (the wait began when
+    the answering task first ran), so it was dropped, and the answer went out all the same once the
+    task finished, for a request the server had given up (its id perhaps used again by then)."""
+    provider = GatedProvider()
+    async with relayed(provider, at_once=True) as r:
+        await handshake(r)
+        await r.server.send(sampling_request(7, {**HELLO, "task": {"ttl": 60000}}))
+        task = (await r.server.recv())["result"]["task"]
+        await provider.started.wait()
+        await anyio.wait_all_tasks_blocked()
+        fetch = request(8, protocol.TASKS_RESULT, {"taskId": task["taskId"]})
+        cancel = {"jsonrpc": "2.0", "method": protocol.CANCELLED, "params": {"requestId": 8}}
+        assert r.relay.from_upstream_now(json.dumps(fetch).encode())
+        assert r.relay.from_upstream_now(json.dumps(cancel).encode())
+        provider.gate.set()
+        await anyio.wait_all_tasks_blocked()
+        sent = await drained(r.server)
+        assert [m.get("method") for m in sent] == [protocol.TASKS_STATUS], sent
+        assert r.client.nothing_waiting()
+
+
+async def test_a_tasks_result_under_the_id_of_one_just_read_is_refused_as_a_duplicate() -> None:
+    """Two `tasks/result` under one id read together: the first was not yet counted as being
+    answered (it was from when its answering task first ran until its wait ended), so the second
+    was taken too, and the server got two answers under one id."""
+    async with relayed(at_once=True) as r:
+        await handshake(r)
+        await r.server.send(sampling_request(7, {**HELLO, "task": {"ttl": 60000}}))
+        task = (await r.server.recv())["result"]["task"]
+        assert (await r.server.recv())["params"]["status"] == "completed"
+        fetch = json.dumps(request(8, protocol.TASKS_RESULT, {"taskId": task["taskId"]})).encode()
+        assert r.relay.from_upstream_now(fetch)
+        assert r.relay.from_upstream_now(fetch)
+        await anyio.wait_all_tasks_blocked()
+        sent = await drained(r.server)
+        assert sorted("result" in m for m in sent) == [False, True], sent
+        [refusal] = [m for m in sent if "error" in m]
+        assert (refusal["id"], refusal["error"]["code"]) == (8, protocol.INVALID_REQUEST)
+
+
+async def test_a_task_whose_ttl_passed_while_working_is_forgotten_not_kept_past_it() -> None:
+    """A task whose TTL passes while it works is cancelled and forgotten: requests about it get the
+    spec's error. When its call's deadline ended it before anything looked at the book, ending it
+    counted as a task that had just finished, kept three seconds past its TTL for its answer to be
+    fetched (it has none): `tasks/get` and `tasks/list` showed it, or not, by the timing."""
+    provider = GatedProvider()
+    async with relayed(provider) as r:
+        await handshake(r)
+        await r.server.send(sampling_request(7, {**HELLO, "task": {"ttl": 300}}))
+        task = (await r.server.recv())["result"]["task"]
+        with anyio.fail_after(30):
+            status = await r.server.recv()
+        assert (status["params"]["status"], status["params"]["statusMessage"]) == (
+            "cancelled",
+            "The task expired.",
+        )
+        await r.server.send(request(8, protocol.TASKS_GET, {"taskId": task["taskId"]}))
+        got = await r.server.recv()
+        assert got["error"] == {
+            "code": protocol.INVALID_PARAMS,
+            "message": "Failed to retrieve task: Task not found",
+        }
+        await r.server.send(request(9, protocol.TASKS_LIST, {}))
+        assert (await r.server.recv())["result"] == {"tasks": []}

@@ -114,7 +114,8 @@ def test_expired_tasks_are_forgotten() -> None:
 
 def test_unknown_ids_and_cursors_are_refused() -> None:
     tasks, _ = book()
-    for unknown in ("nope", None, 3, TASK_ID_PREFIX + "forged"):
+    unknowns: list[object] = ["nope", None, 3, TASK_ID_PREFIX + "forged", [], {}]
+    for unknown in unknowns:
         with pytest.raises(TaskError):
             tasks.get(unknown)
     with pytest.raises(TaskError, match="Invalid cursor"):
@@ -216,3 +217,51 @@ def test_beyond_the_cap_a_task_whose_answer_was_fetched_makes_room_first() -> No
     _, evicted = tasks.create(None)
     assert evicted == [fetched]
     assert unfetched.task_id in tasks.tasks
+
+
+@pytest.mark.parametrize("finished", [False, True])
+def test_a_task_evicted_before_its_ttl_is_looked_up_as_evicted_until_then(finished: bool) -> None:
+    """A task dropped to make room was looked up as any id never issued, "Task not found", though
+    its TTL had not passed (a server polling it could only think it lost): the lookup still fails
+    as the spec has it, and says the task was evicted and by which limit, until its TTL passes."""
+    tasks, clock = book(ttl_max_ms=10_000)
+    first, _ = tasks.create(None)
+    if finished:
+        tasks.finish(first, "completed", ("result", {}))
+    for _ in range(MAX_TASKS - 1):
+        tasks.create(None)
+    _, evicted = tasks.create(None)
+    assert evicted == [first]
+    assert first.evicted
+    for lookup in (tasks.get, tasks.cancel):
+        with pytest.raises(
+            TaskError, match=r"^Failed to retrieve task: Task not found: it was evicted"
+        ) as caught:
+            lookup(first.task_id)
+        assert "MAX_TASKS" in str(caught.value)
+        assert str(MAX_TASKS) in str(caught.value)
+    clock.now += 10.001  # its TTL has passed: it would have been forgotten anyway
+    with pytest.raises(TaskError, match=r"^Failed to retrieve task: Task not found$"):
+        tasks.get(first.task_id)
+    tasks.expire()
+    assert tasks.evictions == {}
+
+
+def test_an_expired_task_is_not_said_to_be_evicted() -> None:
+    tasks, clock = book(ttl_max_ms=1000)
+    task, _ = tasks.create(None)
+    clock.now += 1.001
+    _, gone = tasks.create(None)
+    assert gone == [task]
+    assert not task.evicted
+    with pytest.raises(TaskError, match=r"^Failed to retrieve task: Task not found$"):
+        tasks.get(task.task_id)
+
+
+def test_the_evictions_remembered_are_bounded_and_end_with_the_session() -> None:
+    tasks, _ = book()
+    for _ in range(3 * MAX_TASKS):
+        tasks.create(None)
+    assert len(tasks.evictions) == MAX_TASKS
+    tasks.clear()
+    assert (tasks.tasks, tasks.evictions) == ({}, {})

@@ -141,6 +141,48 @@ async def load_vertex_credentials(client: AnyClient) -> None:
         )
 
 
+async def load_aws_credentials(client: AnyClient) -> None:
+    """A Bedrock client that signs with SigV4 has boto3 resolve its AWS credentials now, in a worker
+    thread, through the session the SDK itself signs with (`aws_session`): resolved there once, they
+    are the ones the signing uses, and STS or SSO is asked no more often than before. None found
+    raises botocore's own `NoCredentialsError`, where the SDK raises a bare `RuntimeError` that only
+    its words told apart (`credentials_failed` still knows them, should the SDK keep its session
+    elsewhere: then nothing is done here)."""
+    if not isinstance(client, anthropic.AsyncAnthropicBedrock) or client.api_key is not None:
+        return
+    session = aws_session(client)
+    if session is None or session in _AWS_CREDENTIALS_FOUND:
+        return
+    if await anyio.to_thread.run_sync(session.get_credentials) is None:
+        from botocore.exceptions import NoCredentialsError  # type: ignore[import-untyped]
+
+        raise NoCredentialsError()
+    _AWS_CREDENTIALS_FOUND.add(session)  # botocore keeps them (refreshing them itself) from now on
+
+
+# The boto3 sessions that found their credentials: botocore keeps them, never to lose them again.
+_AWS_CREDENTIALS_FOUND: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def aws_session(client: anthropic.AsyncAnthropicBedrock) -> Any:
+    """The boto3 session the SDK signs `client`'s requests with (one per region, profile and keys,
+    kept by the SDK); None when the SDK keeps it elsewhere."""
+    try:
+        from anthropic.lib.aws._auth import _get_session
+    except ImportError:
+        return None
+    try:
+        return _get_session(
+            aws_access_key=client.aws_access_key,
+            aws_secret_key=client.aws_secret_key,
+            aws_session_token=client.aws_session_token,
+            region=client.aws_region,
+            profile=client.aws_profile,
+        )
+    except TypeError:  # the SDK's function takes other arguments now
+        return None
+
+
 def _default_credentials(project_known: bool, made: deque[str]) -> tuple[Any, str | None]:
     """google-auth's Application Default Credentials with the scope the SDK asks for, not refreshed
     (but workload identity federation's, which google-auth refreshes to find their project: the
@@ -529,6 +571,7 @@ async def message_stream(client: AnyClient, request: dict[str, Any]) -> AsyncIte
 
 async def _post_messages(client: AnyClient, body: dict[str, Any]) -> httpx2.Response:
     await load_vertex_credentials(client)
+    await load_aws_credentials(client)
     return await client.post(
         "/v1/messages",
         body=body,
@@ -600,9 +643,25 @@ def sent_credentials(request: httpx2.Request | None) -> tuple[str, ...]:
     found: list[str] = []
     for name in CREDENTIAL_HEADERS:
         for value in request.headers.get_list(name):
-            _, space, rest = value.strip().partition(" ")
+            scheme, space, rest = value.strip().partition(" ")
             found.append(rest.strip() if space and name == "authorization" else value)
+            if name == "authorization" and scheme.upper().startswith("AWS4-"):
+                found.extend(sigv4_parts(rest))
     return tuple(found)
+
+
+def sigv4_parts(parameters: str) -> tuple[str, ...]:
+    """The values of a SigV4 `Authorization` header's parameters (`Credential=AKIA…/date/region/
+    service/aws4_request, SignedHeaders=…, Signature=<hex>`, after the scheme) that an endpoint's
+    error may quote apart from the rest: the signature, the credential and its access key id."""
+    found: list[str] = []
+    for part in parameters.split(","):
+        name, _, value = part.strip().partition("=")
+        if name == "Signature" and value:
+            found.append(value)
+        elif name == "Credential" and value:
+            found.extend((value, value.partition("/")[0]))
+    return tuple(each for each in found if each)
 
 
 def failed_request(exc: BaseException) -> httpx2.Request | None:

@@ -5,8 +5,9 @@ polls for the answer. The book holds what the spec asks a receiver to keep per t
 (`working`, then one terminal status that never changes), when it was created and last updated, its
 TTL (the server's request, lowered to the operator's cap) and its outcome. An expired task is
 forgotten: looking it up finds nothing, as for an id never issued (a task that ended just before
-its TTL is kept a few poll intervals past it, for its answer to be fetched). The I/O (running the Claude call,
-answering the server) lives in `tasks`; this module is pure, with an injectable clock.
+its TTL is kept a few poll intervals past it, for its answer to be fetched). Past `MAX_TASKS` one is
+evicted to make room: looking it up says so until its TTL passes. The I/O (running the Claude
+call, answering the server) lives in `tasks`; this module is pure, with an injectable clock.
 """
 
 from __future__ import annotations
@@ -35,6 +36,19 @@ PAGE_SIZE = 50  # tasks per `tasks/list` page
 CURSOR_PREFIX = "after-"  # a `tasks/list` cursor: this and the creation number of the last task listed
 MAX_TASKS = 1000  # kept per session; the oldest fetched, then finished, ones make room beyond it
 
+NOT_FOUND = "Failed to retrieve task: Task not found"
+EXPIRED = "The task expired"  # the outcome of a task forgotten while working when its TTL passed
+# The outcome of a task forgotten while working to make room for a new one (none had finished).
+EVICTED = (
+    f"The task was evicted to make room for a newer one: the session already kept {MAX_TASKS} tasks "
+    "(MAX_TASKS, the most mcp-backfill keeps per session) and none of them had finished"
+)
+# What a lookup of a task evicted before its TTL passed is answered.
+EVICTED_NOT_FOUND = (
+    f"{NOT_FOUND}: it was evicted to make room for newer tasks, the session having kept {MAX_TASKS} "
+    "(MAX_TASKS, the most mcp-backfill keeps per session)"
+)
+
 
 def is_own_task(task_id: Any) -> bool:
     return isinstance(task_id, str) and task_id.startswith(TASK_ID_PREFIX)
@@ -61,6 +75,8 @@ class SamplingTask:
     number: int = 0
     # A `tasks/result` was answered with its outcome: past `MAX_TASKS`, it makes room first.
     fetched: bool = False
+    # Dropped from the book to make room for a new task (past `MAX_TASKS`), not for its TTL.
+    evicted: bool = False
 
     @property
     def terminal(self) -> bool:
@@ -103,10 +119,13 @@ class TaskBook:
     clock: Callable[[], float] = time.time
     tasks: dict[str, SamplingTask] = field(default_factory=dict)
     created_count: int = 0
+    # Tasks evicted before their TTL passed, to when it passes: looking one up says it was evicted
+    # (at most `MAX_TASKS` of them, the oldest forgotten first).
+    evictions: dict[str, float] = field(default_factory=dict)
 
     def create(self, requested_ttl: Any) -> tuple[SamplingTask, list[SamplingTask]]:
-        """A new working task, and the tasks forgotten to make room (still working ones among them
-        must be stopped by the caller)."""
+        """A new working task, and the tasks forgotten, expired or `evicted` to make room (still
+        working ones among them must be stopped by the caller)."""
         evicted = self.expire()
         now = self.clock()
         self.created_count += 1
@@ -118,7 +137,12 @@ class TaskBook:
             number=self.created_count,
         )
         if len(self.tasks) >= MAX_TASKS:
-            evicted.append(self.tasks.pop(self._least_needed().task_id))
+            dropped = self.tasks.pop(self._least_needed().task_id)
+            dropped.evicted = True
+            self.evictions[dropped.task_id] = dropped.expires()
+            if len(self.evictions) > MAX_TASKS:
+                del self.evictions[next(iter(self.evictions))]
+            evicted.append(dropped)
         self.tasks[task.task_id] = task
         return task, evicted
 
@@ -149,13 +173,25 @@ class TaskBook:
         gone = [task for task in self.tasks.values() if task.expires() <= now]
         for task in gone:
             del self.tasks[task.task_id]
+        if self.evictions:
+            for task_id in [task_id for task_id, end in self.evictions.items() if end <= now]:
+                del self.evictions[task_id]
         return gone
 
     def get(self, task_id: Any) -> SamplingTask:
-        task = self.tasks.get(task_id) if isinstance(task_id, str) else None
-        if task is None or task.expires() <= self.clock():
-            raise TaskError("Failed to retrieve task: Task not found")
+        if not isinstance(task_id, str):  # JSON can make it unhashable
+            raise TaskError(NOT_FOUND)
+        task = self.tasks.get(task_id)
+        now = self.clock()
+        if task is None or task.expires() <= now:
+            evicted = task is None and self.evictions.get(task_id, now) > now
+            raise TaskError(EVICTED_NOT_FOUND if evicted else NOT_FOUND)
         return task
+
+    def clear(self) -> None:
+        """Forget every task (the session they were made in ended)."""
+        self.tasks.clear()
+        self.evictions.clear()
 
     def finish(self, task: SamplingTask, status: Status, outcome: Any, message: str | None = None) -> bool:
         """Move a working task to a terminal status; False (and no change) if it already is terminal."""

@@ -10,8 +10,12 @@ its last page. Every status change is announced with `notifications/tasks/status
 
 Cancelling a task cancels its Claude call, charged like any cancelled call; so does the client
 cancelling the request a task was made for (`cut_for_client`); an expired task is forgotten (a
-working one is cancelled first); a failure becomes a failed task whose `tasks/result` is the
-JSON-RPC error the request would have got.
+working one is cancelled first, as is one evicted to make room past `MAX_TASKS`); a failure
+becomes a failed task whose `tasks/result` is the JSON-RPC error the request would have got.
+
+Everything sent to the upstream about tasks is sent for the session it belongs to: once the client
+begins a new one (`end_session`), what was still to be sent for the one before (a task not sent
+yet, a status notification, a `tasks/result` answer) is dropped, not sent into the new session.
 """
 
 from __future__ import annotations
@@ -27,7 +31,15 @@ from mcp_backfill.errors import SamplingError
 from mcp_backfill.logs import get_logger
 from mcp_backfill.relay.answering import InHand
 from mcp_backfill.relay.capabilities import ClientProfile
-from mcp_backfill.relay.task_book import SamplingTask, TaskBook, TaskError, is_own_task
+from mcp_backfill.relay.task_book import (
+    EVICTED,
+    EXPIRED,
+    MAX_TASKS,
+    SamplingTask,
+    TaskBook,
+    TaskError,
+    is_own_task,
+)
 
 log = get_logger("relay")
 
@@ -37,7 +49,12 @@ where `cut()` is the refusal (-32800) once the client's cancel has cut the task,
 
 
 class SamplingTasks:
-    """The proxy's sampling tasks for one session, and its answers to the server's `tasks/*`."""
+    """The proxy's sampling tasks for one session, and its answers to the server's `tasks/*`.
+
+    Long because every way a task ends (its call's end, `tasks/cancel`, the client's cancel, its
+    TTL, eviction, a new session) meets every message about it (the task, its status, the answers
+    to `tasks/*`) in the same state: the calls' scopes, the waits and the ids in flight.
+    """
 
     def __init__(
         self,
@@ -61,6 +78,9 @@ class SamplingTasks:
         self._creating: dict[jsonrpc.IdKey, str] = {}
         self._client_lists: set[jsonrpc.IdKey] = set()  # tasks/list requests the client answers
         self._replies: list[bytes] = []  # answers ready for the upstream (`take_replies`)
+        # The client's session (counted from 0; `end_session` begins the next): what is sent to the
+        # upstream about tasks is sent only in the session it belongs to.
+        self._session = 0
         self._tg: TaskGroup | None = None
 
     def start(self, task_group: TaskGroup) -> None:
@@ -84,7 +104,7 @@ class SamplingTasks:
         log.info("sampling task created", extra={"request_id": request_id, "task_id": task.task_id})
         untasked = {key: value for key, value in params.items() if key != "task"}
         assert self._tg is not None
-        self._hand.start(self._tg, self._work, request_id, untasked, related, task, scope)
+        self._hand.start(self._tg, self._work, request_id, untasked, related, task, scope, self._session)
 
     async def _work(
         self,
@@ -93,14 +113,14 @@ class SamplingTasks:
         related: Any,
         task: SamplingTask,
         scope: anyio.CancelScope,
+        session: int,
     ) -> None:
         finished = False
         key = jsonrpc.id_key(request_id)
         try:
             if self._creating.get(key) == task.task_id:  # not cancelled by the server before it went out
-                await self._send_upstream(
-                    jsonrpc.encode(jsonrpc.result_response(request_id, {"task": task.wire()}))
-                )
+                created = jsonrpc.result_response(request_id, {"task": task.wire()})
+                await self._send(session, jsonrpc.encode(created), "task", request_id)
             if self._creating.get(key) == task.task_id:  # not a later request's under the same id
                 del self._creating[key]
             with scope:  # cancelled already if the server cancelled the request: nothing is sampled
@@ -112,9 +132,13 @@ class SamplingTasks:
                     if exc.data is not None:
                         error["data"] = exc.data
                     finished = self.book.finish(task, "failed", ("error", error), exc.message)
-            if scope.cancelled_caught and not task.terminal:  # forgotten (expired) while working
-                error = {"code": protocol.REQUEST_CANCELLED, "message": "The task expired"}
-                finished = self.book.finish(task, "cancelled", ("error", error), "The task expired.")
+            if scope.cancelled_caught and not task.terminal:  # forgotten (expired, evicted) while working
+                message = EVICTED if task.evicted else EXPIRED
+                error = {"code": protocol.REQUEST_CANCELLED, "message": message}
+                finished = self.book.finish(task, "cancelled", ("error", error), message + ".")
+                # Forgotten now, if its call's deadline ended it before the book was looked at:
+                # ending it made it a task just finished, kept past its TTL for an answer it has not.
+                self.book.tasks.pop(task.task_id, None)
         finally:
             self._scopes.pop(task.task_id, None)
             self._related.pop(task.task_id, None)
@@ -124,7 +148,7 @@ class SamplingTasks:
                 done.set()
         if finished:
             log.info("sampling task finished", extra={"task_id": task.task_id, "status": task.status})
-            await self._announce(task)
+            await self._announce(task, session)
 
     def cut_for_client(self, related: Any, refusal: str) -> None:
         """The client cancelled its request `related`: the working tasks made for it are cancelled
@@ -142,14 +166,24 @@ class SamplingTasks:
             self._cut[task_id] = refusal
             self._scopes[task_id].cancel()
             assert self._tg is not None
-            self._tg.start_soon(self._announce, task)
+            self._tg.start_soon(self._announce, task, self._session)
 
     def end_session(self) -> None:
         """The client began a new session (`initialize` again): the tasks of the one before are
         cancelled (their Claude calls stopped, and charged) and forgotten. Its server (over an HTTP
         upstream, a session already deleted) can no longer fetch them, and the new one must not
-        see them. A `tasks/result` still waiting gets the cancellation error."""
+        see them. Nothing more is sent about them: not a task still to be sent, nor a status
+        notification, nor the answer to a `tasks/result` still waiting (the requests of the session
+        before are no longer the server's; over an HTTP upstream they would be POSTed into the new
+        session)."""
+        self._session += 1
+        self._creating.clear()  # their ids are free for the new session's requests
+        for waiting in self._waiting.values():
+            waiting.cancel()
+        self._waiting.clear()
+        self._client_lists.clear()
         if not self.book.tasks:
+            self.book.clear()
             return
         message = "The session the task was made in ended: the client began a new one"
         error = {"code": protocol.REQUEST_CANCELLED, "message": message}
@@ -159,19 +193,40 @@ class SamplingTasks:
                 if scope is not None:
                     scope.cancel()
         log.info("client began a new session; its earlier sampling tasks are cancelled and forgotten")
-        self.book.tasks.clear()
+        self.book.clear()
 
     def _forget(self, tasks: list[SamplingTask]) -> None:
-        """Tasks dropped from the book: a working one's Claude call is stopped."""
+        """Tasks dropped from the book (expired, or evicted to make room): a working one's Claude
+        call is stopped (and charged, as any cancelled call)."""
         for task in tasks:
             scope = self._scopes.get(task.task_id)
-            if scope is not None:
+            if scope is None:
+                continue
+            if task.evicted:
+                log.warning(
+                    "sampling task evicted while working, to make room for a new one (the session "
+                    f"kept {MAX_TASKS} tasks, MAX_TASKS, none finished); cancelled",
+                    extra={"task_id": task.task_id},
+                )
+            else:
                 log.info("sampling task expired while working; cancelled", extra={"task_id": task.task_id})
-                scope.cancel()
+            scope.cancel()
 
-    async def _announce(self, task: SamplingTask) -> None:
+    async def _announce(self, task: SamplingTask, session: int) -> None:
         note = {"jsonrpc": "2.0", "method": protocol.TASKS_STATUS, "params": task.wire()}
-        await self._send_upstream(jsonrpc.encode(note))
+        await self._send(session, jsonrpc.encode(note), "task status", task_id=task.task_id)
+
+    async def _send(
+        self, session: int, raw: bytes, what: str, request_id: Any = None, *, task_id: str | None = None
+    ) -> None:
+        """Send `raw` to the upstream if the client's session it belongs to is still the current one."""
+        if session == self._session:
+            await self._send_upstream(raw)
+            return
+        log.debug(
+            "message about a sampling task of the client's session before its new one; dropped",
+            extra={"sent": what, "request_id": request_id, "task_id": task_id},
+        )
 
     # -- the server's tasks/* requests -----------------------------------------------------------
 
@@ -189,8 +244,12 @@ class SamplingTasks:
             return message
         self._forget(self.book.expire())
         if method == protocol.TASKS_RESULT:
+            # Being answered from now on: a cancel of it, or another request under its id, read
+            # before its answering task first runs finds it.
+            scope = anyio.CancelScope()
+            self._waiting[jsonrpc.id_key(message["id"])] = scope
             assert self._tg is not None
-            self._hand.start(self._tg, self._fetch, message["id"], params)
+            self._hand.start(self._tg, self._fetch, message["id"], params, self._session, scope)
             return None
         try:
             reply = jsonrpc.result_response(message["id"], self._now(method, params))
@@ -222,15 +281,23 @@ class SamplingTasks:
             return not client.lists_tasks()
         return is_own_task(params.get("taskId")) or client.tasks is None
 
-    async def _fetch(self, request_id: Any, params: dict[str, Any]) -> None:
-        """`tasks/result`, in the background (see `_result`)."""
+    async def _fetch(
+        self, request_id: Any, params: dict[str, Any], session: int, scope: anyio.CancelScope
+    ) -> None:
+        """`tasks/result`, in the background: once its task is terminal, what the sampling request
+        would have returned. `scope` is cancelled when the server cancels it: no answer is sent.
+        Its id stays in use until its answer is sent (or it is cancelled)."""
+        key = jsonrpc.id_key(request_id)
         try:
-            task = self.book.get(params.get("taskId"))
-        except TaskError as exc:
-            reply = jsonrpc.error_response(request_id, protocol.INVALID_PARAMS, str(exc))
-            await self._send_upstream(jsonrpc.encode(reply))
-            return
-        await self._result(request_id, task)
+            reply = None
+            with scope:
+                reply = await self._result(request_id, params)
+            if reply is None or scope.cancel_called:
+                return  # the server cancelled its tasks/result: it expects no answer
+            await self._send(session, jsonrpc.encode(reply), "tasks/result answer", request_id)
+        finally:
+            if self._waiting.get(key) is scope:  # not a later request's
+                del self._waiting[key]
 
     def _now(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """The answer to `tasks/get`, `tasks/list` or `tasks/cancel`; raises `TaskError`."""
@@ -248,36 +315,29 @@ class SamplingTasks:
         if scope is not None:
             scope.cancel()
         assert self._tg is not None
-        self._tg.start_soon(self._announce, task)
+        self._tg.start_soon(self._announce, task, self._session)
         return task.wire()
 
-    async def _result(self, request_id: Any, task: SamplingTask) -> None:
-        """`tasks/result`: once the task is terminal, what the sampling request would have returned."""
+    async def _result(self, request_id: Any, params: dict[str, Any]) -> dict[str, Any]:
+        """The answer to `tasks/result`, once its task is terminal."""
+        try:
+            task = self.book.get(params.get("taskId"))
+        except TaskError as exc:
+            return jsonrpc.error_response(request_id, protocol.INVALID_PARAMS, str(exc))
         done = self._done.get(task.task_id)
         if done is not None and not task.terminal:
-            scope = anyio.CancelScope()
-            self._waiting[jsonrpc.id_key(request_id)] = scope
-            try:
-                with scope:
-                    await done.wait()
-            finally:
-                if self._waiting.get(jsonrpc.id_key(request_id)) is scope:  # not a later request's
-                    del self._waiting[jsonrpc.id_key(request_id)]
-            if scope.cancelled_caught:
-                return  # the server cancelled its tasks/result: it expects no answer
+            await done.wait()
         assert task.outcome is not None
         task.fetched = True
         kind, body = task.outcome
         if kind == "error":
-            reply = jsonrpc.error_response(request_id, body["code"], body["message"], body.get("data"))
-        else:
-            meta = {**(body.get("_meta") or {}), protocol.META_RELATED_TASK: {"taskId": task.task_id}}
-            reply = jsonrpc.result_response(request_id, {**body, "_meta": meta})
-        await self._send_upstream(jsonrpc.encode(reply))
+            return jsonrpc.error_response(request_id, body["code"], body["message"], body.get("data"))
+        meta = {**(body.get("_meta") or {}), protocol.META_RELATED_TASK: {"taskId": task.task_id}}
+        return jsonrpc.result_response(request_id, {**body, "_meta": meta})
 
     def waiting(self, request_id: Any) -> bool:
-        """Is `request_id` a `tasks/result` of the server's still waiting for its task, or a
-        task-augmented request whose task has yet to be sent?"""
+        """Is `request_id` a `tasks/result` of the server's not answered yet, or a task-augmented
+        request whose task has yet to be sent?"""
         key = jsonrpc.id_key(request_id)
         return key in self._waiting or key in self._creating
 
