@@ -121,6 +121,10 @@ class WatchedReader(asyncio.StreamReader):
     def forget(self) -> None:
         """Drop what is buffered: an answer read whole by its `EarlyAnswer`."""
         self._buffer.clear()  # type: ignore[attr-defined]
+        # Reading again if those bytes had paused it (past twice its limit, in one read): paused,
+        # the connection's next answer was not read from its callback at all, only by its task
+        # `PATIENCE` later.
+        self._maybe_resume_transport()  # type: ignore[attr-defined]
 
 
 class EarlyAnswer:
