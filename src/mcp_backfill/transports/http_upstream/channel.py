@@ -237,6 +237,12 @@ class HttpUpstream:
                 self._cancel(exchange)
             with anyio.move_on_after(max(grace, 1.0)):
                 await self._settled()
+            # The notifications and responses `send_now` is still POSTing go before the session's
+            # end, as they did when the relay's task POSTed them (it waited for each one's answer
+            # before it read the client's end): the DELETE overtook them, and they were cancelled.
+            with anyio.move_on_after(max(grace, self.settings.one_way_timeout)):
+                while self._one_way:
+                    await self._one_way_done.wait()
             await self._handshake.end(max(grace, 1.0))
         finally:
             self._inbox.close()

@@ -80,14 +80,51 @@ class WatchedReader(asyncio.StreamReader):
         if self.watch is not None:
             self.watch.stop()
 
+    broken: Exception | None = None
+    """The connection's error, when it came with bytes still unread: raised once they are read."""
+
     def set_exception(self, exc: Exception) -> None:
-        super().set_exception(exc)
+        # What came before the break is the answer's all the same: read first, then the error.
+        # (asyncio's reader raises it at once, and an answer read early, which no task had read
+        # yet, was lost whole: its request failed as if the upstream were unreachable, instead
+        # of being resumed from the last event id the stream brought.)
+        if self._buffer:  # type: ignore[attr-defined]
+            self.broken = exc
+            super().feed_eof()
+        else:
+            super().set_exception(exc)
         if self.watch is not None:
             self.watch.stop()
+
+    async def read(self, n: int = -1) -> bytes:
+        data = await super().read(n)
+        if not data and n and self.broken is not None:
+            raise self.broken
+        return data
+
+    async def readuntil(self, separator: Any = b"\n") -> bytes:
+        try:
+            return await super().readuntil(separator)
+        except asyncio.IncompleteReadError:
+            if self.broken is not None:
+                raise self.broken from None
+            raise
+
+    async def readexactly(self, n: int) -> bytes:
+        try:
+            return await super().readexactly(n)
+        except asyncio.IncompleteReadError:
+            if self.broken is not None:
+                raise self.broken from None
+            raise
 
     def forget(self) -> None:
         """Drop what is buffered: an answer read whole by its `EarlyAnswer`."""
         self._buffer.clear()  # type: ignore[attr-defined]
+        # Reading again if those bytes had paused it (past twice its limit, in one read): paused,
+        # the connection's next answer was not read from its callback at all, only by its task
+        # `PATIENCE` later.
+        self._maybe_resume_transport()  # type: ignore[attr-defined]
 
 
 class EarlyAnswer:

@@ -580,8 +580,8 @@ class Http11Transport(httpx2.AsyncBaseTransport):
         except asyncio.LimitOverrunError:
             raise httpx2.RemoteProtocolError(f"the answer's head exceeds {HEAD_LIMIT} bytes") from None
         except ConnectionError as exc:
-            if connection.reused and not answered and not _buffered(reader):
-                raise _StaleConnection from exc
+            if connection.reused and not answered and not _buffered(reader) and reader.broken is None:
+                raise _StaleConnection from exc  # (bytes came before the break: not a stale connection)
             raise httpx2.ReadError(str(exc) or type(exc).__name__) from exc
 
     def _response(
