@@ -135,6 +135,7 @@ def test_a_json_answer_in_any_split_is_handed_on_whole(cuts: list[int]) -> None:
         (json_answer(status=b"404 Not Found"), "an HTTP error is the task's"),
         (json_answer(status=b"202 Accepted"), "so is any status but 200"),
         (json_answer(headers=b"set-cookie: lb=7\r\n"), "cookies go to the client's jar"),
+        (json_answer(headers=b"content-encoding: gzip\r\n"), "a coded body is not plain"),
         (json_answer(b'[{"jsonrpc":"2.0","id":7,"result":{}}]'), "a batch is split by the task"),
         (json_answer().replace(b"application/json", b"text/plain"), "an unknown content type"),
         (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}", "no content type at all"),

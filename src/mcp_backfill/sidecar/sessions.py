@@ -104,9 +104,11 @@ class _RelayTakes:
     def ready(self) -> bool:
         return self._relay.takes_upstream_now()
 
-    def take(self, data: bytes, origin: Any) -> None:
+    def take(self, data: bytes, origin: Any) -> bool:
+        if not self._relay.from_upstream_now(data, origin):
+            return False
         self._count("from_upstream")
-        self._relay.from_upstream_now(data, origin)
+        return True
 
 
 @dataclass(frozen=True)

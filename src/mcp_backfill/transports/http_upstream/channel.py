@@ -473,8 +473,10 @@ class _AfterTheInbox:
     def ready(self) -> bool:
         return self._inbox.waiting and self._taker.ready()
 
-    def take(self, data: bytes, origin: Any) -> None:
-        self._taker.take(data, origin)
+    def take(self, data: bytes, origin: Any) -> bool:
+        if not self._taker.take(data, origin):  # (it said it was ready) the relay's task takes it
+            self._inbox.send_nowait((data, origin))
+        return True
 
 
 def _is_request(item: Any) -> bool:

@@ -48,7 +48,8 @@ class AtOnce(Protocol):
 
     def ready(self) -> bool: ...
 
-    def take(self, data: bytes, origin: Any) -> None: ...
+    def take(self, data: bytes, origin: Any) -> bool:
+        """True when taken (False: it was not ready after all; the message goes its usual way)."""
 
 
 class Hooks(Protocol):
@@ -136,7 +137,7 @@ class EarlyAnswer:
         self._max_bytes = max_bytes
         self._parser = httptools.HttpResponseParser(self)
         self._content_type = b""
-        self._cookies = False
+        self._not_plain = False
         self._events: SseDecoder | None = None
         self._body: list[bytes] | None = None  # a JSON answer's body so far
         self._size = 0
@@ -176,12 +177,12 @@ class EarlyAnswer:
         name = name.lower()
         if name == b"content-type":
             self._content_type = value
-        elif name == b"set-cookie":
-            self._cookies = True  # the client's jar takes them: the task's
+        elif name in (b"set-cookie", b"content-encoding"):
+            self._not_plain = True  # the client's jar takes cookies; a coded body is not plain: the task's
 
     def on_headers_complete(self) -> None:
         kind = self._content_type.partition(b";")[0].strip().lower()
-        if self._parser.get_status_code() != 200 or self._cookies:
+        if self._parser.get_status_code() != 200 or self._not_plain:
             raise _NotPlain
         if kind == _SSE:
             self._events = SseDecoder(self._max_bytes)
