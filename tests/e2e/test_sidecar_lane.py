@@ -296,3 +296,28 @@ async def test_a_notification_and_the_request_written_right_after_it_reach_the_u
     sent = [m for m in methods if m.startswith(("notifications/slow-ack-", "echo/after-"))]
     expected = [m for n in range(2, 7) for m in (f"notifications/slow-ack-{n}", f"echo/after-{n}")]
     assert sent == expected
+
+
+async def test_an_expect_100_continue_post_is_answered_as_the_app_answers_it() -> None:
+    # The app's answer to a POST with `Expect: 100-continue` begins with an interim 100 Continue
+    # (uvicorn writes it when the body is read), whether or not the body came with the head.
+    async with (
+        recorder() as (upstream, _),
+        in_front_of(upstream) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        session = await open_session(http, sidecar.url)
+        data = raw_post(sidecar, session, request(2, "echo/expect"), "Expect: 100-continue")
+        head, _, body = data.partition(b"\r\n\r\n")
+        async with await anyio.connect_tcp("127.0.0.1", sidecar.port) as stream:
+            await stream.send(head + b"\r\n\r\n")
+            await anyio.sleep(0.1)
+            await stream.send(body)
+            by_app = b""
+            with anyio.fail_after(HTTP_TIMEOUT):
+                while b"}}" not in by_app:
+                    by_app += await stream.receive()
+        together = await raw_exchange(sidecar, data, until=b"}}")
+    undated = re.compile(rb"^date: .*$", re.MULTILINE | re.IGNORECASE)
+    assert by_app.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), by_app
+    assert undated.sub(b"date", together) == undated.sub(b"date", by_app)

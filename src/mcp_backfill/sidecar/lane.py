@@ -98,6 +98,8 @@ class Lane:
         headers = header_map(raw)
         if "origin" in headers or sum(1 for name, _ in raw if name == b"host") != 1:
             return None  # CORS, or the app's 400
+        if "expect" in headers:
+            return None  # uvicorn writes the app's interim 100 Continue as its body is read
         policy = app.policy
         authorization = headers.get("authorization")
         if not host_allowed(headers.get("host"), policy):
