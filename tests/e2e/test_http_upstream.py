@@ -1031,3 +1031,25 @@ async def test_progress_through_an_http_upstream_while_the_proxy_samples_for_a_r
     assert tool_json(result) == {"text": "A summary."}
     assert_kept_informed_while_sampling(heard)
     assert len(fake_claude.message_requests) == 1
+
+
+async def test_a_notification_sent_just_before_the_client_leaves_reaches_the_upstream_before_the_end() -> (
+    None
+):
+    """The client sends a notification and closes its input at once: the notification is POSTed
+    (and acknowledged) before the DELETE that ends the session. Sent at once (`send_now`, from a
+    task of its own), nothing waited for it: the session was ended while it was on its way."""
+    async with recorder() as (upstream, recorded):
+        argv = proxy_url_argv("--provider", "mock", url=upstream.url)
+        async with raw_proxy(argv, proxy_env()) as session:
+            await handshake(session)
+            assert (await session.request(2, "tools/list"))["result"] == {"method": "tools/list"}
+            await session.send({"jsonrpc": "2.0", "method": "notifications/slow-ack-last"})
+            await session.close_stdin()
+            status = await session.wait()
+        sent = [
+            entry["verb"] if entry["verb"] != "POST" else entry["body"].get("method") for entry in recorded()
+        ]
+    assert "notifications/slow-ack-last" in sent, sent
+    assert sent.index("notifications/slow-ack-last") < sent.index("DELETE"), sent
+    assert status == 0

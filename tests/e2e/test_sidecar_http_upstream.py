@@ -39,6 +39,7 @@ from tests.sidecar_harness import (
     Sidecar,
     initialize_body,
     open_session,
+    response_messages,
     response_to,
     run_sidecar,
     sidecar_argv,
@@ -322,3 +323,64 @@ async def test_an_expired_upstream_session_ends_the_client_session_and_stops_its
                 tg.cancel_scope.cancel()
     assert ping.status_code == 404 or "Upstream session expired" in str(response_to(ping, 3))
     assert "upstream session expired" in (sidecar.captured or "")
+
+
+async def test_a_stream_reset_while_its_answer_is_read_early_is_resumed_not_failed() -> None:
+    """A POST's SSE stream is read as it arrives (no cookie: the answer is read from the connection's
+    callback), brings an event with an id, and then the connection is reset: the bytes that came
+    before the reset are the stream's all the same, so the request is resumed from that id and
+    answered, as when its task read it. The buffered bytes were dropped with the reset, and the
+    request failed as if the upstream were unreachable."""
+    async with (
+        recorder() as (upstream, _),
+        run_sidecar(
+            "--upstream-url", upstream.url, "--provider", "mock", upstream=NO_COMMAND, env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        body = initialize_body(1)
+        body["params"]["clientInfo"]["name"] = "no-cookie"
+        response = await http.post(sidecar.url, json=body, headers=HANDSHAKE_HEADERS)
+        assert response.status_code == 200, response.text
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": response.headers["mcp-session-id"]}
+        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        assert (await http.post(sidecar.url, json=initialized, headers=headers)).status_code == 202
+        warm = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+        assert (await http.post(sidecar.url, json=warm, headers=headers)).status_code == 200
+        call = {"jsonrpc": "2.0", "id": 3, "method": "reset/mid-stream", "params": {}}
+        answer = await http.post(sidecar.url, json=call, headers=headers)
+    messages = response_messages(answer)
+    notes = [m for m in messages if m.get("method") == "notifications/message"]
+    assert len(notes) == 1, answer.text
+    assert response_to(answer, 3) == {"jsonrpc": "2.0", "id": 3, "result": {"resumed": True}}
+
+
+async def test_after_a_large_answer_read_early_the_next_answer_on_its_connection_is_not_held_back() -> None:
+    """An answer larger than the connection's reader pauses (past twice its limit) arrives in one
+    read and is read whole from the callback: the connection goes back to the pool reading again.
+    It went back paused, and the next answer on it was read only when its exchange's task took
+    over, `PATIENCE` (0.5 s) later."""
+    async with (
+        recorder() as (upstream, _),
+        run_sidecar(
+            "--upstream-url", upstream.url, "--provider", "mock", upstream=NO_COMMAND, env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        body = initialize_body(1)
+        body["params"]["clientInfo"]["name"] = "no-cookie"
+        response = await http.post(sidecar.url, json=body, headers=HANDSHAKE_HEADERS)
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": response.headers["mcp-session-id"]}
+        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        assert (await http.post(sidecar.url, json=initialized, headers=headers)).status_code == 202
+        slowest = 0.0
+        for n in range(2, 8):
+            big = {"jsonrpc": "2.0", "id": n * 2, "method": "big/json", "params": {"size": 150_000}}
+            assert (await http.post(sidecar.url, json=big, headers=headers)).status_code == 200
+            call = {"jsonrpc": "2.0", "id": n * 2 + 1, "method": "tools/list", "params": {}}
+            started = anyio.current_time()
+            answer = await http.post(sidecar.url, json=call, headers=headers)
+            if n > 2:  # the first is a connection's first reuse
+                slowest = max(slowest, anyio.current_time() - started)
+            assert response_to(answer, n * 2 + 1)["result"] == {"method": "tools/list"}
+    assert slowest < 0.4

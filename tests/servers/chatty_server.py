@@ -1,7 +1,8 @@
 """MCPServer (stdio) for the sidecar's tests: tools that talk while they work, and process control.
 
 Run it as `python tests/servers/chatty_server.py [MARKER_DIR]`. With MARKER_DIR, the process writes
-`MARKER_DIR/started-<pid>` when it starts, so tests can count the upstream processes spawned.
+`MARKER_DIR/started-<pid>` when it starts, so tests can count the upstream processes spawned. With
+`--http 127.0.0.1:0` instead, it serves streamable HTTP at /mcp (see tests/servers/http_serving.py).
 
 * `chatter(tag, count=3, delay=0.05)`: sends `count` progress notifications (message `"<tag> <i>"`)
   and `count` info log messages (data `"<tag> log <i>"`), `delay` seconds apart, then returns
@@ -29,7 +30,8 @@ warnings.filterwarnings("ignore", category=MCPDeprecationWarning)
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 server = MCPServer("chatty-test-server")
-MARKER_DIR = Path(sys.argv[1]) if len(sys.argv) > 1 else None
+HTTP = len(sys.argv) == 3 and sys.argv[1] == "--http"
+MARKER_DIR = Path(sys.argv[1]) if len(sys.argv) > 1 and not HTTP else None
 
 
 @server.tool()
@@ -70,6 +72,12 @@ async def crash(code: int = 3) -> str:
 
 
 if __name__ == "__main__":
-    if MARKER_DIR is not None:
-        (MARKER_DIR / f"started-{os.getpid()}").touch()
-    server.run()
+    if HTTP:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+        from tests.servers.http_serving import serve_http
+
+        serve_http(server, sys.argv[2])
+    else:
+        if MARKER_DIR is not None:
+            (MARKER_DIR / f"started-{os.getpid()}").touch()
+        server.run()

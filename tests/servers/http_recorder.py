@@ -11,6 +11,8 @@ It speaks just enough of the handshake era for a client to get through `initiali
 `bad-version` the protocol version `2025-11-25\u00e9`), and answers these methods (by the JSON-RPC
 method of the POSTed request):
 
+* a notification whose method starts with `notifications/slow-ack`: recorded and acknowledged
+  only after 0.2 s (anything sent before its acknowledgement is recorded first);
 * `recorder/requests`: result `{"requests": [...]}`, everything recorded so far;
 * `fail/500`: HTTP 500, text body `database on fire`;
 * `fail/teapot`: HTTP 418, text body `short and stout`;
@@ -64,7 +66,12 @@ method of the POSTed request):
 * `session/garble-close`: result `{}`; the DELETE that ends the session is then answered with a body
   that says `Content-Encoding: gzip` and is not;
 * `session/forget`: result `{}`, then the session is unknown (every later request gets HTTP 404);
+* `reset/mid-stream`: a chunked SSE stream holding a priming event with a notification (id
+  `brk-0`, `retry: 20`, the notification `notifications/message`), then, 0.3 s later, a TCP reset
+  (no end of the stream, no answer); a GET resuming from `brk-0` gets the result `{"resumed": true}`;
 * anything else: result `{"method": <method>}`.
+
+A client named `no-cookie` gets no `Set-Cookie` with its session.
 
 Notifications and responses get 202, except the notification `notifications/stream-forever`: an
 SSE stream of pings that does not end (for a minute) as a broken server may answer one; GET gets
@@ -74,6 +81,8 @@ SSE stream of pings that does not end (for a minute) as a broken server may answ
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import sys
 import threading
 import time
@@ -102,6 +111,7 @@ class State:
         self.garble_close = False
         self.endless_close = False
         self.replay_request_id: Any = None
+        self.break_request_id: Any = None  # the request of `reset/mid-stream`
         self.standalone_replay = False  # a client named `standalone-replay` opened the session
         self.standalone_batch = False  # ... or `standalone-replay-batch`
         self.standalone_gets = 0
@@ -167,6 +177,10 @@ class Handler(BaseHTTPRequestHandler):
         if resumed == "refuse-endless":
             self._endless_refusal()
             return
+        if resumed == "brk-0":
+            answer = {"jsonrpc": "2.0", "id": self.state.break_request_id, "result": {"resumed": True}}
+            self._reply(200, f"id: brk-1\ndata: {json.dumps(answer)}\n\n".encode(), "text/event-stream")
+            return
         if resumed == "replay-0":
             self._replay_sample()
             return
@@ -180,6 +194,21 @@ class Handler(BaseHTTPRequestHandler):
                 self._reply(200, f"data: {json.dumps(answer)}\n\n".encode(), "text/event-stream")
             return
         self._reply(405, b"", Allow="POST, DELETE")
+
+    def _reset_mid_stream(self, request_id: Any) -> None:
+        self.state.break_request_id = request_id
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "before the break"}}
+        event = f"id: brk-0\nretry: 20\ndata: {json.dumps(note)}\n\n".encode()
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+        self.wfile.flush()
+        time.sleep(0.3)
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.close_connection = True
+        self.connection.close()
 
     def _endless_refusal(self) -> None:
         self.close_connection = True
@@ -306,8 +335,10 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", "0"))
         message = json.loads(self.rfile.read(length))
+        method = message.get("method") if isinstance(message, dict) else None
+        if isinstance(method, str) and method.startswith("notifications/slow-ack"):
+            time.sleep(0.2)  # recorded, and acknowledged, only after a while
         self._record(message)
-        method = message.get("method")
         if method != "initialize" and not self.state.session_alive:
             self._reply(404, b"Session not found", "text/plain")
             return
@@ -338,6 +369,9 @@ class Handler(BaseHTTPRequestHandler):
             }
             # As a load balancer pinning the session to a replica would (each later request must carry it).
             session = "rec-\u00e9" if client == "bad-session-id" else SESSION
+            if client == "no-cookie":
+                self._result(request_id, result, Mcp_Session_Id=session)
+                return
             self._result(request_id, result, Mcp_Session_Id=session, Set_Cookie=f"{AFFINITY}; Path=/")
         elif method == "recorder/requests":
             with self.state.lock:
@@ -390,6 +424,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.state.replay_request_id = request_id
             events = f"id: replay-0\nretry: 20\ndata:\n\ndata: {json.dumps(SAMPLE_REQUEST)}\n\n"
             self._reply(200, events.encode(), "text/event-stream")
+        elif method == "reset/mid-stream":
+            self._reset_mid_stream(request_id)
         elif method == "sse/retry":
             answer = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {}})
             stream = f"retry: {message['params']['retry']}\ndata: {answer}\n\n".encode()

@@ -196,12 +196,20 @@ class Relay:
             self._send_now(sides, send)
         return True
 
-    def from_upstream_now(self, raw: bytes) -> bool:
-        """`from_client_now` for a message from the upstream (one without an origin: a pipe's)."""
+    def takes_client_now(self) -> bool:
+        """Would `from_client_now` relay a message now?"""
+        return self._sides_now() is not None
+
+    def takes_upstream_now(self) -> bool:
+        """Would `from_upstream_now` relay a message now?"""
+        return not self.answerer.hand.full and self._sides_now() is not None  # else the pump waits for room
+
+    def from_upstream_now(self, raw: bytes, origin: Any = None) -> bool:
+        """`from_client_now` for a message from the upstream (`origin`: see `_from_upstream`)."""
         sides = self._sides_now()
         if sides is None or self.answerer.hand.full:  # the pump waits for room first
             return False
-        for send in self._upstream_sends(raw, None):
+        for send in self._upstream_sends(raw, origin):
             self._send_now(sides, send)
         return True
 

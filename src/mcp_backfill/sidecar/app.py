@@ -30,6 +30,7 @@ from mcp_backfill.sidecar import cors
 from mcp_backfill.sidecar import metrics as prometheus
 from mcp_backfill.sidecar.handshake import HandshakeFront
 from mcp_backfill.sidecar.http_io import HttpCall, json_bytes, upstream_headers
+from mcp_backfill.sidecar.lane import HANDED_OVER
 from mcp_backfill.sidecar.metrics import Metrics
 from mcp_backfill.sidecar.security import AccessPolicy, host_allowed, origin_allowed
 from mcp_backfill.sidecar.stateless import StatelessFront
@@ -91,6 +92,18 @@ class SidecarApp:
             session.router.get_stream.finish()
         self.stateless.hubs.end_listens()
 
+    def lane_began(self) -> None:
+        """A request the lane answers (`lane.py`) is in flight, as one the app answers is."""
+        self._in_flight += 1
+
+    def lane_ended(self, status: str | None) -> None:
+        """... and is over; `status` is counted (None: the app's handler counted it)."""
+        if status is not None:
+            self.metrics.http_requests.inc(method="POST", status=status)
+        self._in_flight -= 1
+        if not self._in_flight and self._idle is not None:
+            self._idle.set()
+
     @property
     def busy(self) -> bool:
         """Is an HTTP request being answered?"""
@@ -144,6 +157,10 @@ class SidecarApp:
             self.metrics.http_requests.inc(method=method, status=str(status or 499))
 
     async def _route(self, call: HttpCall) -> None:
+        handed = call.scope.get("extensions", {}).get(HANDED_OVER)
+        if handed is not None:  # checked by the lane already
+            await self.handshake.take_over(call, handed)
+            return
         if not await self._origin_checked(call):
             return
         path = call.scope["path"]

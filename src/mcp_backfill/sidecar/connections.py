@@ -35,13 +35,16 @@ import asyncio
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from mcp_backfill.logs import get_logger
 from mcp_backfill.options import named
 from mcp_backfill.sidecar.http_io import CUT_OFF
+
+if TYPE_CHECKING:
+    from mcp_backfill.sidecar.lane import Lane, LanePost
 
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -104,6 +107,7 @@ class _Guard:
     expect_100_continue: bool  # the request parsed last asked for it (httptools)
     transport: asyncio.Transport
     loop: asyncio.AbstractEventLoop
+    app: Any  # the application as uvicorn runs it
 
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = 0
@@ -114,6 +118,10 @@ class _Guard:
     _draining = False  # its response went out first: the rest of its body is being dropped
     _drained = 0  # bytes of that rest so far
     _bad_request: str | None = None  # the 400 held until the requests before it are answered
+    lane: Lane | None = None  # offered each request whose head and body came together (`lane.py`)
+    lane_post: LanePost | None = None  # the request the lane is answering
+    _lane_held: tuple[Any, Any] | None = None  # (cycle, app) of a request offered once its body is in
+    _in_head = False  # uvicorn is starting a request whose head was just parsed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._cycles: weakref.WeakSet[Any] = weakref.WeakSet()  # every request's, while it lives
@@ -132,6 +140,10 @@ class _Guard:
         draining = self._draining
         self._head_begun = False
         super().data_received(data)  # type: ignore[misc]
+        if self._lane_held is not None:  # its body did not come with its head: the app's
+            cycle, app = self._lane_held
+            self._lane_held = None
+            super()._start_asgi_task(cycle, app)  # type: ignore[misc]
         if self.cycle is not None and not self.cycle.response_complete:
             self._disarm()  # a request's headers are in: the rest is the application's
             if self._head_open and not self._head_begun:  # a request pipelined behind it: its head
@@ -174,10 +186,31 @@ class _Guard:
         self._request_done = True
         self._draining = False
         super().on_message_complete()  # type: ignore[misc]
+        held = self._lane_held
+        if held is not None and held[0] is self.cycle:
+            self._lane_held = None
+            if self.lane is None or not self.lane.take(self, held[0]):
+                super()._start_asgi_task(*held)  # type: ignore[misc]
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        """uvicorn's start of a request's application; a request the lane may take waits for its
+        body (within the bytes being parsed now) first."""
+        if self._in_head and self.lane is not None and self.lane.may_take(cycle.scope):
+            self._lane_held = (cycle, app)
+            return
+        super()._start_asgi_task(cycle, app)  # type: ignore[misc]
+
+    def start_app(self, cycle: Any) -> None:
+        """Start the application for a request the lane hands over."""
+        super()._start_asgi_task(cycle, self.app)  # type: ignore[misc]
 
     def on_headers_complete(self) -> None:
         self._head_open = False
-        super().on_headers_complete()  # type: ignore[misc]
+        self._in_head = True
+        try:
+            super().on_headers_complete()  # type: ignore[misc]
+        finally:
+            self._in_head = False
         cycle = self.cycle
         if cycle is None:
             return
@@ -220,6 +253,9 @@ class _Guard:
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._lane_held = None
+        if self.lane_post is not None:
+            self.lane_post.lost()
         for cycle in list(self._cycles):
             if not cycle.response_complete:  # uvicorn tells only the one it parsed last
                 cycle.disconnected = True
@@ -342,8 +378,9 @@ class GuardedH11Protocol(_Guard, H11Protocol):
         H11Protocol.send_400_response(self, msg)
 
 
-def guarded_protocol(header_timeout: float, max_connections: int) -> type[Any]:
-    """The protocol class for uvicorn's `http=` setting, with these limits (httptools when installed)."""
+def guarded_protocol(header_timeout: float, max_connections: int, lane: Lane | None = None) -> type[Any]:
+    """The protocol class for uvicorn's `http=` setting, with these limits (httptools when installed),
+    and the `lane` (httptools only: h11 parses no request while one is answered)."""
     base: type[Any] = GuardedH11Protocol
     if HttpToolsProtocol is not None:
         base = type("GuardedHttpToolsProtocol", (_Guard, HttpToolsProtocol), {})
@@ -351,5 +388,6 @@ def guarded_protocol(header_timeout: float, max_connections: int) -> type[Any]:
         "header_timeout": header_timeout,
         "max_connections": max_connections,
         "drain_budget": DrainBudget(DRAIN_RATE, DRAIN_LIMIT),
+        "lane": lane if HttpToolsProtocol is not None else None,
     }
     return type(base.__name__, (base,), limits)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -46,6 +46,9 @@ from mcp_backfill.sidecar.http_io import (
 from mcp_backfill.sidecar.sessions import HttpSession, OpeningRate, SessionTable
 from mcp_backfill.transports.event_stream import EventStream, parse_event_id, sse_event
 from mcp_backfill.transports.http_server import MAX_OPEN_POSTS
+
+if TYPE_CHECKING:
+    from mcp_backfill.sidecar.lane import HandedOver
 
 log = get_logger("sidecar")
 
@@ -151,6 +154,13 @@ class HandshakeFront:
                 return
             await self._deliver(call, session, body)
             await self._answer(call, session, stream, single=isinstance(decoded, dict))
+
+    async def take_over(self, call: HttpCall, handed: HandedOver) -> None:
+        """Answer a request the lane took and could not answer at once (`lane.py`)."""
+        try:
+            await self._answer(call, handed.session, handed.stream, single=True)
+        finally:
+            handed.release()
 
     def _held_while_reading(self, call: HttpCall, identity: str) -> contextlib.AbstractContextManager[None]:
         """The session a POST names is busy while its body arrives: a session whose next request

@@ -66,14 +66,7 @@ class HttpCall:
     """Headers every response to this request carries (CORS, for a browser's page: see `cors`)."""
 
     def __post_init__(self) -> None:
-        # Reversed, so that the first line of a repeated header wins, as in starlette's `Headers`;
-        # one dict for the ten or so lookups a request makes, instead of a scan of the list each.
-        raw = self.scope["headers"]
-        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in reversed(raw)}
-        accept = [value for name, value in raw if name == b"accept"]
-        if len(accept) > 1:  # as Go's `Header.Add` sends a list, one value a line
-            headers["accept"] = b", ".join(accept).decode("latin-1")
-        self.headers = headers
+        self.headers = header_map(self.scope["headers"])
 
     @property
     def method(self) -> str:
@@ -189,6 +182,18 @@ class HttpCall:
 
 UpstreamHeaders = Callable[[], dict[str, str]]
 """The client's request headers as an upstream factory sees them, built when asked for."""
+
+
+def header_map(raw: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
+    """Each header's first value by its lowercase name; `accept` holds every line of it, joined
+    with commas (see `HttpCall.headers`)."""
+    # Reversed, so that the first line of a repeated header wins, as in starlette's `Headers`;
+    # one dict for the ten or so lookups a request makes, instead of a scan of the list each.
+    headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in reversed(raw)}
+    accept = [value for name, value in raw if name == b"accept"]
+    if len(accept) > 1:  # as Go's `Header.Add` sends a list, one value a line
+        headers["accept"] = b", ".join(accept).decode("latin-1")
+    return headers
 
 
 def upstream_headers(call: HttpCall, strip_authorization: bool) -> dict[str, str]:

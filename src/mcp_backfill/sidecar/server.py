@@ -39,10 +39,11 @@ from mcp_backfill.options import BUDGET_WINDOWS, Allowance, env_var, shutting_do
 from mcp_backfill.relay import Relay
 from mcp_backfill.sampling.audit import auditing
 from mcp_backfill.sampling.spend import Spend
-from mcp_backfill.sidecar.app import SidecarApp
+from mcp_backfill.sidecar.app import MCP_PATHS, SidecarApp
 from mcp_backfill.sidecar.connections import guarded_protocol
 from mcp_backfill.sidecar.handshake import HandshakeFront
 from mcp_backfill.sidecar.http_io import FrontSettings
+from mcp_backfill.sidecar.lane import Lane
 from mcp_backfill.sidecar.metrics import Labels, Metrics, client_label
 from mcp_backfill.sidecar.security import (
     SHARED_IDENTITY,
@@ -197,7 +198,7 @@ async def run_sidecar(config: Config) -> int:
             log_config=None,
             access_log=False,
             ws="none",
-            http=guarded_protocol(config.header_timeout, config.max_connections),
+            http=guarded_protocol(config.header_timeout, config.max_connections, Lane(app, MCP_PATHS)),
             timeout_graceful_shutdown=math.ceil(config.drain_timeout),
             server_header=False,
         )

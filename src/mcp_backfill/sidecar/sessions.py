@@ -27,8 +27,9 @@ from mcp_backfill.logs import get_logger
 from mcp_backfill.options import named
 from mcp_backfill.relay import Relay
 from mcp_backfill.sidecar.upstreams import UPSTREAM_START_FAILED, UpstreamFactory, UpstreamRequest
-from mcp_backfill.transports.base import MessageChannel
+from mcp_backfill.transports.base import MessageChannel, SendsAtOnce
 from mcp_backfill.transports.http_server import INBOX_SIZE, SessionChannel, SessionRouter
+from mcp_backfill.transports.http_upstream import HttpUpstream
 from mcp_backfill.transports.queue import MessageQueue
 
 log = get_logger("sidecar")
@@ -72,6 +73,44 @@ class CountingChannel:
         self._count(self._sent)
 
 
+class CountingAtOnce(CountingChannel):
+    """A `CountingChannel` around a channel that also `SendsAtOnce`."""
+
+    def __init__(self, inner: SendsAtOnce, count: CountMessage, received: str, sent: str) -> None:
+        super().__init__(inner, count, received, sent)  # type: ignore[arg-type]
+        self._at_once = inner
+
+    def can_send_now(self) -> bool:
+        return self._at_once.can_send_now()
+
+    def send_now(self, message: bytes, related: Any = None) -> None:
+        self._at_once.send_now(message, related)
+        self._count(self._sent)
+
+
+def counting(upstream: MessageChannel, count: CountMessage) -> CountingChannel:
+    if isinstance(upstream, SendsAtOnce):
+        return CountingAtOnce(upstream, count, "from_upstream", "to_upstream")
+    return CountingChannel(upstream, count, "from_upstream", "to_upstream")
+
+
+class _RelayTakes:
+    """The relay as an HTTP upstream's `AtOnce` taker (`early.py`), counting what it takes."""
+
+    def __init__(self, relay: Relay, count: CountMessage) -> None:
+        self._relay = relay
+        self._count = count
+
+    def ready(self) -> bool:
+        return self._relay.takes_upstream_now()
+
+    def take(self, data: bytes, origin: Any) -> bool:
+        if not self._relay.from_upstream_now(data, origin):
+            return False
+        self._count("from_upstream")
+        return True
+
+
 @dataclass(frozen=True)
 class SessionSettings:
     idle_timeout: float  # 0: never
@@ -100,6 +139,7 @@ class HttpSession:
         self._inbox = MessageQueue[bytes](INBOX_SIZE)
         self.channel = SessionChannel(self.router, self._inbox, count)
         self.ended = anyio.Event()
+        self.relay: Relay | None = None  # once the upstream is open
         self._activity_changed()
 
     @property
@@ -114,8 +154,11 @@ class HttpSession:
         try:
             with self._scope:
                 async with open_upstream(UpstreamRequest(self.label, headers)) as upstream:
-                    counted = CountingChannel(upstream, self._count, "from_upstream", "to_upstream")
+                    counted = counting(upstream, self._count)
                     relay = make_relay(self.channel, counted, self.identity)
+                    self.relay = relay
+                    if isinstance(upstream, HttpUpstream):
+                        upstream.deliver_at_once(_RelayTakes(relay, self._count))
                     relay.traces.session_id = self.id
                     try:
                         await relay.run(on_client_closed=self._stop)
@@ -170,16 +213,30 @@ class HttpSession:
             raise SessionGone from None
         await asyncio.sleep(0)
 
+    def deliver_now(self, raw: bytes) -> None:
+        """`deliver`, without waiting for room (from the lane, which has none to wait in)."""
+        try:
+            self._inbox.send_nowait(raw)
+        except anyio.ClosedResourceError:
+            log.debug("message for an ended session dropped", extra={"session": self.label})
+
     @contextmanager
     def hold(self) -> Iterator[None]:
         """An HTTP request of this session is being served: the session is not idle meanwhile."""
-        self._connections += 1
-        self._activity_changed()
+        self.took_request()
         try:
             yield
         finally:
-            self._connections -= 1
-            self._activity_changed()
+            self.let_go()
+
+    def took_request(self) -> None:
+        """`hold`, begun (`let_go` ends it)."""
+        self._connections += 1
+        self._activity_changed()
+
+    def let_go(self) -> None:
+        self._connections -= 1
+        self._activity_changed()
 
     @property
     def busy(self) -> bool:

@@ -27,6 +27,7 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from typing import Protocol
 
 import anyio
 
@@ -41,6 +42,14 @@ SESSION_REPLAY_BYTES = 32 * 1024 * 1024
 """Bytes of messages all the streams of one session keep for replay, at most (`ReplayBudget`)."""
 STALL_SECONDS = 10.0
 """How long a sender waits for a live reader that is far behind and writes nothing (`catch_up`)."""
+
+
+class LaneWatch(Protocol):
+    """Told of each change of a stream it writes (`EventStream.lane`), as it happens."""
+
+    def changed(self) -> None: ...
+
+    def answer(self) -> None: ...
 
 
 def sse_event(data: bytes, event_id: str | None = None) -> bytes:
@@ -156,6 +165,8 @@ class EventStream:
         self._stalled = False  # its reader wrote nothing for STALL_SECONDS while far behind
         self._warned = False
         self.answer_now: Callable[[], Awaitable[None]] | None = None
+        self.lane: LaneWatch | None = None
+        """The connection writing this stream's answer from its callbacks (`sidecar/lane.py`)."""
         """Set by an HTTP handler waiting for this POST stream's answer: the task that completes the
         stream calls it, and the answer goes to the client from there, without waiting for the
         handler's task to be woken and scheduled (see `handshake.py`)."""
@@ -373,7 +384,9 @@ class EventStream:
 
     def _wake(self) -> None:
         """Wake whoever waits in `changed()` (a future each, made only when someone waits: a stream
-        changes two or three times per request, mostly with nobody waiting)."""
+        changes two or three times per request, mostly with nobody waiting), and the lane writing it."""
+        if self.lane is not None:
+            self.lane.changed()
         waiting, self._waiting = self._waiting, []
         for waiter in waiting:
             if not waiter.done():

@@ -23,7 +23,7 @@ before, or a POST that was one); for any other, each of its messages is routed a
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -372,6 +372,15 @@ class InboxChannel:
         self._on_message("from_client")
         return message
 
+    @property
+    def idle(self) -> bool:
+        """Is the relay waiting for the client's next message, with none queued?"""
+        return self._inbox.waiting
+
+    def took(self) -> None:
+        """A message of the client's handed to the relay directly (`sidecar/lane.py`): counted."""
+        self._on_message("from_client")
+
     async def receive_with_origin(self) -> tuple[bytes, Any]:
         return await self.receive(), None
 
@@ -388,17 +397,43 @@ class SessionChannel(InboxChannel):
         super().__init__(inbox, on_message)
         self.router = router
 
-    async def send(self, message: bytes, related: Any = None) -> None:
+    def _route(self, message: bytes, related: Any) -> Callable[[], Awaitable[None]] | None:
+        """Route `message`; a stream it completed is answered at once by its lane, or its handler's
+        quick answer is returned to be written."""
         self._on_message("to_client")
         router = self.router
         router.last_target = None
         completed = router.route(message, related)
-        answer_now = completed.answer_now if completed is not None else None
-        if answer_now is not None:
+        if completed is None:
+            return None
+        if completed.lane is not None:
             try:
-                await answer_now()
+                completed.lane.answer()
             except Exception:  # the client's answer failed; the relay goes on
                 log.exception("writing an answer to the client failed")
+            return None
+        return completed.answer_now
+
+    async def _answer(self, answer_now: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await answer_now()
+        except Exception:  # the client's answer failed; the relay goes on
+            log.exception("writing an answer to the client failed")
+
+    def can_send_now(self) -> bool:
+        """`SendsAtOnce`: unless a live reader is behind, or the session keeps more than it may."""
+        router = self.router
+        target = router.last_target
+        return not router.over_budget and not (target is not None and target.behind)
+
+    def send_now(self, message: bytes, related: Any = None) -> None:
+        self._route(message, related)  # (a handler waiting for a quick answer, woken, writes it)
+
+    async def send(self, message: bytes, related: Any = None) -> None:
+        answer_now = self._route(message, related)
+        if answer_now is not None:
+            await self._answer(answer_now)
+        router = self.router
         target = router.last_target
         if target is not None and target.behind:
             await target.catch_up()  # a burst its live reader has yet to write: held up, not dropped

@@ -45,6 +45,11 @@ class MessageQueue(Generic[T]):
     def __len__(self) -> int:
         return len(self._items)
 
+    @property
+    def waiting(self) -> bool:
+        """Is the receiver waiting for an item, with none queued?"""
+        return not self._items and bool(self._receivers)
+
     async def send(self, item: T) -> None:
         """Queue `item`, once there is room and every sender that waited before has had its turn;
         raises `anyio.ClosedResourceError` once closed."""

@@ -23,6 +23,7 @@ exit, and either starts anew.
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -37,6 +38,7 @@ from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import get_logger
 from mcp_backfill.options import shutting_down
 from mcp_backfill.transports.base import ELSEWHERE_POLL_SECONDS, nothing_elsewhere
+from mcp_backfill.transports.http_upstream import early
 from mcp_backfill.transports.http_upstream.exchange import EraLeg, ExchangeReader, Item, PostExchange
 from mcp_backfill.transports.http_upstream.handshake import HandshakeLeg
 from mcp_backfill.transports.http_upstream.headers import stateless_version, unsendable_routing
@@ -61,6 +63,10 @@ class HttpUpstream:
     It keeps what both eras share (the inbox, the exchanges in flight, shutdown) and hands each
     message to the leg of its era: a request to the leg its own body names (see `_leg_for`), a
     notification or response to the era's leg.
+
+    Long because every way a message goes out (from the relay's task or at once, as a request's
+    exchange or a one-way POST) and every way an exchange ends (its task, or its answer read from
+    the callback) meet the counts `stop` waits on here; split, each part would take them all along.
     """
 
     exchanges_everywhere = 0
@@ -73,6 +79,7 @@ class HttpUpstream:
         self._tg = task_group
         self._inbox = MessageQueue[Item](INBOX_SIZE)
         self._reader = ExchangeReader(settings, http, self._inbox)
+        self.reader = self._reader
         self._handshake = HandshakeLeg(self._reader, task_group)
         self._handshake.on_expired = self._session_expired
         self._stateless = StatelessLeg(self._reader)
@@ -82,6 +89,9 @@ class HttpUpstream:
         self._active = 0
         self._idle: anyio.Event | None = None  # made by `_settled` when it must wait
         self._stop_started = False
+        self._taker: early.AtOnce | None = None  # see `deliver_at_once`
+        self._one_way_done = anyio.Event()  # set when the last of them is acknowledged
+        self._one_way = 0  # messages that are no request, sent by `send_now`, not acknowledged yet
         self._stopped = anyio.Event()
         self.stop_reason: str | None = None
         """Set by `stop`: what requests still unanswered when it ended the session are told."""
@@ -125,9 +135,48 @@ class HttpUpstream:
             raise payload
         return payload, origin
 
+    def deliver_at_once(self, taker: early.AtOnce) -> None:
+        """Hand the messages of a POST's answer to `taker` as they arrive, while it is ready and
+        nothing read before them waits for the relay (`early.py`)."""
+        if early.AVAILABLE:
+            self._taker = _AfterTheInbox(self._inbox, taker)
+
+    def can_send_now(self) -> bool:
+        """`SendsAtOnce`: while no message that is no request is being POSTed (those wait for
+        their acknowledgement, and what comes after them waits with them)."""
+        return self._one_way == 0 and not self._stopped.is_set()
+
+    def send_now(self, message: bytes, related: Any = None) -> None:
+        """`send`, from outside a task: a request's POST is written at once; any other message
+        is POSTed by a task of its own, and `can_send_now` says no until it is acknowledged."""
+        decoded = self._start_or_decode(message)
+        if decoded is _STARTED:
+            return
+        self._one_way += 1
+        self._tg.start_soon(self._send_one_way, message, decoded)
+
+    async def _send_one_way(self, message: bytes, decoded: Any) -> None:
+        try:
+            await self._post_one_way(message, decoded)
+        finally:
+            self._one_way -= 1
+            if not self._one_way:
+                self._one_way_done.set()
+                self._one_way_done = anyio.Event()
+
     async def send(self, message: bytes, related: Any = None) -> None:
         """POST one message. `related` (the server request a message answers) needs no routing here:
-        every message is its own POST, and the server matches responses by their id."""
+        every message is its own POST, and the server matches responses by their id. Waits first
+        for what `send_now` is still POSTing: messages go out in order."""
+        while self._one_way:
+            await self._one_way_done.wait()
+        decoded = self._start_or_decode(message)
+        if decoded is not _STARTED:
+            await self._post_one_way(message, decoded)
+
+    def _start_or_decode(self, message: bytes) -> Any:
+        """Start the exchange of a message carrying requests (`_STARTED`); else the message decoded
+        (None: it does not decode), for `_post_one_way`."""
         if self._stopped.is_set():
             raise anyio.ClosedResourceError
         try:
@@ -145,7 +194,13 @@ class HttpUpstream:
         requests = [item for item in items if _is_request(item)]
         if requests:
             self._start_exchange(message, requests, batch=isinstance(decoded, list))
-            return
+            return _STARTED
+        return decoded
+
+    async def _post_one_way(self, message: bytes, decoded: Any) -> None:
+        """POST a message that carries no request (a notification, a response, a batch of them)."""
+        items = decoded if isinstance(decoded, list) else [decoded]
+        era = self._era or self._handshake
         if not isinstance(decoded, list) and _is_cancel(decoded) and self._cancelled_here(decoded, era):
             return
         try:
@@ -179,9 +234,15 @@ class HttpUpstream:
             )
             for exchange in {id(e): e for e in self._exchanges.values()}.values():
                 exchange.failure = exchange.failure or reason
-                exchange.scope.cancel()
+                self._cancel(exchange)
             with anyio.move_on_after(max(grace, 1.0)):
                 await self._settled()
+            # The notifications and responses `send_now` is still POSTing go before the session's
+            # end, as they did when the relay's task POSTed them (it waited for each one's answer
+            # before it read the client's end): the DELETE overtook them, and they were cancelled.
+            with anyio.move_on_after(max(grace, self.settings.one_way_timeout)):
+                while self._one_way:
+                    await self._one_way_done.wait()
             await self._handshake.end(max(grace, 1.0))
         finally:
             self._inbox.close()
@@ -198,7 +259,7 @@ class HttpUpstream:
         what is left, those errors included, and then the end."""
         for exchange in {id(e): e for e in self._exchanges.values()}.values():
             exchange.failure = exchange.failure or reason
-            exchange.scope.cancel()
+            self._cancel(exchange)
         with anyio.move_on_after(max(self.settings.finish_timeout, 1.0)):
             await self._settled()
         self._inbox.close()
@@ -253,12 +314,25 @@ class HttpUpstream:
             if superseded is not None:
                 # A reused id: the old POST can no longer be told apart from the new one.
                 superseded.abandoned = True
-                superseded.scope.cancel()
+                self._cancel(superseded)
             self._exchanges[key] = exchange
         self._active += 1
         HttpUpstream.exchanges_everywhere += 1
         if HttpUpstream.exchanges_everywhere <= EAGER_WRITES_UP_TO:
             exchange.leg.write_now(body, exchange)
+            written, taker = exchange.written, self._taker
+            if (
+                written is not None
+                and taker is not None
+                and exchange.leg is self._handshake
+                and early.AVAILABLE
+            ):
+                written.read_early(_ReadEarly(self, exchange, body, taker), self.settings.max_message_bytes)
+                return
+        self.carry(body, exchange)
+
+    def carry(self, body: bytes, exchange: PostExchange) -> None:
+        """Start the exchange's task."""
         self._tg.start_soon(self._run_exchange, body, exchange)
 
     async def _run_exchange(self, body: bytes, exchange: PostExchange) -> None:
@@ -273,14 +347,24 @@ class HttpUpstream:
                 await self._reader.fail(exchange, exchange.unanswered_reason(), exchange.failure_code)
         finally:
             self._reader.discard_written(exchange)  # when it never got as far as reading the answer
-            for key in exchange.methods:
-                if self._exchanges.get(key) is exchange:
-                    del self._exchanges[key]
-            self._active -= 1
-            HttpUpstream.exchanges_everywhere -= 1
-            if self._active == 0 and self._idle is not None:
-                self._idle.set()
-                self._idle = None
+            self.ended(exchange)
+
+    def ended(self, exchange: PostExchange) -> None:
+        """An exchange owes nothing more, or never will."""
+        for key in exchange.methods:
+            if self._exchanges.get(key) is exchange:
+                del self._exchanges[key]
+        self._active -= 1
+        HttpUpstream.exchanges_everywhere -= 1
+        if self._active == 0 and self._idle is not None:
+            self._idle.set()
+            self._idle = None
+
+    def _cancel(self, exchange: PostExchange) -> None:
+        """Cancel an exchange's task (started now if its answer was being read early)."""
+        if exchange.read_early is not None:
+            exchange.read_early.gave_up()
+        exchange.scope.cancel()
 
     def _cancelled_here(self, message: dict[str, Any], era: EraLeg) -> bool:
         """A `notifications/cancelled`: True when the leg cancels by itself and it must not be POSTed."""
@@ -306,7 +390,7 @@ class HttpUpstream:
         await anyio.sleep(self.settings.finish_timeout)
         if not exchange.scope.cancel_called:
             log.debug("closing a cancelled request's stream", extra={"request_id": exchange.origin})
-            exchange.scope.cancel()
+            self._cancel(exchange)
 
 
 @asynccontextmanager
@@ -328,6 +412,71 @@ async def open_http_upstream(
                 with anyio.CancelScope(shield=True):
                     await upstream.stop(0)
                 tg.cancel_scope.cancel()
+
+
+_STARTED = object()
+
+
+class _ReadEarly:
+    """The hooks of an exchange whose answer its connection's callback reads (`early.py`): the
+    exchange gets its task when that gives up, when `PATIENCE` runs out, or when it is cancelled."""
+
+    def __init__(
+        self, upstream: HttpUpstream, exchange: PostExchange, body: bytes, taker: early.AtOnce
+    ) -> None:
+        self._upstream = upstream
+        self._exchange = exchange
+        self._body = body
+        self._taker = taker
+        self._timer = asyncio.get_running_loop().call_later(early.PATIENCE, self.gave_up)
+        exchange.read_early = self
+
+    def take(self, data: bytes) -> bool:
+        return self._upstream.reader.take_early(self._exchange, data, self._taker)
+
+    def gave_up(self) -> None:
+        if self._end():
+            self._upstream.carry(self._body, self._exchange)
+
+    def finished(self, reusable: bool) -> None:
+        exchange = self._exchange
+        if exchange.expected:  # the answer ended owing some: the task fails or resumes it
+            self.gave_up()
+            return
+        if self._end() and exchange.written is not None:
+            written, exchange.written = exchange.written, None
+            written.done(reusable)
+            self._upstream.ended(exchange)
+
+    def _end(self) -> bool:
+        """Stop reading early; False if that was over already."""
+        exchange = self._exchange
+        if exchange.read_early is not self:
+            return False
+        exchange.read_early = None
+        self._timer.cancel()
+        if exchange.written is not None:
+            reader = exchange.written.connection.reader
+            if reader.watch is not None:
+                reader.watch = None
+        return True
+
+
+class _AfterTheInbox:
+    """An `AtOnce` taker (`early.py`), ready only while the relay waits for the inbox with nothing in it: what
+    was read before must reach the relay first."""
+
+    def __init__(self, inbox: MessageQueue[Item], taker: early.AtOnce) -> None:
+        self._inbox = inbox
+        self._taker = taker
+
+    def ready(self) -> bool:
+        return self._inbox.waiting and self._taker.ready()
+
+    def take(self, data: bytes, origin: Any) -> bool:
+        if not self._taker.take(data, origin):  # (it said it was ready) the relay's task takes it
+            self._inbox.send_nowait((data, origin))
+        return True
 
 
 def _is_request(item: Any) -> bool:

@@ -21,6 +21,7 @@ from mcp_backfill.credentials import hide_url_credentials
 from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import Redactor, get_logger
 from mcp_backfill.options import named
+from mcp_backfill.transports.http_upstream.early import AtOnce
 from mcp_backfill.transports.http_upstream.headers import ToolHeaderMaps
 from mcp_backfill.transports.http_upstream.http11 import body_chunks
 from mcp_backfill.transports.http_upstream.settings import (
@@ -136,6 +137,8 @@ class PostExchange:
     batch: bool = False  # its POST was a batch: only then may an answer be one (JSON-RPC 2.0 §6)
     written: WrittenPost | None = None  # its POST went out before its task started (`write_now`)
     seen: SeenRequests | None = None  # the server's requests its stream brought, once there is one
+    early: int = 0  # messages of its answer taken as they arrived, which its task skips (`early.py`)
+    read_early: Any = None  # its answer's reader while no task reads it (`channel._ReadEarly`)
 
     @property
     def method(self) -> str:
@@ -298,6 +301,9 @@ class ExchangeReader:
 
     async def _take_answer(self, exchange: PostExchange, payload: Payload) -> None:
         """A JSON body answering a request: deliver it (naming the request when the server did not)."""
+        if exchange.early:  # taken as it arrived (`take_early`)
+            exchange.early = 0
+            return
         if isinstance(payload, MessageTooLarge):
             self._note_oversized(exchange, payload)
             await self.put(payload, exchange.origin)
@@ -336,6 +342,9 @@ class ExchangeReader:
     async def _exchange_event(self, exchange: PostExchange, data: Payload, *, resumed: bool = False) -> bool:
         """One message from a request's stream (`resumed`: on a reconnection of it); True once the
         stream owes nothing more."""
+        if exchange.early:  # taken as it arrived (`take_early`)
+            exchange.early -= 1
+            return not exchange.expected
         if isinstance(data, bytes) and not exchange.batch and data[:64].lstrip()[:1] == b"[":
             try:
                 messages = jsonrpc.decode(data)
@@ -356,23 +365,49 @@ class ExchangeReader:
                 if found and not is_request:
                     exchange.expected.discard(jsonrpc.id_key(request_id))
             else:
-                if _answered_before(exchange, message):
-                    log.warning(
-                        "a second answer from the upstream to a request already answered; dropped",
-                        extra={"request_id": message.get("id")},
-                    )
+                if not self._passes(exchange, message, resumed):
                     return not exchange.expected
-                if _replayed(exchange, message, resumed):
-                    log.warning(
-                        "a server request replayed on a resumed stream; taken once, dropped",
-                        extra={"request_id": message.get("id")},
-                    )
-                    return not exchange.expected
-                self._settle(exchange, message)
         if exchange.expected:
             await self.put(data, exchange.origin)
             return False
         await self.put_last(data, exchange)
+        return True
+
+    def _passes(self, exchange: PostExchange, message: Any, resumed: bool) -> bool:
+        """Does a message of the exchange's stream go on (a second answer and a replayed request
+        do not)? Settles what it answers when it does."""
+        if _answered_before(exchange, message):
+            log.warning(
+                "a second answer from the upstream to a request already answered; dropped",
+                extra={"request_id": message.get("id")},
+            )
+            return False
+        if _replayed(exchange, message, resumed):
+            log.warning(
+                "a server request replayed on a resumed stream; taken once, dropped",
+                extra={"request_id": message.get("id")},
+            )
+            return False
+        self._settle(exchange, message)
+        return True
+
+    def take_early(self, exchange: PostExchange, data: bytes, taker: AtOnce) -> bool:
+        """A message of the exchange's stream read ahead of its task (`early.py`): handed to
+        `taker` as `_exchange_event` would hand it on, when `taker` can take it now; the task
+        then skips it."""
+        if exchange.abandoned or not taker.ready():
+            return False
+        try:
+            message = jsonrpc.decode(data)
+        except ValueError:
+            return False
+        if not isinstance(message, dict) or _answered_before(exchange, message):
+            return False
+        if "method" not in message and len(exchange.ids) == 1 and message.get("id") is None:
+            return False  # named by the task
+        self._passes(exchange, message, False)
+        exchange.early += 1
+        taker.take(data, exchange.origin)
         return True
 
     def settle(self, message: Any) -> None:

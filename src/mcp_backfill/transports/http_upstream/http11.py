@@ -44,6 +44,8 @@ from typing import TypeVar
 
 import httpx2
 
+from mcp_backfill.transports.http_upstream.early import WatchedReader
+
 # The longest status line plus header block accepted from the upstream.
 HEAD_LIMIT = 64 * 1024
 _LINE_END = re.compile(rb"\r?\n")
@@ -84,7 +86,7 @@ class _Head:
 class _Connection:
     """One keep-alive connection to the upstream."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, reader: WatchedReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
         self.idle_since = time.monotonic()
@@ -102,6 +104,15 @@ class _Connection:
 
     def close(self) -> None:
         self.writer.close()
+
+
+async def _open_connection(host: str, port: int) -> tuple[WatchedReader, asyncio.StreamWriter]:
+    """`asyncio.open_connection`, with a reader whose bytes an `EarlyAnswer` may look at first."""
+    loop = asyncio.get_running_loop()
+    reader = WatchedReader(limit=HEAD_LIMIT, loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    transport, _ = await loop.create_connection(lambda: protocol, host, port)
+    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
 
 def _buffered(reader: asyncio.StreamReader) -> bool:
@@ -504,7 +515,7 @@ class Http11Transport(httpx2.AsyncBaseTransport):
             return connection
         try:
             async with asyncio.timeout(outgoing.timeout("connect")):
-                reader, writer = await asyncio.open_connection(key[0], key[1], limit=HEAD_LIMIT)
+                reader, writer = await _open_connection(key[0], key[1])
         except TimeoutError:
             raise httpx2.ConnectTimeout("timed out connecting") from None
         except OSError as exc:
@@ -569,8 +580,8 @@ class Http11Transport(httpx2.AsyncBaseTransport):
         except asyncio.LimitOverrunError:
             raise httpx2.RemoteProtocolError(f"the answer's head exceeds {HEAD_LIMIT} bytes") from None
         except ConnectionError as exc:
-            if connection.reused and not answered and not _buffered(reader):
-                raise _StaleConnection from exc
+            if connection.reused and not answered and not _buffered(reader) and reader.broken is None:
+                raise _StaleConnection from exc  # (bytes came before the break: not a stale connection)
             raise httpx2.ReadError(str(exc) or type(exc).__name__) from exc
 
     def _response(
@@ -602,6 +613,7 @@ class Http11Transport(httpx2.AsyncBaseTransport):
 
     def release(self, key: tuple[str, int], connection: _Connection, *, reusable: bool) -> None:
         """A response is done with `connection`: back to the pool, or closed."""
+        connection.reader.watch = None
         self._slots.release()
         idle = self._idle.setdefault(key, [])
         if reusable and not _buffered(connection.reader) and not self._closed and len(idle) < MAX_IDLE:

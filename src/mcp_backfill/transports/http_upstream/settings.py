@@ -17,6 +17,7 @@ from mcp_backfill import __version__
 from mcp_backfill.errors import ConfigError
 from mcp_backfill.options import named
 from mcp_backfill.proxy_variables import unusable_proxy_variables
+from mcp_backfill.transports.http_upstream.early import EarlyAnswer, Hooks
 from mcp_backfill.transports.http_upstream.http11 import Http11Transport, Outgoing
 
 
@@ -156,6 +157,15 @@ class WrittenPost:
     def discard(self) -> None:
         """Its answer will not be read: the connection cannot be reused."""
         self.transport.release(self.outgoing.key, self.connection, reusable=False)
+
+    def read_early(self, hooks: Hooks, max_bytes: int) -> None:
+        """Have its answer read from the connection's callback (`early.py`)."""
+        EarlyAnswer(self.connection.reader, hooks, max_bytes)
+
+    def done(self, reusable: bool) -> None:
+        """Its answer was read whole from the connection's callback (`early.py`)."""
+        self.connection.reader.forget()
+        self.transport.release(self.outgoing.key, self.connection, reusable=reusable)
 
 
 def write_message_now(

@@ -1,0 +1,272 @@
+"""A session's lone request answered from the connection's callbacks, below ASGI: the fast lane.
+
+At one session a call waits for all the sidecar does on its way, and uvicorn's ASGI cycle, the
+handler's task and its waits were most of that: a bare ASGI forwarder alone ran at 0.87x the direct
+rate where a front that ends HTTP from the connection's callbacks ran at 1.00x (`benchmarks/
+README.md`, 3b, the twenty-fourth and twenty-eighth rounds). So the connection's protocol offers
+each request whose head and body arrived together to the lane first (`connections._Guard`). The
+lane takes a POST that names a live session of the handshake era, carries one JSON-RPC request
+other than `initialize`, and passes every check the ASGI app would make (Host, no Origin, the
+bearer token, Accept, Content-Type, the size, the protocol version, the session's owner); it then
+opens the request's stream in the session's router and hands the body to the relay at once
+(`Relay.from_client_now`), which writes its POST upstream. When the stream's answer is complete,
+the lane writes it to the connection as JSON, from whichever callback completed it (most often the
+upstream connection's: `transports/http_upstream/early.py`).
+
+Whatever is not that simple goes to the ASGI app as before, which does all the rest: a request the
+lane does not take (it is started as if the lane were not there), and a request it took whose answer
+is not complete within `QUICK_ANSWER_SECONDS`, or that brings another message first (a progress
+notification, a server request): the app's POST handler is then started with the stream, and
+answers from it (JSON or SSE) as it answers any POST (`HandshakeFront.take_over`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from mcp_backfill import jsonrpc, protocol
+from mcp_backfill.errors import DuplicateRequestId, TooManyPosts
+from mcp_backfill.logs import get_logger
+from mcp_backfill.sidecar.http_io import (
+    QUICK_ANSWER_SECONDS,
+    accepts,
+    header_map,
+    is_json_body,
+    single_answer,
+)
+from mcp_backfill.sidecar.security import host_allowed
+from mcp_backfill.transports.event_stream import EventStream
+
+if TYPE_CHECKING:
+    from mcp_backfill.sidecar.app import SidecarApp
+    from mcp_backfill.sidecar.sessions import HttpSession
+
+log = get_logger("sidecar")
+
+HANDED_OVER = "mcp_backfill.handed_over"
+"""The scope extension of a request the lane took and hands to the app: a `HandedOver`."""
+_JSON_HEADERS = [(b"content-type", protocol.JSON_TYPE.encode())]
+
+
+class Lane:
+    """Decides which requests the lane takes (see the module docstring)."""
+
+    def __init__(self, app: SidecarApp, paths: tuple[str, ...]) -> None:
+        self._app = app
+        self._paths = paths
+
+    def may_take(self, scope: Any) -> bool:
+        """Is this request's head one the lane may take once its body is in?"""
+        return scope["method"] == "POST" and scope["path"] in self._paths and not self._app.draining
+
+    def take(self, connection: Any, cycle: Any) -> bool:
+        """Answer `cycle` (its head and body in) from the callbacks; False: it is the app's, untouched."""
+        try:
+            found = self._session_request(cycle)
+        except Exception:  # a bug here must cost the lane, not the request
+            log.exception("the lane failed to look at a request; the app answers it")
+            return False
+        if found is None:
+            return False
+        session, body = found
+        relay = session.relay
+        if relay is None or not (session.channel.idle and relay.takes_client_now()):
+            return False  # messages before it are still on their way, in order
+        message = jsonrpc.decode(body)
+        try:
+            stream = session.router.open_post([message])
+        except (TooManyPosts, DuplicateRequestId):
+            return False  # the app refuses it
+        post = LanePost(self._app, connection, cycle, session, stream)
+        cycle.body = bytearray()
+        if relay.from_client_now(body):
+            session.channel.took()
+        else:  # (it said it would take it) the relay's task takes it, as the app hands it over
+            session.deliver_now(body)
+        post.ready()
+        return True
+
+    def _session_request(self, cycle: Any) -> tuple[HttpSession, bytes] | None:
+        """The session and body of a lone request the app would relay, or None."""
+        app = self._app
+        if not cycle.keep_alive or cycle.more_body:
+            return None
+        raw = cycle.scope["headers"]
+        headers = header_map(raw)
+        if "origin" in headers or sum(1 for name, _ in raw if name == b"host") != 1:
+            return None  # CORS, or the app's 400
+        if "expect" in headers:
+            return None  # uvicorn writes the app's interim 100 Continue as its body is read
+        policy = app.policy
+        authorization = headers.get("authorization")
+        if not host_allowed(headers.get("host"), policy):
+            return None
+        if policy.forward_authorization and authorization and not authorization.isascii():
+            return None
+        identity = policy.identify(authorization)
+        session_id = headers.get(protocol.SESSION_HEADER)
+        version = headers.get(protocol.VERSION_HEADER)
+        if identity is None or session_id is None:
+            return None
+        if version is not None and version not in protocol.HANDSHAKE_VERSIONS:
+            return None  # the app knows what that is (a 2026-07-28 request, or one it refuses)
+        accept_json, accept_sse = accepts(headers)
+        body = bytes(cycle.body)  # (uvicorn gathers it in a bytearray)
+        if (
+            not (accept_json and accept_sse and is_json_body(headers))
+            or len(body) > app.handshake.settings.max_body
+        ):
+            return None
+        session = app.handshake.sessions.get(session_id)
+        if session is None or session.identity != identity or session.router.closed:
+            return None
+        try:
+            message = jsonrpc.decode(body)
+        except ValueError:
+            return None
+        if not (isinstance(message, dict) and _lone_request(message)):
+            return None
+        return session, body
+
+
+def _lone_request(message: dict[str, Any]) -> bool:
+    """A JSON-RPC request the app would relay as it is (see `handshake._is_message`)."""
+    method, request_id, params = message.get("method"), message.get("id"), message.get("params", {})
+    return (
+        message.get("jsonrpc") == "2.0"
+        and isinstance(method, str)
+        and method != protocol.INITIALIZE
+        and "id" in message
+        and type(request_id) in (str, int)
+        and isinstance(params, dict)
+    )
+
+
+class HandedOver:
+    """A request the lane took and hands to the app's POST handler: its session and stream, and
+    what the lane held for it until the handler ends (`release`)."""
+
+    def __init__(self, session: HttpSession, stream: EventStream, release: Callable[[], None]) -> None:
+        self.session = session
+        self.stream = stream
+        self.release = release
+
+
+class LanePost:
+    """One request the lane took, until it is answered, handed over, or its client is gone."""
+
+    def __init__(
+        self, app: SidecarApp, connection: Any, cycle: Any, session: HttpSession, stream: EventStream
+    ) -> None:
+        self._app = app
+        self._connection = connection
+        self._cycle = cycle
+        self._session = session
+        self._stream = stream
+        self._loop = asyncio.get_running_loop()
+        self._reading: AbstractContextManager[None] = stream.expecting_reader()
+        self._reading.__enter__()
+        self._ready = False  # the request is on its way: an answer may be written
+        self._looking = False  # a look is due (`changed`)
+        self._over = False
+        session.took_request()
+        app.lane_began()
+        stream.lane = self
+        connection.lane_post = self
+        window = min(QUICK_ANSWER_SECONDS, app.handshake.settings.json_window)
+        self._timer = self._loop.call_later(window, self._hand_over)
+
+    def ready(self) -> None:
+        self._ready = True
+        if self._stream.after(0) or self._stream.finished:
+            self.changed()
+
+    # -- LaneWatch: told by the stream -------------------------------------------------------------
+
+    def changed(self) -> None:
+        if not self._looking and not self._over:
+            self._looking = True
+            self._loop.call_soon(self._look)
+
+    def answer(self) -> None:
+        if self._ready:
+            self._look()
+        else:
+            self.changed()
+
+    def _look(self) -> None:
+        self._looking = False
+        if self._over:
+            return
+        answer = single_answer(self._stream)
+        if answer is not None:
+            self._respond(answer)
+        elif self._stream.after(0) or self._stream.finished:
+            self._hand_over()  # something else came first: the handler writes SSE
+
+    # -- the ends ------------------------------------------------------------------------------------
+
+    def _respond(self, answer: bytes) -> None:
+        stream, cycle, connection = self._stream, self._cycle, self._connection
+        stream.handed_out(1)
+        stream.answered_as_json = True
+        headers = [
+            *connection.server_state.default_headers,
+            *_JSON_HEADERS,
+            (b"content-length", b"%d" % len(answer)),
+            (protocol.SESSION_HEADER.encode(), self._session.id.encode()),
+        ]
+        keep_alive = cycle.keep_alive
+        if not keep_alive:
+            headers.append((b"connection", b"close"))
+        head = b"HTTP/1.1 200 OK\r\n" + b"".join(b"%s: %s\r\n" % header for header in headers) + b"\r\n"
+        self._end()
+        self._session.router.forget(stream)
+        self._let_go()
+        connection.transport.write(head + answer)
+        cycle.response_complete = True
+        self._app.lane_ended("200")
+        if not keep_alive:
+            connection.transport.close()
+        connection.on_response_complete()
+
+    def _hand_over(self) -> None:
+        """To the app's POST handler, which answers from the stream (see the module docstring)."""
+        if self._over:
+            return
+        self._end()
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._let_go()
+                self._app.lane_ended(None)
+
+        self._cycle.scope.setdefault("extensions", {})[HANDED_OVER] = HandedOver(
+            self._session, self._stream, release
+        )
+        self._connection.start_app(self._cycle)
+
+    def lost(self) -> None:
+        """The client's connection closed before the answer (no event id of it went out)."""
+        if self._over:
+            return
+        self._end()
+        self._session.router.forget(self._stream)
+        self._let_go()
+        self._app.lane_ended("499")
+
+    def _end(self) -> None:
+        self._over = True
+        self._timer.cancel()
+        self._stream.lane = None
+        self._connection.lane_post = None
+
+    def _let_go(self) -> None:
+        self._reading.__exit__(None, None, None)
+        self._session.let_go()
