@@ -41,7 +41,7 @@ SPIN_POINTS = (
     "relay routes it",
     "upstream written",
     "response complete",
-    "handler ends",
+    "answer written",
     "exchange ends",
 )
 WARM_UP_CALLS = 50

@@ -40,23 +40,21 @@ class Point:
     after: bool = False  # passed when the function returns (else when it is called)
 
 
-# In the order a tools/call passes them at one session.
+# In the order a tools/call passes them at one session (the sidecar's lane and early answers:
+# `sidecar/lane.py`, `transports/http_upstream/early.py`).
 POINTS = {
     "request in": Point("mcp_backfill.sidecar.connections", "_Guard.data_received"),
-    "handler starts": Point("mcp_backfill.sidecar.app", "SidecarApp._route"),
-    "handed to the relay": Point("mcp_backfill.sidecar.sessions", "HttpSession.deliver"),
-    "relay takes it": Point("mcp_backfill.relay.relay", "Relay._from_client"),
+    "handed to the relay": Point("mcp_backfill.relay.relay", "Relay.from_client_now"),
+    "relay takes it": Point("mcp_backfill.relay.relay", "Relay._client_sends"),
     "upstream written": Point("asyncio.streams", "StreamWriter.write", after=True),
     "upstream read": Point("asyncio.streams", "StreamReader.feed_data"),
-    "answer decoded": Point("mcp_backfill.transports.http_upstream.exchange", "ExchangeReader.put_last"),
-    "relay routes it": Point("mcp_backfill.relay.relay", "Relay._from_upstream"),
+    "answer decoded": Point("mcp_backfill.transports.http_upstream.exchange", "ExchangeReader.take_early"),
+    "relay routes it": Point("mcp_backfill.relay.relay", "Relay._upstream_sends"),
+    "answer written": Point("mcp_backfill.sidecar.lane", "LanePost._respond", after=True),
     "response complete": Point(
         "uvicorn.protocols.http.httptools_impl", "HttpToolsProtocol.on_response_complete", after=True
     ),
-    "exchange ends": Point(
-        "mcp_backfill.transports.http_upstream.channel", "HttpUpstream._run_exchange", after=True
-    ),
-    "handler ends": Point("mcp_backfill.sidecar.app", "SidecarApp._answer", after=True),
+    "exchange ends": Point("mcp_backfill.transports.http_upstream.channel", "HttpUpstream.ended", after=True),
 }
 FIRST = "request in"
 
