@@ -71,26 +71,27 @@ class Lane:
             return False
         if found is None:
             return False
-        session, body = found
+        session, body, message = found
         relay = session.relay
         if relay is None or not (session.channel.idle and relay.takes_client_now()):
             return False  # messages before it are still on their way, in order
-        message = jsonrpc.decode(body)
         try:
             stream = session.router.open_post([message])
         except (TooManyPosts, DuplicateRequestId):
             return False  # the app refuses it
-        post = LanePost(self._app, connection, cycle, session, stream)
         cycle.body = bytearray()
+        # The POST upstream first: what follows is bookkeeping no answer needs before this callback
+        # returns, and the upstream works meanwhile (`LanePost.ready` looks for an answer the relay
+        # gave at once, as to `server/discover`).
         if relay.from_client_now(body):
             session.channel.took()
         else:  # (it said it would take it) the relay's task takes it, as the app hands it over
             session.deliver_now(body)
-        post.ready()
+        LanePost(self._app, connection, cycle, session, stream).ready()
         return True
 
-    def _session_request(self, cycle: Any) -> tuple[HttpSession, bytes] | None:
-        """The session and body of a lone request the app would relay, or None."""
+    def _session_request(self, cycle: Any) -> tuple[HttpSession, bytes, dict[str, Any]] | None:
+        """The session, body and message of a lone request the app would relay, or None."""
         app = self._app
         if not cycle.keep_alive or cycle.more_body:
             return None
@@ -129,7 +130,7 @@ class Lane:
             return None
         if not (isinstance(message, dict) and _lone_request(message)):
             return None
-        return session, body
+        return session, body, message
 
 
 def _lone_request(message: dict[str, Any]) -> bool:
@@ -224,9 +225,9 @@ class LanePost:
             headers.append((b"connection", b"close"))
         head = b"HTTP/1.1 200 OK\r\n" + b"".join(b"%s: %s\r\n" % header for header in headers) + b"\r\n"
         self._end()
+        connection.transport.write(head + answer)  # first: the rest waits for nobody
         self._session.router.forget(stream)
         self._let_go()
-        connection.transport.write(head + answer)
         cycle.response_complete = True
         self._app.lane_ended("200")
         if not keep_alive:

@@ -127,7 +127,6 @@ class PostExchange:
     params: Any  # its (first) request's params
     stateless_version: str | None  # the version its envelope declares, if not a handshake one
     expected: set[jsonrpc.IdKey] = field(default_factory=set)
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     cursor: Cursor = field(default_factory=Cursor)
     abandoned: bool = False  # the client cancelled it: nothing more is owed
     failure: str | None = None  # why it cannot be answered, once known
@@ -139,6 +138,16 @@ class PostExchange:
     seen: SeenRequests | None = None  # the server's requests its stream brought, once there is one
     early: int = 0  # messages of its answer taken as they arrived, which its task skips (`early.py`)
     read_early: Any = None  # its answer's reader while no task reads it (`channel._ReadEarly`)
+
+    _scope: anyio.CancelScope | None = None
+
+    @property
+    def scope(self) -> anyio.CancelScope:
+        """The scope its task runs in: made when first asked for (by its task, or by a cancel before
+        the task runs), not for each of the many exchanges answered early, which run no task."""
+        if self._scope is None:
+            self._scope = anyio.CancelScope()
+        return self._scope
 
     @property
     def method(self) -> str:
