@@ -82,12 +82,15 @@ class Lane:
         cycle.body = bytearray()
         # The POST upstream first: what follows is bookkeeping no answer needs before this callback
         # returns, and the upstream works meanwhile (`LanePost.ready` looks for an answer the relay
-        # gave at once, as to `server/discover`).
-        if relay.from_client_now(body):
-            session.channel.took()
-        else:  # (it said it would take it) the relay's task takes it, as the app hands it over
-            session.deliver_now(body)
-        LanePost(self._app, connection, cycle, session, stream).ready()
+        # gave at once, as to `server/discover`). Whatever happens, the stream has its keeper.
+        try:
+            if relay.from_client_now(body):
+                session.channel.took()
+            else:  # (it said it would take it) the relay's task takes it, as the app hands it over
+                session.deliver_now(body)
+        finally:
+            post = LanePost(self._app, connection, cycle, session, stream)
+        post.ready()
         return True
 
     def _session_request(self, cycle: Any) -> tuple[HttpSession, bytes, dict[str, Any]] | None:
