@@ -26,7 +26,7 @@ from mcp_backfill.assembly import UpstreamLeg, make_sampler, open_upstream, rela
 from mcp_backfill.config import Config
 from mcp_backfill.logs import get_logger
 from mcp_backfill.options import shutting_down
-from mcp_backfill.relay import Relay
+from mcp_backfill.relay import Relay, UpstreamAtOnce
 from mcp_backfill.sampling.audit import auditing
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.sampling.spend import SamplingSession
@@ -93,6 +93,11 @@ async def relay_session(
         if isinstance(channel, LineChannel):
             channel.offload_writes(relay.crowded)  # see transports/pipe_writer.py
             channel.deliver_at_once(at_once)  # relayed from the read callback when it can be (relay.Relay)
+    if config.upstream_url is not None:  # (imported by then: `open_upstream` opened it)
+        from mcp_backfill.transports.http_upstream import HttpUpstream
+
+        if isinstance(upstream.channel, HttpUpstream):  # its answers read from the callback too
+            upstream.channel.deliver_at_once(UpstreamAtOnce(relay))
     stopping = anyio.Event()
 
     async def stop_upstream() -> None:

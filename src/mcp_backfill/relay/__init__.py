@@ -6,7 +6,7 @@ who answers a sampling request, `input_required` holds the pure round logic and 
 progress notifications sent while Claude streams.
 """
 
-from mcp_backfill.relay.relay import Relay
+from mcp_backfill.relay.relay import Relay, UpstreamAtOnce
 from mcp_backfill.relay.state import RelayOptions
 
-__all__ = ["Relay", "RelayOptions"]
+__all__ = ["Relay", "RelayOptions", "UpstreamAtOnce"]

@@ -892,6 +892,27 @@ class Relay:
                 )
 
 
+class UpstreamAtOnce:
+    """The relay as an HTTP upstream's taker of messages at once (`AtOnce` in
+    `transports/http_upstream/early.py`): a POST's answer read from the upstream connection's
+    callback goes to the relay from there when it can take it, with no task woken on its way;
+    `taken()` is told of each message it took so (the sidecar counts them)."""
+
+    def __init__(self, relay: Relay, taken: Callable[[], None] | None = None) -> None:
+        self._relay = relay
+        self._taken = taken
+
+    def ready(self) -> bool:
+        return self._relay.takes_upstream_now()
+
+    def take(self, data: bytes, origin: Any) -> bool:
+        if not self._relay.from_upstream_now(data, origin):
+            return False
+        if self._taken is not None:
+            self._taken()
+        return True
+
+
 def is_utf8(raw: bytes) -> bool:
     """Is `raw` UTF-8, as every message on the wire must be? (A large answer is forwarded undecoded:
     a bad byte in it would end a client that reads its input as text, as the mcp SDK's does, instead

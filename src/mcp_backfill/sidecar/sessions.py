@@ -25,7 +25,7 @@ from anyio.abc import TaskGroup
 from mcp_backfill.errors import SessionGone, UpstreamStartError
 from mcp_backfill.logs import get_logger
 from mcp_backfill.options import named
-from mcp_backfill.relay import Relay
+from mcp_backfill.relay import Relay, UpstreamAtOnce
 from mcp_backfill.sidecar.upstreams import UPSTREAM_START_FAILED, UpstreamFactory, UpstreamRequest
 from mcp_backfill.transports.base import MessageChannel, SendsAtOnce
 from mcp_backfill.transports.http_server import INBOX_SIZE, SessionChannel, SessionRouter
@@ -94,23 +94,6 @@ def counting(upstream: MessageChannel, count: CountMessage) -> CountingChannel:
     return CountingChannel(upstream, count, "from_upstream", "to_upstream")
 
 
-class _RelayTakes:
-    """The relay as an HTTP upstream's `AtOnce` taker (`early.py`), counting what it takes."""
-
-    def __init__(self, relay: Relay, count: CountMessage) -> None:
-        self._relay = relay
-        self._count = count
-
-    def ready(self) -> bool:
-        return self._relay.takes_upstream_now()
-
-    def take(self, data: bytes, origin: Any) -> bool:
-        if not self._relay.from_upstream_now(data, origin):
-            return False
-        self._count("from_upstream")
-        return True
-
-
 @dataclass(frozen=True)
 class SessionSettings:
     idle_timeout: float  # 0: never
@@ -158,7 +141,7 @@ class HttpSession:
                     relay = make_relay(self.channel, counted, self.identity)
                     self.relay = relay
                     if isinstance(upstream, HttpUpstream):
-                        upstream.deliver_at_once(_RelayTakes(relay, self._count))
+                        upstream.deliver_at_once(UpstreamAtOnce(relay, lambda: self._count("from_upstream")))
                     relay.traces.session_id = self.id
                     try:
                         await relay.run(on_client_closed=self._stop)
