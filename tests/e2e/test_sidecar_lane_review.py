@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import sys
 import time
 from typing import Any
 
@@ -14,7 +15,7 @@ import httpx2
 import pytest
 
 from tests.e2e.test_sidecar_http_upstream import NO_COMMAND, recorder
-from tests.harness import proxy_env
+from tests.harness import SERVERS, proxy_env, python_http_server
 from tests.sidecar_harness import HANDSHAKE_HEADERS, HTTP_TIMEOUT, Sidecar, open_session, run_sidecar
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -97,3 +98,32 @@ async def test_a_client_that_reads_no_answers_holds_up_its_requests_and_no_memor
             client.close()
         ids = [int(found) for found in re.findall(rb'"id":\s*(\d+)', bytes(received))]
         assert ids == list(range(2, count + 2))
+
+
+async def test_a_request_pipelined_behind_one_the_lane_hands_over_is_answered_after_it() -> None:
+    # The first request's answer is not quick: the lane hands it to the app (`LanePost._hand_over`),
+    # whose response must start the request pipelined behind it, once, and in order.
+    chatty = [sys.executable, str(SERVERS / "chatty_server.py"), "--http", "127.0.0.1:0"]
+    async with (
+        python_http_server(chatty) as upstream,
+        run_sidecar(
+            "--upstream-url", upstream.url, "--provider", "mock", upstream=NO_COMMAND, env=proxy_env()
+        ) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        session = await open_session(http, sidecar.url)
+        slow = {"name": "sleep", "arguments": {"seconds": 0.3}}
+        data = raw_post(sidecar, session, {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": slow})
+        data += raw_post(sidecar, session, {"jsonrpc": "2.0", "id": 3, "method": "ping", "params": {}})
+        async with await anyio.connect_tcp("127.0.0.1", sidecar.port) as stream:
+            await stream.send(data)
+            received = b""
+            with anyio.fail_after(HTTP_TIMEOUT):
+                while not re.search(rb'"id":\s*3', received):
+                    received += await stream.receive()
+            with anyio.move_on_after(0.3):  # nothing more comes
+                received += await stream.receive()
+    assert received.count(b"HTTP/1.1 200 OK") == 2, received
+    assert re.search(rb'"id":\s*2', received), received
+    found = [int(n) for n in re.findall(rb'"id":\s*(\d+)', received)]
+    assert found == [2, 3], received
