@@ -64,6 +64,11 @@ class Lane:
 
     def take(self, connection: Any, cycle: Any) -> bool:
         """Answer `cycle` (its head and body in) from the callbacks; False: it is the app's, untouched."""
+        if connection.flow.write_paused:
+            # The client has answers yet to read: the app's handler waits for it to read them
+            # before writing (and no request behind it is read meanwhile), where the lane would
+            # write one more into the connection's buffer with each request, without end.
+            return False
         try:
             found = self._session_request(cycle)
         except Exception:  # a bug here must cost the lane, not the request
