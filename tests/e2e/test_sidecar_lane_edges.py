@@ -171,8 +171,9 @@ async def test_a_request_cancelled_while_the_lane_holds_it_is_cancelled_upstream
         assert reply["error"]["code"] == -32800, reply
         assert took < 1.0, took  # answered when cancelled, not when the upstream answered
         assert acknowledged.startswith(b"HTTP/1.1 202"), acknowledged
-        ok = await http.post(sidecar.url, json=request(3, "echo/after"), headers=headers)
-        assert ok.json() == {"jsonrpc": "2.0", "id": 3, "result": {"method": "echo/after"}}
+        # Its id is free again (nothing of it is left in the session), and the session goes on.
+        ok = await http.post(sidecar.url, json=request(2, "echo/after"), headers=headers)
+        assert ok.json() == {"jsonrpc": "2.0", "id": 2, "result": {"method": "echo/after"}}
         assert (await health(http, sidecar))["sessions"] == 1
         with anyio.fail_after(10):  # (the app counts a request once its handler has ended)
             while await posts_counted(http, sidecar, "200") < before + 2:
