@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ import anyio
 import httpx2
 from anyio.abc import Process
 
-from tests.harness import ROOT, stop_process
+from tests.harness import ROOT, HttpServer, proxy_env, stop_process
 
 # The log line `serve` writes once it listens, as text (`port=N`) or JSON (`"port": N`).
 PORT_LINE = re.compile(r'serving streamable HTTP.*?\bport"?\s*[=:]\s*(\d+)')
@@ -90,6 +90,11 @@ async def run_sidecar(
                 await stop_process(process, grace=15)  # room for the sidecar's drain
                 if sidecar is not None:
                     sidecar.captured = stderr_path.read_text(errors="replace")
+
+
+def in_front_of(upstream: HttpServer, *options: str) -> AbstractAsyncContextManager[Sidecar]:
+    """The sidecar in front of the streamable-HTTP server `upstream`, sampling with the mock provider."""
+    return run_sidecar("--upstream-url", upstream.url, "--provider", "mock", *options, env=proxy_env())
 
 
 async def _wait_for_port(process: Process, stderr_path: Path) -> int:

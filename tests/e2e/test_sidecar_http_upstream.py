@@ -37,6 +37,7 @@ from tests.sidecar_harness import (
     HANDSHAKE_HEADERS,
     HTTP_TIMEOUT,
     Sidecar,
+    in_front_of,
     initialize_body,
     open_session,
     response_messages,
@@ -111,14 +112,12 @@ async def recorder() -> AsyncIterator[tuple[HttpServer, Callable[[], list[dict[s
 
 @pytest.mark.parametrize("forward", [False, True])
 async def test_client_authorization_reaches_the_upstream_only_when_asked(forward: bool) -> None:
-    options = ["--provider", "mock", "--upstream-header", "X-Upstream-Key: upstream-secret-1"]
+    options = ["--upstream-header", "X-Upstream-Key: upstream-secret-1"]
     if forward:
         options.append("--forward-authorization")
     async with recorder() as (upstream, recorded):
         async with (
-            run_sidecar(
-                "--upstream-url", upstream.url, *options, upstream=NO_COMMAND, env=proxy_env()
-            ) as sidecar,
+            in_front_of(upstream, *options) as sidecar,
             httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
         ):
             headers = {**HANDSHAKE_HEADERS, "authorization": "Bearer client-own-token"}
@@ -145,8 +144,7 @@ async def list_tools_as(http: httpx2.AsyncClient, url: str, who: str, request_id
 
 def forwarding_sidecar(upstream: HttpServer, *options: str) -> AbstractAsyncContextManager[Sidecar]:
     """The sidecar in front of `upstream`, passing each client's own `Authorization` on."""
-    argv = ("--upstream-url", upstream.url, "--provider", "mock", "--forward-authorization", *options)
-    return run_sidecar(*argv, upstream=NO_COMMAND, env=proxy_env())
+    return in_front_of(upstream, "--forward-authorization", *options)
 
 
 async def test_2026_requests_carry_their_own_clients_authorization() -> None:
@@ -333,9 +331,7 @@ async def test_a_stream_reset_while_its_answer_is_read_early_is_resumed_not_fail
     request failed as if the upstream were unreachable."""
     async with (
         recorder() as (upstream, _),
-        run_sidecar(
-            "--upstream-url", upstream.url, "--provider", "mock", upstream=NO_COMMAND, env=proxy_env()
-        ) as sidecar,
+        in_front_of(upstream) as sidecar,
         httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         body = initialize_body(1)
@@ -362,9 +358,7 @@ async def test_after_a_large_answer_read_early_the_next_answer_on_its_connection
     over, `PATIENCE` (0.5 s) later."""
     async with (
         recorder() as (upstream, _),
-        run_sidecar(
-            "--upstream-url", upstream.url, "--provider", "mock", upstream=NO_COMMAND, env=proxy_env()
-        ) as sidecar,
+        in_front_of(upstream) as sidecar,
         httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         body = initialize_body(1)

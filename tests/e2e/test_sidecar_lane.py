@@ -13,17 +13,15 @@ from __future__ import annotations
 import json
 import re
 import sys
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import anyio
 import httpx2
 import pytest
 
-from tests.e2e.test_sidecar_http_upstream import NO_COMMAND, recorder
+from tests.e2e.test_sidecar_http_upstream import recorder
 from tests.harness import (
     SERVERS,
-    HttpServer,
     initialize_params,
     proxy_env,
     proxy_url_argv,
@@ -34,19 +32,13 @@ from tests.sidecar_harness import (
     HANDSHAKE_HEADERS,
     HTTP_TIMEOUT,
     Sidecar,
+    in_front_of,
     open_session,
     response_messages,
-    run_sidecar,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 CHATTY_HTTP = [sys.executable, str(SERVERS / "chatty_server.py"), "--http", "127.0.0.1:0"]
-
-
-def in_front_of(upstream: HttpServer, *options: str) -> AbstractAsyncContextManager[Sidecar]:
-    return run_sidecar(
-        "--upstream-url", upstream.url, "--provider", "mock", *options, upstream=NO_COMMAND, env=proxy_env()
-    )
 
 
 def request(request_id: int, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -73,9 +65,7 @@ async def posts_counted(http: httpx2.AsyncClient, sidecar: Sidecar, status: str)
 async def test_quick_answers_come_as_json_over_one_upstream_connection_and_are_counted() -> None:
     async with (
         recorder() as (upstream, recorded),
-        run_sidecar(
-            "--upstream-url", upstream.url, "--provider", "mock", upstream=NO_COMMAND, env=proxy_env()
-        ) as sidecar,
+        in_front_of(upstream) as sidecar,
         httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         session = await open_session(http, sidecar.url)
@@ -99,9 +89,7 @@ async def test_an_answer_still_streaming_past_the_patience_brings_every_message_
     # half second the upstream's answer is read without a task: the task takes over mid-stream.
     async with (
         python_http_server(CHATTY_HTTP) as upstream,
-        run_sidecar(
-            "--upstream-url", upstream.url, "--provider", "mock", upstream=NO_COMMAND, env=proxy_env()
-        ) as sidecar,
+        in_front_of(upstream) as sidecar,
         httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         session = await open_session(http, sidecar.url)
@@ -125,9 +113,7 @@ async def test_an_answer_still_streaming_past_the_patience_brings_every_message_
 async def test_a_slow_answer_is_written_by_the_app_once_the_quick_window_has_passed() -> None:
     async with (
         python_http_server(CHATTY_HTTP) as upstream,
-        run_sidecar(
-            "--upstream-url", upstream.url, "--provider", "mock", upstream=NO_COMMAND, env=proxy_env()
-        ) as sidecar,
+        in_front_of(upstream) as sidecar,
         httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         session = await open_session(http, sidecar.url)
@@ -147,9 +133,7 @@ async def test_a_slow_answer_is_written_by_the_app_once_the_quick_window_has_pas
 async def test_upstream_failures_under_the_lane_are_answered_and_the_session_goes_on() -> None:
     async with (
         recorder() as (upstream, _),
-        run_sidecar(
-            "--upstream-url", upstream.url, "--provider", "mock", upstream=NO_COMMAND, env=proxy_env()
-        ) as sidecar,
+        in_front_of(upstream) as sidecar,
         httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         session = await open_session(http, sidecar.url)
@@ -201,9 +185,7 @@ def raw_post(sidecar: Sidecar, session: str, body: dict[str, Any], *extra: str) 
 async def test_pipelined_posts_and_a_connection_close_are_answered_as_http_has_it() -> None:
     async with (
         recorder() as (upstream, _),
-        run_sidecar(
-            "--upstream-url", upstream.url, "--provider", "mock", upstream=NO_COMMAND, env=proxy_env()
-        ) as sidecar,
+        in_front_of(upstream) as sidecar,
         httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
         session = await open_session(http, sidecar.url)
