@@ -323,6 +323,19 @@ async def test_an_expired_upstream_session_ends_the_client_session_and_stops_its
     assert "upstream session expired" in (sidecar.captured or "")
 
 
+async def no_cookie_session(http: httpx2.AsyncClient, url: str) -> dict[str, str]:
+    """A session with the recorder that sets no cookie (its answers can be read from the upstream
+    connection's callback), initialized; the headers of its requests."""
+    body = initialize_body(1)
+    body["params"]["clientInfo"]["name"] = "no-cookie"
+    response = await http.post(url, json=body, headers=HANDSHAKE_HEADERS)
+    assert response.status_code == 200, response.text
+    headers = {**HANDSHAKE_HEADERS, "mcp-session-id": response.headers["mcp-session-id"]}
+    initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    assert (await http.post(url, json=initialized, headers=headers)).status_code == 202
+    return headers
+
+
 async def test_a_stream_reset_while_its_answer_is_read_early_is_resumed_not_failed() -> None:
     """A POST's SSE stream is read as it arrives (no cookie: the answer is read from the connection's
     callback), brings an event with an id, and then the connection is reset: the bytes that came
@@ -334,13 +347,7 @@ async def test_a_stream_reset_while_its_answer_is_read_early_is_resumed_not_fail
         in_front_of(upstream) as sidecar,
         httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
-        body = initialize_body(1)
-        body["params"]["clientInfo"]["name"] = "no-cookie"
-        response = await http.post(sidecar.url, json=body, headers=HANDSHAKE_HEADERS)
-        assert response.status_code == 200, response.text
-        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": response.headers["mcp-session-id"]}
-        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-        assert (await http.post(sidecar.url, json=initialized, headers=headers)).status_code == 202
+        headers = await no_cookie_session(http, sidecar.url)
         warm = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
         assert (await http.post(sidecar.url, json=warm, headers=headers)).status_code == 200
         call = {"jsonrpc": "2.0", "id": 3, "method": "reset/mid-stream", "params": {}}
@@ -361,12 +368,7 @@ async def test_after_a_large_answer_read_early_the_next_answer_on_its_connection
         in_front_of(upstream) as sidecar,
         httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
     ):
-        body = initialize_body(1)
-        body["params"]["clientInfo"]["name"] = "no-cookie"
-        response = await http.post(sidecar.url, json=body, headers=HANDSHAKE_HEADERS)
-        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": response.headers["mcp-session-id"]}
-        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-        assert (await http.post(sidecar.url, json=initialized, headers=headers)).status_code == 202
+        headers = await no_cookie_session(http, sidecar.url)
         slowest = 0.0
         for n in range(2, 8):
             big = {"jsonrpc": "2.0", "id": n * 2, "method": "big/json", "params": {"size": 150_000}}

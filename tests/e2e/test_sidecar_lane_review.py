@@ -8,30 +8,17 @@ import re
 import socket
 import sys
 import time
-from typing import Any
 
 import anyio
 import httpx2
 import pytest
 
 from tests.e2e.test_sidecar_http_upstream import NO_COMMAND, recorder
+from tests.e2e.test_sidecar_lane import raw_post
 from tests.harness import SERVERS, proxy_env, python_http_server
-from tests.sidecar_harness import HANDSHAKE_HEADERS, HTTP_TIMEOUT, Sidecar, open_session, run_sidecar
+from tests.sidecar_harness import HTTP_TIMEOUT, open_session, run_sidecar
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
-
-
-def raw_post(sidecar: Sidecar, session: str, body: dict[str, Any]) -> bytes:
-    payload = json.dumps(body).encode()
-    lines = [
-        "POST /mcp HTTP/1.1",
-        f"Host: 127.0.0.1:{sidecar.port}",
-        f"Accept: {HANDSHAKE_HEADERS['accept']}",
-        "Content-Type: application/json",
-        f"Mcp-Session-Id: {session}",
-        f"Content-Length: {len(payload)}",
-    ]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + payload
 
 
 def _send_without_reading(client: socket.socket, requests: list[bytes], spacing: float) -> int:
