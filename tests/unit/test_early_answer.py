@@ -8,7 +8,9 @@ it up to the exchange's task at the first thing that is not a plain answer, taki
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -204,3 +206,31 @@ def test_the_connection_ending_mid_answer_gives_it_up(loop: asyncio.AbstractEven
     reader.feed_eof()
     assert told.gave_up == 1
     assert told.finished == []
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (sse_answer(message(1), ANSWER), "read to its end"),
+        (json_answer(), "a JSON answer read to its end"),
+        (json_answer(status=b"500 Internal Server Error"), "given up"),
+        (b"NOT HTTP AT ALL\r\n\r\n", "given up at a parser error"),
+        (sse_answer(message(1), ANSWER)[:-40], "given up at the connection's end"),
+    ],
+)
+def test_an_answer_that_ended_is_freed_without_the_garbage_collector(
+    loop: asyncio.AbstractEventLoop, data: bytes, why: str
+) -> None:
+    """Its parser holds its callbacks: a reference cycle that, left in place, made every answer and
+    the exchange it holds garbage only the collector could free."""
+    told = Told()
+    reader = WatchedReader(limit=LIMIT, loop=loop)
+    answer = weakref.ref(EarlyAnswer(reader, _Hooks(told), LIMIT))
+    gc.disable()
+    try:
+        reader.feed_data(data)
+        reader.feed_eof()
+        assert reader.watch is None, why
+        assert answer() is None, why
+    finally:
+        gc.enable()

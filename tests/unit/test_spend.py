@@ -3,6 +3,8 @@ ended, the sliding rate-limit windows and the concurrency slots, per process, cl
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -578,3 +580,20 @@ async def test_a_clients_waiting_requests_are_bounded_by_its_own_count() -> None
         assert refused == ["alice", "alice"]
         release.set()
     assert refused == ["alice", "alice"]
+
+
+@pytest.mark.anyio
+async def test_a_call_once_charged_is_freed_without_the_garbage_collector() -> None:
+    """Its charge's renewal (for a retry) refers to the charge: a reference cycle, left in place,
+    made every sampling call's charge, ticket and reservations garbage only the collector frees."""
+    spend = spend_with()
+    gc.disable()
+    try:
+        async with spend.admit(None) as ticket, ticket.call(Reservation(10, 90)) as charge:
+            charge.begin_attempt()
+            charge.report(usage(10, 5), final=True)
+            freed = weakref.ref(charge)
+        del charge, ticket
+        assert freed() is None
+    finally:
+        gc.enable()

@@ -482,6 +482,7 @@ class Ticket:
         try:
             yield charge
         finally:
+            charge.renewal = None  # (it holds the charge: a reference cycle the collector would clear)
             self._count_reserved(-reservation.total)
             if hold is not None:
                 await self._settle(hold, charge.take_cost())

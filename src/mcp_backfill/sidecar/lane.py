@@ -161,7 +161,15 @@ class HandedOver:
     def __init__(self, session: HttpSession, stream: EventStream, release: Callable[[], None]) -> None:
         self.session = session
         self.stream = stream
-        self.release = release
+        self._release: Callable[[], None] | None = release
+
+    def release(self) -> None:
+        """Let go of what the lane held, once. It then refers to the lane no more: the request's
+        scope holds this, and the lane the request (a cycle only the garbage collector would free,
+        for every request handed over)."""
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
 
 class LanePost:
@@ -247,19 +255,15 @@ class LanePost:
         if self._over:
             return
         self._end()
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                self._let_go()
-                self._app.lane_ended(None)
-
         self._cycle.scope.setdefault("extensions", {})[HANDED_OVER] = HandedOver(
-            self._session, self._stream, release
+            self._session, self._stream, self._released
         )
         self._connection.start_app(self._cycle)
+
+    def _released(self) -> None:
+        """The app's handler is done with a request handed over."""
+        self._let_go()
+        self._app.lane_ended(None)
 
     def lost(self) -> None:
         """The client's connection closed before the answer (no event id of it went out)."""

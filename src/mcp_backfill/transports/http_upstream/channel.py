@@ -456,9 +456,7 @@ class _ReadEarly:
         exchange.read_early = None
         self._timer.cancel()
         if exchange.written is not None:
-            reader = exchange.written.connection.reader
-            if reader.watch is not None:
-                reader.watch = None
+            exchange.written.connection.reader.unwatch()
         return True
 
 

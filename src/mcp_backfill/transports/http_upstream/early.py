@@ -76,6 +76,12 @@ class WatchedReader(asyncio.StreamReader):
         if watch is not None:
             watch.feed(bytes(data), len(self._buffer) > self._limit)  # type: ignore[attr-defined]
 
+    def unwatch(self) -> None:
+        """No `EarlyAnswer` reads these bytes any more; the one that did lets go of its parser."""
+        watch, self.watch = self.watch, None
+        if watch is not None:
+            watch.release()
+
     def feed_eof(self) -> None:
         super().feed_eof()
         if self.watch is not None:
@@ -135,7 +141,7 @@ class EarlyAnswer:
         self._reader = reader
         self._hooks = hooks
         self._max_bytes = max_bytes
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self._content_type = b""
         self._not_plain = False
         self._events: SseDecoder | None = None
@@ -147,26 +153,35 @@ class EarlyAnswer:
         reader.watch = self
 
     def feed(self, data: bytes, crowded: bool) -> None:
+        parser = self._parser
+        if parser is None:
+            return  # released: it reads no more
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except Exception as exc:  # a parser error, or one of its callbacks' (`_NotPlain`): the task's
-            bug = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else None
-            if bug is not None and not isinstance(bug, _NotPlain):
+            if _a_bug(exc):
                 log.exception("reading an upstream answer as it arrived failed; its task reads it")
             if not self._done:
                 self.stop()
                 return
             self._extra = True  # bytes after the answer: the connection is out of step
         if self._done:
-            self._reader.watch = None
+            self._reader.unwatch()
             self._hooks.finished(self._keep_alive and not self._extra)
         elif crowded:  # the reader stops reading past its limit until someone reads
             self.stop()
 
     def stop(self) -> None:
         if self._reader.watch is self:
-            self._reader.watch = None
+            self._reader.unwatch()
             self._hooks.gave_up()
+
+    def release(self) -> None:
+        """Drop the parser, which holds this object's callbacks: a reference cycle per answer,
+        which would leave the answer's exchange and all it holds (about twenty objects a call) to
+        the garbage collector, whose collections then came every fifty calls or so, about 300 µs
+        each (`benchmarks/README.md`, the thirtieth round)."""
+        self._parser = None
 
     # httptools' callbacks
     def on_message_begin(self) -> None:
@@ -182,7 +197,7 @@ class EarlyAnswer:
 
     def on_headers_complete(self) -> None:
         kind = self._content_type.partition(b";")[0].strip().lower()
-        if self._parser.get_status_code() != 200 or self._not_plain:
+        if self._parser is None or self._parser.get_status_code() != 200 or self._not_plain:
             raise _NotPlain
         if kind == _SSE:
             self._events = SseDecoder(self._max_bytes)
@@ -207,7 +222,7 @@ class EarlyAnswer:
     def on_message_complete(self) -> None:
         if self._body is not None and not self._offer(b"".join(self._body)):
             raise _NotPlain
-        self._keep_alive = self._parser.should_keep_alive()
+        self._keep_alive = self._parser is not None and self._parser.should_keep_alive()
         self._done = True
 
     def _offer(self, data: bytes) -> bool:
@@ -216,3 +231,10 @@ class EarlyAnswer:
 
 class _NotPlain(Exception):
     """Raised from a parser callback: the answer is the task's."""
+
+
+def _a_bug(exc: Exception) -> bool:
+    """Did one of the parser's callbacks fail (other than by `_NotPlain`)? (Kept out of `feed`: a
+    local there naming the callback's exception would be a reference cycle through its traceback.)"""
+    bug = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else None
+    return bug is not None and not isinstance(bug, _NotPlain)

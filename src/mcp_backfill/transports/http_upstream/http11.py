@@ -613,7 +613,7 @@ class Http11Transport(httpx2.AsyncBaseTransport):
 
     def release(self, key: tuple[str, int], connection: _Connection, *, reusable: bool) -> None:
         """A response is done with `connection`: back to the pool, or closed."""
-        connection.reader.watch = None
+        connection.reader.unwatch()
         self._slots.release()
         idle = self._idle.setdefault(key, [])
         if reusable and not _buffered(connection.reader) and not self._closed and len(idle) < MAX_IDLE:
