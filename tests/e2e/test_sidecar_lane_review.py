@@ -14,9 +14,22 @@ import httpx2
 import pytest
 
 from tests.e2e.test_sidecar_http_upstream import NO_COMMAND, recorder
-from tests.e2e.test_sidecar_lane import raw_post
+from tests.e2e.test_sidecar_lane import (
+    CHATTY_HTTP,
+    posts_counted,
+    raw_exchange,
+    raw_post,
+    tool_call,
+)
 from tests.harness import SERVERS, proxy_env, python_http_server
-from tests.sidecar_harness import HTTP_TIMEOUT, open_session, run_sidecar
+from tests.sidecar_harness import (
+    HANDSHAKE_HEADERS,
+    HTTP_TIMEOUT,
+    Sidecar,
+    in_front_of,
+    open_session,
+    run_sidecar,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -114,3 +127,57 @@ async def test_a_request_pipelined_behind_one_the_lane_hands_over_is_answered_af
     assert re.search(rb'"id":\s*2', received), received
     found = [int(n) for n in re.findall(rb'"id":\s*(\d+)', received)]
     assert found == [2, 3], received
+
+
+async def _replay_bytes(http: httpx2.AsyncClient, sidecar: Sidecar) -> float:
+    """`mcp_backfill_replay_buffer_bytes`: what every session keeps for SSE resumption."""
+    text = (await http.get(f"{sidecar.base}/metrics")).text
+    found = re.search(r"^mcp_backfill_replay_buffer_bytes (\S+)$", text, re.MULTILINE)
+    assert found, text
+    return float(found.group(1))
+
+
+async def test_answers_the_lane_wrote_as_json_are_not_kept_for_replay() -> None:
+    # A JSON answer has no event id: nobody can resume its stream. The lane let the session keep
+    # the last eight of them (`FINISHED_STREAMS_KEPT`), however large, after they were read.
+    count, size = 12, 50_000
+    async with (
+        recorder() as (upstream, _),
+        in_front_of(upstream) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        session = await open_session(http, sidecar.url)
+        before = await posts_counted(http, sidecar, "200")
+        async with await anyio.connect_tcp("127.0.0.1", sidecar.port) as stream:
+            for n in range(2, count + 2):
+                big = {"jsonrpc": "2.0", "id": n, "method": "big/json", "params": {"size": size}}
+                await stream.send(raw_post(sidecar, session, big))  # head and body in one write
+                received = b""
+                with anyio.fail_after(HTTP_TIMEOUT):
+                    while not received.endswith(b"}}"):
+                        received += await stream.receive()
+                head, _, payload = received.partition(b"\r\n\r\n")
+                assert b"content-type: application/json" in head.lower(), head
+                assert json.loads(payload)["id"] == n
+        assert await posts_counted(http, sidecar, "200") == before + count
+        assert await _replay_bytes(http, sidecar) < size, "the session kept answers read as JSON"
+
+
+async def test_a_request_whose_client_left_the_lane_is_not_kept_for_replay_once_answered() -> None:
+    # Its client left before any event of it went out: it has no event id to resume the stream with.
+    async with (
+        python_http_server(CHATTY_HTTP) as upstream,
+        in_front_of(upstream) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        session = await open_session(http, sidecar.url)
+        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session}
+        slow = tool_call(2, "sleep", {"seconds": 0.3})
+        await raw_exchange(sidecar, raw_post(sidecar, session, slow), until=b"", close_after=0.01)
+        with anyio.fail_after(10):
+            while await posts_counted(http, sidecar, "499") < 1:
+                await anyio.sleep(0.05)
+        await anyio.sleep(1.0)  # its answer (0.3 s) has come from the upstream meanwhile
+        assert await _replay_bytes(http, sidecar) == 0, "the session kept an answer nobody can resume"
+        after = await http.post(sidecar.url, json=tool_call(3, "pid", {}), headers=headers)
+        assert after.json()["id"] == 3  # and the session goes on
