@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -54,6 +56,21 @@ def tool_call(
     return request(request_id, "tools/call", params)
 
 
+@asynccontextmanager
+async def chatty_session(
+    *options: str,
+) -> AsyncIterator[tuple[Sidecar, httpx2.AsyncClient, str, dict[str, str]]]:
+    """A sidecar (with `options`) in front of the chatty server, a client, one session open and the
+    headers of its requests."""
+    async with (
+        python_http_server(CHATTY_HTTP) as upstream,
+        in_front_of(upstream, *options) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        session = await open_session(http, sidecar.url)
+        yield sidecar, http, session, {**HANDSHAKE_HEADERS, "mcp-session-id": session}
+
+
 async def posts_counted(http: httpx2.AsyncClient, sidecar: Sidecar, status: str) -> float:
     """`mcp_backfill_http_requests_total` for POSTs answered with `status`."""
     text = (await http.get(f"{sidecar.base}/metrics")).text
@@ -87,13 +104,7 @@ async def test_quick_answers_come_as_json_over_one_upstream_connection_and_are_c
 async def test_an_answer_still_streaming_past_the_patience_brings_every_message_once() -> None:
     # Progress first: the lane hands the POST to the app (SSE). The answer takes 0.8 s, past the
     # half second the upstream's answer is read without a task: the task takes over mid-stream.
-    async with (
-        python_http_server(CHATTY_HTTP) as upstream,
-        in_front_of(upstream) as sidecar,
-        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
-    ):
-        session = await open_session(http, sidecar.url)
-        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session}
+    async with chatty_session() as (sidecar, http, _, headers):
         body = tool_call(2, "chatter", {"tag": "slow", "count": 2, "delay": 0.4}, token="tok")
         response = await http.post(sidecar.url, json=body, headers=headers)
         assert response.status_code == 200, response.text
@@ -111,13 +122,7 @@ async def test_an_answer_still_streaming_past_the_patience_brings_every_message_
 
 
 async def test_a_slow_answer_is_written_by_the_app_once_the_quick_window_has_passed() -> None:
-    async with (
-        python_http_server(CHATTY_HTTP) as upstream,
-        in_front_of(upstream) as sidecar,
-        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
-    ):
-        session = await open_session(http, sidecar.url)
-        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session}
+    async with chatty_session() as (sidecar, http, _, headers):
         before = await posts_counted(http, sidecar, "200")
         response = await http.post(sidecar.url, json=tool_call(2, "sleep", {"seconds": 0.3}), headers=headers)
         assert response.status_code == 200, response.text
@@ -206,12 +211,7 @@ async def test_pipelined_posts_and_a_connection_close_are_answered_as_http_has_i
 
 
 async def test_a_client_gone_before_its_quick_answer_is_counted_and_holds_nothing() -> None:
-    async with (
-        python_http_server(CHATTY_HTTP) as upstream,
-        in_front_of(upstream, "--session-idle-timeout", "1") as sidecar,
-        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
-    ):
-        session = await open_session(http, sidecar.url)
+    async with chatty_session("--session-idle-timeout", "1") as (sidecar, http, session, _):
         await raw_exchange(
             sidecar,
             raw_post(sidecar, session, tool_call(2, "sleep", {"seconds": 0.2})),

@@ -13,8 +13,13 @@ import httpx2
 import pytest
 
 from tests.e2e.test_sidecar_http_upstream import recorder
-from tests.e2e.test_sidecar_lane import CHATTY_HTTP, posts_counted, raw_post, request, tool_call
-from tests.harness import python_http_server
+from tests.e2e.test_sidecar_lane import (
+    chatty_session,
+    posts_counted,
+    raw_post,
+    request,
+    tool_call,
+)
 from tests.sidecar_harness import (
     HANDSHAKE_HEADERS,
     HTTP_TIMEOUT,
@@ -83,12 +88,7 @@ async def _post_then_signal(sidecar: Sidecar, session: str, body: dict[str, Any]
 async def test_a_drain_while_the_lane_holds_a_request_answers_it_and_ends_in_time(
     seconds: float, drain: float
 ) -> None:
-    async with (
-        python_http_server(CHATTY_HTTP) as upstream,
-        in_front_of(upstream, "--drain-timeout", str(drain)) as sidecar,
-        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
-    ):
-        session = await open_session(http, sidecar.url)
+    async with chatty_session("--drain-timeout", str(drain)) as (sidecar, _, session, _):
         started = anyio.current_time()
         call = tool_call(2, "sleep", {"seconds": seconds})
         answer = await _post_then_signal(sidecar, session, call, drain + 5)
@@ -106,13 +106,7 @@ async def test_a_drain_while_the_lane_holds_a_request_answers_it_and_ends_in_tim
 
 
 async def test_a_handed_over_stream_dropped_after_its_first_event_is_resumed_with_the_rest_once() -> None:
-    async with (
-        python_http_server(CHATTY_HTTP) as upstream,
-        in_front_of(upstream) as sidecar,
-        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
-    ):
-        session = await open_session(http, sidecar.url)
-        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session}
+    async with chatty_session() as (sidecar, http, session, headers):
         body = tool_call(2, "chatter", {"tag": "drop", "count": 2, "delay": 0.5}, token="tok")
         seen = b""
         async with await anyio.connect_tcp("127.0.0.1", sidecar.port) as stream:  # one write: the lane's

@@ -15,7 +15,7 @@ import pytest
 
 from tests.e2e.test_sidecar_http_upstream import NO_COMMAND, recorder
 from tests.e2e.test_sidecar_lane import (
-    CHATTY_HTTP,
+    chatty_session,
     posts_counted,
     raw_exchange,
     raw_post,
@@ -23,7 +23,6 @@ from tests.e2e.test_sidecar_lane import (
 )
 from tests.harness import SERVERS, proxy_env, python_http_server
 from tests.sidecar_harness import (
-    HANDSHAKE_HEADERS,
     HTTP_TIMEOUT,
     Sidecar,
     in_front_of,
@@ -165,13 +164,7 @@ async def test_answers_the_lane_wrote_as_json_are_not_kept_for_replay() -> None:
 
 async def test_a_request_whose_client_left_the_lane_is_not_kept_for_replay_once_answered() -> None:
     # Its client left before any event of it went out: it has no event id to resume the stream with.
-    async with (
-        python_http_server(CHATTY_HTTP) as upstream,
-        in_front_of(upstream) as sidecar,
-        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
-    ):
-        session = await open_session(http, sidecar.url)
-        headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session}
+    async with chatty_session() as (sidecar, http, session, headers):
         slow = tool_call(2, "sleep", {"seconds": 0.3})
         await raw_exchange(sidecar, raw_post(sidecar, session, slow), until=b"", close_after=0.01)
         with anyio.fail_after(10):
