@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
 
 from tests.e2e.test_sidecar_http_upstream import recorder
 from tests.harness import (
@@ -37,6 +38,7 @@ from tests.sidecar_harness import (
     in_front_of,
     open_session,
     response_messages,
+    run_sidecar,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -173,12 +175,18 @@ async def raw_exchange(
         return received
 
 
-def raw_post(sidecar: Sidecar, session: str, body: dict[str, Any], *extra: str) -> bytes:
+def raw_post(
+    sidecar: Sidecar,
+    session: str,
+    body: dict[str, Any],
+    *extra: str,
+    accept: str = HANDSHAKE_HEADERS["accept"],
+) -> bytes:
     payload = json.dumps(body).encode()
     lines = [
         "POST /mcp HTTP/1.1",
         f"Host: 127.0.0.1:{sidecar.port}",
-        f"Accept: {HANDSHAKE_HEADERS['accept']}",
+        f"Accept: {accept}",
         "Content-Type: application/json",
         f"Mcp-Session-Id: {session}",
         f"Content-Length: {len(payload)}",
@@ -208,6 +216,71 @@ async def test_pipelined_posts_and_a_connection_close_are_answered_as_http_has_i
         assert head.startswith(b"HTTP/1.1 200 OK"), answer
         assert b"connection: close" in head.lower(), answer
         assert json.loads(payload) == {"jsonrpc": "2.0", "id": 4, "result": {"method": "echo/last"}}
+
+
+async def keep_alive_answers(sidecar: Sidecar, requests: list[bytes]) -> list[tuple[int, bytes]]:
+    """Each request written on one connection after the answer to the one before it was read
+    whole (by its `Content-Length`): each answer's status and body."""
+    answers: list[tuple[int, bytes]] = []
+    async with await anyio.connect_tcp("127.0.0.1", sidecar.port) as stream:
+        buffered = BufferedByteReceiveStream(stream)
+        with anyio.fail_after(HTTP_TIMEOUT):
+            for data in requests:
+                await stream.send(data)
+                head = await buffered.receive_until(b"\r\n\r\n", 65536)
+                length = re.search(rb"(?im)^content-length: *(\d+)", head)
+                assert length is not None, head
+                body = await buffered.receive_exactly(int(length.group(1)))
+                answers.append((int(head.split(b" ")[1]), body))
+    return answers
+
+
+async def test_each_request_on_a_connection_is_checked_by_its_own_headers() -> None:
+    # The lane keeps a connection's last verdict on its headers; a request whose headers differ
+    # in anything but their length is judged anew, the identical ones that follow included.
+    alice, bob = "alice-token-0123456789", "bob-token-0123456789"
+    env = proxy_env(MCP_BACKFILL_CLIENT_TOKENS=f"alice={alice},bob={bob}")
+    async with (
+        recorder() as (upstream, recorded),
+        run_sidecar("--upstream-url", upstream.url, "--provider", "mock", env=env) as sidecar,
+        httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http,
+    ):
+        session = await open_session(http, sidecar.url, {"authorization": f"Bearer {alice}"})
+        as_alice = f"Authorization: Bearer {alice}"
+        cases: list[tuple[int, tuple[str, ...]]] = [
+            (200, (as_alice,)),
+            (403, (f"Authorization: Bearer {bob}",)),  # another client's session
+            (200, (as_alice,)),
+            (401, ("Authorization: Bearer not-a-token",)),
+            (401, ()),
+            (200, (as_alice,)),
+            (403, (as_alice, "Origin: http://elsewhere.example")),
+            (200, (as_alice,)),
+            (400, (as_alice, "Mcp-Protocol-Version: 1999-01-01")),
+            (200, (as_alice, "Mcp-Protocol-Version: 2025-11-25")),
+            (406, (as_alice, "Accept: application/json")),
+            (200, (as_alice,)),
+        ]
+        requests = [
+            raw_post(
+                sidecar,
+                session,
+                request(n, f"echo/{n}"),
+                *(line for line in extra if not line.startswith("Accept")),
+                accept=next(
+                    (line[8:] for line in extra if line.startswith("Accept")), HANDSHAKE_HEADERS["accept"]
+                ),
+            )
+            for n, (_, extra) in enumerate(cases, start=2)
+        ]
+        answers = await keep_alive_answers(sidecar, requests)
+        echoed = {r["body"]["method"] for r in recorded() if r["verb"] == "POST" and "id" in r["body"]}
+    assert [status for status, _ in answers] == [status for status, _ in cases], answers
+    for n, ((status, _), (_, body)) in enumerate(zip(cases, answers, strict=True), start=2):
+        if status == 200:
+            assert json.loads(body) == {"jsonrpc": "2.0", "id": n, "result": {"method": f"echo/{n}"}}
+    relayed = {f"echo/{n}" for n, (status, _) in enumerate(cases, start=2) if status == 200}
+    assert echoed - {"initialize"} == relayed
 
 
 async def test_a_client_gone_before_its_quick_answer_is_counted_and_holds_nothing() -> None:

@@ -99,7 +99,7 @@ class SidecarApp:
     def lane_ended(self, status: str | None) -> None:
         """... and is over; `status` is counted (None: the app's handler counted it)."""
         if status is not None:
-            self.metrics.http_requests.inc(method="POST", status=status)
+            self.metrics.http_requests.add((("method", "POST"), ("status", status)))
         self._in_flight -= 1
         if not self._in_flight and self._idle is not None:
             self._idle.set()

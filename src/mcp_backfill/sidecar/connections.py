@@ -120,6 +120,7 @@ class _Guard:
     _bad_request: str | None = None  # the 400 held until the requests before it are answered
     lane: Lane | None = None  # offered each request whose head and body came together (`lane.py`)
     lane_post: LanePost | None = None  # the request the lane is answering
+    lane_verdict: tuple[list[tuple[bytes, bytes]], tuple[str, str] | None] | None = None  # `Lane._verdict`
     _lane_held: tuple[Any, Any] | None = None  # (cycle, app) of a request offered once its body is in
     _in_head = False  # uvicorn is starting a request whose head was just parsed
 
@@ -143,7 +144,7 @@ class _Guard:
         if self._lane_held is not None:  # its body did not come with its head: the app's
             cycle, app = self._lane_held
             self._lane_held = None
-            super()._start_asgi_task(cycle, app)  # type: ignore[misc]
+            self._start_app(cycle, app)
         if self.cycle is not None and not self.cycle.response_complete:
             self._disarm()  # a request's headers are in: the rest is the application's
             if self._head_open and not self._head_begun:  # a request pipelined behind it: its head
@@ -190,7 +191,7 @@ class _Guard:
         if held is not None and held[0] is self.cycle:
             self._lane_held = None
             if self.lane is None or not self.lane.take(self, held[0]):
-                super()._start_asgi_task(*held)  # type: ignore[misc]
+                self._start_app(*held)
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         """uvicorn's start of a request's application; a request the lane may take waits for its
@@ -202,7 +203,13 @@ class _Guard:
 
     def start_app(self, cycle: Any) -> None:
         """Start the application for a request the lane hands over."""
-        super()._start_asgi_task(cycle, self.app)  # type: ignore[misc]
+        self._start_app(cycle, self.app)
+
+    def _start_app(self, cycle: Any, app: Any) -> None:
+        """Start the application for a request held for the lane: made ready for it first, as
+        `on_headers_complete` makes the others."""
+        self._ready_for_app(cycle)
+        super()._start_asgi_task(cycle, app)  # type: ignore[misc]
 
     def on_headers_complete(self) -> None:
         self._head_open = False
@@ -212,8 +219,12 @@ class _Guard:
         finally:
             self._in_head = False
         cycle = self.cycle
-        if cycle is None:
-            return
+        held = self._lane_held
+        if cycle is not None and (held is None or held[0] is not cycle):
+            self._ready_for_app(cycle)
+        # (one held for the lane is made ready only if the app gets it: most never reach it)
+
+    def _ready_for_app(self, cycle: Any) -> None:
         self._take(cycle)
         # Not for HEAD: uvicorn writes no body after its head, so a held head would never go out.
         if cycle.transport is self.transport and cycle.scope["method"] != "HEAD":
@@ -249,7 +260,11 @@ class _Guard:
 
     def _answering(self) -> bool:
         """Is a request read on this connection still waiting for (the end of) its answer?"""
-        return any(not cycle.response_complete for cycle in self._cycles)
+        return (
+            self.lane_post is not None
+            or self._lane_held is not None
+            or any(not cycle.response_complete for cycle in self._cycles)
+        )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()

@@ -91,7 +91,11 @@ class Counter:
     values: dict[Labels, float] = field(default_factory=dict)
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
+        self.add(tuple(sorted(labels.items())), amount)
+
+    def add(self, key: Labels, amount: float = 1.0) -> None:
+        """`inc` by the labels' key (their pairs, sorted by name), made once by a caller that counts
+        the same series on every message."""
         self.values[key] = self.values.get(key, 0.0) + amount
 
     def render(self) -> Iterable[str]:

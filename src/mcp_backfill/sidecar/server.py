@@ -124,8 +124,13 @@ async def run_sidecar(config: Config) -> int:
         session = sampler.spend.new_session(f"http-{next(relays)}", client=identity)
         return Relay(options, sampler, client, upstream, session=session)
 
+    directions: dict[str, Labels] = {}
+
     def count(direction: str) -> None:
-        metrics.messages.inc(direction=direction)
+        key = directions.get(direction)
+        if key is None:
+            key = directions[direction] = (("direction", direction),)
+        metrics.messages.add(key)
 
     sock = bind(config.host, config.port)
     port = sock.getsockname()[1]
