@@ -347,6 +347,29 @@ async def test_the_header_clock_starts_again_at_each_answer_of_a_kept_alive_conn
     assert received == b""
 
 
+async def test_a_head_begun_late_after_an_answer_is_due_as_it_was_at_the_answer() -> None:
+    """With `--header-timeout` no shorter than uvicorn's keep-alive (5 s), the head's timer is armed
+    only once the next request's bytes come; it is due all the same when it was due at the answer,
+    not a whole timeout after the bytes (and a head never finished is still cut off)."""
+    options = ("--provider", "mock", "--header-timeout", "5")
+    async with run_sidecar(*options, upstream=ECHO_SERVER, env=proxy_env()) as sidecar:
+        request = f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{sidecar.port}\r\n\r\n".encode()
+        async with await anyio.connect_tcp("127.0.0.1", sidecar.port) as stream:
+            await stream.send(request)
+            received, closed = await read_until(stream, b'"status":"ok"')
+            answered = anyio.current_time()
+            assert received.startswith(b"HTTP/1.1 200"), received
+            assert not closed
+            await anyio.sleep(3.5)  # within the keep-alive: the connection is still open
+            await stream.send(request[:20])  # a head begun late, never finished
+            received, closed = await read_until(stream, b"never", seconds=CLOSE_WITHIN)
+            cut_after = anyio.current_time() - answered
+    assert closed
+    assert received == b""
+    # Due 5 s after the answer; counted from the bytes it would have been 8.5 s.
+    assert cut_after < 7.5, cut_after
+
+
 async def test_a_request_pipelined_behind_one_in_flight_gets_the_head_limit_too() -> None:
     """While a request is in flight the next one's header bytes used to be neither counted nor
     timed, and llhttp keeps them all: 64 MiB of header lines behind an SSE stream grew the sidecar

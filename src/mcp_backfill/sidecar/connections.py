@@ -108,8 +108,10 @@ class _Guard:
     transport: asyncio.Transport
     loop: asyncio.AbstractEventLoop
     app: Any  # the application as uvicorn runs it
+    timeout_keep_alive: int  # how long uvicorn keeps a connection open that sends nothing after an answer
 
     _head_timer: asyncio.TimerHandle | None = None
+    _head_due = 0.0  # when a head begun after an answer must be complete (`_head_after_answer`)
     _head_bytes = 0
     _head_open = False  # a request's head is being parsed (httptools only)
     _head_begun = False  # ... and it began in the bytes being parsed now
@@ -169,6 +171,8 @@ class _Guard:
             if self._head_bytes > HEAD_LIMIT:
                 log.info("connection closed: request headers over the size limit")
                 self.transport.close()
+            elif self._head_timer is None:  # a head begun after an answer: due as it was then
+                self._head_timer = self.loop.call_at(self._head_due, self._timed_out)
 
     # httptools' parser callbacks (uvicorn's h11 protocol has none: there `_request_done` stays True)
     def on_message_begin(self) -> None:
@@ -239,7 +243,7 @@ class _Guard:
         if self._bad_request is not None and not self._answering():
             super().send_400_response(self._bad_request)  # type: ignore[misc]
         if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
-            self._arm()  # (a pipelined request uvicorn has just started is the application's)
+            self._head_after_answer()  # (a pipelined request uvicorn has just started is the application's)
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes that are no request. After requests read whole and still being
@@ -285,6 +289,19 @@ class _Guard:
         self._disarm()
         self._head_bytes = 0
         self._head_timer = self.loop.call_later(self.header_timeout, self._timed_out)
+
+    def _head_after_answer(self) -> None:
+        """After an answer the next head is due within `header_timeout`. uvicorn's keep-alive timer,
+        armed with the answer, closes a connection that sends nothing; when it would do so first,
+        the head's own timer is armed only once bytes come (`data_received`), due as it would have
+        been: most requests come whole in one read and need none (a timer armed and cancelled per
+        call, `benchmarks/README.md`, the thirty-first round). A drain is timed from the answer."""
+        if self._draining or self.header_timeout < self.timeout_keep_alive:
+            self._arm()
+            return
+        self._disarm()
+        self._head_bytes = 0
+        self._head_due = self.loop.time() + self.header_timeout
 
     def _disarm(self) -> None:
         if self._head_timer is not None:
