@@ -38,6 +38,7 @@ from mcp_backfill.sidecar.http_io import (
     single_answer,
 )
 from mcp_backfill.sidecar.security import host_allowed
+from mcp_backfill.transports.deadlines import Deadlines
 from mcp_backfill.transports.event_stream import EventStream
 
 if TYPE_CHECKING:
@@ -57,6 +58,8 @@ class Lane:
     def __init__(self, app: SidecarApp, paths: tuple[str, ...]) -> None:
         self._app = app
         self._paths = paths
+        # When a request the lane took goes to the app if its answer is not complete by then.
+        self._hand_over = Deadlines(min(QUICK_ANSWER_SECONDS, app.handshake.settings.json_window))
 
     def may_take(self, scope: Any) -> bool:
         """Is this request's head one the lane may take once its body is in?"""
@@ -94,7 +97,7 @@ class Lane:
             else:  # (it said it would take it) the relay's task takes it, as the app hands it over
                 session.deliver_now(body)
         finally:
-            post = LanePost(self._app, connection, cycle, session, stream)
+            post = LanePost(self._app, connection, cycle, session, stream, self._hand_over)
         post.ready()
         return True
 
@@ -200,7 +203,13 @@ class LanePost:
     """One request the lane took, until it is answered, handed over, or its client is gone."""
 
     def __init__(
-        self, app: SidecarApp, connection: Any, cycle: Any, session: HttpSession, stream: EventStream
+        self,
+        app: SidecarApp,
+        connection: Any,
+        cycle: Any,
+        session: HttpSession,
+        stream: EventStream,
+        hand_over: Deadlines,
     ) -> None:
         self._app = app
         self._connection = connection
@@ -217,8 +226,7 @@ class LanePost:
         app.lane_began()
         stream.lane = self
         connection.lane_post = self
-        window = min(QUICK_ANSWER_SECONDS, app.handshake.settings.json_window)
-        self._timer = self._loop.call_later(window, self._hand_over)
+        self._timer = hand_over.set(self._hand_over)
 
     def ready(self) -> None:
         self._ready = True

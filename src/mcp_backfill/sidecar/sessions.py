@@ -28,6 +28,7 @@ from mcp_backfill.options import named
 from mcp_backfill.relay import Relay, UpstreamAtOnce
 from mcp_backfill.sidecar.upstreams import UPSTREAM_START_FAILED, UpstreamFactory, UpstreamRequest
 from mcp_backfill.transports.base import MessageChannel, SendsAtOnce
+from mcp_backfill.transports.deadlines import CLOCK_RESOLUTION
 from mcp_backfill.transports.http_server import INBOX_SIZE, SessionChannel, SessionRouter
 from mcp_backfill.transports.http_upstream import HttpUpstream
 from mcp_backfill.transports.queue import MessageQueue
@@ -41,9 +42,6 @@ REPLAY_LIMIT = 1024
 OPENING_IDENTITIES = 4096
 
 IDLE_REASON = "MCP session closed after being idle"
-# uvloop's clock moves in milliseconds: a timer due within one may fire before the clock gets there.
-CLOCK_RESOLUTION = 0.001
-
 MakeRelay = Callable[[MessageChannel, MessageChannel, str], Relay]
 """(client side, upstream side, client identity) -> the relay between them."""
 CountMessage = Callable[[str], None]

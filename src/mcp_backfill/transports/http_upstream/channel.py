@@ -23,7 +23,6 @@ exit, and either starts anew.
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -38,6 +37,7 @@ from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import get_logger
 from mcp_backfill.options import shutting_down
 from mcp_backfill.transports.base import ELSEWHERE_POLL_SECONDS, nothing_elsewhere
+from mcp_backfill.transports.deadlines import Deadlines
 from mcp_backfill.transports.http_upstream import early
 from mcp_backfill.transports.http_upstream.exchange import EraLeg, ExchangeReader, Item, PostExchange
 from mcp_backfill.transports.http_upstream.handshake import HandshakeLeg
@@ -90,6 +90,7 @@ class HttpUpstream:
         self._idle: anyio.Event | None = None  # made by `_settled` when it must wait
         self._stop_started = False
         self._taker: early.AtOnce | None = None  # see `deliver_at_once`
+        self.patience = Deadlines(early.PATIENCE)  # of the answers read early (`_ReadEarly`)
         self._one_way_done = anyio.Event()  # set when the last of them is acknowledged
         self._one_way = 0  # messages that are no request, sent by `send_now`, not acknowledged yet
         self._stopped = anyio.Event()
@@ -428,7 +429,7 @@ class _ReadEarly:
         self._exchange = exchange
         self._body = body
         self._taker = taker
-        self._timer = asyncio.get_running_loop().call_later(early.PATIENCE, self.gave_up)
+        self._timer = upstream.patience.set(self.gave_up)
         exchange.read_early = self
 
     def take(self, data: bytes) -> bool:
