@@ -52,7 +52,10 @@ def decode(raw: bytes) -> Any:
     integer or a double, which orjson would change: ids and rewritten messages stay exact (a number
     a double cannot hold is an `ExactNumber`, written back as it came).
     """
-    if _may_hold_inexact_number(raw):
+    if len(raw) <= _SCAN_CHUNK:  # `_may_hold_inexact_number`, inline for the messages of every call
+        if _LONG_RUN in raw.translate(_NUMBER_MARKS):
+            return _json_loads(raw)
+    elif _may_hold_inexact_number(raw):
         return _json_loads(raw)
     try:
         return orjson.loads(raw)

@@ -94,6 +94,7 @@ class HttpUpstream:
         self._one_way_done = anyio.Event()  # set when the last of them is acknowledged
         self._one_way = 0  # messages that are no request, sent by `send_now`, not acknowledged yet
         self._stopped = anyio.Event()
+        self._ended = False  # `_stopped` is set (read on every message: a plain attribute is cheaper)
         self.stop_reason: str | None = None
         """Set by `stop`: what requests still unanswered when it ended the session are told."""
 
@@ -145,7 +146,7 @@ class HttpUpstream:
     def can_send_now(self) -> bool:
         """`SendsAtOnce`: while no message that is no request is being POSTed (those wait for
         their acknowledgement, and what comes after them waits with them)."""
-        return self._one_way == 0 and not self._stopped.is_set()
+        return self._one_way == 0 and not self._ended
 
     def send_now(self, message: bytes, related: Any = None) -> None:
         """`send`, from outside a task: a request's POST is written at once; any other message
@@ -178,7 +179,7 @@ class HttpUpstream:
     def _start_or_decode(self, message: bytes) -> Any:
         """Start the exchange of a message carrying requests (`_STARTED`); else the message decoded
         (None: it does not decode), for `_post_one_way`."""
-        if self._stopped.is_set():
+        if self._ended:
             raise anyio.ClosedResourceError
         try:
             decoded = jsonrpc.decode(message)
@@ -247,6 +248,7 @@ class HttpUpstream:
             await self._handshake.end(max(grace, 1.0))
         finally:
             self._inbox.close()
+            self._ended = True
             self._stopped.set()
         return self.exit_status
 
