@@ -74,9 +74,9 @@ class SessionRouter:
     ) -> None:
         self._replay_limit = replay_limit
         self._on_change = on_change
-        self._budget = ReplayBudget(replay_bytes)
-        self.get_stream = EventStream(GET_STREAM_KEY, replay_limit, budget=self._budget)
-        self._budget.add(self.get_stream)
+        self.budget = ReplayBudget(replay_bytes)  # what every stream of the session keeps for replay
+        self.get_stream = EventStream(GET_STREAM_KEY, replay_limit, budget=self.budget)
+        self.budget.add(self.get_stream)
         self._streams: dict[str, EventStream] = {GET_STREAM_KEY: self.get_stream}
         self._posts: dict[str, PostStream] = {}
         self._finished: deque[str] = deque()
@@ -95,7 +95,7 @@ class SessionRouter:
     @property
     def buffered_bytes(self) -> int:
         """Bytes kept for replay by every stream of the session."""
-        return self._budget.total
+        return self.budget.total
 
     def stream(self, key: str) -> EventStream | None:
         return self._streams.get(key)
@@ -112,8 +112,8 @@ class SessionRouter:
         if len(set(keys)) != len(keys) or any(key in self._requests for key in keys):
             raise DuplicateRequestId
         self._counter += 1
-        stream = EventStream(f"s{self._counter}", self._replay_limit, budget=self._budget)
-        self._budget.add(stream)
+        stream = EventStream(f"s{self._counter}", self._replay_limit, budget=self.budget)
+        self.budget.add(stream)
         self._streams[stream.key] = stream
         self._posts[stream.key] = PostStream(stream, set(keys), batch or len(requests) > 1)
         for key, request in zip(keys, requests, strict=True):
@@ -274,7 +274,7 @@ class SessionRouter:
         post.stream.finish()
         if not post.stream.resumable:  # its client left with no event id: nobody can resume it
             del self._streams[key]
-            self._budget.remove(post.stream)
+            self.budget.remove(post.stream)
             return
         self._finished.append(key)
         while len(self._finished) > FINISHED_STREAMS_KEPT:
@@ -288,7 +288,7 @@ class SessionRouter:
             self._finished.remove(read)
             stream = self._streams.pop(read, None)
             if stream is not None:
-                self._budget.remove(stream)
+                self.budget.remove(stream)
 
     def forget(self, stream: EventStream) -> None:
         """A POST stream nobody can resume (answered as JSON, or left by its client before any event
@@ -299,18 +299,18 @@ class SessionRouter:
         if stream.finished and self._streams.get(stream.key) is stream and stream.key in self._finished:
             self._finished.remove(stream.key)
             del self._streams[stream.key]
-            self._budget.remove(stream)
+            self.budget.remove(stream)
 
     @property
     def over_budget(self) -> bool:
         """Does the session keep more for replay than it may (see `relieve`)?"""
-        return self._budget.total > self._budget.limit
+        return self.budget.total > self.budget.limit
 
     async def relieve(self) -> None:
         """While the session keeps more for replay than it may because live readers have yet to
         write it, wait for them (each for at most `STALL_SECONDS` without writing): what they have
         not written is not let go, and the upstream is held up meanwhile."""
-        while not self.closed and (stream := self._budget.holding_up()) is not None:
+        while not self.closed and (stream := self.budget.holding_up()) is not None:
             await stream.progress()
 
     def _handed_out_whole(self, key: str, *, ended: bool = True) -> bool:
@@ -424,7 +424,8 @@ class SessionChannel(InboxChannel):
         """`SendsAtOnce`: unless a live reader is behind, or the session keeps more than it may."""
         router = self.router
         target = router.last_target
-        return not router.over_budget and not (target is not None and target.behind)
+        budget = router.budget  # (`over_budget`, without a property's call on every message)
+        return budget.total <= budget.limit and not (target is not None and target.behind)
 
     def send_now(self, message: bytes, related: Any = None) -> None:
         self._route(message, related)  # (a handler waiting for a quick answer, woken, writes it)
