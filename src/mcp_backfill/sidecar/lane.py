@@ -50,20 +50,22 @@ log = get_logger("sidecar")
 HANDED_OVER = "mcp_backfill.handed_over"
 """The scope extension of a request the lane took and hands to the app: a `HandedOver`."""
 _JSON_HEADERS = [(b"content-type", protocol.JSON_TYPE.encode())]
+_SESSION_HEADER = protocol.SESSION_HEADER.encode()
 
 
 class Lane:
     """Decides which requests the lane takes (see the module docstring)."""
 
     def __init__(self, app: SidecarApp, paths: tuple[str, ...]) -> None:
-        self._app = app
+        self.app = app
         self._paths = paths
         # When a request the lane took goes to the app if its answer is not complete by then.
-        self._hand_over = Deadlines(min(QUICK_ANSWER_SECONDS, app.handshake.settings.json_window))
+        self.hand_over = Deadlines(min(QUICK_ANSWER_SECONDS, app.handshake.settings.json_window))
+        self._head: tuple[object, bytes] = (None, b"")  # `response_head`'s start, and what it was for
 
     def may_take(self, scope: Any) -> bool:
         """Is this request's head one the lane may take once its body is in?"""
-        return scope["method"] == "POST" and scope["path"] in self._paths and not self._app.draining
+        return scope["method"] == "POST" and scope["path"] in self._paths and not self.app.draining
 
     def take(self, connection: Any, cycle: Any) -> bool:
         """Answer `cycle` (its head and body in) from the callbacks; False: it is the app's, untouched."""
@@ -97,15 +99,34 @@ class Lane:
             else:  # (it said it would take it) the relay's task takes it, as the app hands it over
                 session.deliver_now(body)
         finally:
-            post = LanePost(self._app, connection, cycle, session, stream, self._hand_over)
+            post = LanePost(self, connection, cycle, session, stream)
         post.ready()
         return True
+
+    def response_head(self, connection: Any, session: HttpSession, length: int, keep_alive: bool) -> bytes:
+        """The head of a JSON answer `length` bytes long, as the app writes it: its status line and
+        uvicorn's default headers, which change once a second (the date), are rendered then."""
+        default_headers = connection.server_state.default_headers
+        made_for, start = self._head
+        if made_for is not default_headers:
+            start = b"HTTP/1.1 200 OK\r\n" + b"".join(
+                b"%s: %s\r\n" % header for header in (*default_headers, *_JSON_HEADERS)
+            )
+            self._head = (default_headers, start)
+        end = b"" if keep_alive else b"connection: close\r\n"
+        return b"%scontent-length: %d\r\n%s: %s\r\n%s\r\n" % (
+            start,
+            length,
+            _SESSION_HEADER,
+            session.id.encode(),
+            end,
+        )
 
     def _session_request(
         self, connection: Any, cycle: Any
     ) -> tuple[HttpSession, bytes, dict[str, Any]] | None:
         """The session, body and message of a lone request the app would relay, or None."""
-        app = self._app
+        app = self.app
         if not cycle.keep_alive or cycle.more_body:
             return None
         verdict = self._verdict(connection, cycle.scope["headers"])
@@ -149,7 +170,7 @@ class Lane:
             return None  # CORS, or the app's 400
         if "expect" in headers:
             return None  # uvicorn writes the app's interim 100 Continue as its body is read
-        policy = self._app.policy
+        policy = self.app.policy
         authorization = headers.get("authorization")
         if not host_allowed(headers.get("host"), policy):
             return None
@@ -203,15 +224,10 @@ class LanePost:
     """One request the lane took, until it is answered, handed over, or its client is gone."""
 
     def __init__(
-        self,
-        app: SidecarApp,
-        connection: Any,
-        cycle: Any,
-        session: HttpSession,
-        stream: EventStream,
-        hand_over: Deadlines,
+        self, lane: Lane, connection: Any, cycle: Any, session: HttpSession, stream: EventStream
     ) -> None:
-        self._app = app
+        self._lane = lane
+        self._app = app = lane.app
         self._connection = connection
         self._cycle = cycle
         self._session = session
@@ -226,7 +242,7 @@ class LanePost:
         app.lane_began()
         stream.lane = self
         connection.lane_post = self
-        self._timer = hand_over.set(self._hand_over)
+        self._timer = lane.hand_over.set(self._hand_over)
 
     def ready(self) -> None:
         self._ready = True
@@ -260,20 +276,12 @@ class LanePost:
 
     def _respond(self, answer: bytes) -> None:
         stream, cycle, connection = self._stream, self._cycle, self._connection
-        stream.handed_out(1)
-        stream.answered_as_json = True
-        headers = [
-            *connection.server_state.default_headers,
-            *_JSON_HEADERS,
-            (b"content-length", b"%d" % len(answer)),
-            (protocol.SESSION_HEADER.encode(), self._session.id.encode()),
-        ]
         keep_alive = cycle.keep_alive
-        if not keep_alive:
-            headers.append((b"connection", b"close"))
-        head = b"HTTP/1.1 200 OK\r\n" + b"".join(b"%s: %s\r\n" % header for header in headers) + b"\r\n"
+        head = self._lane.response_head(connection, self._session, len(answer), keep_alive)
         self._end()
         connection.transport.write(head + answer)  # first: the rest waits for nobody
+        stream.handed_out(1)
+        stream.answered_as_json = True
         self._session.router.forget(stream)
         self._let_go()
         cycle.response_complete = True
