@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from mcp_backfill import jsonrpc, protocol
@@ -233,8 +232,7 @@ class LanePost:
         self._session = session
         self._stream = stream
         self._loop = asyncio.get_running_loop()
-        self._reading: AbstractContextManager[None] = stream.expecting_reader()
-        self._reading.__enter__()
+        stream.expect_reader()
         self._ready = False  # the request is on its way: an answer may be written
         self._looking = False  # a look is due (`changed`)
         self._over = False
@@ -321,5 +319,5 @@ class LanePost:
         self._connection.lane_post = None
 
     def _let_go(self) -> None:
-        self._reading.__exit__(None, None, None)
+        self._stream.reader_gone()
         self._session.let_go()
