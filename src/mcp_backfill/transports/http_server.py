@@ -150,10 +150,11 @@ class SessionRouter:
         except ValueError:
             message = None
         if isinstance(message, dict) and "method" not in message and "id" in message:
-            request = self._requests.get(jsonrpc.id_key(message["id"]))
+            key = jsonrpc.id_key(message["id"])
+            request = self._requests.get(key)
             if request is not None:  # the usual answer, alone: to its POST (the general case below)
                 self._note_response(message)
-                self._respond_all([jsonrpc.id_key(message["id"])], raw, request.stream)
+                self._respond_all([key], raw, request.stream)
                 return request.stream if request.stream.finished else None
         items = message if isinstance(message, list) else [message]
         # Only an answer names a client request: a request of the server's in a batch has an id of
