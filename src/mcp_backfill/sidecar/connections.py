@@ -148,7 +148,8 @@ class _Guard:
             self._lane_held = None
             self._start_app(cycle, app)
         if self.cycle is not None and not self.cycle.response_complete:
-            self._disarm()  # a request's headers are in: the rest is the application's
+            if self._head_timer is not None:
+                self._disarm()  # a request's headers are in: the rest is the application's
             if self._head_open and not self._head_begun:  # a request pipelined behind it: its head
                 self._head_bytes += len(data)
                 if self._head_bytes > HEAD_LIMIT and not self.transport.is_closing():

@@ -211,9 +211,8 @@ class HttpSession:
             self.let_go()
 
     def took_request(self) -> None:
-        """`hold`, begun (`let_go` ends it)."""
+        """`hold`, begun (`let_go` ends it): the session is busy, its idle clock stopped."""
         self._connections += 1
-        self._activity_changed()
 
     def let_go(self) -> None:
         self._connections -= 1

@@ -36,11 +36,6 @@ class Deadline:
     def cancelled(self) -> bool:
         return self._callback is None
 
-    def _fire(self) -> None:
-        callback, self._callback = self._callback, None
-        if callback is not None:
-            callback()
-
 
 class Deadlines:
     """Deadlines `seconds` after they are set, on the loop running when they are (one loop only)."""
@@ -71,8 +66,15 @@ class Deadlines:
         reached = loop.time() + CLOCK_RESOLUTION
         waiting = self._waiting
         try:
-            while waiting and (waiting[0].cancelled or waiting[0].due <= reached):
-                waiting.popleft()._fire()  # (one a callback sets goes last: it is due last)
+            while waiting:
+                first = waiting[0]
+                callback = first._callback  # (read here, not through `cancelled`: most are)
+                if callback is not None and first.due > reached:
+                    break
+                waiting.popleft()
+                if callback is not None:
+                    first._callback = None
+                    callback()  # (a deadline it sets goes last: it is due last)
         finally:  # (a callback's exception goes to the loop's handler, as a timer's would)
             self._reaching = False
             if waiting:
