@@ -151,9 +151,9 @@ class Lane:
 
         A client's requests on one connection mostly carry the same headers but for their length,
         so the connection keeps its last verdict with the headers it was given for, and it holds
-        again for exactly those headers (about 8 µs of a call's path, `benchmarks/README.md`, the
-        thirty-first round): the checks depend on nothing else but the access policy, which is
-        fixed for the process's life.
+        again for exactly those headers (the checks are on every call's path: `benchmarks/
+        README.md`, the thirty-first round); they depend on nothing else but the access policy,
+        which is fixed for the process's life.
         """
         key = [header for header in raw if header[0] != b"content-length"]
         last: tuple[list[tuple[bytes, bytes]], tuple[str, str] | None] | None = connection.lane_verdict
