@@ -174,9 +174,14 @@ async def test_a_request_cancelled_while_the_lane_holds_it_is_cancelled_upstream
                 await anyio.sleep(0.05)
         assert await posts_counted(http, sidecar, "200") == before + 2
         posted = [r["body"] for r in recorded() if r["verb"] == "POST" and isinstance(r["body"], dict)]
-        [sent] = [b for b in posted if b.get("method") == "poll/answer"]
+        sent = [b for b in posted if b.get("method") == "poll/answer"]
         cancels = [b for b in posted if b.get("method") == "notifications/cancelled"]
-        assert [c["params"]["requestId"] for c in cancels] == [sent["id"]]
+        assert [c["params"]["requestId"] for c in cancels] == [2]
+        # The request went upstream once, if at all: on a loaded machine the cancel may come while
+        # its POST still waits for a connection, and its exchange is let go `finish_timeout` after
+        # the cancel without it, as a cancellation allows (the upstream then sees the cancel alone).
+        # (The recorder's threads do not keep the order the two POSTs were sent in.)
+        assert [b["id"] for b in sent] in ([2], []), sent
         # Not held by the cancelled request: the idle session is closed after its timeout.
         with anyio.fail_after(20):
             while (await http.post(sidecar.url, json=request(4, "ping"), headers=headers)).status_code != 404:
