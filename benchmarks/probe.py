@@ -50,7 +50,7 @@ POINTS = {
     "upstream read": Point("asyncio.streams", "StreamReader.feed_data"),
     "answer decoded": Point("mcp_backfill.transports.http_upstream.exchange", "ExchangeReader.take_early"),
     "relay routes it": Point("mcp_backfill.relay.relay", "Relay._upstream_sends"),
-    "answer written": Point("mcp_backfill.sidecar.lane", "LanePost._respond", after=True),
+    "answer written": Point("mcp_backfill.sidecar.lane", "LanePost._write", after=True),
     "response complete": Point(
         "uvicorn.protocols.http.httptools_impl", "HttpToolsProtocol.on_response_complete", after=True
     ),

@@ -272,19 +272,35 @@ class LanePost:
 
     # -- the ends ------------------------------------------------------------------------------------
 
+    def answer_first(self, message: bytes) -> bool:
+        """The router's offer of the stream's one message before it keeps it (`LaneWatch`): written
+        at once, so that the router's and the lane's bookkeeping (`answered`) comes after the client's
+        answer, not before it (a call's every step before it is on the call's path: `benchmarks/
+        README.md`, the thirty-second round)."""
+        if self._over or not self._ready:
+            return False
+        self._write(message)
+        return True
+
     def _respond(self, answer: bytes) -> None:
-        stream, cycle, connection = self._stream, self._cycle, self._connection
-        keep_alive = cycle.keep_alive
-        head = self._lane.response_head(connection, self._session, len(answer), keep_alive)
+        self._write(answer)
+        self.answered()
+
+    def _write(self, answer: bytes) -> None:
+        connection = self._connection
+        head = self._lane.response_head(connection, self._session, len(answer), self._cycle.keep_alive)
         self._end()
         connection.transport.write(head + answer)  # first: the rest waits for nobody
+
+    def answered(self) -> None:
+        stream, cycle, connection = self._stream, self._cycle, self._connection
         stream.handed_out(1)
         stream.answered_as_json = True
         self._session.router.forget(stream)
         self._let_go()
         cycle.response_complete = True
         self._app.lane_ended("200")
-        if not keep_alive:
+        if not cycle.keep_alive:
             connection.transport.close()
         connection.on_response_complete()
 

@@ -51,6 +51,15 @@ class LaneWatch(Protocol):
 
     def answer(self) -> None: ...
 
+    def answer_first(self, message: bytes) -> bool:
+        """Write `message`, the stream's one and last, as the answer now, before the stream keeps
+        it; False: not now (`changed` and `answer` then follow as for any message)."""
+        ...
+
+    def answered(self) -> None:
+        """The stream has kept the message `answer_first` wrote: the lane's work after it."""
+        ...
+
 
 def sse_event(data: bytes, event_id: str | None = None) -> bytes:
     """One `message` event. Raw newlines in a JSON text are whitespace, so they may split `data:` lines."""
@@ -358,6 +367,11 @@ class EventStream:
 
     def first_kept(self) -> int:
         return self._events[0][0] if self._events else self._next
+
+    @property
+    def empty(self) -> bool:
+        """Has no message come yet?"""
+        return self._next == 1
 
     def complete_after(self, seq: int) -> bool:
         """Is there nothing more to hand out after `seq`: the stream finished, and no event kept

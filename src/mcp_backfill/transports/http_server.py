@@ -30,7 +30,7 @@ from typing import Any
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import DuplicateRequestId, TooManyPosts
 from mcp_backfill.logs import get_logger
-from mcp_backfill.transports.event_stream import SESSION_REPLAY_BYTES, EventStream, ReplayBudget
+from mcp_backfill.transports.event_stream import SESSION_REPLAY_BYTES, EventStream, LaneWatch, ReplayBudget
 from mcp_backfill.transports.queue import MessageQueue
 
 log = get_logger("http")
@@ -154,8 +154,15 @@ class SessionRouter:
             request = self._requests.get(key)
             if request is not None:  # the usual answer, alone: to its POST (the general case below)
                 self._note_response(message)
-                self._respond_all([key], raw, request.stream)
-                return request.stream if request.stream.finished else None
+                stream = request.stream
+                lane = stream.lane if stream.lane is not None and self._completes(stream, key) else None
+                if lane is not None and not _answered_first(lane, raw):
+                    lane = None
+                self._respond_all([key], raw, stream)
+                if lane is not None:
+                    lane.answered()
+                    return None
+                return stream if stream.finished else None
         items = message if isinstance(message, list) else [message]
         # Only an answer names a client request: a request of the server's in a batch has an id of
         # the server's own, which may equal one of the client's.
@@ -242,6 +249,14 @@ class SessionRouter:
             if completed is None and stream.finished:
                 completed = stream
         return completed
+
+    def _completes(self, stream: EventStream, key: jsonrpc.IdKey) -> bool:
+        """Is the answer to `key` the one message its stream will have? (Then its lane may write it
+        before the stream keeps it: `LaneWatch.answer_first`.)"""
+        if not stream.empty:
+            return False
+        post = self._posts.get(stream.key)
+        return post is not None and len(post.waiting) == 1  # (`key` is among them: it is in flight)
 
     def _note_response(self, response: dict[str, Any]) -> None:
         request = self._requests[jsonrpc.id_key(response.get("id"))]
@@ -354,6 +369,15 @@ class SessionRouter:
 def _is_answer(message: Any) -> bool:
     """Is one message (of a batch) a response or an error, under an id?"""
     return isinstance(message, dict) and "method" not in message and "id" in message
+
+
+def _answered_first(lane: LaneWatch, raw: bytes) -> bool:
+    """`lane.answer_first(raw)`; a failure costs the client its answer, not the relay its routing."""
+    try:
+        return lane.answer_first(raw)
+    except Exception:
+        log.exception("writing an answer to the client failed")
+        return False
 
 
 class InboxChannel:
