@@ -158,3 +158,49 @@ def test_the_reconnection_time_is_the_last_valid_retry_read_whatever_the_chunkin
         read = stream[:start]
         complete = read[: read.rfind(b"\n") + 1]
         assert decoder.retry == (70 if b"retry: 70\n" in complete else None)
+
+
+def _seen(event: SseEvent) -> tuple[object, ...]:
+    data = event.data
+    if isinstance(data, MessageTooLarge):  # its size and tail (its head is what was held when it overflowed)
+        return ("too large", data.size, data.tail, event.event, event.id)
+    return (data, event.event, event.id)
+
+
+_FIELDS = st.sampled_from(
+    [
+        b"data: a",
+        b"data:b",
+        b"data: " + b"x" * 40,
+        b"event: message",
+        b"event: other",
+        b"id: 7",
+        b"id:",
+        b": c",
+        b"retry: 90",
+        b"",
+    ]
+)
+_ENDINGS = st.sampled_from([b"\n", b"\r\n", b"\r"])
+
+
+@given(
+    st.booleans(),
+    st.lists(st.tuples(_FIELDS, _ENDINGS), max_size=14),
+    st.lists(st.integers(min_value=1, max_value=24), max_size=12),
+)
+def test_whole_lines_in_one_read_give_what_they_give_byte_by_byte(
+    bom: bool, lines: list[tuple[bytes, bytes]], cuts: list[int]
+) -> None:
+    """Reads that bring whole lines are split at once (the common case: a whole event per read);
+    whatever the reads, with every line ending, a byte order mark and lines over the limit, the
+    events and the reconnection time are those of the same bytes read one at a time."""
+    stream = (b"\xef\xbb\xbf" if bom else b"") + b"".join(field + ending for field, ending in lines)
+    chunks, start = [], 0
+    for size in [*cuts, len(stream)]:
+        chunks.append(stream[start : start + size])
+        start += size
+    one_by_one, chunked = SseDecoder(24), SseDecoder(24)
+    expected = decode_all(one_by_one, [stream[i : i + 1] for i in range(len(stream))])
+    assert [_seen(e) for e in decode_all(chunked, [c for c in chunks if c])] == [_seen(e) for e in expected]
+    assert chunked.retry == one_by_one.retry

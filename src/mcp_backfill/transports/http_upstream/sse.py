@@ -59,6 +59,23 @@ class SseDecoder:
         self._after_cr = False  # a line ended in the last byte read, a CR: an LF next is its rest
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
+        if not self._line and chunk.endswith(b"\n") and self._long_line is None:
+            # Nothing held, and whole lines (an LF last ends its line, whatever came before it):
+            # split at once, as most reads bring whole events (a third of the cost per event).
+            if not self._started:
+                self._started = True
+                if chunk.startswith(BOM):
+                    chunk = chunk[len(BOM) :]
+            elif self._after_cr:
+                self._after_cr = False
+                if chunk[0] == 0x0A:
+                    chunk = chunk[1:]
+            events: list[SseEvent] = []
+            for line in chunk.splitlines():  # at CRLF, LF and CR only, as for bytes
+                event = self._take_line(line)
+                if event is not None:
+                    events.append(event)
+            return events
         self._line += chunk
         if not self._started:
             if len(self._line) < len(BOM) and BOM.startswith(self._line):
@@ -70,7 +87,7 @@ class SseDecoder:
             self._after_cr = False
             if self._line[0] == 0x0A:
                 del self._line[0]
-        events: list[SseEvent] = []
+        events = []
         while True:
             end, after = self._line_end()
             if end < 0:
