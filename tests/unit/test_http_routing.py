@@ -112,6 +112,86 @@ async def test_a_failing_quick_answer_does_not_stop_the_relay() -> None:
     assert stream.finished
 
 
+class FirstLane:
+    """A stream's lane as `sidecar/lane.py`'s behaves towards the router, recording what it is told."""
+
+    def __init__(self, stream: EventStream, *, takes: bool = True, fails: str | None = None) -> None:
+        self.stream = stream
+        self.takes = takes
+        self.fails = fails  # the call that raises
+        self.told: list[tuple[Any, ...]] = []
+        stream.lane = self
+
+    def changed(self) -> None:
+        self.told.append(("changed",))
+
+    def answer(self) -> None:
+        self.told.append(("answer",))
+
+    def answer_first(self, message: bytes) -> bool:
+        if self.fails == "answer_first":
+            raise RuntimeError("the client's connection failed")
+        self.told.append(("first", json.loads(message), self.stream.empty))
+        if self.takes:
+            self.stream.lane = None  # (its answer is written: it watches no more)
+        return self.takes
+
+    def answered(self) -> None:
+        if self.fails == "answered":
+            raise RuntimeError("the client's connection failed")
+        self.told.append(("answered", messages(self.stream), self.stream.finished))
+
+
+async def test_a_streams_one_answer_goes_to_its_lane_before_the_stream_keeps_it() -> None:
+    """The lane writes the answer before the router's bookkeeping (`LaneWatch.answer_first`), and
+    finishes its own once the stream holds the answer: nobody else is handed the stream."""
+    router = SessionRouter(16)
+    stream = router.open_post([request(1)])
+    lane = FirstLane(stream)
+    assert router.route(encode(result(1, n=1))) is None
+    assert lane.told == [("first", result(1, n=1), True), ("answered", [result(1, n=1)], True)]
+    assert router.in_flight == 0
+
+
+@pytest.mark.parametrize("before", ["a notification", "a batch"])
+async def test_an_answer_that_is_not_its_streams_only_message_is_not_offered_first(before: str) -> None:
+    router = SessionRouter(16)
+    if before == "a batch":
+        stream = router.open_post([request(1), request(2)], batch=True)
+        router.route(encode(result(2)))
+    else:
+        stream = router.open_post([request(1)])
+        router.route(encode(notification("notifications/message", data="log")), related=1)
+    lane = FirstLane(stream)
+    assert router.route(encode(result(1))) is stream  # for its lane (or handler) to answer
+    assert ("first", result(1), False) not in lane.told
+    assert ("changed",) in lane.told
+
+
+@pytest.mark.parametrize("fails", [None, "answer_first"])
+async def test_a_lane_that_does_not_answer_first_is_told_as_before(fails: str | None) -> None:
+    """A lane not ready to answer (its request is still being handed on), or whose write failed:
+    the stream keeps the answer, is finished, and goes back to the caller as any completed one."""
+    router = SessionRouter(16)
+    stream = router.open_post([request(1)])
+    lane = FirstLane(stream, takes=False, fails=fails)
+    assert router.route(encode(result(1))) is stream
+    assert messages(stream) == [result(1)]
+    assert stream.finished
+    assert ("changed",) in lane.told
+    assert not any(told[0] == "answered" for told in lane.told)
+
+
+async def test_a_lane_failing_after_its_answer_does_not_stop_the_routing() -> None:
+    router = SessionRouter(16)
+    stream = router.open_post([request(1)])
+    FirstLane(stream, fails="answered")
+    assert router.route(encode(result(1))) is None  # logged, not raised
+    assert messages(stream) == [result(1)]
+    assert stream.finished
+    assert router.in_flight == 0
+
+
 async def test_related_then_progress_token_then_single_request_then_get_stream() -> None:
     router = SessionRouter(16)
     a = router.open_post([request(1, _meta={"progressToken": "tok-a"})])

@@ -30,7 +30,7 @@ from typing import Any
 from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import DuplicateRequestId, TooManyPosts
 from mcp_backfill.logs import get_logger
-from mcp_backfill.transports.event_stream import SESSION_REPLAY_BYTES, EventStream, LaneWatch, ReplayBudget
+from mcp_backfill.transports.event_stream import SESSION_REPLAY_BYTES, EventStream, ReplayBudget
 from mcp_backfill.transports.queue import MessageQueue
 
 log = get_logger("http")
@@ -156,11 +156,11 @@ class SessionRouter:
                 self._note_response(message)
                 stream = request.stream
                 lane = stream.lane if stream.lane is not None and self._completes(stream, key) else None
-                if lane is not None and not _answered_first(lane, raw):
+                if lane is not None and not _told(lane.answer_first, raw):
                     lane = None
                 self._respond_all([key], raw, stream)
-                if lane is not None:
-                    lane.answered()
+                if lane is not None:  # it answered the client already: nobody else is to
+                    _told(lane.answered)
                     return None
                 return stream if stream.finished else None
         items = message if isinstance(message, list) else [message]
@@ -371,10 +371,11 @@ def _is_answer(message: Any) -> bool:
     return isinstance(message, dict) and "method" not in message and "id" in message
 
 
-def _answered_first(lane: LaneWatch, raw: bytes) -> bool:
-    """`lane.answer_first(raw)`; a failure costs the client its answer, not the relay its routing."""
+def _told(call: Callable[..., bool | None], *args: Any) -> bool:
+    """Tell a stream's lane (`LaneWatch`); its failure costs the client its answer, not the relay
+    its routing (False then)."""
     try:
-        return lane.answer_first(raw)
+        return call(*args) is not False
     except Exception:
         log.exception("writing an answer to the client failed")
         return False
