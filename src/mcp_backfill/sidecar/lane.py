@@ -11,7 +11,9 @@ bearer token, Accept, Content-Type, the size, the protocol version, the session'
 opens the request's stream in the session's router and hands the body to the relay at once
 (`Relay.from_client_now`), which writes its POST upstream. When the stream's answer is complete,
 the lane writes it to the connection as JSON, from whichever callback completed it (most often the
-upstream connection's: `transports/http_upstream/early.py`).
+upstream connection's: `transports/http_upstream/early.py`); an answer that is the stream's one
+message is written as the router is handed it, before the router and the lane keep their books
+(`answer_first`).
 
 Whatever is not that simple goes to the ASGI app as before, which does all the rest: a request the
 lane does not take (it is started as if the lane were not there), and a request it took whose answer
