@@ -155,7 +155,7 @@ class SessionRouter:
             if request is not None:  # the usual answer, alone: to its POST (the general case below)
                 self._note_response(message)
                 stream = request.stream
-                lane = stream.lane if stream.lane is not None and self._completes(stream, key) else None
+                lane = stream.lane if stream.lane is not None and self._completes(stream) else None
                 if lane is not None and not _told(lane.answer_first, raw):
                     lane = None
                 self._respond_all([key], raw, stream)
@@ -250,13 +250,11 @@ class SessionRouter:
                 completed = stream
         return completed
 
-    def _completes(self, stream: EventStream, key: jsonrpc.IdKey) -> bool:
-        """Is the answer to `key` the one message its stream will have? (Then its lane may write it
+    def _completes(self, stream: EventStream) -> bool:
+        """Will the answer routed to `stream` now be its one message? (Its lane may then write it
         before the stream keeps it: `LaneWatch.answer_first`.)"""
-        if not stream.empty:
-            return False
-        post = self._posts.get(stream.key)
-        return post is not None and len(post.waiting) == 1  # (`key` is among them: it is in flight)
+        post = self._posts.get(stream.key) if stream.empty else None
+        return post is not None and len(post.waiting) == 1  # (the answer's request among them)
 
     def _note_response(self, response: dict[str, Any]) -> None:
         request = self._requests[jsonrpc.id_key(response.get("id"))]
