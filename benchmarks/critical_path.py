@@ -23,12 +23,11 @@ import argparse
 import json
 import sys
 import tempfile
-from contextlib import ExitStack
 from pathlib import Path
 
 import anyio
 
-from benchmarks.compare_trees import OTHER, THIS, compare
+from benchmarks.compare_trees import OTHER, THIS, Arm, both_orders
 from benchmarks.httpload import run_batch, session_pool
 from benchmarks.httpservers import HttpServer, ready, sdk_http_server, sidecar
 from benchmarks.measure import median
@@ -81,19 +80,9 @@ def weigh(upstream: HttpServer, logs: LogDir, path: str, options: argparse.Names
     print(f"| point | throughput with {options.us:g} µs spent there | weight |")
     print("|---|---|---|")
     for point in options.points:
-        with ExitStack() as stack:
-            option = ("--upstream-url", upstream.url)
-            spin = {SPIN_VARIABLE: f"{point}:{options.us}"}
-            servers = {
-                THIS: stack.enter_context(sidecar(logs, "probe-spin", *option, source=path, env=spin)),
-                OTHER: stack.enter_context(sidecar(logs, "probe-control", *option, source=path)),
-            }
-            ready(*servers.values())
-            urls = {arm: server.url for arm, server in servers.items()}
-            pids = {arm: server.pid for arm, server in servers.items()}
-            results = anyio.run(
-                compare, urls, pids, upstream.pid, options, backend_options=event_loop_options()
-            )
+        spin = {SPIN_VARIABLE: f"{point}:{options.us}"}
+        arms = {THIS: Arm("probe-spin", path, spin), OTHER: Arm("probe-control", path)}
+        results = both_orders(upstream, logs, arms, options)
         spun, control = (median([batch.throughput for batch, _, _ in results[arm]]) for arm in (THIS, OTHER))
         gained = 1 / spun - 1 / control  # seconds a call took longer
         print(f"| {point} | {spun / control:.3f}x | {gained / (options.us / 1e6):.2f} |")
