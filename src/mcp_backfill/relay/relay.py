@@ -844,14 +844,9 @@ class Relay:
     def _sides_now(self) -> tuple[SendsAtOnce, SendsAtOnce] | None:
         """(client, upstream) when both can take a message at once, else None."""
         sides = self._at_once
-        # Only while at most one request is in flight (`crowded`, inline: this is asked up to four
-        # times a call): under load the pumps relay what piled up in one go, with fewer wake-ups
-        # (benchmarks/README.md, the tenth round).
-        if (
-            sides is None
-            or len(self.state.client_requests) > 1
-            or not (sides[0].can_send_now() and sides[1].can_send_now())
-        ):
+        # Only while at most one request is in flight: under load the pumps relay what piled up in
+        # one go, with fewer wake-ups (benchmarks/README.md, the tenth round).
+        if sides is None or self.crowded() or not (sides[0].can_send_now() and sides[1].can_send_now()):
             return None
         return sides
 

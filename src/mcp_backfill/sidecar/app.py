@@ -76,6 +76,7 @@ class SidecarApp:
         self.metrics = metrics
         self.readiness = readiness
         self._in_flight = 0
+        self._lane_counted: dict[str, prometheus.Labels] = {}  # the lane's statuses' series keys
         self._idle: anyio.Event | None = None
 
     @property
@@ -99,7 +100,10 @@ class SidecarApp:
     def lane_ended(self, status: str | None) -> None:
         """... and is over; `status` is counted (None: the app's handler counted it)."""
         if status is not None:
-            self.metrics.http_requests.add((("method", "POST"), ("status", status)))
+            key = self._lane_counted.get(status)
+            if key is None:
+                key = self._lane_counted[status] = prometheus.labels_key(method="POST", status=status)
+            self.metrics.http_requests.add(key)
         self._in_flight -= 1
         if not self._in_flight and self._idle is not None:
             self._idle.set()

@@ -65,6 +65,11 @@ megabyte cannot make every scrape (and the process's memory) that large. The ope
 are shown as given."""
 
 
+def labels_key(**labels: str) -> Labels:
+    """A series' key: its labels' pairs, sorted by name (`Counter.add` takes one made once)."""
+    return tuple(sorted(labels.items()))
+
+
 def _labels(labels: Labels, extra: Labels = ()) -> str:
     pairs = (*labels, *extra)
     if not pairs:
@@ -91,7 +96,7 @@ class Counter:
     values: dict[Labels, float] = field(default_factory=dict)
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
-        self.add(tuple(sorted(labels.items())), amount)
+        self.add(labels_key(**labels), amount)
 
     def add(self, key: Labels, amount: float = 1.0) -> None:
         """`inc` by the labels' key (their pairs, sorted by name), made once by a caller that counts
@@ -136,7 +141,7 @@ class Histogram:
     series: dict[Labels, _Series] = field(default_factory=dict)
 
     def observe(self, value: float, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
+        key = labels_key(**labels)
         series = self.series.setdefault(key, _Series([0] * len(self.buckets)))
         index = bisect_left(self.buckets, value)
         if index < len(self.buckets):

@@ -44,7 +44,7 @@ from mcp_backfill.sidecar.connections import guarded_protocol
 from mcp_backfill.sidecar.handshake import HandshakeFront
 from mcp_backfill.sidecar.http_io import FrontSettings
 from mcp_backfill.sidecar.lane import Lane
-from mcp_backfill.sidecar.metrics import Labels, Metrics, client_label
+from mcp_backfill.sidecar.metrics import Labels, Metrics, client_label, labels_key
 from mcp_backfill.sidecar.security import (
     SHARED_IDENTITY,
     AccessPolicy,
@@ -129,7 +129,7 @@ async def run_sidecar(config: Config) -> int:
     def count(direction: str) -> None:
         key = directions.get(direction)
         if key is None:
-            key = directions[direction] = (("direction", direction),)
+            key = directions[direction] = labels_key(direction=direction)
         metrics.messages.add(key)
 
     sock = bind(config.host, config.port)
