@@ -24,6 +24,10 @@ request, after requests read whole (a body longer than its `Content-Length`), ge
 those requests are answered: uvicorn wrote it at once and closed, in place of the answers of
 requests the application had already taken (and relayed).
 
+A read that is one whole request, on a connection with nothing in flight, is offered to the lane
+(`lane.py`) before uvicorn's parser reads it; uvicorn reads it only if the lane leaves it, or later,
+when the lane needs the request's cycle after all (`adopt`).
+
 The protocol underneath is uvicorn's httptools one (llhttp, a C parser) when `httptools` is
 installed, as it is with this package: about a third less CPU per request than its pure-Python h11
 one, which is the fallback (`benchmarks/README.md`, "the HTTP front's parser").
@@ -125,6 +129,7 @@ class _Guard:
     lane_verdict: tuple[list[tuple[bytes, bytes]], tuple[str, str] | None] | None = None  # `Lane._verdict`
     _lane_held: tuple[Any, Any] | None = None  # (cycle, app) of a request offered once its body is in
     _in_head = False  # uvicorn is starting a request whose head was just parsed
+    _adopting = False  # uvicorn is reading a request the lane read whole itself (`adopt`)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._cycles: weakref.WeakSet[Any] = weakref.WeakSet()  # every request's, while it lives
@@ -139,6 +144,14 @@ class _Guard:
         self._arm()
 
     def data_received(self, data: bytes) -> None:
+        lane = self.lane
+        if lane is not None:
+            if self.lane_post is not None:
+                self.lane_post.adopt()  # uvicorn must know of a request the lane read itself first
+            elif self._between_requests() and lane.take_whole(self, data):
+                self._unset_keepalive_if_required()  # as uvicorn does when a request's bytes come
+                self._disarm()
+                return
         waiting = self.cycle is None or self.cycle.response_complete
         draining = self._draining
         self._head_begun = False
@@ -198,9 +211,33 @@ class _Guard:
             if self.lane is None or not self.lane.take(self, held[0]):
                 self._start_app(*held)
 
+    def _between_requests(self) -> bool:
+        """Is the connection idle, its last request answered and nothing of another read yet?"""
+        cycle = self.cycle
+        return (
+            (cycle is None or cycle.response_complete)
+            and self._request_done
+            and not self._draining
+            and self._bad_request is None
+            and not self.transport.is_closing()
+        )
+
+    def adopt(self, data: bytes) -> Any:
+        """uvicorn's cycle for a request the lane read whole itself (`Lane.take_whole`): `data` read
+        by uvicorn's parser now, as every request is, but its application not started; the lane's
+        post holds the cycle as it holds one it took from uvicorn (`LanePost.adopt`)."""
+        self._adopting = True
+        try:
+            super().data_received(data)  # type: ignore[misc]
+        finally:
+            self._adopting = False
+        return self.cycle
+
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         """uvicorn's start of a request's application; a request the lane may take waits for its
         body (within the bytes being parsed now) first."""
+        if self._adopting:
+            return  # the lane's already
         if self._in_head and self.lane is not None and self.lane.may_take(cycle.scope):
             self._lane_held = (cycle, app)
             return
@@ -225,7 +262,7 @@ class _Guard:
             self._in_head = False
         cycle = self.cycle
         held = self._lane_held
-        if cycle is not None and (held is None or held[0] is not cycle):
+        if cycle is not None and not self._adopting and (held is None or held[0] is not cycle):
             self._ready_for_app(cycle)
         # (one held for the lane is made ready only if the app gets it: most never reach it)
 
@@ -285,6 +322,8 @@ class _Guard:
     def _drain_on(self) -> None:
         if not self.transport.is_closing():
             self.transport.resume_reading()
+
+    _unset_keepalive_if_required: Callable[[], None]  # uvicorn's
 
     def _arm(self) -> None:
         self._disarm()

@@ -4,16 +4,18 @@ At one session a call waits for all the sidecar does on its way, and uvicorn's A
 handler's task and its waits were most of that: a bare ASGI forwarder alone ran at 0.87x the direct
 rate where a front that ends HTTP from the connection's callbacks ran at 1.00x (`benchmarks/
 README.md`, 3b, the twenty-fourth and twenty-eighth rounds). So the connection's protocol offers
-each request whose head and body arrived together to the lane first (`connections._Guard`). The
-lane takes a POST that names a live session of the handshake era, carries one JSON-RPC request
-other than `initialize`, and passes every check the ASGI app would make (Host, no Origin, the
-bearer token, Accept, Content-Type, the size, the protocol version, the session's owner); it then
-opens the request's stream in the session's router and hands the body to the relay at once
-(`Relay.from_client_now`), which writes its POST upstream. When the stream's answer is complete,
-the lane writes it to the connection as JSON, from whichever callback completed it (most often the
-upstream connection's: `transports/http_upstream/early.py`); an answer that is the stream's one
-message is written as the router is handed it, before the router and the lane keep their books
-(`answer_first`).
+each request whose head and body arrived together to the lane first (`connections._Guard`): a read
+that is one whole request, on a connection with nothing in flight, before uvicorn reads it at all
+(`take_whole`, `whole_request.py`; uvicorn's cycle for it is made only if one is needed,
+`LanePost.adopt`), and any other as uvicorn has read it (`take`). The lane takes a POST that names
+a live session of the handshake era, carries one JSON-RPC request other than `initialize`, and
+passes every check the ASGI app would make (Host, no Origin, the bearer token, Accept,
+Content-Type, the size, the protocol version, the session's owner); it then opens the request's
+stream in the session's router and hands the body to the relay at once (`Relay.from_client_now`),
+which writes its POST upstream. When the stream's answer is complete, the lane writes it to the
+connection as JSON, from whichever callback completed it (most often the upstream connection's:
+`transports/http_upstream/early.py`); an answer that is the stream's one message is written as the
+router is handed it, before the router and the lane keep their books (`answer_first`).
 
 Whatever is not that simple goes to the ASGI app as before, which does all the rest: a request the
 lane does not take (it is started as if the lane were not there), and a request it took whose answer
@@ -39,6 +41,7 @@ from mcp_backfill.sidecar.http_io import (
     single_answer,
 )
 from mcp_backfill.sidecar.security import host_allowed
+from mcp_backfill.sidecar.whole_request import read_whole
 from mcp_backfill.transports.deadlines import Deadlines
 from mcp_backfill.transports.event_stream import EventStream
 
@@ -60,6 +63,7 @@ class Lane:
     def __init__(self, app: SidecarApp, paths: tuple[str, ...]) -> None:
         self.app = app
         self._paths = paths
+        self._targets = tuple(path.encode() for path in paths)  # as a request line has them
         # When a request the lane took goes to the app if its answer is not complete by then.
         self.hand_over = Deadlines(min(QUICK_ANSWER_SECONDS, app.handshake.settings.json_window))
         self._head: tuple[object, bytes] = (None, b"")  # `response_head`'s start, and what it was for
@@ -70,19 +74,35 @@ class Lane:
 
     def take(self, connection: Any, cycle: Any) -> bool:
         """Answer `cycle` (its head and body in) from the callbacks; False: it is the app's, untouched."""
+        if not cycle.keep_alive or cycle.more_body:
+            return False
+        return self._take(connection, cycle.scope["headers"], bytes(cycle.body), cycle)
+
+    def take_whole(self, connection: Any, data: bytes) -> bool:
+        """`take` for a read that may be one whole request, on a connection with nothing in flight:
+        read without uvicorn (`whole_request.py`); False: nothing was done, the bytes are uvicorn's."""
+        if self.app.draining:
+            return False
+        request = read_whole(data)
+        if request is None or request.url not in self._targets:
+            return False
+        return self._take(connection, request.headers, request.body, data)
+
+    def _take(self, connection: Any, headers: list[tuple[bytes, bytes]], body: bytes, request: Any) -> bool:
+        """`request`: its uvicorn cycle, or the bytes it came in (see `LanePost`)."""
         if connection.flow.write_paused:
             # The client has answers yet to read: the app's handler waits for it to read them
             # before writing (and no request behind it is read meanwhile), where the lane would
             # write one more into the connection's buffer with each request, without end.
             return False
         try:
-            found = self._session_request(connection, cycle)
+            found = self._session_request(connection, headers, body)
         except Exception:  # a bug here must cost the lane, not the request
             log.exception("the lane failed to look at a request; the app answers it")
             return False
         if found is None:
             return False
-        session, body, message = found
+        session, message = found
         relay = session.relay
         if relay is None or not (session.channel.idle and relay.takes_client_now()):
             return False  # messages before it are still on their way, in order
@@ -90,7 +110,8 @@ class Lane:
             stream = session.router.open_post([message])
         except (TooManyPosts, DuplicateRequestId):
             return False  # the app refuses it
-        cycle.body = bytearray()
+        if not isinstance(request, bytes):
+            request.body = bytearray()
         # The POST upstream first: what follows is bookkeeping no answer needs before this callback
         # returns, and the upstream works meanwhile (`LanePost.ready` looks for an answer the relay
         # gave at once, as to `server/discover`). Whatever happens, the stream has its keeper.
@@ -100,7 +121,7 @@ class Lane:
             else:  # (it said it would take it) the relay's task takes it, as the app hands it over
                 session.deliver_now(body)
         finally:
-            post = LanePost(self, connection, cycle, session, stream)
+            post = LanePost(self, connection, request, session, stream)
         post.ready()
         return True
 
@@ -124,17 +145,14 @@ class Lane:
         )
 
     def _session_request(
-        self, connection: Any, cycle: Any
-    ) -> tuple[HttpSession, bytes, dict[str, Any]] | None:
-        """The session, body and message of a lone request the app would relay, or None."""
+        self, connection: Any, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> tuple[HttpSession, dict[str, Any]] | None:
+        """The session and message of a lone request the app would relay, or None."""
         app = self.app
-        if not cycle.keep_alive or cycle.more_body:
-            return None
-        verdict = self._verdict(connection, cycle.scope["headers"])
+        verdict = self._verdict(connection, headers)
         if verdict is None:
             return None
         identity, session_id = verdict
-        body = bytes(cycle.body)  # (uvicorn gathers it in a bytearray)
         if len(body) > app.handshake.settings.max_body:
             return None
         session = app.handshake.sessions.get(session_id)
@@ -146,7 +164,7 @@ class Lane:
             return None
         if not (isinstance(message, dict) and _lone_request(message)):
             return None
-        return session, body, message
+        return session, message
 
     def _verdict(self, connection: Any, raw: list[tuple[bytes, bytes]]) -> tuple[str, str] | None:
         """(client identity, session id) when the headers pass the app's checks, else None.
@@ -222,15 +240,21 @@ class HandedOver:
 
 
 class LanePost:
-    """One request the lane took, until it is answered, handed over, or its client is gone."""
+    """One request the lane took, until it is answered, handed over, or its client is gone.
+
+    A request the lane read whole itself (`Lane.take_whole`) has no uvicorn cycle: only the bytes it
+    came in, which uvicorn's parser reads into one when one is needed (`adopt`). A keep-alive
+    request's answer needs none.
+    """
 
     def __init__(
-        self, lane: Lane, connection: Any, cycle: Any, session: HttpSession, stream: EventStream
+        self, lane: Lane, connection: Any, request: Any, session: HttpSession, stream: EventStream
     ) -> None:
         self._lane = lane
         self._app = app = lane.app
         self._connection = connection
-        self._cycle = cycle
+        self._raw: bytes | None = request if isinstance(request, bytes) else None
+        self._cycle: Any = None if self._raw is not None else request
         self._session = session
         self._stream = stream
         self._loop = asyncio.get_running_loop()
@@ -290,7 +314,9 @@ class LanePost:
 
     def _write(self, answer: bytes) -> None:
         connection = self._connection
-        head = self._lane.response_head(connection, self._session, len(answer), self._cycle.keep_alive)
+        cycle = self._cycle
+        keep_alive = cycle is None or cycle.keep_alive  # (one read whole is a keep-alive request)
+        head = self._lane.response_head(connection, self._session, len(answer), keep_alive)
         self._end()
         connection.transport.write(head + answer)  # first: the rest waits for nobody
 
@@ -300,10 +326,11 @@ class LanePost:
         stream.answered_as_json = True
         self._session.router.forget(stream)
         self._let_go()
-        cycle.response_complete = True
         self._app.lane_ended("200")
-        if not cycle.keep_alive:
-            connection.transport.close()
+        if cycle is not None:
+            cycle.response_complete = True
+            if not cycle.keep_alive:
+                connection.transport.close()
         connection.on_response_complete()
 
     def _hand_over(self) -> None:
@@ -311,10 +338,22 @@ class LanePost:
         if self._over:
             return
         self._end()
-        self._cycle.scope.setdefault("extensions", {})[HANDED_OVER] = HandedOver(
+        cycle = self.adopt()
+        cycle.scope.setdefault("extensions", {})[HANDED_OVER] = HandedOver(
             self._session, self._stream, self._released
         )
-        self._connection.start_app(self._cycle)
+        self._connection.start_app(cycle)
+
+    def adopt(self) -> Any:
+        """The request's uvicorn cycle, made first for a request the lane read whole itself: when
+        the app is handed it, or when bytes come behind it on its connection (uvicorn must then know
+        of it, to hold them until its answer is out, as it holds a request pipelined behind any)."""
+        raw = self._raw
+        if raw is not None:
+            self._raw = None
+            self._cycle = self._connection.adopt(raw)
+            self._cycle.body = bytearray()  # the relay has it
+        return self._cycle
 
     def _released(self) -> None:
         """The app's handler is done with a request handed over."""

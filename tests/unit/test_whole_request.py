@@ -1,0 +1,124 @@
+"""`read_whole`: one whole keep-alive HTTP/1.1 POST read without uvicorn, and nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from mcp_backfill.sidecar.whole_request import read_whole
+
+BODY = b'{"jsonrpc":"2.0","id":1,"method":"ping"}'
+
+
+def post(*headers: str, body: bytes = BODY, start: str = "POST /mcp HTTP/1.1") -> bytes:
+    lines = [start, "Host: 127.0.0.1", *headers, f"Content-Length: {len(body)}"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+class _Parsed(HttpToolsProtocol):
+    """uvicorn's protocol, which only reads: its application is never started."""
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        pass
+
+
+class _Transport(asyncio.Transport):
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 50000)}.get(name, default)
+
+    def is_closing(self) -> bool:
+        return False
+
+
+async def _ignored(scope: Any, receive: Any, send: Any) -> None:
+    pass
+
+
+def uvicorn_reads(data: bytes) -> tuple[bytes, list[tuple[bytes, bytes]], bytes]:
+    """The target, headers and body uvicorn's own protocol reads from `data`."""
+    loop = asyncio.new_event_loop()
+    try:
+        protocol = _Parsed(Config(_ignored, http="httptools"), ServerState(), {}, _loop=loop)
+        protocol.connection_made(_Transport())
+        protocol.data_received(data)
+        scope = protocol.cycle.scope
+        return scope["raw_path"], list(scope["headers"]), bytes(protocol.cycle.body)
+    finally:
+        loop.close()
+
+
+def test_a_whole_post_is_read_as_uvicorn_reads_it() -> None:
+    data = post("Mcp-Session-Id: Ab1", "X-Odd:  spaced  ")
+    request = read_whole(data)
+    assert request is not None
+    assert (request.url, request.headers, request.body) == uvicorn_reads(data)
+    assert request.headers[1] == (b"mcp-session-id", b"Ab1")  # names lowercased, values as they came
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        post(start="GET /mcp HTTP/1.1"),
+        post(start="POST /mcp HTTP/1.0"),
+        post("Connection: close"),
+        post("Connection: Upgrade", "Upgrade: websocket"),
+        post() + post(),  # two pipelined
+        post() + b"GET",  # the start of another
+        post()[:-1],  # a body short of its length
+        post()[:40],  # a part of the head
+        b"NOT HTTP AT ALL\r\n\r\n",
+        post("Bad Header Name: x"),
+    ],
+    ids=[
+        "get",
+        "http-1.0",
+        "connection-close",
+        "upgrade",
+        "two",
+        "another-begun",
+        "short-body",
+        "part-of-head",
+        "not-http",
+        "bad-header",
+    ],
+)
+def test_anything_but_one_whole_keep_alive_post_is_left_to_uvicorn(data: bytes) -> None:
+    assert read_whole(data) is None
+
+
+def test_a_chunked_body_is_read_whole() -> None:
+    head = b"POST /mcp HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+    data = head + b"5\r\nhello\r\n3\r\n!!!\r\n0\r\n\r\n"
+    request = read_whole(data)
+    assert request is not None
+    assert request.body == b"hello!!!"
+
+
+_names = st.from_regex(r"\A[A-Za-z][A-Za-z0-9-]{0,15}\Z").filter(
+    lambda name: name.lower() not in {"content-length", "transfer-encoding", "connection", "upgrade", "host"}
+)
+_values = st.from_regex(r"\A[!-~]([ -~]{0,30}[!-~])?\Z")
+
+
+@given(
+    headers=st.lists(st.tuples(_names, _values), max_size=8),
+    body=st.binary(max_size=300),
+    cut=st.integers(min_value=1),
+)
+def test_any_whole_post_is_read_and_any_part_of_it_is_not(
+    headers: list[tuple[str, str]], body: bytes, cut: int
+) -> None:
+    data = post(*(f"{name}: {value}" for name, value in headers), body=body)
+    request = read_whole(data)
+    assert request is not None
+    assert (request.url, request.headers, request.body) == uvicorn_reads(data)
+    assert request.body == body
+    assert [name for name, _ in request.headers[1:-1]] == [name.lower().encode() for name, _ in headers]
+    assert read_whole(data[: cut % len(data)]) is None
