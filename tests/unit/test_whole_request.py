@@ -122,3 +122,91 @@ def test_any_whole_post_is_read_and_any_part_of_it_is_not(
     assert request.body == body
     assert [name for name, _ in request.headers[1:-1]] == [name.lower().encode() for name, _ in headers]
     assert read_whole(data[: cut % len(data)]) is None
+
+
+class _Post:
+    """What the guard asks of the lane's post (`LanePost.adopt`), over the real guard."""
+
+    def __init__(self, connection: Any, raw: bytes) -> None:
+        self._connection = connection
+        self._raw: bytes | None = raw
+        self.cycle: Any = None
+
+    def adopt(self) -> Any:
+        if self._raw is not None:
+            self.cycle = self._connection.adopt(self._raw)
+            self._raw = None
+        return self.cycle
+
+
+class _Lane:
+    """Takes every read whole, as the lane takes a quick call's."""
+
+    def may_take(self, scope: Any) -> bool:
+        return False
+
+    def take_whole(self, connection: Any, data: bytes) -> bool:
+        if read_whole(data) is None:
+            return False
+        connection.lane_post = _Post(connection, data)
+        return True
+
+
+class _Recorded(_Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = False
+        self.reading = True
+
+    def write(self, data: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+
+def _guarded(loop: asyncio.AbstractEventLoop) -> tuple[Any, _Recorded]:
+    from mcp_backfill.sidecar.connections import guarded_protocol
+
+    protocol_class = guarded_protocol(10.0, 100, _Lane())  # type: ignore[arg-type]
+    protocol = protocol_class(Config(_ignored, http="httptools"), ServerState(), {}, _loop=loop)
+    transport = _Recorded()
+    protocol.connection_made(transport)
+    return protocol, transport
+
+
+def test_a_request_read_whole_gets_uvicorns_cycle_only_when_bytes_come_behind_it() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        protocol, transport = _guarded(loop)
+        protocol.data_received(post())
+        assert protocol.cycle is None  # uvicorn never read it
+        post_ = protocol.lane_post
+        protocol.data_received(post(body=b'{"jsonrpc":"2.0","id":2,"method":"ping"}'))
+        cycle = post_.cycle
+        assert cycle is not None
+        assert cycle.scope["path"] == "/mcp"
+        assert not cycle.response_complete
+        assert not protocol.tasks  # its application was not started: the lane holds it
+        assert len(protocol.pipeline) == 1  # the next waits for its answer
+        assert not transport.reading
+    finally:
+        loop.close()
+
+
+def test_a_shutdown_lets_a_request_read_whole_have_its_answer_then_closes() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        protocol, transport = _guarded(loop)
+        protocol.data_received(post())
+        protocol.shutdown()
+        assert not transport.closed
+        assert protocol.lane_post.cycle.keep_alive is False  # its answer says `connection: close`
+    finally:
+        loop.close()

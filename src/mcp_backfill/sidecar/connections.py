@@ -233,6 +233,14 @@ class _Guard:
             self._adopting = False
         return self.cycle
 
+    def shutdown(self) -> None:
+        """uvicorn's start of a graceful shutdown: a request in flight gets its answer, then the
+        connection closes; one the lane read whole itself is in flight too (uvicorn's own check would
+        close the connection under it)."""
+        if self.lane_post is not None:
+            self.lane_post.adopt()
+        super().shutdown()  # type: ignore[misc]
+
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         """uvicorn's start of a request's application; a request the lane may take waits for its
         body (within the bytes being parsed now) first."""
