@@ -113,6 +113,7 @@ class _Guard:
     loop: asyncio.AbstractEventLoop
     app: Any  # the application as uvicorn runs it
     timeout_keep_alive: int  # how long uvicorn keeps a connection open that sends nothing after an answer
+    _unset_keepalive_if_required: Callable[[], None]  # cancels that timer
 
     _head_timer: asyncio.TimerHandle | None = None
     _head_due = 0.0  # when a head begun after an answer must be complete (`_head_after_answer`)
@@ -330,8 +331,6 @@ class _Guard:
     def _drain_on(self) -> None:
         if not self.transport.is_closing():
             self.transport.resume_reading()
-
-    _unset_keepalive_if_required: Callable[[], None]  # uvicorn's
 
     def _arm(self) -> None:
         self._disarm()
