@@ -63,7 +63,8 @@ class Lane:
     def __init__(self, app: SidecarApp, paths: tuple[str, ...]) -> None:
         self.app = app
         self._paths = paths
-        self._targets = tuple(path.encode() for path in paths)  # as a request line has them
+        # How a request line to one of them starts: no other read is parsed twice (here, then by uvicorn).
+        self._starts = tuple(b"POST %s " % path.encode() for path in paths)
         # When a request the lane took goes to the app if its answer is not complete by then.
         self.hand_over = Deadlines(min(QUICK_ANSWER_SECONDS, app.handshake.settings.json_window))
         self._head: tuple[object, bytes] = (None, b"")  # `response_head`'s start, and what it was for
@@ -81,10 +82,10 @@ class Lane:
     def take_whole(self, connection: Any, data: bytes) -> bool:
         """`take` for a read that may be one whole request, on a connection with nothing in flight:
         read without uvicorn (`whole_request.py`); False: nothing was done, the bytes are uvicorn's."""
-        if self.app.draining:
+        if self.app.draining or not data.startswith(self._starts):
             return False
         request = read_whole(data)
-        if request is None or request.url not in self._targets:
+        if request is None:
             return False
         return self._take(connection, request.headers, request.body, data)
 
@@ -110,8 +111,6 @@ class Lane:
             stream = session.router.open_post([message])
         except (TooManyPosts, DuplicateRequestId):
             return False  # the app refuses it
-        if not isinstance(request, bytes):
-            request.body = bytearray()
         # The POST upstream first: what follows is bookkeeping no answer needs before this callback
         # returns, and the upstream works meanwhile (`LanePost.ready` looks for an answer the relay
         # gave at once, as to `server/discover`). Whatever happens, the stream has its keeper.
@@ -253,8 +252,13 @@ class LanePost:
         self._lane = lane
         self._app = app = lane.app
         self._connection = connection
-        self._raw: bytes | None = request if isinstance(request, bytes) else None
-        self._cycle: Any = None if self._raw is not None else request
+        self._raw: bytes | None = None
+        self._cycle: Any = None
+        if isinstance(request, bytes):
+            self._raw = request
+        else:
+            self._cycle = request
+            request.body = bytearray()  # the relay has it
         self._session = session
         self._stream = stream
         self._loop = asyncio.get_running_loop()
