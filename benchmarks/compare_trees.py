@@ -10,7 +10,10 @@ batches of throughput, tools/call p50, and the sidecar's and the upstream's CPU 
 
 Half the batches run with this tree's sidecar (and its sessions) started first, half, on a fresh
 pair, with the other's: with one order for the whole run, the arm started first did 3-4% more calls
-a second than the other when both ran the same tree (the thirty-second round).
+a second than the other when both ran the same tree (the thirty-second round). Which vCPU each
+process settles on also holds for a pair's life and moves its arm by as much as a change worth
+measuring here (the thirty-fourth round): `--pairs` starts more pairs, the rounds spread over them,
+and the ratio of each pair is printed beside the median over all.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from mcp_backfill.cli import event_loop_options
 THIS, OTHER = "this tree", "other tree"
 
 
-Results = dict[str, list[tuple[Batch, float, float]]]  # per arm: batch, CPU s per call: sidecar, upstream
+# Per arm: batch, CPU s per call of the sidecar and of the upstream, and the pair it ran on.
+Results = dict[str, list[tuple[Batch, float, float, int]]]
 
 
 @dataclass(frozen=True)
@@ -48,16 +52,19 @@ class Arm:
 def both_orders(
     upstream: HttpServer, logs: LogDir, arms: dict[str, Arm], options: argparse.Namespace
 ) -> Results:
-    """Every arm's batches (`options.rounds` each, taking turns), from two pairs of sidecars in
-    front of `upstream`: the first pair started in the order of `arms`, the second in the other."""
+    """Every arm's batches (`options.rounds` each, taking turns), from `options.pairs` pairs of
+    sidecars in front of `upstream` (two unless set), one after another, started in the order of
+    `arms` and the other by turns; the rounds are spread over the pairs."""
     results: Results = {arm: [] for arm in arms}
-    for half, order in enumerate((list(arms), list(arms)[::-1])):
-        with ExitStack() as pair:
+    pairs = max(getattr(options, "pairs", 2), 1)
+    for pair in range(pairs):
+        order = list(arms) if pair % 2 == 0 else list(arms)[::-1]
+        with ExitStack() as started:
             servers = {
-                arm: pair.enter_context(
+                arm: started.enter_context(
                     sidecar(
                         logs,
-                        f"{arms[arm].name}-{half}",
+                        f"{arms[arm].name}-{pair}",
                         "--upstream-url",
                         upstream.url,
                         source=arms[arm].source,
@@ -69,20 +76,25 @@ def both_orders(
             ready(*servers.values())
             urls = {arm: server.url for arm, server in servers.items()}
             pids = {arm: server.pid for arm, server in servers.items()}
-            rounds = (options.rounds + 1 - half) // 2  # the first half takes an odd one
+            rounds = max(options.rounds // pairs + (pair < options.rounds % pairs), 1)
             measured = anyio.run(
                 _compare, urls, pids, upstream.pid, rounds, options, backend_options=event_loop_options()
             )
         for arm, rows in measured.items():
-            results[arm].extend(rows)
+            results[arm].extend((*row, pair) for row in rows)
     return results
+
+
+def throughputs(results: Results, arm: str, pair: int | None = None) -> list[float]:
+    """An arm's batches' throughputs (of one pair, if given)."""
+    return [batch.throughput for batch, _, _, on in results[arm] if pair is None or on == pair]
 
 
 async def _compare(
     urls: dict[str, str], pids: dict[str, int], upstream: int, rounds: int, options: argparse.Namespace
-) -> Results:
+) -> dict[str, list[tuple[Batch, float, float]]]:
     """Every arm's batches, taking turns (`urls` in the order their sidecars were started)."""
-    results: Results = {arm: [] for arm in urls}
+    results: dict[str, list[tuple[Batch, float, float]]] = {arm: [] for arm in urls}
     first, second = urls
     async with (
         session_pool(urls[first], options.sessions, 20) as (opened_first, _),
@@ -108,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=1, help="client sessions per arm (default 1)")
     parser.add_argument("--rounds", type=int, default=6, help="batches per arm (default 6)")
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds per batch (default 2)")
+    parser.add_argument("--pairs", type=int, default=2, help="pairs of sidecars started in turn (default 2)")
     options = parser.parse_args(argv)
     for source in (options.other_src, options.this):
         if source is not None and not (source / "mcp_backfill").is_dir():
@@ -120,15 +133,20 @@ def main(argv: list[str] | None = None) -> int:
     with sdk_http_server(logs, "compare-upstream-sdk-http") as upstream:
         ready(upstream)
         results = both_orders(upstream, logs, arms, options)
-    throughput = {arm: median([batch.throughput for batch, _, _ in rows]) for arm, rows in results.items()}
+    throughput = {arm: median(throughputs(results, arm)) for arm in results}
     for arm, rows in results.items():
-        p50 = median([percentile(batch.latencies, 50) * 1e3 for batch, _, _ in rows])
-        sidecar_cpu = median([cpu * 1e6 for _, cpu, _ in rows])
-        upstream_cpu = median([cpu * 1e6 for _, _, cpu in rows])
+        p50 = median([percentile(batch.latencies, 50) * 1e3 for batch, _, _, _ in rows])
+        sidecar_cpu = median([cpu * 1e6 for _, cpu, _, _ in rows])
+        upstream_cpu = median([cpu * 1e6 for _, _, cpu, _ in rows])
         print(
             f"{arm:10}  {throughput[arm]:7.0f} req/s  p50 {p50:.3f} ms  CPU per call: "
             f"sidecar {sidecar_cpu:.0f} µs, upstream {upstream_cpu:.0f} µs"
         )
+    each = [
+        median(throughputs(results, THIS, pair)) / median(throughputs(results, OTHER, pair))
+        for pair in sorted({row[3] for row in results[THIS]})
+    ]
+    print("each pair: " + ", ".join(f"{ratio:.3f}x" for ratio in each))
     print(f"this tree / other tree, throughput: {throughput[THIS] / throughput[OTHER]:.3f}x")
     return 0
 

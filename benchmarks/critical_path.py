@@ -27,7 +27,7 @@ from pathlib import Path
 
 import anyio
 
-from benchmarks.compare_trees import OTHER, THIS, Arm, both_orders
+from benchmarks.compare_trees import OTHER, THIS, Arm, both_orders, throughputs
 from benchmarks.httpload import run_batch, session_pool
 from benchmarks.httpservers import HttpServer, ready, sdk_http_server, sidecar
 from benchmarks.measure import median
@@ -83,7 +83,7 @@ def weigh(upstream: HttpServer, logs: LogDir, path: str, options: argparse.Names
         spin = {SPIN_VARIABLE: f"{point}:{options.us}"}
         arms = {THIS: Arm("probe-spin", path, spin), OTHER: Arm("probe-control", path)}
         results = both_orders(upstream, logs, arms, options)
-        spun, control = (median([batch.throughput for batch, _, _ in results[arm]]) for arm in (THIS, OTHER))
+        spun, control = (median(throughputs(results, arm)) for arm in (THIS, OTHER))
         gained = 1 / spun - 1 / control  # seconds a call took longer
         print(f"| {point} | {spun / control:.3f}x | {gained / (options.us / 1e6):.2f} |")
     return 0

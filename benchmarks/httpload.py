@@ -32,6 +32,8 @@ class Batch:
     latencies: list[float] = field(default_factory=list)  # seconds, every call
     client_cpu: float = 0.0  # seconds of this process's CPU time while the calls ran
     middle_cpu: float | None = None  # seconds of CPU time of the process between client and server, if timed
+    upstream_cpu: float | None = None  # seconds of CPU time of the server behind it all, if timed
+    upstream_waits: int | None = None  # how often that server's event loop waited for work (`procs.waits`)
 
     @property
     def calls(self) -> int:

@@ -86,6 +86,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def waits(pid: int) -> int:
+    """How often `pid`'s main thread has waited for something to do (its voluntary context switches:
+    an event loop's waits for I/O)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            key, _, rest = line.partition(":")
+            if key == "voluntary_ctxt_switches":
+                return int(rest)
+    raise RuntimeError(f"/proc/{pid}/status counts no voluntary context switches")
+
+
 # The longest wait for a process to go quiet (the anthropic SDK's import takes 0.8-3.6 s).
 QUIET_TIMEOUT = 30.0
 

@@ -13,7 +13,11 @@
     sides below ASGI, with the least work per call a front of the proxy's own would do
     (benchmarks/servers/terminating_forwarder.py). (At 8 and 64 sessions their
     batches would load the direct arm's upstream more and slow the next batch.) The CPU time per
-    call of the process in the middle is recorded for the sidecar and each floor.
+    call of the process in the middle is recorded for the sidecar and each floor, and at one
+    session the upstream's CPU time and how often its event loop waited for work, per call, for
+    every arm: direct, the upstream is still busy with a call when the next one comes (it hardly
+    waits); through a proxy slow enough, it waits once a call and spends more CPU on each
+    (`benchmarks/README.md`, the thirty-fourth round).
 
 Load: 1, 8 and 64 concurrent client sessions, each calling `tools/call echo` one call at a time,
 for a fixed time per batch (benchmarks/httpload.py), from a lean raw-HTTP client
@@ -41,7 +45,7 @@ from benchmarks.httpservers import (
     terminating_forwarder,
 )
 from benchmarks.measure import DIRECT, PROXIED, median, percentile, turn_order
-from benchmarks.procs import cpu_seconds, raw_echo_command, sdk_server_command, wait_until_quiet
+from benchmarks.procs import cpu_seconds, raw_echo_command, sdk_server_command, wait_until_quiet, waits
 from benchmarks.report import Row, Target
 from benchmarks.scenarios import RunContext
 from mcp_backfill.cli import event_loop_options
@@ -69,12 +73,15 @@ async def measure(
     urls: dict[str, str],
     middles: dict[str, int],
     one_session: Sequence[str] = (),
+    upstreams: dict[str, int] | None = None,
 ) -> tuple[Results, dict[str, float]]:
     """Batches per concurrency and arm, and the seconds each arm took to open its sessions.
 
     `middles`: the pid of the process between client and server per arm, whose CPU time each batch
     records (the sidecar's is waited for first: its warm-up, started by its first session). The
-    arms in `one_session` run at one session only (a reference that must not add load elsewhere)."""
+    arms in `one_session` run at one session only (a reference that must not add load elsewhere).
+    `upstreams`: the pid of the server each arm reaches, whose CPU time and waits each one-session
+    batch records."""
     s = ctx.settings
     most = max(s.http_sessions)
     results: Results = {
@@ -95,22 +102,63 @@ async def measure(
             for sessions, arms in results.items():
                 for arm in turn_order(index, list(arms)):
                     middle = middles.get(arm)
+                    server = (upstreams or {}).get(arm) if sessions == 1 else None
                     before = cpu_seconds(middle) if middle is not None else 0.0
+                    server_before = (cpu_seconds(server), waits(server)) if server is not None else None
                     batch = await run_batch(pools[arm][:sessions], s.http_batch_seconds)
                     if middle is not None:
                         batch.middle_cpu = cpu_seconds(middle) - before
+                    if server is not None and server_before is not None:
+                        batch.upstream_cpu = cpu_seconds(server) - server_before[0]
+                        batch.upstream_waits = waits(server) - server_before[1]
                     arms[arm].append(batch)
     return results, opening
 
 
 def _measure(
-    ctx: RunContext, urls: dict[str, str], middles: dict[str, int], one_session: Sequence[str] = ()
+    ctx: RunContext,
+    urls: dict[str, str],
+    middles: dict[str, int],
+    one_session: Sequence[str] = (),
+    upstreams: dict[str, int] | None = None,
 ) -> tuple[Results, dict[str, float]]:
-    return anyio.run(measure, ctx, urls, middles, one_session, backend_options=event_loop_options())
+    return anyio.run(
+        measure, ctx, urls, middles, one_session, upstreams, backend_options=event_loop_options()
+    )
+
+
+def _per_call(batches: Sequence[Batch], figure: Callable[[Batch], float | None]) -> float:
+    return sum(figure(b) or 0.0 for b in batches) / max(sum(b.calls for b in batches), 1)
 
 
 def _cpu_per_call_us(batches: Sequence[Batch], cpu: Callable[[Batch], float | None]) -> float:
-    return sum(cpu(b) or 0.0 for b in batches) / max(sum(b.calls for b in batches), 1) * 1e6
+    return _per_call(batches, cpu) * 1e6
+
+
+def _upstream_timed(batches: Sequence[Batch]) -> bool:
+    return bool(batches) and all(b.upstream_waits is not None for b in batches)
+
+
+def _upstream_rows(number: str, name: str, arms: dict[str, list[Batch]], counts: dict[str, Any]) -> list[Row]:
+    """The upstream's CPU time and waits per call, direct and through the sidecar (one session)."""
+    if not (_upstream_timed(arms.get(DIRECT, [])) and _upstream_timed(arms.get(PROXIED, []))):
+        return []
+    figures: dict[str, tuple[str, Callable[[Batch], float | None]]] = {
+        "the upstream's CPU time per call": ("µs", lambda b: (b.upstream_cpu or 0.0) * 1e6),
+        "the upstream's waits for work per call": ("waits", lambda b: b.upstream_waits),
+    }
+    return [
+        Row(
+            number,
+            name.format(what=what),
+            unit,
+            _per_call(arms[DIRECT], f),
+            _per_call(arms[PROXIED], f),
+            None,
+            counts,
+        )
+        for what, (unit, f) in figures.items()
+    ]
 
 
 def rows(
@@ -139,6 +187,16 @@ def rows(
                 if all(b.middle_cpu is not None for b in batches)  # timed, even when 0 (10 ms ticks)
             },
         }
+        upstream_timed = {arm: batches for arm, batches in arms.items() if _upstream_timed(batches)}
+        if upstream_timed:
+            counts["upstream_cpu_us_per_call"] = {
+                arm: round(_cpu_per_call_us(batches, lambda b: b.upstream_cpu), 1)
+                for arm, batches in upstream_timed.items()
+            }
+            counts["upstream_waits_per_call"] = {
+                arm: round(_per_call(batches, lambda b: b.upstream_waits), 3)
+                for arm, batches in upstream_timed.items()
+            }
         name = f"{sessions} session{'s' if sessions > 1 else ''}, {label}"
         for arm, what in {PROXIED: "throughput", **FLOORS}.items():
             row_target = target if arm == PROXIED else None
@@ -154,6 +212,7 @@ def rows(
                         counts,
                     )
                 )
+        out += _upstream_rows(number, name, arms, counts)
         for q in (50, 99):
             out.append(
                 Row(
@@ -203,7 +262,9 @@ def run_http(ctx: RunContext) -> list[Row]:
         ready(*servers.values())
         urls = {DIRECT: direct.url} | {arm: server.url for arm, server in servers.items()}
         middles = {arm: server.pid for arm, server in servers.items()}
-        results, opening = _measure(ctx, urls, middles, one_session=list(floors))
+        # The floors forward to the direct arm's server; batches take turns, so each is timed alone.
+        upstreams = {arm: direct.pid for arm in urls} | {PROXIED: behind.pid}
+        results, opening = _measure(ctx, urls, middles, one_session=list(floors), upstreams=upstreams)
     detail = {
         "upstream": "SDK server (streamable HTTP, uvicorn)",
         "session_opening_s": {arm: round(seconds, 2) for arm, seconds in opening.items()},

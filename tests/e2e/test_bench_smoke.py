@@ -66,6 +66,8 @@ HTTP_TITLES = {
     ("3b", "1 session, HTTP upstream: throughput via a forwarder that parses HTTP and decodes each message"),
     ("3b", "1 session, HTTP upstream: throughput via uvicorn and a bare ASGI forwarder"),
     ("3b", "1 session, HTTP upstream: throughput via a front that ends HTTP on both sides, below ASGI"),
+    ("3b", "1 session, HTTP upstream: the upstream's CPU time per call"),
+    ("3b", "1 session, HTTP upstream: the upstream's waits for work per call"),
     ("5", "longest ping round trip in the 1.5 s after the handshake: warm-up on (direct: --no-warm-up)"),
 }
 # The stdio floors: the same figure through a bare byte forwarder, next to the targeted rows.
@@ -139,13 +141,22 @@ def test_quick_benchmark_run_writes_a_complete_table(tmp_path: Path) -> None:
         if row["scenario"] in ("3a", "3b"):
             # Both arms were measured at every concurrency, and every call was checked.
             assert row["direct"] is not None, row
-            assert row["direct"] > 0, row
-            assert row["proxied"] > 0, row
+            if row["unit"] == "waits":  # the upstream may not have waited at all in a short batch
+                assert row["direct"] >= 0, row
+                assert row["proxied"] >= 0, row
+            else:
+                assert row["direct"] > 0, row
+                assert row["proxied"] > 0, row
             assert all(calls > 0 for calls in row["detail"]["calls"].values()), row
             # The CPU time of the process in the middle, for the sidecar and each floor.
             assert row["detail"]["middle_cpu_us_per_call"].keys() == row["detail"]["calls"].keys() - {
                 "direct"
             }
+        if row["scenario"] == "3b" and row["title"].startswith("1 session,"):
+            # And, at one session, the upstream's CPU time and waits behind every arm.
+            for figure in ("upstream_cpu_us_per_call", "upstream_waits_per_call"):
+                assert row["detail"][figure].keys() == row["detail"]["calls"].keys(), row
+            assert all(cpu > 0 for cpu in row["detail"]["upstream_cpu_us_per_call"].values()), row
         if row["scenario"] == "8" and row["unit"] == "calls/s":
             # The smoke run too has every client connected at once, each making its timed calls.
             assert row["detail"]["connected"] == 1000, row
@@ -160,7 +171,10 @@ def test_quick_benchmark_run_writes_a_complete_table(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_two_trees_are_compared_batch_by_batch(tmp_path: Path) -> None:
     """`benchmarks.compare_trees`: both sidecars served calls, and every figure is there."""
-    argv = [sys.executable, "-m", "benchmarks.compare_trees", "src", "--rounds", "2", "--seconds", "0.3"]
+    argv = [
+        *(sys.executable, "-m", "benchmarks.compare_trees", "src"),
+        *("--rounds", "3", "--pairs", "3", "--seconds", "0.3"),
+    ]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-4000:]
     arms = re.findall(
@@ -173,6 +187,8 @@ def test_two_trees_are_compared_batch_by_batch(tmp_path: Path) -> None:
     for _, *figures in arms:
         assert all(float(figure) > 0 for figure in figures), done.stdout
     assert re.search(r"^this tree / other tree, throughput: \d+\.\d{3}x$", done.stdout, re.MULTILINE)
+    # Each pair of sidecars, started anew, is compared on its own too.
+    assert re.search(r"^each pair: \d+\.\d{3}x, \d+\.\d{3}x, \d+\.\d{3}x$", done.stdout, re.MULTILINE)
 
     refused = subprocess.run([*argv[:3], str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2
