@@ -104,13 +104,15 @@ async def measure(
                     middle = middles.get(arm)
                     server = (upstreams or {}).get(arm) if sessions == 1 else None
                     before = cpu_seconds(middle) if middle is not None else 0.0
-                    server_before = (cpu_seconds(server), waits(server)) if server is not None else None
+                    server_cpu, server_waits = (
+                        (cpu_seconds(server), waits(server)) if server is not None else (0.0, 0)
+                    )
                     batch = await run_batch(pools[arm][:sessions], s.http_batch_seconds)
                     if middle is not None:
                         batch.middle_cpu = cpu_seconds(middle) - before
-                    if server is not None and server_before is not None:
-                        batch.upstream_cpu = cpu_seconds(server) - server_before[0]
-                        batch.upstream_waits = waits(server) - server_before[1]
+                    if server is not None:
+                        batch.upstream_cpu = cpu_seconds(server) - server_cpu
+                        batch.upstream_waits = waits(server) - server_waits
                     arms[arm].append(batch)
     return results, opening
 
