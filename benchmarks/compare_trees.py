@@ -36,8 +36,8 @@ from mcp_backfill.cli import event_loop_options
 THIS, OTHER = "this tree", "other tree"
 
 
-# Per arm: batch, CPU s per call of the sidecar and of the upstream, and the pair it ran on.
-Results = dict[str, list[tuple[Batch, float, float, int]]]
+Measured = dict[str, list[tuple[Batch, float, float]]]  # per arm: batch, CPU s per call: sidecar, upstream
+Results = dict[str, list[tuple[Batch, float, float, int]]]  # the same, and the pair it ran on
 
 
 @dataclass(frozen=True)
@@ -53,10 +53,10 @@ def both_orders(
     upstream: HttpServer, logs: LogDir, arms: dict[str, Arm], options: argparse.Namespace
 ) -> Results:
     """Every arm's batches (`options.rounds` each, taking turns), from `options.pairs` pairs of
-    sidecars in front of `upstream` (two unless set), one after another, started in the order of
-    `arms` and the other by turns; the rounds are spread over the pairs."""
+    sidecars in front of `upstream`, one pair after another, started in the order of `arms` and the
+    other by turns; the rounds are spread over the pairs."""
     results: Results = {arm: [] for arm in arms}
-    pairs = max(getattr(options, "pairs", 2), 1)
+    pairs = max(options.pairs, 1)
     for pair in range(pairs):
         order = list(arms) if pair % 2 == 0 else list(arms)[::-1]
         with ExitStack() as started:
@@ -92,9 +92,9 @@ def throughputs(results: Results, arm: str, pair: int | None = None) -> list[flo
 
 async def _compare(
     urls: dict[str, str], pids: dict[str, int], upstream: int, rounds: int, options: argparse.Namespace
-) -> dict[str, list[tuple[Batch, float, float]]]:
+) -> Measured:
     """Every arm's batches, taking turns (`urls` in the order their sidecars were started)."""
-    results: dict[str, list[tuple[Batch, float, float]]] = {arm: [] for arm in urls}
+    results: Measured = {arm: [] for arm in urls}
     first, second = urls
     async with (
         session_pool(urls[first], options.sessions, 20) as (opened_first, _),

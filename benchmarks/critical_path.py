@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--us", type=float, default=50.0, help="weigh: µs of CPU spent per pass (default 50)")
     parser.add_argument("--rounds", type=int, default=8, help="weigh: batches per arm (default 8)")
     parser.add_argument(
+        "--pairs", type=int, default=2, help="weigh: pairs of sidecars started in turn (default 2)"
+    )
+    parser.add_argument(
         "--point", dest="points", action="append", choices=list(POINTS), help="weigh: a point (repeatable)"
     )
     options = parser.parse_args(argv)
