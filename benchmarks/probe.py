@@ -41,15 +41,16 @@ class Point:
 
 
 # In the order a tools/call passes them at one session (the sidecar's lane and early answers:
-# `sidecar/lane.py`, `transports/http_upstream/early.py`).
+# `sidecar/lane.py`, `transports/http_upstream/early.py`; the relay's books of an answer come after
+# the next request's POST: `relay/ahead.py`).
 POINTS = {
     "request in": Point("mcp_backfill.sidecar.connections", "_Guard.data_received"),
+    "upstream written": Point("asyncio.streams", "StreamWriter.write", after=True),
+    "relay routes it": Point("mcp_backfill.relay.relay", "Relay._upstream_sends"),
     "handed to the relay": Point("mcp_backfill.relay.relay", "Relay.from_client_now"),
     "relay takes it": Point("mcp_backfill.relay.relay", "Relay._client_sends"),
-    "upstream written": Point("asyncio.streams", "StreamWriter.write", after=True),
     "upstream read": Point("asyncio.streams", "StreamReader.feed_data"),
     "answer decoded": Point("mcp_backfill.transports.http_upstream.exchange", "ExchangeReader.take_early"),
-    "relay routes it": Point("mcp_backfill.relay.relay", "Relay._upstream_sends"),
     "answer written": Point("mcp_backfill.sidecar.lane", "LanePost._write", after=True),
     "response complete": Point(
         "uvicorn.protocols.http.httptools_impl", "HttpToolsProtocol.on_response_complete", after=True

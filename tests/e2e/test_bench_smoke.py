@@ -206,8 +206,9 @@ def test_the_sidecar_is_traced_point_by_point() -> None:
     assert 0 < int(counts[1]) <= int(counts[2]), done.stdout
     rows = re.findall(r"^\| ([a-z ]+) \| ([a-z ]+) \| ([\d.]+) \| (-?[\d.]+) \|$", done.stdout, re.MULTILINE)
     points = [start for start, *_ in rows]
-    # The call's way through the sidecar, in its order: in, upstream and back, out.
-    path = ["request in", "handed to the relay", "upstream written", "answer decoded", "relay routes it"]
+    # The call's way through the sidecar, in its order: in and upstream first, then the relay's books
+    # (of the last call's answer, then of this request), and back (`relay/ahead.py`).
+    path = ["request in", "upstream written", "relay routes it", "handed to the relay", "answer decoded"]
     assert [point for point in points if point in path] == path, done.stdout
     assert rows[-1][1] == "next request in", done.stdout
     assert all(float(wall) >= 0 for _, _, wall, _ in rows), done.stdout

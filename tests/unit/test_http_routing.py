@@ -6,6 +6,7 @@ import contextlib
 import gc
 import json
 import weakref
+from collections.abc import Callable
 from functools import partial
 from typing import Any, cast
 
@@ -120,6 +121,7 @@ class FirstLane:
         self.takes = takes
         self.fails = fails  # the call that raises
         self.told: list[tuple[Any, ...]] = []
+        self.ahead = False
         stream.lane = self
 
     def changed(self) -> None:
@@ -128,7 +130,17 @@ class FirstLane:
     def answer(self) -> None:
         self.told.append(("answer",))
 
+    def answer_ahead(self, message: bytes) -> Callable[[], None] | None:
+        if not self.takes:
+            return None
+        self.told.append(("ahead", json.loads(message), self.stream.empty))
+        self.ahead = True
+        return self.answered
+
     def answer_first(self, message: bytes) -> bool:
+        if self.ahead:
+            self.told.append(("first, written already",))
+            return True
         if self.fails == "answer_first":
             raise RuntimeError("the client's connection failed")
         self.told.append(("first", json.loads(message), self.stream.empty))
@@ -190,6 +202,49 @@ async def test_a_lane_failing_after_its_answer_does_not_stop_the_routing() -> No
     assert messages(stream) == [result(1)]
     assert stream.finished
     assert router.in_flight == 0
+
+
+async def test_an_answer_written_ahead_is_routed_later_as_any_other() -> None:
+    """`answer_ahead`: the lane writes the answer before the router has it; routing it later finds
+    it written (no second write), keeps it on the stream and tells the lane it is answered."""
+    router = SessionRouter(16)
+    stream = router.open_post([request(1)])
+    lane = FirstLane(stream)
+    done = router.answer_ahead(encode(result(1, n=1)), result(1, n=1))
+    assert done is not None
+    assert lane.told == [("ahead", result(1, n=1), True)]
+    assert not router.may_open(request(1))  # in flight until routed
+    assert router.route(encode(result(1, n=1))) is None
+    told = [told for told in lane.told[1:] if told != ("changed",)]  # (the real lane ignores it, over)
+    assert told == [("first, written already",), ("answered", [result(1, n=1)], True)]
+    assert router.in_flight == 0
+    assert router.may_open(request(1))
+
+
+@pytest.mark.parametrize("case", ["another message first", "no lane", "not waiting", "closed"])
+async def test_an_answer_is_written_ahead_only_as_its_streams_one_message(case: str) -> None:
+    router = SessionRouter(16)
+    stream = router.open_post([request(1)])
+    lane = FirstLane(stream, takes=case != "no lane")
+    answer = result(2) if case == "not waiting" else result(1)
+    if case == "another message first":
+        router.route(encode(notification("notifications/message", data="log")), related=1)
+    elif case == "closed":
+        router.close("the session ended")
+    assert router.answer_ahead(encode(answer), answer) is None
+    assert not any(told[0] == "ahead" for told in lane.told)
+
+
+def test_may_open_says_what_open_post_does() -> None:
+    router = SessionRouter(16)
+    for n in range(MAX_OPEN_POSTS - 1):
+        router.open_post([request(n)])
+    assert not router.may_open(request(0))  # in flight
+    assert router.may_open(request("last"))
+    router.open_post([request("last")])
+    assert not router.may_open(request("one more"))
+    with pytest.raises(TooManyPosts):
+        router.open_post([request("one more")])
 
 
 async def test_related_then_progress_token_then_single_request_then_get_stream() -> None:

@@ -37,6 +37,7 @@ from mcp_backfill.errors import MessageTooLarge
 from mcp_backfill.logs import get_logger
 from mcp_backfill.options import env_var, named
 from mcp_backfill.relay import input_required as ir
+from mcp_backfill.relay.ahead import Owed
 from mcp_backfill.relay.answering import Answerer
 from mcp_backfill.relay.approval import Approver
 from mcp_backfill.relay.capabilities import (
@@ -52,7 +53,7 @@ from mcp_backfill.relay.tasks import SamplingTasks
 from mcp_backfill.relay.tracing import RequestTraces
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.sampling.spend import SamplingSession
-from mcp_backfill.transports.base import MessageChannel, SendsAtOnce
+from mcp_backfill.transports.base import AnswersAhead, MessageChannel, PostsAhead, SendsAtOnce
 
 log = get_logger("relay")
 
@@ -145,6 +146,10 @@ class Relay:
             if isinstance(client, SendsAtOnce) and isinstance(upstream, SendsAtOnce)
             else None
         )
+        # The sides that write first and leave the books for after (`ahead.py`), and what is owed.
+        self._answers_ahead = client if self._at_once and isinstance(client, AnswersAhead) else None
+        self._posts_ahead = upstream if self._at_once and isinstance(upstream, PostsAhead) else None
+        self._owed = Owed(self.settle)
         self._warmed = not options.warm_up
         self._initialized = False  # the client has sent `initialize` (a second one begins a new session)
         sample, scope = self.answerer.sample, session.client if session is not None else ""
@@ -186,10 +191,12 @@ class Relay:
         again and not answered yet)? Between two POSTs such a request is in flight all the same."""
         return bool(self.state.driving)
 
-    def from_client_now(self, raw: bytes) -> bool:
+    def from_client_now(self, raw: bytes, *, ahead: bool = False) -> bool:
         """Relay a client message at once, outside the pump (from a read callback), when every send
-        it leads to can be made without waiting; False leaves it to the pump."""
-        sides = self._sides_now()
+        it leads to can be made without waiting; False leaves it to the pump. `ahead`: its POST
+        went out already (`post_ahead`), and it is relayed now whatever."""
+        self.settle()
+        sides = self._at_once if ahead else self._sides_now()
         if sides is None:
             return False
         for send in self._client_sends(raw):
@@ -206,12 +213,79 @@ class Relay:
 
     def from_upstream_now(self, raw: bytes, origin: Any = None) -> bool:
         """`from_client_now` for a message from the upstream (`origin`: see `_from_upstream`)."""
+        self.settle()
         sides = self._sides_now()
         if sides is None or self.answerer.hand.full:  # the pump waits for room first
             return False
         for send in self._upstream_sends(raw, origin):
             self._send_now(sides, send)
         return True
+
+    # -- written first, booked after (`ahead.py`) ----------------------------------------------
+
+    def post_ahead(self, raw: bytes, request: dict[str, Any]) -> bool:
+        """POST a lone client request (`request`, decoded; the relay takes it now) before the relay
+        keeps its books of it, when the relay forwards it as it came. The books follow in the same
+        callback, with `from_client_now(raw, ahead=True)`, which finds it written."""
+        upstream = self._posts_ahead
+        method = request["method"]
+        if (
+            upstream is None
+            or self.traces.enabled
+            or self._held
+            or method == protocol.INITIALIZE
+            or (method == protocol.DISCOVER and self.options.era == "handshake")
+            or ir.envelope(request.get("params")) is not None  # (a 2026-07-28 request: rewritten)
+        ):
+            return False
+        return upstream.post_ahead(raw, request)
+
+    def answer_ahead(self, raw: bytes, response: Any, origin: Any) -> bool:
+        """Have the client side write an upstream message (`response`, decoded) now, routed later
+        (`settle`), when it is the answer a client request is waiting for and the relay would hand
+        it on as it came. Asked only right after `takes_upstream_now`."""
+        self.settle()
+        client = self._answers_ahead
+        if (
+            client is None
+            or self.traces.enabled
+            or self._held
+            or len(raw) >= LARGE_MESSAGE
+            or not isinstance(response, dict)
+            or "method" in response
+            or "id" not in response
+        ):
+            return False
+        upstream_id = response["id"]
+        pending = self.state.client_requests.get(jsonrpc.id_key(upstream_id))
+        if (
+            pending is None
+            or pending.chain is not None
+            or pending.method == protocol.INITIALIZE
+            or not _same_id(upstream_id, pending.request_id)
+        ):
+            return False
+        done = client.answer_ahead(raw, response)
+        if done is None:
+            return False
+        self._owed.owe(raw, origin, done)
+        return True
+
+    def settle(self) -> None:
+        """Route the answer written ahead, if one is owed: before anything else the relay does, so
+        that it does everything in the order it came."""
+        if self._owed.answer is None:
+            return
+        owed = self._owed.take()
+        sides = self._at_once
+        if owed is None or sides is None:  # (`answer_ahead` owes one only with both sides at once)
+            return
+        raw, origin, done = owed
+        try:
+            for send in self._upstream_sends(raw, origin):
+                self._send_now(sides, send)
+        finally:
+            done()
 
     def crowded(self) -> bool:
         """Are several client requests waiting for their answers? (A pipe's writes may then go
@@ -222,6 +296,7 @@ class Relay:
         """Answer every client request still waiting for the upstream (or for the proxy) with an error
         (`rounds_reason`, if given, for those whose rounds the proxy drives); the session's trace
         spans still open end with it."""
+        self.settle()
         waiting = {jsonrpc.id_key(p.request_id): p for p in self.state.client_requests.values()}
         waiting.update(self.state.driving)
         driven = set(self.state.driving) if rounds_reason is not None else set()
@@ -255,6 +330,7 @@ class Relay:
             try:
                 raw, origin = await self.upstream.receive_with_origin()
             except anyio.EndOfStream:
+                self.settle()
                 return
             except MessageTooLarge as exc:
                 await self._too_large(exc, from_client=False)
@@ -356,6 +432,7 @@ class Relay:
     # -- client -> upstream ----------------------------------------------------------------------
 
     async def _from_client(self, raw: bytes) -> None:
+        self.settle()
         for send in self._client_sends(raw):
             await self._send(send)
 
@@ -558,6 +635,7 @@ class Relay:
 
     async def _from_upstream(self, raw: bytes, origin: Any = None) -> None:
         """`origin`: the upstream-side id of the request whose response stream carried `raw`."""
+        self.settle()
         for send in self._upstream_sends(raw, origin):
             await self._send(send)
 
@@ -907,6 +985,13 @@ class UpstreamAtOnce:
 
     def take(self, data: bytes, origin: Any) -> bool:
         if not self._relay.from_upstream_now(data, origin):
+            return False
+        if self._taken is not None:
+            self._taken()
+        return True
+
+    def answer_ahead(self, data: bytes, message: Any, origin: Any) -> bool:
+        if not self._relay.answer_ahead(data, message, origin):
             return False
         if self._taken is not None:
             self._taken()

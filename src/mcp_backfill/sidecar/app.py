@@ -182,6 +182,7 @@ class SidecarApp:
             await self._readyz(call)
         elif path == "/metrics" and call.method in ("GET", "HEAD"):
             if self.policy.reads_metrics(call.headers.get("authorization")):
+                self.handshake.sessions.settle()
                 data = self.metrics.render().encode()
                 await call.respond(200, data, prometheus.CONTENT_TYPE)
             else:

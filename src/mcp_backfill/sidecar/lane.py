@@ -107,15 +107,28 @@ class Lane:
         relay = session.relay
         if relay is None or not (session.channel.idle and relay.takes_client_now()):
             return False  # messages before it are still on their way, in order
+        router = session.router
+        # The POST upstream first, when the relay forwards the request as it is: the relay's books
+        # of the last answer, still owed (`Relay.answer_ahead`), the stream's and this request's come
+        # after it, while the upstream works (`benchmarks/README.md`, the thirty-fifth round).
         try:
-            stream = session.router.open_post([message])
-        except (TooManyPosts, DuplicateRequestId):
-            return False  # the app refuses it
-        # The POST upstream first: what follows is bookkeeping no answer needs before this callback
-        # returns, and the upstream works meanwhile (`LanePost.ready` looks for an answer the relay
-        # gave at once, as to `server/discover`). Whatever happens, the stream has its keeper.
+            ahead = router.may_open(message) and relay.post_ahead(body, message)
+        except Exception:  # a bug here must cost the POST written first, not the request
+            log.exception("posting a request ahead failed; the relay posts it")
+            ahead = False  # (had it gone out, the relay's send of it finds it: `claim_ahead`)
+        relay.settle()
+        if ahead:
+            stream = router.open_post([message])  # (`may_open` said it would, and settling only closes)
+        else:
+            try:
+                stream = router.open_post([message])
+            except (TooManyPosts, DuplicateRequestId):
+                return False  # the app refuses it
+        # What follows is bookkeeping no answer needs before this callback returns, and the upstream
+        # works meanwhile (`LanePost.ready` looks for an answer the relay gave at once, as to
+        # `server/discover`). Whatever happens, the stream has its keeper.
         try:
-            if relay.from_client_now(body):
+            if relay.from_client_now(body, ahead=ahead):
                 session.channel.took()
             else:  # (it said it would take it) the relay's task takes it, as the app hands it over
                 session.deliver_now(body)
@@ -154,7 +167,7 @@ class Lane:
         identity, session_id = verdict
         if len(body) > app.handshake.settings.max_body:
             return None
-        session = app.handshake.sessions.get(session_id)
+        session = app.handshake.sessions.peek(session_id)
         if session is None or session.identity != identity or session.router.closed:
             return None
         try:
@@ -266,6 +279,8 @@ class LanePost:
         self._ready = False  # the request is on its way: an answer may be written
         self._looking = False  # a look is due (`changed`)
         self._over = False
+        self._ahead = False  # its answer was written before the router had it (`answer_ahead`)
+        self._booked = False  # `answered` did its work
         session.took_request()
         app.lane_began()
         stream.lane = self
@@ -307,10 +322,23 @@ class LanePost:
         at once, so that the router's and the lane's bookkeeping (`answered`) comes after the client's
         answer, not before it (a call's every step before it is on the call's path: `benchmarks/
         README.md`, the thirty-second round)."""
+        if self._ahead:
+            return True  # written already (`answer_ahead`)
         if self._over or not self._ready:
             return False
         self._write(message)
         return True
+
+    def answer_ahead(self, message: bytes) -> Callable[[], None] | None:
+        """`LaneWatch.answer_ahead`: the answer written, and the connection's books kept (it may
+        read the client's next request); the session's wait for the router (`answered`)."""
+        if self._over or not self._ready:
+            return None
+        self._ahead = True
+        self._write(message)
+        self._stream.lane = self  # (`_end` let go of it) the router's routing of it comes to `answered`
+        self._connection_answered()
+        return self.answered
 
     def _respond(self, answer: bytes) -> None:
         self._write(answer)
@@ -325,12 +353,22 @@ class LanePost:
         connection.transport.write(head + answer)  # first: the rest waits for nobody
 
     def answered(self) -> None:
-        stream, cycle, connection = self._stream, self._cycle, self._connection
+        """The answer written is the stream's: the session's books, then the connection's (once)."""
+        if self._booked:
+            return
+        self._booked = True
+        stream = self._stream
+        stream.lane = None
         stream.handed_out(1)
         stream.answered_as_json = True
         self._session.router.forget(stream)
         self._let_go()
         self._app.lane_ended("200")
+        if not self._ahead:
+            self._connection_answered()
+
+    def _connection_answered(self) -> None:
+        cycle, connection = self._cycle, self._connection
         if cycle is not None:
             cycle.response_complete = True
             if not cycle.keep_alive:

@@ -27,7 +27,7 @@ from mcp_backfill.logs import get_logger
 from mcp_backfill.options import named
 from mcp_backfill.relay import Relay, UpstreamAtOnce
 from mcp_backfill.sidecar.upstreams import UPSTREAM_START_FAILED, UpstreamFactory, UpstreamRequest
-from mcp_backfill.transports.base import MessageChannel, SendsAtOnce
+from mcp_backfill.transports.base import MessageChannel, PostsAhead, SendsAtOnce
 from mcp_backfill.transports.deadlines import CLOCK_RESOLUTION
 from mcp_backfill.transports.http_server import INBOX_SIZE, SessionChannel, SessionRouter
 from mcp_backfill.transports.http_upstream import HttpUpstream
@@ -86,7 +86,17 @@ class CountingAtOnce(CountingChannel):
         self._count(self._sent)
 
 
+class CountingAhead(CountingAtOnce):
+    """A `CountingAtOnce` around a channel that also `PostsAhead` (counted as its `send_now`)."""
+
+    def __init__(self, inner: PostsAhead, count: CountMessage, received: str, sent: str) -> None:
+        super().__init__(inner, count, received, sent)  # type: ignore[arg-type]
+        self.post_ahead: Callable[[bytes, dict[str, Any]], bool] = inner.post_ahead
+
+
 def counting(upstream: MessageChannel, count: CountMessage) -> CountingChannel:
+    if isinstance(upstream, PostsAhead):
+        return CountingAhead(upstream, count, "from_upstream", "to_upstream")
     if isinstance(upstream, SendsAtOnce):
         return CountingAtOnce(upstream, count, "from_upstream", "to_upstream")
     return CountingChannel(upstream, count, "from_upstream", "to_upstream")
@@ -371,6 +381,20 @@ class SessionTable:
         return list(self._sessions.values())
 
     def get(self, session_id: str) -> HttpSession | None:
+        """The session, its relay's books of every message it has relayed kept (`Relay.settle`)."""
+        session = self._sessions.get(session_id)
+        if session is not None and session.relay is not None:
+            session.relay.settle()
+        return session
+
+    def settle(self) -> None:
+        """Every session's relay's books kept (`Relay.settle`): what is counted is all relayed."""
+        for session in self._sessions.values():
+            if session.relay is not None:
+                session.relay.settle()
+
+    def peek(self, session_id: str) -> HttpSession | None:
+        """`get`, for the lane: it posts a request ahead of those books (`lane.py`)."""
         return self._sessions.get(session_id)
 
     async def room(self) -> bool:

@@ -6,6 +6,7 @@ that a message the relay does not modify is forwarded exactly as it arrived.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -37,6 +38,30 @@ class SendsAtOnce(Protocol):
     def can_send_now(self) -> bool: ...
 
     def send_now(self, message: bytes, related: Any = None) -> None: ...
+
+
+@runtime_checkable
+class PostsAhead(Protocol):
+    """An upstream channel that can write a request's POST before the relay has kept its books for
+    it (`Relay.post_ahead`): the relay's `send_now` of the same bytes, which must follow before the
+    callback returns, then finds it written."""
+
+    def post_ahead(self, message: bytes, request: dict[str, Any]) -> bool:
+        """Write the POST of `message` (`request`, decoded) now; False: nothing was written."""
+        ...
+
+
+@runtime_checkable
+class AnswersAhead(Protocol):
+    """A client channel that can write a request's one answer before the relay has routed it
+    (`Relay.answer_ahead`): the relay's `send_now` of the same bytes follows, later, and then
+    only keeps the books."""
+
+    def answer_ahead(self, message: bytes, response: dict[str, Any]) -> Callable[[], None] | None:
+        """Write `message` (`response`, decoded) to its client now when it is the one answer of a
+        request being answered so; the hook returned is called once the relay has routed it (it
+        finishes the answer's books if routing could not). None: nothing was written."""
+        ...
 
 
 # How often an upstream's stop looks whether what is in flight elsewhere has finished (polled: the

@@ -60,6 +60,12 @@ class LaneWatch(Protocol):
         """The stream has kept the message `answer_first` wrote: the lane's work after it."""
         ...
 
+    def answer_ahead(self, message: bytes) -> Callable[[], None] | None:
+        """`answer_first` before the message is routed at all: `answer_first` then finds it written.
+        The hook returned does `answered`'s work, if routing the message did not (the session
+        ended first); None: not now."""
+        ...
+
 
 def sse_event(data: bytes, event_id: str | None = None) -> bytes:
     """One `message` event. Raw newlines in a JSON text are whitespace, so they may split `data:` lines."""

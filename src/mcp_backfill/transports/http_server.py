@@ -64,7 +64,11 @@ class PostStream:
 
 
 class SessionRouter:
-    """Which SSE stream each server message goes to; see the module docstring."""
+    """Which SSE stream each server message goes to; see the module docstring.
+
+    Long because the streams opened, the requests in flight on them (by id and by progress token)
+    and the streams finished and kept for replay are one state, which every message routed, stream
+    opened and answer written ahead (`answer_ahead`) reads and changes together."""
 
     def __init__(
         self,
@@ -101,6 +105,11 @@ class SessionRouter:
         return self._streams.get(key)
 
     # -- client -> upstream ----------------------------------------------------------------------
+
+    def may_open(self, request: dict[str, Any]) -> bool:
+        """Would `open_post([request])` open a stream now? (Routing answers only closes streams: it
+        still would after that.)"""
+        return len(self._posts) < MAX_OPEN_POSTS and jsonrpc.id_key(request["id"]) not in self._requests
 
     def open_post(self, requests: list[dict[str, Any]], batch: bool = False) -> EventStream:
         """A stream for a POST carrying these requests (`batch`: in a JSON array, as several requests
@@ -177,6 +186,14 @@ class SessionRouter:
         target.append(raw)
         self.last_target = target
         return None
+
+    def answer_ahead(self, raw: bytes, response: dict[str, Any]) -> Callable[[], None] | None:
+        """`AnswersAhead`: `response` written by the lane of the stream it completes, which `route`
+        then finds written (`LaneWatch.answer_ahead`)."""
+        request = None if self.closed else self._requests.get(jsonrpc.id_key(response["id"]))
+        if request is None or request.stream.lane is None or not self._completes(request.stream):
+            return None
+        return request.stream.lane.answer_ahead(raw)
 
     def _reads_batches(self, answers: list[Any]) -> bool:
         """May an upstream array reach the client as one? Only at a revision that has batches, or
@@ -453,6 +470,10 @@ class SessionChannel(InboxChannel):
 
     def send_now(self, message: bytes, related: Any = None) -> None:
         self._route(message, related)  # (a handler waiting for a quick answer, woken, writes it)
+
+    def answer_ahead(self, message: bytes, response: dict[str, Any]) -> Callable[[], None] | None:
+        """`AnswersAhead`: see `SessionRouter.answer_ahead`."""
+        return self.router.answer_ahead(message, response)
 
     async def send(self, message: bytes, related: Any = None) -> None:
         answer_now = self._route(message, related)

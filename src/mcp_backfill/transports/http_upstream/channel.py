@@ -157,6 +157,19 @@ class HttpUpstream:
         self._one_way += 1
         self._tg.start_soon(self._send_one_way, message, decoded)
 
+    def post_ahead(self, message: bytes, request: dict[str, Any]) -> bool:
+        """`PostsAhead`: a request of the handshake era's, other than `initialize`, is written at
+        once, as `send_now` would write it; `send_now` of the same bytes then begins its exchange."""
+        if (
+            self._ended
+            or self._one_way
+            or request.get("method") == protocol.INITIALIZE
+            or stateless_version(request) is not None
+            or HttpUpstream.exchanges_everywhere >= EAGER_WRITES_UP_TO
+        ):
+            return False
+        return self._handshake.post_ahead(message)
+
     async def _send_one_way(self, message: bytes, decoded: Any) -> None:
         try:
             await self._post_one_way(message, decoded)
@@ -321,8 +334,10 @@ class HttpUpstream:
             self._exchanges[key] = exchange
         self._active += 1
         HttpUpstream.exchanges_everywhere += 1
-        if HttpUpstream.exchanges_everywhere <= EAGER_WRITES_UP_TO:
-            exchange.leg.write_now(body, exchange)
+        ahead = self._reader.claim_ahead(body, exchange)  # written already (`post_ahead`)
+        if ahead or HttpUpstream.exchanges_everywhere <= EAGER_WRITES_UP_TO:
+            if not ahead:
+                exchange.leg.write_now(body, exchange)
             written, taker = exchange.written, self._taker
             if (
                 written is not None
@@ -478,6 +493,9 @@ class _AfterTheInbox:
         if not self._taker.take(data, origin):  # (it said it was ready) the relay's task takes it
             self._inbox.send_nowait((data, origin))
         return True
+
+    def answer_ahead(self, data: bytes, message: Any, origin: Any) -> bool:
+        return self._taker.answer_ahead(data, message, origin)  # (asked right after `ready`)
 
 
 def _is_request(item: Any) -> bool:

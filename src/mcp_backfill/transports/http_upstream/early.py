@@ -51,6 +51,10 @@ class AtOnce(Protocol):
     def take(self, data: bytes, origin: Any) -> bool:
         """True when taken (False: it was not ready after all; the message goes its usual way)."""
 
+    def answer_ahead(self, data: bytes, message: Any, origin: Any) -> bool:
+        """`take`, when the message (`message`, decoded) is the answer its client is waiting for:
+        written to the client now, taken later (`Relay.answer_ahead`); False: nothing was done."""
+
 
 class Hooks(Protocol):
     """What an `EarlyAnswer` tells its exchange."""

@@ -197,6 +197,8 @@ class ExchangeReader:
         # Called with an exchange an answer on another stream left owing nothing (see `settle`).
         self.answered_elsewhere: Callable[[PostExchange], None] = lambda exchange: None
         self._redact = Redactor(settings.secrets).redact
+        # A request's POST written before its exchange began (`post_ahead`): its body, and it.
+        self._ahead: tuple[bytes, WrittenPost] | None = None
 
     def post_headers(self) -> dict[str, str]:
         """Headers every POST starts from: the configured ones, then `accept` and `content-type`."""
@@ -237,6 +239,33 @@ class ExchangeReader:
         # the relay's task, which calls this, must go on.
         with contextlib.suppress(Exception):
             exchange.written = write_message_now(self.http, self.url, body, headers)
+
+    def post_ahead(self, body: bytes, headers: dict[str, str]) -> bool:
+        """`write_now` before the exchange is begun (`HttpUpstream.post_ahead`): the exchange begun
+        next, for the same body, before the callback returns, takes it (`claim_ahead`)."""
+        if self._ahead is not None:
+            return False
+        try:
+            written = write_message_now(self.http, self.url, body, headers)
+        except Exception:  # as in `write_now`: the exchange's task meets it, and fails the request
+            return False
+        if written is None:
+            return False
+        self._ahead = (body, written)
+        return True
+
+    def claim_ahead(self, body: bytes, exchange: PostExchange) -> bool:
+        """Give `exchange` the POST `post_ahead` wrote for its body, if it did."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return False
+        if ahead[0] == body:
+            exchange.written = ahead[1]
+            return True
+        # (Cannot be: the relay posts ahead only what it then sends as it is, at once.)
+        log.error("a POST written ahead was not the next one begun; its answer is not read")
+        ahead[1].discard()
+        return False
 
     def discard_written(self, exchange: PostExchange) -> None:
         written, exchange.written = exchange.written, None
@@ -416,7 +445,8 @@ class ExchangeReader:
             return False  # named by the task
         self._passes(exchange, message, False)
         exchange.early += 1
-        taker.take(data, exchange.origin)
+        if not taker.answer_ahead(data, message, exchange.origin):
+            taker.take(data, exchange.origin)
         return True
 
     def settle(self, message: Any) -> None:

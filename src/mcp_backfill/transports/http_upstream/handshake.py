@@ -69,6 +69,10 @@ class HandshakeLeg:
         if exchange.method != protocol.INITIALIZE and not self.expired:  # else `carry` has work first
             self._reader.write_now(body, self._post_headers(initialize=False), exchange)
 
+    def post_ahead(self, body: bytes) -> bool:
+        """`write_now` for a request (no `initialize`) before its exchange is begun."""
+        return not self.expired and self._reader.post_ahead(body, self._post_headers(initialize=False))
+
     async def carry(self, body: bytes, exchange: PostExchange) -> None:
         initialize = exchange.method == protocol.INITIALIZE
         if initialize:
