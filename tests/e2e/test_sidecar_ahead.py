@@ -14,8 +14,8 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.e2e.test_sidecar_lane import chatty_session, posts_counted, raw_post, tool_call
-from tests.sidecar_harness import HTTP_TIMEOUT, Sidecar
+from tests.e2e.test_sidecar_lane import chatty_session, json_answer, posts_counted, raw_post, tool_call
+from tests.sidecar_harness import Sidecar
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -27,12 +27,7 @@ async def lane_calls(sidecar: Sidecar, session: str, calls: list[tuple[int, dict
     async with await anyio.connect_tcp("127.0.0.1", sidecar.port) as stream:
         for request_id, arguments in calls:
             await stream.send(raw_post(sidecar, session, tool_call(request_id, "sleep", arguments)))
-            received = b""
-            with anyio.fail_after(HTTP_TIMEOUT):
-                while b"\r\n\r\n" not in received or not received.endswith(b"}"):
-                    received += await stream.receive()
-            head, _, body = received.partition(b"\r\n\r\n")
-            assert head.startswith(b"HTTP/1.1 200 OK"), received
+            _, body = await json_answer(stream)
             answer = json.loads(body)
             answers.append((answer["id"], json.loads(answer["result"]["content"][0]["text"])))
     return answers

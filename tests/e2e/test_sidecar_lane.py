@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import anyio.abc
 import httpx2
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
@@ -173,6 +174,17 @@ async def raw_exchange(
                 except anyio.EndOfStream:
                     break
         return received
+
+
+async def json_answer(stream: anyio.abc.ByteStream) -> tuple[bytes, bytes]:
+    """The head and body of the next answer on `stream`, a JSON one (the lane's), read whole."""
+    received = b""
+    with anyio.fail_after(HTTP_TIMEOUT):
+        while b"\r\n\r\n" not in received or not received.endswith(b"}"):
+            received += await stream.receive()
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK"), received
+    return head, body
 
 
 def raw_post(

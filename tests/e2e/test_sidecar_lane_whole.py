@@ -14,7 +14,14 @@ import re
 import anyio
 import pytest
 
-from tests.e2e.test_sidecar_lane import chatty_session, posts_counted, raw_post, request, tool_call
+from tests.e2e.test_sidecar_lane import (
+    chatty_session,
+    json_answer,
+    posts_counted,
+    raw_post,
+    request,
+    tool_call,
+)
 from tests.sidecar_harness import HTTP_TIMEOUT, Sidecar
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -60,12 +67,7 @@ async def test_requests_read_whole_are_answered_and_counted_as_the_app_answers_t
         async with await anyio.connect_tcp("127.0.0.1", sidecar.port) as stream:
             for n in range(2, 12):
                 await stream.send(raw_post(sidecar, session, tool_call(n, "pid", {})))
-                received = b""
-                with anyio.fail_after(HTTP_TIMEOUT):
-                    while b"\r\n\r\n" not in received or not received.endswith(b"}"):
-                        received += await stream.receive()
-                head, _, body = received.partition(b"\r\n\r\n")
-                assert head.startswith(b"HTTP/1.1 200 OK"), received
+                head, body = await json_answer(stream)
                 assert f"mcp-session-id: {session}".encode() in head, head
                 assert f"content-length: {len(body)}".encode() in head, head
                 assert json.loads(body)["id"] == n

@@ -20,7 +20,10 @@ Routing a message is synchronous work that ends in a list of sends (`_Send`); on
 So when both sides can also send without waiting (`SendsAtOnce`: the stdio pipes), a message can be
 relayed straight from the transport's read callback (`from_client_now`, `from_upstream_now`),
 without a task switch per message; otherwise, or when a send would have to wait, the pump tasks
-relay it, as they relay everything else.
+relay it, as they relay everything else. A side that can also write a message before the relay has
+kept its books of it (`PostsAhead`, `AnswersAhead`: the sidecar's lane and its HTTP upstream) is
+let do so for one the relay forwards as it came (`post_ahead`, `answer_ahead`); the books of an
+answer written so are kept before anything else the relay does (`settle`, `ahead.py`).
 """
 
 from __future__ import annotations

@@ -10,12 +10,16 @@ that is one whole request, on a connection with nothing in flight, before uvicor
 `LanePost.adopt`), and any other as uvicorn has read it (`take`). The lane takes a POST that names
 a live session of the handshake era, carries one JSON-RPC request other than `initialize`, and
 passes every check the ASGI app would make (Host, no Origin, the bearer token, Accept,
-Content-Type, the size, the protocol version, the session's owner); it then opens the request's
-stream in the session's router and hands the body to the relay at once (`Relay.from_client_now`),
-which writes its POST upstream. When the stream's answer is complete, the lane writes it to the
-connection as JSON, from whichever callback completed it (most often the upstream connection's:
-`transports/http_upstream/early.py`); an answer that is the stream's one message is written as the
-router is handed it, before the router and the lane keep their books (`answer_first`).
+Content-Type, the size, the protocol version, the session's owner); it then has its POST written
+upstream at once, when the relay forwards it as it came (`Relay.post_ahead`), and only then opens
+the request's stream in the session's router and hands the body to the relay
+(`Relay.from_client_now`), which writes the POST itself if it was not written yet. When the stream's
+answer is complete, the lane writes it to the connection as JSON, from whichever callback completed
+it (most often the upstream connection's: `transports/http_upstream/early.py`); an answer that is
+the stream's one message is written as the router is handed it, before the router and the lane
+keep their books (`answer_first`), or, when the relay hands it on as it came, before the relay has
+routed it at all (`answer_ahead`: the relay routes it after the next request's POST,
+`relay/ahead.py`).
 
 Whatever is not that simple goes to the ASGI app as before, which does all the rest: a request the
 lane does not take (it is started as if the lane were not there), and a request it took whose answer
