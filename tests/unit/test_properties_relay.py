@@ -20,7 +20,9 @@ still waiting, and the invariants are checked:
 
 Both eras are driven (the handshake one after `initialize`, 2026-07-28 with its `input_required`
 rounds), with sampling held in flight across steps until the script releases it, over plain
-channels and over channels that relay from the transport's read callback (`SendsAtOnce`).
+channels, over channels that relay from the transport's read callback (`SendsAtOnce`), and over
+channels that also write first as the sidecar's lane does (`PostsAhead`, `AnswersAhead`: a request
+posted before the relay's books of it, an answer written before the relay routes it).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 
 import anyio
 import pytest
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -42,6 +45,7 @@ from mcp_backfill import assembly, jsonrpc, protocol
 from mcp_backfill.config import Config, Secret
 from mcp_backfill.providers.mock import MockProvider
 from mcp_backfill.relay import Relay
+from mcp_backfill.relay.ahead import AHEAD_SECONDS
 from mcp_backfill.relay.approval import APPROVAL_ID_PREFIX
 from mcp_backfill.sampling.sampler import Sampler
 from mcp_backfill.sampling.spend import Spend
@@ -81,6 +85,73 @@ class AtOnceChannel(MemoryChannel):
         self._outbox.send_nowait(message)
 
 
+class AheadChannel(AtOnceChannel):
+    """An `AtOnceChannel` that also writes first (`PostsAhead`, `AnswersAhead`), as the sidecar's HTTP
+    upstream and its lane do: a message written ahead goes out at once, and the relay's own send of
+    it, which follows, finds it written (`relay/ahead.py`)."""
+
+    def __init__(
+        self, inbox: MemoryObjectReceiveStream[bytes], outbox: MemoryObjectSendStream[bytes]
+    ) -> None:
+        super().__init__(inbox, outbox)
+        self.written: list[bytes] = []  # written ahead, not yet sent by the relay
+
+    def post_ahead(self, message: bytes, request: dict[str, Any]) -> bool:
+        return self._ahead(message)
+
+    def answer_ahead(self, message: bytes, response: dict[str, Any]) -> Callable[[], None] | None:
+        return (lambda: None) if self._ahead(message) else None
+
+    def _ahead(self, message: bytes) -> bool:
+        if not self.can_send_now():
+            return False
+        super().send_now(message)
+        self.written.append(message)
+        return True
+
+    def send_now(self, message: bytes, related: Any = None) -> None:
+        if self.written and self.written[0] == message:
+            del self.written[0]  # the relay's send of what went out already
+            return
+        assert not self.written, "the relay sent something else before what was written ahead"
+        super().send_now(message, related)
+
+    async def send(self, message: bytes, related: Any = None) -> None:
+        assert not self.written, "the relay's task sent while a message written ahead was owed"
+        await super().send(message, related)
+
+
+def _lane_takes(relay: Relay, raw: bytes) -> bool:
+    """What the sidecar's lane does with a client message the relay may take now: a lone request
+    is POSTed ahead when the relay says so, then the last answer's books, then the relay's."""
+    if not relay.takes_client_now():
+        return False
+    try:
+        message = jsonrpc.decode(raw)
+    except ValueError:
+        message = None
+    lone = (
+        isinstance(message, dict)
+        and isinstance(message.get("method"), str)
+        and type(message.get("id")) in (str, int)
+        and isinstance(message.get("params", {}), dict)
+    )
+    ahead = lone and relay.post_ahead(raw, message)
+    relay.settle()
+    return relay.from_client_now(raw, ahead=ahead)
+
+
+def _early_reader_takes(relay: Relay, raw: bytes) -> bool:
+    """What the HTTP upstream's early reader does with an upstream message (`take_early`)."""
+    if not relay.takes_upstream_now():
+        return False
+    try:
+        message = jsonrpc.decode(raw)
+    except ValueError:
+        return relay.from_upstream_now(raw)
+    return relay.answer_ahead(raw, message, None) or relay.from_upstream_now(raw)
+
+
 @dataclass
 class AtOncePeer(Peer):
     """The far end of an `AtOnceChannel`."""
@@ -100,10 +171,10 @@ class AtOncePeer(Peer):
         await self.to_relay.send(raw)
 
 
-def _at_once_pair() -> tuple[AtOnceChannel, AtOncePeer]:
+def _at_once_pair(ahead: bool) -> tuple[AtOnceChannel, AtOncePeer]:
     to_relay, relay_inbox = anyio.create_memory_object_stream[bytes](100)
     relay_outbox, from_relay = anyio.create_memory_object_stream[bytes](100)
-    channel = AtOnceChannel(relay_inbox, relay_outbox)
+    channel = (AheadChannel if ahead else AtOnceChannel)(relay_inbox, relay_outbox)
     return channel, AtOncePeer(to_relay, from_relay, channel)
 
 
@@ -132,14 +203,17 @@ class HeldProvider(MockProvider):
 
 
 @asynccontextmanager
-async def relayed_at_once(provider: MockProvider, **options: Any) -> AsyncIterator[Relayed]:
-    """`relayed`, over channels that relay from the peer's send when they can (`from_client_now`)."""
+async def relayed_at_once(
+    provider: MockProvider, ahead: bool = False, **options: Any
+) -> AsyncIterator[Relayed]:
+    """`relayed`, over channels that relay from the peer's send when they can (`from_client_now`);
+    `ahead`: and that write first, as the sidecar's lane does (`AheadChannel`)."""
     config = Config(upstream_command=("server",), provider="mock", **options)
     sampler = Sampler(
         provider, assembly.sampler_settings(config), spend=Spend(assembly.spend_settings(config))
     )
-    client_side, client = _at_once_pair()
-    upstream_side, server = _at_once_pair()
+    client_side, client = _at_once_pair(ahead)
+    upstream_side, server = _at_once_pair(ahead)
     relay = Relay(
         assembly.relay_options(config),
         sampler,
@@ -148,6 +222,9 @@ async def relayed_at_once(provider: MockProvider, **options: Any) -> AsyncIterat
         session=sampler.spend.new_session("t"),
     )
     client_side.handler, upstream_side.handler = relay.from_client_now, relay.from_upstream_now
+    if ahead:
+        client_side.handler = functools.partial(_lane_takes, relay)
+        upstream_side.handler = functools.partial(_early_reader_takes, relay)
 
     async def client_closed() -> None:
         await server.to_relay.aclose()
@@ -615,13 +692,14 @@ async def run_script(
     approve: str,
     *,
     handshake: bool = True,
-    at_once: bool = False,
+    at_once: bool | str = False,
     **options: Any,
 ) -> None:
+    """`at_once`: over channels that relay from the peer's send (True), and that also write first
+    ("ahead")."""
     provider = HeldProvider()
-    async with (relayed_at_once if at_once else relayed)(
-        provider, mode=mode, approve=approve, **options
-    ) as r:
+    channels = functools.partial(relayed_at_once, ahead=at_once == "ahead") if at_once else relayed
+    async with channels(provider, mode=mode, approve=approve, **options) as r:
         world = World(Side(r.client), Side(r.server), client_samples, mode, provider)
         async with anyio.create_task_group() as readers:
             readers.start_soon(_read_client, world)
@@ -644,6 +722,8 @@ async def run_script(
                 for request in list(world.client_got_requests):
                     await _answer_as_client(world, request, "result")
             await settle()
+            if at_once == "ahead":  # the books of the last answer written ahead, kept at their deadline
+                await anyio.sleep(2 * AHEAD_SECONDS)
             _check(world, r.relay)
             readers.cancel_scope.cancel()
 
@@ -967,13 +1047,15 @@ PROFILES = [
     ("fallback", False, "elicit", False),
     ("fallback", False, "never", True),
     ("fallback", True, "elicit", True),
+    ("fallback", False, "never", "ahead"),
+    ("always", True, "elicit", "ahead"),
 ]
 
 
 @pytest.mark.parametrize(("mode", "client_samples", "approve", "at_once"), PROFILES)
 @given(script=st.lists(steps, max_size=25))
 def test_the_relay_loses_and_duplicates_nothing_under_random_traffic(
-    script: list[tuple[Any, ...]], mode: str, client_samples: bool, approve: str, at_once: bool
+    script: list[tuple[Any, ...]], mode: str, client_samples: bool, approve: str, at_once: bool | str
 ) -> None:
     anyio.run(functools.partial(run_script, script, mode, client_samples, approve, at_once=at_once))
 
@@ -984,6 +1066,7 @@ PROFILES_2026 = [
     ("always", "never", False, False),
     ("fallback", "elicit", True, False),
     ("fallback", "elicit", False, True),
+    ("fallback", "never", "ahead", False),
 ]
 SEALING_KEY = Secret("a secret the replicas share, 32+ characters long")
 
@@ -991,7 +1074,7 @@ SEALING_KEY = Secret("a secret the replicas share, 32+ characters long")
 @pytest.mark.parametrize(("mode", "approve", "at_once", "sealed"), PROFILES_2026)
 @given(script=st.lists(steps_2026, max_size=25))
 def test_the_relay_loses_and_duplicates_nothing_under_random_2026_traffic(
-    script: list[tuple[Any, ...]], mode: str, approve: str, at_once: bool, sealed: bool
+    script: list[tuple[Any, ...]], mode: str, approve: str, at_once: bool | str, sealed: bool
 ) -> None:
     key = {"request_state_key": SEALING_KEY} if sealed else {}
     run = functools.partial(run_script, script, mode, False, approve, handshake=False, at_once=at_once, **key)
