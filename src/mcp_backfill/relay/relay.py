@@ -259,14 +259,7 @@ class Relay:
             or "id" not in response
         ):
             return False
-        upstream_id = response["id"]
-        pending = self.state.client_requests.get(jsonrpc.id_key(upstream_id))
-        if (
-            pending is None
-            or pending.chain is not None
-            or pending.method == protocol.INITIALIZE
-            or not _same_id(upstream_id, pending.request_id)
-        ):
+        if self._answered_as_it_came(response["id"]) is None:
             return False
         done = client.answer_ahead(raw, response)
         if done is None:
@@ -715,18 +708,29 @@ class Relay:
         found, upstream_id = jsonrpc.response_head_id(raw)
         if not found or self._head_may_mislead():
             return False
-        key = jsonrpc.id_key(upstream_id)
-        pending = self.state.client_requests.get(key)
-        if pending is None or pending.chain is not None or pending.method == protocol.INITIALIZE:
+        pending = self._answered_as_it_came(upstream_id)
+        if pending is None:
             return False
-        if key in self._held:
-            return False  # the proxy's answers to the rest of its batch go in the same array
-        if not _same_id(upstream_id, pending.request_id):
-            return False  # answered under an id equal to the client's but not the same (1 for 1.0)
-        del self.state.client_requests[key]
+        del self.state.client_requests[jsonrpc.id_key(upstream_id)]
         if self.traces.enabled:
             self.traces.answered({"id": pending.request_id}, by="server")
         return True
+
+    def _answered_as_it_came(self, upstream_id: Any) -> PendingRequest | None:
+        """The client request a response under `upstream_id` answers, when the relay hands that
+        response on untouched: no round or `initialize` of it to read, no proxy's answers to the rest
+        of its batch to go in the same array, and the client's own id (not `1` for `1.0`)."""
+        key = jsonrpc.id_key(upstream_id)
+        pending = self.state.client_requests.get(key)
+        if (
+            pending is None
+            or pending.chain is not None
+            or pending.method == protocol.INITIALIZE
+            or key in self._held
+            or not _same_id(upstream_id, pending.request_id)
+        ):
+            return None
+        return pending
 
     def _head_may_mislead(self) -> bool:
         """Could a response routed by the id at its head be read as another message, with a

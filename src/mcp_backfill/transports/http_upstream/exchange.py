@@ -234,25 +234,27 @@ class ExchangeReader:
         """Write the POST of `body` at once when an idle connection is there for it, so that it goes
         out from the relay's task as soon as the relay hands it on, not once the exchange's own task
         runs; `post` then reads its answer (`discard_written` when it never does)."""
-        # Whatever stops it (a header holding CR, LF or NUL, a connection in a state it did not
-        # expect) is left for `post`, in the exchange's own task, which fails the request with it;
-        # the relay's task, which calls this, must go on.
-        with contextlib.suppress(Exception):
-            exchange.written = write_message_now(self.http, self.url, body, headers)
+        exchange.written = self._written_now(body, headers)
 
     def post_ahead(self, body: bytes, headers: dict[str, str]) -> bool:
         """`write_now` before the exchange is begun (`HttpUpstream.post_ahead`): the exchange begun
         next, for the same body, before the callback returns, takes it (`claim_ahead`)."""
         if self._ahead is not None:
             return False
-        try:
-            written = write_message_now(self.http, self.url, body, headers)
-        except Exception:  # as in `write_now`: the exchange's task meets it, and fails the request
-            return False
+        written = self._written_now(body, headers)
         if written is None:
             return False
         self._ahead = (body, written)
         return True
+
+    def _written_now(self, body: bytes, headers: dict[str, str]) -> WrittenPost | None:
+        # Whatever stops it (a header holding CR, LF or NUL, a connection in a state it did not
+        # expect) is left for `post`, in the exchange's own task, which fails the request with it;
+        # the callback that writes it must go on.
+        try:
+            return write_message_now(self.http, self.url, body, headers)
+        except Exception:
+            return None
 
     def claim_ahead(self, body: bytes, exchange: PostExchange) -> bool:
         """Give `exchange` the POST `post_ahead` wrote for its body, if it did."""
