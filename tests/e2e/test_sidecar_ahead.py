@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 import anyio
+import anyio.abc
 import pytest
 
 from tests.e2e.test_sidecar_lane import chatty_session, json_answer, posts_counted, raw_post, tool_call
@@ -52,3 +53,53 @@ async def test_the_last_answers_books_are_kept_though_nothing_comes_after_it() -
         await anyio.sleep(1.5)
         late = await http.post(sidecar.url, json=tool_call(9, "pid", {}), headers=headers)
         assert late.status_code == 404, late.text
+
+
+KEEP_ALIVE = 5.0
+"""uvicorn's keep-alive timeout, which the sidecar keeps: it closes a connection idle that long."""
+
+
+async def answered_connection(sidecar: Sidecar, session: str) -> anyio.abc.SocketStream:
+    """A connection on which a few quick `tools/call`s, each written whole, were answered (ahead),
+    the last just now."""
+    stream = await anyio.connect_tcp("127.0.0.1", sidecar.port)
+    for request_id in range(1, 4):
+        await stream.send(raw_post(sidecar, session, tool_call(request_id, "sleep", {"seconds": 0})))
+        await json_answer(stream)
+    return stream
+
+
+async def test_a_stream_opened_before_the_last_answers_books_keeps_its_connection() -> None:
+    """The connection's books of an answer written ahead are kept once the relay has routed it,
+    which the next request on the connection may come before: a GET stream, whose session is
+    looked up (and the answer routed) after uvicorn began it. uvicorn's keep-alive timer, armed with
+    those books, would then close the stream `KEEP_ALIVE` seconds later; it is not armed."""
+    async with chatty_session() as (sidecar, _, session, _):
+        stream = await answered_connection(sidecar, session)
+        get = [
+            "GET /mcp HTTP/1.1",
+            f"Host: 127.0.0.1:{sidecar.port}",
+            "Accept: text/event-stream",
+            f"Mcp-Session-Id: {session}",
+        ]
+        received = b""
+        try:
+            await stream.send(("\r\n".join(get) + "\r\n\r\n").encode())
+            with anyio.move_on_after(KEEP_ALIVE + 1.5):
+                while True:
+                    received += await stream.receive()  # EndOfStream: closed under the stream
+        finally:
+            await stream.aclose()
+        assert received.startswith(b"HTTP/1.1 200 OK"), received
+
+
+async def test_a_connection_idle_after_an_answer_written_ahead_is_closed_as_any() -> None:
+    """Nothing follows the last answer on the connection: its books are kept all the same
+    (`AHEAD_SECONDS` after it), uvicorn's keep-alive timer with them, which closes it."""
+    async with chatty_session() as (sidecar, _, session, _):
+        stream = await answered_connection(sidecar, session)
+        try:
+            with anyio.fail_after(KEEP_ALIVE + 3), pytest.raises(anyio.EndOfStream):
+                await stream.receive()
+        finally:
+            await stream.aclose()

@@ -112,6 +112,7 @@ class _Guard:
     transport: asyncio.Transport
     loop: asyncio.AbstractEventLoop
     app: Any  # the application as uvicorn runs it
+    server_state: Any  # uvicorn's: the count of requests answered, among others
     timeout_keep_alive: int  # how long uvicorn keeps a connection open that sends nothing after an answer
     _unset_keepalive_if_required: Callable[[], None]  # cancels that timer
 
@@ -128,6 +129,7 @@ class _Guard:
     lane: Lane | None = None  # offered each request whose head and body came together (`lane.py`)
     lane_post: LanePost | None = None  # the request the lane is answering
     lane_verdict: tuple[list[tuple[bytes, bytes]], tuple[str, str] | None] | None = None  # `Lane._verdict`
+    requests_begun = 0  # requests read on it so far: whole by the lane, or by uvicorn's parser
     _lane_held: tuple[Any, Any] | None = None  # (cycle, app) of a request offered once its body is in
     _in_head = False  # uvicorn is starting a request whose head was just parsed
     _adopting = False  # uvicorn is reading a request the lane read whole itself (`adopt`)
@@ -149,10 +151,12 @@ class _Guard:
         if lane is not None:
             if self.lane_post is not None:
                 self.lane_post.adopt()  # uvicorn must know of a request the lane read itself first
-            elif self._between_requests() and lane.take_whole(self, data):
-                self._unset_keepalive_if_required()  # as uvicorn does when a request's bytes come
-                self._disarm()
-                return
+            elif self._between_requests():
+                self.requests_begun += 1  # (counted again by uvicorn's parser if the lane leaves it)
+                if lane.take_whole(self, data):
+                    self._unset_keepalive_if_required()  # as uvicorn does when a request's bytes come
+                    self._disarm()
+                    return
         waiting = self.cycle is None or self.cycle.response_complete
         draining = self._draining
         self._head_begun = False
@@ -191,6 +195,8 @@ class _Guard:
 
     # httptools' parser callbacks (uvicorn's h11 protocol has none: there `_request_done` stays True)
     def on_message_begin(self) -> None:
+        if not self._adopting:  # (one the lane read whole itself was counted then)
+            self.requests_begun += 1
         self._request_done = False
         self._body_seen = False
         self._head_open = self._head_begun = True
@@ -211,6 +217,17 @@ class _Guard:
             self._lane_held = None
             if self.lane is None or not self.lane.take(self, held[0]):
                 self._start_app(*held)
+
+    def answered_earlier(self, request: int) -> None:
+        """The books of the answer to the connection's request number `request` (`requests_begun`),
+        which the lane wrote before the relay routed it (`LanePost.answer_ahead`), kept once it has:
+        as `on_response_complete`, unless a request began on the connection since. Its own answer
+        keeps them then, and the keep-alive timer armed now would close the connection under it:
+        the answer is only counted."""
+        if request == self.requests_begun:
+            self.on_response_complete()
+        else:
+            self.server_state.total_requests += 1
 
     def _between_requests(self) -> bool:
         """Is the connection idle, its last request answered and nothing of another read yet?"""

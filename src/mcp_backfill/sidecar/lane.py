@@ -19,7 +19,8 @@ it (most often the upstream connection's: `transports/http_upstream/early.py`); 
 the stream's one message is written as the router is handed it, before the router and the lane
 keep their books (`answer_first`), or, when the relay hands it on as it came, before the relay has
 routed it at all (`answer_ahead`: the relay routes it after the next request's POST,
-`relay/ahead.py`).
+`relay/ahead.py`, and the connection's books of a request read whole wait for that too,
+`connections._Guard.answered_earlier`).
 
 Whatever is not that simple goes to the ASGI app as before, which does all the rest: a request the
 lane does not take (it is started as if the lane were not there), and a request it took whose answer
@@ -285,6 +286,8 @@ class LanePost:
         self._over = False
         self._ahead = False  # its answer was written before the router had it (`answer_ahead`)
         self._booked = False  # `answered` did its work
+        self._number = connection.requests_begun  # which of the connection's requests it is
+        self._connection_booked = False  # `_connection_answered` did its work
         session.took_request()
         app.lane_began()
         stream.lane = self
@@ -334,14 +337,16 @@ class LanePost:
         return True
 
     def answer_ahead(self, message: bytes) -> Callable[[], None] | None:
-        """`LaneWatch.answer_ahead`: the answer written, and the connection's books kept (it may
-        read the client's next request); the session's wait for the router (`answered`)."""
+        """`LaneWatch.answer_ahead`: the answer written; the rest waits for the router (`answered`),
+        the connection's books too when uvicorn knows nothing of the request (read whole by the lane,
+        `_Guard.answered_earlier`): the client's next request may be read before them."""
         if self._over or not self._ready:
             return None
         self._ahead = True
         self._write(message)
         self._stream.lane = self  # (`_end` let go of it) the router's routing of it comes to `answered`
-        self._connection_answered()
+        if self._cycle is not None:
+            self._connection_answered()  # uvicorn's cycle, whose end starts what it holds behind it
         return self.answered
 
     def _respond(self, answer: bytes) -> None:
@@ -368,11 +373,16 @@ class LanePost:
         self._session.router.forget(stream)
         self._let_go()
         self._app.lane_ended("200")
-        if not self._ahead:
-            self._connection_answered()
+        self._connection_answered()
 
     def _connection_answered(self) -> None:
+        if self._connection_booked:
+            return
+        self._connection_booked = True
         cycle, connection = self._cycle, self._connection
+        if cycle is None and self._ahead:
+            connection.answered_earlier(self._number)
+            return
         if cycle is not None:
             cycle.response_complete = True
             if not cycle.keep_alive:
