@@ -287,7 +287,6 @@ class LanePost:
         self._ahead = False  # its answer was written before the router had it (`answer_ahead`)
         self._booked = False  # `answered` did its work
         self._number = connection.requests_begun  # which of the connection's requests it is
-        self._connection_booked = False  # `_connection_answered` did its work
         session.took_request()
         app.lane_began()
         stream.lane = self
@@ -373,12 +372,10 @@ class LanePost:
         self._session.router.forget(stream)
         self._let_go()
         self._app.lane_ended("200")
-        self._connection_answered()
+        if not self._ahead or self._cycle is None:  # (else `answer_ahead` kept them)
+            self._connection_answered()
 
     def _connection_answered(self) -> None:
-        if self._connection_booked:
-            return
-        self._connection_booked = True
         cycle, connection = self._cycle, self._connection
         if cycle is None and self._ahead:
             connection.answered_earlier(self._number)
