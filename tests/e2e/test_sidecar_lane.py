@@ -23,6 +23,7 @@ import httpx2
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from mcp_backfill.sidecar.http_io import CLOSED_BEFORE_ANSWER
 from tests.e2e.test_sidecar_http_upstream import recorder
 from tests.harness import (
     SERVERS,
@@ -311,6 +312,23 @@ async def test_a_client_gone_before_its_quick_answer_is_counted_and_holds_nothin
         with anyio.fail_after(15):
             while (await http.post(sidecar.url, json=request(3, "ping"), headers=headers)).status_code != 404:
                 await anyio.sleep(1.5)
+
+
+async def test_a_client_gone_before_its_quick_answer_is_logged_as_the_app_logs_it() -> None:
+    """The lane's POST whose client left within the quick window is logged as the app's POST is,
+    with the same line: what the sidecar says of a request does not depend on which of them served
+    it (a test counting the app's lines waited for ever for one the lane had taken)."""
+    async with chatty_session("--log-level", "debug") as (sidecar, http, session, _):
+        await raw_exchange(
+            sidecar,
+            raw_post(sidecar, session, tool_call(2, "sleep", {"seconds": 0.2})),
+            until=b"",
+            close_after=0.01,
+        )
+        with anyio.fail_after(10):
+            while await posts_counted(http, sidecar, "499") < 1:
+                await anyio.sleep(0.05)
+        assert sidecar.stderr().count(CLOSED_BEFORE_ANSWER) == 1, sidecar.stderr()
 
 
 async def test_a_body_sent_apart_from_its_head_is_answered_by_the_app_as_the_lane_answers() -> None:

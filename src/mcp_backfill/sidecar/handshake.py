@@ -32,6 +32,7 @@ from mcp_backfill.errors import DuplicateRequestId, SessionGone, TooManyPosts
 from mcp_backfill.logs import get_logger
 from mcp_backfill.options import named
 from mcp_backfill.sidecar.http_io import (
+    CLOSED_BEFORE_ANSWER,
     FrontSettings,
     HttpCall,
     UpstreamHeaders,
@@ -277,7 +278,7 @@ class HandshakeFront:
                 if not call.finished:  # else the watcher ends by itself (see watch_disconnect)
                     tg.cancel_scope.cancel()
         if scope.cancelled_caught and not call.started:
-            log.debug("client closed a POST before its answer; no id to resume", extra={"stream": stream.key})
+            log.debug(CLOSED_BEFORE_ANSWER, extra={"stream": stream.key})
         elif not stream.answered_as_json and (scope.cancelled_caught or call.cut_off):
             _cut_off(stream, 0)
             log.debug("client closed a POST stream; kept for resumption", extra={"stream": stream.key})

@@ -29,6 +29,9 @@ JSON_WINDOW_SECONDS = 15.0
 # client going away (most are, and the task costs about 2% of the sidecar's CPU per tool call);
 # a client that leaves while its answer takes longer is noticed from then on.
 QUICK_ANSWER_SECONDS = 0.05
+CLOSED_BEFORE_ANSWER = "client closed a POST before its answer; no id to resume"
+"""Logged (debug) for a POST whose client left before any of its answer went out, whichever of the
+app and the lane was answering it."""
 
 RawHeaders = Sequence[tuple[bytes, bytes]]
 # The scope extension (set by `connections`, for the requests it serves) that tells whether a

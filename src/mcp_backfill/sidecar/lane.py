@@ -39,6 +39,7 @@ from mcp_backfill import jsonrpc, protocol
 from mcp_backfill.errors import DuplicateRequestId, TooManyPosts
 from mcp_backfill.logs import get_logger
 from mcp_backfill.sidecar.http_io import (
+    CLOSED_BEFORE_ANSWER,
     QUICK_ANSWER_SECONDS,
     accepts,
     header_map,
@@ -418,6 +419,7 @@ class LanePost:
         if self._over:
             return
         self._end()
+        log.debug(CLOSED_BEFORE_ANSWER, extra={"stream": self._stream.key})
         self._session.router.forget(self._stream)
         self._let_go()
         self._app.lane_ended("499")
