@@ -202,8 +202,8 @@ def raw_post(
         f"Accept: {accept}",
         "Content-Type: application/json",
         f"Mcp-Session-Id: {session}",
-        f"Content-Length: {len(payload)}",
         *extra,
+        f"Content-Length: {len(payload)}",  # last, as httpx writes it
     ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + payload
 
@@ -250,8 +250,10 @@ async def keep_alive_answers(sidecar: Sidecar, requests: list[bytes]) -> list[tu
 
 async def test_each_request_on_a_connection_is_checked_by_its_own_headers() -> None:
     # The lane keeps a connection's last verdict on its headers; a request whose headers differ
-    # in anything but their length is judged anew, the identical ones that follow included.
-    alice, bob = "alice-token-0123456789", "bob-token-0123456789"
+    # in anything but their length is judged anew, the identical ones that follow included. (The
+    # lane reads a head it saw last from what it read then: another token of the same length, in
+    # the same place, is another head.)
+    alice, bob = "alice-token-0123456789", "bobby-token-0123456789"
     env = proxy_env(MCP_BACKFILL_CLIENT_TOKENS=f"alice={alice},bob={bob}")
     async with (
         recorder() as (upstream, recorded),

@@ -1,4 +1,5 @@
-"""`read_whole`: one whole keep-alive HTTP/1.1 POST read without uvicorn, and nothing else."""
+"""`read_whole`: one whole keep-alive HTTP/1.1 POST read without uvicorn, and nothing else; and
+`KnownHead`: the next such POST with the same head but for its length, read as llhttp reads it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from mcp_backfill.sidecar.whole_request import read_whole
+from mcp_backfill.sidecar.whole_request import KnownHead, read_whole
 
 BODY = b'{"jsonrpc":"2.0","id":1,"method":"ping"}'
 
@@ -122,6 +123,87 @@ def test_any_whole_post_is_read_and_any_part_of_it_is_not(
     assert request.body == body
     assert [name for name, _ in request.headers[1:-1]] == [name.lower().encode() for name, _ in headers]
     assert read_whole(data[: cut % len(data)]) is None
+
+
+def known(data: bytes) -> KnownHead:
+    request = read_whole(data)
+    assert request is not None
+    head = KnownHead.of(data, request)
+    assert head is not None
+    return head
+
+
+def without_length(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return [header for header in headers if header[0] != b"content-length"]
+
+
+@given(
+    headers=st.lists(st.tuples(_names, _values), max_size=8),
+    first=st.binary(max_size=300),
+    second=st.binary(max_size=300),
+)
+def test_the_next_post_with_the_same_head_is_read_from_it_as_llhttp_reads_it(
+    headers: list[tuple[str, str]], first: bytes, second: bytes
+) -> None:
+    lines = [f"{name}: {value}" for name, value in headers]
+    head = known(post(*lines, body=first))
+    data = post(*lines, body=second)
+    request = read_whole(data)
+    assert request is not None
+    assert head.body_of(data) == request.body == second
+    assert without_length(head.headers) == without_length(request.headers)
+
+
+@given(
+    first=st.binary(max_size=40),
+    second=st.binary(max_size=40),
+    at=st.integers(min_value=0),
+    cut=st.integers(min_value=0, max_value=3),
+    put=st.binary(max_size=4) | st.sampled_from([b"0", b"1", b"12", b" ", b"\r\n", b"+", b"-"]),
+)
+def test_whatever_a_known_head_reads_llhttp_reads_the_same(
+    first: bytes, second: bytes, at: int, cut: int, put: bytes
+) -> None:
+    # The same head with its bytes changed anywhere (its length, its other headers, the body):
+    # what `body_of` reads is exactly what llhttp reads; anything else is left to llhttp.
+    lines = ("Mcp-Session-Id: Ab1", "Accept: application/json, text/event-stream")
+    head = known(post(*lines, body=first))
+    data = post(*lines, body=second)
+    at %= len(data) + 1
+    changed = data[:at] + put + data[at + cut :]
+    body = head.body_of(changed)
+    if body is not None:
+        request = read_whole(changed)
+        assert request is not None
+        assert request.body == body
+        assert without_length(request.headers) == without_length(head.headers)
+
+
+def test_a_head_without_a_length_is_not_kept() -> None:
+    data = b"POST /mcp HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+    request = read_whole(data)
+    assert request is not None
+    assert KnownHead.of(data, request) is None
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        post("Mcp-Session-Id: Ab2"),  # another head
+        post("Mcp-Session-Id: Ab1") + post("Mcp-Session-Id: Ab1"),  # two
+        post("Mcp-Session-Id: Ab1")[:-1],  # short of its length
+        post("Mcp-Session-Id: Ab1").replace(b"Content-Length: ", b"Content-Length: +"),
+        post("Mcp-Session-Id: Ab1").replace(b"Content-Length: ", b"Content-Length:  "),
+        post("Mcp-Session-Id: Ab1").replace(
+            b"Content-Length: %d" % len(BODY), b"Content-Length: " + b"0" * 19
+        ),
+        b"",
+    ],
+    ids=["another-head", "two", "short", "signed-length", "spaced-length", "too-many-digits", "nothing"],
+)
+def test_anything_else_is_left_to_llhttp(data: bytes) -> None:
+    head = known(post("Mcp-Session-Id: Ab1", body=b"{}"))
+    assert head.body_of(data) is None
 
 
 class _Post:

@@ -48,7 +48,8 @@ from mcp_backfill.options import named
 from mcp_backfill.sidecar.http_io import CUT_OFF
 
 if TYPE_CHECKING:
-    from mcp_backfill.sidecar.lane import Lane, LanePost
+    from mcp_backfill.sidecar.lane import Lane, LanePost, Verdict
+    from mcp_backfill.sidecar.whole_request import KnownHead
 
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -128,7 +129,8 @@ class _Guard:
     _bad_request: str | None = None  # the 400 held until the requests before it are answered
     lane: Lane | None = None  # offered each request whose head and body came together (`lane.py`)
     lane_post: LanePost | None = None  # the request the lane is answering
-    lane_verdict: tuple[list[tuple[bytes, bytes]], tuple[str, str] | None] | None = None  # `Lane._verdict`
+    lane_verdict: Verdict | None = None  # `Lane._verdict`
+    lane_head: KnownHead | None = None  # the last request's head the lane read whole (`Lane.take_whole`)
     requests_begun = 0  # requests read on it so far: whole by the lane, or by uvicorn's parser
     _lane_held: tuple[Any, Any] | None = None  # (cycle, app) of a request offered once its body is in
     _in_head = False  # uvicorn is starting a request whose head was just parsed

@@ -47,7 +47,7 @@ from mcp_backfill.sidecar.http_io import (
     single_answer,
 )
 from mcp_backfill.sidecar.security import host_allowed
-from mcp_backfill.sidecar.whole_request import read_whole
+from mcp_backfill.sidecar.whole_request import KnownHead, read_whole
 from mcp_backfill.transports.deadlines import Deadlines
 from mcp_backfill.transports.event_stream import EventStream
 
@@ -59,6 +59,8 @@ log = get_logger("sidecar")
 
 HANDED_OVER = "mcp_backfill.handed_over"
 """The scope extension of a request the lane took and hands to the app: a `HandedOver`."""
+Verdict = tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]], tuple[str, str] | None]
+"""A connection's last `Lane._verdict`: the headers it was for, the same without their length, and it."""
 _JSON_HEADERS = [(b"content-type", protocol.JSON_TYPE.encode())]
 _SESSION_HEADER = protocol.SESSION_HEADER.encode()
 
@@ -90,10 +92,17 @@ class Lane:
         read without uvicorn (`whole_request.py`); False: nothing was done, the bytes are uvicorn's."""
         if self.app.draining or not data.startswith(self._starts):
             return False
-        request = read_whole(data)
-        if request is None:
-            return False
-        return self._take(connection, request.headers, request.body, data)
+        known: KnownHead | None = connection.lane_head
+        body = None if known is None else known.body_of(data)
+        if known is None or body is None:
+            request = read_whole(data)
+            if request is None:
+                return False
+            connection.lane_head = known = KnownHead.of(data, request)
+            if known is None:
+                return self._take(connection, request.headers, request.body, data)
+            body = request.body
+        return self._take(connection, known.headers, body, data)
 
     def _take(self, connection: Any, headers: list[tuple[bytes, bytes]], body: bytes, request: Any) -> bool:
         """`request`: its uvicorn cycle, or the bytes it came in (see `LanePost`)."""
@@ -189,16 +198,16 @@ class Lane:
 
         A client's requests on one connection mostly carry the same headers but for their length,
         so the connection keeps its last verdict with the headers it was given for, and it holds
-        again for exactly those headers (the checks are on every call's path: `benchmarks/
-        README.md`, the thirty-first round); they depend on nothing else but the access policy,
-        which is fixed for the process's life.
+        again for exactly those headers (at once for the very same list, a `KnownHead`'s): the
+        checks are on every call's path (`benchmarks/README.md`, the thirty-first round); they
+        depend on nothing else but the access policy, which is fixed for the process's life.
         """
+        last: Verdict | None = connection.lane_verdict
+        if last is not None and last[0] is raw:  # the very same headers: a request's `KnownHead`
+            return last[2]
         key = [header for header in raw if header[0] != b"content-length"]
-        last: tuple[list[tuple[bytes, bytes]], tuple[str, str] | None] | None = connection.lane_verdict
-        if last is not None and last[0] == key:
-            return last[1]
-        verdict = self._check_headers(raw)
-        connection.lane_verdict = (key, verdict)
+        verdict = last[2] if last is not None and last[1] == key else self._check_headers(raw)
+        connection.lane_verdict = (raw, key, verdict)
         return verdict
 
     def _check_headers(self, raw: list[tuple[bytes, bytes]]) -> tuple[str, str] | None:
