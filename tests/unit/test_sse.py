@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from mcp_backfill.errors import MessageTooLarge
@@ -204,3 +204,63 @@ def test_whole_lines_in_one_read_give_what_they_give_byte_by_byte(
     expected = decode_all(one_by_one, [stream[i : i + 1] for i in range(len(stream))])
     assert [_seen(e) for e in decode_all(chunked, [c for c in chunks if c])] == [_seen(e) for e in expected]
     assert chunked.retry == one_by_one.retry
+
+
+def read_as_early(decoder: SseDecoder, chunks: list[bytes]) -> list[SseEvent]:
+    """As an answer read early reads them: `lone_message` first, `feed` when it says no."""
+    events: list[SseEvent] = []
+    for chunk in chunks:
+        data = decoder.lone_message(chunk)
+        events.extend([SseEvent(data=data)] if data is not None else decoder.feed(chunk))
+    return events
+
+
+_EVENTS = st.sampled_from(
+    [
+        b"event: message\r\ndata: {}\r\n\r\n",
+        b"event: message\ndata: [1]\n\n",
+        b"event: message\rdata: {}\r\r",
+        b"event: message\r\ndata: " + b"x" * 30 + b"\r\n\r\n",  # over the limit
+        b"event: message\r\ndata: \r\n\r\n",
+        b"event: message\r\ndata: a\r\nb\r\n\r\n",
+        b"event: message\r\ndata: a\r\n\r\n\r\n",
+        b"event: message\r\ndata:  a\n\n",
+        b"event: message\r\ndata: a\n\r\n",
+        b"id: 4\r\nevent: message\r\ndata: {}\r\n\r\n",
+        b"event: message\r\n",
+        b"data: a\r\n\r\n",
+        b"\xef\xbb\xbf",
+        b"retry: 5\n",
+        b": ping\n\n",
+        b"\r",
+        b"\n",
+    ]
+)
+
+
+@given(
+    st.lists(st.tuples(_EVENTS, st.booleans()), max_size=10),
+    st.lists(st.integers(min_value=1, max_value=24), max_size=6),
+)
+@example([(b"event: message\r\n", False), (b"event: message\r\ndata: {}\r\n\r\n", False), (b"\n", False)], [])
+@example([(b"data: a\r\n", False), (b"event: message\r\ndata: {}\r\n\r\n", False), (b"\n", False)], [])
+def test_a_lone_message_read_first_gives_what_feed_gives(
+    events: list[tuple[bytes, bool]], cuts: list[int]
+) -> None:
+    # Each event a read of its own, or cut anywhere (`split`): whatever `lone_message` takes, the
+    # events, the reconnection time and what follows are those of `feed` alone.
+    chunks: list[bytes] = []
+    for event, split in events:
+        at = cuts[len(chunks) % len(cuts)] if split and cuts else len(event)
+        chunks.extend(part for part in (event[:at], event[at:]) if part)
+    early, fed = SseDecoder(24), SseDecoder(24)
+    assert [_seen(e) for e in read_as_early(early, chunks)] == [_seen(e) for e in decode_all(fed, chunks)]
+    assert early.retry == fed.retry
+
+
+def test_a_lone_message_is_read_in_one_step_with_either_line_ending() -> None:
+    for chunk in (b"event: message\r\ndata: {}\r\n\r\n", b"event: message\ndata: {}\n\n"):
+        assert SseDecoder(24).lone_message(chunk) == b"{}"
+    decoder = SseDecoder(24)
+    decoder.feed(b"data: held")  # a line not yet ended: the next read is its rest
+    assert decoder.lone_message(b"event: message\r\ndata: {}\r\n\r\n") is None

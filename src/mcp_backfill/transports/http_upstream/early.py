@@ -212,6 +212,11 @@ class EarlyAnswer:
 
     def on_body(self, body: bytes) -> None:
         if self._events is not None:
+            data = self._events.lone_message(body)
+            if data is not None:
+                if not self._offer(data):
+                    raise _NotPlain
+                return
             for event in self._events.feed(body):
                 if event.event != "message" or event.data == b"":
                     continue  # as the task skips them

@@ -15,6 +15,8 @@ BOM = b"\xef\xbb\xbf"  # U+FEFF in UTF-8
 # The longest `retry:` reported, in milliseconds (a day): a longer one, however many digits it has
 # (Python reads no more than 4,300 as a number), counts as this.
 RETRY_LIMIT = 86_400_000
+# How one `message` event of one `data:` line starts and ends, with each line ending.
+_LONE_MESSAGE = tuple((b"event: message%sdata: " % ending, ending * 2) for ending in (b"\r\n", b"\n"))
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,21 @@ class SseDecoder:
             event = self._take_line(line)
             if event is not None:
                 events.append(event)
+
+    def lone_message(self, chunk: bytes) -> bytes | None:
+        """The data of `chunk` when it is one whole `message` event of one `data:` line, read with
+        nothing held before it: what `feed` would give, found with a few comparisons (an answer's
+        event is on every call's path). None: nothing was done, `feed` it."""
+        if self._line or self._pending or self._long_line is not None or self._after_cr:
+            return None
+        for start, end in _LONE_MESSAGE:
+            if chunk.startswith(start) and chunk.endswith(end):
+                data = chunk[len(start) : -len(end)]
+                if not data or len(data) > self._limit or b"\n" in data or b"\r" in data:
+                    return None
+                self._started = True
+                return data
+        return None
 
     def _line_end(self) -> tuple[int, int]:
         """(index of the line ending, index just after it), or (-1, -1) if the line is incomplete."""
