@@ -289,7 +289,7 @@ class LanePost:
             request.body = bytearray()  # the relay has it
         self._session = session
         self._stream = stream
-        self._loop = asyncio.get_running_loop()
+        self._loop: asyncio.AbstractEventLoop = connection.loop  # (not asyncio's lookup: a `getpid` each)
         stream.expect_reader()
         self._ready = False  # the request is on its way: an answer may be written
         self._looking = False  # a look is due (`changed`)

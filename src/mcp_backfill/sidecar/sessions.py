@@ -126,6 +126,7 @@ class HttpSession:
         # while idle, and the timer that looks at it (at most one armed).
         self._idle_since = 0.0
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # once known (asyncio's lookup is a `getpid`)
         self.router = SessionRouter(REPLAY_LIMIT, on_change=self._activity_changed)
         self._inbox = MessageQueue[bytes](INBOX_SIZE)
         self.channel = SessionChannel(self.router, self._inbox, count)
@@ -244,7 +245,9 @@ class HttpSession:
         twenty-fifth round)."""
         if self._connections or self._settings.idle_timeout <= 0 or self.ended.is_set():
             return  # a busy session is not idle; the request's end starts the clock again
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         self._idle_since = loop.time()
         if self._idle_timer is None:
             self._idle_timer = loop.call_at(self._idle_since + self._settings.idle_timeout, self._idle_check)

@@ -45,6 +45,9 @@ class Deadlines:
         self._waiting: deque[Deadline] = deque()
         self._timer: asyncio.TimerHandle | None = None
         self._reaching = False  # the timer's callback is running the deadlines due
+        # The loop, once known: asking asyncio for the running one costs a system call (`getpid`)
+        # each time, several times on every quick call's path (the thirty-seventh round).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def __len__(self) -> int:
         """Deadlines not yet reached by the timer, cancelled ones included."""
@@ -52,7 +55,9 @@ class Deadlines:
 
     def set(self, callback: Callable[[], object]) -> Deadline:
         """Run `callback` `seconds` from now, unless the deadline is cancelled first."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         deadline = Deadline(loop.time() + self.seconds, callback)
         self._waiting.append(deadline)
         if self._timer is None and not self._reaching:
@@ -62,7 +67,8 @@ class Deadlines:
     def _reached(self) -> None:
         self._timer = None
         self._reaching = True
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        assert loop is not None  # (set with the timer)
         reached = loop.time() + CLOCK_RESOLUTION
         waiting = self._waiting
         try:
