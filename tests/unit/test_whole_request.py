@@ -106,10 +106,11 @@ _names = st.from_regex(r"\A[A-Za-z][A-Za-z0-9-]{0,15}\Z").filter(
     lambda name: name.lower() not in {"content-length", "transfer-encoding", "connection", "upgrade", "host"}
 )
 _values = st.from_regex(r"\A[!-~]([ -~]{0,30}[!-~])?\Z")
+_headers = st.lists(st.tuples(_names, _values), max_size=8)
 
 
 @given(
-    headers=st.lists(st.tuples(_names, _values), max_size=8),
+    headers=_headers,
     body=st.binary(max_size=300),
     cut=st.integers(min_value=1),
 )
@@ -138,7 +139,7 @@ def without_length(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, byte
 
 
 @given(
-    headers=st.lists(st.tuples(_names, _values), max_size=8),
+    headers=_headers,
     first=st.binary(max_size=300),
     second=st.binary(max_size=300),
 )
