@@ -21,8 +21,8 @@ from mcp_backfill.sidecar.security import ANONYMOUS, AccessPolicy
 from mcp_backfill.sidecar.sessions import SessionSettings, SessionTable
 from mcp_backfill.sidecar.stateless import HUB_BUFFER_BYTES, StatelessFront, StatelessHub, StatelessHubs
 from mcp_backfill.sidecar.upstreams import UpstreamRequest
+from mcp_backfill.transports import event_stream
 from mcp_backfill.transports.base import MessageChannel
-from mcp_backfill.transports.event_stream import STALL_SECONDS
 from mcp_backfill.transports.http_server import MAX_OPEN_POSTS
 from tests.unit.test_stateless_hubs import IdleRelay, Upstreams
 
@@ -248,16 +248,22 @@ async def test_one_identity_may_have_more_2026_requests_in_flight_than_a_session
     assert reached == count
 
 
-async def test_a_2026_client_whose_answers_pile_up_unread_gets_429_for_more() -> None:
+async def test_a_2026_client_whose_answers_pile_up_unread_gets_429_for_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Requests whose readers stopped reading each hold up to 8 MiB of their answers; past 32 MiB
     held for one client, its next request is refused (429) rather than let it hold more. (Each
-    notification's sender then waits for its stalled reader, up to `STALL_SECONDS`: they are sent
-    side by side, as one after another they would take that long each.)"""
+    notification's sender then waits for its stalled reader: they are sent side by side, as one
+    after another they would each take that long. The wait is made longer than the test: a reader
+    given up on after the usual `STALL_SECONDS` no longer has its answers kept whatever the limits,
+    and on a loaded machine, in CI, the test once waited its whole bound for the 32 MiB after two
+    readers had been given up on.)"""
+    monkeypatch.setattr(event_stream, "STALL_SECONDS", 600.0)
     app, hubs = stateless_app(FrontSettings(1024, json_window=0.0))
     stalled = [Answer() for _ in range(5)]
     excess = Answer()
     chunk = "x" * (7 * 1024 * 1024)
-    with anyio.fail_after(STALL_SECONDS + 30):
+    with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             hubs.start(tg)
             for n, answer in enumerate(stalled, start=1):
