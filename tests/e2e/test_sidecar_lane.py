@@ -298,17 +298,22 @@ async def test_each_request_on_a_connection_is_checked_by_its_own_headers() -> N
     assert echoed - {"initialize"} == relayed
 
 
+async def leave_a_quick_call(sidecar: Sidecar, http: httpx2.AsyncClient, session: str) -> None:
+    """A call whose client closes its connection 10 ms in, before the answer: once counted (499)."""
+    await raw_exchange(
+        sidecar,
+        raw_post(sidecar, session, tool_call(2, "sleep", {"seconds": 0.2})),
+        until=b"",
+        close_after=0.01,
+    )
+    with anyio.fail_after(10):
+        while await posts_counted(http, sidecar, "499") < 1:
+            await anyio.sleep(0.05)
+
+
 async def test_a_client_gone_before_its_quick_answer_is_counted_and_holds_nothing() -> None:
     async with chatty_session("--session-idle-timeout", "1") as (sidecar, http, session, _):
-        await raw_exchange(
-            sidecar,
-            raw_post(sidecar, session, tool_call(2, "sleep", {"seconds": 0.2})),
-            until=b"",
-            close_after=0.01,
-        )
-        with anyio.fail_after(10):
-            while await posts_counted(http, sidecar, "499") < 1:
-                await anyio.sleep(0.05)
+        await leave_a_quick_call(sidecar, http, session)
         # Not held by the request its client left: the idle session is closed after its timeout.
         headers = {**HANDSHAKE_HEADERS, "mcp-session-id": session}
         with anyio.fail_after(15):
@@ -321,15 +326,7 @@ async def test_a_client_gone_before_its_quick_answer_is_logged_as_the_app_logs_i
     with the same line: what the sidecar says of a request does not depend on which of them served
     it (a test counting the app's lines waited for ever for one the lane had taken)."""
     async with chatty_session("--log-level", "debug") as (sidecar, http, session, _):
-        await raw_exchange(
-            sidecar,
-            raw_post(sidecar, session, tool_call(2, "sleep", {"seconds": 0.2})),
-            until=b"",
-            close_after=0.01,
-        )
-        with anyio.fail_after(10):
-            while await posts_counted(http, sidecar, "499") < 1:
-                await anyio.sleep(0.05)
+        await leave_a_quick_call(sidecar, http, session)
         assert sidecar.stderr().count(CLOSED_BEFORE_ANSWER) == 1, sidecar.stderr()
 
 
