@@ -38,7 +38,7 @@ from typing import Any
 import anyio
 import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from mcp_backfill import assembly, jsonrpc, protocol
@@ -1073,6 +1073,15 @@ SEALING_KEY = Secret("a secret the replicas share, 32+ characters long")
 
 @pytest.mark.parametrize(("mode", "approve", "at_once", "sealed"), PROFILES_2026)
 @given(script=st.lists(steps_2026, max_size=25))
+# Found in CI: the round driver's answer to a mixed round went to the client while the answer to the
+# batch's other request, written ahead, was owed (the relay's task sent without settling it first).
+@example(
+    script=[
+        ("c_batch2", [("tools/list", "none"), ("tools/call", "none")]),
+        ("settle",),
+        ("s_answer", 1, "input_mixed"),
+    ]
+)
 def test_the_relay_loses_and_duplicates_nothing_under_random_2026_traffic(
     script: list[tuple[Any, ...]], mode: str, approve: str, at_once: bool | str, sealed: bool
 ) -> None:

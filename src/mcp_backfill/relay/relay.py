@@ -945,12 +945,14 @@ class Relay:
                 self._tg.start_soon(self._undelivered, raw)
 
     async def _send_client(self, raw: bytes, related: Any = None) -> None:
+        self.settle()  # (a task's send, e.g. the round driver's answer: the answer owed goes first)
         try:
             await self.client.send(raw, related)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             _dropped(raw, to_upstream=False)
 
     async def _send_upstream(self, raw: bytes) -> None:
+        self.settle()
         try:
             await self.upstream.send(raw)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
